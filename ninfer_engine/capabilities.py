@@ -1,0 +1,115 @@
+"""What this build and this machine can run: a flag whose feature is missing stops startup.
+
+Each entry names the flags that ask for a feature and why it cannot run here. Flags are never
+silently ignored: a user who asks for speculation or a quantized KV cache is told it is missing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .config import EngineConfig
+from .flags import flag_field
+
+
+class FeatureUnavailable(Exception):
+    """One line naming the flag and the missing feature or device; startup exits 1."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    cuda_devices: int
+
+
+@dataclass(frozen=True)
+class _Gate:
+    flags: tuple[str, ...]
+    applies: Callable[[EngineConfig], bool]
+    reason: Callable[[EngineConfig, Machine], str | None]  # None = runs here
+
+
+def _not_built(what: str) -> Callable[[EngineConfig, Machine], str]:
+    return lambda c, m: f"{what} is not available yet"
+
+
+def _needs_cuda(what: str, then: str | None = None) -> Callable[[EngineConfig, Machine], str | None]:
+    def reason(c: EngineConfig, m: Machine) -> str | None:
+        if m.cuda_devices == 0:
+            return f"{what} needs a CUDA device; this machine has none"
+        return f"{then or what} is not available yet"
+
+    return reason
+
+
+def _tensor_parallel(c: EngineConfig, m: Machine) -> str:
+    missing = [d for d in c.devices if d >= m.cuda_devices]
+    if missing:
+        return (f"tensor parallelism needs CUDA devices {','.join(map(str, c.devices))}; "
+                f"this machine has {m.cuda_devices}")
+    return "tensor parallelism is not available yet"
+
+
+def _device_exists(c: EngineConfig, m: Machine) -> str | None:
+    if c.device < m.cuda_devices:
+        return None
+    return f"CUDA device {c.device} does not exist (this machine has {m.cuda_devices})"
+
+
+_GATES: tuple[_Gate, ...] = (
+    _Gate(("--tp", "--devices"), lambda c: c.tp == 2, _tensor_parallel),
+    _Gate(("--device",), lambda c: True, _device_exists),
+    _Gate(("--spec", "--draft-tokens", "--lm-head-draft", "--log-speculation-detail"),
+          lambda c: True, _not_built("speculative decoding")),
+    _Gate(("--vision", "--vision-device", "--max-vision-tokens", "--media-cache-mib",
+           "--media-live-mib", "--media-preprocess-threads"),
+          lambda c: True, _not_built("media input (vision)")),
+    _Gate(("--kv-dtype",), lambda c: c.kv_dtype != "bf16", _not_built("quantized KV storage")),
+    _Gate(("--elastic", "--kv-grow", "--kv-budget-gib"), lambda c: True,
+          _not_built("elastic KV and expert-slot lending")),
+    _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
+          _needs_cuda("automatic KV sizing")),
+    _Gate(("--host-state-slots", "--host-kv-mib"), lambda c: True,
+          _needs_cuda("pinned host KV/state tiers")),
+    _Gate(("--device-state-slots", "--max-private-continuations", "--max-shared-prefixes",
+           "--max-long-anchors-per-continuation", "--turn-anchors"),
+          lambda c: True, _not_built("prefix-reuse checkpoints")),
+    _Gate(("--context-cost-presets",), lambda c: True, _not_built("context cost presets")),
+    _Gate(("--embedding-host",), lambda c: True, _needs_cuda("a host-resident embedding table")),
+    _Gate(("--request-log-jsonl",), lambda c: True, _not_built("the JSONL request log")),
+    _Gate(("--response-store-max-records", "--response-store-max-mib"), lambda c: True,
+          _not_built("the OpenAI Responses store")),
+    _Gate(("--no-thinking", "--preserve-thinking", "--default-thinking-budget"), lambda c: True,
+          _not_built("thinking-mode control")),
+    _Gate(("--max-pending-requests", "--pending-timeout-ms"), lambda c: True,
+          _not_built("the bounded admission queue")),
+)
+
+
+def check_features(config: EngineConfig, explicit: frozenset[str], machine: Machine) -> None:
+    """Raise FeatureUnavailable for the first requested flag this build or machine cannot run."""
+    for gate in _GATES:
+        asked = [f for f in gate.flags if f in explicit]
+        if asked and gate.applies(config):
+            reason = gate.reason(config, machine)
+            if reason:
+                value = _flag_value(config, asked[0])
+                raise FeatureUnavailable(f"`{asked[0]}{value}`: {reason}")
+
+
+def _flag_value(config: EngineConfig, flag: str) -> str:
+    field, takes_value = flag_field(flag)
+    if not takes_value:
+        return ""
+    value = getattr(config, field)
+    if isinstance(value, tuple):
+        value = ",".join(map(str, value))
+    return f" {value}"
+
+
+def probe_machine() -> Machine:
+    try:
+        import torch
+
+        return Machine(cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    except Exception:  # a broken CUDA install counts as no device
+        return Machine(cuda_devices=0)

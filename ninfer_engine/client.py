@@ -1,0 +1,54 @@
+"""The interface `ninfer_http` serves through. `Engine` implements it; tests may script it.
+
+Everything a protocol module needs from the engine is here: the public model id, the context
+limit, the tokenizer and chat template of the artifact, the sampler defaults (model preset then
+process flags), `submit()`, and the latest `EngineStats` snapshot.
+"""
+from __future__ import annotations
+
+from typing import AsyncIterator, Protocol, Sequence
+
+from .stats import EngineStats
+from .types import EngineState, GenerationRequest, SamplingParams, TokenEvent
+
+
+class TextTokenizer(Protocol):
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ChatRenderer(Protocol):
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: object,
+    ) -> str:
+        """Render OpenAI-shaped messages (role/content/tool_calls) to the prompt text."""
+        ...
+
+
+class ServingEngine(Protocol):
+    model_id: str
+    max_context: int
+    tokenizer: TextTokenizer
+    chat_template: ChatRenderer
+    sampling_defaults: SamplingParams
+    default_max_tokens: int
+
+    @property
+    def state(self) -> EngineState: ...
+
+    def snapshot(self) -> EngineStats: ...
+
+    def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Queue a request; iterate its events on the caller's event loop.
+
+        Closing the iterator early (client disconnect) cancels the request at the next engine
+        step and frees its resources. The last event always carries `finish`.
+        """
+        ...

@@ -1,0 +1,92 @@
+"""`EngineConfig`: every `ninfer-serve` setting, frozen, validated once by `flags.parse_args`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PAGE_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    artifact: Path
+    profile: str | None = None
+    # network
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    model_id: str | None = None
+    cors: bool = False
+    max_request_mib: int = 384
+    # capacity
+    max_context: int = 8192
+    kv_capacity: int | None = None  # tokens; None = follows max_context
+    kv_capacity_auto: bool = False
+    vram_headroom_mib: int = 1024
+    max_concurrency: int = 1
+    max_pending_requests: int = 16
+    pending_timeout_ms: int = 30000
+    prefill_chunk: int = 1024
+    kv_dtype: str = "bf16"
+    kv_lease_window: int = 4096
+    elastic: bool = False
+    kv_grow: int = 8192
+    kv_budget_gib: float | None = None
+    # devices
+    tp: int = 1
+    devices: tuple[int, ...] = ()
+    device: int = 0
+    no_cuda_graph: bool = False
+    embedding_host: bool = False
+    no_tp_mailbox: bool = False
+    # speculation
+    spec: str | None = None
+    draft_tokens: int | None = None
+    lm_head_draft: bool = False
+    log_speculation_detail: bool = False
+    # vision
+    vision: bool = False
+    vision_device: int = 0
+    max_vision_tokens: int = 16384
+    media_cache_mib: int = 1024
+    media_live_mib: int = 2048
+    media_preprocess_threads: int = 0
+    # prefix reuse and tiers
+    host_state_slots: int | None = None
+    host_kv_mib: int | None = None
+    device_state_slots: int | None = None
+    max_private_continuations: int | None = None
+    max_shared_prefixes: int | None = None
+    max_long_anchors_per_continuation: int | None = None
+    turn_anchors: int = 1
+    no_prefix_reuse: bool = False
+    # request defaults and sampler overrides
+    no_thinking: bool = False
+    preserve_thinking: bool = False
+    default_max_tokens: int = 8192
+    default_thinking_budget: int | None = None
+    greedy: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    chat_template: Path | None = None
+    context_cost_presets: Path | None = None
+    # logs and stores
+    log_level: str = "info"
+    log_stats_interval_ms: int = 5000
+    request_log_jsonl: Path | None = None
+    response_store_max_records: int = 1024
+    response_store_max_mib: int = 256
+    # ours
+    no_tui: bool = False
+    cuda_sync: str = "spin"
+
+    @property
+    def kv_tokens(self) -> int:
+        """Size of the shared KV pool in tokens, rounded up to whole pages."""
+        tokens = self.kv_capacity or self.max_context
+        return -(-tokens // PAGE_TOKENS) * PAGE_TOKENS

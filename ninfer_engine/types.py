@@ -1,0 +1,94 @@
+"""The messages that cross the engine boundary: requests in, token events out.
+
+`ninfer_http` builds one `GenerationRequest` per protocol request and reads `TokenEvent`s back;
+observers read `EngineStats` (see stats.py). Nothing else of the engine is public.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class EngineState(str, Enum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    RELOADING = "reloading"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Resolved sampler settings (preset -> process flags -> request fields already applied)."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # None = random per request
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation, protocol-neutral. `prompt_ids` is the fully rendered, tokenized prompt."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 256  # already clamped to max_context - prompt by the caller; 0 = prefill only
+    stop: tuple[str, ...] = ()  # stop strings, matched in the decoded text (withheld from output)
+    protocol: str = "openai-chat"
+    session_key: str | None = None  # prefix-reuse hint
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Phase timings of one request, in seconds (llama.cpp's `timings` derive from these)."""
+
+    queue_s: float = 0.0
+    prefill_s: float = 0.0  # admission -> first token sampled
+    decode_s: float = 0.0  # first token -> last token
+    prompt_n: int = 0  # prompt tokens actually computed (not reused)
+    cache_n: int = 0  # prompt tokens reused from a prefix checkpoint
+    predicted_n: int = 0
+    draft_n: int = 0
+    draft_accepted: int = 0
+
+
+@dataclass(frozen=True)
+class EngineError:
+    """Why a request failed. `status` is the HTTP status the protocols should use."""
+
+    message: str
+    code: str = "internal_error"
+    status: int = 500
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What `Engine.submit()` yields, in order. The last event has `finish` set."""
+
+    text: str = ""  # newly decoded text, UTF-8 safe, stop strings withheld
+    token_ids: tuple[int, ...] = ()
+    finish: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    stop_sequence: str | None = None  # the stop string that ended generation, if any
+    usage: Usage | None = None
+    timings: Timings | None = None
+    error: EngineError | None = None

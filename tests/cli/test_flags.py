@@ -1,0 +1,193 @@
+"""The `ninfer-serve` command-line contract: flags, profiles, environment, exit codes."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ninfer_engine.capabilities import FeatureUnavailable, Machine, check_features
+from ninfer_engine.flags import PROFILES, UsageError, expand_profile, parse_args
+
+CPU = Machine(cuda_devices=0)
+TWO_GPUS = Machine(cuda_devices=2)
+
+
+def parse(*argv: str, env: dict[str, str] | None = None):
+    return parse_args(list(argv), env or {})
+
+
+def test_defaults_follow_the_manual_page():
+    c = parse("m.ninfer").config
+    assert (c.host, c.port, c.max_context, c.max_concurrency) == ("127.0.0.1", 8080, 8192, 1)
+    assert (c.kv_dtype, c.kv_lease_window, c.prefill_chunk, c.default_max_tokens) == (
+        "bf16", 4096, 1024, 8192)
+    assert c.kv_tokens == 8192 and c.spec is None and not c.vision
+
+
+def test_no_artifact_serves_the_default_model(tmp_path):
+    c = parse("--port", "9000", env={"NINFER_HOME": str(tmp_path)}).config
+    assert c.artifact == tmp_path / "models" / "smollm2-135m-instruct.ninfer"
+    assert c.port == 9000
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["m", "--bogus"], "unknown flag --bogus"),
+    (["m", "--port"], "--port: expected a value"),
+    (["m", "--port", "x"], "--port: expected an integer"),
+    (["m", "--port", "0"], "--port: 0 is out of range 1..65535"),
+    (["m", "--port", "65536"], "out of range"),
+    (["m", "--max-concurrency", "9"], "--max-concurrency: 9 is out of range 1..8"),
+    (["m", "--max-concurrency", "0"], "--max-concurrency: 0 is out of range 1..8"),
+    (["m", "--kv-dtype", "fp16"], "--kv-dtype: 'fp16' is not one of"),
+    (["m", "--tp", "3"], "--tp: 3 is out of range 1..2"),
+    (["m", "--tp", "2"], "--tp 2 requires --devices A,B"),
+    (["m", "--tp", "2", "--devices", "0,0"], "the two devices must differ"),
+    (["m", "--tp", "2", "--devices", "0"], "expected two device indices"),
+    (["m", "--temperature", "2.5"], "--temperature: 2.5 is out of range"),
+    (["m", "--top-p", "0"], "--top-p: 0 is out of range (0.0, 1.0]"),
+    (["m", "--top-k", "21"], "--top-k: 21 is out of range 0..20"),
+    (["m", "--min-p", "1.5"], "--min-p"),
+    (["m", "--presence-penalty", "-3"], "--presence-penalty"),
+    (["m", "--seed", "1.5"], "--seed: expected an integer"),
+    (["m", "--kv-grow", "4096"], "--kv-grow requires --elastic"),
+    (["m", "--kv-budget-gib", "2"], "--kv-budget-gib requires --elastic"),
+    (["m", "--elastic", "--kv-budget-gib", "0"], "--kv-budget-gib: 0 is out of range"),
+    (["m", "--draft-tokens", "3"], "--draft-tokens requires --spec"),
+    (["m", "--lm-head-draft"], "--lm-head-draft requires --spec"),
+    (["m", "--spec", "mtp", "--draft-tokens", "6"], "out of range 1..5 for --spec mtp"),
+    (["m", "--spec", "dflash", "--draft-tokens", "16"], "--draft-tokens: 16 is out of range"),
+    (["m", "--spec", "eagle"], "--spec: 'eagle' is not one of"),
+    (["m", "--max-vision-tokens", "10"], "--max-vision-tokens: 10 is out of range 64..16384"),
+    (["m", "--prefill-chunk", "1000"], "--prefill-chunk: 1000 is not a multiple of 128"),
+    (["m", "--kv-capacity", "100", "--max-context", "200"], "smaller than --max-context"),
+    (["m", "--kv-capacity", "lots"], "--kv-capacity: expected an integer"),
+    (["m", "--vram-headroom-mib", "512"], "--vram-headroom-mib requires --kv-capacity auto"),
+    (["m", "--no-prefix-reuse", "--device-state-slots", "2"], "conflicts with --device-state-slots"),
+    (["m", "--log-level", "loud"], "--log-level: 'loud' is not one of"),
+    (["m", "--api-key", " "], "--api-key: must not be empty"),
+    (["m", "--profile", "70b"], "--profile: '70b' is not one of"),
+    (["m", "--profile"], "--profile: expected a value"),
+    (["m", "--cors=yes"], "--cors takes no value"),
+    (["m", "--help"], "--help is only accepted as the first argument"),
+    (["m", "-h"], "-h is only accepted as the first argument"),
+    (["m", "extra"], "unexpected argument 'extra'"),
+    (["m", "--request-log-jsonl", "/nonexistent/dir/log.jsonl"], "does not exist"),
+    (["m", "--chat-template", "/nonexistent.jinja"], "is not a readable file"),
+])
+def test_bad_flags_give_one_line_reasons(argv, reason):
+    with pytest.raises(UsageError) as err:
+        parse(*argv)
+    assert reason in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_flag_equals_form_and_later_flags_win():
+    c = parse("m", "--port=9001", "--port", "9002", "--temperature=0.5").config
+    assert c.port == 9002 and c.temperature == 0.5
+
+
+@pytest.mark.parametrize("env, reason", [
+    ({"NINFER_CUDA_SYNC": "busy"}, "NINFER_CUDA_SYNC='busy' is not one of spin, blocking"),
+    ({"NINFER_RAM_GUARD": "no"}, "NINFER_RAM_GUARD"),
+    ({"NINFER_HOST_TIER_RAM_GUARD": "2"}, "NINFER_HOST_TIER_RAM_GUARD"),
+])
+def test_environment_is_validated(env, reason):
+    with pytest.raises(UsageError, match=reason):
+        parse("m", env=env)
+
+
+@pytest.mark.parametrize("policy", ["spin", "blocking", "yield", "auto"])
+def test_cuda_sync_policies(policy):
+    assert parse("m", env={"NINFER_CUDA_SYNC": policy}).config.cuda_sync == policy
+
+
+def test_profile_expands_right_after_the_artifact():
+    assert expand_profile(["m", "--port", "1", "--profile", "27b"]) == [
+        "m", "--profile", "27b", *PROFILES["27b"], "--port", "1"]
+    c = parse("m", "--profile", "flash-next").config
+    assert (c.tp, c.devices, c.kv_dtype, c.elastic, c.max_context, c.spec, c.draft_tokens) == (
+        2, (0, 1), "int8", True, 262144, "mtp", 3)
+
+
+def test_later_flags_override_the_profile_wherever_profile_appears():
+    c = parse("m", "--max-context", "4096", "--profile", "27b", "--kv-dtype", "fp8").config
+    # flags after the artifact path come after the expansion, so both user flags win
+    assert c.max_context == 4096 and c.kv_dtype == "fp8"
+    assert c.host_state_slots == 8 and c.host_kv_mib == 8192 and c.device_state_slots == 4
+
+
+def test_no_vision_clears_the_profile_vision_flags():
+    parsed = parse("m", "--profile", "27b", "--no-vision")
+    c = parsed.config
+    assert not c.vision and c.max_vision_tokens == 16384 and c.vision_device == 0
+    assert not {"--vision", "--max-vision-tokens", "--vision-device"} & parsed.explicit
+    assert parse("m", "--profile", "27b").config.max_vision_tokens == 4096
+
+
+def test_help_only_as_first_argument():
+    assert parse("--help").help and parse("-h").help
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["m", "--spec", "mtp"], "`--spec mtp`: speculative decoding is not available yet"),
+    (["m", "--kv-dtype", "int8"], "`--kv-dtype int8`: quantized KV storage is not available yet"),
+    (["m", "--vision"], "`--vision`: media input (vision) is not available yet"),
+    (["m", "--elastic"], "`--elastic`: elastic KV and expert-slot lending is not available yet"),
+    (["m", "--tp", "2", "--devices", "0,1"], "tensor parallelism needs CUDA devices 0,1"),
+    (["m", "--profile", "flash-next"], "`--tp 2`: tensor parallelism needs CUDA devices 0,1"),
+    (["m", "--kv-capacity", "auto"], "automatic KV sizing needs a CUDA device"),
+    (["m", "--device", "1"], "CUDA device 1 does not exist"),
+])
+def test_missing_features_are_named_never_ignored(argv, message):
+    parsed = parse(*argv)
+    with pytest.raises(FeatureUnavailable) as err:
+        check_features(parsed.config, parsed.explicit, CPU)
+    assert str(err.value) == message or message in str(err.value)
+
+
+def test_features_not_built_are_refused_on_gpu_machines_too():
+    parsed = parse("m", "--profile", "flash-next")
+    with pytest.raises(FeatureUnavailable, match="tensor parallelism is not available yet"):
+        check_features(parsed.config, parsed.explicit, TWO_GPUS)
+
+
+def test_plain_flags_pass_the_feature_check():
+    parsed = parse("m", "--max-concurrency", "4", "--greedy", "--cors", "--api-key", "k")
+    check_features(parsed.config, parsed.explicit, CPU)
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "ninfer_tui.cli", *argv], capture_output=True,
+                          text=True, timeout=60, env=full_env, stdin=subprocess.DEVNULL)
+
+
+def test_cli_bad_flag_prints_reason_and_usage_and_exits_1():
+    out = run_cli("m.ninfer", "--max-concurrency", "12")
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert lines[0] == "ninfer-serve: error: --max-concurrency: 12 is out of range 1..8"
+    assert lines[1].startswith("usage: ninfer-serve")
+
+
+def test_cli_missing_feature_exits_1_naming_it(tmp_path):
+    out = run_cli(str(tmp_path / "m.ninfer"), "--spec", "mtp")
+    assert out.returncode == 1
+    assert "speculative decoding is not available yet" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_cli_missing_artifact_exits_1(tmp_path):
+    out = run_cli("--no-tui", env={"NINFER_HOME": str(tmp_path)})
+    assert out.returncode == 1
+    assert "artifact not found" in out.stderr and "install.sh" in out.stderr
+
+
+def test_cli_help_exits_0():
+    out = run_cli("--help")
+    assert out.returncode == 0
+    assert out.stdout.startswith("usage: ninfer-serve") and "--profile flash-next" in out.stdout
