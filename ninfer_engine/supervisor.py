@@ -5,6 +5,7 @@ reload swaps engines under a server that keeps listening and answers 503 meanwhi
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import replace
@@ -14,8 +15,9 @@ from .capabilities import Machine, check_features, probe_machine
 from .config import EngineConfig
 from .flags import parse_args
 from .stats import EngineStats
-from .types import EngineState, GenerationRequest, SamplingParams, TokenEvent
+from .types import EngineError, EngineState, GenerationRequest, SamplingParams, TokenEvent
 
+ADMISSION_POLL_S = 0.05
 EngineFactory = Callable[[EngineConfig], object]
 
 
@@ -32,7 +34,8 @@ class Supervisor:
         self,
         argv: list[str],
         *,
-        engine_factory: EngineFactory = _default_factory,
+        engine_factory: ADMISSION_POLL_S = 0.05
+EngineFactory = _default_factory,
         on_failure: Callable[[str], None] | None = None,
         machine: Machine | None = None,
     ) -> None:
@@ -52,8 +55,14 @@ class Supervisor:
 
     # -- life -------------------------------------------------------------------------------
     def load(self) -> None:
-        """Build and start the engine (blocking). Startup errors propagate to the caller."""
-        engine = self._factory(self.config)
+        """Build and start the engine (blocking). A load error leaves the state FAILED and
+        propagates to the caller."""
+        try:
+            engine = self._factory(self.config)
+        except Exception as exc:
+            with self._lock:
+                self._state, self._failure = EngineState.FAILED, f"load failed: {exc}"
+            raise
         if hasattr(engine, "add_failure_listener"):
             engine.add_failure_listener(self._engine_failed)
         engine.start()
@@ -70,12 +79,7 @@ class Supervisor:
             self._state = EngineState.RELOADING
         if old is not None:
             old.stop()
-        try:
-            self.load()
-        except Exception as exc:
-            with self._lock:
-                self._state, self._failure = EngineState.FAILED, f"reload failed: {exc}"
-            raise
+        self.load()
 
     def stop(self) -> None:
         with self._lock:
@@ -166,8 +170,23 @@ class Supervisor:
         return replace(base, at=time.time(), state=state.value, failure=self._failure,
                        model_id=self.model_id, profile=self.profile, started_at=self.started_at)
 
-    def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        return self._current().submit(request)
+    async def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Forward to the engine; while admission is paused, wait in line (up to the queue
+        deadline) instead of being admitted."""
+        deadline = time.monotonic() + self.config.pending_timeout_ms / 1000
+        while self.paused:
+            if time.monotonic() >= deadline:
+                yield TokenEvent(finish="error", error=EngineError(
+                    "admission is paused and the request was not admitted in time",
+                    "request_queue_timeout", 503))
+                return
+            await asyncio.sleep(ADMISSION_POLL_S)
+        events = self._current().submit(request)
+        try:
+            async for event in events:
+                yield event
+        finally:  # an early close must reach the engine now, so it cancels at the next step
+            await events.aclose()
 
 
 def _strip_profile(args: list[str]) -> list[str]:

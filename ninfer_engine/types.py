@@ -45,6 +45,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()  # stop strings, matched in the decoded text (withheld from output)
     protocol: str = "openai-chat"
     session_key: str | None = None  # prefix-reuse hint
+    ignore_eos: bool = False  # benchmarks: always generate max_tokens
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,281 @@
+"""Anthropic Messages request body -> `ChatRequest` (contract §7 "Request").
+
+Content blocks become the chat template's OpenAI-like shape: `thinking` -> `reasoning_content`,
+`tool_use` -> `tool_calls`, `tool_result` -> a `tool` message placed before the user's text.
+A final text-only assistant message is a prefill the model continues.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from ninfer_engine.client import ServingEngine
+from ninfer_engine.config import EngineConfig
+
+from .errors import ApiError, invalid_value, unsupported
+from .openai_fields import sampling_overrides
+from .prompt import ChatRequest, map_effort
+from .validate import get_bool, get_int, get_list, get_object, get_str, parse_json_object, require
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+SIGNATURE_PREFIX = "ninfer-reasoning.v1:"
+MAX_CACHE_BREAKPOINTS = 4
+_UNSUPPORTED_BLOCKS = ("document", "search_result", "container_upload", "server_tool_use",
+                       "web_search_tool_result", "mcp_tool_use", "mcp_tool_result")
+
+
+def parse_messages_request(
+    raw: bytes, engine: ServingEngine, config: EngineConfig
+) -> tuple[ChatRequest, str]:
+    """The parsed request and the `model` label to echo."""
+    body = parse_json_object(raw)
+    model = require(body, "model")
+    if not isinstance(model, str):
+        raise invalid_value("model", "'model' must be a string.")
+    max_tokens = get_int(body, "max_tokens")
+    if max_tokens is not None and max_tokens < 1:
+        raise invalid_value("max_tokens", "'max_tokens' must be at least 1.")
+    if body.get("mcp_servers"):
+        raise unsupported("mcp_servers", "MCP servers are not supported.")
+    parser = _Conversation()
+    parser.system(body.get("system"))
+    parser.messages(require(body, "messages"))
+    tools = _tools(body.get("tools"), body.get("tool_choice"), parser)
+    if body.get("cache_control") is not None:
+        _check_cache_control(body["cache_control"], "cache_control")
+    stop = get_list(body, "stop_sequences") or []
+    if not all(isinstance(s, str) for s in stop):
+        raise invalid_value("stop_sequences", "'stop_sequences' must be an array of strings.")
+    kwargs, thinking = _thinking(body, config, max_tokens or engine.default_max_tokens)
+    if parser.prefill and kwargs.get("enable_thinking") is True:
+        raise invalid_value("messages", "An assistant prefill needs thinking to be disabled.")
+    if parser.prefill:
+        kwargs["enable_thinking"] = False  # the prefill continues the answer, not a thought
+        thinking = "off"
+    request = ChatRequest(
+        protocol="anthropic",
+        messages=parser.out,
+        tools=tools,
+        max_tokens=max_tokens,
+        sampling=sampling_overrides({k: body.get(k) for k in ("temperature", "top_p", "top_k")}),
+        stop=tuple(s for s in stop if s),
+        template_kwargs=kwargs,
+        stream=bool(get_bool(body, "stream")),
+        thinking=thinking,
+        prefill=parser.prefill,
+    )
+    return request, model
+
+
+def _check_cache_control(value: Any, path: str) -> None:
+    if not isinstance(value, dict) or value.get("type") != "ephemeral":
+        raise invalid_value(path, f"'{path}' must be {{\"type\": \"ephemeral\"}}.")
+    if value.get("ttl", "5m") not in ("5m", "1h"):
+        raise invalid_value(f"{path}.ttl", "The cache TTL must be '5m' or '1h'.")
+
+
+class _Conversation:
+    """Accumulates template messages from `system` and `messages`."""
+
+    def __init__(self) -> None:
+        self.out: list[dict[str, Any]] = []
+        self.prefill = ""
+        self.breakpoints = 0
+
+    def cache_breakpoint(self, block: dict[str, Any], path: str) -> None:
+        if block.get("cache_control") is None:
+            return
+        _check_cache_control(block["cache_control"], f"{path}.cache_control")
+        self.breakpoints += 1
+        if self.breakpoints > MAX_CACHE_BREAKPOINTS:
+            raise invalid_value(f"{path}.cache_control",
+                                f"At most {MAX_CACHE_BREAKPOINTS} cache breakpoints are allowed.")
+
+    def system(self, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, str):
+            texts = [value]
+        elif isinstance(value, list):
+            texts = [self._text_block(b, f"system[{i}]") for i, b in enumerate(value)]
+            # Claude Code's per-request billing line would defeat prefix reuse.
+            if texts and texts[0].startswith(BILLING_HEADER):
+                texts = texts[1:]
+        else:
+            raise invalid_value("system", "'system' must be a string or an array of text blocks.")
+        if any(texts):
+            self.out.append({"role": "system", "content": "\n".join(texts)})
+
+    def _text_block(self, block: Any, path: str) -> str:
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise invalid_value(path, f"'{path}' must be a text block.")
+        self.cache_breakpoint(block, path)
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise invalid_value(f"{path}.text", f"'{path}.text' must be a string.")
+        return text
+
+    def messages(self, value: Any) -> None:
+        if not isinstance(value, list) or not value:
+            raise invalid_value("messages", "'messages' must be a non-empty array.")
+        for i, message in enumerate(value):
+            path = f"messages[{i}]"
+            if not isinstance(message, dict):
+                raise invalid_value(path, f"'{path}' must be an object.")
+            role = message.get("role")
+            if role not in ("user", "assistant", "system"):
+                raise invalid_value(f"{path}.role", "Roles are 'user', 'assistant' or 'system'.")
+            content = message.get("content")
+            if isinstance(content, str):
+                content = [{"type": "text", "text": content}]
+            if not isinstance(content, list):
+                raise invalid_value(f"{path}.content", "Content must be a string or blocks.")
+            last = i == len(value) - 1
+            self._message(role, content, f"{path}.content", last)
+
+    def _message(self, role: str, blocks: list[Any], path: str, last: bool) -> None:
+        texts: list[str] = []
+        reasoning: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for j, block in enumerate(blocks):
+            where = f"{path}[{j}]"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                texts.append(self._text_block(block, where))
+            elif kind == "image":
+                self.cache_breakpoint(block, where)
+                raise ApiError(400, "This server has no vision encoder enabled; images are not "
+                               "accepted.", "vision_disabled", param=where)
+            elif kind == "thinking" and role == "assistant":
+                reasoning.append(_thinking_text(block, where))
+            elif kind == "redacted_thinking":
+                continue
+            elif kind == "tool_use" and role == "assistant":
+                calls.append(_tool_call(block, where))
+            elif kind == "tool_result" and role == "user":
+                self.cache_breakpoint(block, where)
+                self.out.append(_tool_result(block, where))
+            elif kind in _UNSUPPORTED_BLOCKS:
+                raise unsupported(where, f"'{kind}' content blocks are not supported.")
+            else:
+                raise invalid_value(f"{where}.type", f"Unexpected content block {kind!r}.")
+        if role == "assistant" and last and not calls and not reasoning:
+            self.prefill = "".join(texts)
+            return
+        if not texts and not calls and not reasoning:
+            return  # a user turn of tool results only
+        message: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+        if reasoning:
+            message["reasoning_content"] = "\n".join(reasoning)
+        if calls:
+            message["tool_calls"] = calls
+        self.out.append(message)
+
+
+def _thinking_text(block: dict[str, Any], path: str) -> str:
+    """History thinking; an omitted-display block carries its text in the signature."""
+    text = block.get("thinking") or ""
+    signature = block.get("signature") or ""
+    if not isinstance(text, str) or not isinstance(signature, str):
+        raise invalid_value(path, "Thinking blocks hold string 'thinking' and 'signature'.")
+    if not text and signature.startswith(SIGNATURE_PREFIX):
+        try:
+            return base64.b64decode(signature[len(SIGNATURE_PREFIX):], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise invalid_value(f"{path}.signature", "Malformed thinking signature.") from None
+    return text
+
+
+def _tool_call(block: dict[str, Any], path: str) -> dict[str, Any]:
+    name, call_id = block.get("name"), block.get("id")
+    if not isinstance(name, str) or not isinstance(call_id, str):
+        raise invalid_value(path, "A tool_use block needs string 'id' and 'name'.")
+    arguments = get_object(block, "input", f"{path}.input") or {}
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def _tool_result(block: dict[str, Any], path: str) -> dict[str, Any]:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str):
+        raise invalid_value(f"{path}.tool_use_id", "A tool_result needs 'tool_use_id'.")
+    get_bool(block, "is_error", f"{path}.is_error")
+    content = block.get("content", "")
+    if isinstance(content, list):
+        parts = []
+        for k, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise unsupported(f"{path}.content[{k}]", "Tool results may only hold text.")
+            parts.append(get_str(part, "text", f"{path}.content[{k}].text") or "")
+        content = "\n".join(parts)
+    if not isinstance(content, str):
+        raise invalid_value(f"{path}.content", "Tool result content must be text.")
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def _tools(tools: Any, choice: Any, parser: _Conversation) -> list[dict[str, Any]] | None:
+    """Client tools as OpenAI-shaped function tools for the template."""
+    if choice is not None:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        if kind in ("any", "tool"):
+            raise unsupported("tool_choice", f"tool_choice '{kind}' is not supported.")
+        if kind not in ("auto", "none"):
+            raise invalid_value("tool_choice.type", "tool_choice must be 'auto' or 'none'.")
+        if kind == "none":
+            return None
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise invalid_value("tools", "'tools' must be an array.")
+    converted = []
+    for i, tool in enumerate(tools):
+        path = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise invalid_value(path, f"'{path}' must be an object.")
+        if tool.get("type") not in (None, "custom"):
+            raise unsupported(f"{path}.type", "Server tools are not supported.")
+        if tool.get("strict") is True:
+            raise unsupported(f"{path}.strict", "Strict tools are not supported.")
+        parser.cache_breakpoint(tool, path)
+        if not isinstance(tool.get("name"), str):
+            raise invalid_value(f"{path}.name", "A tool needs a name.")
+        function = {"name": tool["name"],
+                    "parameters": get_object(tool, "input_schema", f"{path}.input_schema") or {}}
+        if isinstance(tool.get("description"), str):
+            function["description"] = tool["description"]
+        converted.append({"type": "function", "function": function})
+    return converted or None
+
+
+def _thinking(
+    body: dict[str, Any], config: EngineConfig, max_tokens: int
+) -> tuple[dict[str, Any], str]:
+    """Template kwargs for `thinking` and `output_config.effort`, and the log label."""
+    kwargs: dict[str, Any] = {}
+    if config.no_thinking:
+        kwargs["enable_thinking"] = False
+    if config.preserve_thinking:
+        kwargs["preserve_thinking"] = True
+    label = "off" if config.no_thinking else "default"
+    thinking = get_object(body, "thinking")
+    if thinking is not None:
+        kind = thinking.get("type")
+        if kind not in ("disabled", "enabled", "adaptive"):
+            raise invalid_value("thinking.type", "thinking.type is disabled, enabled or adaptive.")
+        if kind == "enabled":
+            budget = get_int(thinking, "budget_tokens", 1024, param="thinking.budget_tokens")
+            if budget is None or budget >= max_tokens:
+                raise invalid_value("thinking.budget_tokens",
+                                    "budget_tokens must be >= 1024 and less than max_tokens.")
+        kwargs["enable_thinking"] = kind != "disabled"
+        label = "off" if kind == "disabled" else "on"
+    effort = get_str(get_object(body, "output_config") or {}, "effort", "output_config.effort")
+    if effort is not None and kwargs.get("enable_thinking") is not False:
+        level = map_effort(effort, "output_config.effort")
+        if level == "off":
+            kwargs["enable_thinking"] = False
+        else:
+            kwargs["reasoning_effort"] = level
+        label = level
+    return kwargs, label

@@ -1,0 +1,188 @@
+"""One submitted generation: engine events in, protocol-neutral output channels out.
+
+`Generation` owns the engine's event iterator and the request's log trace: it waits with a
+timeout (for SSE keep-alives), tracks the phase, turns engine exceptions into error events,
+writes exactly one terminal log line and closes the iterator (which cancels the request)
+however the handler exits. An `OutputSplitter` sits between the engine text and the protocol;
+`PlainOutput` passes everything through as answer content, and a reasoning/tool-call parser
+slots in through the same interface.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol
+
+from ninfer_engine.client import ServingEngine
+from ninfer_engine.types import EngineError, Timings, TokenEvent, Usage
+
+from .errors import ApiError, from_engine_error, internal_error
+from .logs import RequestTrace
+from .prompt import PreparedRequest
+
+log = logging.getLogger("ninfer.http")
+
+
+@dataclass(frozen=True)
+class ParsedToolCall:
+    name: str
+    arguments: str  # a JSON object, as a string, typed by the tool's schema
+
+
+@dataclass(frozen=True)
+class OutputDelta:
+    channel: str  # "content" | "reasoning" | "tool_call"
+    text: str = ""
+    tool_call: ParsedToolCall | None = None  # set when channel == "tool_call" (complete call)
+
+
+class OutputSplitter(Protocol):
+    """Splits the engine's text stream into channels before a protocol formats it."""
+
+    def feed(self, text: str) -> list[OutputDelta]: ...
+
+    def flush(self) -> list[OutputDelta]:
+        """Whatever was held back, once generation has finished."""
+        ...
+
+
+class PlainOutput:
+    """No parsing: every piece of engine text is answer content."""
+
+    def feed(self, text: str) -> list[OutputDelta]:
+        return [OutputDelta("content", text)] if text else []
+
+    def flush(self) -> list[OutputDelta]:
+        return []
+
+
+def _failure(message: str) -> TokenEvent:
+    return TokenEvent(finish="error", error=EngineError(message, "internal_error", 500))
+
+
+def is_failure(event: TokenEvent) -> bool:
+    return event.finish in ("error", "cancelled")
+
+
+class Generation:
+    """One prepared request in the engine; use through `start_generation`."""
+
+    def __init__(self, engine: ServingEngine, prepared: PreparedRequest, trace: RequestTrace):
+        self.prepared = prepared
+        self.trace = trace
+        self.splitter: OutputSplitter = PlainOutput()
+        self.output_tokens = 0
+        self.phase = "queue"  # -> "prefill" after the first event, "decode" after the first token
+        self._phase_before_last = "queue"
+        self.first_output_at: float | None = None
+        self._pending: asyncio.Task[TokenEvent] | None = None
+        try:
+            self._events: AsyncIterator[TokenEvent] = engine.submit(prepared.generation).__aiter__()
+        except Exception:
+            log.exception("engine.submit failed")
+            trace.ended("failed", "queue", 500, "internal_error")
+            raise internal_error() from None
+
+    async def _next_event(self) -> TokenEvent:
+        try:
+            return await self._events.__anext__()
+        except StopAsyncIteration:
+            return _failure("The engine ended the request without a finish event.")
+        except Exception:
+            log.exception("engine event iterator failed")
+            return _failure("The engine failed while serving this request.")
+
+    async def next(self, timeout: float | None = None) -> TokenEvent | None:
+        """The next event, or None when `timeout` seconds pass without one."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._next_event())
+        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+        if not done:
+            return None
+        event = self._pending.result()
+        self._pending = None
+        self._observe(event)
+        return event
+
+    async def admit(self) -> TokenEvent:
+        """The first event; a failure before any output is raised as a plain HTTP error."""
+        event = await self.next()
+        assert event is not None  # no timeout was given
+        if is_failure(event) and not event.text:
+            raise self.conclude(event) or internal_error()
+        return event
+
+    def _observe(self, event: TokenEvent) -> None:
+        self._phase_before_last = self.phase
+        self.output_tokens += len(event.token_ids)
+        if self.phase == "queue":
+            self.phase = "prefill"
+        if self.phase == "prefill" and (event.text or event.token_ids):
+            self.phase = "decode"
+            self.first_output_at = time.monotonic()
+
+    def accounting(self, last: TokenEvent) -> tuple[Usage, Timings]:
+        """Usage and timings of the finished request (counted here if the engine sent none)."""
+        usage = last.usage or Usage(self.prepared.prompt_tokens, self.output_tokens)
+        return usage, last.timings or Timings(predicted_n=usage.completion_tokens)
+
+    def conclude(self, last: TokenEvent) -> ApiError | None:
+        """Log the terminal line for the final event; the error to report if it failed."""
+        if not is_failure(last):
+            usage, timings = self.accounting(last)
+            self.trace.done(last.finish or "stop", last.stop_sequence, usage, timings,
+                            self.first_output_at)
+            return None
+        if last.finish == "cancelled":
+            error = ApiError(503, "The server cancelled this request.", "service_unavailable")
+        else:
+            error = from_engine_error(last.error)
+        phase = self._phase_before_last
+        self.trace.ended("rejected" if phase == "queue" else "failed", phase, error.status,
+                         error.code)
+        return error
+
+    def disconnected(self) -> None:
+        """The client went away: log 499 unless a terminal line was already written."""
+        if not self.trace.closed:
+            self.trace.ended("cancelled", self.phase, 499, "client_disconnected")
+
+    def broken(self) -> ApiError:
+        """This server failed after the response started; log it, return the in-band error."""
+        log.exception("response failed after its headers were sent")
+        if not self.trace.closed:
+            self.trace.ended("failed", self.phase, 500, "internal_error")
+        return internal_error()
+
+    async def close(self) -> None:
+        """Stop waiting and close the engine iterator; an unfinished request is cancelled."""
+        if self._pending is not None:
+            self._pending.cancel()
+            # The iterator cannot be closed while its __anext__ is still running.
+            await asyncio.wait({self._pending})
+            self._pending = None
+        close = getattr(self._events, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:
+                log.exception("closing the engine event iterator failed")
+
+
+@contextlib.asynccontextmanager
+async def start_generation(
+    engine: ServingEngine, prepared: PreparedRequest, trace: RequestTrace
+) -> AsyncIterator[Generation]:
+    """Submit `prepared`; on exit the request is closed, and a cancelled handler logged as 499."""
+    generation = Generation(engine, prepared, trace)
+    try:
+        yield generation
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler when its client disconnects (handler_cancellation).
+        generation.disconnected()
+        raise
+    finally:
+        await generation.close()

@@ -1,0 +1,149 @@
+"""OpenAI Chat Completions: `POST /v1/chat/completions`, JSON or SSE (contract §5).
+
+Parsing (`openai_fields`, `openai_messages`) ends in a protocol-neutral `ChatRequest`;
+`prompt.prepare()` and `generation.Generation` do the rest. Everything up to the engine's first
+event fails as a plain HTTP error; after the SSE headers a failure is one
+`data: {"error": ...}` event and no `[DONE]`.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from aiohttp import web
+
+from ninfer_engine.types import TokenEvent
+
+from . import sse
+from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine, request_id
+from .generation import Generation, OutputDelta, start_generation
+from .ids import chat_completion_id
+from .logs import RequestTrace
+from .openai_fields import parse_chat_request
+from .prompt import prepare
+from .usage import llama_timings, openai_chat_usage
+
+PROTOCOL = "openai-chat"
+_DELTA_KEYS = {"content": "content", "reasoning": "reasoning_content"}
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", create_chat_completion)
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    engine = ready_engine(request)
+    label = client_label(request)
+    chat, include_usage = parse_chat_request(await request.read(), engine, request.app[CONFIG])
+    prepared = prepare(engine, chat, request_id(request))
+    trace = RequestTrace(PROTOCOL, chat.stream, len(chat.messages), prepared.max_tokens,
+                         chat.thinking, label)
+    async with start_generation(engine, prepared, trace) as generation:
+        reply = _Reply(generation, engine.model_id, include_usage)
+        if chat.stream:
+            return await reply.stream(request)
+        return await reply.complete()
+
+
+def _finish_reason(finish: str | None) -> str:
+    return "length" if finish == "length" else "stop"
+
+
+class _Reply:
+    """Turns one generation's events into a Chat Completion object or chunk stream."""
+
+    def __init__(self, generation: Generation, model: str, include_usage: bool) -> None:
+        self.id = chat_completion_id()
+        self.created = int(time.time())
+        self.model = model
+        self.generation = generation
+        self.include_usage = include_usage
+
+    async def complete(self) -> web.Response:
+        generation = self.generation
+        event = await generation.admit()
+        deltas = generation.splitter.feed(event.text)
+        while event.finish is None:
+            event = await generation.next()
+            assert event is not None  # no timeout was given
+            deltas += generation.splitter.feed(event.text)
+        deltas += generation.splitter.flush()
+        error = generation.conclude(event)
+        if error is not None:
+            raise error
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(d.text for d in deltas if d.channel == "content"),
+            "refusal": None,
+        }
+        reasoning = "".join(d.text for d in deltas if d.channel == "reasoning")
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        usage, timings = generation.accounting(event)
+        return web.json_response({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": _finish_reason(event.finish)}],
+            "usage": openai_chat_usage(usage),
+            "timings": llama_timings(timings),
+        })
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                 "model": self.model, "choices": choices}
+        if self.include_usage:
+            chunk["usage"] = None  # every chunk but the usage chunk carries an explicit null
+        chunk.update(extra)
+        return sse.data(chunk)
+
+    def _delta(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return self._chunk([choice], **extra)
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        generation = self.generation
+        event: TokenEvent | None = await generation.admit()
+        response = await sse.open_stream(request)
+        keepalive_s = request.app[KEEPALIVE_S]
+        try:
+            await response.write(self._delta({"role": "assistant", "content": ""}))
+            while True:
+                if event is None:
+                    await response.write(sse.KEEPALIVE)
+                else:
+                    await self._write_deltas(response, generation.splitter.feed(event.text))
+                    if event.finish is not None:
+                        break
+                event = await generation.next(keepalive_s)
+            await self._write_deltas(response, generation.splitter.flush())
+            await self._write_end(response, event)
+        except ConnectionResetError:
+            generation.disconnected()
+        except Exception:
+            error = generation.broken()
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(sse.data(error.openai_body()))
+        return response
+
+    async def _write_deltas(self, response: web.StreamResponse, deltas: list[OutputDelta]) -> None:
+        for delta in deltas:
+            await response.write(self._delta({_DELTA_KEYS[delta.channel]: delta.text}))
+
+    async def _write_end(self, response: web.StreamResponse, last: TokenEvent) -> None:
+        error = self.generation.conclude(last)
+        if error is not None:
+            await response.write(sse.data(error.openai_body()))
+            return
+        usage, timings = self.generation.accounting(last)
+        finish = _finish_reason(last.finish)
+        if self.include_usage:
+            await response.write(self._delta({}, finish))
+            await response.write(self._chunk([], usage=openai_chat_usage(usage),
+                                             timings=llama_timings(timings)))
+        else:
+            await response.write(self._delta({}, finish, timings=llama_timings(timings)))
+        await response.write(sse.DONE)

@@ -1,0 +1,178 @@
+"""Chat Completions body fields -> `ChatRequest` (contract §5 Accepted / Rejected / Ignored).
+
+Every rejected field is a 400 whose `param` names it. Neutral values of rejected features
+(`logprobs: false`, empty `logit_bias`, `store: false`, `n: 1`...) and unknown keys are ignored.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ninfer_engine.client import ServingEngine
+from ninfer_engine.config import EngineConfig
+
+from .errors import ApiError, invalid_value, unsupported
+from .openai_messages import normalize_messages, normalize_tools
+from .prompt import ChatRequest, map_effort
+from .validate import (
+    INT64_MAX,
+    INT64_MIN,
+    get_bool,
+    get_int,
+    get_list,
+    get_number,
+    get_object,
+    is_number,
+    parse_json_object,
+    require,
+)
+
+# Float sampler fields a request may override, with their allowed ranges.
+_SAMPLING_NUMBERS = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+_CONSTRAINED = ("grammar", "structured_outputs")
+MAX_STOP_STRINGS = 4
+
+
+def parse_chat_request(
+    raw: bytes, engine: ServingEngine, config: EngineConfig
+) -> tuple[ChatRequest, bool]:
+    """The parsed request and whether the stream ends with a usage chunk."""
+    body = parse_json_object(raw)
+    model = require(body, "model")
+    if not isinstance(model, str):
+        raise invalid_value("model", "'model' must be a string.")
+    if model != engine.model_id:
+        raise ApiError(404, f"The model '{model}' does not exist; this server serves "
+                       f"'{engine.model_id}'.", "model_not_found", param="model")
+    messages = normalize_messages(body.get("messages"))
+    reject_unsupported(body)
+    tools = normalize_tools(body.get("tools"), body.get("tool_choice"),
+                            body.get("parallel_tool_calls"))
+    max_tokens = get_int(body, "max_completion_tokens", 0)
+    if max_tokens is None:
+        max_tokens = get_int(body, "max_tokens", 0)
+    stream = bool(get_bool(body, "stream"))
+    options = get_object(body, "stream_options") or {}
+    include_usage = bool(get_bool(options, "include_usage", "stream_options.include_usage"))
+    for flag in ("timings_per_token", "return_progress"):
+        get_bool(body, flag)
+    template_kwargs, thinking = thinking_options(body, config)
+    request = ChatRequest(
+        protocol="openai-chat",
+        messages=messages,
+        tools=tools,
+        max_tokens=max_tokens,
+        sampling=sampling_overrides(body),
+        stop=stop_strings(body.get("stop")),
+        template_kwargs=template_kwargs,
+        stream=stream,
+        thinking=thinking,
+    )
+    return request, stream and include_usage
+
+
+def sampling_overrides(body: dict[str, Any]) -> dict[str, Any]:
+    """The sampler fields this request sets, by `SamplingParams` name."""
+    overrides: dict[str, Any] = {}
+    for key, (low, high) in _SAMPLING_NUMBERS.items():
+        value = get_number(body, key, low, high)
+        if value is not None:
+            overrides[key] = value
+    top_k = get_int(body, "top_k", 0, 20)
+    if top_k is not None:
+        overrides["top_k"] = top_k
+    seed = get_int(body, "seed", INT64_MIN, INT64_MAX)
+    if seed is not None:
+        overrides["seed"] = seed
+    return overrides
+
+
+def stop_strings(value: Any) -> tuple[str, ...]:
+    """`stop`: a string or up to four strings; empty strings are dropped."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise invalid_value("stop", "'stop' must be a string or an array of strings.")
+    if len(value) > MAX_STOP_STRINGS:
+        raise invalid_value("stop", f"'stop' holds at most {MAX_STOP_STRINGS} strings.")
+    return tuple(s for s in value if s)
+
+
+def thinking_options(body: dict[str, Any], config: EngineConfig) -> tuple[dict[str, Any], str]:
+    """Template kwargs for thinking (request > process flags > template) and a log label."""
+    nested = get_object(body, "chat_template_kwargs") or {}
+    kwargs = dict(nested)
+    defaults = {"enable_thinking": False if config.no_thinking else None,
+                "preserve_thinking": True if config.preserve_thinking else None}
+    explicit: dict[str, bool] = {}
+    for key, default in defaults.items():
+        top = get_bool(body, key)
+        inner = get_bool(nested, key, f"chat_template_kwargs.{key}")
+        if top is not None and inner is not None and top != inner:
+            raise invalid_value(key, f"'{key}' and 'chat_template_kwargs.{key}' disagree.")
+        value = top if top is not None else inner
+        if value is not None:
+            explicit[key] = value
+        value = default if value is None else value
+        if value is None:
+            kwargs.pop(key, None)
+        else:
+            kwargs[key] = value
+    effort = body.get("reasoning_effort")
+    if effort is not None and not isinstance(effort, str):
+        raise invalid_value("reasoning_effort", "'reasoning_effort' must be a string.")
+    level = map_effort(effort, "reasoning_effort") if effort is not None else None
+    if level == "off":
+        if explicit.get("enable_thinking") is True:
+            raise invalid_value("reasoning_effort",
+                                "reasoning_effort 'none' contradicts enable_thinking=true.")
+        kwargs["enable_thinking"] = False
+    elif level is not None:
+        kwargs["reasoning_effort"] = level
+    if kwargs.get("enable_thinking") is False:
+        return kwargs, "off"
+    return kwargs, level or ("on" if kwargs.get("enable_thinking") else "default")
+
+
+def reject_unsupported(body: dict[str, Any]) -> None:
+    """400 for every feature this server cannot honour; neutral values pass."""
+    for key, value in body.items():
+        if value is not None and (key in _CONSTRAINED or key.startswith("guided_")):
+            raise unsupported(key, f"Constrained output ('{key}') is not supported.")
+    response_format = get_object(body, "response_format")
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind in ("json_object", "json_schema"):
+            raise unsupported("response_format", f"response_format '{kind}' is not supported.")
+        if kind != "text":
+            raise invalid_value("response_format.type", "response_format.type must be 'text'.")
+    bias = get_object(body, "logit_bias") or {}
+    if not all(is_number(v) for v in bias.values()):
+        raise invalid_value("logit_bias", "'logit_bias' values must be numbers.")
+    if any(v != 0 for v in bias.values()):
+        raise unsupported("logit_bias", "A non-zero logit_bias is not supported.")
+    if get_bool(body, "logprobs"):
+        raise unsupported("logprobs", "logprobs are not supported.")
+    if get_int(body, "top_logprobs", 0, 20):
+        raise unsupported("top_logprobs", "top_logprobs are not supported.")
+    modalities = get_list(body, "modalities") or []
+    if "audio" in modalities:
+        raise unsupported("modalities", "Audio output is not supported.")
+    if any(m != "text" for m in modalities):
+        raise invalid_value("modalities", "'modalities' may only contain 'text'.")
+    if body.get("audio") is not None:
+        raise unsupported("audio", "Audio output is not supported.")
+    if get_bool(body, "store"):
+        raise unsupported("store", "store=true is not supported on Chat Completions.")
+    if (get_int(body, "n", 1) or 1) > 1:
+        raise unsupported("n", "Only n=1 is supported.")
+    repetition = get_number(body, "repetition_penalty")
+    if repetition is not None and repetition != 1.0:
+        raise unsupported("repetition_penalty", "repetition_penalty is not supported.")

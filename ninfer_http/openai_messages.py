@@ -1,0 +1,182 @@
+"""Chat Completions `messages` and `tools` -> the chat template's message shape (contract §5).
+
+The template receives `{"role", "content": str}` plus, where present, `reasoning_content`,
+`tool_calls` (arguments decoded to an object when they are a JSON object, as HF templates
+expect), `tool_call_id` and `name`. `developer` becomes `system`; legacy `function` becomes
+`tool`. Media parts are validated; this server has no vision encoder, so they are rejected
+with `vision_disabled`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+from .errors import ApiError, invalid_value, missing, unsupported
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_TEMPLATE_ROLE = {"developer": "system", "function": "tool"}
+
+
+def normalize_messages(value: Any) -> list[dict[str, Any]]:
+    """Validate `messages` and convert each to the template's shape."""
+    if value is None:
+        raise missing("messages")
+    if not isinstance(value, list) or not value:
+        raise invalid_value("messages", "'messages' must be a non-empty array.")
+    return [_message(m, f"messages[{i}]") for i, m in enumerate(value)]
+
+
+def _message(message: Any, path: str) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise invalid_value(path, f"'{path}' must be an object.")
+    role = message.get("role")
+    if role is None:
+        raise missing(f"{path}.role")
+    if role not in ROLES:
+        raise invalid_value(f"{path}.role", f"'{path}.role' must be one of {', '.join(ROLES)}.")
+    out: dict[str, Any] = {"role": _TEMPLATE_ROLE.get(role, role)}
+    content = message.get("content")
+    if content is None and role not in ("assistant", "function"):
+        raise missing(f"{path}.content")
+    out["content"] = content_text(content, f"{path}.content")
+    if role == "assistant":
+        reasoning = message.get("reasoning_content", message.get("reasoning"))
+        if reasoning is not None:
+            if not isinstance(reasoning, str):
+                raise invalid_value(f"{path}.reasoning_content", "Reasoning must be a string.")
+            out["reasoning_content"] = reasoning
+        if message.get("tool_calls") is not None:
+            out["tool_calls"] = _tool_calls(message["tool_calls"], f"{path}.tool_calls")
+    for key in ("tool_call_id", "name"):
+        value = message.get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                raise invalid_value(f"{path}.{key}", f"'{path}.{key}' must be a string.")
+            out[key] = value
+    return out
+
+
+def content_text(content: Any, path: str) -> str:
+    """A string or an array of parts -> the text the template sees (parts joined by newlines)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid_value(path, f"'{path}' must be a string or an array of content parts.")
+    return "\n".join(_part_text(part, f"{path}[{i}]") for i, part in enumerate(content))
+
+
+def _part_text(part: Any, path: str) -> str:
+    if not isinstance(part, dict):
+        raise invalid_value(path, f"'{path}' must be an object.")
+    kind = part.get("type")
+    if kind in ("text", "refusal"):
+        text = part.get(kind)
+        if not isinstance(text, str):
+            raise invalid_value(f"{path}.{kind}", f"'{path}.{kind}' must be a string.")
+        return text
+    if kind in ("image_url", "video_url"):
+        _media_part(part, kind, path)
+    if kind in ("input_audio", "audio"):
+        raise unsupported(path, "Audio input is not supported.")
+    if kind == "file":
+        raise unsupported(path, "File content parts are not supported.")
+    raise invalid_value(f"{path}.type", f"Unknown content part type {kind!r}.")
+
+
+def _media_part(part: dict[str, Any], kind: str, path: str) -> NoReturn:
+    media = part.get(kind)
+    url = media.get("url") if isinstance(media, dict) else media
+    if not isinstance(url, str) or not url.startswith(("http://", "https://", "data:")):
+        raise invalid_value(f"{path}.{kind}.url", "Media URLs must be http(s):// or data: URLs.")
+    detail = media.get("detail") if isinstance(media, dict) else None
+    if detail not in (None, "auto"):
+        raise unsupported(f"{path}.detail", "Only image detail 'auto' is supported.")
+    raise ApiError(400, "This server has no vision encoder enabled; media inputs are not "
+                   "accepted.", "vision_disabled", param=path)
+
+
+def _tool_calls(value: Any, path: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise invalid_value(path, f"'{path}' must be an array.")
+    calls = []
+    for i, call in enumerate(value):
+        where = f"{path}[{i}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise invalid_value(f"{where}.function", "A tool call needs function.name.")
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, (str, dict)):
+            raise invalid_value(f"{where}.function.arguments", "Arguments must be a string.")
+        entry = {"type": "function", "function": {"name": function["name"],
+                                                  "arguments": _decoded(arguments)}}
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        calls.append(entry)
+    return calls
+
+
+def _decoded(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
+    # HF templates serialise `arguments` themselves, so a JSON-object string becomes an object.
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
+
+
+def normalize_tools(
+    tools: Any, tool_choice: Any, parallel_tool_calls: Any
+) -> list[dict[str, Any]] | None:
+    """The function tools to show the template, after `tool_choice` (None = no tools)."""
+    if tools is None:
+        tools = []
+    if not isinstance(tools, list):
+        raise invalid_value("tools", "'tools' must be an array.")
+    for i, tool in enumerate(tools):
+        _check_tool(tool, f"tools[{i}]")
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise invalid_value("parallel_tool_calls", "'parallel_tool_calls' must be a boolean.")
+    if parallel_tool_calls is False and tools:
+        raise unsupported("parallel_tool_calls", "parallel_tool_calls=false is not supported.")
+    allowed = _allowed_names(tool_choice)
+    if allowed is not None:
+        tools = [t for t in tools if t["function"]["name"] in allowed]
+    return tools or None
+
+
+def _check_tool(tool: Any, path: str) -> None:
+    if not isinstance(tool, dict):
+        raise invalid_value(path, f"'{path}' must be an object.")
+    if tool.get("type") != "function":
+        raise unsupported(f"{path}.type", "Only function tools are supported.")
+    function = tool.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise invalid_value(f"{path}.function.name", "A function tool needs a name.")
+    if function.get("strict") is True:
+        raise unsupported(f"{path}.function.strict", "Strict tools are not supported.")
+
+
+def _allowed_names(choice: Any) -> set[str] | None:
+    """None = every tool; an empty set = no tool (`none`)."""
+    if choice is None or choice == "auto":
+        return None
+    if choice == "none":
+        return set()
+    if choice == "required":
+        raise unsupported("tool_choice", "tool_choice 'required' is not supported.")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        raise unsupported("tool_choice", "A named tool_choice is not supported.")
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        spec = choice.get("allowed_tools")
+        if not isinstance(spec, dict) or not isinstance(spec.get("tools"), list):
+            raise invalid_value("tool_choice.allowed_tools", "allowed_tools needs 'tools'.")
+        if spec.get("mode", "auto") != "auto":
+            raise unsupported("tool_choice.allowed_tools.mode", "Only mode 'auto' is supported.")
+        return {t["function"]["name"] for t in spec["tools"]
+                if isinstance(t, dict) and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str)}
+    raise invalid_value("tool_choice", "'tool_choice' must be 'auto', 'none' or allowed_tools.")

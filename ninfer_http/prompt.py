@@ -1,0 +1,113 @@
+"""Protocol-neutral request preparation: template, tokens, context check, sampler, limits.
+
+Every protocol module parses its own body into one `ChatRequest` whose messages already have
+the chat template's OpenAI-like shape (`role`, `content` text, optional `reasoning_content`,
+`tool_calls`, `tool_call_id`); `prepare()` turns it into the engine's `GenerationRequest`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ninfer_engine.client import ServingEngine
+from ninfer_engine.types import GenerationRequest, SamplingParams
+
+from .errors import ApiError, invalid_value
+
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+# Request effort names -> the level the chat template receives (contract §5 `reasoning_effort`).
+EFFORT_LEVELS = {
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "xhigh",
+    "max": "xhigh",
+    "adaptive": "xhigh",
+    "xhigh": "xhigh",
+}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One parsed generation request, whatever protocol it came in."""
+
+    protocol: str  # "openai-chat" | "openai-responses" | "anthropic"
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None  # None = the engine's default
+    sampling: dict[str, Any] = field(default_factory=dict)  # request overrides by field name
+    stop: tuple[str, ...] = ()
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+    thinking: str = "default"  # log label: "default", "on", "off" or an effort level
+    prefill: str = ""  # the start of the answer, continued by the model (Anthropic prefill)
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    generation: GenerationRequest
+    prompt_tokens: int
+    max_tokens: int  # effective output limit after the context clamp
+
+
+def resolve_sampling(defaults: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
+    """Request fields win over the engine defaults (preset, then process flags)."""
+    unknown = set(overrides) - SAMPLING_FIELDS
+    if unknown:
+        raise ValueError(f"not sampler fields: {sorted(unknown)}")
+    return dataclasses.replace(defaults, **overrides)
+
+
+def map_effort(effort: str, param: str) -> str:
+    """A request effort name -> the template's level; `none` -> `off`."""
+    if effort == "none":
+        return "off"
+    if effort not in EFFORT_LEVELS:
+        names = ", ".join(["none", *EFFORT_LEVELS])
+        raise invalid_value(param, f"'{param}' must be one of {names}; got {effort!r}.")
+    return EFFORT_LEVELS[effort]
+
+
+def render_prompt(engine: ServingEngine, request: ChatRequest) -> list[int]:
+    """Render the conversation with the artifact's template and tokenize it."""
+    try:
+        text = engine.chat_template.render(
+            request.messages, tools=request.tools, add_generation_prompt=True,
+            **request.template_kwargs,
+        )
+    except Exception as exc:  # template errors (raise_exception, bad roles) are the client's
+        raise ApiError(400, f"The chat template rejected the messages: {exc}", "invalid_prompt",
+                       param="messages") from None
+    return engine.tokenizer.encode(text + request.prefill)
+
+
+def check_context(prompt_tokens: int, max_context: int) -> None:
+    """Prompt + 1 output token must fit the context (contract §4 "Context")."""
+    if prompt_tokens + 1 > max_context:
+        raise ApiError(
+            400,
+            f"The prompt has {prompt_tokens} tokens; the context holds {max_context} "
+            "including at least one output token.",
+            "context_length_exceeded",
+            param="messages",
+            extra={"prompt_tokens": prompt_tokens, "max_context": max_context},
+        )
+
+
+def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> PreparedRequest:
+    """Build the engine request; raises `ApiError` for anything the client must fix."""
+    prompt_ids = render_prompt(engine, request)
+    check_context(len(prompt_ids), engine.max_context)
+    wanted = engine.default_max_tokens if request.max_tokens is None else request.max_tokens
+    max_tokens = min(wanted, engine.max_context - len(prompt_ids))
+    generation = GenerationRequest(
+        request_id=request_id,
+        prompt_ids=tuple(prompt_ids),
+        sampling=resolve_sampling(engine.sampling_defaults, request.sampling),
+        max_tokens=max_tokens,
+        stop=request.stop,
+        protocol=request.protocol,
+    )
+    return PreparedRequest(generation, len(prompt_ids), max_tokens)

@@ -1,0 +1,33 @@
+"""Server-sent events framing (contract §2 "SSE")."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+KEEPALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+async def open_stream(request: web.Request) -> web.StreamResponse:
+    """Send the SSE status line and headers; nothing may fail as plain HTTP after this."""
+    response = web.StreamResponse(status=200, headers=HEADERS)
+    await response.prepare(request)
+    return response
+
+
+def data(payload: Any) -> bytes:
+    """One `data:` event (OpenAI Chat style)."""
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+def event(name: str, payload: Any) -> bytes:
+    """One named event (Anthropic and Responses style)."""
+    body = json.dumps(payload, ensure_ascii=False).encode()
+    return b"event: " + name.encode() + b"\ndata: " + body + b"\n\n"

@@ -1,0 +1,127 @@
+"""The console start: the Textual app, the engine load and the HTTP server on one event loop.
+
+The server listens at once (503 until the engine is READY); the engine loads in a worker
+thread; the log goes to a ring buffer the console's log panel shows, never to the terminal
+the console draws on. Quitting stops the server and the engine and exits 0.
+"""
+from __future__ import annotations
+
+import collections
+import io
+import logging
+from collections.abc import Mapping, Sequence
+
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.flags import PROFILES
+from ninfer_engine.stats import EngineStats
+from ninfer_engine.supervisor import Supervisor
+from ninfer_http.app import create_app
+from ninfer_http.logs import configure_logging
+from ninfer_http.server import RunningServer, start_server
+
+from .app import NinferConsole
+
+log = logging.getLogger("ninfer")
+LOG_LINES = 500
+
+
+class LogRing(io.TextIOBase):
+    """A text stream that keeps the last lines written to it."""
+
+    def __init__(self, size: int = LOG_LINES) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=size)
+
+    def write(self, text: str) -> int:
+        self.lines.extend(line for line in text.splitlines() if line)
+        return len(text)
+
+
+class ConsoleBridge:
+    """The `ConsoleSupervisor` view of a `Supervisor` plus where the server listens."""
+
+    def __init__(self, supervisor: Supervisor, config: EngineConfig, ring: LogRing) -> None:
+        self._supervisor = supervisor
+        self._ring = ring
+        self.listen_url = f"http://{config.host}:{config.port}"
+        self.auth_enabled = config.api_key is not None
+        self.artifact = str(config.artifact)
+
+    @property
+    def profile(self) -> str | None:
+        return self._supervisor.profile
+
+    @property
+    def profiles(self) -> Mapping[str, Sequence[str]]:
+        return PROFILES
+
+    @property
+    def paused(self) -> bool:
+        return self._supervisor.paused
+
+    def snapshot(self) -> EngineStats:
+        return self._supervisor.snapshot()
+
+    def check_profile(self, name: str) -> str | None:
+        return self._supervisor.check_profile(name)
+
+    def reload(self, profile: str | None = None) -> None:
+        log.info("reloading the engine%s", f" with profile {profile}" if profile else "")
+        self._supervisor.reload(profile)
+        log.info("engine ready | model %s", self._supervisor.model_id)
+
+    def pause_admission(self) -> None:
+        self._supervisor.pause_admission()
+        log.info("admission paused")
+
+    def resume_admission(self) -> None:
+        self._supervisor.resume_admission()
+        log.info("admission resumed")
+
+    def log_lines(self) -> list[str]:
+        return list(self._ring.lines)
+
+
+class ServingConsole(NinferConsole):
+    """The console that also owns the server and the first engine load."""
+
+    def __init__(self, supervisor: Supervisor, config: EngineConfig, ring: LogRing) -> None:
+        super().__init__(ConsoleBridge(supervisor, config, ring),
+                         title_info=f"ninfer {config.artifact.name}")
+        self._engine_supervisor = supervisor
+        self._config = config
+        self._server: RunningServer | None = None
+        self.start_error: str | None = None
+
+    async def on_mount(self) -> None:
+        try:
+            self._server = await start_server(create_app(self._engine_supervisor, self._config),
+                                              self._config.host, self._config.port)
+        except OSError as exc:
+            self.start_error = str(exc)
+            self.exit(return_code=1)
+            return
+        self.run_worker(self._load, thread=True, exit_on_error=False, group="load")
+
+    def _load(self) -> None:
+        try:
+            self._engine_supervisor.load()
+            log.info("engine ready | model %s", self._engine_supervisor.model_id)
+        except Exception as exc:  # shown as FAILED in the console; the reload key retries
+            log.error("cannot load %s: %s", self._config.artifact, exc)
+
+    async def on_unmount(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+        self._engine_supervisor.stop()
+
+
+def run_console(argv: list[str], config: EngineConfig) -> int:
+    ring = LogRing()
+    configure_logging(config.log_level, stream=ring)
+    supervisor = Supervisor(argv)
+    app = ServingConsole(supervisor, config, ring)
+    code = app.run()
+    if app.start_error:
+        print(f"ninfer-serve: error: {app.start_error}", flush=True)
+        return 1
+    return code or 0

@@ -1,0 +1,55 @@
+"""Expert cache panel: GPU expert slots, pages lent from the KV pool, hit rate and CPU share."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from ninfer_engine.stats import EngineStats
+
+from .base import Panel
+from .format import count, fraction_bar, percent
+
+LABEL_WIDTH = 11
+TAIL_WIDTH = 8
+
+
+class ExpertPanel(Panel):
+    def __init__(self) -> None:
+        super().__init__("expert cache", id="experts")
+
+    def render_stats(self, stats: EngineStats) -> RenderableType:
+        experts = stats.experts
+        if experts is None:
+            return Text("not a MoE model", style="dim")
+        bar_width = max(10, self.size.width - LABEL_WIDTH - TAIL_WIDTH)
+        lookups = experts.hits + experts.misses
+        hit_rate = experts.hits / lookups if lookups else 0.0
+        resident = experts.resident / experts.slots if experts.slots else 0.0
+
+        def row(label: str, fraction: float, style: str) -> Text:
+            line = Text(f"{label:<{LABEL_WIDTH}}")
+            line.append_text(fraction_bar(fraction, bar_width, style))
+            line.append(f" {percent(fraction):>7}")
+            return line
+
+        return Group(
+            Text.assemble(
+                ("slots ", "dim"),
+                str(experts.slots),
+                ("   resident ", "dim"),
+                str(experts.resident),
+                ("   lent from KV ", "dim"),
+                (f"{count(experts.lent_pages)} pages", "magenta"),
+            ),
+            row("resident", resident, "magenta"),
+            row("hit rate", hit_rate, "green3"),
+            Text(
+                f"{'':<{LABEL_WIDTH}}{count(experts.hits)} hits · {count(experts.misses)} misses",
+                style="dim",
+            ),
+            row("CPU share", experts.cpu_share, "yellow3"),
+            Text(
+                f"{'':<{LABEL_WIDTH}}share of routed-expert work computed on the CPU", style="dim"
+            ),
+        )

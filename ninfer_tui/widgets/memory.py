@@ -1,0 +1,79 @@
+"""Memory panel: each GPU's VRAM by category as a stacked bar, then host RAM and pinned RAM."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from ninfer_engine.stats import DeviceMemory, EngineStats, HostMemory
+
+from .base import Panel
+from .format import fraction_bar, gib, stacked_bar
+
+# (field of DeviceMemory, label, style); the order is the order of the bar's segments.
+CATEGORIES = (
+    ("weights", "weights", "dodger_blue2"),
+    ("kv_pool", "KV", "green3"),
+    ("expert_slots", "experts", "magenta"),
+    ("workspace", "work", "yellow3"),
+    ("free", "free", "grey42"),
+)
+LABEL_WIDTH = 8
+TAIL_WIDTH = 16
+
+
+class MemoryPanel(Panel):
+    def __init__(self) -> None:
+        super().__init__("memory", id="memory")
+
+    def render_stats(self, stats: EngineStats) -> RenderableType:
+        bar_width = max(10, self.size.width - LABEL_WIDTH - TAIL_WIDTH)
+        lines: list[RenderableType] = []
+        if stats.devices:
+            for device in stats.devices:
+                lines.extend(device_lines(device, bar_width))
+        else:
+            lines.append(Text("no GPU: CPU engine", style="bold yellow"))
+        lines.extend(host_lines(stats.host, bar_width))
+        return Group(*lines)
+
+
+def device_lines(device: DeviceMemory, bar_width: int) -> list[Text]:
+    """The stacked bar, then each category's GiB behind a swatch of its colour (the legend)."""
+    parts = [(getattr(device, name), style) for name, _, style in CATEGORIES]
+    used = device.total - device.free
+    bar = Text(f"{device.name:<{LABEL_WIDTH}}")
+    bar.append_text(stacked_bar(parts, bar_width))
+    bar.append(f" {gib(used):>5}/{gib(device.total)} GiB")
+    amounts = Text()
+    for name, label, style in CATEGORIES:
+        amounts.append("■ ", style=style)
+        amounts.append(f"{label} ", style="dim")
+        amounts.append(f"{gib(getattr(device, name))}  ")
+    amounts.rstrip()
+    return [bar, amounts]
+
+
+def host_lines(host: HostMemory, bar_width: int) -> list[Text]:
+    """RAM use of the machine and of the engine process, then the page-locked tiers in use."""
+    fraction = host.used / host.total if host.total else 0.0
+    ram = Text(f"{'RAM':<{LABEL_WIDTH}}")
+    ram.append_text(fraction_bar(fraction, bar_width, "cyan"))
+    ram.append(f" {gib(host.used):>5}/{gib(host.total)} GiB")
+    rss = Text.assemble(
+        " " * LABEL_WIDTH, ("of which the engine process ", "dim"), gib(host.process_rss), " GiB"
+    )
+    pinned = Text(f"{'pinned':<{LABEL_WIDTH}}")
+    tiers = (
+        ("experts", host.pinned_experts),
+        ("KV tier", host.pinned_kv_tier),
+        ("state tier", host.pinned_state_tier),
+    )
+    shown = [(label, amount) for label, amount in tiers if amount]
+    for label, amount in shown:
+        pinned.append(f"{label} ", style="dim")
+        pinned.append(f"{gib(amount)} GiB   ")
+    if not shown:
+        pinned.append("none", style="dim")
+    pinned.rstrip()
+    return [ram, rss, pinned]

@@ -1,0 +1,163 @@
+"""Behaviour of every console key against the fake supervisor, through `App.run_test()`."""
+
+from __future__ import annotations
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import OptionList
+
+from ninfer_tui.app import NinferConsole
+from ninfer_tui.fake_feed import FakeSupervisor, play_all
+from ninfer_tui.widgets.header import HeaderPanel
+from ninfer_tui.widgets.log import LogPanel
+from ninfer_tui.widgets.memory import MemoryPanel
+from ninfer_tui.widgets.modals import ConfirmScreen, HelpScreen, NoticeScreen
+from ninfer_tui.widgets.profiles import ProfilePicker
+
+SIZE = (140, 44)
+pytestmark = pytest.mark.anyio
+
+
+def console(
+    scenario: str, feed: FakeSupervisor | None = None
+) -> tuple[NinferConsole, FakeSupervisor]:
+    """The console on a fake feed of `scenario` (or on `feed`, a customised fake)."""
+    feed = feed or FakeSupervisor(scenario)
+    return NinferConsole(feed, title_info="test"), feed
+
+
+async def choose_profile(pilot: Pilot, name: str) -> None:
+    await pilot.press("p")
+    assert isinstance(pilot.app.screen, ProfilePicker)
+    options = pilot.app.screen.query_one(OptionList)
+    options.highlighted = options.get_option_index(name)
+    await pilot.press("enter")
+
+
+async def test_panels_follow_the_polled_snapshot() -> None:
+    app, feed = console("busy8")
+    async with app.run_test(size=SIZE):
+        play_all(app, feed)
+        assert app.stats == feed.frames[-1]
+        assert app.query_one(MemoryPanel).stats == feed.frames[-1]
+        assert len(app.history.decode_tok_s) == len(feed.frames)
+
+
+async def test_profile_that_cannot_run_shows_the_reason() -> None:
+    app, feed = console("busy8")  # one GPU; both profiles need two
+    async with app.run_test(size=SIZE) as pilot:
+        await choose_profile(pilot, "flash-next")
+        assert isinstance(app.screen, NoticeScreen)
+        assert "needs 2 CUDA devices" in app.screen.message
+        await pilot.press("escape")
+        assert not isinstance(app.screen, NoticeScreen)
+        assert feed.reloads == []
+
+
+async def test_profile_that_can_run_reloads_after_confirmation() -> None:
+    app, feed = console("idle")
+    async with app.run_test(size=SIZE) as pilot:
+        await choose_profile(pilot, "flash-next")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert feed.reloads == []
+        await pilot.press("y")
+        await app.workers.wait_for_complete()
+        assert feed.reloads == ["flash-next"]
+
+
+async def test_profile_switch_can_be_declined() -> None:
+    app, feed = console("idle")
+    async with app.run_test(size=SIZE) as pilot:
+        await choose_profile(pilot, "27b")
+        await pilot.press("n")
+        await app.workers.wait_for_complete()
+        assert feed.reloads == []
+
+
+async def test_reload_after_failure_is_immediate() -> None:
+    app, feed = console("failed")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        await app.workers.wait_for_complete()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert feed.reloads == [None]
+
+
+async def test_reload_while_ready_asks_first() -> None:
+    app, feed = console("idle")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert feed.reloads == []
+        await pilot.press("y")
+        await app.workers.wait_for_complete()
+        assert feed.reloads == [None]
+
+
+class BrokenReload(FakeSupervisor):
+    def reload(self, profile: str | None = None) -> None:
+        raise RuntimeError("weights file vanished")
+
+
+async def test_a_failing_reload_is_reported_and_the_console_stays(monkeypatch) -> None:
+    app, _ = console("failed", BrokenReload("failed"))
+    notes: list[str] = []
+    monkeypatch.setattr(app, "notify", lambda message, **kwargs: notes.append(message))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.return_code is None
+        assert notes == ["Reload failed: weights file vanished"]
+
+
+async def test_a_toggles_admission() -> None:
+    app, feed = console("busy8")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("a")
+        assert feed.admission_calls == ["pause"]
+        assert app.query_one(HeaderPanel).paused
+        await pilot.press("a")
+        assert feed.admission_calls == ["pause", "resume"]
+        assert not app.query_one(HeaderPanel).paused
+
+
+async def test_l_toggles_the_log() -> None:
+    app, feed = console("failed")
+    async with app.run_test(size=SIZE) as pilot:
+        log = app.query_one(LogPanel)
+        assert not log.display
+        await pilot.press("l")
+        assert log.display
+        assert log.lines == tuple(feed.log_lines())
+        await pilot.press("l")
+        assert not log.display
+
+
+async def test_question_mark_lists_every_key() -> None:
+    app, _ = console("idle")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert [key for key, _, _ in app.screen.keys] == ["p", "r", "a", "l", "?", "q"]
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_q_quits_at_once_when_idle() -> None:
+    app, _ = console("idle")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        assert app.return_code == 0
+
+
+async def test_q_asks_while_requests_run() -> None:
+    app, feed = console("busy8")
+    async with app.run_test(size=SIZE) as pilot:
+        play_all(app, feed)
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert app.return_code is None
+        await pilot.press("q", "y")
+        assert app.return_code == 0

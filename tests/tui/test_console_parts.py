@@ -1,0 +1,53 @@
+"""The console's pure helpers: sparkline history and bar arithmetic."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ninfer_engine.stats import EngineStats, SpecStats, Throughput
+from ninfer_tui.widgets.format import duration, share_out, sparkline
+from ninfer_tui.widgets.history import StatsHistory
+
+
+def frame(at: float, drafted: int, accepted: int, decode: float = 10.0) -> EngineStats:
+    return EngineStats(
+        at=at,
+        state="ready",
+        spec=SpecStats("mtp", 3, drafted // 3, drafted, accepted),
+        throughput=Throughput(decode_tok_s=decode),
+    )
+
+
+def test_history_ignores_a_snapshot_it_has_seen() -> None:
+    first = StatsHistory().push(frame(1.0, 30, 20))
+    assert first.push(frame(1.0, 30, 20)) is first
+    assert first.decode_tok_s == (10.0,)
+
+
+def test_history_acceptance_is_per_interval() -> None:
+    history = StatsHistory().push(frame(1.0, 30, 20)).push(frame(2.0, 60, 50))
+    assert history.acceptance == (1.0,)
+    idle = history.push(frame(3.0, 60, 50))
+    assert idle.acceptance == (1.0,)  # no drafts in the interval: nothing to plot
+    after_reload = idle.push(replace(frame(4.0, 3, 1), spec=SpecStats("mtp", 3, 1, 3, 1)))
+    assert after_reload.acceptance == (1.0,)  # counters restarted: no meaningful delta
+
+
+def test_share_out_fills_exactly() -> None:
+    for amounts in ([1, 1, 1], [5, 0, 2], [1000, 1, 1], [3]):
+        assert sum(share_out(amounts, 40)) == 40
+    assert share_out([0, 0], 10) == [0, 0]
+
+
+def test_sparkline_keeps_newest_at_the_right() -> None:
+    line = sparkline([1.0, 2.0, 4.0], 5, "green").plain
+    assert line == "  ▃▅█"  # 1/4 and 2/4 of the 8 levels, rounded
+
+
+def test_duration() -> None:
+    assert [duration(s) for s in (42, 187, 3723, 180_000)] == [
+        "42s",
+        "3m 07s",
+        "1h 02m 03s",
+        "2d 02h",
+    ]
