@@ -1,0 +1,204 @@
+"""Streaming writer of `.ninfer` v3 artifacts.
+
+Tensors are encoded and appended to a temporary payload file as they arrive, so peak memory is
+about one tensor. ``close`` validates the directory with the reader's own parser, then writes
+the continuation files (if the payload exceeds the per-file cap) and the entry file last.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Self
+
+import torch
+
+from . import directory, encodings, framing
+from .errors import ArtifactError
+
+_COPY_CHUNK = 1 << 24
+
+
+class ArtifactWriter:
+    """Build one artifact at ``path``; use as a context manager or call ``close()``."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        metadata: dict | None = None,
+        components: dict,
+        provenance: dict | None = None,
+        file_payload_cap: int = framing.DEFAULT_FILE_PAYLOAD_CAP,
+    ) -> None:
+        self.path = Path(path)
+        self._metadata = dict(metadata or {})
+        self._components = copy.deepcopy(components)
+        self._provenance = dict(provenance or {})
+        self._cap = file_payload_cap // framing.PAYLOAD_ALIGNMENT * framing.PAYLOAD_ALIGNMENT
+        if self._cap <= 0:
+            raise ArtifactError(
+                f"file payload cap must be at least {framing.PAYLOAD_ALIGNMENT} bytes"
+            )
+        self._objects: dict[str, dict] = {}
+        self._records: dict[str, directory.TensorObject | directory.ResourceObject] = {}
+        self._bindings: dict[str, dict] = {}
+        self._size = 0
+        self._tensor_count = 0
+        self._payload_path = self.path.with_name(self.path.name + ".payload.tmp")
+        self._payload = open(self._payload_path, "w+b")  # noqa: SIM115 - open until close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def add_tensor(self, name: str, tensor: torch.Tensor, format: str) -> str:
+        """Encode ``tensor`` as ``format``, append it and bind ``name`` to it; returns its id."""
+        self._check_free(name)
+        data = encodings.encode(format, tensor)
+        oid = f"weight/{self._tensor_count:06d}"
+        offset = self._append(data, alignment=directory.TENSOR_ALIGNMENT)
+        self._record(
+            {
+                "id": oid,
+                "kind": "tensor",
+                "shape": list(tensor.shape),
+                "format": format,
+                "layout": encodings.layout_of(format),
+                "offset": offset,
+                "bytes": len(data),
+            }
+        )
+        self._tensor_count += 1
+        self._bind(name, {"object": oid})
+        return oid
+
+    def add_parts_binding(self, name: str, parts: Iterable[tuple[str, int, int]]) -> None:
+        """Bind ``name`` to flat element ranges ``(object_id, begin, end)`` of existing tensors."""
+        value = {"parts": [{"object": oid, "range": [begin, end]} for oid, begin, end in parts]}
+        directory.parse_binding(value, self._records, name)
+        self._bind(name, value)
+
+    def add_alias(self, name: str, existing_name: str) -> None:
+        """Bind ``name`` to exactly what ``existing_name`` is bound to (e.g. a tied head)."""
+        if existing_name not in self._bindings:
+            raise ArtifactError(f'cannot alias "{name}": missing binding "{existing_name}"')
+        self._bind(name, copy.deepcopy(self._bindings[existing_name]))
+
+    def add_resource(self, role: str, data: bytes, component: str = "text") -> str:
+        """Append raw bytes as resource ``role`` of ``component``; returns its id."""
+        if component not in self._components:
+            raise ArtifactError(f'resource "{role}" targets missing component "{component}"')
+        oid = f"resource/{component}/{role}"
+        if oid in self._objects:
+            raise ArtifactError(f'resource "{role}" of {component} is already written')
+        offset = self._append(bytes(data), alignment=1)
+        self._record(
+            {
+                "id": oid,
+                "kind": "resource",
+                "encoding": directory.RAW_BYTES,
+                "offset": offset,
+                "bytes": len(data),
+            }
+        )
+        self._components[component].setdefault("resources", {})[role] = oid
+        return oid
+
+    def close(self) -> None:
+        """Validate the directory and publish the file(s); the temporary payload is removed."""
+        if self._payload.closed:
+            return
+        try:
+            self._publish()
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop everything written so far (idempotent)."""
+        self._payload.close()
+        self._payload_path.unlink(missing_ok=True)
+
+    def _check_free(self, name: str) -> None:
+        if name in self._bindings:
+            raise ArtifactError(f'binding "{name}" is already defined')
+
+    def _bind(self, name: str, value: dict) -> None:
+        self._check_free(name)
+        self._bindings[name] = value
+
+    def _record(self, obj: dict) -> None:
+        self._records[obj["id"]] = directory.parse_object(obj, len(self._objects))
+        self._objects[obj["id"]] = obj
+
+    def _append(self, data: bytes, alignment: int) -> int:
+        if not data:
+            raise ArtifactError("objects must have at least one byte")
+        offset = framing.align_up(self._size, alignment)
+        self._payload.write(b"\0" * (offset - self._size))
+        self._payload.write(data)
+        self._size = offset + len(data)
+        return offset
+
+    def _root(self, sizes: list[int]) -> dict:
+        root = {
+            "components": self._components,
+            "objects": list(self._objects.values()),
+            "bindings": self._bindings,
+            "uses": [],
+            "files": [
+                {
+                    "path": None if i == 0 else framing.part_path_name(self.path.name, i),
+                    "payload_bytes": s,
+                }
+                for i, s in enumerate(sizes)
+            ],
+        }
+        if self._metadata:
+            root["metadata"] = self._metadata
+        if self._provenance:
+            root["provenance"] = self._provenance
+        return root
+
+    def _publish(self) -> None:
+        sizes = [
+            min(self._cap, self._size - start) for start in range(0, max(self._size, 1), self._cap)
+        ]
+        text = directory.dumps(self._root(sizes))
+        directory.parse(text)
+        text += b" " * (framing.payload_start(len(text)) - framing.HEADER.size - len(text))
+        raw_id = uuid.uuid4().bytes
+        self._payload.flush()
+        self._payload.seek(0)
+        for index, size in enumerate(sizes[1:], start=1):
+            header = framing.HEADER.pack(framing.PART_MAGIC, index, raw_id)
+            self._write_file(
+                self.path.with_name(framing.part_path_name(self.path.name, index)),
+                header.ljust(framing.PAYLOAD_ALIGNMENT, b"\0"),
+                size,
+                skip=sum(sizes[:index]),
+            )
+        header = framing.HEADER.pack(framing.MAGIC, len(text), raw_id)
+        self._write_file(self.path, header + text, sizes[0], skip=0)
+
+    def _write_file(self, path: Path, head: bytes, size: int, skip: int) -> None:
+        temporary = path.with_name(path.name + ".tmp")
+        self._payload.seek(skip)
+        with open(temporary, "wb") as out:
+            out.write(head)
+            remaining = size
+            while remaining:
+                chunk = self._payload.read(min(_COPY_CHUNK, remaining))
+                if not chunk:
+                    raise ArtifactError(f"payload ended early while writing {path.name}")
+                out.write(chunk)
+                remaining -= len(chunk)
+        os.replace(temporary, path)

@@ -1,0 +1,184 @@
+"""The ``ninfer`` command: artifact conversion and inspection.
+
+Every ArtifactError (and OS error) becomes one line ``ninfer: error: <msg>`` and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+from .artifact.container import Artifact, open_artifact
+from .artifact.directory import TensorObject
+from .artifact.errors import ArtifactError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ArtifactError, OSError) as error:
+        print(f"ninfer: error: {error}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ninfer", description="Convert and inspect .ninfer artifacts."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    convert = commands.add_parser("convert", help="convert a model into a .ninfer artifact")
+    sources = convert.add_subparsers(dest="source", required=True)
+    gguf = sources.add_parser("gguf", help="from a llama-architecture GGUF file")
+    gguf.add_argument("src", metavar="SRC.gguf")
+    gguf.add_argument("-o", "--output", required=True, metavar="OUT.ninfer")
+    gguf.add_argument("--name", help="metadata.name, the model id the server advertises")
+    gguf.set_defaults(run=_convert_gguf)
+    _later(sources, "hf", "from a Hugging Face safetensors directory", "convert hf")
+
+    inspect = commands.add_parser("inspect", help="summarize an artifact")
+    inspect.add_argument("file", metavar="FILE")
+    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.set_defaults(run=_inspect)
+
+    _later(commands, "synth", "build a random-weight artifact at real shapes", "synth")
+    _later(commands, "bench", "benchmark an artifact", "bench")
+    return parser
+
+
+def _later(commands: argparse._SubParsersAction, name: str, help_text: str, label: str) -> None:
+    """A subcommand that is planned but not implemented: it says so and fails."""
+    sub = commands.add_parser(name, help=f"{help_text} (not available yet)", add_help=False)
+    sub.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.set_defaults(run=lambda _args: _fail(f"`ninfer {label}` is not available yet"))
+
+
+def _fail(message: str) -> int:
+    print(f"ninfer: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _convert_gguf(args: argparse.Namespace) -> int:
+    from .artifact.convert_gguf import convert_gguf  # needs the gguf package, only here
+
+    started = time.monotonic()
+    convert_gguf(args.src, args.output, name=args.name, progress=_Progress())
+    with open_artifact(args.output) as artifact:
+        size = artifact.path.stat().st_size
+        print(
+            f"wrote {artifact.path} ({size:,} bytes, name {artifact.name})"
+            f" in {time.monotonic() - started:.1f} s",
+            file=sys.stderr,
+        )
+    return 0
+
+
+class _Progress:
+    """Progress on stderr: a live line on a terminal, one line per 10% otherwise."""
+
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+        self._shown = -1
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        percent = 100 * done // total
+        if self._tty:
+            end = "\n" if done == total else ""
+            print(
+                f"\r[{percent:3d}%] {done}/{total} {what:<40}", end=end, file=sys.stderr, flush=True
+            )
+        elif percent // 10 > self._shown:
+            self._shown = percent // 10
+            print(f"[{percent:3d}%] {done}/{total} {what}", file=sys.stderr, flush=True)
+
+
+def summary(artifact: Artifact) -> dict:
+    """What ``ninfer inspect`` reports, as plain JSON-able data."""
+    tensors = [o for o in artifact.objects.values() if isinstance(o, TensorObject)]
+    resources = [o for o in artifact.objects.values() if not isinstance(o, TensorObject)]
+    formats: dict[str, dict[str, int]] = {}
+    for obj in tensors:
+        entry = formats.setdefault(obj.format, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += obj.bytes
+    whole = [
+        parts[0].object
+        for parts in artifact.bindings.values()
+        if len(parts) == 1
+        and parts[0].begin == 0
+        and parts[0].end == artifact.objects[parts[0].object].numel
+    ]
+    return {
+        "path": str(artifact.path),
+        "version": artifact.version,
+        "artifact_id": artifact.artifact_id,
+        "name": artifact.name,
+        "files": [{"path": f.path, "payload_bytes": f.payload_bytes} for f in artifact.files],
+        "components": {
+            name: {
+                "config": c["config"],
+                "resources": sorted(c.get("resources", {})),
+                **({"target": c["target"]} if "target" in c else {}),
+            }
+            for name, c in artifact.components.items()
+        },
+        "objects": {
+            "tensors": len(tensors),
+            "resources": {"count": len(resources), "bytes": sum(o.bytes for o in resources)},
+            "formats": dict(sorted(formats.items())),
+        },
+        "bindings": {
+            "count": len(artifact.bindings),
+            "whole_object": len(whole),
+            "parts": len(artifact.bindings) - len(whole),
+            "sharing_an_object": sum(n for n in Counter(whole).values() if n > 1),
+            "by_component": dict(Counter(name.split("/", 1)[0] for name in artifact.bindings)),
+        },
+        "uses": len(artifact.uses),
+    }
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    with open_artifact(args.file) as artifact:
+        info = summary(artifact)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    payload = sum(f["payload_bytes"] for f in info["files"])
+    print(f"{info['path']}: .ninfer v{info['version']}, artifact_id {info['artifact_id']}")
+    print(f"name: {info['name']}")
+    print(f"files: {len(info['files'])}, payload {payload:,} bytes")
+    for name, component in info["components"].items():
+        config = component["config"]
+        target = f" -> {component['target']}" if "target" in component else ""
+        print(
+            f"component {name}{target}: {', '.join(config.get('architectures', []))}"
+            f" ({config.get('model_type', '?')})"
+        )
+        print(f"  resources: {', '.join(component['resources']) or '-'}")
+        print(f"  config: {json.dumps(config, sort_keys=True)}")
+    objects = info["objects"]
+    print(
+        f"objects: {objects['tensors']} tensors, {objects['resources']['count']} resources "
+        f"({objects['resources']['bytes']:,} bytes)"
+    )
+    for fmt, entry in objects["formats"].items():
+        print(f"  {fmt:<22} {entry['count']:6d} tensors {entry['bytes']:>16,} bytes")
+    b = info["bindings"]
+    print(
+        f"bindings: {b['count']} ({b['whole_object']} whole objects, {b['parts']} part ranges, "
+        f"{b['sharing_an_object']} sharing an object); by component: "
+        + ", ".join(f"{k} {v}" for k, v in b["by_component"].items())
+    )
+    print(f"uses: {info['uses']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
