@@ -1,0 +1,125 @@
+"""Gated full attention (`full_attention`) of the Qwen3-Next / Qwen3.5 family (model-math.md §2.2).
+
+Torch reference path, single sequence. Also holds the two helpers the family shares: the
+zero-centred `(1+w)` RMSNorm and partial NeoX rotary with optional interleaved MRoPE.
+The KV cache is a simple contiguous per-sequence buffer (k after norm and RoPE, v as projected).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
+
+
+def zero_centred_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x̂·(1+w)` computed in fp32, cast back to x's dtype (HF Qwen3NextRMSNorm rounding)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * (1.0 + w.float())).to(x.dtype)
+
+
+class PartialRope:
+    """NeoX split-half rotary over the first `rd` dims of each head.
+
+    `positions` is [T] (1-D) or [3, T] (T/H/W axes for interleaved MRoPE: frequency i reads axis
+    H when i%3==1 and i < 3·sec[1], W when i%3==2 and i < 3·sec[2], else T).
+    """
+
+    def __init__(self, head_dim: int, rope_parameters: dict):
+        self.rd = int(head_dim * rope_parameters.get("partial_rotary_factor", 1.0))
+        theta = rope_parameters["rope_theta"]
+        self.inv_freq = 1.0 / theta ** (torch.arange(0, self.rd, 2, dtype=torch.float) / self.rd)
+        self.axis = torch.zeros(self.rd // 2, dtype=torch.long)
+        section = rope_parameters.get("mrope_section")
+        if section is not None:
+            i = torch.arange(self.rd // 2)
+            self.axis[(i % 3 == 1) & (i < 3 * section[1])] = 1
+            self.axis[(i % 3 == 2) & (i < 3 * section[2])] = 2
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin of shape [T, rd] in `dtype` (computed in fp32)."""
+        pos = positions.float().reshape(-1, positions.shape[-1])  # [axes, T]
+        inv = self.inv_freq.to(pos.device)
+        freqs = pos[:, :, None] * inv  # [axes, T, rd/2]
+        if pos.shape[0] > 1:
+            axis = self.axis.to(pos.device)[None, None].expand(1, *freqs.shape[1:])
+            freqs = freqs.gather(0, axis)
+        emb = torch.cat([freqs[0], freqs[0]], -1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [heads, T, D]; rotates dims [0, rd), passes the rest through."""
+        rot, rest = x[..., : self.rd], x[..., self.rd :]
+        half = self.rd // 2
+        rotated = torch.cat([-rot[..., half:], rot[..., :half]], -1)
+        return torch.cat([rot * cos + rotated * sin, rest], -1)
+
+
+@dataclass
+class KVCache:
+    """Contiguous per-sequence KV of one attention layer: k, v are [nkv, L, D]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k = torch.cat([self.k, k], 1)
+        self.v = torch.cat([self.v, v], 1)
+
+
+class GatedAttention:
+    """One gated-attention mixer bound to `text/layers/i/attention/*` logical parameters."""
+
+    def __init__(self, config: dict, params: ParamSource, prefix: str, rope: PartialRope):
+        h = config["hidden_size"]
+        self.nq, self.nkv = config["num_attention_heads"], config["num_key_value_heads"]
+        self.d = config["head_dim"]
+        self.eps = config["rms_norm_eps"]
+        self.rope = rope
+        p = prefix + "attention/"
+        self.w_q = params(p + "query", (self.nq * self.d, h))
+        self.w_gate = params(p + "gate", (self.nq * self.d, h))
+        self.w_k = params(p + "key", (self.nkv * self.d, h))
+        self.w_v = params(p + "value", (self.nkv * self.d, h))
+        self.w_o = params(p + "output", (h, self.nq * self.d))
+        self.q_norm = params(p + "query_norm", (self.d,))
+        self.k_norm = params(p + "key_norm", (self.d,))
+
+    def new_state(self, dtype: torch.dtype, device: torch.device) -> KVCache:
+        empty = torch.zeros(self.nkv, 0, self.d, dtype=dtype, device=device)
+        return KVCache(k=empty, v=empty.clone())
+
+    def __call__(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, H] (normed input), positions [T] or [3, T] -> [T, H]; appends to `cache`."""
+        T = x.shape[0]
+
+        def heads(y, n):  # [T, n·D] -> [n, T, D]
+            return y.reshape(T, n, self.d).transpose(0, 1)
+
+        q = zero_centred_rms_norm(heads(F.linear(x, self.w_q), self.nq), self.q_norm, self.eps)
+        k = zero_centred_rms_norm(heads(F.linear(x, self.w_k), self.nkv), self.k_norm, self.eps)
+        v = heads(F.linear(x, self.w_v), self.nkv)
+        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
+        past = cache.k.shape[1]
+        cache.append(k, v)
+        a = self._attend(q, cache.k, cache.v, past)
+        a = a.transpose(0, 1).reshape(T, self.nq * self.d)
+        a = a * torch.sigmoid(F.linear(x, self.w_gate))
+        return F.linear(a, self.w_o)
+
+    def _attend(self, q, k, v, past: int) -> torch.Tensor:
+        """Causal GQA: query row t (absolute past+t) sees keys 0..past+t; returns [nq, T, D]."""
+        T, L, r = q.shape[1], k.shape[1], self.nq // self.nkv
+        # query head h uses KV head h // r
+        k, v = k.repeat_interleave(r, 0), v.repeat_interleave(r, 0)
+        scores = (q @ k.transpose(1, 2)) * self.d**-0.5
+        allowed = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(past)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, -1, dtype=torch.float32).to(q.dtype)
+        return probs @ v

@@ -1,0 +1,160 @@
+"""Gated DeltaNet (`linear_attention`) layer of Qwen3-Next / Qwen3.5 (model-math.md §2.1).
+
+Torch reference path, single sequence, device-agnostic. Per-sequence state is a `GDNState`:
+the last K-1 *pre-conv* q|k|v rows (time-major `[K-1, C]`, activation dtype) and the fp32
+recurrent state in HF layout `[nv, dk, dv]`. A prefill may be split into any number of chunks:
+each call continues the state exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
+
+CHUNK = 64
+
+
+@dataclass
+class GDNState:
+    """Recurrent state of one GDN layer for one sequence."""
+
+    conv: torch.Tensor  # [K-1, C] pre-conv q|k|v rows, oldest first
+    ssm: torch.Tensor  # [nv, dk, dv] fp32
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """`x / sqrt(sum(x^2) + eps)` over the last dim (eps inside the sum, as FLA and HF)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def recurrent_gated_delta(q, k, v, g, beta, state):
+    """Token-by-token gated delta rule (§2.1 step 6).
+
+    q, k: [T, nv, dk] fp32, L2-normalised, already expanded to value heads; v: [T, nv, dv] fp32;
+    g, beta: [T, nv] fp32; state: [nv, dk, dv] fp32. Returns (o [T, nv, dv], new state).
+    """
+    q = q / q.shape[-1] ** 0.5
+    out = torch.empty_like(v)
+    s = state
+    for t in range(q.shape[0]):
+        s = s * g[t].exp()[:, None, None]
+        # the delta error reads the already-decayed state
+        u = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", s, k[t]))
+        s = s + k[t][:, :, None] * u[:, None, :]
+        out[t] = torch.einsum("hkv,hk->hv", s, q[t])
+    return out, s
+
+
+def chunked_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK):
+    """Chunked (WY/UT) gated delta rule (§2.1 step 7); same contract as `recurrent_gated_delta`.
+
+    T is zero-padded to a multiple of `chunk`; padded rows have k = 0, beta = 0, g = 0, so they
+    leave the state untouched.
+    """
+    T, nv, dk = k.shape
+    dv = v.shape[-1]
+    pad = (-T) % chunk
+    n = (T + pad) // chunk
+
+    def blocks(x):  # [T, nv, ...] -> [nv, n, chunk, ...]
+        x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, 0, 0, pad))
+        return x.reshape(n, chunk, nv, *x.shape[2:]).transpose(0, 2).transpose(1, 2)
+
+    q, k, v = blocks(q / dk**0.5), blocks(k), blocks(v)
+    g, beta = blocks(g), blocks(beta)  # [nv, n, chunk]
+    gam = g.cumsum(-1)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    # γ_i − γ_j summed directly over s in (j, i]: subtracting two large cumsums loses fp32 bits
+    seg = g[..., :, None].expand(*g.shape, chunk).masked_fill(~causal.tril(-1), 0).cumsum(-2)
+    # e^{γ_i − γ_j} for j ≤ i, 0 above the diagonal (masked before exp: no overflow)
+    decay = seg.masked_fill(~causal, float("-inf")).exp()
+    kb = k * beta[..., None]
+    a = (kb @ k.transpose(-1, -2)) * decay.tril(-1)
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    # (I + A) is unit lower triangular: U = (I+A)^-1 (β v), W = (I+A)^-1 (β e^γ k)
+    u = torch.linalg.solve_triangular(eye + a, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(
+        eye + a, kb * gam.exp()[..., None], upper=False, unitriangular=True
+    )
+    p = (q @ k.transpose(-1, -2)) * decay
+    q_decayed = q * gam.exp()[..., None]
+    k_to_end = k * decay[..., -1, :, None]  # e^{γ_C − γ_j}
+    chunk_decay = gam[..., -1].exp()[..., None, None]  # [nv, n, 1, 1]
+
+    out = torch.empty(nv, n, chunk, dv, dtype=q.dtype, device=q.device)
+    s = state
+    for i in range(n):
+        v_corr = u[:, i] - w[:, i] @ s
+        out[:, i] = q_decayed[:, i] @ s + p[:, i] @ v_corr
+        s = s * chunk_decay[:, i] + k_to_end[:, i].transpose(-1, -2) @ v_corr
+    out = out.transpose(1, 2).transpose(0, 2).reshape(n * chunk, nv, dv)[:T]
+    return out, s
+
+
+class GatedDeltaNet:
+    """One GDN mixer bound to `text/layers/i/gdn/*` logical parameters."""
+
+    def __init__(self, config: dict, params: ParamSource, prefix: str):
+        h = config["hidden_size"]
+        self.nk, self.nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+        self.dk, self.dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+        self.taps = config["linear_conv_kernel_dim"]
+        self.eps = config["rms_norm_eps"]
+        kg, vg = self.nk * self.dk, self.nv * self.dv
+        self.conv_dim = 2 * kg + vg
+        p = prefix + "gdn/"
+        self.w_q, self.w_k = params(p + "query", (kg, h)), params(p + "key", (kg, h))
+        self.w_v, self.w_z = params(p + "value", (vg, h)), params(p + "z", (vg, h))
+        self.w_a = params(p + "a_projection", (self.nv, h))
+        self.w_b = params(p + "b_projection", (self.nv, h))
+        self.w_out = params(p + "output", (h, vg))
+        self.conv = params(p + "convolution", (self.taps, self.conv_dim))
+        self.norm = params(p + "norm", (self.dv,))
+        self.a_log = params(p + "a_log", (self.nv,)).float()
+        self.dt_bias = params(p + "dt_bias", (self.nv,)).float()
+
+    def new_state(self, dtype: torch.dtype, device: torch.device) -> GDNState:
+        """Zero history: the conv sees zeros before the first token, the recurrence starts at 0."""
+        return GDNState(
+            conv=torch.zeros(self.taps - 1, self.conv_dim, dtype=dtype, device=device),
+            ssm=torch.zeros(self.nv, self.dk, self.dv, dtype=torch.float32, device=device),
+        )
+
+    def _conv(self, x: torch.Tensor, state: GDNState) -> torch.Tensor:
+        """Causal depthwise conv + SiLU over [T, C], continuing (and updating) the conv state."""
+        full = torch.cat([state.conv, x], 0)
+        state.conv = full[-(self.taps - 1) :].clone()
+        y = F.conv1d(full.t()[None], self.conv.t()[:, None, :].to(x.dtype), groups=self.conv_dim)
+        return F.silu(y[0].t())
+
+    def __call__(self, x: torch.Tensor, state: GDNState) -> torch.Tensor:
+        """x: [T, H] (normed input) -> [T, H]; updates `state` in place."""
+        T, dtype = x.shape[0], x.dtype
+        qkv = torch.cat([F.linear(x, w) for w in (self.w_q, self.w_k, self.w_v)], -1)
+        qkv = self._conv(qkv, state)
+        kg = self.nk * self.dk
+        q = l2_normalize(qkv[:, :kg].float().reshape(T, self.nk, self.dk))
+        k = l2_normalize(qkv[:, kg : 2 * kg].float().reshape(T, self.nk, self.dk))
+        v = qkv[:, 2 * kg :].float().reshape(T, self.nv, self.dv)
+        # value head j reads q/k head j // r
+        r = self.nv // self.nk
+        q, k = q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
+        beta = torch.sigmoid(F.linear(x, self.w_b)).float()
+        g = -self.a_log.exp() * F.softplus(F.linear(x, self.w_a).float() + self.dt_bias)
+        rule = recurrent_gated_delta if T == 1 else chunked_gated_delta
+        o, state.ssm = rule(q, k, v, g, beta, state.ssm)
+        z = F.linear(x, self.w_z).reshape(T, self.nv, self.dv)
+        o = self._gated_norm(o.to(dtype), z)
+        return F.linear(o.reshape(T, -1), self.w_out)
+
+    def _gated_norm(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Plain RMSNorm per value head times SiLU(z), with HF's rounding points (§2.1 step 8)."""
+        dtype = o.dtype
+        of = o.float()
+        of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.norm * of.to(dtype) * F.silu(z.float())).to(dtype)

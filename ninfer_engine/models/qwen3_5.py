@@ -1,0 +1,128 @@
+"""Qwen3.5 / Qwen3.5-MoE / Qwen3-Next text model, torch reference path (model-math.md §1–§2).
+
+`Qwen35Model(config, params)` takes the normalised text config (ninfer-format.md §3.1, see
+`hf_names.text_config_from_hf`) and a parameter source `params(logical_name, shape) -> tensor`
+(names per §3.2). It runs one sequence: `forward(token_ids, state)` consumes a chunk of new
+tokens (a prefill chunk or one decode token) continuing `state`, which `copy.deepcopy`
+checkpoints and restores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .gated_attention import GatedAttention, KVCache, PartialRope, zero_centred_rms_norm
+from .gdn import GatedDeltaNet, GDNState
+from .moe import SparseMoE, SwiGLU
+
+ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
+
+
+def dict_params(tensors: dict[str, torch.Tensor]) -> ParamSource:
+    """A parameter source over a name → tensor dict that checks every requested shape."""
+
+    def get(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        t = tensors[name]
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+        return t
+
+    return get
+
+
+@dataclass
+class ModelState:
+    """Per-sequence state: one GDNState or KVCache per layer, and the tokens consumed so far."""
+
+    layers: list[GDNState | KVCache]
+    seen: int = 0
+
+
+class _Block:
+    """Pre-norm block: `x += mixer(N_in(x)); x += ffn(N_post(x))` with (1+w) norms."""
+
+    def __init__(self, config: dict, params: ParamSource, i: int, rope: PartialRope):
+        prefix = f"text/layers/{i}/"
+        h = config["hidden_size"]
+        self.eps = config["rms_norm_eps"]
+        self.input_norm = params(prefix + "input_norm", (h,))
+        self.post_norm = params(prefix + "post_attention_norm", (h,))
+        if config["layer_types"][i] == "linear_attention":
+            self.mixer = GatedDeltaNet(config, params, prefix)
+        else:
+            self.mixer = GatedAttention(config, params, prefix, rope)
+        if config.get("num_experts", 0) > 0 and i not in config.get("mlp_only_layers", []):
+            self.ffn = SparseMoE(config, params, prefix)
+        else:
+            self.ffn = SwiGLU(params, prefix + "mlp/", h, config["intermediate_size"])
+
+    def __call__(self, x, layer_state, positions):
+        y = zero_centred_rms_norm(x, self.input_norm, self.eps)
+        if isinstance(self.mixer, GatedDeltaNet):
+            x = x + self.mixer(y, layer_state)
+        else:
+            x = x + self.mixer(y, layer_state, positions)
+        return x + self.ffn(zero_centred_rms_norm(x, self.post_norm, self.eps))
+
+
+class Qwen35Model:
+    """The hybrid GDN / gated-attention decoder with its embedding, final norm and head."""
+
+    def __init__(self, config: dict, params: ParamSource):
+        self.config = config
+        h, vocab = config["hidden_size"], config["vocab_size"]
+        self.eps = config["rms_norm_eps"]
+        self.embedding = params("text/token_embedding", (vocab, h))
+        # a tied head aliases the embedding (§3.2)
+        self.head = (
+            self.embedding
+            if config.get("tie_word_embeddings", False)
+            else params("text/output_head", (vocab, h))
+        )
+        self.final_norm = params("text/final_norm", (h,))
+        rope = PartialRope(config["head_dim"], config["rope_parameters"])
+        self.blocks = [_Block(config, params, i, rope) for i in range(config["num_hidden_layers"])]
+
+    def new_state(self) -> ModelState:
+        """Empty state for a new sequence."""
+        dtype, device = self.embedding.dtype, self.embedding.device
+        return ModelState(layers=[b.mixer.new_state(dtype, device) for b in self.blocks])
+
+    @torch.no_grad()
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[T] token ids -> [T, H] embeddings."""
+        return F.embedding(token_ids, self.embedding)
+
+    @torch.no_grad()
+    def hidden(self, x: torch.Tensor, state: ModelState, positions: torch.Tensor | None = None):
+        """Run the decoder over [T, H] inputs continuing `state`; returns final-normed [T, H].
+
+        `positions` defaults to text positions `seen .. seen+T-1`; pass [3, T] for MRoPE.
+        """
+        T = x.shape[0]
+        if positions is None:
+            positions = torch.arange(state.seen, state.seen + T, device=x.device)
+        for block, layer_state in zip(self.blocks, state.layers):
+            x = block(x, layer_state, positions)
+        state.seen += T
+        return zero_centred_rms_norm(x, self.final_norm, self.eps)
+
+    @torch.no_grad()
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final-normed [T, H] -> [T, V] logits."""
+        return F.linear(h, self.head)
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        state: ModelState,
+        positions: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Consume `token_ids` [T] continuing `state`; logits [T, V] (or [1, V] if last_only)."""
+        h = self.hidden(self.embed(token_ids), state, positions)
+        return self.logits(h[-1:] if last_only else h)
