@@ -34,8 +34,7 @@ class Supervisor:
         self,
         argv: list[str],
         *,
-        engine_factory: ADMISSION_POLL_S = 0.05
-EngineFactory = _default_factory,
+        engine_factory: EngineFactory = _default_factory,
         on_failure: Callable[[str], None] | None = None,
         machine: Machine | None = None,
     ) -> None:

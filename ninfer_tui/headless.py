@@ -71,6 +71,7 @@ def _one_line(exc: BaseException) -> str:
 
 def capacity_line(stats: EngineStats) -> str:
     kv = stats.kv
+    runtime = ", ".join(d.name for d in stats.devices) or "cpu"
     return (f"capacity | KV {kv.total * kv.page_tokens:,} tokens, {kv.dtype} | "
-            f"pages {kv.used}/{kv.total} | runtime {'cpu' if not stats.devices else 'cuda'} | "
+            f"pages {kv.used}/{kv.total} | runtime {runtime} | "
             f"free {stats.host.total - stats.host.used:,} B RAM")
