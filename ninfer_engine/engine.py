@@ -1,0 +1,374 @@
+"""`Engine`: loads an artifact and runs the step loop on one engine thread.
+
+Each step reads `schedule -> forward -> sample -> update`: the scheduler admits and batches,
+the runner computes logits, each request's sampler picks a token, and the request streams its
+text back to the caller's event loop. `snapshot()` returns the latest `EngineStats`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from typing import Any, AsyncIterator, Callable
+
+import psutil
+import torch
+
+from .chat import ChatTemplate
+from .config import PAGE_TOKENS, EngineConfig
+from .models import build_model
+from .runner import Runner
+from .sampling import Sampler
+from .scheduler import Batch, RequestError, Scheduler, Sequence
+from .stats import (Counters, DeviceMemory, EngineStats, HostMemory, KvStats, QueueStats,
+                    RequestView, Throughput)
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+from .types import EngineError, EngineState, GenerationRequest, SamplingParams, TokenEvent
+
+log = logging.getLogger("ninfer.engine")
+
+IDLE_PUBLISH_S = 0.25
+UNAVAILABLE = "service_unavailable"
+
+
+class EngineLoadError(RuntimeError):
+    """The artifact could not be turned into a serving engine (startup error, exit 1)."""
+
+
+class _Faults:
+    """`NINFER_FAULT=step:N` breaks the step loop at step N; `request:ID` fails that request."""
+
+    def __init__(self, spec: str) -> None:
+        kind, _, value = spec.partition(":")
+        self.step = int(value) if kind == "step" else None
+        self.request = value if kind == "request" else None
+
+    def check_step(self, step: int) -> None:
+        if self.step is not None and step >= self.step:
+            raise RuntimeError(f"injected engine fault at step {step}")
+
+    def check_request(self, seq: Sequence) -> None:
+        if self.request is not None and seq.id == self.request:
+            raise RuntimeError(f"injected fault in request {seq.id}")
+
+
+class Engine:
+    """The `ServingEngine` (client.py) backed by our torch model."""
+
+    def __init__(self, config: EngineConfig, artifact: Any = None,
+                 on_failure: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self._failure_listeners: list[Callable[[str], None]] = [on_failure] if on_failure else []
+        self._state = EngineState.LOADING
+        self._failure: str | None = None
+        try:
+            if artifact is None:
+                from .artifact import open_artifact
+
+                artifact = open_artifact(config.artifact)
+            text_config = artifact.config("text")
+            self.tokenizer = Tokenizer.from_artifact(artifact)
+            self.chat_template = ChatTemplate.from_artifact(
+                artifact, config.chat_template, self.tokenizer.bos_token, self.tokenizer.eos_token)
+            self.model = build_model(text_config, artifact)
+        except Exception as exc:
+            raise EngineLoadError(f"cannot load {config.artifact}: {exc}") from exc
+        arch = (text_config.get("architectures") or [text_config.get("model_type", "model")])[0]
+        self.model_id = config.model_id or artifact.name or arch
+        self.max_context = config.max_context
+        self.default_max_tokens = config.default_max_tokens
+        self.sampling_defaults = _sampling_defaults(artifact, config)
+        self._eos = frozenset(self.tokenizer.eos_token_ids)
+        self.runner = Runner(self.model)
+        self.scheduler = Scheduler(config.max_concurrency, config.prefill_chunk,
+                                   config.pending_timeout_ms / 1000, self._admit)
+        self.stats = StatsBuilder(self.model_id, config, self.model)
+        self._faults = _Faults(os.environ.get("NINFER_FAULT", ""))
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._step = 0
+        self._state = EngineState.READY
+        self._snapshot = self.stats.build(self._state.value, None, self.scheduler)
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    def snapshot(self) -> EngineStats:
+        return self._snapshot
+
+    def add_failure_listener(self, listener: Callable[[str], None]) -> None:
+        """Called once, on the engine thread, with the reason when the engine becomes FAILED."""
+        self._failure_listeners.append(listener)
+
+    def start(self) -> None:
+        """Start the engine thread (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still queued or running end with a 503 error."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._state is not EngineState.FAILED:
+            self._state = EngineState.STOPPED
+            self._fail_all("the engine was stopped")
+            self._publish()
+
+    async def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Queue a request; yield its events on this event loop. Closing early cancels it."""
+        if self._state is not EngineState.READY or self._thread is None:
+            yield TokenEvent(finish="error", error=EngineError(
+                f"the engine is {self._state.value}", UNAVAILABLE, 503))
+            return
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+        def emit(event: TokenEvent) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening
+                pass
+
+        seq = Sequence(
+            request, emit, Sampler(request.sampling, self.model.device),
+            IncrementalDetokenizer(self.tokenizer, request.prompt_ids), self._eos,
+        )
+        if not self.scheduler.add(seq):
+            yield TokenEvent(finish="error", error=EngineError(
+                f"the engine is {self._state.value}", UNAVAILABLE, 503))
+            return
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                event = await events.get()
+                finished = event.finish is not None
+                yield event
+        finally:
+            if not finished:
+                seq.cancelled = True
+                self._wake.set()
+
+    def _admit(self, seq: Sequence) -> None:
+        """Request-level checks at admission, then give it a cache."""
+        prompt = seq.prompt
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        if len(prompt) + 1 > self.max_context:
+            raise RequestError(
+                f"prompt of {len(prompt)} tokens does not fit max context {self.max_context}",
+                "context_length_exceeded")
+        if max(prompt) >= self.model.cfg.vocab_size or min(prompt) < 0:
+            raise RequestError("prompt contains token ids outside the vocabulary")
+        seq.cache = self.model.new_cache()
+        seq.cache.reserve(len(prompt) + min(seq.request.max_tokens, 1))
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while not self._stopping.is_set():
+                    self._wake.clear()  # before scheduling, so a submit during the step is seen
+                    if not self._step_once():
+                        self._wake.wait(IDLE_PUBLISH_S)
+                    self._publish()
+        except BaseException as exc:
+            self._fail_engine(exc)
+
+    def _step_once(self) -> bool:
+        """One step: schedule -> forward -> sample -> update. False when there was nothing to do."""
+        now = time.monotonic()
+        batch, ended = self.scheduler.schedule(now)
+        for seq in ended:
+            self._retire(seq)
+        batch = self._reserve(batch)
+        if batch.empty:
+            return bool(ended)
+        self._faults.check_step(self._step)
+        self._step += 1
+        logits = self.runner.forward(batch)
+        now = time.monotonic()
+        for row, seq in enumerate(batch.sampled):
+            try:
+                self._faults.check_request(seq)
+                seq.append(seq.sampler.sample(logits[row]), now)
+            except Exception as exc:  # this request only: the batch and the loop are fine
+                log.exception("request %s failed", seq.id)
+                seq.fail(EngineError(f"request failed: {exc}"))
+            if seq.finish_reason is None and seq.cached + 1 >= self.max_context:
+                seq.finish("length")
+        prefill = batch.prefill
+        if prefill is not None and prefill.prefill_done and prefill.request.max_tokens == 0:
+            prefill.first_token = prefill.last_token = now
+            prefill.finish("length")
+        self.stats.record_step(len(batch.decode), batch.prefill_tokens, now)
+        for seq in [*batch.decode, *([prefill] if prefill else [])]:
+            if seq.finish_reason is not None:
+                self._retire(seq)
+        return True
+
+    def _reserve(self, batch: Batch) -> Batch:
+        """Grow each cache for this step; a request whose cache cannot grow fails alone."""
+        failed = []
+        for seq in [*batch.decode, *([batch.prefill] if batch.prefill else [])]:
+            need = seq.cached + (batch.prefill_tokens if seq is batch.prefill else 1)
+            try:
+                seq.cache.reserve(need)
+            except (MemoryError, RuntimeError) as exc:
+                seq.fail(EngineError(f"cannot grow the KV cache: {exc}", "kv_exhausted", 503))
+                failed.append(seq)
+        if not failed:
+            return batch
+        for seq in failed:
+            self._retire(seq)
+        prefill = None if batch.prefill in failed else batch.prefill
+        return Batch([s for s in batch.decode if s not in failed], prefill,
+                     batch.prefill_tokens if prefill else 0,
+                     [s for s in batch.sampled if s not in failed])
+
+    def _retire(self, seq: Sequence) -> None:
+        self.scheduler.remove(seq)
+        self.stats.record_finished(seq)
+
+    def _publish(self) -> None:
+        self._snapshot = self.stats.build(self._state.value, self._failure, self.scheduler)
+
+    def _fail_engine(self, exc: BaseException) -> None:
+        log.exception("engine loop failed", exc_info=exc)
+        self._failure = f"{type(exc).__name__}: {exc}"
+        self._state = EngineState.FAILED
+        self._fail_all(f"the engine failed: {self._failure}")
+        self._publish()
+        for listener in self._failure_listeners:
+            listener(self._failure)
+
+    def _fail_all(self, message: str) -> None:
+        for seq in self.scheduler.drain():
+            if seq.finish_reason is None:
+                seq.fail(EngineError(message, UNAVAILABLE, 503))
+            self._retire(seq)
+
+
+def _sampling_defaults(artifact: Any, config: EngineConfig) -> SamplingParams:
+    """Model preset (generation_config.json), then the process flags."""
+    preset: dict = {}
+    if artifact.has_resource("generation_config.json"):
+        preset = json.loads(artifact.resource("generation_config.json"))
+    values: dict[str, Any] = {}
+    for key in ("temperature", "top_p", "top_k", "min_p"):
+        if preset.get(key) is not None:
+            values[key] = preset[key]
+    if preset.get("do_sample") is False:
+        values["temperature"] = 0.0
+    for key in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                "frequency_penalty", "seed"):
+        if getattr(config, key) is not None:
+            values[key] = getattr(config, key)
+    if config.greedy:
+        values["temperature"] = 0.0
+    return SamplingParams(**values)
+
+
+class StatsBuilder:
+    """Accumulates per-step counts and builds the immutable `EngineStats` snapshots."""
+
+    THROUGHPUT_INTERVAL_S = 1.0
+    HOST_REFRESH_S = 1.0
+
+    def __init__(self, model_id: str, config: EngineConfig, model: Any) -> None:
+        self.model_id = model_id
+        self.config = config
+        self.started_at = time.time()
+        self.weight_bytes = model.weight_bytes()
+        self.device = str(model.device)
+        self.kv_dtype = str(model.dtype).removeprefix("torch.")
+        self.counters = Counters()
+        self.throughput = Throughput()
+        self.recent: deque[RequestView] = deque(maxlen=8)
+        self._interval = [time.monotonic(), 0, 0, 0, 0]  # start, decode, prefill, batch sum, steps
+        self._host = (0.0, HostMemory())
+        self._process = psutil.Process()
+
+    def record_step(self, decode_tokens: int, prefill_tokens: int, now: float) -> None:
+        i = self._interval
+        i[1] += decode_tokens
+        i[2] += prefill_tokens
+        i[3] += decode_tokens + (1 if prefill_tokens else 0)
+        i[4] += 1
+
+    def record_finished(self, seq: Sequence) -> None:
+        c, reason = self.counters, seq.finish_reason
+        self.counters = Counters(
+            requests_done=c.requests_done + (reason in ("stop", "length")),
+            requests_failed=c.requests_failed + (reason == "error"),
+            requests_cancelled=c.requests_cancelled + (reason == "cancelled"),
+            prompt_tokens=c.prompt_tokens + min(seq.cached, len(seq.prompt)),
+            generation_tokens=c.generation_tokens + len(seq.output),
+        )
+        phase = {"stop": "done", "length": "done"}.get(reason or "", reason or "done")
+        self.recent.append(self._view(seq, time.monotonic(), phase))
+
+    def _roll_interval(self, now: float) -> None:
+        start, decode, prefill, batch, steps = self._interval
+        elapsed = now - start
+        if elapsed < self.THROUGHPUT_INTERVAL_S:
+            return
+        self.throughput = Throughput(
+            decode_tok_s=decode / elapsed, prefill_tok_s=prefill / elapsed,
+            batch=batch / steps if steps else 0.0, interval_s=elapsed,
+            decode_tokens=decode, prefill_tokens=prefill,
+        )
+        self._interval = [now, 0, 0, 0, 0]
+
+    def _host_memory(self, now: float) -> HostMemory:
+        if now - self._host[0] >= self.HOST_REFRESH_S:
+            vm = psutil.virtual_memory()
+            rss = self._process.memory_info().rss
+            self._host = (now, HostMemory(total=vm.total, used=vm.total - vm.available,
+                                          process_rss=rss))
+        return self._host[1]
+
+    @staticmethod
+    def _view(seq: Sequence, now: float, phase: str | None = None) -> RequestView:
+        decode_s = (seq.last_token - seq.first_token) if seq.first_token and seq.last_token else 0
+        ttft = seq.first_token - seq.admitted if seq.first_token and seq.admitted else None
+        return RequestView(
+            id=seq.id, phase=phase or seq.phase, prompt_tokens=len(seq.prompt),
+            output_tokens=len(seq.output),
+            tok_s=(len(seq.output) - 1) / decode_s if decode_s > 0 else 0.0,
+            ttft_s=ttft, waited_s=(seq.admitted or now) - seq.arrived,
+        )
+
+    def build(self, state: str, failure: str | None, scheduler: Scheduler) -> EngineStats:
+        now = time.monotonic()
+        self._roll_interval(now)
+        running = list(scheduler.running)
+        per_request = tuple(
+            (s.id, -(-(len(s.prompt) + len(s.output)) // PAGE_TOKENS)) for s in running)
+        used = sum(pages for _, pages in per_request)
+        total = self.config.kv_tokens // PAGE_TOKENS
+        kv_bytes = sum(s.cache.nbytes for s in running if s.cache is not None)
+        host = self._host_memory(now)
+        return EngineStats(
+            at=time.time(), state=state, model_id=self.model_id, profile=self.config.profile,
+            started_at=self.started_at, failure=failure,
+            devices=(DeviceMemory(name=self.device, total=host.total, weights=self.weight_bytes,
+                                  kv_pool=kv_bytes, free=host.total - host.used),),
+            host=host,
+            kv=KvStats(page_tokens=PAGE_TOKENS, total=total, used=used,
+                       free=max(total - used, 0), dtype=self.kv_dtype, per_request=per_request),
+            queue=QueueStats(
+                pending=tuple(self._view(s, now) for s in scheduler.queued()),
+                running=tuple(self._view(s, now) for s in running),
+                recent=tuple(self.recent),
+            ),
+            throughput=self.throughput, counters=self.counters,
+        )

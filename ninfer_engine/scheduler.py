@@ -1,0 +1,257 @@
+"""Requests inside the engine (`Sequence`) and the FIFO scheduler that batches them.
+
+`Scheduler.schedule()` admits queued requests up to the concurrency limit and picks the
+decode-ready batch plus at most one prefill chunk; `Sequence.append()` turns each sampled token
+into text events (UTF-8 safe, stop strings withheld) and decides when the request finishes.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .models import ContiguousKvCache
+from .sampling import Sampler
+from .tokenizer import IncrementalDetokenizer
+from .types import EngineError, GenerationRequest, TokenEvent, Timings, Usage
+
+
+class StopFilter:
+    """Withholds text that could still become a stop string; reports the first complete one."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._held = ""
+
+    def push(self, text: str) -> tuple[str, str | None]:
+        """Returns (text safe to emit, the stop string that matched or None)."""
+        if not self.stops:
+            return text, None
+        buf = self._held + text
+        hits = [(buf.find(s), s) for s in self.stops if s in buf]
+        if hits:
+            index, stop = min(hits)
+            self._held = ""
+            return buf[:index], stop
+        keep = 0
+        for k in range(min(len(buf), max(map(len, self.stops)) - 1), 0, -1):
+            if any(s.startswith(buf[-k:]) for s in self.stops):
+                keep = k
+                break
+        self._held = buf[len(buf) - keep:]
+        return buf[: len(buf) - keep], None
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's engine-side state. Only the engine thread mutates it, except `cancelled`."""
+
+    request: GenerationRequest
+    emit: Callable[[TokenEvent], None]
+    sampler: Sampler
+    detokenizer: IncrementalDetokenizer
+    eos_token_ids: frozenset[int]
+    arrived: float = field(default_factory=time.monotonic)
+    cache: ContiguousKvCache | None = None
+    cached: int = 0  # tokens whose K/V is in the cache
+    output: list[int] = field(default_factory=list)
+    cancelled: bool = False  # set from the event loop when the consumer goes away
+    finish_reason: str | None = None
+    admitted: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    _unsent: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.stop_filter = StopFilter(self.request.stop)
+
+    @property
+    def id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.request.prompt_ids
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.cached >= len(self.prompt)
+
+    @property
+    def phase(self) -> str:
+        if self.admitted is None:
+            return "queued"
+        return "decode" if self.prefill_done else "prefill"
+
+    def append(self, token: int, now: float) -> None:
+        """Record a sampled token and stream its text; finishes on EOS, stop string or limit."""
+        self.output.append(token)
+        self._unsent.append(token)
+        self.first_token = self.first_token or now
+        self.last_token = now
+        if token in self.eos_token_ids:
+            self.finish("stop")
+            return
+        text, stop = self.stop_filter.push(self.detokenizer.add([token]))
+        if stop is not None:
+            self._final(text, "stop", stop)
+        elif len(self.output) >= self.request.max_tokens:
+            self.finish("length", text)
+        elif text:
+            self._send(TokenEvent(text=text, token_ids=tuple(self._unsent)))
+
+    def finish(self, reason: str, text: str = "") -> None:
+        """End normally: flush held-back text (a stop string may still complete in it)."""
+        tail, stop = self.stop_filter.push(self.detokenizer.finish())
+        if stop is not None:
+            self._final(text + tail, "stop", stop)
+        else:
+            self._final(text + tail + self.stop_filter.flush(), reason)
+
+    def fail(self, error: EngineError) -> None:
+        self._final("", "error", error=error)
+
+    def cancel(self) -> None:
+        self._final("", "cancelled")
+
+    def _final(self, text: str, reason: str, stop: str | None = None,
+               error: EngineError | None = None) -> None:
+        self.finish_reason = reason
+        self._send(TokenEvent(
+            text=text, token_ids=tuple(self._unsent), finish=reason, stop_sequence=stop,
+            usage=Usage(len(self.prompt), len(self.output)), timings=self.timings(), error=error,
+        ))
+
+    def _send(self, event: TokenEvent) -> None:
+        self._unsent = []
+        self.emit(event)
+
+    def timings(self) -> Timings:
+        admitted = self.admitted or time.monotonic()
+        first = self.first_token or self.last_token or admitted
+        return Timings(
+            queue_s=admitted - self.arrived,
+            prefill_s=max(first - admitted, 0.0) if self.first_token else 0.0,
+            decode_s=(self.last_token - first) if self.last_token else 0.0,
+            prompt_n=min(self.cached, len(self.prompt)),
+            predicted_n=len(self.output),
+        )
+
+
+@dataclass(frozen=True)
+class Batch:
+    decode: list[Sequence]
+    prefill: Sequence | None = None
+    prefill_tokens: int = 0
+    sampled: list[Sequence] = field(default_factory=list)  # get a token this step, in row order
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and self.prefill is None
+
+
+class Scheduler:
+    """FIFO admission under a running-request limit; one prefill chunk per step."""
+
+    def __init__(self, max_running: int, prefill_chunk: int, pending_timeout_s: float,
+                 admit: Callable[[Sequence], None]) -> None:
+        self.max_running = max_running
+        self.prefill_chunk = prefill_chunk
+        self.pending_timeout_s = pending_timeout_s
+        self._admit = admit  # validates and gives a cache; raises RequestError for a bad request
+        self.pending: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._lock = threading.Lock()  # `add` runs on the event loop thread
+        self._closed = False
+
+    def add(self, seq: Sequence) -> bool:
+        """Queue a sequence; False once the scheduler was drained (engine failed or stopped)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self.pending.append(seq)
+            return True
+
+    def schedule(self, now: float) -> tuple[Batch, list[Sequence]]:
+        """The step's batch, and the sequences that ended without running (already finished)."""
+        ended = [s for s in self.running if s.cancelled]
+        self.running = [s for s in self.running if not s.cancelled]
+        with self._lock:
+            for seq in [s for s in self.pending if s.cancelled or self._expired(s, now)]:
+                self.pending.remove(seq)
+                ended.append(seq)
+            while self.pending and len(self.running) < self.max_running:
+                seq = self.pending.popleft()
+                if self._try_admit(seq, now):
+                    self.running.append(seq)
+                else:
+                    ended.append(seq)
+        for seq in ended:
+            if seq.finish_reason is None:
+                self._end_unscheduled(seq)
+        decode = [s for s in self.running if s.prefill_done]
+        prefill = next((s for s in self.running if not s.prefill_done), None)
+        sampled = list(decode)
+        chunk = 0
+        if prefill is not None:
+            chunk = min(self.prefill_chunk, len(prefill.prompt) - prefill.cached)
+            if prefill.cached + chunk == len(prefill.prompt) and prefill.request.max_tokens > 0:
+                sampled.append(prefill)
+        return Batch(decode, prefill, chunk, sampled), ended
+
+    def _expired(self, seq: Sequence, now: float) -> bool:
+        return now - seq.arrived > self.pending_timeout_s
+
+    def _end_unscheduled(self, seq: Sequence) -> None:
+        if seq.cancelled:
+            seq.cancel()
+        else:
+            seq.fail(EngineError(
+                f"request was not admitted within {self.pending_timeout_s:g} s",
+                "request_queue_timeout", 503))
+
+    def _try_admit(self, seq: Sequence, now: float) -> bool:
+        try:
+            self._admit(seq)
+        except RequestError as exc:
+            seq.fail(exc.error)
+            return False
+        except (MemoryError, RuntimeError) as exc:  # no memory for its cache: this request only
+            seq.fail(EngineError(f"cannot admit the request: {exc}", "kv_exhausted", 503))
+            return False
+        seq.admitted = now
+        return True
+
+    def queued(self) -> list[Sequence]:
+        with self._lock:
+            return list(self.pending)
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.cache is not None:
+            seq.cache.release()
+            seq.cache = None
+
+    def drain(self) -> list[Sequence]:
+        """Take every queued and running sequence out (engine failure or shutdown)."""
+        with self._lock:
+            self._closed = True
+            everything = [*self.running, *self.pending]
+            self.pending.clear()
+        self.running = []
+        return everything
+
+
+class RequestError(Exception):
+    """A failure that belongs to one request only."""
+
+    def __init__(self, message: str, code: str = "invalid_request_error", status: int = 400):
+        super().__init__(message)
+        self.error = EngineError(message, code, status)

@@ -1,0 +1,68 @@
+"""Our engine against HF `LlamaForCausalLM` on the real default model (needs install.sh's file)."""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.types import GenerationRequest, SamplingParams
+
+from .helpers import hf_state_dict
+
+MODEL = Path(os.environ.get("NINFER_HOME", Path.home() / ".cache" / "ninfer")) \
+    / "models" / "smollm2-135m-instruct.ninfer"
+STEPS = 32
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(not MODEL.exists(), reason=f"default model not prepared: {MODEL} is missing "
+                                                   "(run install.sh or set NINFER_HOME)"),
+]
+
+
+def test_greedy_chat_matches_transformers():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ninfer_engine.artifact import open_artifact
+    from ninfer_engine.engine import Engine
+
+    artifact = open_artifact(MODEL)
+    engine = Engine(EngineConfig(artifact=MODEL), artifact)
+    prompt = engine.tokenizer.encode(engine.chat_template.render(
+        [{"role": "user", "content": "What is the capital of France?"}]))
+
+    engine.start()
+
+    async def run():
+        request = GenerationRequest("t", tuple(prompt), SamplingParams(temperature=0.0),
+                                    max_tokens=STEPS)
+        return [e async for e in engine.submit(request)]
+
+    try:
+        events = asyncio.run(run())
+    finally:
+        engine.stop()
+    ours = [i for e in events for i in e.token_ids]
+    streamed = "".join(e.text for e in events)
+    assert streamed == engine.tokenizer.decode(ours, skip_special_tokens=True)
+
+    cfg = artifact.config("text")
+    hf = LlamaForCausalLM._from_config(LlamaConfig(**cfg), attn_implementation="eager",
+                                       dtype=torch.float32)
+    state = hf_state_dict(artifact, cfg["num_hidden_layers"])
+    if cfg.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    missing = hf.load_state_dict(state, strict=False).missing_keys
+    assert set(missing) <= {"lm_head.weight"}, missing
+    hf.tie_weights()
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(STEPS):
+            ids.append(int(hf.eval()(torch.tensor([ids])).logits[0, -1].argmax()))
+            if ids[-1] in engine.tokenizer.eos_token_ids:
+                break
+    assert ours == ids[len(prompt):]

@@ -1,0 +1,103 @@
+"""Our llama-family forward against tiny random `transformers` models (model-math.md §8)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer_engine.models import Segment, build_model
+
+from .helpers import DictWeights, text_config, tiny_llama, tiny_qwen3
+
+STEPS = 40
+
+
+def _ours(hf):
+    return build_model(text_config(hf), DictWeights.from_hf(hf))
+
+
+def _prefill(model, cache, prompt: list[int], chunk: int) -> torch.Tensor:
+    logits = None
+    for start in range(0, len(prompt), chunk):
+        ids = prompt[start:start + chunk]
+        logits = model.forward(
+            torch.tensor(ids), torch.arange(start, start + len(ids)),
+            [Segment(cache, start, len(ids))], torch.tensor([len(ids) - 1]),
+        )
+    return logits[0]
+
+
+def _greedy_ours(model, prompt: list[int], chunk: int) -> tuple[torch.Tensor, list[int]]:
+    cache = model.new_cache()
+    first = _prefill(model, cache, prompt, chunk)
+    tokens, pos = [int(first.argmax())], len(prompt)
+    for _ in range(STEPS - 1):
+        logits = model.forward(torch.tensor(tokens[-1:]), torch.tensor([pos]),
+                               [Segment(cache, pos, 1)], torch.tensor([0]))
+        tokens.append(int(logits[0].argmax()))
+        pos += 1
+    return first, tokens
+
+
+def _greedy_hf(hf, prompt: list[int]) -> tuple[torch.Tensor, list[int]]:
+    """Greedy by full uncached forwards: the plainest reference `transformers` offers."""
+    ids = list(prompt)
+    first = hf(torch.tensor([ids])).logits[0, -1]
+    ids.append(int(first.argmax()))
+    for _ in range(STEPS - 1):
+        ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return first, ids[len(prompt):]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@torch.inference_mode()
+def test_matches_transformers_with_chunked_prefill(family):
+    hf = tiny_llama() if family == "llama" else tiny_qwen3()
+    model = _ours(hf)
+    prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(3)).tolist()
+    ref_logits, ref_tokens = _greedy_hf(hf, prompt)
+    for chunk in (37, 8):
+        logits, tokens = _greedy_ours(model, prompt, chunk)
+        diff = (logits - ref_logits).abs().max()
+        assert diff <= 1e-4, diff
+        assert tokens == ref_tokens
+
+
+@torch.inference_mode()
+def test_batched_decode_equals_alone():
+    hf = tiny_llama(seed=5)
+    model = _ours(hf)
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (11, 29)]
+    alone = [_greedy_ours(model, p, 16)[1] for p in prompts]
+
+    caches = [model.new_cache() for _ in prompts]
+    tokens = [[int(_prefill(model, c, p, 16).argmax())] for c, p in zip(caches, prompts)]
+    positions = [len(p) for p in prompts]
+    for _ in range(STEPS - 1):
+        segments = [Segment(c, pos, 1) for c, pos in zip(caches, positions)]
+        logits = model.forward(torch.tensor([t[-1] for t in tokens]), torch.tensor(positions),
+                               segments, torch.arange(len(prompts)))
+        for row, t in enumerate(tokens):
+            t.append(int(logits[row].argmax()))
+        positions = [p + 1 for p in positions]
+    assert tokens == alone
+
+
+@torch.inference_mode()
+def test_prefill_chunk_and_decode_in_one_forward():
+    hf = tiny_llama(seed=9)
+    model = _ours(hf)
+    gen = torch.Generator().manual_seed(2)
+    a, b = (torch.randint(0, 128, (n,), generator=gen).tolist() for n in (9, 20))
+    cache_a, cache_b = model.new_cache(), model.new_cache()
+    next_a = int(_prefill(model, cache_a, a, 9).argmax())
+    _prefill(model, cache_b, b[:12], 12)
+    # one step: a decodes its next token while b prefills its remaining 8 tokens
+    logits = model.forward(
+        torch.tensor([next_a, *b[12:]]), torch.tensor([9, *range(12, 20)]),
+        [Segment(cache_a, 9, 1), Segment(cache_b, 12, 8)], torch.tensor([0, 8]),
+    )
+    ref_a = hf(torch.tensor([a + [next_a]])).logits[0, -1]
+    ref_b = hf(torch.tensor([b])).logits[0, -1]
+    assert torch.allclose(logits[0], ref_a, atol=1e-4, rtol=0)
+    assert torch.allclose(logits[1], ref_b, atol=1e-4, rtol=0)
