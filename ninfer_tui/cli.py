@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if not config.artifact.is_file():
         hint = " (run ./install.sh to prepare the default model)" if not argv or argv[0].startswith("-") else ""
         return _fail(f"artifact not found: {config.artifact}{hint}")
-    if not config.no_tui and sys.stdin.isatty() and sys.stdout.isatty():
+    if not config.no_tui and all(s.isatty() for s in (sys.stdin, sys.stdout, sys.stderr)):
         from .console import run_console  # Textual is imported only for the console
 
         return run_console(argv, config)
