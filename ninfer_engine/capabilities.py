@@ -75,13 +75,7 @@ _GATES: tuple[_Gate, ...] = (
           lambda c: True, _not_built("prefix-reuse checkpoints")),
     _Gate(("--context-cost-presets",), lambda c: True, _not_built("context cost presets")),
     _Gate(("--embedding-host",), lambda c: True, _needs_cuda("a host-resident embedding table")),
-    _Gate(("--request-log-jsonl",), lambda c: True, _not_built("the JSONL request log")),
-    _Gate(("--response-store-max-records", "--response-store-max-mib"), lambda c: True,
-          _not_built("the OpenAI Responses store")),
-    _Gate(("--no-thinking", "--preserve-thinking", "--default-thinking-budget"), lambda c: True,
-          _not_built("thinking-mode control")),
-    _Gate(("--max-pending-requests", "--pending-timeout-ms"), lambda c: True,
-          _not_built("the bounded admission queue")),
+    _Gate(("--default-thinking-budget",), lambda c: True, _not_built("the thinking budget cap")),
 )
 
 

@@ -49,6 +49,7 @@ class ServingEngine(Protocol):
         """Queue a request; iterate its events on the caller's event loop.
 
         Closing the iterator early (client disconnect) cancels the request at the next engine
-        step and frees its resources. The last event always carries `finish`.
+        step and frees its resources. The last event always carries `finish`. An engine may
+        mark admission with an empty first event (no text, no finish): streams start there.
         """
         ...

@@ -2,7 +2,8 @@
 
 Content blocks become the chat template's OpenAI-like shape: `thinking` -> `reasoning_content`,
 `tool_use` -> `tool_calls`, `tool_result` -> a `tool` message placed before the user's text.
-A final text-only assistant message is a prefill the model continues.
+A final text-only assistant message is a prefill the model continues. `thinking.display`
+"omitted" is returned beside the request: only the reply's thinking blocks depend on it.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ _UNSUPPORTED_BLOCKS = ("document", "search_result", "container_upload", "server_
 
 def parse_messages_request(
     raw: bytes, engine: ServingEngine, config: EngineConfig
-) -> tuple[ChatRequest, str]:
-    """The parsed request and the `model` label to echo."""
+) -> tuple[ChatRequest, str, bool]:
+    """The parsed request, the `model` label to echo, and whether thinking display is omitted."""
     body = parse_json_object(raw)
     model = require(body, "model")
     if not isinstance(model, str):
@@ -65,7 +66,7 @@ def parse_messages_request(
         thinking=thinking,
         prefill=parser.prefill,
     )
-    return request, model
+    return request, model, _display_omitted(body)
 
 
 def _check_cache_control(value: Any, path: str) -> None:
@@ -246,6 +247,14 @@ def _tools(tools: Any, choice: Any, parser: _Conversation) -> list[dict[str, Any
             function["description"] = tool["description"]
         converted.append({"type": "function", "function": function})
     return converted or None
+
+
+def _display_omitted(body: dict[str, Any]) -> bool:
+    thinking = body.get("thinking")
+    display = thinking.get("display") if isinstance(thinking, dict) else None
+    if display not in (None, "summarized", "omitted"):
+        raise invalid_value("thinking.display", "thinking.display is 'summarized' or 'omitted'.")
+    return display == "omitted"
 
 
 def _thinking(

@@ -19,12 +19,14 @@ from ninfer_engine.client import ServingEngine
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.types import EngineState
 
-from . import anthropic, openai_chat
+from . import anthropic, engine_state, metrics, observers, openai_chat, openapi
+from .admission import SLOTS, LifetimeSlots
 from .auth import has_valid_key, is_exempt
 from .context import CONFIG, CREATED, DIALECT, ENGINE, KEEPALIVE_S, REQUEST_ID
 from .errors import ANTHROPIC, OPENAI, ApiError, internal_error
 from .ids import anthropic_request_id, openai_request_id
 from .logs import log_throughput
+from .responses import add_responses_routes
 
 log = logging.getLogger("ninfer.http")
 
@@ -54,12 +56,18 @@ def create_app(engine: ServingEngine, config: EngineConfig) -> web.Application:
     app[CONFIG] = config
     app[KEEPALIVE_S] = 5.0
     app[CREATED] = int(time.time())
+    app[SLOTS] = LifetimeSlots.for_config(config)
     app.on_response_prepare.append(_add_headers)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     openai_chat.add_routes(app)
     anthropic.add_routes(app)
+    add_responses_routes(app)
+    metrics.add_routes(app)
+    engine_state.add_routes(app)
+    openapi.add_routes(app)
+    observers.install(app)  # after metrics.add_routes: feeds its registry
     if config.log_stats_interval_ms > 0:
         app.cleanup_ctx.append(_throughput_logger)
     return app

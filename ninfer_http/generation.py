@@ -3,9 +3,8 @@
 `Generation` owns the engine's event iterator and the request's log trace: it waits with a
 timeout (for SSE keep-alives), tracks the phase, turns engine exceptions into error events,
 writes exactly one terminal log line and closes the iterator (which cancels the request)
-however the handler exits. An `OutputSplitter` sits between the engine text and the protocol;
-`PlainOutput` passes everything through as answer content, and a reasoning/tool-call parser
-slots in through the same interface.
+however the handler exits. An `OutputSplitter` (see `output.py`, re-exported here) sits between
+the engine text and the protocol: it splits reasoning, answer content and tool calls.
 """
 from __future__ import annotations
 
@@ -13,50 +12,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator
 
 from ninfer_engine.client import ServingEngine
 from ninfer_engine.types import EngineError, Timings, TokenEvent, Usage
 
+from .admission import LifetimeSlots
 from .errors import ApiError, from_engine_error, internal_error
 from .logs import RequestTrace
+from .output import OutputDelta, OutputSplitter, ParsedToolCall, output_splitter
 from .prompt import PreparedRequest
 
+__all__ = ["Generation", "OutputDelta", "OutputSplitter", "ParsedToolCall", "is_failure",
+           "start_generation"]
+
 log = logging.getLogger("ninfer.http")
-
-
-@dataclass(frozen=True)
-class ParsedToolCall:
-    name: str
-    arguments: str  # a JSON object, as a string, typed by the tool's schema
-
-
-@dataclass(frozen=True)
-class OutputDelta:
-    channel: str  # "content" | "reasoning" | "tool_call"
-    text: str = ""
-    tool_call: ParsedToolCall | None = None  # set when channel == "tool_call" (complete call)
-
-
-class OutputSplitter(Protocol):
-    """Splits the engine's text stream into channels before a protocol formats it."""
-
-    def feed(self, text: str) -> list[OutputDelta]: ...
-
-    def flush(self) -> list[OutputDelta]:
-        """Whatever was held back, once generation has finished."""
-        ...
-
-
-class PlainOutput:
-    """No parsing: every piece of engine text is answer content."""
-
-    def feed(self, text: str) -> list[OutputDelta]:
-        return [OutputDelta("content", text)] if text else []
-
-    def flush(self) -> list[OutputDelta]:
-        return []
 
 
 def _failure(message: str) -> TokenEvent:
@@ -73,8 +43,9 @@ class Generation:
     def __init__(self, engine: ServingEngine, prepared: PreparedRequest, trace: RequestTrace):
         self.prepared = prepared
         self.trace = trace
-        self.splitter: OutputSplitter = PlainOutput()
+        self.splitter: OutputSplitter = output_splitter(prepared)
         self.output_tokens = 0
+        self.reasoning_tokens = 0  # output tokens that arrived while the splitter was in reasoning
         self.phase = "queue"  # -> "prefill" after the first event, "decode" after the first token
         self._phase_before_last = "queue"
         self.first_output_at: float | None = None
@@ -108,7 +79,8 @@ class Generation:
         return event
 
     async def admit(self) -> TokenEvent:
-        """The first event; a failure before any output is raised as a plain HTTP error."""
+        """The first event (the engine's admission event, or the first output of an engine that
+        sends none); a failure before it is raised as a plain HTTP error."""
         event = await self.next()
         assert event is not None  # no timeout was given
         if is_failure(event) and not event.text:
@@ -118,6 +90,9 @@ class Generation:
     def _observe(self, event: TokenEvent) -> None:
         self._phase_before_last = self.phase
         self.output_tokens += len(event.token_ids)
+        # Runs before the protocol feeds this event's text: the state is the one it starts in.
+        if self.splitter.in_reasoning:
+            self.reasoning_tokens += len(event.token_ids)
         if self.phase == "queue":
             self.phase = "prefill"
         if self.phase == "prefill" and (event.text or event.token_ids):
@@ -174,15 +149,17 @@ class Generation:
 
 @contextlib.asynccontextmanager
 async def start_generation(
-    engine: ServingEngine, prepared: PreparedRequest, trace: RequestTrace
+    engine: ServingEngine, prepared: PreparedRequest, trace: RequestTrace, slots: LifetimeSlots
 ) -> AsyncIterator[Generation]:
-    """Submit `prepared`; on exit the request is closed, and a cancelled handler logged as 499."""
-    generation = Generation(engine, prepared, trace)
-    try:
-        yield generation
-    except asyncio.CancelledError:
-        # aiohttp cancels the handler when its client disconnects (handler_cancellation).
-        generation.disconnected()
-        raise
-    finally:
-        await generation.close()
+    """Take a lifetime slot (or raise 429) and submit `prepared`; on exit the request is closed,
+    a cancelled handler logged as 499, and the slot given back."""
+    with slots.hold(trace):
+        generation = Generation(engine, prepared, trace)
+        try:
+            yield generation
+        except asyncio.CancelledError:
+            # aiohttp cancels the handler when its client disconnects (handler_cancellation).
+            generation.disconnected()
+            raise
+        finally:
+            await generation.close()

@@ -16,6 +16,7 @@ from typing import Callable, TextIO
 from ninfer_engine.stats import EngineStats
 from ninfer_engine.types import Timings, Usage
 
+from .observers import trace_observer
 from .usage import decode_rate
 
 TRACE = 5
@@ -114,6 +115,8 @@ class RequestTrace:
         if client is not None:
             groups.append(f"client {client}")
         self._emit(logging.INFO, "started", *groups)
+        self._observer = trace_observer()  # /metrics and the request log hear the same events
+        self._observer.started(self, stream, messages, max_output, thinking, client)
 
     def _emit(self, level: int, *groups: str) -> None:
         log.log(level, "req#%d %s", self.number, " | ".join(groups))
@@ -143,6 +146,7 @@ class RequestTrace:
             groups.append(f"draft accepted {accepted} ({share:.0f}%)")
         self.closed = True
         self._emit(logging.INFO, "done", *groups)
+        self._observer.done(self, finish, stop_sequence, usage, timings, first_output_at)
 
     def ended(self, outcome: str, phase: str, status: int, code: str | None) -> None:
         """A terminal line for `rejected`, `failed` or `cancelled` during `phase`."""
@@ -150,6 +154,7 @@ class RequestTrace:
         level = logging.WARNING if outcome == "failed" else logging.INFO
         self.closed = True
         self._emit(level, f"{outcome} during {phase}", f"HTTP {status}", reason)
+        self._observer.ended(self, outcome, phase, status, code)
 
 
 def throughput_line(stats: EngineStats) -> str | None:

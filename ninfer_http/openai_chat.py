@@ -3,7 +3,8 @@
 Parsing (`openai_fields`, `openai_messages`) ends in a protocol-neutral `ChatRequest`;
 `prompt.prepare()` and `generation.Generation` do the rest. Everything up to the engine's first
 event fails as a plain HTTP error; after the SSE headers a failure is one
-`data: {"error": ...}` event and no `[DONE]`.
+`data: {"error": ...}` event and no `[DONE]`. Reasoning streams as `reasoning_content`; tool
+calls come complete from the splitter's flush and go out in one `tool_calls` chunk.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from aiohttp import web
 from ninfer_engine.types import TokenEvent
 
 from . import sse
+from .admission import SLOTS
 from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine, request_id
-from .generation import Generation, OutputDelta, start_generation
-from .ids import chat_completion_id
+from .generation import Generation, OutputDelta, is_failure, start_generation
+from .ids import chat_completion_id, hex_id
 from .logs import RequestTrace
 from .openai_fields import parse_chat_request
 from .prompt import prepare
@@ -39,15 +41,24 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     prepared = prepare(engine, chat, request_id(request))
     trace = RequestTrace(PROTOCOL, chat.stream, len(chat.messages), prepared.max_tokens,
                          chat.thinking, label)
-    async with start_generation(engine, prepared, trace) as generation:
+    async with start_generation(engine, prepared, trace, request.app[SLOTS]) as generation:
         reply = _Reply(generation, engine.model_id, include_usage)
         if chat.stream:
             return await reply.stream(request)
         return await reply.complete()
 
 
-def _finish_reason(finish: str | None) -> str:
-    return "length" if finish == "length" else "stop"
+def _finish_reason(finish: str | None, has_calls: bool) -> str:
+    if finish == "length":
+        return "length"  # a cut-off answer wins over the calls made before the cut
+    return "tool_calls" if has_calls else "stop"
+
+
+def _tool_calls(deltas: list[OutputDelta]) -> list[dict[str, Any]]:
+    """The wire form of the parsed calls (`index` is added for stream chunks)."""
+    return [{"id": hex_id("call_", 16), "type": "function",
+             "function": {"name": d.tool_call.name, "arguments": d.tool_call.arguments}}
+            for d in deltas if d.tool_call is not None]
 
 
 class _Reply:
@@ -72,14 +83,18 @@ class _Reply:
         error = generation.conclude(event)
         if error is not None:
             raise error
+        content = "".join(d.text for d in deltas if d.channel == "content")
+        calls = _tool_calls(deltas)
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": "".join(d.text for d in deltas if d.channel == "content"),
+            "content": None if calls and not content else content,
             "refusal": None,
         }
         reasoning = "".join(d.text for d in deltas if d.channel == "reasoning")
         if reasoning:
             message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = calls
         usage, timings = generation.accounting(event)
         return web.json_response({
             "id": self.id,
@@ -87,8 +102,8 @@ class _Reply:
             "created": self.created,
             "model": self.model,
             "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": _finish_reason(event.finish)}],
-            "usage": openai_chat_usage(usage),
+                         "finish_reason": _finish_reason(event.finish, bool(calls))}],
+            "usage": openai_chat_usage(usage, generation.reasoning_tokens),
             "timings": llama_timings(timings),
         })
 
@@ -119,8 +134,13 @@ class _Reply:
                     if event.finish is not None:
                         break
                 event = await generation.next(keepalive_s)
-            await self._write_deltas(response, generation.splitter.flush())
-            await self._write_end(response, event)
+            final = generation.splitter.flush()
+            await self._write_deltas(response, final)
+            calls = [] if is_failure(event) else _tool_calls(final)
+            if calls:
+                indexed = [{"index": i, **call} for i, call in enumerate(calls)]
+                await response.write(self._delta({"tool_calls": indexed}))
+            await self._write_end(response, event, bool(calls))
         except ConnectionResetError:
             generation.disconnected()
         except Exception:
@@ -131,18 +151,22 @@ class _Reply:
 
     async def _write_deltas(self, response: web.StreamResponse, deltas: list[OutputDelta]) -> None:
         for delta in deltas:
-            await response.write(self._delta({_DELTA_KEYS[delta.channel]: delta.text}))
+            if delta.channel in _DELTA_KEYS:
+                await response.write(self._delta({_DELTA_KEYS[delta.channel]: delta.text}))
 
-    async def _write_end(self, response: web.StreamResponse, last: TokenEvent) -> None:
+    async def _write_end(
+        self, response: web.StreamResponse, last: TokenEvent, has_calls: bool
+    ) -> None:
         error = self.generation.conclude(last)
         if error is not None:
             await response.write(sse.data(error.openai_body()))
             return
         usage, timings = self.generation.accounting(last)
-        finish = _finish_reason(last.finish)
+        finish = _finish_reason(last.finish, has_calls)
         if self.include_usage:
             await response.write(self._delta({}, finish))
-            await response.write(self._chunk([], usage=openai_chat_usage(usage),
+            usage_body = openai_chat_usage(usage, self.generation.reasoning_tokens)
+            await response.write(self._chunk([], usage=usage_body,
                                              timings=llama_timings(timings)))
         else:
             await response.write(self._delta({}, finish, timings=llama_timings(timings)))

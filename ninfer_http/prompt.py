@@ -50,6 +50,8 @@ class PreparedRequest:
     generation: GenerationRequest
     prompt_tokens: int
     max_tokens: int  # effective output limit after the context clamp
+    opens_thinking: bool = False  # the prompt ends inside `<think>`: output starts as reasoning
+    tools: list[dict[str, Any]] | None = None  # offered tools, whose schemas type call arguments
 
 
 def resolve_sampling(defaults: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
@@ -72,6 +74,11 @@ def map_effort(effort: str, param: str) -> str:
 
 def render_prompt(engine: ServingEngine, request: ChatRequest) -> list[int]:
     """Render the conversation with the artifact's template and tokenize it."""
+    return engine.tokenizer.encode(render_text(engine, request))
+
+
+def render_text(engine: ServingEngine, request: ChatRequest) -> str:
+    """The prompt text: the rendered conversation plus any answer prefill."""
     try:
         text = engine.chat_template.render(
             request.messages, tools=request.tools, add_generation_prompt=True,
@@ -80,7 +87,12 @@ def render_prompt(engine: ServingEngine, request: ChatRequest) -> list[int]:
     except Exception as exc:  # template errors (raise_exception, bad roles) are the client's
         raise ApiError(400, f"The chat template rejected the messages: {exc}", "invalid_prompt",
                        param="messages") from None
-    return engine.tokenizer.encode(text + request.prefill)
+    return text + request.prefill
+
+
+def opens_thinking(prompt: str) -> bool:
+    """Whether the prompt ends inside an open think block (Qwen puts `<think>\\n` there)."""
+    return prompt.rstrip().endswith("<think>")
 
 
 def check_context(prompt_tokens: int, max_context: int) -> None:
@@ -98,7 +110,8 @@ def check_context(prompt_tokens: int, max_context: int) -> None:
 
 def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> PreparedRequest:
     """Build the engine request; raises `ApiError` for anything the client must fix."""
-    prompt_ids = render_prompt(engine, request)
+    text = render_text(engine, request)
+    prompt_ids = engine.tokenizer.encode(text)
     check_context(len(prompt_ids), engine.max_context)
     wanted = engine.default_max_tokens if request.max_tokens is None else request.max_tokens
     max_tokens = min(wanted, engine.max_context - len(prompt_ids))
@@ -110,4 +123,5 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
         stop=request.stop,
         protocol=request.protocol,
     )
-    return PreparedRequest(generation, len(prompt_ids), max_tokens)
+    return PreparedRequest(generation, len(prompt_ids), max_tokens, opens_thinking(text),
+                           request.tools)

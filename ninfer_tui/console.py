@@ -17,6 +17,7 @@ from ninfer_engine.stats import EngineStats
 from ninfer_engine.supervisor import Supervisor
 from ninfer_http.app import create_app
 from ninfer_http.logs import configure_logging
+from ninfer_http.request_log import SERVER_ARGV
 from ninfer_http.server import RunningServer, start_server
 
 from .app import NinferConsole
@@ -84,9 +85,11 @@ class ConsoleBridge:
 class ServingConsole(NinferConsole):
     """The console that also owns the server and the first engine load."""
 
-    def __init__(self, supervisor: Supervisor, config: EngineConfig, ring: LogRing) -> None:
+    def __init__(self, argv: list[str], supervisor: Supervisor, config: EngineConfig,
+                 ring: LogRing) -> None:
         super().__init__(ConsoleBridge(supervisor, config, ring),
                          title_info=f"ninfer {config.artifact.name}")
+        self._argv = argv
         self._engine_supervisor = supervisor
         self._config = config
         self._server: RunningServer | None = None
@@ -94,8 +97,9 @@ class ServingConsole(NinferConsole):
 
     async def on_mount(self) -> None:
         try:
-            self._server = await start_server(create_app(self._engine_supervisor, self._config),
-                                              self._config.host, self._config.port)
+            app = create_app(self._engine_supervisor, self._config)
+            app[SERVER_ARGV] = self._argv
+            self._server = await start_server(app, self._config.host, self._config.port)
         except OSError as exc:
             self.start_error = str(exc)
             self.exit(return_code=1)
@@ -119,7 +123,7 @@ def run_console(argv: list[str], config: EngineConfig) -> int:
     ring = LogRing()
     configure_logging(config.log_level, stream=ring)
     supervisor = Supervisor(argv)
-    app = ServingConsole(supervisor, config, ring)
+    app = ServingConsole(argv, supervisor, config, ring)
     code = app.run()
     if app.start_error:
         print(f"ninfer-serve: error: {app.start_error}", flush=True)

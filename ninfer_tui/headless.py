@@ -15,6 +15,7 @@ from ninfer_engine.stats import EngineStats
 from ninfer_engine.supervisor import Supervisor
 from ninfer_http.app import create_app
 from ninfer_http.logs import configure_logging
+from ninfer_http.request_log import SERVER_ARGV
 from ninfer_http.server import start_server
 
 log = logging.getLogger("ninfer")
@@ -37,7 +38,9 @@ async def _serve(argv: list[str], config: EngineConfig) -> int:
         log.error("cannot load %s: %s", config.artifact, _one_line(exc))
         return 1
     try:
-        server = await start_server(create_app(supervisor, config), config.host, config.port)
+        app = create_app(supervisor, config)
+        app[SERVER_ARGV] = argv
+        server = await start_server(app, config.host, config.port)
     except OSError as exc:
         log.error("%s", _one_line(exc))
         await loop.run_in_executor(None, supervisor.stop)

@@ -1,0 +1,298 @@
+"""OpenAI Responses (core subset): create (JSON or semantic SSE), input_tokens, retrieve, delete,
+input_items, cancel and compact (contract §6).
+
+Parsing (`responses_request`, `responses_items`) ends in a `ChatRequest` over the stored
+conversation of `previous_response_id` plus this request's items; `prompt.prepare()` and
+`generation.Generation` do the rest, and `responses_stream.OutputBuilder` turns the generation's
+channels into output items and events. Errors raised while preparing name `input` where the
+shared code says `messages`. After the SSE headers a failure is `response.failed`.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterator
+
+from aiohttp import web
+
+from ninfer_engine.client import ServingEngine
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.types import TokenEvent
+
+from . import sse
+from .admission import SLOTS
+from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine, request_id
+from .errors import ApiError, unsupported
+from .generation import Generation, start_generation
+from .logs import RequestTrace
+from .prompt import ChatRequest, prepare, render_prompt
+from .responses_items import Conversation, item_id, output_message
+from .responses_pages import check_query, input_items_page
+from .responses_request import ResponsesRequest, check_model, parse_create
+from .responses_store import ResponseStore, StoredResponse, json_size
+from .responses_stream import Event, OutputBuilder, responses_usage
+from .validate import parse_json_object
+
+PROTOCOL = "openai-responses"
+STORE = web.AppKey("ninfer_response_store", ResponseStore)
+_RETRIEVE_QUERY = frozenset({"include", "include[]", "stream", "starting_after",
+                             "include_obfuscation"})
+
+
+def add_responses_routes(app: web.Application) -> None:
+    """Register every `/v1/responses` route and the app's response store (needs CONFIG)."""
+    config = app[CONFIG]
+    app[STORE] = ResponseStore(config.response_store_max_records, config.response_store_max_mib)
+    router = app.router
+    router.add_post("/v1/responses", create_response)
+    router.add_post("/v1/responses/input_tokens", count_input_tokens)
+    router.add_post("/v1/responses/compact", compact)
+    router.add_get("/v1/responses/{response_id}", retrieve)
+    router.add_delete("/v1/responses/{response_id}", delete)
+    router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
+    router.add_post("/v1/responses/{response_id}/cancel", cancel)
+    router.add_post("/v1/responses/{response_id}/compact", compact)
+
+
+@contextlib.contextmanager
+def _input_param() -> Iterator[None]:
+    """Shared preparation names the conversation `messages`; on this path it is `input`."""
+    try:
+        yield
+    except ApiError as exc:
+        if exc.param == "messages":
+            exc.param = "input"
+        raise
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One parsed request: its fields, its conversation and what it inherits."""
+
+    id: str
+    parsed: ResponsesRequest
+    conversation: Conversation
+    chat: ChatRequest
+    session_key: str
+    preserve_thinking: bool | None  # the root's, stored for later continuations
+
+
+def _with_instructions(instructions: str | None, messages: list[dict[str, Any]]
+                       ) -> list[dict[str, Any]]:
+    # Instructions belong to this request only; they join a leading system message if any.
+    if not instructions:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        first = {"role": "system", "content": f"{instructions}\n\n{messages[0]['content']}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": instructions}, *messages]
+
+
+def _turn(raw: bytes, engine: ServingEngine, config: EngineConfig, store: ResponseStore,
+          model_required: bool) -> _Turn:
+    body = parse_json_object(raw)
+    parsed = parse_create(body, config)
+    check_model(parsed.model, engine.model_id, model_required)
+    previous = None
+    if parsed.previous_response_id is not None:
+        previous = store.get(parsed.previous_response_id, param="previous_response_id")
+    conversation = Conversation(previous.conversation if previous else ())
+    conversation.add_all(parsed.input)
+    kwargs = dict(parsed.template_kwargs)
+    preserve = kwargs.get("preserve_thinking")
+    if previous is not None and not parsed.preserve_thinking_set:
+        preserve = previous.preserve_thinking
+        kwargs.pop("preserve_thinking", None)
+        if preserve is not None:
+            kwargs["preserve_thinking"] = preserve
+    response_id = item_id("resp_")
+    chat = ChatRequest(
+        protocol=PROTOCOL,
+        messages=_with_instructions(parsed.instructions, conversation.messages),
+        tools=parsed.tools,
+        max_tokens=parsed.max_output_tokens,
+        sampling=parsed.sampling,
+        template_kwargs=kwargs,
+        stream=parsed.stream,
+        thinking=parsed.thinking,
+    )
+    return _Turn(response_id, parsed, conversation, chat,
+                 previous.session_key if previous else response_id,
+                 previous.preserve_thinking if previous else preserve)
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    engine = ready_engine(request)
+    label = client_label(request)
+    store = request.app[STORE]
+    turn = _turn(await request.read(), engine, request.app[CONFIG], store, model_required=True)
+    with _input_param():
+        prepared = prepare(engine, turn.chat, request_id(request))
+    generation_request = dataclasses.replace(prepared.generation, session_key=turn.session_key)
+    prepared = dataclasses.replace(prepared, generation=generation_request)
+    if turn.parsed.store:
+        store.check_fits(json_size(turn.conversation.items, turn.conversation.messages))
+    trace = RequestTrace(PROTOCOL, turn.chat.stream, len(turn.chat.messages),
+                         prepared.max_tokens, turn.chat.thinking, label)
+    async with start_generation(engine, prepared, trace, request.app[SLOTS]) as generation:
+        reply = _Reply(turn, generation, engine, store)
+        if turn.chat.stream:
+            return await reply.stream(request)
+        return await reply.complete()
+
+
+class _Reply:
+    """Turns one generation's events into a Response object or its semantic event stream."""
+
+    def __init__(self, turn: _Turn, generation: Generation, engine: ServingEngine,
+                 store: ResponseStore) -> None:
+        self.turn = turn
+        self.generation = generation
+        self.engine = engine
+        self.store = store
+        self.created_at = int(time.time())
+        self.builder = OutputBuilder(turn.parsed.namespaces)
+
+    def _object(self, status: str, usage: dict[str, Any] | None,
+                error: dict[str, Any] | None = None) -> dict[str, Any]:
+        sampling = self.generation.prepared.generation.sampling
+        return {
+            "id": self.turn.id, "object": "response", "created_at": self.created_at,
+            "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
+            else None,
+            "output": list(self.builder.output), "usage": usage, "model": self.engine.model_id,
+            **self.turn.parsed.echo,
+            "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "store": self.turn.parsed.store,
+        }
+
+    def _finished(self, last: TokenEvent, status: str) -> dict[str, Any]:
+        """The final object of a successful generation, stored when `store` is on."""
+        usage, _ = self.generation.accounting(last)
+        response = self._object(status, responses_usage(usage, self.generation.reasoning_tokens))
+        if self.turn.parsed.store:
+            conversation = (*self.turn.conversation.messages, output_message(response["output"]))
+            self.store.put(StoredResponse(response, self.turn.conversation.items, conversation,
+                                          self.turn.session_key, self.turn.preserve_thinking))
+        return response
+
+    async def complete(self) -> web.Response:
+        generation = self.generation
+        event = await generation.admit()
+        self.builder.feed(generation.splitter.feed(event.text))
+        while event.finish is None:
+            event = await generation.next()
+            assert event is not None  # no timeout was given
+            self.builder.feed(generation.splitter.feed(event.text))
+        self.builder.feed(generation.splitter.flush())
+        error = generation.conclude(event)
+        if error is not None:
+            raise error
+        status = "incomplete" if event.finish == "length" else "completed"
+        self.builder.close(status)
+        return web.json_response(self._finished(event, status))
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        generation = self.generation
+        event: TokenEvent | None = await generation.admit()
+        response = await sse.open_stream(request)
+        numbers = itertools.count()
+
+        async def write(payload: Event) -> None:
+            body = {**payload, "sequence_number": next(numbers)}
+            await response.write(sse.event(payload["type"], body))
+
+        keepalive_s = request.app[KEEPALIVE_S]
+        try:
+            started = self._object("in_progress", None)
+            await write({"type": "response.created", "response": started})
+            await write({"type": "response.in_progress", "response": started})
+            while True:
+                if event is None:
+                    await response.write(sse.KEEPALIVE)
+                else:
+                    await _write_all(write, self.builder.feed(generation.splitter.feed(event.text)))
+                    if event.finish is not None:
+                        break
+                event = await generation.next(keepalive_s)
+            await _write_all(write, self.builder.feed(generation.splitter.flush()))
+            await self._write_end(write, event)
+        except ConnectionResetError:
+            generation.disconnected()
+        except Exception:
+            error = generation.broken()
+            with contextlib.suppress(ConnectionResetError):
+                await write(self._failed(error))
+        return response
+
+    def _failed(self, error: ApiError) -> Event:
+        failed = self._object("failed", None, {"code": error.code, "message": error.message})
+        return {"type": "response.failed", "response": failed}
+
+    async def _write_end(self, write: Callable[[Event], Awaitable[None]], last: TokenEvent
+                         ) -> None:
+        error = self.generation.conclude(last)
+        status = "incomplete" if error is not None or last.finish == "length" else "completed"
+        await _write_all(write, self.builder.close(status))
+        if error is None:
+            try:
+                final = self._finished(last, status)
+            except ApiError as exc:  # the finished Response does not fit the store
+                error = exc
+        if error is not None:
+            await write(self._failed(error))
+            return
+        await write({"type": f"response.{status}", "response": final})
+
+
+async def _write_all(write: Callable[[Event], Awaitable[None]], events: list[Event]) -> None:
+    for event in events:
+        await write(event)
+
+
+async def count_input_tokens(request: web.Request) -> web.Response:
+    engine = ready_engine(request)
+    turn = _turn(await request.read(), engine, request.app[CONFIG], request.app[STORE],
+                 model_required=False)
+    with _input_param():
+        count = len(render_prompt(engine, turn.chat))
+    return web.json_response({"object": "response.input_tokens", "input_tokens": count})
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    query = check_query(request, _RETRIEVE_QUERY)
+    if any(query.getall("include", []) + query.getall("include[]", [])):
+        raise unsupported("include", "'include' must be empty.")
+    if "starting_after" in query:
+        raise unsupported("starting_after", "Stored responses cannot be streamed again.")
+    if query.get("stream", "false").lower() not in ("false", "0"):
+        raise unsupported("stream", "Stored responses cannot be streamed again.")
+    record = request.app[STORE].get(request.match_info["response_id"])
+    return web.json_response(record.response)
+
+
+async def delete(request: web.Request) -> web.Response:
+    response_id = request.match_info["response_id"]
+    request.app[STORE].delete(response_id)
+    return web.json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+async def list_input_items(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    return web.json_response(input_items_page(
+        request, lambda: store.get(request.match_info["response_id"]).input_items))
+
+
+async def cancel(request: web.Request) -> web.Response:
+    raise ApiError(400, "Background responses are not supported, so there is nothing to cancel.",
+                   "background_not_supported")
+
+
+async def compact(request: web.Request) -> web.Response:
+    raise ApiError(400, "Response compaction is not supported.", "compaction_not_supported")

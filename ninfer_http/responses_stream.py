@@ -1,0 +1,125 @@
+"""Output items of one Response, built from the generation's channels (contract §6 "SSE").
+
+`OutputBuilder` consumes `OutputDelta`s in order and returns the semantic SSE events they
+produce (payloads without `sequence_number`, which the writer adds): a reasoning item and a
+message item are opened on their channel's first text and closed when another channel starts or
+generation ends; each complete tool call becomes one `function_call` item whose arguments come
+in a single delta. The same builder gives the non-streaming `output`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ninfer_engine.types import Usage
+
+from .output import OutputDelta, ParsedToolCall
+from .responses_items import function_call_item, item_id, message_item, reasoning_item
+
+Event = dict[str, Any]
+
+# channel -> (item type, content part type, delta/done event prefix, id prefix)
+_TEXT_ITEMS = {
+    "reasoning": ("reasoning", "reasoning_text", "response.reasoning_text", "rs_"),
+    "content": ("message", "output_text", "response.output_text", "msg_"),
+}
+
+
+def responses_usage(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
+    """Responses `usage`; `output_tokens` includes the reasoning tokens."""
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+class OutputBuilder:
+    """The `output` array and its SSE events; `namespaces` maps flattened tool names back."""
+
+    def __init__(self, namespaces: dict[str, tuple[str, str]]) -> None:
+        self.namespaces = namespaces
+        self.output: list[dict[str, Any]] = []
+        self._channel: str | None = None  # the channel of the open text item
+        self._id = ""
+        self._texts: list[str] = []
+
+    def feed(self, deltas: list[OutputDelta]) -> list[Event]:
+        events: list[Event] = []
+        for delta in deltas:
+            if delta.channel == "tool_call":
+                assert delta.tool_call is not None  # the splitter sends complete calls
+                events += self.close("completed")
+                events += self._call(delta.tool_call)
+                continue
+            if delta.channel != self._channel:
+                events += self.close("completed")
+                events += self._open(delta.channel)
+            self._texts.append(delta.text)
+            events.append(self._text_event("delta", delta=delta.text))
+        return events
+
+    def close(self, status: str) -> list[Event]:
+        """Finish the open text item; a message ends with `status` (`incomplete` at a limit)."""
+        if self._channel is None:
+            return []
+        kind = _TEXT_ITEMS[self._channel][0]
+        text = "".join(self._texts)
+        if kind == "reasoning":
+            item = reasoning_item(self._id, text)
+        else:
+            item = message_item(self._id, text, status)
+        events = [self._text_event("done", text=text),
+                  self._part_event("response.content_part.done", item["content"][0]),
+                  self._item_event("response.output_item.done", item)]
+        self.output.append(item)
+        self._channel = None
+        self._texts = []
+        return events
+
+    def _open(self, channel: str) -> list[Event]:
+        kind, part_type, _, prefix = _TEXT_ITEMS[channel]
+        self._channel = channel
+        self._id = item_id(prefix)
+        if kind == "reasoning":
+            item: dict[str, Any] = {"id": self._id, "type": "reasoning", "summary": [],
+                                    "content": []}
+            part: dict[str, Any] = {"type": part_type, "text": ""}
+        else:
+            item = {"id": self._id, "type": "message", "role": "assistant",
+                    "status": "in_progress", "content": []}
+            part = {"type": part_type, "text": "", "annotations": [], "logprobs": []}
+        return [self._item_event("response.output_item.added", item),
+                self._part_event("response.content_part.added", part)]
+
+    def _call(self, call: ParsedToolCall) -> list[Event]:
+        namespace, name = self.namespaces.get(call.name, (None, call.name))
+        fc_id, call_id = item_id("fc_"), item_id("call_")
+        started = function_call_item(fc_id, call_id, name, namespace, "", "in_progress")
+        item = function_call_item(fc_id, call_id, name, namespace, call.arguments)
+        index = len(self.output)
+        self.output.append(item)
+        return [
+            {"type": "response.output_item.added", "output_index": index, "item": started},
+            {"type": "response.function_call_arguments.delta", "item_id": fc_id,
+             "output_index": index, "delta": call.arguments},
+            {"type": "response.function_call_arguments.done", "item_id": fc_id,
+             "output_index": index, "name": name, "arguments": call.arguments},
+            {"type": "response.output_item.done", "output_index": index, "item": item},
+        ]
+
+    def _item_event(self, kind: str, item: dict[str, Any]) -> Event:
+        return {"type": kind, "output_index": len(self.output), "item": item}
+
+    def _part_event(self, kind: str, part: dict[str, Any]) -> Event:
+        return {"type": kind, "item_id": self._id, "output_index": len(self.output),
+                "content_index": 0, "part": part}
+
+    def _text_event(self, stage: str, **fields: Any) -> Event:
+        prefix = _TEXT_ITEMS[self._channel or "content"][2]
+        event = {"type": f"{prefix}.{stage}", "item_id": self._id,
+                 "output_index": len(self.output), "content_index": 0, **fields}
+        if prefix == "response.output_text":
+            event["logprobs"] = []
+        return event
