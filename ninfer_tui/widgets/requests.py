@@ -91,13 +91,20 @@ def new_table(title: str, *columns: str, text_columns: int = 1) -> Table:
     return table
 
 
+ID_WIDTH = 12  # request ids are "req_" + 32 hex: the first 8 hex tell requests apart
+
+
+def short_id(request_id: str) -> str:
+    return request_id if len(request_id) <= ID_WIDTH else request_id[: ID_WIDTH - 1] + "…"
+
+
 def running_table(running: Sequence[RequestView]) -> RenderableType:
     table = new_table(
         f"running ({len(running)})", "id", "phase", "prompt", "out", "tok/s", "TTFT", text_columns=2
     )
     for view in running:
         table.add_row(
-            view.id,
+            short_id(view.id),
             phase(view),
             count(view.prompt_tokens),
             count(view.output_tokens),
@@ -112,7 +119,7 @@ def running_table(running: Sequence[RequestView]) -> RenderableType:
 def queue_table(pending: Sequence[RequestView]) -> RenderableType:
     table = new_table(f"queue ({len(pending)})", "id", "prompt", "waiting")
     for view in pending:
-        table.add_row(view.id, count(view.prompt_tokens), f"{view.waited_s:.1f}s")
+        table.add_row(short_id(view.id), count(view.prompt_tokens), f"{view.waited_s:.1f}s")
     if not pending:
         table.add_row(Text("empty", style="dim"))
     return table
@@ -122,7 +129,7 @@ def recent_table(recent: Sequence[RequestView]) -> RenderableType:
     table = new_table("recent", "id", "end", "out", "tok/s", "TTFT", text_columns=2)
     for view in list(recent)[-RECENT_SHOWN:]:
         table.add_row(
-            view.id, phase(view), count(view.output_tokens), f"{view.tok_s:.1f}", ttft(view)
+            short_id(view.id), phase(view), count(view.output_tokens), f"{view.tok_s:.1f}", ttft(view)
         )
     if not recent:
         table.add_row(Text("none yet", style="dim"))
