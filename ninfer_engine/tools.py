@@ -40,14 +40,28 @@ def _parser() -> argparse.ArgumentParser:
     gguf.add_argument("-o", "--output", required=True, metavar="OUT.ninfer")
     gguf.add_argument("--name", help="metadata.name, the model id the server advertises")
     gguf.set_defaults(run=_convert_gguf)
-    _later(sources, "hf", "from a Hugging Face safetensors directory", "convert hf")
+    hf = sources.add_parser("hf", help="from a Hugging Face safetensors directory")
+    hf.add_argument("src", metavar="SRC_DIR")
+    hf.add_argument("-o", "--output", required=True, metavar="OUT.ninfer")
+    hf.add_argument("--recipe", default="bf16", help="storage formats (default bf16)")
+    hf.add_argument("--name", help="metadata.name (default: the directory name)")
+    hf.add_argument("--skip-vision", action="store_true",
+                    help="drop a vision tower instead of refusing the checkpoint")
+    hf.set_defaults(run=_convert_hf)
 
     inspect = commands.add_parser("inspect", help="summarize an artifact")
     inspect.add_argument("file", metavar="FILE")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
     inspect.set_defaults(run=_inspect)
 
-    _later(commands, "synth", "build a random-weight artifact at real shapes", "synth")
+    synth = commands.add_parser("synth", help="build a random-weight artifact at real shapes")
+    synth.add_argument("--arch", required=True, help="one of: " + ", ".join(_synth_archs()))
+    synth.add_argument("-o", "--output", required=True, metavar="OUT.ninfer")
+    synth.add_argument("--layers", type=int, help="keep only the first N layers")
+    synth.add_argument("--recipe", default="bf16", help="storage formats (default bf16)")
+    synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    synth.add_argument("--name", help="metadata.name (default synth-ARCH)")
+    synth.set_defaults(run=_synth)
     _later(commands, "bench", "benchmark an artifact", "bench")
     return parser
 
@@ -77,6 +91,39 @@ def _convert_gguf(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _convert_hf(args: argparse.Namespace) -> int:
+    from .artifact.convert_hf import convert_hf  # needs safetensors, only here
+
+    started = time.monotonic()
+    convert_hf(args.src, args.output, recipe=args.recipe, name=args.name,
+               skip_vision=args.skip_vision, progress=_Progress())
+    _report_written(args.output, started)
+    return 0
+
+
+def _synth_archs() -> list[str]:
+    from .artifact.synth import ARCHS
+
+    return sorted(ARCHS)
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from .artifact.synth import write_synthetic
+
+    started = time.monotonic()
+    write_synthetic(args.arch, args.output, layers=args.layers, recipe=args.recipe,
+                    seed=args.seed, name=args.name, progress=_Progress())
+    _report_written(args.output, started)
+    return 0
+
+
+def _report_written(path: str, started: float) -> None:
+    with open_artifact(path) as artifact:
+        size = sum(f.payload_bytes for f in artifact.files)
+        print(f"wrote {artifact.path} ({size:,} payload bytes, name {artifact.name})"
+              f" in {time.monotonic() - started:.1f} s", file=sys.stderr)
 
 
 class _Progress:

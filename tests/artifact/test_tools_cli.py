@@ -71,9 +71,6 @@ def test_convert_of_a_missing_gguf_fails_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("ninfer: error: ") and "absent.gguf" in err[0]
 
 
-@pytest.mark.parametrize(
-    "argv", [["synth"], ["bench", "x.ninfer"], ["convert", "hf", "dir", "-o", "x"]]
-)
-def test_planned_subcommands_say_not_available(argv, capsys):
-    assert main(argv) == 1
+def test_planned_subcommands_say_not_available(capsys):
+    assert main(["bench", "x.ninfer"]) == 1
     assert "not available yet" in capsys.readouterr().err

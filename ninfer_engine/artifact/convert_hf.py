@@ -1,0 +1,175 @@
+"""Hugging Face safetensors directory → `.ninfer` v3 (ninfer-format.md §3, §4).
+
+Families: `qwen3_5` / `qwen3_5_text` (dense hybrid), `qwen3_5_moe` / `qwen3_5_moe_text`,
+`qwen3_next` (re-sliced into the Qwen3.5-MoE bindings by `hf_names`), and the §5 llama family
+(`llama`, `qwen3`). The MTP head (`mtp.*`) becomes an `mtp` component. The vision tower is not
+converted yet: a checkpoint that has one is refused unless the caller drops it explicitly.
+
+Streaming: the embedding and head are copied in row blocks, every other tensor is read when its
+layer is converted, so peak memory is about one layer (plus one tensor's encoding).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from ..models import hf_names
+from . import recipes
+from .errors import ArtifactError
+from .hf_checkpoint import HfCheckpoint, LazyTensors
+from .row_writer import StreamingWriter
+
+Progress = Callable[[int, int, str], None]
+
+_QWEN = {"qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
+_LLAMA = {"llama", "qwen3"}
+_MTP_ARCH = {"Qwen3_5ForCausalLM": "Qwen3_5MTP", "Qwen3_5MoeForCausalLM": "Qwen3_5MoeMTP"}
+_VISION_PREFIXES = ("model.visual.", "visual.")
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def convert_hf(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    recipe: str = "bf16",
+    name: str | None = None,
+    skip_vision: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Convert the checkpoint folder ``src`` to ``dst`` with ``recipe``; returns ``dst``.
+
+    ``progress(done, total, what)`` is called after the resources and after each layer.
+    """
+    src, dst = Path(src), Path(dst)
+    choose = recipes.recipe(recipe)
+    report = progress or (lambda *_: None)
+    try:
+        checkpoint = HfCheckpoint(src)
+        return _convert(checkpoint, dst, recipe, choose, name, skip_vision, report)
+    except ArtifactError as error:
+        raise error.at(src) from None
+    except KeyError as error:  # a config field or tensor the family needs
+        raise ArtifactError(f"missing {error.args[0]!r}", src) from None
+    except ValueError as error:  # hf_names refusing a config
+        raise ArtifactError(str(error), src) from None
+
+
+def text_config(hf_config: dict) -> dict:
+    """The §3.1 (Qwen3.5 family) or §5 (llama family) text config of a HF `config.json`."""
+    model_type = hf_config.get("model_type")
+    if model_type in _QWEN:
+        return hf_names.text_config_from_hf(hf_config)
+    if model_type in _LLAMA:
+        return hf_names.llama_config_from_hf(hf_config)
+    raise ArtifactError(f'unsupported model_type "{model_type}" '
+                        f"(known: {', '.join(sorted(_QWEN | _LLAMA))})")
+
+
+def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress) -> Path:
+    config = text_config(checkpoint.config)
+    groups = _group(checkpoint.names)
+    if groups["vision"] and not skip_vision:
+        raise ArtifactError(
+            f"the checkpoint has a vision tower ({len(groups['vision'])} tensors), whose "
+            "conversion is not implemented yet; pass --skip-vision to convert text (and MTP) only"
+        )
+    components = {"text": {"config": config}}
+    if groups["mtp"]:
+        arch = _MTP_ARCH.get(config["architectures"][0])
+        if arch is None:
+            raise ArtifactError(f"MTP tensors in a {config['model_type']} checkpoint")
+        components["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}
+    metadata = {
+        "name": name or checkpoint.folder.resolve().name,
+        "source": {"format": "hf-safetensors", "model_type": checkpoint.config["model_type"],
+                   "recipe": recipe_name},
+    }
+    layers = config["num_hidden_layers"]
+    total = 2 + layers + bool(groups["mtp"])
+    with StreamingWriter(dst, metadata=metadata, components=components) as writer:
+        for role, data in checkpoint.resources().items():
+            writer.add_resource(role, data)
+        progress(1, total, "resources")
+        _globals(checkpoint, writer, config, groups["top"], choose)
+        progress(2, total, "embedding, final norm, head")
+        for i in range(layers):
+            lazy = LazyTensors(checkpoint, groups["layers"].pop(i, {}))
+            if config["model_type"] in _LLAMA:
+                params = hf_names.llama_layer_from_hf(lazy, config, i)
+            else:
+                params = hf_names.layer_params_from_hf(lazy, config, i)
+            _write(writer, params, choose, lazy)
+            progress(3 + i, total, f"layer {i}")
+        if groups["layers"]:
+            raise ArtifactError(f"tensors of layers beyond {layers}: {sorted(groups['layers'])}")
+        if groups["mtp"]:
+            lazy = LazyTensors(checkpoint, groups["mtp"])
+            _write(writer, hf_names.mtp_params_from_hf(lazy, config), choose, lazy)
+            progress(total, total, "mtp")
+    return dst
+
+
+def _group(names: list[str]) -> dict:
+    """Checkpoint names by destination: top-level text, per text layer, MTP, vision."""
+    groups: dict = {"top": {}, "layers": {}, "mtp": {}, "vision": []}
+    for full in names:
+        if full.startswith(_VISION_PREFIXES):
+            groups["vision"].append(full)
+        elif full.startswith("mtp."):
+            groups["mtp"][full[len("mtp."):]] = full
+        elif full == "lm_head.weight":
+            groups["top"][full] = full
+        else:
+            short = next((full[len(p):] for p in ("model.language_model.", "model.")
+                          if full.startswith(p)), None)
+            if short is None:
+                raise ArtifactError(f"unexpected tensor {full}")
+            layer = _LAYER.match(short)
+            if layer:
+                groups["layers"].setdefault(int(layer.group(1)), {})[short] = full
+            else:
+                groups["top"][short] = full
+    return groups
+
+
+def _globals(checkpoint, writer, config, top: dict, choose) -> None:
+    """Embedding and head in row blocks; the final norm; the head aliases a tied embedding."""
+    top = dict(top)
+    vocab, hidden = config["vocab_size"], config["hidden_size"]
+    shape = (vocab, hidden)
+    embedding = top.pop("embed_tokens.weight")
+    _check_shape(checkpoint, embedding, shape)
+    writer.add_rows("text/token_embedding", shape, choose("text/token_embedding", shape),
+                    checkpoint.row_blocks(embedding))
+    writer.add_tensor("text/final_norm", checkpoint.tensor(top.pop("norm.weight")),
+                      choose("text/final_norm", (hidden,)))
+    head = top.pop("lm_head.weight", None)
+    if config["tie_word_embeddings"]:
+        writer.add_alias("text/output_head", "text/token_embedding")
+    elif head is None:
+        raise ArtifactError("untied checkpoint without lm_head.weight")
+    else:
+        _check_shape(checkpoint, head, shape)
+        writer.add_rows("text/output_head", shape, choose("text/output_head", shape),
+                        checkpoint.row_blocks(head))
+    if top:
+        raise ArtifactError(f"unexpected tensors: {sorted(top.values())[:8]}")
+
+
+def _check_shape(checkpoint, name: str, shape: tuple[int, ...]) -> None:
+    if checkpoint.shape(name) != shape:
+        raise ArtifactError(f"{name} has shape {list(checkpoint.shape(name))}, "
+                            f"the config implies {list(shape)}")
+
+
+def _write(writer, params: dict, choose, lazy: LazyTensors) -> None:
+    """Encode and append each logical tensor, dropping it as soon as it is written."""
+    if lazy.left():
+        raise ArtifactError(f"unexpected tensors: {lazy.left()[:8]}")
+    for logical in list(params):
+        tensor = params.pop(logical).contiguous()
+        writer.add_tensor(logical, tensor, choose(logical, tuple(tensor.shape)))

@@ -1,0 +1,177 @@
+"""Decode attention over a paged KV cache (one query token per sequence, GQA).
+
+Layout: `k_pages`, `v_pages` are `[num_pages, PAGE, nkv, D]` with PAGE = 64 tokens;
+`page_table[b, i]` is the page holding tokens `[64i, 64i+64)` of sequence b, `seq_lens[b]` its
+length. KV is bf16/fp16, or int8 codes with per-group scales `[num_pages, PAGE, nkv, D // G]`
+(symmetric absmax, see `quantize_kv_int8`) dequantised inside the kernel. The Triton path is
+split-K ("flash decoding"): each program folds a run of pages for one (sequence, KV head) with
+all its query heads, then a second kernel merges the partial softmaxes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import dot_dtype, use_triton
+
+PAGE = 64
+
+
+def quantize_kv_int8(x, group):
+    """x [..., D] -> (int8 codes [..., D], fp16 scales [..., D // group]), absmax per group."""
+    g = x.float().unflatten(-1, (-1, group))
+    scale = (g.abs().amax(-1) / 127.0).clamp_min(1e-8).half()
+    codes = torch.round(g / scale.float()[..., None]).clamp_(-127, 127).to(torch.int8)
+    return codes.flatten(-2), scale
+
+
+def dequantize_kv_int8(codes, scale):
+    """Inverse of `quantize_kv_int8`, in fp32."""
+    g = codes.float().unflatten(-1, (scale.shape[-1], -1))
+    return (g * scale.float()[..., None]).flatten(-2)
+
+
+def paged_attention_ref(q, k_pages, v_pages, page_table, seq_lens, k_scale=None, v_scale=None):
+    """q [B, nq, D] -> [B, nq, D] in q's dtype; softmax and products in fp32."""
+    B, nq, D = q.shape
+    nkv = k_pages.shape[2]
+    out = torch.empty_like(q)
+    for b in range(B):
+        L = int(seq_lens[b])
+        pages = page_table[b, : -(-L // PAGE)].long()
+
+        def gather(pool, scale):
+            x = pool[pages].flatten(0, 1)[:L]
+            if scale is None:
+                return x.float()
+            return dequantize_kv_int8(x, scale[pages].flatten(0, 1)[:L])
+
+        k, v = gather(k_pages, k_scale), gather(v_pages, v_scale)  # [L, nkv, D]
+        r = nq // nkv
+        k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
+        s = torch.einsum("hd,lhd->hl", q[b].float(), k) / math.sqrt(D)
+        out[b] = torch.einsum("hl,lhd->hd", torch.softmax(s, -1), v).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _load_kv(pool_ptr, scale_ptr, page, tok, kvh, d, tok_mask,
+             NKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr, QUANT: tl.constexpr,
+             DOT: tl.constexpr):
+    """One page's [PAGE, D] tile of head kvh in the dot dtype, dequantised when QUANT."""
+    row = (page * 64 + tok) * NKV + kvh
+    if QUANT:
+        # [PAGE, D/G, G] codes times their [PAGE, D/G] group scales, then flattened back
+        grp = tl.arange(0, D // G)
+        off = row[:, None, None] * D + grp[None, :, None] * G + tl.arange(0, G)[None, None, :]
+        x3 = tl.load(pool_ptr + off, mask=tok_mask[:, None, None], other=0).to(tl.float32)
+        sc = tl.load(scale_ptr + row[:, None] * (D // G) + grp[None, :], mask=tok_mask[:, None],
+                     other=0)
+        return tl.reshape(x3 * sc.to(tl.float32)[:, :, None], [64, D]).to(DOT)
+    x = tl.load(pool_ptr + row[:, None] * D + d[None, :], mask=tok_mask[:, None], other=0)
+    return x.to(DOT)
+
+
+@triton.jit
+def _paged_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr,
+                        acc_ptr, ml_ptr, max_pages, pages_per_split, sm_scale,
+                        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                        QB: tl.constexpr, QUANT: tl.constexpr, DOT: tl.constexpr):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    n_splits = tl.num_programs(1)
+    b = pid // NKV
+    kvh = pid % NKV
+    R: tl.constexpr = NQ // NKV
+    hq = tl.arange(0, QB)
+    d = tl.arange(0, D)
+    tok = tl.arange(0, 64)
+    q = tl.load(q_ptr + (b * NQ + kvh * R + hq)[:, None] * D + d[None, :],
+                mask=(hq < R)[:, None], other=0.0).to(DOT)
+    L = tl.load(lens_ptr + b)
+    first = split * pages_per_split
+    last = tl.minimum(first + pages_per_split, tl.cdiv(L, 64))
+    m = tl.full([QB], float("-inf"), tl.float32)
+    l = tl.zeros([QB], tl.float32)
+    acc = tl.zeros([QB, D], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
+    for i in range(first, last):
+        page = tl.load(table_ptr + b * max_pages + i)
+        tmask = i * 64 + tok < L
+        k = _load_kv(k_ptr, ks_ptr, page, tok, kvh, d, tmask, NKV, D, G, QUANT, DOT)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(tmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = _load_kv(v_ptr, vs_ptr, page, tok, kvh, d, tmask, NKV, D, G, QUANT, DOT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v)
+        m = m_new
+    rows = (b * NQ + kvh * R + hq) * n_splits + split
+    hmask = hq < R
+    tl.store(acc_ptr + rows[:, None] * D + d[None, :], acc, mask=hmask[:, None])
+    tl.store(ml_ptr + rows * 2, m, mask=hmask)
+    tl.store(ml_ptr + rows * 2 + 1, l, mask=hmask)
+
+
+@triton.jit
+def _paged_merge_kernel(acc_ptr, ml_ptr, out_ptr, n_splits,
+                        D: tl.constexpr, SB: tl.constexpr):
+    row = tl.program_id(0)
+    sp = tl.arange(0, SB)
+    smask = sp < n_splits
+    base = row * n_splits + sp
+    m = tl.load(ml_ptr + base * 2, mask=smask, other=float("-inf"))
+    l = tl.load(ml_ptr + base * 2 + 1, mask=smask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    # empty splits carry m = -inf and weigh exactly zero
+    w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
+    d = tl.arange(0, D)
+    acc = tl.load(acc_ptr + base[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(out_ptr + row * D + d, o.to(out_ptr.dtype.element_ty))
+
+
+def split_count(batch, nkv, max_pages, sms=132):
+    """Splits so that about two waves of programs cover the SMs, at least one page each."""
+    return max(1, min(max_pages, -(-2 * sms // (batch * nkv))))
+
+
+def paged_attention_triton(q, k_pages, v_pages, page_table, seq_lens, k_scale=None,
+                           v_scale=None, max_seq_len=None):
+    """Triton path. `max_seq_len` (host int) sizes the split grid; default: table width."""
+    B, nq, D = q.shape
+    nkv = k_pages.shape[2]
+    max_pages = page_table.shape[1]
+    used = max_pages if max_seq_len is None else -(-max_seq_len // PAGE)
+    n_splits = split_count(B, nkv, used)
+    pps = -(-used // n_splits)
+    n_splits = -(-used // pps)
+    acc = torch.empty(B * nq * n_splits, D, dtype=torch.float32, device=q.device)
+    ml = torch.empty(B * nq * n_splits, 2, dtype=torch.float32, device=q.device)
+    quant = k_scale is not None
+    group = D // k_scale.shape[-1] if quant else D
+    _paged_split_kernel[(B * nkv, n_splits)](
+        q.contiguous(), k_pages, v_pages, k_scale if quant else k_pages,
+        v_scale if quant else v_pages, page_table, seq_lens, acc, ml, max_pages, pps,
+        1.0 / math.sqrt(D), NQ=nq, NKV=nkv, D=D, G=group,
+        QB=max(16, triton.next_power_of_2(nq // nkv)), QUANT=quant, DOT=dot_dtype(),
+        num_warps=4, num_stages=2)  # two stages of K+V tiles: 128 KiB of shared memory
+    out = torch.empty_like(q)
+    _paged_merge_kernel[(B * nq,)](acc, ml, out, n_splits, D=D,
+                                   SB=triton.next_power_of_2(n_splits))
+    return out
+
+
+def paged_attention(q, k_pages, v_pages, page_table, seq_lens, k_scale=None, v_scale=None,
+                    max_seq_len=None):
+    """Dispatching entry point; see the module docstring."""
+    if use_triton(q):
+        return paged_attention_triton(q, k_pages, v_pages, page_table, seq_lens, k_scale,
+                                      v_scale, max_seq_len)
+    return paged_attention_ref(q, k_pages, v_pages, page_table, seq_lens, k_scale, v_scale)
