@@ -213,3 +213,83 @@ def _moe(src: dict, config: dict, hf: str, ln: str) -> dict:
         for part in ("gate", "up", "down"):
             out[f"{ln}experts/{e}/{part}"] = src.pop(f"{hf}experts.{e}.{part}_proj.weight")
     return out
+
+
+# --- per-layer entry points for streaming converters ------------------------------------------
+
+
+def layer_params_from_hf(src: dict, config: dict, i: int) -> dict:
+    """Logical tensors of text layer `i` from `src` (HF names without the `model.` prefix).
+
+    Consumes (pops) exactly the tensors it maps, like `logical_params_from_hf`.
+    """
+    return _layer(src, config, i)
+
+
+def mtp_params_from_hf(src: dict, config: dict) -> dict:
+    """The MTP head (`mtp/...`) from `src` (HF names without the `mtp.` prefix)."""
+    out = {
+        "mtp/input_projection": src.pop("fc.weight"),
+        "mtp/embedding_norm": src.pop("pre_fc_norm_embedding.weight"),
+        "mtp/hidden_norm": src.pop("pre_fc_norm_hidden.weight"),
+        "mtp/final_norm": src.pop("norm.weight"),
+    }
+    # the MTP layer is one gated-attention layer with the target's FFN and text-layer names
+    layer_config = {**config, "layer_types": ["full_attention"], "mlp_only_layers": []}
+    for name, t in _layer(src, layer_config, 0).items():
+        out["mtp/layers/0/" + name[len("text/layers/0/"):]] = t
+    return out
+
+
+# --- the llama family (LlamaForCausalLM, Qwen3ForCausalLM; ninfer-format.md §5) -------------
+
+_LLAMA_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_LLAMA_LAYER = {
+    "input_layernorm.weight": "input_norm",
+    "post_attention_layernorm.weight": "post_attention_norm",
+    "self_attn.q_proj.weight": "attention/query",
+    "self_attn.k_proj.weight": "attention/key",
+    "self_attn.v_proj.weight": "attention/value",
+    "self_attn.o_proj.weight": "attention/output",
+    "mlp.gate_proj.weight": "mlp/gate",
+    "mlp.up_proj.weight": "mlp/up",
+    "mlp.down_proj.weight": "mlp/down",
+}
+_QWEN3_NORMS = {"self_attn.q_norm.weight": "attention/query_norm",
+                "self_attn.k_norm.weight": "attention/key_norm"}
+
+
+def llama_config_from_hf(hf_config: Any) -> dict:
+    """The §5 text config of a HF `llama` / `qwen3` config (plain RoPE, no biases)."""
+    cfg = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
+    if cfg["model_type"] not in _LLAMA_ARCH:
+        raise ValueError(f"unsupported model_type {cfg['model_type']!r}")
+    if cfg.get("hidden_act", "silu") != "silu" or cfg.get("attention_bias", False) \
+            or cfg.get("mlp_bias", False):
+        raise ValueError("only SiLU activations and bias-free projections are supported")
+    if cfg.get("use_sliding_window", False):
+        raise ValueError("sliding-window attention is not supported")
+    rope = _rope_parameters(cfg)
+    heads = cfg["num_attention_heads"]
+    return {
+        "architectures": [_LLAMA_ARCH[cfg["model_type"]]],
+        "model_type": cfg["model_type"],
+        **{k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                               "vocab_size", "max_position_embeddings")},
+        "num_attention_heads": heads,
+        "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
+        "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        "rms_norm_eps": float(cfg["rms_norm_eps"]),
+        "rope_parameters": {"rope_theta": float(rope["rope_theta"])},
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "bos_token_id": cfg.get("bos_token_id"),
+        "eos_token_id": cfg.get("eos_token_id"),
+    }
+
+
+def llama_layer_from_hf(src: dict, config: dict, i: int) -> dict:
+    """Logical tensors of llama/qwen3 layer `i` (one HF tensor each, no transforms)."""
+    names = dict(_LLAMA_LAYER)
+    if config["model_type"] == "qwen3":
+        names.update(_QWEN3_NORMS)
+    return {f"text/layers/{i}/{ours}": src.pop(f"layers.{i}.{hf}") for hf, ours in names.items()}
