@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable
 
 import psutil
@@ -20,12 +21,13 @@ import torch
 
 from .chat import ChatTemplate
 from .config import PAGE_TOKENS, EngineConfig
+from .kv import KvStorage, PagePool, SequenceMemory, codecs_for
 from .models import build_model
-from .runner import Runner
+from .runner import make_runner
 from .sampling import Sampler
 from .scheduler import Batch, RequestError, Scheduler, Sequence
-from .stats import (Counters, DeviceMemory, EngineStats, HostMemory, KvStats, QueueStats,
-                    RequestView, Throughput)
+from .stats import (Counters, DeviceMemory, EngineStats, HostMemory, QueueStats, RequestView,
+                    Throughput)
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .types import EngineError, EngineState, GenerationRequest, SamplingParams, TokenEvent
 
@@ -75,6 +77,7 @@ class Engine:
             self.chat_template = ChatTemplate.from_artifact(
                 artifact, config.chat_template, self.tokenizer.bos_token, self.tokenizer.eos_token)
             self.model = build_model(text_config, artifact)
+            self.memory = build_memory(config, self.model)
         except Exception as exc:
             raise EngineLoadError(f"cannot load {config.artifact}: {exc}") from exc
         arch = (text_config.get("architectures") or [text_config.get("model_type", "model")])[0]
@@ -83,10 +86,10 @@ class Engine:
         self.default_max_tokens = config.default_max_tokens
         self.sampling_defaults = _sampling_defaults(artifact, config)
         self._eos = frozenset(self.tokenizer.eos_token_ids)
-        self.runner = Runner(self.model)
+        self.runner = make_runner(self.model)
         self.scheduler = Scheduler(config.max_concurrency, config.prefill_chunk,
                                    config.pending_timeout_ms / 1000, self._admit)
-        self.stats = StatsBuilder(self.model_id, config, self.model)
+        self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
         self._faults = _Faults(os.environ.get("NINFER_FAULT", ""))
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -140,7 +143,8 @@ class Engine:
 
         seq = Sequence(
             request, emit, Sampler(request.sampling, self.model.device),
-            IncrementalDetokenizer(self.tokenizer, request.prompt_ids), self._eos,
+            IncrementalDetokenizer(self.tokenizer, request.prompt_ids),
+            frozenset() if request.ignore_eos else self._eos,
         )
         if not self.scheduler.add(seq):
             yield TokenEvent(finish="error", error=EngineError(
@@ -158,8 +162,8 @@ class Engine:
                 seq.cancelled = True
                 self._wake.set()
 
-    def _admit(self, seq: Sequence) -> None:
-        """Request-level checks at admission, then give it a cache."""
+    def _admit(self, seq: Sequence) -> bool:
+        """Request-level checks at admission, then a KV lease; False: wait for pages."""
         prompt = seq.prompt
         if not prompt:
             raise RequestError("the prompt is empty")
@@ -167,10 +171,9 @@ class Engine:
             raise RequestError(
                 f"prompt of {len(prompt)} tokens does not fit max context {self.max_context}",
                 "context_length_exceeded")
-        if max(prompt) >= self.model.cfg.vocab_size or min(prompt) < 0:
+        if max(prompt) >= self.model.vocab_size or min(prompt) < 0:
             raise RequestError("prompt contains token ids outside the vocabulary")
-        seq.cache = self.model.new_cache()
-        seq.cache.reserve(len(prompt) + min(seq.request.max_tokens, 1))
+        return self.memory.admit(seq)
 
     def _run(self) -> None:
         try:
@@ -195,6 +198,8 @@ class Engine:
         self._faults.check_step(self._step)
         self._step += 1
         logits = self.runner.forward(batch)
+        if batch.prefill is not None and batch.prefill.prefill_done:
+            self.memory.checkpoint(batch.prefill)  # the prompt-end frontier
         now = time.monotonic()
         for row, seq in enumerate(batch.sampled):
             try:
@@ -216,14 +221,12 @@ class Engine:
         return True
 
     def _reserve(self, batch: Batch) -> Batch:
-        """Grow each cache for this step; a request whose cache cannot grow fails alone."""
+        """Grow each lease for this step; a request whose lease cannot grow ends with `length`."""
         failed = []
         for seq in [*batch.decode, *([batch.prefill] if batch.prefill else [])]:
             need = seq.cached + (batch.prefill_tokens if seq is batch.prefill else 1)
-            try:
-                seq.cache.reserve(need)
-            except (MemoryError, RuntimeError) as exc:
-                seq.fail(EngineError(f"cannot grow the KV cache: {exc}", "kv_exhausted", 503))
+            if not self.memory.grow(seq, need):
+                seq.finish("length")
                 failed.append(seq)
         if not failed:
             return batch
@@ -235,6 +238,9 @@ class Engine:
                      [s for s in batch.sampled if s not in failed])
 
     def _retire(self, seq: Sequence) -> None:
+        if seq.finish_reason in ("stop", "length"):
+            self.memory.checkpoint(seq)  # the conversation frontier, for the next turn
+        self.memory.release(seq)
         self.scheduler.remove(seq)
         self.stats.record_finished(seq)
 
@@ -255,6 +261,19 @@ class Engine:
             if seq.finish_reason is None:
                 seq.fail(EngineError(message, UNAVAILABLE, 503))
             self._retire(seq)
+
+
+def build_memory(config: EngineConfig, model: Any) -> SequenceMemory:
+    """The shared KV pool (`--kv-capacity`, `--kv-dtype`), state slots and prefix checkpoints."""
+    layers, heads, dim = model.kv_layout()
+    storage = KvStorage(PagePool(config.kv_tokens // PAGE_TOKENS), layers, heads, dim,
+                        codecs_for(config.kv_dtype, model.dtype), model.dtype, model.device)
+    checkpoints = config.device_state_slots
+    if checkpoints is None:
+        checkpoints = config.max_concurrency
+    return SequenceMemory(storage, config.kv_lease_window, config.max_concurrency, checkpoints,
+                          not config.no_prefix_reuse, config.kv_dtype,
+                          getattr(model, "new_recurrent_state", None))
 
 
 def _sampling_defaults(artifact: Any, config: EngineConfig) -> SamplingParams:
@@ -283,13 +302,14 @@ class StatsBuilder:
     THROUGHPUT_INTERVAL_S = 1.0
     HOST_REFRESH_S = 1.0
 
-    def __init__(self, model_id: str, config: EngineConfig, model: Any) -> None:
+    def __init__(self, model_id: str, config: EngineConfig, model: Any,
+                 memory: SequenceMemory) -> None:
         self.model_id = model_id
         self.config = config
+        self.memory = memory
         self.started_at = time.time()
         self.weight_bytes = model.weight_bytes()
         self.device = str(model.device)
-        self.kv_dtype = str(model.dtype).removeprefix("torch.")
         self.counters = Counters()
         self.throughput = Throughput()
         self.recent: deque[RequestView] = deque(maxlen=8)
@@ -310,7 +330,7 @@ class StatsBuilder:
             requests_done=c.requests_done + (reason in ("stop", "length")),
             requests_failed=c.requests_failed + (reason == "error"),
             requests_cancelled=c.requests_cancelled + (reason == "cancelled"),
-            prompt_tokens=c.prompt_tokens + min(seq.cached, len(seq.prompt)),
+            prompt_tokens=c.prompt_tokens + max(min(seq.cached, len(seq.prompt)) - seq.reused, 0),
             generation_tokens=c.generation_tokens + len(seq.output),
         )
         phase = {"stop": "done", "length": "done"}.get(reason or "", reason or "done")
@@ -351,24 +371,21 @@ class StatsBuilder:
         now = time.monotonic()
         self._roll_interval(now)
         running = list(scheduler.running)
-        per_request = tuple(
-            (s.id, -(-(len(s.prompt) + len(s.output)) // PAGE_TOKENS)) for s in running)
-        used = sum(pages for _, pages in per_request)
-        total = self.config.kv_tokens // PAGE_TOKENS
-        kv_bytes = sum(s.cache.nbytes for s in running if s.cache is not None)
+        counters = replace(self.counters, prefix_cache_queries=self.memory.queries,
+                           prefix_cache_hits=self.memory.hits)
         host = self._host_memory(now)
         return EngineStats(
             at=time.time(), state=state, model_id=self.model_id, profile=self.config.profile,
             started_at=self.started_at, failure=failure,
             devices=(DeviceMemory(name=self.device, total=host.total, weights=self.weight_bytes,
-                                  kv_pool=kv_bytes, free=host.total - host.used),),
+                                  kv_pool=self.memory.storage.nbytes,
+                                  free=host.total - host.used),),
             host=host,
-            kv=KvStats(page_tokens=PAGE_TOKENS, total=total, used=used,
-                       free=max(total - used, 0), dtype=self.kv_dtype, per_request=per_request),
+            kv=self.memory.stats(running),
             queue=QueueStats(
                 pending=tuple(self._view(s, now) for s in scheduler.queued()),
                 running=tuple(self._view(s, now) for s in running),
                 recent=tuple(self.recent),
             ),
-            throughput=self.throughput, counters=self.counters,
+            throughput=self.throughput, counters=counters,
         )

@@ -1,14 +1,30 @@
-"""The runner: turns a scheduled `Batch` into one model forward and returns its logits."""
+"""The runners: turn a scheduled `Batch` into model forwards and return the sampled rows' logits.
+
+`Runner` (llama family) packs every sequence into one flat forward over the paged KV pool.
+`HybridRunner` (Qwen3.5 family) runs each sequence's tokens through its own forward: the
+attention layers read and write the paged pool, the GDN layers continue the sequence's
+recurrent-state slot.
+"""
 from __future__ import annotations
 
 import torch
 
-from .models import LlamaModel, Segment
-from .scheduler import Batch
+from .kv import LayerKv
+from .models import LlamaModel, Qwen35Model, Segment
+from .scheduler import Batch, Sequence
+
+
+def _work(batch: Batch) -> list[tuple[Sequence, list[int]]]:
+    """(sequence, tokens to compute) in row order: decode tokens first, then the prefill chunk."""
+    work = [(seq, [seq.output[-1]]) for seq in batch.decode]
+    seq, n = batch.prefill, batch.prefill_tokens
+    if seq is not None:
+        work.append((seq, list(seq.prompt[seq.cached: seq.cached + n])))
+    return work
 
 
 class Runner:
-    """Owns the model; builds the flat token batch (decode tokens first, then the prefill chunk)."""
+    """Owns the llama-family model; builds the flat token batch."""
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
@@ -19,17 +35,14 @@ class Runner:
         tokens: list[int] = []
         positions: list[int] = []
         segments: list[Segment] = []
-        for seq in batch.decode:
-            tokens.append(seq.output[-1])
-            positions.append(seq.cached)
-            segments.append(Segment(seq.cache, seq.cached, 1))
-        logit_rows = list(range(len(batch.decode)))
-        seq, n = batch.prefill, batch.prefill_tokens
-        if seq is not None:
-            tokens.extend(seq.prompt[seq.cached: seq.cached + n])
-            positions.extend(range(seq.cached, seq.cached + n))
-            segments.append(Segment(seq.cache, seq.cached, n))
-            if len(batch.sampled) > len(batch.decode):
+        logit_rows: list[int] = []
+        sampled = set(map(id, batch.sampled))
+        work = _work(batch)
+        for seq, ids in work:
+            tokens.extend(ids)
+            positions.extend(range(seq.cached, seq.cached + len(ids)))
+            segments.append(Segment(seq.cache, seq.cached, len(ids)))
+            if id(seq) in sampled:
                 logit_rows.append(len(tokens) - 1)
         logits = self.model.forward(
             torch.tensor(tokens, device=self.device),
@@ -37,8 +50,35 @@ class Runner:
             segments,
             torch.tensor(logit_rows, dtype=torch.long, device=self.device),
         )
-        for s in batch.decode:
-            s.cached += 1
-        if seq is not None:
-            seq.cached += n
+        for seq, ids in work:
+            seq.cached += len(ids)
         return logits
+
+
+class HybridRunner:
+    """Owns the hybrid model; one forward per sequence within a step."""
+
+    def __init__(self, model: Qwen35Model) -> None:
+        self.model = model
+        self.device = model.device
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Logits [len(batch.sampled), V]; advances each sequence's `cached` count."""
+        sampled = set(map(id, batch.sampled))
+        rows = []
+        for seq, ids in _work(batch):
+            views = [LayerKv(seq.cache, layer, seq.cached)
+                     for layer in range(len(self.model.attention_layers))]
+            state = self.model.bind_state(views, seq.state, seq.cached)
+            logits = self.model.forward(torch.tensor(ids, device=self.device), state,
+                                        last_only=True)
+            seq.cached += len(ids)
+            if id(seq) in sampled:
+                rows.append(logits[0])
+        if not rows:
+            return torch.empty(0, self.model.vocab_size, device=self.device)
+        return torch.stack(rows)
+
+
+def make_runner(model: LlamaModel | Qwen35Model) -> Runner | HybridRunner:
+    return HybridRunner(model) if isinstance(model, Qwen35Model) else Runner(model)

@@ -10,9 +10,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-from .models import ContiguousKvCache
+from .kv import PagedKvCache
 from .sampling import Sampler
 from .tokenizer import IncrementalDetokenizer
 from .types import EngineError, GenerationRequest, TokenEvent, Timings, Usage
@@ -58,8 +58,10 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     eos_token_ids: frozenset[int]
     arrived: float = field(default_factory=time.monotonic)
-    cache: ContiguousKvCache | None = None
+    cache: PagedKvCache | None = None
+    state: Any = None  # recurrent-state slot (hybrid family)
     cached: int = 0  # tokens whose K/V is in the cache
+    reused: int = 0  # prompt tokens restored from a prefix checkpoint, not computed
     output: list[int] = field(default_factory=list)
     cancelled: bool = False  # set from the event loop when the consumer goes away
     finish_reason: str | None = None
@@ -125,7 +127,8 @@ class Sequence:
         self.finish_reason = reason
         self._send(TokenEvent(
             text=text, token_ids=tuple(self._unsent), finish=reason, stop_sequence=stop,
-            usage=Usage(len(self.prompt), len(self.output)), timings=self.timings(), error=error,
+            usage=Usage(len(self.prompt), len(self.output), self.reused),
+            timings=self.timings(), error=error,
         ))
 
     def _send(self, event: TokenEvent) -> None:
@@ -139,7 +142,8 @@ class Sequence:
             queue_s=admitted - self.arrived,
             prefill_s=max(first - admitted, 0.0) if self.first_token else 0.0,
             decode_s=(self.last_token - first) if self.last_token else 0.0,
-            prompt_n=min(self.cached, len(self.prompt)),
+            prompt_n=max(min(self.cached, len(self.prompt)) - self.reused, 0),
+            cache_n=self.reused,
             predicted_n=len(self.output),
         )
 
@@ -157,14 +161,19 @@ class Batch:
 
 
 class Scheduler:
-    """FIFO admission under a running-request limit; one prefill chunk per step."""
+    """FIFO admission under a running-request limit; one prefill chunk per step.
+
+    An admitted request's first event is an empty admission event (usage: prompt and cached
+    tokens, no text), so a stream can start before its first token.
+    """
 
     def __init__(self, max_running: int, prefill_chunk: int, pending_timeout_s: float,
                  admit: Callable[[Sequence], None]) -> None:
         self.max_running = max_running
         self.prefill_chunk = prefill_chunk
         self.pending_timeout_s = pending_timeout_s
-        self._admit = admit  # validates and gives a cache; raises RequestError for a bad request
+        # validates and leases memory; False = wait for pages; RequestError = a bad request
+        self._admit = admit
         self.pending: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._lock = threading.Lock()  # `add` runs on the event loop thread
@@ -187,8 +196,12 @@ class Scheduler:
                 self.pending.remove(seq)
                 ended.append(seq)
             while self.pending and len(self.running) < self.max_running:
-                seq = self.pending.popleft()
-                if self._try_admit(seq, now):
+                seq = self.pending[0]
+                outcome = self._try_admit(seq, now)
+                if outcome is None:
+                    break  # FIFO: the head waits for KV pages, nobody overtakes it
+                self.pending.popleft()
+                if outcome:
                     self.running.append(seq)
                 else:
                     ended.append(seq)
@@ -216,9 +229,11 @@ class Scheduler:
                 f"request was not admitted within {self.pending_timeout_s:g} s",
                 "request_queue_timeout", 503))
 
-    def _try_admit(self, seq: Sequence, now: float) -> bool:
+    def _try_admit(self, seq: Sequence, now: float) -> bool | None:
+        """True: admitted; False: failed; None: must wait for memory."""
         try:
-            self._admit(seq)
+            if not self._admit(seq):
+                return None
         except RequestError as exc:
             seq.fail(exc.error)
             return False
@@ -226,6 +241,8 @@ class Scheduler:
             seq.fail(EngineError(f"cannot admit the request: {exc}", "kv_exhausted", 503))
             return False
         seq.admitted = now
+        # An empty event marks admission: the HTTP layer sends SSE headers now, not at token 1.
+        seq.emit(TokenEvent(usage=Usage(len(seq.prompt), 0, min(seq.cached, len(seq.prompt)))))
         return True
 
     def queued(self) -> list[Sequence]:
@@ -233,11 +250,9 @@ class Scheduler:
             return list(self.pending)
 
     def remove(self, seq: Sequence) -> None:
+        """Forget a finished sequence (the engine gives back its memory)."""
         if seq in self.running:
             self.running.remove(seq)
-        if seq.cache is not None:
-            seq.cache.release()
-            seq.cache = None
 
     def drain(self) -> list[Sequence]:
         """Take every queued and running sequence out (engine failure or shutdown)."""

@@ -6,19 +6,24 @@ import torch
 from .attention import Segment
 from .kv_cache import ContiguousKvCache
 from .llama import LlamaConfig, LlamaModel, WeightSource
+from .qwen3_5 import Qwen35Model
 
 _LLAMA_FAMILY = {"LlamaForCausalLM", "Qwen3ForCausalLM"}
+_HYBRID_FAMILY = {"Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 
 
 def build_model(text_config: dict, weights: WeightSource, device: torch.device | str = "cpu",
-                dtype: torch.dtype = torch.float32) -> LlamaModel:
+                dtype: torch.dtype = torch.float32) -> LlamaModel | Qwen35Model:
     """Instantiate the engine family for `text_config["architectures"][0]`."""
     architectures = text_config.get("architectures") or [text_config.get("model_type", "?")]
     arch = architectures[0]
     if arch in _LLAMA_FAMILY:
         return LlamaModel(LlamaConfig.from_text_config(text_config), weights, device, dtype)
+    if arch in _HYBRID_FAMILY:
+        # the hybrid model reads tensors through a (name, shape) source, on the CPU in fp32
+        return Qwen35Model(text_config, lambda n, s: weights.parameter(n, s).to(device, dtype))
     raise NotImplementedError(f"architecture {arch!r} is not supported by this engine")
 
 
-__all__ = ["ContiguousKvCache", "LlamaConfig", "LlamaModel", "Segment", "WeightSource",
-           "build_model"]
+__all__ = ["ContiguousKvCache", "LlamaConfig", "LlamaModel", "Qwen35Model", "Segment",
+           "WeightSource", "build_model"]

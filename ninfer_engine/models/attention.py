@@ -2,20 +2,34 @@
 
 A forward pass carries several requests at once: each `Segment` is a run of consecutive tokens
 of one request (a prefill chunk, or one decode token) starting at cache position `start`.
+The segment's cache is any `SequenceKv`: the paged pool view (`kv.PagedKvCache`) in the
+engine, or the contiguous reference cache (`ContiguousKvCache`) for standalone use.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import ContiguousKvCache
+
+class SequenceKv(Protocol):
+    """One sequence's K/V across layers, rows laid out [position, kv_heads, head_dim]."""
+
+    def reserve(self, tokens: int) -> bool:
+        """Room for `tokens` positions; False when it cannot grow."""
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [T, kv_heads, D] at positions start .. start+T-1."""
+
+    def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [end, kv_heads, D] of positions 0 .. end-1."""
 
 
 @dataclass(frozen=True)
 class Segment:
-    cache: ContiguousKvCache
+    cache: SequenceKv
     start: int  # cache position of the segment's first token
     length: int
 
@@ -40,7 +54,8 @@ def plan_segments(segments: list[Segment], device: torch.device) -> list[_Plan]:
             q_pos = torch.arange(seg.start, seg.start + seg.length, device=device)
             k_pos = torch.arange(seg.start + seg.length, device=device)
             mask = k_pos[None, :] <= q_pos[:, None]
-        seg.cache.reserve(seg.start + seg.length)
+        if not seg.cache.reserve(seg.start + seg.length):
+            raise RuntimeError("the KV cache cannot grow to hold this segment")
         plans.append(_Plan(seg, offset, mask, is_causal))
         offset += seg.length
     return plans
@@ -54,12 +69,12 @@ def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         seg = plan.segment
         rows = slice(plan.offset, plan.offset + seg.length)
         end = seg.start + seg.length
-        seg.cache.k[layer, :, seg.start:end] = k[rows].transpose(0, 1)
-        seg.cache.v[layer, :, seg.start:end] = v[rows].transpose(0, 1)
+        seg.cache.write(layer, seg.start, k[rows], v[rows])
+        keys, values = seg.cache.read(layer, end)
         out = F.scaled_dot_product_attention(
             q[rows].transpose(0, 1).unsqueeze(0),
-            seg.cache.k[layer, :, :end].unsqueeze(0),
-            seg.cache.v[layer, :, :end].unsqueeze(0),
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
             attn_mask=plan.mask, is_causal=plan.is_causal, scale=scale, enable_gqa=True,
         )
         outputs.append(out[0].transpose(0, 1).reshape(seg.length, -1))

@@ -67,9 +67,15 @@ class KVCache:
     k: torch.Tensor
     v: torch.Tensor
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+    @property
+    def length(self) -> int:
+        return self.k.shape[1]
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k, v [nkv, T, D]; returns all keys and values so far."""
         self.k = torch.cat([self.k, k], 1)
         self.v = torch.cat([self.v, v], 1)
+        return self.k, self.v
 
 
 class GatedAttention:
@@ -95,7 +101,11 @@ class GatedAttention:
         return KVCache(k=empty, v=empty.clone())
 
     def __call__(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] (normed input), positions [T] or [3, T] -> [T, H]; appends to `cache`."""
+        """x: [T, H] (normed input), positions [T] or [3, T] -> [T, H]; appends to `cache`.
+
+        `cache` is a `KVCache` or any object with its `length` / `extend` contract (the engine
+        passes a view of the paged pool).
+        """
         T = x.shape[0]
 
         def heads(y, n):  # [T, n·D] -> [n, T, D]
@@ -106,9 +116,9 @@ class GatedAttention:
         v = heads(F.linear(x, self.w_v), self.nkv)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
-        past = cache.k.shape[1]
-        cache.append(k, v)
-        a = self._attend(q, cache.k, cache.v, past)
+        past = cache.length
+        keys, values = cache.extend(k, v)
+        a = self._attend(q, keys, values, past)
         a = a.transpose(0, 1).reshape(T, self.nq * self.d)
         a = a * torch.sigmoid(F.linear(x, self.w_gate))
         return F.linear(a, self.w_o)

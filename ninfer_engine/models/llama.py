@@ -116,6 +116,14 @@ class LlamaModel:
         self.rope = RotaryEmbedding(D, cfg.rope_theta, self.device)
         self.scale = D**-0.5
 
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    def kv_layout(self) -> tuple[int, int, int]:
+        """(attention layers, KV heads, head dim) of the paged KV pool."""
+        return self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim
+
     def weight_bytes(self) -> int:
         tensors = [self.embedding, self.final_norm, self.head.weight]
         for layer in self.layers:
@@ -126,6 +134,7 @@ class LlamaModel:
         return sum(unique.values())
 
     def new_cache(self) -> ContiguousKvCache:
+        """A standalone single-sequence cache (the engine leases from the paged pool instead)."""
         c = self.cfg
         return ContiguousKvCache(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype, self.device)
 

@@ -74,6 +74,14 @@ class Qwen35Model:
 
     def __init__(self, config: dict, params: ParamSource):
         self.config = config
+        loaded: dict[str, torch.Tensor] = {}
+        source = params
+
+        def record(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            loaded[name] = source(name, shape)
+            return loaded[name]
+
+        params = record  # counts the weight bytes the blocks keep
         h, vocab = config["hidden_size"], config["vocab_size"]
         self.eps = config["rms_norm_eps"]
         self.embedding = params("text/token_embedding", (vocab, h))
@@ -86,6 +94,42 @@ class Qwen35Model:
         self.final_norm = params("text/final_norm", (h,))
         rope = PartialRope(config["head_dim"], config["rope_parameters"])
         self.blocks = [_Block(config, params, i, rope) for i in range(config["num_hidden_layers"])]
+        self._weight_bytes = sum({t.data_ptr(): t.nbytes for t in loaded.values()}.values())
+        self.attention_layers = [i for i, b in enumerate(self.blocks)
+                                 if isinstance(b.mixer, GatedAttention)]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config["vocab_size"]
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding.dtype
+
+    def weight_bytes(self) -> int:
+        return self._weight_bytes
+
+    def kv_layout(self) -> tuple[int, int, int]:
+        """(attention layers, KV heads, head dim) of the paged KV pool."""
+        c = self.config
+        return len(self.attention_layers), c["num_key_value_heads"], c["head_dim"]
+
+    def new_recurrent_state(self) -> list[GDNState]:
+        """Zero GDN states, one per linear-attention layer in layer order (a state slot)."""
+        return [b.mixer.new_state(self.dtype, self.device) for b in self.blocks
+                if isinstance(b.mixer, GatedDeltaNet)]
+
+    def bind_state(self, attention: list, recurrent: list[GDNState], seen: int) -> ModelState:
+        """A `ModelState` over externally held layer states: KV views for the attention layers
+        and GDN states for the rest, each list in layer order."""
+        kv, gdn = iter(attention), iter(recurrent)
+        layers = [next(kv) if isinstance(b.mixer, GatedAttention) else next(gdn)
+                  for b in self.blocks]
+        return ModelState(layers=layers, seen=seen)
 
     def new_state(self) -> ModelState:
         """Empty state for a new sequence."""

@@ -132,7 +132,6 @@ def test_help_only_as_first_argument():
 
 @pytest.mark.parametrize("argv, message", [
     (["m", "--spec", "mtp"], "`--spec mtp`: speculative decoding is not available yet"),
-    (["m", "--kv-dtype", "int8"], "`--kv-dtype int8`: quantized KV storage is not available yet"),
     (["m", "--vision"], "`--vision`: media input (vision) is not available yet"),
     (["m", "--elastic"], "`--elastic`: elastic KV and expert-slot lending is not available yet"),
     (["m", "--tp", "2", "--devices", "0,1"], "tensor parallelism needs CUDA devices 0,1"),
@@ -155,6 +154,12 @@ def test_features_not_built_are_refused_on_gpu_machines_too():
 
 def test_plain_flags_pass_the_feature_check():
     parsed = parse("m", "--max-concurrency", "4", "--greedy", "--cors", "--api-key", "k")
+    check_features(parsed.config, parsed.explicit, CPU)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8", "fp8", "nvfp4", "k8v4"])
+def test_kv_dtypes_and_device_state_slots_run_on_the_cpu(kv_dtype):
+    parsed = parse("m", "--kv-dtype", kv_dtype, "--device-state-slots", "3")
     check_features(parsed.config, parsed.explicit, CPU)
 
 

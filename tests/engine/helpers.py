@@ -171,6 +171,18 @@ CHAT_TEMPLATE = (
 )
 
 
+def default_resources() -> dict[str, bytes]:
+    """Byte tokenizer, ChatML template, a sampling preset with EOS 257."""
+    return {
+        "tokenizer.json": byte_tokenizer_json().encode(),
+        "tokenizer_config.json": json.dumps(
+            {"eos_token": "<|im_end|>", "bos_token": "<|endoftext|>"}).encode(),
+        "generation_config.json": json.dumps(
+            {"eos_token_id": 257, "temperature": 0.7, "top_p": 0.9}).encode(),
+        "chat_template.jinja": CHAT_TEMPLATE.encode(),
+    }
+
+
 class FakeArtifact:
     """In-memory stand-in for `Artifact`: config, weights and resources."""
 
@@ -179,14 +191,7 @@ class FakeArtifact:
         self.name = name
         self._config = text_config(model)
         self._weights = DictWeights.from_hf(model)
-        self._resources = resources if resources is not None else {
-            "tokenizer.json": byte_tokenizer_json().encode(),
-            "tokenizer_config.json": json.dumps(
-                {"eos_token": "<|im_end|>", "bos_token": "<|endoftext|>"}).encode(),
-            "generation_config.json": json.dumps(
-                {"eos_token_id": 257, "temperature": 0.7, "top_p": 0.9}).encode(),
-            "chat_template.jinja": CHAT_TEMPLATE.encode(),
-        }
+        self._resources = resources if resources is not None else default_resources()
 
     def config(self, component: str = "text") -> dict:
         return dict(self._config)

@@ -108,13 +108,15 @@ def test_max_tokens_zero_prefills_only(artifact):
         events = asyncio.run(_collect(engine, _request(max_tokens=0)))
     finally:
         engine.stop()
-    assert len(events) == 1 and events[0].finish == "length" and events[0].text == ""
-    assert events[0].usage.completion_tokens == 0
-    assert events[0].usage.prompt_tokens == len(PROMPT)
+    admission, final = events
+    assert admission.finish is None and admission.text == "" and not admission.token_ids
+    assert final.finish == "length" and final.text == ""
+    assert final.usage.completion_tokens == 0
+    assert final.usage.prompt_tokens == len(PROMPT)
 
 
 def test_cancellation_frees_the_request(artifact):
-    engine = _engine(artifact)
+    engine = _engine(artifact, no_prefix_reuse=True)  # no checkpoint keeps pages
 
     async def read_two_then_close():
         gen = engine.submit(_request(max_tokens=10_000, sampling=SamplingParams(seed=1)))

@@ -1,0 +1,109 @@
+"""Paged KV storage: one pool of quantized K/V slots per attention layer, and per-owner views.
+
+`KvStorage` holds, for every attention layer, the K and V codec storage of all pool pages
+(slot = `page * page_tokens + offset`). `PagedKvCache` is one sequence's view through its page
+table: `write` quantizes new rows into their slots, `read` gathers the sequence's pages of one
+layer into a contiguous dequantized tensor (one gather per layer, no per-token loop).
+"""
+from __future__ import annotations
+
+import torch
+
+from .pages import PageAllocator, pages_for
+from .quant import KvCodec, as_bits
+
+
+class KvStorage:
+    """K/V of every pool page for `layers` attention layers, laid out per the two codecs."""
+
+    def __init__(self, allocator: PageAllocator, layers: int, heads: int, dim: int,
+                 codecs: tuple[KvCodec, KvCodec], activation_dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
+        self.allocator = allocator
+        self.page_tokens = allocator.page_tokens
+        self.heads, self.dim = heads, dim
+        self.k_codec, self.v_codec = codecs
+        self.dtype = activation_dtype
+        self.device = torch.device(device)
+        slots = allocator.total * self.page_tokens
+        self.k = [self.k_codec.allocate(slots, heads, dim, self.device) for _ in range(layers)]
+        self.v = [self.v_codec.allocate(slots, heads, dim, self.device) for _ in range(layers)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for layer in (*self.k, *self.v) for t in layer)
+
+    def new_cache(self) -> PagedKvCache:
+        return PagedKvCache(self)
+
+    def copy_slots(self, src_page: int, dst_page: int, count: int) -> None:
+        """Copy the first `count` token slots of a page, every layer, as stored (no requantize)."""
+        src = slice(src_page * self.page_tokens, src_page * self.page_tokens + count)
+        dst = slice(dst_page * self.page_tokens, dst_page * self.page_tokens + count)
+        for layer in (*self.k, *self.v):
+            for stored in map(as_bits, layer):
+                stored[dst] = stored[src]
+
+
+class PagedKvCache:
+    """One owner's K/V through its page table; the owner key in the allocator is this object."""
+
+    def __init__(self, storage: KvStorage) -> None:
+        self.storage = storage
+        self._table_tensor = torch.empty(0, dtype=torch.long)
+
+    @property
+    def pages(self) -> list[int]:
+        return self.storage.allocator.table(self)
+
+    @property
+    def capacity(self) -> int:
+        return len(self.pages) * self.storage.page_tokens
+
+    def reserve(self, tokens: int) -> bool:
+        """Grow the lease to cover `tokens` positions; False when the pool has too few pages."""
+        return tokens <= self.capacity or self.storage.allocator.grow(self, tokens)
+
+    def release(self) -> None:
+        self.storage.allocator.release(self)
+
+    def _table(self) -> torch.Tensor:
+        pages = self.pages
+        # tables only grow, so the length tells whether the cached tensor is current
+        if self._table_tensor.numel() != len(pages):
+            self._table_tensor = torch.tensor(pages, dtype=torch.long, device=self.storage.device)
+        return self._table_tensor
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [T, heads, dim] at positions start .. start+T-1."""
+        s, n = self.storage, k.shape[0]
+        positions = torch.arange(start, start + n, device=s.device)
+        pages = self._table()[positions // s.page_tokens]
+        slots = pages * s.page_tokens + positions % s.page_tokens
+        s.k_codec.write(s.k[layer], slots, k)
+        s.v_codec.write(s.v[layer], slots, v)
+
+    def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of positions 0 .. end-1 as [end, heads, dim] in the activation dtype."""
+        s = self.storage
+        pages = self._table()[: pages_for(end, s.page_tokens)]
+        k = s.k_codec.read(s.k[layer], pages, s.page_tokens, s.dtype)[:end]
+        v = s.v_codec.read(s.v[layer], pages, s.page_tokens, s.dtype)[:end]
+        return k, v
+
+
+class LayerKv:
+    """One attention layer of a `PagedKvCache` as the hybrid model's per-layer KV state.
+
+    Matches the contiguous `gated_attention.KVCache` contract (`length`, `extend`) with
+    head-major [heads, T, dim] tensors.
+    """
+
+    def __init__(self, cache: PagedKvCache, layer: int, start: int) -> None:
+        self.cache, self.layer, self.length = cache, layer, start
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.cache.write(self.layer, self.length, k.transpose(0, 1), v.transpose(0, 1))
+        self.length += k.shape[1]
+        keys, values = self.cache.read(self.layer, self.length)
+        return keys.transpose(0, 1), values.transpose(0, 1)
