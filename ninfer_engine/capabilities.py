@@ -74,7 +74,6 @@ _GATES: tuple[_Gate, ...] = (
           lambda c: True, _not_built("per-class prefix-reuse limits")),
     _Gate(("--context-cost-presets",), lambda c: True, _not_built("context cost presets")),
     _Gate(("--embedding-host",), lambda c: True, _needs_cuda("a host-resident embedding table")),
-    _Gate(("--default-thinking-budget",), lambda c: True, _not_built("the thinking budget cap")),
 )
 
 

@@ -171,8 +171,9 @@ class Engine:
             raise RequestError(
                 f"prompt of {len(prompt)} tokens does not fit max context {self.max_context}",
                 "context_length_exceeded")
-        if max(prompt) >= self.model.vocab_size or min(prompt) < 0:
-            raise RequestError("prompt contains token ids outside the vocabulary")
+        for what, ids in (("prompt", prompt), ("thinking close", seq.request.thinking_close_ids)):
+            if ids and (max(ids) >= self.model.vocab_size or min(ids) < 0):
+                raise RequestError(f"the {what} contains token ids outside the vocabulary")
         return self.memory.admit(seq)
 
     def _run(self) -> None:
@@ -198,13 +199,16 @@ class Engine:
         self._faults.check_step(self._step)
         self._step += 1
         logits = self.runner.forward(batch)
-        if batch.prefill is not None and batch.prefill.prefill_done:
-            self.memory.checkpoint(batch.prefill)  # the prompt-end frontier
+        if batch.prefill is not None:
+            if batch.prefill.request.report_progress:
+                batch.prefill.report_progress()  # before its first token, if this chunk samples
+            if batch.prefill.prefill_done:
+                self.memory.checkpoint(batch.prefill)  # the prompt-end frontier
         now = time.monotonic()
         for row, seq in enumerate(batch.sampled):
             try:
                 self._faults.check_request(seq)
-                seq.append(seq.sampler.sample(logits[row]), now)
+                seq.append(seq.next_token(logits[row]), now)
             except Exception as exc:  # this request only: the batch and the loop are fine
                 log.exception("request %s failed", seq.id)
                 seq.fail(EngineError(f"request failed: {exc}"))

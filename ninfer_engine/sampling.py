@@ -67,5 +67,9 @@ class Sampler:
             logits = filter_logits(logits.float() / p.temperature, p.top_k, p.top_p, p.min_p)
             probs = logits.softmax(-1)
             token = int(torch.multinomial(probs, 1, generator=self.generator))
-        self.counts[token] = self.counts.get(token, 0) + 1
+        self.record(token)
         return token
+
+    def record(self, token: int) -> None:
+        """Count an output token (sampled here or forced by the engine) for the penalties."""
+        self.counts[token] = self.counts.get(token, 0) + 1

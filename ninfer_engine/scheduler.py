@@ -12,8 +12,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from .kv import PagedKvCache
 from .sampling import Sampler
+from .thinking import ThinkingCap
 from .tokenizer import IncrementalDetokenizer
 from .types import EngineError, GenerationRequest, TokenEvent, Timings, Usage
 
@@ -72,6 +75,7 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.stop_filter = StopFilter(self.request.stop)
+        self.thinking_cap = ThinkingCap.for_request(self.request)
 
     @property
     def id(self) -> str:
@@ -91,10 +95,26 @@ class Sequence:
             return "queued"
         return "decode" if self.prefill_done else "prefill"
 
+    def next_token(self, logits: torch.Tensor) -> int:
+        """The next forced thinking-close token if one is due, else a token sampled from this
+        request's logits row [V]."""
+        if self.thinking_cap is not None and self.thinking_cap.forced:
+            token = self.thinking_cap.forced.popleft()
+            self.sampler.record(token)  # penalties see the forced tokens like generated ones
+            return token
+        return self.sampler.sample(logits)
+
+    def report_progress(self) -> None:
+        """A progress event after a prefill chunk: prompt total, reused, processed so far."""
+        total = len(self.prompt)
+        self.emit(TokenEvent(progress=(total, self.reused, min(self.cached, total))))
+
     def append(self, token: int, now: float) -> None:
-        """Record a sampled token and stream its text; finishes on EOS, stop string or limit."""
+        """Record a generated token and stream its text; finishes on EOS, stop string or limit."""
         self.output.append(token)
         self._unsent.append(token)
+        if self.thinking_cap is not None:
+            self.thinking_cap.observe(self.output)
         self.first_token = self.first_token or now
         self.last_token = now
         if token in self.eos_token_ids:
@@ -106,7 +126,8 @@ class Sequence:
         elif len(self.output) >= self.request.max_tokens:
             self.finish("length", text)
         elif text:
-            self._send(TokenEvent(text=text, token_ids=tuple(self._unsent)))
+            self._send(TokenEvent(text=text, token_ids=tuple(self._unsent),
+                                  timings=self.timings()))
 
     def finish(self, reason: str, text: str = "") -> None:
         """End normally: flush held-back text (a stop string may still complete in it)."""

@@ -46,6 +46,13 @@ class GenerationRequest:
     protocol: str = "openai-chat"
     session_key: str | None = None  # prefix-reuse hint
     ignore_eos: bool = False  # benchmarks: always generate max_tokens
+    # Thinking cap (contract §8): set only when the output starts inside reasoning. After
+    # `thinking_budget` reasoning tokens the engine forces `thinking_close_ids` (Qwen's closing
+    # guidance plus `</think>`); output ending in `think_end_ids` closed the reasoning itself.
+    thinking_budget: int | None = None
+    thinking_close_ids: tuple[int, ...] = ()
+    think_end_ids: tuple[int, ...] = ()
+    report_progress: bool = False  # one `progress` event per prefill chunk
 
 
 @dataclass(frozen=True)
@@ -91,5 +98,8 @@ class TokenEvent:
     finish: str | None = None  # "stop" | "length" | "cancelled" | "error"
     stop_sequence: str | None = None  # the stop string that ended generation, if any
     usage: Usage | None = None
-    timings: Timings | None = None
+    timings: Timings | None = None  # final on the last event; the running ones on text events
     error: EngineError | None = None
+    # Prompt tokens (total, reused from cache, processed so far incl. cache) after a prefill
+    # chunk; only when the request asked for `report_progress`.
+    progress: tuple[int, int, int] | None = None

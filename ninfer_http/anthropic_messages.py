@@ -48,7 +48,7 @@ def parse_messages_request(
     stop = get_list(body, "stop_sequences") or []
     if not all(isinstance(s, str) for s in stop):
         raise invalid_value("stop_sequences", "'stop_sequences' must be an array of strings.")
-    kwargs, thinking = _thinking(body, config, max_tokens or engine.default_max_tokens)
+    kwargs, thinking, budget = _thinking(body, config, max_tokens or engine.default_max_tokens)
     if parser.prefill and kwargs.get("enable_thinking") is True:
         raise invalid_value("messages", "An assistant prefill needs thinking to be disabled.")
     if parser.prefill:
@@ -65,6 +65,7 @@ def parse_messages_request(
         stream=bool(get_bool(body, "stream")),
         thinking=thinking,
         prefill=parser.prefill,
+        thinking_budget=budget,
     )
     return request, model, _display_omitted(body)
 
@@ -259,9 +260,11 @@ def _display_omitted(body: dict[str, Any]) -> bool:
 
 def _thinking(
     body: dict[str, Any], config: EngineConfig, max_tokens: int
-) -> tuple[dict[str, Any], str]:
-    """Template kwargs for `thinking` and `output_config.effort`, and the log label."""
+) -> tuple[dict[str, Any], str, int | None]:
+    """Template kwargs for `thinking` and `output_config.effort`, the log label, and the
+    thinking cap (`budget_tokens`, else `--default-thinking-budget`)."""
     kwargs: dict[str, Any] = {}
+    budget = config.default_thinking_budget
     if config.no_thinking:
         kwargs["enable_thinking"] = False
     if config.preserve_thinking:
@@ -273,10 +276,11 @@ def _thinking(
         if kind not in ("disabled", "enabled", "adaptive"):
             raise invalid_value("thinking.type", "thinking.type is disabled, enabled or adaptive.")
         if kind == "enabled":
-            budget = get_int(thinking, "budget_tokens", 1024, param="thinking.budget_tokens")
-            if budget is None or budget >= max_tokens:
+            requested = get_int(thinking, "budget_tokens", 1024, param="thinking.budget_tokens")
+            if requested is None or requested >= max_tokens:
                 raise invalid_value("thinking.budget_tokens",
                                     "budget_tokens must be >= 1024 and less than max_tokens.")
+            budget = requested
         kwargs["enable_thinking"] = kind != "disabled"
         label = "off" if kind == "disabled" else "on"
     effort = get_str(get_object(body, "output_config") or {}, "effort", "output_config.effort")
@@ -287,4 +291,4 @@ def _thinking(
         else:
             kwargs["reasoning_effort"] = level
         label = level
-    return kwargs, label
+    return kwargs, label, budget

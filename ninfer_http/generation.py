@@ -48,7 +48,10 @@ class Generation:
         self.reasoning_tokens = 0  # output tokens that arrived while the splitter was in reasoning
         self.phase = "queue"  # -> "prefill" after the first event, "decode" after the first token
         self._phase_before_last = "queue"
+        self.admitted_at: float | None = None  # when the first event arrived
+        self.event_at: float | None = None  # when the latest event arrived
         self.first_output_at: float | None = None
+        self._timings: Timings | None = None  # the latest the engine sent (running, then final)
         self._pending: asyncio.Task[TokenEvent] | None = None
         try:
             self._events: AsyncIterator[TokenEvent] = engine.submit(prepared.generation).__aiter__()
@@ -88,16 +91,30 @@ class Generation:
         return event
 
     def _observe(self, event: TokenEvent) -> None:
+        self.event_at = now = time.monotonic()
         self._phase_before_last = self.phase
         self.output_tokens += len(event.token_ids)
         # Runs before the protocol feeds this event's text: the state is the one it starts in.
         if self.splitter.in_reasoning:
             self.reasoning_tokens += len(event.token_ids)
+        if event.timings is not None:
+            self._timings = event.timings
         if self.phase == "queue":
             self.phase = "prefill"
+            self.admitted_at = now
         if self.phase == "prefill" and (event.text or event.token_ids):
             self.phase = "decode"
-            self.first_output_at = time.monotonic()
+            self.first_output_at = now
+
+    def since_admission_ms(self) -> float:
+        """Milliseconds from the first event to the latest one (`prompt_progress.time_ms`)."""
+        if self.admitted_at is None or self.event_at is None:
+            return 0.0
+        return (self.event_at - self.admitted_at) * 1000.0
+
+    def running_timings(self) -> Timings:
+        """The timings so far (Chat's `timings_per_token`): the engine's latest, else counts."""
+        return self._timings or Timings(predicted_n=self.output_tokens)
 
     def accounting(self, last: TokenEvent) -> tuple[Usage, Timings]:
         """Usage and timings of the finished request (counted here if the engine sent none)."""

@@ -4,7 +4,9 @@ Parsing (`openai_fields`, `openai_messages`) ends in a protocol-neutral `ChatReq
 `prompt.prepare()` and `generation.Generation` do the rest. Everything up to the engine's first
 event fails as a plain HTTP error; after the SSE headers a failure is one
 `data: {"error": ...}` event and no `[DONE]`. Reasoning streams as `reasoning_content`; tool
-calls come complete from the splitter's flush and go out in one `tool_calls` chunk.
+calls come complete from the splitter's flush and go out in one `tool_calls` chunk. llama.cpp's
+`return_progress` turns the engine's prefill progress events into `prompt_progress` chunks, and
+`timings_per_token` adds the running `timings` to every reasoning and content chunk.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine, request_id
 from .generation import Generation, OutputDelta, is_failure, start_generation
 from .ids import chat_completion_id, hex_id
 from .logs import RequestTrace
-from .openai_fields import parse_chat_request
+from .openai_fields import StreamOptions, parse_chat_request
 from .prompt import prepare
 from .usage import llama_timings, openai_chat_usage
 
@@ -37,12 +39,12 @@ def add_routes(app: web.Application) -> None:
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     engine = ready_engine(request)
     label = client_label(request)
-    chat, include_usage = parse_chat_request(await request.read(), engine, request.app[CONFIG])
+    chat, options = parse_chat_request(await request.read(), engine, request.app[CONFIG])
     prepared = prepare(engine, chat, request_id(request))
     trace = RequestTrace(PROTOCOL, chat.stream, len(chat.messages), prepared.max_tokens,
                          chat.thinking, label)
     async with start_generation(engine, prepared, trace, request.app[SLOTS]) as generation:
-        reply = _Reply(generation, engine.model_id, include_usage)
+        reply = _Reply(generation, engine.model_id, options)
         if chat.stream:
             return await reply.stream(request)
         return await reply.complete()
@@ -64,12 +66,12 @@ def _tool_calls(deltas: list[OutputDelta]) -> list[dict[str, Any]]:
 class _Reply:
     """Turns one generation's events into a Chat Completion object or chunk stream."""
 
-    def __init__(self, generation: Generation, model: str, include_usage: bool) -> None:
+    def __init__(self, generation: Generation, model: str, options: StreamOptions) -> None:
         self.id = chat_completion_id()
         self.created = int(time.time())
         self.model = model
         self.generation = generation
-        self.include_usage = include_usage
+        self.options = options
 
     async def complete(self) -> web.Response:
         generation = self.generation
@@ -110,7 +112,7 @@ class _Reply:
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                  "model": self.model, "choices": choices}
-        if self.include_usage:
+        if self.options.include_usage:
             chunk["usage"] = None  # every chunk but the usage chunk carries an explicit null
         chunk.update(extra)
         return sse.data(chunk)
@@ -130,6 +132,8 @@ class _Reply:
                 if event is None:
                     await response.write(sse.KEEPALIVE)
                 else:
+                    if event.progress is not None and self.options.return_progress:
+                        await response.write(self._progress(event.progress))
                     await self._write_deltas(response, generation.splitter.feed(event.text))
                     if event.finish is not None:
                         break
@@ -149,10 +153,20 @@ class _Reply:
                 await response.write(sse.data(error.openai_body()))
         return response
 
+    def _progress(self, progress: tuple[int, int, int]) -> bytes:
+        total, cache, processed = progress
+        return self._delta({}, prompt_progress={"total": total, "cache": cache,
+                                                "processed": processed,
+                                                "time_ms": self.generation.since_admission_ms()})
+
     async def _write_deltas(self, response: web.StreamResponse, deltas: list[OutputDelta]) -> None:
         for delta in deltas:
-            if delta.channel in _DELTA_KEYS:
-                await response.write(self._delta({_DELTA_KEYS[delta.channel]: delta.text}))
+            if delta.channel not in _DELTA_KEYS:
+                continue
+            extra: dict[str, Any] = {}
+            if self.options.timings_per_token:
+                extra["timings"] = llama_timings(self.generation.running_timings())
+            await response.write(self._delta({_DELTA_KEYS[delta.channel]: delta.text}, **extra))
 
     async def _write_end(
         self, response: web.StreamResponse, last: TokenEvent, has_calls: bool
@@ -163,7 +177,7 @@ class _Reply:
             return
         usage, timings = self.generation.accounting(last)
         finish = _finish_reason(last.finish, has_calls)
-        if self.include_usage:
+        if self.options.include_usage:
             await response.write(self._delta({}, finish))
             usage_body = openai_chat_usage(usage, self.generation.reasoning_tokens)
             await response.write(self._chunk([], usage=usage_body,

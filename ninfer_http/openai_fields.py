@@ -5,6 +5,7 @@ Every rejected field is a 400 whose `param` names it. Neutral values of rejected
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ninfer_engine.client import ServingEngine
@@ -38,10 +39,19 @@ _CONSTRAINED = ("grammar", "structured_outputs")
 MAX_STOP_STRINGS = 4
 
 
+@dataclass(frozen=True)
+class StreamOptions:
+    """What a Chat stream carries beside its deltas (all off for a non-stream request)."""
+
+    include_usage: bool = False  # a final usage chunk
+    timings_per_token: bool = False  # running `timings` on every reasoning/content chunk
+    return_progress: bool = False  # `prompt_progress` chunks during prefill
+
+
 def parse_chat_request(
     raw: bytes, engine: ServingEngine, config: EngineConfig
-) -> tuple[ChatRequest, bool]:
-    """The parsed request and whether the stream ends with a usage chunk."""
+) -> tuple[ChatRequest, StreamOptions]:
+    """The parsed request and the extras its stream carries."""
     body = parse_json_object(raw)
     model = require(body, "model")
     if not isinstance(model, str):
@@ -57,10 +67,12 @@ def parse_chat_request(
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", 0)
     stream = bool(get_bool(body, "stream"))
-    options = get_object(body, "stream_options") or {}
-    include_usage = bool(get_bool(options, "include_usage", "stream_options.include_usage"))
-    for flag in ("timings_per_token", "return_progress"):
-        get_bool(body, flag)
+    stream_options = get_object(body, "stream_options") or {}
+    options = StreamOptions(
+        bool(get_bool(stream_options, "include_usage", "stream_options.include_usage")),
+        bool(get_bool(body, "timings_per_token")),
+        bool(get_bool(body, "return_progress")),
+    )
     template_kwargs, thinking = thinking_options(body, config)
     request = ChatRequest(
         protocol="openai-chat",
@@ -72,8 +84,10 @@ def parse_chat_request(
         template_kwargs=template_kwargs,
         stream=stream,
         thinking=thinking,
+        thinking_budget=config.default_thinking_budget,
+        report_progress=stream and options.return_progress,
     )
-    return request, stream and include_usage
+    return request, options if stream else StreamOptions()
 
 
 def sampling_overrides(body: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,11 @@ EFFORT_LEVELS = {
     "xhigh": "xhigh",
 }
 
+# Forced when the thinking cap is reached (contract §8): Qwen's closing guidance and `</think>`.
+THINKING_CLOSE = ("\n\nConsidering the limited time by the user, I have to give the solution "
+                  "based on the thinking directly now.\n</think>\n\n")
+THINK_END = "</think>"
+
 
 @dataclass(frozen=True)
 class ChatRequest:
@@ -43,6 +48,8 @@ class ChatRequest:
     stream: bool = False
     thinking: str = "default"  # log label: "default", "on", "off" or an effort level
     prefill: str = ""  # the start of the answer, continued by the model (Anthropic prefill)
+    thinking_budget: int | None = None  # the reasoning cap, applied when the prompt opens thinking
+    report_progress: bool = False  # Chat's `return_progress` on a stream
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,27 @@ def check_context(prompt_tokens: int, max_context: int) -> None:
         )
 
 
+def encode_fragment(engine: ServingEngine, text: str) -> tuple[int, ...]:
+    """Token ids of text inserted mid-output: without the BOS a whole-prompt encoding adds."""
+    lead = engine.tokenizer.encode("")
+    return tuple(engine.tokenizer.encode(text)[len(lead):])
+
+
+def thinking_cap(engine: ServingEngine, budget: int, max_tokens: int) -> dict[str, Any]:
+    """The engine's cap fields; 400 when the budget, the close and one answer token cannot fit
+    the effective output limit."""
+    close_ids = encode_fragment(engine, THINKING_CLOSE)
+    if budget + len(close_ids) + 1 > max_tokens:
+        raise ApiError(
+            400,
+            f"A thinking budget of {budget} tokens plus the {len(close_ids)}-token close and one "
+            f"answer token does not fit the output limit of {max_tokens} tokens.",
+            "thinking_budget_capacity_insufficient",
+        )
+    return {"thinking_budget": budget, "thinking_close_ids": close_ids,
+            "think_end_ids": encode_fragment(engine, THINK_END)}
+
+
 def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> PreparedRequest:
     """Build the engine request; raises `ApiError` for anything the client must fix."""
     text = render_text(engine, request)
@@ -115,6 +143,10 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
     check_context(len(prompt_ids), engine.max_context)
     wanted = engine.default_max_tokens if request.max_tokens is None else request.max_tokens
     max_tokens = min(wanted, engine.max_context - len(prompt_ids))
+    thinks = opens_thinking(text)
+    cap: dict[str, Any] = {}
+    if thinks and request.thinking_budget is not None:
+        cap = thinking_cap(engine, request.thinking_budget, max_tokens)
     generation = GenerationRequest(
         request_id=request_id,
         prompt_ids=tuple(prompt_ids),
@@ -122,6 +154,7 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
         max_tokens=max_tokens,
         stop=request.stop,
         protocol=request.protocol,
+        report_progress=request.report_progress,
+        **cap,
     )
-    return PreparedRequest(generation, len(prompt_ids), max_tokens, opens_thinking(text),
-                           request.tools)
+    return PreparedRequest(generation, len(prompt_ids), max_tokens, thinks, request.tools)

@@ -118,6 +118,7 @@ def _turn(raw: bytes, engine: ServingEngine, config: EngineConfig, store: Respon
         template_kwargs=kwargs,
         stream=parsed.stream,
         thinking=parsed.thinking,
+        thinking_budget=config.default_thinking_budget,
     )
     return _Turn(response_id, parsed, conversation, chat,
                  previous.session_key if previous else response_id,

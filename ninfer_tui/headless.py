@@ -35,7 +35,10 @@ async def _serve(argv: list[str], config: EngineConfig) -> int:
     try:
         await loop.run_in_executor(None, supervisor.load)
     except Exception as exc:  # any load failure is a startup failure: one line, exit 1
-        log.error("cannot load %s: %s", config.artifact, _one_line(exc))
+        message = _one_line(exc)
+        if str(config.artifact) not in message:  # the engine's own load error names the file
+            message = f"cannot load {config.artifact}: {message}"
+        log.error("%s", message)
         return 1
     try:
         app = create_app(supervisor, config)

@@ -153,7 +153,8 @@ def test_features_not_built_are_refused_on_gpu_machines_too():
 
 
 def test_plain_flags_pass_the_feature_check():
-    parsed = parse("m", "--max-concurrency", "4", "--greedy", "--cors", "--api-key", "k")
+    parsed = parse("m", "--max-concurrency", "4", "--greedy", "--cors", "--api-key", "k",
+                   "--default-thinking-budget", "2048")
     check_features(parsed.config, parsed.explicit, CPU)
 
 

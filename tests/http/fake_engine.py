@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import AsyncIterator, Sequence
 
@@ -66,6 +66,7 @@ class Script:
     fail: EngineError | None = None  # after the pieces, this error instead of a finish
     hang: bool = False  # after the pieces, wait until cancelled
     crash: bool = False  # after the pieces, raise (an engine bug, not an error event)
+    progress: tuple[tuple[int, int, int], ...] = ()  # before the pieces, if the request asks
     timings: Timings = field(
         default_factory=lambda: Timings(prefill_s=0.02, decode_s=0.03, prompt_n=10, predicted_n=4)
     )
@@ -107,10 +108,15 @@ class FakeEngine:
                 finished = True
                 yield TokenEvent(finish="error", error=script.reject)
                 return
+            if request.report_progress:
+                for progress in script.progress:
+                    yield TokenEvent(progress=progress)
             for i, piece in enumerate(script.pieces):
                 if script.delay_s:
                     await asyncio.sleep(script.delay_s)
-                yield TokenEvent(text=piece, token_ids=(i + 1,))
+                # running timings as the engine sends them: the script's, counted so far
+                yield TokenEvent(text=piece, token_ids=(i + 1,),
+                                 timings=replace(script.timings, predicted_n=i + 1))
             if script.hang:
                 await asyncio.Event().wait()
             if script.crash:
