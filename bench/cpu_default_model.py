@@ -67,11 +67,11 @@ async def run_ninfer(engine, prompt_ids: list[int], output_tokens: int) -> tuple
     return first - start, (count - 1) / (last - first)
 
 
-def bench_ninfer(artifact: Path, runs: int, output_tokens: int) -> dict:
+def bench_ninfer(artifact: Path, runs: int, output_tokens: int, cpu_matmul: str) -> dict:
     from ninfer_engine.config import EngineConfig
     from ninfer_engine.engine import Engine
 
-    engine = Engine(EngineConfig(artifact=artifact, max_context=2048))
+    engine = Engine(EngineConfig(artifact=artifact, max_context=2048, cpu_matmul=cpu_matmul))
     engine.start()
     messages = [{"role": "user", "content": PROMPT}]
     prompt_ids = engine.tokenizer.encode(engine.chat_template.render(messages))
@@ -80,7 +80,8 @@ def bench_ninfer(artifact: Path, runs: int, output_tokens: int) -> dict:
         results = [asyncio.run(run_ninfer(engine, prompt_ids, output_tokens)) for _ in range(runs)]
     finally:
         engine.stop()
-    return {"prompt_tokens": len(prompt_ids), "output_tokens": output_tokens,
+    return {"cpu_matmul": cpu_matmul, "prompt_tokens": len(prompt_ids),
+            "output_tokens": output_tokens,
             "ttft_s": statistics.median(r[0] for r in results),
             "decode_tok_s": statistics.median(r[1] for r in results),
             "runs": [{"ttft_s": t, "decode_tok_s": d} for t, d in results]}
@@ -120,7 +121,8 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    ours = bench_ninfer(args.artifact, args.runs, args.output_tokens)
+    ours = bench_ninfer(args.artifact, args.runs, args.output_tokens, "fp32")
+    ours_bf16 = bench_ninfer(args.artifact, args.runs, args.output_tokens, "bf16")
     peer = dict(PUBLISHED_PEER)
     if args.peer:
         gguf = ninfer_home() / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -134,9 +136,12 @@ def main() -> int:
                     "torch_threads": torch.get_num_threads(), "python": platform.python_version()},
         "model": args.artifact.name,
         "ninfer": ours,
+        "ninfer_bf16": ours_bf16,
         "peer": peer,
         "ratio_decode": ours["decode_tok_s"] / peer["decode_tok_s"],
         "ratio_ttft": ours["ttft_s"] / peer["ttft_s"],
+        "ratio_decode_bf16": ours_bf16["decode_tok_s"] / peer["decode_tok_s"],
+        "ratio_ttft_bf16": ours_bf16["ttft_s"] / peer["ttft_s"],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
@@ -146,16 +151,18 @@ def main() -> int:
 
 
 def markdown(r: dict) -> str:
-    m, o, p = r["machine"], r["ninfer"], r["peer"]
+    m, o, b, p = r["machine"], r["ninfer"], r["ninfer_bf16"], r["peer"]
     return (
         f"# Default model on the CPU ({r['date'][:10]})\n\n"
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} "
         f"threads). Command: `{r['command']}`. Model: {r['model']}, {o['prompt_tokens']} prompt "
         f"tokens, {o['output_tokens']} greedy output tokens, median of {len(o['runs'])} runs.\n\n"
         "| engine | decode tok/s | time to first token |\n|---|---:|---:|\n"
-        f"| ninfer | {o['decode_tok_s']:.1f} | {o['ttft_s'] * 1000:.0f} ms |\n"
+        f"| ninfer (default, fp32) | {o['decode_tok_s']:.1f} | {o['ttft_s'] * 1000:.0f} ms |\n"
+        f"| ninfer `--cpu-matmul bf16` | {b['decode_tok_s']:.1f} | {b['ttft_s'] * 1000:.0f} ms |\n"
         f"| {p['name']} | {p['decode_tok_s']:.1f} | {p['ttft_s'] * 1000:.0f} ms |\n"
-        f"| ratio ninfer / peer | {r['ratio_decode']:.2f} | {r['ratio_ttft']:.2f} |\n"
+        f"| ratio ninfer fp32 / peer | {r['ratio_decode']:.2f} | {r['ratio_ttft']:.2f} |\n"
+        f"| ratio ninfer bf16 / peer | {r['ratio_decode_bf16']:.2f} | {r['ratio_ttft_bf16']:.2f} |\n"
     )
 
 

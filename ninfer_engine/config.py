@@ -83,6 +83,7 @@ class EngineConfig:
     response_store_max_mib: int = 256
     # ours
     no_tui: bool = False
+    cpu_matmul: str = "fp32"  # "bf16": projections in bf16 on the CPU (faster, not bit-exact)
     cuda_sync: str = "spin"
 
     @property

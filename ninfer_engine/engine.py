@@ -37,6 +37,9 @@ IDLE_PUBLISH_S = 0.25
 UNAVAILABLE = "service_unavailable"
 
 
+MATMUL_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+
 class EngineLoadError(RuntimeError):
     """The artifact could not be turned into a serving engine (startup error, exit 1)."""
 
@@ -76,10 +79,14 @@ class Engine:
             self.tokenizer = Tokenizer.from_artifact(artifact)
             self.chat_template = ChatTemplate.from_artifact(
                 artifact, config.chat_template, self.tokenizer.bos_token, self.tokenizer.eos_token)
-            self.model = build_model(text_config, artifact)
+            self.model = build_model(text_config, artifact,
+                                     matmul_dtype=MATMUL_DTYPES[config.cpu_matmul])
             self.memory = build_memory(config, self.model)
         except Exception as exc:
-            raise EngineLoadError(f"cannot load {config.artifact}: {exc}") from exc
+            message = str(exc)
+            if str(config.artifact) not in message:  # artifact errors already name the file
+                message = f"cannot load {config.artifact}: {message}"
+            raise EngineLoadError(message) from exc
         arch = (text_config.get("architectures") or [text_config.get("model_type", "model")])[0]
         self.model_id = config.model_id or artifact.name or arch
         self.max_context = config.max_context

@@ -13,12 +13,15 @@ _HYBRID_FAMILY = {"Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 
 
 def build_model(text_config: dict, weights: WeightSource, device: torch.device | str = "cpu",
-                dtype: torch.dtype = torch.float32) -> LlamaModel | Qwen35Model:
-    """Instantiate the engine family for `text_config["architectures"][0]`."""
+                dtype: torch.dtype = torch.float32,
+                matmul_dtype: torch.dtype | None = None) -> LlamaModel | Qwen35Model:
+    """Instantiate the engine family for `text_config["architectures"][0]`; `matmul_dtype`
+    (llama family) runs the projections in a narrower dtype than the activations."""
     architectures = text_config.get("architectures") or [text_config.get("model_type", "?")]
     arch = architectures[0]
     if arch in _LLAMA_FAMILY:
-        return LlamaModel(LlamaConfig.from_text_config(text_config), weights, device, dtype)
+        return LlamaModel(LlamaConfig.from_text_config(text_config), weights, device, dtype,
+                          matmul_dtype)
     if arch in _HYBRID_FAMILY:
         # the hybrid model reads tensors through a (name, shape) source, on the CPU in fp32
         return Qwen35Model(text_config, lambda n, s: weights.parameter(n, s).to(device, dtype))

@@ -18,12 +18,21 @@ class Linear:
     down projection) were faster as [out, in]; other devices keep [out, in].
     """
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, compute_dtype: torch.dtype | None = None) -> None:
         out_features, in_features = weight.shape
+        # A narrower compute dtype halves the bytes a memory-bound GEMV streams (bf16 on the
+        # CPU: 2.5x faster than fp32 for SmolLM2's matrices); inputs are cast, outputs cast back.
+        self.compute_dtype = compute_dtype if compute_dtype != weight.dtype else None
+        if self.compute_dtype is not None:
+            self.k_major = False
+            self.weight = weight.to(self.compute_dtype).contiguous()
+            return
         self.k_major = weight.device.type == "cpu" and out_features >= in_features
         self.weight = weight.t().contiguous() if self.k_major else weight.contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compute_dtype is not None:
+            return F.linear(x.to(self.compute_dtype), self.weight).to(x.dtype)
         return torch.matmul(x, self.weight) if self.k_major else F.linear(x, self.weight)
 
 

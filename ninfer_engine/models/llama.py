@@ -76,7 +76,8 @@ class LlamaModel:
     """Weights plus `forward()` over a flat batch of segments; holds no per-request state."""
 
     def __init__(self, cfg: LlamaConfig, weights: WeightSource,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 matmul_dtype: torch.dtype | None = None) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
@@ -88,7 +89,7 @@ class LlamaModel:
 
         self.embedding = load("token_embedding", cfg.vocab_size, H)
         head = self.embedding if cfg.tie_word_embeddings else load("output_head", cfg.vocab_size, H)
-        self.head = Linear(head)
+        self.head = Linear(head, matmul_dtype)
         self.final_norm = load("final_norm", H)
         has_qk_norm = weights.has_parameter("text/layers/0/attention/query_norm")
         self.layers = []
@@ -106,12 +107,13 @@ class LlamaModel:
                     load(p + "attention/query", nq * D, H),
                     load(p + "attention/key", nkv * D, H),
                     load(p + "attention/value", nkv * D, H),
-                ])),
+                ]), matmul_dtype),
                 qk_norm=qk_norm,
-                output=Linear(load(p + "attention/output", H, nq * D)),
+                output=Linear(load(p + "attention/output", H, nq * D), matmul_dtype),
                 post_attention_norm=load(p + "post_attention_norm", H),
-                gate_up=Linear(torch.cat([load(p + "mlp/gate", I, H), load(p + "mlp/up", I, H)])),
-                down=Linear(load(p + "mlp/down", H, I)),
+                gate_up=Linear(torch.cat([load(p + "mlp/gate", I, H), load(p + "mlp/up", I, H)]),
+                               matmul_dtype),
+                down=Linear(load(p + "mlp/down", H, I), matmul_dtype),
             ))
         self.rope = RotaryEmbedding(D, cfg.rope_theta, self.device)
         self.scale = D**-0.5

@@ -67,6 +67,7 @@ def test_no_artifact_serves_the_default_model(tmp_path):
     (["m", "--no-prefix-reuse", "--device-state-slots", "2"], "conflicts with --device-state-slots"),
     (["m", "--log-level", "loud"], "--log-level: 'loud' is not one of"),
     (["m", "--api-key", " "], "--api-key: must not be empty"),
+    (["m", "--cpu-matmul", "int4"], "--cpu-matmul: 'int4' is not one of fp32, bf16"),
     (["m", "--profile", "70b"], "--profile: '70b' is not one of"),
     (["m", "--profile"], "--profile: expected a value"),
     (["m", "--cors=yes"], "--cors takes no value"),

@@ -101,3 +101,16 @@ def test_prefill_chunk_and_decode_in_one_forward():
     ref_b = hf(torch.tensor([b])).logits[0, -1]
     assert torch.allclose(logits[0], ref_a, atol=1e-4, rtol=0)
     assert torch.allclose(logits[1], ref_b, atol=1e-4, rtol=0)
+
+
+def test_bf16_matmuls_stay_close_to_fp32():
+    """`--cpu-matmul bf16` trades exactness for bytes: logits stay within bf16 rounding."""
+    hf = tiny_llama(seed=3)
+    prompt = list(range(1, 40))
+    exact = _prefill(_ours(hf), _ours(hf).new_cache(), prompt, 16)
+    fast_model = build_model(text_config(hf), DictWeights.from_hf(hf), matmul_dtype=torch.bfloat16)
+    assert fast_model.layers[0].qkv.weight.dtype == torch.bfloat16
+    fast = _prefill(fast_model, fast_model.new_cache(), prompt, 16)
+    assert fast.dtype == torch.float32
+    error = ((fast - exact).abs().max() / exact.abs().max()).item()
+    assert 0 < error < 0.05, error
