@@ -95,16 +95,7 @@ class _Reply:
 
     async def complete(self) -> web.Response:
         generation = self.generation
-        event = await generation.admit()
-        deltas = generation.splitter.feed(event.text)
-        while event.finish is None:
-            event = await generation.next()
-            assert event is not None  # no timeout was given
-            deltas += generation.splitter.feed(event.text)
-        deltas += generation.splitter.flush()
-        error = generation.conclude(event)
-        if error is not None:
-            raise error
+        deltas, event = await generation.collect()
         usage, _ = generation.accounting(event)
         content: list[dict[str, Any]] = []
         self.reasoning = [d.text for d in deltas if d.channel == "reasoning"]

@@ -90,6 +90,21 @@ class Generation:
             raise self.conclude(event) or internal_error()
         return event
 
+    async def collect(self) -> tuple[list[OutputDelta], TokenEvent]:
+        """Run a non-streaming generation to its end: every split output delta and the final
+        event. A failure is raised as the protocol's HTTP error."""
+        event = await self.admit()
+        deltas = self.splitter.feed(event.text)
+        while event.finish is None:
+            event = await self.next()
+            assert event is not None  # no timeout was given
+            deltas += self.splitter.feed(event.text)
+        deltas += self.splitter.flush()
+        error = self.conclude(event)
+        if error is not None:
+            raise error
+        return deltas, event
+
     def _observe(self, event: TokenEvent) -> None:
         self.event_at = now = time.monotonic()
         self._phase_before_last = self.phase

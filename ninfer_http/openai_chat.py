@@ -75,16 +75,7 @@ class _Reply:
 
     async def complete(self) -> web.Response:
         generation = self.generation
-        event = await generation.admit()
-        deltas = generation.splitter.feed(event.text)
-        while event.finish is None:
-            event = await generation.next()
-            assert event is not None  # no timeout was given
-            deltas += generation.splitter.feed(event.text)
-        deltas += generation.splitter.flush()
-        error = generation.conclude(event)
-        if error is not None:
-            raise error
+        deltas, event = await generation.collect()
         content = "".join(d.text for d in deltas if d.channel == "content")
         calls = _tool_calls(deltas)
         message: dict[str, Any] = {

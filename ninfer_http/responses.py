@@ -184,17 +184,8 @@ class _Reply:
         return response
 
     async def complete(self) -> web.Response:
-        generation = self.generation
-        event = await generation.admit()
-        self.builder.feed(generation.splitter.feed(event.text))
-        while event.finish is None:
-            event = await generation.next()
-            assert event is not None  # no timeout was given
-            self.builder.feed(generation.splitter.feed(event.text))
-        self.builder.feed(generation.splitter.flush())
-        error = generation.conclude(event)
-        if error is not None:
-            raise error
+        deltas, event = await self.generation.collect()
+        self.builder.feed(deltas)
         status = "incomplete" if event.finish == "length" else "completed"
         self.builder.close(status)
         return web.json_response(self._finished(event, status))
