@@ -37,7 +37,8 @@ class ServingEngine(Protocol):
     max_context: int
     tokenizer: TextTokenizer
     chat_template: ChatRenderer
-    sampling_defaults: SamplingParams
+    sampling_defaults: SamplingParams  # model preset then process flags
+    thinking_sampling_defaults: SamplingParams  # the same when the prompt opens thinking
     default_max_tokens: int
 
     @property

@@ -7,7 +7,6 @@ text back to the caller's event loop. `snapshot()` returns the latest `EngineSta
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import threading
@@ -21,15 +20,16 @@ import torch
 
 from .chat import ChatTemplate
 from .config import PAGE_TOKENS, EngineConfig
-from .kv import KvStorage, PagePool, SequenceMemory, codecs_for
+from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for
 from .models import build_model
 from .runner import make_runner
 from .sampling import Sampler
+from .sampling_presets import sampling_defaults
 from .scheduler import Batch, RequestError, Scheduler, Sequence
 from .stats import (Counters, DeviceMemory, EngineStats, HostMemory, QueueStats, RequestView,
                     Throughput)
 from .tokenizer import IncrementalDetokenizer, Tokenizer
-from .types import EngineError, EngineState, GenerationRequest, SamplingParams, TokenEvent
+from .types import EngineError, EngineState, GenerationRequest, TokenEvent
 
 log = logging.getLogger("ninfer.engine")
 
@@ -61,6 +61,11 @@ class _Faults:
             raise RuntimeError(f"injected fault in request {seq.id}")
 
 
+def serving_device(config: EngineConfig) -> torch.device:
+    """`cuda:{--device}` when CUDA is available, else the CPU."""
+    return torch.device(f"cuda:{config.device}" if torch.cuda.is_available() else "cpu")
+
+
 class Engine:
     """The `ServingEngine` (client.py) backed by our torch model."""
 
@@ -79,8 +84,10 @@ class Engine:
             self.tokenizer = Tokenizer.from_artifact(artifact)
             self.chat_template = ChatTemplate.from_artifact(
                 artifact, config.chat_template, self.tokenizer.bos_token, self.tokenizer.eos_token)
-            self.model = build_model(text_config, artifact,
-                                     matmul_dtype=MATMUL_DTYPES[config.cpu_matmul])
+            device = serving_device(config)
+            # `--cpu-matmul` narrows the CPU projections only; CUDA stays fp32 for now
+            matmul = MATMUL_DTYPES[config.cpu_matmul] if device.type == "cpu" else None
+            self.model = build_model(text_config, artifact, device, matmul_dtype=matmul)
             self.memory = build_memory(config, self.model)
         except Exception as exc:
             message = str(exc)
@@ -91,7 +98,8 @@ class Engine:
         self.model_id = config.model_id or artifact.name or arch
         self.max_context = config.max_context
         self.default_max_tokens = config.default_max_tokens
-        self.sampling_defaults = _sampling_defaults(artifact, config)
+        self.sampling_defaults = sampling_defaults(artifact, config, thinking=False)
+        self.thinking_sampling_defaults = sampling_defaults(artifact, config, thinking=True)
         self._eos = frozenset(self.tokenizer.eos_token_ids)
         self.runner = make_runner(self.model)
         self.scheduler = Scheduler(config.max_concurrency, config.prefill_chunk,
@@ -178,6 +186,11 @@ class Engine:
             raise RequestError(
                 f"prompt of {len(prompt)} tokens does not fit max context {self.max_context}",
                 "context_length_exceeded")
+        budget = self.memory.budget_tokens
+        if budget is not None and len(prompt) + 1 > budget:
+            raise RequestError(
+                f"prompt of {len(prompt)} tokens does not fit the per-request KV budget of "
+                f"{budget} tokens (--kv-budget-gib)", "context_length_exceeded")
         for what, ids in (("prompt", prompt), ("thinking close", seq.request.thinking_close_ids)):
             if ids and (max(ids) >= self.model.vocab_size or min(ids) < 0):
                 raise RequestError(f"the {what} contains token ids outside the vocabulary")
@@ -275,36 +288,23 @@ class Engine:
 
 
 def build_memory(config: EngineConfig, model: Any) -> SequenceMemory:
-    """The shared KV pool (`--kv-capacity`, `--kv-dtype`), state slots and prefix checkpoints."""
+    """The shared KV pool (`--kv-capacity`, `--kv-dtype`, `--elastic`, `--kv-grow`), state slots,
+    prefix checkpoints and the per-request budget (`--kv-budget-gib`)."""
     layers, heads, dim = model.kv_layout()
-    storage = KvStorage(PagePool(config.kv_tokens // PAGE_TOKENS), layers, heads, dim,
-                        codecs_for(config.kv_dtype, model.dtype), model.dtype, model.device)
+    pages = config.kv_tokens // PAGE_TOKENS
+    pool = (ElasticPagePool(pages, -(-config.kv_grow // PAGE_TOKENS)) if config.elastic
+            else PagePool(pages))
+    storage = KvStorage(pool, layers, heads, dim, codecs_for(config.kv_dtype, model.dtype),
+                        model.dtype, model.device)
     checkpoints = config.device_state_slots
     if checkpoints is None:
         checkpoints = config.max_concurrency
+    budget = None
+    if config.kv_budget_gib is not None:
+        budget = int(config.kv_budget_gib * 2**30) // storage.page_bytes
     return SequenceMemory(storage, config.kv_lease_window, config.max_concurrency, checkpoints,
                           not config.no_prefix_reuse, config.kv_dtype,
-                          getattr(model, "new_recurrent_state", None))
-
-
-def _sampling_defaults(artifact: Any, config: EngineConfig) -> SamplingParams:
-    """Model preset (generation_config.json), then the process flags."""
-    preset: dict = {}
-    if artifact.has_resource("generation_config.json"):
-        preset = json.loads(artifact.resource("generation_config.json"))
-    values: dict[str, Any] = {}
-    for key in ("temperature", "top_p", "top_k", "min_p"):
-        if preset.get(key) is not None:
-            values[key] = preset[key]
-    if preset.get("do_sample") is False:
-        values["temperature"] = 0.0
-    for key in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                "frequency_penalty", "seed"):
-        if getattr(config, key) is not None:
-            values[key] = getattr(config, key)
-    if config.greedy:
-        values["temperature"] = 0.0
-    return SamplingParams(**values)
+                          getattr(model, "new_recurrent_state", None), budget)
 
 
 class StatsBuilder:
@@ -325,7 +325,7 @@ class StatsBuilder:
         self.throughput = Throughput()
         self.recent: deque[RequestView] = deque(maxlen=8)
         self._interval = [time.monotonic(), 0, 0, 0, 0]  # start, decode, prefill, batch sum, steps
-        self._host = (0.0, HostMemory())
+        self._host = (0.0, HostMemory(), (0, 0))  # refreshed at, host, device (total, free)
         self._process = psutil.Process()
 
     def record_step(self, decode_tokens: int, prefill_tokens: int, now: float) -> None:
@@ -359,13 +359,18 @@ class StatsBuilder:
         )
         self._interval = [now, 0, 0, 0, 0]
 
-    def _host_memory(self, now: float) -> HostMemory:
+    def _memory(self, now: float) -> tuple[HostMemory, tuple[int, int]]:
+        """Host memory and the serving device's (total, free): the GPU's own, else the host's."""
         if now - self._host[0] >= self.HOST_REFRESH_S:
             vm = psutil.virtual_memory()
             rss = self._process.memory_info().rss
-            self._host = (now, HostMemory(total=vm.total, used=vm.total - vm.available,
-                                          process_rss=rss))
-        return self._host[1]
+            host = HostMemory(total=vm.total, used=vm.total - vm.available, process_rss=rss)
+            device = (host.total, host.total - host.used)
+            if self.device.startswith("cuda"):
+                free, total = torch.cuda.mem_get_info(self.device)
+                device = (total, free)
+            self._host = (now, host, device)
+        return self._host[1], self._host[2]
 
     @staticmethod
     def _view(seq: Sequence, now: float, phase: str | None = None) -> RequestView:
@@ -384,13 +389,12 @@ class StatsBuilder:
         running = list(scheduler.running)
         counters = replace(self.counters, prefix_cache_queries=self.memory.queries,
                            prefix_cache_hits=self.memory.hits)
-        host = self._host_memory(now)
+        host, (total, free) = self._memory(now)
         return EngineStats(
             at=time.time(), state=state, model_id=self.model_id, profile=self.config.profile,
             started_at=self.started_at, failure=failure,
-            devices=(DeviceMemory(name=self.device, total=host.total, weights=self.weight_bytes,
-                                  kv_pool=self.memory.storage.nbytes,
-                                  free=host.total - host.used),),
+            devices=(DeviceMemory(name=self.device, total=total, weights=self.weight_bytes,
+                                  kv_pool=self.memory.storage.nbytes, free=free),),
             host=host,
             kv=self.memory.stats(running),
             queue=QueueStats(

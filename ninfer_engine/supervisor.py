@@ -158,6 +158,10 @@ class Supervisor:
         return self._current().sampling_defaults
 
     @property
+    def thinking_sampling_defaults(self) -> SamplingParams:
+        return self._current().thinking_sampling_defaults
+
+    @property
     def default_max_tokens(self) -> int:
         return self.config.default_max_tokens
 

@@ -150,7 +150,9 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
     generation = GenerationRequest(
         request_id=request_id,
         prompt_ids=tuple(prompt_ids),
-        sampling=resolve_sampling(engine.sampling_defaults, request.sampling),
+        sampling=resolve_sampling(
+            engine.thinking_sampling_defaults if thinks else engine.sampling_defaults,
+            request.sampling),
         max_tokens=max_tokens,
         stop=request.stop,
         protocol=request.protocol,
