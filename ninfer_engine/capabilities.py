@@ -63,8 +63,6 @@ _GATES: tuple[_Gate, ...] = (
     _Gate(("--vision", "--vision-device", "--max-vision-tokens", "--media-cache-mib",
            "--media-live-mib", "--media-preprocess-threads"),
           lambda c: True, _not_built("media input (vision)")),
-    _Gate(("--elastic", "--kv-grow", "--kv-budget-gib"), lambda c: True,
-          _not_built("elastic KV and expert-slot lending")),
     _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
           _needs_cuda("automatic KV sizing")),
     _Gate(("--host-state-slots", "--host-kv-mib"), lambda c: True,

@@ -1,10 +1,10 @@
 """The KV pool: pages and leases, quantized storage, recurrent-state slots, prefix checkpoints."""
 from .cache import KvStorage, LayerKv, PagedKvCache
 from .memory import SequenceMemory
-from .pages import PageAllocator, PagePool, pages_for
+from .pages import ElasticPagePool, PageAllocator, PagePool, pages_for
 from .quant import KV_DTYPES, KvCodec, codecs_for
 from .slots import Checkpoint, PrefixCache, PrefixIndex, StateSlots
 
-__all__ = ["KV_DTYPES", "Checkpoint", "KvCodec", "KvStorage", "LayerKv", "PageAllocator",
-           "PagePool", "PagedKvCache", "PrefixCache", "PrefixIndex", "SequenceMemory",
-           "StateSlots", "codecs_for", "pages_for"]
+__all__ = ["KV_DTYPES", "Checkpoint", "ElasticPagePool", "KvCodec", "KvStorage", "LayerKv",
+           "PageAllocator", "PagePool", "PagedKvCache", "PrefixCache", "PrefixIndex",
+           "SequenceMemory", "StateSlots", "codecs_for", "pages_for"]

@@ -1,9 +1,12 @@
 """Paged KV storage: one pool of quantized K/V slots per attention layer, and per-owner views.
 
 `KvStorage` holds, for every attention layer, the K and V codec storage of all pool pages
-(slot = `page * page_tokens + offset`). `PagedKvCache` is one sequence's view through its page
-table: `write` quantizes new rows into their slots, `read` gathers the sequence's pages of one
-layer into a contiguous dequantized tensor (one gather per layer, no per-token loop).
+(slot = `page * page_tokens + offset`). When an elastic pool grows, every tensor is replaced by
+a bigger one holding a copy of the old slots: reads stay one gather over one tensor per layer,
+at the cost of a transient old + new copy during the growth step. `PagedKvCache` is one
+sequence's view through its page table: `write` quantizes new rows into their slots, `read`
+gathers the sequence's pages of one layer into a contiguous dequantized tensor (one gather per
+layer, no per-token loop).
 """
 from __future__ import annotations
 
@@ -28,10 +31,29 @@ class KvStorage:
         slots = allocator.total * self.page_tokens
         self.k = [self.k_codec.allocate(slots, heads, dim, self.device) for _ in range(layers)]
         self.v = [self.v_codec.allocate(slots, heads, dim, self.device) for _ in range(layers)]
+        self.page_bytes = self.nbytes // allocator.total  # K + V of one page, all layers
+        allocator.on_grow(self._grow)
 
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for layer in (*self.k, *self.v) for t in layer)
+
+    def _grow(self, pages: int) -> None:
+        """Resize every layer's storage to `pages` pages, keeping the stored slots; all or
+        nothing, with `MemoryError` when the device cannot hold the bigger tensors."""
+        slots = pages * self.page_tokens
+        try:
+            k = [self._resized(self.k_codec, layer, slots) for layer in self.k]
+            v = [self._resized(self.v_codec, layer, slots) for layer in self.v]
+        except torch.OutOfMemoryError as exc:
+            raise MemoryError(str(exc)) from exc
+        self.k, self.v = k, v
+
+    def _resized(self, codec: KvCodec, layer: tuple, slots: int) -> tuple:
+        bigger = codec.allocate(slots, self.heads, self.dim, self.device)
+        for old, new in zip(layer, bigger):
+            as_bits(new)[: old.shape[0]].copy_(as_bits(old))
+        return bigger
 
     def new_cache(self) -> PagedKvCache:
         return PagedKvCache(self)
@@ -50,7 +72,7 @@ class PagedKvCache:
 
     def __init__(self, storage: KvStorage) -> None:
         self.storage = storage
-        self._table_tensor = torch.empty(0, dtype=torch.long)
+        self._table_tensor = torch.empty(0, dtype=torch.long, device=storage.device)
 
     @property
     def pages(self) -> list[int]:

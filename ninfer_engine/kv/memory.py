@@ -6,6 +6,8 @@
   a request is made to wait, and requests are admitted in FIFO order;
 - a running request grows page by page; when the pool cannot grow (after evicting
   checkpoints) the request finishes with `length`, never taking another request's pages;
+- `budget_pages` (`--kv-budget-gib`) caps one request's page table: past it the request
+  finishes with `length` even when the pool has pages to spare;
 - a prompt that starts with a checkpoint's tokens restores it and computes only the rest.
 """
 from __future__ import annotations
@@ -22,10 +24,12 @@ class SequenceMemory:
 
     def __init__(self, storage: KvStorage, lease_window: int, max_running: int,
                  checkpoint_slots: int, prefix_reuse: bool, kv_dtype: str,
-                 new_state: Callable[[], RecurrentState] | None = None) -> None:
+                 new_state: Callable[[], RecurrentState] | None = None,
+                 budget_pages: int | None = None) -> None:
         self.storage = storage
         self.allocator = storage.allocator
         self.lease_window = lease_window
+        self.budget_tokens = None if budget_pages is None else budget_pages * storage.page_tokens
         self.kv_dtype = kv_dtype
         recurrent = new_state is not None
         self.running_slots = StateSlots(max_running, new_state) if recurrent else None
@@ -35,12 +39,17 @@ class SequenceMemory:
         self.queries = 0  # admitted requests that looked for a checkpoint
         self.hits = 0  # ... and restored one
 
+    @property
+    def request_tokens(self) -> int:
+        """The most positions one request can lease: the pool's capacity, or the budget."""
+        pool = self.allocator.capacity * self.allocator.page_tokens
+        return pool if self.budget_tokens is None else min(pool, self.budget_tokens)
+
     def lease_tokens(self, seq: Any) -> int:
-        """Prompt + the output window, capped at the pool."""
+        """Prompt + the output window, capped at the pool's capacity and the request budget."""
         max_tokens = seq.request.max_tokens
         window = max_tokens if self.lease_window == 0 else min(self.lease_window, max_tokens)
-        pool = self.allocator.total * self.allocator.page_tokens
-        return min(len(seq.prompt) + max(window, 1), pool)
+        return min(len(seq.prompt) + max(window, 1), self.request_tokens)
 
     def admit(self, seq: Any) -> bool:
         """Lease pages (restoring the best prefix checkpoint); False: wait for pages or a slot."""
@@ -71,6 +80,8 @@ class SequenceMemory:
 
     def grow(self, seq: Any, tokens: int) -> bool:
         """Cover `tokens` positions; evicts checkpoints first. False: finish with `length`."""
+        if tokens > self.request_tokens:
+            return False  # over the request's budget: freeing pages would not help
         while not seq.cache.reserve(tokens):
             if not self.prefix.evict_lru():
                 return False

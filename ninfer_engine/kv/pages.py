@@ -2,13 +2,15 @@
 
 `PageAllocator` is the interface the engine programs against; `PagePool` is the host-side
 implementation (a free list plus reference counts, so prefix checkpoints can share the full
-pages of a conversation with the requests that continue it). Owners are opaque hashable keys:
-a request's cache or a checkpoint.
+pages of a conversation with the requests that continue it). `ElasticPagePool` (`--elastic`)
+starts at one grow step and adds steps when a lease needs them, up to its capacity; listeners
+(the K/V storage) extend their tensors before the new pages are handed out. Owners are opaque
+hashable keys: a request's cache or a checkpoint.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from ..config import PAGE_TOKENS
 
@@ -59,9 +61,18 @@ class PageAllocator(ABC):
         return self.total - self.free
 
     @property
+    def capacity(self) -> int:
+        """The most pages the pool can ever hold (`total` for a fixed pool)."""
+        return self.total
+
+    @property
     def lent(self) -> int:
-        """Pages lent to the expert-slot cache (elastic mode only; never here)."""
+        """Pages lent to the expert-slot cache: none, as no MoE expert cache exists yet."""
         return 0
+
+    def on_grow(self, listener: Callable[[int], None]) -> None:
+        """Call `listener(new_total)` before the pool grows (a fixed pool never does); the
+        listener raises `MemoryError` to refuse the growth."""
 
 
 class PagePool(PageAllocator):
@@ -112,3 +123,48 @@ class PagePool(PageAllocator):
     def owners(self) -> int:
         """How many owners hold a table (0 once everything was released)."""
         return len(self._tables)
+
+    def _extend(self, pages: int) -> None:
+        """Add `pages` free pages with the next ids."""
+        start = self.total
+        self.total += pages
+        self._refs.extend([0] * pages)
+        # below the existing free pages, so the pool keeps handing out its lowest ids first
+        self._free[:0] = range(self.total - 1, start - 1, -1)
+
+
+class ElasticPagePool(PagePool):
+    """A `PagePool` that starts at `step` pages and grows by whole steps, up to `capacity`.
+
+    A lease the free pages cannot cover grows the pool by the fewest steps that cover it; a
+    lease that would not fit even at `capacity`, or whose growth a listener refuses with
+    `MemoryError`, fails without growing anything.
+    """
+
+    def __init__(self, capacity: int, step: int, page_tokens: int = PAGE_TOKENS) -> None:
+        if step <= 0 or capacity <= 0:
+            raise ValueError("an elastic KV pool needs a positive grow step and capacity")
+        super().__init__(min(step, capacity), page_tokens)
+        self.step = step
+        self._capacity = capacity
+        self._listeners: list[Callable[[int], None]] = []
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def on_grow(self, listener: Callable[[int], None]) -> None:
+        self._listeners.append(listener)
+
+    def lease(self, owner: Hashable, tokens: int) -> bool:
+        short = pages_for(tokens, self.page_tokens) - len(self.table(owner)) - self.free
+        if 0 < short <= self._capacity - self.total:
+            steps = -(-short // self.step)
+            added = min(steps * self.step, self._capacity - self.total)
+            try:
+                for listener in self._listeners:  # storage first: the new pages must exist
+                    listener(self.total + added)
+            except MemoryError:
+                return False  # the device has no room to grow: like an exhausted pool
+            self._extend(added)
+        return super().lease(owner, tokens)

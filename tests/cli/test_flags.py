@@ -134,7 +134,6 @@ def test_help_only_as_first_argument():
 @pytest.mark.parametrize("argv, message", [
     (["m", "--spec", "mtp"], "`--spec mtp`: speculative decoding is not available yet"),
     (["m", "--vision"], "`--vision`: media input (vision) is not available yet"),
-    (["m", "--elastic"], "`--elastic`: elastic KV and expert-slot lending is not available yet"),
     (["m", "--tp", "2", "--devices", "0,1"], "tensor parallelism needs CUDA devices 0,1"),
     (["m", "--profile", "flash-next"], "`--tp 2`: tensor parallelism needs CUDA devices 0,1"),
     (["m", "--kv-capacity", "auto"], "automatic KV sizing needs a CUDA device"),
@@ -156,6 +155,11 @@ def test_features_not_built_are_refused_on_gpu_machines_too():
 def test_plain_flags_pass_the_feature_check():
     parsed = parse("m", "--max-concurrency", "4", "--greedy", "--cors", "--api-key", "k",
                    "--default-thinking-budget", "2048")
+    check_features(parsed.config, parsed.explicit, CPU)
+
+
+def test_elastic_kv_runs_on_the_cpu():
+    parsed = parse("m", "--elastic", "--kv-grow", "4096", "--kv-budget-gib", "0.5")
     check_features(parsed.config, parsed.explicit, CPU)
 
 

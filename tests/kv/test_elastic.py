@@ -1,0 +1,99 @@
+"""`ElasticPagePool` (`--elastic`): growth in whole steps up to the capacity, storage that
+keeps its contents across growth, and the same bookkeeping invariants as a fixed pool."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ninfer_engine.kv import KV_DTYPES, ElasticPagePool, KvStorage, codecs_for, pages_for
+
+
+def test_grows_by_whole_steps_never_past_capacity():
+    pool = ElasticPagePool(capacity=10, step=4, page_tokens=8)
+    grown: list[int] = []
+    pool.on_grow(grown.append)
+    assert (pool.total, pool.capacity) == (4, 10)
+    assert pool.lease("a", 3 * 8) and pool.total == 4  # fits the first step
+    assert pool.lease("b", 3 * 8) and pool.total == 8  # one step more
+    assert not pool.lease("c", 5 * 8)  # 2 free + 2 to the cap < 5: nothing grows
+    assert pool.total == 8 and pool.table("c") == [] and grown == [8]
+    assert pool.lease("c", 4 * 8) and pool.total == 10 and pool.free == 0  # capped step
+    assert not pool.grow("a", 4 * 8) and pool.total == 10
+    assert grown == [8, 10]
+    for owner in "abc":
+        pool.release(owner)
+    assert pool.free == pool.total == 10  # the pool does not shrink
+
+
+def test_capacity_below_one_step():
+    assert ElasticPagePool(capacity=3, step=8).total == 3
+
+
+def test_a_refused_growth_fails_the_lease_and_changes_nothing():
+    pool = ElasticPagePool(capacity=8, step=2, page_tokens=8)
+
+    def no_room(pages: int) -> None:
+        raise MemoryError("device full")
+
+    pool.on_grow(no_room)
+    assert pool.lease("a", 16) and not pool.lease("b", 8)
+    assert (pool.total, pool.free, pool.table("b")) == (2, 0, [])
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_storage_keeps_its_contents_when_the_pool_grows(kv_dtype):
+    pool = ElasticPagePool(capacity=6, step=2, page_tokens=4)
+    storage = KvStorage(pool, layers=2, heads=2, dim=32,
+                        codecs=codecs_for(kv_dtype, torch.float32),
+                        activation_dtype=torch.float32)
+    page_bytes = storage.nbytes // 2
+    assert storage.page_bytes == page_bytes
+    first, second = storage.new_cache(), storage.new_cache()
+    assert first.reserve(8)
+    k, v = torch.randn(8, 2, 32), torch.randn(8, 2, 32)
+    for layer in range(2):
+        first.write(layer, 0, k * (layer + 1), v * (layer + 1))
+    before = [first.read(layer, 8) for layer in range(2)]
+    assert second.reserve(12) and pool.total == 6  # 3 pages more: two steps, capped at 6
+    assert storage.nbytes == 6 * page_bytes
+    second.write(1, 0, torch.randn(12, 2, 32), torch.randn(12, 2, 32))
+    for layer in range(2):
+        after = first.read(layer, 8)
+        assert torch.equal(after[0], before[layer][0]) and torch.equal(after[1], before[layer][1])
+
+
+def test_random_operations_with_growth_keep_the_books():
+    rng = random.Random(1)
+    pool = ElasticPagePool(capacity=30, step=4, page_tokens=16)
+    owners: list[int] = []
+    sizes = {pool.total}
+    for step in range(2000):
+        op = rng.random()
+        if op < 0.4:
+            owner, tokens = step, rng.randint(1, 200)
+            if pool.lease(owner, tokens):
+                owners.append(owner)
+                assert len(pool.table(owner)) == pages_for(tokens, 16)
+            else:  # refused only when even the full capacity could not cover it
+                assert pages_for(tokens, 16) > pool.free + pool.capacity - pool.total
+        elif op < 0.6 and owners:
+            owner = rng.choice(owners)
+            before = len(pool.table(owner))
+            grown = pool.grow(owner, (before + rng.randint(0, 3)) * 16)
+            assert grown or len(pool.table(owner)) == before
+        elif op < 0.75 and owners:
+            source = pool.table(rng.choice(owners))
+            pool.share(step, source[: rng.randint(0, len(source))])
+            owners.append(step)
+        elif owners:
+            pool.release(owners.pop(rng.randrange(len(owners))))
+        referenced = {p for o in owners for p in pool.table(o)}
+        assert pool.free + len(referenced) == pool.total and not referenced & set(pool._free)
+        assert pool.total % pool.step == 0 or pool.total == pool.capacity
+        sizes.add(pool.total)
+    for owner in owners:
+        pool.release(owner)
+    assert pool.free == pool.total == pool.capacity and pool.owners() == 0
+    assert len(sizes) > 2  # it grew several times on the way to its capacity
