@@ -49,7 +49,9 @@ def unswizzle(stored: torch.Tensor, n: int, groups: int) -> torch.Tensor:
 def e2m1_codes(values: torch.Tensor) -> torch.Tensor:
     """Round-to-nearest-even E2M1 codes (uint8, sign in bit 3) of ``values``, saturating at 6."""
     magnitude = values.abs().unsqueeze(-1)
-    code = ((magnitude > _MIDPOINTS) | (_TIE_UP & (magnitude == _MIDPOINTS))).sum(-1)
+    # the nvfp4 KV codec encodes on the serving device
+    midpoints, tie_up = _MIDPOINTS.to(values.device), _TIE_UP.to(values.device)
+    code = ((magnitude > midpoints) | (tie_up & (magnitude == midpoints))).sum(-1)
     return (code + 8 * torch.signbit(values)).to(torch.uint8)
 
 

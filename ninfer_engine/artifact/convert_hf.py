@@ -2,15 +2,18 @@
 
 Families: `qwen3_5` / `qwen3_5_text` (dense hybrid), `qwen3_5_moe` / `qwen3_5_moe_text`,
 `qwen3_next` (re-sliced into the Qwen3.5-MoE bindings by `hf_names`), and the §5 llama family
-(`llama`, `qwen3`). The MTP head (`mtp.*`) becomes an `mtp` component. The vision tower is not
-converted yet: a checkpoint that has one is refused unless the caller drops it explicitly.
+(`llama`, `qwen3`). The MTP head (`mtp.*`) becomes an `mtp` component and the vision tower
+(`model.visual.*`) a `vision` component with the preprocessor configs as its resources, unless
+the caller drops it (`skip_vision`).
 
 Streaming: the embedding and head are copied in row blocks, every other tensor is read when its
-layer is converted, so peak memory is about one layer (plus one tensor's encoding).
+layer (or vision block) is converted, so peak memory is about one layer (plus one tensor's
+encoding).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Callable
@@ -19,7 +22,7 @@ from pathlib import Path
 from ..models import hf_names
 from . import recipes
 from .errors import ArtifactError
-from .hf_checkpoint import HfCheckpoint, LazyTensors
+from .hf_checkpoint import VISION_RESOURCE_FILES, HfCheckpoint, LazyTensors
 from .row_writer import StreamingWriter
 
 Progress = Callable[[int, int, str], None]
@@ -29,6 +32,7 @@ _LLAMA = {"llama", "qwen3"}
 _MTP_ARCH = {"Qwen3_5ForCausalLM": "Qwen3_5MTP", "Qwen3_5MoeForCausalLM": "Qwen3_5MoeMTP"}
 _VISION_PREFIXES = ("model.visual.", "visual.")
 _LAYER = re.compile(r"layers\.(\d+)\.")
+_BLOCK = re.compile(r"blocks\.(\d+)\.")
 
 
 def convert_hf(
@@ -72,30 +76,32 @@ def text_config(hf_config: dict) -> dict:
 def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress) -> Path:
     config = text_config(checkpoint.config)
     groups = _group(checkpoint.names)
-    if groups["vision"] and not skip_vision:
-        raise ArtifactError(
-            f"the checkpoint has a vision tower ({len(groups['vision'])} tensors), whose "
-            "conversion is not implemented yet; pass --skip-vision to convert text (and MTP) only"
-        )
+    vision = None if skip_vision else _vision_config(checkpoint.config, groups["vision"])
     components = {"text": {"config": config}}
     if groups["mtp"]:
         arch = _MTP_ARCH.get(config["architectures"][0])
         if arch is None:
             raise ArtifactError(f"MTP tensors in a {config['model_type']} checkpoint")
         components["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}
+    if vision:
+        components["vision"] = {"config": vision, "target": "text"}
     metadata = {
         "name": name or checkpoint.folder.resolve().name,
         "source": {"format": "hf-safetensors", "model_type": checkpoint.config["model_type"],
                    "recipe": recipe_name},
     }
     layers = config["num_hidden_layers"]
-    total = 2 + layers + bool(groups["mtp"])
+    total = 2 + layers + bool(groups["mtp"]) + (vision["depth"] + 1 if vision else 0)
+    step = itertools.count(1)
     with StreamingWriter(dst, metadata=metadata, components=components) as writer:
         for role, data in checkpoint.resources().items():
-            writer.add_resource(role, data)
-        progress(1, total, "resources")
+            if role not in VISION_RESOURCE_FILES:
+                writer.add_resource(role, data)
+            elif vision:  # preprocessor configs belong to the vision tower, dropped with it
+                writer.add_resource(role, data, "vision")
+        progress(next(step), total, "resources")
         _globals(checkpoint, writer, config, groups["top"], choose)
-        progress(2, total, "embedding, final norm, head")
+        progress(next(step), total, "embedding, final norm, head")
         for i in range(layers):
             lazy = LazyTensors(checkpoint, groups["layers"].pop(i, {}))
             if config["model_type"] in _LLAMA:
@@ -103,22 +109,57 @@ def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress) 
             else:
                 params = hf_names.layer_params_from_hf(lazy, config, i)
             _write(writer, params, choose, lazy)
-            progress(3 + i, total, f"layer {i}")
+            progress(next(step), total, f"layer {i}")
         if groups["layers"]:
             raise ArtifactError(f"tensors of layers beyond {layers}: {sorted(groups['layers'])}")
         if groups["mtp"]:
             lazy = LazyTensors(checkpoint, groups["mtp"])
             _write(writer, hf_names.mtp_params_from_hf(lazy, config), choose, lazy)
-            progress(total, total, "mtp")
+            progress(next(step), total, "mtp")
+        if vision:
+            _vision(checkpoint, writer, vision, groups["vision"], choose,
+                    lambda what: progress(next(step), total, what))
     return dst
 
 
+def _vision_config(hf_config: dict, tensors: dict) -> dict | None:
+    """The vision component's config, or None for a checkpoint without a vision tower."""
+    if not tensors["top"] and not tensors["blocks"]:
+        return None
+    if not hf_config.get("vision_config"):
+        raise ArtifactError("the checkpoint has a vision tower but config.json has no vision_config; "
+                            "pass --skip-vision to convert text (and MTP) only")
+    return hf_names.vision_config_from_hf(hf_config)
+
+
+def _vision(checkpoint, writer, config: dict, tensors: dict, choose, progress) -> None:
+    """The vision tower block by block, then its embeddings and merger, shape-checked."""
+    shapes = hf_names.vision_shapes(config)
+    blocks = dict(tensors["blocks"])
+    for b in range(config["depth"]):
+        lazy = LazyTensors(checkpoint, blocks.pop(b, {}))
+        _write(writer, hf_names.vision_block_from_hf(lazy, config, b), choose, lazy, shapes)
+        progress(f"vision block {b}")
+    if blocks:
+        raise ArtifactError(f"tensors of vision blocks beyond {config['depth']}: {sorted(blocks)}")
+    lazy = LazyTensors(checkpoint, tensors["top"])
+    _write(writer, hf_names.vision_globals_from_hf(lazy, config), choose, lazy, shapes)
+    progress("vision embeddings and merger")
+
+
 def _group(names: list[str]) -> dict:
-    """Checkpoint names by destination: top-level text, per text layer, MTP, vision."""
-    groups: dict = {"top": {}, "layers": {}, "mtp": {}, "vision": []}
+    """Checkpoint names by destination: top-level text, per text layer, MTP, vision (top-level
+    and per block)."""
+    groups: dict = {"top": {}, "layers": {}, "mtp": {}, "vision": {"top": {}, "blocks": {}}}
     for full in names:
-        if full.startswith(_VISION_PREFIXES):
-            groups["vision"].append(full)
+        prefix = next((p for p in _VISION_PREFIXES if full.startswith(p)), None)
+        if prefix:
+            short = full[len(prefix):]
+            block = _BLOCK.match(short)
+            if block:
+                groups["vision"]["blocks"].setdefault(int(block.group(1)), {})[short] = full
+            else:
+                groups["vision"]["top"][short] = full
         elif full.startswith("mtp."):
             groups["mtp"][full[len("mtp."):]] = full
         elif full == "lm_head.weight":
@@ -166,10 +207,14 @@ def _check_shape(checkpoint, name: str, shape: tuple[int, ...]) -> None:
                             f"the config implies {list(shape)}")
 
 
-def _write(writer, params: dict, choose, lazy: LazyTensors) -> None:
-    """Encode and append each logical tensor, dropping it as soon as it is written."""
+def _write(writer, params: dict, choose, lazy: LazyTensors, shapes: dict | None = None) -> None:
+    """Encode and append each logical tensor, dropping it as soon as it is written; with
+    ``shapes`` (logical name -> shape), each tensor's shape is checked first."""
     if lazy.left():
         raise ArtifactError(f"unexpected tensors: {lazy.left()[:8]}")
     for logical in list(params):
         tensor = params.pop(logical).contiguous()
+        if shapes is not None and tuple(tensor.shape) != shapes[logical]:
+            raise ArtifactError(f"{logical} has shape {list(tensor.shape)}, "
+                                f"the config implies {list(shapes[logical])}")
         writer.add_tensor(logical, tensor, choose(logical, tuple(tensor.shape)))

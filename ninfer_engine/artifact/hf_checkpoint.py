@@ -20,10 +20,12 @@ import torch
 from safetensors import safe_open
 
 from .errors import ArtifactError
+from .legacy_names import VISION_ROLES as VISION_RESOURCE_FILES
 
-# resource role -> file name in the checkpoint directory
+# resource role -> file name in the checkpoint directory (the vision component's in
+# VISION_RESOURCE_FILES)
 RESOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                  "chat_template.jinja")
+                  "chat_template.jinja", *VISION_RESOURCE_FILES)
 
 
 class HfCheckpoint:
@@ -59,7 +61,8 @@ class HfCheckpoint:
                 yield handle.get_slice(name)[r0 : min(rows, r0 + step)]
 
     def resources(self) -> dict[str, bytes]:
-        """Tokenizer, tokenizer config, generation config and chat template found in the folder.
+        """Tokenizer, tokenizer config, generation config, chat template and the image / video
+        preprocessor configs found in the folder.
 
         A template stored only inside `tokenizer_config.json` becomes `chat_template.jinja`.
         """

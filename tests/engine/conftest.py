@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from ninfer_engine import engine
+
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
@@ -10,3 +12,9 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def engine_on_test_device(device, monkeypatch):
+    """The Engine serves on CUDA whenever it can: pin it to the device under test."""
+    monkeypatch.setattr(engine, "serving_device", lambda config: device)

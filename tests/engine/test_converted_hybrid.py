@@ -70,11 +70,12 @@ def cases(single_thread, tmp_path_factory):  # noqa: F811
     return out
 
 
-def _chunked_prefill_logits(path) -> list[torch.Tensor]:
-    """The engine's model and runner over the artifact: the 200-token prompt as prefill chunks
-    of one sequence with a paged KV cache and a state slot; each chunk's last-row logits."""
+def _chunked_prefill_logits(path, device) -> list[torch.Tensor]:
+    """The engine's model and runner over the artifact on `device`: the 200-token prompt as
+    prefill chunks of one sequence with a paged KV cache and a state slot; each chunk's
+    last-row logits."""
     with open_artifact(path) as artifact:
-        model = build_model(artifact.config("text"), artifact)
+        model = build_model(artifact.config("text"), artifact, device)
     runner = make_runner(model)
     assert isinstance(model, Qwen35Model) and isinstance(runner, HybridRunner)
     layers, heads, dim = model.kv_layout()
@@ -92,9 +93,9 @@ def _chunked_prefill_logits(path) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_chunked_prefill_logits_match_hf(family, cases):
+def test_chunked_prefill_logits_match_hf(family, cases, device):
     path, want, _ = cases[family]
-    got = _chunked_prefill_logits(path)
+    got = _chunked_prefill_logits(path, device)
     ends = [sum(CHUNKS[: i + 1]) for i in range(len(CHUNKS))]
     errors = [rel_err(row, want[end - 1]) for row, end in zip(got, ends)]
     print(f"\n{family}: last-position rel err after chunks {ends}: "

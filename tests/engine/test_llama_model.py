@@ -11,19 +11,20 @@ from .helpers import DictWeights, text_config, tiny_llama, tiny_qwen3
 STEPS = 40
 
 
-def _ours(hf):
-    return build_model(text_config(hf), DictWeights.from_hf(hf))
+def _ours(hf, device, matmul_dtype=None):
+    return build_model(text_config(hf), DictWeights.from_hf(hf), device, matmul_dtype=matmul_dtype)
 
 
 def _prefill(model, cache, prompt: list[int], chunk: int) -> torch.Tensor:
-    logits = None
+    """The last prompt position's logits, on the CPU."""
+    logits, on = None, model.device
     for start in range(0, len(prompt), chunk):
         ids = prompt[start:start + chunk]
         logits = model.forward(
-            torch.tensor(ids), torch.arange(start, start + len(ids)),
-            [Segment(cache, start, len(ids))], torch.tensor([len(ids) - 1]),
+            torch.tensor(ids, device=on), torch.arange(start, start + len(ids), device=on),
+            [Segment(cache, start, len(ids))], torch.tensor([len(ids) - 1], device=on),
         )
-    return logits[0]
+    return logits[0].cpu()
 
 
 def _greedy_ours(model, prompt: list[int], chunk: int) -> tuple[torch.Tensor, list[int]]:
@@ -31,8 +32,9 @@ def _greedy_ours(model, prompt: list[int], chunk: int) -> tuple[torch.Tensor, li
     first = _prefill(model, cache, prompt, chunk)
     tokens, pos = [int(first.argmax())], len(prompt)
     for _ in range(STEPS - 1):
-        logits = model.forward(torch.tensor(tokens[-1:]), torch.tensor([pos]),
-                               [Segment(cache, pos, 1)], torch.tensor([0]))
+        on = model.device
+        logits = model.forward(torch.tensor(tokens[-1:], device=on), torch.tensor([pos], device=on),
+                               [Segment(cache, pos, 1)], torch.tensor([0], device=on))
         tokens.append(int(logits[0].argmax()))
         pos += 1
     return first, tokens
@@ -50,9 +52,9 @@ def _greedy_hf(hf, prompt: list[int]) -> tuple[torch.Tensor, list[int]]:
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @torch.inference_mode()
-def test_matches_transformers_with_chunked_prefill(family):
+def test_matches_transformers_with_chunked_prefill(family, device):
     hf = tiny_llama() if family == "llama" else tiny_qwen3()
-    model = _ours(hf)
+    model = _ours(hf, device)
     prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(3)).tolist()
     ref_logits, ref_tokens = _greedy_hf(hf, prompt)
     for chunk in (37, 8):
@@ -63,9 +65,9 @@ def test_matches_transformers_with_chunked_prefill(family):
 
 
 @torch.inference_mode()
-def test_batched_decode_equals_alone():
+def test_batched_decode_equals_alone(device):
     hf = tiny_llama(seed=5)
-    model = _ours(hf)
+    model = _ours(hf, device)
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (11, 29)]
     alone = [_greedy_ours(model, p, 16)[1] for p in prompts]
@@ -75,8 +77,9 @@ def test_batched_decode_equals_alone():
     positions = [len(p) for p in prompts]
     for _ in range(STEPS - 1):
         segments = [Segment(c, pos, 1) for c, pos in zip(caches, positions)]
-        logits = model.forward(torch.tensor([t[-1] for t in tokens]), torch.tensor(positions),
-                               segments, torch.arange(len(prompts)))
+        logits = model.forward(torch.tensor([t[-1] for t in tokens], device=device),
+                               torch.tensor(positions, device=device), segments,
+                               torch.arange(len(prompts), device=device))
         for row, t in enumerate(tokens):
             t.append(int(logits[row].argmax()))
         positions = [p + 1 for p in positions]
@@ -84,9 +87,9 @@ def test_batched_decode_equals_alone():
 
 
 @torch.inference_mode()
-def test_prefill_chunk_and_decode_in_one_forward():
+def test_prefill_chunk_and_decode_in_one_forward(device):
     hf = tiny_llama(seed=9)
-    model = _ours(hf)
+    model = _ours(hf, device)
     gen = torch.Generator().manual_seed(2)
     a, b = (torch.randint(0, 128, (n,), generator=gen).tolist() for n in (9, 20))
     cache_a, cache_b = model.new_cache(), model.new_cache()
@@ -94,21 +97,22 @@ def test_prefill_chunk_and_decode_in_one_forward():
     _prefill(model, cache_b, b[:12], 12)
     # one step: a decodes its next token while b prefills its remaining 8 tokens
     logits = model.forward(
-        torch.tensor([next_a, *b[12:]]), torch.tensor([9, *range(12, 20)]),
-        [Segment(cache_a, 9, 1), Segment(cache_b, 12, 8)], torch.tensor([0, 8]),
-    )
+        torch.tensor([next_a, *b[12:]], device=device),
+        torch.tensor([9, *range(12, 20)], device=device),
+        [Segment(cache_a, 9, 1), Segment(cache_b, 12, 8)], torch.tensor([0, 8], device=device),
+    ).cpu()
     ref_a = hf(torch.tensor([a + [next_a]])).logits[0, -1]
     ref_b = hf(torch.tensor([b])).logits[0, -1]
     assert torch.allclose(logits[0], ref_a, atol=1e-4, rtol=0)
     assert torch.allclose(logits[1], ref_b, atol=1e-4, rtol=0)
 
 
-def test_bf16_matmuls_stay_close_to_fp32():
+def test_bf16_matmuls_stay_close_to_fp32(device):
     """`--cpu-matmul bf16` trades exactness for bytes: logits stay within bf16 rounding."""
     hf = tiny_llama(seed=3)
     prompt = list(range(1, 40))
-    exact = _prefill(_ours(hf), _ours(hf).new_cache(), prompt, 16)
-    fast_model = build_model(text_config(hf), DictWeights.from_hf(hf), matmul_dtype=torch.bfloat16)
+    exact = _prefill(_ours(hf, device), _ours(hf, device).new_cache(), prompt, 16)
+    fast_model = _ours(hf, device, torch.bfloat16)
     assert fast_model.layers[0].qkv.weight.dtype == torch.bfloat16
     fast = _prefill(fast_model, fast_model.new_cache(), prompt, 16)
     assert fast.dtype == torch.float32

@@ -17,24 +17,26 @@ LOGIT_BOUND = {"int8": 0.005, "fp8": 0.03, "nvfp4": 0.1, "k8v4": 0.1}
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(device):
     hf = tiny_llama(seed=5, num_attention_heads=2, num_key_value_heads=1)  # head_dim 32
-    return build_model(text_config(hf), DictWeights.from_hf(hf))
+    return build_model(text_config(hf), DictWeights.from_hf(hf), device)
 
 
 def _storage(model, kv_dtype="bf16", pages=64, page_tokens=8) -> KvStorage:
     layers, heads, dim = model.kv_layout()
     return KvStorage(PagePool(pages, page_tokens), layers, heads, dim,
-                     codecs_for(kv_dtype, model.dtype), model.dtype)
+                     codecs_for(kv_dtype, model.dtype), model.dtype, model.device)
 
 
 def _chunked(model, cache, tokens: list[int], chunk: int) -> torch.Tensor:
     """Logits of every position, prefilling `chunk` tokens per forward."""
-    rows = []
+    rows, on = [], model.device
     for start in range(0, len(tokens), chunk):
         ids = tokens[start:start + chunk]
-        rows.append(model.forward(torch.tensor(ids), torch.arange(start, start + len(ids)),
-                                  [Segment(cache, start, len(ids))], torch.arange(len(ids))))
+        rows.append(model.forward(torch.tensor(ids, device=on),
+                                  torch.arange(start, start + len(ids), device=on),
+                                  [Segment(cache, start, len(ids))],
+                                  torch.arange(len(ids), device=on)))
     return torch.cat(rows)
 
 
@@ -43,7 +45,7 @@ def _tokens(n: int, seed: int) -> list[int]:
 
 
 @torch.inference_mode()
-def test_paged_equals_contiguous_batched(model):
+def test_paged_equals_contiguous_batched(model, device):
     storage = _storage(model)
     prompts = [_tokens(n, seed) for n, seed in ((29, 1), (45, 2))]
     caches = [storage.new_cache() for _ in prompts]
@@ -56,13 +58,15 @@ def test_paged_equals_contiguous_batched(model):
                 ids = prompt[start:start + 16]
                 if ids:
                     out.append(model.forward(
-                        torch.tensor(ids), torch.arange(start, start + len(ids)),
-                        [Segment(cache, start, len(ids))], torch.arange(len(ids))))
+                        torch.tensor(ids, device=device),
+                        torch.arange(start, start + len(ids), device=device),
+                        [Segment(cache, start, len(ids))], torch.arange(len(ids), device=device)))
         # one batched forward continuing both, one token each
         positions = [len(p) for p in prompts]
-        out.append(model.forward(torch.tensor([7, 9]), torch.tensor(positions),
+        out.append(model.forward(torch.tensor([7, 9], device=device),
+                                 torch.tensor(positions, device=device),
                                  [Segment(c, pos, 1) for c, pos in zip(cache_set, positions)],
-                                 torch.arange(2)))
+                                 torch.arange(2, device=device)))
     assert any(b - a != 1 for a, b in zip(caches[0].pages, caches[0].pages[1:]))  # scattered
     for paged, plain in zip(*outs):
         torch.testing.assert_close(paged, plain, rtol=0, atol=1e-6)
@@ -78,24 +82,25 @@ def _hybrid_chunked(model, cache, tokens: list[int], chunk: int) -> torch.Tensor
     for start in range(0, len(tokens), chunk):
         views = [LayerKv(cache, layer, start) for layer in range(model.kv_layout()[0])]
         state = model.bind_state(views, recurrent, start)
-        rows.append(model.forward(torch.tensor(tokens[start:start + chunk]), state))
+        rows.append(model.forward(torch.tensor(tokens[start:start + chunk],
+                                               device=model.device), state))
     return torch.cat(rows)
 
 
 @pytest.fixture(scope="module")
-def hybrid():
+def hybrid(device):
     artifact = HybridArtifact("qwen3_5")
-    return artifact, build_model(artifact.config("text"), artifact)
+    return artifact, build_model(artifact.config("text"), artifact, device)
 
 
 @torch.inference_mode()
-def test_hybrid_paged_equals_contiguous_state(hybrid):
+def test_hybrid_paged_equals_contiguous_state(hybrid, device):
     artifact, model = hybrid
     tokens = _tokens(150, seed=4)
     paged = _hybrid_chunked(model, _storage(model).new_cache(), tokens, 64)
     state, rows = model.new_state(), []
     for start in range(0, 150, 64):
-        rows.append(model.forward(torch.tensor(tokens[start:start + 64]), state))
+        rows.append(model.forward(torch.tensor(tokens[start:start + 64], device=device), state))
     torch.testing.assert_close(paged, torch.cat(rows), rtol=0, atol=1e-5)
 
 

@@ -77,13 +77,13 @@ def hf_model(family: str, seed: int = 0):
     return model.eval()
 
 
-def ours(model) -> Qwen35Model:
-    """Our model over the HF model's weights mapped through hf_names."""
+def ours(model, device: torch.device | str = "cpu") -> Qwen35Model:
+    """Our model on `device` over the HF model's weights mapped through hf_names."""
     config = text_config_from_hf(model.config)
     tensors = logical_params_from_hf(model.state_dict(), config)
-    return Qwen35Model(config, dict_params(tensors))
+    return Qwen35Model(config, dict_params({k: t.to(device) for k, t in tensors.items()}))
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|."""
-    return ((a - b).abs().max() / b.abs().max()).item()
+    """max |a - b| / max |b|, on b's device (our model's output against a CPU reference)."""
+    return ((a.to(b.device) - b).abs().max() / b.abs().max()).item()

@@ -34,36 +34,42 @@ def _hf(q, k, v, g, beta):
     return out[0], state[0]
 
 
+def _ours(q, k, v, g, beta, device):
+    """Our rule's inputs on `device`: l2-normalised q, k repeated to the value heads."""
+    qn, kn = (l2_normalize(x.to(device)).repeat_interleave(NV // NK, 1) for x in (q, k))
+    return qn, kn, v.to(device), g.to(device), beta.to(device)
+
+
 @pytest.mark.parametrize("splits", [[64, 64, 72], [1, 63, 130, 6], [37, 1, 1, 161]])
-def test_chunked_over_several_calls_matches_hf_recurrent(splits):
+def test_chunked_over_several_calls_matches_hf_recurrent(splits, device):
     q, k, v, g, beta = _inputs(sum(splits))
     ref_out, ref_state = _hf(q, k, v, g, beta)
-    qn, kn = (l2_normalize(x).repeat_interleave(NV // NK, 1) for x in (q, k))
-    state, outs, start = torch.zeros(NV, DK, DV), [], 0
+    qn, kn, v, g, beta = _ours(q, k, v, g, beta, device)
+    state, outs, start = torch.zeros(NV, DK, DV, device=device), [], 0
     for n in splits:
         s = slice(start, start + n)
         rule = recurrent_gated_delta if n == 1 else chunked_gated_delta
         out, state = rule(qn[s], kn[s], v[s], g[s], beta[s], state)
         outs.append(out)
         start += n
-    torch.testing.assert_close(torch.cat(outs), ref_out, rtol=0, atol=1e-5)
-    torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.cat(outs).cpu(), ref_out, rtol=0, atol=1e-5)
+    torch.testing.assert_close(state.cpu(), ref_state, rtol=0, atol=1e-5)
 
 
-def test_recurrent_matches_hf_recurrent():
+def test_recurrent_matches_hf_recurrent(device):
     q, k, v, g, beta = _inputs(40, seed=1)
     ref_out, ref_state = _hf(q, k, v, g, beta)
-    qn, kn = (l2_normalize(x).repeat_interleave(NV // NK, 1) for x in (q, k))
-    out, state = recurrent_gated_delta(qn, kn, v, g, beta, torch.zeros(NV, DK, DV))
-    torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-6)
-    torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-6)
+    out, state = recurrent_gated_delta(*_ours(q, k, v, g, beta, device),
+                                       torch.zeros(NV, DK, DV, device=device))
+    torch.testing.assert_close(out.cpu(), ref_out, rtol=0, atol=1e-6)
+    torch.testing.assert_close(state.cpu(), ref_state, rtol=0, atol=1e-6)
 
 
-def test_chunked_stays_accurate_under_strong_decay():
+def test_chunked_stays_accurate_under_strong_decay(device):
     # in-chunk cumulative decays reach ~-3000 here; pairwise decays must not cancel them
     q, k, v, g, beta = _inputs(1000, seed=2, decay_scale=20.0)
     ref_out, ref_state = _hf(q, k, v, g, beta)
-    qn, kn = (l2_normalize(x).repeat_interleave(NV // NK, 1) for x in (q, k))
-    out, state = chunked_gated_delta(qn, kn, v, g, beta, torch.zeros(NV, DK, DV))
-    torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-6)
-    torch.testing.assert_close(state, ref_state, rtol=0, atol=1e-6)
+    out, state = chunked_gated_delta(*_ours(q, k, v, g, beta, device),
+                                     torch.zeros(NV, DK, DV, device=device))
+    torch.testing.assert_close(out.cpu(), ref_out, rtol=0, atol=1e-6)
+    torch.testing.assert_close(state.cpu(), ref_state, rtol=0, atol=1e-6)
