@@ -32,7 +32,9 @@ def _not_built(what: str) -> Callable[[EngineConfig, Machine], str]:
     return lambda c, m: f"{what} is not available yet"
 
 
-def _needs_cuda(what: str, then: str | None = None) -> Callable[[EngineConfig, Machine], str | None]:
+def _needs_cuda(
+    what: str, then: str | None = None
+) -> Callable[[EngineConfig, Machine], str | None]:
     def reason(c: EngineConfig, m: Machine) -> str | None:
         if m.cuda_devices == 0:
             return f"{what} needs a CUDA device; this machine has none"

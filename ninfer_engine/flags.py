@@ -232,7 +232,9 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Parsed
         i = 1
     while i < len(args):
         token = args[i]
-        name, inline = (token.split("=", 1) + [None])[:2] if token.startswith("--") else (token, None)
+        name, inline = token, None
+        if token.startswith("--") and "=" in token:
+            name, inline = token.split("=", 1)
         if name in ("-h", "--help"):
             raise UsageError(f"{name} is only accepted as the first argument")
         if name not in _FLAGS:

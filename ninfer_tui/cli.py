@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     except FeatureUnavailable as exc:
         return _fail(str(exc))
     if not config.artifact.is_file():
-        hint = " (run ./install.sh to prepare the default model)" if not argv or argv[0].startswith("-") else ""
+        defaulted = not argv or argv[0].startswith("-")
+        hint = " (run ./install.sh to prepare the default model)" if defaulted else ""
         return _fail(f"artifact not found: {config.artifact}{hint}")
     if not config.no_tui and all(s.isatty() for s in (sys.stdin, sys.stdout, sys.stderr)):
         from .console import run_console  # Textual is imported only for the console
