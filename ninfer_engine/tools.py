@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     hf.add_argument("--recipe", default="bf16", help="storage formats (default bf16)")
     hf.add_argument("--name", help="metadata.name (default: the directory name)")
     hf.add_argument("--skip-vision", action="store_true",
-                    help="drop a vision tower instead of refusing the checkpoint")
+                    help="drop the vision tower (and its preprocessor configs)")
     hf.set_defaults(run=_convert_hf)
 
     inspect = commands.add_parser("inspect", help="summarize an artifact")

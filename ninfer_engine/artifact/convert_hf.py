@@ -127,8 +127,8 @@ def _vision_config(hf_config: dict, tensors: dict) -> dict | None:
     if not tensors["top"] and not tensors["blocks"]:
         return None
     if not hf_config.get("vision_config"):
-        raise ArtifactError("the checkpoint has a vision tower but config.json has no vision_config; "
-                            "pass --skip-vision to convert text (and MTP) only")
+        raise ArtifactError("the checkpoint has a vision tower but config.json has no "
+                            "vision_config; pass --skip-vision to convert text (and MTP) only")
     return hf_names.vision_config_from_hf(hf_config)
 
 
@@ -138,12 +138,12 @@ def _vision(checkpoint, writer, config: dict, tensors: dict, choose, progress) -
     blocks = dict(tensors["blocks"])
     for b in range(config["depth"]):
         lazy = LazyTensors(checkpoint, blocks.pop(b, {}))
-        _write(writer, hf_names.vision_block_from_hf(lazy, config, b), choose, lazy, shapes)
+        _write(writer, hf_names.vision_block_from_hf(lazy, b), choose, lazy, shapes)
         progress(f"vision block {b}")
     if blocks:
         raise ArtifactError(f"tensors of vision blocks beyond {config['depth']}: {sorted(blocks)}")
     lazy = LazyTensors(checkpoint, tensors["top"])
-    _write(writer, hf_names.vision_globals_from_hf(lazy, config), choose, lazy, shapes)
+    _write(writer, hf_names.vision_globals_from_hf(lazy), choose, lazy, shapes)
     progress("vision embeddings and merger")
 
 

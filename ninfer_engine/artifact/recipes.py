@@ -8,6 +8,11 @@ stored as its own object (no fused parents), so every binding is a whole object.
 Recipes: ``fp32`` (exact, for tests), ``bf16``, ``fp8-row``, ``nvfp4`` (bf16 where the shape
 does not fit the 128×64 tiles), ``q8`` and the official grouped-int ``qwen3_6_27b``,
 ``qwen3_8_27b`` and ``qwen3_6_35b_a3b``.
+
+Vision matrices are projections like the text ones (FP8-row, NVFP4 where it fits, Q8), except the
+position table, which is interpolated rather than multiplied and stays bf16 where the text
+embedding does. The official recipes follow §4.3: vision q/k/v and block fc1 Q4, patch embedding
+Q6, merger Q8, the rest Q5.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ _FP32_ALWAYS = re.compile(r"gdn/(a_log|dt_bias)$")
 # 2-D tensors that no recipe quantizes: tap-major conv ([4, C]) and the routing scores
 _KEEP_BF16 = re.compile(r"(gdn/convolution|moe/router|moe/shared_score)$")
 _EMBEDDING = "text/token_embedding"
+_VISION_POSITIONS = "vision/position_embedding"
 _HEAD = "text/output_head"
 
 
@@ -36,8 +42,8 @@ def _base(name: str, shape: tuple[int, ...]) -> str | None:
 
 
 def _is_projection(name: str) -> bool:
-    """A 2-D matrix multiplied with activations (not the embedding lookup table)."""
-    return name != _EMBEDDING
+    """A 2-D matrix multiplied with activations (not an embedding or position table)."""
+    return name not in (_EMBEDDING, _VISION_POSITIONS)
 
 
 def fp32(name: str, shape: tuple[int, ...]) -> str:
@@ -69,10 +75,21 @@ def q8(name: str, shape: tuple[int, ...]) -> str:
 
 
 _Q4_27B = re.compile(r"/(attention|gdn)/(query|key)$|/mlp/(gate|up)$")
+_Q4_VISION = re.compile(r"^vision/layers/\d+/(attention/(query|key|value)|mlp/fc1)$")
+
+
+def _official_vision(name: str) -> str:
+    """§4.3's vision rule, shared by the official grouped-int recipes."""
+    if _Q4_VISION.match(name):
+        return "q4_g64_fp16"
+    if name == "vision/patch_embedding":
+        return "q6_g64_fp16"
+    return "q8_g32_fp16" if name.startswith("vision/merger/") else "q5_g64_fp16"
 
 
 def _qwen_27b(embedding: str, head: str) -> Recipe:
-    """§4.3 `qwen3_6_27b` / `qwen3_8_27b`: q,k and MLP gate,up Q4, the rest Q5; MTP Q8."""
+    """§4.3 `qwen3_6_27b` / `qwen3_8_27b`: q,k and MLP gate,up Q4, the rest Q5; MTP Q8;
+    vision by `_official_vision`."""
 
     def recipe(name: str, shape: tuple[int, ...]) -> str:
         fixed = _base(name, shape)
@@ -84,6 +101,8 @@ def _qwen_27b(embedding: str, head: str) -> Recipe:
             return head
         if name.startswith("mtp/"):
             return "q8_g32_fp16"
+        if name.startswith("vision/"):
+            return _official_vision(name)
         return "q4_g64_fp16" if _Q4_27B.search(name) else "q5_g64_fp16"
 
     return recipe
@@ -95,10 +114,13 @@ _Q6_DOWN_LAYERS = {34, 38, 39}
 
 
 def qwen3_6_35b_a3b(name: str, shape: tuple[int, ...]) -> str:
-    """§4.3: experts gate/up Q4, down Q5 (Q6 in layers 34/38/39); router and a/b bf16; rest Q8."""
+    """§4.3: experts gate/up Q4, down Q5 (Q6 in layers 34/38/39); router and a/b bf16; vision
+    by `_official_vision`; the rest Q8."""
     fixed = _base(name, shape)
     if fixed:
         return fixed
+    if name.startswith("vision/"):
+        return _official_vision(name)
     if name == _HEAD:
         return "q6_g64_fp16"
     if _AB.search(name) and not name.startswith("mtp/"):

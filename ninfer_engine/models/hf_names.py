@@ -357,7 +357,7 @@ def vision_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def vision_globals_from_hf(src: dict, config: dict) -> dict:
+def vision_globals_from_hf(src: dict) -> dict:
     """Patch and position embeddings and the merger, from `src` (names after `model.visual.`).
 
     The Conv3d patch kernel [H, 3, T, P, P] becomes the matrix [H, 3·T·P·P] (C, T, H, W order,
@@ -373,9 +373,9 @@ def vision_globals_from_hf(src: dict, config: dict) -> dict:
     return out
 
 
-def vision_block_from_hf(src: dict, config: dict, b: int) -> dict:
-    """Logical tensors of vision block `b`; HF's fused `attn.qkv` rows `[q | k | v]` (each
-    `hidden_size` wide, heads-major; equal thirds) are split into `attention/{query,key,value}` (+ `_bias`)."""
+def vision_block_from_hf(src: dict, b: int) -> dict:
+    """Logical tensors of vision block `b`; HF's fused `attn.qkv` rows `[q | k | v]` (equal
+    thirds, each heads-major) are split into `attention/{query,key,value}` (+ `_bias`)."""
     hf, ln = f"blocks.{b}.", f"vision/layers/{b}/attention/"
     out = {}
     for suffix, tail in (("weight", ""), ("bias", "_bias")):
