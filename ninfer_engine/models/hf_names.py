@@ -50,9 +50,9 @@ def text_config_from_hf(hf_config: Any) -> dict:
     if "text_config" in cfg:
         outer, cfg = cfg, dict(cfg["text_config"])
         cfg.setdefault("model_type", outer["model_type"] + "_text")
-        # multimodal checkpoints may carry the tie flag on the outer config only
+        # transformers ties a multimodal model by its outer flag; the text flag is the fallback
         cfg["tie_word_embeddings"] = bool(
-            outer.get("tie_word_embeddings") or cfg.get("tie_word_embeddings")
+            outer.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
         )
     if cfg["model_type"] not in _ARCH:
         raise ValueError(f"unsupported model_type {cfg['model_type']!r}")

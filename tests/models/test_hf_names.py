@@ -99,3 +99,12 @@ def test_interleaved_mrope_matches_hf_rotary():
     cos, sin = rope.cos_sin(positions[:, 0], torch.float32)
     torch.testing.assert_close(cos, ref_cos[0], rtol=0, atol=1e-6)
     torch.testing.assert_close(sin, ref_sin[0], rtol=0, atol=1e-6)
+
+
+def test_multimodal_tie_flag_follows_the_outer_config():
+    text = {k: v for k, v in hf_config("qwen3_5").to_dict().items() if k != "model_type"}
+    for outer, inner, tied in ((False, True, False), (True, False, True), (None, True, True)):
+        wrapper = {"model_type": "qwen3_5", "text_config": {**text, "tie_word_embeddings": inner}}
+        if outer is not None:
+            wrapper["tie_word_embeddings"] = outer
+        assert text_config_from_hf(wrapper)["tie_word_embeddings"] is tied
