@@ -1,0 +1,88 @@
+"""Regenerate README's "Measured speeds" table from the committed result files.
+
+    python bench/readme_table.py          # rewrites the table between the README markers
+    python bench/readme_table.py --check  # exit 1 when README is out of date (used by a test)
+
+Only numbers present in `bench/results/*.json` reach the table; a missing file drops its rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- speeds:begin -->", "<!-- speeds:end -->"
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _cpu_rows() -> list[str]:
+    rows = []
+    r = _load("cpu-default-model.json")
+    if r:
+        o, b, p = r["ninfer"], r["ninfer_bf16"], r["peer"]
+        rows.append(f"| default model, 2-core CPU, decode tok/s ({o['prompt_tokens']}-token prompt, "
+                    f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (fp32), "
+                    f"{b['decode_tok_s']:.1f} (`--cpu-matmul bf16`) | llama.cpp "
+                    f"{p['decode_tok_s']:.1f} | {r['ratio_decode']:.2f} / "
+                    f"{r['ratio_decode_bf16']:.2f} |")
+        rows.append(f"| default model, 2-core CPU, time to first token | "
+                    f"{o['ttft_s'] * 1000:.0f} ms (fp32) | llama.cpp {p['ttft_s'] * 1000:.0f} ms | "
+                    f"{r['ratio_ttft']:.2f} |")
+    c = _load("cpu-concurrency.json")
+    if c:
+        top = max(c["levels"], key=lambda level: level["concurrency"])
+        rows.append(f"| default model, 2-core CPU, aggregate decode at concurrency "
+                    f"{top['concurrency']} vs serial | {top['aggregate_decode_tok_s']:.1f} tok/s | "
+                    f"serial {c['serial']['decode_tok_s']:.1f} | "
+                    f"{top['ratio_to_serial_decode']:.2f} |")
+    z = _load("cpu-0.8b.json")
+    if z:
+        rows.append(f"| synthetic Qwen3.5-0.8B shape, CPU decode ({z['ninfer']['dtype']}) | "
+                    f"{z['ninfer']['decode_tok_s']:.1f} tok/s | — | — |")
+    return rows
+
+
+def _gpu_rows() -> list[str]:
+    d = _load("h200-decode.json")
+    if not d:
+        return []
+    rows = []
+    for row in d["rows"]:
+        if not (row["path"].startswith("kernels") and row["path"].endswith("cuda-graph")):
+            continue
+        share = 100 * row["tok_s"] / row["roofline_tok_s"]
+        rows.append(f"| H200, {row['model']} shape, {row['weights']} weights, batch 1, "
+                    f"{row['ctx'] // 1024}K context, Triton kernels + CUDA graph | "
+                    f"{row['tok_s']:.1f} tok/s | roofline {row['roofline_tok_s']:.0f} | "
+                    f"{share:.0f} % |")
+    return rows
+
+
+def table() -> str:
+    head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
+    return head + "\n".join(_cpu_rows() + _gpu_rows()) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    text = README.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    updated = text[:start] + "\n" + table() + text[end:]
+    if args.check:
+        return 0 if updated == text else 1
+    README.write_text(updated)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
