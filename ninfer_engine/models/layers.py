@@ -10,6 +10,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+NARROW_MAX_ROWS = 16  # a decode batch; longer inputs are prefill chunks
+
+
 class Linear:
     """`y = x Wᵀ` with the weight stored in the layout that is faster on the device.
 
@@ -20,19 +23,18 @@ class Linear:
 
     def __init__(self, weight: torch.Tensor, compute_dtype: torch.dtype | None = None) -> None:
         out_features, in_features = weight.shape
-        # A narrower compute dtype halves the bytes a memory-bound GEMV streams (bf16 on the
-        # CPU: 2.5x faster than fp32 for SmolLM2's matrices); inputs are cast, outputs cast back.
-        self.compute_dtype = compute_dtype if compute_dtype != weight.dtype else None
-        if self.compute_dtype is not None:
-            self.k_major = False
-            self.weight = weight.to(self.compute_dtype).contiguous()
-            return
         self.k_major = weight.device.type == "cpu" and out_features >= in_features
         self.weight = weight.t().contiguous() if self.k_major else weight.contiguous()
+        # A narrower copy for few-row (decode) calls halves the bytes a memory-bound GEMV
+        # streams (bf16 on the CPU: 2.5x faster than fp32 for SmolLM2's matrices); many-row
+        # (prefill) calls keep the full-precision weight, where AVX2 bf16 GEMM is slower.
+        self.narrow = None
+        if compute_dtype is not None and compute_dtype != weight.dtype:
+            self.narrow = weight.to(compute_dtype).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.compute_dtype is not None:
-            return F.linear(x.to(self.compute_dtype), self.weight).to(x.dtype)
+        if self.narrow is not None and x.shape[0] <= NARROW_MAX_ROWS:
+            return F.linear(x.to(self.narrow.dtype), self.narrow).to(x.dtype)
         return torch.matmul(x, self.weight) if self.k_major else F.linear(x, self.weight)
 
 
