@@ -6,9 +6,9 @@ Builds the 27B-shape dense stack (64 layers, 48 GDN + 16 gated attention, H 5120
 device memory, fills the per-sequence state to 4K and 32K tokens with random KV and GDN state,
 and times one decode step of:
 * `Qwen35Model`, the torch reference path, eager and as a replayed CUDA graph;
-* `KernelDecoder` (decode_stack.py), the same weights on the ninfer kernels with static paged
-  KV, eager and as a CUDA graph replayed as real greedy decode; bf16 cuBLAS matmuls, and fp8-row
-  weights through the dequant GEMV.
+* `KernelDecoder` (ninfer_engine/benchmark/decode.py), the same weights on the ninfer kernels
+  with static paged KV, eager and as a CUDA graph replayed as real greedy decode; bf16 cuBLAS
+  matmuls, and fp8-row weights through the dequant GEMV.
 Each step is checked against the reference model's logits. The roofline is perf-anchors §6:
 (weights read + 2 × GDN state + KV at that context) / the copy bandwidth measured here.
 With --moe the same for the 35B-A3B-shape stack (40 layers, 256 experts, top-8), whose reference
@@ -33,9 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from decode_stack import KernelDecoder, RandomParams  # noqa: E402
+from decode_stack import RandomParams  # noqa: E402
 from gpu_kernels import copy_bandwidth  # noqa: E402
 
+from ninfer_engine.benchmark.decode import KernelDecoder  # noqa: E402
 from ninfer_engine.models.gdn import GDNState  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The ``ninfer`` command: artifact conversion and inspection.
+"""The ``ninfer`` command: artifact conversion and inspection, and the GPU decode benchmark.
 
 Every ArtifactError (and OS error) becomes one line ``ninfer: error: <msg>`` and exit 1.
 """
@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from .artifact.container import Artifact, open_artifact
 from .artifact.directory import TensorObject
 from .artifact.errors import ArtifactError
+
+BENCH_ARCHS = ("27b", "35b-a3b", "0.8b", "tiny-dense", "tiny-moe")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,20 +64,54 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     synth.add_argument("--name", help="metadata.name (default synth-ARCH)")
     synth.set_defaults(run=_synth)
-    _later(commands, "bench", "benchmark an artifact", "bench")
+
+    bench = commands.add_parser(
+        "bench", help="batch-1 decode tok/s of a random-weight model on the GPU vs its roofline")
+    bench.add_argument("--arch", required=True, choices=BENCH_ARCHS)
+    bench.add_argument("--layers", type=int, help="keep only the first N layers")
+    bench.add_argument("--context", type=_contexts, default=[1024, 8192, 32768],
+                       help="comma-separated context lengths (default 1024,8192,32768)")
+    bench.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
+                       help="dense weights bf16, or fp8 rows (dense archs only)")
+    bench.add_argument("--out", metavar="FILE.json", help="also write the result as JSON")
+    bench.set_defaults(run=_bench)
     return parser
-
-
-def _later(commands: argparse._SubParsersAction, name: str, help_text: str, label: str) -> None:
-    """A subcommand that is planned but not implemented: it says so and fails."""
-    sub = commands.add_parser(name, help=f"{help_text} (not available yet)", add_help=False)
-    sub.add_argument("rest", nargs=argparse.REMAINDER)
-    sub.set_defaults(run=lambda _args: _fail(f"`ninfer {label}` is not available yet"))
 
 
 def _fail(message: str) -> int:
     print(f"ninfer: error: {message}", file=sys.stderr)
     return 1
+
+
+def _contexts(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected positive integers, e.g. 1024,8192")
+    return values
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import torch  # torch only here: the other subcommands stay light
+
+    from .artifact.synth import synth_config
+
+    if not torch.cuda.is_available():
+        return _fail("ninfer bench needs a CUDA device")
+    config = synth_config(args.arch, args.layers)  # bad --layers fails before any GPU work
+    if args.dtype == "fp8" and "num_experts" in config:
+        return _fail("--dtype fp8 is for dense archs: the routed-expert kernel runs bf16 only")
+    from .benchmark.run import markdown, run_decode_bench
+
+    command = (f"ninfer bench --arch {args.arch}"
+               + (f" --layers {args.layers}" if args.layers else "")
+               + f" --context {','.join(map(str, args.context))} --dtype {args.dtype}"
+               + (f" --out {args.out}" if args.out else ""))
+    result = run_decode_bench(args.arch, args.context, args.dtype, args.layers, command)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    print(markdown(result), end="")
+    return 0
 
 
 def _convert_gguf(args: argparse.Namespace) -> int:

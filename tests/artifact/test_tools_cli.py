@@ -71,6 +71,17 @@ def test_convert_of_a_missing_gguf_fails_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("ninfer: error: ") and "absent.gguf" in err[0]
 
 
-def test_planned_subcommands_say_not_available(capsys):
-    assert main(["bench", "x.ninfer"]) == 1
-    assert "not available yet" in capsys.readouterr().err
+def test_bench_without_cuda_fails_in_one_line(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a GPU machine
+    assert main(["bench", "--arch", "tiny-dense", "--context", "64"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == ["ninfer: error: ninfer bench needs a CUDA device"]
+
+
+def test_bench_rejects_unknown_arch(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--arch", "70b"])
+    assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err

@@ -1,0 +1,45 @@
+"""CUDA timing helpers: event-timed loops, CUDA-graph capture, and the device copy bandwidth."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def time_ms(fn: Callable[[], object], n: int) -> float:
+    """Mean milliseconds of `fn` over `n` calls after one warm-up call, by CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """`fn` captured in a CUDA graph, after two warm-up calls on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def copy_bandwidth_gbps() -> float:
+    """Bytes read + written per second (GB/s) by a 2 GiB device-to-device bf16 copy."""
+    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), 20)
+    gbps = 2 * src.numel() * src.element_size() / ms / 1e6
+    del src, dst
+    torch.cuda.empty_cache()
+    return gbps
