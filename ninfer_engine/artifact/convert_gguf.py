@@ -7,6 +7,7 @@ llama.cpp's interleaved-RoPE order to HF order, and matrices are re-encoded as `
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -43,10 +44,13 @@ def convert_gguf(
     *,
     name: str | None = None,
     progress: Progress | None = None,
+    sampling: dict[str, float] | None = None,
 ) -> Path:
     """Convert a llama-architecture GGUF file to ``dst``; returns ``dst``.
 
     ``progress(done, total, what)`` is called after each tensor (and once per resource step).
+    ``sampling`` (e.g. the model card's recommended temperature and top-p) goes into the
+    artifact's ``generation_config.json``, the server's model preset; GGUF files carry none.
     """
     import gguf  # imported here so that reading artifacts does not need the package
 
@@ -58,12 +62,14 @@ def convert_gguf(
             f"cannot read GGUF: {getattr(error, 'strerror', None) or error}", src
         ) from None
     try:
-        return _convert(gguf, reader, src, Path(dst), name, progress or (lambda *_: None))
+        return _convert(gguf, reader, src, Path(dst), name, progress or (lambda *_: None),
+                        sampling or {})
     except ArtifactError as error:
         raise error.at(src) from None
 
 
-def _convert(gguf, reader, src: Path, dst: Path, name: str | None, progress: Progress) -> Path:
+def _convert(gguf, reader, src: Path, dst: Path, name: str | None, progress: Progress,
+             sampling: dict[str, float]) -> Path:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ArtifactError(f'unsupported GGUF architecture "{arch}" (only llama)')
@@ -78,6 +84,8 @@ def _convert(gguf, reader, src: Path, dst: Path, name: str | None, progress: Pro
     total = len(plan) + 1
     with ArtifactWriter(dst, metadata=metadata, components={"text": {"config": config}}) as writer:
         for role, data in resources(vocab).items():
+            if role == "generation_config.json" and sampling:
+                data = json.dumps({**json.loads(data), **sampling}, indent=2).encode()
             writer.add_resource(role, data)
         progress(1, total, "tokenizer and resources")
         for step, (gguf_name, binding, heads) in enumerate(plan, start=2):

@@ -152,3 +152,22 @@ def test_name_override(tiny, tmp_path):
     )
     with open_artifact(tmp_path / "n.ninfer") as artifact:
         assert artifact.name == "my-model"
+
+
+def test_sampling_preset_reaches_generation_config(tiny, tmp_path):
+    src = tiny[0].parent / "Tiny-Chat.Q8_0.gguf"
+    out = tmp_path / "s.ninfer"
+    assert main(["convert", "gguf", str(src), "-o", str(out),
+                 "--sampling", "temperature=0.2,top_p=0.9,top_k=40"]) == 0
+    with open_artifact(out) as artifact:
+        config = json.loads(artifact.resource("generation_config.json"))
+    assert (config["temperature"], config["top_p"], config["top_k"]) == (0.2, 0.9, 40)
+    assert config["eos_token_id"] == [2]
+
+
+def test_sampling_preset_rejects_unknown_keys(tiny, tmp_path, capsys):
+    src = tiny[0].parent / "Tiny-Chat.Q8_0.gguf"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert", "gguf", str(src), "-o", str(tmp_path / "x.ninfer"), "--sampling", "heat=1"])
+    assert exit_info.value.code != 0
+    assert "unknown sampling key 'heat'" in capsys.readouterr().err
