@@ -37,6 +37,7 @@ from decode_stack import RandomParams  # noqa: E402
 from gpu_kernels import copy_bandwidth  # noqa: E402
 
 from ninfer_engine.benchmark.decode import KernelDecoder  # noqa: E402
+from ninfer_engine.benchmark.timing import time_ms  # noqa: E402
 from ninfer_engine.models.gdn import GDNState  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
 
@@ -90,18 +91,6 @@ def state_bytes(model, ctx):
         else:
             n += 2 * ctx * m.nkv * m.d * 2
     return n
-
-
-def time_ms(fn, n):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
 
 
 def graph_of(fn, warm=None):
