@@ -1,3 +1,4 @@
+"""Fixtures for the whole suite: the device under test and one torch thread per test."""
 import os
 
 import pytest
@@ -9,3 +10,13 @@ def device() -> torch.device:
     """The device the engine and model tests run our model on: `NINFER_TEST_DEVICE` (default
     cpu, e.g. `cuda` or `cuda:1`); transformers references stay on the CPU."""
     return torch.device(os.environ.get("NINFER_TEST_DEVICE", "cpu"))
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core box OpenMP barriers
+    waiting for descheduled workers make them tens of times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
