@@ -120,19 +120,17 @@ class _Reply:
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         generation = self.generation
-        event: TokenEvent | None = await generation.admit()
+        first = await generation.admit()
         response = await sse.open_stream(request)
         keepalive_s = request.app[KEEPALIVE_S]
         try:
-            await response.write(self._message_start(event))
-            while True:
+            await response.write(self._message_start(first))
+            async for event in generation.follow(first, keepalive_s):
                 if event is None:
                     await response.write(sse.KEEPALIVE)
-                else:
-                    await self._write_deltas(response, generation.splitter.feed(event.text))
-                    if event.finish is not None:
-                        break
-                event = await generation.next(keepalive_s)
+                    continue
+                await self._write_deltas(response, generation.splitter.feed(event.text))
+            event = generation.last
             final = generation.splitter.flush()
             await self._write_deltas(response, final)
             calls = [] if is_failure(event) else [_tool_use(d) for d in final

@@ -53,6 +53,7 @@ class Generation:
         self.first_output_at: float | None = None
         self._timings: Timings | None = None  # the latest the engine sent (running, then final)
         self._pending: asyncio.Task[TokenEvent] | None = None
+        self.last: TokenEvent | None = None  # the finishing event, once `follow` reached it
         try:
             self._events: AsyncIterator[TokenEvent] = engine.submit(prepared.generation).__aiter__()
         except Exception:
@@ -89,6 +90,18 @@ class Generation:
         if is_failure(event) and not event.text:
             raise self.conclude(event) or internal_error()
         return event
+
+    async def follow(self, first: TokenEvent, keepalive_s: float
+                     ) -> AsyncIterator[TokenEvent | None]:
+        """Yield `first` and every later event up to the finishing one (kept as `self.last`),
+        and None whenever `keepalive_s` passes without one (time for an SSE keep-alive)."""
+        event: TokenEvent | None = first
+        while True:
+            yield event
+            if event is not None and event.finish is not None:
+                self.last = event
+                return
+            event = await self.next(keepalive_s)
 
     async def collect(self) -> tuple[list[OutputDelta], TokenEvent]:
         """Run a non-streaming generation to its end: every split output delta and the final

@@ -114,21 +114,19 @@ class _Reply:
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         generation = self.generation
-        event: TokenEvent | None = await generation.admit()
+        first = await generation.admit()
         response = await sse.open_stream(request)
         keepalive_s = request.app[KEEPALIVE_S]
         try:
             await response.write(self._delta({"role": "assistant", "content": ""}))
-            while True:
+            async for event in generation.follow(first, keepalive_s):
                 if event is None:
                     await response.write(sse.KEEPALIVE)
-                else:
-                    if event.progress is not None and self.options.return_progress:
-                        await response.write(self._progress(event.progress))
-                    await self._write_deltas(response, generation.splitter.feed(event.text))
-                    if event.finish is not None:
-                        break
-                event = await generation.next(keepalive_s)
+                    continue
+                if event.progress is not None and self.options.return_progress:
+                    await response.write(self._progress(event.progress))
+                await self._write_deltas(response, generation.splitter.feed(event.text))
+            event = generation.last
             final = generation.splitter.flush()
             await self._write_deltas(response, final)
             calls = [] if is_failure(event) else _tool_calls(final)

@@ -192,7 +192,7 @@ class _Reply:
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         generation = self.generation
-        event: TokenEvent | None = await generation.admit()
+        first = await generation.admit()
         response = await sse.open_stream(request)
         numbers = itertools.count()
 
@@ -205,16 +205,13 @@ class _Reply:
             started = self._object("in_progress", None)
             await write({"type": "response.created", "response": started})
             await write({"type": "response.in_progress", "response": started})
-            while True:
+            async for event in generation.follow(first, keepalive_s):
                 if event is None:
                     await response.write(sse.KEEPALIVE)
-                else:
-                    await _write_all(write, self.builder.feed(generation.splitter.feed(event.text)))
-                    if event.finish is not None:
-                        break
-                event = await generation.next(keepalive_s)
+                    continue
+                await _write_all(write, self.builder.feed(generation.splitter.feed(event.text)))
             await _write_all(write, self.builder.feed(generation.splitter.flush()))
-            await self._write_end(write, event)
+            await self._write_end(write, generation.last)
         except ConnectionResetError:
             generation.disconnected()
         except Exception:
