@@ -33,7 +33,8 @@ from .responses_items import Conversation, item_id, output_message
 from .responses_pages import check_query, input_items_page
 from .responses_request import ResponsesRequest, check_model, parse_create
 from .responses_store import ResponseStore, StoredResponse, json_size
-from .responses_stream import Event, OutputBuilder, responses_usage
+from .responses_stream import Event, OutputBuilder
+from .usage import responses_usage
 from .validate import parse_json_object
 
 PROTOCOL = "openai-responses"

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ninfer_engine.types import Usage
-
 from .output import OutputDelta, ParsedToolCall
 from .responses_items import function_call_item, item_id, message_item, reasoning_item
 
@@ -22,17 +20,6 @@ _TEXT_ITEMS = {
     "reasoning": ("reasoning", "reasoning_text", "response.reasoning_text", "rs_"),
     "content": ("message", "output_text", "response.output_text", "msg_"),
 }
-
-
-def responses_usage(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
-    """Responses `usage`; `output_tokens` includes the reasoning tokens."""
-    return {
-        "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
-        "total_tokens": usage.total_tokens,
-    }
 
 
 class OutputBuilder:

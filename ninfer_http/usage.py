@@ -17,6 +17,17 @@ def openai_chat_usage(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]
     }
 
 
+def responses_usage(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
+    """Responses `usage`; `output_tokens` includes the reasoning tokens."""
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
+
+
 def anthropic_usage(usage: Usage, thinking_tokens: int = 0) -> dict[str, Any]:
     """Messages `usage`: `input_tokens` is the uncached part of the prompt."""
     return {
