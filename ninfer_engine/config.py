@@ -84,6 +84,7 @@ class EngineConfig:
     # ours
     no_tui: bool = False
     cpu_matmul: str = "fp32"  # "bf16": projections in bf16 on the CPU (faster, not bit-exact)
+    cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_sync: str = "spin"
 
     @property

@@ -17,6 +17,7 @@ import torch
 
 from .chat import ChatTemplate
 from .config import PAGE_TOKENS, EngineConfig
+from .decode_graphs import build_decode_graphs
 from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for
 from .models import build_model
 from .runner import make_runner
@@ -35,6 +36,7 @@ UNAVAILABLE = "service_unavailable"
 
 
 MATMUL_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+CUDA_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 class EngineLoadError(RuntimeError):
@@ -82,10 +84,15 @@ class Engine:
             self.chat_template = ChatTemplate.from_artifact(
                 artifact, config.chat_template, self.tokenizer.bos_token, self.tokenizer.eos_token)
             device = serving_device(config)
-            # `--cpu-matmul` narrows the CPU projections only; CUDA stays fp32 for now
-            matmul = MATMUL_DTYPES[config.cpu_matmul] if device.type == "cpu" else None
-            self.model = build_model(text_config, artifact, device, matmul_dtype=matmul)
+            if device.type == "cpu":  # fp32 activations; `--cpu-matmul` narrows projections
+                dtype, matmul = torch.float32, MATMUL_DTYPES[config.cpu_matmul]
+            else:
+                dtype, matmul = CUDA_DTYPES[config.cuda_dtype], None
+            self.model = build_model(text_config, artifact, device, dtype, matmul)
             self.memory = build_memory(config, self.model)
+            graphs = build_decode_graphs(self.model, self.memory.storage, config.kv_dtype,
+                                         config.max_concurrency, config.max_context,
+                                         not config.no_cuda_graph)
         except Exception as exc:
             message = str(exc)
             if str(config.artifact) not in message:  # artifact errors already name the file
@@ -98,7 +105,7 @@ class Engine:
         self.sampling_defaults = sampling_defaults(artifact, config, thinking=False)
         self.thinking_sampling_defaults = sampling_defaults(artifact, config, thinking=True)
         self._eos = frozenset(self.tokenizer.eos_token_ids)
-        self.runner = make_runner(self.model)
+        self.runner = make_runner(self.model, graphs)
         self.scheduler = Scheduler(config.max_concurrency, config.prefill_chunk,
                                    config.pending_timeout_ms / 1000, self._admit)
         self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)

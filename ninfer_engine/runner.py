@@ -1,6 +1,7 @@
 """The runners: turn a scheduled `Batch` into model forwards and return the sampled rows' logits.
 
-`Runner` (llama family) packs every sequence into one flat forward over the paged KV pool.
+`Runner` (llama family) packs every sequence into one flat forward over the paged KV pool;
+pure-decode steps go through `DecodeGraphs` (static buffers, CUDA graphs) when it is built.
 `HybridRunner` (Qwen3.5 family) runs each sequence's tokens through its own forward: the
 attention layers read and write the paged pool, the GDN layers continue the sequence's
 recurrent-state slot.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .decode_graphs import DecodeGraphs
 from .kv import LayerKv
 from .models import LlamaModel, Qwen35Model, Segment
 from .scheduler import Batch, Sequence
@@ -26,12 +28,15 @@ def _work(batch: Batch) -> list[tuple[Sequence, list[int]]]:
 class Runner:
     """Owns the llama-family model; builds the flat token batch."""
 
-    def __init__(self, model: LlamaModel) -> None:
+    def __init__(self, model: LlamaModel, graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.device = model.device
+        self.graphs = graphs
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.sampled), V]; advances each sequence's `cached` count."""
+        if batch.prefill is None and self.graphs is not None and self.graphs.accepts(batch.decode):
+            return self.graphs.forward(batch.decode)
         tokens: list[int] = []
         positions: list[int] = []
         segments: list[Segment] = []
@@ -80,5 +85,6 @@ class HybridRunner:
         return torch.stack(rows)
 
 
-def make_runner(model: LlamaModel | Qwen35Model) -> Runner | HybridRunner:
-    return HybridRunner(model) if isinstance(model, Qwen35Model) else Runner(model)
+def make_runner(model: LlamaModel | Qwen35Model,
+                graphs: DecodeGraphs | None = None) -> Runner | HybridRunner:
+    return HybridRunner(model) if isinstance(model, Qwen35Model) else Runner(model, graphs)

@@ -89,7 +89,8 @@ class PagedKvCache:
     def release(self) -> None:
         self.storage.allocator.release(self)
 
-    def _table(self) -> torch.Tensor:
+    def table_tensor(self) -> torch.Tensor:
+        """The page table as a device tensor of page ids (rebuilt when the lease grows)."""
         pages = self.pages
         # tables only grow, so the length tells whether the cached tensor is current
         if self._table_tensor.numel() != len(pages):
@@ -100,7 +101,7 @@ class PagedKvCache:
         """Store k, v [T, heads, dim] at positions start .. start+T-1."""
         s, n = self.storage, k.shape[0]
         positions = torch.arange(start, start + n, device=s.device)
-        pages = self._table()[positions // s.page_tokens]
+        pages = self.table_tensor()[positions // s.page_tokens]
         slots = pages * s.page_tokens + positions % s.page_tokens
         s.k_codec.write(s.k[layer], slots, k)
         s.v_codec.write(s.v[layer], slots, v)
@@ -108,7 +109,7 @@ class PagedKvCache:
     def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of positions 0 .. end-1 as [end, heads, dim] in the activation dtype."""
         s = self.storage
-        pages = self._table()[: pages_for(end, s.page_tokens)]
+        pages = self.table_tensor()[: pages_for(end, s.page_tokens)]
         k = s.k_codec.read(s.k[layer], pages, s.page_tokens, s.dtype)[:end]
         v = s.v_codec.read(s.v[layer], pages, s.page_tokens, s.dtype)[:end]
         return k, v

@@ -66,6 +66,7 @@ class RotaryEmbedding:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D] rotated by split-half RoPE: (x1·c − x2·s, x2·c + x1·s)."""
+    """x [T, heads, D] rotated by split-half RoPE: (x1·c − x2·s, x2·c + x1·s), in fp32 tables,
+    returned in x's dtype."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)

@@ -165,4 +165,4 @@ class LlamaModel:
             gate, up = layer.gate_up(rms_norm(x, layer.post_attention_norm, eps)).chunk(2, dim=-1)
             x.add_(layer.down(torch.nn.functional.silu(gate).mul_(up)))
         x = rms_norm(x[logit_rows], self.final_norm, eps)
-        return self.head(x)
+        return self.head(x).float()  # the samplers work on fp32 logits

@@ -24,17 +24,13 @@ pytestmark = [
 ]
 
 
-def test_greedy_chat_matches_transformers():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from ninfer_engine.artifact import open_artifact
+def _engine_greedy(config: EngineConfig, artifact) -> tuple[list[int], list[int], object]:
+    """(prompt ids, greedy output ids, engine) for the France question through the engine."""
     from ninfer_engine.engine import Engine
 
-    artifact = open_artifact(MODEL)
-    engine = Engine(EngineConfig(artifact=MODEL), artifact)
+    engine = Engine(config, artifact)
     prompt = engine.tokenizer.encode(engine.chat_template.render(
         [{"role": "user", "content": "What is the capital of France?"}]))
-
     engine.start()
 
     async def run():
@@ -49,6 +45,11 @@ def test_greedy_chat_matches_transformers():
     ours = [i for e in events for i in e.token_ids]
     streamed = "".join(e.text for e in events)
     assert streamed == engine.tokenizer.decode(ours, skip_special_tokens=True)
+    return prompt, ours, engine
+
+
+def _hf_greedy(artifact, prompt: list[int], eos: list[int]) -> list[int]:
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = artifact.config("text")
     hf = LlamaForCausalLM._from_config(LlamaConfig(**cfg), attn_implementation="eager",
@@ -63,6 +64,29 @@ def test_greedy_chat_matches_transformers():
     with torch.inference_mode():
         for _ in range(STEPS):
             ids.append(int(hf.eval()(torch.tensor([ids])).logits[0, -1].argmax()))
-            if ids[-1] in engine.tokenizer.eos_token_ids:
+            if ids[-1] in eos:
                 break
-    assert ours == ids[len(prompt):]
+    return ids[len(prompt):]
+
+
+def test_greedy_chat_matches_transformers():
+    """The exact path: fp32 on the CPU, and `--cuda-dtype fp32` when CUDA serves."""
+    from ninfer_engine.artifact import open_artifact
+
+    artifact = open_artifact(MODEL)
+    prompt, ours, engine = _engine_greedy(EngineConfig(artifact=MODEL, cuda_dtype="fp32"),
+                                          artifact)
+    assert ours == _hf_greedy(artifact, prompt, engine.tokenizer.eos_token_ids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the bf16 + CUDA-graph path needs CUDA")
+def test_cuda_bf16_graph_decode_answers_like_the_reference():
+    """The serving path on CUDA (bf16, Triton kernels, CUDA graphs) against the fp32 reference:
+    the answer's first sentence (high-margin tokens) is the same."""
+    from ninfer_engine.artifact import open_artifact
+
+    artifact = open_artifact(MODEL)
+    prompt, ours, engine = _engine_greedy(EngineConfig(artifact=MODEL), artifact)
+    assert engine.runner.graphs is not None and engine.runner.graphs._graphs
+    reference = _hf_greedy(artifact, prompt, engine.tokenizer.eos_token_ids)
+    assert ours[:8] == reference[:8], engine.tokenizer.decode(ours)

@@ -1,0 +1,216 @@
+"""The engine's llama-family decode step on one GPU: eager vs static buffers + CUDA graphs.
+
+    python3 bench/gpu_llama_decode.py [--out bench/results/h200-llama-decode.json] [--peer]
+
+For each model shape (random bf16 weights drawn on the GPU) and batch size, B sequences hold
+`--context` tokens of random KV in the engine's paged pool; one decode step is timed through
+* the eager runner path (`LlamaModel.forward` over one-token segments: what the engine ran
+  before, and still runs for mixed prefill+decode steps), and
+* `DecodeGraphs` (decode_graphs.py): the step the engine now serves pure-decode batches with,
+  host-side input loading included, replayed from its captured graph.
+The roofline is (weights + every row's KV at that context) / the copy bandwidth measured in the
+same run. With --peer, `transformers`' `LlamaForCausalLM` / `Qwen3ForCausalLM` of the same
+shape (bf16, SDPA, its dynamic cache) decodes batch 1 at the same context as the peer.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, time_ms  # noqa: E402
+from ninfer_engine.decode_graphs import DecodeGraphs, StaticDecoder  # noqa: E402
+from ninfer_engine.kv import KvStorage, PagePool, codecs_for  # noqa: E402
+from ninfer_engine.models import LlamaConfig, LlamaModel, Segment  # noqa: E402
+
+# HF config fields of public models (their config.json), weights random
+SHAPES = {
+    "smollm2-135m": dict(architectures=["LlamaForCausalLM"], vocab_size=49152, hidden_size=576,
+                         intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, rms_norm_eps=1e-5, rope_theta=100000.0,
+                         max_position_embeddings=8192, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(architectures=["LlamaForCausalLM"], vocab_size=128256,
+                         hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                         rms_norm_eps=1e-5, rope_theta=500000.0,
+                         max_position_embeddings=131072, tie_word_embeddings=True),
+    "qwen3-8b": dict(architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096,
+                     intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, max_position_embeddings=40960,
+                     tie_word_embeddings=False),
+}
+STEPS = 50
+
+
+class RandomWeights:
+    """A `WeightSource` drawing every tensor on the GPU (norms near 1, matrices ~N(0, 0.02))."""
+
+    def __init__(self, qk_norm: bool) -> None:
+        self.qk_norm = qk_norm
+
+    def parameter(self, name, shape, dtype=torch.bfloat16):
+        t = torch.empty(shape, device="cuda", dtype=dtype)
+        return t.fill_(1.0) if len(shape) == 1 else t.normal_(std=0.02)
+
+    def has_parameter(self, name):  # the model asks only about the optional Q/K norms
+        return self.qk_norm
+
+
+def _sequences(model, storage, batch, context):
+    seqs = []
+    for b in range(batch):
+        cache = storage.new_cache()
+        assert cache.reserve(context + STEPS + 8)
+        seqs.append(SimpleNamespace(cache=cache, cached=context, output=[17 + b]))
+    for layer in (*storage.k, *storage.v):
+        layer[0].normal_()
+    return seqs
+
+
+def _eager(model, seqs):
+    on = model.device
+    model.forward(torch.tensor([s.output[-1] for s in seqs], device=on),
+                  torch.tensor([s.cached for s in seqs], device=on),
+                  [Segment(s.cache, s.cached, 1) for s in seqs],
+                  torch.arange(len(seqs), device=on))
+
+
+def bench_shape(name, cfg, batches, context, gbps):
+    config = LlamaConfig.from_text_config(cfg)
+    model = LlamaModel(config, RandomWeights(cfg["architectures"][0] == "Qwen3ForCausalLM"),
+                       "cuda", torch.bfloat16)
+    layers, heads, dim = model.kv_layout()
+    pages = max(batches) * (-(-(context + STEPS + 8) // 64)) + 8
+    storage = KvStorage(PagePool(pages, 64), layers, heads, dim, codecs_for("bf16", model.dtype),
+                        model.dtype, "cuda")
+    weights = model.weight_bytes()
+    rows = []
+    for batch in batches:
+        seqs = _sequences(model, storage, batch, context)
+        eager = time_ms(lambda: _eager(model, seqs), 10)
+        for s in seqs:
+            s.cached = context
+        graphs = DecodeGraphs(StaticDecoder(model, storage, batch, context + STEPS + 8), True)
+        step = time_ms(lambda: graphs.forward(seqs), STEPS)
+        kv = batch * (context + STEPS // 2) * layers * 2 * heads * dim * 2
+        roofline = batch * gbps * 1e9 / (weights + kv)
+        rows.append(dict(batch=batch, context=context, graph_step_ms=step,
+                         tok_s=batch * 1e3 / step, eager_step_ms=eager,
+                         eager_tok_s=batch * 1e3 / eager, bytes_per_step=weights + kv,
+                         roofline_tok_s=roofline, fraction_of_roofline=batch * 1e3 / step / roofline))
+        print(f"{name} B={batch}: graph {batch * 1e3 / step:.0f} tok/s, eager "
+              f"{batch * 1e3 / eager:.0f}, roofline {roofline:.0f}", file=sys.stderr, flush=True)
+        for s in seqs:
+            s.cache.release()
+        del graphs
+    del model, storage
+    gc.collect()
+    torch.cuda.empty_cache()
+    return dict(shape=name, weight_bytes=weights, decode=rows)
+
+
+def transformers_peer(name, cfg, context):
+    """Batch-1 greedy decode tok/s of the same shape in transformers (its own cache, SDPA)."""
+    try:
+        import transformers
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as exc:
+        return dict(shape=name, error=f"transformers unavailable: {exc}")
+    fields = {k: v for k, v in cfg.items() if k != "architectures"}
+    model_type = "qwen3" if cfg["architectures"][0] == "Qwen3ForCausalLM" else "llama"
+    hf_cfg = AutoConfig.for_model(model_type, **fields)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16,
+                                                 attn_implementation="sdpa")
+    model = model.to_empty(device="cuda").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.02) if p.dim() > 1 else p.fill_(1.0)
+        rotary = model.model.rotary_emb  # its frequency buffer was left empty by to_empty
+        model.model.rotary_emb = type(rotary)(hf_cfg).to("cuda")
+        ids = torch.randint(0, cfg["vocab_size"], (1, context), device="cuda")
+        out = model(ids, use_cache=True)
+        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+
+        def step():
+            nonlocal token
+            o = model(token, past_key_values=cache, use_cache=True)
+            token = o.logits[:, -1:].argmax(-1)
+
+        ms = time_ms(step, 20)
+    del model, cache
+    gc.collect()
+    torch.cuda.empty_cache()
+    return dict(shape=name, transformers=transformers.__version__, batch=1, context=context,
+                step_ms=ms, tok_s=1e3 / ms)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "bench/results/h200-llama-decode.json")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--batches", default="1,2,4,8")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--peer", action="store_true", help="also time transformers (batch 1)")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    gbps = copy_bandwidth_gbps()
+    batches = [int(b) for b in args.batches.split(",")]
+    results, peers = [], []
+    with torch.inference_mode():
+        for name in args.shapes.split(","):
+            results.append(bench_shape(name, SHAPES[name], batches, args.context, gbps))
+    if args.peer:
+        for name in args.shapes.split(","):
+            peers.append(transformers_peer(name, SHAPES[name], args.context))
+            print(f"peer {peers[-1]}", file=sys.stderr, flush=True)
+    result = dict(
+        machine=dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                     triton=triton.__version__, python=platform.python_version(),
+                     copy_gbps=gbps),
+        command="python3 bench/gpu_llama_decode.py " + " ".join(sys.argv[1:]),
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        weights="random bf16 (drawn on the GPU)", kv_dtype="bf16", results=results, peer=peers)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    peers = {p["shape"]: p for p in result["peer"]}
+    lines = ["# The engine's llama-family decode step: eager vs CUDA graphs", "",
+             f"- machine: {m['device']}, torch {m['torch']}, Triton {m['triton']}, "
+             f"Python {m['python']}; copy bandwidth {m['copy_gbps']:.0f} GB/s",
+             f"- command: `{result['command']}`, {result['date']}",
+             f"- weights: {result['weights']}; KV {result['kv_dtype']}", "",
+             "| shape | batch | context | tok/s (graphs) | eager tok/s | roofline tok/s "
+             "| % of roofline | transformers tok/s (batch 1) | ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["results"]:
+        peer = peers.get(r["shape"], {})
+        for row in r["decode"]:
+            p = peer.get("tok_s") if row["batch"] == 1 else None
+            ratio = f"{row['tok_s'] / p:.1f}×" if p else ""
+            lines.append(
+                f"| {r['shape']} | {row['batch']} | {row['context']} | {row['tok_s']:.0f} "
+                f"| {row['eager_tok_s']:.0f} | {row['roofline_tok_s']:.0f} "
+                f"| {100 * row['fraction_of_roofline']:.0f} % | {f'{p:.0f}' if p else ''} "
+                f"| {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Decode steps of the llama family over static buffers, replayed as CUDA graphs.
+
+A pure-decode step (one new token for each of B running sequences, no prefill chunk) reads its
+inputs from fixed device buffers: token, position, KV slot and length per row, and the rows'
+page tables. Every layer writes its K/V into the shared paged pool in place and attends with the
+Triton paged-attention kernel (`kernels.paged_attention`, int8 KV dequantized inside it), so
+the whole step is one fixed sequence of kernels: `DecodeGraphs` captures it once per (batch
+size, context bucket) and replays it, which removes the Python and launch cost of ~10 kernels
+per layer. Off CUDA (or with `--no-cuda-graph`) the same step runs eagerly, which is how the
+CPU tests check it against the model's own forward.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from .kernels.paged_attention import PAGE, paged_attention
+from .kernels.rmsnorm import rms_norm as fused_rms_norm
+from .kernels.rotary import rope
+from .kv import KvStorage
+from .models import LlamaModel
+from .models.layers import rms_norm
+from .scheduler import Sequence
+
+log = logging.getLogger("ninfer.engine")
+
+GRAPH_CODECS = ("bf16", "int8")  # the KV layouts the paged-attention kernel reads
+MIN_BUCKET = 1024  # smallest context bucket (tokens); buckets double up to the max context
+
+
+class StaticDecoder:
+    """One decode step of a `LlamaModel` whose inputs live in fixed device buffers."""
+
+    def __init__(self, model: LlamaModel, storage: KvStorage, max_batch: int,
+                 max_context: int) -> None:
+        self.model, self.storage = model, storage
+        self.max_batch, self.max_context = max_batch, max_context
+        dev = model.device
+        # rows: token, position, KV slot, sequence length after this step
+        self.meta = torch.zeros(4, max_batch, dtype=torch.long, device=dev)
+        self.table = torch.zeros(max_batch, -(-max_context // PAGE), dtype=torch.long,
+                                 device=dev)
+
+    def load(self, seqs: list[Sequence]) -> None:
+        """Copy the rows' next token, position, slot, length and page table into the buffers."""
+        page = self.storage.page_tokens
+        rows = []
+        for b, seq in enumerate(seqs):
+            pos = seq.cached
+            pages = seq.cache.pages
+            rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page, pos + 1))
+            table = seq.cache.table_tensor()
+            self.table[b, : table.numel()].copy_(table)
+        self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
+
+    def step(self, batch: int, bucket: int) -> torch.Tensor:
+        """Logits [batch, V] (fp32) of the loaded rows; `bucket` ≥ every row's length sizes the
+        attention kernel's split grid."""
+        m, s = self.model, self.storage
+        c = m.cfg
+        nq, nkv, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        tokens, positions, slots, lens = (r[:batch] for r in self.meta)
+        table = self.table[:batch]
+        x = F.embedding(tokens, m.embedding)
+        residual = None
+        for i, layer in enumerate(m.layers):
+            h, residual = fused_rms_norm(x, layer.input_norm, eps, residual)
+            qkv = layer.qkv(h)
+            qk = qkv[:, : (nq + nkv) * D].view(batch, nq + nkv, D)
+            v = qkv[:, (nq + nkv) * D:].view(batch, nkv, D)
+            if layer.qk_norm is not None:
+                qk = rms_norm(qk, None, eps) * layer.qk_norm
+            qk = rope(qk, positions, D, c.rope_theta)
+            q, k = qk[:, :nq], qk[:, nq:]
+            s.k_codec.write(s.k[i], slots, k)
+            s.v_codec.write(s.v[i], slots, v)
+            k_pages, v_pages = _pages(s.k[i]), _pages(s.v[i])
+            attn = paged_attention(q, k_pages[0], v_pages[0], table, lens,
+                                   k_pages[1], v_pages[1], max_seq_len=bucket)
+            x = layer.output(attn.reshape(batch, nq * D))
+            h, residual = fused_rms_norm(x, layer.post_attention_norm, eps, residual)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = layer.down(F.silu(gate) * up)
+        h, _ = fused_rms_norm(x, m.final_norm, eps, residual)
+        return m.head(h).float()
+
+
+def _pages(stored: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A layer's codes (and int8 group scales) viewed as [pages, PAGE, heads, ...]."""
+    codes = stored[0].view(-1, PAGE, *stored[0].shape[1:])
+    scales = stored[1].view(-1, PAGE, *stored[1].shape[1:]) if len(stored) > 1 else None
+    return codes, scales
+
+
+class DecodeGraphs:
+    """Runs pure-decode batches through `StaticDecoder`, as CUDA graphs when `capture`.
+
+    One graph per (batch size, context bucket), captured the first time that shape runs: the
+    warm-up and the capture happen on the real inputs, so the warm-up's KV writes are the ones
+    the replay repeats. Graphs read the pool tensors they were captured with; when an elastic
+    pool grows into new tensors, every graph is dropped and recaptured on demand.
+    """
+
+    def __init__(self, decoder: StaticDecoder, capture: bool) -> None:
+        self.decoder = decoder
+        self.capture = capture
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._bound_k = decoder.storage.k
+
+    def accepts(self, seqs: list[Sequence]) -> bool:
+        return 0 < len(seqs) <= self.decoder.max_batch
+
+    def forward(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Logits [len(seqs), V] for each sequence's next token; advances `cached`."""
+        d = self.decoder
+        d.load(seqs)
+        batch = len(seqs)
+        bucket = _bucket(max(seq.cached + 1 for seq in seqs), d.max_context)
+        if not self.capture:
+            logits = d.step(batch, bucket)
+        else:
+            if d.storage.k is not self._bound_k:  # the pool grew into new tensors
+                self._graphs.clear()
+                self._bound_k = d.storage.k
+            key = (batch, bucket)
+            if key not in self._graphs:
+                self._graphs[key] = self._record(batch, bucket)
+            graph, logits = self._graphs[key]
+            graph.replay()
+        for seq in seqs:
+            seq.cached += 1
+        return logits
+
+    def _record(self, batch: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
+            self.decoder.step(batch, bucket)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self.decoder.step(batch, bucket)
+        log.info("captured the decode CUDA graph for batch %d, context ≤ %d", batch, bucket)
+        return graph, logits
+
+
+def _bucket(length: int, max_context: int) -> int:
+    bucket = MIN_BUCKET
+    while bucket < length:
+        bucket *= 2
+    return min(bucket, max(max_context, length))
+
+
+def build_decode_graphs(model, storage: KvStorage, kv_dtype: str, max_batch: int,
+                        max_context: int, use_graphs: bool) -> DecodeGraphs | None:
+    """The static decode path when the model, device and KV layout allow it, else None."""
+    if not isinstance(model, LlamaModel) or kv_dtype not in GRAPH_CODECS:
+        return None
+    if model.device.type != "cuda" or model.dtype not in (torch.bfloat16, torch.float16):
+        return None  # the CPU keeps the exact eager path; the kernel computes in bf16
+    D = model.cfg.head_dim
+    if D & (D - 1) or D < 16:
+        return None  # the attention kernel tiles whole power-of-two heads
+    decoder = StaticDecoder(model, storage, max_batch, max_context)
+    return DecodeGraphs(decoder, capture=use_graphs)
