@@ -25,7 +25,8 @@ def _prompt(n: int, seed: int) -> tuple[int, ...]:
 
 
 def _engine(artifact, **overrides) -> Engine:
-    fields = {"prefill_chunk": 64, "max_context": 1024, **overrides}
+    # fp32 on CUDA too: these tests compare tokens exactly with fp32 transformers
+    fields = {"prefill_chunk": 64, "max_context": 1024, "cuda_dtype": "fp32", **overrides}
     engine = Engine(EngineConfig(artifact=Path("tiny.ninfer"), **fields), artifact)
     engine.start()
     return engine
