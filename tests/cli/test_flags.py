@@ -67,6 +67,7 @@ def test_no_artifact_serves_the_default_model(tmp_path):
     (["m", "--log-level", "loud"], "--log-level: 'loud' is not one of"),
     (["m", "--api-key", " "], "--api-key: must not be empty"),
     (["m", "--cpu-matmul", "int4"], "--cpu-matmul: 'int4' is not one of fp32, bf16"),
+    (["m", "--cuda-dtype", "fp16"], "--cuda-dtype: 'fp16' is not one of bf16, fp32"),
     (["m", "--profile", "70b"], "--profile: '70b' is not one of"),
     (["m", "--profile"], "--profile: expected a value"),
     (["m", "--cors=yes"], "--cors takes no value"),
