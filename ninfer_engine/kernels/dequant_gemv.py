@@ -91,13 +91,16 @@ def split_k(n_blocks, K, block_k, sms=132):
 
 
 def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, num_stages=3):
-    """Triton path; K must be a multiple of `block_k` (true for every model matrix here).
+    """Triton path; K must be a multiple of `block_k` (true for every model matrix here), or of
+    a smaller power of two of at least 16, which then replaces it.
 
     The default tile won 3 of 4 shapes of the H200 sweep in bench/results/h200-kernels.json."""
     B, K = x.shape
     N = codes.shape[0]
-    block_k = min(block_k, K)  # small test matrices
-    assert K % block_k == 0 and B <= 16
+    # small matrices: the largest power of two dividing K (K = 96 takes BK = 32); tl.arange
+    # needs a power of two and tl.dot at least 16. Real K are multiples of 256: unchanged.
+    block_k = min(block_k, K & -K)
+    assert K % block_k == 0 and block_k >= 16 and B <= 16
     n_blocks = triton.cdiv(N, block_n)
     split = split_k(n_blocks, K, block_k)
     y = torch.empty((split, B, N), device=x.device,

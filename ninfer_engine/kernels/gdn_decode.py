@@ -32,38 +32,65 @@ def gdn_decode_ref(q, k, v, g, beta, state):
 @triton.jit
 def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, scale,
                        NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       BV: tl.constexpr):
+                       BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr):
     pid = tl.program_id(0)  # b * NV + j
     vb = tl.program_id(1)
     b = pid // NV
     j = pid % NV
     kh = b * NK + j // (NV // NK)
-    dk = tl.arange(0, DK)
+    dk = tl.arange(0, BK)
     dv = vb * BV + tl.arange(0, BV)
-    q = tl.load(q_ptr + kh * DK + dk).to(tl.float32)
-    k = tl.load(k_ptr + kh * DK + dk).to(tl.float32)
+    qp = q_ptr + kh * DK + dk
+    kp = k_ptr + kh * DK + dk
+    vp = v_ptr + pid * DV + dv
+    sp = s_ptr + pid * DK * DV + dk[:, None] * DV + dv[None, :]
+    if EVEN:  # BK == DK and BV divides DV: the real shapes, no masks
+        q = tl.load(qp).to(tl.float32)
+        k = tl.load(kp).to(tl.float32)
+        v = tl.load(vp).to(tl.float32)
+        s = tl.load(sp)
+    else:  # a dk that is not a power of two, or a dv tail (tiny test shapes)
+        kmask = dk < DK
+        vmask = dv < DV
+        smask = kmask[:, None] & vmask[None, :]
+        q = tl.load(qp, mask=kmask, other=0.0).to(tl.float32)
+        k = tl.load(kp, mask=kmask, other=0.0).to(tl.float32)
+        v = tl.load(vp, mask=vmask, other=0.0).to(tl.float32)
+        s = tl.load(sp, mask=smask, other=0.0)
     q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
     k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-    v = tl.load(v_ptr + pid * DV + dv).to(tl.float32)
     alpha = tl.exp(tl.load(g_ptr + pid).to(tl.float32))
     beta = tl.load(beta_ptr + pid).to(tl.float32)
-    sp = s_ptr + pid * DK * DV + dk[:, None] * DV + dv[None, :]
-    s = tl.load(sp) * alpha
+    s = s * alpha
     # the delta error reads the already-decayed state
     u = beta * (v - tl.sum(s * k[:, None], axis=0))
     s = s + k[:, None] * u[None, :]
-    tl.store(sp, s)
-    tl.store(o_ptr + pid * DV + dv, tl.sum(s * q[:, None], axis=0))
+    o = tl.sum(s * q[:, None], axis=0)
+    if EVEN:
+        tl.store(sp, s)
+        tl.store(o_ptr + pid * DV + dv, o)
+    else:
+        tl.store(sp, s, mask=smask)
+        tl.store(o_ptr + pid * DV + dv, o, mask=vmask)
 
 
 def gdn_decode_triton(q, k, v, g, beta, state, block_v=32):
-    """Triton path: one program per (sequence, value head, block of `block_v` value dims)."""
+    """Triton path: one program per (sequence, value head, block of `block_v` value dims).
+
+    `block_v` is capped at dv (rounded up to a power of two) so small heads still get a
+    program; a dv that `block_v` does not divide, or a dk that is not a power of two, takes
+    the masked variant (the real shapes, dk = dv = 128, stay unmasked)."""
     B, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
+    assert nv % nk == 0 and state.shape == (B, nv, dk, dv) and state.dtype == torch.float32
+    assert state.is_contiguous()
+    block_v = min(block_v, triton.next_power_of_2(dv))
+    block_k = triton.next_power_of_2(dk)
     o = torch.empty(B, nv, dv, dtype=torch.float32, device=v.device)
-    _gdn_decode_kernel[(B * nv, dv // block_v)](
+    _gdn_decode_kernel[(B * nv, triton.cdiv(dv, block_v))](
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-        state, o, dk**-0.5, NK=nk, NV=nv, DK=dk, DV=dv, BV=block_v, num_warps=4)
+        state, o, dk**-0.5, NK=nk, NV=nv, DK=dk, DV=dv, BK=block_k, BV=block_v,
+        EVEN=block_k == dk and dv % block_v == 0, num_warps=4)
     return o
 
 

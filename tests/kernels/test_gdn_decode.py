@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from ninfer_engine.kernels.gdn_decode import gdn_decode_ref, gdn_decode_triton
@@ -19,4 +20,26 @@ def test_gdn_decode_matches_reference_over_steps(device):
         args = [t.to(device) for t in (q, k, v, gate, beta)]
         o = gdn_decode_triton(*args, s_tri, block_v=16)
         assert rel_err(o, o_ref) < 1e-5
+    assert rel_err(s_tri, s_ref) < 1e-5
+
+
+@pytest.mark.parametrize("nk, nv, dk, dv", [
+    (2, 4, 16, 16),  # tiny-dense / tiny-moe: dv below the default block_v of 32
+    (1, 2, 32, 16),
+    (2, 4, 32, 32),
+    (1, 2, 64, 64),  # several value blocks
+    (2, 2, 24, 40),  # dk not a power of two, a dv tail: the masked variant
+])
+def test_gdn_decode_default_block_at_small_head_dims(device, nk, nv, dk, dv):
+    # the decoder calls with the default block_v; a dv below it once launched no program
+    g = torch.Generator().manual_seed(13)
+    state = torch.randn(1, nv, dk, dv, generator=g)
+    s_ref, s_tri = state.clone(), state.clone().to(device)
+    q, k = torch.randn(2, 1, nk, dk, generator=g).bfloat16()
+    v = torch.randn(1, nv, dv, generator=g).bfloat16()
+    gate = -torch.rand(1, nv, generator=g)
+    beta = torch.rand(1, nv, generator=g)
+    o_ref = gdn_decode_ref(q, k, v, gate, beta, s_ref)
+    o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri)
+    assert rel_err(o, o_ref) < 1e-5
     assert rel_err(s_tri, s_ref) < 1e-5

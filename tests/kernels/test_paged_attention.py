@@ -28,3 +28,20 @@ def test_paged_attention_matches_reference(device, quant):
     dev = [None if t is None else t.to(device) for t in (q, k, v, table, lens, ks, vs)]
     out = paged_attention_triton(*dev)
     assert rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("nq, nkv, D", [(4, 2, 16), (4, 2, 32), (2, 2, 32), (8, 1, 32),
+                                        (8, 2, 64), (3, 1, 16)])
+def test_paged_attention_decoder_shapes(device, nq, nkv, D):
+    # batch 1 with a split grid sized by max_seq_len, as KernelDecoder calls it; GQA 1..8
+    g = torch.Generator().manual_seed(14)
+    n_pages = 3
+    table = torch.randperm(n_pages, generator=g).int()[None]
+    lens = torch.tensor([100], dtype=torch.int32)
+    q = torch.randn(1, nq, D, generator=g).bfloat16()
+    k = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
+    v = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
+    ref = paged_attention_ref(q, k, v, table, lens)
+    out = paged_attention_triton(*[t.to(device) for t in (q, k, v, table, lens)],
+                                 max_seq_len=n_pages * PAGE)
+    assert rel_err(out, ref) < 1e-2

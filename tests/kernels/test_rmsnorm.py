@@ -18,3 +18,14 @@ def test_rms_norm_matches_reference(device, zero_centred, with_residual):
     assert rel_err(y, y_ref) < 1e-2
     # the interpreter may round fp32 -> bf16 differently from torch; a GPU matches exactly
     assert rel_err(h, h_ref) < 1e-2
+
+
+@pytest.mark.parametrize("rows, H", [(4, 16), (2, 32), (1, 64), (1, 24)])
+def test_zero_centred_rms_norm_of_head_rows(device, rows, H):
+    # q/k norms run over rows of one head dim; the block norms over the hidden size
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(rows, H, generator=g).bfloat16().to(device)
+    w = (torch.randn(H, generator=g) * 0.1).bfloat16().to(device)
+    y, h = rms_norm_triton(x, w, 1e-6, None, True)
+    assert rel_err(y, rms_norm_ref(x, w, 1e-6, None, True)[0]) < 1e-2
+    assert torch.equal(h.cpu(), x.cpu())
