@@ -69,14 +69,36 @@ def _parser() -> argparse.ArgumentParser:
     synth.set_defaults(run=_synth)
 
     bench = commands.add_parser(
-        "bench", help="batch-1 decode tok/s of a random-weight model on the GPU vs its roofline")
+        "bench", help="decode, aggregate decode and prefill tok/s of a random-weight model on "
+                      "the GPU beside their rooflines, with transformers as the peer")
     bench.add_argument("--arch", required=True, choices=BENCH_ARCHS)
     bench.add_argument("--layers", type=int, help="keep only the first N layers")
     bench.add_argument("--context", type=_contexts, default=[1024, 8192, 32768],
-                       help="comma-separated context lengths (default 1024,8192,32768)")
+                       help="comma-separated batch-1 decode contexts (default 1024,8192,32768)")
     bench.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
                        help="dense weights bf16, or fp8 rows (dense archs only)")
+    bench.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8],
+                       help="comma-separated batch sizes for aggregate decode (default 1,2,4,8; "
+                            "'none' skips)")
+    bench.add_argument("--concurrency-context", type=int, default=1024, metavar="N",
+                       help="context of every sequence in the aggregate decode (default 1024)")
+    bench.add_argument("--prefill", type=int, default=8192, metavar="TOKENS",
+                       help="prompt length of the timed prefill (default 8192; 0 skips)")
+    bench.add_argument("--prefill-chunk", type=int, default=1024, metavar="N",
+                       help="prefill chunk, as the engine's --prefill-chunk (default 1024; "
+                            "0: the whole prompt at once)")
+    bench.add_argument("--prefill-reps", type=int, default=1, metavar="N",
+                       help="timed prefill passes after the warm-up (default 1)")
+    bench.add_argument("--peer", choices=("transformers", "none"), default="transformers",
+                       help="time the same shapes through transformers too (default)")
+    bench.add_argument("--no-peer", dest="peer", action="store_const", const="none",
+                       help="same as --peer none")
+    bench.add_argument("--peer-prompt", type=int, default=1024, metavar="N",
+                       help="prompt tokens of the peer before its decode steps (default 1024)")
+    bench.add_argument("--peer-steps", type=int, default=16, metavar="N",
+                       help="timed greedy decode steps of the peer (default 16)")
     bench.add_argument("--out", metavar="FILE.json", help="also write the result as JSON")
+    bench.add_argument("--markdown", metavar="FILE.md", help="also write the report as markdown")
     bench.set_defaults(run=_bench)
     return parser
 
@@ -93,6 +115,10 @@ def _contexts(text: str) -> list[int]:
     return values
 
 
+def _levels(text: str) -> list[int]:
+    return [] if text.strip().lower() in ("none", "0", "") else _contexts(text)
+
+
 def _bench(args: argparse.Namespace) -> int:
     import torch  # torch only here: the other subcommands stay light
 
@@ -105,14 +131,36 @@ def _bench(args: argparse.Namespace) -> int:
         return _fail("--dtype fp8 is for dense archs: the routed-expert kernel runs bf16 only")
     from .benchmark.run import markdown, run_decode_bench
 
+    if min(args.prefill, args.prefill_chunk, args.concurrency_context) < 0 \
+            or min(args.prefill_reps, args.peer_steps, args.peer_prompt) < 1:
+        return _fail("negative lengths, or fewer than 1 rep/step/prompt token")
+    levels = ",".join(map(str, args.concurrency)) or "none"
     command = (f"ninfer bench --arch {args.arch}"
                + (f" --layers {args.layers}" if args.layers else "")
                + f" --context {','.join(map(str, args.context))} --dtype {args.dtype}"
+               + f" --concurrency {levels} --concurrency-context {args.concurrency_context}"
+               + f" --prefill {args.prefill} --prefill-chunk {args.prefill_chunk}"
+               + (f" --prefill-reps {args.prefill_reps}" if args.prefill_reps != 1 else "")
+               + (f" --peer transformers --peer-prompt {args.peer_prompt}"
+                  f" --peer-steps {args.peer_steps}" if args.peer == "transformers"
+                  else " --no-peer")
                + (f" --out {args.out}" if args.out else ""))
-    result = run_decode_bench(args.arch, args.context, args.dtype, args.layers, command)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+
+    def save(result: dict) -> None:
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(result))
+
+    result = run_decode_bench(
+        args.arch, args.context, args.dtype, args.layers, command,
+        concurrency=args.concurrency, concurrency_context=args.concurrency_context,
+        prefill=args.prefill, prefill_chunk=args.prefill_chunk, prefill_reps=args.prefill_reps,
+        peer=args.peer, peer_prompt=args.peer_prompt, peer_steps=args.peer_steps,
+        on_partial=save)
+    save(result)
     print(markdown(result), end="")
     return 0
 

@@ -43,3 +43,15 @@ def copy_bandwidth_gbps() -> float:
     del src, dst
     torch.cuda.empty_cache()
     return gbps
+
+
+def matmul_tflops(n: int = 8192, reps: int = 20) -> float:
+    """bf16 TFLOP/s of an `n × n × n` `torch.matmul` (cuBLAS), the compute roofline's rate."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    time_ms(lambda: torch.matmul(a, b, out=c), 3)  # cuBLAS heuristics and clocks settle
+    ms = time_ms(lambda: torch.matmul(a, b, out=c), reps)
+    del a, b, c
+    torch.cuda.empty_cache()
+    return 2 * n**3 / ms / 1e9

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# `ninfer bench` on one H200 for the committed result files (bench/results/h200-ninfer-bench-*):
+#   27b bf16     decode at 1K/8K/32K, concurrency 1/2/4/8, 8K prefill, transformers peer
+#   35b-a3b bf16 the same, with the transformers peer
+#   27b fp8      decode and concurrency (prefill is the same bf16 torch path; no peer)
+# Run from the repository root with OUT set to the output folder; no network needed. The
+# transformers wheel in .whl/ is installed --no-deps into a private folder on PYTHONPATH (its
+# dependencies must already be importable; if not, the peer sections record why).
+# Each run has a time budget (about 9 minutes in all); a run stopped while timing the peer still
+# leaves its JSON (the peer then listed under not_measured). Progress goes to stderr.
+set -u
+OUT=${OUT:?set OUT to the output folder}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT" bench/results
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+log() { echo "[$(date +%T) +${SECONDS}s] $*" >&2; }
+
+WHEEL=.whl/transformers-5.24.0-py3-none-any.whl
+PEERLIB=${TMPDIR:-/tmp}/ninfer-peer-lib
+if [ -f "$WHEEL" ]; then
+    "$PY" -m pip install --quiet --no-deps --no-index --target "$PEERLIB" "$WHEEL" >&2 \
+        || log "installing $WHEEL failed"
+    export PYTHONPATH="$PEERLIB${PYTHONPATH:+:$PYTHONPATH}"
+fi
+"$PY" -c 'import sys, transformers as t; print("transformers", t.__version__, file=sys.stderr)' \
+    || log "transformers is not importable: the peer sections will record the reason"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader >&2 || true
+
+# run NAME BUDGET_S ARGS...: bench/results/NAME.{json,md} (+ .log), copied to $OUT
+run() {
+    local name=$1 budget=$2
+    shift 2
+    log "start $name (budget ${budget}s): ninfer bench $*"
+    touch "$OUT/.start-$name"  # only files written after this are copied (not stale ones)
+    timeout --kill-after=15 "$budget" "$PY" -m ninfer_engine.tools bench "$@" \
+        --out "bench/results/$name.json" --markdown "bench/results/$name.md" \
+        2> >(tee "$OUT/$name.log" >&2) > /dev/null
+    local rc=$?
+    [ $rc -eq 124 ] && log "$name ran past its ${budget}s budget"
+    for f in "bench/results/$name.json" "bench/results/$name.md"; do
+        if [ "$f" -nt "$OUT/.start-$name" ]; then cp "$f" "$OUT/"; else log "no new $f"; fi
+    done
+    rm -f "$OUT/.start-$name"
+    log "end $name (exit $rc)"
+}
+
+ALL=(--context 1024,8192,32768 --concurrency 1,2,4,8 --concurrency-context 1024)
+run h200-ninfer-bench-27b 230 --arch 27b --dtype bf16 "${ALL[@]}" \
+    --prefill 8192 --prefill-chunk 1024 --peer transformers --peer-prompt 1024 --peer-steps 16
+run h200-ninfer-bench-35b-a3b 200 --arch 35b-a3b --dtype bf16 "${ALL[@]}" \
+    --prefill 8192 --prefill-chunk 1024 --peer transformers --peer-prompt 1024 --peer-steps 16
+run h200-ninfer-bench-27b-fp8 95 --arch 27b --dtype fp8 "${ALL[@]}" --prefill 0 --no-peer
+log "done; files in $OUT:"
+ls -l "$OUT" >&2
