@@ -34,7 +34,8 @@ import triton
 from ..artifact.synth import build_synthetic
 from ..models.qwen3_5 import Qwen35Model
 from . import roofline as rf
-from .decode import FusedParams, KernelDecoder
+from ..models.fused import FusedParams
+from .decode import KernelDecoder
 from .timing import copy_bandwidth_gbps, graph_of, matmul_tflops, time_ms
 
 EAGER_STEPS, GRAPH_STEPS = 3, 30  # few eager steps: they are only the launch-bound contrast

@@ -27,7 +27,8 @@ def _rel(a, b):
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_batched_steps_match_reference(moe):
     from ninfer_engine.benchmark.batched import BatchedDecoder
-    from ninfer_engine.benchmark.decode import FusedParams, KernelDecoder
+    from ninfer_engine.benchmark.decode import KernelDecoder
+    from ninfer_engine.models.fused import FusedParams
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     config = tiny_config(moe)
@@ -62,7 +63,8 @@ def test_batched_steps_match_reference(moe):
 
 def test_weight_bytes_count_the_union_of_experts():
     from ninfer_engine.benchmark.batched import BatchedDecoder
-    from ninfer_engine.benchmark.decode import FusedParams, KernelDecoder
+    from ninfer_engine.benchmark.decode import KernelDecoder
+    from ninfer_engine.models.fused import FusedParams
 
     config = tiny_config(True)  # 8 experts, top-2
     params = FusedParams(config, tiny_source(config))
@@ -79,7 +81,8 @@ def test_weight_bytes_count_the_union_of_experts():
 def test_fp8_rows_batched_match_the_batch_1_decoder():
     """The fp8-row dequant GEMV over B rows equals B batch-1 GEMVs (one step, two sequences)."""
     from ninfer_engine.benchmark.batched import BatchedDecoder
-    from ninfer_engine.benchmark.decode import FusedParams, KernelDecoder
+    from ninfer_engine.benchmark.decode import KernelDecoder
+    from ninfer_engine.models.fused import FusedParams
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     config = tiny_config(False)

@@ -8,7 +8,8 @@ is near-uniform, so bf16 noise can flip a top-k choice and the comparison is not
 import torch
 
 from ninfer_engine.artifact.synth import build_synthetic
-from ninfer_engine.benchmark.decode import FusedParams, KernelDecoder
+from ninfer_engine.benchmark.decode import KernelDecoder
+from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 
 from .conftest import rel_err
