@@ -4,6 +4,12 @@ import os
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # Before any test module imports a kernel: triton.jit picks the interpreter at decoration,
+    # and the engine imports its kernels, so whichever test directory is collected first wins.
+    # CPU tensors still take the torch references through the kernels' dispatchers.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 @pytest.fixture(scope="session")
 def device() -> torch.device:

@@ -1,13 +1,7 @@
 """Kernel tests run the Triton path on CUDA, or on the CPU through TRITON_INTERPRET=1."""
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    # Set before any kernel module is imported: triton.jit picks the interpreter at decoration.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from ninfer_engine.kernels._dispatch import HAVE_TRITON, interpreting
 
