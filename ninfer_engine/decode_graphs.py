@@ -1,4 +1,4 @@
-"""Decode steps of the llama family over static buffers, replayed as CUDA graphs.
+"""Pure-decode steps over static buffers, replayed as CUDA graphs.
 
 A pure-decode step (one new token for each of B running sequences, no prefill chunk) reads its
 inputs from fixed device buffers: token, position, KV slot and length per row, and the rows'
@@ -6,8 +6,9 @@ page tables. Every layer writes its K/V into the shared paged pool in place and 
 Triton paged-attention kernel (`kernels.paged_attention`, int8 KV dequantized inside it), so
 the whole step is one fixed sequence of kernels: `DecodeGraphs` captures it once per (batch
 size, context bucket) and replays it, which removes the Python and launch cost of ~10 kernels
-per layer. Off CUDA (or with `--no-cuda-graph`) the same step runs eagerly, which is how the
-CPU tests check it against the model's own forward.
+per layer. `StaticDecoder` is the llama family's step (off CUDA it runs eagerly through the
+kernels' torch references, which is how the CPU tests check it against the model's forward);
+`hybrid_decode.EngineHybridDecoder` is the Qwen3.5 family's.
 """
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import torch.nn.functional as F
 from .kernels.paged_attention import PAGE, paged_attention
 from .kernels.rmsnorm import rms_norm as fused_rms_norm
 from .kernels.rotary import rope
-from .kv import KvStorage
-from .models import LlamaModel
+from .hybrid_decode import EngineHybridDecoder
+from .kv import KvStorage, fill_page_tables
+from .models import LlamaModel, Qwen35Model
+from .models.fused import FusedParams
 from .models.layers import rms_norm
 from .scheduler import Sequence
 
@@ -47,13 +50,15 @@ class StaticDecoder:
         """Copy the rows' next token, position, slot, length and page table into the buffers."""
         page = self.storage.page_tokens
         rows = []
-        for b, seq in enumerate(seqs):
+        for seq in seqs:
             pos = seq.cached
             pages = seq.cache.pages
             rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page, pos + 1))
-            table = seq.cache.table_tensor()
-            self.table[b, : table.numel()].copy_(table)
         self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
+        fill_page_tables([seq.cache for seq in seqs], self.table)
+
+    def store(self, seqs: list[Sequence]) -> None:
+        """Nothing to copy back: the step wrote its K/V into the pool in place."""
 
     def step(self, batch: int, bucket: int) -> torch.Tensor:
         """Logits [batch, V] (fp32) of the loaded rows; `bucket` ≥ every row's length sizes the
@@ -76,7 +81,7 @@ class StaticDecoder:
             q, k = qk[:, :nq], qk[:, nq:]
             s.k_codec.write(s.k[i], slots, k)
             s.v_codec.write(s.v[i], slots, v)
-            k_pages, v_pages = _pages(s.k[i]), _pages(s.v[i])
+            k_pages, v_pages = s.page_view(s.k[i]), s.page_view(s.v[i])
             attn = paged_attention(q, k_pages[0], v_pages[0], table, lens,
                                    k_pages[1], v_pages[1], max_seq_len=bucket)
             x = layer.output(attn.reshape(batch, nq * D))
@@ -87,15 +92,9 @@ class StaticDecoder:
         return m.head(h).float()
 
 
-def _pages(stored: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A layer's codes (and int8 group scales) viewed as [pages, PAGE, heads, ...]."""
-    codes = stored[0].view(-1, PAGE, *stored[0].shape[1:])
-    scales = stored[1].view(-1, PAGE, *stored[1].shape[1:]) if len(stored) > 1 else None
-    return codes, scales
-
-
 class DecodeGraphs:
-    """Runs pure-decode batches through `StaticDecoder`, as CUDA graphs when `capture`.
+    """Runs pure-decode batches through a static decoder (`load` → `step` → `store`), as CUDA
+    graphs when `capture`.
 
     One graph per (batch size, context bucket), captured the first time that shape runs: the
     warm-up and the capture happen on the real inputs, so the warm-up's KV writes are the ones
@@ -103,7 +102,7 @@ class DecodeGraphs:
     pool grows into new tensors, every graph is dropped and recaptured on demand.
     """
 
-    def __init__(self, decoder: StaticDecoder, capture: bool) -> None:
+    def __init__(self, decoder: StaticDecoder | EngineHybridDecoder, capture: bool) -> None:
         self.decoder = decoder
         self.capture = capture
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -130,6 +129,7 @@ class DecodeGraphs:
                 self._graphs[key] = self._record(batch, bucket)
             graph, logits = self._graphs[key]
             graph.replay()
+        d.store(seqs)
         for seq in seqs:
             seq.cached += 1
         return logits
@@ -157,12 +157,17 @@ def _bucket(length: int, max_context: int) -> int:
 def build_decode_graphs(model, storage: KvStorage, kv_dtype: str, max_batch: int,
                         max_context: int, use_graphs: bool) -> DecodeGraphs | None:
     """The static decode path when the model, device and KV layout allow it, else None."""
-    if not isinstance(model, LlamaModel) or kv_dtype not in GRAPH_CODECS:
+    if kv_dtype not in GRAPH_CODECS or storage.page_tokens != PAGE:
         return None
-    if model.device.type != "cuda" or model.dtype not in (torch.bfloat16, torch.float16):
-        return None  # the CPU keeps the exact eager path; the kernel computes in bf16
-    D = model.cfg.head_dim
+    if model.device.type != "cuda" or model.dtype != torch.bfloat16:
+        return None  # the CPU keeps the exact eager path; the kernels compute in bf16
+    _, _, D = model.kv_layout()
     if D & (D - 1) or D < 16:
         return None  # the attention kernel tiles whole power-of-two heads
-    decoder = StaticDecoder(model, storage, max_batch, max_context)
+    if isinstance(model, LlamaModel):
+        decoder = StaticDecoder(model, storage, max_batch, max_context)
+    elif isinstance(model, Qwen35Model) and isinstance(model.params, FusedParams):
+        decoder = EngineHybridDecoder(model, storage, max_batch, max_context)
+    else:
+        return None
     return DecodeGraphs(decoder, capture=use_graphs)

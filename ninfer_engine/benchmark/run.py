@@ -7,7 +7,7 @@ every dense matrix to fp8 rows for the dequant GEMV). Sections of the result:
 - `decode`: batch-1 greedy steps at each context, eager and as a replayed CUDA graph (real
   autoregressive decode: the position and KV advance on the device), with the decoder's state
   filled with random KV and GDN state as if that many tokens had been consumed.
-- `concurrency`: B sequences decoded in one graph-replayed step (`BatchedDecoder`), each at
+- `concurrency`: B sequences decoded in one graph-replayed step (`KernelDecoder(batch=B)`), each at
   `concurrency_context`; aggregate tok/s = B / step time.
 - `prefill`: the torch reference `Qwen35Model.forward` (bf16 cuBLAS matmuls, eager) over a
   random prompt in chunks of `prefill_chunk` tokens (the engine's default chunk), from an empty
@@ -144,12 +144,10 @@ def _ours(arch, contexts, dtype, layers, concurrency, cctx, prefill, chunk, reps
 
 
 def _concurrency(decoder, config, levels, ctx, gbps, tflops) -> list[dict]:
-    from .batched import BatchedDecoder
-
     rows = []
     for B in levels:
-        batched = BatchedDecoder(decoder, B, ctx + 64)
-        batched.fill_random(ctx)
+        batched = KernelDecoder(decoder.model, None, ctx + 64, batch=B, weights=decoder.weights)
+        batched.fill_random(ctx, token=1234 % (config["vocab_size"] - B))
         graph = graph_of(batched.greedy_step)
         step = time_ms(graph.replay, GRAPH_STEPS)
         nbytes = batched.weight_bytes() + batched.state_bytes(ctx)

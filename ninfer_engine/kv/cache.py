@@ -58,6 +58,14 @@ class KvStorage:
     def new_cache(self) -> PagedKvCache:
         return PagedKvCache(self)
 
+    def page_view(self, stored: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One layer's K or V codes (and int8 group scales) as [pages, page_tokens, heads, ...]:
+        the layout the paged-attention kernel reads in place."""
+        codes = stored[0].view(-1, self.page_tokens, *stored[0].shape[1:])
+        if len(stored) == 1:
+            return codes, None
+        return codes, stored[1].view(-1, self.page_tokens, *stored[1].shape[1:])
+
     def copy_slots(self, src_page: int, dst_page: int, count: int) -> None:
         """Copy the first `count` token slots of a page, every layer, as stored (no requantize)."""
         src = slice(src_page * self.page_tokens, src_page * self.page_tokens + count)
@@ -113,6 +121,14 @@ class PagedKvCache:
         k = s.k_codec.read(s.k[layer], pages, s.page_tokens, s.dtype)[:end]
         v = s.v_codec.read(s.v[layer], pages, s.page_tokens, s.dtype)[:end]
         return k, v
+
+
+def fill_page_tables(caches: list[PagedKvCache], table: torch.Tensor) -> None:
+    """Row b of `table` [rows, max_pages] starts with cache b's page ids (the rest is stale and
+    never read: each row's length bounds what a kernel reads)."""
+    for row, cache in enumerate(caches):
+        pages = cache.table_tensor()
+        table[row, : pages.numel()].copy_(pages)
 
 
 class LayerKv:

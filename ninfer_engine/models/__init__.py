@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .attention import Segment
+from .fused import FusedParams
 from .kv_cache import ContiguousKvCache
 from .llama import LlamaConfig, LlamaModel, WeightSource
 from .qwen3_5 import Qwen35Model
@@ -23,8 +24,13 @@ def build_model(text_config: dict, weights: WeightSource, device: torch.device |
         return LlamaModel(LlamaConfig.from_text_config(text_config), weights, device, dtype,
                           matmul_dtype)
     if arch in _HYBRID_FAMILY:
-        # the hybrid model reads tensors through a (name, shape) source, on the CPU in fp32
-        return Qwen35Model(text_config, lambda n, s: weights.parameter(n, s).to(device, dtype))
+        # the hybrid model reads tensors through a (name, shape) source
+        def source(name, shape):
+            return weights.parameter(name, shape).to(device, dtype)
+
+        if torch.device(device).type == "cuda":  # fused decode GEMV groups for the kernels
+            return Qwen35Model(text_config, FusedParams(text_config, source))
+        return Qwen35Model(text_config, source)
     raise NotImplementedError(f"architecture {arch!r} is not supported by this engine")
 
 

@@ -1,16 +1,29 @@
 """SwiGLU MLP and the sparse MoE FFN of Qwen3-Next / Qwen3.5-MoE (model-math.md §2.3, §2.4).
 
 Torch reference path over [T, H] activations.
+
+Routed experts are dispatched by sorting: the T·k (token, slot) pairs are sorted by expert id
+(one stable argsort), the rows are gathered into expert-contiguous order, each expert runs on
+its contiguous slice, and the weighted outputs are put back into (token, slot) order and summed
+over the k slots. Two ways to run the experts on the sorted rows:
+
+* `grouped_experts`: `torch._grouped_mm` over the stacked `[E, 2I, H]` / `[E, H, I]` expert
+  tensors (two launches, no host sync). Used on CUDA in bf16 when the experts are row views
+  of stacked tensors (as `models.fused.FusedParams` hands them out, found by `stacked_experts`).
+* a per-expert loop over the slices, with one host sync per call (`bincount(...).tolist()`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
+log = logging.getLogger(__name__)
+_GROUPED_MM = {"ok": hasattr(torch, "_grouped_mm")}  # flips to False after the first failure
 
 
 class SwiGLU:
@@ -23,6 +36,42 @@ class SwiGLU:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
+
+
+def _same_view(t: torch.Tensor, ref: torch.Tensor) -> bool:
+    return (t.data_ptr() == ref.data_ptr() and t.shape == ref.shape
+            and t.stride() == ref.stride())
+
+
+def stacked_experts(experts: list[SwiGLU]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The stacked `(gate_up [E, 2I, H], down [E, H, I])` the experts are views of, else None.
+
+    Expert e must be `gate = gate_up[e, :I]`, `up = gate_up[e, I:]`, `down = down[e]` (the
+    layout of `FusedParams`); found through the views' `_base`, so any parameter-source wrapper
+    that passes the tensors through unchanged keeps it working.
+    """
+    gate_up, down = experts[0].gate._base, experts[0].down._base
+    if gate_up is None or down is None or gate_up.dim() != 3 or down.dim() != 3:
+        return None
+    (width, hidden), n = experts[0].gate.shape, len(experts)
+    if gate_up.shape != (n, 2 * width, hidden) or down.shape != (n, hidden, width):
+        return None
+    for e, x in enumerate(experts):
+        if not (_same_view(x.gate, gate_up[e, :width]) and _same_view(x.up, gate_up[e, width:])
+                and _same_view(x.down, down[e])):
+            return None
+    return gate_up, down
+
+
+def grouped_experts(xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                    offs: torch.Tensor) -> torch.Tensor:
+    """SwiGLU experts over expert-sorted rows `xs [S, H]` with two `torch._grouped_mm` launches.
+
+    Rows `offs[e-1]:offs[e]` (int32 cumulative counts, `offs[-1] == S`) go through expert e.
+    """
+    gu = torch._grouped_mm(xs, gate_up.transpose(-2, -1), offs=offs)  # [S, 2I]
+    gate, up = gu.chunk(2, -1)
+    return torch._grouped_mm(F.silu(gate) * up, down.transpose(-2, -1), offs=offs)
 
 
 class SparseMoE:
@@ -44,6 +93,7 @@ class SparseMoE:
             SwiGLU(params, f"{p}experts/{e}/", h, width) for e in range(self.n_experts)
         ]
         self.shared = SwiGLU(params, p + "shared/", h, config["shared_expert_intermediate_size"])
+        self.stacked = stacked_experts(self.experts)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k (weights [T, k] in x's dtype, expert ids [T, k]); softmax in fp32 over all E."""
@@ -53,12 +103,40 @@ class SparseMoE:
             weights = weights / weights.sum(-1, keepdim=True)
         return weights.to(x.dtype), ids
 
+    def use_grouped(self, x: torch.Tensor) -> bool:
+        """Whether to run the experts with `grouped_experts` (CUDA, bf16, stacked experts)."""
+        return (self.stacked is not None and _GROUPED_MM["ok"] and x.is_cuda
+                and x.dtype == torch.bfloat16)
+
+    def _experts_sorted(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The experts over expert-sorted rows `xs`, `counts[e]` rows for expert e."""
+        if self.use_grouped(xs):
+            try:
+                return grouped_experts(xs, *self.stacked,
+                                       torch.cumsum(counts, 0, dtype=torch.int32))
+            except RuntimeError as err:  # unsupported GPU / shape: loop from now on
+                _GROUPED_MM["ok"] = False
+                log.warning("torch._grouped_mm failed (%s); per-expert MoE dispatch", err)
+        outs, start = [], 0
+        for e, n in enumerate(counts.tolist()):  # the one host sync
+            if n:
+                outs.append(self.experts[e](xs[start : start + n]))
+                start += n
+        return torch.cat(outs) if outs else torch.zeros_like(xs)
+
+    def routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Σ_slots weight · expert(x) for routing `(weights, ids)` [T, k], by sorted dispatch."""
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # (token, slot) pairs in expert order
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        ys = self._experts_sorted(x[order // self.top_k], counts)
+        ys = ys * weights.reshape(-1)[order, None]
+        slots = torch.empty_like(ys)
+        slots[order] = ys  # back to (token, slot) order
+        return slots.view(*ids.shape, x.shape[-1]).sum(1)  # deterministic, unlike a scatter-add
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        out = torch.zeros_like(x)
-        for e in torch.unique(ids).tolist():
-            rows, slot = torch.where(ids == e)
-            y = self.experts[e](x[rows]) * weights[rows, slot, None]
-            out.index_add_(0, rows, y)
+        out = self.routed(x, weights, ids)
         shared = torch.sigmoid(F.linear(x, self.shared_score)) * self.shared(x)
         return out + shared

@@ -74,6 +74,7 @@ class Qwen35Model:
 
     def __init__(self, config: dict, params: ParamSource):
         self.config = config
+        self.params = params  # a `FusedParams` source lets the static decoders fuse GEMVs
         loaded: dict[str, torch.Tensor] = {}
         source = params
 

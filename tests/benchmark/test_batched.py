@@ -26,7 +26,6 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_batched_steps_match_reference(moe):
-    from ninfer_engine.benchmark.batched import BatchedDecoder
     from ninfer_engine.benchmark.decode import KernelDecoder
     from ninfer_engine.models.fused import FusedParams
 
@@ -37,13 +36,13 @@ def test_batched_steps_match_reference(moe):
     model = Qwen35Model(config, params)
     dec = KernelDecoder(model, params, 256)
     lengths = [70, 131] if moe else [5, 70, 131]  # one, two and three pages
-    batched = BatchedDecoder(dec, len(lengths), 256)
+    batched = KernelDecoder(model, params, 256, batch=len(lengths), weights=dec.weights)
     gen = torch.Generator().manual_seed(0)
     states, singles = [], []
     for b, n in enumerate(lengths):
         state = model.new_state()
         model.forward(torch.randint(0, 512, (n,), generator=gen).to(dev), state)
-        batched.load_state(b, state)
+        batched.load_state(state, b)
         states.append(state)
         singles.append(KernelDecoder(model, params, 256))
         singles[-1].load_state(state)
@@ -61,8 +60,14 @@ def test_batched_steps_match_reference(moe):
     assert batched.pos.tolist() == [n + 2 for n in lengths]
 
 
+def _sized(dec, batch):
+    """A decoder of `batch` sequences sharing `dec`'s matrices."""
+    from ninfer_engine.benchmark.decode import KernelDecoder
+
+    return KernelDecoder(dec.model, None, 64, batch=batch, weights=dec.weights)
+
+
 def test_weight_bytes_count_the_union_of_experts():
-    from ninfer_engine.benchmark.batched import BatchedDecoder
     from ninfer_engine.benchmark.decode import KernelDecoder
     from ninfer_engine.models.fused import FusedParams
 
@@ -71,16 +76,15 @@ def test_weight_bytes_count_the_union_of_experts():
     dec = KernelDecoder(Qwen35Model(config, params), params, 64)
     per_expert = 3 * 64 * 128 * 2  # gate, up, down of one expert in bf16
     layers = config["num_hidden_layers"]
-    one = BatchedDecoder(dec, 1, 64).weight_bytes()
+    one = _sized(dec, 1).weight_bytes()
     assert one == dec.weight_bytes()
-    assert BatchedDecoder(dec, 2, 64).weight_bytes() - one == layers * 2 * per_expert
-    assert BatchedDecoder(dec, 8, 64).weight_bytes() - one == layers * 6 * per_expert  # min(8, 16)
-    assert BatchedDecoder(dec, 3, 64).state_bytes(100) == 3 * dec.state_bytes(100)
+    assert _sized(dec, 2).weight_bytes() - one == layers * 2 * per_expert
+    assert _sized(dec, 8).weight_bytes() - one == layers * 6 * per_expert  # min(8, 16)
+    assert _sized(dec, 3).state_bytes(100) == 3 * dec.state_bytes(100)
 
 
 def test_fp8_rows_batched_match_the_batch_1_decoder():
     """The fp8-row dequant GEMV over B rows equals B batch-1 GEMVs (one step, two sequences)."""
-    from ninfer_engine.benchmark.batched import BatchedDecoder
     from ninfer_engine.benchmark.decode import KernelDecoder
     from ninfer_engine.models.fused import FusedParams
 
@@ -90,13 +94,13 @@ def test_fp8_rows_batched_match_the_batch_1_decoder():
     params = FusedParams(config, lambda n, s: source(n, s).to(dev))
     model = Qwen35Model(config, params)
     dec = KernelDecoder(model, params, 128, fp8=True)
-    batched = BatchedDecoder(dec, 2, 128)
+    batched = KernelDecoder(model, params, 128, batch=2, weights=dec.weights)
     gen = torch.Generator().manual_seed(3)
     states = []
     for b, n in enumerate([5, 70]):
         state = model.new_state()
         model.forward(torch.randint(0, 512, (n,), generator=gen).to(dev), state)
-        batched.load_state(b, state)
+        batched.load_state(state, b)
         states.append(state)
     token = torch.tensor([7, 300], device=dev)
     with torch.no_grad():

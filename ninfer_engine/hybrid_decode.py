@@ -1,0 +1,243 @@
+"""One decode step of B sequences of the hybrid family (Qwen3.5 / -MoE) on the ninfer kernels.
+
+`HybridWeights` takes a `Qwen35Model` built over `models.fused.FusedParams` and keeps, per
+layer, one matrix per decode GEMV group (GDN q|k|v|z|b|a, attention q|gate|k|v, MLP or shared
+expert gate|up) plus the stacked routed experts: cuBLAS bf16 or the fp8-row dequant GEMV.
+
+`HybridStep` runs one decode step over static buffers: next token and position per row
+(`tokens`, `pos`), page tables (`table`), GDN conv/SSM rows (`conv[i]`, `ssm[i]`, one row per
+sequence) and, per attention layer, a `KvLayer` (pages read in place by the paged-attention
+kernel). Nothing in the step syncs with the host, so it is capturable in a CUDA graph. The
+engine (`EngineHybridDecoder`) binds it to the shared KV pool and copies each sequence's GDN
+state in and out around the step; the benchmark binds it to pools of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .kernels import dequant_gemv as dq
+from .kernels.gdn_decode import gdn_decode_triton
+from .kernels.moe_gemv import moe_gemv_triton
+from .kernels.paged_attention import PAGE, paged_attention_triton
+from .kernels.rmsnorm import rms_norm_triton
+from .kernels.rotary import rope_triton
+from .kv import KvStorage, fill_page_tables
+from .models.fused import FusedParams
+
+
+class FusedLinear:
+    """`x Wᵀ` through cuBLAS bf16, or the fp8-row dequant GEMV over a quantised copy."""
+
+    def __init__(self, w: torch.Tensor, fp8: bool):
+        self.w = w
+        self.q = dq.quantize_fp8_row(w) if fp8 else None
+
+    def __call__(self, x):
+        return F.linear(x, self.w) if self.q is None else dq.dequant_gemv_triton(x, *self.q)
+
+    def nbytes(self):
+        ts = self.q if self.q is not None else (self.w,)
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+class HybridWeights:
+    """The fused per-layer matrices of a `Qwen35Model` built over `FusedParams`."""
+
+    def __init__(self, model, params: FusedParams, fp8: bool = False):
+        c = model.config
+        self.c, self.model, self.eps = c, model, c["rms_norm_eps"]
+        self.head = FusedLinear(model.head, fp8)
+        self.layers = []
+        for i, block in enumerate(model.blocks):
+            kind = c["layer_types"][i]
+            group = "gdn/" if kind == "linear_attention" else "attention/"
+            prefix = f"text/layers/{i}/"
+            m = block.mixer
+            layer = dict(kind=kind, block=block, mixer=m,
+                         w_in=FusedLinear(params.fused[prefix + group], fp8),
+                         w_out=FusedLinear(m.w_out if group == "gdn/" else m.w_o, fp8))
+            if hasattr(block.ffn, "router"):
+                assert not fp8, "routed experts run in bf16 only"
+                moe = block.ffn
+                layer.update(moe=moe, experts_gu=params.fused[prefix + "moe/experts/gate_up"],
+                             experts_down=params.fused[prefix + "moe/experts/down"],
+                             w_gu=FusedLinear(params.fused[prefix + "moe/shared/"], False),
+                             w_down=FusedLinear(moe.shared.down, False))
+            else:
+                layer.update(w_gu=FusedLinear(params.fused[prefix + "mlp/"], fp8),
+                             w_down=FusedLinear(block.ffn.down, fp8))
+            self.layers.append(layer)
+
+    def weight_bytes(self) -> int:
+        """Bytes of every matrix and vector a batch-1 step reads (routed experts: top_k)."""
+        n = self.head.nbytes() + self.model.final_norm.numel() * 2
+        for layer in self.layers:
+            n += sum(layer[k].nbytes() for k in ("w_in", "w_gu", "w_down", "w_out"))
+            if "moe" in layer:
+                moe = layer["moe"]
+                n += (moe.router.numel() + moe.shared_score.numel()) * 2
+                per_expert = layer["experts_gu"][0].numel() + layer["experts_down"][0].numel()
+                n += moe.top_k * per_expert * 2
+        return n
+
+
+@dataclass
+class KvLayer:
+    """One attention layer's paged K/V as the kernel reads it, and how new rows are stored."""
+
+    k: torch.Tensor  # [pages, PAGE, kv_heads, D] codes
+    v: torch.Tensor
+    k_scale: torch.Tensor | None  # int8 group scales [pages, PAGE, kv_heads, D / G], or None
+    v_scale: torch.Tensor | None
+    write: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (slots, k, v)
+
+
+class HybridStep:
+    """The decode step of up to `max_batch` rows; `kv()` returns the attention layers' pools."""
+
+    def __init__(self, weights: HybridWeights, max_batch: int, max_pages: int,
+                 kv: Callable[[], list[KvLayer]]):
+        self.w, self.c, self.eps = weights, weights.c, weights.eps
+        self.kv, self.max_batch = kv, max_batch
+        dev = weights.model.embedding.device
+        self.tokens = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self.table = torch.zeros(max_batch, max_pages, dtype=torch.long, device=dev)
+        self.conv, self.ssm = [], []  # per GDN layer, in layer order
+        for layer in weights.layers:
+            m = layer["mixer"]
+            if layer["kind"] == "linear_attention":
+                self.conv.append(torch.zeros(max_batch, m.taps - 1, m.conv_dim, device=dev,
+                                             dtype=torch.bfloat16))
+                self.ssm.append(torch.zeros(max_batch, m.nv, m.dk, m.dv, device=dev))
+
+    def step(self, batch: int, kv_span: int) -> torch.Tensor:
+        """Logits [batch, V] of rows 0..batch-1; `kv_span` ≥ every row's length after the step
+        sizes the attention kernel's split grid. Advances `pos` of those rows by one."""
+        x = F.embedding(self.tokens[:batch], self.w.model.embedding)
+        kv, gdn, attn = self.kv(), 0, 0
+        delta, h = x, None
+        for layer in self.w.layers:
+            b = layer["block"]
+            y, h = rms_norm_triton(delta, b.input_norm, self.eps, h, True)
+            if layer["kind"] == "linear_attention":
+                mix = self._gdn(layer, gdn, y, batch)
+                gdn += 1
+            else:
+                mix = self._attn(layer, kv[attn], y, batch, kv_span)
+                attn += 1
+            y, h = rms_norm_triton(mix, b.post_norm, self.eps, h, True)
+            g, u = layer["w_gu"](y).chunk(2, -1)
+            delta = layer["w_down"](F.silu(g) * u)
+            if "moe" in layer:
+                delta = delta * torch.sigmoid(F.linear(y, layer["moe"].shared_score))
+                delta = delta + self._experts(layer, y, batch)
+        y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
+        self.pos[:batch] += 1
+        return self.w.head(y)
+
+    def _gdn(self, layer, i, y, B):
+        m, conv, ssm = layer["mixer"], self.conv[i][:B], self.ssm[i][:B]
+        kg, vg = m.nk * m.dk, m.nv * m.dv
+        qkv, z, b, a = layer["w_in"](y).split([2 * kg + vg, vg, m.nv, m.nv], -1)
+        window = torch.cat([conv, qkv[:, None]], 1)  # [B, K, C]
+        conv.copy_(window[:, 1:])
+        qkv = F.silu((window.float() * m.conv.float()).sum(1))
+        q, k, v = qkv.split([kg, kg, vg], -1)
+        g = -m.a_log.exp() * F.softplus(a.float() + m.dt_bias)
+        o = gdn_decode_triton(q.reshape(B, m.nk, m.dk), k.reshape(B, m.nk, m.dk),
+                              v.reshape(B, m.nv, m.dv), g, torch.sigmoid(b.float()), ssm)
+        o = o.to(torch.bfloat16).float()
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps)
+        o = (m.norm * o.to(torch.bfloat16) * F.silu(z.reshape(B, m.nv, m.dv).float()))
+        return layer["w_out"](o.to(torch.bfloat16).reshape(B, vg))
+
+    def _attn(self, layer, kv: KvLayer, y, B, kv_span):
+        m, pos, table = layer["mixer"], self.pos[:B], self.table[:B]
+        qd, kvd = m.nq * m.d, m.nkv * m.d
+        q, gate, k, v = layer["w_in"](y).split([qd, qd, kvd, kvd], -1)
+        q, _ = rms_norm_triton(q.reshape(B * m.nq, m.d), m.q_norm, self.eps, None, True)
+        k, _ = rms_norm_triton(k.reshape(B * m.nkv, m.d), m.k_norm, self.eps, None, True)
+        theta = self.c["rope_parameters"]["rope_theta"]
+        q = rope_triton(q.view(B, m.nq, m.d), pos, m.rope.rd, theta)
+        k = rope_triton(k.view(B, m.nkv, m.d), pos, m.rope.rd, theta)
+        rows = torch.arange(B, device=pos.device)
+        slot = table[rows, pos // PAGE] * PAGE + pos % PAGE
+        kv.write(slot, k, v.reshape(B, m.nkv, m.d))
+        a = paged_attention_triton(q, kv.k, kv.v, table, pos + 1, kv.k_scale, kv.v_scale,
+                                   max_seq_len=kv_span)
+        return layer["w_out"](a.reshape(B, qd) * torch.sigmoid(gate))
+
+    def _experts(self, layer, y, B):
+        """Top-k routed SwiGLU experts of every row: B·k (row, slot) pairs, one `moe_gemv`
+        launch each for gate|up and down."""
+        moe = layer["moe"]
+        k = moe.top_k
+        probs = torch.softmax(F.linear(y, moe.router).float(), -1)
+        weights, ids = torch.topk(probs, k, -1)  # [B, k]
+        if moe.renormalise:
+            weights = weights / weights.sum(-1, keepdim=True)
+        ids = ids.reshape(B * k)
+        rows = y[:, None].expand(B, k, y.shape[-1]).reshape(B * k, -1)
+        if B * k == 1:  # moe_gemv reads a single row as shared by every slot: same thing
+            rows = y
+        g, u = moe_gemv_triton(rows, layer["experts_gu"], ids).chunk(2, -1)
+        down = moe_gemv_triton(F.silu(g) * u, layer["experts_down"], ids)  # [B·k, H]
+        out = (down.view(B, k, -1) * weights.to(y.dtype)[..., None]).float().sum(1)
+        return out.to(y.dtype)
+
+
+class EngineHybridDecoder:
+    """`HybridStep` over the engine's shared KV pool, for `decode_graphs.DecodeGraphs`.
+
+    A sequence's GDN state lives in its state slot (`seq.state`, what prefill, checkpoints and
+    restores use); `load` copies it into the sequence's row and `store` copies it back, two
+    multi-tensor copies per step (2 × 151 MB for the 27B shape, ~0.6 % of the step's bytes).
+    """
+
+    def __init__(self, model, storage: KvStorage, max_batch: int, max_context: int) -> None:
+        self.storage, self.max_batch, self.max_context = storage, max_batch, max_context
+        self.core = HybridStep(HybridWeights(model, model.params), max_batch,
+                               -(-max_context // PAGE), self._kv)
+
+    def _kv(self) -> list[KvLayer]:
+        s = self.storage
+
+        def writer(j):
+            def write(slots, k, v):
+                s.k_codec.write(s.k[j], slots, k)
+                s.v_codec.write(s.v[j], slots, v)
+            return write
+
+        views = [(s.page_view(k), s.page_view(v)) for k, v in zip(s.k, s.v)]
+        return [KvLayer(k, v, ks, vs, writer(j)) for j, ((k, ks), (v, vs)) in enumerate(views)]
+
+    def load(self, seqs) -> None:
+        c = self.core
+        rows = torch.tensor([(seq.output[-1], seq.cached) for seq in seqs]).t()
+        c.tokens[: len(seqs)].copy_(rows[0])
+        c.pos[: len(seqs)].copy_(rows[1])
+        fill_page_tables([seq.cache for seq in seqs], c.table)
+        rows, slots = self._state_pairs(seqs)
+        torch._foreach_copy_(rows, slots)
+
+    def step(self, batch: int, bucket: int) -> torch.Tensor:
+        return self.core.step(batch, bucket).float()
+
+    def store(self, seqs) -> None:
+        rows, slots = self._state_pairs(seqs)
+        torch._foreach_copy_(slots, rows)
+
+    def _state_pairs(self, seqs):
+        """(row tensors, slot tensors) of every sequence's conv and SSM state, paired."""
+        rows, slots = [], []
+        for b, seq in enumerate(seqs):
+            for conv, ssm, state in zip(self.core.conv, self.core.ssm, seq.state):
+                rows += [conv[b], ssm[b]]
+                slots += [state.conv, state.ssm]
+        return rows, slots
