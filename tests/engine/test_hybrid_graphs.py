@@ -1,0 +1,94 @@
+"""The engine's hybrid static decode step (`hybrid_decode.EngineHybridDecoder`) against the
+eager per-sequence forward (`HybridRunner`'s path) over the same paged pool layout.
+
+On the CPU the step runs the Triton kernels through the interpreter (tests/conftest.py), eagerly;
+on CUDA (`NINFER_TEST_DEVICE=cuda`) it is replayed from captured graphs.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ninfer_engine.decode_graphs import DecodeGraphs, build_decode_graphs
+from ninfer_engine.hybrid_decode import EngineHybridDecoder
+from ninfer_engine.kv import KvStorage, LayerKv, PagePool, codecs_for
+from ninfer_engine.models.fused import FusedParams
+from ninfer_engine.models.qwen3_5 import Qwen35Model
+from tests.benchmark.tiny import tiny_config, tiny_source
+
+PAGE = 64
+# bf16 kernels vs the bf16 reference: 2-7 % relative L2 of the logits (tests/benchmark); another
+# sequence's logits are ~140 % away, so a mixed-up row, page, position or state fails clearly
+TOL = 0.12
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _model(moe, device):
+    config = tiny_config(moe)
+    if moe:
+        # every expert routed: the tiny router is near-uniform, so bf16 noise would flip top-k
+        # choices between the two paths; with k = E the weights still come from the softmax
+        config["num_experts_per_tok"] = config["num_experts"]
+    source = tiny_source(config)
+    return Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).to(device)))
+
+
+def _storage(model, kv_dtype):
+    layers, heads, dim = model.kv_layout()
+    return KvStorage(PagePool(16, PAGE), layers, heads, dim, codecs_for(kv_dtype, model.dtype),
+                     model.dtype, model.device)
+
+
+def _forward(model, seq, ids):
+    """The eager path of `HybridRunner`: one forward continuing the sequence's pool and state."""
+    assert seq.cache.reserve(seq.cached + len(ids))
+    views = [LayerKv(seq.cache, j, seq.cached) for j in range(len(model.attention_layers))]
+    state = model.bind_state(views, seq.state, seq.cached)
+    logits = model.forward(torch.tensor(ids, device=model.device), state, last_only=True)
+    seq.cached += len(ids)
+    return logits[0]
+
+
+def _prefilled(model, storage, prompt):
+    seq = SimpleNamespace(cache=storage.new_cache(), cached=0, state=model.new_recurrent_state(),
+                          output=[])
+    seq.output.append(int(_forward(model, seq, prompt).argmax()))
+    return seq
+
+
+@pytest.mark.parametrize("moe,kv_dtype", [(False, "bf16"), (False, "int8"), (True, "bf16")])
+@torch.inference_mode()
+def test_static_hybrid_decode_matches_the_eager_forward(moe, kv_dtype, device):
+    model = _model(moe, device)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 63, 70)]
+    ours_storage, ref_storage = _storage(model, kv_dtype), _storage(model, kv_dtype)
+    ours = [_prefilled(model, ours_storage, p) for p in prompts]
+    ref = [_prefilled(model, ref_storage, p) for p in prompts]
+    graphs = DecodeGraphs(EngineHybridDecoder(model, ours_storage, 4, 512),
+                          capture=device.type == "cuda")
+    for step in range(3):  # the 63-token sequence crosses into its second page
+        for seq in ours:
+            assert seq.cache.reserve(seq.cached + 1)
+        got = graphs.forward(ours)
+        want = [_forward(model, seq, [seq.output[-1]]) for seq in ref]
+        errors = [_rel(got[row], w) for row, w in enumerate(want)]
+        assert max(errors) < TOL, (step, errors)
+        for a, b, w in zip(ours, ref, want):  # both continue with the reference's token
+            a.output.append(int(w.argmax()))
+            b.output.append(a.output[-1])
+    assert [s.cached for s in ours] == [s.cached for s in ref]
+    # the step wrote each sequence's GDN state back into its slot
+    for a, b in zip(ours, ref):
+        for sa, sb in zip(a.state, b.state):
+            assert _rel(sa.ssm, sb.ssm) < TOL
+
+
+def test_the_hybrid_static_path_needs_cuda_and_fused_weights():
+    model = _model(False, torch.device("cpu"))
+    assert build_decode_graphs(model, _storage(model, "bf16"), "bf16", 2, 512, True) is None
