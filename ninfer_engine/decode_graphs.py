@@ -98,7 +98,8 @@ class DecodeGraphs:
 
     One graph per (batch size, context bucket), captured the first time that shape runs: the
     warm-up and the capture happen on the real inputs, so the warm-up's KV writes are the ones
-    the replay repeats. Graphs read the pool tensors they were captured with; when an elastic
+    the replay repeats; the inputs are loaded again before the replay, since the warm-up also
+    advanced the positions and the GDN rows in place. Graphs read the pool tensors they were captured with; when an elastic
     pool grows into new tensors, every graph is dropped and recaptured on demand.
     """
 
@@ -127,6 +128,7 @@ class DecodeGraphs:
             key = (batch, bucket)
             if key not in self._graphs:
                 self._graphs[key] = self._record(batch, bucket)
+                d.load(seqs)  # the warm-up advanced positions (and the hybrid's GDN rows)
             graph, logits = self._graphs[key]
             graph.replay()
         d.store(seqs)

@@ -40,8 +40,12 @@ def _fake_cuda(monkeypatch, moe: bool, calls: list):
     return config
 
 
-@pytest.mark.skipif(not HAVE_TRITON or torch.cuda.is_available() or not interpreting(),
-                    reason="the CPU orchestration check runs under TRITON_INTERPRET=1")
+CPU_ORCHESTRATION = pytest.mark.skipif(
+    not HAVE_TRITON or torch.cuda.is_available() or not interpreting(),
+    reason="the CPU orchestration check runs under TRITON_INTERPRET=1")
+
+
+@CPU_ORCHESTRATION
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_bench_sections_on_the_cpu(monkeypatch, moe):
     calls = []
@@ -136,6 +140,7 @@ def test_cli_passes_every_section_flag(monkeypatch, tmp_path, capsys):
     assert seen["concurrency"] == [] and seen["peer"] == "transformers" and seen["prefill"] == 0
 
 
+@CPU_ORCHESTRATION
 def test_a_failing_section_is_recorded_not_fatal(monkeypatch):
     calls = []
     _fake_cuda(monkeypatch, False, calls)
