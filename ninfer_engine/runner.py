@@ -1,10 +1,10 @@
 """The runners: turn a scheduled `Batch` into model forwards and return the sampled rows' logits.
 
-`Runner` (llama family) packs every sequence into one flat forward over the paged KV pool;
-pure-decode steps go through `DecodeGraphs` (static buffers, CUDA graphs) when it is built.
+`Runner` (llama family) packs every sequence into one flat forward over the paged KV pool.
 `HybridRunner` (Qwen3.5 family) runs each sequence's tokens through its own forward: the
 attention layers read and write the paged pool, the GDN layers continue the sequence's
-recurrent-state slot.
+recurrent-state slot. Both send pure-decode steps through `DecodeGraphs` (static buffers,
+Triton kernels, CUDA graphs) when it was built (CUDA, bf16).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class Runner:
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.sampled), V]; advances each sequence's `cached` count."""
-        if batch.prefill is None and self.graphs is not None and self.graphs.accepts(batch.decode):
+        if _static(self.graphs, batch):
             return self.graphs.forward(batch.decode)
         tokens: list[int] = []
         positions: list[int] = []
@@ -63,12 +63,15 @@ class Runner:
 class HybridRunner:
     """Owns the hybrid model; one forward per sequence within a step."""
 
-    def __init__(self, model: Qwen35Model) -> None:
+    def __init__(self, model: Qwen35Model, graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.device = model.device
+        self.graphs = graphs
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.sampled), V]; advances each sequence's `cached` count."""
+        if _static(self.graphs, batch):
+            return self.graphs.forward(batch.decode)
         sampled = set(map(id, batch.sampled))
         rows = []
         for seq, ids in _work(batch):
@@ -85,6 +88,12 @@ class HybridRunner:
         return torch.stack(rows)
 
 
+def _static(graphs: DecodeGraphs | None, batch: Batch) -> bool:
+    """A pure-decode step the static decoder takes."""
+    return batch.prefill is None and graphs is not None and graphs.accepts(batch.decode)
+
+
 def make_runner(model: LlamaModel | Qwen35Model,
                 graphs: DecodeGraphs | None = None) -> Runner | HybridRunner:
-    return HybridRunner(model) if isinstance(model, Qwen35Model) else Runner(model, graphs)
+    family = HybridRunner if isinstance(model, Qwen35Model) else Runner
+    return family(model, graphs)

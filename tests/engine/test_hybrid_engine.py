@@ -73,6 +73,26 @@ def test_greedy_equals_hf_after_chunked_prefill(family, dense):
     assert len(set(ours)) > 8  # a varied continuation, not one repeated token
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the bf16 CUDA-graph path needs CUDA")
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_cuda_bf16_decode_goes_through_graphs_and_repeats_exactly(family, dense):
+    """The serving path on CUDA: bf16, pure-decode steps replayed from CUDA graphs. The same
+    greedy request twice gives the same tokens (the second reuses the first's graphs and a
+    recycled state slot); the step's numerics are checked in test_hybrid_graphs.py."""
+    artifact = dense if family == "qwen3_5" else HybridArtifact(family)
+    prompt = _prompt(100, seed=7)
+    engine = _engine(artifact, cuda_dtype="bf16")
+    try:
+        first, final = _generate(engine, prompt, 24, "a")
+        again, _ = _generate(engine, prompt, 24, "b")
+        graphs = engine.runner.graphs
+    finally:
+        engine.stop()
+    assert graphs is not None and graphs._graphs  # decode steps were replayed graphs
+    assert final.finish == "length" and len(first) == 24
+    assert again == first
+
+
 def test_second_turn_computes_only_new_tokens(dense):
     shared = _prompt(150, seed=3)  # not page-aligned: the partial page is copied
     turn2 = shared + _prompt(30, seed=4)
