@@ -46,9 +46,9 @@ run() {
 
 ALL=(--context 1024,8192,32768 --concurrency 1,2,4,8 --concurrency-context 1024)
 run h200-ninfer-bench-27b 230 --arch 27b --dtype bf16 "${ALL[@]}" \
-    --prefill 8192 --prefill-chunk 1024 --peer transformers --peer-prompt 1024 --peer-steps 16
+    --prefill 8192 --prefill-chunk 1024 --prefill-reps 3 --peer transformers --peer-prompt 1024 --peer-steps 16
 run h200-ninfer-bench-35b-a3b 200 --arch 35b-a3b --dtype bf16 "${ALL[@]}" \
-    --prefill 8192 --prefill-chunk 1024 --peer transformers --peer-prompt 1024 --peer-steps 16
+    --prefill 8192 --prefill-chunk 1024 --prefill-reps 3 --peer transformers --peer-prompt 1024 --peer-steps 16
 run h200-ninfer-bench-27b-fp8 95 --arch 27b --dtype fp8 "${ALL[@]}" --prefill 0 --no-peer
 log "done; files in $OUT:"
 ls -l "$OUT" >&2
