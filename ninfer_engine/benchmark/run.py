@@ -179,7 +179,7 @@ def _prefill(model, config, tokens, chunk, reps, tflops) -> dict:
 
     warm = min(tokens, 2 * chunk)  # an empty-state chunk and one over cached KV
     run(warm)
-    ms = _events_ms(lambda: run(tokens), reps)
+    ms = time_ms(lambda: run(tokens), reps, warm_up=False)
     n_chunks = -(-tokens // chunk)
     flops = rf.prefill_flops(config, tokens, n_chunks)
     roof = rf.tok_s(tokens, flops, tflops * 1e12)
@@ -191,18 +191,6 @@ def _prefill(model, config, tokens, chunk, reps, tflops) -> dict:
                 flops_per_token=flops / tokens, achieved_tflops=achieved,
                 roofline_tok_s=roof, fraction_of_roofline=tok_s / roof,
                 fraction_of_matmul_rate=achieved / tflops)
-
-
-def _events_ms(fn, n: int) -> float:
-    """Mean milliseconds of `n` calls of `fn` by CUDA events (the caller has warmed it up)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
 
 
 def markdown(result: dict) -> str:

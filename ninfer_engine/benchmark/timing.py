@@ -7,9 +7,11 @@ from collections.abc import Callable
 import torch
 
 
-def time_ms(fn: Callable[[], object], n: int) -> float:
-    """Mean milliseconds of `fn` over `n` calls after one warm-up call, by CUDA events."""
-    fn()
+def time_ms(fn: Callable[[], object], n: int, warm_up: bool = True) -> float:
+    """Mean milliseconds of `fn` over `n` calls by CUDA events, after one warm-up call unless
+    the caller has warmed it up."""
+    if warm_up:
+        fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -28,13 +28,12 @@ def _fake_cuda(monkeypatch, moe: bool, calls: list):
     monkeypatch.setattr(run, "matmul_tflops", lambda: 800.0)
     monkeypatch.setattr(run, "graph_of", _Graph)
 
-    def timed(fn, n):
+    def timed(fn, n, warm_up=True):
         fn()  # one real call (the interpreter is slow); every timing reads 2 ms
         calls.append(n)
         return 2.0
 
     monkeypatch.setattr(run, "time_ms", timed)
-    monkeypatch.setattr(run, "_events_ms", timed)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "fake GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     return config
