@@ -1,0 +1,57 @@
+"""Where one hybrid decode step spends its GPU time: kernel totals of the eager step, by name.
+
+    python3 bench/profile_step.py --arch 35b-a3b [--batch 1] [--context 1024] [--layers N]
+
+Builds the synthetic model on the GPU (random bf16 weights), fills B sequences' state to the
+context, times the step replayed from a CUDA graph, then profiles a few eager steps with
+torch.profiler and prints the CUDA kernels by total time: the sum of kernel time against the
+graph step time tells launch-bound from kernel-bound, and the table names the kernels to fuse.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
+from ninfer_engine.benchmark.decode import KernelDecoder  # noqa: E402
+from ninfer_engine.benchmark.timing import graph_of, time_ms  # noqa: E402
+from ninfer_engine.models.fused import FusedParams  # noqa: E402
+from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="35b-a3b")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--steps", type=int, default=5)
+    args = ap.parse_args()
+    with torch.inference_mode():
+        config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers)
+        params = FusedParams(config, source)
+        model = Qwen35Model(config, params)
+        dec = KernelDecoder(model, params, args.context + 64, batch=args.batch)
+        dec.fill_random(args.context, token=17)
+        graph = graph_of(dec.greedy_step)
+        step = time_ms(graph.replay, 30)
+        eager = time_ms(dec.greedy_step, 3)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.steps):
+                dec.greedy_step()
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    kernel_ms = sum(e.device_time_total for e in events) / 1e3 / args.steps
+    print(f"{args.arch} B={args.batch} ctx={args.context}: graph step {step:.2f} ms, eager "
+          f"{eager:.2f} ms, kernel time per step {kernel_ms:.2f} ms")
+    print(events.table(sort_by="device_time_total", row_limit=25, max_name_column_width=70))
+
+
+if __name__ == "__main__":
+    main()
