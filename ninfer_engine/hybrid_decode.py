@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from .kernels import dequant_gemv as dq
 from .kernels.gdn_decode import gdn_decode_triton
+from .kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
 from .kernels.moe_gemv import moe_gemv_triton
 from .kernels.paged_attention import PAGE, paged_attention_triton
 from .kernels.rmsnorm import rms_norm_triton
@@ -142,20 +143,12 @@ class HybridStep:
         return self.w.head(y)
 
     def _gdn(self, layer, i, y, B):
+        """Fused projection → conv/SiLU/gates (one kernel) → recurrence → gated norm (one)."""
         m, conv, ssm = layer["mixer"], self.conv[i][:B], self.ssm[i][:B]
-        kg, vg = m.nk * m.dk, m.nv * m.dv
-        qkv, z, b, a = layer["w_in"](y).split([2 * kg + vg, vg, m.nv, m.nv], -1)
-        window = torch.cat([conv, qkv[:, None]], 1)  # [B, K, C]
-        conv.copy_(window[:, 1:])
-        qkv = F.silu((window.float() * m.conv.float()).sum(1))
-        q, k, v = qkv.split([kg, kg, vg], -1)
-        g = -m.a_log.exp() * F.softplus(a.float() + m.dt_bias)
-        o = gdn_decode_triton(q.reshape(B, m.nk, m.dk), k.reshape(B, m.nk, m.dk),
-                              v.reshape(B, m.nv, m.dv), g, torch.sigmoid(b.float()), ssm)
-        o = o.to(torch.bfloat16).float()
-        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps)
-        o = (m.norm * o.to(torch.bfloat16) * F.silu(z.reshape(B, m.nv, m.dv).float()))
-        return layer["w_out"](o.to(torch.bfloat16).reshape(B, vg))
+        q, k, v, g, beta, z = gdn_prep_triton(layer["w_in"](y), conv, m.conv, m.a_log,
+                                              m.dt_bias, m.nk, m.dk, m.nv, m.dv)
+        o = gdn_decode_triton(q, k, v, g, beta, ssm)
+        return layer["w_out"](gdn_gated_norm_triton(o, z, m.norm, self.eps))
 
     def _attn(self, layer, kv: KvLayer, y, B, kv_span):
         m, pos, table = layer["mixer"], self.pos[:B], self.table[:B]

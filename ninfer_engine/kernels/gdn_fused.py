@@ -1,0 +1,234 @@
+"""The small element-wise work around a decode step's Gated DeltaNet recurrence, fused.
+
+`HybridStep._gdn` (hybrid_decode.py) runs, for B sequences, `proj = x W_inᵀ` (q|k|v|z|b|a),
+the causal depthwise conv + SiLU over q|k|v with the conv state shifted in place, the decay
+`g` and `beta`, the recurrence (`gdn_decode`), then the gated RMSNorm; in torch these are
+~15 tiny launches per layer. Here:
+
+* `gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv)` — one launch:
+  conv state shift (in place), conv + SiLU into fp32 q [B, nk, dk], k [B, nk, dk],
+  v [B, nv, dv] (each contiguous), `g = −e^{a_log}·softplus(a + dt_bias)` and
+  `beta = sigmoid(b)` [B, nv] fp32; also returns z [B, nv·dv] as a view of proj.
+* `gdn_gated_norm(o, z, norm, eps)` — one launch: `o` [B, nv, dv] fp32 from the recurrence
+  → bf16 [B, nv·dv], `norm · rmsnorm(o) · silu(z)` per value head.
+
+Both round exactly where the torch code does (`*_ref` below is that code); the Triton paths
+differ from it only in the last ulp of exp / division / the reduction order of the norm.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ._dispatch import interpreting, use_triton
+
+
+def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv):
+    """Torch reference: `_gdn`'s code between the input GEMV and the recurrence.
+
+    proj [B, 2·nk·dk + 2·nv·dv + 2·nv] (q|k|v|z|b|a), conv_state [B, K-1, C] updated in place
+    (C = 2·nk·dk + nv·dv), conv_w [K, C], a_log / dt_bias [nv] fp32.
+    Returns (q [B, nk, dk], k [B, nk, dk], v [B, nv, dv], g [B, nv], beta [B, nv]) fp32 and
+    z [B, nv·dv], a view of proj."""
+    B = proj.shape[0]
+    kg, vg = nk * dk, nv * dv
+    qkv, z, b, a = proj.split([2 * kg + vg, vg, nv, nv], -1)
+    window = torch.cat([conv_state, qkv[:, None]], 1)  # [B, K, C]
+    conv_state.copy_(window[:, 1:])
+    qkv = F.silu((window.float() * conv_w.float()).sum(1))
+    q, k, v = qkv.split([kg, kg, vg], -1)
+    g = -a_log.exp() * F.softplus(a.float() + dt_bias)
+    beta = torch.sigmoid(b.float())
+    return (q.reshape(B, nk, dk), k.reshape(B, nk, dk), v.reshape(B, nv, dv), g, beta, z)
+
+
+def gdn_gated_norm_ref(o, z, norm, eps):
+    """Torch reference: `_gdn`'s gated RMSNorm. o [B, nv, dv] fp32, z [B, nv·dv] bf16 (any
+    view), norm [dv]. Returns bf16 [B, nv·dv]."""
+    B, nv, dv = o.shape
+    o = o.to(torch.bfloat16).float()
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
+    o = (norm * o.to(torch.bfloat16) * F.silu(z.reshape(B, nv, dv).float()))
+    return o.to(torch.bfloat16).reshape(B, nv * dv)
+
+
+@triton.jit
+def _exp(x, LIBDEVICE: tl.constexpr):
+    # libdevice's expf is what torch's CUDA kernels call; tl.exp is ex2.approx on GPUs.
+    # The interpreter has no extern calls: it takes tl.exp (numpy's exp).
+    if LIBDEVICE:
+        y = libdevice.exp(x)
+    else:
+        y = tl.exp(x)
+    return y
+
+
+@triton.jit
+def _round_bf16(x):
+    # fp32 -> the nearest bf16 (ties to even), kept in fp32. Not `.to(tl.bfloat16)`: the
+    # interpreter truncates there (Triton 3.9), and this path is the one the tests check.
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _silu(x, LIBDEVICE: tl.constexpr):
+    # torch: x / (1 + exp(-x)), IEEE division
+    return tl.math.div_rn(x, 1.0 + _exp(-x, LIBDEVICE))
+
+
+@triton.jit
+def _softplus(x, LIBDEVICE: tl.constexpr):
+    # torch (beta 1, threshold 20): x > 20 ? x : log1p(exp(x))
+    e = _exp(tl.minimum(x, 20.0), LIBDEVICE)
+    if LIBDEVICE:
+        lp = libdevice.log1p(e)
+    else:  # log1p from log: exact to a few ulps (Goldberg); e < 2^-24 leaves u == 1
+        u = 1.0 + e
+        lp = tl.where(u == 1.0, e, tl.log(u) * tl.math.div_rn(e, tl.where(u == 1.0, 1.0, u - 1.0)))
+    return tl.where(x > 20.0, x, lp)
+
+
+@triton.jit
+def _gdn_prep_kernel(proj_ptr, conv_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, B,
+                     stride_pb, stride_cb, stride_ct,
+                     KG: tl.constexpr, VG: tl.constexpr, NV: tl.constexpr, K: tl.constexpr,
+                     BLOCK_C: tl.constexpr, BLOCK_NV: tl.constexpr, EVEN: tl.constexpr,
+                     LIBDEVICE: tl.constexpr):
+    b = tl.program_id(0)
+    cb = tl.program_id(1)
+    C: tl.constexpr = 2 * KG + VG
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = c < C
+    conv_row = conv_ptr + b * stride_cb + c
+    # window tap 0 (oldest), then taps 1..K-1; tap t is stored back as state row t-1 (the
+    # program owns its channels across every tap, so the in-place shift has no race)
+    if EVEN:
+        x = tl.load(conv_row)
+        acc = x.to(tl.float32) * tl.load(w_ptr + c).to(tl.float32)
+    else:
+        x = tl.load(conv_row, mask=mask, other=0.0)
+        acc = x.to(tl.float32) * tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
+    for t in tl.static_range(1, K):
+        if t < K - 1:
+            src = conv_row + t * stride_ct
+        else:
+            src = proj_ptr + b * stride_pb + c  # this step's q|k|v row
+        if EVEN:
+            x = tl.load(src)
+            tl.store(conv_row + (t - 1) * stride_ct, x.to(conv_ptr.dtype.element_ty))
+            w = tl.load(w_ptr + t * C + c).to(tl.float32)
+        else:
+            x = tl.load(src, mask=mask, other=0.0)
+            tl.store(conv_row + (t - 1) * stride_ct, x.to(conv_ptr.dtype.element_ty),
+                     mask=mask)
+            w = tl.load(w_ptr + t * C + c, mask=mask, other=0.0).to(tl.float32)
+        # the window is the state's dtype (torch.cat of state and row), product and sum fp32
+        acc = acc + x.to(conv_ptr.dtype.element_ty).to(tl.float32) * w
+    y = _silu(acc, LIBDEVICE)
+    # out = q [B, KG] | k [B, KG] | v [B, VG] | g [B, NV] | beta [B, NV], fp32
+    off = tl.where(c < KG, b * KG + c,
+                   tl.where(c < 2 * KG, B * KG + b * KG + (c - KG),
+                            2 * B * KG + b * VG + (c - 2 * KG)))
+    if EVEN:
+        tl.store(out_ptr + off, y)
+    else:
+        tl.store(out_ptr + off, y, mask=mask)
+    if cb == 0:
+        j = tl.arange(0, BLOCK_NV)
+        jm = j < NV
+        row = proj_ptr + b * stride_pb + C + VG  # b, then a
+        bb = tl.load(row + j, mask=jm, other=0.0).to(tl.float32)
+        a = tl.load(row + NV + j, mask=jm, other=0.0).to(tl.float32)
+        a = a + tl.load(dtb_ptr + j, mask=jm, other=0.0)
+        g = -_exp(tl.load(alog_ptr + j, mask=jm, other=0.0), LIBDEVICE) * _softplus(a, LIBDEVICE)
+        beta = tl.math.div_rn(1.0, 1.0 + _exp(-bb, LIBDEVICE))
+        base = out_ptr + B * C + b * NV + j
+        tl.store(base, g, mask=jm)
+        tl.store(base + B * NV, beta, mask=jm)
+
+
+def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, block_c=512):
+    """Triton path, one launch: grid (B, ⌈C / block_c⌉); the programs of channel block 0 also
+    write g and beta. q, k, v, g, beta are views of one fp32 allocation, each contiguous."""
+    B, N = proj.shape
+    kg, vg = nk * dk, nv * dv
+    C = 2 * kg + vg
+    K = conv_w.shape[0]
+    assert N == C + vg + 2 * nv and K >= 2
+    assert conv_state.shape == (B, K - 1, C) and conv_w.shape == (K, C)
+    assert a_log.shape == (nv,) and dt_bias.shape == (nv,)
+    assert a_log.dtype == torch.float32 and dt_bias.dtype == torch.float32
+    assert proj.stride(1) == 1 and conv_state.stride(2) == 1 and conv_w.is_contiguous()
+    assert a_log.is_contiguous() and dt_bias.is_contiguous()
+    out = torch.empty(B * (C + 2 * nv), dtype=torch.float32, device=proj.device)
+    block_c = min(block_c, triton.next_power_of_2(C))
+    if B > 0:
+        _gdn_prep_kernel[(B, triton.cdiv(C, block_c))](
+            proj, conv_state, conv_w, a_log, dt_bias, out, B,
+            proj.stride(0), conv_state.stride(0), conv_state.stride(1),
+            KG=kg, VG=vg, NV=nv, K=K, BLOCK_C=block_c, BLOCK_NV=triton.next_power_of_2(nv),
+            EVEN=C % block_c == 0, LIBDEVICE=not interpreting(),
+            num_warps=max(1, min(4, block_c // 128)))
+    q = out[: B * kg].view(B, nk, dk)
+    k = out[B * kg: 2 * B * kg].view(B, nk, dk)
+    v = out[2 * B * kg: B * C].view(B, nv, dv)
+    g = out[B * C: B * (C + nv)].view(B, nv)
+    beta = out[B * (C + nv):].view(B, nv)
+    return q, k, v, g, beta, proj[:, C: C + vg]
+
+
+@triton.jit
+def _gdn_gated_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, stride_zb, eps,
+                           NV: tl.constexpr, DV: tl.constexpr, BLOCK: tl.constexpr,
+                           ROUND_PROD: tl.constexpr, LIBDEVICE: tl.constexpr):
+    pid = tl.program_id(0)  # b * NV + j
+    b = pid // NV
+    j = pid % NV
+    d = tl.arange(0, BLOCK)
+    m = d < DV
+    o = tl.load(o_ptr + pid * DV + d, mask=m, other=0.0)
+    o = _round_bf16(o)
+    o = o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
+    # norm · o.to(bf16): a bf16 weight gives a bf16 product (ROUND_PROD), fp32 stays fp32
+    p = tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32) * _round_bf16(o)
+    if ROUND_PROD:  # exact in fp32 (8-bit × 8-bit significands), then one bf16 rounding
+        p = _round_bf16(p)
+    z = tl.load(z_ptr + b * stride_zb + j * DV + d, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid * DV + d, _round_bf16(p * _silu(z, LIBDEVICE)).to(tl.bfloat16),
+             mask=m)
+
+
+def gdn_gated_norm_triton(o, z, norm, eps):
+    """Triton path, one launch: one program per (sequence, value head). z may be any view
+    with unit inner stride (e.g. `gdn_prep`'s slice of proj)."""
+    B, nv, dv = o.shape
+    assert o.dtype == torch.float32 and o.is_contiguous()
+    assert z.shape == (B, nv * dv) and z.stride(1) == 1 and z.dtype == torch.bfloat16
+    assert norm.shape == (dv,) and norm.is_contiguous()
+    prod = torch.promote_types(norm.dtype, torch.bfloat16)
+    assert prod in (torch.bfloat16, torch.float32), norm.dtype
+    out = torch.empty(B, nv * dv, dtype=torch.bfloat16, device=o.device)
+    block = triton.next_power_of_2(dv)
+    if B > 0:
+        _gdn_gated_norm_kernel[(B * nv,)](
+            o, z, norm, out, z.stride(0), eps, NV=nv, DV=dv, BLOCK=block,
+            ROUND_PROD=prod == torch.bfloat16, LIBDEVICE=not interpreting(),
+            num_warps=max(1, min(4, block // 256)))
+    return out
+
+
+def gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv):
+    """Dispatching entry point; see the module docstring."""
+    fn = gdn_prep_triton if use_triton(proj) else gdn_prep_ref
+    return fn(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv)
+
+
+def gdn_gated_norm(o, z, norm, eps):
+    """Dispatching entry point; see the module docstring."""
+    return (gdn_gated_norm_triton if use_triton(o) else gdn_gated_norm_ref)(o, z, norm, eps)

@@ -1,0 +1,175 @@
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer_engine.kernels.gdn_decode import gdn_decode_ref
+from ninfer_engine.kernels.gdn_fused import (gdn_gated_norm, gdn_gated_norm_ref,
+                                             gdn_gated_norm_triton, gdn_prep, gdn_prep_ref,
+                                             gdn_prep_triton)
+
+from .conftest import rel_err
+
+K = 4
+
+
+def _layer(nk, nv, dk, dv, gen, norm_dtype=torch.bfloat16):
+    """A GDN mixer's decode-time parameters, shaped as `GatedDeltaNet` holds them."""
+    C = 2 * nk * dk + nv * dv
+    return SimpleNamespace(
+        nk=nk, nv=nv, dk=dk, dv=dv, taps=K, conv_dim=C,
+        conv=(torch.randn(K, C, generator=gen) * 0.5).bfloat16(),
+        a_log=torch.randn(nv, generator=gen) * 0.5,
+        dt_bias=torch.randn(nv, generator=gen),
+        norm=(1 + 0.1 * torch.randn(dv, generator=gen)).to(norm_dtype))
+
+
+def _proj(B, m, gen):
+    kg, vg = m.nk * m.dk, m.nv * m.dv
+    p = torch.randn(B, 2 * kg + 2 * vg + 2 * m.nv, generator=gen) * 2
+    # a spread of a + dt_bias across softplus's threshold (20) and its far-negative tail
+    a = torch.linspace(-30, 30, m.nv)[None].expand(B, -1) + torch.randn(B, m.nv, generator=gen)
+    p[:, -m.nv:] = a
+    return p.bfloat16()
+
+
+def _to(xs, device):
+    return [x.to(device) for x in xs]
+
+
+def _assert_fp32_close(out, ref):
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    assert rel_err(out, ref) < 1e-6
+    torch.testing.assert_close(out.cpu(), ref, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("nk, nv, dk, dv, B, block_c", [
+    (2, 4, 16, 16, 1, 512),
+    (2, 4, 16, 16, 3, 32),  # several channel blocks: block 0 alone writes g, beta
+    (2, 4, 32, 32, 3, 512),
+    (2, 4, 64, 64, 1, 512),
+    (2, 4, 64, 64, 3, 64),
+    (2, 2, 24, 40, 3, 64),  # C = 176: a masked channel tail
+    (16, 32, 128, 128, 1, 512),  # 27B GDN heads
+    (16, 48, 128, 128, 1, 512),  # 35B-A3B GDN heads
+])
+def test_gdn_prep_matches_reference(device, nk, nv, dk, dv, B, block_c):
+    gen = torch.Generator().manual_seed(nk * 1000 + nv * 10 + dk + B)
+    m = _layer(nk, nv, dk, dv, gen)
+    proj = _proj(B, m, gen)
+    conv = torch.randn(B, K - 1, m.conv_dim, generator=gen).bfloat16()
+    conv_ref, conv_tri = conv.clone(), conv.clone().to(device)
+    ref = gdn_prep_ref(proj, conv_ref, m.conv, m.a_log, m.dt_bias, nk, dk, nv, dv)
+    proj_d = proj.to(device)
+    out = gdn_prep_triton(proj_d, conv_tri, *_to((m.conv, m.a_log, m.dt_bias), device),
+                          nk, dk, nv, dv, block_c=block_c)
+    for o, r in zip(out[:5], ref[:5]):  # q, k, v, g, beta
+        assert o.is_contiguous()
+        _assert_fp32_close(o, r)
+    # the conv state shifted in place, bit for bit; the oldest row dropped
+    assert torch.equal(conv_tri.cpu(), conv_ref)
+    assert torch.equal(conv_ref[:, :-1], conv[:, 1:])
+    # z: a view of proj, not a copy
+    z = out[5]
+    assert z.data_ptr() == proj_d.data_ptr() + m.conv_dim * proj_d.element_size()
+    assert torch.equal(z.cpu(), ref[5])
+
+
+def test_gdn_prep_two_steps_carry_conv_state(device):
+    # the second step's window reads the rows the first step shifted in
+    gen = torch.Generator().manual_seed(5)
+    nk, nv, dk, dv, B = 2, 4, 16, 32, 2
+    m = _layer(nk, nv, dk, dv, gen)
+    conv_ref = torch.zeros(B, K - 1, m.conv_dim).bfloat16()
+    conv_tri = conv_ref.clone().to(device)
+    for _ in range(K + 1):
+        proj = _proj(B, m, gen)
+        ref = gdn_prep_ref(proj, conv_ref, m.conv, m.a_log, m.dt_bias, nk, dk, nv, dv)
+        out = gdn_prep_triton(proj.to(device), conv_tri,
+                              *_to((m.conv, m.a_log, m.dt_bias), device), nk, dk, nv, dv)
+        for o, r in zip(out[:3], ref[:3]):
+            _assert_fp32_close(o, r)
+        assert torch.equal(conv_tri.cpu(), conv_ref)
+
+
+@pytest.mark.parametrize("nv, dv, B, norm_dtype", [
+    (4, 16, 1, torch.bfloat16),
+    (4, 32, 3, torch.bfloat16),
+    (4, 64, 3, torch.bfloat16),
+    (2, 40, 3, torch.bfloat16),  # a masked tail
+    (4, 32, 2, torch.float32),  # an fp32 weight: no bf16 rounding of norm · o
+    (32, 128, 1, torch.bfloat16),
+    (48, 128, 1, torch.bfloat16),
+])
+def test_gdn_gated_norm_matches_reference(device, nv, dv, B, norm_dtype):
+    gen = torch.Generator().manual_seed(nv + dv + B)
+    o = torch.randn(B, nv, dv, generator=gen) * 3
+    # z as _gdn passes it: a strided slice of the projection output
+    proj = (torch.randn(B, 3 * nv * dv + 5, generator=gen) * 3).bfloat16()
+    z = proj[:, nv * dv + 5: 2 * nv * dv + 5]
+    norm = (1 + 0.1 * torch.randn(dv, generator=gen)).to(norm_dtype)
+    eps = 1e-6
+    ref = gdn_gated_norm_ref(o, z, norm, eps)
+    zd = proj.to(device)[:, nv * dv + 5: 2 * nv * dv + 5]
+    out = gdn_gated_norm_triton(o.to(device), zd, norm.to(device), eps).cpu()
+    assert out.dtype == torch.bfloat16 and out.shape == (B, nv * dv) and out.is_contiguous()
+    # within one bf16 ulp everywhere (rounding ties after last-ulp fp32 differences)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2 ** -7, atol=1e-30)
+    assert rel_err(out, ref) < 1e-2
+    assert (out == ref).float().mean() > 0.99
+
+
+def _torch_gdn_tail(m, proj, conv, ssm, eps):
+    """`HybridStep._gdn` minus its two GEMVs (proj = w_in(y); returns what w_out reads), with
+    the torch reference recurrence."""
+    B = proj.shape[0]
+    kg, vg = m.nk * m.dk, m.nv * m.dv
+    qkv, z, b, a = proj.split([2 * kg + vg, vg, m.nv, m.nv], -1)
+    window = torch.cat([conv, qkv[:, None]], 1)  # [B, K, C]
+    conv.copy_(window[:, 1:])
+    qkv = F.silu((window.float() * m.conv.float()).sum(1))
+    q, k, v = qkv.split([kg, kg, vg], -1)
+    g = -m.a_log.exp() * F.softplus(a.float() + m.dt_bias)
+    o = gdn_decode_ref(q.reshape(B, m.nk, m.dk), k.reshape(B, m.nk, m.dk),
+                       v.reshape(B, m.nv, m.dv), g, torch.sigmoid(b.float()), ssm)
+    o = o.to(torch.bfloat16).float()
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
+    o = (m.norm * o.to(torch.bfloat16) * F.silu(z.reshape(B, m.nv, m.dv).float()))
+    return o.to(torch.bfloat16).reshape(B, vg)
+
+
+@pytest.mark.parametrize("nk, nv, dk, dv, B", [(2, 4, 16, 16, 3), (2, 4, 32, 64, 2)])
+def test_fused_chain_matches_torch_gdn(device, nk, nv, dk, dv, B):
+    gen = torch.Generator().manual_seed(11)
+    m = _layer(nk, nv, dk, dv, gen)
+    eps = 1e-6
+    conv_ref = torch.zeros(B, K - 1, m.conv_dim).bfloat16()
+    ssm_ref = torch.zeros(B, nv, dk, dv)
+    conv_tri, ssm_tri = conv_ref.clone().to(device), ssm_ref.clone()
+    w = _to((m.conv, m.a_log, m.dt_bias), device)
+    norm = m.norm.to(device)
+    for _ in range(3):
+        proj = _proj(B, m, gen)
+        proj[:, -m.nv:] = proj[:, -m.nv:] / 10  # a realistic decay range for the recurrence
+        ref = _torch_gdn_tail(m, proj, conv_ref, ssm_ref, eps)
+        q, k, v, g, beta, z = gdn_prep_triton(proj.to(device), conv_tri, *w, nk, dk, nv, dv)
+        o = gdn_decode_ref(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), ssm_tri)
+        out = gdn_gated_norm_triton(o.to(device), z, norm, eps).cpu()
+        assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+        assert rel_err(out, ref) < 1e-2
+        assert torch.equal(conv_tri.cpu(), conv_ref)
+        assert rel_err(ssm_tri, ssm_ref) < 1e-5
+
+
+def test_dispatch_takes_reference_on_cpu_tensors():
+    gen = torch.Generator().manual_seed(2)
+    m = _layer(2, 4, 16, 16, gen)
+    proj = _proj(2, m, gen)
+    c1, c2 = torch.zeros(2, 2, K - 1, m.conv_dim).bfloat16()
+    a = gdn_prep(proj, c1, m.conv, m.a_log, m.dt_bias, 2, 16, 4, 16)
+    b = gdn_prep_ref(proj, c2, m.conv, m.a_log, m.dt_bias, 2, 16, 4, 16)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    o = torch.randn(2, 4, 16, generator=gen)
+    assert torch.equal(gdn_gated_norm(o, a[5], m.norm, 1e-6),
+                       gdn_gated_norm_ref(o, a[5], m.norm, 1e-6))
