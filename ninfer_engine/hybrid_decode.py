@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from .kernels import dequant_gemv as dq
 from .kernels.gdn_decode import gdn_decode_triton
 from .kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
-from .kernels.moe_gemv import moe_gemv_triton
+from .kernels.moe_fused import (moe_down_combine_triton, moe_gate_up_silu_triton,
+                                route_topk_triton)
 from .kernels.paged_attention import PAGE, paged_attention_triton
 from .kernels.rmsnorm import rms_norm_triton
 from .kernels.rotary import rope_triton
@@ -167,22 +168,15 @@ class HybridStep:
         return layer["w_out"](a.reshape(B, qd) * torch.sigmoid(gate))
 
     def _experts(self, layer, y, B):
-        """Top-k routed SwiGLU experts of every row: B·k (row, slot) pairs, one `moe_gemv`
-        launch each for gate|up and down."""
+        """Top-k routed SwiGLU experts of every row: after the router GEMV, three fused
+        launches (routing; gate|up + SiLU·up over the B·k (row, slot) pairs; down + the
+        weighted sum over the slots)."""
         moe = layer["moe"]
         k = moe.top_k
-        probs = torch.softmax(F.linear(y, moe.router).float(), -1)
-        weights, ids = torch.topk(probs, k, -1)  # [B, k]
-        if moe.renormalise:
-            weights = weights / weights.sum(-1, keepdim=True)
-        ids = ids.reshape(B * k)
-        rows = y[:, None].expand(B, k, y.shape[-1]).reshape(B * k, -1)
-        if B * k == 1:  # moe_gemv reads a single row as shared by every slot: same thing
-            rows = y
-        g, u = moe_gemv_triton(rows, layer["experts_gu"], ids).chunk(2, -1)
-        down = moe_gemv_triton(F.silu(g) * u, layer["experts_down"], ids)  # [B·k, H]
-        out = (down.view(B, k, -1) * weights.to(y.dtype)[..., None]).float().sum(1)
-        return out.to(y.dtype)
+        weights, ids = route_topk_triton(F.linear(y, moe.router), k, moe.renormalise)
+        ids = ids.view(B * k)
+        act = moe_gate_up_silu_triton(y, layer["experts_gu"], ids)  # slot s reads row s // k
+        return moe_down_combine_triton(act, layer["experts_down"], ids, weights, B, k)
 
 
 class EngineHybridDecoder:

@@ -1,0 +1,215 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer_engine.kernels.moe_fused import (
+    moe_down_combine, moe_down_combine_ref, moe_down_combine_triton, moe_gate_up_silu,
+    moe_gate_up_silu_ref, moe_gate_up_silu_triton, route_topk, route_topk_ref,
+    route_topk_triton)
+from ninfer_engine.kernels.moe_gemv import moe_gemv_ref
+
+from .conftest import rel_err
+
+
+def _fp32_gate_up(x, w_gu, ids):
+    S = ids.shape[0]
+    xs = x.double().repeat_interleave(S // x.shape[0], 0)
+    g, u = torch.einsum("sk,snk->sn", xs, w_gu[ids].double()).chunk(2, -1)
+    return F.silu(g) * u
+
+
+def _assert_rounded_once(out, exact):
+    """out is `exact` rounded once to bf16: within half a bf16 ulp (≤ 2⁻⁸·|x|) plus fp32
+    accumulation noise (a truncating cast, or a second rounding, breaks this)."""
+    err = (out.double().cpu() - exact).abs()
+    assert (err <= exact.abs() * 2 ** -8 + 1e-5).all(), (err - exact.abs() * 2 ** -8).max()
+
+
+def _current_gate_up(x, w_gu, ids):
+    """The torch sequence of `HybridStep._experts` (bf16 g, u, SiLU and product)."""
+    g, u = moe_gemv_ref(x, w_gu, ids).chunk(2, -1)
+    return F.silu(g) * u
+
+
+def _fp64_down(act, w_down, ids, weights, B, k):
+    down = torch.einsum("sk,snk->sn", act.double(), w_down[ids].double())
+    return (down.view(B, k, -1) * weights.double()[..., None]).sum(1)
+
+
+def _current_down(act, w_down, ids, weights, B, k):
+    down = moe_gemv_ref(act, w_down, ids)
+    return (down.view(B, k, -1) * weights.to(act.dtype)[..., None]).float().sum(1).to(act.dtype)
+
+
+# ---------------------------------------------------------------------------------- route_topk
+
+@pytest.mark.parametrize("B,E,k,renorm,dtype", [
+    (1, 8, 2, True, torch.float32), (3, 16, 4, False, torch.bfloat16),
+    (3, 256, 8, True, torch.bfloat16),  # the real 35B-A3B router
+    (2, 200, 5, True, torch.float32),   # E, k not powers of two
+    (2, 512, 16, False, torch.float32)])
+def test_route_topk_matches_softmax_topk(device, B, E, k, renorm, dtype):
+    g = torch.Generator().manual_seed(E + k)
+    logits = (torch.randn(B, E, generator=g) * 3).to(dtype)
+    w_ref, ids_ref = route_topk_ref(logits, k, renorm)
+    w, ids = route_topk_triton(logits.to(device), k, renorm)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int64 and w.shape == (B, k)
+    w, ids = w.cpu(), ids.cpu()
+    torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-7)
+    assert (w[:, :-1] >= w[:, 1:]).all()
+    # bf16 logits do tie (here three equal logits compete for the 8th slot of a row of 256):
+    # any order of equal probabilities is a correct top-k (torch's own differs by device), the
+    # kernel takes the lowest index first. Elsewhere the ids are torch's, in torch's order.
+    probs = torch.softmax(logits.float(), -1)
+    torch.testing.assert_close(probs.gather(1, ids), probs.gather(1, ids_ref), rtol=0, atol=0)
+    assert all(len(set(row.tolist())) == k for row in ids)
+    untied = probs.gather(1, ids_ref)[:, :, None] != probs[:, None, :]  # [B, k, E]
+    untied = untied.sum(-1) == E - 1  # slots whose probability no other expert shares
+    assert torch.equal(ids[untied], ids_ref[untied])
+    if dtype == torch.float32:
+        assert torch.equal(ids, ids_ref)
+
+
+def test_route_topk_dispatches_to_torch_on_cpu():
+    logits = torch.randn(2, 16)
+    w, ids = route_topk(logits, 4, True)
+    w_ref, ids_ref = route_topk_ref(logits, 4, True)
+    assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
+
+
+# ---------------------------------------------------------------------------- moe_gate_up_silu
+
+@pytest.mark.parametrize("x_rows", ["slot", "shared", "token"])
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_gate_up_silu(device, x_rows, use_dot):
+    g = torch.Generator().manual_seed(1)
+    E, I, H, B, k = 8, 32, 64, 3, 2
+    w_gu = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).bfloat16()
+    ids = torch.tensor([5, 1, 1, 7, 0, 5])  # repeated experts are allowed
+    n = {"slot": B * k, "shared": 1, "token": B}[x_rows]
+    x = torch.randn(n, H, generator=g).bfloat16()
+    out = moe_gate_up_silu_triton(x.to(device), w_gu.to(device), ids.to(device),
+                                  block_i=16, block_k=32, use_dot=use_dot)
+    assert out.dtype == torch.bfloat16 and out.shape == (B * k, I)
+    exact = _fp32_gate_up(x, w_gu, ids)
+    _assert_rounded_once(out, exact)
+    assert rel_err(out, moe_gate_up_silu_ref(x, w_gu, ids)) < 1e-3
+    # the current torch sequence rounds g, u, SiLU(g) and the product to bf16
+    xs = x.repeat_interleave(B * k // n, 0) if n != 1 else x
+    current = _current_gate_up(xs, w_gu, ids)
+    assert rel_err(out, current) < 2e-2
+    assert rel_err(current, exact) > rel_err(out, exact)  # the fused path is the closer one
+
+
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_gate_up_silu_masks_tails(device, use_dot):
+    # H = 72 is not a multiple of the K block, I = 24 not a multiple of the I block
+    g = torch.Generator().manual_seed(2)
+    E, I, H = 4, 24, 72
+    w_gu = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).bfloat16()
+    ids = torch.tensor([3, 0, 2])
+    x = torch.randn(3, H, generator=g).bfloat16()
+    out = moe_gate_up_silu_triton(x.to(device), w_gu.to(device), ids.to(device),
+                                  block_i=16, block_k=32, use_dot=use_dot)
+    _assert_rounded_once(out, _fp32_gate_up(x, w_gu, ids))
+
+
+def test_gate_up_silu_single_slot(device):
+    g = torch.Generator().manual_seed(3)
+    w_gu = (torch.randn(4, 64, 128, generator=g) / 11).bfloat16()
+    ids, x = torch.tensor([2]), torch.randn(1, 128, generator=g).bfloat16()
+    out = moe_gate_up_silu_triton(x.to(device), w_gu.to(device), ids.to(device))
+    _assert_rounded_once(out, _fp32_gate_up(x, w_gu, ids))
+
+
+# ---------------------------------------------------------------------------- moe_down_combine
+
+@pytest.mark.parametrize("B,k,E,H,I", [(1, 2, 8, 64, 32), (3, 4, 16, 128, 64)])
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_down_combine(device, B, k, E, H, I, use_dot):
+    g = torch.Generator().manual_seed(B * k)
+    w_down = (torch.randn(E, H, I, generator=g) / I ** 0.5).bfloat16()
+    ids = torch.randint(0, E, (B * k,), generator=g)
+    act = torch.randn(B * k, I, generator=g).bfloat16()
+    weights = torch.softmax(torch.randn(B, k, generator=g), -1)
+    out = moe_down_combine_triton(act.to(device), w_down.to(device), ids.to(device),
+                                  weights.to(device), B, k, block_h=16, block_k=32,
+                                  use_dot=use_dot)
+    assert out.dtype == torch.bfloat16 and out.shape == (B, H)
+    exact = _fp64_down(act, w_down, ids, weights, B, k)
+    _assert_rounded_once(out, exact)
+    assert rel_err(out, moe_down_combine_ref(act, w_down, ids, weights, B, k)) < 1e-3
+    # the current sequence rounds each slot's output, the weights and their product to bf16
+    current = _current_down(act, w_down, ids, weights, B, k)
+    assert rel_err(out, current) < 2e-2
+    assert rel_err(current, exact) > rel_err(out, exact)
+
+
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_down_combine_masks_tails(device, use_dot):
+    # I = 24 (tiny-moe's expert width) and H = 44: both tails masked
+    g = torch.Generator().manual_seed(4)
+    B, k, E, H, I = 2, 3, 5, 44, 24
+    w_down = (torch.randn(E, H, I, generator=g) / 5).bfloat16()
+    ids = torch.randint(0, E, (B * k,), generator=g)
+    act = torch.randn(B * k, I, generator=g).bfloat16()
+    weights = torch.rand(B, k, generator=g)
+    out = moe_down_combine_triton(act.to(device), w_down.to(device), ids.to(device),
+                                  weights.to(device), B, k, block_h=16, use_dot=use_dot)
+    _assert_rounded_once(out, _fp64_down(act, w_down, ids, weights, B, k))
+
+
+def test_down_combine_is_deterministic(device):
+    g = torch.Generator().manual_seed(5)
+    B, k, E, H, I = 2, 4, 8, 32, 32
+    args = [(torch.randn(B * k, I, generator=g)).bfloat16().to(device),
+            (torch.randn(E, H, I, generator=g) / 6).bfloat16().to(device),
+            torch.randint(0, E, (B * k,), generator=g).to(device),
+            torch.rand(B, k, generator=g).to(device)]
+    a = moe_down_combine_triton(*args, B, k)
+    assert torch.equal(a, moe_down_combine_triton(*args, B, k))
+
+
+# ---------------------------------------------------------------------------------- end to end
+
+def _current_experts(y, router, w_gu, w_down, k, renormalise):
+    """`HybridStep._experts` with the torch references of its kernels."""
+    B = y.shape[0]
+    probs = torch.softmax(F.linear(y, router).float(), -1)
+    weights, ids = torch.topk(probs, k, -1)
+    if renormalise:
+        weights = weights / weights.sum(-1, keepdim=True)
+    ids = ids.reshape(B * k)
+    rows = y[:, None].expand(B, k, y.shape[-1]).reshape(B * k, -1)
+    g, u = moe_gemv_ref(rows, w_gu, ids).chunk(2, -1)
+    down = moe_gemv_ref(F.silu(g) * u, w_down, ids)
+    out = (down.view(B, k, -1) * weights.to(y.dtype)[..., None]).float().sum(1)
+    return out.to(y.dtype)
+
+
+def _fused_experts(y, router, w_gu, w_down, k, renormalise, gate_up, down_combine, route):
+    B = y.shape[0]
+    weights, ids = route(F.linear(y, router), k, renormalise)
+    ids = ids.view(B * k)
+    act = gate_up(y, w_gu, ids)  # [B, H] rows: slot s reads token row s // k
+    return down_combine(act, w_down, ids, weights, B, k)
+
+
+@pytest.mark.parametrize("B,renorm", [(1, True), (3, False)])
+def test_fused_experts_match_the_torch_sequence(device, B, renorm):
+    g = torch.Generator().manual_seed(10 + B)
+    E, k, H, I = 16, 4, 128, 64
+    y = torch.randn(B, H, generator=g).bfloat16()
+    router = (torch.randn(E, H, generator=g) / H ** 0.5).bfloat16()
+    w_gu = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).bfloat16()
+    w_down = (torch.randn(E, H, I, generator=g) / I ** 0.5).bfloat16()
+    ref = _current_experts(y, router, w_gu, w_down, k, renorm)
+    dev = [t.to(device) for t in (y, router, w_gu, w_down)]
+    out = _fused_experts(*dev, k, renorm, moe_gate_up_silu_triton, moe_down_combine_triton,
+                         route_topk_triton)
+    assert out.shape == (B, H) and out.dtype == torch.bfloat16
+    assert rel_err(out, ref) < 2e-2
+    # the dispatching entry points (torch references on CPU tensors) agree as well
+    out_ref = _fused_experts(y, router, w_gu, w_down, k, renorm, moe_gate_up_silu,
+                             moe_down_combine, route_topk)
+    assert rel_err(out, out_ref) < 5e-3
