@@ -25,18 +25,29 @@ def _work(batch: Batch) -> list[tuple[Sequence, list[int]]]:
     return work
 
 
-class Runner:
-    """Owns the llama-family model; builds the flat token batch."""
+class _ModelRunner:
+    """The model of one family and, on CUDA, its static decode path."""
 
-    def __init__(self, model: LlamaModel, graphs: DecodeGraphs | None = None) -> None:
+    def __init__(self, model, graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.device = model.device
         self.graphs = graphs
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.sampled), V]; advances each sequence's `cached` count."""
-        if _static(self.graphs, batch):
+        pure_decode = batch.prefill is None
+        if pure_decode and self.graphs is not None and self.graphs.accepts(batch.decode):
             return self.graphs.forward(batch.decode)
+        return self._eager(batch)
+
+    def _eager(self, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Runner(_ModelRunner):
+    """Owns the llama-family model; builds the flat token batch."""
+
+    def _eager(self, batch: Batch) -> torch.Tensor:
         tokens: list[int] = []
         positions: list[int] = []
         segments: list[Segment] = []
@@ -60,18 +71,10 @@ class Runner:
         return logits
 
 
-class HybridRunner:
+class HybridRunner(_ModelRunner):
     """Owns the hybrid model; one forward per sequence within a step."""
 
-    def __init__(self, model: Qwen35Model, graphs: DecodeGraphs | None = None) -> None:
-        self.model = model
-        self.device = model.device
-        self.graphs = graphs
-
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """Logits [len(batch.sampled), V]; advances each sequence's `cached` count."""
-        if _static(self.graphs, batch):
-            return self.graphs.forward(batch.decode)
+    def _eager(self, batch: Batch) -> torch.Tensor:
         sampled = set(map(id, batch.sampled))
         rows = []
         for seq, ids in _work(batch):
@@ -86,11 +89,6 @@ class HybridRunner:
         if not rows:
             return torch.empty(0, self.model.vocab_size, device=self.device)
         return torch.stack(rows)
-
-
-def _static(graphs: DecodeGraphs | None, batch: Batch) -> bool:
-    """A pure-decode step the static decoder takes."""
-    return batch.prefill is None and graphs is not None and graphs.accepts(batch.decode)
 
 
 def make_runner(model: LlamaModel | Qwen35Model,
