@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -28,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.cpu_default_model import PROMPT, cpu_name  # noqa: E402
+from bench.cpu_default_model import PROMPT  # noqa: E402
+from bench.report import cpu_machine, write_report  # noqa: E402
 from ninfer_engine.flags import default_artifact  # noqa: E402
 
 LEVELS = (1, 2, 4, 8)
@@ -133,19 +132,14 @@ def main() -> int:
         "benchmark": "cpu-concurrency",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python bench/concurrency.py", *sys.argv[1:]]),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(),
-                    "python": platform.python_version(),
-                    "load_average_1m": {"before": load_before, "after": os.getloadavg()[0]}},
+        "machine": cpu_machine(
+            load_average_1m={"before": load_before, "after": os.getloadavg()[0]}),
         "model": args.artifact.name,
         "output_tokens": args.output_tokens,
         "runs": args.runs,
         **measured,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, result, markdown)
     return 0
 
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -23,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.report import cpu_machine, write_report  # noqa: E402
 from ninfer_engine.flags import default_artifact, ninfer_home  # noqa: E402
 
 PROMPT = (
@@ -34,16 +32,6 @@ PROMPT = (
 )
 PUBLISHED_PEER = {"name": "llama.cpp (llama-cpp-python 0.3.36, 2 threads)", "decode_tok_s": 70.7,
                   "ttft_s": 0.47, "source": "perf-anchors.md §8, same machine type"}
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 async def run_ninfer(engine, prompt_ids: list[int], output_tokens: int) -> tuple[float, float]:
@@ -132,8 +120,7 @@ def main() -> int:
         "benchmark": "cpu-default-model",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python bench/cpu_default_model.py " + " ".join(sys.argv[1:]),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(), "python": platform.python_version()},
+        "machine": cpu_machine(),
         "model": args.artifact.name,
         "ninfer": ours,
         "ninfer_bf16": ours_bf16,
@@ -143,10 +130,7 @@ def main() -> int:
         "ratio_decode_bf16": ours_bf16["decode_tok_s"] / peer["decode_tok_s"],
         "ratio_ttft_bf16": ours_bf16["ttft_s"] / peer["ttft_s"],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, result, markdown)
     return 0
 
 

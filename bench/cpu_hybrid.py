@@ -11,9 +11,7 @@ greedy decode steps over the whole batch. Writes bench/results/cpu-0.8b.{json,md
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from datetime import datetime, timezone
@@ -25,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.cpu_default_model import cpu_name  # noqa: E402
+from bench.report import cpu_machine, write_report  # noqa: E402
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.config import EngineConfig  # noqa: E402
 from ninfer_engine.engine import build_memory  # noqa: E402
@@ -99,18 +97,11 @@ def main() -> int:
         "benchmark": "cpu-0.8b",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python bench/cpu_hybrid.py " + " ".join(sys.argv[1:]),
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-                    "load_average_1m": os.getloadavg()[0]},
+        "machine": cpu_machine(load_average_1m=os.getloadavg()[0]),
         "model": "synthetic Qwen3.5-0.8B shape (24 layers, 18 GDN : 6 attention, random weights)",
         "ninfer": numbers,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    # not with_suffix: the ".8b" of "cpu-0.8b" would be taken for a suffix
-    out = args.out.parent / args.out.name
-    Path(f"{out}.json").write_text(json.dumps(result, indent=2) + "\n")
-    Path(f"{out}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, result, markdown)
     return 0
 
 

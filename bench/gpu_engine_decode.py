@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import sys
 from datetime import datetime, timezone
@@ -32,6 +31,7 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.report import write_report  # noqa: E402
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.decode import KernelDecoder  # noqa: E402
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
@@ -247,9 +247,7 @@ def main() -> None:
         command="python3 bench/gpu_engine_decode.py " + " ".join(sys.argv[1:]),
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         weights="random bf16 (drawn on the GPU)", kv_dtype="bf16", results=results, peer=peers)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    write_report(args.out, result, markdown)
 
 
 def markdown(result: dict) -> str:
