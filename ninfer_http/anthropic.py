@@ -8,7 +8,6 @@ signature), a text block, then one `tool_use` block per call from the splitter's
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 from typing import Any
 
@@ -19,12 +18,13 @@ from ninfer_engine.types import TokenEvent, Usage
 from . import sse
 from .admission import SLOTS
 from .anthropic_messages import SIGNATURE_PREFIX, parse_messages_request
-from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine, request_id
+from .context import CONFIG, client_label, ready_engine, request_id
 from .errors import ApiError
 from .generation import Generation, OutputDelta, is_failure, start_generation
 from .ids import anthropic_message_id, hex_id
 from .logs import RequestTrace
 from .prompt import prepare, render_prompt
+from .streaming import serve_stream
 from .usage import anthropic_usage
 
 PROTOCOL = "anthropic"
@@ -119,32 +119,26 @@ class _Reply:
         return SIGNATURE_PREFIX + base64.b64encode(text).decode()
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        generation = self.generation
-        first = await generation.admit()
-        response = await sse.open_stream(request)
-        keepalive_s = request.app[KEEPALIVE_S]
-        try:
-            await response.write(self._message_start(first))
-            async for event in generation.follow(first, keepalive_s):
-                if event is None:
-                    await response.write(sse.KEEPALIVE)
-                    continue
-                await self._write_deltas(response, generation.splitter.feed(event.text))
-            event = generation.last
-            final = generation.splitter.flush()
-            await self._write_deltas(response, final)
-            calls = [] if is_failure(event) else [_tool_use(d) for d in final
-                                                  if d.channel == "tool_call"]
-            for call in calls:
-                await self._write_tool_use(response, call)
-            await self._write_end(response, event, bool(calls))
-        except ConnectionResetError:
-            generation.disconnected()
-        except Exception:
-            error = generation.broken()
-            with contextlib.suppress(ConnectionResetError):
-                await response.write(self._error_event(error))
-        return response
+        return await serve_stream(request, self.generation, self)
+
+    async def open(self, response: web.StreamResponse, first: TokenEvent) -> None:
+        await response.write(self._message_start(first))
+
+    async def feed(self, response: web.StreamResponse, event: TokenEvent) -> None:
+        await self._write_deltas(response, self.generation.splitter.feed(event.text))
+
+    async def close(self, response: web.StreamResponse) -> None:
+        event = self.generation.last
+        final = self.generation.splitter.flush()
+        await self._write_deltas(response, final)
+        calls = [] if is_failure(event) else [_tool_use(d) for d in final
+                                              if d.channel == "tool_call"]
+        for call in calls:
+            await self._write_tool_use(response, call)
+        await self._write_end(response, event, bool(calls))
+
+    def failure(self, error: ApiError) -> bytes:
+        return self._error_event(error)
 
     def _message_start(self, first: TokenEvent) -> bytes:
         # The engine's admission event may carry the cached/uncached split; else none is cached.

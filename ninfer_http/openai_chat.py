@@ -10,7 +10,6 @@ calls come complete from the splitter's flush and go out in one `tool_calls` chu
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
@@ -20,12 +19,14 @@ from ninfer_engine.types import TokenEvent
 
 from . import sse
 from .admission import SLOTS
-from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine, request_id
+from .context import CONFIG, client_label, ready_engine, request_id
+from .errors import ApiError
 from .generation import Generation, OutputDelta, is_failure, start_generation
 from .ids import chat_completion_id, hex_id
 from .logs import RequestTrace
 from .openai_fields import StreamOptions, parse_chat_request
 from .prompt import prepare
+from .streaming import serve_stream
 from .usage import llama_timings, openai_chat_usage
 
 PROTOCOL = "openai-chat"
@@ -113,34 +114,28 @@ class _Reply:
         return self._chunk([choice], **extra)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        generation = self.generation
-        first = await generation.admit()
-        response = await sse.open_stream(request)
-        keepalive_s = request.app[KEEPALIVE_S]
-        try:
-            await response.write(self._delta({"role": "assistant", "content": ""}))
-            async for event in generation.follow(first, keepalive_s):
-                if event is None:
-                    await response.write(sse.KEEPALIVE)
-                    continue
-                if event.progress is not None and self.options.return_progress:
-                    await response.write(self._progress(event.progress))
-                await self._write_deltas(response, generation.splitter.feed(event.text))
-            event = generation.last
-            final = generation.splitter.flush()
-            await self._write_deltas(response, final)
-            calls = [] if is_failure(event) else _tool_calls(final)
-            if calls:
-                indexed = [{"index": i, **call} for i, call in enumerate(calls)]
-                await response.write(self._delta({"tool_calls": indexed}))
-            await self._write_end(response, event, bool(calls))
-        except ConnectionResetError:
-            generation.disconnected()
-        except Exception:
-            error = generation.broken()
-            with contextlib.suppress(ConnectionResetError):
-                await response.write(sse.data(error.openai_body()))
-        return response
+        return await serve_stream(request, self.generation, self)
+
+    async def open(self, response: web.StreamResponse, first: TokenEvent) -> None:
+        await response.write(self._delta({"role": "assistant", "content": ""}))
+
+    async def feed(self, response: web.StreamResponse, event: TokenEvent) -> None:
+        if event.progress is not None and self.options.return_progress:
+            await response.write(self._progress(event.progress))
+        await self._write_deltas(response, self.generation.splitter.feed(event.text))
+
+    async def close(self, response: web.StreamResponse) -> None:
+        event = self.generation.last
+        final = self.generation.splitter.flush()
+        await self._write_deltas(response, final)
+        calls = [] if is_failure(event) else _tool_calls(final)
+        if calls:
+            indexed = [{"index": i, **call} for i, call in enumerate(calls)]
+            await response.write(self._delta({"tool_calls": indexed}))
+        await self._write_end(response, event, bool(calls))
+
+    def failure(self, error: ApiError) -> bytes:
+        return sse.data(error.openai_body())
 
     def _progress(self, progress: tuple[int, int, int]) -> bytes:
         total, cache, processed = progress

@@ -24,7 +24,7 @@ from ninfer_engine.types import TokenEvent
 
 from . import sse
 from .admission import SLOTS
-from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine, request_id
+from .context import CONFIG, client_label, ready_engine, request_id
 from .errors import ApiError, unsupported
 from .generation import Generation, start_generation
 from .logs import RequestTrace
@@ -34,6 +34,7 @@ from .responses_pages import check_query, input_items_page
 from .responses_request import ResponsesRequest, check_model, parse_create
 from .responses_store import ResponseStore, StoredResponse, json_size
 from .responses_stream import Event, OutputBuilder
+from .streaming import serve_stream
 from .usage import responses_usage
 from .validate import parse_json_object
 
@@ -157,6 +158,7 @@ class _Reply:
         self.store = store
         self.created_at = int(time.time())
         self.builder = OutputBuilder(turn.parsed.namespaces)
+        self._numbers = itertools.count()  # the stream's sequence_number
 
     def _object(self, status: str, usage: dict[str, Any] | None,
                 error: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -192,34 +194,35 @@ class _Reply:
         return web.json_response(self._finished(event, status))
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        generation = self.generation
-        first = await generation.admit()
-        response = await sse.open_stream(request)
-        numbers = itertools.count()
+        return await serve_stream(request, self.generation, self)
 
+    def _event(self, payload: Event) -> bytes:
+        """One semantic event, numbered in stream order."""
+        body = {**payload, "sequence_number": next(self._numbers)}
+        return sse.event(payload["type"], body)
+
+    def _writer(self, response: web.StreamResponse) -> Callable[[Event], Awaitable[None]]:
         async def write(payload: Event) -> None:
-            body = {**payload, "sequence_number": next(numbers)}
-            await response.write(sse.event(payload["type"], body))
+            await response.write(self._event(payload))
+        return write
 
-        keepalive_s = request.app[KEEPALIVE_S]
-        try:
-            started = self._object("in_progress", None)
-            await write({"type": "response.created", "response": started})
-            await write({"type": "response.in_progress", "response": started})
-            async for event in generation.follow(first, keepalive_s):
-                if event is None:
-                    await response.write(sse.KEEPALIVE)
-                    continue
-                await _write_all(write, self.builder.feed(generation.splitter.feed(event.text)))
-            await _write_all(write, self.builder.feed(generation.splitter.flush()))
-            await self._write_end(write, generation.last)
-        except ConnectionResetError:
-            generation.disconnected()
-        except Exception:
-            error = generation.broken()
-            with contextlib.suppress(ConnectionResetError):
-                await write(self._failed(error))
-        return response
+    async def open(self, response: web.StreamResponse, first: TokenEvent) -> None:
+        write = self._writer(response)
+        started = self._object("in_progress", None)
+        await write({"type": "response.created", "response": started})
+        await write({"type": "response.in_progress", "response": started})
+
+    async def feed(self, response: web.StreamResponse, event: TokenEvent) -> None:
+        deltas = self.generation.splitter.feed(event.text)
+        await _write_all(self._writer(response), self.builder.feed(deltas))
+
+    async def close(self, response: web.StreamResponse) -> None:
+        write = self._writer(response)
+        await _write_all(write, self.builder.feed(self.generation.splitter.flush()))
+        await self._write_end(write, self.generation.last)
+
+    def failure(self, error: ApiError) -> bytes:
+        return self._event(self._failed(error))
 
     def _failed(self, error: ApiError) -> Event:
         failed = self._object("failed", None, {"code": error.code, "message": error.message})
