@@ -18,10 +18,11 @@ def device() -> torch.device:
     return torch.device(os.environ.get("NINFER_TEST_DEVICE", "cpu"))
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
     """Tiny models gain nothing from intra-op threads, and on a shared 2-core box OpenMP barriers
-    waiting for descheduled workers make them tens of times slower."""
+    waiting for descheduled workers make them tens of times slower. Session-wide, so module
+    fixtures that build or convert models run on one thread too."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -36,20 +36,13 @@ def converted(tmp_path_factory):
             super().__init__(*args, **kwargs)
             readers.append(self)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(
-        1
-    )  # small tensors on a shared 2-core runner: thread hand-offs cost more than they save
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(gguf, "GGUFReader", RecordingReader)
-            path = convert_gguf(
-                GGUF_PATH,
-                tmp_path_factory.mktemp("gguf") / "smol.ninfer",
-                progress=lambda *call: calls.append(call),
-            )
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", RecordingReader)
+        path = convert_gguf(
+            GGUF_PATH,
+            tmp_path_factory.mktemp("gguf") / "smol.ninfer",
+            progress=lambda *call: calls.append(call),
+        )
     with open_artifact(path) as artifact:
         yield artifact, readers[0], calls
 

@@ -20,9 +20,7 @@ from ninfer_engine.models.hf_names import logical_params_from_hf, text_config_fr
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.tools import main
 from tests.engine.helpers import tiny_llama, tiny_qwen3
-from tests.models.qwen35_tiny import hf_model, rel_err, single_thread  # noqa: F401
-
-pytestmark = pytest.mark.usefixtures("single_thread")
+from tests.models.qwen35_tiny import hf_model, rel_err
 
 QWEN = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 PROMPT = torch.tensor([3, 17, 99, 4, 64, 5, 120, 7, 31, 8])

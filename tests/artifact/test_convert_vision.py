@@ -19,9 +19,7 @@ from ninfer_engine.models.hf_names import (
     logical_params_from_hf, text_config_from_hf, vision_config_from_hf,
 )
 from ninfer_engine.tools import main
-from tests.models.qwen35_tiny import hf_config, rel_err, single_thread  # noqa: F401
-
-pytestmark = pytest.mark.usefixtures("single_thread")
+from tests.models.qwen35_tiny import hf_config, rel_err
 
 VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=4,
               temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,

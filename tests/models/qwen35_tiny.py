@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from ninfer_engine.models.hf_names import logical_params_from_hf, text_config_from_hf
@@ -19,15 +18,6 @@ _ROPE = dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25)
 _MROPE = dict(_ROPE, mrope_section=[2, 1, 1], mrope_interleaved=True)
 _MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24,
             shared_expert_intermediate_size=40)
-
-
-@pytest.fixture(scope="module")
-def single_thread():
-    """Tiny models on a shared 2-core machine: extra torch threads only add contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def hf_config(family: str):

@@ -6,13 +6,10 @@ import pytest
 import torch
 
 from ninfer_engine.models.gdn import chunked_gated_delta, l2_normalize, recurrent_gated_delta
-from tests.models.qwen35_tiny import single_thread  # noqa: F401
 
 oracle = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 
 NK, NV, DK, DV = 2, 4, 16, 8
-
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _inputs(T: int, seed: int = 0, decay_scale: float = 1.0):

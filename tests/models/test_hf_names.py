@@ -7,11 +7,9 @@ import torch
 
 from ninfer_engine.models.gated_attention import PartialRope
 from ninfer_engine.models.hf_names import logical_params_from_hf, text_config_from_hf
-from tests.models.qwen35_tiny import hf_config, hf_model, single_thread  # noqa: F401
+from tests.models.qwen35_tiny import hf_config, hf_model
 
 pytest.importorskip("transformers.models.qwen3_5_moe")
-
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def test_config_normalisation_per_family():

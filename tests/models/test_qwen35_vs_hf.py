@@ -7,13 +7,11 @@ import copy
 import pytest
 import torch
 
-from tests.models.qwen35_tiny import FAMILIES, hf_model, ours, rel_err, single_thread  # noqa: F401
+from tests.models.qwen35_tiny import FAMILIES, hf_model, ours, rel_err
 
 pytest.importorskip("transformers.models.qwen3_5_moe")
 
 TOL = 1e-3
-
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _prompt(n: int, seed: int) -> torch.Tensor:
