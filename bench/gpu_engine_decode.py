@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from bench.report import write_report  # noqa: E402
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.decode import KernelDecoder  # noqa: E402
+from ninfer_engine.benchmark.peer import hf_decode, hf_prefill, random_model  # noqa: E402
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
 from ninfer_engine.decode_graphs import DecodeGraphs, StaticDecoder  # noqa: E402
 from ninfer_engine.hybrid_decode import EngineHybridDecoder  # noqa: E402
@@ -184,31 +185,17 @@ def transformers_peer(name, cfg, context):
     """Batch-1 greedy decode tok/s of the same shape in transformers (its own cache, SDPA)."""
     try:
         import transformers
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
     except ImportError as exc:
         return dict(shape=name, error=f"transformers unavailable: {exc}")
     fields = {k: v for k, v in cfg.items() if k != "architectures"}
     model_type = "qwen3" if cfg["architectures"][0] == "Qwen3ForCausalLM" else "llama"
     hf_cfg = AutoConfig.for_model(model_type, **fields)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16,
-                                                 attn_implementation="sdpa")
-    model = model.to_empty(device="cuda").eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.02) if p.dim() > 1 else p.fill_(1.0)
-        rotary = model.model.rotary_emb  # its frequency buffer was left empty by to_empty
-        model.model.rotary_emb = type(rotary)(hf_cfg).to("cuda")
-        ids = torch.randint(0, cfg["vocab_size"], (1, context), device="cuda")
-        out = model(ids, use_cache=True)
-        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
-
-        def step():
-            nonlocal token
-            o = model(token, past_key_values=cache, use_cache=True)
-            token = o.logits[:, -1:].argmax(-1)
-
-        ms = time_ms(step, 20)
+    model = random_model(getattr(transformers, cfg["architectures"][0]), hf_cfg, "cuda")
+    ids = torch.randint(0, cfg["vocab_size"], (1, context), device="cuda")
+    token, cache = hf_prefill(model, ids)
+    steps = 20
+    ms = time_ms(lambda: hf_decode(model, token, cache, steps), 1) / steps
     del model, cache
     gc.collect()
     torch.cuda.empty_cache()

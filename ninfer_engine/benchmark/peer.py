@@ -1,10 +1,11 @@
 """The transformers peer of `ninfer bench`: the same text config as a HF Qwen3.5 model.
 
 `hf_config(config)` maps our §3.1 text config to `Qwen3_5TextConfig` / `Qwen3_5MoeTextConfig`
-(the inverse of `hf_names.text_config_from_hf`). `random_hf_model` builds it with random
-weights without a CPU initialisation: parameters are created on the meta device, materialised
-with `to_empty` on the target device and drawn there (matrices N(0, 1/fan_in), embedding
-N(0, 0.02²), `(1+w)` norms 0, the gated GDN norm 1, `A_log = log U(1, 16)`, `dt_bias` 1); the
+(the inverse of `hf_names.text_config_from_hf`). `random_model` builds any HF causal LM with
+random weights without a CPU initialisation (`random_hf_model`: the Qwen3.5 one): parameters are
+created on the meta device, materialised with `to_empty` on the target device and drawn there
+(matrices N(0, 1/fan_in), embedding N(0, 0.02²), norms 0 for `(1+w)` or 1 for plain ones, the
+gated GDN norm 1, `A_log = log U(1, 16)`, `dt_bias` 1); a tied head is tied again and the
 rotary buffers are recomputed. `run_peer` times a prompt prefill and greedy decode steps with
 the model's own cache, by CUDA events, and never raises: a missing or failing transformers
 becomes a `skipped` / `error` entry of the result.
@@ -58,15 +59,22 @@ def hf_config(config: dict):
     return cls(**kw, layer_types=list(config["layer_types"]), rope_parameters=rope)
 
 
-@torch.no_grad()
 def random_hf_model(config: dict, device, dtype=torch.bfloat16, seed: int = 0):
-    """The HF causal LM of `config` with random weights drawn on `device` (no CPU init)."""
+    """The HF causal LM of our Qwen3.5 text `config` with random weights drawn on `device`."""
     _, cls = hf_classes(config)
-    cfg = hf_config(config)
+    return random_model(cls, hf_config(config), device, dtype, seed, norm_value=0.0)
+
+
+@torch.no_grad()
+def random_model(cls, hf_cfg, device, dtype=torch.bfloat16, seed: int = 0,
+                 norm_value: float = 1.0):
+    """HF model class `cls` of `hf_cfg` with random weights drawn on `device` (no CPU init).
+
+    `norm_value` fills the 1-D weights: 0 for Qwen3.5's `(1+w)` norms, 1 for plain RMSNorm."""
     with torch.device("meta"):
-        model = cls._from_config(cfg, dtype=dtype)
+        model = cls._from_config(hf_cfg, dtype=dtype)
     model.to_empty(device=device)
-    if config["tie_word_embeddings"]:  # to_empty gave the head its own (unfilled) storage
+    if hf_cfg.tie_word_embeddings:  # to_empty gave the head its own (unfilled) storage
         model.lm_head.weight = model.model.embed_tokens.weight
     gen = torch.Generator(device).manual_seed(seed)
     for name, p in model.named_parameters():
@@ -75,7 +83,7 @@ def random_hf_model(config: dict, device, dtype=torch.bfloat16, seed: int = 0):
         elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
             p.fill_(1.0)
         elif p.dim() == 1:
-            p.zero_()  # the (1+w) norms
+            p.fill_(norm_value)
         elif "embed_tokens" in name:
             p.normal_(0.0, 0.02, generator=gen)
         else:
