@@ -1,8 +1,9 @@
 """`Engine`: loads an artifact and runs the step loop on one engine thread.
 
 Each step reads `schedule -> forward -> sample -> update`: the scheduler admits and batches,
-the runner computes logits, each request's sampler picks a token, and the request streams its
-text back to the caller's event loop. `snapshot()` returns the latest `EngineStats`.
+the runner computes logits, one batched call samples every row (`sampling.sample_rows`), and
+each request streams its text back to the caller's event loop. `snapshot()` returns the latest
+`EngineStats`.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .models import build_model
 from .runner import make_runner
 from .sampling import Sampler
 from .sampling_presets import sampling_defaults
-from .scheduler import Batch, RequestError, Scheduler, Sequence
+from .scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
 from .stats import EngineStats
 from .stats_builder import StatsBuilder
 from .tokenizer import IncrementalDetokenizer, Tokenizer
@@ -161,7 +162,7 @@ class Engine:
                 pass
 
         seq = Sequence(
-            request, emit, Sampler(request.sampling, self.model.device),
+            request, emit, Sampler(request.sampling),
             IncrementalDetokenizer(self.tokenizer, request.prompt_ids),
             frozenset() if request.ignore_eos else self._eos,
         )
@@ -229,13 +230,21 @@ class Engine:
             if batch.prefill.prefill_done:
                 self.memory.checkpoint(batch.prefill)  # the prompt-end frontier
         now = time.monotonic()
+        rows = []
         for row, seq in enumerate(batch.sampled):
             try:
                 self._faults.check_request(seq)
-                seq.append(seq.next_token(logits[row]), now)
+                rows.append(row)
             except Exception as exc:  # this request only: the batch and the loop are fine
-                log.exception("request %s failed", seq.id)
-                seq.fail(EngineError(f"request failed: {exc}"))
+                self._fail_request(seq, exc)
+        for row, token in zip(rows, self._next_tokens(batch.sampled, rows, logits)):
+            seq = batch.sampled[row]
+            try:
+                if token is not None:
+                    seq.append(token, now)
+            except Exception as exc:
+                self._fail_request(seq, exc)
+        for seq in batch.sampled:
             if seq.finish_reason is None and seq.cached + 1 >= self.max_context:
                 seq.finish("length")
         prefill = batch.prefill
@@ -247,6 +256,28 @@ class Engine:
             if seq.finish_reason is not None:
                 self._retire(seq)
         return True
+
+    def _next_tokens(self, sampled: list[Sequence], rows: list[int],
+                     logits: torch.Tensor) -> list[int | None]:
+        """The tokens of the given rows, all sampled at once; if that fails, row by row so only
+        the failing request ends (None: that request failed)."""
+        seqs = [sampled[row] for row in rows]
+        try:
+            return next_tokens(seqs, logits if len(rows) == len(sampled) else logits[rows])
+        except Exception:
+            log.exception("batched sampling failed; sampling row by row")
+        tokens: list[int | None] = []
+        for row, seq in zip(rows, seqs):
+            try:
+                tokens.append(seq.next_token(logits[row]))
+            except Exception as exc:
+                self._fail_request(seq, exc)
+                tokens.append(None)
+        return tokens
+
+    def _fail_request(self, seq: Sequence, exc: Exception) -> None:
+        log.exception("request %s failed", seq.id, exc_info=exc)
+        seq.fail(EngineError(f"request failed: {exc}"))
 
     def _reserve(self, batch: Batch) -> Batch:
         """Grow each lease for this step; a request whose lease cannot grow ends with `length`."""

@@ -1,7 +1,19 @@
 """Token sampling: penalties -> temperature -> top-k -> top-p -> min-p -> draw.
 
-One `Sampler` per request holds its seeded generator and output-token counts, so the same
-seed and prompt give the same tokens whatever else is batched with it.
+`sample_rows` picks the tokens of a whole step, one per row of logits [B, V], and copies them to
+the host with a single `.tolist()` (one device->host sync per step, not one per request):
+
+* greedy rows (temperature 0) go through one `kernels.sampling.argmax` (lowest id on ties);
+* sampled rows with 1 <= top_k <= TOPK_CAP filter and draw among the `kernels.sampling.topk`
+  candidates (the chunked Triton kernel on CUDA reads the vocabulary once, no full sort);
+* other rows that filter (top-p, min-p, a larger top-k) keep the exact full-vocabulary sort;
+* rows that do not filter draw from the softmax over the vocabulary, unsorted.
+
+The filtering rules and their order are `filter_logits`'s. The draw is inverse-CDF sampling, exact
+categorical sampling: one uniform from the request's own seeded generator per sampled token is
+located in the cumulative sum (fp64) of the filtered probabilities. A request consumes exactly one
+uniform per sampled token whatever path or batch it is in, so the same seed and prompt give the
+same tokens whatever else is batched with it.
 """
 from __future__ import annotations
 
@@ -9,7 +21,13 @@ import secrets
 
 import torch
 
+from .kernels import sampling as kernels
 from .types import SamplingParams
+
+# The top-k kernel takes k max-and-mask rounds over each 4096-column chunk and then sorts
+# n_chunks·k candidates per row: past a few hundred rounds that costs about a full sort, while
+# real presets use top_k 20–100. Larger top_k keeps the exact full-vocabulary path.
+TOPK_CAP = 256
 
 
 def apply_penalties(logits: torch.Tensor, counts: dict[int, int], presence: float,
@@ -50,26 +68,148 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
 class Sampler:
     """Per-request sampler state: settings, a seeded generator, counts of generated tokens."""
 
-    def __init__(self, params: SamplingParams, device: torch.device | str = "cpu") -> None:
+    def __init__(self, params: SamplingParams) -> None:
         self.params = params
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
-        self.generator = torch.Generator(device=device)
+        # a CPU generator: one uniform per token costs no device launch and no sync
+        self.generator = torch.Generator()
         self.generator.manual_seed(self.seed & ((1 << 64) - 1))
         self.counts: dict[int, int] = {}
 
     def sample(self, logits: torch.Tensor) -> int:
         """Pick the next token from one row of logits [V] and record it."""
-        p = self.params
-        logits = apply_penalties(logits, self.counts, p.presence_penalty, p.frequency_penalty)
-        if p.greedy:
-            token = int(logits.argmax())
-        else:
-            logits = filter_logits(logits.float() / p.temperature, p.top_k, p.top_p, p.min_p)
-            probs = logits.softmax(-1)
-            token = int(torch.multinomial(probs, 1, generator=self.generator))
-        self.record(token)
-        return token
+        return sample_rows(logits[None], [self])[0]
+
+    def uniform(self) -> float:
+        """The next uniform in [0, 1) of this request's stream (one per sampled token)."""
+        return float(torch.rand((), generator=self.generator, dtype=torch.float64))
 
     def record(self, token: int) -> None:
         """Count an output token (sampled here or forced by the engine) for the penalties."""
         self.counts[token] = self.counts.get(token, 0) + 1
+
+
+def sample_rows(logits: torch.Tensor, samplers: list[Sampler]) -> list[int]:
+    """One token per row of logits [B, V], row i by samplers[i]; records each and returns them."""
+    if not samplers:
+        return []
+    logits = _penalized(logits, samplers)
+    groups: dict[str, list[int]] = {path: [] for path in _CANDIDATES}
+    for i, s in enumerate(samplers):
+        groups[_path(s.params)].append(i)
+    order, parts = [], []
+    for path, rows in groups.items():
+        if not rows:
+            continue
+        order += rows
+        group = [samplers[i] for i in rows]
+        probs, ids = _CANDIDATES[path](_rows(logits, rows), group)
+        pick = probs if path == "greedy" else _draw(probs, group)  # greedy comes back picked
+        parts.append((pick if ids is None else ids.gather(1, pick))[:, 0])
+    tokens = [0] * len(samplers)
+    for i, token in zip(order, torch.cat(parts).tolist()):  # the step's one device->host sync
+        tokens[i] = token
+    for s, token in zip(samplers, tokens):
+        s.record(token)
+    return tokens
+
+
+def _path(p: SamplingParams) -> str:
+    """A row's path depends on its own settings only, so its draws do not depend on the batch."""
+    if p.greedy:
+        return "greedy"
+    if 0 < p.top_k <= TOPK_CAP:
+        return "top_k"
+    return "sorted" if p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 else "plain"
+
+
+def _penalized(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
+    """Penalties on the rows whose request has them and has generated tokens; others untouched."""
+    rows = [i for i, s in enumerate(samplers) if s.counts
+            and (s.params.presence_penalty != 0.0 or s.params.frequency_penalty != 0.0)]
+    if not rows:
+        return logits
+    logits = logits.clone()  # the caller's logits stay as they were
+    for i in rows:
+        p = samplers[i].params
+        logits[i] = apply_penalties(logits[i], samplers[i].counts, p.presence_penalty,
+                                    p.frequency_penalty)
+    return logits
+
+
+def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The given rows, without a copy when they are all of them."""
+    if len(rows) == logits.shape[0]:
+        return logits
+    return logits.index_select(0, torch.tensor(rows, device=logits.device))
+
+
+def _columns(samplers: list[Sampler], device: torch.device) -> list[torch.Tensor]:
+    """Per-row temperature, top_k (0 = all), top_p, min_p as fp32 [n, 1] columns (one copy);
+    fp32 because torch applies `filter_logits`' Python scalars to its fp32 logits in fp32."""
+    table = [[s.params.temperature, s.params.top_k, s.params.top_p, s.params.min_p]
+             for s in samplers]
+    return list(torch.tensor(table, dtype=torch.float32, device=device).unsqueeze(-1).unbind(1))
+
+
+def _filter_sorted(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   min_p: torch.Tensor) -> torch.Tensor:
+    """`filter_logits` on rows sorted descending [n, N]: the probabilities of the kept
+    tokens (renormalised implicitly by the draw), 0 elsewhere."""
+    pos = torch.arange(values.shape[-1], device=values.device)
+    in_k = (pos < top_k) | (top_k <= 0)
+    # top-p and min-p see the softmax over the top-k survivors, as in filter_logits
+    probs = values.masked_fill(~in_k, float("-inf")).softmax(-1)
+    # top_p = 1 must keep everything even where the fp32 cumsum rounds past 1
+    keep = in_k & (((probs.cumsum(-1) - probs) < top_p) | (top_p >= 1.0))
+    keep &= probs >= min_p * probs[:, :1]
+    return probs.masked_fill(~keep, 0.0)
+
+
+def _draw(probs: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
+    """Inverse CDF: per row, the first column whose cumulative mass exceeds u·total. [n, 1]."""
+    cdf = probs.double().cumsum(-1)  # fp64: 250K-term sums stay exact enough for the tail
+    u = torch.tensor([s.uniform() for s in samplers], dtype=torch.float64, device=probs.device)
+    # a zero-probability column never wins: its cdf equals the previous one
+    pick = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)
+    return pick.clamp_(max=probs.shape[-1] - 1)
+
+
+def _greedy(logits: torch.Tensor, samplers: list[Sampler]) -> tuple[torch.Tensor, None]:
+    """Greedy rows: the argmax [n, 1] (lowest id on ties), no draw."""
+    return kernels.argmax(logits)[:, None], None
+
+
+def _top_k_candidates(logits: torch.Tensor,
+                      samplers: list[Sampler]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows with 1 <= top_k <= TOPK_CAP: (filtered probs, ids) of the top-k candidates [n, k]."""
+    temperature, top_k, top_p, min_p = _columns(samplers, logits.device)
+    biggest = max(s.params.top_k for s in samplers)
+    # a power of two bounds how many kernel variants (k is a constexpr) ever compile
+    k = min(1 << (biggest - 1).bit_length(), logits.shape[-1])
+    values, ids = kernels.topk(logits, k)  # fp32, descending; temperature keeps the order
+    # ties by lowest id (Triton does so already; torch.topk does not promise an order), so a
+    # row's candidate order does not depend on the batch's k
+    ids, by_id = ids.sort(dim=-1, stable=True)
+    values, by_value = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
+    ids = ids.gather(1, by_value)
+    return _filter_sorted(values / temperature, top_k, top_p, min_p), ids
+
+
+def _sorted_candidates(logits: torch.Tensor,
+                       samplers: list[Sampler]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact full-vocabulary path for rows that filter: (filtered probs, ids) [n, V]."""
+    temperature, top_k, top_p, min_p = _columns(samplers, logits.device)
+    # stable: ties in id order whatever the batch, so the same uniform picks the same token
+    values, ids = (logits.float() / temperature).sort(dim=-1, descending=True, stable=True)
+    return _filter_sorted(values, top_k, top_p, min_p), ids
+
+
+def _plain_candidates(logits: torch.Tensor, samplers: list[Sampler]) -> tuple[torch.Tensor, None]:
+    """Rows that do not filter: the softmax over the vocabulary in id order, no sort."""
+    temperature = _columns(samplers, logits.device)[0]
+    return (logits.float() / temperature).softmax(-1), None
+
+
+_CANDIDATES = {"greedy": _greedy, "top_k": _top_k_candidates, "sorted": _sorted_candidates,
+               "plain": _plain_candidates}

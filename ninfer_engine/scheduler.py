@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from .kv import PagedKvCache
-from .sampling import Sampler
+from .sampling import Sampler, sample_rows
 from .thinking import ThinkingCap
 from .tokenizer import IncrementalDetokenizer
 from .types import EngineError, GenerationRequest, TokenEvent, Timings, Usage
@@ -98,11 +98,17 @@ class Sequence:
     def next_token(self, logits: torch.Tensor) -> int:
         """The next forced thinking-close token if one is due, else a token sampled from this
         request's logits row [V]."""
-        if self.thinking_cap is not None and self.thinking_cap.forced:
-            token = self.thinking_cap.forced.popleft()
-            self.sampler.record(token)  # penalties see the forced tokens like generated ones
-            return token
-        return self.sampler.sample(logits)
+        return next_tokens([self], logits[None])[0]
+
+    @property
+    def forced_due(self) -> bool:
+        """A forced thinking-close token replaces sampling this step."""
+        return self.thinking_cap is not None and bool(self.thinking_cap.forced)
+
+    def take_forced(self) -> int:
+        token = self.thinking_cap.forced.popleft()
+        self.sampler.record(token)  # penalties see the forced tokens like generated ones
+        return token
 
     def report_progress(self) -> None:
         """A progress event after a prefill chunk: prompt total, reused, processed so far."""
@@ -167,6 +173,16 @@ class Sequence:
             cache_n=self.reused,
             predicted_n=len(self.output),
         )
+
+
+def next_tokens(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+    """Each sequence's next token, row i of logits [len(seqs), V] being seqs[i]'s: a due forced
+    thinking-close token, else sampled with all the others in one `sample_rows` (one host sync).
+    Forced tokens are taken only once sampling succeeded, so a failed call can be retried."""
+    rows = [i for i, seq in enumerate(seqs) if not seq.forced_due]
+    sampled = iter(sample_rows(logits if len(rows) == len(seqs) else logits[rows],
+                               [seqs[i].sampler for i in rows]) if rows else [])
+    return [seq.take_forced() if seq.forced_due else next(sampled) for seq in seqs]
 
 
 @dataclass(frozen=True)
