@@ -9,10 +9,16 @@ each call continues the state exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from ..kernels._dispatch import HAVE_TRITON, use_triton
+
+if HAVE_TRITON:  # the CUDA prefill path (CPU-only torch wheels come without Triton)
+    from ..kernels.gdn_chunk import chunk_gated_delta
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -151,7 +157,12 @@ class GatedDeltaNet:
         q, k = q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
         beta = torch.sigmoid(F.linear(x, self.w_b)).float()
         g = -self.a_log.exp() * F.softplus(F.linear(x, self.w_a).float() + self.dt_bias)
-        rule = recurrent_gated_delta if T == 1 else chunked_gated_delta
+        if T == 1:
+            rule = recurrent_gated_delta
+        elif use_triton(q):  # the chunk loop in one Triton launch; TF32 dots for bf16 serving
+            rule = partial(chunk_gated_delta, tf32=dtype != torch.float32)
+        else:
+            rule = chunked_gated_delta
         o, state.ssm = rule(q, k, v, g, beta, state.ssm)
         z = F.linear(x, self.w_z).reshape(T, self.nv, self.dv)
         o = self._gated_norm(o.to(dtype), z)

@@ -1,0 +1,176 @@
+"""Chunked Gated DeltaNet prefill (model-math.md §2.1 step 7) with the chunk loop in Triton.
+
+`chunk_gated_delta(q, k, v, g, beta, state, chunk=64)` has the contract of
+`models.gdn.chunked_gated_delta`: q, k `[T, nv, dk]` fp32 (L2-normalised, expanded to the value
+heads), v `[T, nv, dv]` fp32, g / beta `[T, nv]` fp32, state `[nv, dk, dv]` fp32 (not modified);
+returns (o `[T, nv, dv]` fp32, new state `[nv, dk, dv]` fp32). Any T ≥ 1 (zero-padded inside).
+
+Two steps, a handful of launches for the whole prompt:
+
+* `_chunk_prep` (torch, ~25 launches batched over every head and chunk at once — the
+  reference's WY/UT algebra with fewer passes): the pairwise in-chunk decays, A, one batched
+  unit-triangular solve for U and W, P = (Q Kᵀ) ⊙ decay, Q e^γ, K e^{γ_C−γ}, e^{γ_C}. It stays
+  in torch: a Triton forward substitution over 64 rows per (head, chunk) would be more code than
+  `solve_triangular`, and its cost is memory passes, which `bench/gdn_chunk_bench.py` reports
+  (`prep_ms`) apart from the kernel's.
+* `_gdn_chunk_kernel` (Triton, grid (nv, ⌈dv / BV⌉)): the one sequential part. Each program
+  keeps its state tile S `[dk, BV]` in fp32 registers and walks the chunks in order:
+  `V' = U − W S`, `O = (Q e^γ) S + P V'`, `S ← e^{γ_C} S + (K e^{γ_C−γ})ᵀ V'` (four `tl.dot`s a
+  chunk), writing O straight into the `[T, nv, dv]` layout.
+
+Precision: `tf32=False` (default) makes every `tl.dot` IEEE fp32, matching the torch reference
+(which is fp32 on CUDA: the engine never enables TF32) to ~1e-6. `tf32=True` runs them on the
+tensor cores in TF32 (10-bit mantissa inputs, fp32 accumulate): ~1e-3 relative error on o and
+the state (simulated with truncated operands: 8e-4 at T = 1000, 1e-3 at T = 4096, not growing),
+below the bf16 rounding (2⁻⁹) the serving path applies to o anyway (FLA's kernel does these dots
+in bf16). `GatedDeltaNet` passes `tf32=True` only for bf16/fp16 activations, so the fp32 path
+(and its HF-parity tests) stays IEEE. The interpreter computes in fp32 either way.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+CHUNK = 64  # models.gdn.CHUNK (not imported: models.gdn imports this module)
+
+
+def _chunk_prep(q, k, v, g, beta, chunk: int):
+    """The per-chunk parallel part of `chunked_gated_delta`, for all heads and chunks at once.
+
+    Returns (w [nv, n, C, dk], u [nv, n, C, dv], qd [nv, n, C, dk], ke [nv, n, C, dk],
+    p [nv, n, C, C], cd [nv, n]) — fp32, any strides (the kernel takes them) — and n."""
+    T, nv, dk = k.shape
+    dv = v.shape[-1]
+    pad = (-T) % chunk
+    n = (T + pad) // chunk
+
+    def blocks(x):  # [T, nv, ...] -> [nv, n, chunk, ...], a view when T fills the chunks
+        if pad:
+            x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, 0, 0, pad))
+        return x.reshape(n, chunk, nv, *x.shape[2:]).transpose(0, 2).transpose(1, 2)
+
+    # the reference's algebra; 1/√dk is folded into P and Q e^γ instead of a pass over q, and
+    # the [C, C] intermediates are updated in place (a prefill's are ~100 MB each)
+    scale = dk**-0.5
+    q, k, v = blocks(q), blocks(k), blocks(v)
+    g, beta = blocks(g), blocks(beta)  # [nv, n, chunk]
+    gam = g.cumsum(-1)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    # γ_i − γ_j summed directly over s in (j, i]: subtracting two large cumsums loses fp32 bits
+    seg = g[..., :, None].expand(*g.shape, chunk).masked_fill(~causal.tril(-1), 0).cumsum(-2)
+    # e^{γ_i − γ_j} for j ≤ i, 0 above the diagonal (masked before exp: no overflow)
+    decay = seg.masked_fill_(~causal, float("-inf")).exp_()
+    kb = k * beta[..., None]
+    a = (kb @ k.transpose(-1, -2)).mul_(decay).tril_(-1)
+    a.diagonal(dim1=-2, dim2=-1).fill_(1.0)  # I + A
+    # (I + A) is unit lower triangular: U = (I+A)^-1 (β v), W = (I+A)^-1 (β e^γ k), as one
+    # solve over both right-hand sides (the reference makes two calls)
+    eg = gam.exp()
+    rhs = torch.cat([v * beta[..., None], kb * eg[..., None]], -1)
+    uw = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+    u, w = uw[..., :dv], uw[..., dv:]
+    p = (q @ k.transpose(-1, -2)).mul_(decay).mul_(scale)
+    qd = q * (eg * scale)[..., None]
+    ke = k * decay[..., -1, :, None]  # e^{γ_C − γ_j}
+    cd = eg[..., -1]  # [nv, n]
+    return (w, u, qd, ke, p, cd), n
+
+
+def _span(x):
+    """Elements between a view's first and last element, plus one."""
+    return 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
+
+
+@triton.jit
+def _dot(a, b, TF32: tl.constexpr):
+    if TF32:
+        c = tl.dot(a, b, input_precision="tf32")
+    else:
+        c = tl.dot(a, b, input_precision="ieee")
+    return c
+
+
+@triton.jit
+def _load(ptr, mask, EVEN: tl.constexpr):
+    if EVEN:
+        x = tl.load(ptr)
+    else:
+        x = tl.load(ptr, mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
+def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_ptr, o_ptr, n,
+                      swh, swn, swr, swd, suh, sun, sur, sud, sqh, sqn, sqr, sqd,
+                      skh, skn, skr, skd, sph, spn, spr, spc, sch, scn,
+                      NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
+                      TF32: tl.constexpr):
+    # chunk tiles are [nv, n, C, ·] tensors read through their strides (the torch precompute's
+    # outputs are permuted / column-major views; copying them contiguous would cost a pass each)
+    h = tl.program_id(0)
+    vb = tl.program_id(1)
+    rc = tl.arange(0, C)
+    rk = tl.arange(0, BK)
+    rv = vb * BV + tl.arange(0, BV)
+    kmask = rk < DK
+    vmask = rv < DV
+    ck_mask = kmask[None, :]  # [C, BK] tiles: every chunk row is real (padded rows are zeros)
+    cv_mask = vmask[None, :]
+    s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
+    s_mask = kmask[:, None] & vmask[None, :]
+    s = _load(s_ptr + s_off, s_mask, EVEN)  # [BK, BV] fp32, lives in registers
+
+    w_ptrs = w_ptr + h * swh + rc[:, None] * swr + rk[None, :] * swd  # [C, BK]
+    u_ptrs = u_ptr + h * suh + rc[:, None] * sur + rv[None, :] * sud  # [C, BV]
+    qd_ptrs = qd_ptr + h * sqh + rc[:, None] * sqr + rk[None, :] * sqd  # [C, BK]
+    ke_ptrs = ke_ptr + h * skh + rk[:, None] * skd + rc[None, :] * skr  # [BK, C]: transposed
+    p_ptrs = p_ptr + h * sph + rc[:, None] * spr + rc[None, :] * spc  # [C, C]
+    o_ptrs = o_ptr + rc[:, None] * (NV * DV) + h * DV + rv[None, :]  # rows of [T, nv, dv]
+    for i in range(n):  # int32 offsets suffice: every tensor spans < 2^31 elements (asserted)
+        w = _load(w_ptrs + i * swn, ck_mask, EVEN)
+        u = _load(u_ptrs + i * sun, cv_mask, EVEN)
+        v_corr = u - _dot(w, s, TF32)  # [C, BV]
+        qd = _load(qd_ptrs + i * sqn, ck_mask, EVEN)
+        p = tl.load(p_ptrs + i * spn)
+        o = _dot(qd, s, TF32) + _dot(p, v_corr, TF32)
+        if EVEN:
+            tl.store(o_ptrs + i * C * NV * DV, o)
+        else:
+            tl.store(o_ptrs + i * C * NV * DV, o, mask=cv_mask)
+        ke_t = _load(ke_ptrs + i * skn, kmask[:, None], EVEN)  # (K e^{γ_C−γ})ᵀ
+        cd = tl.load(cd_ptr + h * sch + i * scn)
+        s = s * cd + _dot(ke_t, v_corr, TF32)
+    if EVEN:
+        tl.store(s_out_ptr + s_off, s)
+    else:
+        tl.store(s_out_ptr + s_off, s, mask=s_mask)
+
+
+def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool = False,
+                      block_v: int = 32, num_warps: int = 4, num_stages: int = 1):
+    """Triton path of `models.gdn.chunked_gated_delta` (see the module docstring).
+
+    `block_v` value columns per program (capped at dv rounded up to a power of two, at least
+    16: `tl.dot` needs 16-wide operands), so the grid is nv × ⌈dv / block_v⌉."""
+    T, nv, dk = k.shape
+    dv = v.shape[-1]
+    assert T >= 1 and q.shape == k.shape and v.shape[:2] == (T, nv)
+    assert g.shape == (T, nv) and beta.shape == (T, nv) and state.shape == (nv, dk, dv)
+    assert chunk >= 16 and chunk & (chunk - 1) == 0, "chunk must be a power of two >= 16"
+    tiles, n = _chunk_prep(q.float(), k.float(), v.float(), g.float(), beta.float(), chunk)
+    assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
+    block_k = max(16, triton.next_power_of_2(dk))
+    block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
+    s_in = state.float().contiguous()
+    s_out = torch.empty_like(s_in)
+    o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=v.device)
+    _gdn_chunk_kernel[(nv, triton.cdiv(dv, block_v))](
+        *tiles, s_in, s_out, o, n, *(st for x in tiles for st in x.stride()),
+        NV=nv, DK=dk, DV=dv, C=chunk, BK=block_k, BV=block_v,
+        EVEN=block_k == dk and dv % block_v == 0, TF32=tf32,
+        num_warps=num_warps, num_stages=num_stages)
+    return o[:T], s_out

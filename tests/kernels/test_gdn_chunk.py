@@ -1,0 +1,130 @@
+"""The Triton chunked Gated DeltaNet prefill against the torch chunked and recurrent rules."""
+
+import pytest
+import torch
+
+from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
+from ninfer_engine.models import gdn
+from ninfer_engine.models.gdn import chunked_gated_delta, l2_normalize, recurrent_gated_delta
+
+from .conftest import rel_err
+
+TOL = 1e-5  # fp32 (IEEE dots; the interpreter is fp32 anyway): observed ~1e-7
+
+
+def _inputs(T, nv, dk, dv, seed=0, g_scale=1.0, beta=None):
+    gen = torch.Generator().manual_seed(seed)
+    q = l2_normalize(torch.randn(T, nv, dk, generator=gen))
+    k = l2_normalize(torch.randn(T, nv, dk, generator=gen))
+    v = torch.randn(T, nv, dv, generator=gen)
+    g = -torch.rand(T, nv, generator=gen) * g_scale
+    b = torch.rand(T, nv, generator=gen) if beta is None else beta(T, nv, gen)
+    state = torch.randn(nv, dk, dv, generator=gen)
+    return q, k, v, g, b, state
+
+
+def _check(args, device, chunk, tol=TOL, **kw):
+    ref_o, ref_s = chunked_gated_delta(*args, chunk=chunk)
+    rec_o, rec_s = recurrent_gated_delta(*args)
+    state = args[-1].clone()
+    o, s = chunk_gated_delta(*[t.to(device) for t in args], chunk=chunk, **kw)
+    assert o.shape == ref_o.shape and s.shape == ref_s.shape
+    assert torch.equal(args[-1], state)  # the input state is not modified
+    for got, want in ((o, ref_o), (s, ref_s), (o, rec_o), (s, rec_s)):
+        assert rel_err(got, want) < tol, rel_err(got, want)
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("T", [1, 5, 64, 70, 130])
+@pytest.mark.parametrize("nv, d", [(1, 16), (3, 32)])
+def test_chunk_matches_torch_rules(device, nv, d, T, chunk):
+    _check(_inputs(T, nv, d, d, seed=T), device, chunk)
+
+
+@pytest.mark.parametrize("nv, dk, dv", [(3, 16, 32), (1, 32, 16), (2, 24, 40)])
+def test_chunk_rectangular_and_masked_heads(device, nv, dk, dv):
+    # dk != dv; dk = 24 / dv = 40 take the masked (non power of two) variant
+    _check(_inputs(70, nv, dk, dv, seed=1), device, 16)
+
+
+def test_chunk_several_value_blocks(device):
+    # dv = 64 with block_v = 16: four programs per head, each with its own state columns
+    _check(_inputs(70, 2, 32, 64, seed=2), device, 16, block_v=16)
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_chunk_strong_decay(device, chunk):
+    # in-chunk cumulative decays reach ~-1500: the pairwise decays must not cancel them, and a
+    # chunk's state decay underflows to 0 without producing NaNs
+    args = _inputs(130, 3, 32, 32, seed=3, g_scale=50.0)
+    _check(args, device, chunk)
+    o, s = chunk_gated_delta(*[t.to(device) for t in args], chunk=chunk)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+
+
+@pytest.mark.parametrize("which", ["zero", "one", "mixed"])
+def test_chunk_beta_extremes(device, which):
+    def beta(T, nv, gen):
+        if which == "zero":
+            return torch.full((T, nv), 1e-4)
+        if which == "one":
+            return 1 - 1e-4 * torch.rand(T, nv, generator=gen)
+        return torch.where(torch.rand(T, nv, generator=gen) < 0.5, 1e-4, 1 - 1e-4)
+
+    _check(_inputs(70, 3, 16, 16, seed=4, g_scale=0.1, beta=beta), device, 16)
+
+
+@pytest.mark.parametrize("split", [1, 20, 64, 100])
+def test_chunk_continues_state_across_calls(device, split):
+    q, k, v, g, b, state = (t.to(device) for t in _inputs(150, 3, 16, 16, seed=5))
+    one_o, one_s = chunk_gated_delta(q, k, v, g, b, state, chunk=16)
+    a, c = slice(0, split), slice(split, None)
+    o1, s1 = chunk_gated_delta(q[a], k[a], v[a], g[a], b[a], state, chunk=16)
+    o2, s2 = chunk_gated_delta(q[c], k[c], v[c], g[c], b[c], s1, chunk=16)
+    assert rel_err(torch.cat([o1, o2]), one_o) < TOL
+    assert rel_err(s2, one_s) < TOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 dots exist only on the GPU")
+def test_chunk_tf32_stays_within_bf16_rounding():
+    args = [t.cuda() for t in _inputs(1000, 4, 128, 128, seed=6)]
+    ref_o, ref_s = chunked_gated_delta(*args)
+    o, s = chunk_gated_delta(*args, tf32=True)
+    assert rel_err(o, ref_o) < 4e-3 and rel_err(s, ref_s) < 4e-3  # bf16's half-ulp is 2^-9
+
+
+def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
+    """`GatedDeltaNet.__call__` takes the Triton kernel for T > 1 where `use_triton` holds
+    (forced here, so the interpreter runs it on CPU tensors) and the torch rule otherwise."""
+    nk, nv, dk, dv, h = 1, 2, 16, 16, 32
+    config = {"hidden_size": h, "linear_num_key_heads": nk, "linear_num_value_heads": nv,
+              "linear_key_head_dim": dk, "linear_value_head_dim": dv,
+              "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6}
+    gen = torch.Generator().manual_seed(7)
+    weights = {}
+
+    def params(name, shape):
+        return weights.setdefault(name, torch.randn(shape, generator=gen).to(device) * 0.3)
+
+    layer = gdn.GatedDeltaNet(config, params, "layers/0/")
+    x = torch.randn(70, h, generator=gen).to(device)
+
+    def run():
+        state = layer.new_state(torch.float32, torch.device(device))
+        return layer(x[:40], state), layer(x[40:], state), state.ssm
+
+    calls = []
+    kernel = gdn.chunk_gated_delta
+
+    def spy(*args, **kw):
+        calls.append(kw)
+        return kernel(*args, **kw)
+
+    ref = run() if device == "cpu" else None
+    monkeypatch.setattr(gdn, "use_triton", lambda t: True)
+    monkeypatch.setattr(gdn, "chunk_gated_delta", spy)
+    got = run()
+    assert calls == [{"tf32": False}, {"tf32": False}]  # fp32 activations: IEEE dots
+    if ref is not None:
+        for a, b in zip(got, ref):
+            assert rel_err(a, b) < TOL
