@@ -66,6 +66,14 @@ class KvStorage:
             return codes, None
         return codes, stored[1].view(-1, self.page_tokens, *stored[1].shape[1:])
 
+    @property
+    def kernel_layout(self) -> bool:
+        """True when the paged-attention kernels (`kernels.paged_attention`,
+        `kernels.paged_prefill`) can read this pool in place: 64-token pages of plain rows (the
+        `bf16` KV dtype) or of int8 codes with fp16 group scales (`int8`) for both K and V."""
+        names = (self.k_codec.name, self.v_codec.name)
+        return self.page_tokens == 64 and names in (("bf16", "bf16"), ("int8", "int8"))
+
     def copy_slots(self, src_page: int, dst_page: int, count: int) -> None:
         """Copy the first `count` token slots of a page, every layer, as stored (no requantize)."""
         src = slice(src_page * self.page_tokens, src_page * self.page_tokens + count)
@@ -105,6 +113,15 @@ class PagedKvCache:
             self._table_tensor = torch.tensor(pages, dtype=torch.long, device=self.storage.device)
         return self._table_tensor
 
+    def layer_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None,
+                                               torch.Tensor, torch.Tensor | None]:
+        """(K codes, K scales, V codes, V scales) of one layer as whole-pool page views
+        `[pages, page_tokens, heads, ...]` (`KvStorage.page_view`; scales None unless int8):
+        with `table_tensor()` what a paged kernel reads in place."""
+        s = self.storage
+        (k, ks), (v, vs) = s.page_view(s.k[layer]), s.page_view(s.v[layer])
+        return k, ks, v, vs
+
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, heads, dim] at positions start .. start+T-1."""
         s, n = self.storage, k.shape[0]
@@ -142,7 +159,22 @@ class LayerKv:
         self.cache, self.layer, self.length = cache, layer, start
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.cache.write(self.layer, self.length, k.transpose(0, 1), v.transpose(0, 1))
-        self.length += k.shape[1]
+        self.append(k, v)
         keys, values = self.cache.read(self.layer, self.length)
         return keys.transpose(0, 1), values.transpose(0, 1)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k, v [heads, T, dim] at positions length .. length+T-1 without reading back
+        (for kernels that read the pages in place: `layer_pages`, `cache.table_tensor()`)."""
+        self.cache.write(self.layer, self.length, k.transpose(0, 1), v.transpose(0, 1))
+        self.length += k.shape[1]
+
+    @property
+    def kernel_readable(self) -> bool:
+        """The pool's layout is one the paged kernels read in place (`KvStorage.kernel_layout`)."""
+        return self.cache.storage.kernel_layout
+
+    def layer_pages(self):
+        """This layer's (K codes, K scales, V codes, V scales) page views (see
+        `PagedKvCache.layer_pages`)."""
+        return self.cache.layer_pages(self.layer)

@@ -4,14 +4,25 @@ A forward pass carries several requests at once: each `Segment` is a run of cons
 of one request (a prefill chunk, or one decode token) starting at cache position `start`.
 The segment's cache is any `SequenceKv`: the paged pool view (`kv.PagedKvCache`) in the
 engine, or the contiguous reference cache (`ContiguousKvCache`) for standalone use.
+
+On CUDA, when every segment's cache is a view of one paged pool the kernels read in place
+(bf16 or int8 KV), a layer writes all segments' K/V with one scatter and attends with one
+varlen `kernels.paged_prefill` launch over the pages (or the paged decode kernel when every
+segment is one token); otherwise each segment gathers its K/V (`read`) and runs SDPA.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+
+from ..kernels._dispatch import use_triton
+from ..kernels.paged_attention import paged_attention_triton
+from ..kernels.paged_prefill import paged_prefill_varlen_triton, supported
+from ..kv.cache import KvStorage, PagedKvCache
 
 
 class SequenceKv(Protocol):
@@ -38,32 +49,114 @@ class Segment:
 class _Plan:
     segment: Segment
     offset: int  # row of the segment's first token in the flat batch
-    mask: torch.Tensor | None  # None: no mask (one query) or a square causal block
     is_causal: bool
+    device: torch.device
+
+    @cached_property
+    def mask(self) -> torch.Tensor | None:
+        """None: no mask (one query) or a square causal block (`is_causal`). Built on first
+        use (then shared by every layer): the in-place paged path never needs it."""
+        seg = self.segment
+        if seg.length == 1 or self.is_causal:
+            return None
+        # chunked prefill: query i sees cache positions ≤ start + i (bottom-right causal)
+        q_pos = torch.arange(seg.start, seg.start + seg.length, device=self.device)
+        k_pos = torch.arange(seg.start + seg.length, device=self.device)
+        return k_pos[None, :] <= q_pos[:, None]
 
 
-def plan_segments(segments: list[Segment], device: torch.device) -> list[_Plan]:
-    """Per-segment masks, built once per forward and shared by every layer."""
-    plans, offset = [], 0
+@dataclass(frozen=True)
+class _PagedBatch:
+    """Every segment of a forward over one kernel-readable paged pool, on the device: what
+    the in-place path needs, built once per forward and shared by every layer."""
+
+    storage: KvStorage
+    slots: torch.Tensor  # [T] pool slot of each flat row
+    tables: torch.Tensor  # [B, max_pages] page ids, row b = segment b's table (zero padded)
+    offsets: torch.Tensor  # [B] int32 first flat row of each segment
+    lengths: torch.Tensor  # [B] int32
+    starts: torch.Tensor  # [B] int32
+    max_length: int
+    max_end: int  # longest start + length
+
+
+class Plans(list):
+    """The `_Plan`s of one forward (a list), with the paged batch cached on first use."""
+
+    paged: _PagedBatch | None = None
+    paged_checked: bool = False
+
+
+def plan_segments(segments: list[Segment], device: torch.device) -> Plans:
+    """Per-segment plans (masks built on first use), shared by every layer of one forward."""
+    plans, offset = Plans(), 0
     for seg in segments:
-        mask, is_causal = None, False
-        if seg.length > 1 and seg.start == 0:
-            is_causal = True
-        elif seg.length > 1:
-            # chunked prefill: query i sees cache positions ≤ start + i (bottom-right causal)
-            q_pos = torch.arange(seg.start, seg.start + seg.length, device=device)
-            k_pos = torch.arange(seg.start + seg.length, device=device)
-            mask = k_pos[None, :] <= q_pos[:, None]
+        is_causal = seg.length > 1 and seg.start == 0
         if not seg.cache.reserve(seg.start + seg.length):
             raise RuntimeError("the KV cache cannot grow to hold this segment")
-        plans.append(_Plan(seg, offset, mask, is_causal))
+        plans.append(_Plan(seg, offset, is_causal, device))
         offset += seg.length
     return plans
+
+
+def _paged_batch(plans: list[_Plan], q: torch.Tensor) -> _PagedBatch | None:
+    """The in-place batch of `plans`, or None when some segment's cache is not a view of one
+    kernel-readable paged pool (or q's head dim / dtype is not one the kernel serves)."""
+    if isinstance(plans, Plans) and plans.paged_checked:
+        return plans.paged
+    batch = None
+    caches = [plan.segment.cache for plan in plans]
+    if (caches and supported(q.shape[-1], q.dtype)
+            and all(isinstance(c, PagedKvCache) for c in caches)
+            and len({id(c.storage) for c in caches}) == 1 and caches[0].storage.kernel_layout):
+        storage = caches[0].storage
+        P = storage.page_tokens
+        tables = [c.pages for c in caches]
+        width = max(len(t) for t in tables)
+        host_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                   dtype=torch.long)
+        meta = torch.tensor([(p.offset, p.segment.length, p.segment.start) for p in plans],
+                            dtype=torch.int32).t().contiguous()
+        lengths = meta[1].long()
+        row_seg = torch.repeat_interleave(torch.arange(len(plans)), lengths)
+        positions = (meta[2].long()[row_seg] + torch.arange(int(lengths.sum()))
+                     - meta[0].long()[row_seg])
+        slots = host_tables[row_seg, positions // P] * P + positions % P
+        max_length, max_end = int(lengths.max()), int((meta[1] + meta[2]).max())
+        meta = meta.to(q.device)
+        batch = _PagedBatch(storage, slots.to(q.device), host_tables.to(q.device), meta[0],
+                            meta[1], meta[2], max_length, max_end)
+    if isinstance(plans, Plans):
+        plans.paged, plans.paged_checked = batch, True
+    return batch
+
+
+def _attend_paged(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  batch: _PagedBatch, scale: float) -> torch.Tensor:
+    """One scatter of every row's k/v into the pool, one kernel over the pages in place."""
+    s = batch.storage
+    s.k_codec.write(s.k[layer], batch.slots, k)
+    s.v_codec.write(s.v[layer], batch.slots, v)
+    (k_pages, k_scale), (v_pages, v_scale) = s.page_view(s.k[layer]), s.page_view(s.v[layer])
+    T = q.shape[0]
+    if batch.max_length == 1 and scale == q.shape[-1] ** -0.5:
+        # pure decode: the split-K decode kernel (which scales by 1/√D itself)
+        out = paged_attention_triton(q, k_pages, v_pages, batch.tables, batch.starts + 1,
+                                     k_scale, v_scale, max_seq_len=batch.max_end)
+    else:
+        out = paged_prefill_varlen_triton(q, k_pages, v_pages, batch.tables, batch.offsets,
+                                          batch.lengths, batch.starts, batch.max_length,
+                                          scale, k_scale, v_scale)
+    return out.reshape(T, -1)
 
 
 def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            plans: list[_Plan], scale: float) -> torch.Tensor:
     """Store k/v [T, kv_heads, D] in each segment's cache and attend; returns [T, heads·D]."""
+    if use_triton(q):
+        batch = _paged_batch(plans, q)
+        if batch is not None:
+            return _attend_paged(layer, q, k, v, batch, scale)
     outputs = []
     for plan in plans:
         seg = plan.segment

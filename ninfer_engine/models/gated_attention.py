@@ -3,6 +3,8 @@
 Torch reference path, single sequence. Also holds the two helpers the family shares: the
 zero-centred `(1+w)` RMSNorm and partial NeoX rotary with optional interleaved MRoPE.
 The KV cache is a simple contiguous per-sequence buffer (k after norm and RoPE, v as projected).
+On CUDA the attention core runs SDPA, or `kernels.paged_prefill` over the engine's paged pool in
+place (`GatedAttention._attend_cuda`); the CPU keeps the fp32-softmax reference `_attend`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from ..kernels._dispatch import use_triton
+from ..kernels.paged_prefill import paged_prefill_triton, supported
+from ..kv.cache import LayerKv
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -117,11 +123,40 @@ class GatedAttention:
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         past = cache.length
-        keys, values = cache.extend(k, v)
-        a = self._attend(q, keys, values, past)
-        a = a.transpose(0, 1).reshape(T, self.nq * self.d)
+        if use_triton(q):
+            a = self._attend_cuda(q, k, v, cache, past)
+        else:
+            keys, values = cache.extend(k, v)
+            a = self._attend(q, keys, values, past)
+            a = a.transpose(0, 1).reshape(T, self.nq * self.d)
         a = a * torch.sigmoid(F.linear(x, self.w_gate))
         return F.linear(a, self.w_o)
+
+    def _attend_cuda(self, q, k, v, cache, past: int) -> torch.Tensor:
+        """The GPU path of the attention core; q [nq, T, D], k, v [nkv, T, D] -> [T, nq·D].
+
+        Over the engine's paged pool in a layout the kernels read (bf16 or int8 KV), k/v go
+        into the pages and `kernels.paged_prefill` attends over them in place (no gather);
+        otherwise the cache gathers and SDPA attends with the bottom-right causal mask, so
+        nothing of size [nq, T, L] is materialised either way.
+        """
+        T = q.shape[1]
+        if isinstance(cache, LayerKv) and cache.kernel_readable and supported(self.d, q.dtype):
+            cache.append(k, v)
+            k_pages, k_scale, v_pages, v_scale = cache.layer_pages()
+            a = paged_prefill_triton(q.transpose(0, 1), k_pages, v_pages,
+                                     cache.cache.table_tensor(), past, self.d**-0.5,
+                                     k_scale, v_scale)
+            return a.reshape(T, self.nq * self.d)
+        keys, values = cache.extend(k, v)
+        mask = None
+        if past and T > 1:  # query t sees keys 0 .. past+t
+            L = keys.shape[1]
+            mask = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(past)
+        a = F.scaled_dot_product_attention(
+            q[None], keys[None], values[None], attn_mask=mask, is_causal=past == 0 and T > 1,
+            scale=self.d**-0.5, enable_gqa=True)
+        return a[0].transpose(0, 1).reshape(T, self.nq * self.d)
 
     def _attend(self, q, k, v, past: int) -> torch.Tensor:
         """Causal GQA: query row t (absolute past+t) sees keys 0..past+t; returns [nq, T, D]."""

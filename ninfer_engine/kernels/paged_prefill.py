@@ -1,0 +1,176 @@
+"""Prefill attention over a paged KV cache, read in place (flash-attention forward, GQA).
+
+A prefill chunk of T queries sits at absolute positions `start .. start+T-1` of its sequence;
+its keys/values are positions `0 .. start+T-1`, already written into the pages (layout of
+`kernels.paged_attention`: `[num_pages, PAGE=64, nkv, D]`, bf16/fp16 rows, or int8 codes with
+fp16 group scales `[num_pages, PAGE, nkv, D // G]` dequantised in the kernel). Query i sees keys
+≤ start+i (bottom-right causal); query head h reads KV head h // (nq // nkv).
+
+The Triton path is varlen: one launch covers B chunks (`q_offsets`, `q_lens`, `starts`, one page
+table row each); `paged_prefill_triton` is the one-chunk form (length and start passed as
+scalars, nothing uploaded per call). A program owns BLOCK_M queries of one chunk and one query head, walks that
+chunk's pages (64 keys a step) up to the last one its queries can see, and keeps an online
+softmax in fp32. Nothing the size of [T, L] is materialised.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import dot_dtype, interpreting, use_triton
+from .paged_attention import PAGE, _load_kv, dequantize_kv_int8
+
+
+def supported(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel serves queries of this head dim and dtype: whole power-of-two heads of
+    at least 16 (`tl.dot`'s minimum), bf16/fp16 activations (its products run in bf16 on a GPU;
+    fp32 only under the interpreter, whose products are fp32)."""
+    pow2 = head_dim >= 16 and head_dim & (head_dim - 1) == 0
+    return pow2 and (dtype in (torch.bfloat16, torch.float16) or interpreting())
+
+
+def paged_prefill_ref(q, k_pages, v_pages, page_table, start: int, scale: float,
+                      k_scale=None, v_scale=None):
+    """q [T, nq, D] at positions start .. start+T-1 -> [T, nq, D] in q's dtype (gather, fp32)."""
+    T, nq, D = q.shape
+    nkv = k_pages.shape[2]
+    L = start + T
+    pages = page_table[: -(-L // PAGE)].long()
+
+    def gather(pool, sc):
+        x = pool[pages].flatten(0, 1)[:L]
+        if sc is None:
+            return x.float()
+        return dequantize_kv_int8(x, sc[pages].flatten(0, 1)[:L])
+
+    r = nq // nkv
+    k = gather(k_pages, k_scale).repeat_interleave(r, 1)  # [L, nq, D]
+    v = gather(v_pages, v_scale).repeat_interleave(r, 1)
+    s = torch.einsum("thd,lhd->htl", q.float(), k) * scale
+    q_pos = torch.arange(start, L, device=q.device)
+    allowed = torch.arange(L, device=q.device)[None, :] <= q_pos[:, None]
+    s = s.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("htl,lhd->thd", torch.softmax(s, -1), v).to(q.dtype)
+
+
+@triton.jit(do_not_specialize=["one_len", "one_start"])  # one compile whatever T and start
+def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, qoff_ptr, qlen_ptr,
+                          start_ptr, out_ptr, one_len, one_start, stride_qt, stride_qh,
+                          table_stride, sm_scale, NQ: tl.constexpr, NKV: tl.constexpr,
+                          D: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr,
+                          QUANT: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr):
+    mb = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    if VARLEN:
+        q_len = tl.load(qlen_ptr + b)
+    else:  # one chunk: length and start come as scalars (no metadata upload per call)
+        q_len = one_len
+    if mb * BLOCK_M < q_len:
+        if VARLEN:
+            q_off = tl.load(qoff_ptr + b)
+            start = tl.load(start_ptr + b)
+        else:
+            q_off = 0
+            start = one_start
+        kvh = h // (NQ // NKV)
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < q_len
+        d = tl.arange(0, D)
+        tok = tl.arange(0, 64)
+        q = tl.load(q_ptr + (q_off + rows)[:, None] * stride_qt + h * stride_qh + d[None, :],
+                    mask=rmask[:, None], other=0.0).to(DOT)
+        q_pos = start + rows
+        n_keys = start + q_len  # keys written for this chunk: 0 .. start+q_len-1
+        # pages wholly above the causal diagonal of this block's last query are never read
+        last_key = start + tl.minimum(mb * BLOCK_M + BLOCK_M, q_len) - 1
+        n_pages = last_key // 64 + 1
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
+        for i in range(0, n_pages):
+            page = tl.load(table_ptr + b * table_stride + i).to(tl.int64)
+            key = i * 64 + tok
+            # slots past the chunk's end may hold garbage (even NaN): never load them
+            kmask = key < n_keys
+            k = _load_kv(k_ptr, ks_ptr, page, tok, kvh, d, kmask, NKV, D, G, QUANT, DOT)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(key[None, :] <= q_pos[:, None], s, float("-inf"))
+            # key 0 is on every query's first page, so m is finite from the first step on
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            v = _load_kv(v_ptr, vs_ptr, page, tok, kvh, d, kmask, NKV, D, G, QUANT, DOT)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v)
+            m = m_new
+        o = acc / l[:, None]
+        tl.store(out_ptr + ((q_off + rows) * NQ + h)[:, None] * D + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+def _block_m(max_q_len: int) -> int:
+    # the interpreter runs every program in Python: small tiles keep the CPU tests quick; on a
+    # GPU, 16-query tiles for decode-sized chunks
+    return 16 if interpreting() or max_q_len <= 16 else 64
+
+
+def paged_prefill_varlen_triton(q, k_pages, v_pages, page_tables, q_offsets, q_lens, starts,
+                                max_q_len: int, scale: float, k_scale=None, v_scale=None,
+                                block_m: int | None = None):
+    """B chunks in one launch. q [N, nq, D] (any strides but the last; chunk b is rows
+    q_offsets[b] .. +q_lens[b], at positions starts[b] ..); page_tables [B, max_pages] (int32
+    or int64); q_offsets, q_lens, starts [B] int32 device tensors; `max_q_len` (host int) ≥
+    every q_lens[b] sizes the grid. Returns [N, nq, D] in q's dtype (rows outside every chunk
+    are left unwritten)."""
+    return _launch(q, k_pages, v_pages, page_tables, (q_offsets, q_lens, starts), max_q_len, 0,
+                   scale, k_scale, v_scale, block_m)
+
+
+def _launch(q, k_pages, v_pages, page_tables, meta, max_q_len, start, scale, k_scale, v_scale,
+            block_m):
+    """`meta` (offsets, lengths, starts) for varlen, or None for one chunk of all q's rows
+    at position `start`."""
+    N, nq, D = q.shape
+    nkv = k_pages.shape[2]
+    assert D >= 16 and D & (D - 1) == 0 and nq % nkv == 0 and k_pages.shape[1] == PAGE
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    B = page_tables.shape[0]
+    out = torch.empty(N, nq, D, dtype=q.dtype, device=q.device)
+    if N == 0 or B == 0 or max_q_len == 0:
+        return out
+    block_m = block_m or _block_m(max_q_len)
+    quant = k_scale is not None
+    group = D // k_scale.shape[-1] if quant else D
+    grid = (triton.cdiv(max_q_len, block_m), B, nq)
+    varlen = meta is not None
+    q_offsets, q_lens, starts = meta if varlen else (page_tables,) * 3  # unread pointers
+    _paged_prefill_kernel[grid](
+        q, k_pages, v_pages, k_scale if quant else k_pages, v_scale if quant else v_pages,
+        page_tables, q_offsets, q_lens, starts, out, N, start, q.stride(0), q.stride(1),
+        page_tables.stride(0), scale, NQ=nq, NKV=nkv, D=D, G=group, BLOCK_M=block_m,
+        QUANT=quant, VARLEN=varlen, DOT=dot_dtype(), num_warps=8 if D >= 256 else 4,
+        num_stages=2 if D >= 256 else 3)
+    return out
+
+
+def paged_prefill_triton(q, k_pages, v_pages, page_table, start: int, scale: float,
+                         k_scale=None, v_scale=None, block_m: int | None = None):
+    """One chunk, q [T, nq, D] at positions start .. start+T-1 over `page_table` [n_pages];
+    length and start go to the kernel as scalars (nothing is uploaded per call)."""
+    return _launch(q, k_pages, v_pages, page_table[None], None, q.shape[0], start, scale,
+                   k_scale, v_scale, block_m)
+
+
+def paged_prefill_attention(q, k_pages, v_pages, page_table, start: int, scale: float,
+                            k_scale=None, v_scale=None):
+    """Dispatching entry point. q [T, nq, D] at positions start .. start+T-1; page_table
+    [n_pages_of_seq] (int32/int64) -> [T, nq, D] in q's dtype. See the module docstring."""
+    if use_triton(q):
+        return paged_prefill_triton(q, k_pages, v_pages, page_table, start, scale, k_scale,
+                                    v_scale)
+    return paged_prefill_ref(q, k_pages, v_pages, page_table, start, scale, k_scale, v_scale)
