@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `ninfer bench` on one H200 for the committed result files (bench/results/h200-ninfer-bench-*):
-#   27b bf16     decode at 1K/8K/32K, concurrency 1/2/4/8, 8K prefill, transformers peer
-#   35b-a3b bf16 the same, with the transformers peer
-#   27b fp8      decode and concurrency (prefill is the same bf16 torch path; no peer)
-# Run from the repository root with OUT set to the output folder; no network needed. The
+#   27b          bf16: decode at 1K/8K/32K, concurrency 1/2/4/8, 8K prefill, transformers peer
+#   35b-a3b      bf16: the same, with the transformers peer
+#   27b-fp8      `--weights fp8-row`: decode and concurrency (no prefill, no peer)
+#   27b-q4       `--weights qwen3_6_27b` (the official Q4/Q5 mix, head Q6): the same
+# Arguments pick some of these by name (default: all). Run from the repository root with OUT
+# set to the output folder; no network needed. The
 # transformers wheel in .whl/ is installed --no-deps into a private folder on PYTHONPATH (its
 # dependencies must already be importable; if not, the peer sections record why).
 # Each run has a time budget (about 9 minutes in all); a run stopped while timing the peer still
@@ -45,10 +47,21 @@ run() {
 }
 
 ALL=(--context 1024,8192,32768 --concurrency 1,2,4,8 --concurrency-context 1024)
-run h200-ninfer-bench-27b 230 --arch 27b --dtype bf16 "${ALL[@]}" \
-    --prefill 8192 --prefill-chunk 1024 --prefill-reps 3 --peer transformers --peer-prompt 1024 --peer-steps 16
-run h200-ninfer-bench-35b-a3b 200 --arch 35b-a3b --dtype bf16 "${ALL[@]}" \
-    --prefill 8192 --prefill-chunk 1024 --prefill-reps 3 --peer transformers --peer-prompt 1024 --peer-steps 16
-run h200-ninfer-bench-27b-fp8 95 --arch 27b --dtype fp8 "${ALL[@]}" --prefill 0 --no-peer
+PEER=(--prefill 8192 --prefill-chunk 1024 --prefill-reps 3 --peer transformers --peer-prompt 1024
+      --peer-steps 16)
+for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4}"; do
+  for one in $which; do
+    case $one in
+      27b) run h200-ninfer-bench-27b 230 --arch 27b --weights bf16 "${ALL[@]}" "${PEER[@]}" ;;
+      35b-a3b) run h200-ninfer-bench-35b-a3b 200 --arch 35b-a3b --weights bf16 "${ALL[@]}" \
+                 "${PEER[@]}" ;;
+      27b-fp8) run h200-ninfer-bench-27b-fp8 95 --arch 27b --weights fp8-row "${ALL[@]}" \
+                 --prefill 0 --no-peer ;;
+      27b-q4) run h200-ninfer-bench-27b-q4 95 --arch 27b --weights qwen3_6_27b "${ALL[@]}" \
+                --prefill 0 --no-peer ;;
+      *) log "unknown run $one" ;;
+    esac
+  done
+done
 log "done; files in $OUT:"
 ls -l "$OUT" >&2

@@ -57,7 +57,7 @@ class StaticDecoder:
         self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
         fill_page_tables([seq.cache for seq in seqs], self.table)
 
-    def store(self, seqs: list[Sequence]) -> None:
+    def flush(self) -> None:
         """Nothing to copy back: the step wrote its K/V into the pool in place."""
 
     def step(self, batch: int, bucket: int) -> torch.Tensor:
@@ -93,14 +93,16 @@ class StaticDecoder:
 
 
 class DecodeGraphs:
-    """Runs pure-decode batches through a static decoder (`load` → `step` → `store`), as CUDA
-    graphs when `capture`.
+    """Runs pure-decode batches through a static decoder (`load` → `step`), as CUDA graphs
+    when `capture`; `flush` hands state the decoder keeps in its rows back to the sequences.
+
 
     One graph per (batch size, context bucket), captured the first time that shape runs: the
     warm-up and the capture happen on the real inputs, so the warm-up's KV writes are the ones
     the replay repeats; the inputs are loaded again before the replay, since the warm-up also
-    advanced the positions and the GDN rows in place. Graphs read the pool tensors they were captured with; when an elastic
-    pool grows into new tensors, every graph is dropped and recaptured on demand.
+    advanced the positions and the GDN rows in place. Graphs read the pool tensors they were
+    captured with; when an elastic pool grows into new tensors, every graph is dropped and
+    recaptured on demand.
     """
 
     def __init__(self, decoder: StaticDecoder | EngineHybridDecoder, capture: bool) -> None:
@@ -127,14 +129,17 @@ class DecodeGraphs:
                 self._bound_k = d.storage.k
             key = (batch, bucket)
             if key not in self._graphs:
+                d.flush()  # warm-up and capture advance the rows: keep the state in the slots
                 self._graphs[key] = self._record(batch, bucket)
                 d.load(seqs)  # the warm-up advanced positions (and the hybrid's GDN rows)
             graph, logits = self._graphs[key]
             graph.replay()
-        d.store(seqs)
         for seq in seqs:
             seq.cached += 1
         return logits
+
+    def flush(self) -> None:
+        self.decoder.flush()
 
     def _record(self, batch: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         side = torch.cuda.Stream()

@@ -21,6 +21,7 @@ from .config import PAGE_TOKENS, EngineConfig
 from .decode_graphs import build_decode_graphs
 from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for
 from .models import build_model
+from .models.packed import FASTER_PACKED, PACKED_FORMATS
 from .runner import make_runner
 from .sampling import Sampler
 from .sampling_presets import sampling_defaults
@@ -89,7 +90,8 @@ class Engine:
                 dtype, matmul = torch.float32, MATMUL_DTYPES[config.cpu_matmul]
             else:
                 dtype, matmul = CUDA_DTYPES[config.cuda_dtype], None
-            self.model = build_model(text_config, artifact, device, dtype, matmul)
+            self.model = build_model(text_config, artifact, device, dtype, matmul,
+                                     packed_formats(config, device, dtype))
             self.memory = build_memory(config, self.model)
             graphs = build_decode_graphs(self.model, self.memory.storage, config.kv_dtype,
                                          config.max_concurrency, config.max_context,
@@ -297,6 +299,7 @@ class Engine:
                      [s for s in batch.sampled if s not in failed])
 
     def _retire(self, seq: Sequence) -> None:
+        self.runner.flush()  # a decode row may hold the sequence's state, which retiring reads
         if seq.finish_reason in ("stop", "length"):
             self.memory.checkpoint(seq)  # the conversation frontier, for the next turn
         self.memory.release(seq)
@@ -320,6 +323,15 @@ class Engine:
             if seq.finish_reason is None:
                 seq.fail(EngineError(message, UNAVAILABLE, 503))
             self._retire(seq)
+
+
+def packed_formats(config: EngineConfig, device: torch.device,
+                   dtype: torch.dtype) -> frozenset[str]:
+    """The stored weight formats kept packed (`--cuda-weights`): none off CUDA or on the exact
+    fp32 path (the packed kernels compute in bf16); `auto` those whose GEMV is the faster."""
+    if device.type != "cuda" or dtype != torch.bfloat16 or config.cuda_weights == "dequant":
+        return frozenset()
+    return PACKED_FORMATS if config.cuda_weights == "packed" else FASTER_PACKED
 
 
 def build_memory(config: EngineConfig, model: Any) -> SequenceMemory:

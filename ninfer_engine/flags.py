@@ -178,6 +178,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--no-tui": ("no_tui", None, True),
     "--cpu-matmul": ("cpu_matmul", _choice("fp32", "bf16"), None),
     "--cuda-dtype": ("cuda_dtype", _choice("bf16", "fp32"), None),
+    "--cuda-weights": ("cuda_weights", _choice("auto", "packed", "dequant"), None),
 }
 
 FLAG_NAMES = tuple(_FLAGS)

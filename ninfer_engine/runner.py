@@ -38,7 +38,14 @@ class _ModelRunner:
         pure_decode = batch.prefill is None
         if pure_decode and self.graphs is not None and self.graphs.accepts(batch.decode):
             return self.graphs.forward(batch.decode)
+        self.flush()  # the eager path reads every sequence's state from its slot
         return self._eager(batch)
+
+    def flush(self) -> None:
+        """Hand state the static decoder keeps in its rows back to the sequences' slots (before
+        an eager step, a checkpoint or a retire)."""
+        if self.graphs is not None:
+            self.graphs.flush()
 
     def _eager(self, batch: Batch) -> torch.Tensor:
         raise NotImplementedError

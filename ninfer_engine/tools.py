@@ -17,6 +17,9 @@ from .artifact.directory import TensorObject
 from .artifact.errors import ArtifactError
 
 BENCH_ARCHS = ("27b", "35b-a3b", "0.8b", "tiny-dense", "tiny-moe")
+# the storage recipes of `convert` that a random model can be drawn in (fp32 is the CPU's)
+BENCH_RECIPES = ("bf16", "fp8-row", "nvfp4", "q8", "qwen3_6_27b", "qwen3_8_27b",
+                 "qwen3_6_35b_a3b")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,8 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--layers", type=int, help="keep only the first N layers")
     bench.add_argument("--context", type=_contexts, default=[1024, 8192, 32768],
                        help="comma-separated batch-1 decode contexts (default 1024,8192,32768)")
-    bench.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16",
-                       help="dense weights bf16, or fp8 rows (dense archs only)")
+    bench.add_argument("--weights", choices=BENCH_RECIPES, default="bf16", metavar="RECIPE",
+                       help="storage recipe of the projections, as `convert --recipe` "
+                            f"({', '.join(BENCH_RECIPES)}; default bf16); packed formats run "
+                            "the fused dequant GEMVs, routed experts stay bf16")
     bench.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8],
                        help="comma-separated batch sizes for aggregate decode (default 1,2,4,8; "
                             "'none' skips)")
@@ -127,8 +132,6 @@ def _bench(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         return _fail("ninfer bench needs a CUDA device")
     config = synth_config(args.arch, args.layers)  # bad --layers fails before any GPU work
-    if args.dtype == "fp8" and "num_experts" in config:
-        return _fail("--dtype fp8 is for dense archs: the routed-expert kernel runs bf16 only")
     from .benchmark.run import markdown, run_decode_bench
 
     if min(args.prefill, args.prefill_chunk, args.concurrency_context) < 0 \
@@ -137,7 +140,7 @@ def _bench(args: argparse.Namespace) -> int:
     levels = ",".join(map(str, args.concurrency)) or "none"
     command = (f"ninfer bench --arch {args.arch}"
                + (f" --layers {args.layers}" if args.layers else "")
-               + f" --context {','.join(map(str, args.context))} --dtype {args.dtype}"
+               + f" --context {','.join(map(str, args.context))} --weights {args.weights}"
                + f" --concurrency {levels} --concurrency-context {args.concurrency_context}"
                + f" --prefill {args.prefill} --prefill-chunk {args.prefill_chunk}"
                + (f" --prefill-reps {args.prefill_reps}" if args.prefill_reps != 1 else "")
@@ -155,7 +158,7 @@ def _bench(args: argparse.Namespace) -> int:
                 f.write(markdown(result))
 
     result = run_decode_bench(
-        args.arch, args.context, args.dtype, args.layers, command,
+        args.arch, args.context, args.weights, args.layers, command,
         concurrency=args.concurrency, concurrency_context=args.concurrency_context,
         prefill=args.prefill, prefill_chunk=args.prefill_chunk, prefill_reps=args.prefill_reps,
         peer=args.peer, peer_prompt=args.peer_prompt, peer_steps=args.peer_steps,

@@ -166,6 +166,25 @@ class Artifact:
         flat = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
         return flat.reshape(tuple(shape)).to(dtype)
 
+    def row_parts(
+        self, name: str, shape: tuple[int, ...] | list[int]
+    ) -> list[tuple[str, tuple[int, int], int, int, torch.Tensor]] | None:
+        """Binding ``name`` of rank-2 ``shape`` as whole-row ranges of rank-2 objects:
+        ``(format, object shape, r0, r1, object bytes as uint8)`` per part, or None when a part
+        is not whole rows of a matrix with the same column count (then only `parameter` works).
+        Lets an engine keep quantized rows in their stored encoding."""
+        if len(shape) != 2:
+            return None
+        out = []
+        for part in self._parts(name):
+            obj = self._dir.objects[part.object]
+            cols = shape[1]
+            if len(obj.shape) != 2 or obj.shape[1] != cols or part.begin % cols or part.end % cols:
+                return None
+            raw = encodings.byte_tensor(self._span(obj.offset, obj.bytes))
+            out.append((obj.format, tuple(obj.shape), part.begin // cols, part.end // cols, raw))
+        return out
+
     def resource(self, role: str, component: str = "text") -> bytes:
         """The raw bytes of resource ``role`` (e.g. ``tokenizer.json``) of ``component``."""
         oid = self._dir.components.get(component, {}).get("resources", {}).get(role)

@@ -128,7 +128,7 @@ def decode(
     shape = tuple(int(d) for d in shape)
     found = codec(format)
     size = found.size(shape)
-    raw = _byte_tensor(buffer)
+    raw = byte_tensor(buffer)
     if raw.numel() != size:
         raise ArtifactError(
             f"{format} tensor {list(shape)} needs {size} bytes, buffer has {raw.numel()}"
@@ -141,7 +141,7 @@ def decode(
     return values.view(shape) if rows is None else values
 
 
-def _byte_tensor(buffer: object) -> torch.Tensor:
+def byte_tensor(buffer: object) -> torch.Tensor:
     """A zero-copy uint8 view of ``buffer``; decoders only read it, so read-only is fine."""
     if isinstance(buffer, torch.Tensor):
         return buffer.view(torch.uint8).reshape(-1)

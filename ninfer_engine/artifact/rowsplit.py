@@ -92,7 +92,7 @@ def quantize(
     spec: RowSplitFormat, rows: torch.Tensor, k_pad: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference `grouped_absmax`: int16 codes `[n, gpr, G]` and fp16 scales `[n, gpr]`."""
-    x = torch.zeros((rows.shape[0], k_pad), dtype=torch.float32)
+    x = torch.zeros((rows.shape[0], k_pad), dtype=torch.float32, device=rows.device)
     x[:, : rows.shape[1]] = rows
     groups = x.view(x.shape[0], -1, spec.group)
     amax = groups.abs().amax(-1)
@@ -101,7 +101,7 @@ def quantize(
     scale = (amax / spec.qmax).to(torch.float16)
     if bool(torch.isinf(scale).any()):
         raise ArtifactError(f"values exceed the fp16 scale range of {spec.name}")
-    scale = torch.where((scale == 0) & (amax > 0), _FP16_TINY, scale)
+    scale = torch.where((scale == 0) & (amax > 0), _FP16_TINY.to(scale.device), scale)
     recip = torch.where(scale == 0, 0.0, 1.0 / scale.float())
     codes = torch.round(groups * recip.unsqueeze(-1)).clamp_(spec.qmin, spec.qmax)
     return codes.to(torch.int16), scale
@@ -120,7 +120,7 @@ def pack_planes(spec: RowSplitFormat, codes: torch.Tensor) -> tuple[torch.Tensor
     high = unsigned >> 4
     if spec.bits == 6:  # lane i's bits 4 and 5 are stream bits 2i and 2i+1
         high = torch.stack((high & 1, high >> 1), -1).reshape(codes.shape[0], -1)
-    weights = 1 << torch.arange(8, dtype=torch.int16)
+    weights = 1 << torch.arange(8, dtype=torch.int16, device=codes.device)
     stream = high.reshape(codes.shape[0], -1, 8) * weights
     return base, stream.sum(-1).to(torch.uint8)
 

@@ -20,11 +20,11 @@ from .roofline import experts_read
 
 
 class KernelDecoder:
-    """B sequences decoded together; `weights` shares an existing decoder's (fp8) matrices."""
+    """B sequences decoded together; `weights` shares an existing decoder's matrices."""
 
-    def __init__(self, model, params: FusedParams, capacity: int, fp8: bool = False,
-                 batch: int = 1, weights: HybridWeights | None = None):
-        self.weights = weights or HybridWeights(model, params, fp8)
+    def __init__(self, model, params: FusedParams, capacity: int, batch: int = 1,
+                 weights: HybridWeights | None = None):
+        self.weights = weights or HybridWeights(model, params)
         self.model, self.c, self.B, self.capacity = model, model.config, batch, capacity
         dev = model.embedding.device
         pages = -(-capacity // PAGE)

@@ -1,8 +1,10 @@
 """`ninfer bench`: decode, aggregate decode and prefill of a random-weight model on the GPU, each
 beside its roofline, and the same shapes through transformers as the peer.
 
-The model is `build_synthetic(arch)` drawn directly in device memory (bf16; `fp8` also quantises
-every dense matrix to fp8 rows for the dequant GEMV). Sections of the result:
+The model is `build_synthetic(arch)` drawn directly in device memory in bf16; with a storage
+recipe other than bf16 (`--weights`, the recipes of `ninfer convert`) each projection the recipe
+stores packed is encoded on the GPU into a `PackedMatrix`, as the engine keeps a converted
+artifact (routed experts stay bf16, as in the engine). Sections of the result:
 
 - `decode`: batch-1 greedy steps at each context, eager and as a replayed CUDA graph (real
   autoregressive decode: the position and KV advance on the device), with the decoder's state
@@ -31,7 +33,10 @@ from datetime import datetime, timezone
 import torch
 import triton
 
+from ..artifact.recipes import recipe
 from ..artifact.synth import build_synthetic
+from ..models import is_projection
+from ..models.packed import PACKED_FORMATS, quantize_packed
 from ..models.qwen3_5 import Qwen35Model
 from . import roofline as rf
 from ..models.fused import FusedParams
@@ -42,7 +47,7 @@ EAGER_STEPS, GRAPH_STEPS = 3, 30  # few eager steps: they are only the launch-bo
 PREFILL_PATH = "torch reference Qwen35Model.forward, bf16, eager (cuBLAS matmuls, chunked GDN)"
 
 
-def run_decode_bench(arch: str, contexts: list[int], dtype: str = "bf16",
+def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
                      layers: int | None = None, command: str = "",
                      concurrency: list[int] = (), concurrency_context: int = 1024,
                      prefill: int = 0, prefill_chunk: int = 1024, prefill_reps: int = 1,
@@ -61,9 +66,9 @@ def run_decode_bench(arch: str, contexts: list[int], dtype: str = "bf16",
                      triton=triton.__version__, python=platform.python_version(),
                      copy_gbps=gbps, matmul_tflops=tflops),
         command=command, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        arch=arch, dtype=dtype, batch=1, weights="random (synthetic, drawn on the GPU)")
+        arch=arch, recipe=weights, batch=1, weights="random (synthetic, drawn on the GPU)")
     not_measured = {}
-    result.update(_ours(arch, contexts, dtype, layers, list(concurrency), concurrency_context,
+    result.update(_ours(arch, contexts, weights, layers, list(concurrency), concurrency_context,
                         prefill, prefill_chunk, prefill_reps, gbps, tflops))
     gc.collect()  # every tensor of ours is gone before the peer is built
     torch.cuda.empty_cache()
@@ -95,17 +100,33 @@ def run_decode_bench(arch: str, contexts: list[int], dtype: str = "bf16",
     return result
 
 
-def _ours(arch, contexts, dtype, layers, concurrency, cctx, prefill, chunk, reps, gbps, tflops):
+def packed_source(source, recipe_name: str):
+    """`source` with every projection that recipe `recipe_name` stores packed encoded so."""
+    if recipe_name == "bf16":
+        return source
+    choose = recipe(recipe_name)
+
+    def params(name, shape):
+        w = source(name, shape)
+        fmt = choose(name, shape)
+        if is_projection(name) and fmt in PACKED_FORMATS:
+            return quantize_packed(w, fmt)  # the bf16 draw is freed on return
+        return w
+
+    return params
+
+
+def _ours(arch, contexts, weights, layers, concurrency, cctx, prefill, chunk, reps, gbps,
+          tflops):
     """Every section measured on our model; its tensors are freed when this returns."""
-    fp8 = dtype == "fp8"
     config, source = build_synthetic(arch, "cuda", torch.bfloat16, layers)
-    params = FusedParams(config, source)
+    params = FusedParams(config, packed_source(source, weights))
     model = Qwen35Model(config, params)
     rope = next(b.mixer.rope for b in model.blocks if hasattr(b.mixer, "rope"))
     # a CPU table would force a copy inside graph capture
     rope.inv_freq = rope.inv_freq.to(model.device)
     # room for the context plus every warm-up, eager and replayed step
-    decoder = KernelDecoder(model, params, max(contexts) + 64, fp8=fp8)
+    decoder = KernelDecoder(model, params, max(contexts) + 64)
     weights = decoder.weight_bytes()
     out = dict(layers=config["num_hidden_layers"], config=config,
                active_params=rf.active_params(config), weight_bytes_per_step=weights)
@@ -198,7 +219,8 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     rate = f", bf16 matmul {m['matmul_tflops']:.0f} TFLOP/s" if "matmul_tflops" in m else ""
     lines = [
-        f"# ninfer bench: {result['arch']} ({result['layers']} layers), {result['dtype']}",
+        f"# ninfer bench: {result['arch']} ({result['layers']} layers), "
+        f"{result.get('recipe') or result['dtype']}",
         "",
         f"- machine: {m['device']}, torch {m['torch']}, Triton {m['triton']}, "
         f"Python {m['python']}; copy bandwidth {m['copy_gbps']:.0f} GB/s{rate}",

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from ..artifact.synth import parameter_shapes
+from .packed import cat_rows
 
 # member order inside each fused matrix
 FUSED = {"gdn/": ["query", "key", "value", "z", "b_projection", "a_projection"],
@@ -42,7 +43,7 @@ class FusedParams:
             if member in members and prefix.startswith("text/layers/"):
                 key = prefix + group
                 if key not in self.fused:
-                    self.fused[key] = torch.cat([self.source(key + m, self.shapes[key + m])
+                    self.fused[key] = cat_rows([self.source(key + m, self.shapes[key + m])
                                                  for m in members])
                 rows = [self.shapes[key + m][0] for m in members]
                 start = sum(rows[: members.index(member)])

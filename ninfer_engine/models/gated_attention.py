@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from ..kernels._dispatch import use_triton
 from ..kernels.paged_prefill import paged_prefill_triton, supported
 from ..kv.cache import LayerKv
+from .packed import linear
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -117,9 +118,9 @@ class GatedAttention:
         def heads(y, n):  # [T, n·D] -> [n, T, D]
             return y.reshape(T, n, self.d).transpose(0, 1)
 
-        q = zero_centred_rms_norm(heads(F.linear(x, self.w_q), self.nq), self.q_norm, self.eps)
-        k = zero_centred_rms_norm(heads(F.linear(x, self.w_k), self.nkv), self.k_norm, self.eps)
-        v = heads(F.linear(x, self.w_v), self.nkv)
+        q = zero_centred_rms_norm(heads(linear(x, self.w_q), self.nq), self.q_norm, self.eps)
+        k = zero_centred_rms_norm(heads(linear(x, self.w_k), self.nkv), self.k_norm, self.eps)
+        v = heads(linear(x, self.w_v), self.nkv)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         past = cache.length
@@ -129,8 +130,8 @@ class GatedAttention:
             keys, values = cache.extend(k, v)
             a = self._attend(q, keys, values, past)
             a = a.transpose(0, 1).reshape(T, self.nq * self.d)
-        a = a * torch.sigmoid(F.linear(x, self.w_gate))
-        return F.linear(a, self.w_o)
+        a = a * torch.sigmoid(linear(x, self.w_gate))
+        return linear(a, self.w_o)
 
     def _attend_cuda(self, q, k, v, cache, past: int) -> torch.Tensor:
         """The GPU path of the attention core; q [nq, T, D], k, v [nkv, T, D] -> [T, nq·D].

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels._dispatch import HAVE_TRITON, use_triton
+from .packed import linear
 
 if HAVE_TRITON:  # the CUDA prefill path (CPU-only torch wheels come without Triton)
     from ..kernels.gdn_chunk import chunk_gated_delta
@@ -146,7 +147,7 @@ class GatedDeltaNet:
     def __call__(self, x: torch.Tensor, state: GDNState) -> torch.Tensor:
         """x: [T, H] (normed input) -> [T, H]; updates `state` in place."""
         T, dtype = x.shape[0], x.dtype
-        qkv = torch.cat([F.linear(x, w) for w in (self.w_q, self.w_k, self.w_v)], -1)
+        qkv = torch.cat([linear(x, w) for w in (self.w_q, self.w_k, self.w_v)], -1)
         qkv = self._conv(qkv, state)
         kg = self.nk * self.dk
         q = l2_normalize(qkv[:, :kg].float().reshape(T, self.nk, self.dk))
@@ -155,18 +156,21 @@ class GatedDeltaNet:
         # value head j reads q/k head j // r
         r = self.nv // self.nk
         q, k = q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
-        beta = torch.sigmoid(F.linear(x, self.w_b)).float()
-        g = -self.a_log.exp() * F.softplus(F.linear(x, self.w_a).float() + self.dt_bias)
+        beta = torch.sigmoid(linear(x, self.w_b)).float()
+        g = -self.a_log.exp() * F.softplus(linear(x, self.w_a).float() + self.dt_bias)
         if T == 1:
             rule = recurrent_gated_delta
-        elif use_triton(q):  # the chunk loop in one Triton launch; TF32 dots for bf16 serving
-            rule = partial(chunk_gated_delta, tf32=dtype != torch.float32)
+        elif use_triton(q) and dtype != torch.float32:
+            # the chunk loop in one Triton launch with TF32 dots (H200, 27B at 8K: 7.7 ms a
+            # layer against torch's 16.3); its IEEE-fp32 dots were slower than torch (57 ms),
+            # so the exact fp32 path keeps torch (bench/results/h200-gdn-chunk.json)
+            rule = partial(chunk_gated_delta, tf32=True)
         else:
             rule = chunked_gated_delta
         o, state.ssm = rule(q, k, v, g, beta, state.ssm)
-        z = F.linear(x, self.w_z).reshape(T, self.nv, self.dv)
+        z = linear(x, self.w_z).reshape(T, self.nv, self.dv)
         o = self._gated_norm(o.to(dtype), z)
-        return F.linear(o.reshape(T, -1), self.w_out)
+        return linear(o.reshape(T, -1), self.w_out)
 
     def _gated_norm(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Plain RMSNorm per value head times SiLU(z), with HF's rounding points (§2.1 step 8)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .packed import PackedMatrix
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """Plain RMSNorm `x̂·w` over the last dimension."""
@@ -21,8 +23,12 @@ class Linear:
     down projection) were faster as [out, in]; other devices keep [out, in].
     """
 
-    def __init__(self, weight: torch.Tensor, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, weight: torch.Tensor | PackedMatrix,
+                 compute_dtype: torch.dtype | None = None) -> None:
         out_features, in_features = weight.shape
+        if isinstance(weight, PackedMatrix):  # quantized on CUDA: its own kernels
+            self.k_major, self.weight, self.narrow = False, weight, None
+            return
         self.k_major = weight.device.type == "cpu" and out_features >= in_features
         self.weight = weight.t().contiguous() if self.k_major else weight.contiguous()
         # A narrower copy for few-row (decode) calls halves the bytes a memory-bound GEMV
@@ -33,6 +39,8 @@ class Linear:
             self.narrow = weight.to(compute_dtype).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.weight, PackedMatrix):
+            return self.weight.linear(x)
         if self.narrow is not None and x.shape[0] <= NARROW_MAX_ROWS:
             return F.linear(x.to(self.narrow.dtype), self.narrow).to(x.dtype)
         return torch.matmul(x, self.weight) if self.k_major else F.linear(x, self.weight)

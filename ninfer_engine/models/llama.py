@@ -14,6 +14,7 @@ import torch
 from .attention import Segment, attend, plan_segments
 from .kv_cache import ContiguousKvCache
 from .layers import Linear, RotaryEmbedding, apply_rope, rms_norm
+from .packed import PackedMatrix, cat_rows, load_packed
 
 
 class WeightSource(Protocol):
@@ -77,7 +78,8 @@ class LlamaModel:
 
     def __init__(self, cfg: LlamaConfig, weights: WeightSource,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 matmul_dtype: torch.dtype | None = None) -> None:
+                 matmul_dtype: torch.dtype | None = None,
+                 packed: frozenset[str] = frozenset()) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
@@ -87,8 +89,13 @@ class LlamaModel:
         def load(name: str, *shape: int) -> torch.Tensor:
             return weights.parameter(f"text/{name}", shape, dtype).to(self.device)
 
+        def load_linear(name: str, *shape: int) -> torch.Tensor | PackedMatrix:
+            kept = load_packed(weights, f"text/{name}", shape, self.device, packed)
+            return load(name, *shape) if kept is None else kept
+
         self.embedding = load("token_embedding", cfg.vocab_size, H)
-        head = self.embedding if cfg.tie_word_embeddings else load("output_head", cfg.vocab_size, H)
+        head = (self.embedding if cfg.tie_word_embeddings
+                else load_linear("output_head", cfg.vocab_size, H))
         self.head = Linear(head, matmul_dtype)
         self.final_norm = load("final_norm", H)
         has_qk_norm = weights.has_parameter("text/layers/0/attention/query_norm")
@@ -103,17 +110,17 @@ class LlamaModel:
                 ])
             self.layers.append(_Layer(
                 input_norm=load(p + "input_norm", H),
-                qkv=Linear(torch.cat([
-                    load(p + "attention/query", nq * D, H),
-                    load(p + "attention/key", nkv * D, H),
-                    load(p + "attention/value", nkv * D, H),
+                qkv=Linear(cat_rows([
+                    load_linear(p + "attention/query", nq * D, H),
+                    load_linear(p + "attention/key", nkv * D, H),
+                    load_linear(p + "attention/value", nkv * D, H),
                 ]), matmul_dtype),
                 qk_norm=qk_norm,
-                output=Linear(load(p + "attention/output", H, nq * D), matmul_dtype),
+                output=Linear(load_linear(p + "attention/output", H, nq * D), matmul_dtype),
                 post_attention_norm=load(p + "post_attention_norm", H),
-                gate_up=Linear(torch.cat([load(p + "mlp/gate", I, H), load(p + "mlp/up", I, H)]),
-                               matmul_dtype),
-                down=Linear(load(p + "mlp/down", H, I), matmul_dtype),
+                gate_up=Linear(cat_rows([load_linear(p + "mlp/gate", I, H),
+                                         load_linear(p + "mlp/up", I, H)]), matmul_dtype),
+                down=Linear(load_linear(p + "mlp/down", H, I), matmul_dtype),
             ))
         self.rope = RotaryEmbedding(D, cfg.rope_theta, self.device)
         self.scale = D**-0.5

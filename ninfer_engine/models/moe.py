@@ -21,6 +21,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .packed import linear
+
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 log = logging.getLogger(__name__)
 _GROUPED_MM = {"ok": hasattr(torch, "_grouped_mm")}  # flips to False after the first failure
@@ -35,7 +37,7 @@ class SwiGLU:
         self.down = params(prefix + "down", (hidden, width))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
+        return linear(F.silu(linear(x, self.gate)) * linear(x, self.up), self.down)
 
 
 def _same_view(t: torch.Tensor, ref: torch.Tensor) -> bool:

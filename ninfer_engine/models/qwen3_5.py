@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from .gated_attention import GatedAttention, KVCache, PartialRope, zero_centred_rms_norm
 from .gdn import GatedDeltaNet, GDNState
 from .moe import SparseMoE, SwiGLU
+from .packed import linear
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -159,7 +160,7 @@ class Qwen35Model:
     @torch.no_grad()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final-normed [T, H] -> [T, V] logits."""
-        return F.linear(h, self.head)
+        return linear(h, self.head)
 
     def forward(
         self,

@@ -87,17 +87,22 @@ def test_weight_bytes_count_the_union_of_experts():
     assert _sized(dec, 3).state_bytes(100) == 3 * dec.state_bytes(100)
 
 
-def test_fp8_rows_batched_match_the_batch_1_decoder():
-    """The fp8-row dequant GEMV over B rows equals B batch-1 GEMVs (one step, two sequences)."""
+@pytest.mark.parametrize("recipe", ["fp8-row", "qwen3_6_27b"])
+def test_packed_weights_batched_match_the_batch_1_decoder(recipe):
+    """The packed dequant GEMVs over B rows equal B batch-1 GEMVs (one step, two sequences);
+    `qwen3_6_27b` mixes Q4 and Q5 blocks inside the fused groups."""
     from ninfer_engine.benchmark.decode import KernelDecoder
+    from ninfer_engine.benchmark.run import packed_source
     from ninfer_engine.models.fused import FusedParams
+    from ninfer_engine.models.packed import PackedMatrix
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     config = tiny_config(False)
     source = tiny_source(config)
-    params = FusedParams(config, lambda n, s: source(n, s).to(dev))
+    params = FusedParams(config, packed_source(lambda n, s: source(n, s).to(dev), recipe))
     model = Qwen35Model(config, params)
-    dec = KernelDecoder(model, params, 128, fp8=True)
+    assert isinstance(model.blocks[0].mixer.w_q, PackedMatrix)  # the head is tied: dense
+    dec = KernelDecoder(model, params, 128)
     batched = KernelDecoder(model, params, 128, batch=2, weights=dec.weights)
     gen = torch.Generator().manual_seed(3)
     states = []

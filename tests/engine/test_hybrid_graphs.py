@@ -72,18 +72,29 @@ def test_static_hybrid_decode_matches_the_eager_forward(moe, kv_dtype, device):
     ref = [_prefilled(model, ref_storage, p) for p in prompts]
     graphs = DecodeGraphs(EngineHybridDecoder(model, ours_storage, 4, 512),
                           capture=device.type == "cuda")
-    for step in range(3):  # the 63-token sequence crosses into its second page
-        for seq in ours:
-            assert seq.cache.reserve(seq.cached + 1)
-        got = graphs.forward(ours)
-        want = [_forward(model, seq, [seq.output[-1]]) for seq in ref]
+    # the same rows twice (GDN state stays resident in the rows), a smaller batch (rows
+    # handed back to the slots, then reloaded), an eager step of the left-out sequence
+    # between (it reads its slot), then all rows again; the 63-token one crosses a page
+    schedule = [[0, 1, 2], [0, 1, 2], [0, 2], "eager 1", [0, 1, 2]]
+    for step, rows in enumerate(schedule):
+        if rows == "eager 1":
+            graphs.flush()  # as the runner does before every eager step
+            for seq in (ours[1], ref[1]):
+                seq.output.append(int(_forward(model, seq, [seq.output[-1]]).argmax()))
+            assert ours[1].output[-1] == ref[1].output[-1]
+            continue
+        for i in rows:
+            assert ours[i].cache.reserve(ours[i].cached + 1)
+        got = graphs.forward([ours[i] for i in rows])
+        want = [_forward(model, ref[i], [ref[i].output[-1]]) for i in rows]
         errors = [_rel(got[row], w) for row, w in enumerate(want)]
         assert max(errors) < TOL, (step, errors)
-        for a, b, w in zip(ours, ref, want):  # both continue with the reference's token
-            a.output.append(int(w.argmax()))
-            b.output.append(a.output[-1])
+        for i, w in zip(rows, want):  # both continue with the reference's token
+            ours[i].output.append(int(w.argmax()))
+            ref[i].output.append(ours[i].output[-1])
     assert [s.cached for s in ours] == [s.cached for s in ref]
-    # the step wrote each sequence's GDN state back into its slot
+    # flushed, the slots hold each sequence's GDN state
+    graphs.flush()
     for a, b in zip(ours, ref):
         for sa, sb in zip(a.state, b.state):
             assert _rel(sa.ssm, sb.ssm) < TOL

@@ -1,0 +1,62 @@
+"""Markdown tables for the kernel sweeps' JSON (written on the GPU machine, rendered anywhere).
+
+    python3 bench/kernel_tables.py bench/results/h200-quant-gemv.json   # -> .md beside it
+    python3 bench/kernel_tables.py bench/results/h200-gdn-chunk.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def quant_gemv(result: dict) -> str:
+    """Best launch per (format, shape, batch) of `quant_gemv_sweep.py` beside cuBLAS bf16."""
+    meta = result.get("meta", {"device": result.get("device", "?")})
+    best, cublas = {}, {}
+    for r in result["rows"]:
+        key = (r["fmt"], tuple(r["shape"]), r.get("B"))
+        if r["kind"] == "cublas_bf16":
+            cublas[key] = r["us"]
+        elif r["kind"] == "gemv" and (key not in best or r["us"] < best[key]["us"]):
+            best[key] = r
+    lines = [f"# Fused dequant GEMV sweep ({meta['device']})", "",
+             f"- command: `{meta.get('command', 'python3 bench/quant_gemv_sweep.py')}`"
+             f"{', ' + meta['date'] if 'date' in meta else ''}",
+             "- best launch of the grid per row; the reference is cuBLAS bf16 `F.linear` on the "
+             "same shape in the same run (weights rotated past L2)", "",
+             "| format | [N, K] | B | µs | GB/s | % of 4.8 TB/s | cuBLAS bf16 µs | speed vs cuBLAS |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (fmt, shape, b), r in sorted(best.items()):
+        ref = cublas.get((fmt, shape, b), float("nan"))
+        lines.append(f"| {fmt} | {list(shape)} | {b} | {r['us']:.1f} | {r['gbps']:.0f} | "
+                     f"{100 * r['hbm_frac']:.0f} % | {ref:.1f} | {ref / r['us']:.2f}× |")
+    return "\n".join(lines) + "\n"
+
+
+def gdn_chunk(result: dict) -> str:
+    """`gdn_chunk_bench.py`: torch chunked rule against the Triton kernel, per layer."""
+    m = result["meta"]
+    lines = [f"# Chunked GDN prefill, one layer ({m['device']}, torch {m['torch']}, Triton "
+             f"{m['triton']})", "", f"- command: `{m['command']}`, {m['date']}",
+             f"- {m['timing']}; {m['note']}", "",
+             "| shape | T | torch ms | Triton IEEE ms | Triton TF32 ms | of which torch prep ms "
+             "| TF32 vs torch | TF32 rel. error |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['shape']} | {r['T']} | {r['torch_ms']:.2f} | {r['ieee_ms']:.2f} | "
+                     f"{r['tf32_ms']:.2f} | {r['prep_ms']:.2f} | {r['speedup_tf32']:.1f}× | "
+                     f"{r['tf32_out']['rel_err']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    for name in sys.argv[1:]:
+        path = Path(name)
+        result = json.loads(path.read_text())
+        render = gdn_chunk if "meta" in result and "sweep" in result else quant_gemv
+        path.with_suffix(".md").write_text(render(result))
+        print(path.with_suffix(".md"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Quantized weights kept packed on the device, and the `linear` every projection goes through.
+
+A `PackedMatrix` is a logical `[N, K]` weight made of row blocks, each in one encoding of
+ninfer-format.md §2 held as its planes (`PackedBlock`): grouped integers Q4/Q5/Q6/Q8
+(`base`, `high`, `scale`), nvfp4 (`codes`, row-major `scale`, divisor) or fp8-row (`codes`,
+`scale`), or a plain `dense` tensor. Fused decode groups whose members differ in encoding
+(the official 27B recipe stores q/k in Q4 and v/z in Q5) are one matrix of several blocks.
+
+`linear(x, w)`: with few rows (a decode batch) each block runs its fused dequant GEMV into its
+column range of one output, so the weights are read once in their stored width; with more rows
+(a prefill chunk) the matrix is dequantized to the activation dtype and multiplied by cuBLAS,
+where the extra pass is small against the matmul.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from ..artifact import rowsplit
+from ..kernels import dequant_gemv as fp8
+from ..kernels import quant_gemv as qg
+
+GEMV_MAX_ROWS = 16  # the fused GEMV kernels tile at most 16 rows
+ROW_SPLIT = rowsplit.FORMATS  # q4_g64_fp16, q5_g64_fp16, q6_g64_fp16, q8_g32_fp16
+NVFP4, FP8_ROW, DENSE = "nvfp4", "fp8_e4m3fn_row_bf16", "dense"
+PACKED_FORMATS = frozenset(ROW_SPLIT) | {NVFP4, FP8_ROW}
+# The formats whose fused GEMV beat cuBLAS bf16 on the H200 (27B decode, fp8-row: 93 tok/s
+# against 66 for bf16); the grouped-int and nvfp4 GEMVs ran at 0.5-0.9x cuBLAS bf16
+# (bench/results/h200-quant-gemv.json), so by default those are dequantized at load and kept
+# packed only when asked (`--cuda-weights packed`: a third of the memory for Q4/Q5).
+FASTER_PACKED = frozenset({FP8_ROW})
+
+
+@dataclass(frozen=True)
+class PackedBlock:
+    """`rows` consecutive rows of `cols` columns in one encoding; planes are row-major, so a
+    row range of the block is the same row range of every plane."""
+
+    fmt: str
+    rows: int
+    cols: int
+    planes: tuple[torch.Tensor, ...]
+    divisor: float = 1.0  # nvfp4's d_w
+
+    def slice(self, r0: int, r1: int) -> PackedBlock:
+        return replace(self, rows=r1 - r0, planes=tuple(p[r0:r1] for p in self.planes))
+
+    def to(self, device: torch.device | str) -> PackedBlock:
+        return replace(self, planes=tuple(p.to(device) for p in self.planes))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.planes)
+
+    def gemv(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, cols] times this block transposed: [B, rows], written into `out` if given."""
+        p = self.planes
+        if self.fmt in ROW_SPLIT:
+            spec = ROW_SPLIT[self.fmt]
+            return qg.rowsplit_gemv(x, *p, spec.bits, spec.group, self.cols, out=out)
+        if self.fmt == NVFP4:
+            return qg.nvfp4_gemv(x, *p, self.divisor, out=out)
+        y = fp8.dequant_gemv(x, *p) if self.fmt == FP8_ROW else F.linear(x, p[0].to(x.dtype))
+        return y if out is None else out.copy_(y)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        p = self.planes
+        if self.fmt in ROW_SPLIT:
+            spec = ROW_SPLIT[self.fmt]
+            return qg.rowsplit_dequant(*p, spec.bits, spec.group, self.cols, dtype)
+        if self.fmt == NVFP4:
+            return qg.nvfp4_dequant(*p, self.divisor, dtype)
+        if self.fmt == FP8_ROW:
+            return (p[0].to(dtype) * p[1].to(dtype)[:, None])
+        return p[0].to(dtype)
+
+
+class PackedMatrix:
+    """A logical `[N, K]` weight stored as row blocks of (possibly different) encodings."""
+
+    def __init__(self, blocks: tuple[PackedBlock, ...] | list[PackedBlock]):
+        self.blocks = tuple(blocks)
+        cols = {b.cols for b in self.blocks}
+        assert len(cols) == 1, f"blocks of one matrix must share K, got {sorted(cols)}"
+        self.shape = (sum(b.rows for b in self.blocks), cols.pop())
+
+    @classmethod
+    def dense(cls, w: torch.Tensor) -> PackedMatrix:
+        return cls([PackedBlock(DENSE, w.shape[0], w.shape[1], (w,))])
+
+    @classmethod
+    def cat(cls, parts: list) -> PackedMatrix:
+        """Row concatenation of packed matrices and dense tensors (a fused decode group)."""
+        blocks = []
+        for part in parts:
+            blocks += part.blocks if isinstance(part, PackedMatrix) else cls.dense(part).blocks
+        return cls(blocks)
+
+    def __getitem__(self, rows: slice) -> PackedMatrix:
+        """Rows `[start, stop)` (a member of a fused group), sharing the planes."""
+        r0, r1, step = rows.indices(self.shape[0])
+        assert step == 1, "only contiguous row ranges"
+        out, at = [], 0
+        for b in self.blocks:
+            lo, hi = max(r0, at), min(r1, at + b.rows)
+            if lo < hi:
+                out.append(b.slice(lo - at, hi - at))
+            at += b.rows
+        return PackedMatrix(out)
+
+    def to(self, device: torch.device | str) -> PackedMatrix:
+        return PackedMatrix([b.to(device) for b in self.blocks])
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks[0].planes[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
+
+    def data_ptr(self) -> int:
+        """Identity for weight-byte accounting (a view shares its parent's first plane)."""
+        return self.blocks[0].planes[0].data_ptr()
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        parts = [b.dequantize(dtype) for b in self.blocks]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """`x Wᵀ` for x `[..., K]`, in x's dtype."""
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        if x2.shape[0] > GEMV_MAX_ROWS:
+            return F.linear(x, self.dequantize(x.dtype))
+        if len(self.blocks) == 1:
+            return self.blocks[0].gemv(x2).reshape(*lead, self.shape[0])
+        out = x2.new_empty((x2.shape[0], self.shape[0]))
+        at = 0
+        for b in self.blocks:
+            b.gemv(x2, out[:, at : at + b.rows])
+            at += b.rows
+        return out.reshape(*lead, self.shape[0])
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | PackedMatrix) -> torch.Tensor:
+    """`F.linear(x, w)` for a dense weight, the packed kernels for a `PackedMatrix`."""
+    return w.linear(x) if isinstance(w, PackedMatrix) else F.linear(x, w)
+
+
+def cat_rows(parts: list) -> torch.Tensor | PackedMatrix:
+    """Row concatenation that stays dense unless a member is packed."""
+    if any(isinstance(p, PackedMatrix) for p in parts):
+        return PackedMatrix.cat(parts)
+    return torch.cat(parts)
+
+
+def fp8_row_planes(raw: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+    """`row_scale_v1` bytes -> (e4m3 codes [N, K], bf16 scales [N])."""
+    n, k = shape
+    start = -(-n * k // 256) * 256
+    return (raw[: n * k].view(torch.float8_e4m3fn).view(n, k),
+            raw[start : start + 2 * n].view(torch.bfloat16))
+
+
+def block_from_bytes(fmt: str, raw: torch.Tensor, shape: tuple[int, int]) -> PackedBlock:
+    """The planes of one whole encoded object (`raw`: its uint8 bytes, host memory)."""
+    n, k = shape
+    if fmt in ROW_SPLIT:
+        return PackedBlock(fmt, n, k, tuple(qg.rowsplit_planes(raw, fmt, shape)))
+    if fmt == NVFP4:
+        codes, scale, divisor = qg.nvfp4_planes(raw, shape)
+        return PackedBlock(fmt, n, k, (codes, scale), float(divisor))
+    if fmt == FP8_ROW:
+        return PackedBlock(fmt, n, k, fp8_row_planes(raw, shape))
+    raise ValueError(f"format {fmt!r} is not a packed weight format")
+
+
+def load_packed(weights, name: str, shape: tuple[int, int], device: torch.device | str,
+                formats: frozenset[str] = PACKED_FORMATS) -> PackedMatrix | None:
+    """Binding `name` as a `PackedMatrix` on `device` when all its parts are whole rows of
+    objects in `formats`, else None (the caller dequantizes it with `weights.parameter`)."""
+    row_parts = getattr(weights, "row_parts", None)
+    parts = row_parts(name, shape) if row_parts is not None else None
+    if not parts or any(fmt not in formats for fmt, *_ in parts):
+        return None
+    return PackedMatrix([block_from_bytes(fmt, raw, obj_shape).slice(r0, r1).to(device)
+                         for fmt, obj_shape, r0, r1, raw in parts])
+
+
+def quantize_packed(w: torch.Tensor, fmt: str) -> PackedMatrix:
+    """`w` [N, K] encoded as `fmt` on its own device, with each format's reference encoder
+    (the benchmark's random quantized models; tests)."""
+    n, k = w.shape
+    if fmt in ROW_SPLIT:
+        return PackedMatrix([PackedBlock(fmt, n, k, tuple(qg.quantize_rowsplit(w, fmt)))])
+    if fmt == NVFP4:
+        codes, scale, divisor = qg.quantize_nvfp4(w)
+        return PackedMatrix([PackedBlock(fmt, n, k, (codes, scale), float(divisor))])
+    if fmt == FP8_ROW:
+        return PackedMatrix([PackedBlock(fmt, n, k, fp8.quantize_fp8_row(w))])
+    raise ValueError(f"format {fmt!r} is not a packed weight format")

@@ -1,0 +1,95 @@
+"""Packed (quantized) weights: the artifact's bytes kept as planes, and models built over them.
+
+On the CPU the packed kernels dispatch to their torch references, so these tests pin the
+plumbing (plane extraction from the file, row views, mixed-format fused groups, the model
+loader) against the dequantize-at-load path; the Triton kernels themselves are compared with
+those references in tests/kernels/test_quant_gemv.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer_engine.artifact import open_artifact
+from ninfer_engine.artifact.synth import parameter_shapes, write_synthetic
+from ninfer_engine.models import build_model, is_projection
+from ninfer_engine.models.packed import (PACKED_FORMATS, PackedMatrix, linear, load_packed,
+                                          quantize_packed)
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    path = tmp_path_factory.mktemp("packed") / "tiny.ninfer"
+    # q/k and MLP gate/up Q4, the rest Q5, embedding Q6: mixed formats inside fused groups
+    write_synthetic("tiny-dense", path, recipe="qwen3_6_27b")
+    with open_artifact(path) as art:
+        yield art
+
+
+def test_projection_names():
+    assert is_projection("text/layers/3/gdn/query") and is_projection("text/output_head")
+    assert is_projection("text/layers/0/moe/shared/down")
+    assert not is_projection("text/token_embedding")
+    assert not is_projection("text/layers/3/attention/query_norm")
+    assert not is_projection("text/layers/3/gdn/convolution")
+    assert not is_projection("text/layers/3/moe/router")
+    assert not is_projection("text/layers/3/moe/experts/5/gate")
+
+
+def test_planes_from_the_file_dequantize_to_the_decoded_parameter(artifact):
+    shapes = parameter_shapes(artifact.config("text"))
+    seen = set()
+    for name, shape in shapes.items():
+        if not is_projection(name) or not artifact.has_parameter(name):
+            continue
+        packed = load_packed(artifact, name, shape, "cpu")
+        assert packed is not None, name
+        assert packed.shape == shape
+        seen |= {b.fmt for b in packed.blocks}
+        torch.testing.assert_close(packed.dequantize(torch.float32),
+                                   artifact.parameter(name, shape), rtol=0, atol=0)
+    assert seen == {"q4_g64_fp16", "q5_g64_fp16"}
+    # not packed: a plain-format tensor, or a non-matrix
+    assert load_packed(artifact, "text/layers/0/gdn/convolution", shapes[
+        "text/layers/0/gdn/convolution"], "cpu") is None
+
+
+def test_mixed_blocks_multiply_like_the_dense_matrix():
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 192, generator=gen) for n in (8, 24, 16, 5)]
+    members = [quantize_packed(parts[0], "q4_g64_fp16"), quantize_packed(parts[1], "q5_g64_fp16"),
+               quantize_packed(parts[2], "fp8_e4m3fn_row_bf16"), parts[3]]
+    fused = PackedMatrix.cat(members)
+    dense = fused.dequantize(torch.float32)
+    assert fused.shape == (53, 192) and dense.shape == (53, 192)
+    x = torch.randn(3, 192, generator=gen)
+    torch.testing.assert_close(linear(x, fused), x @ dense.t(), rtol=1e-5, atol=1e-5)
+    x = torch.randn(40, 192, generator=gen)  # a prefill chunk: dequantize, then matmul
+    torch.testing.assert_close(linear(x, fused), x @ dense.t(), rtol=1e-5, atol=1e-5)
+    view = fused[6:34]  # spans the first three blocks
+    assert [b.rows for b in view.blocks] == [2, 24, 2]
+    torch.testing.assert_close(view.dequantize(torch.float32), dense[6:34])
+    # quantization error of each member is bounded by its format (a wrong decoder is far off)
+    err = (dense[:8] - parts[0]).abs().max() / parts[0].abs().max()
+    assert 0 < err < 0.15
+
+
+def test_packed_model_equals_the_dequantized_model(artifact):
+    """The whole model over packed weights (GEMV for decode rows, dequantize + matmul for the
+    prefill chunk) against the same artifact dequantized at load, fp32 on the CPU."""
+    config = artifact.config("text")
+    packed = build_model(config, artifact, "cpu", torch.float32, packed=PACKED_FORMATS)
+    plain = build_model(config, artifact, "cpu", torch.float32)
+    assert isinstance(packed.blocks[0].mixer.w_q, PackedMatrix)
+    assert not isinstance(plain.blocks[0].mixer.w_q, PackedMatrix)
+    # 4-bit planes (K = 64 pads to 128) against fp32; the tied fp32 embedding dominates the model
+    assert packed.blocks[0].mixer.w_q.nbytes < plain.blocks[0].mixer.w_q.nbytes / 3
+    assert packed.weight_bytes() < plain.weight_bytes()
+    tokens = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(1))
+    s1, s2 = packed.new_state(), plain.new_state()
+    torch.testing.assert_close(packed.forward(tokens, s1), plain.forward(tokens, s2),
+                               rtol=1e-4, atol=1e-4)
+    for token in (5, 77, 901):
+        t = torch.tensor([token])
+        torch.testing.assert_close(packed.forward(t, s1), plain.forward(t, s2),
+                                   rtol=1e-4, atol=1e-4)
