@@ -93,10 +93,18 @@ class PackedMatrix:
 
     @classmethod
     def cat(cls, parts: list) -> PackedMatrix:
-        """Row concatenation of packed matrices and dense tensors (a fused decode group)."""
-        blocks = []
+        """Row concatenation of packed matrices and dense tensors (a fused decode group);
+        neighbours in the same encoding merge into one block, so they run as one GEMV."""
+        blocks: list[PackedBlock] = []
         for part in parts:
-            blocks += part.blocks if isinstance(part, PackedMatrix) else cls.dense(part).blocks
+            for b in part.blocks if isinstance(part, PackedMatrix) else cls.dense(part).blocks:
+                last = blocks[-1] if blocks else None
+                if last is not None and (last.fmt, last.cols, last.divisor) == (
+                        b.fmt, b.cols, b.divisor):
+                    planes = tuple(torch.cat(pair) for pair in zip(last.planes, b.planes))
+                    blocks[-1] = replace(last, rows=last.rows + b.rows, planes=planes)
+                else:
+                    blocks.append(b)
         return cls(blocks)
 
     def __getitem__(self, rows: slice) -> PackedMatrix:

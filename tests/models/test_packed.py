@@ -60,6 +60,11 @@ def test_mixed_blocks_multiply_like_the_dense_matrix():
     members = [quantize_packed(parts[0], "q4_g64_fp16"), quantize_packed(parts[1], "q5_g64_fp16"),
                quantize_packed(parts[2], "fp8_e4m3fn_row_bf16"), parts[3]]
     fused = PackedMatrix.cat(members)
+    # neighbours in one encoding merge into one block (one GEMV launch)
+    merged = PackedMatrix.cat([members[0], quantize_packed(parts[1], "q4_g64_fp16"), parts[3]])
+    assert [(b.fmt, b.rows) for b in merged.blocks] == [("q4_g64_fp16", 32), ("dense", 5)]
+    torch.testing.assert_close(merged[8:32].dequantize(torch.float32),
+                               quantize_packed(parts[1], "q4_g64_fp16").dequantize(torch.float32))
     dense = fused.dequantize(torch.float32)
     assert fused.shape == (53, 192) and dense.shape == (53, 192)
     x = torch.randn(3, 192, generator=gen)
