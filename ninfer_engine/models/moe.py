@@ -49,20 +49,29 @@ def stacked_experts(experts: list[SwiGLU]) -> tuple[torch.Tensor, torch.Tensor] 
     """The stacked `(gate_up [E, 2I, H], down [E, H, I])` the experts are views of, else None.
 
     Expert e must be `gate = gate_up[e, :I]`, `up = gate_up[e, I:]`, `down = down[e]` (the
-    layout of `FusedParams`); found through the views' `_base`, so any parameter-source wrapper
-    that passes the tensors through unchanged keeps it working.
+    layout of `FusedParams`). The stacks are rebuilt over expert 0's storage and every expert
+    checked against them, not found through `Tensor._base`, which views made under
+    `torch.inference_mode` do not keep.
     """
-    gate_up, down = experts[0].gate._base, experts[0].down._base
-    if gate_up is None or down is None or gate_up.dim() != 3 or down.dim() != 3:
+    gate, down = experts[0].gate, experts[0].down
+    (width, hidden), n = gate.shape, len(experts)
+    if gate.stride() != (hidden, 1) or down.stride() != (width, 1):
         return None
-    (width, hidden), n = experts[0].gate.shape, len(experts)
-    if gate_up.shape != (n, 2 * width, hidden) or down.shape != (n, hidden, width):
+
+    def stack(view, rows):  # [n, rows, cols] from expert 0's view, if it fits the storage
+        size = view.untyped_storage().nbytes() // view.element_size()
+        if view.storage_offset() + n * rows * view.shape[1] > size:
+            return None
+        return view.as_strided((n, rows, view.shape[1]), (rows * view.shape[1], view.shape[1], 1))
+
+    gate_up, down_all = stack(gate, 2 * width), stack(down, hidden)
+    if gate_up is None or down_all is None:
         return None
     for e, x in enumerate(experts):
         if not (_same_view(x.gate, gate_up[e, :width]) and _same_view(x.up, gate_up[e, width:])
-                and _same_view(x.down, down[e])):
+                and _same_view(x.down, down_all[e])):
             return None
-    return gate_up, down
+    return gate_up, down_all
 
 
 def grouped_experts(xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,

@@ -92,22 +92,27 @@ def test_stacked_detection_rejects_a_foreign_view():
     assert stacked_experts(m.experts) is None
 
 
-def test_stacked_detection_with_fused_params():
-    # through Qwen35Model's `record` wrapper: detection needs no attribute on the source
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_stacked_detection_with_fused_params(mode):
+    # through Qwen35Model's `record` wrapper: detection needs no attribute on the source, and
+    # no `Tensor._base` (views made under inference_mode have none)
     from ninfer_engine.models.fused import FusedParams
     from ninfer_engine.models.qwen3_5 import Qwen35Model
     from tests.benchmark.tiny import tiny_config, tiny_source
 
     config = tiny_config(True)
-    params = FusedParams(config, tiny_source(config))
-    model = Qwen35Model(config, params)
+    with mode():
+        params = FusedParams(config, tiny_source(config))
+        model = Qwen35Model(config, params)
     moes = [b.ffn for b in model.blocks if isinstance(b.ffn, SparseMoE)]
     assert moes
     for i, b in enumerate(model.blocks):
         if isinstance(b.ffn, SparseMoE):
             key = f"text/layers/{i}/moe/experts/"
-            assert b.ffn.stacked[0] is params.fused[key + "gate_up"]
-            assert b.ffn.stacked[1] is params.fused[key + "down"]
+            for found, fused in zip(b.ffn.stacked, (params.fused[key + "gate_up"],
+                                                    params.fused[key + "down"])):
+                assert (found.data_ptr(), found.shape, found.stride()) == (
+                    fused.data_ptr(), fused.shape, fused.stride())
 
 
 needs_grouped = pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="no _grouped_mm")
