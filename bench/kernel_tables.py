@@ -2,6 +2,7 @@
 
     python3 bench/kernel_tables.py bench/results/h200-quant-gemv.json   # -> .md beside it
     python3 bench/kernel_tables.py bench/results/h200-gdn-chunk.json
+    python3 bench/kernel_tables.py bench/results/h200-paged-prefill.json
 """
 from __future__ import annotations
 
@@ -49,11 +50,31 @@ def gdn_chunk(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paged_prefill(result: dict) -> str:
+    """`paged_prefill_bench.py`: the kernel over pages in place against gather + SDPA."""
+    m = result["meta"]
+    lines = [f"# Paged prefill attention, one layer, one 1024-token chunk ({m['device']}, torch "
+             f"{m['torch']}, Triton {m['triton']})", "", f"- command: `{m['command']}`, "
+             f"{m['date']}", "- reference: gather the pages + `F.scaled_dot_product_attention` "
+             "(the path the kernel replaced), same run; error against the fp32 reference", "",
+             "| shape | start | KV | kernel ms | gather + SDPA ms | speed-up | TFLOP/s | rel. error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        ref, gain = "—", "—"
+        if "gather_sdpa_ms" in r:
+            ref, gain = f"{r['gather_sdpa_ms']:.3f}", f"{r['speedup']:.2f}×"
+        lines.append(f"| {r['shape']} | {r['start']} | {r['kv']} | {r['kernel_ms']:.3f} | {ref} "
+                     f"| {gain} | {r['tflops']:.0f} | {r['rel_err']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     for name in sys.argv[1:]:
         path = Path(name)
         result = json.loads(path.read_text())
-        render = gdn_chunk if "meta" in result and "sweep" in result else quant_gemv
+        rows = result["rows"]
+        render = (paged_prefill if rows and "kernel_ms" in rows[0] else
+                  gdn_chunk if "sweep" in result else quant_gemv)
         path.with_suffix(".md").write_text(render(result))
         print(path.with_suffix(".md"))
 

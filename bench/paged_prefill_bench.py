@@ -80,7 +80,7 @@ def main():
                 rows.append(r)
                 print(json.dumps(r), flush=True)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=triton.__version__, date=datetime.now(timezone.utc).isoformat("seconds"),
+                triton=triton.__version__, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 command=" ".join(["python3", "bench/paged_prefill_bench.py", *sys.argv[1:]]))
     Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
