@@ -6,7 +6,7 @@
 Per shape (27B: nv 48, 48 GDN layers; 35B-A3B: nv 32, 30 GDN layers; dk = dv = 128) and prompt
 length T: the mean ms (CUDA events, `benchmark.timing.time_ms`) of one layer's GDN core in torch,
 of the Triton path with IEEE fp32 dots and with TF32 dots, and of its torch precompute alone
-(`_chunk_prep`); the error of each Triton output / state against the torch reference
+(`models.gdn.chunk_prep`); the error of each Triton output / state against the torch reference
 (‖·‖ relative, and max |Δ| / max |ref|); the whole layer stack's ms and tokens/s of this core.
 `--sweep` also times the kernel's (block_v, num_warps, num_stages) variants at the largest T.
 """
@@ -33,7 +33,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from ninfer_engine.benchmark.timing import time_ms  # noqa: E402
-from ninfer_engine.kernels.gdn_chunk import _chunk_prep, chunk_gated_delta  # noqa: E402
+from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta  # noqa: E402
+from ninfer_engine.models.gdn import chunk_prep  # noqa: E402
 from ninfer_engine.models.gdn import chunked_gated_delta, l2_normalize  # noqa: E402
 
 # (name, nv, dk, dv, GDN layers)
@@ -92,7 +93,7 @@ def main():
             o, s = chunk_gated_delta(*x, tf32=tf32)
             row[f"{prec}_out"], row[f"{prec}_state"] = errors(o, ref_o), errors(s, ref_s)
             row[f"{prec}_ms"] = timed(lambda: chunk_gated_delta(*x, tf32=tf32), dev, args.reps)
-        row["prep_ms"] = timed(lambda: _chunk_prep(*x[:5], 64), dev, args.reps)
+        row["prep_ms"] = timed(lambda: chunk_prep(*x[:5], 64), dev, args.reps)
         for prec in ("ieee", "tf32"):
             row[f"speedup_{prec}"] = row["torch_ms"] / row[f"{prec}_ms"]
             row[f"stack_ms_{prec}"] = row[f"{prec}_ms"] * layers

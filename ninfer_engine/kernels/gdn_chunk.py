@@ -7,8 +7,8 @@ returns (o `[T, nv, dv]` fp32, new state `[nv, dk, dv]` fp32). Any T ≥ 1 (zero
 
 Two steps, a handful of launches for the whole prompt:
 
-* `_chunk_prep` (torch, ~25 launches batched over every head and chunk at once — the
-  reference's WY/UT algebra with fewer passes): the pairwise in-chunk decays, A, one batched
+* `models.gdn.chunk_prep` (torch, ~25 launches batched over every head and chunk at once, the
+  same precompute the reference loop runs on): the pairwise in-chunk decays, A, one batched
   unit-triangular solve for U and W, P = (Q Kᵀ) ⊙ decay, Q e^γ, K e^{γ_C−γ}, e^{γ_C}. It stays
   in torch: a Triton forward substitution over 64 rows per (head, chunk) would be more code than
   `solve_triangular`, and its cost is memory passes, which `bench/gdn_chunk_bench.py` reports
@@ -30,53 +30,12 @@ in bf16). `GatedDeltaNet` passes `tf32=True` only for bf16/fp16 activations, so 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-CHUNK = 64  # models.gdn.CHUNK (not imported: models.gdn imports this module)
+from ..models import gdn as reference  # a partial module while models.gdn imports this one
 
-
-def _chunk_prep(q, k, v, g, beta, chunk: int):
-    """The per-chunk parallel part of `chunked_gated_delta`, for all heads and chunks at once.
-
-    Returns (w [nv, n, C, dk], u [nv, n, C, dv], qd [nv, n, C, dk], ke [nv, n, C, dk],
-    p [nv, n, C, C], cd [nv, n]) — fp32, any strides (the kernel takes them) — and n."""
-    T, nv, dk = k.shape
-    dv = v.shape[-1]
-    pad = (-T) % chunk
-    n = (T + pad) // chunk
-
-    def blocks(x):  # [T, nv, ...] -> [nv, n, chunk, ...], a view when T fills the chunks
-        if pad:
-            x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, 0, 0, pad))
-        return x.reshape(n, chunk, nv, *x.shape[2:]).transpose(0, 2).transpose(1, 2)
-
-    # the reference's algebra; 1/√dk is folded into P and Q e^γ instead of a pass over q, and
-    # the [C, C] intermediates are updated in place (a prefill's are ~100 MB each)
-    scale = dk**-0.5
-    q, k, v = blocks(q), blocks(k), blocks(v)
-    g, beta = blocks(g), blocks(beta)  # [nv, n, chunk]
-    gam = g.cumsum(-1)
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
-    # γ_i − γ_j summed directly over s in (j, i]: subtracting two large cumsums loses fp32 bits
-    seg = g[..., :, None].expand(*g.shape, chunk).masked_fill(~causal.tril(-1), 0).cumsum(-2)
-    # e^{γ_i − γ_j} for j ≤ i, 0 above the diagonal (masked before exp: no overflow)
-    decay = seg.masked_fill_(~causal, float("-inf")).exp_()
-    kb = k * beta[..., None]
-    a = (kb @ k.transpose(-1, -2)).mul_(decay).tril_(-1)
-    a.diagonal(dim1=-2, dim2=-1).fill_(1.0)  # I + A
-    # (I + A) is unit lower triangular: U = (I+A)^-1 (β v), W = (I+A)^-1 (β e^γ k), as one
-    # solve over both right-hand sides (the reference makes two calls)
-    eg = gam.exp()
-    rhs = torch.cat([v * beta[..., None], kb * eg[..., None]], -1)
-    uw = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
-    u, w = uw[..., :dv], uw[..., dv:]
-    p = (q @ k.transpose(-1, -2)).mul_(decay).mul_(scale)
-    qd = q * (eg * scale)[..., None]
-    ke = k * decay[..., -1, :, None]  # e^{γ_C − γ_j}
-    cd = eg[..., -1]  # [nv, n]
-    return (w, u, qd, ke, p, cd), n
+CHUNK = 64  # models.gdn.CHUNK (read at import time, when models.gdn may not have set it yet)
 
 
 def _span(x):
@@ -161,7 +120,7 @@ def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool
     assert T >= 1 and q.shape == k.shape and v.shape[:2] == (T, nv)
     assert g.shape == (T, nv) and beta.shape == (T, nv) and state.shape == (nv, dk, dv)
     assert chunk >= 16 and chunk & (chunk - 1) == 0, "chunk must be a power of two >= 16"
-    tiles, n = _chunk_prep(q.float(), k.float(), v.float(), g.float(), beta.float(), chunk)
+    tiles, n = reference.chunk_prep(q.float(), k.float(), v.float(), g.float(), beta.float(), chunk)
     assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
     block_k = max(16, triton.next_power_of_2(dk))
     block_v = max(16, min(block_v, triton.next_power_of_2(dv)))

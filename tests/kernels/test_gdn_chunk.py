@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from ninfer_engine.kernels import gdn_chunk
 from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
 from ninfer_engine.models import gdn
 from ninfer_engine.models.gdn import chunked_gated_delta, l2_normalize, recurrent_gated_delta
@@ -116,7 +117,7 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
         return layer(xs[:40], state), layer(xs[40:41], state), state.ssm
 
     calls = []
-    kernel = gdn.chunk_gated_delta
+    kernel = gdn_chunk.chunk_gated_delta
 
     def spy(*args, **kw):
         calls.append(kw)
@@ -124,7 +125,7 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
 
     ref = run(torch.bfloat16)
     monkeypatch.setattr(gdn, "use_triton", lambda t: True)
-    monkeypatch.setattr(gdn, "chunk_gated_delta", spy)
+    monkeypatch.setattr(gdn_chunk, "chunk_gated_delta", spy)
     run(torch.float32)
     assert calls == []  # fp32 activations: the torch rule
     got = run(torch.bfloat16)
