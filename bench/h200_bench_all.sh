@@ -3,7 +3,9 @@
 #   27b          bf16: decode at 1K/8K/32K, concurrency 1/2/4/8, 8K prefill, transformers peer
 #   35b-a3b      bf16: the same, with the transformers peer
 #   27b-fp8      `--weights fp8-row`: decode and concurrency (no prefill, no peer)
-#   27b-q4       `--weights qwen3_6_27b` (the official Q4/Q5 mix, head Q6): the same
+#   27b-q4       `--weights qwen3_6_27b` (the official Q4/Q5 mix, head Q6) served as the engine's
+#                default `--cuda-weights auto` does (Q4/Q5 repacked into fp8 groups): the same
+#   27b-q4-packed  the same recipe kept packed as stored (`--cuda-weights packed`)
 # Arguments pick some of these by name (default: all). Run from the repository root with OUT
 # set to the output folder; no network needed. The
 # transformers wheel in .whl/ is installed --no-deps into a private folder on PYTHONPATH (its
@@ -49,7 +51,7 @@ run() {
 ALL=(--context 1024,8192,32768 --concurrency 1,2,4,8 --concurrency-context 1024)
 PEER=(--prefill 8192 --prefill-chunk 1024 --prefill-reps 3 --peer transformers --peer-prompt 1024
       --peer-steps 16)
-for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4}"; do
+for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4 27b-q4-packed}"; do
   for one in $which; do
     case $one in
       27b) run h200-ninfer-bench-27b 230 --arch 27b --weights bf16 "${ALL[@]}" "${PEER[@]}" ;;
@@ -59,6 +61,8 @@ for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4}"; do
                  --prefill 0 --no-peer ;;
       27b-q4) run h200-ninfer-bench-27b-q4 95 --arch 27b --weights qwen3_6_27b "${ALL[@]}" \
                 --prefill 0 --no-peer ;;
+      27b-q4-packed) run h200-ninfer-bench-27b-q4-packed 95 --arch 27b --weights qwen3_6_27b \
+                       --cuda-weights packed "${ALL[@]}" --prefill 0 --no-peer ;;
       *) log "unknown run $one" ;;
     esac
   done

@@ -55,7 +55,11 @@ def _gpu_rows() -> list[str]:
     for name, label in (("h200-ninfer-bench-27b.json", "27B dense shape, bf16"),
                         ("h200-ninfer-bench-27b-fp8.json", "27B dense shape, fp8-row weights"),
                         ("h200-ninfer-bench-27b-q4.json",
-                         "27B dense shape, Q4/Q5 weights kept packed (recipe qwen3_6_27b)"),
+                         "27B dense shape, Q4/Q5 weights (recipe qwen3_6_27b) as served by "
+                         "default (Q4/Q5 repacked into fp8 groups)"),
+                        ("h200-ninfer-bench-27b-q4-packed.json",
+                         "27B dense shape, Q4/Q5 weights kept packed as stored "
+                         "(`--cuda-weights packed`)"),
                         ("h200-ninfer-bench-35b-a3b.json", "35B-A3B shape, bf16")):
         r = _load(name)
         if not r:

@@ -85,7 +85,7 @@ class EngineConfig:
     no_tui: bool = False
     cpu_matmul: str = "fp32"  # "bf16": projections in bf16 on the CPU (faster, not bit-exact)
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
-    cuda_weights: str = "auto"  # quantized projections kept packed on CUDA: auto|packed|dequant
+    cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
     cuda_sync: str = "spin"
 
     @property

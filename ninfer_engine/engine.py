@@ -21,7 +21,6 @@ from .config import PAGE_TOKENS, EngineConfig
 from .decode_graphs import build_decode_graphs
 from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for
 from .models import build_model
-from .models.packed import FASTER_PACKED, PACKED_FORMATS
 from .runner import make_runner
 from .sampling import Sampler
 from .sampling_presets import sampling_defaults
@@ -91,7 +90,7 @@ class Engine:
             else:
                 dtype, matmul = CUDA_DTYPES[config.cuda_dtype], None
             self.model = build_model(text_config, artifact, device, dtype, matmul,
-                                     packed_formats(config, device, dtype))
+                                     weights_mode(config, device, dtype))
             self.memory = build_memory(config, self.model)
             graphs = build_decode_graphs(self.model, self.memory.storage, config.kv_dtype,
                                          config.max_concurrency, config.max_context,
@@ -325,13 +324,12 @@ class Engine:
             self._retire(seq)
 
 
-def packed_formats(config: EngineConfig, device: torch.device,
-                   dtype: torch.dtype) -> frozenset[str]:
-    """The stored weight formats kept packed (`--cuda-weights`): none off CUDA or on the exact
-    fp32 path (the packed kernels compute in bf16); `auto` those whose GEMV is the faster."""
-    if device.type != "cuda" or dtype != torch.bfloat16 or config.cuda_weights == "dequant":
-        return frozenset()
-    return PACKED_FORMATS if config.cuda_weights == "packed" else FASTER_PACKED
+def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
+    """`--cuda-weights`, or "dequant" off CUDA and on the exact fp32 path (the packed kernels
+    compute in bf16)."""
+    if device.type != "cuda" or dtype != torch.bfloat16:
+        return "dequant"
+    return config.cuda_weights
 
 
 def build_memory(config: EngineConfig, model: Any) -> SequenceMemory:

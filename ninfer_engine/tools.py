@@ -82,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="storage recipe of the projections, as `convert --recipe` "
                             f"({', '.join(BENCH_RECIPES)}; default bf16); packed formats run "
                             "the fused dequant GEMVs, routed experts stay bf16")
+    bench.add_argument("--cuda-weights", choices=("auto", "packed"), default="auto",
+                       help="serve the packed projections as the engine's --cuda-weights does "
+                            "(auto: Q4/Q5 repacked into fp8 groups, fp8-row as stored, others "
+                            "bf16; packed: every packed format as stored)")
     bench.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8],
                        help="comma-separated batch sizes for aggregate decode (default 1,2,4,8; "
                             "'none' skips)")
@@ -141,6 +145,7 @@ def _bench(args: argparse.Namespace) -> int:
     command = (f"ninfer bench --arch {args.arch}"
                + (f" --layers {args.layers}" if args.layers else "")
                + f" --context {','.join(map(str, args.context))} --weights {args.weights}"
+               + (f" --cuda-weights {args.cuda_weights}" if args.weights != "bf16" else "")
                + f" --concurrency {levels} --concurrency-context {args.concurrency_context}"
                + f" --prefill {args.prefill} --prefill-chunk {args.prefill_chunk}"
                + (f" --prefill-reps {args.prefill_reps}" if args.prefill_reps != 1 else "")
@@ -162,7 +167,7 @@ def _bench(args: argparse.Namespace) -> int:
         concurrency=args.concurrency, concurrency_context=args.concurrency_context,
         prefill=args.prefill, prefill_chunk=args.prefill_chunk, prefill_reps=args.prefill_reps,
         peer=args.peer, peer_prompt=args.peer_prompt, peer_steps=args.peer_steps,
-        on_partial=save)
+        on_partial=save, cuda_weights=args.cuda_weights)
     save(result)
     print(markdown(result), end="")
     return 0

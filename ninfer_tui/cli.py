@@ -35,7 +35,7 @@ Capacity:  --max-context N (8192)  --kv-capacity N|auto  --max-concurrency 1..8 
 Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-host
            --no-tp-mailbox  --cpu-matmul fp32|bf16 (fp32; bf16 decodes faster on the CPU)
            --cuda-dtype bf16|fp32 (bf16; fp32 is the exact, slower path)
-           --cuda-weights auto|packed|dequant (auto: packed where that is faster)
+           --cuda-weights auto|packed|dequant (auto: each format in its fastest form)
 Speculation: --spec mtp|dflash|dflash2  --draft-tokens N  --lm-head-draft
            --log-speculation-detail
 Vision:    --vision  --no-vision  --vision-device N  --max-vision-tokens N

@@ -4,7 +4,7 @@
 #   scripts/gpu_check.sh kernels   kernel sweeps: fused dequant GEMVs, chunked GDN, paged prefill
 #   scripts/gpu_check.sh engine    the earlier kernels against their references (gpu_kernels.py),
 #                                  the engine's decode step for both families (+ transformers)
-#   scripts/gpu_check.sh bench     `ninfer bench` 27b / 27b-fp8 / 27b-q4 (bench/h200_bench_all.sh)
+#   scripts/gpu_check.sh bench     `ninfer bench` 27b, 27b-fp8, 27b-q4, 27b-q4-packed
 #   scripts/gpu_check.sh bench35   `ninfer bench` 35b-a3b
 # No argument runs every stage. Results and logs go to $OUT (default bench/results); render the
 # kernel tables with `python3 bench/kernel_tables.py FILE.json`. The wheels the tests and peers
@@ -30,7 +30,7 @@ for stage in ${@:-tests kernels engine bench bench35}; do
       timeout 160 python3 bench/gpu_kernels.py --out "$OUT/h200-kernels.json" > "$OUT/kernels.log" 2>&1
       timeout 280 python3 bench/gpu_engine_decode.py --peer --out "$OUT/h200-engine-decode.json" \
         > "$OUT/engine-decode.log" 2>&1 ;;
-    bench) OUT=$OUT bash bench/h200_bench_all.sh 27b 27b-fp8 27b-q4 ;;
+    bench) OUT=$OUT bash bench/h200_bench_all.sh 27b 27b-fp8 27b-q4 27b-q4-packed ;;
     bench35) OUT=$OUT bash bench/h200_bench_all.sh 35b-a3b ;;
     *) echo "unknown stage $stage" >&2; exit 1 ;;
   esac

@@ -3,8 +3,8 @@ beside its roofline, and the same shapes through transformers as the peer.
 
 The model is `build_synthetic(arch)` drawn directly in device memory in bf16; with a storage
 recipe other than bf16 (`--weights`, the recipes of `ninfer convert`) each projection the recipe
-stores packed is encoded on the GPU into a `PackedMatrix`, as the engine keeps a converted
-artifact (routed experts stay bf16, as in the engine). Sections of the result:
+stores packed is encoded on the GPU and served as the engine's `--cuda-weights` (auto or packed)
+serves a converted artifact (routed experts stay bf16, as in the engine). Sections of the result:
 
 - `decode`: batch-1 greedy steps at each context, eager and as a replayed CUDA graph (real
   autoregressive decode: the position and KV advance on the device), with the decoder's state
@@ -36,7 +36,7 @@ import triton
 from ..artifact.recipes import recipe
 from ..artifact.synth import build_synthetic
 from ..models import is_projection
-from ..models.packed import PACKED_FORMATS, quantize_packed
+from ..models.packed import PACKED_FORMATS, quantize_packed, serving_form
 from ..models.qwen3_5 import Qwen35Model
 from . import roofline as rf
 from ..models.fused import FusedParams
@@ -52,7 +52,8 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
                      concurrency: list[int] = (), concurrency_context: int = 1024,
                      prefill: int = 0, prefill_chunk: int = 1024, prefill_reps: int = 1,
                      peer: str | None = None, peer_prompt: int = 1024,
-                     peer_steps: int = 16, on_partial=None) -> dict:
+                     peer_steps: int = 16, on_partial=None,
+                     cuda_weights: str = "auto") -> dict:
     """Build the model on the GPU and time every requested section; the JSON-able result.
 
     `on_partial(result)`, if given, receives our sections before the peer starts (so a run cut
@@ -66,10 +67,11 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
                      triton=triton.__version__, python=platform.python_version(),
                      copy_gbps=gbps, matmul_tflops=tflops),
         command=command, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        arch=arch, recipe=weights, batch=1, weights="random (synthetic, drawn on the GPU)")
+        arch=arch, recipe=weights, cuda_weights=cuda_weights, batch=1,
+        weights="random (synthetic, drawn on the GPU)")
     not_measured = {}
-    result.update(_ours(arch, contexts, weights, layers, list(concurrency), concurrency_context,
-                        prefill, prefill_chunk, prefill_reps, gbps, tflops))
+    result.update(_ours(arch, contexts, weights, cuda_weights, layers, list(concurrency),
+                        concurrency_context, prefill, prefill_chunk, prefill_reps, gbps, tflops))
     gc.collect()  # every tensor of ours is gone before the peer is built
     torch.cuda.empty_cache()
     not_measured.update(result.pop("failed"))
@@ -100,8 +102,9 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
     return result
 
 
-def packed_source(source, recipe_name: str):
-    """`source` with every projection that recipe `recipe_name` stores packed encoded so."""
+def packed_source(source, recipe_name: str, mode: str = "auto"):
+    """`source` with every projection that recipe `recipe_name` stores packed encoded so and
+    served as the engine's `--cuda-weights mode` serves it ("auto" or "packed")."""
     if recipe_name == "bf16":
         return source
     choose = recipe(recipe_name)
@@ -110,17 +113,18 @@ def packed_source(source, recipe_name: str):
         w = source(name, shape)
         fmt = choose(name, shape)
         if is_projection(name) and fmt in PACKED_FORMATS:
-            return quantize_packed(w, fmt)  # the bf16 draw is freed on return
+            packed = quantize_packed(w, fmt)  # the bf16 draw is freed on return
+            return packed if mode == "packed" else serving_form(packed, w.dtype)
         return w
 
     return params
 
 
-def _ours(arch, contexts, weights, layers, concurrency, cctx, prefill, chunk, reps, gbps,
+def _ours(arch, contexts, weights, mode, layers, concurrency, cctx, prefill, chunk, reps, gbps,
           tflops):
     """Every section measured on our model; its tensors are freed when this returns."""
     config, source = build_synthetic(arch, "cuda", torch.bfloat16, layers)
-    params = FusedParams(config, packed_source(source, weights))
+    params = FusedParams(config, packed_source(source, weights, mode))
     model = Qwen35Model(config, params)
     rope = next(b.mixer.rope for b in model.blocks if hasattr(b.mixer, "rope"))
     # a CPU table would force a copy inside graph capture
@@ -220,7 +224,9 @@ def markdown(result: dict) -> str:
     rate = f", bf16 matmul {m['matmul_tflops']:.0f} TFLOP/s" if "matmul_tflops" in m else ""
     lines = [
         f"# ninfer bench: {result['arch']} ({result['layers']} layers), "
-        f"{result.get('recipe') or result['dtype']}",
+        f"{result.get('recipe') or result['dtype']}"
+        + (f" served as --cuda-weights {result['cuda_weights']}"
+           if result.get("recipe", "bf16") != "bf16" and "cuda_weights" in result else ""),
         "",
         f"- machine: {m['device']}, torch {m['torch']}, Triton {m['triton']}, "
         f"Python {m['python']}; copy bandwidth {m['copy_gbps']:.0f} GB/s{rate}",

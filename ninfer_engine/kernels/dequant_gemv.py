@@ -1,10 +1,15 @@
-"""Batch-1..8 matmul `y = x Wᵀ` with quantised weights, dequantisation fused into the loads.
+"""Batch-1..16 matmul `y = x Wᵀ` with quantised weights, dequantisation fused into the loads.
 
-Two weight encodings (ninfer-format.md §2.1, §2.3), kept as plain tensors:
-* fp8-row: codes `[N, K]` float8_e4m3fn and one bf16 scale per row `[N]`;
-* q8_g32: codes `[N, K]` int8 and one fp16 scale per 32 consecutive K `[N, K // 32]`.
+Weight encodings, kept as plain tensors:
+* row-scaled: codes `[N, K]` (float8_e4m3fn, ninfer-format.md §2.3 fp8-row) and one scale per
+  row `[N]`;
+* group-scaled: codes `[N, K]` (int8, or float8_e4m3fn) and one scale per G consecutive K
+  `[N, K // G]`, G a power of two ≥ 16: q8_g32 (§2.1's Q8 values), and the fp8 form the engine
+  repacks Q4/Q5 groups into (their codes are exact in e4m3; `models.packed`).
 x is `[B, K]` bf16, y `[B, N]` in x's dtype; accumulation is fp32. The Triton path tiles N,
-splits K across programs when N alone cannot fill the GPU, and feeds bf16 tiles to `tl.dot`.
+splits K across programs when N alone cannot fill the GPU, and feeds bf16 tiles to `tl.dot`;
+a group-scaled weight takes K tiles of exactly one group, so each tile's partial sums are
+scaled by one value per row.
 """
 
 from __future__ import annotations
@@ -60,20 +65,13 @@ def _dequant_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split,
     for k in range(k0, k0 + k_per_split, BK):
         cols = k + kk
         x = tl.load(x_ptr + bat[:, None] * K + cols[None, :], mask=(bat < B)[:, None], other=0.0)
-        if GROUPED:
-            # [BN, BK/32, 32] codes times their [BN, BK/32] group scales, then flattened back
-            grp = tl.arange(0, BK // 32)
-            j = tl.arange(0, 32)
-            off = rows[:, None, None] * K + k + grp[None, :, None] * 32 + j[None, None, :]
-            w3 = tl.load(w_ptr + off, mask=nmask[:, None, None]).to(tl.float32)
-            sc = tl.load(s_ptr + rows[:, None] * (K // 32) + k // 32 + grp[None, :],
-                         mask=nmask[:, None])
-            w = tl.reshape(w3 * sc.to(tl.float32)[:, :, None], [BN, BK])
-        else:
-            # no `other`: an integer fill cannot be cast to fp8, and masked rows are never stored
-            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=nmask[:, None])
-            w = w.to(tl.float32)
-        acc += tl.dot(x.to(DOT), tl.trans(w.to(DOT)))
+        # no `other`: an integer fill cannot be cast to fp8, and masked rows are never stored
+        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=nmask[:, None])
+        part = tl.dot(x.to(DOT), tl.trans(w.to(tl.float32).to(DOT)))
+        if GROUPED:  # the tile is one scale group: one factor per row
+            sc = tl.load(s_ptr + rows * (K // BK) + k // BK, mask=nmask, other=0.0)
+            part = part * sc.to(tl.float32)[None, :]
+        acc += part
     if not GROUPED:
         acc = acc * tl.load(s_ptr + rows, mask=nmask).to(tl.float32)[None, :]
     out = y_ptr + (sk * B + bat[:, None]) * N + rows[None, :]
@@ -97,6 +95,8 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
     The default tile won 3 of 4 shapes of the H200 sweep in bench/results/h200-kernels.json."""
     B, K = x.shape
     N = codes.shape[0]
+    if scale.dim() == 2:  # group-scaled: one group per K tile
+        block_k = K // scale.shape[1]
     # small matrices: the largest power of two dividing K (K = 96 takes BK = 32); tl.arange
     # needs a power of two and tl.dot at least 16. Real K are multiples of 256: unchanged.
     block_k = min(block_k, K & -K)

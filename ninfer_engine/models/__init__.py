@@ -7,7 +7,7 @@ from .attention import Segment
 from .fused import FusedParams
 from .kv_cache import ContiguousKvCache
 from .llama import LlamaConfig, LlamaModel, WeightSource
-from .packed import PackedMatrix, load_packed
+from .packed import PackedMatrix, is_projection, load_projection
 from .qwen3_5 import Qwen35Model
 
 _LLAMA_FAMILY = {"LlamaForCausalLM", "Qwen3ForCausalLM"}
@@ -17,20 +17,20 @@ _HYBRID_FAMILY = {"Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 def build_model(text_config: dict, weights: WeightSource, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32,
                 matmul_dtype: torch.dtype | None = None,
-                packed: frozenset[str] = frozenset()) -> LlamaModel | Qwen35Model:
+                weights_mode: str = "dequant") -> LlamaModel | Qwen35Model:
     """Instantiate the engine family for `text_config["architectures"][0]`; `matmul_dtype`
-    (llama family) runs the projections in a narrower dtype than the activations; projections
-    stored in one of the `packed` formats stay in it (`PackedMatrix`)."""
+    (llama family) runs the projections in a narrower dtype than the activations;
+    `weights_mode` is `--cuda-weights` (`load_projection`)."""
     architectures = text_config.get("architectures") or [text_config.get("model_type", "?")]
     arch = architectures[0]
     if arch in _LLAMA_FAMILY:
         return LlamaModel(LlamaConfig.from_text_config(text_config), weights, device, dtype,
-                          matmul_dtype, packed)
+                          matmul_dtype, weights_mode)
     if arch in _HYBRID_FAMILY:
         # the hybrid model reads tensors through a (name, shape) source
         def source(name, shape):
-            if packed and is_projection(name):
-                kept = load_packed(weights, name, shape, device, packed)
+            if is_projection(name):
+                kept = load_projection(weights, name, shape, device, dtype, weights_mode)
                 if kept is not None:
                     return kept
             return weights.parameter(name, shape).to(device, dtype)
@@ -41,19 +41,5 @@ def build_model(text_config: dict, weights: WeightSource, device: torch.device |
     raise NotImplementedError(f"architecture {arch!r} is not supported by this engine")
 
 
-_PROJECTIONS = {"query", "key", "value", "z", "a_projection", "b_projection", "output", "gate",
-                "up", "down"}
-
-
-def is_projection(name: str) -> bool:
-    """Whether logical parameter `name` only ever reaches `packed.linear` (so it may stay
-    packed): layer projections and the output head; not embeddings, norms, convolutions,
-    routers or routed experts (those run through dense kernels)."""
-    if name == "text/output_head":
-        return True
-    return (name.startswith("text/layers/") and "/moe/experts/" not in name
-            and name.rpartition("/")[2] in _PROJECTIONS)
-
-
 __all__ = ["ContiguousKvCache", "LlamaConfig", "LlamaModel", "Qwen35Model", "Segment",
-           "PackedMatrix", "WeightSource", "build_model", "is_projection"]
+           "PackedMatrix", "WeightSource", "build_model", "is_projection", "load_projection"]

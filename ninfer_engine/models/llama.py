@@ -14,7 +14,7 @@ import torch
 from .attention import Segment, attend, plan_segments
 from .kv_cache import ContiguousKvCache
 from .layers import Linear, RotaryEmbedding, apply_rope, rms_norm
-from .packed import PackedMatrix, cat_rows, load_packed
+from .packed import PackedMatrix, cat_rows, load_projection
 
 
 class WeightSource(Protocol):
@@ -79,7 +79,7 @@ class LlamaModel:
     def __init__(self, cfg: LlamaConfig, weights: WeightSource,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  matmul_dtype: torch.dtype | None = None,
-                 packed: frozenset[str] = frozenset()) -> None:
+                 weights_mode: str = "dequant") -> None:
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
@@ -90,7 +90,8 @@ class LlamaModel:
             return weights.parameter(f"text/{name}", shape, dtype).to(self.device)
 
         def load_linear(name: str, *shape: int) -> torch.Tensor | PackedMatrix:
-            kept = load_packed(weights, f"text/{name}", shape, self.device, packed)
+            kept = load_projection(weights, f"text/{name}", shape, self.device, dtype,
+                                   weights_mode)
             return load(name, *shape) if kept is None else kept
 
         self.embedding = load("token_embedding", cfg.vocab_size, H)

@@ -26,12 +26,13 @@ from ..kernels import quant_gemv as qg
 GEMV_MAX_ROWS = 16  # the fused GEMV kernels tile at most 16 rows
 ROW_SPLIT = rowsplit.FORMATS  # q4_g64_fp16, q5_g64_fp16, q6_g64_fp16, q8_g32_fp16
 NVFP4, FP8_ROW, DENSE = "nvfp4", "fp8_e4m3fn_row_bf16", "dense"
+FP8_GROUPS = "fp8_groups"  # ours, not a file format: Q4/Q5 codes as e4m3 + their group scales
 PACKED_FORMATS = frozenset(ROW_SPLIT) | {NVFP4, FP8_ROW}
-# The formats whose fused GEMV beat cuBLAS bf16 on the H200 (27B decode, fp8-row: 93 tok/s
-# against 66 for bf16); the grouped-int and nvfp4 GEMVs ran at 0.5-0.9x cuBLAS bf16
-# (bench/results/h200-quant-gemv.json), so by default those are dequantized at load and kept
-# packed only when asked (`--cuda-weights packed`: a third of the memory for Q4/Q5).
-FASTER_PACKED = frozenset({FP8_ROW})
+# Q4/Q5 codes (|q| <= 16) are exact in e4m3, so `serving_form` repacks them losslessly into the
+# fp8 GEMV's group-scaled form: one byte a weight, read by the kernel that beat cuBLAS bf16
+# (27B decode, fp8-row: 93 tok/s against 67), where their own GEMVs ran at 0.25-0.9x cuBLAS
+# bf16 (bench/results/h200-quant-gemv.md).
+REPACK_FP8 = frozenset({"q4_g64_fp16", "q5_g64_fp16"})
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class PackedBlock:
             return qg.rowsplit_gemv(x, *p, spec.bits, spec.group, self.cols, out=out)
         if self.fmt == NVFP4:
             return qg.nvfp4_gemv(x, *p, self.divisor, out=out)
-        y = fp8.dequant_gemv(x, *p) if self.fmt == FP8_ROW else F.linear(x, p[0].to(x.dtype))
+        fp8_codes = self.fmt in (FP8_ROW, FP8_GROUPS)
+        y = fp8.dequant_gemv(x, *p) if fp8_codes else F.linear(x, p[0].to(x.dtype))
         return y if out is None else out.copy_(y)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
@@ -73,8 +75,8 @@ class PackedBlock:
             return qg.rowsplit_dequant(*p, spec.bits, spec.group, self.cols, dtype)
         if self.fmt == NVFP4:
             return qg.nvfp4_dequant(*p, self.divisor, dtype)
-        if self.fmt == FP8_ROW:
-            return (p[0].to(dtype) * p[1].to(dtype)[:, None])
+        if self.fmt in (FP8_ROW, FP8_GROUPS):
+            return fp8.dequantize(*p).to(dtype)
         return p[0].to(dtype)
 
 
@@ -211,3 +213,54 @@ def quantize_packed(w: torch.Tensor, fmt: str) -> PackedMatrix:
     if fmt == FP8_ROW:
         return PackedMatrix([PackedBlock(fmt, n, k, fp8.quantize_fp8_row(w))])
     raise ValueError(f"format {fmt!r} is not a packed weight format")
+
+
+def repack_fp8_groups(block: PackedBlock) -> PackedBlock:
+    """A Q4/Q5 block as e4m3 codes `[N, K]` with its fp16 group scales, exactly."""
+    spec = ROW_SPLIT[block.fmt]
+    base, high, scale = block.planes
+    codes = qg.rowsplit_dequant_ref(base, high, torch.ones_like(scale), spec.bits, spec.group,
+                                    block.cols)  # the integer codes, as fp32
+    return PackedBlock(FP8_GROUPS, block.rows, block.cols,
+                       (codes.to(torch.float8_e4m3fn), scale))
+
+
+def serving_form(w: PackedMatrix, dtype: torch.dtype) -> torch.Tensor | PackedMatrix:
+    """How `--cuda-weights auto` serves a packed weight, block by block, in its fastest measured
+    form: fp8-row as stored, Q4/Q5 repacked into fp8 groups (whole 128-column groups only),
+    anything else dequantized to `dtype` (all dense: a plain tensor)."""
+    blocks = []
+    for b in w.blocks:
+        if b.fmt in REPACK_FP8 and b.cols % 128 == 0:  # no padded columns to drop
+            b = repack_fp8_groups(b)
+        elif b.fmt not in (FP8_ROW, FP8_GROUPS):
+            b = PackedBlock(DENSE, b.rows, b.cols, (b.dequantize(dtype),))
+        blocks.append(b)
+    if all(b.fmt == DENSE for b in blocks):
+        return torch.cat([b.planes[0] for b in blocks])
+    return PackedMatrix(blocks)
+
+
+def load_projection(weights, name: str, shape: tuple[int, int], device, dtype,
+                    mode: str) -> torch.Tensor | PackedMatrix | None:
+    """A projection stored in a packed format, as `--cuda-weights` `mode` serves it: "packed"
+    as stored, "auto" in its fastest form (`packed.serving_form`); None for "dequant" or a
+    plain-format tensor (the caller decodes it)."""
+    kept = load_packed(weights, name, shape, device) if mode != "dequant" else None
+    if kept is None or mode == "packed":
+        return kept
+    return serving_form(kept, dtype)
+
+
+_PROJECTIONS = {"query", "key", "value", "z", "a_projection", "b_projection", "output", "gate",
+                "up", "down"}
+
+
+def is_projection(name: str) -> bool:
+    """Whether logical parameter `name` only ever reaches `packed.linear` (so it may stay
+    packed): layer projections and the output head; not embeddings, norms, convolutions,
+    routers or routed experts (those run through dense kernels)."""
+    if name == "text/output_head":
+        return True
+    return (name.startswith("text/layers/") and "/moe/experts/" not in name
+            and name.rpartition("/")[2] in _PROJECTIONS)

@@ -13,8 +13,8 @@ import torch
 from ninfer_engine.artifact import open_artifact
 from ninfer_engine.artifact.synth import parameter_shapes, write_synthetic
 from ninfer_engine.models import build_model, is_projection
-from ninfer_engine.models.packed import (PACKED_FORMATS, PackedMatrix, linear, load_packed,
-                                          quantize_packed)
+from ninfer_engine.models.packed import (PackedMatrix, linear, load_packed, quantize_packed,
+                                          serving_form)
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +79,33 @@ def test_mixed_blocks_multiply_like_the_dense_matrix():
     assert 0 < err < 0.15
 
 
+def test_auto_serving_form_repacks_q4_q5_exactly_and_dequantizes_the_rest():
+    """`--cuda-weights auto`: Q4/Q5 blocks become e4m3 codes with their group scales (exact:
+    the same matrix, the fp8 GEMV), fp8-row stays, Q6 (no exact e4m3 form) turns dense."""
+    gen = torch.Generator().manual_seed(2)
+    parts = [torch.randn(n, 256, generator=gen) for n in (8, 24, 16)]
+    fused = PackedMatrix.cat([quantize_packed(parts[0], "q4_g64_fp16"),
+                              quantize_packed(parts[1], "q5_g64_fp16"),
+                              quantize_packed(parts[2], "fp8_e4m3fn_row_bf16")])
+    served = serving_form(fused, torch.float32)
+    assert [(b.fmt, b.rows) for b in served.blocks] == [("fp8_groups", 8), ("fp8_groups", 24),
+                                                        ("fp8_e4m3fn_row_bf16", 16)]
+    torch.testing.assert_close(served.dequantize(torch.float32), fused.dequantize(torch.float32),
+                               rtol=0, atol=0)
+    x = torch.randn(2, 256, generator=gen)
+    torch.testing.assert_close(linear(x, served), x @ fused.dequantize(torch.float32).t(),
+                               rtol=1e-5, atol=1e-5)
+    q6 = quantize_packed(parts[0], "q6_g64_fp16")
+    dense = serving_form(q6, torch.bfloat16)
+    assert isinstance(dense, torch.Tensor) and dense.dtype == torch.bfloat16
+    torch.testing.assert_close(dense, q6.dequantize(torch.bfloat16), rtol=0, atol=0)
+
+
 def test_packed_model_equals_the_dequantized_model(artifact):
     """The whole model over packed weights (GEMV for decode rows, dequantize + matmul for the
     prefill chunk) against the same artifact dequantized at load, fp32 on the CPU."""
     config = artifact.config("text")
-    packed = build_model(config, artifact, "cpu", torch.float32, packed=PACKED_FORMATS)
+    packed = build_model(config, artifact, "cpu", torch.float32, weights_mode="packed")
     plain = build_model(config, artifact, "cpu", torch.float32)
     assert isinstance(packed.blocks[0].mixer.w_q, PackedMatrix)
     assert not isinstance(plain.blocks[0].mixer.w_q, PackedMatrix)
