@@ -26,6 +26,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.benchmark.timing import graph_of, time_ms  # noqa: E402
+from ninfer_engine.artifact import planes as stored  # noqa: E402
 from ninfer_engine.kernels import quant_gemv as qg  # noqa: E402
 
 FORMATS = {"q4": ("q4_g64_fp16", 4, 64), "q5": ("q5_g64_fp16", 5, 64),
@@ -54,11 +55,11 @@ def _time_rotating(fns):
 def _planes(fmt, n, k):
     w = torch.randn(n, k, device=DEVICE) * 0.02
     if fmt == "nvfp4":
-        codes, scale, d_w = qg.quantize_nvfp4(w)
+        codes, scale, d_w = stored.quantize_nvfp4(w)
         planes, ref = (codes, scale, d_w), qg.nvfp4_dequant_ref(codes, scale, d_w)
     else:
         name, bits, group = FORMATS[fmt]
-        base, high, scale = qg.quantize_rowsplit(w, name)
+        base, high, scale = stored.quantize_rowsplit(w, name)
         planes = (base, high, scale, bits, group, k)
         ref = qg.rowsplit_dequant_ref(base, high, scale, bits, group, k)
     nbytes = sum(p.numel() * p.element_size() for p in planes if torch.is_tensor(p))

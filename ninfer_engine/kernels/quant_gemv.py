@@ -1,16 +1,9 @@
 """Batch-1..16 matmul `y = x Wᵀ` over the artifact's packed weights, dequantised in the loads.
 
-Plane tensors (ninfer-format.md §2.1, §2.2), one row of bytes per weight row, so rows
-`[r0, r1)` of every plane are the planes of that row range:
-* row-split Q4/Q5/Q6 (G = 64) and Q8 (G = 32), logical `[N, k]`, `K_pad = align_up(k, 128)`,
-  `gpr = K_pad // G`: `base` uint8 `[N, gpr*32]` (Q4-6: byte j = lanes 2j (low nibble) and
-  2j+1, each the code's low 4 bits; Q8: byte i = lane i as int8), `high` uint8 `[N, gpr*H]`
-  (H = 0, 8 (Q5: lane i's bit 4 = byte i//8 bit i%8), 16 (Q6: lane i's bits 4,5 = byte i//4
-  bits 2(i%4), 2(i%4)+1)) and `scale` fp16 `[N, gpr]`; `w = scale * signed(low | high << 4)`,
-  columns ≥ k dropped.
-* nvfp4 `[N, K]`: `codes` uint8 `[N, K//2]` (low nibble = even k, E2M1), `scale` uint8
-  `[N, K//16]` E4M3FN bits, row-major (unswizzled), and the divisor `d_w`:
-  `w = e2m1(code) * e4m3(scale) / d_w`.
+The weights are the planes of `artifact.planes` (ninfer-format.md §2.1, §2.2): row-split
+Q4/Q5/Q6 (G = 64) and Q8 (G = 32) `(base, high, scale)` with `w = scale * signed(low | high << 4)`
+(columns ≥ k dropped), and nvfp4 `(codes, row-major scale, d_w)` with
+`w = e2m1(code) * e4m3(scale) / d_w`.
 
 The Triton kernels read the code and high planes as 32-bit words, 8 lanes per code word (Q8:
 4) and loop over the lanes, so every tile is 2-D `[BN rows, BKW words]`. Codes become floats
@@ -30,8 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..artifact import blockscale, encodings, rowsplit
-from ..artifact.framing import align_up
+from ..artifact import blockscale, rowsplit
 from ._dispatch import dot_dtype, interpreting, use_triton
 from .dequant_gemv import split_k
 from .moe_fused import _round_bf16
@@ -44,63 +36,7 @@ def _spec(bits, group):
 
 
 # --------------------------------------------------------------------------------------------
-# planes, quantisation, torch references
-
-def rowsplit_planes(raw_uint8, fmt_name, shape):
-    """Zero-copy `(base, high, scale)` views of one encoded row-split tensor's bytes."""
-    spec = rowsplit.FORMATS[fmt_name]
-    geo = rowsplit.geometry(spec, tuple(shape))
-    raw = encodings.byte_tensor(raw_uint8)
-    assert raw.numel() == geo.total, (raw.numel(), geo.total)
-    n, gpr, hb = geo.n, geo.gpr, spec.high_bytes
-    base = raw[: n * gpr * 32].view(n, gpr * 32)
-    high = raw[geo.high_offset : geo.high_offset + n * gpr * hb].view(n, gpr * hb)
-    scale = raw[geo.scale_offset : geo.scale_offset + n * gpr * 2].view(torch.float16)
-    return base, high, scale.view(n, gpr)
-
-
-def nvfp4_planes(raw_uint8, shape):
-    """`(codes, scale_rowmajor, d_w)` of one encoded nvfp4 tensor; the scales are unswizzled
-    (a copy), the codes a view."""
-    n, k = shape
-    raw = encodings.byte_tensor(raw_uint8)
-    assert raw.numel() == blockscale.encoded_size((n, k)), raw.numel()
-    start = align_up(n * k // 2, 256)
-    scale = blockscale.unswizzle(raw[start : start + n * k // 16], n, k // 16)
-    d_w = float(raw[start + n * k // 16 :].view(torch.float32)[0])
-    return raw[: n * k // 2].view(n, k // 2), scale.contiguous(), d_w
-
-
-def quantize_rowsplit(w, fmt_name):
-    """`grouped_absmax` of `[N, K]` `w` on its own device → `(base, high, scale)` planes."""
-    spec = rowsplit.FORMATS[fmt_name]
-    n, k = w.shape
-    codes, scale = rowsplit.quantize(spec, w, align_up(k, 128))
-    base, high = rowsplit.pack_planes(spec, codes)
-    high = high.reshape(n, -1)[:, : scale.shape[1] * spec.high_bytes]  # Q4 packs zero bytes
-    return base.reshape(n, -1), high.contiguous(), scale
-
-
-def quantize_nvfp4(w, rows_per_chunk=2048):
-    """`nvfp4_absmax` of `[N, K]` `w` on its own device → `(codes, scale_rowmajor, d_w)`;
-    the same arithmetic as `blockscale.encode`."""
-    n, k = w.shape
-    x = w.detach().float()
-    amax = x.abs().amax()
-    divisor = torch.tensor(6 * 448, dtype=torch.float32, device=x.device) / amax
-    codes = torch.empty(n, k // 2, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(n, k // 16, dtype=torch.uint8, device=x.device)
-    for r0 in range(0, n, rows_per_chunk):
-        blocks = x[r0 : r0 + rows_per_chunk].view(-1, k // 16, 16)
-        scale = (blocks.abs().amax(-1) * divisor / 6).clamp_(max=448.0).to(torch.float8_e4m3fn)
-        sb = scale.view(torch.uint8)
-        sb = torch.where(sb == 0, 1, sb)
-        scaled = blocks * divisor / sb.view(torch.float8_e4m3fn).float().unsqueeze(-1)
-        c = blockscale.e2m1_codes(scaled).view(-1, k)
-        codes[r0 : r0 + rows_per_chunk] = c[:, 0::2] | (c[:, 1::2] << 4)
-        scales[r0 : r0 + rows_per_chunk] = sb
-    return codes, scales, float(divisor)
-
+# torch references (the planes come from `artifact.planes`)
 
 def rowsplit_dequant_ref(base, high, scale, bits, group, k):
     """Torch reference: planes → fp32 `[N, k]`."""

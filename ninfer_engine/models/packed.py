@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ..artifact import rowsplit
+from ..artifact import planes as stored, rowsplit
 from ..kernels import dequant_gemv as fp8
 from ..kernels import quant_gemv as qg
 
@@ -168,24 +168,16 @@ def cat_rows(parts: list) -> torch.Tensor | PackedMatrix:
     return torch.cat(parts)
 
 
-def fp8_row_planes(raw: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, ...]:
-    """`row_scale_v1` bytes -> (e4m3 codes [N, K], bf16 scales [N])."""
-    n, k = shape
-    start = -(-n * k // 256) * 256
-    return (raw[: n * k].view(torch.float8_e4m3fn).view(n, k),
-            raw[start : start + 2 * n].view(torch.bfloat16))
-
-
 def block_from_bytes(fmt: str, raw: torch.Tensor, shape: tuple[int, int]) -> PackedBlock:
     """The planes of one whole encoded object (`raw`: its uint8 bytes, host memory)."""
     n, k = shape
     if fmt in ROW_SPLIT:
-        return PackedBlock(fmt, n, k, tuple(qg.rowsplit_planes(raw, fmt, shape)))
+        return PackedBlock(fmt, n, k, tuple(stored.rowsplit_planes(raw, fmt, shape)))
     if fmt == NVFP4:
-        codes, scale, divisor = qg.nvfp4_planes(raw, shape)
+        codes, scale, divisor = stored.nvfp4_planes(raw, shape)
         return PackedBlock(fmt, n, k, (codes, scale), float(divisor))
     if fmt == FP8_ROW:
-        return PackedBlock(fmt, n, k, fp8_row_planes(raw, shape))
+        return PackedBlock(fmt, n, k, stored.fp8_row_planes(raw, shape))
     raise ValueError(f"format {fmt!r} is not a packed weight format")
 
 
@@ -206,9 +198,9 @@ def quantize_packed(w: torch.Tensor, fmt: str) -> PackedMatrix:
     (the benchmark's random quantized models; tests)."""
     n, k = w.shape
     if fmt in ROW_SPLIT:
-        return PackedMatrix([PackedBlock(fmt, n, k, tuple(qg.quantize_rowsplit(w, fmt)))])
+        return PackedMatrix([PackedBlock(fmt, n, k, tuple(stored.quantize_rowsplit(w, fmt)))])
     if fmt == NVFP4:
-        codes, scale, divisor = qg.quantize_nvfp4(w)
+        codes, scale, divisor = stored.quantize_nvfp4(w)
         return PackedMatrix([PackedBlock(fmt, n, k, (codes, scale), float(divisor))])
     if fmt == FP8_ROW:
         return PackedMatrix([PackedBlock(fmt, n, k, fp8.quantize_fp8_row(w))])

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from ninfer_engine.artifact import encodings
+from ninfer_engine.artifact import planes as stored
 from ninfer_engine.kernels import quant_gemv as qg
 
 from .conftest import rel_err
@@ -22,11 +23,11 @@ def _quantized(fmt, n, k, device="cpu", seed=0):
     """(planes, dequant_ref, fp32 decode of the same bytes by the artifact codec)."""
     w = _weights(n, k, seed)
     if fmt == "nvfp4":
-        codes, scale, d_w = qg.quantize_nvfp4(w)
+        codes, scale, d_w = stored.quantize_nvfp4(w)
         planes = (codes.to(device), scale.to(device), d_w)
         return planes, qg.nvfp4_dequant_ref(codes, scale, d_w)
     name, bits, group = ROWSPLIT[fmt]
-    base, high, scale = qg.quantize_rowsplit(w, name)
+    base, high, scale = stored.quantize_rowsplit(w, name)
     planes = (base.to(device), high.to(device), scale.to(device), bits, group, k)
     return planes, qg.rowsplit_dequant_ref(base, high, scale, bits, group, k)
 
@@ -43,7 +44,7 @@ def test_rowsplit_planes_match_codec(fmt, shape):
     name, bits, group = ROWSPLIT[fmt]
     w = _weights(*shape, seed=1)
     raw = encodings.encode(name, w)
-    base, high, scale = qg.rowsplit_planes(raw, name, shape)
+    base, high, scale = stored.rowsplit_planes(raw, name, shape)
     assert high.shape[1] == scale.shape[1] * {4: 0, 5: 8, 6: 16, 8: 0}[bits]
     decoded = encodings.decode(name, raw, shape)
     assert torch.equal(qg.rowsplit_dequant_ref(base, high, scale, bits, group, shape[1]), decoded)
@@ -51,7 +52,7 @@ def test_rowsplit_planes_match_codec(fmt, shape):
     part = qg.rowsplit_dequant_ref(base[r0:r1], high[r0:r1], scale[r0:r1], bits, group, shape[1])
     assert torch.equal(part, encodings.decode(name, raw, shape, rows=(r0, r1)))
     # the device-agnostic quantiser gives the encoder's planes, bit for bit
-    for mine, file in zip(qg.quantize_rowsplit(w, name), (base, high, scale)):
+    for mine, file in zip(stored.quantize_rowsplit(w, name), (base, high, scale)):
         assert mine.shape == file.shape and torch.equal(mine, file)
 
 
@@ -59,7 +60,7 @@ def test_rowsplit_planes_match_codec(fmt, shape):
 def test_nvfp4_planes_match_codec(shape):
     w = _weights(*shape, seed=2)
     raw = encodings.encode("nvfp4", w)
-    codes, scale, d_w = qg.nvfp4_planes(raw, shape)
+    codes, scale, d_w = stored.nvfp4_planes(raw, shape)
     assert codes.shape == (shape[0], shape[1] // 2) and scale.shape == (shape[0], shape[1] // 16)
     decoded = encodings.decode("nvfp4", raw, shape)
     torch.testing.assert_close(qg.nvfp4_dequant_ref(codes, scale, d_w), decoded, rtol=1e-6,
@@ -68,7 +69,7 @@ def test_nvfp4_planes_match_codec(shape):
     part = qg.nvfp4_dequant_ref(codes[r0:r1], scale[r0:r1], d_w)
     torch.testing.assert_close(part, encodings.decode("nvfp4", raw, shape, rows=(r0, r1)),
                                rtol=1e-6, atol=0)
-    mine = qg.quantize_nvfp4(w, rows_per_chunk=96)  # chunks that cut a 128-row tile
+    mine = stored.quantize_nvfp4(w, rows_per_chunk=96)  # chunks that cut a 128-row tile
     assert torch.equal(mine[0], codes) and torch.equal(mine[1], scale) and mine[2] == d_w
 
 
