@@ -37,16 +37,20 @@ class PartialRope:
     H when i%3==1 and i < 3·sec[1], W when i%3==2 and i < 3·sec[2], else T).
     """
 
-    def __init__(self, head_dim: int, rope_parameters: dict):
+    def __init__(self, head_dim: int, rope_parameters: dict,
+                 device: torch.device | str = "cpu"):
         self.rd = int(head_dim * rope_parameters.get("partial_rotary_factor", 1.0))
         theta = rope_parameters["rope_theta"]
-        self.inv_freq = 1.0 / theta ** (torch.arange(0, self.rd, 2, dtype=torch.float) / self.rd)
-        self.axis = torch.zeros(self.rd // 2, dtype=torch.long)
+        inv_freq = 1.0 / theta ** (torch.arange(0, self.rd, 2, dtype=torch.float) / self.rd)
+        axis = torch.zeros(self.rd // 2, dtype=torch.long)
         section = rope_parameters.get("mrope_section")
         if section is not None:
             i = torch.arange(self.rd // 2)
-            self.axis[(i % 3 == 1) & (i < 3 * section[1])] = 1
-            self.axis[(i % 3 == 2) & (i < 3 * section[2])] = 2
+            axis[(i % 3 == 1) & (i < 3 * section[1])] = 1
+            axis[(i % 3 == 2) & (i < 3 * section[2])] = 2
+        # on the model's device once: a host table copied per call (pageable memory) made
+        # every attention layer of a CUDA prefill wait for the GPU to drain
+        self.inv_freq, self.axis = inv_freq.to(device), axis.to(device)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
         """cos, sin of shape [T, rd] in `dtype` (computed in fp32)."""

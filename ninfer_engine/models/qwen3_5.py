@@ -94,7 +94,7 @@ class Qwen35Model:
             else params("text/output_head", (vocab, h))
         )
         self.final_norm = params("text/final_norm", (h,))
-        rope = PartialRope(config["head_dim"], config["rope_parameters"])
+        rope = PartialRope(config["head_dim"], config["rope_parameters"], self.embedding.device)
         self.blocks = [_Block(config, params, i, rope) for i in range(config["num_hidden_layers"])]
         self._weight_bytes = sum({t.data_ptr(): t.nbytes for t in loaded.values()}.values())
         self.attention_layers = [i for i, b in enumerate(self.blocks)
