@@ -298,8 +298,8 @@ class Engine:
                      [s for s in batch.sampled if s not in failed])
 
     def _retire(self, seq: Sequence) -> None:
-        self.runner.flush()  # a decode row may hold the sequence's state, which retiring reads
         if seq.finish_reason in ("stop", "length"):
+            self.runner.flush()  # a decode row may hold the state the checkpoint copies
             self.memory.checkpoint(seq)  # the conversation frontier, for the next turn
         self.memory.release(seq)
         self.scheduler.remove(seq)
