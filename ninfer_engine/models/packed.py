@@ -3,8 +3,12 @@
 A `PackedMatrix` is a logical `[N, K]` weight made of row blocks, each in one encoding of
 ninfer-format.md §2 held as its planes (`PackedBlock`): grouped integers Q4/Q5/Q6/Q8
 (`base`, `high`, `scale`), nvfp4 (`codes`, row-major `scale`, divisor) or fp8-row (`codes`,
-`scale`), or a plain `dense` tensor. Fused decode groups whose members differ in encoding
-(the official 27B recipe stores q/k in Q4 and v/z in Q5) are one matrix of several blocks.
+`scale`), the fp8 groups Q4/Q5 are served as (`serving_form`), or a plain `dense` tensor.
+Fused decode groups whose members differ in encoding (the official 27B recipe stores q/k in Q4
+and v/z in Q5) are one matrix of several blocks; neighbours in one encoding merge.
+
+`load_projection` is `--cuda-weights`: "packed" keeps a projection as stored, "auto" serves
+each block in its fastest measured form (`serving_form`), "dequant" decodes it to bf16.
 
 `linear(x, w)`: with few rows (a decode batch) each block runs its fused dequant GEMV into its
 column range of one output, so the weights are read once in their stored width; with more rows
@@ -121,9 +125,6 @@ class PackedMatrix:
             at += b.rows
         return PackedMatrix(out)
 
-    def to(self, device: torch.device | str) -> PackedMatrix:
-        return PackedMatrix([b.to(device) for b in self.blocks])
-
     @property
     def device(self) -> torch.device:
         return self.blocks[0].planes[0].device
@@ -181,13 +182,13 @@ def block_from_bytes(fmt: str, raw: torch.Tensor, shape: tuple[int, int]) -> Pac
     raise ValueError(f"format {fmt!r} is not a packed weight format")
 
 
-def load_packed(weights, name: str, shape: tuple[int, int], device: torch.device | str,
-                formats: frozenset[str] = PACKED_FORMATS) -> PackedMatrix | None:
+def load_packed(weights, name: str, shape: tuple[int, int],
+                device: torch.device | str) -> PackedMatrix | None:
     """Binding `name` as a `PackedMatrix` on `device` when all its parts are whole rows of
-    objects in `formats`, else None (the caller dequantizes it with `weights.parameter`)."""
+    packed-format objects, else None (the caller dequantizes it with `weights.parameter`)."""
     row_parts = getattr(weights, "row_parts", None)
     parts = row_parts(name, shape) if row_parts is not None else None
-    if not parts or any(fmt not in formats for fmt, *_ in parts):
+    if not parts or any(fmt not in PACKED_FORMATS for fmt, *_ in parts):
         return None
     return PackedMatrix([block_from_bytes(fmt, raw, obj_shape).slice(r0, r1).to(device)
                          for fmt, obj_shape, r0, r1, raw in parts])
