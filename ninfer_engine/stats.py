@@ -41,6 +41,18 @@ class KvStats:
 
 
 @dataclass(frozen=True)
+class StateSlotStats:
+    """Recurrent-state slots (hybrid models: one per running sequence, one per prefix
+    checkpoint; totals 0 for attention-only models) and the prefix checkpoints kept."""
+
+    running_total: int = 0
+    running_used: int = 0
+    checkpoint_total: int = 0
+    checkpoint_used: int = 0
+    checkpoints: int = 0  # prefix checkpoints (KV pages, plus a state slot on hybrid models)
+
+
+@dataclass(frozen=True)
 class ExpertStats:
     slots: int = 0
     resident: int = 0
@@ -121,6 +133,7 @@ class EngineStats:
     devices: tuple[DeviceMemory, ...] = ()
     host: HostMemory = field(default_factory=HostMemory)
     kv: KvStats = field(default_factory=KvStats)
+    state_slots: StateSlotStats = field(default_factory=StateSlotStats)
     experts: ExpertStats | None = None
     spec: SpecStats | None = None
     queue: QueueStats = field(default_factory=QueueStats)

@@ -106,6 +106,7 @@ class StatsBuilder:
                                   kv_pool=self.memory.storage.nbytes, free=free),),
             host=host,
             kv=self.memory.stats(running),
+            state_slots=self.memory.slot_stats(),
             queue=QueueStats(
                 pending=tuple(self._view(s, now) for s in scheduler.queued()),
                 running=tuple(self._view(s, now) for s in running),

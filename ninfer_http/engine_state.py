@@ -5,6 +5,7 @@ or output text. Needs the API key when one is set (the app's auth middleware).
 """
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
@@ -43,6 +44,7 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
             "free": kv.free, "lent": kv.lent,
             "requests": [{"id": rid, "pages": pages} for rid, pages in kv.per_request],
         },
+        "state_slots": asdict(stats.state_slots),
         "experts": None if experts is None else {
             "slots": experts.slots, "resident": experts.resident, "hits": experts.hits,
             "misses": experts.misses, "lent_pages": experts.lent_pages,

@@ -116,6 +116,17 @@ class SnapshotCollector(Collector):
         yield _gauge("kv_pages_lent", "KV pages lent to expert slots.", kv.lent)
         yield _gauge("kv_cache_usage_perc", "Fraction of KV pages in use (0..1).",
                      kv.used / kv.total if kv.total else 0.0)
+        slots = stats.state_slots
+        total = GaugeMetricFamily(f"{PREFIX}state_slots_total",
+                                  "Recurrent-state slots (hybrid models).", labels=["kind"])
+        used = GaugeMetricFamily(f"{PREFIX}state_slots_used",
+                                 "Recurrent-state slots held.", labels=["kind"])
+        for kind in ("running", "checkpoint"):
+            total.add_metric([kind], getattr(slots, f"{kind}_total"))
+            used.add_metric([kind], getattr(slots, f"{kind}_used"))
+        yield total
+        yield used
+        yield _gauge("prefix_checkpoints", "Prefix-reuse checkpoints kept.", slots.checkpoints)
         yield from _expert_metrics(stats)
         yield from _spec_metrics(stats)
         memory = GaugeMetricFamily(f"{PREFIX}device_memory_bytes", "Device memory by category.",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..stats import KvStats
+from ..stats import KvStats, StateSlotStats
 from .cache import KvStorage
 from .slots import PrefixCache, RecurrentState, StateSlots, copy_state
 
@@ -107,6 +107,15 @@ class SequenceMemory:
         running = self.running_slots.free if self.running_slots else 0
         checkpoints = self.prefix.slots.free if self.prefix.slots else 0
         return running + checkpoints
+
+    def slot_stats(self) -> StateSlotStats:
+        running, ckpt = self.running_slots, self.prefix.slots
+        return StateSlotStats(
+            running_total=running.total if running else 0,
+            running_used=running.total - running.free if running else 0,
+            checkpoint_total=ckpt.total if ckpt else 0,
+            checkpoint_used=ckpt.total - ckpt.free if ckpt else 0,
+            checkpoints=len(self.prefix))
 
     def stats(self, running: list[Any]) -> KvStats:
         a = self.allocator

@@ -161,3 +161,19 @@ def test_no_leaks_after_random_requests(dense):
     assert in_use == len(held)  # only checkpoints hold pages once every request is done
     assert memory.allocator.free == pages and memory.free_state_slots == slots
     assert memory.allocator.owners() == 0
+
+
+def test_snapshot_counts_state_slots_and_checkpoints(dense):
+    """The snapshot's state slots: a running request holds one, a finished answer leaves its
+    prompt-end and answer-end checkpoints (each with a slot of its own), nothing running."""
+    engine = _engine(dense, max_concurrency=2, device_state_slots=4)
+    try:
+        before = engine.snapshot().state_slots
+        _generate(engine, _prompt(70, seed=9), 6)
+        after = engine.snapshot().state_slots
+    finally:
+        engine.stop()
+    assert (before.running_total, before.checkpoint_total) == (2, 4)
+    assert before.running_used == before.checkpoint_used == before.checkpoints == 0
+    assert after.running_used == 0
+    assert after.checkpoints == 2 and after.checkpoint_used == 2

@@ -13,6 +13,7 @@ from ninfer_engine.stats import (
     QueueStats,
     RequestView,
     SpecStats,
+    StateSlotStats,
     Throughput,
 )
 
@@ -37,6 +38,8 @@ def busy_stats(state: str = "ready") -> EngineStats:
                         pinned_experts=60 * GIB),
         kv=KvStats(page_tokens=64, total=400, used=100, free=300, lent=50, dtype="int8",
                    per_request=(("req_a", 60), ("req_b", 40))),
+        state_slots=StateSlotStats(running_total=4, running_used=2, checkpoint_total=4,
+                                   checkpoint_used=3, checkpoints=3),
         experts=ExpertStats(slots=384, resident=371, lent_pages=50, hits=9000, misses=1000,
                             cpu_share=0.18),
         spec=SpecStats(backend="mtp", window=3, rounds=1000, drafted=3000, accepted=2040,

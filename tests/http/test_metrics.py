@@ -67,6 +67,10 @@ def test_snapshot_gauges_and_engine_totals(serve):
     assert value(samples, "ninfer:kv_pages_used") == 100
     assert value(samples, "ninfer:kv_pages_lent") == 50
     assert value(samples, "ninfer:kv_cache_usage_perc") == 0.25
+    assert value(samples, "ninfer:state_slots_total", kind="running") == 4
+    assert value(samples, "ninfer:state_slots_used", kind="running") == 2
+    assert value(samples, "ninfer:state_slots_used", kind="checkpoint") == 3
+    assert value(samples, "ninfer:prefix_checkpoints") == 3
     assert value(samples, "ninfer:expert_cache_slots") == 384
     assert value(samples, "ninfer:expert_cache_resident") == 371
     assert value(samples, "ninfer:expert_cache_lent_pages") == 50
