@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,11 @@ def test_snapshot_counts_state_slots_and_checkpoints(dense):
     try:
         before = engine.snapshot().state_slots
         _generate(engine, _prompt(70, seed=9), 6)
+        # the last token reaches the caller before the engine retires the request and
+        # publishes the next snapshot: wait (bounded) for that snapshot
+        deadline = time.monotonic() + 10
+        while engine.snapshot().queue.running and time.monotonic() < deadline:
+            time.sleep(0.01)
         after = engine.snapshot().state_slots
     finally:
         engine.stop()
