@@ -41,12 +41,14 @@ def gdn_chunk(result: dict) -> str:
     lines = [f"# Chunked GDN prefill, one layer ({m['device']}, torch {m['torch']}, Triton "
              f"{m['triton']})", "", f"- command: `{m['command']}`, {m['date']}",
              f"- {m['timing']}; {m['note']}", "",
-             "| shape | T | torch ms | Triton IEEE ms | Triton TF32 ms | of which torch prep ms "
-             "| TF32 vs torch | TF32 rel. error |", "|---|---|---|---|---|---|---|---|"]
+             "| shape | T | torch ms | Triton IEEE ms | Triton TF32 ms | precompute: torch ms "
+             "| precompute: Triton TF32 ms | TF32 vs torch | TF32 rel. error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
+        prep = f"{r['prep_triton_ms']:.2f}" if "prep_triton_ms" in r else "—"
         lines.append(f"| {r['shape']} | {r['T']} | {r['torch_ms']:.2f} | {r['ieee_ms']:.2f} | "
-                     f"{r['tf32_ms']:.2f} | {r['prep_ms']:.2f} | {r['speedup_tf32']:.1f}× | "
-                     f"{r['tf32_out']['rel_err']:.1e} |")
+                     f"{r['tf32_ms']:.2f} | {r['prep_ms']:.2f} | {prep} | "
+                     f"{r['speedup_tf32']:.1f}× | {r['tf32_out']['rel_err']:.1e} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,18 +1,17 @@
 """Chunked Gated DeltaNet prefill (model-math.md §2.1 step 7) with the chunk loop in Triton.
 
 `chunk_gated_delta(q, k, v, g, beta, state, chunk=64)` has the contract of
-`models.gdn.chunked_gated_delta`: q, k `[T, nv, dk]` fp32 (L2-normalised, expanded to the value
-heads), v `[T, nv, dv]` fp32, g / beta `[T, nv]` fp32, state `[nv, dk, dv]` fp32 (not modified);
-returns (o `[T, nv, dv]` fp32, new state `[nv, dk, dv]` fp32). Any T ≥ 1 (zero-padded inside).
+`models.gdn.chunked_gated_delta`: q, k `[T, nk, dk]` fp32 (L2-normalised; nk divides nv, value
+head j reading q/k head j // (nv / nk), so nk = nv is the reference's expanded form), v
+`[T, nv, dv]` fp32, g / beta `[T, nv]` fp32, state `[nv, dk, dv]` fp32 (not modified); returns
+(o `[T, nv, dv]` fp32, new state `[nv, dk, dv]` fp32). Any T ≥ 1 (zero-padded inside).
 
-Two steps, a handful of launches for the whole prompt:
+Two launches for the whole prompt:
 
-* `models.gdn.chunk_prep` (torch, ~25 launches batched over every head and chunk at once, the
-  same precompute the reference loop runs on): the pairwise in-chunk decays, A, one batched
-  unit-triangular solve for U and W, P = (Q Kᵀ) ⊙ decay, Q e^γ, K e^{γ_C−γ}, e^{γ_C}. It stays
-  in torch: a Triton forward substitution over 64 rows per (head, chunk) would be more code than
-  `solve_triangular`, and its cost is memory passes, which `bench/gdn_chunk_bench.py` reports
-  (`prep_ms`) apart from the kernel's.
+* `kernels.gdn_prep` (grid chunks × heads, every chunk in parallel): the precompute of
+  `models.gdn.chunk_prep` — in-chunk decays, A, (I + A)⁻¹ applied for U and W, P = (Q Kᵀ) ⊙ decay,
+  Q e^γ, K e^{γ_C−γ}, e^{γ_C}. `prep="torch"` runs the torch version instead (the reference
+  the tests and `bench/gdn_chunk_bench.py` compare with).
 * `_gdn_chunk_kernel` (Triton, grid (nv, ⌈dv / BV⌉)): the one sequential part. Each program
   keeps its state tile S `[dk, BV]` in fp32 registers and walks the chunks in order:
   `V' = U − W S`, `O = (Q e^γ) S + P V'`, `S ← e^{γ_C} S + (K e^{γ_C−γ})ᵀ V'` (four `tl.dot`s a
@@ -34,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ..models import gdn as reference  # a partial module while models.gdn imports this one
+from .gdn_prep import _dot, chunk_prep_triton
 
 CHUNK = 64  # models.gdn.CHUNK (read at import time, when models.gdn may not have set it yet)
 
@@ -41,15 +41,6 @@ CHUNK = 64  # models.gdn.CHUNK (read at import time, when models.gdn may not hav
 def _span(x):
     """Elements between a view's first and last element, plus one."""
     return 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()))
-
-
-@triton.jit
-def _dot(a, b, TF32: tl.constexpr):
-    if TF32:
-        c = tl.dot(a, b, input_precision="tf32")
-    else:
-        c = tl.dot(a, b, input_precision="ieee")
-    return c
 
 
 @triton.jit
@@ -110,17 +101,23 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
 
 
 def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool = False,
-                      block_v: int = 32, num_warps: int = 4, num_stages: int = 1):
+                      prep: str = "triton", block_v: int = 64, num_warps: int = 8,
+                      num_stages: int = 1):
     """Triton path of `models.gdn.chunked_gated_delta` (see the module docstring).
 
     `block_v` value columns per program (capped at dv rounded up to a power of two, at least
     16: `tl.dot` needs 16-wide operands), so the grid is nv × ⌈dv / block_v⌉."""
-    T, nv, dk = k.shape
-    dv = v.shape[-1]
-    assert T >= 1 and q.shape == k.shape and v.shape[:2] == (T, nv)
+    T, nk, dk = k.shape
+    nv, dv = v.shape[1], v.shape[2]
+    assert T >= 1 and q.shape == k.shape and v.shape[0] == T and nv % nk == 0
     assert g.shape == (T, nv) and beta.shape == (T, nv) and state.shape == (nv, dk, dv)
     assert chunk >= 16 and chunk & (chunk - 1) == 0, "chunk must be a power of two >= 16"
-    tiles, n = reference.chunk_prep(q.float(), k.float(), v.float(), g.float(), beta.float(), chunk)
+    if prep == "triton":
+        tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32)
+    else:
+        r = nv // nk
+        q, k = q.float().repeat_interleave(r, 1), k.float().repeat_interleave(r, 1)
+        tiles, n = reference.chunk_prep(q, k, v.float(), g.float(), beta.float(), chunk)
     assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
     block_k = max(16, triton.next_power_of_2(dk))
     block_v = max(16, min(block_v, triton.next_power_of_2(dv)))

@@ -9,7 +9,6 @@ each call continues the state exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable
 
 import torch
@@ -166,23 +165,21 @@ class GatedDeltaNet:
         q = l2_normalize(qkv[:, :kg].float().reshape(T, self.nk, self.dk))
         k = l2_normalize(qkv[:, kg : 2 * kg].float().reshape(T, self.nk, self.dk))
         v = qkv[:, 2 * kg :].float().reshape(T, self.nv, self.dv)
-        # value head j reads q/k head j // r
-        r = self.nv // self.nk
-        q, k = q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
         beta = torch.sigmoid(linear(x, self.w_b)).float()
         g = -self.a_log.exp() * F.softplus(linear(x, self.w_a).float() + self.dt_bias)
-        if T == 1:
-            rule = recurrent_gated_delta
-        elif use_triton(q) and dtype != torch.float32:
-            # the chunk loop in one Triton launch with TF32 dots (H200, 27B at 8K: 7.7 ms a
-            # layer against torch's 16.3); its IEEE-fp32 dots were slower than torch (57 ms),
-            # so the exact fp32 path keeps torch (bench/results/h200-gdn-chunk.json)
+        if T > 1 and use_triton(q) and dtype != torch.float32:
+            # precompute and chunk walk in two Triton launches with TF32 dots, reading each
+            # q/k head for its value heads in place; the exact fp32 path keeps torch
+            # (bench/results/h200-gdn-chunk.json)
             from ..kernels import gdn_chunk  # here: it imports this module for chunk_prep
 
-            rule = partial(gdn_chunk.chunk_gated_delta, tf32=True)
+            o, state.ssm = gdn_chunk.chunk_gated_delta(q, k, v, g, beta, state.ssm, tf32=True)
         else:
-            rule = chunked_gated_delta
-        o, state.ssm = rule(q, k, v, g, beta, state.ssm)
+            # value head j reads q/k head j // r
+            r = self.nv // self.nk
+            q, k = q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
+            rule = recurrent_gated_delta if T == 1 else chunked_gated_delta
+            o, state.ssm = rule(q, k, v, g, beta, state.ssm)
         z = linear(x, self.w_z).reshape(T, self.nv, self.dv)
         o = self._gated_norm(o.to(dtype), z)
         return linear(o.reshape(T, -1), self.w_out)

@@ -1,0 +1,80 @@
+"""The Triton GDN chunk precompute against `models.gdn.chunk_prep`, output by output."""
+
+import pytest
+import torch
+
+from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
+from ninfer_engine.kernels.gdn_prep import chunk_prep_triton
+from ninfer_engine.models.gdn import chunk_prep, chunked_gated_delta, l2_normalize
+
+from .conftest import rel_err
+
+NAMES = ("w", "u", "qd", "ke", "p", "cd")
+
+
+def _inputs(T, nk, nv, dk, dv, seed=0, g=None):
+    gen = torch.Generator().manual_seed(seed)
+    q = l2_normalize(torch.randn(T, nk, dk, generator=gen))
+    k = l2_normalize(torch.randn(T, nk, dk, generator=gen))
+    v = torch.randn(T, nv, dv, generator=gen)
+    gates = -torch.rand(T, nv, generator=gen) if g is None else g(T, nv, gen)
+    beta = torch.rand(T, nv, generator=gen)
+    return q, k, v, gates, beta
+
+
+def _expanded(q, k, nv):
+    r = nv // q.shape[1]
+    return q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
+
+
+def _check_prep(args, device, chunk, tol=1e-5):
+    q, k, v, g, beta = args
+    want, n_ref = chunk_prep(*_expanded(q, k, v.shape[1]), v, g, beta, chunk)
+    got, n = chunk_prep_triton(*[t.to(device) for t in args], chunk)
+    assert n == n_ref
+    for name, a, b in zip(NAMES, got, want):
+        assert a.shape == b.shape, name
+        if not b.any():  # e.g. a chunk's decay e^{γ_C} underflowing to 0
+            assert not a.cpu().any(), name
+            continue
+        assert rel_err(a, b) < tol, (name, rel_err(a, b))
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("T", [1, 40, 64, 130])
+def test_prep_matches_torch(device, T, chunk):
+    _check_prep(_inputs(T, 2, 2, 32, 16, seed=T), device, chunk)
+
+
+@pytest.mark.parametrize("nk, nv, dk, dv", [(1, 3, 24, 40), (2, 4, 16, 32)])
+def test_prep_grouped_heads_and_masked_dims(device, nk, nv, dk, dv):
+    # value head j reads q/k head j // (nv / nk); dk = 24 / dv = 40 are padded to 32 / 64
+    _check_prep(_inputs(70, nk, nv, dk, dv, seed=1), device, 16)
+
+
+def test_prep_decay_after_a_large_cumulative_gate(device):
+    # a fast-decaying start pushes γ to ~-600, then slow gates: the later in-chunk decays
+    # e^{γ_i − γ_j} ≈ 1 must come from segment sums, not from differences of two large γ
+    def gates(T, nv, gen):
+        g = -0.01 * torch.rand(T, nv, generator=gen)
+        g[:8] = -75.0
+        return g
+
+    _check_prep(_inputs(64, 1, 2, 16, 16, seed=2, g=gates), device, 64)
+
+
+def test_prep_repeated_keys(device):
+    # identical keys and β ≈ 1 make (I + A) all ones below the diagonal: its inverse is bounded,
+    # its powers are not (a series expansion would fail here)
+    q, k, v, g, beta = _inputs(64, 1, 1, 16, 16, seed=3, g=lambda T, nv, gen: torch.zeros(T, nv))
+    k = k[:1].expand_as(k).contiguous()
+    _check_prep((q, k, v, g, torch.full_like(beta, 0.999)), device, 64)
+
+
+def test_chunk_rule_reads_grouped_heads(device):
+    # the full Triton rule with nk < nv against the torch rule on expanded q / k
+    q, k, v, g, beta = _inputs(100, 2, 4, 16, 16, seed=4)
+    state = torch.randn(4, 16, 16, generator=torch.Generator().manual_seed(5))
+    ref_o, ref_s = chunked_gated_delta(*_expanded(q, k, 4), v, g, beta, state, chunk=16)
+    o, s = chunk_gated_delta(*[t.to(device) for t in (q, k, v, g, beta, state)], chunk=16)
+    assert rel_err(o, ref_o) < 1e-5 and rel_err(s, ref_s) < 1e-5
