@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ..artifact import planes as stored, rowsplit
 from ..kernels import dequant_gemv as fp8
 from ..kernels import quant_gemv as qg
+from ..kernels.fp8_dequant import fp8_dequant
 
 GEMV_MAX_ROWS = 16  # the fused GEMV kernels tile at most 16 rows
 ROW_SPLIT = rowsplit.FORMATS  # q4_g64_fp16, q5_g64_fp16, q6_g64_fp16, q8_g32_fp16
@@ -76,7 +77,7 @@ class PackedBlock:
         """The block as a `[rows, cols]` matrix in `dtype`, written into `out` if given."""
         p = self.planes
         if self.fmt in (FP8_ROW, FP8_GROUPS):
-            return _fp8_dequantize(*p, dtype, out)
+            return fp8_dequant(*p, dtype, out)
         if self.fmt in ROW_SPLIT:
             spec = ROW_SPLIT[self.fmt]
             w = qg.rowsplit_dequant(*p, spec.bits, spec.group, self.cols, dtype)
@@ -85,22 +86,6 @@ class PackedBlock:
         else:
             w = p[0].to(dtype)
         return w if out is None else out.copy_(w)
-
-
-def _fp8_dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
-                    out: torch.Tensor | None) -> torch.Tensor:
-    """e4m3 codes times row `[N]` or group `[N, K // G]` scales, in one multiply that computes
-    in fp32 and writes `dtype` (a prefill chunk pays it per projection: ~7 bytes a weight, where
-    an fp32 intermediate cost ~19). e4m3 values are exact in bf16, fp16 and fp32."""
-    n, k = codes.shape
-    out = torch.empty(n, k, dtype=dtype, device=codes.device) if out is None else out
-    c = codes.to(dtype)
-    if scale.dim() == 1:
-        torch.mul(c, scale.float()[:, None], out=out)
-    else:
-        g = scale.shape[1]
-        torch.mul(c.view(n, g, -1), scale.float()[..., None], out=out.view(n, g, -1))
-    return out
 
 
 class PackedMatrix:
