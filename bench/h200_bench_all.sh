@@ -49,7 +49,7 @@ run() {
 }
 
 ALL=(--context 1024,8192,32768 --concurrency 1,2,4,8 --concurrency-context 1024)
-PEER=(--prefill 8192 --prefill-chunk 1024 --prefill-reps 3 --peer transformers --peer-prompt 1024
+PEER=(--prefill 8192 --prefill-chunk 4096 --prefill-reps 3 --peer transformers --peer-prompt 1024
       --peer-steps 16)
 for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4 27b-q4-packed}"; do
   for one in $which; do

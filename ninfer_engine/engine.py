@@ -108,7 +108,7 @@ class Engine:
         self.thinking_sampling_defaults = sampling_defaults(artifact, config, thinking=True)
         self._eos = frozenset(self.tokenizer.eos_token_ids)
         self.runner = make_runner(self.model, graphs)
-        self.scheduler = Scheduler(config.max_concurrency, config.prefill_chunk,
+        self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
                                    config.pending_timeout_ms / 1000, self._admit)
         self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
         self._faults = _Faults(os.environ.get("NINFER_FAULT", ""))
@@ -322,6 +322,16 @@ class Engine:
             if seq.finish_reason is None:
                 seq.fail(EngineError(message, UNAVAILABLE, 503))
             self._retire(seq)
+
+
+def prefill_chunk_for(config: EngineConfig, device: torch.device) -> int:
+    """`--prefill-chunk`, or its auto value: 4096 tokens on CUDA, where a chunk's matmuls need
+    rows (H200, 8K prompt: 35B-A3B 8.2 K tok/s at 1024, 21 K at 4096, as its grouped expert GEMMs
+    get ~128 rows per expert instead of ~32; 27B 7.2 K → 8.1 K), 1024 on the CPU, whose matmuls
+    are full at that size and where a long chunk stalls concurrent decodes for seconds."""
+    if config.prefill_chunk is not None:
+        return config.prefill_chunk
+    return 4096 if device.type == "cuda" else 1024
 
 
 def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:

@@ -106,6 +106,10 @@ def _kv_capacity(flag: str, raw: str) -> int | str:
     return "auto" if raw == "auto" else _int(1)(flag, raw)
 
 
+def _prefill_chunk(flag: str, raw: str) -> int | None:
+    return None if raw == "auto" else _int(1)(flag, raw)
+
+
 def _positive_float(flag: str, raw: str) -> float:
     return _float(0.0, float("inf"), lo_open=True)(flag, raw)
 
@@ -150,7 +154,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--log-level": ("log_level", _choice(*LOG_LEVELS), None),
     "--max-pending-requests": ("max_pending_requests", _int(0), None),
     "--pending-timeout-ms": ("pending_timeout_ms", _int(1), None),
-    "--prefill-chunk": ("prefill_chunk", _int(1), None),
+    "--prefill-chunk": ("prefill_chunk", _prefill_chunk, None),
     "--log-stats-interval-ms": ("log_stats_interval_ms", _int(0), None),
     "--vram-headroom-mib": ("vram_headroom_mib", _int(0), None),
     "--context-cost-presets": ("context_cost_presets", _path, None),
@@ -308,7 +312,7 @@ def _check_combinations(c: EngineConfig, given: frozenset[str]) -> None:
         raise UsageError(f"--draft-tokens: {c.draft_tokens} is out of range 1..5 for --spec mtp")
     if c.spec == "dflash2" and c.tp == 2 and not c.lm_head_draft:
         raise UsageError("--spec dflash2 at --tp 2 requires --lm-head-draft")
-    if c.prefill_chunk % 128:
+    if c.prefill_chunk is not None and c.prefill_chunk % 128:
         raise UsageError(f"--prefill-chunk: {c.prefill_chunk} is not a multiple of 128")
     if c.kv_capacity is not None and c.kv_capacity < c.max_context:
         raise UsageError(

@@ -93,9 +93,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="context of every sequence in the aggregate decode (default 1024)")
     bench.add_argument("--prefill", type=int, default=8192, metavar="TOKENS",
                        help="prompt length of the timed prefill (default 8192; 0 skips)")
-    bench.add_argument("--prefill-chunk", type=int, default=1024, metavar="N",
-                       help="prefill chunk, as the engine's --prefill-chunk (default 1024; "
-                            "0: the whole prompt at once)")
+    bench.add_argument("--prefill-chunk", type=int, default=4096, metavar="N",
+                       help="prefill chunk, as the engine's --prefill-chunk (default 4096, its "
+                            "auto value on CUDA; 0: the whole prompt at once)")
     bench.add_argument("--prefill-reps", type=int, default=1, metavar="N",
                        help="timed prefill passes after the warm-up (default 1)")
     bench.add_argument("--peer", choices=("transformers", "none"), default="transformers",

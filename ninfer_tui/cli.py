@@ -29,7 +29,7 @@ Network:   --host H (127.0.0.1)  --port N (8080)  --api-key KEY  --model-id ID  
            --max-request-mib N (384)
 Capacity:  --max-context N (8192)  --kv-capacity N|auto  --max-concurrency 1..8 (1)
            --max-pending-requests N (16)  --pending-timeout-ms N (30000)
-           --prefill-chunk N (1024, multiple of 128)  --kv-lease-window N (4096)
+           --prefill-chunk N|auto (4096 CUDA, 1024 CPU)  --kv-lease-window N (4096)
            --kv-dtype bf16|int8|fp8|nvfp4|k8v4  --elastic  --kv-grow N  --kv-budget-gib G
            --vram-headroom-mib N
 Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-host

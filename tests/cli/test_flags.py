@@ -21,8 +21,21 @@ def test_defaults_follow_the_manual_page():
     c = parse("m.ninfer").config
     assert (c.host, c.port, c.max_context, c.max_concurrency) == ("127.0.0.1", 8080, 8192, 1)
     assert (c.kv_dtype, c.kv_lease_window, c.prefill_chunk, c.default_max_tokens) == (
-        "bf16", 4096, 1024, 8192)
+        "bf16", 4096, None, 8192)
     assert c.kv_tokens == 8192 and c.spec is None and not c.vision
+
+
+def test_prefill_chunk_auto_depends_on_the_device():
+    import torch
+
+    from ninfer_engine.engine import prefill_chunk_for
+
+    auto = parse("m.ninfer", "--prefill-chunk", "auto").config
+    assert auto.prefill_chunk is None
+    assert prefill_chunk_for(auto, torch.device("cuda", 0)) == 4096
+    assert prefill_chunk_for(auto, torch.device("cpu")) == 1024
+    fixed = parse("m.ninfer", "--prefill-chunk", "256").config
+    assert prefill_chunk_for(fixed, torch.device("cuda", 0)) == 256
 
 
 def test_no_artifact_serves_the_default_model(tmp_path):
