@@ -23,7 +23,7 @@ from ninfer_engine.stats import EngineStats
 from ninfer_engine.types import EngineState
 
 from .widgets.banner import FailureBanner
-from .widgets.base import NO_STATS
+from .widgets.base import NO_STATS, PanelColumn
 from .widgets.experts import ExpertPanel
 from .widgets.header import HeaderPanel, ServerInfo
 from .widgets.history import StatsHistory
@@ -33,6 +33,7 @@ from .widgets.memory import MemoryPanel
 from .widgets.modals import ConfirmScreen, HelpScreen, NoticeScreen
 from .widgets.profiles import ProfilePicker
 from .widgets.requests import RequestsPanel
+from .widgets.slots import StateSlotPanel
 from .widgets.spec import SpecPanel
 
 POLL_INTERVAL_S = 0.25
@@ -134,7 +135,9 @@ class NinferConsole(App[None]):
         yield HeaderPanel(self.info).data_bind(NinferConsole.stats, NinferConsole.paused)
         yield FailureBanner().data_bind(NinferConsole.stats)
         with Grid(id="panels"):
-            yield MemoryPanel().data_bind(NinferConsole.stats)
+            with PanelColumn(id="memory-column"):
+                yield MemoryPanel().data_bind(NinferConsole.stats)
+                yield StateSlotPanel().data_bind(NinferConsole.stats)
             yield KvPanel().data_bind(NinferConsole.stats)
             yield ExpertPanel().data_bind(NinferConsole.stats)
             yield SpecPanel().data_bind(NinferConsole.stats, NinferConsole.history)

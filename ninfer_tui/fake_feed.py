@@ -22,6 +22,7 @@ from ninfer_engine.stats import (
     QueueStats,
     RequestView,
     SpecStats,
+    StateSlotStats,
     Throughput,
 )
 
@@ -100,6 +101,7 @@ def idle(i: int) -> EngineStats:
     return replace(
         stats,
         kv=KvStats(64, 3072, 0, 3072, 0, "int8"),
+        state_slots=StateSlotStats(1, 0, 4, 3, 3),  # --max-concurrency 1 --device-state-slots 4
         host=replace(stats.host, pinned_kv_tier=8 * GIB, pinned_state_tier=int(1.5 * GIB)),
         spec=spec_counters(0, (0.84, 0.68, 0.52), 0),
     )
@@ -128,6 +130,7 @@ def busy8(i: int) -> EngineStats:
     return replace(
         base("qwen3.5-27b", None, ONE_H200),
         kv=KvStats(64, 9216, used, 9216 - used, 0, "bf16", pages),
+        state_slots=StateSlotStats(8, 8, 8, 5, 5),  # --max-concurrency 8, as many checkpoint slots
         queue=QueueStats(pending, running, RECENT),
         throughput=Throughput(308.0 * WAVE[i], 5410.0 * WAVE[i], 8.0, FRAME_S),
     )
@@ -154,6 +157,7 @@ def cpu_only(i: int) -> EngineStats:
         base("SmolLM2-135M-Instruct", None, ()),
         host=HostMemory(int(15.5 * GIB), int(6.1 * GIB), int(0.9 * GIB)),
         kv=KvStats(64, 128, 14, 114, 0, "bf16", (("r-0003", 14),)),
+        state_slots=StateSlotStats(checkpoints=1),  # attention only: KV checkpoints, no slots
         queue=QueueStats(running=(req("r-0003", "decode", 412, 486, 38.2, 0.61),)),
         throughput=Throughput(38.2 * WAVE[i], 0.0, 1.0, FRAME_S),
         counters=Counters(2, 0, 0, 1210, 3312),
@@ -172,6 +176,7 @@ def moe_lending(i: int) -> EngineStats:
             pinned_experts=int(68.5 * GIB),
         ),
         kv=KvStats(64, 4096, 1210, 1350, 1536, "int8", (("r-0212", 1210),)),
+        state_slots=StateSlotStats(1, 1, 1, 1, 1),  # flash-next: --max-concurrency 1
         experts=ExpertStats(384, 371, 1536, 812_345 + 40 * i, 98_211 + 5 * i, 0.18),
         spec=spec_counters(i, (0.78, 0.57, 0.39), 12),
         queue=QueueStats(
@@ -191,6 +196,7 @@ def spec_on(i: int) -> EngineStats:
     return replace(
         base("qwen3.5-27b", None, ONE_H200),
         kv=KvStats(64, 9216, 78, 9138, 0, "bf16", (("r-0212", 61), ("r-0213", 17))),
+        state_slots=StateSlotStats(4, 2, 4, 2, 2),  # --max-concurrency 4
         spec=spec_counters(i, (0.91, 0.79, 0.64), 30),
         queue=QueueStats(running=running, recent=RECENT),
         throughput=Throughput(189.2 * WAVE[i], 0.0, 2.0, FRAME_S),

@@ -1,8 +1,11 @@
-"""`Panel`: the base of every console panel, a bordered widget that renders one `EngineStats`."""
+"""`Panel`, the base of every console panel (a bordered widget that renders one `EngineStats`),
+and `PanelColumn`, panels stacked in one cell of the panel grid."""
 
 from __future__ import annotations
 
 from rich.console import RenderableType
+from textual.containers import Vertical
+from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
@@ -27,3 +30,20 @@ class Panel(Widget):
 
     def render_stats(self, stats: EngineStats) -> RenderableType:
         raise NotImplementedError
+
+
+class PanelColumn(Vertical):
+    """Panels stacked in one grid cell, measured as the sum of their natural heights.
+
+    The grid sizes an `auto` row by its cells' content heights; a plain `Vertical` measures a
+    `1fr` child inconsistently there, so this one adds up its shown children instead. Styled
+    `height: 100%` with one child at `1fr`, that child then takes what the row has left.
+    """
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        total = 0
+        for child in self.displayed_children:
+            gutter_width, gutter_height = child.styles.gutter.totals
+            total += child.get_content_height(container, viewport, width - gutter_width)
+            total += gutter_height
+        return total

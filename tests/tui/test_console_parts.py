@@ -1,12 +1,13 @@
-"""The console's pure helpers: sparkline history and bar arithmetic."""
+"""The console's pure helpers: sparkline history, bar arithmetic and state-slot rows."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ninfer_engine.stats import EngineStats, SpecStats, Throughput
+from ninfer_engine.stats import EngineStats, SpecStats, StateSlotStats, Throughput
 from ninfer_tui.widgets.format import duration, share_out, sparkline
 from ninfer_tui.widgets.history import StatsHistory
+from ninfer_tui.widgets.slots import has_state_slots, slot_row
 
 
 def frame(at: float, drafted: int, accepted: int, decode: float = 10.0) -> EngineStats:
@@ -51,3 +52,15 @@ def test_duration() -> None:
         "1h 02m 03s",
         "2d 02h",
     ]
+
+
+def test_slot_row_is_a_gauge_then_used_of_total() -> None:
+    assert slot_row("running", 3, 6, 10, "green3").plain == "running    █████░░░░░   3/6  "
+    assert slot_row("checkpoint", 0, 0, 10, "cyan3").plain == "checkpoint no slots"
+
+
+def test_only_a_model_with_slots_has_state_slots() -> None:
+    assert not has_state_slots(StateSlotStats())
+    assert not has_state_slots(StateSlotStats(checkpoints=2))  # attention only: KV checkpoints
+    assert has_state_slots(StateSlotStats(running_total=1))
+    assert has_state_slots(StateSlotStats(checkpoint_total=4))
