@@ -3,6 +3,7 @@
     python3 bench/kernel_tables.py bench/results/h200-quant-gemv.json   # -> .md beside it
     python3 bench/kernel_tables.py bench/results/h200-gdn-chunk.json
     python3 bench/kernel_tables.py bench/results/h200-paged-prefill.json
+    python3 bench/kernel_tables.py bench/results/h200-fp8-gemv.json
 """
 from __future__ import annotations
 
@@ -70,12 +71,33 @@ def paged_prefill(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fp8_gemv(result: dict) -> str:
+    """`fp8_gemv_sweep.py`: best variant and launch per (shape, B, format), beside the engine's
+    previous default launch and cuBLAS bf16, all in the same run."""
+    m = result["meta"]
+    lines = [f"# fp8 dequant GEMV variants ({m['device']}, torch {m['torch']}, Triton "
+             f"{m['triton']})", "", f"- command: `{m['command']}`, {m['date']}",
+             f"- {m['timing']}; copy bandwidth measured in the run: {m['copy_gbps']:.0f} GB/s",
+             "- default = the launch the engine used before this sweep (dot path, BN 64, "
+             "BK 256 / one group); `f16u` casts x to fp16 unguarded (unsafe above 65504)", "",
+             "| shape | [N, K] | B | format | best variant | launch | µs | % of copy | × default "
+             "| × cuBLAS bf16 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["best"]:
+        launch = ", ".join(f"{k}={v}" for k, v in r["kwargs"].items() if k != "fma")
+        lines.append(f"| {r['shape_name']} | {r['shape']} | {r['B']} | {r['fmt']} | "
+                     f"{r['variant']} | {launch} | {r['us']:.1f} | "
+                     f"{100 * r['copy_frac']:.0f} % | {r['vs_default']:.2f} | "
+                     f"{r['vs_cublas']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     for name in sys.argv[1:]:
         path = Path(name)
         result = json.loads(path.read_text())
         rows = result["rows"]
-        render = (paged_prefill if rows and "kernel_ms" in rows[0] else
+        render = (fp8_gemv if "best" in result else
+                  paged_prefill if rows and "kernel_ms" in rows[0] else
                   gdn_chunk if "sweep" in result else quant_gemv)
         path.with_suffix(".md").write_text(render(result))
         print(path.with_suffix(".md"))

@@ -1,0 +1,485 @@
+"""Variant and tile sweep of the fp8 dequant GEMV (kernels/dequant_gemv.py), CUDA only.
+
+    python3 bench/fp8_gemv_sweep.py --out bench/results/h200-fp8-gemv.json
+    python3 bench/fp8_gemv_sweep.py --smoke --out /tmp/fp8-smoke.json  # CPU interpreter, plumbing
+
+Cases: the 27B decode shapes (MLP up [17408,5120], down [5120,17408], fused gate+up
+[34816,5120], [6144,5120], attention o [5120,6144], lm_head [248320,5120]) × B in {1, 8} × fp8
+row-scaled, fp8 group-scaled (G = 32, 128). Three passes, every kernel compiled first by a pool
+of processes (`--jobs`) that fills Triton's disk cache:
+  1. every kernel variant (`VARIANTS`: decode, guard, swap, fma) at one tile, BN 64, BK 256,
+     4 warps, 3 stages (for group scales BK is `group_k`), plus the engine's default call;
+  2. the `--top` fastest variants per (format, B) (geometric mean over shapes of the time over
+     the engine default's), over the tile grid BN {32,64,128} × BK {128,256,512} × warps {4,8}
+     (3 stages; BN 32 with 8 warps and BN 128 / BK 512 / 4 warps left out);
+  3. per case, the best so far with 2 and 4 stages, and with other K splits, with and without
+     the atomic split-K reduction.
+Each time is µs per call in a CUDA graph of back-to-back calls rotating over weight copies that
+exceed the L2 (as bench/quant_gemv_sweep.py), next to cuBLAS bf16 `F.linear` on the same shape
+timed the same way, and the copy bandwidth measured first in the run (a 2 GiB device copy).
+Every row records its error against the fp32 reference (`rel_err` ‖·‖, `max_err` max|Δ| over
+max|ref|); rows with rel_err > 1e-2 are marked wrong and never picked. Past `--budget` seconds
+the remaining timings are skipped (counted in meta). Writes all rows to `--out` as JSON and
+prints the best variant+tile per (shape, B, format) with its % of the copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+if "--smoke" in sys.argv:  # before triton.jit runs: it picks the interpreter at decoration
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
+from ninfer_engine.kernels import dequant_gemv as dg  # noqa: E402
+
+SHAPES = {"mlp_up": (17408, 5120), "mlp_down": (5120, 17408), "mlp_gate_up": (34816, 5120),
+          "n6144_k5120": (6144, 5120), "attn_o": (5120, 6144), "lm_head": (248320, 5120)}
+SMOKE_SHAPES = {"t_up": (40, 256), "t_down": (24, 512)}
+FORMATS = {"fp8_row": None, "fp8_g32": 32, "fp8_g128": 128,  # name -> group (None: row scales)
+           "fp8_g64": 64}  # the group the engine's Q4/Q5 -> fp8 repack has; not swept by default
+DEFAULT_FORMATS = "fp8_row,fp8_g32,fp8_g128"
+VARIANTS = {
+    "base": {},  # (a) e4m3 -> fp32 -> bf16, bf16 dot
+    "bf16": dict(decode="bf16"),  # (b) one conversion
+    "f16": dict(decode="f16"),  # (c) fp16 dot, x guarded into fp16's range
+    "f16u": dict(decode="f16", guard=False),  # (c) x cast as it is
+    "bits": dict(decode="bits"),  # (d) integer-op bit trick
+    "bits_asm": dict(decode="bits_asm"),  # (d) the same in inline PTX
+    "swap": dict(swap=True),  # dot(w, xᵀ): the weight is the M operand
+    "swap_f16": dict(swap=True, decode="f16"),
+    "swap_f16u": dict(swap=True, decode="f16", guard=False),
+    "swap_bits_asm": dict(swap=True, decode="bits_asm"),
+    "fma": dict(fma=True),  # (e) B = 1: no tl.dot (fp8 -> fp32 is fp8 -> fp16 -> fp32 anyway)
+    "fma_bits_asm": dict(fma=True, decode="bits_asm"),
+}
+SCREEN_TILE = (64, 256, 4, 3)  # (BN, BK, warps, stages)
+TILE_GRID = [(bn, bk, w, 3)
+             for bn, bk, w in itertools.product((32, 64, 128), (128, 256, 512), (4, 8))
+             if not (bn == 32 and w == 8) and not (bn == 128 and bk == 512 and w == 4)]
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+L2_DEFEAT_BYTES = 256 << 20
+CALLS_PER_GRAPH = 20
+WRONG = 1e-2
+print = functools.partial(print, flush=True)  # noqa: A001 (progress survives a timeout)
+DEV = "cpu" if "--smoke" in sys.argv else "cuda"  # module level: the compile workers see it too
+
+
+class Budget:
+    def __init__(self, seconds):
+        self.t0, self.seconds, self.skipped = time.perf_counter(), seconds, 0
+
+    def elapsed(self):
+        return time.perf_counter() - self.t0
+
+    def over(self):
+        return self.elapsed() > self.seconds
+
+
+# -- cases and launches --------------------------------------------------------------------------
+
+def call_kwargs(fmt, variant, tile, **extra):
+    """`dequant_gemv_triton` keyword arguments; tile None: the engine's default call."""
+    kw = dict(VARIANTS[variant])
+    if tile is not None:
+        bn, bk, warps, stages = tile
+        kw.update(block_n=bn, num_warps=warps, num_stages=stages)
+        kw["block_k" if FORMATS[fmt] is None else "group_k"] = bk
+    kw.update(extra)
+    return kw
+
+
+def applies(variant, fmt, B, smoke):
+    kw = VARIANTS[variant]
+    if kw.get("fma") and B != 1:
+        return False
+    return not (kw.get("decode") == "bits_asm" and smoke)  # inline PTX: not in the interpreter
+
+
+def launch(n, k, fmt, kw):
+    """(programs along N, K split, atomic) of the call, as dequant_gemv_triton computes them."""
+    group = FORMATS[fmt]
+    scale = torch.empty(0) if group is None else torch.empty(0, k // group)
+    bk, _ = dg._tiles(k, scale, kw.get("block_k", 256), kw.get("group_k"))
+    n_blocks = triton.cdiv(n, kw.get("block_n", 64))
+    split = kw.get("split") or dg.split_k(n_blocks, k, bk)
+    return n_blocks, split, bool(kw.get("atomic")) and split > 1
+
+
+def compile_key(n, k, B, fmt, kw):
+    """What makes Triton compile anew: constexprs, launch options, B == 1, the output dtype."""
+    _, split, atomic = launch(n, k, fmt, kw)
+    body = {a: b for a, b in kw.items() if a != "split"}
+    return (B == 1, fmt, json.dumps(body, sort_keys=True), split > 1, atomic)
+
+
+def make_weights(n, k, fmt, seed=0):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    w = torch.randn(n, k, device=DEV, generator=gen) * 0.02
+    group = FORMATS[fmt]
+    codes, scale = dg.quantize_fp8_row(w) if group is None else dg.quantize_fp8_groups(w, group)
+    return w, codes, scale
+
+
+# -- the compile pool ----------------------------------------------------------------------------
+
+def _compile_chunk(tasks):
+    """Worker: run each (n, k, B, fmt, kw) once on uninitialised inputs of the real shapes, so
+    Triton compiles it into its disk cache; returns {index: error} for the calls that fail."""
+    failed, held = {}, (None, None)
+    for idx, (n, k, B, fmt, kw) in tasks:
+        if held[0] != (n, k, B, fmt):
+            held = (None, None)
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+            group = FORMATS[fmt]
+            codes = torch.empty(n, k, device=DEV, dtype=torch.uint8).view(torch.float8_e4m3fn)
+            scale = (torch.ones(n, device=DEV, dtype=torch.bfloat16) if group is None else
+                     torch.ones(n, k // group, device=DEV, dtype=torch.float16))
+            x = torch.zeros(B, k, device=DEV, dtype=torch.bfloat16)
+            held = ((n, k, B, fmt), (x, codes, scale))
+        try:
+            dg.dequant_gemv_triton(*held[1], **kw)
+            if DEV == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 (reported by the timing pass)
+            failed[idx] = repr(exc)[:300]
+    return failed
+
+
+def precompile(pool, jobs, tasks, budget):
+    """Compile the distinct kernels among `tasks` [(n, k, B, fmt, kw)] in the pool; stops
+    waiting once past the budget (the timing pass then skips, or compiles what it runs)."""
+    if pool is None or not tasks or budget.over():
+        return 0.0
+    t0 = time.perf_counter()
+    seen, todo = set(), []
+    for n, k, B, fmt, kw in tasks:
+        key = compile_key(n, k, B, fmt, kw)
+        if key not in seen:
+            seen.add(key)
+            todo.append((n, k, B, fmt, kw))
+    todo.sort(key=lambda t: (t[0], t[1], t[2], t[3]))  # a worker's tasks share inputs
+    per = max(1, min(4, math.ceil(len(todo) / (2 * jobs))))  # small: the budget check waits less
+    chunks = [list(enumerate(todo))[i:i + per] for i in range(0, len(todo), per)]
+    failed = {}
+    for part in pool.imap_unordered(_compile_chunk, chunks):
+        failed.update(part)
+        if budget.over():
+            break
+    dt = time.perf_counter() - t0
+    print(f"  compiled {len(todo)} kernels in {dt:.0f} s ({len(failed)} failed)")
+    return dt
+
+
+# -- timing --------------------------------------------------------------------------------------
+
+def time_us(fns):
+    """µs per call of `fns` called round-robin; on the CPU (smoke) one wall-clock call."""
+    if DEV != "cuda":
+        t0 = time.perf_counter()
+        fns[0]()
+        return (time.perf_counter() - t0) * 1e6
+
+    def body():
+        for i in range(CALLS_PER_GRAPH):
+            fns[i % len(fns)]()
+    graph = graph_of(body)
+    return time_ms(graph.replay, 5) / CALLS_PER_GRAPH * 1e3
+
+
+def copies_of(tensors, nbytes):
+    if DEV != "cuda":
+        return [tensors]
+    count = max(2, -(-L2_DEFEAT_BYTES // nbytes))
+    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(count - 1)]
+
+
+class Case:
+    """One (shape, format) with its weight copies; `run` times one call configuration."""
+
+    def __init__(self, shape_name, fmt, batches, copy_gbps):
+        self.shape_name, self.fmt, self.copy_gbps = shape_name, fmt, copy_gbps
+        self.n, self.k = n, k = SHAPES[shape_name]
+        w, codes, scale = make_weights(n, k, fmt)
+        self.wbytes = codes.numel() + scale.numel() * scale.element_size()
+        self.copies = copies_of((codes, scale), self.wbytes)
+        deq = dg.dequantize(codes, scale)
+        gen = torch.Generator(device=DEV).manual_seed(1)
+        self.x = {B: torch.randn(B, k, device=DEV, generator=gen).bfloat16() for B in batches}
+        self.ref = {B: x.float() @ deq.t() for B, x in self.x.items()}
+        del w, deq
+
+    def bytes(self, B):
+        return self.wbytes + B * self.k * 2 + B * self.n * 2
+
+    def run(self, B, variant, tile, budget, phase, **extra):
+        kw = call_kwargs(self.fmt, variant, tile, **extra)
+        n_blocks, split, atomic = launch(self.n, self.k, self.fmt, kw)
+        row = dict(phase=phase, shape=[self.n, self.k], shape_name=self.shape_name, B=B,
+                   fmt=self.fmt, variant=variant, tile=None if tile is None else list(tile),
+                   kwargs=kw, programs=n_blocks * split, split=split, atomic=atomic)
+        if budget.over():
+            budget.skipped += 1
+            return None
+        x = self.x[B]
+        try:
+            t0 = time.perf_counter()
+            out = dg.dequant_gemv_triton(x, *self.copies[0], **kw).float()
+            wall_us = (time.perf_counter() - t0) * 1e6
+            ref = self.ref[B]
+            row["rel_err"] = ((out - ref).norm() / ref.norm()).item()
+            row["max_err"] = ((out - ref).abs().max() / ref.abs().max()).item()
+            row["wrong"] = not (row["rel_err"] <= WRONG)  # NaN counts as wrong
+            row["us"] = wall_us if DEV != "cuda" else time_us(
+                [lambda c=c: dg.dequant_gemv_triton(x, *c, **kw) for c in self.copies])
+        except Exception as exc:  # noqa: BLE001 (a configuration that does not compile or run)
+            row["error"] = repr(exc)[:300]
+            return row
+        gbps = self.bytes(B) / row["us"] / 1e3
+        row["gbps"] = gbps
+        row["copy_frac"] = gbps / self.copy_gbps if self.copy_gbps else None
+        return row
+
+
+def cublas_us(n, k, batches):
+    """cuBLAS bf16 F.linear µs on the same shape, rotating dense copies, per B."""
+    gen = torch.Generator(device=DEV).manual_seed(2)
+    dense = [(torch.randn(n, k, device=DEV, generator=gen) * 0.02).bfloat16()]
+    if DEV == "cuda":
+        dense += [d.clone() for d in dense * (max(2, -(-L2_DEFEAT_BYTES // (n * k * 2))) - 1)]
+    out = {}
+    for B in batches:
+        x = torch.randn(B, k, device=DEV, generator=gen).bfloat16()
+        out[B] = time_us([lambda d=d: F.linear(x, d) for d in dense])
+    return out
+
+
+# -- report --------------------------------------------------------------------------------------
+
+def good(r):
+    return r is not None and "us" in r and not r["wrong"]
+
+
+def best_rows(rows):
+    best = {}
+    for r in filter(good, rows):
+        key = (r["shape_name"], r["B"], r["fmt"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    return best
+
+
+def write(path, rows, meta, cublas, default_us):
+    best = best_rows(rows)
+    summary = []
+    for (shape_name, B, fmt), r in best.items():
+        cub, dflt = cublas.get((shape_name, B)), default_us.get((shape_name, B, fmt))
+        summary.append(dict(shape_name=shape_name, shape=r["shape"], B=B, fmt=fmt,
+                            variant=r["variant"], kwargs=r["kwargs"], us=r["us"], gbps=r["gbps"],
+                            copy_frac=r["copy_frac"], rel_err=r["rel_err"], max_err=r["max_err"],
+                            cublas_bf16_us=cub, vs_cublas=cub / r["us"] if cub else None,
+                            default_us=dflt, vs_default=dflt / r["us"] if dflt else None))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(dict(
+        meta=meta, best=summary,
+        cublas_bf16=[dict(shape_name=s, B=B, us=us) for (s, B), us in cublas.items()],
+        rows=[r for r in rows if r is not None]), indent=1))
+    return summary
+
+
+def print_table(summary, shape_order):
+    print("\nbest per (shape, B, format); % of the measured copy bandwidth; x = speed-up")
+    print(f"{'shape':12}{'B':>3} {'format':9}{'variant':14}{'tile':40}{'µs':>8}{'GB/s':>7}"
+          f"{'%copy':>6}{'x cuBLAS':>9}{'x default':>10}{'rel.err':>9}")
+    order = {s: i for i, s in enumerate(shape_order)}
+    for r in sorted(summary, key=lambda r: (order[r["shape_name"]], r["B"], r["fmt"])):
+        pct = f"{r['copy_frac'] * 100:6.0f}" if r["copy_frac"] else f"{'-':>6}"
+        vc = f"{r['vs_cublas']:9.2f}" if r["vs_cublas"] else f"{'-':>9}"
+        vd = f"{r['vs_default']:10.2f}" if r["vs_default"] else f"{'-':>10}"
+        print(f"{r['shape_name']:12}{r['B']:3d} {r['fmt']:9}{r['variant']:14}"
+              f"{_tile_text(r['kwargs']):40}{r['us']:8.1f}{r['gbps']:7.0f}{pct}{vc}{vd}"
+              f"{r['rel_err']:9.1e}")
+
+
+def _tile_text(kw):
+    if "block_n" not in kw:
+        return "engine default"
+    bk = kw.get("group_k", kw.get("block_k"))
+    text = f"BN={kw['block_n']} BK={bk} w={kw['num_warps']} s={kw['num_stages']}"
+    if kw.get("split"):
+        text += f" split={kw['split']}" + (" atomic" if kw.get("atomic") else "")
+    return text
+
+
+def geomean(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("inf")
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+def main():
+    global DEV, SHAPES, SCREEN_TILE, TILE_GRID, SPLITS
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON results path")
+    ap.add_argument("--shapes", default=None, help="comma-separated names of SHAPES")
+    ap.add_argument("--formats", default=DEFAULT_FORMATS, help=f"of {', '.join(FORMATS)}")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--variants", default=None, help="comma-separated names of VARIANTS")
+    ap.add_argument("--top", type=int, default=2, help="variants per (format, B) in pass 2")
+    ap.add_argument("--budget", type=float, default=200.0, help="seconds before skipping")
+    ap.add_argument("--jobs", type=int, default=None, help="compile processes (0: none)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
+    args = ap.parse_args()
+    budget = Budget(args.budget)
+    if args.smoke:
+        DEV, SHAPES = "cpu", SMOKE_SHAPES
+        SCREEN_TILE, TILE_GRID, SPLITS = (32, 256, 4, 3), [(32, 128, 4, 3), (64, 256, 4, 3)], (1, 2)
+    assert DEV == "cpu" or torch.cuda.is_available(), "the sweep needs CUDA (or --smoke)"
+    shapes = args.shapes.split(",") if args.shapes else list(SHAPES)
+    formats = args.formats.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    variants = args.variants.split(",") if args.variants else list(VARIANTS)
+    jobs = args.jobs if args.jobs is not None else (2 if args.smoke else min(16, os.cpu_count()))
+
+    copy_gbps = copy_bandwidth_gbps() if DEV == "cuda" else None
+    device = torch.cuda.get_device_name() if DEV == "cuda" else platform.processor() or "cpu"
+    bw = f"{copy_gbps:.0f} GB/s" if copy_gbps else "not measured (CPU)"
+    print(f"{device}; copy bandwidth {bw}; {jobs} compile processes")
+    meta = dict(device=device, torch=torch.__version__, triton=triton.__version__,
+                date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                command=" ".join(["python3", "bench/fp8_gemv_sweep.py", *sys.argv[1:]]),
+                copy_gbps=copy_gbps, calls_per_graph=CALLS_PER_GRAPH,
+                timing="µs per call: CUDA graph of back-to-back calls over rotating weight copies "
+                       f"(>= {L2_DEFEAT_BYTES >> 20} MiB), mean of 5 replays (time_ms)",
+                bytes="codes + scales + x + y; copy_frac = GB/s over copy_gbps")
+    pool = mp.get_context("spawn").Pool(jobs) if jobs else None
+    rows, cublas, default_us, compile_s = [], {}, {}, 0.0
+
+    def tasks_for(plan):
+        return [(*SHAPES[s], B, fmt, call_kwargs(fmt, v, t, **ex)) for s, fmt, B, v, t, ex in plan]
+
+    def run_plan(plan, phase):
+        """plan: [(shape, fmt, B, variant, tile, extra)], grouped by (shape, fmt)."""
+        nonlocal compile_s
+        compile_s += precompile(pool, jobs, tasks_for(plan), budget)
+        for (s, fmt), items in itertools.groupby(plan, key=lambda p: (p[0], p[1])):
+            if budget.over():
+                budget.skipped += len(list(items))
+                continue
+            case = Case(s, fmt, batches, copy_gbps)
+            for _, _, B, v, t, ex in items:
+                r = case.run(B, v, t, budget, phase, **ex)
+                if r is None:
+                    continue
+                rows.append(r)
+                if phase == 1 and v == "base" and t is None:
+                    default_us[(s, B, fmt)] = r.get("us")
+                if "us" in r:
+                    pct = r["copy_frac"] * 100 if r["copy_frac"] else 0
+                    status = (f"{r['us']:9.1f} µs {pct:4.0f}% err {r['rel_err']:.1e}"
+                              + ("  WRONG" if r["wrong"] else ""))
+                else:
+                    status = f" failed: {r['error'][:90]}"
+                print(f"  {s:12}{B:3d} {fmt:9}{v:14}{_tile_text(r['kwargs']):40}{status}")
+            del case
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+        write(args.out, rows, dict(meta, compile_s=compile_s, skipped=budget.skipped,
+                                   elapsed_s=budget.elapsed()), cublas, default_us)
+
+    print(f"\ncuBLAS bf16 F.linear [{budget.elapsed():.0f} s]")
+    for s in shapes:
+        for B, us in cublas_us(*SHAPES[s], batches).items():
+            cublas[(s, B)] = us
+            print(f"  {s:12}{B:3d} {us:9.1f} µs")
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+
+    print(f"\npass 1: every variant at {SCREEN_TILE} [{budget.elapsed():.0f} s]")
+    plan = []
+    for s, fmt in itertools.product(shapes, formats):
+        for B in batches:
+            plan.append((s, fmt, B, "base", None, {}))
+            plan += [(s, fmt, B, v, SCREEN_TILE, {}) for v in variants
+                     if applies(v, fmt, B, args.smoke)]
+    run_plan(plan, 1)
+
+    print(f"\npass 2: tile grid for the top {args.top} variants [{budget.elapsed():.0f} s]")
+    picks = {}
+    for fmt, B in itertools.product(formats, batches):
+        speed = {}
+        for v in variants:
+            ratios = []
+            for r in rows:
+                if r["phase"] == 1 and r["fmt"] == fmt and r["B"] == B and r["variant"] == v \
+                        and r["tile"] is not None and good(r):
+                    dflt = default_us.get((r["shape_name"], B, fmt))
+                    if dflt:
+                        ratios.append(r["us"] / dflt)
+            if len(ratios) == len(shapes):  # correct and running on every shape
+                speed[v] = geomean(ratios)
+        ranked = sorted(speed, key=speed.get)
+        picks[(fmt, B)] = ranked[:args.top]
+        print(f"  {fmt:9}B={B}: " + ", ".join(f"{v} {speed[v]:.2f}" for v in ranked[:6])
+              + f"  (µs / default, geomean) -> {picks[(fmt, B)]}")
+    plan = []
+    for s, fmt in itertools.product(shapes, formats):  # shapes in order: the MLP ones first
+        for B in batches:
+            plan += [(s, fmt, B, v, t, {}) for v in picks[(fmt, B)] for t in TILE_GRID
+                     if t != SCREEN_TILE]
+    run_plan(plan, 2)
+
+    print(f"\npass 3: stages, K splits and atomic split-K for each best [{budget.elapsed():.0f} s]")
+    plan = []
+    best = best_rows(rows)
+    for s, fmt in itertools.product(shapes, formats):
+        for B in batches:
+            r = best.get((s, B, fmt))
+            if r is None or r["tile"] is None:
+                continue
+            bn, bk, w, st = r["tile"]
+            for stages in (2, 3, 4):
+                if stages != st:
+                    plan.append((s, fmt, B, r["variant"], (bn, bk, w, stages), {}))
+            n, k = SHAPES[s]
+            tiles = k // min(bk, k & -k)
+            for split in SPLITS:
+                if tiles % split == 0 and split <= tiles:
+                    for atomic in ((False, True) if split > 1 else (False,)):
+                        if not (split == r["split"] and atomic == r["atomic"]):
+                            plan.append((s, fmt, B, r["variant"], tuple(r["tile"]),
+                                         dict(split=split, atomic=atomic)))
+    plan.sort(key=lambda p: shapes.index(p[0]) * 10 + formats.index(p[1]))
+    run_plan(plan, 3)
+    if pool is not None:
+        pool.terminate()  # compiles still queued past the budget are dropped
+
+    meta.update(compile_s=compile_s, skipped=budget.skipped, elapsed_s=budget.elapsed())
+    summary = write(args.out, rows, meta, cublas, default_us)
+    print_table(summary, shapes)
+    print(f"\n{len(rows)} rows, {sum(not good(r) for r in rows)} failed or wrong, "
+          f"{budget.skipped} skipped past the budget; {budget.elapsed():.0f} s "
+          f"({compile_s:.0f} s compiling); wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
