@@ -54,6 +54,8 @@ def parts_text(content: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
     for i, part in enumerate(content):
         where = f"{path}[{i}]"
         kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):  # a dict or list `type` must not reach the dict lookup
+            raise invalid_value(f"{where}.type", f"Unknown content part type {kind!r}.")
         if kind in _MEDIA_PARTS:
             raise ApiError(400, "This server has no vision encoder enabled; media inputs are not "
                            "accepted.", "vision_disabled", param=where)
@@ -106,6 +108,8 @@ class Conversation:
         if not isinstance(item, dict):
             raise invalid_value(path, f"'{path}' must be an object.")
         kind = item.get("type", "message")
+        if not isinstance(kind, str):
+            raise invalid_value(f"{path}.type", f"'{path}.type' must be a string.")
         handlers = {"message": self._message, "reasoning": self._reasoning,
                     "function_call": self._function_call,
                     "function_call_output": self._function_call_output}

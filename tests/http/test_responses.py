@@ -309,6 +309,9 @@ def test_store_capacity_exceeded(serve):
     ({"input": []}, "invalid_value", "input"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "unsupported_parameter",
      "input[0].type"),
+    ({"input": [{"type": {"a": 1}}]}, "invalid_value", "input[0].type"),  # not a 500
+    ({"input": [{"role": "user", "content": [{"type": ["x"]}]}]}, "invalid_value",
+     "input[0].content[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]},
      "vision_disabled", "input[0].content[0]"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]},
