@@ -3,7 +3,7 @@
 A pure-decode step (one new token for each of B running sequences, no prefill chunk) reads its
 inputs from fixed device buffers: token, position, KV slot and length per row, and the rows'
 page tables. Every layer writes its K/V into the shared paged pool in place and attends with the
-Triton paged-attention kernel (`kernels.paged_attention`, int8 KV dequantized inside it), so
+Triton paged-attention kernel (`kernels.paged_attention`, every KV dtype dequantized inside it), so
 the whole step is one fixed sequence of kernels: `DecodeGraphs` captures it once per (batch
 size, context bucket) and replays it, which removes the Python and launch cost of ~10 kernels
 per layer. `StaticDecoder` is the llama family's step (off CUDA it runs eagerly through the
@@ -21,7 +21,7 @@ from .kernels.paged_attention import PAGE, paged_attention
 from .kernels.rmsnorm import rms_norm as fused_rms_norm
 from .kernels.rotary import rope
 from .hybrid_decode import EngineHybridDecoder
-from .kv import KvStorage, fill_page_tables
+from .kv import KV_DTYPES, KvStorage, fill_page_tables
 from .models import LlamaModel, Qwen35Model
 from .models.fused import FusedParams
 from .models.layers import rms_norm
@@ -29,7 +29,7 @@ from .scheduler import Sequence
 
 log = logging.getLogger("ninfer.engine")
 
-GRAPH_CODECS = ("bf16", "int8")  # the KV layouts the paged-attention kernel reads
+GRAPH_CODECS = KV_DTYPES  # the KV layouts the paged-attention kernel reads in place: all
 MIN_BUCKET = 1024  # smallest context bucket (tokens); buckets double up to the max context
 
 
@@ -81,9 +81,8 @@ class StaticDecoder:
             q, k = qk[:, :nq], qk[:, nq:]
             s.k_codec.write(s.k[i], slots, k)
             s.v_codec.write(s.v[i], slots, v)
-            k_pages, v_pages = s.page_view(s.k[i]), s.page_view(s.v[i])
-            attn = paged_attention(q, k_pages[0], v_pages[0], table, lens,
-                                   k_pages[1], v_pages[1], max_seq_len=bucket)
+            attn = paged_attention(q, s.page_view(s.k[i]), s.page_view(s.v[i]), table, lens,
+                                   max_seq_len=bucket)
             x = layer.output(attn.reshape(batch, nq * D))
             h, residual = fused_rms_norm(x, layer.post_attention_norm, eps, residual)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
@@ -164,7 +163,7 @@ def _bucket(length: int, max_context: int) -> int:
 def build_decode_graphs(model, storage: KvStorage, kv_dtype: str, max_batch: int,
                         max_context: int, use_graphs: bool) -> DecodeGraphs | None:
     """The static decode path when the model, device and KV layout allow it, else None."""
-    if kv_dtype not in GRAPH_CODECS or storage.page_tokens != PAGE:
+    if kv_dtype not in GRAPH_CODECS or not storage.kernel_layout:
         return None
     if model.device.type != "cuda" or model.dtype != torch.bfloat16:
         return None  # the CPU keeps the exact eager path; the kernels compute in bf16

@@ -8,9 +8,10 @@ expert gate|up) plus the stacked routed experts: cuBLAS bf16, or the fused dequa
 `HybridStep` runs one decode step over static buffers: next token and position per row
 (`tokens`, `pos`), page tables (`table`), GDN conv/SSM rows (`conv[i]`, `ssm[i]`, one row per
 sequence) and, per attention layer, a `KvLayer` (pages read in place by the paged-attention
-kernel). Nothing in the step syncs with the host, so it is capturable in a CUDA graph. The
-engine (`EngineHybridDecoder`) binds it to the shared KV pool and copies each sequence's GDN
-state in and out around the step; the benchmark binds it to pools of its own.
+kernel, which dequantises every KV dtype itself). Nothing in the step syncs with the host, so
+it is capturable in a CUDA graph. The engine (`EngineHybridDecoder`) binds it to the shared KV
+pool and copies each sequence's GDN state in and out around the step; the benchmark binds it
+to pools of its own.
 """
 
 from __future__ import annotations
@@ -88,11 +89,15 @@ class HybridWeights:
 
 @dataclass
 class KvLayer:
-    """One attention layer's paged K/V as the kernel reads it, and how new rows are stored."""
+    """One attention layer's paged K/V as the kernel reads it, and how new rows are stored.
 
-    k: torch.Tensor  # [pages, PAGE, kv_heads, D] codes
-    v: torch.Tensor
-    k_scale: torch.Tensor | None  # int8 group scales [pages, PAGE, kv_heads, D / G], or None
+    `k`, `v`: bf16 rows `[pages, PAGE, kv_heads, D]`, or the tuple of a KV codec's component
+    page views (`KvStorage.page_view`: any KV dtype); `k_scale`, `v_scale`: the int8 group
+    scales of bare int8 codes, else None (see `kernels.paged_attention`)."""
+
+    k: torch.Tensor | tuple[torch.Tensor, ...]
+    v: torch.Tensor | tuple[torch.Tensor, ...]
+    k_scale: torch.Tensor | None
     v_scale: torch.Tensor | None
     write: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (slots, k, v)
 
@@ -204,8 +209,8 @@ class EngineHybridDecoder:
                 s.v_codec.write(s.v[j], slots, v)
             return write
 
-        views = [(s.page_view(k), s.page_view(v)) for k, v in zip(s.k, s.v)]
-        return [KvLayer(k, v, ks, vs, writer(j)) for j, ((k, ks), (v, vs)) in enumerate(views)]
+        return [KvLayer(s.page_view(k), s.page_view(v), None, None, writer(j))
+                for j, (k, v) in enumerate(zip(s.k, s.v))]
 
     def load(self, seqs) -> None:
         c = self.core

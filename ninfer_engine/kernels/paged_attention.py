@@ -1,11 +1,14 @@
 """Decode attention over a paged KV cache (one query token per sequence, GQA).
 
-Layout: `k_pages`, `v_pages` are `[num_pages, PAGE, nkv, D]` with PAGE = 64 tokens;
+Layout: K and V are `[num_pages, PAGE, nkv, ...]` page views with PAGE = 64 tokens;
 `page_table[b, i]` is the page holding tokens `[64i, 64i+64)` of sequence b, `seq_lens[b]` its
-length. KV is bf16/fp16, or int8 codes with per-group scales `[num_pages, PAGE, nkv, D // G]`
-(symmetric absmax, see `quantize_kv_int8`) dequantised inside the kernel. The Triton path is
-split-K ("flash decoding"): each program folds a run of pages for one (sequence, KV head) with
-all its query heads, then a second kernel merges the partial softmaxes.
+length. K and V are each read in place in any `--kv-dtype` storage format, dequantised inside
+the kernel (`kernels.paged_kv`): a bare tensor of bf16/fp16 rows, int8 codes with per-group
+scales `[num_pages, PAGE, nkv, D // G]` (passed as `k_scale` / `v_scale`, symmetric absmax, see
+`quantize_kv_int8`), or the tuple of a `kv.quant` codec's component page views (bf16, int8, fp8,
+nvfp4, k8v4's int8 K and int4 V; `KvStorage.page_view`). The Triton path is split-K ("flash
+decoding"): each program folds a run of pages for one (sequence, KV head) with all its query
+heads, then a second kernel merges the partial softmaxes.
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import dot_dtype, use_triton
-
-PAGE = 64
+from .paged_kv import PAGE, _load_kv, gather_kv, kv_operand
 
 
 def quantize_kv_int8(x, group):
@@ -36,22 +38,15 @@ def dequantize_kv_int8(codes, scale):
 
 
 def paged_attention_ref(q, k_pages, v_pages, page_table, seq_lens, k_scale=None, v_scale=None):
-    """q [B, nq, D] -> [B, nq, D] in q's dtype; softmax and products in fp32."""
+    """q [B, nq, D] -> [B, nq, D] in q's dtype; KV decoded through its codecs, softmax and
+    products in fp32."""
     B, nq, D = q.shape
-    nkv = k_pages.shape[2]
     out = torch.empty_like(q)
     for b in range(B):
         L = int(seq_lens[b])
         pages = page_table[b, : -(-L // PAGE)].long()
-
-        def gather(pool, scale):
-            x = pool[pages].flatten(0, 1)[:L]
-            if scale is None:
-                return x.float()
-            return dequantize_kv_int8(x, scale[pages].flatten(0, 1)[:L])
-
-        k, v = gather(k_pages, k_scale), gather(v_pages, v_scale)  # [L, nkv, D]
-        r = nq // nkv
+        k, v = gather_kv(k_pages, k_scale, pages, L), gather_kv(v_pages, v_scale, pages, L)
+        r = nq // k.shape[1]  # k, v [L, nkv, D]
         k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
         s = torch.einsum("hd,lhd->hl", q[b].float(), k) / math.sqrt(D)
         out[b] = torch.einsum("hl,lhd->hd", torch.softmax(s, -1), v).to(q.dtype)
@@ -59,28 +54,11 @@ def paged_attention_ref(q, k_pages, v_pages, page_table, seq_lens, k_scale=None,
 
 
 @triton.jit
-def _load_kv(pool_ptr, scale_ptr, page, tok, kvh, d, tok_mask,
-             NKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr, QUANT: tl.constexpr,
-             DOT: tl.constexpr):
-    """One page's [PAGE, D] tile of head kvh in the dot dtype, dequantised when QUANT."""
-    row = (page * 64 + tok) * NKV + kvh
-    if QUANT:
-        # [PAGE, D/G, G] codes times their [PAGE, D/G] group scales, then flattened back
-        grp = tl.arange(0, D // G)
-        off = row[:, None, None] * D + grp[None, :, None] * G + tl.arange(0, G)[None, None, :]
-        x3 = tl.load(pool_ptr + off, mask=tok_mask[:, None, None], other=0).to(tl.float32)
-        sc = tl.load(scale_ptr + row[:, None] * (D // G) + grp[None, :], mask=tok_mask[:, None],
-                     other=0)
-        return tl.reshape(x3 * sc.to(tl.float32)[:, :, None], [64, D]).to(DOT)
-    x = tl.load(pool_ptr + row[:, None] * D + d[None, :], mask=tok_mask[:, None], other=0)
-    return x.to(DOT)
-
-
-@triton.jit
-def _paged_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr,
-                        acc_ptr, ml_ptr, max_pages, pages_per_split, sm_scale,
-                        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
-                        QB: tl.constexpr, QUANT: tl.constexpr, DOT: tl.constexpr):
+def _paged_split_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, table_ptr,
+                        lens_ptr, acc_ptr, ml_ptr, max_pages, pages_per_split, sm_scale,
+                        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, QB: tl.constexpr,
+                        KF: tl.constexpr, KG: tl.constexpr, VF: tl.constexpr, VG: tl.constexpr,
+                        DOT: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -102,14 +80,14 @@ def _paged_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, lens_ptr
     for i in range(first, last):
         page = tl.load(table_ptr + b * max_pages + i)
         tmask = i * 64 + tok < L
-        k = _load_kv(k_ptr, ks_ptr, page, tok, kvh, d, tmask, NKV, D, G, QUANT, DOT)
+        k = _load_kv(k_ptr, ks_ptr, kv_ptr, page, tok, kvh, tmask, NKV, D, KF, KG, DOT)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = _load_kv(v_ptr, vs_ptr, page, tok, kvh, d, tmask, NKV, D, G, QUANT, DOT)
+        v = _load_kv(v_ptr, vs_ptr, vv_ptr, page, tok, kvh, tmask, NKV, D, VF, VG, DOT)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v)
         m = m_new
     rows = (b * NQ + kvh * R + hq) * n_splits + split
@@ -146,7 +124,10 @@ def paged_attention_triton(q, k_pages, v_pages, page_table, seq_lens, k_scale=No
                            v_scale=None, max_seq_len=None):
     """Triton path. `max_seq_len` (host int) sizes the split grid; default: table width."""
     B, nq, D = q.shape
-    nkv = k_pages.shape[2]
+    k, ks, kv, kf, kg, kd = kv_operand(k_pages, k_scale)
+    v, vs, vv, vf, vg, vd = kv_operand(v_pages, v_scale)
+    nkv = k.shape[2]
+    assert kd == vd == D and k.shape[1] == v.shape[1] == PAGE
     max_pages = page_table.shape[1]
     used = max_pages if max_seq_len is None else -(-max_seq_len // PAGE)
     n_splits = split_count(B, nkv, used)
@@ -154,13 +135,10 @@ def paged_attention_triton(q, k_pages, v_pages, page_table, seq_lens, k_scale=No
     n_splits = -(-used // pps)
     acc = torch.empty(B * nq * n_splits, D, dtype=torch.float32, device=q.device)
     ml = torch.empty(B * nq * n_splits, 2, dtype=torch.float32, device=q.device)
-    quant = k_scale is not None
-    group = D // k_scale.shape[-1] if quant else D
     _paged_split_kernel[(B * nkv, n_splits)](
-        q.contiguous(), k_pages, v_pages, k_scale if quant else k_pages,
-        v_scale if quant else v_pages, page_table, seq_lens, acc, ml, max_pages, pps,
-        1.0 / math.sqrt(D), NQ=nq, NKV=nkv, D=D, G=group,
-        QB=max(16, triton.next_power_of_2(nq // nkv)), QUANT=quant, DOT=dot_dtype(),
+        q.contiguous(), k, ks, kv, v, vs, vv, page_table, seq_lens, acc, ml, max_pages, pps,
+        1.0 / math.sqrt(D), NQ=nq, NKV=nkv, D=D, QB=max(16, triton.next_power_of_2(nq // nkv)),
+        KF=kf, KG=kg, VF=vf, VG=vg, DOT=dot_dtype(),
         num_warps=4, num_stages=2)  # two stages of K+V tiles: 128 KiB of shared memory
     out = torch.empty_like(q)
     _paged_merge_kernel[(B * nq,)](acc, ml, out, n_splits, D=D,

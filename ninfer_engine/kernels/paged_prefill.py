@@ -2,9 +2,11 @@
 
 A prefill chunk of T queries sits at absolute positions `start .. start+T-1` of its sequence;
 its keys/values are positions `0 .. start+T-1`, already written into the pages (layout of
-`kernels.paged_attention`: `[num_pages, PAGE=64, nkv, D]`, bf16/fp16 rows, or int8 codes with
-fp16 group scales `[num_pages, PAGE, nkv, D // G]` dequantised in the kernel). Query i sees keys
-≤ start+i (bottom-right causal); query head h reads KV head h // (nq // nkv).
+`kernels.paged_attention`: `[num_pages, PAGE=64, nkv, ...]` page views). K and V are each read in
+place in any `--kv-dtype` format, dequantised in the kernel by `kernels.paged_kv`'s tile loader:
+bf16/fp16 rows, int8 codes with fp16 group scales (`k_scale` / `v_scale`), or a codec's tuple
+of component page views (bf16, int8, fp8, nvfp4, k8v4). Query i sees keys ≤ start+i
+(bottom-right causal); query head h reads KV head h // (nq // nkv).
 
 The Triton path is varlen: one launch covers B chunks (`q_offsets`, `q_lens`, `starts`, one page
 table row each); `paged_prefill_triton` is the one-chunk form (length and start passed as
@@ -20,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import dot_dtype, interpreting, use_triton
-from .paged_attention import PAGE, _load_kv, dequantize_kv_int8
+from .paged_kv import PAGE, _load_kv, gather_kv, kv_operand
 
 
 def supported(head_dim: int, dtype: torch.dtype) -> bool:
@@ -33,21 +35,14 @@ def supported(head_dim: int, dtype: torch.dtype) -> bool:
 
 def paged_prefill_ref(q, k_pages, v_pages, page_table, start: int, scale: float,
                       k_scale=None, v_scale=None):
-    """q [T, nq, D] at positions start .. start+T-1 -> [T, nq, D] in q's dtype (gather, fp32)."""
+    """q [T, nq, D] at positions start .. start+T-1 -> [T, nq, D] in q's dtype (KV decoded
+    through its codecs, fp32)."""
     T, nq, D = q.shape
-    nkv = k_pages.shape[2]
     L = start + T
     pages = page_table[: -(-L // PAGE)].long()
-
-    def gather(pool, sc):
-        x = pool[pages].flatten(0, 1)[:L]
-        if sc is None:
-            return x.float()
-        return dequantize_kv_int8(x, sc[pages].flatten(0, 1)[:L])
-
-    r = nq // nkv
-    k = gather(k_pages, k_scale).repeat_interleave(r, 1)  # [L, nq, D]
-    v = gather(v_pages, v_scale).repeat_interleave(r, 1)
+    k, v = gather_kv(k_pages, k_scale, pages, L), gather_kv(v_pages, v_scale, pages, L)
+    r = nq // k.shape[1]
+    k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)  # [L, nq, D]
     s = torch.einsum("thd,lhd->htl", q.float(), k) * scale
     q_pos = torch.arange(start, L, device=q.device)
     allowed = torch.arange(L, device=q.device)[None, :] <= q_pos[:, None]
@@ -56,11 +51,12 @@ def paged_prefill_ref(q, k_pages, v_pages, page_table, start: int, scale: float,
 
 
 @triton.jit(do_not_specialize=["one_len", "one_start"])  # one compile whatever T and start
-def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, qoff_ptr, qlen_ptr,
-                          start_ptr, out_ptr, one_len, one_start, stride_qt, stride_qh,
-                          table_stride, sm_scale, NQ: tl.constexpr, NKV: tl.constexpr,
-                          D: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr,
-                          QUANT: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr):
+def _paged_prefill_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, table_ptr,
+                          qoff_ptr, qlen_ptr, start_ptr, out_ptr, one_len, one_start, stride_qt,
+                          stride_qh, table_stride, sm_scale, NQ: tl.constexpr,
+                          NKV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                          KF: tl.constexpr, KG: tl.constexpr, VF: tl.constexpr,
+                          VG: tl.constexpr, VARLEN: tl.constexpr, DOT: tl.constexpr):
     mb = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -96,7 +92,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, qoff_p
             key = i * 64 + tok
             # slots past the chunk's end may hold garbage (even NaN): never load them
             kmask = key < n_keys
-            k = _load_kv(k_ptr, ks_ptr, page, tok, kvh, d, kmask, NKV, D, G, QUANT, DOT)
+            k = _load_kv(k_ptr, ks_ptr, kv_ptr, page, tok, kvh, kmask, NKV, D, KF, KG, DOT)
             s = tl.dot(q, tl.trans(k)) * qk_scale
             s = tl.where(key[None, :] <= q_pos[:, None], s, float("-inf"))
             # key 0 is on every query's first page, so m is finite from the first step on
@@ -104,7 +100,7 @@ def _paged_prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, table_ptr, qoff_p
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(s - m_new[:, None])
             l = l * alpha + tl.sum(p, axis=1)
-            v = _load_kv(v_ptr, vs_ptr, page, tok, kvh, d, kmask, NKV, D, G, QUANT, DOT)
+            v = _load_kv(v_ptr, vs_ptr, vv_ptr, page, tok, kvh, kmask, NKV, D, VF, VG, DOT)
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v)
             m = m_new
         o = acc / l[:, None]
@@ -135,8 +131,11 @@ def _launch(q, k_pages, v_pages, page_tables, meta, max_q_len, start, scale, k_s
     """`meta` (offsets, lengths, starts) for varlen, or None for one chunk of all q's rows
     at position `start`."""
     N, nq, D = q.shape
-    nkv = k_pages.shape[2]
-    assert D >= 16 and D & (D - 1) == 0 and nq % nkv == 0 and k_pages.shape[1] == PAGE
+    k, ks, kv, kf, kg, kd = kv_operand(k_pages, k_scale)
+    v, vs, vv, vf, vg, vd = kv_operand(v_pages, v_scale)
+    nkv = k.shape[2]
+    assert D >= 16 and D & (D - 1) == 0 and nq % nkv == 0 and kd == vd == D
+    assert k.shape[1] == v.shape[1] == PAGE
     if q.stride(-1) != 1:
         q = q.contiguous()
     B = page_tables.shape[0]
@@ -144,16 +143,14 @@ def _launch(q, k_pages, v_pages, page_tables, meta, max_q_len, start, scale, k_s
     if N == 0 or B == 0 or max_q_len == 0:
         return out
     block_m = block_m or _block_m(max_q_len)
-    quant = k_scale is not None
-    group = D // k_scale.shape[-1] if quant else D
     grid = (triton.cdiv(max_q_len, block_m), B, nq)
     varlen = meta is not None
     q_offsets, q_lens, starts = meta if varlen else (page_tables,) * 3  # unread pointers
     _paged_prefill_kernel[grid](
-        q, k_pages, v_pages, k_scale if quant else k_pages, v_scale if quant else v_pages,
-        page_tables, q_offsets, q_lens, starts, out, N, start, q.stride(0), q.stride(1),
-        page_tables.stride(0), scale, NQ=nq, NKV=nkv, D=D, G=group, BLOCK_M=block_m,
-        QUANT=quant, VARLEN=varlen, DOT=dot_dtype(), num_warps=8 if D >= 256 else 4,
+        q, k, ks, kv, v, vs, vv, page_tables, q_offsets, q_lens, starts, out, N, start,
+        q.stride(0), q.stride(1), page_tables.stride(0), scale, NQ=nq, NKV=nkv, D=D,
+        BLOCK_M=block_m, KF=kf, KG=kg, VF=vf, VG=vg, VARLEN=varlen, DOT=dot_dtype(),
+        num_warps=8 if D >= 256 else 4,
         num_stages=2 if D >= 256 else 3)
     return out
 

@@ -58,21 +58,21 @@ class KvStorage:
     def new_cache(self) -> PagedKvCache:
         return PagedKvCache(self)
 
-    def page_view(self, stored: tuple) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One layer's K or V codes (and int8 group scales) as [pages, page_tokens, heads, ...]:
-        the layout the paged-attention kernel reads in place."""
-        codes = stored[0].view(-1, self.page_tokens, *stored[0].shape[1:])
-        if len(stored) == 1:
-            return codes, None
-        return codes, stored[1].view(-1, self.page_tokens, *stored[1].shape[1:])
+    def page_view(self, stored: tuple) -> tuple[torch.Tensor, ...]:
+        """One layer's K or V as stored (the codec's components: codes, then any scales) viewed
+        as [pages, page_tokens, heads, ...]: the operand the paged-attention kernels read in
+        place and dequantise (`kernels.paged_kv`), whatever the KV dtype."""
+        return tuple(t.view(-1, self.page_tokens, *t.shape[1:]) for t in stored)
 
     @property
     def kernel_layout(self) -> bool:
         """True when the paged-attention kernels (`kernels.paged_attention`,
-        `kernels.paged_prefill`) can read this pool in place: 64-token pages of plain rows (the
-        `bf16` KV dtype) or of int8 codes with fp16 group scales (`int8`) for both K and V."""
-        names = (self.k_codec.name, self.v_codec.name)
-        return self.page_tokens == 64 and names in (("bf16", "bf16"), ("int8", "int8"))
+        `kernels.paged_prefill`) can read this pool in place: 64-token pages. They read every
+        KV dtype's storage (plain rows, int8, fp8, nvfp4, k8v4's int8 K and int4 V), except a
+        nibble-packed K at head dim 16, which the decode kernel gets wrong on an H200
+        (`kernels.paged_kv`)."""
+        nibble_k = self.k_codec.name in ("nvfp4", "int4")
+        return self.page_tokens == 64 and not (nibble_k and self.dim < 32)
 
     def copy_slots(self, src_page: int, dst_page: int, count: int) -> None:
         """Copy the first `count` token slots of a page, every layer, as stored (no requantize)."""
@@ -113,14 +113,12 @@ class PagedKvCache:
             self._table_tensor = torch.tensor(pages, dtype=torch.long, device=self.storage.device)
         return self._table_tensor
 
-    def layer_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None,
-                                               torch.Tensor, torch.Tensor | None]:
-        """(K codes, K scales, V codes, V scales) of one layer as whole-pool page views
-        `[pages, page_tokens, heads, ...]` (`KvStorage.page_view`; scales None unless int8):
-        with `table_tensor()` what a paged kernel reads in place."""
+    def layer_pages(self, layer: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """(K components, V components) of one layer as whole-pool page views
+        `[pages, page_tokens, heads, ...]` (`KvStorage.page_view`): with `table_tensor()` what a
+        paged kernel reads in place."""
         s = self.storage
-        (k, ks), (v, vs) = s.page_view(s.k[layer]), s.page_view(s.v[layer])
-        return k, ks, v, vs
+        return s.page_view(s.k[layer]), s.page_view(s.v[layer])
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, heads, dim] at positions start .. start+T-1."""
@@ -175,6 +173,6 @@ class LayerKv:
         return self.cache.storage.kernel_layout
 
     def layer_pages(self):
-        """This layer's (K codes, K scales, V codes, V scales) page views (see
+        """This layer's (K components, V components) page views (see
         `PagedKvCache.layer_pages`)."""
         return self.cache.layer_pages(self.layer)

@@ -13,8 +13,9 @@ for V (`codecs_for`):
 | `k8v4`  | int8 as `int8`                  | int4, fp16 scale per 16 values  |
 
 `bf16` stores the model's activation dtype: bf16 on a GPU, fp32 on the CPU reference path.
-The flat slot dim views as `[pages, page_tokens, ...]`, the layout of `kernels.paged_attention`
-(whose int8 codes and fp16 group scales match `Int8Codec`).
+The flat slot dim views as `[pages, page_tokens, ...]` (`KvStorage.page_view`), the layout of
+`kernels.paged_attention`: the paged decode and prefill kernels read every format of this table
+in place, K and V each in its own, and dequantise in registers (`kernels.paged_kv`).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..artifact.blockscale import E2M1, e2m1_codes
+from ..artifact.blockscale import E2M1
 
 KV_DTYPES = ("bf16", "int8", "fp8", "nvfp4", "k8v4")
 FP8_MAX = 448.0
@@ -138,6 +139,21 @@ class Fp8Codec(KvCodec):
         return (codes.float() * scale).to(dtype)
 
 
+# E2M1 magnitude midpoints and whether a tie rounds up (where the upper code is even: RNE)
+_E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
+               (3.5, True), (5.0, False))
+
+
+def _e2m1_codes(values: torch.Tensor) -> torch.Tensor:
+    """`artifact.blockscale.e2m1_codes` with the midpoints as scalars: no host table is copied
+    to the device per write, which a CUDA graph could not capture (the decode step writes K/V)."""
+    magnitude = values.abs()
+    code = torch.zeros(values.shape, dtype=torch.uint8, device=values.device)
+    for mid, tie_up in _E2M1_STEPS:
+        code += magnitude >= mid if tie_up else magnitude > mid
+    return code | torch.signbit(values).to(torch.uint8) << 3
+
+
 def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes [..., d] (values < 16) -> [..., d/2] bytes, low nibble = even index."""
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
@@ -170,7 +186,7 @@ class Nvfp4Codec(KvCodec):
         vector = block_max.amax(-1, keepdim=True).clamp_min(_TINY) / (FP4_MAX * FP8_MAX)
         block_scale = (block_max / (FP4_MAX * vector)).to(torch.float8_e4m3fn)
         effective = (block_scale.float() * vector).clamp_min(_TINY).unsqueeze(-1)
-        codes = e2m1_codes((blocks / effective).view(n, h, d))
+        codes = _e2m1_codes((blocks / effective).view(n, h, d))
         return _pack_nibbles(codes), block_scale, vector
 
     def decode(self, parts, dtype):

@@ -6,9 +6,11 @@ The segment's cache is any `SequenceKv`: the paged pool view (`kv.PagedKvCache`)
 engine, or the contiguous reference cache (`ContiguousKvCache`) for standalone use.
 
 On CUDA, when every segment's cache is a view of one paged pool the kernels read in place
-(bf16 or int8 KV), a layer writes all segments' K/V with one scatter and attends with one
-varlen `kernels.paged_prefill` launch over the pages (or the paged decode kernel when every
-segment is one token); otherwise each segment gathers its K/V (`read`) and runs SDPA.
+(64-token pages, every KV dtype: the kernels dequantise in registers), a layer writes all
+segments' K/V with one scatter and attends with one varlen `kernels.paged_prefill` launch over
+the pages (or the paged decode kernel when every segment is one token); otherwise (a contiguous
+cache, a head dim or dtype the kernels do not serve) each segment gathers its K/V (`read`) and
+runs SDPA.
 """
 from __future__ import annotations
 
@@ -137,16 +139,16 @@ def _attend_paged(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     s = batch.storage
     s.k_codec.write(s.k[layer], batch.slots, k)
     s.v_codec.write(s.v[layer], batch.slots, v)
-    (k_pages, k_scale), (v_pages, v_scale) = s.page_view(s.k[layer]), s.page_view(s.v[layer])
+    k_pages, v_pages = s.page_view(s.k[layer]), s.page_view(s.v[layer])  # codec components
     T = q.shape[0]
     if batch.max_length == 1 and scale == q.shape[-1] ** -0.5:
         # pure decode: the split-K decode kernel (which scales by 1/√D itself)
         out = paged_attention_triton(q, k_pages, v_pages, batch.tables, batch.starts + 1,
-                                     k_scale, v_scale, max_seq_len=batch.max_end)
+                                     max_seq_len=batch.max_end)
     else:
         out = paged_prefill_varlen_triton(q, k_pages, v_pages, batch.tables, batch.offsets,
                                           batch.lengths, batch.starts, batch.max_length,
-                                          scale, k_scale, v_scale)
+                                          scale)
     return out.reshape(T, -1)
 
 

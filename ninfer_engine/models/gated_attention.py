@@ -4,7 +4,8 @@ Torch reference path, single sequence. Also holds the two helpers the family sha
 zero-centred `(1+w)` RMSNorm and partial NeoX rotary with optional interleaved MRoPE.
 The KV cache is a simple contiguous per-sequence buffer (k after norm and RoPE, v as projected).
 On CUDA the attention core runs SDPA, or `kernels.paged_prefill` over the engine's paged pool in
-place (`GatedAttention._attend_cuda`); the CPU keeps the fp32-softmax reference `_attend`.
+place whatever its KV dtype (`GatedAttention._attend_cuda`); the CPU keeps the fp32-softmax
+reference `_attend`.
 """
 
 from __future__ import annotations
@@ -140,18 +141,17 @@ class GatedAttention:
     def _attend_cuda(self, q, k, v, cache, past: int) -> torch.Tensor:
         """The GPU path of the attention core; q [nq, T, D], k, v [nkv, T, D] -> [T, nq·D].
 
-        Over the engine's paged pool in a layout the kernels read (bf16 or int8 KV), k/v go
-        into the pages and `kernels.paged_prefill` attends over them in place (no gather);
+        Over the engine's paged pool (64-token pages, any KV dtype: the kernel dequantises in
+        place), k/v go into the pages and `kernels.paged_prefill` attends over them (no gather);
         otherwise the cache gathers and SDPA attends with the bottom-right causal mask, so
         nothing of size [nq, T, L] is materialised either way.
         """
         T = q.shape[1]
         if isinstance(cache, LayerKv) and cache.kernel_readable and supported(self.d, q.dtype):
             cache.append(k, v)
-            k_pages, k_scale, v_pages, v_scale = cache.layer_pages()
+            k_pages, v_pages = cache.layer_pages()  # each its codec's components
             a = paged_prefill_triton(q.transpose(0, 1), k_pages, v_pages,
-                                     cache.cache.table_tensor(), past, self.d**-0.5,
-                                     k_scale, v_scale)
+                                     cache.cache.table_tensor(), past, self.d**-0.5)
             return a.reshape(T, self.nq * self.d)
         keys, values = cache.extend(k, v)
         mask = None

@@ -60,7 +60,8 @@ LENGTHS = (5, 63, 64)
 
 @pytest.mark.parametrize("family,kv_dtype,half", [
     ("llama", "bf16", False), ("llama", "int8", False), ("qwen3", "bf16", False),
-    ("qwen3", "int8", False), ("llama", "bf16", True), ("qwen3", "int8", True)])
+    ("qwen3", "int8", False), ("llama", "bf16", True), ("qwen3", "int8", True),
+    ("llama", "fp8", False), ("qwen3", "nvfp4", False), ("llama", "k8v4", True)])
 @torch.inference_mode()
 def test_static_decode_matches_the_model_forward(family, kv_dtype, half, device):
     """fp32 is the CPU path; bf16 is what CUDA serves (run here too, through the references)."""

@@ -61,7 +61,8 @@ def _prefilled(model, storage, prompt):
     return seq
 
 
-@pytest.mark.parametrize("moe,kv_dtype", [(False, "bf16"), (False, "int8"), (True, "bf16")])
+@pytest.mark.parametrize("moe,kv_dtype", [(False, "bf16"), (False, "int8"), (False, "k8v4"),
+                                         (True, "bf16")])
 @torch.inference_mode()
 def test_static_hybrid_decode_matches_the_eager_forward(moe, kv_dtype, device):
     model = _model(moe, device)
