@@ -6,11 +6,14 @@
 #   27b-q4       `--weights qwen3_6_27b` (the official Q4/Q5 mix, head Q6) served as the engine's
 #                default `--cuda-weights auto` does (Q4/Q5 repacked into fp8 groups): the same
 #   27b-q4-packed  the same recipe kept packed as stored (`--cuda-weights packed`)
+#   flash-next-fp8 `--arch flash-next --weights fp8-row` (Qwen3-Next-80B-A3B class: ~80 GB with
+#                the routed experts served fp8, where bf16 would need ~160 GB and is refused):
+#                decode, concurrency and the 8K prefill, no peer (it would not fit in bf16)
 # Arguments pick some of these by name (default: all). Run from the repository root with OUT
 # set to the output folder; no network needed. The
 # transformers wheel in .whl/ is installed --no-deps into a private folder on PYTHONPATH (its
 # dependencies must already be importable; if not, the peer sections record why).
-# Each run has a time budget (about 9 minutes in all); a run stopped while timing the peer still
+# Each run has a time budget (about 12 minutes in all); a run stopped while timing the peer still
 # leaves its JSON (the peer then listed under not_measured). Progress goes to stderr.
 set -u
 OUT=${OUT:?set OUT to the output folder}
@@ -51,7 +54,7 @@ run() {
 ALL=(--context 1024,8192,32768 --concurrency 1,2,4,8 --concurrency-context 1024)
 PEER=(--prefill 8192 --prefill-chunk 4096 --prefill-reps 3 --peer transformers --peer-prompt 1024
       --peer-steps 16)
-for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4 27b-q4-packed}"; do
+for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4 27b-q4-packed flash-next-fp8}"; do
   for one in $which; do
     case $one in
       27b) run h200-ninfer-bench-27b 230 --arch 27b --weights bf16 "${ALL[@]}" "${PEER[@]}" ;;
@@ -63,6 +66,9 @@ for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4 27b-q4-packed}"; do
                 --prefill 0 --no-peer ;;
       27b-q4-packed) run h200-ninfer-bench-27b-q4-packed 95 --arch 27b --weights qwen3_6_27b \
                        --cuda-weights packed "${ALL[@]}" --prefill 0 --no-peer ;;
+      flash-next-fp8) run h200-ninfer-bench-flash-next-fp8 200 --arch flash-next \
+                        --weights fp8-row "${ALL[@]}" --prefill 8192 --prefill-chunk 4096 \
+                        --prefill-reps 3 --no-peer ;;
       *) log "unknown run $one" ;;
     esac
   done

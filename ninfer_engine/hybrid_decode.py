@@ -2,8 +2,9 @@
 
 `HybridWeights` takes a `Qwen35Model` built over `models.fused.FusedParams` and keeps, per
 layer, one matrix per decode GEMV group (GDN q|k|v|z|b|a, attention q|gate|k|v, MLP or shared
-expert gate|up) plus the stacked routed experts: cuBLAS bf16, or the fused dequant GEMVs of
-`models.packed` where the weights are stored quantized.
+expert gate|up) plus the stacked routed experts (bf16 or fp8 `models.experts.ExpertStack`s):
+cuBLAS bf16, or the fused dequant GEMVs of `models.packed` where the weights are stored
+quantized.
 
 `HybridStep` runs one decode step over static buffers: next token and position per row
 (`tokens`, `pos`), page tables (`table`), GDN conv/SSM rows (`conv[i]`, `ssm[i]`, one row per
@@ -82,8 +83,9 @@ class HybridWeights:
             if "moe" in layer:
                 moe = layer["moe"]
                 n += (moe.router.numel() + moe.shared_score.numel()) * 2
-                per_expert = layer["experts_gu"][0].numel() + layer["experts_down"][0].numel()
-                n += moe.top_k * per_expert * 2
+                # an expert's bytes as served: 2 a weight in bf16, 1 + scales in fp8
+                per_expert = layer["experts_gu"].expert_bytes + layer["experts_down"].expert_bytes
+                n += moe.top_k * per_expert
         return n
 
 
@@ -178,8 +180,9 @@ class HybridStep:
         k = moe.top_k
         weights, ids = route_topk_triton(F.linear(y, moe.router), k, moe.renormalise)
         ids = ids.view(B * k)
-        act = moe_gate_up_silu_triton(y, layer["experts_gu"], ids)  # slot s reads row s // k
-        return moe_down_combine_triton(act, layer["experts_down"], ids, weights, B, k)
+        gu, down = layer["experts_gu"], layer["experts_down"]  # bf16 or fp8 `ExpertStack`s
+        act = moe_gate_up_silu_triton(y, gu.w, ids, scale=gu.scale)  # slot s reads row s // k
+        return moe_down_combine_triton(act, down.w, ids, weights, B, k, scale=down.scale)
 
 
 class EngineHybridDecoder:

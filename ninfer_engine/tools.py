@@ -16,7 +16,7 @@ from .artifact.container import Artifact, open_artifact
 from .artifact.directory import TensorObject
 from .artifact.errors import ArtifactError
 
-BENCH_ARCHS = ("27b", "35b-a3b", "0.8b", "tiny-dense", "tiny-moe")
+BENCH_ARCHS = ("27b", "35b-a3b", "flash-next", "0.8b", "tiny-dense", "tiny-moe")
 # the storage recipes of `convert` that a random model can be drawn in (fp32 is the CPU's)
 BENCH_RECIPES = ("bf16", "fp8-row", "nvfp4", "q8", "qwen3_6_27b", "qwen3_8_27b",
                  "qwen3_6_35b_a3b")
@@ -81,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--weights", choices=BENCH_RECIPES, default="bf16", metavar="RECIPE",
                        help="storage recipe of the projections, as `convert --recipe` "
                             f"({', '.join(BENCH_RECIPES)}; default bf16); packed formats run "
-                            "the fused dequant GEMVs, routed experts stay bf16")
+                            "the fused dequant GEMVs; routed experts stored fp8-row are served "
+                            "fp8, Q4/Q5 ones as fp8 groups under --cuda-weights packed or when "
+                            "bf16 would not fit, others bf16")
     bench.add_argument("--cuda-weights", choices=("auto", "packed"), default="auto",
                        help="serve the packed projections as the engine's --cuda-weights does "
                             "(auto: Q4/Q5 repacked into fp8 groups, fp8-row as stored, others "
@@ -136,7 +138,14 @@ def _bench(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         return _fail("ninfer bench needs a CUDA device")
     config = synth_config(args.arch, args.layers)  # bad --layers fails before any GPU work
+    from .benchmark.footprint import refusal
     from .benchmark.run import markdown, run_decode_bench
+
+    # Flash-Next in bf16 (~160 GB) cannot fit one H200: say so before minutes of drawing
+    too_big = refusal(args.arch, config["num_hidden_layers"], args.weights, args.cuda_weights,
+                      torch.cuda.mem_get_info()[0])
+    if too_big:
+        return _fail(too_big)
 
     if min(args.prefill, args.prefill_chunk, args.concurrency_context) < 0 \
             or min(args.prefill_reps, args.peer_steps, args.peer_prompt) < 1:

@@ -91,8 +91,7 @@ class KernelDecoder:
         n = self.weights.weight_bytes()
         for layer in self.weights.layers:
             if "moe" in layer:
-                per_expert = (layer["experts_gu"][0].numel()
-                              + layer["experts_down"][0].numel()) * 2
+                per_expert = layer["experts_gu"].expert_bytes + layer["experts_down"].expert_bytes
                 n += (experts_read(self.c, self.B)[0] - layer["moe"].top_k) * per_expert
         return n
 

@@ -4,7 +4,10 @@ beside its roofline, and the same shapes through transformers as the peer.
 The model is `build_synthetic(arch)` drawn directly in device memory in bf16; with a storage
 recipe other than bf16 (`--weights`, the recipes of `ninfer convert`) each projection the recipe
 stores packed is encoded on the GPU and served as the engine's `--cuda-weights` (auto or packed)
-serves a converted artifact (routed experts stay bf16, as in the engine). Sections of the result:
+serves a converted artifact, routed experts included (fp8-row experts as stored, Q4/Q5 ones as
+fp8 groups under packed or when bf16 would not fit, others bf16: `models.experts`). Before
+anything is drawn, `ninfer bench` checks the planned bytes against free memory
+(`footprint.refusal`). Sections of the result:
 
 - `decode`: batch-1 greedy steps at each context, eager and as a replayed CUDA graph (real
   autoregressive decode: the position and KV advance on the device), with the decoder's state
@@ -33,12 +36,12 @@ from datetime import datetime, timezone
 import torch
 import triton
 
-from ..artifact.recipes import recipe
 from ..artifact.synth import build_synthetic
-from ..models import is_projection
-from ..models.packed import PACKED_FORMATS, quantize_packed, serving_form
+from ..models.experts import bf16_fits, free_device_bytes
+from ..models.packed import DENSE
 from ..models.qwen3_5 import Qwen35Model
 from . import roofline as rf
+from .footprint import packed_source
 from ..models.fused import FusedParams
 from .decode import KernelDecoder
 from .timing import copy_bandwidth_gbps, graph_of, matmul_tflops, time_ms
@@ -102,35 +105,22 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
     return result
 
 
-def packed_source(source, recipe_name: str, mode: str = "auto"):
-    """`source` with every projection that recipe `recipe_name` stores packed encoded so and
-    served as the engine's `--cuda-weights mode` serves it ("auto" or "packed")."""
-    if recipe_name == "bf16":
-        return source
-    choose = recipe(recipe_name)
-
-    def params(name, shape):
-        w = source(name, shape)
-        fmt = choose(name, shape)
-        if is_projection(name) and fmt in PACKED_FORMATS:
-            packed = quantize_packed(w, fmt)  # the bf16 draw is freed on return
-            return packed if mode == "packed" else serving_form(packed, w.dtype)
-        return w
-
-    return params
-
-
 def _ours(arch, contexts, weights, mode, layers, concurrency, cctx, prefill, chunk, reps, gbps,
           tflops):
     """Every section measured on our model; its tensors are freed when this returns."""
     config, source = build_synthetic(arch, "cuda", torch.bfloat16, layers)
-    params = FusedParams(config, packed_source(source, weights, mode))
+    fits = bf16_fits(config, free_device_bytes("cuda") if torch.cuda.is_available() else None)
+    params = FusedParams(config, packed_source(source, weights, mode, fits))
     model = Qwen35Model(config, params)
     # room for the context plus every warm-up, eager and replayed step
     decoder = KernelDecoder(model, params, max(contexts) + 64)
     weights = decoder.weight_bytes()
     out = dict(layers=config["num_hidden_layers"], config=config,
                active_params=rf.active_params(config), weight_bytes_per_step=weights)
+    forms = {layer["experts_gu"].fmt for layer in decoder.weights.layers if "moe" in layer}
+    forms |= {layer["experts_down"].fmt for layer in decoder.weights.layers if "moe" in layer}
+    if forms:  # how the routed experts were served: dense (bf16) and/or the fp8 forms
+        out["routed_experts"] = "+".join(sorted(forms))
     rows = []
     for ctx in contexts:
         decoder.fill_random(ctx, token=1234 % config["vocab_size"])
@@ -158,6 +148,9 @@ def _ours(arch, contexts, weights, mode, layers, concurrency, cctx, prefill, chu
     if prefill:
         try:
             out["prefill"] = _prefill(model, config, prefill, chunk, reps, tflops)
+            if forms - {DENSE}:
+                out["prefill"]["path"] += ("; fp8 routed experts decoded to bf16 per chunk "
+                                           "(the routed ones) before the grouped matmuls")
         except Exception as error:
             failed["prefill"] = f"failed: {error!r}"[:500]
             _log(f"prefill {failed['prefill']}")
@@ -228,7 +221,9 @@ def markdown(result: dict) -> str:
         f"- machine: {m['device']}, torch {m['torch']}, Triton {m['triton']}, "
         f"Python {m['python']}; copy bandwidth {m['copy_gbps']:.0f} GB/s{rate}",
         f"- command: `{result['command']}`, {result['date']}",
-        f"- weights: {result['weights']}; {result['weight_bytes_per_step'] / 1e9:.2f} GB read "
+        f"- weights: {result['weights']}; "
+        + (f"routed experts {result['routed_experts']}; " if "routed_experts" in result else "")
+        + f"{result['weight_bytes_per_step'] / 1e9:.2f} GB read "
         "per batch-1 step",
         "",
         "## Batch-1 decode",

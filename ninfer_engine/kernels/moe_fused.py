@@ -1,16 +1,9 @@
 """Fused routed-expert decode: routing, gate|up + SwiGLU, down + weighted slot sum.
 
 Three launches replace the ~10 small ones of the torch sequence in `HybridStep._experts`:
+`route_topk` (routing, `kernels.moe_route`, re-exported here) and the two below.
 
-`route_topk(logits, k, renormalise)`
-    logits `[B, E]` (bf16 or fp32, E ≤ 512) → `(weights [B, k] fp32, ids [B, k] int64)`, equal
-    to `w, ids = topk(softmax(logits.float(), -1), k)` (descending, as torch.topk), then
-    `w / w.sum(-1, keepdim=True)` when `renormalise`. One program per row (one warp): softmax
-    in fp32 registers, then k max-reductions over packed (probability bits, index) keys (k ≤ 16).
-    Equal probabilities (bf16 logits do tie, e.g. 3 equal logits of 256 at the 8th slot) come
-    out lowest index first; torch.topk's order among ties is unspecified (CPU and CUDA differ).
-
-`moe_gate_up_silu(x, w_gu, ids)`
+`moe_gate_up_silu(x, w_gu, ids, scale=None)`
     w_gu `[E, 2I, H]` bf16 (gate rows 0..I-1, up rows I..2I-1 of each expert), ids `[S]` →
     act `[S, I]` bf16 = SiLU(x·gateᵀ) · (x·upᵀ). x is `[S, H]` (one row per slot), `[1, H]`
     (shared by every slot) or `[R, H]` with R dividing S (row s // (S/R), i.e. `[B, H]` for
@@ -20,7 +13,7 @@ Three launches replace the ~10 small ones of the torch sequence in `HybridStep._
     rounds g and u to bf16, then SiLU(g) to bf16, then the product: ~3 bf16 roundings
     (≈ 2⁻⁹ relative each) instead of one, so the two agree only to bf16 tolerance (~1e-2).
 
-`moe_down_combine(act, w_down, ids, weights, B, k)`
+`moe_down_combine(act, w_down, ids, weights, B, k, scale=None)`
     act `[B·k, I]` bf16, w_down `[E, H, I]` bf16, ids `[B·k]`, weights `[B, k]` fp32 → out
     `[B, H]` bf16 = Σ_slot weights[b, slot] · (act[b·k + slot] · w_down[ids[b·k + slot]]ᵀ).
     Rounding: everything in fp32, one cast. The torch sequence
@@ -30,6 +23,19 @@ Three launches replace the ~10 small ones of the torch sequence in `HybridStep._
     block of H outputs) loops over the k slots: no atomics, deterministic.
 
 All ids stay on the device (no host sync), so a decode step remains graph-capturable.
+
+fp8 experts (`scale` given; `models.experts` decides which experts are served so): the stacks
+hold e4m3 codes with one fp32/bf16/fp16 scale a row (`[E, 2I]` / `[E, H]`, fp8-row) or a
+G-column group (`[E, 2I, H // G]` / `[E, H, I // G]`, the exact form of Q4/Q5 groups; those
+run the 3-D-tile kernels of `moe_fp8_groups`, no `use_dot`). Codes are cast to fp32 in the
+load. Row scales multiply the gate|up kernel's reduced sums, once per output (nothing in its
+loop), and the down kernel's tile (one multiply an element: its accumulator sums slots of
+different experts; the `tl.dot` variant scales each slot's sums instead). `ROW_SCALE` is a
+compile-time switch: the bf16 kernels (scale None) are unchanged. H200, Flash-Next shapes,
+B = 1 / 8, default tiles (bench/moe_fp8_bench.py --quick, 2026-11-30): gate|up fp8-row 7.3 /
+51.6 µs, fp8 groups 9.7 / 62.2, bf16 11.7 / 79.1; down fp8-row 8.1 / 37.2, groups 7.7 / 42.5,
+bf16 6.2 / 44.3. Half the bytes, but the fp8 → fp32 casts and the scale multiplies cost issue
+slots: the down kernel at B = 1 is slower than bf16 (tiles not yet swept for fp8).
 
 GEMV formulation (`use_dot`, default False; `bench/moe_fused_sweep.py` times both over block
 sizes on a GPU: on the H200 the default reached 3.3 TB/s, the `tl.dot` variant 1.6): a decode
@@ -54,6 +60,8 @@ import triton
 import triton.language as tl
 
 from ._dispatch import dot_dtype, interpreting, use_triton
+from .moe_dequant import dequantize_experts, scale_layout
+from .moe_route import route_topk, route_topk_ref, route_topk_triton  # noqa: F401 (re-exported)
 
 
 @triton.jit
@@ -74,86 +82,23 @@ def _stages(num_stages):
     return {} if num_stages is None else {"num_stages": num_stages}
 
 # --------------------------------------------------------------------------------------------
-# route_topk
-
-
-def route_topk_ref(logits, k, renormalise):
-    """Torch reference: the sequence of `HybridStep._experts`."""
-    probs = torch.softmax(logits.float(), -1)
-    weights, ids = torch.topk(probs, k, -1)
-    if renormalise:
-        weights = weights / weights.sum(-1, keepdim=True)
-    return weights, ids
-
-
-@triton.jit
-def _route_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride,
-                       K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                       RENORM: tl.constexpr):
-    b = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_E)
-    emask = cols < E
-    x = tl.load(logits_ptr + b * stride + cols, mask=emask, other=float("-inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, 0))
-    p = tl.where(emask, p, 0.0)
-    probs = p / tl.sum(p, 0)
-    # one max-reduction per slot: key = (probability bits, E-1-index) as int64; probabilities
-    # are ≥ 0, so their fp32 bits order like the values; equal ones go lowest index first
-    bits = probs.to(tl.int32, bitcast=True).to(tl.int64)
-    keys = tl.where(emask, (bits << 32) | (BLOCK_E - 1 - cols).to(tl.int64), -1)
-    slots = tl.arange(0, BLOCK_K)
-    wk = tl.zeros([BLOCK_K], tl.float32)
-    ik = tl.zeros([BLOCK_K], tl.int64)
-    for j in tl.static_range(K):
-        best = tl.max(keys, 0)
-        v = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-        idx = BLOCK_E - 1 - (best & 0xFFFF)  # BLOCK_E ≤ 512
-        wk = tl.where(slots == j, v, wk)
-        ik = tl.where(slots == j, idx, ik)
-        keys = tl.where(keys == best, -1, keys)
-    if RENORM:
-        wk = wk / tl.sum(wk, 0)
-    kmask = slots < K
-    tl.store(w_ptr + b * K + slots, wk, mask=kmask)
-    tl.store(ids_ptr + b * K + slots, ik, mask=kmask)
-
-
-def route_topk_triton(logits, k, renormalise):
-    """Triton path: one program per row."""
-    B, E = logits.shape
-    assert E <= 512 and k <= 16 and k <= E, (E, k)
-    logits = logits.contiguous()
-    weights = torch.empty(B, k, device=logits.device, dtype=torch.float32)
-    ids = torch.empty(B, k, device=logits.device, dtype=torch.int64)
-    _route_topk_kernel[(B,)](logits, weights, ids, E, logits.stride(0), K=k,
-                             BLOCK_E=triton.next_power_of_2(E),
-                             BLOCK_K=max(2, triton.next_power_of_2(k)),
-                             RENORM=bool(renormalise), num_warps=1)  # warp-shuffle reductions
-    return weights, ids
-
-
-def route_topk(logits, k, renormalise):
-    """Dispatching entry point; see the module docstring."""
-    return (route_topk_triton if use_triton(logits) else route_topk_ref)(logits, k, renormalise)
-
-
-# --------------------------------------------------------------------------------------------
 # moe_gate_up_silu
 
 
-def moe_gate_up_silu_ref(x, w_gu, ids):
+def moe_gate_up_silu_ref(x, w_gu, ids, scale=None):
     """Torch reference in fp32 (what the fused kernel computes), cast once to x's dtype."""
     S = ids.shape[0]
     xs = x.float().repeat_interleave(S // x.shape[0], 0)
-    gu = torch.einsum("sk,snk->sn", xs, w_gu[ids].float())
+    gu = torch.einsum("sk,snk->sn", xs, dequantize_experts(w_gu, scale, ids))
     g, u = gu.chunk(2, -1)
     return (torch.nn.functional.silu(g) * u).to(x.dtype)
 
 
 @triton.jit
-def _gate_up_silu_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, I, H, rep,
+def _gate_up_silu_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, s_ptr, I, H, rep,
                          USE_DOT: tl.constexpr, DOT: tl.constexpr, BI: tl.constexpr,
-                         BK: tl.constexpr, EVEN_K: tl.constexpr, MANUAL_RNE: tl.constexpr):
+                         BK: tl.constexpr, EVEN_K: tl.constexpr, MANUAL_RNE: tl.constexpr,
+                         ROW_SCALE: tl.constexpr):
     s = tl.program_id(0)
     ib = tl.program_id(1)
     e = tl.load(ids_ptr + s).to(tl.int64)
@@ -177,8 +122,17 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, I, H, rep,
         wmask = cmask[:, None]
         if not EVEN_K:  # an H tail (tiny test shapes)
             wmask = wmask & (k + kk < H)[None, :]
-        g = tl.load(g_base + k + offs, mask=wmask, other=0.0)
-        u = tl.load(u_base + k + offs, mask=wmask, other=0.0)
+        if not ROW_SCALE:
+            g = tl.load(g_base + k + offs, mask=wmask, other=0.0)
+            u = tl.load(u_base + k + offs, mask=wmask, other=0.0)
+        else:
+            # e4m3 codes: no fill value (an fp8 `other` does not lower everywhere); a masked
+            # tail is zeroed after the cast instead (a stray NaN code times a zero x is NaN)
+            g = tl.load(g_base + k + offs, mask=wmask).to(tl.float32)
+            u = tl.load(u_base + k + offs, mask=wmask).to(tl.float32)
+            if not EVEN_K:
+                g = tl.where(wmask, g, 0.0)
+                u = tl.where(wmask, u, 0.0)
         if USE_DOT:
             # one activation row padded to the 16 rows tl.dot needs
             xmask = (one == 0)[:, None]
@@ -202,6 +156,10 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, I, H, rep,
     else:
         gs = tl.sum(acc_g, axis=1)
         us = tl.sum(acc_u, axis=1)
+    if ROW_SCALE:  # once per output, after the reduction: nothing in the loop
+        s_row = s_ptr + e * 2 * I
+        gs = gs * tl.load(s_row + cols, mask=cmask, other=0.0).to(tl.float32)
+        us = us * tl.load(s_row + I + cols, mask=cmask, other=0.0).to(tl.float32)
     act = gs / (1.0 + tl.exp(-gs)) * us
     if MANUAL_RNE:
         act = _round_bf16(act)
@@ -209,42 +167,51 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, I, H, rep,
 
 
 def moe_gate_up_silu_triton(x, w_gu, ids, block_i=16, block_k=512, use_dot=False,
-                            num_warps=8, num_stages=None):
+                            num_warps=8, num_stages=None, scale=None):
     """Triton path: one program per (slot, block of I output columns): with I = 512 and
-    block_i = 16, 32 per slot, 256 at B = 1, k = 8 (~2 per H200 SM)."""
+    block_i = 16, 32 per slot, 256 at B = 1, k = 8 (~2 per H200 SM). `scale`: see
+    `moe_dequant.scale_layout` (None: bf16 weights, the unchanged kernel)."""
     E, I2, H = w_gu.shape
     I, S = I2 // 2, ids.shape[0]
     assert x.shape[-1] == H and S % x.shape[0] == 0, (x.shape, w_gu.shape, S)
+    mode = scale_layout(w_gu, scale)[0]
     block_k = min(block_k, max(16, triton.next_power_of_2(H)))
     y = torch.empty(S, I, device=x.device, dtype=x.dtype)
     x = x.contiguous()
+    if mode == 2:  # group scales: their own kernel (register formulation only)
+        from .moe_fp8_groups import gate_up_silu_groups
+        return gate_up_silu_groups(x, w_gu, ids, scale, y, block_i, block_k, num_warps,
+                                   _manual_rne(y.dtype))
     _gate_up_silu_kernel[(S, triton.cdiv(I, block_i))](
-        x, w_gu, ids, y, I, H, S // x.shape[0], USE_DOT=use_dot, DOT=dot_dtype(),
-        BI=block_i, BK=block_k, EVEN_K=H % block_k == 0, MANUAL_RNE=_manual_rne(y.dtype),
-        num_warps=num_warps, **_stages(num_stages))
+        x, w_gu, ids, y, w_gu if scale is None else scale, I, H, S // x.shape[0],
+        USE_DOT=use_dot, DOT=dot_dtype(), BI=block_i, BK=block_k, EVEN_K=H % block_k == 0,
+        MANUAL_RNE=_manual_rne(y.dtype), ROW_SCALE=mode == 1, num_warps=num_warps,
+        **_stages(num_stages))
     return y
 
 
-def moe_gate_up_silu(x, w_gu, ids):
+def moe_gate_up_silu(x, w_gu, ids, scale=None):
     """Dispatching entry point; see the module docstring."""
-    return (moe_gate_up_silu_triton if use_triton(x) else moe_gate_up_silu_ref)(x, w_gu, ids)
+    fn = moe_gate_up_silu_triton if use_triton(x) else moe_gate_up_silu_ref
+    return fn(x, w_gu, ids, scale=scale)
 
 
 # --------------------------------------------------------------------------------------------
 # moe_down_combine
 
 
-def moe_down_combine_ref(act, w_down, ids, weights, B, k):
+def moe_down_combine_ref(act, w_down, ids, weights, B, k, scale=None):
     """Torch reference in fp32 (what the fused kernel computes), cast once to act's dtype."""
-    down = torch.einsum("sk,snk->sn", act.float(), w_down[ids].float())  # [B·k, H]
+    down = torch.einsum("sk,snk->sn", act.float(), dequantize_experts(w_down, scale, ids))
     out = (down.view(B, k, -1) * weights.float().view(B, k, 1)).sum(1)
     return out.to(act.dtype)
 
 
 @triton.jit
-def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, H, I, KS: tl.constexpr,
-                         USE_DOT: tl.constexpr, DOT: tl.constexpr, BH: tl.constexpr,
-                         BK: tl.constexpr, EVEN_K: tl.constexpr, MANUAL_RNE: tl.constexpr):
+def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, s_ptr, H, I,
+                         KS: tl.constexpr, USE_DOT: tl.constexpr, DOT: tl.constexpr,
+                         BH: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                         MANUAL_RNE: tl.constexpr, ROW_SCALE: tl.constexpr):
     b = tl.program_id(0)
     hb = tl.program_id(1)
     rows = hb * BH + tl.arange(0, BH)
@@ -263,13 +230,22 @@ def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, H, I, KS: tl.cons
         wt = tl.load(wt_ptr + s).to(tl.float32)
         a_row = a_ptr + s.to(tl.int64) * I
         w_base = w_ptr + e * H * I  # scalar int64 base, int32 offset tile
+        if ROW_SCALE:  # this slot's expert's row scales
+            sc = tl.load(s_ptr + e * H + rows, mask=hmask, other=0.0).to(tl.float32)
         if USE_DOT:
             acc16 = tl.zeros([16, BH], tl.float32)
         for k in range(0, I, BK):
             wmask = hmask[:, None]
             if not EVEN_K:  # an I tail (tiny test shapes)
                 wmask = wmask & (k + kk < I)[None, :]
-            w = tl.load(w_base + k + offs, mask=wmask, other=0.0)
+            if not ROW_SCALE:
+                w = tl.load(w_base + k + offs, mask=wmask, other=0.0)
+            else:  # e4m3 codes, as in the gate|up kernel
+                w = tl.load(w_base + k + offs, mask=wmask).to(tl.float32)
+                if not USE_DOT:  # the accumulator sums slots of different experts
+                    w = w * sc[:, None]
+                if not EVEN_K:
+                    w = tl.where(wmask, w, 0.0)
             if USE_DOT:
                 amask = (one == 0)[:, None]
                 if not EVEN_K:
@@ -285,7 +261,10 @@ def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, H, I, KS: tl.cons
                 # the slot weight folded into the fp32 activation: one reduction at the end
                 acc += w.to(tl.float32) * (av.to(tl.float32) * wt)[None, :]
         if USE_DOT:
-            out += wt * tl.sum(acc16, axis=0)  # rows 1..15 are zero
+            part = tl.sum(acc16, axis=0)  # rows 1..15 are zero
+            if ROW_SCALE:  # exact e4m3 codes went into the bf16 dot; scaled after
+                part = part * sc
+            out += wt * part
     if not USE_DOT:
         out = tl.sum(acc, axis=1)
     if MANUAL_RNE:
@@ -294,26 +273,33 @@ def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, H, I, KS: tl.cons
 
 
 def moe_down_combine_triton(act, w_down, ids, weights, B, k, block_h=None, block_k=512,
-                            use_dot=False, num_warps=4, num_stages=None):
+                            use_dot=False, num_warps=4, num_stages=None, scale=None):
     """Triton path: one program per (row b, block of H outputs), looping over the k slots
     (unrolled: k is a compile-time constant). block_h defaults to 8 (256 programs per row at
-    H = 2048, ~2 per H200 SM at B = 1), 16 with `use_dot` (tl.dot needs N ≥ 16)."""
+    H = 2048, ~2 per H200 SM at B = 1), 16 with `use_dot` (tl.dot needs N ≥ 16). `scale`: see
+    `moe_dequant.scale_layout` (None: bf16 weights, the unchanged kernel)."""
     if block_h is None:
         block_h = 16 if use_dot else 8
     E, H, I = w_down.shape
     assert act.shape == (B * k, I) and ids.shape[0] == B * k, (act.shape, ids.shape, B, k)
     assert weights.numel() == B * k, weights.shape
+    mode = scale_layout(w_down, scale)[0]
     block_k = min(block_k, max(16, triton.next_power_of_2(I)))
     y = torch.empty(B, H, device=act.device, dtype=act.dtype)
     act, weights = act.contiguous(), weights.contiguous()
+    if mode == 2:
+        from .moe_fp8_groups import down_combine_groups
+        return down_combine_groups(act, w_down, ids, weights, scale, y, B, k, block_h, block_k,
+                                   num_warps, _manual_rne(y.dtype))
     _down_combine_kernel[(B, triton.cdiv(H, block_h))](
-        act, w_down, ids, weights, y, H, I, k, USE_DOT=use_dot, DOT=dot_dtype(),
-        BH=block_h, BK=block_k, EVEN_K=I % block_k == 0, MANUAL_RNE=_manual_rne(y.dtype),
-        num_warps=num_warps, **_stages(num_stages))
+        act, w_down, ids, weights, y, w_down if scale is None else scale, H, I, k,
+        USE_DOT=use_dot, DOT=dot_dtype(), BH=block_h, BK=block_k, EVEN_K=I % block_k == 0,
+        MANUAL_RNE=_manual_rne(y.dtype), ROW_SCALE=mode == 1, num_warps=num_warps,
+        **_stages(num_stages))
     return y
 
 
-def moe_down_combine(act, w_down, ids, weights, B, k):
+def moe_down_combine(act, w_down, ids, weights, B, k, scale=None):
     """Dispatching entry point; see the module docstring."""
     fn = moe_down_combine_triton if use_triton(act) else moe_down_combine_ref
-    return fn(act, w_down, ids, weights, B, k)
+    return fn(act, w_down, ids, weights, B, k, scale=scale)

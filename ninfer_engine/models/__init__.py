@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .attention import Segment
+from .experts import bf16_fits, free_device_bytes, is_routed_expert, load_expert
 from .fused import FusedParams
 from .kv_cache import ContiguousKvCache
 from .llama import LlamaConfig, LlamaModel, WeightSource
@@ -20,19 +21,26 @@ def build_model(text_config: dict, weights: WeightSource, device: torch.device |
                 weights_mode: str = "dequant") -> LlamaModel | Qwen35Model:
     """Instantiate the engine family for `text_config["architectures"][0]`; `matmul_dtype`
     (llama family) runs the projections in a narrower dtype than the activations;
-    `weights_mode` is `--cuda-weights` (`load_projection`)."""
+    `weights_mode` is `--cuda-weights` (`load_projection`; routed experts: `load_expert`)."""
     architectures = text_config.get("architectures") or [text_config.get("model_type", "?")]
     arch = architectures[0]
     if arch in _LLAMA_FAMILY:
         return LlamaModel(LlamaConfig.from_text_config(text_config), weights, device, dtype,
                           matmul_dtype, weights_mode)
     if arch in _HYBRID_FAMILY:
+        # Q4/Q5 routed experts stay bf16 under auto only if the bf16-expert model fits
+        fits = weights_mode != "auto" or "num_experts" not in text_config or bf16_fits(
+            text_config, free_device_bytes(device))
+
         # the hybrid model reads tensors through a (name, shape) source
         def source(name, shape):
+            kept = None
             if is_projection(name):
                 kept = load_projection(weights, name, shape, device, dtype, weights_mode)
-                if kept is not None:
-                    return kept
+            elif is_routed_expert(name):  # fp8 where `experts.expert_form` says so
+                kept = load_expert(weights, name, shape, device, weights_mode, fits)
+            if kept is not None:
+                return kept
             return weights.parameter(name, shape).to(device, dtype)
 
         if torch.device(device).type == "cuda":  # fused decode GEMV groups for the kernels

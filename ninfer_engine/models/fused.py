@@ -3,8 +3,9 @@
 The matrices one decode step multiplies by the same input (GDN q|k|v|z|b|a, attention
 q|gate|k|v, MLP gate|up, shared-expert gate|up) live in one fused matrix and reach
 `Qwen35Model` as row views of it; routed experts live in stacked `[E, 2I, H]` / `[E, H, I]`
-tensors. The reference forward is unchanged (a row view multiplies like the matrix it was cut
-from), while the static decoders run one GEMV per group and one grouped launch for the experts.
+`experts.ExpertStack`s (bf16, or e4m3 codes + scales where the experts are served fp8). The
+reference forward is unchanged (a row view multiplies like the matrix it was cut from), while
+the static decoders run one GEMV per group and one grouped launch for the experts.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Callable
 import torch
 
 from ..artifact.synth import parameter_shapes
-from .packed import cat_rows
+from .experts import stack_experts
+from .packed import PackedMatrix, cat_rows
 
 # member order inside each fused matrix
 FUSED = {"gdn/": ["query", "key", "value", "z", "b_projection", "a_projection"],
@@ -27,13 +29,14 @@ class FusedParams:
 
     Every tensor comes from `source(name, shape)`; members of a fused group are copied into the
     group's matrix on first use and returned as row views of it (the key is `prefix + group`,
-    e.g. `text/layers/3/mlp/`), routed experts into `prefix + moe/experts/gate_up|down`.
+    e.g. `text/layers/3/mlp/`), routed experts into the `ExpertStack`s `prefix +
+    moe/experts/gate_up|down`.
     """
 
     def __init__(self, config: dict, source: Callable[[str, tuple[int, ...]], torch.Tensor]):
         self.c, self.source = config, source
         self.shapes = parameter_shapes(config)
-        self.fused: dict[str, torch.Tensor] = {}
+        self.fused: dict = {}  # fused matrices and expert stacks
 
     def __call__(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         if "/moe/experts/" in name:
@@ -50,22 +53,19 @@ class FusedParams:
                 return self.fused[key][start : start + shape[0]]
         return self.source(name, shape)
 
-    def _expert(self, name: str) -> torch.Tensor:
-        """Expert e's gate/up rows of the stacked [E, 2I, H] tensor, or its [H, I] down."""
+    def _expert(self, name: str) -> torch.Tensor | PackedMatrix:
+        """Expert e's gate/up rows of the layer's gate|up `ExpertStack`, or its down: bf16
+        views, or one-block `PackedMatrix` views of fp8 codes and scales
+        (`models.experts`)."""
         prefix, rest = name.split("/moe/experts/")
         e, member = rest.split("/")
         e, width = int(e), self.c["moe_intermediate_size"]
         key = prefix + "/moe/experts/"
         if key + "down" not in self.fused:
-            E, h = self.c["num_experts"], self.c["hidden_size"]
-            like = self.source(f"{key}0/down", (h, width))  # only for the device and dtype
-            gate_up, down = like.new_empty((E, 2 * width, h)), like.new_empty((E, h, width))
-            for x in range(E):  # filled expert by expert: no second full-size copy
-                gate_up[x, :width] = self.source(f"{key}{x}/gate", (width, h))
-                gate_up[x, width:] = self.source(f"{key}{x}/up", (width, h))
-                down[x] = self.source(f"{key}{x}/down", (h, width))
-            self.fused[key + "gate_up"], self.fused[key + "down"] = gate_up, down
+            self.fused[key + "gate_up"], self.fused[key + "down"] = stack_experts(
+                lambda x, m, shape: self.source(f"{key}{x}/{m}", shape),
+                self.c["num_experts"], width, self.c["hidden_size"])
         if member == "down":
-            return self.fused[key + "down"][e]
+            return self.fused[key + "down"].member(e)
         start = 0 if member == "gate" else width
-        return self.fused[key + "gate_up"][e, start : start + width]
+        return self.fused[key + "gate_up"].member(e, start, start + width)

@@ -10,6 +10,10 @@ over the k slots. Two ways to run the experts on the sorted rows:
 * `grouped_experts`: `torch._grouped_mm` over the stacked `[E, 2I, H]` / `[E, H, I]` expert
   tensors (two launches, no host sync). Used on CUDA in bf16 when the experts are row views
   of stacked tensors (as `models.fused.FusedParams` hands them out, found by `stacked_experts`).
+  fp8 stacks (`models.experts`) are first decoded to bf16, only the experts the chunk routes
+  to, into a buffer the caching allocator recycles: `torch._scaled_grouped_mm` would read the
+  codes directly, but it wants fp8 activations too (rounding every activation to e4m3, which
+  the decode kernels do not do) and row scales only (not the Q4/Q5 group scales).
 * a per-expert loop over the slices, with one host sync per call (`bincount(...).tolist()`).
 """
 
@@ -21,7 +25,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .packed import linear
+from .experts import FP8_FORMS, ExpertStack
+from .packed import PackedMatrix, linear
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 log = logging.getLogger(__name__)
@@ -45,44 +50,72 @@ def _same_view(t: torch.Tensor, ref: torch.Tensor) -> bool:
             and t.stride() == ref.stride())
 
 
-def stacked_experts(experts: list[SwiGLU]) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _planes(w) -> tuple[torch.Tensor, ...] | None:
+    """A member's tensors: the bf16 matrix, or an fp8 one-block `PackedMatrix`'s codes and
+    scales; None for anything else."""
+    if isinstance(w, torch.Tensor):
+        return (w,)
+    if isinstance(w, PackedMatrix) and len(w.blocks) == 1 and w.blocks[0].fmt in FP8_FORMS:
+        return w.blocks[0].planes
+    return None
+
+
+def stacked_experts(experts: list[SwiGLU]) -> tuple[ExpertStack, ExpertStack] | None:
     """The stacked `(gate_up [E, 2I, H], down [E, H, I])` the experts are views of, else None.
 
     Expert e must be `gate = gate_up[e, :I]`, `up = gate_up[e, I:]`, `down = down[e]` (the
-    layout of `FusedParams`). The stacks are rebuilt over expert 0's storage and every expert
-    checked against them, not found through `Tensor._base`, which views made under
-    `torch.inference_mode` do not keep.
+    layout of `FusedParams`), plane by plane for fp8 experts (codes, then row or group scales;
+    each of the two stacks bf16 or fp8 on its own).
+    The stacks are rebuilt over expert 0's storage and every expert checked against them, not
+    found through `Tensor._base`, which views made under `torch.inference_mode` do not keep.
     """
-    gate, down = experts[0].gate, experts[0].down
-    (width, hidden), n = gate.shape, len(experts)
-    if gate.stride() != (hidden, 1) or down.stride() != (width, 1):
+    width, hidden, n = experts[0].gate.shape[0], experts[0].down.shape[0], len(experts)
+    members = [[_planes(getattr(x, m)) for m in ("gate", "up", "down")] for x in experts]
+    if any(p is None for ps in members for p in ps):
         return None
 
-    def stack(view, rows):  # [n, rows, cols] from expert 0's view, if it fits the storage
+    def stack(view, rows):  # [n, rows, ...] from expert 0's view, if it fits the storage
+        if not view.is_contiguous():
+            return None
+        inner = view[0].numel() if view.dim() > 1 else 1
         size = view.untyped_storage().nbytes() // view.element_size()
-        if view.storage_offset() + n * rows * view.shape[1] > size:
+        if view.storage_offset() + n * rows * inner > size:
             return None
-        return view.as_strided((n, rows, view.shape[1]), (rows * view.shape[1], view.shape[1], 1))
+        return view.as_strided((n, rows, *view.shape[1:]), (rows * inner, *view.stride()))
 
-    gate_up, down_all = stack(gate, 2 * width), stack(down, hidden)
-    if gate_up is None or down_all is None:
+    gate0, _, down0 = members[0]  # gate|up and down may differ (Q4 gate|up, Q6 down)
+    gate_up = [stack(p, 2 * width) for p in gate0]
+    down = [stack(p, hidden) for p in down0]
+    if any(s is None for s in (*gate_up, *down)):
         return None
-    for e, x in enumerate(experts):
-        if not (_same_view(x.gate, gate_up[e, :width]) and _same_view(x.up, gate_up[e, width:])
-                and _same_view(x.down, down_all[e])):
+    for (gate, up, dn) in members:
+        if len(gate) != len(gate_up) or len(up) != len(gate_up) or len(dn) != len(down):
             return None
-    return gate_up, down_all
+    for e, (gate, up, dn) in enumerate(members):
+        if not (all(_same_view(p, s[e, :width]) for p, s in zip(gate, gate_up))
+                and all(_same_view(p, s[e, width:]) for p, s in zip(up, gate_up))
+                and all(_same_view(p, s[e]) for p, s in zip(dn, down))):
+            return None
+    return ExpertStack(*gate_up), ExpertStack(*down)
 
 
-def grouped_experts(xs: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                    offs: torch.Tensor) -> torch.Tensor:
+def grouped_experts(xs: torch.Tensor, gate_up: ExpertStack, down: ExpertStack,
+                    offs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """SwiGLU experts over expert-sorted rows `xs [S, H]` with two `torch._grouped_mm` launches.
 
-    Rows `offs[e-1]:offs[e]` (int32 cumulative counts, `offs[-1] == S`) go through expert e.
+    Rows `offs[e-1]:offs[e]` (int32 cumulative counts, `offs[-1] == S`; `counts[e]` rows) go
+    through expert e. fp8 stacks are decoded to xs's dtype first, the routed experts only
+    (`ExpertStack.weights_for`; unrouted experts have no rows, so their garbage is not read);
+    the decoded gate|up buffer is released before the down one is made.
     """
-    gu = torch._grouped_mm(xs, gate_up.transpose(-2, -1), offs=offs)  # [S, 2I]
+    w = gate_up.weights_for(counts, xs.dtype)
+    gu = torch._grouped_mm(xs, w.transpose(-2, -1), offs=offs)  # [S, 2I]
+    del w
     gate, up = gu.chunk(2, -1)
-    return torch._grouped_mm(F.silu(gate) * up, down.transpose(-2, -1), offs=offs)
+    act = F.silu(gate) * up
+    del gu, gate, up
+    return torch._grouped_mm(act, down.weights_for(counts, xs.dtype).transpose(-2, -1),
+                             offs=offs)
 
 
 class SparseMoE:
@@ -124,7 +157,7 @@ class SparseMoE:
         if self.use_grouped(xs):
             try:
                 return grouped_experts(xs, *self.stacked,
-                                       torch.cumsum(counts, 0, dtype=torch.int32))
+                                       torch.cumsum(counts, 0, dtype=torch.int32), counts)
             except RuntimeError as err:  # unsupported GPU / shape: loop from now on
                 _GROUPED_MM["ok"] = False
                 log.warning("torch._grouped_mm failed (%s); per-expert MoE dispatch", err)

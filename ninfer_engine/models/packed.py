@@ -262,7 +262,8 @@ _PROJECTIONS = {"query", "key", "value", "z", "a_projection", "b_projection", "o
 def is_projection(name: str) -> bool:
     """Whether logical parameter `name` only ever reaches `packed.linear` (so it may stay
     packed): layer projections and the output head; not embeddings, norms, convolutions,
-    routers or routed experts (those run through dense kernels)."""
+    routers (dense kernels) or routed experts (their own stacks and kernels: `models.experts`
+    decides their form)."""
     if name == "text/output_head":
         return True
     return (name.startswith("text/layers/") and "/moe/experts/" not in name

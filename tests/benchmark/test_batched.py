@@ -119,3 +119,50 @@ def test_packed_weights_batched_match_the_batch_1_decoder(recipe):
             assert _rel(got[b], dec.step(token[b : b + 1])[0]) < TOL_SINGLE
             # fp8 weights: ~10 % from the bf16 reference, another sequence ~140 %
             assert _rel(got[b], model.forward(token[b : b + 1], state)[0]) < 0.25
+
+
+def _fp8_expert_model(recipe, mode, dev="cpu", every_expert=True):
+    """The tiny MoE model (expert width 128: whole Q4/Q5 groups) with its routed experts served
+    fp8 as the bench serves `recipe` under `--cuda-weights mode`."""
+    from ninfer_engine.benchmark.run import packed_source
+    from ninfer_engine.models.fused import FusedParams
+
+    config = tiny_config(True)
+    config["moe_intermediate_size"] = 128
+    if every_expert:  # see test_batched_steps_match_reference
+        config["num_experts_per_tok"] = config["num_experts"]
+    source = tiny_source(config)
+    params = FusedParams(config, packed_source(lambda n, s: source(n, s).to(dev), recipe, mode))
+    return Qwen35Model(config, params), params
+
+
+@pytest.mark.parametrize("recipe,mode,form", [("fp8-row", "auto", "fp8_e4m3fn_row_bf16"),
+                                              ("qwen3_6_35b_a3b", "packed", "fp8_groups")])
+def test_fp8_expert_decode_matches_reference(recipe, mode, form):
+    """The fused expert kernels over fp8 stacks (row scales; Q4/Q5 group scales) against the
+    reference forward over the same codes (per-expert loop, dequantized)."""
+    from ninfer_engine.benchmark.decode import KernelDecoder
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model, params = _fp8_expert_model(recipe, mode, dev)
+    dec = KernelDecoder(model, params, 64)  # batch 1: the kernels' B > 1 is in tests/kernels
+    moe_layers = [layer for layer in dec.weights.layers if "moe" in layer]
+    assert {(lr["experts_gu"].fmt, lr["experts_down"].fmt) for lr in moe_layers} == {(form, form)}
+    state = model.new_state()
+    model.forward(torch.randint(0, 512, (5,), generator=torch.Generator().manual_seed(4)).to(dev),
+                  state)
+    dec.load_state(state)
+    token = torch.tensor([9], device=dev)
+    with torch.no_grad():
+        assert _rel(dec.step(token)[0], model.forward(token, state)[0]) < TOL_REF
+
+
+def test_weight_bytes_count_fp8_experts_at_one_byte_a_weight():
+    from ninfer_engine.benchmark.decode import KernelDecoder
+
+    model, params = _fp8_expert_model("fp8-row", "auto", every_expert=False)  # top-2 of 8
+    dec = KernelDecoder(model, params, 64)
+    H = I = 128
+    per_expert = 3 * I * H + (2 * I + H) * 2  # e4m3 codes + one bf16 scale a row
+    moe_layers = sum("moe" in layer for layer in dec.weights.layers)
+    assert _sized(dec, 2).weight_bytes() - dec.weight_bytes() == moe_layers * 2 * per_expert

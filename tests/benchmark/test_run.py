@@ -125,12 +125,13 @@ def test_cli_passes_every_section_flag(monkeypatch, tmp_path, capsys):
         return json.loads((RESULTS / "h200-ninfer-bench-27b.json").read_text())
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(141e9), int(150e9)))
     monkeypatch.setattr(run, "run_decode_bench", fake)
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     assert main(["bench", "--arch", "27b", "--context", "1024", "--concurrency", "1,2",
                  "--prefill", "4096", "--no-peer", "--out", str(out), "--markdown", str(md)]) == 0
     assert seen["concurrency"] == [1, 2] and seen["prefill"] == 4096 and seen["peer"] == "none"
-    assert seen["prefill_chunk"] == 1024 and seen["concurrency_context"] == 1024
+    assert seen["prefill_chunk"] == 4096 and seen["concurrency_context"] == 1024
     assert "--concurrency 1,2" in seen["command"] and "--no-peer" in seen["command"]
     assert json.loads(out.read_text())["arch"] == "27b"
     assert md.read_text() == capsys.readouterr().out

@@ -1,0 +1,78 @@
+"""Routed-expert top-k: `route_topk(logits, k, renormalise)` in one launch.
+
+logits `[B, E]` (bf16 or fp32, E ≤ 512) → `(weights [B, k] fp32, ids [B, k] int64)`, equal to
+`w, ids = topk(softmax(logits.float(), -1), k)` (descending, as torch.topk), then
+`w / w.sum(-1, keepdim=True)` when `renormalise`. One program per row (one warp): softmax in
+fp32 registers, then k max-reductions over packed (probability bits, index) keys (k ≤ 16).
+Equal probabilities (bf16 logits do tie, e.g. 3 equal logits of 256 at the 8th slot) come out
+lowest index first; torch.topk's order among ties is unspecified (CPU and CUDA differ). The
+ids stay on the device (no host sync), so a decode step remains graph-capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._dispatch import use_triton
+
+
+def route_topk_ref(logits, k, renormalise):
+    """Torch reference: the sequence of `HybridStep._experts`."""
+    probs = torch.softmax(logits.float(), -1)
+    weights, ids = torch.topk(probs, k, -1)
+    if renormalise:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, ids
+
+
+@triton.jit
+def _route_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride,
+                       K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                       RENORM: tl.constexpr):
+    b = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_E)
+    emask = cols < E
+    x = tl.load(logits_ptr + b * stride + cols, mask=emask, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    p = tl.where(emask, p, 0.0)
+    probs = p / tl.sum(p, 0)
+    # one max-reduction per slot: key = (probability bits, E-1-index) as int64; probabilities
+    # are ≥ 0, so their fp32 bits order like the values; equal ones go lowest index first
+    bits = probs.to(tl.int32, bitcast=True).to(tl.int64)
+    keys = tl.where(emask, (bits << 32) | (BLOCK_E - 1 - cols).to(tl.int64), -1)
+    slots = tl.arange(0, BLOCK_K)
+    wk = tl.zeros([BLOCK_K], tl.float32)
+    ik = tl.zeros([BLOCK_K], tl.int64)
+    for j in tl.static_range(K):
+        best = tl.max(keys, 0)
+        v = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        idx = BLOCK_E - 1 - (best & 0xFFFF)  # BLOCK_E ≤ 512
+        wk = tl.where(slots == j, v, wk)
+        ik = tl.where(slots == j, idx, ik)
+        keys = tl.where(keys == best, -1, keys)
+    if RENORM:
+        wk = wk / tl.sum(wk, 0)
+    kmask = slots < K
+    tl.store(w_ptr + b * K + slots, wk, mask=kmask)
+    tl.store(ids_ptr + b * K + slots, ik, mask=kmask)
+
+
+def route_topk_triton(logits, k, renormalise):
+    """Triton path: one program per row."""
+    B, E = logits.shape
+    assert E <= 512 and k <= 16 and k <= E, (E, k)
+    logits = logits.contiguous()
+    weights = torch.empty(B, k, device=logits.device, dtype=torch.float32)
+    ids = torch.empty(B, k, device=logits.device, dtype=torch.int64)
+    _route_topk_kernel[(B,)](logits, weights, ids, E, logits.stride(0), K=k,
+                             BLOCK_E=triton.next_power_of_2(E),
+                             BLOCK_K=max(2, triton.next_power_of_2(k)),
+                             RENORM=bool(renormalise), num_warps=1)  # warp-shuffle reductions
+    return weights, ids
+
+
+def route_topk(logits, k, renormalise):
+    """Dispatching entry point; see the module docstring."""
+    return (route_topk_triton if use_triton(logits) else route_topk_ref)(logits, k, renormalise)
