@@ -5,6 +5,7 @@ live server on 127.0.0.1 backed by the `FakeEngine`.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
@@ -49,7 +50,10 @@ def test_fuzz_every_operation(live):
 
 def run_cases(operation, mode, base_url: str, cases: list[tuple[str, int]]) -> None:
     # Generate only: no example database, no shrinking, so a failure cannot stall the run.
+    # Derandomized (the same cases every run, so CI is stable); NINFER_FUZZ_RANDOM=1 draws new
+    # ones, as the run that found a 500 on a dict-valued Responses item `type` did.
     @hypothesis.settings(max_examples=EXAMPLES_PER_MODE, deadline=None, database=None,
+                         derandomize=not os.environ.get("NINFER_FUZZ_RANDOM"),
                          phases=[hypothesis.Phase.generate],
                          suppress_health_check=list(hypothesis.HealthCheck))
     @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
