@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import dot_dtype, use_triton
-from .paged_kv import PAGE, _load_kv, gather_kv, kv_operand
+from .paged_kv import PAGE, _load_kv, _softmax_step, gather_kv, kv_operand
 
 
 def quantize_kv_int8(x, group):
@@ -83,13 +83,9 @@ def _paged_split_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, tab
         k = _load_kv(k_ptr, ks_ptr, kv_ptr, page, tok, kvh, tmask, NKV, D, KF, KG, DOT)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(tmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
+        m, l, p, alpha = _softmax_step(s, m, l)
         v = _load_kv(v_ptr, vs_ptr, vv_ptr, page, tok, kvh, tmask, NKV, D, VF, VG, DOT)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v)
-        m = m_new
     rows = (b * NQ + kvh * R + hq) * n_splits + split
     hmask = hq < R
     tl.store(acc_ptr + rows[:, None] * D + d[None, :], acc, mask=hmask[:, None])

@@ -92,6 +92,18 @@ def gather_kv(kv, scale, pages: torch.Tensor, L: int) -> torch.Tensor:
 
 
 @triton.jit
+def _softmax_step(s, m, l):
+    """One page of an online-softmax (flash) attention: masked scores s `[M, PAGE]` in log2
+    units -> the new row max and denominator, the page's weights p and the factor alpha the
+    running output is rescaled by (`acc * alpha + p @ v`, left to the caller so that the V
+    tile loads after the scores, as before)."""
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return m_new, l * alpha + tl.sum(p, axis=1), p, alpha
+
+
+@triton.jit
 def _load_kv(codes_ptr, scale_ptr, vec_ptr, page, tok, kvh, tok_mask, NKV: tl.constexpr,
              D: tl.constexpr, FMT: tl.constexpr, G: tl.constexpr, DOT: tl.constexpr):
     """One page's [PAGE, D] tile of head kvh in the dot dtype (see the module docstring);

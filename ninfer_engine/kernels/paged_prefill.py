@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import dot_dtype, interpreting, use_triton
-from .paged_kv import PAGE, _load_kv, gather_kv, kv_operand
+from .paged_kv import PAGE, _load_kv, _softmax_step, gather_kv, kv_operand
 
 
 def supported(head_dim: int, dtype: torch.dtype) -> bool:
@@ -96,13 +96,9 @@ def _paged_prefill_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, t
             s = tl.dot(q, tl.trans(k)) * qk_scale
             s = tl.where(key[None, :] <= q_pos[:, None], s, float("-inf"))
             # key 0 is on every query's first page, so m is finite from the first step on
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
+            m, l, p, alpha = _softmax_step(s, m, l)
             v = _load_kv(v_ptr, vs_ptr, vv_ptr, page, tok, kvh, kmask, NKV, D, VF, VG, DOT)
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v)
-            m = m_new
         o = acc / l[:, None]
         tl.store(out_ptr + ((q_off + rows) * NQ + h)[:, None] * D + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
