@@ -14,6 +14,7 @@ from ninfer_engine.models.experts import (DENSE, FP8_GROUPS, FP8_ROW, ExpertStac
 from ninfer_engine.models.moe import SparseMoE
 from ninfer_engine.models.packed import PackedMatrix, quantize_packed
 from tests.benchmark.tiny import tiny_config, tiny_source
+from tests.models.engine_run import greedy_tokens, started_engine
 from tests.models.test_moe_dispatch import _grouped_cpu_works, close, reference
 
 Q4, Q5, Q6, Q8 = "q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16"
@@ -238,27 +239,9 @@ def test_cuda_engine_serves_fp8_row_experts(tmp_path):
     """An fp8-row MoE artifact on CUDA: the routed experts stay e4m3 stacks under the default
     `--cuda-weights auto`, the engine prefills (grouped matmuls over the decoded routed
     experts) and decodes through the graphs (fused fp8 kernels), and a request repeats."""
-    import asyncio
-
-    from ninfer_engine.artifact.synth import write_synthetic
-    from ninfer_engine.config import EngineConfig
-    from ninfer_engine.engine import Engine
-    from ninfer_engine.types import GenerationRequest, SamplingParams
-
-    path = write_synthetic("tiny-moe", tmp_path / "moe-fp8.ninfer", recipe="fp8-row")
-    engine = Engine(EngineConfig(artifact=path, max_context=1024))
-    engine.start()
-
-    async def collect(rid):
-        request = GenerationRequest(rid, tuple(range(5, 105)), SamplingParams(temperature=0.0),
-                                    24)
-        return [t for e in [e async for e in engine.submit(request)] for t in e.token_ids]
-
-    try:
+    with started_engine(tmp_path, "tiny-moe", "fp8-row") as engine:
         stacks = engine.model.params.fused
         forms = {v.fmt for k, v in stacks.items() if "/moe/experts/" in k}
         assert forms == {FP8_ROW}
-        first, again = asyncio.run(collect("a")), asyncio.run(collect("b"))
-    finally:
-        engine.stop()
+        first, again = greedy_tokens(engine, "a"), greedy_tokens(engine, "b")
     assert len(first) == 24 and again == first

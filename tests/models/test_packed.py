@@ -15,6 +15,7 @@ from ninfer_engine.artifact.synth import parameter_shapes, write_synthetic
 from ninfer_engine.models import build_model, is_projection
 from ninfer_engine.models.packed import (PackedMatrix, linear, load_packed, quantize_packed,
                                           serving_form)
+from tests.models.engine_run import greedy_tokens, started_engine
 
 
 @pytest.fixture(scope="module")
@@ -126,26 +127,9 @@ def test_packed_model_equals_the_dequantized_model(artifact):
 def test_cuda_engine_serves_fp8_rows_packed_by_default(tmp_path):
     """`--cuda-weights auto` keeps fp8-row projections packed (their GEMV beats bf16); the
     engine decodes through the graphs with them, and the same request repeats exactly."""
-    import asyncio
-
-    from ninfer_engine.config import EngineConfig
-    from ninfer_engine.engine import Engine
-    from ninfer_engine.types import GenerationRequest, SamplingParams
-
-    path = write_synthetic("tiny-dense", tmp_path / "fp8.ninfer", recipe="fp8-row")
-    engine = Engine(EngineConfig(artifact=path, max_context=1024))
-    engine.start()
-
-    async def collect(rid):
-        request = GenerationRequest(rid, tuple(range(5, 105)), SamplingParams(temperature=0.0),
-                                    24)
-        return [t for e in [e async for e in engine.submit(request)] for t in e.token_ids]
-
-    try:
+    with started_engine(tmp_path, "tiny-dense", "fp8-row") as engine:
         assert isinstance(engine.model.blocks[0].mixer.w_q, PackedMatrix)
         assert {b.fmt for b in engine.model.blocks[0].mixer.w_q.blocks} == {
             "fp8_e4m3fn_row_bf16"}
-        first, again = asyncio.run(collect("a")), asyncio.run(collect("b"))
-    finally:
-        engine.stop()
+        first, again = greedy_tokens(engine, "a"), greedy_tokens(engine, "b")
     assert len(first) == 24 and again == first
