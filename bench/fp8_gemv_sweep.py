@@ -1,26 +1,36 @@
-"""Variant and tile sweep of the fp8 dequant GEMV (kernels/dequant_gemv.py), CUDA only.
+"""Variant and tile sweep of the dequant GEMV (kernels/dequant_gemv.py), CUDA only.
 
     python3 bench/fp8_gemv_sweep.py --out bench/results/h200-fp8-gemv.json
+    python3 bench/fp8_gemv_sweep.py --formats bf16 --batches 1 --budget 180 \
+        --out bench/results/h200-bf16-gemv.json  # Triton on plain bf16 vs cuBLAS, batch 1
     python3 bench/fp8_gemv_sweep.py --smoke --out /tmp/fp8-smoke.json  # CPU interpreter, plumbing
 
-Cases: the 27B decode shapes (MLP up [17408,5120], down [5120,17408], fused gate+up
-[34816,5120], [6144,5120], attention o [5120,6144], lm_head [248320,5120]) × B in {1, 8} × fp8
-row-scaled, fp8 group-scaled (G = 32, 128). Three passes, every kernel compiled first by a pool
-of processes (`--jobs`) that fills Triton's disk cache:
-  1. every kernel variant (`VARIANTS`: decode, guard, swap, fma) at one tile, BN 64, BK 256,
+Cases: shapes × B in {1, 8} × formats. fp8 formats (row-scaled; group-scaled G = 32, 128)
+default to the 27B decode shapes (MLP up [17408,5120], down [5120,17408], fused gate+up
+[34816,5120], [6144,5120], attention o [5120,6144], lm_head [248320,5120]); `bf16` (plain
+weights, `scale=None`) to every distinct GEMV of one bf16 decode step of the 35B-A3B and the
+27B (`decode_shapes`: the fused groups of models/fused.py, the other projections, router, head;
+routed experts run moe_gemv and are not here). Three passes, every kernel compiled first by a
+pool of processes (`--jobs`) that fills Triton's disk cache:
+  1. every kernel variant (`VARIANTS`: the dot path, `fma`) at one tile, BN 64, BK 256,
      4 warps, 3 stages (for group scales BK is `group_k`), plus the engine's default call;
   2. the `--top` fastest variants per (format, B) (geometric mean over shapes of the time over
-     the engine default's), over the tile grid BN {32,64,128} × BK {128,256,512} × warps {4,8}
-     (3 stages; BN 32 with 8 warps and BN 128 / BK 512 / 4 warps left out);
+     the engine default's), over the tile grid: fp8 BN {32,64,128} × BK {128,256,512} × warps
+     {4,8} (3 stages; BN 32 with 8 warps and BN 128 / BK 512 / 4 warps left out); bf16
+     `BF16_TILE_GRID`, a smaller one;
   3. per case, the best so far with 2 and 4 stages, and with other K splits, with and without
      the atomic split-K reduction.
 Each time is µs per call in a CUDA graph of back-to-back calls rotating over weight copies that
-exceed the L2 (as bench/quant_gemv_sweep.py), next to cuBLAS bf16 `F.linear` on the same shape
-timed the same way, and the copy bandwidth measured first in the run (a 2 GiB device copy).
-Every row records its error against the fp32 reference (`rel_err` ‖·‖, `max_err` max|Δ| over
-max|ref|); rows with rel_err > 1e-2 are marked wrong and never picked. Past `--budget` seconds
-the remaining timings are skipped (counted in meta). Writes all rows to `--out` as JSON and
-prints the best variant+tile per (shape, B, format) with its % of the copy bandwidth.
+exceed the L2 (as bench/quant_gemv_sweep.py; at least one call per copy), next to cuBLAS bf16
+`F.linear` on the same shape timed the same way, and the copy bandwidth measured first in the
+run (a 2 GiB device copy). Every row records its error against the fp32 reference (`rel_err`
+‖·‖, `max_err` max|Δ| over max|ref|); rows with rel_err > 1e-2 are marked wrong and never
+picked. Past `--budget` seconds the remaining timings are skipped (counted in meta). Writes all
+rows to `--out` as JSON and prints the best variant+tile per (shape, B, format) with its % of
+the copy bandwidth and cuBLAS's time.
+
+The variants the H200 run of bench/results/h200-fp8-gemv.json also swept (bf16/fp16/bit-trick
+decodes, fp16 guard, swapped dot operands) are gone from the kernel: its module docstring.
 """
 
 from __future__ import annotations
@@ -49,32 +59,59 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
+from ninfer_engine.artifact.synth import parameter_shapes, synth_config  # noqa: E402
 from ninfer_engine.kernels import dequant_gemv as dg  # noqa: E402
+from ninfer_engine.models.fused import FUSED  # noqa: E402
 
-SHAPES = {"mlp_up": (17408, 5120), "mlp_down": (5120, 17408), "mlp_gate_up": (34816, 5120),
-          "n6144_k5120": (6144, 5120), "attn_o": (5120, 6144), "lm_head": (248320, 5120)}
+
+
+def decode_shapes(arch, tag):
+    """{f"{tag}.name": (N, K)}: the GEMVs one decode step of `arch` (artifact/synth.py ARCHS)
+    runs on bf16 weights, one per distinct shape: each fused group of models/fused.py
+    (`gdn_in` q|k|v|z|b|a, `attention_in` q|gate|k|v, `mlp_in` / `moe_shared_in` gate|up),
+    the other projections (the attention output shares the GDN output's shape), the router and
+    the head."""
+    config = synth_config(arch, layers=4)  # layers 0-2 GDN, 3 full attention
+    shapes, out = parameter_shapes(config), {}
+    for i in (0, 3):
+        p = f"text/layers/{i}/"
+        for group, members in FUSED.items():
+            if p + group + members[0] in shapes:
+                rows = sum(shapes[p + group + m][0] for m in members)
+                out[group.rstrip("/").replace("/", "_") + "_in"] = (rows, config["hidden_size"])
+        for name in ("gdn/output", "attention/output", "mlp/down", "moe/shared/down",
+                     "moe/router"):
+            if p + name in shapes:
+                out[name.replace("/", "_").replace("_output", "_out")] = shapes[p + name]
+    out["lm_head"] = shapes["text/output_head"]
+    seen = set()
+    return {f"{tag}.{k}": v for k, v in out.items() if not (v in seen or seen.add(v))}
+
+
+FP8_SHAPES = {"mlp_up": (17408, 5120), "mlp_down": (5120, 17408), "mlp_gate_up": (34816, 5120),
+              "n6144_k5120": (6144, 5120), "attn_o": (5120, 6144), "lm_head": (248320, 5120)}
+BF16_SHAPES = {**decode_shapes("35b-a3b", "a3b"), **decode_shapes("27b", "27b")}
+SHAPES = {**FP8_SHAPES, **BF16_SHAPES}
 SMOKE_SHAPES = {"t_up": (40, 256), "t_down": (24, 512)}
-FORMATS = {"fp8_row": None, "fp8_g32": 32, "fp8_g128": 128,  # name -> group (None: row scales)
-           "fp8_g64": 64}  # the group the engine's Q4/Q5 -> fp8 repack has; not swept by default
+# name -> group: None row scales, 0 plain weights (scale None), else the group size
+FORMATS = {"fp8_row": None, "fp8_g32": 32, "fp8_g128": 128,
+           "fp8_g64": 64,  # the group the engine's Q4/Q5 -> fp8 repack has; not swept by default
+           "bf16": 0}
 DEFAULT_FORMATS = "fp8_row,fp8_g32,fp8_g128"
 VARIANTS = {
-    "base": {},  # (a) e4m3 -> fp32 -> bf16, bf16 dot
-    "bf16": dict(decode="bf16"),  # (b) one conversion
-    "f16": dict(decode="f16"),  # (c) fp16 dot, x guarded into fp16's range
-    "f16u": dict(decode="f16", guard=False),  # (c) x cast as it is
-    "bits": dict(decode="bits"),  # (d) integer-op bit trick
-    "bits_asm": dict(decode="bits_asm"),  # (d) the same in inline PTX
-    "swap": dict(swap=True),  # dot(w, xᵀ): the weight is the M operand
-    "swap_f16": dict(swap=True, decode="f16"),
-    "swap_f16u": dict(swap=True, decode="f16", guard=False),
-    "swap_bits_asm": dict(swap=True, decode="bits_asm"),
-    "fma": dict(fma=True),  # (e) B = 1: no tl.dot (fp8 -> fp32 is fp8 -> fp16 -> fp32 anyway)
-    "fma_bits_asm": dict(fma=True, decode="bits_asm"),
+    "base": {},  # codes -> fp32 -> bf16 (plain: the weight as it is), bf16 dot
+    "fma": dict(fma=True),  # B = 1: no tl.dot, fp32 products summed per row
 }
 SCREEN_TILE = (64, 256, 4, 3)  # (BN, BK, warps, stages)
 TILE_GRID = [(bn, bk, w, 3)
              for bn, bk, w in itertools.product((32, 64, 128), (128, 256, 512), (4, 8))
              if not (bn == 32 and w == 8) and not (bn == 128 and bk == 512 and w == 4)]
+# plain bf16 at B = 1: twice fp8's bytes per K, so BK 128-512 spans fp8's 256-1024 bytes a
+# row; BN 16 for the small-N shapes (router, shared expert); no BN 128 (fp8's best at B = 1
+# was BN 32-64), and BN 64 × BK 512 on 4 warps (256 elements a thread). 13 + the screen tile
+BF16_TILE_GRID = [(bn, bk, w, 3)
+                  for bn, bk, w in itertools.product((16, 32, 64), (128, 256, 512), (4, 8))
+                  if not (bn == 16 and w == 8) and not (bn == 64 and bk == 512 and w == 4)]
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 L2_DEFEAT_BYTES = 256 << 20
 CALLS_PER_GRAPH = 20
@@ -96,28 +133,33 @@ class Budget:
 
 # -- cases and launches --------------------------------------------------------------------------
 
+def grouped(fmt):
+    return bool(FORMATS[fmt])
+
+
 def call_kwargs(fmt, variant, tile, **extra):
     """`dequant_gemv_triton` keyword arguments; tile None: the engine's default call."""
     kw = dict(VARIANTS[variant])
     if tile is not None:
         bn, bk, warps, stages = tile
         kw.update(block_n=bn, num_warps=warps, num_stages=stages)
-        kw["block_k" if FORMATS[fmt] is None else "group_k"] = bk
+        kw["group_k" if grouped(fmt) else "block_k"] = bk
     kw.update(extra)
     return kw
 
 
-def applies(variant, fmt, B, smoke):
-    kw = VARIANTS[variant]
-    if kw.get("fma") and B != 1:
-        return False
-    return not (kw.get("decode") == "bits_asm" and smoke)  # inline PTX: not in the interpreter
+def applies(variant, fmt, B):
+    return not (VARIANTS[variant].get("fma") and B != 1)
+
+
+def tile_grid(fmt):
+    return BF16_TILE_GRID if FORMATS[fmt] == 0 else TILE_GRID
 
 
 def launch(n, k, fmt, kw):
     """(programs along N, K split, atomic) of the call, as dequant_gemv_triton computes them."""
     group = FORMATS[fmt]
-    scale = torch.empty(0) if group is None else torch.empty(0, k // group)
+    scale = torch.empty(0, k // group) if group else None if group == 0 else torch.empty(0)
     bk, _ = dg._tiles(k, scale, kw.get("block_k", 256), kw.get("group_k"))
     n_blocks = triton.cdiv(n, kw.get("block_n", 64))
     split = kw.get("split") or dg.split_k(n_blocks, k, bk)
@@ -135,8 +177,21 @@ def make_weights(n, k, fmt, seed=0):
     gen = torch.Generator(device=DEV).manual_seed(seed)
     w = torch.randn(n, k, device=DEV, generator=gen) * 0.02
     group = FORMATS[fmt]
+    if group == 0:  # plain bf16: the weight is the "codes", no scale
+        return w, w.bfloat16(), None
     codes, scale = dg.quantize_fp8_row(w) if group is None else dg.quantize_fp8_groups(w, group)
     return w, codes, scale
+
+
+def empty_weights(n, k, fmt):
+    """Uninitialised (codes, scale) of the real shapes and dtypes (for compiling)."""
+    group = FORMATS[fmt]
+    if group == 0:
+        return torch.empty(n, k, device=DEV, dtype=torch.bfloat16), None
+    codes = torch.empty(n, k, device=DEV, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    scale = (torch.ones(n, device=DEV, dtype=torch.bfloat16) if group is None else
+             torch.ones(n, k // group, device=DEV, dtype=torch.float16))
+    return codes, scale
 
 
 # -- the compile pool ----------------------------------------------------------------------------
@@ -150,12 +205,8 @@ def _compile_chunk(tasks):
             held = (None, None)
             if DEV == "cuda":
                 torch.cuda.empty_cache()
-            group = FORMATS[fmt]
-            codes = torch.empty(n, k, device=DEV, dtype=torch.uint8).view(torch.float8_e4m3fn)
-            scale = (torch.ones(n, device=DEV, dtype=torch.bfloat16) if group is None else
-                     torch.ones(n, k // group, device=DEV, dtype=torch.float16))
             x = torch.zeros(B, k, device=DEV, dtype=torch.bfloat16)
-            held = ((n, k, B, fmt), (x, codes, scale))
+            held = ((n, k, B, fmt), (x, *empty_weights(n, k, fmt)))
         try:
             dg.dequant_gemv_triton(*held[1], **kw)
             if DEV == "cuda":
@@ -193,24 +244,27 @@ def precompile(pool, jobs, tasks, budget):
 # -- timing --------------------------------------------------------------------------------------
 
 def time_us(fns):
-    """µs per call of `fns` called round-robin; on the CPU (smoke) one wall-clock call."""
+    """µs per call of `fns` called round-robin, each at least once a graph (small weights:
+    more than CALLS_PER_GRAPH copies); on the CPU (smoke) one wall-clock call."""
     if DEV != "cuda":
         t0 = time.perf_counter()
         fns[0]()
         return (time.perf_counter() - t0) * 1e6
+    calls = max(CALLS_PER_GRAPH, len(fns))
 
     def body():
-        for i in range(CALLS_PER_GRAPH):
+        for i in range(calls):
             fns[i % len(fns)]()
     graph = graph_of(body)
-    return time_ms(graph.replay, 5) / CALLS_PER_GRAPH * 1e3
+    return time_ms(graph.replay, 5) / calls * 1e3
 
 
 def copies_of(tensors, nbytes):
     if DEV != "cuda":
         return [tensors]
     count = max(2, -(-L2_DEFEAT_BYTES // nbytes))
-    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(count - 1)]
+    return [tensors] + [tuple(t if t is None else t.clone() for t in tensors)
+                        for _ in range(count - 1)]
 
 
 class Case:
@@ -220,7 +274,7 @@ class Case:
         self.shape_name, self.fmt, self.copy_gbps = shape_name, fmt, copy_gbps
         self.n, self.k = n, k = SHAPES[shape_name]
         w, codes, scale = make_weights(n, k, fmt)
-        self.wbytes = codes.numel() + scale.numel() * scale.element_size()
+        self.wbytes = sum(t.numel() * t.element_size() for t in (codes, scale) if t is not None)
         self.copies = copies_of((codes, scale), self.wbytes)
         deq = dg.dequantize(codes, scale)
         gen = torch.Generator(device=DEV).manual_seed(1)
@@ -279,24 +333,33 @@ def good(r):
     return r is not None and "us" in r and not r["wrong"]
 
 
-def best_rows(rows):
+def best_rows(rows, variant=None):
+    """Fastest correct row per (shape, B, format), among `variant`'s rows if given."""
     best = {}
     for r in filter(good, rows):
         key = (r["shape_name"], r["B"], r["fmt"])
-        if key not in best or r["us"] < best[key]["us"]:
+        if (variant is None or r["variant"] == variant) and \
+                (key not in best or r["us"] < best[key]["us"]):
             best[key] = r
     return best
 
 
 def write(path, rows, meta, cublas, default_us):
-    best = best_rows(rows)
+    best, fma = best_rows(rows), best_rows(rows, "fma")
     summary = []
     for (shape_name, B, fmt), r in best.items():
         cub, dflt = cublas.get((shape_name, B)), default_us.get((shape_name, B, fmt))
+        f = fma.get((shape_name, B, fmt))
+        n, k = r["shape"]
         summary.append(dict(shape_name=shape_name, shape=r["shape"], B=B, fmt=fmt,
                             variant=r["variant"], kwargs=r["kwargs"], us=r["us"], gbps=r["gbps"],
                             copy_frac=r["copy_frac"], rel_err=r["rel_err"], max_err=r["max_err"],
                             cublas_bf16_us=cub, vs_cublas=cub / r["us"] if cub else None,
+                            cublas_copy_frac=(2 * (n * k + B * (n + k)) / cub / 1e3
+                                              / meta["copy_gbps"]
+                                              if cub and meta.get("copy_gbps") else None),
+                            fma_us=f and f["us"], fma_kwargs=f and f["kwargs"],
+                            fma_vs_cublas=cub / f["us"] if f and cub else None,
                             default_us=dflt, vs_default=dflt / r["us"] if dflt else None))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(dict(
@@ -307,16 +370,22 @@ def write(path, rows, meta, cublas, default_us):
 
 
 def print_table(summary, shape_order):
-    print("\nbest per (shape, B, format); % of the measured copy bandwidth; x = speed-up")
-    print(f"{'shape':12}{'B':>3} {'format':9}{'variant':14}{'tile':40}{'µs':>8}{'GB/s':>7}"
-          f"{'%copy':>6}{'x cuBLAS':>9}{'x default':>10}{'rel.err':>9}")
+    print("\nbest per (shape, B, format); % of the measured copy bandwidth; x = speed-up "
+          "(over cuBLAS bf16 F.linear, same shape, same run; fma: the best fma row's)")
+    print(f"{'shape':18}{'B':>3} {'format':9}{'variant':9}{'tile':40}{'µs':>8}{'GB/s':>7}"
+          f"{'%copy':>6}{'cuBLAS':>8}{'%copy':>6}{'x cuBLAS':>9}{'fma x':>7}{'x default':>10}"
+          f"{'rel.err':>9}")
     order = {s: i for i, s in enumerate(shape_order)}
+
+    def num(v, fmt, width):
+        return f"{v:{width}{fmt}}" if v is not None else f"{'-':>{width}}"
     for r in sorted(summary, key=lambda r: (order[r["shape_name"]], r["B"], r["fmt"])):
-        pct = f"{r['copy_frac'] * 100:6.0f}" if r["copy_frac"] else f"{'-':>6}"
-        vc = f"{r['vs_cublas']:9.2f}" if r["vs_cublas"] else f"{'-':>9}"
-        vd = f"{r['vs_default']:10.2f}" if r["vs_default"] else f"{'-':>10}"
-        print(f"{r['shape_name']:12}{r['B']:3d} {r['fmt']:9}{r['variant']:14}"
-              f"{_tile_text(r['kwargs']):40}{r['us']:8.1f}{r['gbps']:7.0f}{pct}{vc}{vd}"
+        pct = num(r["copy_frac"] and r["copy_frac"] * 100, ".0f", 6)
+        cpct = num(r["cublas_copy_frac"] and r["cublas_copy_frac"] * 100, ".0f", 6)
+        print(f"{r['shape_name']:18}{r['B']:3d} {r['fmt']:9}{r['variant']:9}"
+              f"{_tile_text(r['kwargs']):40}{r['us']:8.1f}{r['gbps']:7.0f}{pct}"
+              f"{num(r['cublas_bf16_us'], '.1f', 8)}{cpct}{num(r['vs_cublas'], '.2f', 9)}"
+              f"{num(r['fma_vs_cublas'], '.2f', 7)}{num(r['vs_default'], '.2f', 10)}"
               f"{r['rel_err']:9.1e}")
 
 
@@ -337,11 +406,12 @@ def geomean(xs):
 # -- main ----------------------------------------------------------------------------------------
 
 def main():
-    global DEV, SHAPES, SCREEN_TILE, TILE_GRID, SPLITS
+    global DEV, SHAPES, SCREEN_TILE, TILE_GRID, BF16_TILE_GRID, SPLITS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON results path")
     ap.add_argument("--shapes", default=None, help="comma-separated names of SHAPES")
-    ap.add_argument("--formats", default=DEFAULT_FORMATS, help=f"of {', '.join(FORMATS)}")
+    ap.add_argument("--formats", default=None,
+                    help=f"of {', '.join(FORMATS)} (default {DEFAULT_FORMATS}; smoke: +bf16)")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--variants", default=None, help="comma-separated names of VARIANTS")
     ap.add_argument("--top", type=int, default=2, help="variants per (format, B) in pass 2")
@@ -353,9 +423,14 @@ def main():
     if args.smoke:
         DEV, SHAPES = "cpu", SMOKE_SHAPES
         SCREEN_TILE, TILE_GRID, SPLITS = (32, 256, 4, 3), [(32, 128, 4, 3), (64, 256, 4, 3)], (1, 2)
+        BF16_TILE_GRID = [(16, 128, 4, 3), (32, 256, 4, 3)]
     assert DEV == "cpu" or torch.cuda.is_available(), "the sweep needs CUDA (or --smoke)"
-    shapes = args.shapes.split(",") if args.shapes else list(SHAPES)
-    formats = args.formats.split(",")
+    formats = (args.formats or DEFAULT_FORMATS + (",bf16" if args.smoke else "")).split(",")
+    # shapes per format: --shapes for all, else the 27B set for fp8, the decode GEMVs for bf16
+    shapes_of = {f: (args.shapes.split(",") if args.shapes else list(SHAPES) if args.smoke else
+                     list(BF16_SHAPES if FORMATS[f] == 0 else FP8_SHAPES)) for f in formats}
+    shapes = list(dict.fromkeys(s for f in formats for s in shapes_of[f]))
+    cases = [(s, f) for s in shapes for f in formats if s in shapes_of[f]]  # shape-major
     batches = [int(b) for b in args.batches.split(",")]
     variants = args.variants.split(",") if args.variants else list(VARIANTS)
     jobs = args.jobs if args.jobs is not None else (2 if args.smoke else min(16, os.cpu_count()))
@@ -399,7 +474,7 @@ def main():
                               + ("  WRONG" if r["wrong"] else ""))
                 else:
                     status = f" failed: {r['error'][:90]}"
-                print(f"  {s:12}{B:3d} {fmt:9}{v:14}{_tile_text(r['kwargs']):40}{status}")
+                print(f"  {s:18}{B:3d} {fmt:9}{v:9}{_tile_text(r['kwargs']):40}{status}")
             del case
             if DEV == "cuda":
                 torch.cuda.empty_cache()
@@ -410,17 +485,16 @@ def main():
     for s in shapes:
         for B, us in cublas_us(*SHAPES[s], batches).items():
             cublas[(s, B)] = us
-            print(f"  {s:12}{B:3d} {us:9.1f} µs")
+            print(f"  {s:18}{B:3d} {us:9.1f} µs")
         if DEV == "cuda":
             torch.cuda.empty_cache()
 
     print(f"\npass 1: every variant at {SCREEN_TILE} [{budget.elapsed():.0f} s]")
     plan = []
-    for s, fmt in itertools.product(shapes, formats):
+    for s, fmt in cases:
         for B in batches:
             plan.append((s, fmt, B, "base", None, {}))
-            plan += [(s, fmt, B, v, SCREEN_TILE, {}) for v in variants
-                     if applies(v, fmt, B, args.smoke)]
+            plan += [(s, fmt, B, v, SCREEN_TILE, {}) for v in variants if applies(v, fmt, B)]
     run_plan(plan, 1)
 
     print(f"\npass 2: tile grid for the top {args.top} variants [{budget.elapsed():.0f} s]")
@@ -435,25 +509,26 @@ def main():
                     dflt = default_us.get((r["shape_name"], B, fmt))
                     if dflt:
                         ratios.append(r["us"] / dflt)
-            if len(ratios) == len(shapes):  # correct and running on every shape
+            if len(ratios) == len(shapes_of[fmt]):  # correct and running on every shape
                 speed[v] = geomean(ratios)
         ranked = sorted(speed, key=speed.get)
         picks[(fmt, B)] = ranked[:args.top]
         print(f"  {fmt:9}B={B}: " + ", ".join(f"{v} {speed[v]:.2f}" for v in ranked[:6])
               + f"  (µs / default, geomean) -> {picks[(fmt, B)]}")
     plan = []
-    for s, fmt in itertools.product(shapes, formats):  # shapes in order: the MLP ones first
+    for s, fmt in cases:  # shapes in order: the MLP ones first
         for B in batches:
-            plan += [(s, fmt, B, v, t, {}) for v in picks[(fmt, B)] for t in TILE_GRID
+            plan += [(s, fmt, B, v, t, {}) for v in picks[(fmt, B)] for t in tile_grid(fmt)
                      if t != SCREEN_TILE]
     run_plan(plan, 2)
 
-    print(f"\npass 3: stages, K splits and atomic split-K for each best [{budget.elapsed():.0f} s]")
+    print(f"\npass 3: stages, K splits and atomic split-K for each best (and best fma) "
+          f"[{budget.elapsed():.0f} s]")
     plan = []
-    best = best_rows(rows)
-    for s, fmt in itertools.product(shapes, formats):
-        for B in batches:
-            r = best.get((s, B, fmt))
+    best, best_fma = best_rows(rows), best_rows(rows, "fma")
+    for (s, fmt), B in itertools.product(cases, batches):
+        tuned = [best.get((s, B, fmt)), best_fma.get((s, B, fmt))]
+        for r in tuned[:1] if tuned[0] is tuned[1] else tuned:
             if r is None or r["tile"] is None:
                 continue
             bn, bk, w, st = r["tile"]

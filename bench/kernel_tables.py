@@ -75,11 +75,13 @@ def fp8_gemv(result: dict) -> str:
     """`fp8_gemv_sweep.py`: best variant and launch per (shape, B, format), beside the engine's
     previous default launch and cuBLAS bf16, all in the same run."""
     m = result["meta"]
-    lines = [f"# fp8 dequant GEMV variants ({m['device']}, torch {m['torch']}, Triton "
+    f16u = any(r["variant"] == "f16u" for r in result["best"])
+    lines = [f"# Dequant GEMV variants ({m['device']}, torch {m['torch']}, Triton "
              f"{m['triton']})", "", f"- command: `{m['command']}`, {m['date']}",
              f"- {m['timing']}; copy bandwidth measured in the run: {m['copy_gbps']:.0f} GB/s",
-             "- default = the launch the engine used before this sweep (dot path, BN 64, "
-             "BK 256 / one group); `f16u` casts x to fp16 unguarded (unsafe above 65504)", "",
+             "- default = the dot path at BN 64, BK 256 / one group (the engine's launch "
+             "before the first sweep)"
+             + ("; `f16u` casts x to fp16 unguarded (unsafe above 65504)" if f16u else ""), "",
              "| shape | [N, K] | B | format | best variant | launch | µs | % of copy | × default "
              "| × cuBLAS bf16 |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["best"]:

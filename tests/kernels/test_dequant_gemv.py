@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ninfer_engine.kernels.dequant_gemv import (
     dequant_gemv_ref,
@@ -34,3 +35,44 @@ def test_dequant_gemv_default_tile_at_small_k(device, encoding, K):
     codes, scale = (quantize_fp8_row if encoding == "fp8_row" else quantize_q8_g32)(w)
     out = dequant_gemv_triton(x.to(device), codes.to(device), scale.to(device))
     assert rel_err(out, dequant_gemv_ref(x, codes, scale)) < 1e-2
+
+
+# plain bf16/fp16 weights (scale None): the fma path at one row, the dot path at three; K = 128
+# in tiles of 32, so splits of 2 and 4, summed by torch or by atomics
+PLAIN_CASES = [(1, dict(fma=True)), (1, dict(fma=True, split=1)),
+               (1, dict(fma=True, split=4, atomic=True)), (1, dict(fma=True, split=2)),
+               (3, {}), (3, dict(split=1)), (3, dict(split=2, atomic=True)),
+               (3, dict(split=4))]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch, kw", PLAIN_CASES)
+def test_plain_weights_match_f_linear(device, dtype, batch, kw):
+    gen = torch.Generator().manual_seed(21 + batch)
+    n, k = 45, 128  # odd N: a partial last row block
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(dtype)
+    x = torch.randn(batch, k, generator=gen).to(dtype)
+    out = dequant_gemv_triton(x.to(device), w.to(device), None, block_n=32, block_k=32, **kw)
+    assert out.dtype == dtype and out.shape == (batch, n)
+    out = out.float().cpu()
+    ref = F.linear(x.float(), w.float())  # exact products, fp32 sums
+    # the final rounding to x's dtype (2^-7 relative: the interpreter truncates bf16) plus the
+    # fp32 summation order
+    rounding = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-10
+    bound = rounding * ref.abs() + 2.0**-16 * (x.float().abs() @ w.float().abs().t())
+    assert ((out - ref).abs() <= bound).all()
+    assert rel_err(out, F.linear(x, w)) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_plain_weights_pass_through_exactly(device, dtype, batch):
+    # one-hot x rows pick single weight columns: every path returns them bit for bit
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(37, 64, generator=gen).to(dtype)
+    hot = torch.tensor([5, 40, 63])[:batch]
+    x = torch.zeros(batch, 64, dtype=dtype)
+    x[torch.arange(batch), hot] = 1.0
+    out = dequant_gemv_triton(x.to(device), w.to(device), None, block_n=32, block_k=32,
+                              fma=batch == 1)
+    assert torch.equal(out.cpu(), w[:, hot].t())
