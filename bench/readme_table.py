@@ -29,11 +29,14 @@ def _cpu_rows() -> list[str]:
     r = _load("cpu-default-model.json")
     if r:
         o, b, p = r["ninfer"], r["ninfer_bf16"], r["peer"]
+        q = r.get("ninfer_int8")  # files before `--cpu-matmul int8` lack it
+        int8 = f", {q['decode_tok_s']:.1f} (`--cpu-matmul int8`)" if q else ""
+        int8_ratio = f" / {r['ratio_decode_int8']:.2f}" if q else ""
         rows.append(f"| default model, 2-core CPU, decode tok/s ({o['prompt_tokens']}-token prompt, "
                     f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (fp32), "
-                    f"{b['decode_tok_s']:.1f} (`--cpu-matmul bf16`) | llama.cpp "
+                    f"{b['decode_tok_s']:.1f} (`--cpu-matmul bf16`){int8} | llama.cpp "
                     f"{p['decode_tok_s']:.1f} | {r['ratio_decode']:.2f} / "
-                    f"{r['ratio_decode_bf16']:.2f} |")
+                    f"{r['ratio_decode_bf16']:.2f}{int8_ratio} |")
         rows.append(f"| default model, 2-core CPU, time to first token | "
                     f"{o['ttft_s'] * 1000:.0f} ms (fp32) | llama.cpp {p['ttft_s'] * 1000:.0f} ms | "
                     f"{r['ratio_ttft']:.2f} |")

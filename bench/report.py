@@ -2,12 +2,14 @@
 
 `write_report(out, result, markdown)` writes `out.json` and `out.md` (any `.json` on `out` is
 dropped first; other dots stay, so `cpu-0.8b` keeps its name) and prints the markdown.
+`ForeignLoad` measures how busy other processes kept the CPU while a benchmark ran.
 """
 from __future__ import annotations
 
 import json
 import os
 import platform
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,3 +40,32 @@ def write_report(out: Path, result: dict, markdown: Callable[[dict], str]) -> No
     Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     Path(f"{stem}.md").write_text(text)
     print(text)
+
+
+class ForeignLoad:
+    """`with ForeignLoad() as load:` — afterwards `load.cores` is the CPU other processes used
+    while the block ran, in cores (~0: quiet; ~1: one core busy elsewhere), None off Linux.
+    On a 2-core box one busy core halves torch's 2-thread speed or worse, and the load average
+    cannot tell that apart from the benchmark's own threads."""
+
+    cores: float | None = None
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = sum(fields[:8]) - fields[3] - fields[4]  # all but idle and iowait
+        ours = os.times()
+        return busy / os.sysconf("SC_CLK_TCK"), ours.user + ours.system, time.monotonic()
+
+    def __enter__(self) -> ForeignLoad:
+        self._start = self._sample()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = self._sample()
+        if self._start is not None and end is not None and end[2] > self._start[2]:
+            busy, ours, wall = (e - s for e, s in zip(end, self._start))
+            self.cores = max(0.0, (busy - ours) / wall)

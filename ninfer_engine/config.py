@@ -83,7 +83,7 @@ class EngineConfig:
     response_store_max_mib: int = 256
     # ours
     no_tui: bool = False
-    cpu_matmul: str = "fp32"  # "bf16": projections in bf16 on the CPU (faster, not bit-exact)
+    cpu_matmul: str = "fp32"  # bf16|int8: decode projections narrowed on the CPU (faster, inexact)
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
     cuda_sync: str = "spin"

@@ -18,6 +18,7 @@ import torch
 
 from .chat import ChatTemplate
 from .config import PAGE_TOKENS, EngineConfig
+from .cpu_threads import run_on_own_thread
 from .decode_graphs import build_decode_graphs
 from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for
 from .models import build_model
@@ -36,7 +37,8 @@ IDLE_PUBLISH_S = 0.25
 UNAVAILABLE = "service_unavailable"
 
 
-MATMUL_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+# `--cpu-matmul`: the decode copy of each projection (int8: `models.int8_rows.Int8Rows`)
+MATMUL_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.int8}
 CUDA_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -89,12 +91,18 @@ class Engine:
                 dtype, matmul = torch.float32, MATMUL_DTYPES[config.cpu_matmul]
             else:
                 dtype, matmul = CUDA_DTYPES[config.cuda_dtype], None
-            self.model = build_model(text_config, artifact, device, dtype, matmul,
-                                     weights_mode(config, device, dtype))
-            self.memory = build_memory(config, self.model)
-            graphs = build_decode_graphs(self.model, self.memory.storage, config.kv_dtype,
-                                         config.max_concurrency, config.max_context,
-                                         not config.no_cuda_graph)
+
+            def load():
+                model = build_model(text_config, artifact, device, dtype, matmul,
+                                    weights_mode(config, device, dtype))
+                memory = build_memory(config, model)
+                return model, memory, build_decode_graphs(
+                    model, memory.storage, config.kv_dtype, config.max_concurrency,
+                    config.max_context, not config.no_cuda_graph)
+
+            # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
+            self.model, self.memory, graphs = (
+                run_on_own_thread(load) if device.type == "cpu" else load())
         except Exception as exc:
             message = str(exc)
             if str(config.artifact) not in message:  # artifact errors already name the file

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .int8_rows import Int8Rows
 from .packed import PackedMatrix
 
 
@@ -31,17 +32,27 @@ class Linear:
             return
         self.k_major = weight.device.type == "cpu" and out_features >= in_features
         self.weight = weight.t().contiguous() if self.k_major else weight.contiguous()
-        # A narrower copy for few-row (decode) calls halves the bytes a memory-bound GEMV
-        # streams (bf16 on the CPU: 2.5x faster than fp32 for SmolLM2's matrices); many-row
-        # (prefill) calls keep the full-precision weight, where AVX2 bf16 GEMM is slower.
-        self.narrow = None
-        if compute_dtype is not None and compute_dtype != weight.dtype:
+        # A narrower copy for few-row (decode) calls cuts the bytes a memory-bound GEMV
+        # streams (bf16 on the CPU: 2.5x faster than fp32 for SmolLM2's matrices; int8 rows a
+        # quarter of fp32, `Int8Rows`); many-row (prefill) calls keep the full-precision
+        # weight, where AVX2 bf16 GEMM (and the int8 GEMV kernel) is slower.
+        self.narrow: torch.Tensor | Int8Rows | None = None
+        if compute_dtype == torch.int8:
+            self.narrow = Int8Rows(weight)
+        elif compute_dtype is not None and compute_dtype != weight.dtype:
             self.narrow = weight.to(compute_dtype).contiguous()
+
+    @property
+    def narrow_bytes(self) -> int:
+        """Bytes of the decode copy (0 without one)."""
+        return 0 if self.narrow is None else self.narrow.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self.weight, PackedMatrix):
             return self.weight.linear(x)
         if self.narrow is not None and x.shape[0] <= NARROW_MAX_ROWS:
+            if isinstance(self.narrow, Int8Rows):
+                return self.narrow(x)
             return F.linear(x.to(self.narrow.dtype), self.narrow).to(x.dtype)
         return torch.matmul(x, self.weight) if self.k_major else F.linear(x, self.weight)
 

@@ -135,13 +135,16 @@ class LlamaModel:
         return self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim
 
     def weight_bytes(self) -> int:
+        """Bytes of every weight held, the `--cpu-matmul` decode copies included."""
         tensors = [self.embedding, self.final_norm, self.head.weight]
+        linears = [self.head]
         for layer in self.layers:
             tensors += [layer.input_norm, layer.qkv.weight, layer.output.weight,
                         layer.post_attention_norm, layer.gate_up.weight, layer.down.weight]
             tensors += [layer.qk_norm] if layer.qk_norm is not None else []
+            linears += [layer.qkv, layer.output, layer.gate_up, layer.down]
         unique = {t.data_ptr(): t.nbytes for t in tensors}
-        return sum(unique.values())
+        return sum(unique.values()) + sum(linear.narrow_bytes for linear in linears)
 
     def new_cache(self) -> ContiguousKvCache:
         """A standalone single-sequence cache (the engine leases from the paged pool instead)."""

@@ -79,7 +79,7 @@ def test_no_artifact_serves_the_default_model(tmp_path):
     (["m", "--no-prefix-reuse", "--device-state-slots", "2"], "conflicts with --device-state-slots"),
     (["m", "--log-level", "loud"], "--log-level: 'loud' is not one of"),
     (["m", "--api-key", " "], "--api-key: must not be empty"),
-    (["m", "--cpu-matmul", "int4"], "--cpu-matmul: 'int4' is not one of fp32, bf16"),
+    (["m", "--cpu-matmul", "int4"], "--cpu-matmul: 'int4' is not one of fp32, bf16, int8"),
     (["m", "--cuda-dtype", "fp16"], "--cuda-dtype: 'fp16' is not one of bf16, fp32"),
     (["m", "--profile", "70b"], "--profile: '70b' is not one of"),
     (["m", "--profile"], "--profile: expected a value"),
@@ -95,6 +95,17 @@ def test_bad_flags_give_one_line_reasons(argv, reason):
         parse(*argv)
     assert reason in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["fp32", "bf16", "int8"])
+def test_cpu_matmul_values_reach_the_frozen_config(value):
+    import dataclasses
+
+    c = parse("m", "--cpu-matmul", value).config
+    assert c.cpu_matmul == value
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.cpu_matmul = "fp32"
+    assert parse("m").config.cpu_matmul == "fp32"
 
 
 def test_flag_equals_form_and_later_flags_win():

@@ -90,3 +90,19 @@ def test_cuda_bf16_graph_decode_answers_like_the_reference():
     assert engine.runner.graphs is not None and engine.runner.graphs._graphs
     reference = _hf_greedy(artifact, prompt, engine.tokenizer.eos_token_ids)
     assert ours[:8] == reference[:8], engine.tokenizer.decode(ours)
+
+
+def test_cpu_int8_answers_like_fp32(device):
+    """`--cpu-matmul int8` (projections and head requantized per row from the artifact's Q8
+    groups) against the exact fp32 engine: the answer's first sentence is the same (all 64
+    greedy tokens of this prompt matched in bench/results/cpu-matmul-accuracy.md)."""
+    if device.type != "cpu":
+        pytest.skip("--cpu-matmul applies to the CPU engine")
+    from ninfer_engine.artifact import open_artifact
+    from ninfer_engine.models.int8_rows import Int8Rows
+
+    artifact = open_artifact(MODEL)
+    _, exact, _ = _engine_greedy(EngineConfig(artifact=MODEL), artifact)
+    _, ours, engine = _engine_greedy(EngineConfig(artifact=MODEL, cpu_matmul="int8"), artifact)
+    assert isinstance(engine.model.head.narrow, Int8Rows)
+    assert ours[:16] == exact[:16], engine.tokenizer.decode(ours)
