@@ -225,13 +225,20 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
 
 
 def engine_launch(B, N, K, codes, scale, sms=132):
-    """The launch the engine uses, from the H200 sweep (bench/results/h200-fp8-gemv.md).
+    """The launch the engine uses, from the H200 sweeps (bench/results/h200-fp8-gemv.md,
+    h200-bf16-gemv.md).
 
     One row of e4m3 codes: the `fma` variant (no MMA over 15 zero rows; 1.1–1.5× the dot path
     row-scaled, 1.4–2× in groups of 32, 86–104 % of the copy bandwidth on the 27B's MLP and
     head), 32 rows a program where N fills the GPU, else 64 with K split over atomics.
-    Several rows: the dot path; group-scaled weights take at least 128 K a loop iteration (a
-    32-wide group alone left the loop latency-bound: 1.1–1.25× on the 27B shapes)."""
+    One row of plain bf16: `fma`, 16 rows a program, 512 K an iteration where N ≤ 8192 (else
+    256), no K split: 1.01–1.13× cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller
+    ones. Several rows: the dot path; group-scaled weights take at least 128 K a loop iteration
+    (a 32-wide group alone left the loop latency-bound: 1.1–1.25× on the 27B shapes)."""
+    if scale is None:
+        if B != 1:
+            return {}
+        return dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
     group = K // scale.shape[1] if scale.dim() == 2 else 0
     kw = {} if not group else {"group_k": min(max(group, 128), K & -K)}
     if B != 1 or codes.dtype != torch.float8_e4m3fn:  # int8 codes were not swept
@@ -249,9 +256,17 @@ def engine_launch(B, N, K, codes, scale, sms=132):
     return kw
 
 
+def kernel_tiles(K, scale):
+    """True when the kernel can tile K: its step (a group, else the largest power of two
+    dividing K) is a power of two of at least 16, tl.dot's minimum. Every real model matrix
+    qualifies; a tiny test model's K = 24 does not and takes the torch path."""
+    step = K // scale.shape[1] if scale is not None and scale.dim() == 2 else K & -K
+    return step >= 16 and step & (step - 1) == 0
+
+
 def dequant_gemv(x, codes, scale):
     """Dispatching entry point; see the module docstring."""
-    if not use_triton(x):
+    if not use_triton(x) or not kernel_tiles(x.shape[1], scale):
         return dequant_gemv_ref(x, codes, scale)
     return dequant_gemv_triton(x, codes, scale, **engine_launch(x.shape[0], *codes.shape,
                                                                 codes, scale))

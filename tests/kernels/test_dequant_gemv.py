@@ -3,8 +3,10 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_engine.kernels.dequant_gemv import (
+    dequant_gemv,
     dequant_gemv_ref,
     dequant_gemv_triton,
+    kernel_tiles,
     quantize_fp8_row,
     quantize_q8_g32,
 )
@@ -76,3 +78,22 @@ def test_plain_weights_pass_through_exactly(device, dtype, batch):
     out = dequant_gemv_triton(x.to(device), w.to(device), None, block_n=32, block_k=32,
                               fma=batch == 1)
     assert torch.equal(out.cpu(), w[:, hot].t())
+
+
+@pytest.mark.parametrize("encoding", ["fp8_row", "q8_g32", "plain"])
+@pytest.mark.parametrize("K", [24, 40, 256])
+def test_entry_point_takes_the_torch_path_where_the_kernel_cannot_tile(device, encoding, K):
+    """K = 24 (a tiny model's MLP) has no power-of-two step of 16: the entry point must not
+    hand it to the kernel, whose tile assertion would fail the engine (found on the H200)."""
+    g = torch.Generator().manual_seed(K)
+    w = torch.randn(40, K, generator=g)
+    x = torch.randn(1, K, generator=g).bfloat16()
+    if encoding == "plain":
+        codes, scale = w.bfloat16(), None
+    elif encoding == "q8_g32" and K % 32:
+        pytest.skip("groups of 32 need K a multiple of 32")
+    else:
+        codes, scale = (quantize_fp8_row if encoding == "fp8_row" else quantize_q8_g32)(w)
+    assert kernel_tiles(K, scale) == (K == 256)
+    out = dequant_gemv(x.to(device), codes.to(device), None if scale is None else scale.to(device))
+    assert rel_err(out, dequant_gemv_ref(x, codes, scale)) < 1e-2

@@ -139,3 +139,17 @@ def test_engine_launch_matches_reference(device, n, k, batch, group):
     want = dequant_gemv_ref(x.float(), codes, scale)
     got = dequant_gemv_triton(x.to(device), codes.to(device), scale.to(device), **kw)
     assert rel_err(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("n, k", [(40, 256), (300, 1024)])
+def test_engine_launch_of_plain_bf16_rows(device, n, k):
+    """One row of a plain bf16 weight takes the fma variant (the H200 bf16 sweep's winner over
+    cuBLAS), several rows keep the dot path; both agree with F.linear."""
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    for batch in (1, 3):
+        x = torch.randn(batch, k, generator=gen).to(torch.bfloat16)
+        kw = engine_launch(batch, n, k, w, None)
+        assert kw.get("fma", False) == (batch == 1)
+        got = dequant_gemv_triton(x.to(device), w.to(device), None, **kw)
+        assert rel_err(got, x.float() @ w.float().t()) < 1e-2
