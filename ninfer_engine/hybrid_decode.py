@@ -1,10 +1,11 @@
 """One decode step of B sequences of the hybrid family (Qwen3.5 / -MoE) on the ninfer kernels.
 
 `HybridWeights` takes a `Qwen35Model` built over `models.fused.FusedParams` and keeps, per
-layer, one matrix per decode GEMV group (GDN q|k|v|z|b|a, attention q|gate|k|v, MLP or shared
-expert gate|up) plus the stacked routed experts (bf16 or fp8 `models.experts.ExpertStack`s):
-cuBLAS bf16, or the fused dequant GEMVs of `models.packed` where the weights are stored
-quantized.
+layer, one matrix per decode GEMV group (GDN q|k|v|z|b|a, attention q|gate|k|v, MLP gate|up,
+MoE router|shared score(|shared gate|up)) plus the stacked routed experts (bf16 or fp8
+`models.experts.ExpertStack`s, holding the shared expert too where it is stored in their form):
+the Triton FMA GEMV for one bf16 row, cuBLAS for several, or the fused dequant GEMVs of
+`models.packed` where the weights are stored quantized.
 
 `HybridStep` runs one decode step over static buffers: next token and position per row
 (`tokens`, `pos`), page tables (`table`), GDN conv/SSM rows (`conv[i]`, `ssm[i]`, one row per
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .kernels.dequant_gemv import dequant_gemv, kernel_tiles
 from .kernels.gdn_decode import gdn_decode_triton
 from .kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
 from .kernels.moe_fused import (moe_down_combine_triton, moe_gate_up_silu_triton,
@@ -36,12 +38,17 @@ from .models.packed import PackedMatrix, linear
 
 
 class FusedLinear:
-    """`x Wᵀ` through cuBLAS bf16, or the packed kernels for a `PackedMatrix`."""
+    """`x Wᵀ`: one row of a dense weight on CUDA through the Triton FMA GEMV (faster than
+    cuBLAS at batch 1 on every H200 shape swept), several through cuBLAS, a `PackedMatrix`
+    through its packed kernels."""
 
     def __init__(self, w: torch.Tensor | PackedMatrix):
         self.w = w
+        self.fma_row = isinstance(w, torch.Tensor) and w.is_cuda and kernel_tiles(w.shape[1], None)
 
     def __call__(self, x):
+        if self.fma_row and x.shape[0] == 1 and x.dtype == self.w.dtype:
+            return dequant_gemv(x, self.w, None)
         return linear(x, self.w)
 
     def nbytes(self):
@@ -66,10 +73,14 @@ class HybridWeights:
                          w_out=FusedLinear(m.w_out if group == "gdn/" else m.w_o))
             if hasattr(block.ffn, "router"):
                 moe = block.ffn
-                layer.update(moe=moe, experts_gu=params.fused[prefix + "moe/experts/gate_up"],
+                shared_slot = params.shared_in_stack(prefix + "moe/")
+                # one GEMV for router | shared score (| shared gate|up), `models.fused`
+                layer.update(moe=moe, shared_slot=shared_slot,
+                             experts_gu=params.fused[prefix + "moe/experts/gate_up"],
                              experts_down=params.fused[prefix + "moe/experts/down"],
-                             w_gu=FusedLinear(params.fused[prefix + "moe/shared/"]),
-                             w_down=FusedLinear(moe.shared.down))
+                             w_gu=FusedLinear(params.fused[prefix + "moe/"]))
+                if not shared_slot:
+                    layer["w_down"] = FusedLinear(moe.shared.down)
             else:
                 layer.update(w_gu=FusedLinear(params.fused[prefix + "mlp/"]),
                              w_down=FusedLinear(block.ffn.down))
@@ -79,13 +90,12 @@ class HybridWeights:
         """Bytes of every matrix and vector a batch-1 step reads (routed experts: top_k)."""
         n = self.head.nbytes() + self.model.final_norm.numel() * 2
         for layer in self.layers:
-            n += sum(layer[k].nbytes() for k in ("w_in", "w_gu", "w_down", "w_out"))
+            n += sum(layer[k].nbytes() for k in ("w_in", "w_gu", "w_down", "w_out")
+                     if k in layer)
             if "moe" in layer:
-                moe = layer["moe"]
-                n += (moe.router.numel() + moe.shared_score.numel()) * 2
                 # an expert's bytes as served: 2 a weight in bf16, 1 + scales in fp8
                 per_expert = layer["experts_gu"].expert_bytes + layer["experts_down"].expert_bytes
-                n += moe.top_k * per_expert
+                n += (layer["moe"].top_k + layer["shared_slot"]) * per_expert
         return n
 
 
@@ -139,11 +149,11 @@ class HybridStep:
                 mix = self._attn(layer, kv[attn], y, batch, kv_span)
                 attn += 1
             y, h = rms_norm_triton(mix, b.post_norm, self.eps, h, True)
-            g, u = layer["w_gu"](y).chunk(2, -1)
-            delta = layer["w_down"](F.silu(g) * u)
             if "moe" in layer:
-                delta = delta * torch.sigmoid(F.linear(y, layer["moe"].shared_score))
-                delta = delta + self._experts(layer, y, batch)
+                delta = self._moe(layer, y, batch)
+            else:
+                g, u = layer["w_gu"](y).chunk(2, -1)
+                delta = layer["w_down"](F.silu(g) * u)
         y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
         self.pos[:batch] += 1
         return self.w.head(y)
@@ -172,17 +182,27 @@ class HybridStep:
                                    max_seq_len=kv_span)
         return layer["w_out"](a.reshape(B, qd) * torch.sigmoid(gate))
 
-    def _experts(self, layer, y, B):
-        """Top-k routed SwiGLU experts of every row: after the router GEMV, three fused
-        launches (routing; gate|up + SiLU·up over the B·k (row, slot) pairs; down + the
-        weighted sum over the slots)."""
-        moe = layer["moe"]
-        k = moe.top_k
-        weights, ids = route_topk_triton(F.linear(y, moe.router), k, moe.renormalise)
+    def _moe(self, layer, y, B):
+        """Shared expert plus top-k routed SwiGLU experts of every row. One GEMV gives the
+        router logits and the shared score (and the shared gate|up where the shared expert is
+        not in the stacks); the routing kernel picks the k slots (plus the shared expert's,
+        weighted by sigmoid(score), where it is); then gate|up + SiLU·up over the (row, slot)
+        pairs and down + the weighted sum over the slots, one launch each."""
+        moe, shared_slot = layer["moe"], layer["shared_slot"]
+        out = layer["w_gu"](y)
+        if shared_slot:
+            weights, ids = route_topk_triton(out, moe.top_k, moe.renormalise, shared=True)
+        else:
+            width = moe.shared.down.shape[1]
+            logits, score, g, u = out.split([moe.n_experts, 1, width, width], -1)
+            shared = layer["w_down"](F.silu(g) * u) * torch.sigmoid(score)
+            weights, ids = route_topk_triton(logits, moe.top_k, moe.renormalise)
+        k = ids.shape[1]
         ids = ids.view(B * k)
         gu, down = layer["experts_gu"], layer["experts_down"]  # bf16 or fp8 `ExpertStack`s
         act = moe_gate_up_silu_triton(y, gu.w, ids, scale=gu.scale)  # slot s reads row s // k
-        return moe_down_combine_triton(act, down.w, ids, weights, B, k, scale=down.scale)
+        routed = moe_down_combine_triton(act, down.w, ids, weights, B, k, scale=down.scale)
+        return routed if shared_slot else routed + shared
 
 
 class EngineHybridDecoder:

@@ -4,6 +4,9 @@ logits `[B, E]` (bf16 or fp32, E ≤ 512) → `(weights [B, k] fp32, ids [B, k] 
 `w, ids = topk(softmax(logits.float(), -1), k)` (descending, as torch.topk), then
 `w / w.sum(-1, keepdim=True)` when `renormalise`. One program per row (one warp): softmax in
 fp32 registers, then k max-reductions over packed (probability bits, index) keys (k ≤ 16).
+`shared=True` (the shared expert folded into the expert stack as expert E, `models.experts`):
+logits `[B, E + 1]` whose last column is the shared-expert score; the outputs get a slot k
+holding `(sigmoid(score), E)`, so the routed kernels run the shared expert as one more slot.
 Equal probabilities (bf16 logits do tie, e.g. 3 equal logits of 256 at the 8th slot) come out
 lowest index first; torch.topk's order among ties is unspecified (CPU and CUDA differ). The
 ids stay on the device (no host sync), so a decode step remains graph-capturable.
@@ -18,19 +21,23 @@ import triton.language as tl
 from ._dispatch import use_triton
 
 
-def route_topk_ref(logits, k, renormalise):
-    """Torch reference: the sequence of `HybridStep._experts`."""
-    probs = torch.softmax(logits.float(), -1)
+def route_topk_ref(logits, k, renormalise, shared=False):
+    """Torch reference: the sequence of `SparseMoE.route` (plus the shared slot)."""
+    scores = logits[:, :-1] if shared else logits
+    probs = torch.softmax(scores.float(), -1)
     weights, ids = torch.topk(probs, k, -1)
     if renormalise:
         weights = weights / weights.sum(-1, keepdim=True)
+    if shared:
+        weights = torch.cat([weights, torch.sigmoid(logits[:, -1:].float())], -1)
+        ids = torch.cat([ids, torch.full_like(ids[:, :1], scores.shape[1])], -1)
     return weights, ids
 
 
 @triton.jit
 def _route_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride,
                        K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                       RENORM: tl.constexpr):
+                       RENORM: tl.constexpr, SHARED: tl.constexpr, KS: tl.constexpr):
     b = tl.program_id(0)
     cols = tl.arange(0, BLOCK_E)
     emask = cols < E
@@ -54,25 +61,33 @@ def _route_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride,
         keys = tl.where(keys == best, -1, keys)
     if RENORM:
         wk = wk / tl.sum(wk, 0)
-    kmask = slots < K
-    tl.store(w_ptr + b * K + slots, wk, mask=kmask)
-    tl.store(ids_ptr + b * K + slots, ik, mask=kmask)
+    if SHARED:  # slot K: the shared expert (expert E), weighted by sigmoid(its score)
+        score = tl.load(logits_ptr + b * stride + E).to(tl.float32)
+        wk = tl.where(slots == K, 1.0 / (1.0 + tl.exp(-score)), wk)
+        ik = tl.where(slots == K, E, ik)
+    kmask = slots < KS
+    tl.store(w_ptr + b * KS + slots, wk, mask=kmask)
+    tl.store(ids_ptr + b * KS + slots, ik, mask=kmask)
 
 
-def route_topk_triton(logits, k, renormalise):
-    """Triton path: one program per row."""
-    B, E = logits.shape
-    assert E <= 512 and k <= 16 and k <= E, (E, k)
-    logits = logits.contiguous()
-    weights = torch.empty(B, k, device=logits.device, dtype=torch.float32)
-    ids = torch.empty(B, k, device=logits.device, dtype=torch.int64)
+def route_topk_triton(logits, k, renormalise, shared=False):
+    """Triton path: one program per row; reads a row-strided view (a GEMV output's columns)."""
+    B, E = logits.shape[0], logits.shape[1] - shared
+    assert E <= 512 and k + shared <= 16 and k <= E, (E, k)
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    ks = k + shared
+    weights = torch.empty(B, ks, device=logits.device, dtype=torch.float32)
+    ids = torch.empty(B, ks, device=logits.device, dtype=torch.int64)
     _route_topk_kernel[(B,)](logits, weights, ids, E, logits.stride(0), K=k,
                              BLOCK_E=triton.next_power_of_2(E),
-                             BLOCK_K=max(2, triton.next_power_of_2(k)),
-                             RENORM=bool(renormalise), num_warps=1)  # warp-shuffle reductions
+                             BLOCK_K=max(2, triton.next_power_of_2(ks)),
+                             RENORM=bool(renormalise), SHARED=bool(shared), KS=ks,
+                             num_warps=1)  # warp-shuffle reductions
     return weights, ids
 
 
-def route_topk(logits, k, renormalise):
+def route_topk(logits, k, renormalise, shared=False):
     """Dispatching entry point; see the module docstring."""
-    return (route_topk_triton if use_triton(logits) else route_topk_ref)(logits, k, renormalise)
+    fn = route_topk_triton if use_triton(logits) else route_topk_ref
+    return fn(logits, k, renormalise, shared)

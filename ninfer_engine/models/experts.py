@@ -137,22 +137,37 @@ class ExpertStack:
 
 
 Getter = Callable[[int, str, tuple[int, int]], "torch.Tensor | PackedMatrix"]
+SharedGetter = Callable[[str, tuple[int, int]], "torch.Tensor | PackedMatrix"]
 
 
-def stack_experts(get: Getter, n: int, width: int, hidden: int) -> tuple[ExpertStack,
-                                                                             ExpertStack]:
+def stack_experts(get: Getter, n: int, width: int, hidden: int,
+                  shared: SharedGetter | None = None) -> tuple[ExpertStack, ExpertStack]:
     """(gate|up `[n, 2·width, hidden]`, down `[n, hidden, width]`) from `get(e, member, shape)`.
 
     A stack is fp8 when expert 0's members of it are all one fp8 form (same scale layout),
-    else bf16 (packed members decoded); every expert must come in expert 0's form."""
+    else bf16 (packed members decoded); every expert must come in expert 0's form.
+    `shared(member, shape)`, the layer's shared expert of the same width: stacked as expert n
+    (stacks of n + 1) when each of its members is already in its stack's form (a bf16 tensor
+    for a bf16 stack, the same fp8 layout for an fp8 one), so that the decode kernels run it as
+    one more slot (`kernels.moe_route`, shared=True); otherwise left out."""
     gu_shape, down_shape = (width, hidden), (hidden, width)
     first = {m: get(0, m, gu_shape) for m in ("gate", "up")}
     first["down"] = get(0, "down", down_shape)
-    gate_up = _empty([first["gate"], first["up"]], n, 2 * width, hidden)
-    down = _empty([first["down"]], n, hidden, width)
-    for e in range(n):
-        parts = first if e == 0 else {m: get(e, m, gu_shape) for m in ("gate", "up")}
-        if e:
+    extra = None
+    if shared is not None:
+        extra = {m: shared(m, gu_shape) for m in ("gate", "up")}
+        extra["down"] = shared("down", down_shape)
+        gu_form, down_form = _stack_form([first["gate"], first["up"]]), _stack_form([first["down"]])
+        if not all(_in_form(extra[m], gu_form) for m in ("gate", "up")) or not _in_form(
+                extra["down"], down_form):
+            extra = None
+    total = n + (extra is not None)
+    gate_up = _empty([first["gate"], first["up"]], total, 2 * width, hidden)
+    down = _empty([first["down"]], total, hidden, width)
+    for e in range(total):
+        parts = first if e == 0 else extra if e == n else {
+            m: get(e, m, gu_shape) for m in ("gate", "up")}
+        if 0 < e < n:
             parts["down"] = get(e, "down", down_shape)
         _put(gate_up, e, 0, parts["gate"])
         _put(gate_up, e, width, parts["up"])
@@ -169,11 +184,22 @@ def _form(part) -> tuple | None:
     return None
 
 
-def _empty(parts: list, n: int, rows: int, cols: int) -> ExpertStack:
+def _stack_form(parts: list) -> tuple | None:
+    """The fp8 form of a stack whose expert 0 has these members, None for a bf16 stack."""
     forms = {_form(p) for p in parts}
+    return forms.pop() if len(forms) == 1 and None not in forms else None
+
+
+def _in_form(part, form: tuple | None) -> bool:
+    """Whether `part` goes into a stack of `form` as it is (no decoding, no requantizing)."""
+    return isinstance(part, torch.Tensor) if form is None else _form(part) == form
+
+
+def _empty(parts: list, n: int, rows: int, cols: int) -> ExpertStack:
+    form = _stack_form(parts)
     device = parts[0].device
-    if len(forms) == 1 and None not in forms:
-        _, tail, sdtype = forms.pop()
+    if form is not None:
+        _, tail, sdtype = form
         return ExpertStack(torch.empty(n, rows, cols, dtype=torch.float8_e4m3fn, device=device),
                            torch.empty(n, rows, *tail, dtype=sdtype, device=device))
     dtype = next((p.dtype for p in parts if isinstance(p, torch.Tensor)), torch.bfloat16)

@@ -1,9 +1,12 @@
 """`FusedParams`: a Qwen3.5 parameter source that stores each decode GEMV group as one matrix.
 
 The matrices one decode step multiplies by the same input (GDN q|k|v|z|b|a, attention
-q|gate|k|v, MLP gate|up, shared-expert gate|up) live in one fused matrix and reach
-`Qwen35Model` as row views of it; routed experts live in stacked `[E, 2I, H]` / `[E, H, I]`
-`experts.ExpertStack`s (bf16, or e4m3 codes + scales where the experts are served fp8). The
+q|gate|k|v, MLP gate|up, MoE router|shared-expert score|shared gate|up) live in one fused
+matrix and reach `Qwen35Model` as row views of it; routed experts live in stacked
+`[E, 2I, H]` / `[E, H, I]` `experts.ExpertStack`s (bf16, or e4m3 codes + scales where the
+experts are served fp8). Where the shared expert is stored in the stacks' form it is stacked
+as expert E instead (`shared_in_stack`; its members are views of the stacks and the MoE group
+is router|score only), so the decode step runs it as a ninth slot of the routed kernels. The
 reference forward is unchanged (a row view multiplies like the matrix it was cut from), while
 the static decoders run one GEMV per group and one grouped launch for the experts.
 """
@@ -21,7 +24,8 @@ from .packed import PackedMatrix, cat_rows
 # member order inside each fused matrix
 FUSED = {"gdn/": ["query", "key", "value", "z", "b_projection", "a_projection"],
          "attention/": ["query", "gate", "key", "value"], "mlp/": ["gate", "up"],
-         "moe/shared/": ["gate", "up"]}
+         "moe/": ["router", "shared_score", "shared/gate", "shared/up"]}
+SHARED = ("shared/gate", "shared/up", "shared/down")
 
 
 class FusedParams:
@@ -40,11 +44,21 @@ class FusedParams:
 
     def __call__(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         if "/moe/experts/" in name:
-            return self._expert(name)
+            prefix, rest = name.split("/moe/experts/")
+            e, member = rest.split("/")
+            return self._expert(prefix + "/moe/", int(e), member)
         for group, members in FUSED.items():
             prefix, _, member = name.rpartition(group)
-            if member in members and prefix.startswith("text/layers/"):
+            if prefix.startswith("text/layers/") and (member in members or member in SHARED):
                 key = prefix + group
+                if group == "moe/":
+                    self._stacks(key)  # decides whether the shared expert is in the stacks
+                    if self.shared_in_stack(key):
+                        members = members[:2]
+                        if member in SHARED:
+                            return self._expert(key, self.c["num_experts"], member[7:])
+                    if member not in members:  # shared/down outside the stacks
+                        return self.source(name, shape)
                 if key not in self.fused:
                     self.fused[key] = cat_rows([self.source(key + m, self.shapes[key + m])
                                                  for m in members])
@@ -53,19 +67,31 @@ class FusedParams:
                 return self.fused[key][start : start + shape[0]]
         return self.source(name, shape)
 
-    def _expert(self, name: str) -> torch.Tensor | PackedMatrix:
-        """Expert e's gate/up rows of the layer's gate|up `ExpertStack`, or its down: bf16
+    def shared_in_stack(self, moe_key: str) -> bool:
+        """Whether layer `moe_key` (`text/layers/i/moe/`)'s shared expert is stacked as expert
+        E of its routed-expert stacks (see the module docstring)."""
+        return self.fused[moe_key + "experts/down"].w.shape[0] > self.c["num_experts"]
+
+    def _stacks(self, key: str) -> None:
+        """Build layer `key` (`text/layers/i/moe/`)'s expert stacks, once; the shared expert
+        joins them when it has the routed width and their form (`experts.stack_experts`)."""
+        if key + "experts/down" in self.fused:
+            return
+        width = self.c["moe_intermediate_size"]
+        shared = None
+        if self.c.get("shared_expert_intermediate_size") == width:
+            shared = lambda m, shape: self.source(f"{key}shared/{m}", shape)  # noqa: E731
+        self.fused[key + "experts/gate_up"], self.fused[key + "experts/down"] = stack_experts(
+            lambda x, m, shape: self.source(f"{key}experts/{x}/{m}", shape),
+            self.c["num_experts"], width, self.c["hidden_size"], shared)
+
+    def _expert(self, key: str, e: int, member: str) -> torch.Tensor | PackedMatrix:
+        """Expert e's gate/up rows of layer `key`'s gate|up `ExpertStack`, or its down: bf16
         views, or one-block `PackedMatrix` views of fp8 codes and scales
         (`models.experts`)."""
-        prefix, rest = name.split("/moe/experts/")
-        e, member = rest.split("/")
-        e, width = int(e), self.c["moe_intermediate_size"]
-        key = prefix + "/moe/experts/"
-        if key + "down" not in self.fused:
-            self.fused[key + "gate_up"], self.fused[key + "down"] = stack_experts(
-                lambda x, m, shape: self.source(f"{key}{x}/{m}", shape),
-                self.c["num_experts"], width, self.c["hidden_size"])
+        self._stacks(key)
+        width = self.c["moe_intermediate_size"]
         if member == "down":
-            return self.fused[key + "down"].member(e)
+            return self.fused[key + "experts/down"].member(e)
         start = 0 if member == "gate" else width
-        return self.fused[key + "gate_up"].member(e, start, start + width)
+        return self.fused[key + "experts/gate_up"].member(e, start, start + width)

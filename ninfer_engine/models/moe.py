@@ -141,7 +141,7 @@ class SparseMoE:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k (weights [T, k] in x's dtype, expert ids [T, k]); softmax in fp32 over all E."""
-        probs = torch.softmax(F.linear(x, self.router), -1, dtype=torch.float32)
+        probs = torch.softmax(linear(x, self.router), -1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, -1)
         if self.renormalise:
             weights = weights / weights.sum(-1, keepdim=True)
@@ -182,5 +182,5 @@ class SparseMoE:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         out = self.routed(x, weights, ids)
-        shared = torch.sigmoid(F.linear(x, self.shared_score)) * self.shared(x)
+        shared = torch.sigmoid(linear(x, self.shared_score)) * self.shared(x)
         return out + shared

@@ -70,6 +70,27 @@ def test_route_topk_matches_softmax_topk(device, B, E, k, renorm, dtype):
         assert torch.equal(ids, ids_ref)
 
 
+@pytest.mark.parametrize("B", [1, 3])
+def test_route_topk_appends_the_shared_slot(device, B):
+    """`shared=True`: the last logit column is the shared-expert score; the routed slots come
+    from the other E columns (as without it) and slot k is (sigmoid(score), E). Reads a
+    row-strided view, as the decode step hands it a GEMV output's columns."""
+    g = torch.Generator().manual_seed(B)
+    E, k = 16, 4
+    wide = (torch.randn(B, E + 9, generator=g) * 3).to(torch.bfloat16)
+    logits = wide[:, 3 : 3 + E + 1]  # a column slice: row stride E + 9
+    w, ids = route_topk_triton(logits.to(device), k, True, shared=True)
+    w_plain, ids_plain = route_topk_ref(logits[:, :E], k, True)
+    assert w.shape == ids.shape == (B, k + 1)
+    torch.testing.assert_close(w[:, :k].cpu(), w_plain, rtol=1e-5, atol=1e-7)
+    assert torch.equal(ids[:, :k].cpu(), ids_plain) and (ids[:, k] == E).all()
+    torch.testing.assert_close(w[:, k].cpu(), torch.sigmoid(logits[:, E].float()), rtol=1e-5,
+                               atol=1e-6)
+    w_ref, ids_ref = route_topk_ref(logits, k, True, shared=True)
+    torch.testing.assert_close(w.cpu(), w_ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(ids.cpu(), ids_ref)
+
+
 def test_route_topk_dispatches_to_torch_on_cpu():
     logits = torch.randn(2, 16)
     w, ids = route_topk(logits, 4, True)

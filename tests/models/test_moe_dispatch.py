@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from ninfer_engine.models import moe
 from ninfer_engine.models.moe import SparseMoE, grouped_experts, stacked_experts
+from ninfer_engine.models.packed import linear
 
 
 def reference(m: SparseMoE, x: torch.Tensor) -> torch.Tensor:
@@ -18,7 +18,7 @@ def reference(m: SparseMoE, x: torch.Tensor) -> torch.Tensor:
         rows, slot = torch.where(ids == e)
         y = m.experts[e](x[rows]) * weights[rows, slot, None]
         out.index_add_(0, rows, y)
-    shared = torch.sigmoid(F.linear(x, m.shared_score)) * m.shared(x)
+    shared = torch.sigmoid(linear(x, m.shared_score)) * m.shared(x)
     return out + shared
 
 
@@ -110,11 +110,16 @@ def test_stacked_detection_with_fused_params(mode):
     for i, b in enumerate(model.blocks):
         if isinstance(b.ffn, SparseMoE):
             key = f"text/layers/{i}/moe/experts/"
-            for found, fused in zip(b.ffn.stacked, (params.fused[key + "gate_up"],
-                                                    params.fused[key + "down"])):
-                found, fused = found.w, fused.w
+            stacks = (params.fused[key + "gate_up"], params.fused[key + "down"])
+            for found, fused in zip(b.ffn.stacked, stacks):
+                found, fused = found.w, fused.w[: config["num_experts"]]  # routed experts
                 assert (found.data_ptr(), found.shape, found.stride()) == (
                     fused.data_ptr(), fused.shape, fused.stride())
+            # the shared expert (bf16, the routed width) is expert E of the same stacks
+            assert params.shared_in_stack(f"text/layers/{i}/moe/")
+            E = config["num_experts"]
+            assert b.ffn.shared.gate.data_ptr() == stacks[0].w[E].data_ptr()
+            assert b.ffn.shared.down.data_ptr() == stacks[1].w[E].data_ptr()
 
 
 needs_grouped = pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="no _grouped_mm")
