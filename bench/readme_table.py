@@ -64,7 +64,9 @@ def _gpu_rows() -> list[str]:
                         ("h200-ninfer-bench-27b-q4-packed.json",
                          "27B dense shape, Q4/Q5 weights kept packed as stored "
                          "(`--cuda-weights packed`)"),
-                        ("h200-ninfer-bench-35b-a3b.json", "35B-A3B shape, bf16")):
+                        ("h200-ninfer-bench-35b-a3b.json", "35B-A3B shape, bf16"),
+                        ("h200-ninfer-bench-flash-next-fp8.json",
+                         "80B-A3B (Flash-Next) shape, fp8-row weights")):
         r = _load(name)
         if not r:
             continue
