@@ -1,6 +1,6 @@
 """Fused routed-expert decode: routing, gate|up + SwiGLU, down + weighted slot sum.
 
-Three launches replace the ~10 small ones of the torch sequence in `HybridStep._experts`:
+Three launches replace the ~10 small ones of the torch sequence in `HybridStep._moe`:
 `route_topk` (routing, `kernels.moe_route`, re-exported here) and the two below.
 
 `moe_gate_up_silu(x, w_gu, ids, scale=None)`
@@ -166,15 +166,35 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, s_ptr, I, H, rep,
     tl.store(y_ptr + s * I + cols, act.to(y_ptr.dtype.element_ty), mask=cmask)
 
 
-def moe_gate_up_silu_triton(x, w_gu, ids, block_i=16, block_k=512, use_dot=False,
-                            num_warps=8, num_stages=None, scale=None):
+# Register-kernel tiles (block, block_k, num_warps) by (scale mode, one row?), from the H200
+# sweep in which every call reads another layer's experts as decode does
+# (bench/results/h200-moe-slots.md: 1.05-1.5x the previous 16/512/8 and 8/512/4 tiles). Group
+# scales (mode 2) were not swept and keep those.
+GATE_UP_TILES = {(0, True): (16, 256, 8), (0, False): (16, 256, 8), (1, True): (16, 256, 8),
+                 (1, False): (16, 256, 4), (2, True): (16, 512, 8), (2, False): (16, 512, 8)}
+DOWN_TILES = {(0, True): (8, 512, 8), (0, False): (8, 256, 4), (1, True): (8, 512, 8),
+              (1, False): (8, 512, 2), (2, True): (8, 512, 4), (2, False): (8, 512, 4)}
+
+
+def _tile(table, mode, rows, block, block_k, num_warps):
+    """The caller's tile where given, else the table's for this scale mode and row count."""
+    tb, tk, tw = table[mode, rows == 1]
+    return (tb if block is None else block, tk if block_k is None else block_k,
+            tw if num_warps is None else num_warps)
+
+
+def moe_gate_up_silu_triton(x, w_gu, ids, block_i=None, block_k=None, use_dot=False,
+                            num_warps=None, num_stages=None, scale=None):
     """Triton path: one program per (slot, block of I output columns): with I = 512 and
-    block_i = 16, 32 per slot, 256 at B = 1, k = 8 (~2 per H200 SM). `scale`: see
-    `moe_dequant.scale_layout` (None: bf16 weights, the unchanged kernel)."""
+    block_i = 16, 32 per slot, 288 at B = 1 with 8 routed slots and the shared one (~2 per
+    H200 SM). Tiles default to `GATE_UP_TILES`. `scale`: see `moe_dequant.scale_layout` (None:
+    bf16 weights, the unchanged kernel)."""
     E, I2, H = w_gu.shape
     I, S = I2 // 2, ids.shape[0]
     assert x.shape[-1] == H and S % x.shape[0] == 0, (x.shape, w_gu.shape, S)
     mode = scale_layout(w_gu, scale)[0]
+    block_i, block_k, num_warps = _tile(GATE_UP_TILES, mode, x.shape[0], block_i, block_k,
+                                        num_warps)
     block_k = min(block_k, max(16, triton.next_power_of_2(H)))
     y = torch.empty(S, I, device=x.device, dtype=x.dtype)
     x = x.contiguous()
@@ -272,18 +292,20 @@ def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, s_ptr, H, I,
     tl.store(y_ptr + b * H + rows, out.to(y_ptr.dtype.element_ty), mask=hmask)
 
 
-def moe_down_combine_triton(act, w_down, ids, weights, B, k, block_h=None, block_k=512,
-                            use_dot=False, num_warps=4, num_stages=None, scale=None):
+def moe_down_combine_triton(act, w_down, ids, weights, B, k, block_h=None, block_k=None,
+                            use_dot=False, num_warps=None, num_stages=None, scale=None):
     """Triton path: one program per (row b, block of H outputs), looping over the k slots
-    (unrolled: k is a compile-time constant). block_h defaults to 8 (256 programs per row at
-    H = 2048, ~2 per H200 SM at B = 1), 16 with `use_dot` (tl.dot needs N ≥ 16). `scale`: see
-    `moe_dequant.scale_layout` (None: bf16 weights, the unchanged kernel)."""
-    if block_h is None:
-        block_h = 16 if use_dot else 8
+    (unrolled: k is a compile-time constant). Tiles default to `DOWN_TILES` (block_h 8: 256
+    programs per row at H = 2048, ~2 per H200 SM at B = 1), block_h 16 with `use_dot` (tl.dot
+    needs N ≥ 16). `scale`: see `moe_dequant.scale_layout` (None: bf16 weights, the unchanged
+    kernel)."""
+    if block_h is None and use_dot:
+        block_h = 16
     E, H, I = w_down.shape
     assert act.shape == (B * k, I) and ids.shape[0] == B * k, (act.shape, ids.shape, B, k)
     assert weights.numel() == B * k, weights.shape
     mode = scale_layout(w_down, scale)[0]
+    block_h, block_k, num_warps = _tile(DOWN_TILES, mode, B, block_h, block_k, num_warps)
     block_k = min(block_k, max(16, triton.next_power_of_2(I)))
     y = torch.empty(B, H, device=act.device, dtype=act.dtype)
     act, weights = act.contiguous(), weights.contiguous()
