@@ -119,7 +119,7 @@ class DecodeGraphs:
         d = self.decoder
         d.load(seqs)
         batch = len(seqs)
-        bucket = _bucket(max(seq.cached + 1 for seq in seqs), d.max_context)
+        bucket = context_bucket(max(seq.cached + 1 for seq in seqs), d.max_context)
         if not self.capture:
             logits = d.step(batch, bucket)
         else:
@@ -153,7 +153,9 @@ class DecodeGraphs:
         return graph, logits
 
 
-def _bucket(length: int, max_context: int) -> int:
+def context_bucket(length: int, max_context: int) -> int:
+    """The graph bucket of a step whose longest row is `length` tokens: powers of two from
+    `MIN_BUCKET`, capped at the pool's context (or the length itself, if longer)."""
     bucket = MIN_BUCKET
     while bucket < length:
         bucket *= 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..decode_graphs import context_bucket
 from ..hybrid_decode import HybridStep, HybridWeights, KvLayer
 from ..kernels.paged_attention import PAGE
 from ..kernels.sampling import argmax_triton
@@ -26,6 +27,7 @@ class KernelDecoder:
                  weights: HybridWeights | None = None):
         self.weights = weights or HybridWeights(model, params)
         self.model, self.c, self.B, self.capacity = model, model.config, batch, capacity
+        self.span = capacity  # the attention kernel's context bound (`HybridStep.step`)
         dev = model.embedding.device
         pages = -(-capacity // PAGE)
         self.kv = []
@@ -62,6 +64,7 @@ class KernelDecoder:
                 self.kv[attn].write(slots, src.k.transpose(0, 1), src.v.transpose(0, 1))
                 attn += 1
         self.pos[row] = L
+        self.span = self.capacity
 
     def fill_random(self, ctx: int, token: int = 1234) -> None:
         """Random KV and GDN state as if every sequence had consumed `ctx` tokens."""
@@ -71,6 +74,9 @@ class KernelDecoder:
             kv.k.normal_()
             kv.v.normal_()
         self.pos.fill_(ctx)
+        # the engine's graph for this context: its bucket, not the pool's capacity (a 32K
+        # split grid costs a 1K-context 35B-A3B step ~10 %); 64 steps of room
+        self.span = context_bucket(ctx + 64, self.capacity)
         # distinct inputs: distinct routing per sequence
         self.token.copy_(token + torch.arange(self.B, device=self.token.device))
 
@@ -98,9 +104,9 @@ class KernelDecoder:
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """One decode step from `token` [B]; returns logits [B, V], advances every position."""
         self.token.copy_(token)
-        return self.core.step(self.B, self.capacity)
+        return self.core.step(self.B, self.span)
 
     def greedy_step(self):
         """Graph-friendly autoregressive step: feed back each row's argmax."""
-        self.token.copy_(argmax_triton(self.core.step(self.B, self.capacity)))
+        self.token.copy_(argmax_triton(self.core.step(self.B, self.span)))
         return self.token

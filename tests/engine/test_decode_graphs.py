@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ninfer_engine.decode_graphs import DecodeGraphs, StaticDecoder, _bucket, build_decode_graphs
+from ninfer_engine.decode_graphs import DecodeGraphs, StaticDecoder, build_decode_graphs, context_bucket
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
 
@@ -105,12 +105,12 @@ def test_a_batch_smaller_than_the_buffers_uses_the_first_rows(device):
 
 
 def test_context_buckets_double_from_1k_up_to_the_max_context():
-    assert _bucket(1, 8192) == 1024
-    assert _bucket(1024, 8192) == 1024
-    assert _bucket(1025, 8192) == 2048
-    assert _bucket(5000, 8192) == 8192
-    assert _bucket(9000, 12000) == 12000
-    assert _bucket(100, 512) == 512
+    assert context_bucket(1, 8192) == 1024
+    assert context_bucket(1024, 8192) == 1024
+    assert context_bucket(1025, 8192) == 2048
+    assert context_bucket(5000, 8192) == 8192
+    assert context_bucket(9000, 12000) == 12000
+    assert context_bucket(100, 512) == 512
 
 
 def test_the_static_path_is_only_built_for_cuda_half_precision_llama_models():
