@@ -153,3 +153,26 @@ def test_engine_launch_of_plain_bf16_rows(device, n, k):
         assert kw.get("fma", False) == (batch == 1)
         got = dequant_gemv_triton(x.to(device), w.to(device), None, **kw)
         assert rel_err(got, x.float() @ w.float().t()) < 1e-2
+
+
+@pytest.mark.parametrize("n, k", [(40, 256), (72, 512)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_nibble_groups_read_the_stored_q4_base_plane(device, n, k, batch):
+    """The Q4 base plane (ninfer-format.md §2.1, K a multiple of 128) as nibble codes with its
+    group scales: the engine's launch (fma at one row, dot at several) equals the format's own
+    dequantization; the reference `dequantize` unpacks it the same way."""
+    from ninfer_engine.artifact.planes import quantize_rowsplit
+    from ninfer_engine.kernels.dequant_gemv import dequantize
+    from ninfer_engine.kernels.quant_gemv import rowsplit_dequant_ref
+
+    gen = torch.Generator().manual_seed(n + k + batch)
+    w = torch.randn(n, k, generator=gen)
+    base, high, scale = quantize_rowsplit(w, "q4_g64_fp16")
+    assert base.dtype == torch.uint8 and base.shape == (n, k // 2)
+    stored = rowsplit_dequant_ref(base, high, scale, 4, 64, k)
+    torch.testing.assert_close(dequantize(base, scale), stored, rtol=0, atol=0)
+    x = torch.randn(batch, k, generator=gen).to(torch.bfloat16)
+    kw = engine_launch(batch, n, k, base, scale, sms=4)
+    assert kw.get("fma", False) == (batch == 1)
+    got = dequant_gemv_triton(x.to(device), base.to(device), scale.to(device), **kw)
+    assert rel_err(got, x.float() @ stored.t()) < 1e-2
