@@ -60,7 +60,6 @@ import triton  # noqa: E402
 
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
 from ninfer_engine.artifact.synth import parameter_shapes, synth_config  # noqa: E402
-from ninfer_engine.artifact.planes import quantize_rowsplit  # noqa: E402
 from ninfer_engine.kernels import dequant_gemv as dg  # noqa: E402
 from ninfer_engine.models.fused import FUSED  # noqa: E402
 
@@ -97,9 +96,7 @@ SMOKE_SHAPES = {"t_up": (40, 256), "t_down": (24, 512)}
 # name -> group: None row scales, 0 plain weights (scale None), else the group size
 FORMATS = {"fp8_row": None, "fp8_g32": 32, "fp8_g128": 128,
            "fp8_g64": 64,  # the group the engine's Q4/Q5 -> fp8 repack has; not swept by default
-           "q4_nib64": 64,  # the stored Q4 base plane read as nibble groups; not by default
            "bf16": 0}
-NIBBLES = "q4_nib64"
 DEFAULT_FORMATS = "fp8_row,fp8_g32,fp8_g128"
 VARIANTS = {
     "base": {},  # codes -> fp32 -> bf16 (plain: the weight as it is), bf16 dot
@@ -182,9 +179,6 @@ def make_weights(n, k, fmt, seed=0):
     group = FORMATS[fmt]
     if group == 0:  # plain bf16: the weight is the "codes", no scale
         return w, w.bfloat16(), None
-    if fmt == NIBBLES:
-        base, _, scale = quantize_rowsplit(w, "q4_g64_fp16")
-        return w, base, scale
     codes, scale = dg.quantize_fp8_row(w) if group is None else dg.quantize_fp8_groups(w, group)
     return w, codes, scale
 
@@ -194,9 +188,7 @@ def empty_weights(n, k, fmt):
     group = FORMATS[fmt]
     if group == 0:
         return torch.empty(n, k, device=DEV, dtype=torch.bfloat16), None
-    codes = torch.empty(n, k // 2 if fmt == NIBBLES else k, device=DEV, dtype=torch.uint8)
-    if fmt != NIBBLES:
-        codes = codes.view(torch.float8_e4m3fn)
+    codes = torch.empty(n, k, device=DEV, dtype=torch.uint8).view(torch.float8_e4m3fn)
     scale = (torch.ones(n, device=DEV, dtype=torch.bfloat16) if group is None else
              torch.ones(n, k // group, device=DEV, dtype=torch.float16))
     return codes, scale

@@ -6,10 +6,6 @@ Weight encodings, kept as plain tensors:
 * group-scaled: codes `[N, K]` (int8, or float8_e4m3fn) and one scale per G consecutive K
   `[N, K // G]`, G a power of two ≥ 16: q8_g32 (§2.1's Q8 values), and the fp8 form the engine
   repacks Q4/Q5 groups into (their codes are exact in e4m3; `models.packed`);
-* nibble groups: the stored Q4 base plane itself (ninfer-format.md §2.1 with K a multiple of
-  128, so no padding): uint8 `[N, K // 2]`, low nibble = column 2j, high = 2j + 1, each a
-  two's-complement 4-bit code, and fp16 scales `[N, K // 64]`; half a byte a weight, where the
-  fp8 form above takes one;
 * plain: the weight itself `[N, K]` in x's dtype (bf16 or fp16) and `scale=None`; the loads
   only widen to fp32 (`fma`) or feed the dot as they are. Here to time the `fma` variant
   against cuBLAS at batch 1 (bench/fp8_gemv_sweep.py `--formats bf16`); the engine does not
@@ -73,18 +69,10 @@ def quantize_fp8_groups(w, group):
     return codes.flatten(1), scale
 
 
-def unpack_nibbles(packed):
-    """uint8 `[N, K // 2]` two's-complement nibble pairs -> int8 codes `[N, K]` in [-8, 7]."""
-    pair = torch.stack((packed & 0xF, packed >> 4), -1).flatten(1).to(torch.int8)
-    return pair - ((pair & 8) << 1)
-
-
 def dequantize(codes, scale):
     """Codes and scales of any encoding (scale None: plain) -> fp32 [N, K]."""
     if scale is None:
         return codes.float()
-    if codes.dtype == torch.uint8:  # nibble groups
-        codes = unpack_nibbles(codes)
     if scale.dim() == 1:
         return codes.float() * scale.float()[:, None]
     return (codes.float().unflatten(1, (scale.shape[1], -1)) * scale.float()[..., None]).flatten(1)
@@ -96,51 +84,23 @@ def dequant_gemv_ref(x, codes, scale):
 
 
 @triton.jit
-def _nibbles(w):
-    """uint8 nibble pairs -> (even, odd) columns as fp32 two's-complement codes in [-8, 7]."""
-    lo = (w & 15).to(tl.int32)
-    hi = (w >> 4).to(tl.int32)
-    return ((lo ^ 8) - 8).to(tl.float32), ((hi ^ 8) - 8).to(tl.float32)
-
-
-@triton.jit
 def _tile_part(x_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt,
-               SCALE: tl.constexpr, DOT: tl.constexpr, KT: tl.constexpr, FMA: tl.constexpr,
-               NIB: tl.constexpr):
+               SCALE: tl.constexpr, DOT: tl.constexpr, KT: tl.constexpr, FMA: tl.constexpr):
     """Partial sums of K columns kg..kg+KT: [BN] (FMA) or [BB, BN], times the group scale when
-    group-scaled (the tile is one group). NIB: the codes are nibble pairs, KT // 2 bytes."""
-    if NIB:
-        jh = tl.arange(0, KT // 2)
-        w = tl.load(w_ptr + rows[:, None] * (K // 2) + (kg // 2 + jh)[None, :],
-                    mask=nmask[:, None], other=0)
-        even, odd = _nibbles(w)
-        cols = kg + 2 * jh
-        if FMA:
-            xe = tl.load(x_ptr + cols).to(tl.float32)
-            xo = tl.load(x_ptr + cols + 1).to(tl.float32)
-            part = tl.sum(even * xe[None, :] + odd * xo[None, :], axis=1)
-        else:
-            xe = tl.load(x_ptr + bat[:, None] * K + cols[None, :], mask=bmask[:, None],
-                         other=0.0)
-            xo = tl.load(x_ptr + bat[:, None] * K + cols[None, :] + 1, mask=bmask[:, None],
-                         other=0.0)
-            part = tl.dot(xe.to(DOT), tl.trans(even.to(DOT))) + tl.dot(
-                xo.to(DOT), tl.trans(odd.to(DOT)))
+    group-scaled (the tile is one group)."""
+    cols = kg + kt
+    # no `other`: an integer fill cannot be cast to fp8, and masked rows are never stored
+    w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=nmask[:, None])
+    if FMA:
+        xv = tl.load(x_ptr + cols).to(tl.float32)
+        part = tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
     else:
-        cols = kg + kt
-        # no `other`: an integer fill cannot be cast to fp8, and masked rows are never stored
-        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=nmask[:, None])
-        if FMA:
-            xv = tl.load(x_ptr + cols).to(tl.float32)
-            part = tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
+        x = tl.load(x_ptr + bat[:, None] * K + cols[None, :], mask=bmask[:, None], other=0.0)
+        if SCALE == "none":  # plain weights: already a dot operand (fp32 when interpreting)
+            wd = w.to(DOT)
         else:
-            x = tl.load(x_ptr + bat[:, None] * K + cols[None, :], mask=bmask[:, None],
-                        other=0.0)
-            if SCALE == "none":  # plain weights: already a dot operand (fp32 when interpreting)
-                wd = w.to(DOT)
-            else:
-                wd = w.to(tl.float32).to(DOT)
-            part = tl.dot(x.to(DOT), tl.trans(wd))
+            wd = w.to(tl.float32).to(DOT)
+        part = tl.dot(x.to(DOT), tl.trans(wd))
     if SCALE == "group":
         sc = tl.load(s_ptr + rows * (K // KT) + kg // KT, mask=nmask, other=0.0).to(tl.float32)
         if FMA:
@@ -154,8 +114,7 @@ def _tile_part(x_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt,
 def _dequant_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split,
                          SCALE: tl.constexpr, DOT: tl.constexpr, BB: tl.constexpr,
                          BN: tl.constexpr, BK: tl.constexpr, KT: tl.constexpr,
-                         FMA: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr,
-                         NIB: tl.constexpr):
+                         FMA: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr):
     # BK: K per loop iteration, KT: K per load / dot (one scale group; BK otherwise).
     # SCALE: "row", "group" or "none" (plain weights; s_ptr unused)
     NT: tl.constexpr = BK // KT
@@ -172,13 +131,13 @@ def _dequant_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split,
         for k in tl.range(k0, k0 + k_per_split, BK, num_stages=STAGES):
             for t in tl.static_range(NT):
                 acc += _tile_part(x_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, k + t * KT,
-                                  kt, SCALE, DOT, KT, FMA, NIB)
+                                  kt, SCALE, DOT, KT, FMA)
     else:
         acc = tl.zeros([BB, BN], tl.float32)
         for k in range(k0, k0 + k_per_split, BK):
             for t in tl.static_range(NT):
                 acc += _tile_part(x_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, k + t * KT,
-                                  kt, SCALE, DOT, KT, FMA, NIB)
+                                  kt, SCALE, DOT, KT, FMA)
     if SCALE == "row":
         sc = tl.load(s_ptr + rows, mask=nmask).to(tl.float32)
         if FMA:
@@ -237,10 +196,6 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
                          f"not {codes.dtype}")
     if fma and B != 1:
         raise ValueError("fma is the batch-1 variant")
-    nib = codes.dtype == torch.uint8
-    if nib and (scale is None or scale.dim() != 2 or 2 * codes.shape[1] != K
-                or K // scale.shape[1] < 32):
-        raise ValueError("nibble codes are [N, K // 2] with group scales, groups of >= 32")
     block_k, kt = _tiles(K, scale, block_k, group_k)
     assert K % block_k == 0 and kt >= 16 and B <= 16
     n_blocks = triton.cdiv(N, block_n)
@@ -263,7 +218,7 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
     _dequant_gemv_kernel[(n_blocks, split)](
         x.contiguous(), codes, codes if scale is None else scale, y, B, N, K, K // split,
         SCALE=kind, DOT=dot, BB=16, BN=block_n, BK=block_k, KT=kt, FMA=fma, ATOMIC=atomic,
-        STAGES=num_stages, NIB=nib, num_warps=num_warps, num_stages=num_stages)
+        STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
     if atomic:
         return y.to(x.dtype)
     return y[0] if split == 1 else y.sum(0).to(x.dtype)
@@ -279,16 +234,19 @@ def engine_launch(B, N, K, codes, scale, sms=132):
     One row of plain bf16: `fma`, 16 rows a program, 512 K an iteration where N ≤ 8192 (else
     256), no K split: 1.01–1.13× cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller
     ones. Several rows: the dot path; group-scaled weights take at least 128 K a loop iteration
-    (a 32-wide group alone left the loop latency-bound: 1.1–1.25× on the 27B shapes)."""
+    (a 32-wide group alone left the loop latency-bound: 1.1–1.25× on the 27B shapes), 256 at
+    one row where N ≥ 6144 (bench/results/h200-q4-nibble-gemv.md, fp8_g64 rows)."""
     if scale is None:
         if B != 1:
             return {}
         return dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
     group = K // scale.shape[1] if scale.dim() == 2 else 0
     kw = {} if not group else {"group_k": min(max(group, 128), K & -K)}
-    if B != 1 or codes.dtype == torch.int8:  # int8 codes were not swept (nibbles: fp8's launch)
+    if B != 1 or codes.dtype != torch.float8_e4m3fn:  # int8 codes were not swept
         return kw
     block_n = 32 if N >= 6144 else 64
+    if group and block_n == 32:  # h200-q4-nibble-gemv.md's fp8_g64 rows: 3-13 % over 128
+        kw["group_k"] = min(max(group, 256), K & -K)
     blocks = triton.cdiv(N, block_n)
     kw.update(fma=True, block_n=block_n)
     if not group:
@@ -313,5 +271,5 @@ def dequant_gemv(x, codes, scale):
     """Dispatching entry point; see the module docstring."""
     if not use_triton(x) or not kernel_tiles(x.shape[1], scale):
         return dequant_gemv_ref(x, codes, scale)
-    return dequant_gemv_triton(x, codes, scale, **engine_launch(
-        x.shape[0], codes.shape[0], x.shape[1], codes, scale))
+    return dequant_gemv_triton(x, codes, scale, **engine_launch(x.shape[0], *codes.shape,
+                                                                codes, scale))

@@ -31,14 +31,13 @@ from ..kernels.fp8_dequant import fp8_dequant
 GEMV_MAX_ROWS = 16  # the fused GEMV kernels tile at most 16 rows
 ROW_SPLIT = rowsplit.FORMATS  # q4_g64_fp16, q5_g64_fp16, q6_g64_fp16, q8_g32_fp16
 NVFP4, FP8_ROW, DENSE = "nvfp4", "fp8_e4m3fn_row_bf16", "dense"
-Q4 = "q4_g64_fp16"
 FP8_GROUPS = "fp8_groups"  # ours, not a file format: Q4/Q5 codes as e4m3 + their group scales
 PACKED_FORMATS = frozenset(ROW_SPLIT) | {NVFP4, FP8_ROW}
 # Q4/Q5 codes (|q| <= 16) are exact in e4m3, so `serving_form` repacks them losslessly into the
 # fp8 GEMV's group-scaled form: one byte a weight, read by the kernel that beat cuBLAS bf16
 # (27B decode, fp8-row: 93 tok/s against 67), where their own GEMVs ran at 0.25-0.9x cuBLAS
 # bf16 (bench/results/h200-quant-gemv.md).
-REPACK_FP8 = frozenset({Q4, "q5_g64_fp16"})
+REPACK_FP8 = frozenset({"q4_g64_fp16", "q5_g64_fp16"})
 
 
 @dataclass(frozen=True)
@@ -65,9 +64,6 @@ class PackedBlock:
     def gemv(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, cols] times this block transposed: [B, rows], written into `out` if given."""
         p = self.planes
-        if self.fmt == Q4 and self.cols % 128 == 0:  # the base plane is nibble groups as is
-            y = fp8.dequant_gemv(x, p[0], p[2])
-            return y if out is None else out.copy_(y)
         if self.fmt in ROW_SPLIT:
             spec = ROW_SPLIT[self.fmt]
             return qg.rowsplit_gemv(x, *p, spec.bits, spec.group, self.cols, out=out)

@@ -122,7 +122,8 @@ def test_variant_argument_checks(device):
         dequant_gemv_triton(x, codes.half(), None)  # plain weights in x's dtype
 
 
-@pytest.mark.parametrize("n, k, batch", [(40, 256, 1), (300, 512, 1), (40, 256, 3)])
+@pytest.mark.parametrize("n, k, batch",
+                         [(40, 256, 1), (300, 512, 1), (40, 256, 3), (6144, 256, 1)])
 @pytest.mark.parametrize("group", [0, 64])
 def test_engine_launch_matches_reference(device, n, k, batch, group):
     """`dequant_gemv` as the engine calls it (`engine_launch`: the fma variant with an atomic K
@@ -136,6 +137,8 @@ def test_engine_launch_matches_reference(device, n, k, batch, group):
     kw = engine_launch(batch, n, k, codes, scale, sms=4)  # 4 "SMs": the tiny shapes split K
     assert kw.get("fma", False) == (batch == 1)
     assert kw.get("atomic", False) == (batch == 1 and n == 40)
+    if group and batch == 1:  # 32-row programs (N >= 6144) loop over 256 K, others 128
+        assert kw["group_k"] == (256 if n >= 6144 else 128)
     want = dequant_gemv_ref(x.float(), codes, scale)
     got = dequant_gemv_triton(x.to(device), codes.to(device), scale.to(device), **kw)
     assert rel_err(got, want) < 1e-2
@@ -153,26 +156,3 @@ def test_engine_launch_of_plain_bf16_rows(device, n, k):
         assert kw.get("fma", False) == (batch == 1)
         got = dequant_gemv_triton(x.to(device), w.to(device), None, **kw)
         assert rel_err(got, x.float() @ w.float().t()) < 1e-2
-
-
-@pytest.mark.parametrize("n, k", [(40, 256), (72, 512)])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_nibble_groups_read_the_stored_q4_base_plane(device, n, k, batch):
-    """The Q4 base plane (ninfer-format.md §2.1, K a multiple of 128) as nibble codes with its
-    group scales: the engine's launch (fma at one row, dot at several) equals the format's own
-    dequantization; the reference `dequantize` unpacks it the same way."""
-    from ninfer_engine.artifact.planes import quantize_rowsplit
-    from ninfer_engine.kernels.dequant_gemv import dequantize
-    from ninfer_engine.kernels.quant_gemv import rowsplit_dequant_ref
-
-    gen = torch.Generator().manual_seed(n + k + batch)
-    w = torch.randn(n, k, generator=gen)
-    base, high, scale = quantize_rowsplit(w, "q4_g64_fp16")
-    assert base.dtype == torch.uint8 and base.shape == (n, k // 2)
-    stored = rowsplit_dequant_ref(base, high, scale, 4, 64, k)
-    torch.testing.assert_close(dequantize(base, scale), stored, rtol=0, atol=0)
-    x = torch.randn(batch, k, generator=gen).to(torch.bfloat16)
-    kw = engine_launch(batch, n, k, base, scale, sms=4)
-    assert kw.get("fma", False) == (batch == 1)
-    got = dequant_gemv_triton(x.to(device), base.to(device), scale.to(device), **kw)
-    assert rel_err(got, x.float() @ stored.t()) < 1e-2
