@@ -22,6 +22,7 @@ from .cpu_threads import run_on_own_thread
 from .decode_graphs import build_decode_graphs
 from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for
 from .models import build_model
+from .models.experts import check_prefill_scratch, free_device_bytes
 from .runner import make_runner
 from .sampling import Sampler
 from .sampling_presets import sampling_defaults
@@ -96,6 +97,7 @@ class Engine:
                 model = build_model(text_config, artifact, device, dtype, matmul,
                                     weights_mode(config, device, dtype))
                 memory = build_memory(config, model)
+                check_prefill_scratch(model, free_device_bytes(device))
                 return model, memory, build_decode_graphs(
                     model, memory.storage, config.kv_dtype, config.max_concurrency,
                     config.max_context, not config.no_cuda_graph)

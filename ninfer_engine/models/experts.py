@@ -226,3 +226,26 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         out *= d
     return out
+
+
+def prefill_scratch_bytes(model) -> int:
+    """Bytes a prefill chunk decodes fp8 routed experts into (`ExpertStack.weights_for`: the
+    largest fp8 stack as bf16; gate|up is released before down is made), 0 without fp8
+    stacks. Allocated on first use, after the KV pool: `check_prefill_scratch` makes sure it
+    fits."""
+    stacks = getattr(getattr(model, "params", None), "fused", {}).values()
+    return max((2 * s.w.numel() for s in stacks if isinstance(s, ExpertStack) and
+                s.scale is not None), default=0)
+
+
+def check_prefill_scratch(model, free_bytes: int | None, margin: int = 1 << 30) -> None:
+    """Raise a clear startup error where the fp8 experts' prefill scratch plus `margin` (the
+    chunk's activations) does not fit in `free_bytes` (None: not a CUDA device, no check),
+    instead of running out of memory on the first prompt."""
+    need = prefill_scratch_bytes(model)
+    if need and free_bytes is not None and free_bytes < need + margin:
+        raise RuntimeError(
+            f"prefill decodes the fp8 routed experts into a {need / 2**30:.1f} GiB bf16 buffer "
+            f"(plus ~{margin / 2**30:.0f} GiB of activations), but only "
+            f"{free_bytes / 2**30:.1f} GiB is free after the weights and the KV pool: lower "
+            f"--kv-capacity")

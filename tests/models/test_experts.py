@@ -9,8 +9,8 @@ import torch
 from ninfer_engine.artifact.synth import synth_config
 from ninfer_engine.models import moe
 from ninfer_engine.models.experts import (DENSE, FP8_GROUPS, FP8_ROW, ExpertStack, bf16_fits,
-                                          bf16_model_bytes, expert_form, serve_expert,
-                                          stack_experts)
+                                          bf16_model_bytes, check_prefill_scratch, expert_form,
+                                          prefill_scratch_bytes, serve_expert, stack_experts)
 from ninfer_engine.models.moe import SparseMoE
 from ninfer_engine.models.packed import PackedMatrix, quantize_packed
 from tests.benchmark.tiny import tiny_config, tiny_source
@@ -245,3 +245,21 @@ def test_cuda_engine_serves_fp8_row_experts(tmp_path):
         assert forms == {FP8_ROW}
         first, again = greedy_tokens(engine, "a"), greedy_tokens(engine, "b")
     assert len(first) == 24 and again == first
+
+
+def test_a_kv_pool_that_leaves_no_room_for_the_fp8_prefill_scratch_is_a_startup_error():
+    """Prefill decodes the largest fp8 stack to bf16 (allocated on the first prompt, after the
+    KV pool): the engine checks at load that it fits, and says which flag to lower."""
+    from types import SimpleNamespace
+
+    fp8 = ExpertStack(torch.empty(4, 8, 16, dtype=torch.float8_e4m3fn), torch.ones(4, 8))
+    small = ExpertStack(torch.empty(4, 2, 16, dtype=torch.float8_e4m3fn), torch.ones(4, 2))
+    bf16 = ExpertStack(torch.empty(64, 8, 16, dtype=torch.bfloat16))  # read as it is: no scratch
+    model = SimpleNamespace(params=SimpleNamespace(fused={"a": fp8, "b": small, "c": bf16}))
+    need = 2 * 4 * 8 * 16
+    assert prefill_scratch_bytes(model) == need
+    assert prefill_scratch_bytes(SimpleNamespace()) == 0  # llama: no fused params
+    check_prefill_scratch(model, need + 100, margin=100)
+    check_prefill_scratch(model, None)  # the CPU: nothing to check
+    with pytest.raises(RuntimeError, match="lower --kv-capacity"):
+        check_prefill_scratch(model, need + 99, margin=100)
