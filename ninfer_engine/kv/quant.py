@@ -173,6 +173,9 @@ class Nvfp4Codec(KvCodec):
     name = "nvfp4"
     BLOCK = 16
 
+    def __init__(self) -> None:
+        self._e2m1: dict[torch.device, torch.Tensor] = {}  # the table per device, copied once
+
     def allocate(self, slots, heads, dim, device):
         return (torch.empty(slots, heads, dim // 2, dtype=torch.uint8, device=device),
                 torch.empty(slots, heads, dim // self.BLOCK, dtype=torch.float8_e4m3fn,
@@ -192,7 +195,10 @@ class Nvfp4Codec(KvCodec):
     def decode(self, parts, dtype):
         packed, block_scale, vector = parts
         n, h, _ = packed.shape
-        values = E2M1.to(packed.device)[_unpack_nibbles(packed).long()]
+        table = self._e2m1.get(packed.device)
+        if table is None:
+            table = self._e2m1[packed.device] = E2M1.to(packed.device)
+        values = table[_unpack_nibbles(packed).long()]
         scale = block_scale.float() * vector  # [n, h, groups]
         blocks = values.view(n, h, scale.shape[-1], self.BLOCK) * scale.unsqueeze(-1)
         return blocks.view(n, h, -1).to(dtype)
