@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ninfer_engine.decode_graphs import DecodeGraphs, StaticDecoder, build_decode_graphs, context_bucket
+from ninfer_engine.decode_graphs import (DecodeGraphs, StaticDecoder, build_decode_graphs,
+                                         context_bucket)
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
 
