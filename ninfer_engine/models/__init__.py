@@ -20,7 +20,9 @@ def build_model(text_config: dict, weights: WeightSource, device: torch.device |
                 matmul_dtype: torch.dtype | None = None,
                 weights_mode: str = "dequant") -> LlamaModel | Qwen35Model:
     """Instantiate the engine family for `text_config["architectures"][0]`; `matmul_dtype`
-    (llama family) runs the projections in a narrower dtype than the activations;
+    (`--cpu-matmul`) gives each projection and the head a narrower copy (bf16, or int8 rows)
+    that few-row (decode) calls multiply by, both families (`layers.Linear`; the hybrid family
+    on the CPU only: on CUDA it decodes over `FusedParams` with its own kernels);
     `weights_mode` is `--cuda-weights` (`load_projection`; routed experts: `load_expert`)."""
     architectures = text_config.get("architectures") or [text_config.get("model_type", "?")]
     arch = architectures[0]
@@ -45,7 +47,7 @@ def build_model(text_config: dict, weights: WeightSource, device: torch.device |
 
         if torch.device(device).type == "cuda":  # fused decode GEMV groups for the kernels
             return Qwen35Model(text_config, FusedParams(text_config, source))
-        return Qwen35Model(text_config, source)
+        return Qwen35Model(text_config, source, matmul_dtype)
     raise NotImplementedError(f"architecture {arch!r} is not supported by this engine")
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..kernels._dispatch import use_triton
 from ..kernels.paged_prefill import paged_prefill_triton, supported
 from ..kv.cache import LayerKv
-from .packed import linear
+from .layers import Linear
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -93,7 +93,8 @@ class KVCache:
 class GatedAttention:
     """One gated-attention mixer bound to `text/layers/i/attention/*` logical parameters."""
 
-    def __init__(self, config: dict, params: ParamSource, prefix: str, rope: PartialRope):
+    def __init__(self, config: dict, params: ParamSource, prefix: str, rope: PartialRope,
+                 matmul_dtype: torch.dtype | None = None):
         h = config["hidden_size"]
         self.nq, self.nkv = config["num_attention_heads"], config["num_key_value_heads"]
         self.d = config["head_dim"]
@@ -105,6 +106,10 @@ class GatedAttention:
         self.w_k = params(p + "key", (self.nkv * self.d, h))
         self.w_v = params(p + "value", (self.nkv * self.d, h))
         self.w_o = params(p + "output", (h, self.nq * self.d))
+        # the projections as called, few-row (decode) calls through `matmul_dtype` copies
+        self.projections = tuple(Linear(w, matmul_dtype, relayout=False) for w in (
+            self.w_q, self.w_gate, self.w_k, self.w_v, self.w_o))
+        self.q, self.gate, self.k, self.v, self.o = self.projections
         self.q_norm = params(p + "query_norm", (self.d,))
         self.k_norm = params(p + "key_norm", (self.d,))
 
@@ -123,9 +128,9 @@ class GatedAttention:
         def heads(y, n):  # [T, n·D] -> [n, T, D]
             return y.reshape(T, n, self.d).transpose(0, 1)
 
-        q = zero_centred_rms_norm(heads(linear(x, self.w_q), self.nq), self.q_norm, self.eps)
-        k = zero_centred_rms_norm(heads(linear(x, self.w_k), self.nkv), self.k_norm, self.eps)
-        v = heads(linear(x, self.w_v), self.nkv)
+        q = zero_centred_rms_norm(heads(self.q(x), self.nq), self.q_norm, self.eps)
+        k = zero_centred_rms_norm(heads(self.k(x), self.nkv), self.k_norm, self.eps)
+        v = heads(self.v(x), self.nkv)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         past = cache.length
@@ -135,8 +140,8 @@ class GatedAttention:
             keys, values = cache.extend(k, v)
             a = self._attend(q, keys, values, past)
             a = a.transpose(0, 1).reshape(T, self.nq * self.d)
-        a = a * torch.sigmoid(linear(x, self.w_gate))
-        return linear(a, self.w_o)
+        a = a * torch.sigmoid(self.gate(x))
+        return self.o(a)
 
     def _attend_cuda(self, q, k, v, cache, past: int) -> torch.Tensor:
         """The GPU path of the attention core; q [nq, T, D], k, v [nkv, T, D] -> [T, nq·D].

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels._dispatch import use_triton
-from .packed import linear
+from .layers import Linear
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -118,7 +118,8 @@ def chunked_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK):
 class GatedDeltaNet:
     """One GDN mixer bound to `text/layers/i/gdn/*` logical parameters."""
 
-    def __init__(self, config: dict, params: ParamSource, prefix: str):
+    def __init__(self, config: dict, params: ParamSource, prefix: str,
+                 matmul_dtype: torch.dtype | None = None):
         h = config["hidden_size"]
         self.nk, self.nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
         self.dk, self.dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
@@ -132,6 +133,10 @@ class GatedDeltaNet:
         self.w_a = params(p + "a_projection", (self.nv, h))
         self.w_b = params(p + "b_projection", (self.nv, h))
         self.w_out = params(p + "output", (h, vg))
+        # the projections as called, few-row (decode) calls through `matmul_dtype` copies
+        self.projections = tuple(Linear(w, matmul_dtype, relayout=False) for w in (
+            self.w_q, self.w_k, self.w_v, self.w_z, self.w_a, self.w_b, self.w_out))
+        self.q, self.k, self.v, self.z, self.a, self.b, self.out = self.projections
         self.conv = params(p + "convolution", (self.taps, self.conv_dim))
         self.norm = params(p + "norm", (self.dv,))
         self.a_log = params(p + "a_log", (self.nv,)).float()
@@ -159,14 +164,14 @@ class GatedDeltaNet:
     def __call__(self, x: torch.Tensor, state: GDNState) -> torch.Tensor:
         """x: [T, H] (normed input) -> [T, H]; updates `state` in place."""
         T, dtype = x.shape[0], x.dtype
-        qkv = torch.cat([linear(x, w) for w in (self.w_q, self.w_k, self.w_v)], -1)
+        qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
         qkv = self._conv(qkv, state)
         kg = self.nk * self.dk
         q = l2_normalize(qkv[:, :kg].float().reshape(T, self.nk, self.dk))
         k = l2_normalize(qkv[:, kg : 2 * kg].float().reshape(T, self.nk, self.dk))
         v = qkv[:, 2 * kg :].float().reshape(T, self.nv, self.dv)
-        beta = torch.sigmoid(linear(x, self.w_b)).float()
-        g = -self.a_log.exp() * F.softplus(linear(x, self.w_a).float() + self.dt_bias)
+        beta = torch.sigmoid(self.b(x)).float()
+        g = -self.a_log.exp() * F.softplus(self.a(x).float() + self.dt_bias)
         if T > 1 and use_triton(q) and dtype != torch.float32:
             # precompute and chunk walk in two Triton launches with TF32 dots, reading each
             # q/k head for its value heads in place; the exact fp32 path keeps torch
@@ -180,9 +185,9 @@ class GatedDeltaNet:
             q, k = q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
             rule = recurrent_gated_delta if T == 1 else chunked_gated_delta
             o, state.ssm = rule(q, k, v, g, beta, state.ssm)
-        z = linear(x, self.w_z).reshape(T, self.nv, self.dv)
+        z = self.z(x).reshape(T, self.nv, self.dv)
         o = self._gated_norm(o.to(dtype), z)
-        return linear(o.reshape(T, -1), self.w_out)
+        return self.out(o.reshape(T, -1))
 
     def _gated_norm(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Plain RMSNorm per value head times SiLU(z), with HF's rounding points (§2.1 step 8)."""

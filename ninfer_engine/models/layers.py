@@ -25,18 +25,21 @@ class Linear:
     """
 
     def __init__(self, weight: torch.Tensor | PackedMatrix,
-                 compute_dtype: torch.dtype | None = None) -> None:
+                 compute_dtype: torch.dtype | None = None, relayout: bool = True) -> None:
         out_features, in_features = weight.shape
+        self.k_major, self.weight = False, weight
+        self.narrow: torch.Tensor | Int8Rows | None = None
         if isinstance(weight, PackedMatrix):  # quantized on CUDA: its own kernels
-            self.k_major, self.weight, self.narrow = False, weight, None
             return
-        self.k_major = weight.device.type == "cpu" and out_features >= in_features
-        self.weight = weight.t().contiguous() if self.k_major else weight.contiguous()
+        # relayout=False multiplies by `weight` itself: the hybrid family's modules keep it
+        # (the CUDA decoder and the MoE stacks read it), so a relaid copy would double it
+        if relayout:
+            self.k_major = weight.device.type == "cpu" and out_features >= in_features
+            self.weight = weight.t().contiguous() if self.k_major else weight.contiguous()
         # A narrower copy for few-row (decode) calls cuts the bytes a memory-bound GEMV
         # streams (bf16 on the CPU: 2.5x faster than fp32 for SmolLM2's matrices; int8 rows a
         # quarter of fp32, `Int8Rows`); many-row (prefill) calls keep the full-precision
         # weight, where AVX2 bf16 GEMM (and the int8 GEMV kernel) is slower.
-        self.narrow: torch.Tensor | Int8Rows | None = None
         if compute_dtype == torch.int8:
             self.narrow = Int8Rows(weight)
         elif compute_dtype is not None and compute_dtype != weight.dtype:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .experts import FP8_FORMS, ExpertStack
+from .layers import Linear
 from .packed import PackedMatrix, linear
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
@@ -36,13 +37,18 @@ _GROUPED_MM = {"ok": hasattr(torch, "_grouped_mm")}  # flips to False after the 
 class SwiGLU:
     """`down(SiLU(gate·h) ⊙ up·h)` bound to `{prefix}{gate,up,down}`."""
 
-    def __init__(self, params: ParamSource, prefix: str, hidden: int, width: int):
+    def __init__(self, params: ParamSource, prefix: str, hidden: int, width: int,
+                 matmul_dtype: torch.dtype | None = None):
         self.gate = params(prefix + "gate", (width, hidden))
         self.up = params(prefix + "up", (width, hidden))
         self.down = params(prefix + "down", (hidden, width))
+        # the projections as called, few-row (decode) calls through `matmul_dtype` copies
+        self.projections = tuple(Linear(w, matmul_dtype, relayout=False)
+                                 for w in (self.gate, self.up, self.down))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(F.silu(linear(x, self.gate)) * linear(x, self.up), self.down)
+        gate, up, down = self.projections
+        return down(F.silu(gate(x)) * up(x))
 
 
 def _same_view(t: torch.Tensor, ref: torch.Tensor) -> bool:
@@ -124,7 +130,8 @@ class SparseMoE:
     Bound to `{prefix}moe/{router, shared_score, experts/e/*, shared/*}`. No capacity limit.
     """
 
-    def __init__(self, config: dict, params: ParamSource, prefix: str):
+    def __init__(self, config: dict, params: ParamSource, prefix: str,
+                 matmul_dtype: torch.dtype | None = None):
         h = config["hidden_size"]
         self.n_experts = config["num_experts"]
         self.top_k = config["num_experts_per_tok"]
@@ -133,10 +140,13 @@ class SparseMoE:
         self.router = params(p + "router", (self.n_experts, h))
         self.shared_score = params(p + "shared_score", (1, h))
         width = config["moe_intermediate_size"]
-        self.experts = [
-            SwiGLU(params, f"{p}experts/{e}/", h, width) for e in range(self.n_experts)
-        ]
-        self.shared = SwiGLU(params, p + "shared/", h, config["shared_expert_intermediate_size"])
+        self.experts = [SwiGLU(params, f"{p}experts/{e}/", h, width, matmul_dtype)
+                        for e in range(self.n_experts)]
+        self.shared = SwiGLU(params, p + "shared/", h, config["shared_expert_intermediate_size"],
+                             matmul_dtype)
+        # the router and the shared score stay exact: they pick and weigh the experts
+        self.projections = tuple(proj for m in (*self.experts, self.shared)
+                                 for proj in m.projections)
         self.stacked = stacked_experts(self.experts)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from .gated_attention import GatedAttention, KVCache, PartialRope, zero_centred_rms_norm
 from .gdn import GatedDeltaNet, GDNState
+from .layers import Linear
 from .moe import SparseMoE, SwiGLU
-from .packed import linear
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -46,20 +46,22 @@ class ModelState:
 class _Block:
     """Pre-norm block: `x += mixer(N_in(x)); x += ffn(N_post(x))` with (1+w) norms."""
 
-    def __init__(self, config: dict, params: ParamSource, i: int, rope: PartialRope):
+    def __init__(self, config: dict, params: ParamSource, i: int, rope: PartialRope,
+                 matmul_dtype: torch.dtype | None):
         prefix = f"text/layers/{i}/"
         h = config["hidden_size"]
         self.eps = config["rms_norm_eps"]
         self.input_norm = params(prefix + "input_norm", (h,))
         self.post_norm = params(prefix + "post_attention_norm", (h,))
         if config["layer_types"][i] == "linear_attention":
-            self.mixer = GatedDeltaNet(config, params, prefix)
+            self.mixer = GatedDeltaNet(config, params, prefix, matmul_dtype)
         else:
-            self.mixer = GatedAttention(config, params, prefix, rope)
+            self.mixer = GatedAttention(config, params, prefix, rope, matmul_dtype)
         if config.get("num_experts", 0) > 0 and i not in config.get("mlp_only_layers", []):
-            self.ffn = SparseMoE(config, params, prefix)
+            self.ffn = SparseMoE(config, params, prefix, matmul_dtype)
         else:
-            self.ffn = SwiGLU(params, prefix + "mlp/", h, config["intermediate_size"])
+            self.ffn = SwiGLU(params, prefix + "mlp/", h, config["intermediate_size"],
+                              matmul_dtype)
 
     def __call__(self, x, layer_state, positions):
         y = zero_centred_rms_norm(x, self.input_norm, self.eps)
@@ -71,9 +73,15 @@ class _Block:
 
 
 class Qwen35Model:
-    """The hybrid GDN / gated-attention decoder with its embedding, final norm and head."""
+    """The hybrid GDN / gated-attention decoder with its embedding, final norm and head.
 
-    def __init__(self, config: dict, params: ParamSource):
+    `matmul_dtype` (`--cpu-matmul`, the CPU only) gives every projection and the head a
+    narrower copy that few-row (decode) calls multiply by (`layers.Linear`); router, shared
+    score and embedding stay exact.
+    """
+
+    def __init__(self, config: dict, params: ParamSource,
+                 matmul_dtype: torch.dtype | None = None):
         self.config = config
         self.params = params  # a `FusedParams` source lets the static decoders fuse GEMVs
         loaded: dict[str, torch.Tensor] = {}
@@ -93,10 +101,17 @@ class Qwen35Model:
             if config.get("tie_word_embeddings", False)
             else params("text/output_head", (vocab, h))
         )
+        self.head_projection = Linear(self.head, matmul_dtype, relayout=False)
         self.final_norm = params("text/final_norm", (h,))
         rope = PartialRope(config["head_dim"], config["rope_parameters"], self.embedding.device)
-        self.blocks = [_Block(config, params, i, rope) for i in range(config["num_hidden_layers"])]
-        self._weight_bytes = sum({t.data_ptr(): t.nbytes for t in loaded.values()}.values())
+        self.blocks = [_Block(config, params, i, rope, matmul_dtype)
+                       for i in range(config["num_hidden_layers"])]
+        projections = [self.head_projection]
+        for b in self.blocks:
+            projections += [*b.mixer.projections, *b.ffn.projections]
+        # the `--cpu-matmul` decode copies are held beside the weights they narrow
+        self._weight_bytes = (sum({t.data_ptr(): t.nbytes for t in loaded.values()}.values())
+                              + sum(proj.narrow_bytes for proj in projections))
         self.attention_layers = [i for i, b in enumerate(self.blocks)
                                  if isinstance(b.mixer, GatedAttention)]
 
@@ -113,6 +128,7 @@ class Qwen35Model:
         return self.embedding.dtype
 
     def weight_bytes(self) -> int:
+        """Bytes of every weight held, the `--cpu-matmul` decode copies included."""
         return self._weight_bytes
 
     def kv_layout(self) -> tuple[int, int, int]:
@@ -160,7 +176,7 @@ class Qwen35Model:
     @torch.no_grad()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final-normed [T, H] -> [T, V] logits."""
-        return linear(h, self.head)
+        return self.head_projection(h)
 
     def forward(
         self,
