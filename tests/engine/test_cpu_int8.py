@@ -1,7 +1,6 @@
 """`--cpu-matmul int8`: per-row int8 weights through `torch._weight_int8pack_mm` (CPU decode)."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,8 @@ from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine, EngineLoadError
 from ninfer_engine.models import Segment, build_model
 from ninfer_engine.models.int8_rows import Int8Rows, quantize_rows
-from ninfer_engine.types import GenerationRequest, SamplingParams
+
+from tests.models.engine_run import greedy_events
 
 from .helpers import DictWeights, FakeArtifact, text_config, tiny_llama
 
@@ -110,14 +110,8 @@ def test_engine_serves_with_int8_matmuls(device):
     # the console's weight memory counts the int8 copies beside the fp32 weights
     assert engine.model.weight_bytes() > exact.model.weight_bytes()
     engine.start()
-
-    async def run():
-        request = GenerationRequest("r", tuple(b"hello"), SamplingParams(temperature=0.0),
-                                    max_tokens=6, ignore_eos=True)
-        return [e async for e in engine.submit(request)]
-
     try:
-        events = asyncio.run(run())
+        events = greedy_events(engine, tuple(b"hello"), 6)
     finally:
         engine.stop()
     assert sum(len(e.token_ids) for e in events) == 6 and events[-1].finish == "length"

@@ -1,5 +1,5 @@
-"""A started engine over a synthetic artifact, and greedy requests to it (the CUDA serving
-tests of packed projections and fp8 experts)."""
+"""A started engine over a synthetic artifact, and greedy requests to it (the serving tests of
+packed projections, fp8 experts and `--cpu-matmul`)."""
 
 import asyncio
 from contextlib import contextmanager
@@ -20,6 +20,18 @@ def started_engine(path_dir, arch: str, recipe: str):
         yield engine
     finally:
         engine.stop()
+
+
+def greedy_events(engine, prompt: tuple[int, ...], max_tokens: int) -> list:
+    """The events of one greedy request of exactly `max_tokens` tokens (EOS ignored), run to
+    its end on a started engine."""
+    request = GenerationRequest("r", prompt, SamplingParams(temperature=0.0),
+                                max_tokens=max_tokens, ignore_eos=True)
+
+    async def collect():
+        return [e async for e in engine.submit(request)]
+
+    return asyncio.run(collect())
 
 
 def greedy_tokens(engine, rid: str, new_tokens: int = 24) -> list[int]:

@@ -2,7 +2,6 @@
 projection and the head get a decode copy that few-row calls multiply by; prefill keeps fp32."""
 from __future__ import annotations
 
-import asyncio
 import copy
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from ninfer_engine.models.gdn import GatedDeltaNet
 from ninfer_engine.models.int8_rows import Int8Rows
 from ninfer_engine.models.layers import NARROW_MAX_ROWS
 from ninfer_engine.models.moe import SwiGLU
-from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.engine.hybrid_helpers import HybridArtifact
+from tests.models.engine_run import greedy_events
 
 pytest.importorskip("transformers.models.qwen3_5_moe")
 
@@ -184,15 +183,8 @@ def test_engine_serves_a_hybrid_model_with_int8_matmuls(artifacts, monkeypatch):
     assert engine.stats.weight_bytes > _model(artifact).weight_bytes()
     calls = _count_narrow_calls(monkeypatch, "int8")
     engine.start()
-
-    async def run():
-        prompt = tuple(range(1, 30))
-        request = GenerationRequest("r", prompt, SamplingParams(temperature=0.0),
-                                    max_tokens=6, ignore_eos=True)
-        return [e async for e in engine.submit(request)]
-
     try:
-        events = asyncio.run(run())
+        events = greedy_events(engine, tuple(range(1, 30)), 6)
     finally:
         engine.stop()
     assert sum(len(e.token_ids) for e in events) == 6 and events[-1].finish == "length"
