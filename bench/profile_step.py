@@ -2,11 +2,13 @@
 
     python3 bench/profile_step.py --arch 35b-a3b [--batch 1] [--context 1024] [--layers N]
     python3 bench/profile_step.py --arch 35b-a3b --prefill 8192 [--layers N]
+    python3 bench/profile_step.py --arch 27b --weights fp8-row [--cuda-weights auto|packed]
 
 `--prefill N` profiles the engine's prefill path instead: `Qwen35Model.forward` over an N-token
 prompt in 1024-token chunks (the default `--prefill-chunk`), from an empty state.
 
-Builds the synthetic model on the GPU (random bf16 weights), fills B sequences' state to the
+Builds the synthetic model on the GPU (random weights; `--weights` a recipe, served as
+`ninfer bench` serves it: `benchmark.footprint.packed_source`), fills B sequences' state to the
 context, times the step replayed from a CUDA graph, then profiles a few eager steps with
 torch.profiler and prints the CUDA kernels by total time: the sum of kernel time against the
 graph step time tells launch-bound from kernel-bound, and the table names the kernels to fuse.
@@ -25,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.decode import KernelDecoder  # noqa: E402
 from ninfer_engine.benchmark.timing import graph_of, time_ms  # noqa: E402
+from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
+from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
 
@@ -37,10 +41,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--prefill", type=int, default=0, metavar="TOKENS")
+    ap.add_argument("--weights", default="bf16", help="a `ninfer synth` recipe (fp8-row, …)")
+    ap.add_argument("--cuda-weights", default="auto", choices=("auto", "packed"))
     args = ap.parse_args()
     with torch.inference_mode():
         config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers)
-        params = FusedParams(config, source)
+        fits = bf16_fits(config, free_device_bytes("cuda"))
+        params = FusedParams(config, packed_source(source, args.weights, args.cuda_weights, fits))
         model = Qwen35Model(config, params)
         if args.prefill:
             return profile_prefill(model, config, args.prefill)
