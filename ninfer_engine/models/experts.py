@@ -175,13 +175,22 @@ def stack_experts(get: Getter, n: int, width: int, hidden: int,
     return gate_up, down
 
 
-def _form(part) -> tuple | None:
-    """(fmt, scale shape after the rows, scale dtype) of an fp8 member, None for bf16."""
+def fp8_block(part) -> PackedBlock | None:
+    """The block of an fp8 expert member (a one-block `PackedMatrix` of e4m3 codes and
+    scales), None for anything else."""
     if isinstance(part, PackedMatrix) and len(part.blocks) == 1 and \
             part.blocks[0].fmt in FP8_FORMS:
-        scale = part.blocks[0].planes[1]
-        return part.blocks[0].fmt, tuple(scale.shape[1:]), scale.dtype
+        return part.blocks[0]
     return None
+
+
+def _form(part) -> tuple | None:
+    """(fmt, scale shape after the rows, scale dtype) of an fp8 member, None for bf16."""
+    block = fp8_block(part)
+    if block is None:
+        return None
+    scale = block.planes[1]
+    return block.fmt, tuple(scale.shape[1:]), scale.dtype
 
 
 def _stack_form(parts: list) -> tuple | None:

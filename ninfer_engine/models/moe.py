@@ -25,9 +25,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .experts import FP8_FORMS, ExpertStack
+from .experts import ExpertStack, fp8_block
 from .layers import Linear
-from .packed import PackedMatrix, linear
+from .packed import linear
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 log = logging.getLogger(__name__)
@@ -61,9 +61,8 @@ def _planes(w) -> tuple[torch.Tensor, ...] | None:
     scales; None for anything else."""
     if isinstance(w, torch.Tensor):
         return (w,)
-    if isinstance(w, PackedMatrix) and len(w.blocks) == 1 and w.blocks[0].fmt in FP8_FORMS:
-        return w.blocks[0].planes
-    return None
+    block = fp8_block(w)
+    return None if block is None else block.planes
 
 
 def stacked_experts(experts: list[SwiGLU]) -> tuple[ExpertStack, ExpertStack] | None:

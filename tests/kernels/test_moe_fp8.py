@@ -49,10 +49,18 @@ def _exact_down(act, codes, scale, ids, weights, B, k):
 SHAPES = [(8, 32, 64, 32), (6, 24, 72, 32)]
 
 
-@pytest.mark.parametrize("layout", ["row", "group"])
-@pytest.mark.parametrize("B,k", [(1, 3), (3, 2)])
-@pytest.mark.parametrize("shape", SHAPES, ids=["even", "tails"])
-@pytest.mark.parametrize("use_dot", [False, True])
+def fp8_cases(test):
+    """Both expert kernels' cases: row and group scales, one and several rows, even and tail
+    shapes, the register and the `tl.dot` variant."""
+    for mark in (pytest.mark.parametrize("use_dot", [False, True]),
+                 pytest.mark.parametrize("shape", SHAPES, ids=["even", "tails"]),
+                 pytest.mark.parametrize("B,k", [(1, 3), (3, 2)]),
+                 pytest.mark.parametrize("layout", ["row", "group"])):
+        test = mark(test)
+    return test
+
+
+@fp8_cases
 def test_gate_up_silu_fp8(device, layout, B, k, shape, use_dot):
     E, I, H, bk = shape
     g = torch.Generator().manual_seed(B * 7 + k)
@@ -67,10 +75,7 @@ def test_gate_up_silu_fp8(device, layout, B, k, shape, use_dot):
     assert rel_err(out, moe_gate_up_silu_ref(x, codes, ids, scale)) < 1e-3
 
 
-@pytest.mark.parametrize("layout", ["row", "group"])
-@pytest.mark.parametrize("B,k", [(1, 3), (3, 2)])
-@pytest.mark.parametrize("shape", SHAPES, ids=["even", "tails"])
-@pytest.mark.parametrize("use_dot", [False, True])
+@fp8_cases
 def test_down_combine_fp8(device, layout, B, k, shape, use_dot):
     E, I, H, bk = shape
     g = torch.Generator().manual_seed(B * 5 + k)
