@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kernels.dequant_gemv import dequant_gemv, kernel_tiles
+from .kernels.dequant_gemv import dequant_gemv, gated_ref, kernel_tiles
 from .kernels.gdn_decode import gdn_decode_triton
 from .kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
 from .kernels.moe_fused import (moe_down_combine_triton, moe_gate_up_silu_triton,
@@ -34,22 +34,33 @@ from .kernels.rmsnorm import rms_norm_triton
 from .kernels.rotary import rope_triton
 from .kv import KvStorage, fill_page_tables
 from .models.fused import FusedParams
-from .models.packed import PackedMatrix, linear
+from .models.packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
 
 
 class FusedLinear:
     """`x Wᵀ`: one row of a dense weight on CUDA through the Triton FMA GEMV (faster than
     cuBLAS at batch 1 on every H200 shape swept), several through cuBLAS, a `PackedMatrix`
-    through its packed kernels."""
+    through its packed kernels.
+
+    `gate`, `act`: the input is `x · act(gate)` (SwiGLU's `silu(g) · u`, the attention output
+    gate); `acc`: an fp32 `[B, N]` buffer the product is added into and returned. Both fuse into
+    the GEMV where it is the dequant kernel (one bf16 row, or one fp8 block: `dequant_gemv`);
+    elsewhere the gate runs as torch ops, `acc` is left alone and the bf16 product returned
+    (the RMSNorm after it takes either)."""
 
     def __init__(self, w: torch.Tensor | PackedMatrix):
         self.w = w
         self.fma_row = isinstance(w, torch.Tensor) and w.is_cuda and kernel_tiles(w.shape[1], None)
+        fp8 = (isinstance(w, PackedMatrix) and len(w.blocks) == 1
+               and w.blocks[0].fmt in (FP8_ROW, FP8_GROUPS))
+        self.planes = w.blocks[0].planes if fp8 else None
 
-    def __call__(self, x):
+    def __call__(self, x, gate=None, act=None, acc=None):
         if self.fma_row and x.shape[0] == 1 and x.dtype == self.w.dtype:
-            return dequant_gemv(x, self.w, None)
-        return linear(x, self.w)
+            return dequant_gemv(x, self.w, None, gate=gate, act=act, out=acc)
+        if self.planes is not None and x.shape[0] <= GEMV_MAX_ROWS:
+            return dequant_gemv(x, *self.planes, gate=gate, act=act, out=acc)
+        return linear(x if gate is None else gated_ref(x, gate, act), self.w)
 
     def nbytes(self):
         return self.w.nbytes
@@ -125,6 +136,11 @@ class HybridStep:
         self.tokens = torch.zeros(max_batch, dtype=torch.long, device=dev)
         self.pos = torch.zeros(max_batch, dtype=torch.long, device=dev)
         self.table = torch.zeros(max_batch, max_pages, dtype=torch.long, device=dev)
+        self.rows = torch.arange(max_batch, device=dev)
+        # per layer, the fp32 deltas its mixer and FFN add to the residual (`FusedLinear` acc),
+        # zeroed in one launch a step instead of a fill and a cast per projection
+        self.acc = torch.zeros(2 * len(weights.layers), max_batch, weights.c["hidden_size"],
+                               device=dev)
         self.conv, self.ssm = [], []  # per GDN layer, in layer order
         for layer in weights.layers:
             m = layer["mixer"]
@@ -138,35 +154,41 @@ class HybridStep:
         sizes the attention kernel's split grid. Advances `pos` of those rows by one."""
         x = F.embedding(self.tokens[:batch], self.w.model.embedding)
         kv, gdn, attn = self.kv(), 0, 0
+        acc = self.acc[:, :batch]
+        acc.zero_()
+        pos = self.pos[:batch]
+        # where each row's new K/V goes: the same for every attention layer
+        slot = self.table[self.rows[:batch], pos // PAGE] * PAGE + pos % PAGE
         delta, h = x, None
-        for layer in self.w.layers:
+        for j, layer in enumerate(self.w.layers):
             b = layer["block"]
             y, h = rms_norm_triton(delta, b.input_norm, self.eps, h, True)
             if layer["kind"] == "linear_attention":
-                mix = self._gdn(layer, gdn, y, batch)
+                mix = self._gdn(layer, gdn, y, batch, acc[2 * j])
                 gdn += 1
             else:
-                mix = self._attn(layer, kv[attn], y, batch, kv_span)
+                mix = self._attn(layer, kv[attn], y, batch, kv_span, slot, acc[2 * j])
                 attn += 1
             y, h = rms_norm_triton(mix, b.post_norm, self.eps, h, True)
             if "moe" in layer:
                 delta = self._moe(layer, y, batch)
             else:
-                g, u = layer["w_gu"](y).chunk(2, -1)
-                delta = layer["w_down"](F.silu(g) * u)
+                gu = layer["w_gu"](y)
+                g, u = gu.chunk(2, -1)
+                delta = layer["w_down"](u, gate=g, act="silu", acc=acc[2 * j + 1])
         y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
         self.pos[:batch] += 1
         return self.w.head(y)
 
-    def _gdn(self, layer, i, y, B):
+    def _gdn(self, layer, i, y, B, acc):
         """Fused projection → conv/SiLU/gates (one kernel) → recurrence → gated norm (one)."""
         m, conv, ssm = layer["mixer"], self.conv[i][:B], self.ssm[i][:B]
         q, k, v, g, beta, z = gdn_prep_triton(layer["w_in"](y), conv, m.conv, m.a_log,
                                               m.dt_bias, m.nk, m.dk, m.nv, m.dv)
         o = gdn_decode_triton(q, k, v, g, beta, ssm)
-        return layer["w_out"](gdn_gated_norm_triton(o, z, m.norm, self.eps))
+        return layer["w_out"](gdn_gated_norm_triton(o, z, m.norm, self.eps), acc=acc)
 
-    def _attn(self, layer, kv: KvLayer, y, B, kv_span):
+    def _attn(self, layer, kv: KvLayer, y, B, kv_span, slot, acc):
         m, pos, table = layer["mixer"], self.pos[:B], self.table[:B]
         qd, kvd = m.nq * m.d, m.nkv * m.d
         q, gate, k, v = layer["w_in"](y).split([qd, qd, kvd, kvd], -1)
@@ -175,12 +197,10 @@ class HybridStep:
         theta = self.c["rope_parameters"]["rope_theta"]
         q = rope_triton(q.view(B, m.nq, m.d), pos, m.rope.rd, theta)
         k = rope_triton(k.view(B, m.nkv, m.d), pos, m.rope.rd, theta)
-        rows = torch.arange(B, device=pos.device)
-        slot = table[rows, pos // PAGE] * PAGE + pos % PAGE
         kv.write(slot, k, v.reshape(B, m.nkv, m.d))
         a = paged_attention_triton(q, kv.k, kv.v, table, pos + 1, kv.k_scale, kv.v_scale,
                                    max_seq_len=kv_span)
-        return layer["w_out"](a.reshape(B, qd) * torch.sigmoid(gate))
+        return layer["w_out"](a.reshape(B, qd), gate=gate, act="sigmoid", acc=acc)
 
     def _moe(self, layer, y, B):
         """Shared expert plus top-k routed SwiGLU experts of every row. One GEMV gives the

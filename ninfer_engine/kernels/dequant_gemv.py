@@ -37,6 +37,7 @@ on activations above 65504, which down/o projection inputs can reach.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -83,19 +84,41 @@ def dequant_gemv_ref(x, codes, scale):
     return (x.float() @ dequantize(codes, scale).t()).to(x.dtype)
 
 
+def gated_ref(x, gate, act):
+    """`x · act(gate)` as two torch elementwise ops in x's dtype (act: "silu" or "sigmoid")."""
+    return x * (F.silu(gate) if act == "silu" else torch.sigmoid(gate))
+
+
 @triton.jit
-def _tile_part(x_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt,
-               SCALE: tl.constexpr, DOT: tl.constexpr, KT: tl.constexpr, FMA: tl.constexpr):
+def _gated(x, g_ptr, offs, mask, ACT: tl.constexpr):
+    """x · act(gate) rounded as torch rounds `x * act(g)` on bf16 tensors: act(g) to x's dtype,
+    then the product (so the fused prologue equals the two elementwise launches it replaces)."""
+    if ACT == "none":
+        return x
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if ACT == "silu":
+        a = g / (1.0 + tl.exp(-g))
+    else:  # sigmoid
+        a = 1.0 / (1.0 + tl.exp(-g))
+    a = a.to(x.dtype).to(tl.float32)
+    return (x.to(tl.float32) * a).to(x.dtype)
+
+
+@triton.jit
+def _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt, SXB, SGB,
+               SCALE: tl.constexpr, DOT: tl.constexpr, KT: tl.constexpr, FMA: tl.constexpr,
+               ACT: tl.constexpr):
     """Partial sums of K columns kg..kg+KT: [BN] (FMA) or [BB, BN], times the group scale when
-    group-scaled (the tile is one group)."""
+    group-scaled (the tile is one group). x rows are SXB apart, gate rows SGB (`ACT`)."""
     cols = kg + kt
     # no `other`: an integer fill cannot be cast to fp8, and masked rows are never stored
     w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=nmask[:, None])
     if FMA:
-        xv = tl.load(x_ptr + cols).to(tl.float32)
+        xv = _gated(tl.load(x_ptr + cols), g_ptr, cols, cols < K, ACT).to(tl.float32)
         part = tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
     else:
-        x = tl.load(x_ptr + bat[:, None] * K + cols[None, :], mask=bmask[:, None], other=0.0)
+        x = tl.load(x_ptr + bat[:, None] * SXB + cols[None, :], mask=bmask[:, None], other=0.0)
+        x = _gated(x, g_ptr, bat[:, None] * SGB + cols[None, :], bmask[:, None], ACT)
         if SCALE == "none":  # plain weights: already a dot operand (fp32 when interpreting)
             wd = w.to(DOT)
         else:
@@ -111,12 +134,14 @@ def _tile_part(x_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt,
 
 
 @triton.jit
-def _dequant_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split,
+def _dequant_gemv_kernel(x_ptr, g_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split, SXB, SGB,
                          SCALE: tl.constexpr, DOT: tl.constexpr, BB: tl.constexpr,
                          BN: tl.constexpr, BK: tl.constexpr, KT: tl.constexpr,
-                         FMA: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr):
+                         FMA: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr,
+                         ACT: tl.constexpr):
     # BK: K per loop iteration, KT: K per load / dot (one scale group; BK otherwise).
-    # SCALE: "row", "group" or "none" (plain weights; s_ptr unused)
+    # SCALE: "row", "group" or "none" (plain weights; s_ptr unused); ACT: "none", "silu",
+    # "sigmoid" (x · act(gate) as the GEMV's input; g_ptr unused with "none")
     NT: tl.constexpr = BK // KT
     nb = tl.program_id(0)
     sk = tl.program_id(1)
@@ -130,14 +155,14 @@ def _dequant_gemv_kernel(x_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split,
         acc = tl.zeros([BN], tl.float32)
         for k in tl.range(k0, k0 + k_per_split, BK, num_stages=STAGES):
             for t in tl.static_range(NT):
-                acc += _tile_part(x_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, k + t * KT,
-                                  kt, SCALE, DOT, KT, FMA)
+                acc += _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K,
+                                  k + t * KT, kt, SXB, SGB, SCALE, DOT, KT, FMA, ACT)
     else:
         acc = tl.zeros([BB, BN], tl.float32)
         for k in range(k0, k0 + k_per_split, BK):
             for t in tl.static_range(NT):
-                acc += _tile_part(x_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, k + t * KT,
-                                  kt, SCALE, DOT, KT, FMA)
+                acc += _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K,
+                                  k + t * KT, kt, SXB, SGB, SCALE, DOT, KT, FMA, ACT)
     if SCALE == "row":
         sc = tl.load(s_ptr + rows, mask=nmask).to(tl.float32)
         if FMA:
@@ -181,12 +206,19 @@ def _tiles(K, scale, block_k, group_k):
 
 
 def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, num_stages=3,
-                        *, fma=False, atomic=False, group_k=None, split=None):
+                        *, fma=False, atomic=False, group_k=None, split=None, gate=None,
+                        act=None, out=None):
     """Triton path; K must be a multiple of `block_k` (true for every model matrix here), or of
     a smaller power of two of at least 16, which then replaces it. A group-scaled weight ignores
     `block_k` and takes `group_k` (default: one group) per loop iteration; `scale=None` takes
     `codes` as a plain weight in x's dtype (bf16/fp16). The keyword-only arguments pick a
     kernel variant (module docstring); the defaults are the engine's path for several rows.
+
+    Fusions around the product (the decode step's, so no elementwise launch runs beside it):
+    `gate`, `act` ("silu" or "sigmoid"): the input is `x · act(gate)`, rounded as torch rounds
+    it (`_gated`); x and gate may be row-strided views (the halves of a gate|up output).
+    `out`: an fp32 `[B, N]` buffer the product is atomically added into and returned (a
+    residual delta the next RMSNorm reads in fp32; no zero fill or cast per call).
 
     The default tile won 3 of 4 shapes of the H200 sweep in bench/results/h200-kernels.json."""
     B, K = x.shape
@@ -202,10 +234,16 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
     if split is None:
         split = split_k(n_blocks, K, block_k)
     assert (K // block_k) % split == 0, "every split takes whole K iterations"
-    atomic = atomic and split > 1
-    if atomic:
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if gate is not None:
+        assert act in ("silu", "sigmoid") and gate.shape == x.shape and gate.stride(-1) == 1
+    if out is not None:
+        assert out.dtype == torch.float32 and out.shape == (B, N) and out.is_contiguous()
+        y, atomic = out, True
+    elif atomic and split > 1:
         y = torch.zeros((B, N), device=x.device, dtype=torch.float32)
     else:
+        atomic = False
         y = torch.empty((split, B, N), device=x.device,
                         dtype=x.dtype if split == 1 else torch.float32)
     if scale is None:  # the weight's own dtype (an fp16 weight is not rounded to bf16)
@@ -215,10 +253,14 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
     else:  # bf16, or fp32 under the interpreter (its dot mishandles bf16: `dot_dtype`)
         kind = "group" if scale.dim() == 2 else "row"
         dot = dot_dtype()
+    g = x if gate is None else gate
     _dequant_gemv_kernel[(n_blocks, split)](
-        x.contiguous(), codes, codes if scale is None else scale, y, B, N, K, K // split,
-        SCALE=kind, DOT=dot, BB=16, BN=block_n, BK=block_k, KT=kt, FMA=fma, ATOMIC=atomic,
-        STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
+        x, g, codes, codes if scale is None else scale, y, B, N, K, K // split,
+        x.stride(0), g.stride(0), SCALE=kind, DOT=dot, BB=16, BN=block_n, BK=block_k, KT=kt,
+        FMA=fma, ATOMIC=atomic, STAGES=num_stages, ACT="none" if gate is None else act,
+        num_warps=num_warps, num_stages=num_stages)
+    if out is not None:
+        return out
     if atomic:
         return y.to(x.dtype)
     return y[0] if split == 1 else y.sum(0).to(x.dtype)
@@ -267,9 +309,14 @@ def kernel_tiles(K, scale):
     return step >= 16 and step & (step - 1) == 0
 
 
-def dequant_gemv(x, codes, scale):
-    """Dispatching entry point; see the module docstring."""
+def dequant_gemv(x, codes, scale, *, gate=None, act=None, out=None):
+    """Dispatching entry point; see the module docstring (`gate`, `act`, `out`: the fusions
+    of `dequant_gemv_triton`, done in torch on the reference path)."""
     if not use_triton(x) or not kernel_tiles(x.shape[1], scale):
-        return dequant_gemv_ref(x, codes, scale)
-    return dequant_gemv_triton(x, codes, scale, **engine_launch(x.shape[0], *codes.shape,
-                                                                codes, scale))
+        if gate is not None:
+            x = gated_ref(x, gate, act)
+        if out is None:
+            return dequant_gemv_ref(x, codes, scale)
+        return out.add_(x.float() @ dequantize(codes, scale).t())
+    return dequant_gemv_triton(x, codes, scale, gate=gate, act=act, out=out,
+                               **engine_launch(x.shape[0], *codes.shape, codes, scale))

@@ -2,8 +2,10 @@
 
 `rms_norm(x, w, eps, residual=None, zero_centred=False)` returns `(y, h)` where
 `h = x + residual` (or `x` when no residual is given) and `y = norm(h)`; the decoder keeps `h`
-as the new residual stream. Statistics are fp32; `h` and `y` are rounded to x's dtype, and the
-zero-centred form rounds like HF's Qwen3NextRMSNorm (fp32 product, then one cast).
+as the new residual stream. Statistics are fp32; `h` and `y` are rounded to the residual's dtype
+(x's without one), and the zero-centred form rounds like HF's Qwen3NextRMSNorm (fp32 product,
+then one cast). x may be an fp32 delta beside a bf16 residual: a projection's fp32 sums
+(`dequant_gemv`'s `out`), added unrounded.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from ._dispatch import use_triton
 
 def rms_norm_ref(x, w, eps, residual=None, zero_centred=False):
     """Torch reference over the last dim of x [..., H]."""
-    h = x if residual is None else (x.float() + residual.float()).to(x.dtype)
+    h = x if residual is None else (x.float() + residual.float()).to(residual.dtype)
     hf = h.float()
     hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
     wf = w.float() + 1.0 if zero_centred else w.float()
-    return (hf * wf).to(x.dtype), h
+    return (hf * wf).to(h.dtype), h
 
 
 @triton.jit
@@ -48,12 +50,12 @@ def rms_norm_triton(x, w, eps, residual=None, zero_centred=False):
     """Triton path: one program per row, the whole row in registers."""
     H = x.shape[-1]
     x2 = x.contiguous().view(-1, H)
-    y = torch.empty_like(x2)
     if residual is None:
         h, r = x, x2
     else:
         r = residual.contiguous().view(-1, H)
-        h = torch.empty_like(x2)
+        h = torch.empty_like(r)
+    y = torch.empty_like(x2, dtype=h.dtype)
     block = triton.next_power_of_2(H)
     _rms_norm_kernel[(x2.shape[0],)](
         x2, r, w, y, h if residual is not None else y, H, eps,

@@ -29,3 +29,17 @@ def test_zero_centred_rms_norm_of_head_rows(device, rows, H):
     y, h = rms_norm_triton(x, w, 1e-6, None, True)
     assert rel_err(y, rms_norm_ref(x, w, 1e-6, None, True)[0]) < 1e-2
     assert torch.equal(h.cpu(), x.cpu())
+
+
+def test_fp32_delta_beside_a_bf16_residual(device):
+    """A projection's fp32 sums (`dequant_gemv`'s `out`) as x: added to the residual unrounded,
+    h and y in the residual's dtype."""
+    g = torch.Generator().manual_seed(4)
+    delta = torch.randn(2, 48, generator=g).to(device)
+    res = torch.randn(2, 48, generator=g).bfloat16().to(device)
+    w = torch.randn(48, generator=g).to(device)
+    y, h = rms_norm_triton(delta, w, 1e-6, res, True)
+    y_ref, h_ref = rms_norm_ref(delta, w, 1e-6, res, True)
+    assert y.dtype == h.dtype == torch.bfloat16 and h_ref.dtype == torch.bfloat16
+    assert rel_err(h, delta.double() + res.double()) < 1e-2
+    assert rel_err(h, h_ref) < 1e-2 and rel_err(y, y_ref) < 1e-2

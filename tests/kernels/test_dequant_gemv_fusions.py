@@ -1,0 +1,97 @@
+"""The dequant GEMV's fusions for the decode step: the gated input `x · act(gate)` (SwiGLU's
+`silu(g) · u` before the down projection, the attention output gate before o_proj) and the fp32
+accumulation into a caller's buffer, against the unfused torch composition they replace."""
+
+import pytest
+import torch
+
+from ninfer_engine.kernels._dispatch import interpreting
+from ninfer_engine.kernels.dequant_gemv import (
+    dequant_gemv,
+    dequant_gemv_ref,
+    dequant_gemv_triton,
+    dequantize,
+    engine_launch,
+    gated_ref,
+    quantize_fp8_groups,
+    quantize_fp8_row,
+)
+
+from .conftest import rel_err
+
+K = 256
+
+
+def _weights(n, form, gen):
+    w = torch.randn(n, K, generator=gen) / 8
+    if form == "bf16":
+        return w.bfloat16(), None
+    return quantize_fp8_row(w) if form == "fp8_row" else quantize_fp8_groups(w, 64)
+
+
+def _gate_up(batch, gen):
+    """A gate|up row pair as the decode step has it: the halves of one [B, 2K] output."""
+    return (torch.randn(batch, 2 * K, generator=gen) * 3).bfloat16()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("form", ["bf16", "fp8_row", "fp8_g64"])
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+def test_gated_input_equals_the_unfused_ops(device, batch, form, act):
+    gen = torch.Generator().manual_seed(batch * 7 + len(form) + len(act))
+    codes, scale = _weights(40, form, gen)
+    gu = _gate_up(batch, gen)
+    gate, x = gu[:, :K], gu[:, K:]  # row-strided views when batch > 1
+    xg = gated_ref(x, gate, act)
+    want = dequant_gemv_ref(xg, codes, scale)
+    kw = engine_launch(batch, 40, K, codes, scale, sms=4)
+    dev = gu.to(device)
+    got = dequant_gemv_triton(xg.to(device), codes.to(device), _to(scale, device), **kw)
+    fused = dequant_gemv_triton(dev[:, K:], codes.to(device), _to(scale, device),
+                                gate=dev[:, :K], act=act, **kw)
+    # the prologue rounds as the two elementwise ops do: the same GEMV input, so the same sums
+    # (the interpreter truncates fp32 -> bf16 casts where GPUs round to nearest: close only)
+    if interpreting():
+        assert rel_err(fused, got) < 2e-2
+    else:
+        assert torch.equal(fused.cpu(), got.cpu())
+    assert rel_err(fused, want) < 3e-2
+    # and the gate matters: the plain product of x differs
+    plain = dequant_gemv_triton(dev[:, K:].contiguous(), codes.to(device), _to(scale, device),
+                                **kw)
+    assert rel_err(plain, fused) > 0.1
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("form", ["bf16", "fp8_row", "fp8_g64"])
+def test_out_accumulates_fp32_sums(device, batch, form):
+    gen = torch.Generator().manual_seed(31 + batch + len(form))
+    codes, scale = _weights(40, form, gen)
+    x = torch.randn(batch, K, generator=gen).bfloat16()
+    exact = x.float() @ dequantize(codes, scale).t()
+    base = torch.randn(batch, 40, generator=gen)
+    out = base.clone().to(device)
+    kw = engine_launch(batch, 40, K, codes, scale, sms=4)
+    got = dequant_gemv_triton(x.to(device), codes.to(device), _to(scale, device), out=out, **kw)
+    assert got is out and got.dtype == torch.float32
+    # added, not stored, and not rounded to bf16 on the way
+    assert torch.allclose(got.cpu(), base + exact, rtol=1e-5, atol=1e-4)
+
+
+def test_entry_point_applies_both_fusions_on_every_path(device):
+    """`dequant_gemv` takes the kernel where it tiles K and the torch path where it does not
+    (K = 24): both honour gate/act and out."""
+    gen = torch.Generator().manual_seed(5)
+    for k in (K, 24):
+        w = (torch.randn(16, k, generator=gen) / 8).bfloat16()
+        gu = (torch.randn(1, 2 * k, generator=gen) * 3).bfloat16()
+        want = gated_ref(gu[:, k:], gu[:, :k], "silu").float() @ w.float().t()
+        out = torch.zeros(1, 16, device=device)
+        dev = gu.to(device)
+        got = dequant_gemv(dev[:, k:], w.to(device), None, gate=dev[:, :k], act="silu", out=out)
+        assert got is out
+        assert rel_err(got, want) < 1e-5
+
+
+def _to(t, device):
+    return None if t is None else t.to(device)
