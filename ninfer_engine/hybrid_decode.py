@@ -30,8 +30,8 @@ from .kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
 from .kernels.moe_fused import (moe_down_combine_triton, moe_gate_up_silu_triton,
                                 route_topk_triton)
 from .kernels.paged_attention import PAGE, paged_attention_triton
+from .kernels.qk_norm_rope import qk_norm_rope_triton
 from .kernels.rmsnorm import rms_norm_triton
-from .kernels.rotary import rope_triton
 from .kv import KvStorage, fill_page_tables
 from .models.fused import FusedParams
 from .models.packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
@@ -191,12 +191,10 @@ class HybridStep:
     def _attn(self, layer, kv: KvLayer, y, B, kv_span, slot, acc):
         m, pos, table = layer["mixer"], self.pos[:B], self.table[:B]
         qd, kvd = m.nq * m.d, m.nkv * m.d
-        q, gate, k, v = layer["w_in"](y).split([qd, qd, kvd, kvd], -1)
-        q, _ = rms_norm_triton(q.reshape(B * m.nq, m.d), m.q_norm, self.eps, None, True)
-        k, _ = rms_norm_triton(k.reshape(B * m.nkv, m.d), m.k_norm, self.eps, None, True)
-        theta = self.c["rope_parameters"]["rope_theta"]
-        q = rope_triton(q.view(B, m.nq, m.d), pos, m.rope.rd, theta)
-        k = rope_triton(k.view(B, m.nkv, m.d), pos, m.rope.rd, theta)
+        qgkv = layer["w_in"](y)
+        _, gate, _, v = qgkv.split([qd, qd, kvd, kvd], -1)
+        q, k = qk_norm_rope_triton(qgkv, m.nq, m.nkv, m.d, m.q_norm, m.k_norm, self.eps, pos,
+                                   m.rope.rd, self.c["rope_parameters"]["rope_theta"])
         kv.write(slot, k, v.reshape(B, m.nkv, m.d))
         a = paged_attention_triton(q, kv.k, kv.v, table, pos + 1, kv.k_scale, kv.v_scale,
                                    max_seq_len=kv_span)

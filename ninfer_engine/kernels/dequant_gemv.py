@@ -311,7 +311,15 @@ def kernel_tiles(K, scale):
 
 def dequant_gemv(x, codes, scale, *, gate=None, act=None, out=None):
     """Dispatching entry point; see the module docstring (`gate`, `act`, `out`: the fusions
-    of `dequant_gemv_triton`, done in torch on the reference path)."""
+    of `dequant_gemv_triton`, done in torch on the reference path).
+
+    The gated input fuses only into one row of a plain or row-scaled weight: on the H200
+    (bench/results/h200-gemv-fusions.md, the 27B's down and o) it saves 1.5-3 µs there, while
+    recomputing the gate for every group-scaled tile or every 16-row dot tile costs 1.6-3×
+    the two elementwise launches it replaces; those take `gated_ref` first. `out` wins on all."""
+    fuse_gate = x.shape[0] == 1 and (scale is None or scale.dim() == 1)
+    if gate is not None and not (fuse_gate and use_triton(x)):
+        x, gate = gated_ref(x, gate, act), None
     if not use_triton(x) or not kernel_tiles(x.shape[1], scale):
         if gate is not None:
             x = gated_ref(x, gate, act)

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.skipif(
 # logits, observed) from an fp32 twin of this tiny model, and 2-7 % from each other; another
 # sequence's logits are ~140 % away, so a mixed-up slot, page or position fails clearly
 TOL_REF = 0.12
-TOL_SINGLE = 1e-3  # against the batch-1 `KernelDecoder` (bitwise equal on the CPU)
+# against the batch-1 `KernelDecoder`: bitwise equal on the CPU; on CUDA one row's o/down
+# projections add fp32 sums into the residual (`dequant_gemv` out) where several rows' cuBLAS
+# products are rounded to bf16 first: 0.8-1.1 % apart on the H200
+TOL_SINGLE = 0.03 if torch.cuda.is_available() else 1e-3
 
 
 def _rel(a, b):
