@@ -43,6 +43,14 @@ def _needs_cuda(
     return reason
 
 
+def _runs_on_cuda(what: str) -> Callable[[EngineConfig, Machine], str | None]:
+    """Built, CUDA only: runs wherever a CUDA device exists."""
+    def reason(c: EngineConfig, m: Machine) -> str | None:
+        return None if m.cuda_devices else f"{what} needs a CUDA device; this machine has none"
+
+    return reason
+
+
 def _tensor_parallel(c: EngineConfig, m: Machine) -> str:
     missing = [d for d in c.devices if d >= m.cuda_devices]
     if missing:
@@ -66,7 +74,7 @@ _GATES: tuple[_Gate, ...] = (
            "--media-live-mib", "--media-preprocess-threads"),
           lambda c: True, _not_built("media input (vision)")),
     _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
-          _needs_cuda("automatic KV sizing")),
+          _runs_on_cuda("automatic KV sizing")),  # `kv.sizing`
     _Gate(("--host-state-slots", "--host-kv-mib"), lambda c: True,
           _needs_cuda("pinned host KV/state tiers")),
     _Gate(("--max-private-continuations", "--max-shared-prefixes",

@@ -21,6 +21,8 @@ class EngineConfig:
     # capacity
     max_context: int = 8192
     kv_capacity: int | None = None  # tokens; None = follows max_context
+    # `--kv-capacity auto` (CUDA): the engine sets `kv_capacity` (a `dataclasses.replace`d copy)
+    # from the memory free after the weights, less this headroom (`kv.sizing`)
     kv_capacity_auto: bool = False
     vram_headroom_mib: int = 1024
     max_concurrency: int = 1
@@ -90,6 +92,7 @@ class EngineConfig:
 
     @property
     def kv_tokens(self) -> int:
-        """Size of the shared KV pool in tokens, rounded up to whole pages."""
+        """Size of the shared KV pool in tokens, rounded up to whole pages (under
+        `--kv-capacity auto`, --max-context until the engine has sized the pool)."""
         tokens = self.kv_capacity or self.max_context
         return -(-tokens // PAGE_TOKENS) * PAGE_TOKENS

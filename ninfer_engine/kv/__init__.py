@@ -1,5 +1,5 @@
 """The KV pool: pages and leases, quantized storage, recurrent-state slots, prefix checkpoints."""
-from .cache import KvStorage, LayerKv, PagedKvCache, fill_page_tables
+from .cache import KvStorage, LayerKv, PagedKvCache, fill_page_tables, kv_page_layout
 from .memory import SequenceMemory
 from .pages import ElasticPagePool, PageAllocator, PagePool, pages_for
 from .quant import KV_DTYPES, KvCodec, codecs_for
@@ -7,4 +7,5 @@ from .slots import Checkpoint, PrefixCache, PrefixIndex, StateSlots
 
 __all__ = ["KV_DTYPES", "Checkpoint", "ElasticPagePool", "KvCodec", "KvStorage", "LayerKv",
            "PageAllocator", "PagePool", "PagedKvCache", "PrefixCache", "PrefixIndex",
-           "SequenceMemory", "StateSlots", "codecs_for", "fill_page_tables", "pages_for"]
+           "SequenceMemory", "StateSlots", "codecs_for", "fill_page_tables", "kv_page_layout",
+           "pages_for"]

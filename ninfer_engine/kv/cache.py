@@ -16,6 +16,16 @@ from .pages import PageAllocator, pages_for
 from .quant import KvCodec, as_bits
 
 
+def kv_page_layout(layers: int, heads: int, dim: int, codecs: tuple[KvCodec, KvCodec],
+                   page_tokens: int) -> tuple[int, int]:
+    """(bytes of one pool page: K and V of every layer, codes and scales; tensors the pool
+    holds) as `KvStorage` lays it out, read off the codecs' own `allocate` on the meta device:
+    nothing is allocated and no codec's layout is restated (`--kv-capacity auto`)."""
+    meta = torch.device("meta")
+    parts = [t for codec in codecs for t in codec.allocate(page_tokens, heads, dim, meta)]
+    return layers * sum(t.nbytes for t in parts), layers * len(parts)
+
+
 class KvStorage:
     """K/V of every pool page for `layers` attention layers, laid out per the two codecs."""
 
