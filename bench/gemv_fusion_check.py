@@ -2,11 +2,16 @@
 on the 27B's down [5120, 17408] and o [5120, 6144] projections, CUDA only.
 
     python3 bench/gemv_fusion_check.py [--batches 1,2,8] [--out FILE.json]
+    python3 bench/gemv_fusion_check.py --splits [--out FILE.json]
 
 Per (shape, weight form, B): µs per call of the unfused sequence the step ran before (SiLU or
 sigmoid and the product as torch ops, then the GEMV returning bf16) against the GEMV with the
 gated input, with the fp32 accumulation, and with both; each timed as a CUDA graph of calls
 rotating over weight copies larger than the L2 (bench/fp8_gemv_sweep.py's method).
+
+`--splits`: one bf16 row into an fp32 `out` (where a K split costs no zero fill or cast), on
+the projections that add into the residual or feed the router, over block_n × block_k × K
+split: which launch `engine_launch` should take when `out` is given.
 """
 
 from __future__ import annotations
@@ -21,10 +26,49 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.benchmark.timing import graph_of, time_ms  # noqa: E402
-from ninfer_engine.kernels.dequant_gemv import (dequant_gemv, gated_ref,  # noqa: E402
-                                                quantize_fp8_groups, quantize_fp8_row)
+from ninfer_engine.kernels.dequant_gemv import (dequant_gemv, dequant_gemv_triton,  # noqa: E402
+                                                gated_ref, quantize_fp8_groups,
+                                                quantize_fp8_row)
 
 SHAPES = {"down": ((5120, 17408), "silu"), "o": ((5120, 6144), "sigmoid")}
+SPLIT_SHAPES = {"a3b.gdn_out": (2048, 4096), "a3b.router": (257, 2048),
+                "27b.gdn_out": (5120, 6144), "27b.down": (5120, 17408)}
+
+
+def rotating(w, copies_bytes=256 << 20):
+    return [w.clone() for _ in range(max(2, copies_bytes // w.nbytes + 1))]
+
+
+def splits() -> list[dict]:
+    rows = []
+    for name, (n, k) in SPLIT_SHAPES.items():
+        ws = rotating((torch.randn(n, k, device="cuda") / 64).bfloat16())
+        x = torch.randn(1, k, device="cuda").bfloat16()
+        acc = torch.zeros(1, n, device="cuda")
+        for bn in (16, 32):
+            for bk in (256, 512):
+                for split in (1, 2, 4, 8):
+                    if (k // bk) % split:
+                        continue
+                    kw = dict(block_n=bn, block_k=bk, fma=True, split=split)
+                    graph = graph_of(lambda kw=kw: [dequant_gemv_triton(x, w, None, out=acc, **kw)
+                                                    for w in ws])
+                    us = time_ms(graph.replay, 5) * 1e3 / len(ws)
+                    row = dict(shape=name, N=n, K=k, **kw, us=round(us, 2))
+                    rows.append(row)
+                    print(row, flush=True)
+    best = {}
+    for r in rows:
+        if r["shape"] not in best or r["us"] < best[r["shape"]]["us"]:
+            best[r["shape"]] = r
+    one = {r["shape"]: r["us"] for r in rows
+           if r["split"] == 1 and r["block_n"] == 16 and r["block_k"] == 512}
+    print("\n| shape | [N, K] | best launch | µs | µs at split 1 (BN 16, BK 512) |")
+    print("|---|---|---|---|---|")
+    for name, r in best.items():
+        print(f"| {name} | [{r['N']}, {r['K']}] | block_n={r['block_n']}, block_k={r['block_k']}, "
+              f"split={r['split']} | {r['us']} | {one.get(name)} |")
+    return rows
 
 
 def forms(w):
@@ -37,7 +81,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,2,8")
     ap.add_argument("--out")
+    ap.add_argument("--splits", action="store_true")
     args = ap.parse_args()
+    if args.splits:
+        rows = splits()
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=1))
+        return
     rows = []
     for name, ((n, k), act) in SHAPES.items():
         base = torch.randn(n, k, device="cuda") / 64

@@ -141,6 +141,11 @@ class HybridStep:
         # zeroed in one launch a step instead of a fill and a cast per projection
         self.acc = torch.zeros(2 * len(weights.layers), max_batch, weights.c["hidden_size"],
                                device=dev)
+        # the same for the router | shared-score GEMV of MoE layers whose shared expert is a
+        # slot (a K split into fp32 is 1.6x faster there); the rest take bf16 (shared g|u)
+        routers = [lay for lay in weights.layers if lay.get("shared_slot")]
+        width = routers[0]["w_gu"].w.shape[0] if routers else 0
+        self.router_acc = torch.zeros(len(routers), max_batch, width, device=dev)
         self.conv, self.ssm = [], []  # per GDN layer, in layer order
         for layer in weights.layers:
             m = layer["mixer"]
@@ -153,9 +158,10 @@ class HybridStep:
         """Logits [batch, V] of rows 0..batch-1; `kv_span` ≥ every row's length after the step
         sizes the attention kernel's split grid. Advances `pos` of those rows by one."""
         x = F.embedding(self.tokens[:batch], self.w.model.embedding)
-        kv, gdn, attn = self.kv(), 0, 0
-        acc = self.acc[:, :batch]
+        kv, gdn, attn, moe = self.kv(), 0, 0, 0
+        acc, router_acc = self.acc[:, :batch], self.router_acc[:, :batch]
         acc.zero_()
+        router_acc.zero_()
         pos = self.pos[:batch]
         # where each row's new K/V goes: the same for every attention layer
         slot = self.table[self.rows[:batch], pos // PAGE] * PAGE + pos % PAGE
@@ -171,7 +177,9 @@ class HybridStep:
                 attn += 1
             y, h = rms_norm_triton(mix, b.post_norm, self.eps, h, True)
             if "moe" in layer:
-                delta = self._moe(layer, y, batch)
+                logits = router_acc[moe] if layer["shared_slot"] else None
+                delta = self._moe(layer, y, batch, logits)
+                moe += layer["shared_slot"]
             else:
                 gu = layer["w_gu"](y)
                 g, u = gu.chunk(2, -1)
@@ -200,17 +208,19 @@ class HybridStep:
                                    max_seq_len=kv_span)
         return layer["w_out"](a.reshape(B, qd), gate=gate, act="sigmoid", acc=acc)
 
-    def _moe(self, layer, y, B):
+    def _moe(self, layer, y, B, router_acc):
         """Shared expert plus top-k routed SwiGLU experts of every row. One GEMV gives the
         router logits and the shared score (and the shared gate|up where the shared expert is
         not in the stacks); the routing kernel picks the k slots (plus the shared expert's,
         weighted by sigmoid(score), where it is); then gate|up + SiLU·up over the (row, slot)
         pairs and down + the weighted sum over the slots, one launch each."""
         moe, shared_slot = layer["moe"], layer["shared_slot"]
-        out = layer["w_gu"](y)
         if shared_slot:
-            weights, ids = route_topk_triton(out, moe.top_k, moe.renormalise, shared=True)
+            out = layer["w_gu"](y, acc=router_acc)
+            weights, ids = route_topk_triton(out, moe.top_k, moe.renormalise, shared=True,
+                                             round_bf16=out.dtype == torch.float32)
         else:
+            out = layer["w_gu"](y)
             width = moe.shared.down.shape[1]
             logits, score, g, u = out.split([moe.n_experts, 1, width, width], -1)
             shared = layer["w_down"](F.silu(g) * u) * torch.sigmoid(score)

@@ -266,7 +266,7 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
     return y[0] if split == 1 else y.sum(0).to(x.dtype)
 
 
-def engine_launch(B, N, K, codes, scale, sms=132):
+def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
     """The launch the engine uses, from the H200 sweeps (bench/results/h200-fp8-gemv.md,
     h200-bf16-gemv.md).
 
@@ -274,14 +274,20 @@ def engine_launch(B, N, K, codes, scale, sms=132):
     row-scaled, 1.4–2× in groups of 32, 86–104 % of the copy bandwidth on the 27B's MLP and
     head), 32 rows a program where N fills the GPU, else 64 with K split over atomics.
     One row of plain bf16: `fma`, 16 rows a program, 512 K an iteration where N ≤ 8192 (else
-    256), no K split: 1.01–1.13× cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller
+    256), no K split (unless `accumulate`: adding into a caller's fp32 `out`, where the split
+    is free): 1.01–1.13× cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller
     ones. Several rows: the dot path; group-scaled weights take at least 128 K a loop iteration
     (a 32-wide group alone left the loop latency-bound: 1.1–1.25× on the 27B shapes), 256 at
     one row where N ≥ 6144 (bench/results/h200-q4-nibble-gemv.md, fp8_g64 rows)."""
     if scale is None:
         if B != 1:
             return {}
-        return dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
+        kw = dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
+        if accumulate:  # into `out`, a K split costs no zero fill or cast: it wins where N is
+            # short (bench/results/h200-gemv-fusions.md: 35B-A3B gdn_out 7.9 -> 6.8 µs,
+            # router 3.9 -> 2.5)
+            kw["split"] = split_k(triton.cdiv(N, 16), K, kw["block_k"], sms)
+        return kw
     group = K // scale.shape[1] if scale.dim() == 2 else 0
     kw = {} if not group else {"group_k": min(max(group, 128), K & -K)}
     if B != 1 or codes.dtype != torch.float8_e4m3fn:  # int8 codes were not swept
@@ -326,5 +332,5 @@ def dequant_gemv(x, codes, scale, *, gate=None, act=None, out=None):
         if out is None:
             return dequant_gemv_ref(x, codes, scale)
         return out.add_(x.float() @ dequantize(codes, scale).t())
-    return dequant_gemv_triton(x, codes, scale, gate=gate, act=act, out=out,
-                               **engine_launch(x.shape[0], *codes.shape, codes, scale))
+    launch = engine_launch(x.shape[0], *codes.shape, codes, scale, accumulate=out is not None)
+    return dequant_gemv_triton(x, codes, scale, gate=gate, act=act, out=out, **launch)

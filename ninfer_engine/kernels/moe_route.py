@@ -37,11 +37,14 @@ def route_topk_ref(logits, k, renormalise, shared=False):
 @triton.jit
 def _route_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride,
                        K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                       RENORM: tl.constexpr, SHARED: tl.constexpr, KS: tl.constexpr):
+                       RENORM: tl.constexpr, SHARED: tl.constexpr, KS: tl.constexpr,
+                       ROUND_BF16: tl.constexpr):
     b = tl.program_id(0)
     cols = tl.arange(0, BLOCK_E)
     emask = cols < E
     x = tl.load(logits_ptr + b * stride + cols, mask=emask, other=float("-inf")).to(tl.float32)
+    if ROUND_BF16:  # fp32 sums routed as the bf16 logits a bf16 GEMV would have stored
+        x = x.to(tl.bfloat16).to(tl.float32)
     p = tl.exp(x - tl.max(x, 0))
     p = tl.where(emask, p, 0.0)
     probs = p / tl.sum(p, 0)
@@ -63,6 +66,8 @@ def _route_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride,
         wk = wk / tl.sum(wk, 0)
     if SHARED:  # slot K: the shared expert (expert E), weighted by sigmoid(its score)
         score = tl.load(logits_ptr + b * stride + E).to(tl.float32)
+        if ROUND_BF16:
+            score = score.to(tl.bfloat16).to(tl.float32)
         wk = tl.where(slots == K, 1.0 / (1.0 + tl.exp(-score)), wk)
         ik = tl.where(slots == K, E, ik)
     kmask = slots < KS
@@ -70,8 +75,10 @@ def _route_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride,
     tl.store(ids_ptr + b * KS + slots, ik, mask=kmask)
 
 
-def route_topk_triton(logits, k, renormalise, shared=False):
-    """Triton path: one program per row; reads a row-strided view (a GEMV output's columns)."""
+def route_topk_triton(logits, k, renormalise, shared=False, round_bf16=False):
+    """Triton path: one program per row; reads a row-strided view (a GEMV output's columns).
+    `round_bf16`: fp32 logits (a split GEMV's sums) are rounded to bf16 first, so the choice
+    matches the bf16 reference's (and fp32 summation order rarely matters)."""
     B, E = logits.shape[0], logits.shape[1] - shared
     assert E <= 512 and k + shared <= 16 and k <= E, (E, k)
     if logits.stride(1) != 1:
@@ -83,6 +90,7 @@ def route_topk_triton(logits, k, renormalise, shared=False):
                              BLOCK_E=triton.next_power_of_2(E),
                              BLOCK_K=max(2, triton.next_power_of_2(ks)),
                              RENORM=bool(renormalise), SHARED=bool(shared), KS=ks,
+                             ROUND_BF16=round_bf16,
                              num_warps=1)  # warp-shuffle reductions
     return weights, ids
 

@@ -95,3 +95,13 @@ def test_entry_point_applies_both_fusions_on_every_path(device):
 
 def _to(t, device):
     return None if t is None else t.to(device)
+
+
+def test_accumulating_one_bf16_row_splits_k_where_n_is_short():
+    """Into `out` a K split is free (no zero fill, no cast): the launch splits where N leaves
+    SMs idle (the 35B-A3B's gdn_out and router, bench/results/h200-gemv-fusions.md)."""
+    w = torch.empty(0, dtype=torch.bfloat16)
+    assert engine_launch(1, 2048, 4096, w, None)["split"] == 1
+    assert engine_launch(1, 2048, 4096, w, None, accumulate=True)["split"] == 2
+    assert engine_launch(1, 257, 2048, w, None, accumulate=True)["split"] == 4
+    assert engine_launch(1, 34816, 5120, w, None, accumulate=True)["split"] == 1

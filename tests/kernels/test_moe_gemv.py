@@ -25,3 +25,23 @@ def test_moe_gemv_masks_a_k_tail(device):
     x = torch.randn(2, 24, generator=g).bfloat16()
     out = moe_gemv_triton(x.to(device), w.to(device), ids.to(device), block_n=16)
     assert rel_err(out, moe_gemv_ref(x, w, ids)) < 1e-2
+
+
+def test_route_topk_rounds_fp32_sums_to_the_bf16_logits(device):
+    """`round_bf16`: fp32 router sums (a split GEMV's `out`) route as their bf16 rounding,
+    the logits a bf16 GEMV stores, does; unrounded, sub-ulp differences reorder the slots."""
+    from ninfer_engine.kernels.moe_route import route_topk_triton
+
+    gen = torch.Generator().manual_seed(9)
+    # pairs (2i, 2i+1): a bf16 value and the same plus a quarter ulp, which both rounding
+    # to nearest (GPU) and truncation (interpreter) take back to it: a tie once rounded
+    v = torch.randn(3, 33, generator=gen).bfloat16().float()
+    ulp = torch.exp2(torch.floor(torch.log2(v.abs())) - 7)
+    logits = torch.stack([v[:, :32], v[:, :32] + ulp[:, :32] / 4], -1).flatten(1)
+    logits = torch.cat([logits, v[:, 32:]], 1)  # the shared score
+    want_w, want_ids = route_topk_triton(logits.bfloat16().to(device), 8, True, shared=True)
+    w, ids = route_topk_triton(logits.to(device), 8, True, shared=True, round_bf16=True)
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    assert torch.allclose(w.cpu(), want_w.cpu(), atol=1e-6)
+    _, raw_ids = route_topk_triton(logits.to(device), 8, True, shared=True)
+    assert not torch.equal(raw_ids.cpu(), want_ids.cpu())
