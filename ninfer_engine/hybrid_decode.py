@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from .kernels.dequant_gemv import dequant_gemv, gated_ref, kernel_tiles
 from .kernels.gdn_decode import gdn_decode_triton
 from .kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
-from .kernels.moe_fused import (moe_down_combine_triton, moe_gate_up_silu_triton,
-                                route_topk_triton)
+from .kernels.moe_fused import (down_split_launch, moe_down_combine_triton,
+                                moe_gate_up_silu_triton, route_topk_triton)
 from .kernels.paged_attention import PAGE, paged_attention_triton
 from .kernels.qk_norm_rope import qk_norm_rope_triton
 from .kernels.rmsnorm import rms_norm_triton
@@ -178,7 +178,7 @@ class HybridStep:
             y, h = rms_norm_triton(mix, b.post_norm, self.eps, h, True)
             if "moe" in layer:
                 logits = router_acc[moe] if layer["shared_slot"] else None
-                delta = self._moe(layer, y, batch, logits)
+                delta = self._moe(layer, y, batch, logits, acc[2 * j + 1])
                 moe += layer["shared_slot"]
             else:
                 gu = layer["w_gu"](y)
@@ -208,12 +208,14 @@ class HybridStep:
                                    max_seq_len=kv_span)
         return layer["w_out"](a.reshape(B, qd), gate=gate, act="sigmoid", acc=acc)
 
-    def _moe(self, layer, y, B, router_acc):
+    def _moe(self, layer, y, B, router_acc, acc):
         """Shared expert plus top-k routed SwiGLU experts of every row. One GEMV gives the
         router logits and the shared score (and the shared gate|up where the shared expert is
         not in the stacks); the routing kernel picks the k slots (plus the shared expert's,
         weighted by sigmoid(score), where it is); then gate|up + SiLU·up over the (row, slot)
-        pairs and down + the weighted sum over the slots, one launch each."""
+        pairs and down + the weighted sum over the slots, one launch each, the last adding
+        fp32 sums into the layer's `acc` (split over slots and I at one row:
+        `down_split_launch`)."""
         moe, shared_slot = layer["moe"], layer["shared_slot"]
         if shared_slot:
             out = layer["w_gu"](y, acc=router_acc)
@@ -229,7 +231,8 @@ class HybridStep:
         ids = ids.view(B * k)
         gu, down = layer["experts_gu"], layer["experts_down"]  # bf16 or fp8 `ExpertStack`s
         act = moe_gate_up_silu_triton(y, gu.w, ids, scale=gu.scale)  # slot s reads row s // k
-        routed = moe_down_combine_triton(act, down.w, ids, weights, B, k, scale=down.scale)
+        routed = moe_down_combine_triton(act, down.w, ids, weights, B, k, scale=down.scale,
+                                         out=acc, **down_split_launch(B, k, down.w, down.scale))
         return routed if shared_slot else routed + shared
 
 

@@ -286,7 +286,7 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
         if accumulate:  # into `out`, a K split costs no zero fill or cast: it wins where N is
             # short (bench/results/h200-gemv-fusions.md: 35B-A3B gdn_out 7.9 -> 6.8 µs,
             # router 3.9 -> 2.5)
-            kw["split"] = split_k(triton.cdiv(N, 16), K, kw["block_k"], sms)
+            kw["split"] = split_k(triton.cdiv(N, 16), K, min(kw["block_k"], K & -K), sms)
         return kw
     group = K // scale.shape[1] if scale.dim() == 2 else 0
     kw = {} if not group else {"group_k": min(max(group, 128), K & -K)}

@@ -105,3 +105,4 @@ def test_accumulating_one_bf16_row_splits_k_where_n_is_short():
     assert engine_launch(1, 2048, 4096, w, None, accumulate=True)["split"] == 2
     assert engine_launch(1, 257, 2048, w, None, accumulate=True)["split"] == 4
     assert engine_launch(1, 34816, 5120, w, None, accumulate=True)["split"] == 1
+    assert engine_launch(1, 16, 256, w, None, accumulate=True)["split"] == 1  # K < block_k

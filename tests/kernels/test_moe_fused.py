@@ -6,9 +6,11 @@ from ninfer_engine.kernels.moe_fused import (
     moe_down_combine, moe_down_combine_ref, moe_down_combine_triton, moe_gate_up_silu,
     moe_gate_up_silu_ref, moe_gate_up_silu_triton, route_topk, route_topk_ref,
     route_topk_triton)
+from ninfer_engine.kernels.moe_dequant import dequantize_experts
 from ninfer_engine.kernels.moe_gemv import moe_gemv_ref
 
 from .conftest import rel_err
+from .test_moe_fp8 import fp8_stack
 
 
 def _fp32_gate_up(x, w_gu, ids):
@@ -234,3 +236,139 @@ def test_fused_experts_match_the_torch_sequence(device, B, renorm):
     out_ref = _fused_experts(y, router, w_gu, w_down, k, renorm, moe_gate_up_silu,
                              moe_down_combine, route_topk)
     assert rel_err(out, out_ref) < 5e-3
+
+
+# ------------------------------------------------- moe_down_combine: slot / K split, fp32 `out`
+
+def _split_case(dtype, B, k, E=12, H=48, I=64, seed=0):
+    """Distinct experts for every slot of every row and weights in [0.5, 1.5): a slot dropped or
+    counted twice moves the sum far beyond the tolerances (checked by `_assert_sensitive`)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(E, generator=g)[: B * k]
+    act = torch.randn(B * k, I, generator=g).bfloat16()
+    weights = 0.5 + torch.rand(B, k, generator=g)
+    if dtype == "fp8":
+        w_down, scale = fp8_stack(E, H, I, "row", g)
+    else:
+        w_down, scale = (torch.randn(E, H, I, generator=g) / I ** 0.5).bfloat16(), None
+    return act, w_down, ids, weights, scale
+
+
+def _exact_split(act, w_down, ids, weights, B, k, scale):
+    down = torch.einsum("sk,snk->sn", act.double(),
+                        dequantize_experts(w_down, scale, ids, torch.float64))
+    return down.view(B, k, -1) * weights.double()[..., None]  # [B, k, H] per-slot terms
+
+
+def _assert_sensitive(out, terms):
+    """`out` is far from the sum with any one slot left out or counted twice."""
+    total = terms.sum(1)
+    for j in range(terms.shape[1]):
+        assert rel_err(out, total - terms[:, j]) > 0.05
+        assert rel_err(out, total + terms[:, j]) > 0.05
+
+
+def _run_split(device, case, B, k, out, **kw):
+    act, w_down, ids, weights, scale = case
+    buf = torch.zeros(B, w_down.shape[1], device=device) if out else None
+    got = moe_down_combine_triton(
+        act.to(device), w_down.to(device), ids.to(device), weights.to(device), B, k,
+        scale=None if scale is None else scale.to(device), out=buf, **kw)
+    if out:
+        assert got is buf  # the caller's buffer itself, summed into
+    return got
+
+
+@pytest.mark.parametrize("out", [False, True], ids=["alloc", "out"])
+@pytest.mark.parametrize("B", [1, 2])
+@pytest.mark.parametrize("S", [2, 3, 4], ids=["S2", "S3-uneven", "S=k"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_down_combine_slot_split(device, dtype, S, B, out):
+    """k = 4 slots in S groups of slots j ≡ g (mod S) (S = 3: groups of 2, 1, 1 and dead slots
+    masked off), atomically summed: the sum of `moe_down_combine_ref`, each slot once. With
+    `out` (zeroed fp32) the fp32 sums land in it and it is returned; without, bf16 rounded
+    once."""
+    k = 4
+    case = _split_case(dtype, B, k, seed=10 * S + B)
+    got = _run_split(device, case, B, k, out, slot_split=S, block_h=16, block_k=32)
+    terms = _exact_split(*case[:4], B, k, case[4])
+    exact = terms.sum(1)
+    act, w_down, ids, weights, scale = case
+    assert got.shape == (B, w_down.shape[1])
+    if out:
+        assert got.dtype == torch.float32
+        # fp32 sums, not rounded to bf16: the reference kept in fp32 (act given as fp32)
+        torch.testing.assert_close(got.double().cpu(), exact, rtol=1e-5, atol=1e-5)
+        ref = moe_down_combine_ref(act.float(), w_down, ids, weights, B, k, scale)
+        assert ref.dtype == torch.float32 and rel_err(got, ref) < 1e-5
+    else:
+        assert got.dtype == torch.bfloat16
+        _assert_rounded_once(got, exact)
+        assert rel_err(got, moe_down_combine_ref(act, w_down, ids, weights, B, k, scale)) < 1e-3
+    _assert_sensitive(got, terms)
+
+
+@pytest.mark.parametrize("S,k_split", [(1, 2), (2, 2), (3, 3), (5, 2)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_down_combine_k_split(device, dtype, S, k_split):
+    """I = 64 in block_k = 16 tiles over k_split chunks (k_split = 3: chunks of 2, 2 and 0
+    tiles), also without a slot split; k = 5 slots, B = 2."""
+    B, k = 2, 5
+    case = _split_case(dtype, B, k, seed=S + 7 * k_split)
+    got = _run_split(device, case, B, k, True, slot_split=S, k_split=k_split, block_h=16,
+                     block_k=16)
+    terms = _exact_split(*case[:4], B, k, case[4])
+    torch.testing.assert_close(got.double().cpu(), terms.sum(1), rtol=1e-5, atol=1e-5)
+    _assert_sensitive(got, terms)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_down_combine_split_masks_tails(device, dtype, use_dot):
+    """H = 44 and I = 24 tails with a dead slot (k = 4, S = 3) and a K split, both variants."""
+    B, k = 2, 4
+    case = _split_case(dtype, B, k, H=44, I=24, seed=3 + use_dot)
+    terms = _exact_split(*case[:4], B, k, case[4])
+    for out in (False, True):
+        got = _run_split(device, case, B, k, out, slot_split=3, k_split=2, block_h=16,
+                         block_k=16, use_dot=use_dot)
+        if out:
+            # the tl.dot variant multiplies in bf16 under the GPU (fp32 under the interpreter)
+            torch.testing.assert_close(got.double().cpu(), terms.sum(1), rtol=1e-5, atol=1e-5)
+        else:
+            _assert_rounded_once(got, terms.sum(1))
+        _assert_sensitive(got, terms)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_down_combine_out_without_split_stores_the_fp32_sums(device, dtype):
+    """S = 1 with `out`: the unchanged kernel stores its fp32 sums in `out`, which rounded once
+    to bf16 are the default call's output bit for bit; the default call (slot_split=1, no
+    `out`) is the bf16 kernel as before."""
+    B, k = 2, 3
+    case = _split_case(dtype, B, k, seed=21)
+    got = _run_split(device, case, B, k, True, block_h=16, block_k=32)
+    default = _run_split(device, case, B, k, False, block_h=16, block_k=32)
+    assert got.dtype == torch.float32 and default.dtype == torch.bfloat16
+    assert torch.equal(got.bfloat16(), default)
+    assert torch.equal(_run_split(device, case, B, k, False, slot_split=1, k_split=1,
+                                  block_h=16, block_k=32), default)
+    terms = _exact_split(*case[:4], B, k, case[4])
+    torch.testing.assert_close(got.double().cpu(), terms.sum(1), rtol=1e-5, atol=1e-5)
+    _assert_rounded_once(default, terms.sum(1))
+
+
+def test_down_combine_split_rejects(device):
+    B, k = 1, 3
+    act, w_down, ids, weights, _ = _split_case("bf16", B, k)
+    args = [t.to(device) for t in (act, w_down, ids, weights)]
+    with pytest.raises(AssertionError):  # more groups than slots
+        moe_down_combine_triton(*args, B, k, slot_split=4)
+    with pytest.raises(AssertionError):  # `out` is fp32
+        moe_down_combine_triton(*args, B, k, slot_split=3,
+                                out=torch.zeros(B, w_down.shape[1], device=device).bfloat16())
+    g = torch.Generator().manual_seed(0)
+    codes, gscale = fp8_stack(12, w_down.shape[1], w_down.shape[2], "group", g, group=16)
+    with pytest.raises(NotImplementedError):  # group scales: no split kernel
+        moe_down_combine_triton(args[0], codes.to(device), args[2], args[3], B, k,
+                                scale=gscale.to(device), slot_split=3)
