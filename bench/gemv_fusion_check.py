@@ -4,10 +4,12 @@ on the 27B's down [5120, 17408] and o [5120, 6144] projections, CUDA only.
     python3 bench/gemv_fusion_check.py [--batches 1,2,8] [--out FILE.json]
     python3 bench/gemv_fusion_check.py --splits [--out FILE.json]
 
-Per (shape, weight form, B): µs per call of the unfused sequence the step ran before (SiLU or
-sigmoid and the product as torch ops, then the GEMV returning bf16) against the GEMV with the
-gated input, with the fp32 accumulation, and with both; each timed as a CUDA graph of calls
-rotating over weight copies larger than the L2 (bench/fp8_gemv_sweep.py's method).
+Per (shape, weight form, B), µs per call (`CALLS`): the GEMV of a ready input (plain); the
+gate as two torch ops (unfused, the step before) or one Triton launch (kernel) before it, or
+read by the GEMV itself (gate); each with the fp32 accumulation into a buffer (out) instead
+of a bf16 product; launched as `engine_launch` does, timed as a CUDA graph of calls rotating
+over weight copies larger than the L2 (bench/fp8_gemv_sweep.py's method), plus the worst
+relative error of the variants' products against the torch reference.
 
 `--splits`: one bf16 row into an fp32 `out` (where a K split costs no zero fill or cast), on
 the projections that add into the residual or feed the router, over block_n × block_k × K
@@ -26,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.benchmark.timing import graph_of, time_ms  # noqa: E402
-from ninfer_engine.kernels.dequant_gemv import (dequant_gemv, dequant_gemv_triton,  # noqa: E402
-                                                gated_ref, quantize_fp8_groups,
-                                                quantize_fp8_row)
+from ninfer_engine.kernels.dequant_gemv import (  # noqa: E402
+    dequant_gemv_ref, dequant_gemv_triton, engine_launch, gated_ref, gated_triton,
+    quantize_fp8_groups, quantize_fp8_row)
 
 SHAPES = {"down": ((5120, 17408), "silu"), "o": ((5120, 6144), "sigmoid")}
 SPLIT_SHAPES = {"a3b.gdn_out": (2048, 4096), "a3b.router": (257, 2048),
@@ -77,6 +79,47 @@ def forms(w):
     yield "fp8_g64", quantize_fp8_groups(w, 64)
 
 
+CALLS = ("plain", "unfused", "kernel", "gate", "out", "kernel+out", "gate+out")
+
+
+def fusion_row(name, form, B, n, k, act, ws) -> dict:
+    """µs of each way to run the projection of `x · act(gate)` (the module docstring; `kernel`:
+    the gate as one Triton elementwise launch, `gated_triton`), launched as `engine_launch`
+    does, and the worst relative error of their products against the torch reference."""
+    gu = torch.randn(B, 2 * k, device="cuda").bfloat16()
+    g, x = gu[:, :k], gu[:, k:]
+    xc = x.contiguous()
+    acc = torch.zeros(B, n, device="cuda")
+
+    def run(c, s, gate=None, out=None, xin=None):
+        launch = engine_launch(B, n, k, c, s, accumulate=out is not None)
+        xin = x if gate is not None else xin
+        return dequant_gemv_triton(xin, c, s, gate=gate, act=act, out=out, **launch)
+
+    calls = {
+        "plain": lambda c, s: run(c, s, xin=xc),
+        "unfused": lambda c, s: run(c, s, xin=gated_ref(x, g, act)),
+        "kernel": lambda c, s: run(c, s, xin=gated_triton(x, g, act)),
+        "gate": lambda c, s: run(c, s, gate=g),
+        "out": lambda c, s: run(c, s, out=acc, xin=xc),
+        "kernel+out": lambda c, s: run(c, s, out=acc, xin=gated_triton(x, g, act)),
+        "gate+out": lambda c, s: run(c, s, gate=g, out=acc),
+    }
+    c0, s0 = ws[0]
+    gated_want = dequant_gemv_ref(gated_ref(x, g, act), c0, s0).float()
+    plain_want = dequant_gemv_ref(xc, c0, s0).float()  # "plain" and "out" take x ungated
+    row, worst = dict(shape=name, N=n, K=k, form=form, B=B), 0.0
+    for label, fn in calls.items():
+        acc.zero_()
+        got = fn(c0, s0).float()
+        want = plain_want if label in ("plain", "out") else gated_want
+        worst = max(worst, ((got - want).norm() / want.norm()).item())
+        graph = graph_of(lambda fn=fn: [fn(c, s) for c, s in ws])
+        row[label] = round(time_ms(graph.replay, 5) * 1e3 / len(ws), 2)
+    row["rel_err"] = worst
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,2,8")
@@ -97,28 +140,14 @@ def main() -> None:
             for B in map(int, args.batches.split(",")):
                 if form == "bf16" and B != 1:
                     continue  # several bf16 rows take cuBLAS, not this kernel
-                gu = torch.randn(B, 2 * k, device="cuda").bfloat16()
-                g, x = gu[:, :k], gu[:, k:]
-                acc = torch.zeros(B, n, device="cuda")
-                calls = {
-                    "unfused": lambda c, s: dequant_gemv(gated_ref(x, g, act), c, s),
-                    "gate": lambda c, s: dequant_gemv(x, c, s, gate=g, act=act),
-                    "out": lambda c, s: dequant_gemv(x.contiguous(), c, s, out=acc),
-                    "gate+out": lambda c, s: dequant_gemv(x, c, s, gate=g, act=act, out=acc),
-                    "plain": lambda c, s: dequant_gemv(x.contiguous(), c, s),
-                }
-                row = dict(shape=name, N=n, K=k, form=form, B=B)
-                for label, fn in calls.items():
-                    graph = graph_of(lambda fn=fn: [fn(c, s) for c, s in ws])
-                    row[label] = round(time_ms(graph.replay, 5) * 1e3 / copies, 2)
-                rows.append(row)
-                print(row, flush=True)
-    cols = ["plain", "unfused", "gate", "out", "gate+out"]
-    print("\n| shape | form | B | " + " | ".join(f"{c} µs" for c in cols) + " |")
-    print("|---|---|---|" + "---|" * len(cols))
+                rows.append(fusion_row(name, form, B, n, k, act, ws))
+                print(rows[-1], flush=True)
+    print("\n| shape | form | B | " + " | ".join(f"{c} µs" for c in CALLS)
+          + " | worst rel. err |")
+    print("|---|---|---|" + "---|" * (len(CALLS) + 1))
     for r in rows:
         print(f"| {r['shape']} | {r['form']} | {r['B']} | "
-              + " | ".join(str(r[c]) for c in cols) + " |")
+              + " | ".join(str(r[c]) for c in CALLS) + f" | {r['rel_err']:.1e} |")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 

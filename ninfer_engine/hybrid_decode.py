@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kernels.dequant_gemv import dequant_gemv, gated_ref, kernel_tiles
+from .kernels.dequant_gemv import dequant_gemv, gated, kernel_tiles
 from .kernels.gdn_decode import gdn_decode_triton
 from .kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
 from .kernels.moe_fused import (down_split_launch, moe_down_combine_triton,
@@ -43,10 +43,11 @@ class FusedLinear:
     through its packed kernels.
 
     `gate`, `act`: the input is `x · act(gate)` (SwiGLU's `silu(g) · u`, the attention output
-    gate); `acc`: an fp32 `[B, N]` buffer the product is added into and returned. Both fuse into
-    the GEMV where it is the dequant kernel (one bf16 row, or one fp8 block: `dequant_gemv`);
-    elsewhere the gate runs as torch ops, `acc` is left alone and the bf16 product returned
-    (the RMSNorm after it takes either)."""
+    gate), read by the GEMV itself or computed by one launch first (`dequant_gemv` picks);
+    `acc`: an fp32 `[B, N]` buffer the product is added into and returned, where the GEMV is
+    the dequant kernel (one bf16 row, or one fp8 block); elsewhere (cuBLAS, other packed
+    formats) `acc` is left alone and the bf16 product returned (the RMSNorm after it takes
+    either)."""
 
     def __init__(self, w: torch.Tensor | PackedMatrix):
         self.w = w
@@ -60,7 +61,7 @@ class FusedLinear:
             return dequant_gemv(x, self.w, None, gate=gate, act=act, out=acc)
         if self.planes is not None and x.shape[0] <= GEMV_MAX_ROWS:
             return dequant_gemv(x, *self.planes, gate=gate, act=act, out=acc)
-        return linear(x if gate is None else gated_ref(x, gate, act), self.w)
+        return linear(x if gate is None else gated(x, gate, act), self.w)
 
     def nbytes(self):
         return self.w.nbytes

@@ -105,6 +105,31 @@ def _gated(x, g_ptr, offs, mask, ACT: tl.constexpr):
 
 
 @triton.jit
+def _gated_kernel(x_ptr, g_ptr, y_ptr, K, SXB, SGB, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(x_ptr + b * SXB + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + b * K + offs, _gated(x, g_ptr + b * SGB, offs, mask, ACT), mask=mask)
+
+
+def gated(x, gate, act):
+    """Dispatching `x · act(gate)`: one Triton launch on CUDA, `gated_ref` elsewhere."""
+    return (gated_triton if use_triton(x) else gated_ref)(x, gate, act)
+
+
+def gated_triton(x, gate, act, block=2048):
+    """`gated_ref` in one launch (x and gate may be row-strided views): the GEMV's input where
+    the gate does not fuse into it; rounds as `gated_ref` does."""
+    B, K = x.shape
+    assert gate.shape == x.shape and x.stride(-1) == 1 and gate.stride(-1) == 1
+    y = torch.empty((B, K), device=x.device, dtype=x.dtype)
+    _gated_kernel[(B, triton.cdiv(K, block))](x, gate, y, K, x.stride(0), gate.stride(0),
+                                             ACT=act, BLOCK=block)
+    return y
+
+
+@triton.jit
 def _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt, SXB, SGB,
                SCALE: tl.constexpr, DOT: tl.constexpr, KT: tl.constexpr, FMA: tl.constexpr,
                ACT: tl.constexpr):
@@ -319,18 +344,18 @@ def dequant_gemv(x, codes, scale, *, gate=None, act=None, out=None):
     """Dispatching entry point; see the module docstring (`gate`, `act`, `out`: the fusions
     of `dequant_gemv_triton`, done in torch on the reference path).
 
-    The gated input fuses only into one row of a plain or row-scaled weight: on the H200
-    (bench/results/h200-gemv-fusions.md, the 27B's down and o) it saves 1.5-3 µs there, while
-    recomputing the gate for every group-scaled tile or every 16-row dot tile costs 1.6-3×
-    the two elementwise launches it replaces; those take `gated_ref` first. `out` wins on all."""
-    fuse_gate = x.shape[0] == 1 and (scale is None or scale.dim() == 1)
-    if gate is not None and not (fuse_gate and use_triton(x)):
-        x, gate = gated_ref(x, gate, act), None
-    if not use_triton(x) or not kernel_tiles(x.shape[1], scale):
-        if gate is not None:
-            x = gated_ref(x, gate, act)
+    The gated input fuses only into one row of a plain bf16 weight: on the H200
+    (bench/results/h200-gemv-fusions.md, the 27B's down and o) it saves ~1.2 µs there against
+    the gate as one Triton launch first (`gated`), which wins everywhere else (2 µs on the
+    fp8-row down); recomputing the gate for every group-scaled tile or every 16-row dot tile
+    costs 2-4× either. `out` wins on all."""
+    N, K = codes.shape
+    fuse_gate = x.shape[0] == 1 and scale is None
+    if gate is not None and not (fuse_gate and use_triton(x) and kernel_tiles(K, scale)):
+        x, gate = gated(x, gate, act), None
+    if not use_triton(x) or not kernel_tiles(K, scale):
         if out is None:
             return dequant_gemv_ref(x, codes, scale)
         return out.add_(x.float() @ dequantize(codes, scale).t())
-    launch = engine_launch(x.shape[0], *codes.shape, codes, scale, accumulate=out is not None)
+    launch = engine_launch(x.shape[0], N, K, codes, scale, accumulate=out is not None)
     return dequant_gemv_triton(x, codes, scale, gate=gate, act=act, out=out, **launch)
