@@ -130,11 +130,11 @@ def gated_triton(x, gate, act, block=2048):
 
 
 @triton.jit
-def _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt, SXB, SGB,
+def _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt, SXB,
                SCALE: tl.constexpr, DOT: tl.constexpr, KT: tl.constexpr, FMA: tl.constexpr,
                ACT: tl.constexpr):
     """Partial sums of K columns kg..kg+KT: [BN] (FMA) or [BB, BN], times the group scale when
-    group-scaled (the tile is one group). x rows are SXB apart, gate rows SGB (`ACT`)."""
+    group-scaled (the tile is one group). x rows are SXB apart; `ACT` (FMA only) gates x."""
     cols = kg + kt
     # no `other`: an integer fill cannot be cast to fp8, and masked rows are never stored
     w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=nmask[:, None])
@@ -143,7 +143,6 @@ def _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt, S
         part = tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
     else:
         x = tl.load(x_ptr + bat[:, None] * SXB + cols[None, :], mask=bmask[:, None], other=0.0)
-        x = _gated(x, g_ptr, bat[:, None] * SGB + cols[None, :], bmask[:, None], ACT)
         if SCALE == "none":  # plain weights: already a dot operand (fp32 when interpreting)
             wd = w.to(DOT)
         else:
@@ -159,14 +158,14 @@ def _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K, kg, kt, S
 
 
 @triton.jit
-def _dequant_gemv_kernel(x_ptr, g_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split, SXB, SGB,
+def _dequant_gemv_kernel(x_ptr, g_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split, SXB,
                          SCALE: tl.constexpr, DOT: tl.constexpr, BB: tl.constexpr,
                          BN: tl.constexpr, BK: tl.constexpr, KT: tl.constexpr,
                          FMA: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr,
                          ACT: tl.constexpr):
     # BK: K per loop iteration, KT: K per load / dot (one scale group; BK otherwise).
     # SCALE: "row", "group" or "none" (plain weights; s_ptr unused); ACT: "none", "silu",
-    # "sigmoid" (x · act(gate) as the GEMV's input; g_ptr unused with "none")
+    # "sigmoid" (x · act(gate) as the one-row GEMV's input; g_ptr unused with "none")
     NT: tl.constexpr = BK // KT
     nb = tl.program_id(0)
     sk = tl.program_id(1)
@@ -181,13 +180,13 @@ def _dequant_gemv_kernel(x_ptr, g_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split
         for k in tl.range(k0, k0 + k_per_split, BK, num_stages=STAGES):
             for t in tl.static_range(NT):
                 acc += _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K,
-                                  k + t * KT, kt, SXB, SGB, SCALE, DOT, KT, FMA, ACT)
+                                  k + t * KT, kt, SXB, SCALE, DOT, KT, FMA, ACT)
     else:
         acc = tl.zeros([BB, BN], tl.float32)
         for k in range(k0, k0 + k_per_split, BK):
             for t in tl.static_range(NT):
                 acc += _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K,
-                                  k + t * KT, kt, SXB, SGB, SCALE, DOT, KT, FMA, ACT)
+                                  k + t * KT, kt, SXB, SCALE, DOT, KT, FMA, ACT)
     if SCALE == "row":
         sc = tl.load(s_ptr + rows, mask=nmask).to(tl.float32)
         if FMA:
@@ -240,8 +239,8 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
     kernel variant (module docstring); the defaults are the engine's path for several rows.
 
     Fusions around the product (the decode step's, so no elementwise launch runs beside it):
-    `gate`, `act` ("silu" or "sigmoid"): the input is `x · act(gate)`, rounded as torch rounds
-    it (`_gated`); x and gate may be row-strided views (the halves of a gate|up output).
+    `gate`, `act` ("silu" or "sigmoid"; `fma` only): the input is `x · act(gate)`, rounded as
+    torch rounds it (`_gated`); x may be a row-strided view (a half of a gate|up output).
     `out`: an fp32 `[B, N]` buffer the product is atomically added into and returned (a
     residual delta the next RMSNorm reads in fp32; no zero fill or cast per call).
 
@@ -260,6 +259,8 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
         split = split_k(n_blocks, K, block_k)
     assert (K // block_k) % split == 0, "every split takes whole K iterations"
     x = x if x.stride(-1) == 1 else x.contiguous()
+    if gate is not None and not fma:  # the dot path's 16-row tiles made it 3-4x slower
+        raise ValueError("the gated input is the fma (batch-1) variant's")
     if gate is not None:
         assert act in ("silu", "sigmoid") and gate.shape == x.shape and gate.stride(-1) == 1
     if out is not None:
@@ -281,7 +282,7 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
     g = x if gate is None else gate
     _dequant_gemv_kernel[(n_blocks, split)](
         x, g, codes, codes if scale is None else scale, y, B, N, K, K // split,
-        x.stride(0), g.stride(0), SCALE=kind, DOT=dot, BB=16, BN=block_n, BK=block_k, KT=kt,
+        x.stride(0), SCALE=kind, DOT=dot, BB=16, BN=block_n, BK=block_k, KT=kt,
         FMA=fma, ATOMIC=atomic, STAGES=num_stages, ACT="none" if gate is None else act,
         num_warps=num_warps, num_stages=num_stages)
     if out is not None:
