@@ -20,9 +20,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.kernels.moe_dequant import dequantize_routed  # noqa: E402
+from ninfer_engine.kernels.moe_down import (  # noqa: E402
+    moe_down_combine_ref, moe_down_combine_triton)
 from ninfer_engine.kernels.moe_fused import (  # noqa: E402
-    moe_down_combine_ref, moe_down_combine_triton, moe_gate_up_silu_ref,
-    moe_gate_up_silu_triton, route_topk_triton)
+    moe_gate_up_silu_ref, moe_gate_up_silu_triton, route_topk_triton)
 
 
 def _t(fn):

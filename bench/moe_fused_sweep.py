@@ -18,9 +18,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ninfer_engine.kernels.moe_down import (  # noqa: E402
+    moe_down_combine_ref, moe_down_combine_triton)
 from ninfer_engine.kernels.moe_fused import (  # noqa: E402
-    moe_down_combine_ref, moe_down_combine_triton, moe_gate_up_silu_ref,
-    moe_gate_up_silu_triton, route_topk_triton)
+    moe_gate_up_silu_ref, moe_gate_up_silu_triton, route_topk_triton)
 from ninfer_engine.kernels.moe_gemv import moe_gemv_triton  # noqa: E402
 
 

@@ -38,8 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
-from ninfer_engine.kernels.moe_fused import (moe_down_combine_triton,  # noqa: E402
-                                             moe_gate_up_silu_triton)
+from ninfer_engine.kernels.moe_down import moe_down_combine_triton  # noqa: E402
+from ninfer_engine.kernels.moe_fused import moe_gate_up_silu_triton  # noqa: E402
 
 SHAPES = {"35b-a3b": dict(E=257, k=9, H=2048, I=512, fp8=False),
           "flash-next-fp8": dict(E=513, k=11, H=2048, I=512, fp8=True)}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .moe_fused import _round_bf16  # moe_fused imports this module only inside its wrappers
+from .moe_fused import _round_bf16  # moe_fused/moe_down import this module only in wrappers
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 """Routed experts on CUDA: the form each layer's experts are served in, and their stacks.
 
 Serving form (`expert_form`, by stored format and `--cuda-weights`); the expert kernels read a
-bf16 stack or an fp8 one (`kernels.moe_fused` decode, `kernels.moe_dequant` for prefill):
+bf16 stack or an fp8 one (`kernels.moe_fused`/`moe_down` decode, `kernels.moe_dequant` for
+prefill):
 
 - fp8-row (`fp8_e4m3fn_row_bf16`): kept as stored, e4m3 codes + the bf16 row scales, under
   `auto` and `packed` (1 byte a weight: the 80B-A3B class takes ~82 GB instead of ~160).

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 from ninfer_engine.kernels.moe_dequant import (dequantize_experts, dequantize_routed_ref,
                                                dequantize_routed_triton)
-from ninfer_engine.kernels.moe_fused import (moe_down_combine_ref, moe_down_combine_triton,
-                                             moe_gate_up_silu_ref, moe_gate_up_silu_triton)
+from ninfer_engine.kernels.moe_down import moe_down_combine_ref, moe_down_combine_triton
+from ninfer_engine.kernels.moe_fused import moe_gate_up_silu_ref, moe_gate_up_silu_triton
 
 from .conftest import rel_err
 

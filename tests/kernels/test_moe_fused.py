@@ -2,10 +2,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ninfer_engine.kernels.moe_fused import (
-    moe_down_combine, moe_down_combine_ref, moe_down_combine_triton, moe_gate_up_silu,
-    moe_gate_up_silu_ref, moe_gate_up_silu_triton, route_topk, route_topk_ref,
-    route_topk_triton)
+from ninfer_engine.kernels.moe_down import (moe_down_combine, moe_down_combine_ref,
+                                            moe_down_combine_triton)
+from ninfer_engine.kernels.moe_fused import (moe_gate_up_silu, moe_gate_up_silu_ref,
+                                             moe_gate_up_silu_triton, route_topk, route_topk_ref,
+                                             route_topk_triton)
 from ninfer_engine.kernels.moe_dequant import dequantize_experts
 from ninfer_engine.kernels.moe_gemv import moe_gemv_ref
 
