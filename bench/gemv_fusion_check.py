@@ -11,9 +11,10 @@ of a bf16 product; launched as `engine_launch` does, timed as a CUDA graph of ca
 over weight copies larger than the L2 (bench/fp8_gemv_sweep.py's method), plus the worst
 relative error of the variants' products against the torch reference.
 
-`--splits`: one bf16 row into an fp32 `out` (where a K split costs no zero fill or cast), on
-the projections that add into the residual or feed the router, over block_n × block_k × K
-split: which launch `engine_launch` should take when `out` is given.
+`--splits`: one row into an fp32 `out` (where a K split costs no zero fill or cast), on the
+projections that add into the residual or feed the router, bf16 (35B-A3B and 27B shapes) and
+the 27B's fp8 forms, over block_n × K per iteration × K split, beside the engine's launch
+(`engine_launch(..., accumulate=True)`): which launch it should take when `out` is given.
 """
 
 from __future__ import annotations
@@ -35,41 +36,53 @@ from ninfer_engine.kernels.dequant_gemv import (  # noqa: E402
 SHAPES = {"down": ((5120, 17408), "silu"), "o": ((5120, 6144), "sigmoid")}
 SPLIT_SHAPES = {"a3b.gdn_out": (2048, 4096), "a3b.router": (257, 2048),
                 "27b.gdn_out": (5120, 6144), "27b.down": (5120, 17408)}
+# the fp8 forms serve the 27B (fp8-row, Q4/Q5 as fp8 groups of 64): its residual projections
+SPLIT_FORMS = {"bf16": SPLIT_SHAPES, "fp8_row": ("27b.gdn_out", "27b.down"),
+               "fp8_g64": ("27b.gdn_out", "27b.down")}
 
 
 def rotating(w, copies_bytes=256 << 20):
     return [w.clone() for _ in range(max(2, copies_bytes // w.nbytes + 1))]
 
 
+def split_grid(form):
+    """(block_n, K per iteration keyword, its values) swept for `form`."""
+    if form == "bf16":
+        return (16, 32), "block_k", (256, 512)
+    return (32, 64, 128), "block_k" if form == "fp8_row" else "group_k", (256, 512)
+
+
 def splits() -> list[dict]:
     rows = []
-    for name, (n, k) in SPLIT_SHAPES.items():
-        ws = rotating((torch.randn(n, k, device="cuda") / 64).bfloat16())
-        x = torch.randn(1, k, device="cuda").bfloat16()
-        acc = torch.zeros(1, n, device="cuda")
-        for bn in (16, 32):
-            for bk in (256, 512):
-                for split in (1, 2, 4, 8):
-                    if (k // bk) % split:
-                        continue
-                    kw = dict(block_n=bn, block_k=bk, fma=True, split=split)
-                    graph = graph_of(lambda kw=kw: [dequant_gemv_triton(x, w, None, out=acc, **kw)
-                                                    for w in ws])
-                    us = time_ms(graph.replay, 5) * 1e3 / len(ws)
-                    row = dict(shape=name, N=n, K=k, **kw, us=round(us, 2))
-                    rows.append(row)
-                    print(row, flush=True)
-    best = {}
-    for r in rows:
-        if r["shape"] not in best or r["us"] < best[r["shape"]]["us"]:
-            best[r["shape"]] = r
-    one = {r["shape"]: r["us"] for r in rows
-           if r["split"] == 1 and r["block_n"] == 16 and r["block_k"] == 512}
-    print("\n| shape | [N, K] | best launch | µs | µs at split 1 (BN 16, BK 512) |")
-    print("|---|---|---|---|---|")
-    for name, r in best.items():
-        print(f"| {name} | [{r['N']}, {r['K']}] | block_n={r['block_n']}, block_k={r['block_k']}, "
-              f"split={r['split']} | {r['us']} | {one.get(name)} |")
+    for form, names in SPLIT_FORMS.items():
+        for name in names:
+            n, k = SPLIT_SHAPES[name]
+            w = (torch.randn(n, k, device="cuda") / 64).bfloat16()
+            codes, scale = dict(forms(w))[form]
+            ws = [(c, None if scale is None else scale.clone()) for c in rotating(codes)]
+            x = torch.randn(1, k, device="cuda").bfloat16()
+            acc = torch.zeros(1, n, device="cuda")
+            block_ns, kkey, kvals = split_grid(form)
+            grid = [None] + [dict(block_n=bn, fma=True, split=sp, **{kkey: kv})
+                             for bn in block_ns for kv in kvals for sp in (1, 2, 4, 8)
+                             if (k // kv) % sp == 0]
+            for kw in grid:  # None: the engine's launch (`engine_launch`, accumulate=True)
+                launch = kw or engine_launch(1, n, k, codes, scale, accumulate=True)
+                graph = graph_of(lambda launch=launch: [
+                    dequant_gemv_triton(x, c, sc, out=acc, **launch) for c, sc in ws])
+                us = time_ms(graph.replay, 5) * 1e3 / len(ws)
+                rows.append(dict(shape=name, form=form, N=n, K=k, engine=kw is None,
+                                 launch=launch, us=round(us, 2)))
+                print(rows[-1], flush=True)
+    print("\n| shape | form | [N, K] | best launch | µs | engine's launch | µs |")
+    print("|---|---|---|---|---|---|---|")
+    for key in dict.fromkeys((r["shape"], r["form"]) for r in rows):
+        mine = [r for r in rows if (r["shape"], r["form"]) == key]
+        best = min(mine, key=lambda r: r["us"])
+        eng = next(r for r in mine if r["engine"])
+        show = lambda d: ", ".join(f"{a}={b}" for a, b in d.items() if a != "fma")  # noqa: E731
+        print(f"| {key[0]} | {key[1]} | [{best['N']}, {best['K']}] | {show(best['launch'])} | "
+              f"{best['us']} | {show(eng['launch'])} | {eng['us']} |")
     return rows
 
 
