@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from bench.report import cpu_machine, write_report  # noqa: E402
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.config import EngineConfig  # noqa: E402
-from ninfer_engine.engine import build_memory  # noqa: E402
+from ninfer_engine.memory_plan import build_memory  # noqa: E402
 from ninfer_engine.models import Qwen35Model  # noqa: E402
 from ninfer_engine.runner import HybridRunner  # noqa: E402
 from ninfer_engine.scheduler import Batch  # noqa: E402

@@ -1,7 +1,7 @@
 """`--kv-capacity auto`: the pool sized from the free device memory (`kv.sizing`), CPU only.
 
-The device's free memory is injected (`engine.free_device_bytes`), so the sizing arithmetic and
-its wiring into the engine run without a GPU.
+The device's free memory is injected (`memory_plan.free_device_bytes`), so the sizing
+arithmetic and its wiring into the engine run without a GPU.
 """
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer_engine import engine as engine_module
+from ninfer_engine import memory_plan
 from ninfer_engine.capabilities import FeatureUnavailable, Machine, check_features
 from ninfer_engine.config import PAGE_TOKENS, EngineConfig
-from ninfer_engine.engine import Engine, EngineLoadError, recurrent_state_bytes
+from ninfer_engine.engine import Engine, EngineLoadError
+from ninfer_engine.memory_plan import recurrent_state_bytes
 from ninfer_engine.flags import parse_args
 from ninfer_engine.kv import (KV_DTYPES, ElasticPagePool, KvStorage, PagePool, codecs_for,
                               kv_page_layout)
@@ -188,7 +189,7 @@ def test_engine_sizes_the_pool_from_free_memory(kv_dtype, device, monkeypatch, c
     page_bytes, tensors = kv_page_layout(cfg["num_hidden_layers"], heads, dim,
                                          codecs_for(kv_dtype, dtype), PAGE_TOKENS)
     free = 3 * MIB + _reserve(artifact, config, device, tensors) + 11 * page_bytes + page_bytes // 2
-    monkeypatch.setattr(engine_module, "free_device_bytes", lambda device: free)
+    monkeypatch.setattr(memory_plan, "free_device_bytes", lambda device: free)
     with caplog.at_level(logging.INFO, logger="ninfer.engine"):
         engine = Engine(config, artifact)
     assert engine.memory.storage.page_bytes == page_bytes
@@ -208,7 +209,7 @@ def test_engine_fails_startup_below_max_context(device, monkeypatch):
         cfg["num_hidden_layers"], cfg["num_key_value_heads"], dim,
         codecs_for("bf16", _activation_dtype(device, config)), PAGE_TOKENS)
     free = GIB + _reserve(artifact, config, device, tensors) + 15 * page_bytes  # 16 pages needed
-    monkeypatch.setattr(engine_module, "free_device_bytes", lambda device: free)
+    monkeypatch.setattr(memory_plan, "free_device_bytes", lambda device: free)
     with pytest.raises(EngineLoadError) as err:
         Engine(config, artifact)
     message = str(err.value)
@@ -231,7 +232,7 @@ def test_engine_reserves_the_recurrent_state_slots(device, monkeypatch):
                                          codecs_for("bf16", probe.model.dtype), PAGE_TOKENS)
     states = state * (2 + 3 + 1)  # running, checkpoints, one transient copy
     free = _reserve(artifact, config, device, tensors, states) + 5 * page_bytes
-    monkeypatch.setattr(engine_module, "free_device_bytes", lambda device: free)
+    monkeypatch.setattr(memory_plan, "free_device_bytes", lambda device: free)
     assert Engine(config, artifact).memory.allocator.total == 5
     no_reuse = EngineConfig(**{**config.__dict__, "no_prefix_reuse": True})
     # without prefix reuse the 3 checkpoint slots are not reserved: more pages

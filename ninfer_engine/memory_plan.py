@@ -1,0 +1,87 @@
+"""The engine's memory at load: the shared KV pool, state slots and prefix checkpoints
+(`build_memory`), and the pool's size under `--kv-capacity auto` (`auto_kv_capacity`, the
+arithmetic in `kv.sizing`), read from the device once the weights are resident."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+
+from .config import PAGE_TOKENS, EngineConfig
+from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for, kv_page_layout
+from .kv.sizing import (ALLOC_SLACK, GIB, MIB, KvSizingError, auto_kv_tokens,
+                        prefill_activation_bytes)
+from .models.experts import free_device_bytes, prefill_scratch_bytes
+
+log = logging.getLogger("ninfer.engine")
+
+
+def auto_kv_capacity(config: EngineConfig, model: Any, text_config: dict, device: torch.device,
+                     prefill_chunk: int) -> tuple[EngineConfig, int | None]:
+    """`--kv-capacity auto`: `config` with `kv_capacity` sized from the device memory free now
+    that the weights are resident (`kv.sizing`), and the prefill-activation estimate (for
+    chunks of `prefill_chunk` tokens) it kept free: the margin `check_prefill_scratch` then
+    checks against. Not auto: (config, None)."""
+    if not config.kv_capacity_auto:
+        return config, None
+    state_slots = config.max_concurrency + 1 + (  # + 1: `copy_state`'s transient clone
+        0 if config.no_prefix_reuse else _checkpoint_slots(config))
+    states = recurrent_state_bytes(model) * state_slots
+    if device.type == "cuda":  # loading's transient blocks go back: mem_get_info sees them
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    free = free_device_bytes(device)
+    if free is None:
+        raise KvSizingError("--kv-capacity auto needs a CUDA device; this machine has none")
+    layers, heads, dim = model.kv_layout()
+    page_bytes, tensors = kv_page_layout(layers, heads, dim,
+                                         codecs_for(config.kv_dtype, model.dtype), PAGE_TOKENS)
+    activations = prefill_activation_bytes(text_config, prefill_chunk, model.dtype.itemsize)
+    scratch = prefill_scratch_bytes(model)
+    reserve = scratch + activations + states + tensors * ALLOC_SLACK
+    headroom = config.vram_headroom_mib * MIB
+    tokens = auto_kv_tokens(free, headroom, reserve, page_bytes // PAGE_TOKENS, PAGE_TOKENS,
+                            config.max_context, config.kv_grow if config.elastic else None)
+    log.info("--kv-capacity auto: %d tokens (%d pages, %.2f GiB of %s KV%s) from %.2f GiB free "
+             "after the weights, minus --vram-headroom-mib %d and %.2f GiB reserved (prefill "
+             "scratch %.2f, prefill activations %.2f, state slots %.2f)", tokens,
+             tokens // PAGE_TOKENS, tokens // PAGE_TOKENS * page_bytes / GIB, config.kv_dtype,
+             ", --elastic cap" if config.elastic else "", free / GIB, config.vram_headroom_mib,
+             reserve / GIB, scratch / GIB, activations / GIB, states / GIB)
+    return dataclasses.replace(config, kv_capacity=tokens), activations
+
+
+def recurrent_state_bytes(model: Any) -> int:
+    """Bytes of one recurrent-state slot (a state slot's tensors), 0 without recurrent layers:
+    one slot is built on the device and measured, so its layout is not restated here."""
+    new_state = getattr(model, "new_recurrent_state", None)
+    if new_state is None:
+        return 0
+    return sum(value.nbytes for layer in new_state() for value in vars(layer).values()
+               if isinstance(value, torch.Tensor))
+
+
+def _checkpoint_slots(config: EngineConfig) -> int:
+    """Prefix-checkpoint state slots: `--device-state-slots`, else one per admitted request."""
+    return config.max_concurrency if config.device_state_slots is None else (
+        config.device_state_slots)
+
+
+def build_memory(config: EngineConfig, model: Any) -> SequenceMemory:
+    """The shared KV pool (`--kv-capacity`, `--kv-dtype`, `--elastic`, `--kv-grow`), state slots,
+    prefix checkpoints and the per-request budget (`--kv-budget-gib`)."""
+    layers, heads, dim = model.kv_layout()
+    pages = config.kv_tokens // PAGE_TOKENS
+    pool = (ElasticPagePool(pages, -(-config.kv_grow // PAGE_TOKENS)) if config.elastic
+            else PagePool(pages))
+    storage = KvStorage(pool, layers, heads, dim, codecs_for(config.kv_dtype, model.dtype),
+                        model.dtype, model.device)
+    checkpoints = _checkpoint_slots(config)
+    budget = None
+    if config.kv_budget_gib is not None:
+        budget = int(config.kv_budget_gib * 2**30) // storage.page_bytes
+    return SequenceMemory(storage, config.kv_lease_window, config.max_concurrency, checkpoints,
+                          not config.no_prefix_reuse, config.kv_dtype,
+                          getattr(model, "new_recurrent_state", None), budget)
