@@ -58,7 +58,7 @@ def splits() -> list[dict]:
         for name in names:
             n, k = SPLIT_SHAPES[name]
             w = (torch.randn(n, k, device="cuda") / 64).bfloat16()
-            codes, scale = dict(forms(w))[form]
+            codes, scale = ENCODE[form](w)
             ws = [(c, None if scale is None else scale.clone()) for c in rotating(codes)]
             x = torch.randn(1, k, device="cuda").bfloat16()
             acc = torch.zeros(1, n, device="cuda")
@@ -86,10 +86,13 @@ def splits() -> list[dict]:
     return rows
 
 
+ENCODE = {"bf16": lambda w: (w, None), "fp8_row": quantize_fp8_row,
+          "fp8_g64": lambda w: quantize_fp8_groups(w, 64)}  # (codes, scale) of a bf16 weight
+
+
 def forms(w):
-    yield "bf16", (w, None)
-    yield "fp8_row", quantize_fp8_row(w)
-    yield "fp8_g64", quantize_fp8_groups(w, 64)
+    for form, encode in ENCODE.items():
+        yield form, encode(w)
 
 
 CALLS = ("plain", "unfused", "kernel", "gate", "out", "kernel+out", "gate+out")

@@ -226,7 +226,7 @@ class HybridStep:
             out = layer["w_gu"](y)
             width = moe.shared.down.shape[1]
             logits, score, g, u = out.split([moe.n_experts, 1, width, width], -1)
-            shared = layer["w_down"](F.silu(g) * u) * torch.sigmoid(score)
+            shared = layer["w_down"](u, gate=g, act="silu") * torch.sigmoid(score)
             weights, ids = route_topk_triton(logits, moe.top_k, moe.renormalise)
         k = ids.shape[1]
         ids = ids.view(B * k)
