@@ -318,15 +318,19 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
     kw = {} if not group else {"group_k": min(max(group, 128), K & -K)}
     if B != 1 or codes.dtype != torch.float8_e4m3fn:  # int8 codes were not swept
         return kw
-    block_n = 32 if N >= 6144 else 64
+    # into `out` 32-row programs over ~4 waves of K splits win at N = 5120 too
+    # (bench/results/h200-gemv-splits.md: 27B fp8-group down 34.0 -> 27.8 µs)
+    block_n = 32 if N >= 6144 or accumulate else 64
     if group and block_n == 32:  # h200-q4-nibble-gemv.md's fp8_g64 rows: 3-13 % over 128
         kw["group_k"] = min(max(group, 256), K & -K)
     blocks = triton.cdiv(N, block_n)
     kw.update(fma=True, block_n=block_n)
     if not group:
         kw["block_k"] = 256
-    if blocks < sms:
-        step = kw.get("group_k") or min(256, K & -K)
+    step = kw.get("group_k") or min(256, K & -K)
+    if accumulate:
+        kw.update(split=split_k(blocks, K, step, 2 * sms), atomic=True)
+    elif blocks < sms:
         kw.update(split=split_k(blocks, K, step, sms), atomic=True)
     else:
         kw["split"] = 1
