@@ -11,6 +11,8 @@
 #   scripts/gpu_check.sh fusions   the decode GEMV's gate / fp32-accumulation fusions and the
 #                                  K splits they make free (bench/gemv_fusion_check.py), the MoE
 #                                  down kernel's slot split (moe_slot_sweep.py --kernels down_split)
+#   scripts/gpu_check.sh serve     a real `ninfer-serve --kv-capacity auto` on a 4-layer 27B: its
+#                                  pool against nvidia-smi, a full-window prompt, an overflow
 #   scripts/gpu_check.sh profile   where a decode step's GPU time goes (bench/profile_step.py):
 #                                  35B-A3B bf16, 27B fp8-row
 # No argument runs every stage. Results and logs go to $OUT (default bench/results); render the
@@ -26,8 +28,10 @@ for stage in ${@:-tests kernels kernels2 engine bench bench35}; do
     tests)
       nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit \
         --format=csv > "$OUT/nvidia-smi.csv" 2>&1
-      NINFER_TEST_DEVICE=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider tests/kernels \
-        tests/engine tests/models tests/benchmark > "$OUT/pytest-cuda.log" 2>&1
+      # pytest-xdist (carried in .whl/) spreads the Triton compiles over the host's cores
+      workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 12")
+      NINFER_TEST_DEVICE=cuda timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -q -p no:cacheprovider $workers \
+        tests/kernels tests/engine tests/models tests/benchmark > "$OUT/pytest-cuda.log" 2>&1
       tail -5 "$OUT/pytest-cuda.log" ;;
     kernels)
       timeout 200 python3 bench/quant_gemv_sweep.py --out "$OUT/h200-quant-gemv.json" > "$OUT/quant.log" 2>&1
@@ -50,6 +54,9 @@ for stage in ${@:-tests kernels kernels2 engine bench bench35}; do
         >> "$OUT/fusions.log" 2>&1
       timeout 240 python3 bench/moe_slot_sweep.py --kernels down_split --budget 180 \
         --out "$OUT/h200-moe-down-split.json" >> "$OUT/fusions.log" 2>&1 ;;
+    serve)
+      timeout 240 python3 scripts/serve_kv_auto_check.py > "$OUT/serve-kv-auto.log" 2>&1
+      tail -3 "$OUT/serve-kv-auto.log" ;;
     profile)
       timeout 100 python3 bench/profile_step.py --arch 35b-a3b > "$OUT/profile.log" 2>&1
       timeout 110 python3 bench/profile_step.py --arch 27b --weights fp8-row >> "$OUT/profile.log" 2>&1 ;;
