@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="prompt tokens of the peer before its decode steps (default 1024)")
     bench.add_argument("--peer-steps", type=int, default=16, metavar="N",
                        help="timed greedy decode steps of the peer (default 16)")
+    bench.add_argument("--no-pdl", action="store_true",
+                       help="launch the decode kernels without programmatic dependent launch "
+                            "(kernels/pdl.py), to measure what it saves")
     bench.add_argument("--out", metavar="FILE.json", help="also write the result as JSON")
     bench.add_argument("--markdown", metavar="FILE.md", help="also write the report as markdown")
     bench.set_defaults(run=_bench)
@@ -150,6 +153,10 @@ def _bench(args: argparse.Namespace) -> int:
     if min(args.prefill, args.prefill_chunk, args.concurrency_context) < 0 \
             or min(args.prefill_reps, args.peer_steps, args.peer_prompt) < 1:
         return _fail("negative lengths, or fewer than 1 rep/step/prompt token")
+    if args.no_pdl:
+        from .kernels.pdl import set_pdl
+
+        set_pdl(False)
     levels = ",".join(map(str, args.concurrency)) or "none"
     command = (f"ninfer bench --arch {args.arch}"
                + (f" --layers {args.layers}" if args.layers else "")
@@ -161,6 +168,7 @@ def _bench(args: argparse.Namespace) -> int:
                + (f" --peer transformers --peer-prompt {args.peer_prompt}"
                   f" --peer-steps {args.peer_steps}" if args.peer == "transformers"
                   else " --no-peer")
+               + (" --no-pdl" if args.no_pdl else "")
                + (f" --out {args.out}" if args.out else ""))
 
     def save(result: dict) -> None:

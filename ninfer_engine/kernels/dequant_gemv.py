@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import dot_dtype, interpreting, use_triton
+from .pdl import pdl_launch, pdl_release, pdl_wait
 
 Q8_GROUP = 32
 PLAIN = (torch.bfloat16, torch.float16)  # weight dtypes taken without a scale
@@ -105,7 +106,10 @@ def _gated(x, g_ptr, offs, mask, ACT: tl.constexpr):
 
 
 @triton.jit
-def _gated_kernel(x_ptr, g_ptr, y_ptr, K, SXB, SGB, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_kernel(x_ptr, g_ptr, y_ptr, K, SXB, SGB, ACT: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     b = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < K
@@ -125,7 +129,7 @@ def gated_triton(x, gate, act, block=2048):
     assert gate.shape == x.shape and x.stride(-1) == 1 and gate.stride(-1) == 1
     y = torch.empty((B, K), device=x.device, dtype=x.dtype)
     _gated_kernel[(B, triton.cdiv(K, block))](x, gate, y, K, x.stride(0), gate.stride(0),
-                                             ACT=act, BLOCK=block)
+                                             ACT=act, BLOCK=block, **pdl_launch(x))
     return y
 
 
@@ -162,7 +166,8 @@ def _dequant_gemv_kernel(x_ptr, g_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split
                          SCALE: tl.constexpr, DOT: tl.constexpr, BB: tl.constexpr,
                          BN: tl.constexpr, BK: tl.constexpr, KT: tl.constexpr,
                          FMA: tl.constexpr, ATOMIC: tl.constexpr, STAGES: tl.constexpr,
-                         ACT: tl.constexpr):
+                         ACT: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`; the next launch is released after the loop
     # BK: K per loop iteration, KT: K per load / dot (one scale group; BK otherwise).
     # SCALE: "row", "group" or "none" (plain weights; s_ptr unused); ACT: "none", "silu",
     # "sigmoid" (x · act(gate) as the one-row GEMV's input; g_ptr unused with "none")
@@ -187,6 +192,7 @@ def _dequant_gemv_kernel(x_ptr, g_ptr, w_ptr, s_ptr, y_ptr, B, N, K, k_per_split
             for t in tl.static_range(NT):
                 acc += _tile_part(x_ptr, g_ptr, w_ptr, s_ptr, rows, bat, nmask, bmask, K,
                                   k + t * KT, kt, SXB, SCALE, DOT, KT, FMA, ACT)
+    pdl_release(PDL)
     if SCALE == "row":
         sc = tl.load(s_ptr + rows, mask=nmask).to(tl.float32)
         if FMA:
@@ -284,7 +290,7 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
         x, g, codes, codes if scale is None else scale, y, B, N, K, K // split,
         x.stride(0), SCALE=kind, DOT=dot, BB=16, BN=block_n, BK=block_k, KT=kt,
         FMA=fma, ATOMIC=atomic, STAGES=num_stages, ACT="none" if gate is None else act,
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(x))
     if out is not None:
         return out
     if atomic:

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from ..models.gdn import l2_normalize, recurrent_gated_delta
 from ._dispatch import use_triton
+from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
 def gdn_decode_ref(q, k, v, g, beta, state):
@@ -32,7 +33,10 @@ def gdn_decode_ref(q, k, v, g, beta, state):
 @triton.jit
 def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, scale,
                        NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                       BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr):
+                       BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
+                       PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     pid = tl.program_id(0)  # b * NV + j
     vb = tl.program_id(1)
     b = pid // NV
@@ -90,7 +94,7 @@ def gdn_decode_triton(q, k, v, g, beta, state, block_v=32):
     _gdn_decode_kernel[(B * nv, triton.cdiv(dv, block_v))](
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
         state, o, dk**-0.5, NK=nk, NV=nv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        EVEN=block_k == dk and dv % block_v == 0, num_warps=4)
+        EVEN=block_k == dk and dv % block_v == 0, num_warps=4, **pdl_launch(state))
     return o
 
 

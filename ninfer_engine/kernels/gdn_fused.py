@@ -25,6 +25,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ._dispatch import interpreting, use_triton
+from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
 def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv):
@@ -99,7 +100,10 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, B,
                      stride_pb, stride_cb, stride_ct,
                      KG: tl.constexpr, VG: tl.constexpr, NV: tl.constexpr, K: tl.constexpr,
                      BLOCK_C: tl.constexpr, BLOCK_NV: tl.constexpr, EVEN: tl.constexpr,
-                     LIBDEVICE: tl.constexpr):
+                     LIBDEVICE: tl.constexpr,
+                     PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     b = tl.program_id(0)
     cb = tl.program_id(1)
     C: tl.constexpr = 2 * KG + VG
@@ -174,7 +178,7 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, bl
             proj.stride(0), conv_state.stride(0), conv_state.stride(1),
             KG=kg, VG=vg, NV=nv, K=K, BLOCK_C=block_c, BLOCK_NV=triton.next_power_of_2(nv),
             EVEN=C % block_c == 0, LIBDEVICE=not interpreting(),
-            num_warps=max(1, min(4, block_c // 128)))
+            num_warps=max(1, min(4, block_c // 128)), **pdl_launch(proj))
     q = out[: B * kg].view(B, nk, dk)
     k = out[B * kg: 2 * B * kg].view(B, nk, dk)
     v = out[2 * B * kg: B * C].view(B, nv, dv)
@@ -186,7 +190,10 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, bl
 @triton.jit
 def _gdn_gated_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, stride_zb, eps,
                            NV: tl.constexpr, DV: tl.constexpr, BLOCK: tl.constexpr,
-                           ROUND_PROD: tl.constexpr, LIBDEVICE: tl.constexpr):
+                           ROUND_PROD: tl.constexpr, LIBDEVICE: tl.constexpr,
+                           PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     pid = tl.program_id(0)  # b * NV + j
     b = pid // NV
     j = pid % NV
@@ -219,7 +226,7 @@ def gdn_gated_norm_triton(o, z, norm, eps):
         _gdn_gated_norm_kernel[(B * nv,)](
             o, z, norm, out, z.stride(0), eps, NV=nv, DV=dv, BLOCK=block,
             ROUND_PROD=prod == torch.bfloat16, LIBDEVICE=not interpreting(),
-            num_warps=max(1, min(4, block // 256)))
+            num_warps=max(1, min(4, block // 256)), **pdl_launch(o))
     return out
 
 

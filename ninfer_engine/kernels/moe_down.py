@@ -31,6 +31,7 @@ import triton.language as tl
 from ._dispatch import dot_dtype, use_triton
 from .moe_dequant import dequantize_experts, scale_layout
 from .moe_fused import _manual_rne, _round_bf16, _stages, _tile
+from .pdl import pdl_launch, pdl_release, pdl_wait
 
 # (block_h, block_k, num_warps) by (scale mode, one row): the slot sweep's picks
 # (bench/results/h200-moe-slots.md, as GATE_UP_TILES in moe_fused)
@@ -64,7 +65,9 @@ def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, s_ptr, H, I,
                          BH: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
                          MANUAL_RNE: tl.constexpr, ROW_SCALE: tl.constexpr,
                          SPLIT: tl.constexpr, KSPLIT: tl.constexpr, KCH: tl.constexpr,
-                         ATOMIC: tl.constexpr):
+                         ATOMIC: tl.constexpr,
+                         PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`; the next launch is released after the slot loop
     b = tl.program_id(0)
     hb = tl.program_id(1)
     rows = hb * BH + tl.arange(0, BH)
@@ -144,6 +147,7 @@ def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, s_ptr, H, I,
             if ROW_SCALE:  # exact e4m3 codes went into the bf16 dot; scaled after
                 part = part * sc
             out += wt * part
+    pdl_release(PDL)
     if not USE_DOT:
         out = tl.sum(acc, axis=1)
     if ATOMIC:  # fp32 partial sums into the zeroed fp32 output: no rounding here
@@ -212,7 +216,8 @@ def moe_down_combine_triton(act, w_down, ids, weights, B, k, block_h=None, block
         act, w_down, ids, weights, y, w_down if scale is None else scale, H, I, k,
         USE_DOT=use_dot, DOT=dot_dtype(), BH=block_h, BK=block_k, EVEN_K=I % block_k == 0,
         MANUAL_RNE=_manual_rne(y.dtype), ROW_SCALE=mode == 1, SPLIT=slot_split,
-        KSPLIT=k_split, KCH=kch, ATOMIC=atomic, num_warps=num_warps, **_stages(num_stages))
+        KSPLIT=k_split, KCH=kch, ATOMIC=atomic, num_warps=num_warps, **_stages(num_stages),
+        **pdl_launch(act))
     return y if out is not None or not atomic else y.to(act.dtype)
 
 

@@ -54,6 +54,7 @@ import triton.language as tl
 from ._dispatch import dot_dtype, interpreting, use_triton
 from .moe_dequant import dequantize_experts, scale_layout
 from .moe_route import route_topk, route_topk_ref, route_topk_triton  # noqa: F401 (re-exported)
+from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
 @triton.jit
@@ -90,7 +91,10 @@ def moe_gate_up_silu_ref(x, w_gu, ids, scale=None):
 def _gate_up_silu_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, s_ptr, I, H, rep,
                          USE_DOT: tl.constexpr, DOT: tl.constexpr, BI: tl.constexpr,
                          BK: tl.constexpr, EVEN_K: tl.constexpr, MANUAL_RNE: tl.constexpr,
-                         ROW_SCALE: tl.constexpr):
+                         ROW_SCALE: tl.constexpr,
+                         PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     s = tl.program_id(0)
     ib = tl.program_id(1)
     e = tl.load(ids_ptr + s).to(tl.int64)
@@ -194,7 +198,7 @@ def moe_gate_up_silu_triton(x, w_gu, ids, block_i=None, block_k=None, use_dot=Fa
         x, w_gu, ids, y, w_gu if scale is None else scale, I, H, S // x.shape[0],
         USE_DOT=use_dot, DOT=dot_dtype(), BI=block_i, BK=block_k, EVEN_K=H % block_k == 0,
         MANUAL_RNE=_manual_rne(y.dtype), ROW_SCALE=mode == 1, num_warps=num_warps,
-        **_stages(num_stages))
+        **_stages(num_stages), **pdl_launch(x))
     return y
 
 

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import use_triton
+from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
 def route_topk_ref(logits, k, renormalise, shared=False):
@@ -38,7 +39,10 @@ def route_topk_ref(logits, k, renormalise, shared=False):
 def _route_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride,
                        K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
                        RENORM: tl.constexpr, SHARED: tl.constexpr, KS: tl.constexpr,
-                       ROUND_BF16: tl.constexpr):
+                       ROUND_BF16: tl.constexpr,
+                       PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     b = tl.program_id(0)
     cols = tl.arange(0, BLOCK_E)
     emask = cols < E
@@ -91,7 +95,7 @@ def route_topk_triton(logits, k, renormalise, shared=False, round_bf16=False):
                              BLOCK_K=max(2, triton.next_power_of_2(ks)),
                              RENORM=bool(renormalise), SHARED=bool(shared), KS=ks,
                              ROUND_BF16=round_bf16,
-                             num_warps=1)  # warp-shuffle reductions
+                             num_warps=1, **pdl_launch(logits))  # warp-shuffle reductions
     return weights, ids
 
 

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ._dispatch import dot_dtype, use_triton
 from .paged_kv import PAGE, _load_kv, _softmax_step, gather_kv, kv_operand
+from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
 def quantize_kv_int8(x, group):
@@ -58,7 +59,10 @@ def _paged_split_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, tab
                         lens_ptr, acc_ptr, ml_ptr, max_pages, pages_per_split, sm_scale,
                         NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, QB: tl.constexpr,
                         KF: tl.constexpr, KG: tl.constexpr, VF: tl.constexpr, VG: tl.constexpr,
-                        DOT: tl.constexpr):
+                        DOT: tl.constexpr,
+                        PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -95,7 +99,10 @@ def _paged_split_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, tab
 
 @triton.jit
 def _paged_merge_kernel(acc_ptr, ml_ptr, out_ptr, n_splits,
-                        D: tl.constexpr, SB: tl.constexpr):
+                        D: tl.constexpr, SB: tl.constexpr,
+                        PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     row = tl.program_id(0)
     sp = tl.arange(0, SB)
     smask = sp < n_splits
@@ -135,10 +142,11 @@ def paged_attention_triton(q, k_pages, v_pages, page_table, seq_lens, k_scale=No
         q.contiguous(), k, ks, kv, v, vs, vv, page_table, seq_lens, acc, ml, max_pages, pps,
         1.0 / math.sqrt(D), NQ=nq, NKV=nkv, D=D, QB=max(16, triton.next_power_of_2(nq // nkv)),
         KF=kf, KG=kg, VF=vf, VG=vg, DOT=dot_dtype(),
-        num_warps=4, num_stages=2)  # two stages of K+V tiles: 128 KiB of shared memory
+        # two stages of K+V tiles: 128 KiB of shared memory
+        num_warps=4, num_stages=2, **pdl_launch(q))
     out = torch.empty_like(q)
     _paged_merge_kernel[(B * nq,)](acc, ml, out, n_splits, D=D,
-                                   SB=triton.next_power_of_2(n_splits))
+                                   SB=triton.next_power_of_2(n_splits), **pdl_launch(acc))
     return out
 
 

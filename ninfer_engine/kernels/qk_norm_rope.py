@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import use_triton
+from .pdl import pdl_launch, pdl_release, pdl_wait
 from .rmsnorm import rms_norm_ref
 from .rotary import inv_freq, rope_ref
 
@@ -77,7 +78,10 @@ def _norm_rope_head(src, dst, w_ptr, inv_ptr, pos, eps, D: tl.constexpr, HALF: t
 
 @triton.jit
 def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, inv_ptr, row_stride,
-                         k_col, nq, nkv, eps, D: tl.constexpr, HALF: tl.constexpr):
+                         k_col, nq, nkv, eps, D: tl.constexpr, HALF: tl.constexpr,
+                         PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     row = qkv_ptr + b * row_stride
@@ -104,8 +108,7 @@ def qk_norm_rope_triton(qkv, nq, nkv, d, q_norm, k_norm, eps, positions, rd, the
         qkv, q, k, q_norm, k_norm, positions, inv_freq(rd, theta, qkv.device), qkv.stride(0),
         2 * nq * d, nq, nkv, eps, D=d, HALF=rd // 2,
         # rms_norm_triton's warp count for a row of d, so the sum reduces in the same order
-        num_warps=min(16, max(1, d // 512)),
-    )
+        num_warps=min(16, max(1, d // 512)), **pdl_launch(qkv))
     return q, k
 
 

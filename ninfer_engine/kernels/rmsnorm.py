@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import use_triton
+from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
 def rms_norm_ref(x, w, eps, residual=None, zero_centred=False):
@@ -28,7 +29,10 @@ def rms_norm_ref(x, w, eps, residual=None, zero_centred=False):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, H, eps,
-                     HAS_RES: tl.constexpr, ZERO_CENTRED: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RES: tl.constexpr, ZERO_CENTRED: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr = 0):
+    pdl_wait(PDL)  # `kernels.pdl`
+    pdl_release(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < H
@@ -60,8 +64,7 @@ def rms_norm_triton(x, w, eps, residual=None, zero_centred=False):
     _rms_norm_kernel[(x2.shape[0],)](
         x2, r, w, y, h if residual is not None else y, H, eps,
         HAS_RES=residual is not None, ZERO_CENTRED=zero_centred, BLOCK=block,
-        num_warps=min(16, max(1, block // 512)),
-    )
+        num_warps=min(16, max(1, block // 512)), **pdl_launch(x2))
     return y.view(x.shape), h.view(x.shape)
 
 
