@@ -33,6 +33,7 @@ from .kernels.paged_attention import PAGE, paged_attention_triton
 from .kernels.qk_norm_rope import qk_norm_rope_triton
 from .kernels.rmsnorm import rms_norm_triton
 from .kv import KvStorage, fill_page_tables
+from .kv.quant import PlainCodec
 from .models.fused import FusedParams
 from .models.packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
 
@@ -117,13 +118,16 @@ class KvLayer:
 
     `k`, `v`: bf16 rows `[pages, PAGE, kv_heads, D]`, or the tuple of a KV codec's component
     page views (`KvStorage.page_view`: any KV dtype); `k_scale`, `v_scale`: the int8 group
-    scales of bare int8 codes, else None (see `kernels.paged_attention`)."""
+    scales of bare int8 codes, else None (see `kernels.paged_attention`). `rows`: where K and
+    V are plain rows in the activation dtype, those rows `[slots, kv_heads, D]`: the q/k
+    norm kernel then writes new K/V itself (`qk_norm_rope_triton(kv_rows=)`), not `write`."""
 
     k: torch.Tensor | tuple[torch.Tensor, ...]
     v: torch.Tensor | tuple[torch.Tensor, ...]
     k_scale: torch.Tensor | None
     v_scale: torch.Tensor | None
     write: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (slots, k, v)
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class HybridStep:
@@ -203,8 +207,10 @@ class HybridStep:
         qgkv = layer["w_in"](y)
         _, gate, _, v = qgkv.split([qd, qd, kvd, kvd], -1)
         q, k = qk_norm_rope_triton(qgkv, m.nq, m.nkv, m.d, m.q_norm, m.k_norm, self.eps, pos,
-                                   m.rope.rd, self.c["rope_parameters"]["rope_theta"])
-        kv.write(slot, k, v.reshape(B, m.nkv, m.d))
+                                   m.rope.rd, self.c["rope_parameters"]["rope_theta"],
+                                   kv_rows=kv.rows, slots=slot)
+        if kv.rows is None:
+            kv.write(slot, k, v.reshape(B, m.nkv, m.d))
         a = paged_attention_triton(q, kv.k, kv.v, table, pos + 1, kv.k_scale, kv.v_scale,
                                    max_seq_len=kv_span)
         return layer["w_out"](a.reshape(B, qd), gate=gate, act="sigmoid", acc=acc)
@@ -264,7 +270,11 @@ class EngineHybridDecoder:
                 s.v_codec.write(s.v[j], slots, v)
             return write
 
-        return [KvLayer(s.page_view(k), s.page_view(v), None, None, writer(j))
+        dtype = self.core.w.model.embedding.dtype
+        plain = all(isinstance(c, PlainCodec) and c.dtype == dtype
+                    for c in (s.k_codec, s.v_codec))
+        return [KvLayer(s.page_view(k), s.page_view(v), None, None, writer(j),
+                        (k[0], v[0]) if plain else None)
                 for j, (k, v) in enumerate(zip(s.k, s.v))]
 
     def load(self, seqs) -> None:

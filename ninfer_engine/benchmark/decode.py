@@ -37,7 +37,8 @@ class KernelDecoder:
                 shape = (batch * pages, PAGE, m.nkv, m.d)
                 k = torch.zeros(shape, device=dev, dtype=torch.bfloat16)
                 v = torch.zeros(shape, device=dev, dtype=torch.bfloat16)
-                self.kv.append(KvLayer(k, v, None, None, self._writer(k, v)))
+                self.kv.append(KvLayer(k, v, None, None, self._writer(k, v),
+                                       (k.view(-1, m.nkv, m.d), v.view(-1, m.nkv, m.d))))
         self.core = HybridStep(self.weights, batch, pages, lambda: self.kv)
         self.core.table.copy_(torch.randperm(batch * pages, device=dev).view(batch, pages))
         self.token, self.pos = self.core.tokens, self.core.pos

@@ -3,7 +3,9 @@
 `HybridStep._attn` (hybrid_decode.py) normalizes q and k per head with zero-centred weights
 (`x̂·(1+w)`, `kernels.rmsnorm`) and then rotates them (`kernels.rotary`): four launches per
 attention layer. `qk_norm_rope(qkv, nq, nkv, d, q_norm, k_norm, eps, positions, rd, theta)`
-does all four in one and returns new contiguous q [B, nq, d] and k [B, nkv, d] in qkv's dtype.
+does all four in one and returns new contiguous q [B, nq, d] and k [B, nkv, d] in qkv's dtype;
+given a plain KV pool's rows (`kv_rows`, `slots`) it writes k and v into them instead (the
+step's two `index_copy_` launches per attention layer folded in).
 
 Layout: qkv [B, W] is the fused input projection, columns q (nq·d) | gate (nq·d) | k (nkv·d) |
 v (nkv·d), W = 2·nq·d + 2·nkv·d; q is read from column 0 and k from column 2·nq·d. Rows may
@@ -78,8 +80,8 @@ def _norm_rope_head(src, dst, w_ptr, inv_ptr, pos, eps, D: tl.constexpr, HALF: t
 
 @triton.jit
 def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, inv_ptr, row_stride,
-                         k_col, nq, nkv, eps, D: tl.constexpr, HALF: tl.constexpr,
-                         PDL: tl.constexpr = 0):
+                         k_col, nq, nkv, eps, kr_ptr, vr_ptr, slot_ptr, D: tl.constexpr,
+                         HALF: tl.constexpr, WRITE_KV: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     b = tl.program_id(0)
@@ -87,26 +89,50 @@ def _qk_norm_rope_kernel(qkv_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, pos_ptr, inv_ptr
     row = qkv_ptr + b * row_stride
     # fp32 position as rope_triton converts it
     pos = tl.load(pos_ptr + b).to(tl.float32)
+    kv_row = 0  # with WRITE_KV k and v go straight into their token slot's pool rows
+    if WRITE_KV:
+        kv_row = tl.load(slot_ptr + b) * nkv
     # one branch per head kind: q_norm and k_norm may have different dtypes
     if h < nq:
         _norm_rope_head(row + h * D, q_ptr + (b * nq + h) * D, qw_ptr, inv_ptr, pos, eps,
                         D, HALF)
-    else:
+    elif h < nq + nkv:
         kh = h - nq
-        _norm_rope_head(row + k_col + kh * D, k_ptr + (b * nkv + kh) * D, kw_ptr, inv_ptr, pos,
-                        eps, D, HALF)
+        if WRITE_KV:
+            dst = kr_ptr + (kv_row + kh) * D
+        else:
+            dst = k_ptr + (b * nkv + kh) * D
+        _norm_rope_head(row + k_col + kh * D, dst, kw_ptr, inv_ptr, pos, eps, D, HALF)
+    else:  # WRITE_KV only: v head h - nq - nkv, copied as it is
+        vh = h - nq - nkv
+        offs = tl.arange(0, D)
+        v = tl.load(row + k_col + (nkv + vh) * D + offs)
+        tl.store(vr_ptr + (kv_row + vh) * D + offs, v)
 
 
-def qk_norm_rope_triton(qkv, nq, nkv, d, q_norm, k_norm, eps, positions, rd, theta):
-    """Triton path: one program per (row, head), the head in registers."""
+def qk_norm_rope_triton(qkv, nq, nkv, d, q_norm, k_norm, eps, positions, rd, theta,
+                        kv_rows=None, slots=None):
+    """Triton path: one program per (row, head), the head in registers.
+
+    `kv_rows` = (K, V) `[slots, nkv, d]` in qkv's dtype (a plain KV pool's rows) and `slots`
+    [B]: the rotated k and the v columns are written into row `slots[b]` of K and V (what the
+    pool's `index_copy_` would write, without its two launches) and k is returned as None."""
     _check(qkv, nq, nkv, d, rd)
     assert qkv.stride(1) == 1, "qkv's columns must be contiguous"
     B = qkv.shape[0]
     q = torch.empty(B, nq, d, dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty(B, nkv, d, dtype=qkv.dtype, device=qkv.device)
-    _qk_norm_rope_kernel[(B, nq + nkv)](
-        qkv, q, k, q_norm, k_norm, positions, inv_freq(rd, theta, qkv.device), qkv.stride(0),
-        2 * nq * d, nq, nkv, eps, D=d, HALF=rd // 2,
+    if kv_rows is None:
+        k = torch.empty(B, nkv, d, dtype=qkv.dtype, device=qkv.device)
+        kr = vr = slot = k
+    else:
+        kr, vr = kv_rows
+        assert kr.shape[1:] == vr.shape[1:] == (nkv, d) and kr.dtype == vr.dtype == qkv.dtype
+        assert kr.is_contiguous() and vr.is_contiguous() and slots.shape == (B,)
+        k, slot = None, slots
+    _qk_norm_rope_kernel[(B, nq + nkv + (nkv if kv_rows is not None else 0))](
+        qkv, q, k if k is not None else q, q_norm, k_norm, positions,
+        inv_freq(rd, theta, qkv.device), qkv.stride(0), 2 * nq * d, nq, nkv, eps, kr, vr, slot,
+        D=d, HALF=rd // 2, WRITE_KV=kv_rows is not None,
         # rms_norm_triton's warp count for a row of d, so the sum reduces in the same order
         num_warps=min(16, max(1, d // 512)), **pdl_launch(qkv))
     return q, k

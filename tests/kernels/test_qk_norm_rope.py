@@ -155,3 +155,23 @@ def test_dispatch_and_shape_checks(device):
     with pytest.raises(AssertionError):  # d = 24 is not a power of two
         qk_norm_rope_triton(torch.zeros(1, 144, dtype=torch.bfloat16, device=device), 2, 1, 24,
                             torch.zeros(24), torch.zeros(24), EPS, pos, 8, THETA)
+
+
+@pytest.mark.parametrize("B, nq, nkv, d, rd, positions", CASES[2:])
+def test_kv_rows_written_in_place(device, B, nq, nkv, d, rd, positions):
+    """With `kv_rows`, the rotated k and the v columns land in rows `slots` of the pool, the
+    same bits as the k output and the v view the unfused write copies; q is unchanged; the
+    other rows are not touched."""
+    _, qkv, q_norm, k_norm, pos = _inputs(device, B, nq, nkv, d, positions, seed=11)
+    args = (qkv, nq, nkv, d, q_norm, k_norm, EPS, pos, rd, THETA)
+    q, k = qk_norm_rope_triton(*args)
+    pool = [torch.full((2 * B + 5, nkv, d), 7.0, dtype=qkv.dtype, device=device)
+            for _ in range(2)]
+    slots = torch.randperm(2 * B + 5)[:B].to(device)
+    q2, k2 = qk_norm_rope_triton(*args, kv_rows=pool, slots=slots)
+    assert k2 is None and torch.equal(q2, q)
+    v = qkv[:, 2 * nq * d + nkv * d:].reshape(B, nkv, d)
+    assert torch.equal(pool[0][slots], k) and torch.equal(pool[1][slots], v)
+    others = torch.ones(2 * B + 5, dtype=torch.bool)
+    others[slots.cpu()] = False
+    assert all((t[others.to(device)] == 7.0).all() for t in pool)
