@@ -306,8 +306,9 @@ class EngineHybridDecoder:
 
     def _state_pairs(self, rows_seqs):
         """(row tensors, slot tensors) of each (row, sequence)'s conv states, then of its SSM
-        states: one dtype per list keeps `_foreach_copy_` on its fused multi-tensor kernel (a mixed list
-        falls back to one launch per tensor, ~9 ms a step at B = 8 on the 27B shape)."""
+        states: one dtype per list keeps `_foreach_copy_` on its fused multi-tensor kernel (a
+        mixed list falls back to one launch per tensor, ~9 ms a step at B = 8 on the 27B
+        shape)."""
         conv, ssm = ([], []), ([], [])
         for b, seq in rows_seqs:
             for conv_row, ssm_row, state in zip(self.core.conv, self.core.ssm, seq.state):
