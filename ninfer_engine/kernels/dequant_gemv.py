@@ -310,7 +310,9 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
     is free): 1.01–1.13× cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller
     ones. Several rows: the dot path; group-scaled weights take at least 128 K a loop iteration
     (a 32-wide group alone left the loop latency-bound: 1.1–1.25× on the 27B shapes), 256 at
-    one row where N ≥ 6144 (bench/results/h200-q4-nibble-gemv.md, fp8_g64 rows)."""
+    one row where N ≥ 6144 (bench/results/h200-q4-nibble-gemv.md, fp8_g64 rows). Adding into
+    a caller's fp32 `out` (`accumulate`), one row of e4m3 codes takes 32-row programs and K
+    splits for about four waves (bench/results/h200-gemv-splits.md)."""
     if scale is None:
         if B != 1:
             return {}
