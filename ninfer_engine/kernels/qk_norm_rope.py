@@ -121,18 +121,17 @@ def qk_norm_rope_triton(qkv, nq, nkv, d, q_norm, k_norm, eps, positions, rd, the
     assert qkv.stride(1) == 1, "qkv's columns must be contiguous"
     B = qkv.shape[0]
     q = torch.empty(B, nq, d, dtype=qkv.dtype, device=qkv.device)
-    if kv_rows is None:
-        k = torch.empty(B, nkv, d, dtype=qkv.dtype, device=qkv.device)
-        kr = vr = slot = k
-    else:
-        kr, vr = kv_rows
+    write = kv_rows is not None
+    k = None if write else torch.empty(B, nkv, d, dtype=qkv.dtype, device=qkv.device)
+    kr, vr = kv_rows if write else (q, q)  # pointers the kernel ignores without WRITE_KV
+    if write:
         assert kr.shape[1:] == vr.shape[1:] == (nkv, d) and kr.dtype == vr.dtype == qkv.dtype
         assert kr.is_contiguous() and vr.is_contiguous() and slots.shape == (B,)
-        k, slot = None, slots
-    _qk_norm_rope_kernel[(B, nq + nkv + (nkv if kv_rows is not None else 0))](
-        qkv, q, k if k is not None else q, q_norm, k_norm, positions,
-        inv_freq(rd, theta, qkv.device), qkv.stride(0), 2 * nq * d, nq, nkv, eps, kr, vr, slot,
-        D=d, HALF=rd // 2, WRITE_KV=kv_rows is not None,
+    _qk_norm_rope_kernel[(B, nq + nkv * (2 if write else 1))](
+        qkv, q, q if write else k, q_norm, k_norm, positions,
+        inv_freq(rd, theta, qkv.device), qkv.stride(0), 2 * nq * d, nq, nkv, eps, kr, vr,
+        slots if write else q,
+        D=d, HALF=rd // 2, WRITE_KV=write,
         # rms_norm_triton's warp count for a row of d, so the sum reduces in the same order
         num_warps=min(16, max(1, d // 512)), **pdl_launch(qkv))
     return q, k
