@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -14,11 +13,13 @@ from tokenizers import Tokenizer
 
 from ninfer_engine.artifact import ArtifactError, open_artifact
 from ninfer_engine.artifact.convert_gguf import convert_gguf, unpermute_rows
+from ninfer_engine.flags import ninfer_home
 from ninfer_engine.tools import main
 
-GGUF_PATH = Path("/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+# where install.sh downloads it
+GGUF_PATH = ninfer_home() / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 needs_gguf = pytest.mark.skipif(
-    not GGUF_PATH.exists(), reason=f"default model GGUF not present at {GGUF_PATH}"
+    not GGUF_PATH.exists(), reason=f"default model GGUF not present at {GGUF_PATH} (run ./install.sh)"
 )
 
 

@@ -2,19 +2,17 @@
 from __future__ import annotations
 
 import asyncio
-import os
-from pathlib import Path
 
 import pytest
 import torch
 
 from ninfer_engine.config import EngineConfig
+from ninfer_engine.flags import default_artifact
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from .helpers import hf_state_dict
 
-MODEL = Path(os.environ.get("NINFER_HOME", Path.home() / ".cache" / "ninfer")) \
-    / "models" / "smollm2-135m-instruct.ninfer"
+MODEL = default_artifact()
 STEPS = 32
 
 pytestmark = [
