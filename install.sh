@@ -11,7 +11,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 prefix="$here/.venv"
 release_dir="${CAPY_FLASH_HOME:-$HOME/capy-flash}"
 python="${PYTHON:-python3}"
-torch_spec="${NINFER_TORCH_SPEC:-torch==2.13.0}"
+torch_cpu="torch==2.13.0+cpu"
+torch_index="${NINFER_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 
 usage() {
   echo "usage: ./install.sh [--prefix DIR] [--release-dir DIR] [--python PYTHON]" >&2
@@ -37,10 +38,21 @@ step "virtualenv at $prefix"
 pip=("$prefix/bin/python" -m pip --disable-pip-version-check)
 "${pip[@]}" install -q --upgrade pip setuptools wheel
 
-# Torch first and pinned: a bare "torch" requirement would pull a multi-GB CUDA build.
+# Torch first, pinned and CPU-only: PyPI's Linux torch is the CUDA build (~20 CUDA packages,
+# several GB). The CPU build comes from a local wheel where pip is configured with one
+# (find-links), else from PyTorch's CPU index (NINFER_TORCH_INDEX); NINFER_TORCH_SPEC replaces it.
 if ! "$prefix/bin/python" -c "import torch" 2>/dev/null; then
-  step "installing $torch_spec"
-  "${pip[@]}" install -q "$torch_spec"
+  if [ -n "${NINFER_TORCH_SPEC:-}" ]; then
+    step "installing $NINFER_TORCH_SPEC"
+    "${pip[@]}" install -q "$NINFER_TORCH_SPEC"
+  elif [ "$(uname -s)" != Linux ]; then
+    step "installing ${torch_cpu%+cpu}"
+    "${pip[@]}" install -q "${torch_cpu%+cpu}"           # macOS and Windows wheels are CPU builds
+  else
+    step "installing $torch_cpu"
+    "${pip[@]}" install -q "$torch_cpu" 2>/dev/null \
+      || "${pip[@]}" install -q "$torch_cpu" --extra-index-url "$torch_index"
+  fi
 fi
 
 step "installing ninfer with test extras"

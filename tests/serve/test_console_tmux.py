@@ -1,7 +1,8 @@
 """The real console in a real terminal: tmux runs `ninfer-serve` on the default model, a chat
 request goes in, and the captured pane must show that request and its throughput.
 
-Slow (loads the model, waits for the console), so it runs on demand: `pytest -m slow`.
+About a minute on a 2-core machine (the model loads, the console starts), so it is in the
+default suite; it skips without tmux or the default model.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 
 from ninfer_engine.flags import default_artifact
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.model]
 SERVE = Path(sys.executable).with_name("ninfer-serve")
 
 
