@@ -11,7 +11,7 @@ import math
 import mmap
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Self
 
@@ -79,6 +79,7 @@ class Artifact:
             self._dir = directory.parse_root(
                 legacy.upgrade(self.version, text, max(0, size - start))
             )
+        self.payload_start = start  # offset of the entry file's payload
         self.artifact_id = str(uuid.UUID(bytes=raw_id)) if raw_id else None
         _check_length(path.name, size, start, self._dir.files[0])
         try:
@@ -137,6 +138,13 @@ class Artifact:
     @property
     def files(self) -> tuple[FileRecord, ...]:
         return self._dir.files
+
+    def payload_chunks(self, chunk: int) -> Iterator[memoryview]:
+        """The logical payload, in order, as zero-copy views of at most ``chunk`` bytes (the
+        caller releases each); continuation files follow the entry file."""
+        for segment in list(self._segments) or _closed(self.path):
+            for at in range(0, segment.size, chunk):
+                yield segment.view[at : at + chunk]
 
     def config(self, component: str = "text") -> dict:
         """The normalized HF-style config of ``component``."""
@@ -228,6 +236,10 @@ class Artifact:
                 return piece
             out += piece
         return out
+
+
+def _closed(path: Path) -> list:
+    raise ArtifactError("artifact is closed", path)
 
 
 def _check_entry_header(header: bytes) -> tuple[int, int, bytes | None]:

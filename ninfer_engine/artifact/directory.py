@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from . import encodings
+from . import encodings, verify
 from .errors import ArtifactError
 
 U64_MAX = (1 << 64) - 1
@@ -328,6 +328,8 @@ def parse_root(value: object) -> Directory:
         raise ArtifactError("metadata and provenance must be objects")
     if "name" in metadata:
         _str(metadata["name"], "metadata.name")
+    if verify.DIGEST_KEY in metadata:
+        verify.check_digest_field(metadata[verify.DIGEST_KEY])
     return Directory(
         components=MappingProxyType(_components(root["components"], objects)),
         objects=MappingProxyType(objects),

@@ -1,14 +1,24 @@
 """Streaming writer of `.ninfer` v3 artifacts.
 
 Tensors are encoded and appended to a temporary payload file as they arrive, so peak memory is
-about one tensor. ``close`` validates the directory with the reader's own parser, then writes
-the continuation files (if the payload exceeds the per-file cap) and the entry file last.
+about one tensor; the SHA-256 of the payload is computed as it is appended and recorded as
+``metadata.payload_sha256`` (see `verify`). ``close`` validates the directory with the reader's
+own parser, writes every file (the continuation files, if the payload exceeds the per-file cap,
+and the entry file) to a temporary of its own beside its target, and only then renames them
+into place, the entry file last.
+
+Every temporary has a unique name (``<target>.<random>.tmp``, ``….payload.tmp``), so two
+writers of the same target never share a file: each publishes a whole artifact, the last rename
+wins. A failed or aborted writer removes its temporaries and leaves the target untouched.
 """
 
 from __future__ import annotations
 
 import copy
+import errno
+import hashlib
 import os
+import secrets
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,6 +28,7 @@ import torch
 
 from . import directory, encodings, framing
 from .errors import ArtifactError
+from .verify import DIGEST_KEY
 
 _COPY_CHUNK = 1 << 24
 
@@ -48,8 +59,10 @@ class ArtifactWriter:
         self._bindings: dict[str, dict] = {}
         self._size = 0
         self._tensor_count = 0
-        self._payload_path = self.path.with_name(self.path.name + ".payload.tmp")
-        self._payload = open(self._payload_path, "w+b")  # noqa: SIM115 - open until close()
+        self._digest = hashlib.sha256()  # of the logical payload, as it is appended
+        self._temporaries: list[Path] = []  # published files not yet renamed into place
+        self._payload_path, fd = _unique_temporary(self.path, ".payload.tmp")
+        self._payload = os.fdopen(fd, "w+b")  # open until close()
 
     def __enter__(self) -> Self:
         return self
@@ -123,9 +136,12 @@ class ArtifactWriter:
             self.abort()
 
     def abort(self) -> None:
-        """Drop everything written so far (idempotent)."""
+        """Drop everything written so far, temporaries included (idempotent)."""
         self._payload.close()
         self._payload_path.unlink(missing_ok=True)
+        for temporary in self._temporaries:
+            temporary.unlink(missing_ok=True)
+        self._temporaries = []
 
     def _check_free(self, name: str) -> None:
         if name in self._bindings:
@@ -143,8 +159,11 @@ class ArtifactWriter:
         if not data:
             raise ArtifactError("objects must have at least one byte")
         offset = framing.align_up(self._size, alignment)
-        self._payload.write(b"\0" * (offset - self._size))
+        gap = b"\0" * (offset - self._size)
+        self._payload.write(gap)
         self._payload.write(data)
+        self._digest.update(gap)
+        self._digest.update(data)
         self._size = offset + len(data)
         return offset
 
@@ -162,8 +181,7 @@ class ArtifactWriter:
                 for i, s in enumerate(sizes)
             ],
         }
-        if self._metadata:
-            root["metadata"] = self._metadata
+        root["metadata"] = {**self._metadata, DIGEST_KEY: self._digest.hexdigest()}
         if self._provenance:
             root["provenance"] = self._provenance
         return root
@@ -177,22 +195,27 @@ class ArtifactWriter:
         text += b" " * (framing.payload_start(len(text)) - framing.HEADER.size - len(text))
         raw_id = uuid.uuid4().bytes
         self._payload.flush()
-        self._payload.seek(0)
+        written = []
         for index, size in enumerate(sizes[1:], start=1):
             header = framing.HEADER.pack(framing.PART_MAGIC, index, raw_id)
-            self._write_file(
-                self.path.with_name(framing.part_path_name(self.path.name, index)),
-                header.ljust(framing.PAYLOAD_ALIGNMENT, b"\0"),
-                size,
-                skip=sum(sizes[:index]),
-            )
+            target = self.path.with_name(framing.part_path_name(self.path.name, index))
+            written.append((self._write_temporary(
+                target, header.ljust(framing.PAYLOAD_ALIGNMENT, b"\0"), size,
+                skip=sum(sizes[:index])), target))
         header = framing.HEADER.pack(framing.MAGIC, len(text), raw_id)
-        self._write_file(self.path, header + text, sizes[0], skip=0)
+        written.append((self._write_temporary(self.path, header + text, sizes[0], skip=0),
+                        self.path))
+        for temporary, target in written:  # continuations first: the entry file names them
+            os.replace(temporary, target)
+            self._temporaries.remove(temporary)
 
-    def _write_file(self, path: Path, head: bytes, size: int, skip: int) -> None:
-        temporary = path.with_name(path.name + ".tmp")
+    def _write_temporary(self, path: Path, head: bytes, size: int, skip: int) -> Path:
+        """``head`` + payload ``[skip, skip + size)`` in a new temporary beside ``path``,
+        flushed to disk; the caller renames it into place."""
+        temporary, fd = _unique_temporary(path, ".tmp")
+        self._temporaries.append(temporary)
         self._payload.seek(skip)
-        with open(temporary, "wb") as out:
+        with os.fdopen(fd, "wb") as out:
             out.write(head)
             remaining = size
             while remaining:
@@ -201,4 +224,18 @@ class ArtifactWriter:
                     raise ArtifactError(f"payload ended early while writing {path.name}")
                 out.write(chunk)
                 remaining -= len(chunk)
-        os.replace(temporary, path)
+            out.flush()
+            os.fsync(out.fileno())  # the rename must never publish a file still in flight
+        return temporary
+
+
+def _unique_temporary(path: Path, suffix: str) -> tuple[Path, int]:
+    """A new file ``<path>.<random><suffix>`` in ``path``'s directory (created exclusively,
+    mode 0666 less the umask, as the target would get), and its descriptor."""
+    for _ in range(100):
+        candidate = path.with_name(f"{path.name}.{secrets.token_hex(4)}{suffix}")
+        try:
+            return candidate, os.open(candidate, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, "no free temporary name", str(path))
