@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
+from .artifact import verify
 from .artifact.container import Artifact, open_artifact
 from .artifact.directory import TensorObject
 from .artifact.errors import ArtifactError
@@ -60,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="summarize an artifact")
     inspect.add_argument("file", metavar="FILE")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.add_argument("--verify", action="store_true",
+                         help="also hash the payload and check it against the recorded "
+                              "metadata.payload_sha256 (exit 1 on a mismatch); a file without "
+                              "one is checked against the published SHA-256 of the official "
+                              "upstream files, else reported as having no digest")
     inspect.set_defaults(run=_inspect)
 
     synth = commands.add_parser("synth", help="build a random-weight artifact at real shapes")
@@ -321,10 +327,38 @@ def summary(artifact: Artifact) -> dict:
     }
 
 
+def verification(artifact: Artifact) -> dict:
+    """What ``ninfer inspect --verify`` checked: ``{"status", "sha256", "line"}``, status one of
+    ``payload_sha256`` (the recorded digest matches), ``published_sha256`` (no digest, but the
+    whole file matches an official upstream file) or ``none``; a mismatch raises ArtifactError."""
+    digest = verify.check_payload(artifact)
+    if digest is not None:
+        return {"status": "payload_sha256", "sha256": digest,
+                "line": f"payload digest verified: SHA-256 {digest} "
+                        f"(metadata.{verify.DIGEST_KEY})"}
+    official = verify.published_entry(artifact)
+    if official is None:
+        return {"status": "none", "sha256": None,
+                "line": f"no digest recorded (no metadata.{verify.DIGEST_KEY}); "
+                        "only the structure was checked"}
+    whole = verify.file_sha256(artifact.path)
+    if whole != official.sha256:
+        raise ArtifactError(
+            f"no digest recorded, and the whole-file SHA-256 {whole[:16]}… does not match the "
+            f"published {official.sha256[:16]}… of {official.name} ({official.size:,} bytes): "
+            "the file is corrupt or modified", artifact.path)
+    return {"status": "published_sha256", "sha256": whole,
+            "line": f"no digest recorded; whole-file SHA-256 {whole} matches the published "
+                    f"{official.name}"}
+
+
 def _inspect(args: argparse.Namespace) -> int:
     with open_artifact(args.file) as artifact:
+        checked = verification(artifact) if args.verify else None
         info = summary(artifact)
     if args.json:
+        if checked is not None:
+            info["verification"] = {k: checked[k] for k in ("status", "sha256")}
         print(json.dumps(info, indent=2))
         return 0
     payload = sum(f["payload_bytes"] for f in info["files"])
@@ -354,6 +388,8 @@ def _inspect(args: argparse.Namespace) -> int:
         + ", ".join(f"{k} {v}" for k, v in b["by_component"].items())
     )
     print(f"uses: {info['uses']}")
+    if checked is not None:
+        print(checked["line"])
     return 0
 
 
