@@ -1,0 +1,85 @@
+"""Parity tolerances derived from the arithmetic, never from one run's error.
+
+The error model (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §2-3):
+
+* one rounding to a float format moves a value by at most its unit roundoff
+  `u = finfo(dtype).eps / 2` relative (2⁻²⁴ fp32, 2⁻⁸ bf16, 2⁻¹¹ fp16, 2⁻⁵³ fp64);
+* a chain of n roundings (a length-K dot product or sum counts K, in any summation order: the
+  reorderings of AVX2 / AVX-512 BLAS kernels, split-K GPU kernels and the interpreter are all
+  covered) is off by at most `γ_n = n·u / (1 − n·u)` relative to the sum of the absolute terms
+  Σ|aᵢbᵢ| (Higham Lemma 3.1, eq. 3.5). That is the worst case; independent rounding errors grow
+  as √n·u (`probabilistic`), a bound that holds with probability ≥ 1 − 2·exp(−λ²/2) per value
+  (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019, Thm 3.1);
+* errors add over the stages of a computation (layers, kernels): the depth is the sum of the
+  stages' counts. A result stored in a narrow dtype but accumulated in fp32 counts one rounding
+  in the narrow dtype per stored intermediate, plus its reductions' lengths in fp32;
+* two implementations of the same function each carry their own error: their difference is
+  bounded by the sum (`sides=2`), or one side when the other is exact (a float64 reference);
+* a quantization codec moves a value by up to half its code step, and two inputs that differ by
+  rounding noise can round to neighbouring codes, one whole step apart (`code_step`).
+
+A bound is relative to the magnitude of the terms, which the tests take as the largest |value|
+of the reference (for a well-scaled network, where RMSNorm renormalises every layer).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+ACCUMULATOR = torch.float32  # what GEMMs, GEMVs, Triton dots and norms accumulate narrow inputs in
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u: half the machine epsilon, the largest relative error of one rounding to `dtype`."""
+    return torch.finfo(dtype).eps / 2
+
+
+def gamma(dtype: torch.dtype, n: float) -> float:
+    """Worst-case relative error of n roundings in `dtype`: γ_n = n·u / (1 − n·u)."""
+    nu = n * unit_roundoff(dtype)
+    assert nu < 1, f"{n} roundings in {dtype} bound nothing: compare against a float64 reference"
+    return nu / (1 - nu)
+
+
+def bound(dtype: torch.dtype, depth: float, *, roundings: float = 0, sides: int = 2,
+          probabilistic: float | None = None) -> float:
+    """Relative bound on |a − b| / max|b| for `sides` computations of the same values.
+
+    `depth`: the summed reduction lengths along the longest chain of the computation
+    (accumulated in `dtype`, or in fp32 when `dtype` is narrower). `roundings`: how many times
+    that chain's intermediates are stored in `dtype` when it is narrower than fp32 (each output
+    of an op: a GEMV result, a norm, an activation); ignored for fp32 / fp64, whose stores are
+    inside `depth`. `probabilistic=λ` uses λ·√n·u instead of γ_n (each side independent).
+    """
+    acc = dtype if torch.finfo(dtype).bits >= 32 else ACCUMULATOR
+    parts = [(acc, depth)]
+    if acc is not dtype:
+        parts.append((dtype, roundings))
+    if probabilistic is None:
+        one = sum(gamma(t, n) for t, n in parts)
+    else:
+        one = sum(probabilistic * math.sqrt(n) * unit_roundoff(t) for t, n in parts)
+    return sides * one
+
+
+# The coarsest code step of each KV codec (`ninfer_engine.kv.quant`) as a fraction of the
+# absmax of the vector it quantizes (the head vector, or a group of it):
+CODE_STEP = {
+    "bf16": 0.0,  # stores the activation dtype: no code step (its rounding is the model's)
+    # symmetric int8 / int4: one step is the scale, fp16(absmax / 127 or 7), which rounds up by at
+    # most 2⁻¹¹ relative
+    "int8": (1 + 2 ** -11) / 127,
+    "int4": (1 + 2 ** -11) / 7,
+    # e4m3 scaled so the absmax maps to 448: the top binade [256, 448] is spaced by 32
+    "fp8": 32 / 448,
+    # E2M1 (0, .5, 1, 1.5, 2, 3, 4, 6) is spaced by 2 at the top, times the block scale
+    # e4m3(block absmax / 6), which rounds up by at most 2⁻⁴ relative
+    "nvfp4": 2 * (1 + 2 ** -4) / 6,
+}
+
+
+def code_step(codec: str) -> float:
+    """One code step of `codec` relative to the absmax of the vector it quantized: the most
+    two encodings of inputs equal up to rounding noise can differ by, per element."""
+    return CODE_STEP[codec]
