@@ -29,7 +29,7 @@ from ninfer_engine.config import EngineConfig  # noqa: E402
 from ninfer_engine.memory_plan import build_memory  # noqa: E402
 from ninfer_engine.models import Qwen35Model  # noqa: E402
 from ninfer_engine.runner import HybridRunner  # noqa: E402
-from ninfer_engine.scheduler import Batch  # noqa: E402
+from ninfer_engine.scheduler import Batch, Chunk  # noqa: E402
 
 PROMPT_TOKENS = 128
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> dict:
     with torch.inference_mode():
         start = time.perf_counter()
         for seq in seqs:
-            logits = runner.forward(Batch([], seq, PROMPT_TOKENS, [seq]))
+            logits = runner.forward(Batch([], [Chunk(seq, PROMPT_TOKENS)], [seq]))
             seq.output.append(int(logits[0].argmax()))
         prefill_s = time.perf_counter() - start
         step_times = []
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> dict:
             for seq in seqs:
                 assert memory.grow(seq, seq.cached + 1)
             start = time.perf_counter()
-            logits = runner.forward(Batch(seqs, None, 0, seqs))
+            logits = runner.forward(Batch(seqs, [], seqs))
             step_times.append(time.perf_counter() - start)
             for row, seq in enumerate(seqs):
                 seq.output.append(int(logits[row].argmax()))

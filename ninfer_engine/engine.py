@@ -78,11 +78,17 @@ class Engine:
         self._failure_listeners: list[Callable[[str], None]] = [on_failure] if on_failure else []
         self._state = EngineState.LOADING
         self._failure: str | None = None
+        check = None  # the payload digest check of an artifact opened here
         try:
             if artifact is None:
                 from .artifact import open_artifact
+                from .artifact.verify import BackgroundCheck, recorded_digest
 
                 artifact = open_artifact(config.artifact)
+                if not config.no_verify and recorded_digest(artifact) is not None:
+                    # hashed on its own thread while the weights load; a mismatch closes the
+                    # artifact, which stops the load at its next read
+                    check = BackgroundCheck(artifact, on_mismatch=artifact.close)
             text_config = artifact.config("text")
             self.tokenizer = Tokenizer.from_artifact(artifact)
             self.chat_template = ChatTemplate.from_artifact(
@@ -112,7 +118,15 @@ class Engine:
             self.model, self.memory, graphs, config = (
                 run_on_own_thread(load) if device.type == "cpu" else load())
             self.config = config  # the resolved `--kv-capacity`
+            if check is not None:
+                check.result()  # a corrupt payload refuses to serve
+                log.info("payload digest verified (%.2f s): %s", check.seconds, config.artifact)
         except Exception as exc:
+            if check is not None:  # a corrupt payload explains any load error: say that
+                try:
+                    check.result()
+                except Exception as mismatch:
+                    raise EngineLoadError(str(mismatch)) from exc
             message = str(exc)
             if str(config.artifact) not in message:  # artifact errors already name the file
                 message = f"cannot load {config.artifact}: {message}"
@@ -242,11 +256,11 @@ class Engine:
         self._faults.check_step(self._step)
         self._step += 1
         logits = self.runner.forward(batch)
-        if batch.prefill is not None:
-            if batch.prefill.request.report_progress:
-                batch.prefill.report_progress()  # before its first token, if this chunk samples
-            if batch.prefill.prefill_done:
-                self.memory.checkpoint(batch.prefill)  # the prompt-end frontier
+        for chunk in batch.chunks:
+            if chunk.seq.request.report_progress:
+                chunk.seq.report_progress()  # before its first token, if this chunk samples
+            if chunk.seq.prefill_done:
+                self.memory.checkpoint(chunk.seq)  # the prompt-end frontier
         now = time.monotonic()
         rows = []
         for row, seq in enumerate(batch.sampled):
@@ -265,12 +279,13 @@ class Engine:
         for seq in batch.sampled:
             if seq.finish_reason is None and seq.cached + 1 >= self.max_context:
                 seq.finish("length")
-        prefill = batch.prefill
-        if prefill is not None and prefill.prefill_done and prefill.request.max_tokens == 0:
-            prefill.first_token = prefill.last_token = now
-            prefill.finish("length")
+        prompted = [chunk.seq for chunk in batch.chunks]
+        for seq in prompted:
+            if seq.prefill_done and seq.request.max_tokens == 0:
+                seq.first_token = seq.last_token = now
+                seq.finish("length")
         self.stats.record_step(len(batch.decode), batch.prefill_tokens, now)
-        for seq in [*batch.decode, *([prefill] if prefill else [])]:
+        for seq in [*batch.decode, *prompted]:
             if seq.finish_reason is not None:
                 self._retire(seq)
         return True
@@ -300,18 +315,17 @@ class Engine:
     def _reserve(self, batch: Batch) -> Batch:
         """Grow each lease for this step; a request whose lease cannot grow ends with `length`."""
         failed = []
-        for seq in [*batch.decode, *([batch.prefill] if batch.prefill else [])]:
-            need = seq.cached + (batch.prefill_tokens if seq is batch.prefill else 1)
-            if not self.memory.grow(seq, need):
+        rows = [(seq, 1) for seq in batch.decode] + [(c.seq, c.tokens) for c in batch.chunks]
+        for seq, tokens in rows:
+            if not self.memory.grow(seq, seq.cached + tokens):
                 seq.finish("length")
                 failed.append(seq)
         if not failed:
             return batch
         for seq in failed:
             self._retire(seq)
-        prefill = None if batch.prefill in failed else batch.prefill
-        return Batch([s for s in batch.decode if s not in failed], prefill,
-                     batch.prefill_tokens if prefill else 0,
+        return Batch([s for s in batch.decode if s not in failed],
+                     [c for c in batch.chunks if c.seq not in failed],
                      [s for s in batch.sampled if s not in failed])
 
     def _retire(self, seq: Sequence) -> None:

@@ -1,10 +1,12 @@
 """The runners: turn a scheduled `Batch` into model forwards and return the sampled rows' logits.
 
-`Runner` (llama family) packs every sequence into one flat forward over the paged KV pool.
+`Runner` (llama family) packs every row into one flat forward over the paged KV pool.
 `HybridRunner` (Qwen3.5 family) runs each sequence's tokens through its own forward: the
 attention layers read and write the paged pool, the GDN layers continue the sequence's
-recurrent-state slot. Both send pure-decode steps through `DecodeGraphs` (static buffers,
-Triton kernels, CUDA graphs) when it was built (CUDA, bf16).
+recurrent-state slot. Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode
+rows through it (static buffers, Triton kernels, CUDA graphs), and the step's prompt chunks,
+if any, through the eager forward after them: decode rows keep the graph's rate while a prompt
+is prefilled.
 """
 from __future__ import annotations
 
@@ -13,15 +15,13 @@ import torch
 from .decode_graphs import DecodeGraphs
 from .kv import LayerKv
 from .models import LlamaModel, Qwen35Model, Segment
-from .scheduler import Batch, Sequence
+from .scheduler import Batch, Chunk, Sequence
 
 
-def _work(batch: Batch) -> list[tuple[Sequence, list[int]]]:
-    """(sequence, tokens to compute) in row order: decode tokens first, then the prefill chunk."""
-    work = [(seq, [seq.output[-1]]) for seq in batch.decode]
-    seq, n = batch.prefill, batch.prefill_tokens
-    if seq is not None:
-        work.append((seq, list(seq.prompt[seq.cached: seq.cached + n])))
+def _work(decode: list[Sequence], chunks: list[Chunk]) -> list[tuple[Sequence, list[int]]]:
+    """(sequence, tokens to compute) in row order: decode tokens first, then the prompt chunks."""
+    work = [(seq, [seq.output[-1]]) for seq in decode]
+    work += [(c.seq, list(c.seq.prompt[c.seq.cached: c.seq.cached + c.tokens])) for c in chunks]
     return work
 
 
@@ -35,11 +35,17 @@ class _ModelRunner:
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.sampled), V]; advances each sequence's `cached` count."""
-        pure_decode = batch.prefill is None
-        if pure_decode and self.graphs is not None and self.graphs.accepts(batch.decode):
-            return self.graphs.forward(batch.decode)
-        self.flush()  # the eager path reads every sequence's state from its slot
-        return self._eager(batch)
+        sampled = set(map(id, batch.sampled))
+        graphs = self.graphs
+        if graphs is None or not batch.decode or not graphs.accepts(batch.decode):
+            self.flush()  # the eager path reads every sequence's state from its slot
+            return self._eager(_work(batch.decode, batch.chunks), sampled)
+        logits = graphs.forward(batch.decode)
+        if not batch.chunks:
+            return logits
+        # a prompt's state is in its slot (it never decoded), so the rows stay resident
+        prompts = self._eager(_work([], batch.chunks), sampled)
+        return torch.cat([logits, prompts.to(logits.dtype)])
 
     def flush(self) -> None:
         """Hand state the static decoder keeps in its rows back to the sequences' slots (before
@@ -47,20 +53,19 @@ class _ModelRunner:
         if self.graphs is not None:
             self.graphs.flush()
 
-    def _eager(self, batch: Batch) -> torch.Tensor:
+    def _eager(self, work: list[tuple[Sequence, list[int]]], sampled: set[int]) -> torch.Tensor:
+        """Logits of the rows of `work` whose sequence is in `sampled` (ids), in row order."""
         raise NotImplementedError
 
 
 class Runner(_ModelRunner):
     """Owns the llama-family model; builds the flat token batch."""
 
-    def _eager(self, batch: Batch) -> torch.Tensor:
+    def _eager(self, work, sampled):
         tokens: list[int] = []
         positions: list[int] = []
         segments: list[Segment] = []
         logit_rows: list[int] = []
-        sampled = set(map(id, batch.sampled))
-        work = _work(batch)
         for seq, ids in work:
             tokens.extend(ids)
             positions.extend(range(seq.cached, seq.cached + len(ids)))
@@ -81,10 +86,9 @@ class Runner(_ModelRunner):
 class HybridRunner(_ModelRunner):
     """Owns the hybrid model; one forward per sequence within a step."""
 
-    def _eager(self, batch: Batch) -> torch.Tensor:
-        sampled = set(map(id, batch.sampled))
+    def _eager(self, work, sampled):
         rows = []
-        for seq, ids in _work(batch):
+        for seq, ids in work:
             views = [LayerKv(seq.cache, layer, seq.cached)
                      for layer in range(len(self.model.attention_layers))]
             state = self.model.bind_state(views, seq.state, seq.cached)

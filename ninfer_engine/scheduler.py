@@ -1,7 +1,7 @@
 """Requests inside the engine (`Sequence`) and the FIFO scheduler that batches them.
 
 `Scheduler.schedule()` admits queued requests up to the concurrency limit and picks the
-decode-ready batch plus at most one prefill chunk; `Sequence.append()` turns each sampled token
+decode-ready batch plus prompt chunks under a token budget; `Sequence.append()` turns each sampled token
 into text events (UTF-8 safe, stop strings withheld) and decides when the request finishes.
 """
 from __future__ import annotations
@@ -186,19 +186,34 @@ def next_tokens(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """`tokens` prompt tokens of `seq`, computed from `seq.cached` on."""
+
+    seq: Sequence
+    tokens: int
+
+
+@dataclass(frozen=True)
 class Batch:
+    """One step's rows: a token for each decode sequence, then the prompt chunks."""
+
     decode: list[Sequence]
-    prefill: Sequence | None = None
-    prefill_tokens: int = 0
+    chunks: list[Chunk] = field(default_factory=list)
     sampled: list[Sequence] = field(default_factory=list)  # get a token this step, in row order
 
     @property
+    def prefill_tokens(self) -> int:
+        return sum(chunk.tokens for chunk in self.chunks)
+
+    @property
     def empty(self) -> bool:
-        return not self.decode and self.prefill is None
+        return not self.decode and not self.chunks
 
 
 class Scheduler:
-    """FIFO admission under a running-request limit; one prefill chunk per step.
+    """FIFO admission under a running-request limit. A step decodes every sequence whose prompt
+    is in, then fills up to `prefill_chunk` prompt tokens from the waiting prompts in admission
+    order (several prompts when they fit), so decode never waits behind a whole prompt.
 
     An admitted request's first event is an empty admission event (usage: prompt and cached
     tokens, no text), so a stream can start before its first token.
@@ -246,14 +261,20 @@ class Scheduler:
             if seq.finish_reason is None:
                 self._end_unscheduled(seq)
         decode = [s for s in self.running if s.prefill_done]
-        prefill = next((s for s in self.running if not s.prefill_done), None)
         sampled = list(decode)
-        chunk = 0
-        if prefill is not None:
-            chunk = min(self.prefill_chunk, len(prefill.prompt) - prefill.cached)
-            if prefill.cached + chunk == len(prefill.prompt) and prefill.request.max_tokens > 0:
-                sampled.append(prefill)
-        return Batch(decode, prefill, chunk, sampled), ended
+        chunks: list[Chunk] = []
+        budget = self.prefill_chunk
+        for seq in self.running:
+            if budget == 0:
+                break
+            if seq.prefill_done:
+                continue
+            n = min(budget, len(seq.prompt) - seq.cached)
+            chunks.append(Chunk(seq, n))
+            budget -= n
+            if seq.cached + n == len(seq.prompt) and seq.request.max_tokens > 0:
+                sampled.append(seq)
+        return Batch(decode, chunks, sampled), ended
 
     def _expired(self, seq: Sequence, now: float) -> bool:
         return now - seq.arrived > self.pending_timeout_s

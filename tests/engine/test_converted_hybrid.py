@@ -25,7 +25,7 @@ from ninfer_engine.engine import Engine
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Qwen35Model, build_model
 from ninfer_engine.runner import HybridRunner, make_runner
-from ninfer_engine.scheduler import Batch
+from ninfer_engine.scheduler import Batch, Chunk
 from ninfer_engine.tools import main
 from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.models.qwen35_tiny import hf_model, rel_err
@@ -86,7 +86,7 @@ def _chunked_prefill_logits(path, device) -> list[torch.Tensor]:
     assert seq.cache.reserve(PROMPT_LEN)
     rows = []
     for n in CHUNKS:
-        rows.append(runner.forward(Batch(decode=[], prefill=seq, prefill_tokens=n,
+        rows.append(runner.forward(Batch(decode=[], chunks=[Chunk(seq, n)],
                                          sampled=[seq]))[0])
     assert seq.cached == PROMPT_LEN
     return rows

@@ -1,0 +1,116 @@
+"""One step's rows: decode rows first, then prompt chunks under a token budget (`Scheduler`);
+where the static decode path exists, decode rows go through it and the chunks run eagerly after
+them in the same step (`Runner`)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from ninfer_engine.decode_graphs import DecodeGraphs, StaticDecoder
+from ninfer_engine.kv import KvStorage, PagePool, codecs_for
+from ninfer_engine.models import Segment, build_model
+from ninfer_engine.runner import Runner
+from ninfer_engine.scheduler import Batch, Chunk, Scheduler, Sequence
+from ninfer_engine.types import GenerationRequest, SamplingParams
+
+from tests.tolerance import TRANSCENDENTAL, bound
+from .helpers import DictWeights, text_config, tiny_llama
+
+
+def _sequence(name: str, prompt_len: int, max_tokens: int = 4) -> Sequence:
+    request = GenerationRequest(name, tuple(range(1, prompt_len + 1)),
+                                SamplingParams(temperature=0.0), max_tokens=max_tokens)
+    return Sequence(request, lambda event: None, None, None, frozenset())
+
+
+def _chunks(batch: Batch) -> list[tuple[str, int]]:
+    return [(chunk.seq.id, chunk.tokens) for chunk in batch.chunks]
+
+
+def _run(batch: Batch) -> None:
+    """What a step does to the sequences' books: chunks computed, sampled rows get a token."""
+    for seq in batch.decode:
+        seq.cached += 1
+    for chunk in batch.chunks:
+        chunk.seq.cached += chunk.tokens
+    for seq in batch.sampled:
+        seq.output.append(7)
+
+
+def test_a_step_fills_its_prompt_budget_from_several_prompts_in_admission_order():
+    scheduler = Scheduler(4, 10, 60.0, admit=lambda seq: True)
+    a, b, c, d = (_sequence("a", 4), _sequence("b", 5), _sequence("c", 9),
+                  _sequence("d", 3, max_tokens=0))
+    for seq in (a, b, c, d):
+        scheduler.add(seq)
+    batch, ended = scheduler.schedule(0.0)
+    assert not ended and batch.decode == []
+    assert _chunks(batch) == [("a", 4), ("b", 5), ("c", 1)]  # c is split at the budget
+    assert batch.sampled == [a, b] and batch.prefill_tokens == 10
+    _run(batch)
+    batch, _ = scheduler.schedule(0.0)
+    assert batch.decode == [a, b]  # decode rows first, every step
+    assert _chunks(batch) == [("c", 8), ("d", 2)]
+    assert batch.sampled == [a, b, c]  # d's prompt is not in yet
+    _run(batch)
+    batch, _ = scheduler.schedule(0.0)
+    assert batch.decode == [a, b, c] and _chunks(batch) == [("d", 1)]
+    assert batch.sampled == [a, b, c]  # max_tokens 0: d is prefilled, never sampled
+
+
+def _model():
+    return build_model(text_config(tiny_llama()), DictWeights.from_hf(tiny_llama()), "cpu",
+                       torch.float32)
+
+
+def _rows(model, storage, prompts: list[list[int]], decoding: int):
+    """Stand-ins for sequences: the first `decoding` have their prompt in the pool and one
+    sampled token, the others wait with an empty cache."""
+    rows = []
+    for i, prompt in enumerate(prompts):
+        cache = storage.new_cache()
+        seq = SimpleNamespace(prompt=tuple(prompt), cache=cache, cached=0, output=[],
+                              state=None)
+        if i < decoding:
+            assert cache.reserve(len(prompt))
+            logits = model.forward(torch.tensor(prompt), torch.arange(len(prompt)),
+                                   [Segment(cache, 0, len(prompt))],
+                                   torch.tensor([len(prompt) - 1]))
+            seq.cached, seq.output = len(prompt), [int(logits[0].argmax())]
+        rows.append(seq)
+    return rows
+
+
+@torch.inference_mode()
+def test_decode_rows_take_the_static_step_and_the_prompt_chunks_run_eagerly_after_them():
+    model = _model()
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 63, 20, 30)]
+    runs = {}
+    for name in ("mixed", "eager"):
+        layers, heads, dim = model.kv_layout()
+        storage = KvStorage(PagePool(16, 64), layers, heads, dim,
+                            codecs_for("bf16", model.dtype), model.dtype, model.device)
+        a, b, c, d = _rows(model, storage, prompts, decoding=2)
+        batch = Batch([a, b], [Chunk(c, 20), Chunk(d, 7)], sampled=[a, b, c])
+        for seq, n in ((a, 1), (b, 1), (c, 20), (d, 7)):
+            assert seq.cache.reserve(seq.cached + n)
+        graphs, calls = None, []
+        if name == "mixed":
+            graphs = DecodeGraphs(StaticDecoder(model, storage, 4, 512), capture=False)
+            step = graphs.forward
+            graphs.forward = lambda seqs: calls.append(list(seqs)) or step(seqs)
+        runs[name] = Runner(model, graphs).forward(batch)
+        assert [s.cached for s in (a, b, c, d)] == [6, 64, 20, 7]
+        if name == "mixed":
+            assert calls == [[a, b]]  # only the decode rows, in one static step
+    got, want = runs["mixed"], runs["eager"]
+    assert got.shape == want.shape == (3, model.vocab_size)
+    # two fp32 computations of each row: per layer the norms, q/k/v, scores over ≤ 64 keys and
+    # the softmax-weighted sum, o, gate/up and down reductions; then the final norm and the head
+    c = model.cfg
+    per_layer = 4 * c.hidden_size + c.head_dim + 2 * 64 + c.intermediate_size
+    depth = c.num_layers * per_layer + 2 * c.hidden_size + 3 * TRANSCENDENTAL
+    scale = want.abs().max()
+    assert (got - want).abs().max() <= bound(torch.float32, depth) * scale
