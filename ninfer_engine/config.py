@@ -89,6 +89,7 @@ class EngineConfig:
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
     cuda_sync: str = "spin"
+    no_verify: bool = False  # skip checking the artifact's metadata.payload_sha256 at load
 
     @property
     def kv_tokens(self) -> int:

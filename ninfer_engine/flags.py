@@ -183,6 +183,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--cpu-matmul": ("cpu_matmul", _choice("fp32", "bf16", "int8"), None),
     "--cuda-dtype": ("cuda_dtype", _choice("bf16", "fp32"), None),
     "--cuda-weights": ("cuda_weights", _choice("auto", "packed", "dequant"), None),
+    "--no-verify": ("no_verify", None, True),
 }
 
 FLAG_NAMES = tuple(_FLAGS)

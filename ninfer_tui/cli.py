@@ -37,6 +37,8 @@ Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-hos
            faster on the CPU, int8 weights quantized per row at load)
            --cuda-dtype bf16|fp32 (bf16; fp32 is the exact, slower path)
            --cuda-weights auto|packed|dequant (auto: each format in its fastest form)
+Artifact:  --no-verify (skip the load-time check of the payload against the SHA-256 the
+           artifact records in metadata.payload_sha256; a mismatch refuses to start)
 Speculation: --spec mtp|dflash|dflash2  --draft-tokens N  --lm-head-draft
            --log-speculation-detail
 Vision:    --vision  --no-vision  --vision-device N  --max-vision-tokens N
