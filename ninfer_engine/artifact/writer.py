@@ -238,4 +238,7 @@ def _unique_temporary(path: Path, suffix: str) -> tuple[Path, int]:
             return candidate, os.open(candidate, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             continue
+        except OSError as error:
+            raise ArtifactError(f"cannot write in {path.parent}: {error.strerror or error}",
+                                path) from None
     raise OSError(errno.EEXIST, "no free temporary name", str(path))
