@@ -18,8 +18,20 @@ The error model (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd e
 * a quantization codec moves a value by up to half its code step, and two inputs that differ by
   rounding noise can round to neighbouring codes, one whole step apart (`code_step`).
 
-A bound is relative to the magnitude of the terms, which the tests take as the largest |value|
-of the reference (for a well-scaled network, where RMSNorm renormalises every layer).
+A bound is relative to the magnitude of the terms. The tests normalise by the reference's
+largest |value| (`max`) or its norm (`rel_err`): for their random, well-scaled inputs (and a
+network whose RMSNorms renormalise every layer) Σ|aᵢbᵢ| / |Σaᵢbᵢ| is O(√n), the same factor by
+which the worst case γ_n exceeds the typical √n·u, so γ_n relative to the result still holds.
+
+Counting conventions (`depth` and `roundings` below):
+
+* a correctly rounded op (+ − × ÷ √, a cast) counts 1; a fused multiply-add counts 1 too, so
+  FMA contraction on a GPU only lowers the count;
+* a cast to a narrower float counts `CAST` = 2: the Triton interpreter truncates (up to one
+  ulp, 2u), a GPU and torch round to nearest (u);
+* exp, log, sin, cos, rsqrt, sigmoid count `TRANSCENDENTAL` = 4: within 2 ulp in CUDA's
+  libdevice (CUDA Programming Guide, "Mathematical Functions"), glibc, SLEEF and numpy;
+* a reduction of length K counts K (a dot product, a sum, a norm's sum of squares).
 """
 from __future__ import annotations
 
@@ -28,6 +40,8 @@ import math
 import torch
 
 ACCUMULATOR = torch.float32  # what GEMMs, GEMVs, Triton dots and norms accumulate narrow inputs in
+CAST = 2  # roundings of one cast to a narrower float (the interpreter truncates: one ulp)
+TRANSCENDENTAL = 4  # roundings of one exp / log / sin / cos / rsqrt / sigmoid (≤ 2 ulp)
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -83,3 +97,21 @@ def code_step(codec: str) -> float:
     """One code step of `codec` relative to the absmax of the vector it quantized: the most
     two encodings of inputs equal up to rounding noise can differ by, per element."""
     return CODE_STEP[codec]
+
+
+def assert_within(got: torch.Tensor, want: torch.Tensor, limit: torch.Tensor | float) -> None:
+    """|got − want| ≤ limit elementwise, in fp64 on the CPU (limit: a tensor or a scalar)."""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    limit = torch.as_tensor(limit, dtype=torch.float64).cpu()
+    err = (got - want).abs()
+    assert (err <= limit).all(), f"worst error / bound: {(err / limit).max().item():.3g}"
+
+
+def assert_rounded_once(out: torch.Tensor, exact: torch.Tensor, noise: torch.Tensor | float,
+                        dtype: torch.dtype = torch.bfloat16) -> None:
+    """`out` is the fp64 `exact` value, computed with at most `noise` (absolute, elementwise:
+    e.g. `gamma(fp32, K) · Σ|aᵢbᵢ|`) of accumulation error, then rounded once to nearest in
+    `dtype`: |out − exact| ≤ u·(|exact| + noise) + noise. A truncating cast or a second
+    rounding moves values by up to 2u and breaks it."""
+    noise = torch.as_tensor(noise, dtype=torch.float64).cpu()
+    assert_within(out, exact, unit_roundoff(dtype) * (exact.double().cpu().abs() + noise) + noise)

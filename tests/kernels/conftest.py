@@ -2,8 +2,12 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ninfer_engine.kernels._dispatch import HAVE_TRITON, interpreting
+from tests.tolerance import TRANSCENDENTAL, gamma
+
+F32 = torch.float32
 
 
 @pytest.fixture
@@ -21,3 +25,31 @@ def rel_err(out, ref):
     """‖out − ref‖ / ‖ref‖ in fp64."""
     out, ref = out.double().cpu(), ref.double().cpu()
     return ((out - ref).norm() / ref.norm()).item()
+
+
+SILU_SLOPE = 1.1  # max |SiLU'(g)| = 1.0998: SiLU passes an absolute error of g on at most ×1.1
+
+
+def gate_up_exact(x, w, ids):
+    """(SiLU(g)·u in fp64, the fp32 accumulation error bound of computing it): g and u are
+    length-H dots, each off by ≤ γ_H·Σ|xᵢwᵢ| (`tests.tolerance`); SiLU (an exp, an add, a
+    division) and the product add their roundings relative to |SiLU(g)·u|. `w` [S, 2I, H]."""
+    S, H = w.shape[0], w.shape[-1]
+    xs = x.double().repeat_interleave(S // x.shape[0], 0)
+    g, u = torch.einsum("sk,snk->sn", xs, w).chunk(2, -1)
+    ag, au = torch.einsum("sk,snk->sn", xs.abs(), w.abs()).chunk(2, -1)
+    exact = F.silu(g) * u
+    noise = (gamma(F32, H) * (SILU_SLOPE * u.abs() * ag + F.silu(g).abs() * au)
+             + gamma(F32, TRANSCENDENTAL + 3) * exact.abs())
+    return exact, noise
+
+
+def down_exact(act, w, weights, B, k):
+    """(Σ_slots weight · (act @ w) in fp64 as [B, k, H] per-slot terms, the fp32 accumulation
+    error bound of their sum): each slot's length-I dot, its weight product and the k-slot sum
+    count I + 1 + k roundings relative to Σ_slots |weight|·Σ|actᵢwᵢ|. `w` [S, H, I]."""
+    I = w.shape[-1]
+    down = torch.einsum("sk,snk->sn", act.double(), w).view(B, k, -1)
+    absolute = torch.einsum("sk,snk->sn", act.double().abs(), w.abs()).view(B, k, -1)
+    weights = weights.double()[..., None]
+    return down * weights, gamma(F32, I + 1 + k) * (absolute * weights.abs()).sum(1)
