@@ -115,3 +115,38 @@ def assert_rounded_once(out: torch.Tensor, exact: torch.Tensor, noise: torch.Ten
     rounding moves values by up to 2u and breaks it."""
     noise = torch.as_tensor(noise, dtype=torch.float64).cpu()
     assert_within(out, exact, unit_roundoff(dtype) * (exact.double().cpu().abs() + noise) + noise)
+
+
+def recurrence_length(log_decay: torch.Tensor) -> float:
+    """Effective number of steps whose rounding errors a decaying recurrence carries.
+
+    A state updated as S_t = e^{g_t}·M_t·S_{t−1} + (step t's terms), with ‖M_t‖ ≤ 1 (the gated
+    delta rule's I − β·k·kᵀ for a unit k and β ∈ [0, 1]), carries the error made at step j
+    into step t scaled by at most exp(g_{j+1} + … + g_t); the accumulated error is the step's
+    error times max_t Σ_{j ≤ t} exp(Σ_{j<s≤t} g_s) ≤ T. `log_decay` [T, ...] holds the g_t ≤ 0.
+    """
+    carried = torch.zeros(log_decay.shape[1:], dtype=torch.float64)
+    longest = 0.0
+    for g in log_decay.double().cpu():
+        carried = carried * g.exp() + 1
+        longest = max(longest, carried.max().item())
+    return longest
+
+
+def gated_delta_depth(g: torch.Tensor, dk: int, chunk: int = 0, normalize: bool = False) -> float:
+    """Roundings of the gated delta rule's output and state, relative to their magnitude.
+
+    A token costs the decay (a multiply and an exp), the delta's length-dk dot, the β product
+    and the rank-1 update, and the output's length-dk dot: 2·dk + TRANSCENDENTAL + 5; l2
+    normalising q and k adds a length-dk sum of squares and an rsqrt. That error is carried
+    over `recurrence_length(g)` tokens. A chunked rule (`chunk` C > 0) also makes, per chunk it
+    carries, the unit-triangular solve and the C-term products (w S, p v', keᵀv': 4C + 2·dk),
+    and exps of C-term cumulative gates, whose absolute error C·u·|γ| is relative in e^γ; only
+    |γ| ≤ ln(1/u) counts, e^γ being negligible beyond. g: [T, heads] log decays."""
+    token = 2 * dk + TRANSCENDENTAL + 5 + (dk + TRANSCENDENTAL if normalize else 0)
+    steps = recurrence_length(g)
+    depth = steps * token
+    if chunk:
+        exp_arg = chunk * -math.log(unit_roundoff(torch.float32))
+        depth += (steps / chunk + 1) * (4 * chunk + 2 * dk + TRANSCENDENTAL + exp_arg)
+    return depth

@@ -3,7 +3,15 @@ import torch
 
 from ninfer_engine.kernels.gdn_decode import gdn_decode_ref, gdn_decode_triton
 
+from tests.tolerance import bound, gated_delta_depth
+
 from .conftest import rel_err
+
+
+def _tol(gates, dk):
+    """fp32 both sides (bf16 inputs are exact in fp32): the recurrent rule with l2-normalised
+    q, k over the steps taken so far (`tests.tolerance.gated_delta_depth`)."""
+    return bound(torch.float32, gated_delta_depth(torch.stack(gates), dk, normalize=True))
 
 
 def test_gdn_decode_matches_reference_over_steps(device):
@@ -11,6 +19,7 @@ def test_gdn_decode_matches_reference_over_steps(device):
     B, nk, nv, dk, dv = 2, 2, 4, 16, 32
     state = torch.randn(B, nv, dk, dv, generator=g)
     s_ref, s_tri = state.clone(), state.clone().to(device)
+    gates = []
     for _ in range(2):  # two steps: the second reads the state the first wrote
         q, k = torch.randn(2, B, nk, dk, generator=g).bfloat16()
         v = torch.randn(B, nv, dv, generator=g).bfloat16()
@@ -19,8 +28,9 @@ def test_gdn_decode_matches_reference_over_steps(device):
         o_ref = gdn_decode_ref(q, k, v, gate, beta, s_ref)
         args = [t.to(device) for t in (q, k, v, gate, beta)]
         o = gdn_decode_triton(*args, s_tri, block_v=16)
-        assert rel_err(o, o_ref) < 1e-5
-    assert rel_err(s_tri, s_ref) < 1e-5
+        gates.append(gate[0])
+        assert rel_err(o, o_ref) < _tol(gates, dk)
+    assert rel_err(s_tri, s_ref) < _tol(gates, dk)
 
 
 @pytest.mark.parametrize("nk, nv, dk, dv", [
@@ -41,5 +51,5 @@ def test_gdn_decode_default_block_at_small_head_dims(device, nk, nv, dk, dv):
     beta = torch.rand(1, nv, generator=g)
     o_ref = gdn_decode_ref(q, k, v, gate, beta, s_ref)
     o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri)
-    assert rel_err(o, o_ref) < 1e-5
-    assert rel_err(s_tri, s_ref) < 1e-5
+    assert rel_err(o, o_ref) < _tol([gate[0]], dk)
+    assert rel_err(s_tri, s_ref) < _tol([gate[0]], dk)
