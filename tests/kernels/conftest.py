@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_engine.kernels._dispatch import HAVE_TRITON, interpreting
-from tests.tolerance import TRANSCENDENTAL, gamma
+from tests.tolerance import CAST, TRANSCENDENTAL, bound, gamma
 
 F32 = torch.float32
 
@@ -53,3 +53,29 @@ def down_exact(act, w, weights, B, k):
     absolute = torch.einsum("sk,snk->sn", act.double().abs(), w.abs()).view(B, k, -1)
     weights = weights.double()[..., None]
     return down * weights, gamma(F32, I + 1 + k) * (absolute * weights.abs()).sum(1)
+
+
+def attention_tol(q, keys, context):
+    """rel_err bound of a paged attention kernel against its fp32 reference over the same
+    decoded K/V (`tests.tolerance`). fp32 chain: the length-D scores, whose absolute error
+    γ_D·‖q‖·‖k‖/√D is a relative error of e^s (so D counts that many times), the exp, the
+    context-term softmax sum and P·V, the division, and per 64-token page the online
+    rescale's exp and multiply. bf16 queries: the interpreter's dots are fp32 and only the
+    output is cast (CAST roundings); a GPU's dots take bf16 operands: K, V and P are rounded
+    to nearest, then the output (4). The reference rounds its output once."""
+    D = q.shape[-1]
+    norm = keys.double().nan_to_num(0.0).norm(dim=-1).max() * q.double().norm(dim=-1).max()
+    pages = -(-context // 64)
+    depth = D * max(1.0, norm.item() / D ** 0.5) + 2 * context + TRANSCENDENTAL * (pages + 1) + 3
+    if q.dtype == torch.float32:
+        return bound(F32, depth)
+    return bound(q.dtype, depth, roundings=CAST if interpreting() else 4)
+
+
+def softmax_depth(logits, k):
+    """Roundings of one top-k softmax weight, relative to itself: the shift l − max (1) and
+    exp (an absolute error u·|l − max| in the argument is a relative error of the result, so
+    the logits' span counts too), the E-term sum, the division, then the k-term renormalising
+    sum and division."""
+    span = (logits.float().amax(-1) - logits.float().amin(-1)).max().item()
+    return 1 + span + TRANSCENDENTAL + logits.shape[-1] + 1 + k + 1

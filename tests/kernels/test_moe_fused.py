@@ -12,7 +12,7 @@ from ninfer_engine.kernels.moe_gemv import moe_gemv_ref
 
 from tests.tolerance import TRANSCENDENTAL, assert_rounded_once, assert_within, bound
 
-from .conftest import down_exact, gate_up_exact, rel_err
+from .conftest import down_exact, gate_up_exact, rel_err, softmax_depth
 from .test_moe_fp8 import fp8_stack
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -46,15 +46,6 @@ def _current_down(act, w_down, ids, weights, B, k):
 
 # ---------------------------------------------------------------------------------- route_topk
 
-def _softmax_depth(logits, k):
-    """Roundings of one top-k softmax weight, relative to itself: the shift l − max (1) and
-    exp (an absolute error u·|l − max| in the argument is a relative error of the result, so
-    the logits' span counts too), the E-term sum, the division, then the k-term renormalising
-    sum and division."""
-    span = (logits.float().amax(-1) - logits.float().amin(-1)).max().item()
-    return 1 + span + TRANSCENDENTAL + logits.shape[-1] + 1 + k + 1
-
-
 @pytest.mark.parametrize("B,E,k,renorm,dtype", [
     (1, 8, 2, True, torch.float32), (3, 16, 4, False, torch.bfloat16),
     (3, 256, 8, True, torch.bfloat16),  # the real 35B-A3B router
@@ -67,7 +58,7 @@ def test_route_topk_matches_softmax_topk(device, B, E, k, renorm, dtype):
     w, ids = route_topk_triton(logits.to(device), k, renorm)
     assert w.dtype == torch.float32 and ids.dtype == torch.int64 and w.shape == (B, k)
     w, ids = w.cpu(), ids.cpu()
-    torch.testing.assert_close(w, w_ref, rtol=bound(F32, _softmax_depth(logits, k)), atol=0)
+    torch.testing.assert_close(w, w_ref, rtol=bound(F32, softmax_depth(logits, k)), atol=0)
     assert (w[:, :-1] >= w[:, 1:]).all()
     # bf16 logits do tie (here three equal logits compete for the 8th slot of a row of 256):
     # any order of equal probabilities is a correct top-k (torch's own differs by device), the
@@ -94,7 +85,7 @@ def test_route_topk_appends_the_shared_slot(device, B):
     w, ids = route_topk_triton(logits.to(device), k, True, shared=True)
     w_plain, ids_plain = route_topk_ref(logits[:, :E], k, True)
     assert w.shape == ids.shape == (B, k + 1)
-    routed = bound(F32, _softmax_depth(logits[:, :E], k))
+    routed = bound(F32, softmax_depth(logits[:, :E], k))
     torch.testing.assert_close(w[:, :k].cpu(), w_plain, rtol=routed, atol=0)
     assert torch.equal(ids[:, :k].cpu(), ids_plain) and (ids[:, k] == E).all()
     # sigmoid = 1 / (1 + exp(−l)): exp of an exact argument, an add, a division

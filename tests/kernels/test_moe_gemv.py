@@ -3,7 +3,15 @@ import torch
 
 from ninfer_engine.kernels.moe_gemv import moe_gemv_ref, moe_gemv_triton
 
-from .conftest import rel_err
+from tests.tolerance import CAST, bound
+
+from .conftest import rel_err, softmax_depth
+
+
+def _tol(K):
+    """bf16 operands (exact products in fp32), a length-K fp32 sum, the output cast once
+    each side (the interpreter may truncate: CAST)."""
+    return bound(torch.bfloat16, K, roundings=CAST)
 
 
 @pytest.mark.parametrize("per_slot", [False, True])
@@ -14,7 +22,7 @@ def test_moe_gemv_reads_the_routed_experts(device, per_slot):
     x = torch.randn(3 if per_slot else 1, 64, generator=g).bfloat16()
     ref = moe_gemv_ref(x, w, ids)
     out = moe_gemv_triton(x.to(device), w.to(device), ids.to(device), block_n=16, block_k=32)
-    assert rel_err(out, ref) < 1e-2
+    assert rel_err(out, ref) < _tol(64)
 
 
 def test_moe_gemv_masks_a_k_tail(device):
@@ -24,7 +32,7 @@ def test_moe_gemv_masks_a_k_tail(device):
     ids = torch.tensor([3, 0])
     x = torch.randn(2, 24, generator=g).bfloat16()
     out = moe_gemv_triton(x.to(device), w.to(device), ids.to(device), block_n=16)
-    assert rel_err(out, moe_gemv_ref(x, w, ids)) < 1e-2
+    assert rel_err(out, moe_gemv_ref(x, w, ids)) < _tol(24)
 
 
 def test_route_topk_rounds_fp32_sums_to_the_bf16_logits(device):
@@ -42,6 +50,8 @@ def test_route_topk_rounds_fp32_sums_to_the_bf16_logits(device):
     want_w, want_ids = route_topk_triton(logits.bfloat16().to(device), 8, True, shared=True)
     w, ids = route_topk_triton(logits.to(device), 8, True, shared=True, round_bf16=True)
     assert torch.equal(ids.cpu(), want_ids.cpu())
-    assert torch.allclose(w.cpu(), want_w.cpu(), atol=1e-6)
+    # the same softmax over the same bf16 logits, γ of its chain relative to each weight
+    rtol = bound(torch.float32, softmax_depth(logits.bfloat16(), 8))
+    torch.testing.assert_close(w.cpu(), want_w.cpu(), rtol=rtol, atol=0)
     _, raw_ids = route_topk_triton(logits.to(device), 8, True, shared=True)
     assert not torch.equal(raw_ids.cpu(), want_ids.cpu())
