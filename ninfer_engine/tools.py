@@ -45,9 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     gguf.add_argument("src", metavar="SRC.gguf")
     gguf.add_argument("-o", "--output", required=True, metavar="OUT.ninfer")
     gguf.add_argument("--name", help="metadata.name, the model id the server advertises")
-    gguf.add_argument("--sampling", type=_sampling, default={}, metavar="KEY=V,…",
-                      help="sampler preset for generation_config.json "
-                           "(temperature, top_p, top_k, min_p), e.g. temperature=0.2,top_p=0.9")
+    gguf.add_argument("--generation", "--sampling", dest="sampling", type=_sampling, default={},
+                      metavar="KEY=V,…",
+                      help="generation_config.json, the server's defaults for requests that "
+                           "leave them out: sampler keys (temperature, top_p, top_k, min_p, "
+                           "presence_penalty, frequency_penalty) and max_new_tokens (the "
+                           "default output limit), e.g. temperature=0.2,top_p=0.9,"
+                           "max_new_tokens=256")
     gguf.set_defaults(run=_convert_gguf)
     hf = sources.add_parser("hf", help="from a Hugging Face safetensors directory")
     hf.add_argument("src", metavar="SRC_DIR")
@@ -196,20 +200,32 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-_SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float}
+# generation_config.json keys `convert gguf --generation` takes: (type, low, high); the
+# bounds of the matching `ninfer-serve` flags, but top_k as the sampler takes it (cards say 40)
+_SAMPLING_KEYS = {
+    "temperature": (float, 0.0, 2.0), "top_p": (float, 0.0, 1.0), "top_k": (int, 0, None),
+    "min_p": (float, 0.0, 1.0), "presence_penalty": (float, -2.0, 2.0),
+    "frequency_penalty": (float, -2.0, 2.0), "max_new_tokens": (int, 1, None),
+}
 
 
-def _sampling(text: str) -> dict[str, float]:
+def _sampling(text: str) -> dict[str, float | int]:
     """`temperature=0.2,top_p=0.9` -> {"temperature": 0.2, "top_p": 0.9}."""
-    preset: dict[str, float] = {}
+    preset: dict[str, float | int] = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
         if key not in _SAMPLING_KEYS:
-            raise argparse.ArgumentTypeError(f"unknown sampling key {key!r}")
+            raise argparse.ArgumentTypeError(f"unknown generation key {key!r}")
+        kind, low, high = _SAMPLING_KEYS[key]
         try:
-            preset[key] = _SAMPLING_KEYS[key](value)
+            number = kind(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{key}: not a number: {value!r}") from None
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{key}: not {what}: {value!r}") from None
+        if not low <= number <= (high if high is not None else number):  # NaN fails too
+            raise argparse.ArgumentTypeError(
+                f"{key}: {value} is out of range {low}..{high if high is not None else 'inf'}")
+        preset[key] = number
     return preset
 
 

@@ -44,13 +44,14 @@ def convert_gguf(
     *,
     name: str | None = None,
     progress: Progress | None = None,
-    sampling: dict[str, float] | None = None,
+    sampling: dict[str, float | int] | None = None,
 ) -> Path:
     """Convert a llama-architecture GGUF file to ``dst``; returns ``dst``.
 
     ``progress(done, total, what)`` is called after each tensor (and once per resource step).
-    ``sampling`` (e.g. the model card's recommended temperature and top-p) goes into the
-    artifact's ``generation_config.json``, the server's model preset; GGUF files carry none.
+    ``sampling`` (e.g. the model card's recommended temperature and top-p, and
+    ``max_new_tokens``, the default output limit) goes into the artifact's
+    ``generation_config.json``, the server's model preset; GGUF files carry none.
     """
     import gguf  # imported here so that reading artifacts does not need the package
 
@@ -69,7 +70,7 @@ def convert_gguf(
 
 
 def _convert(gguf, reader, src: Path, dst: Path, name: str | None, progress: Progress,
-             sampling: dict[str, float]) -> Path:
+             sampling: dict[str, float | int]) -> Path:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ArtifactError(f'unsupported GGUF architecture "{arch}" (only llama)')

@@ -98,4 +98,4 @@ def test_sampling_preset_rejects_unknown_keys(tiny, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["convert", "gguf", str(src), "-o", str(tmp_path / "x.ninfer"), "--sampling", "heat=1"])
     assert exit_info.value.code != 0
-    assert "unknown sampling key 'heat'" in capsys.readouterr().err
+    assert "unknown generation key 'heat'" in capsys.readouterr().err
