@@ -5,6 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PAGE_TOKENS = 64
+# output limit of a request without `max_tokens` when neither `--default-max-tokens` nor the
+# artifact's generation_config.json `max_new_tokens` sets one (`sampling_presets`)
+DEFAULT_MAX_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class EngineConfig:
     # request defaults and sampler overrides
     no_thinking: bool = False
     preserve_thinking: bool = False
-    default_max_tokens: int = 8192
+    default_max_tokens: int | None = None  # None: the artifact's max_new_tokens, else 8192
     default_thinking_budget: int | None = None
     greedy: bool = False
     temperature: float | None = None

@@ -25,7 +25,7 @@ from .models import build_model
 from .models.experts import check_prefill_scratch, free_device_bytes
 from .runner import make_runner
 from .sampling import Sampler
-from .sampling_presets import sampling_defaults
+from .sampling_presets import default_max_tokens, sampling_defaults
 from .scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
 from .stats import EngineStats
 from .stats_builder import StatsBuilder
@@ -134,7 +134,7 @@ class Engine:
         arch = (text_config.get("architectures") or [text_config.get("model_type", "model")])[0]
         self.model_id = config.model_id or artifact.name or arch
         self.max_context = config.max_context
-        self.default_max_tokens = config.default_max_tokens
+        self.default_max_tokens = default_max_tokens(artifact, config)
         self.sampling_defaults = sampling_defaults(artifact, config, thinking=False)
         self.thinking_sampling_defaults = sampling_defaults(artifact, config, thinking=True)
         self._eos = frozenset(self.tokenizer.eos_token_ids)

@@ -1,15 +1,19 @@
-"""Sampler defaults before request fields: the model preset, then the process flags.
+"""Request defaults before request fields: the model preset, then the process flags.
 
 The Qwen3.5-family presets of http-contract §11 depend on the thinking mode, so the engine
 resolves both variants once at load; other models take `generation_config.json`, else the
 neutral sampler (T 1.0, top-p 1.0, top-k off, min-p 0, no penalties).
+
+The default output limit (a request without `max_tokens`) is `--default-max-tokens` when the
+operator gives it, else `generation_config.json`'s `max_new_tokens` (HF's key; `ninfer convert
+gguf --generation max_new_tokens=N` records it), else `DEFAULT_MAX_TOKENS`.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from .config import EngineConfig
+from .config import DEFAULT_MAX_TOKENS, EngineConfig
 from .types import SamplingParams
 
 _SAMPLER_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -32,15 +36,37 @@ def qwen_preset(text_config: dict, thinking: bool) -> dict[str, Any] | None:
     return dict(zip(("temperature", "top_p", "top_k", "min_p", "presence_penalty"), values))
 
 
-def generation_config_preset(artifact: Any) -> dict[str, Any]:
+# generation_config.json keys the sampler takes as they are (presence/frequency penalties are
+# OpenAI's additive ones; HF's multiplicative `repetition_penalty` is not one of them)
+_PRESET_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                "frequency_penalty")
+
+
+def generation_config(artifact: Any) -> dict[str, Any]:
+    """The artifact's `generation_config.json`, or {} without one."""
     if not artifact.has_resource("generation_config.json"):
         return {}
-    config = json.loads(artifact.resource("generation_config.json"))
-    preset = {k: config[k] for k in ("temperature", "top_p", "top_k", "min_p")
-              if config.get(k) is not None}
+    return json.loads(artifact.resource("generation_config.json"))
+
+
+def generation_config_preset(artifact: Any) -> dict[str, Any]:
+    config = generation_config(artifact)
+    preset = {k: config[k] for k in _PRESET_KEYS if config.get(k) is not None}
     if config.get("do_sample") is False:
         preset["temperature"] = 0.0
     return preset
+
+
+def default_max_tokens(artifact: Any, config: EngineConfig) -> int:
+    """Output limit of a request without one: `--default-max-tokens` when given, else the
+    artifact's `max_new_tokens`, else `DEFAULT_MAX_TOKENS`."""
+    if config.default_max_tokens is not None:
+        return config.default_max_tokens
+    value = generation_config(artifact).get("max_new_tokens")
+    # bool is an int to Python; a bad value in a hand-made file falls back to the built-in
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return DEFAULT_MAX_TOKENS
 
 
 def sampling_defaults(artifact: Any, config: EngineConfig, thinking: bool) -> SamplingParams:

@@ -163,7 +163,8 @@ class Supervisor:
 
     @property
     def default_max_tokens(self) -> int:
-        return self.config.default_max_tokens
+        """The engine's resolved limit (flag, else the artifact's generation config)."""
+        return self._current().default_max_tokens
 
     def snapshot(self) -> EngineStats:
         engine, state = self._engine, self.state

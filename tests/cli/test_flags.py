@@ -20,8 +20,9 @@ def parse(*argv: str, env: dict[str, str] | None = None):
 def test_defaults_follow_the_manual_page():
     c = parse("m.ninfer").config
     assert (c.host, c.port, c.max_context, c.max_concurrency) == ("127.0.0.1", 8080, 8192, 1)
+    # --default-max-tokens unset: the engine takes the artifact's max_new_tokens, else 8192
     assert (c.kv_dtype, c.kv_lease_window, c.prefill_chunk, c.default_max_tokens) == (
-        "bf16", 4096, None, 8192)
+        "bf16", 4096, None, None)
     assert c.kv_tokens == 8192 and c.spec is None and not c.vision
 
 
