@@ -79,3 +79,12 @@ def softmax_depth(logits, k):
     sum and division."""
     span = (logits.float().amax(-1) - logits.float().amin(-1)).max().item()
     return 1 + span + TRANSCENDENTAL + logits.shape[-1] + 1 + k + 1
+
+
+def gemv_tol(K, dtype=torch.bfloat16):
+    """rel_err bound of a (dequant) GEMV against its fp32 reference: bf16 / fp16 activations
+    and weights multiply exactly in fp32, a code × scale dequantization rounds once more (K + 1
+    roundings along the fp32 chain). In `dtype`, 2 roundings a side: on a GPU the output cast
+    and the dot path's dequantized weights cast to a bf16 operand, each to nearest; under the
+    interpreter (fp32 dots) the output cast alone, which truncates (CAST = 2)."""
+    return bound(dtype, K + 1, roundings=max(CAST, 2))

@@ -13,7 +13,7 @@ from ninfer_engine.kernels.dequant_gemv import (
     engine_launch,
 )
 
-from .conftest import rel_err
+from .conftest import gemv_tol, rel_err
 
 K = 64
 VARIANTS = {
@@ -141,7 +141,7 @@ def test_engine_launch_matches_reference(device, n, k, batch, group):
         assert kw["group_k"] == (256 if n >= 6144 else 128)
     want = dequant_gemv_ref(x.float(), codes, scale)
     got = dequant_gemv_triton(x.to(device), codes.to(device), scale.to(device), **kw)
-    assert rel_err(got, want) < 1e-2
+    assert rel_err(got, want) < gemv_tol(k)
 
 
 @pytest.mark.parametrize("n, k", [(40, 256), (300, 1024)])
@@ -155,4 +155,4 @@ def test_engine_launch_of_plain_bf16_rows(device, n, k):
         kw = engine_launch(batch, n, k, w, None)
         assert kw.get("fma", False) == (batch == 1)
         got = dequant_gemv_triton(x.to(device), w.to(device), None, **kw)
-        assert rel_err(got, x.float() @ w.float().t()) < 1e-2
+        assert rel_err(got, x.float() @ w.float().t()) < gemv_tol(k)
