@@ -136,6 +136,27 @@ def text_config(model: torch.nn.Module) -> dict:
     return {**model.config.to_dict(), "architectures": [type(model).__name__]}
 
 
+def error_chains(model, context: int) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """The arithmetic behind the tolerances (`tests.tolerance`): for each layer's K/V write,
+    then for the logits, (summed reduction lengths, bf16-stored intermediates) of the longest
+    chain. A layer reduces over RMSNorm (H), QKV (H), the q/k norm (D), RoPE (2), the scores
+    (D), the softmax sum and P·V (2 × context), the output projection (nq·D), the residual (1),
+    RMSNorm (H), gate/up (H), SiLU·up (2), down (I) and the residual (1); in bf16 it stores the
+    norm, QKV, the q/k norm and its weight, RoPE (up to the K/V write), then the decoded K/V
+    and P as dot operands (CUDA), the attention output, the output projection, the residual,
+    the norm, gate/up, SiLU, the product, down and the residual."""
+    c = model.cfg
+    H, I, D, nq = c.hidden_size, c.intermediate_size, c.head_dim, c.num_heads
+    qk_norm = model.layers[0].qk_norm is not None
+    to_kv = (2 * H + (D if qk_norm else 0) + 2, 3 + (2 if qk_norm else 0))
+    rest = (D + 2 * context + nq * D + 1 + 2 * H + 2 + I + 1, 11)
+    done, writes = (0, 0), []
+    for _ in model.layers:
+        writes.append((done[0] + to_kv[0], done[1] + to_kv[1]))
+        done = (writes[-1][0] + rest[0], writes[-1][1] + rest[1])
+    return writes, (done[0] + 2 * H, done[1] + 2)  # the final RMSNorm and the head
+
+
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 
 

@@ -19,7 +19,7 @@ from ninfer_engine.models import Segment, build_model
 
 from tests import tolerance
 
-from .helpers import DictWeights, text_config, tiny_llama, tiny_qwen3
+from .helpers import DictWeights, error_chains, text_config, tiny_llama, tiny_qwen3
 
 PAGE = 64
 
@@ -62,27 +62,6 @@ def _eager_step(model, seqs):
 # prompt lengths that start decode mid-page, at a page's last slot and on a fresh page
 LENGTHS = (5, 63, 64)
 STEPS = 70  # crosses a page boundary for every sequence
-
-
-def _error_chains(model, context):
-    """The arithmetic behind the tolerances (`tests.tolerance`): for each layer's K/V write,
-    then for the logits, (summed reduction lengths, bf16-stored intermediates) of the longest
-    chain. A layer reduces over RMSNorm (H), QKV (H), the q/k norm (D), RoPE (2), the scores
-    (D), the softmax sum and P·V (2 × context), the output projection (nq·D), the residual (1),
-    RMSNorm (H), gate/up (H), SiLU·up (2), down (I) and the residual (1); in bf16 it stores the
-    norm, QKV, the q/k norm and its weight, RoPE (up to the K/V write), then the decoded K/V
-    and P as dot operands (CUDA), the attention output, the output projection, the residual,
-    the norm, gate/up, SiLU, the product, down and the residual."""
-    c = model.cfg
-    H, I, D, nq = c.hidden_size, c.intermediate_size, c.head_dim, c.num_heads
-    qk_norm = model.layers[0].qk_norm is not None
-    to_kv = (2 * H + (D if qk_norm else 0) + 2, 3 + (2 if qk_norm else 0))
-    rest = (D + 2 * context + nq * D + 1 + 2 * H + 2 + I + 1, 11)
-    done, writes = (0, 0), []
-    for _ in model.layers:
-        writes.append((done[0] + to_kv[0], done[1] + to_kv[1]))
-        done = (writes[-1][0] + rest[0], writes[-1][1] + rest[1])
-    return writes, (done[0] + 2 * H, done[1] + 2)  # the final RMSNorm and the head
 
 
 def _copy_pool(src, dst):
@@ -139,7 +118,7 @@ def test_static_decode_matches_the_model_forward(family, kv_dtype, half, device)
     ref = [_prefilled(model, ref_storage, p) for p in prompts]
     graphs = DecodeGraphs(StaticDecoder(model, ours_storage, 3, 512),
                           capture=device.type == "cuda")
-    writes, logits = _error_chains(model, max(LENGTHS) + STEPS)
+    writes, logits = error_chains(model, max(LENGTHS) + STEPS)
     # both paths compute K/V and logits in `dtype`: each side within its own γ (tests.tolerance)
     write_tol = [tolerance.bound(dtype, depth, roundings=r) for depth, r in writes]
     logit_tol = tolerance.bound(dtype, logits[0], roundings=logits[1])

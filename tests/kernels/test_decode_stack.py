@@ -12,7 +12,17 @@ from ninfer_engine.benchmark.decode import KernelDecoder
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 
+from tests.tolerance import CAST, bound
+
 from .conftest import rel_err
+
+# bf16 stores along the step, per side: a GDN layer's norm, in-projection, gated norm, output
+# projection, residual, norm, gate/up, SiLU and product, down and residual (11); the attention
+# layer's about 20 (the q/k norm and RoPE, the K/V store, the dot operands K, V and P, the
+# output gate); the final norm and head: ~55, taken as 60, CAST each. The worst case (≈ 0.94)
+# cannot tell a broken kernel (rel_err ~1) from noise, so this uses the probabilistic bound
+# λ·√n·u per side (Higham & Mary 2019; λ = 6), ≈ 0.5: it still separates the two.
+TOL = bound(torch.bfloat16, 0, roundings=60 * CAST, probabilistic=6)
 
 
 def test_kernel_decoder_matches_reference_on_tiny_dense(device):
@@ -31,5 +41,5 @@ def test_kernel_decoder_matches_reference_on_tiny_dense(device):
         ref = model.forward(tok, state, last_only=True)
         dec.token.copy_(tok)
         out = dec.step(dec.token)
-        assert rel_err(out, ref) < 0.1  # bf16 noise is ~0.03; a broken kernel gives ~1
+        assert rel_err(out, ref) < TOL  # a broken kernel gives ~1
         tok = ref.argmax(-1)
