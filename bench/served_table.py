@@ -1,0 +1,49 @@
+"""Collect `bench/served_load.sh serve` outputs (serve_load.py JSON per server) into one result
+file and its markdown table: per server and concurrency level, aggregate and per-stream tok/s,
+median TTFT, and each server's aggregate against the peer's.
+
+    python bench/served_table.py DIR --out bench/results/NAME.json --markdown NAME.md \
+        --machine "..." --command "..." --note "..."
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir", type=Path, help="folder holding served-*.json")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--markdown", type=Path, required=True)
+    ap.add_argument("--machine", required=True)
+    ap.add_argument("--command", required=True)
+    ap.add_argument("--peer", default="llama-server", help="label of the reference server")
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+    runs = [json.loads(p.read_text()) for p in sorted(args.dir.glob("served-*.json"))]
+    peer = {lv["concurrency"]: lv for r in runs if r["label"] == args.peer for lv in r["levels"]}
+    result = {"machine": args.machine, "command": args.command, "note": args.note,
+              "date": datetime.date.today().isoformat(), "runs": runs}
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# Served load: {args.note}", "",
+             f"Machine: {args.machine}. Date: {result['date']}. Command: `{args.command}`.", "",
+             "| server | concurrency | requests ok | aggregate tok/s | per-stream tok/s | "
+             f"TTFT median | prompt tok | aggregate / {args.peer} |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for run in runs:
+        for lv in run["levels"]:
+            ref = peer.get(lv["concurrency"])
+            ratio = f"{lv['aggregate_tok_s'] / ref['aggregate_tok_s']:.2f}" if ref else "—"
+            lines.append(
+                f"| {run['label']} | {lv['concurrency']} | {lv['ok']}/{lv['requests']} | "
+                f"{lv['aggregate_tok_s']:.0f} | {lv['decode_tok_s_median']:.0f} | "
+                f"{lv['ttft_median_s'] * 1000:.0f} ms | {lv['prompt_tokens_median']:.0f} | "
+                f"{ratio} |")
+    args.markdown.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
