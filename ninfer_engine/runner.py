@@ -1,9 +1,8 @@
 """The runners: turn a scheduled `Batch` into model forwards and return the sampled rows' logits.
 
 `Runner` (llama family) packs every row into one flat forward over the paged KV pool.
-`HybridRunner` (Qwen3.5 family) runs each sequence's tokens through its own forward: the
-attention layers read and write the paged pool, the GDN layers continue the sequence's
-recurrent-state slot. Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode
+`HybridRunner` (Qwen3.5 family) runs every row through one forward too: the attention layers
+read and write each row's pages, the GDN layers continue each row's recurrent-state slot. Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode
 rows through it (static buffers, Triton kernels, CUDA graphs), and the step's prompt chunks,
 if any, through the eager forward after them: decode rows keep the graph's rate while a prompt
 is prefilled.
@@ -84,22 +83,24 @@ class Runner(_ModelRunner):
 
 
 class HybridRunner(_ModelRunner):
-    """Owns the hybrid model; one forward per sequence within a step."""
+    """Owns the hybrid model; every row of a step in one forward, each row's attention layers
+    over its paged KV and its GDN layers continuing its recurrent-state slot."""
 
     def _eager(self, work, sampled):
-        rows = []
+        tokens: list[int] = []
+        states, lengths = [], []
         for seq, ids in work:
             views = [LayerKv(seq.cache, layer, seq.cached)
                      for layer in range(len(self.model.attention_layers))]
-            state = self.model.bind_state(views, seq.state, seq.cached)
-            logits = self.model.forward(torch.tensor(ids, device=self.device), state,
-                                        last_only=True)
+            states.append(self.model.bind_state(views, seq.state, seq.cached))
+            tokens.extend(ids)
+            lengths.append(len(ids))
+        rows = [i for i, (seq, _) in enumerate(work) if id(seq) in sampled]
+        logits = self.model.forward_rows(torch.tensor(tokens, device=self.device), states,
+                                         lengths, rows)
+        for seq, ids in work:
             seq.cached += len(ids)
-            if id(seq) in sampled:
-                rows.append(logits[0])
-        if not rows:
-            return torch.empty(0, self.model.vocab_size, device=self.device)
-        return torch.stack(rows)
+        return logits
 
 
 def make_runner(model: LlamaModel | Qwen35Model,

@@ -1,6 +1,6 @@
 """Gated full attention (`full_attention`) of the Qwen3-Next / Qwen3.5 family (model-math.md §2.2).
 
-Torch reference path, single sequence. Also holds the two helpers the family shares: the
+Torch reference path, over a step's rows (each its own sequence). Also holds the two helpers the family shares: the
 zero-centred `(1+w)` RMSNorm and partial NeoX rotary with optional interleaved MRoPE.
 The KV cache is a simple contiguous per-sequence buffer (k after norm and RoPE, v as projected).
 On CUDA the attention core runs SDPA, or `kernels.paged_prefill` over the engine's paged pool in
@@ -117,10 +117,13 @@ class GatedAttention:
         empty = torch.zeros(self.nkv, 0, self.d, dtype=dtype, device=device)
         return KVCache(k=empty, v=empty.clone())
 
-    def __call__(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] (normed input), positions [T] or [3, T] -> [T, H]; appends to `cache`.
+    def __call__(self, x: torch.Tensor, caches: list[KVCache], lengths: list[int],
+                 positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, H] (normed input), rows of `lengths` tokens, positions [T] or [3, T] ->
+        [T, H]; row i attends over and appends to `caches[i]`. The projections, q/k norms,
+        rotary and output gate run over all rows at once, the attention core row by row.
 
-        `cache` is a `KVCache` or any object with its `length` / `extend` contract (the engine
+        A cache is a `KVCache` or any object with its `length` / `extend` contract (the engine
         passes a view of the paged pool).
         """
         T = x.shape[0]
@@ -133,15 +136,23 @@ class GatedAttention:
         v = heads(self.v(x), self.nkv)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
-        past = cache.length
-        if use_triton(q):
-            a = self._attend_cuda(q, k, v, cache, past)
-        else:
-            keys, values = cache.extend(k, v)
-            a = self._attend(q, keys, values, past)
-            a = a.transpose(0, 1).reshape(T, self.nq * self.d)
+        outs, start = [], 0
+        for cache, n in zip(caches, lengths):
+            rows = slice(start, start + n)
+            outs.append(self._attend_row(q[:, rows], k[:, rows], v[:, rows], cache))
+            start += n
+        a = torch.cat(outs) if len(outs) > 1 else outs[0]
         a = a * torch.sigmoid(self.gate(x))
         return self.o(a)
+
+    def _attend_row(self, q, k, v, cache) -> torch.Tensor:
+        """One row's attention core: q [nq, n, D], k, v [nkv, n, D] -> [n, nq·D]."""
+        past = cache.length
+        if use_triton(q):
+            return self._attend_cuda(q, k, v, cache, past)
+        keys, values = cache.extend(k, v)
+        a = self._attend(q, keys, values, past)
+        return a.transpose(0, 1).reshape(q.shape[1], self.nq * self.d)
 
     def _attend_cuda(self, q, k, v, cache, past: int) -> torch.Tensor:
         """The GPU path of the attention core; q [nq, T, D], k, v [nkv, T, D] -> [T, nq·D].

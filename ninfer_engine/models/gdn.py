@@ -1,6 +1,7 @@
 """Gated DeltaNet (`linear_attention`) layer of Qwen3-Next / Qwen3.5 (model-math.md §2.1).
 
-Torch reference path, single sequence, device-agnostic. Per-sequence state is a `GDNState`:
+Torch reference path, device-agnostic, over a step's rows (each its own sequence). Per-sequence
+state is a `GDNState`:
 the last K-1 *pre-conv* q|k|v rows (time-major `[K-1, C]`, activation dtype) and the fp32
 recurrent state in HF layout `[nv, dk, dv]`. A prefill may be split into any number of chunks:
 each call continues the state exactly.
@@ -161,17 +162,31 @@ class GatedDeltaNet:
             y.add_(full[tap : tap + T] * w[tap])
         return F.silu(y)
 
-    def __call__(self, x: torch.Tensor, state: GDNState) -> torch.Tensor:
-        """x: [T, H] (normed input) -> [T, H]; updates `state` in place."""
+    def __call__(self, x: torch.Tensor, states: list[GDNState], lengths: list[int]) -> torch.Tensor:
+        """x: [T, H] (normed input), rows of `lengths` tokens -> [T, H]; row i continues
+        `states[i]` and updates it in place. The projections and the gated norm run over all
+        rows at once, the conv and the recurrence row by row."""
         T, dtype = x.shape[0], x.dtype
         qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
+        beta = torch.sigmoid(self.b(x)).float()
+        g = -self.a_log.exp() * F.softplus(self.a(x).float() + self.dt_bias)
+        z = self.z(x).reshape(T, self.nv, self.dv)
+        outs, start = [], 0
+        for state, n in zip(states, lengths):
+            rows = slice(start, start + n)
+            outs.append(self._recurrence(qkv[rows], g[rows], beta[rows], state, dtype))
+            start += n
+        o = self._gated_norm(torch.cat(outs) if len(outs) > 1 else outs[0], z)
+        return self.out(o.reshape(T, -1))
+
+    def _recurrence(self, qkv, g, beta, state: GDNState, dtype) -> torch.Tensor:
+        """One row's conv + gated delta rule over its [n, C] q|k|v; [n, nv, dv] in `dtype`."""
+        T = qkv.shape[0]
         qkv = self._conv(qkv, state)
         kg = self.nk * self.dk
         q = l2_normalize(qkv[:, :kg].float().reshape(T, self.nk, self.dk))
         k = l2_normalize(qkv[:, kg : 2 * kg].float().reshape(T, self.nk, self.dk))
         v = qkv[:, 2 * kg :].float().reshape(T, self.nv, self.dv)
-        beta = torch.sigmoid(self.b(x)).float()
-        g = -self.a_log.exp() * F.softplus(self.a(x).float() + self.dt_bias)
         if T > 1 and use_triton(q) and dtype != torch.float32:
             # precompute and chunk walk in two Triton launches with TF32 dots, reading each
             # q/k head for its value heads in place; the exact fp32 path keeps torch
@@ -185,9 +200,7 @@ class GatedDeltaNet:
             q, k = q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
             rule = recurrent_gated_delta if T == 1 else chunked_gated_delta
             o, state.ssm = rule(q, k, v, g, beta, state.ssm)
-        z = self.z(x).reshape(T, self.nv, self.dv)
-        o = self._gated_norm(o.to(dtype), z)
-        return self.out(o.reshape(T, -1))
+        return o.to(dtype)
 
     def _gated_norm(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Plain RMSNorm per value head times SiLU(z), with HF's rounding points (§2.1 step 8)."""

@@ -2,9 +2,12 @@
 
 `Qwen35Model(config, params)` takes the normalised text config (ninfer-format.md §3.1, see
 `hf_names.text_config_from_hf`) and a parameter source `params(logical_name, shape) -> tensor`
-(names per §3.2). It runs one sequence: `forward(token_ids, state)` consumes a chunk of new
-tokens (a prefill chunk or one decode token) continuing `state`, which `copy.deepcopy`
-checkpoints and restores.
+(names per §3.2). `forward_rows(token_ids, states, lengths)` runs one step's rows together: row
+i is `lengths[i]` consecutive tokens of `token_ids` (a prompt chunk or one decode token)
+continuing `states[i]`; the projections, norms and MLP/MoE see every token of the step at
+once, the GDN recurrence and the attention core each row against its own state.
+`forward(token_ids, state)` is the one-row case; `copy.deepcopy` checkpoints and restores a
+state.
 """
 
 from __future__ import annotations
@@ -63,12 +66,13 @@ class _Block:
             self.ffn = SwiGLU(params, prefix + "mlp/", h, config["intermediate_size"],
                               matmul_dtype)
 
-    def __call__(self, x, layer_state, positions):
+    def __call__(self, x, layer_states, lengths, positions):
+        """x [T, H]: rows of `lengths` tokens, each continuing its entry of `layer_states`."""
         y = zero_centred_rms_norm(x, self.input_norm, self.eps)
         if isinstance(self.mixer, GatedDeltaNet):
-            x = x + self.mixer(y, layer_state)
+            x = x + self.mixer(y, layer_states, lengths)
         else:
-            x = x + self.mixer(y, layer_state, positions)
+            x = x + self.mixer(y, layer_states, lengths, positions)
         return x + self.ffn(zero_centred_rms_norm(x, self.post_norm, self.eps))
 
 
@@ -160,23 +164,36 @@ class Qwen35Model:
         return F.embedding(token_ids, self.embedding)
 
     @torch.no_grad()
-    def hidden(self, x: torch.Tensor, state: ModelState, positions: torch.Tensor | None = None):
-        """Run the decoder over [T, H] inputs continuing `state`; returns final-normed [T, H].
+    def hidden(self, x: torch.Tensor, states: list[ModelState], lengths: list[int],
+               positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the decoder over [T, H] inputs, row i (`lengths[i]` tokens, in order) continuing
+        `states[i]`; returns final-normed [T, H].
 
-        `positions` defaults to text positions `seen .. seen+T-1`; pass [3, T] for MRoPE.
+        `positions` defaults to each row's text positions `seen .. seen+n-1`; pass [3, T] for
+        MRoPE.
         """
-        T = x.shape[0]
         if positions is None:
-            positions = torch.arange(state.seen, state.seen + T, device=x.device)
-        for block, layer_state in zip(self.blocks, state.layers):
-            x = block(x, layer_state, positions)
-        state.seen += T
+            positions = torch.cat([torch.arange(s.seen, s.seen + n) for s, n in
+                                   zip(states, lengths)]).to(x.device)
+        for i, block in enumerate(self.blocks):
+            x = block(x, [s.layers[i] for s in states], lengths, positions)
+        for state, n in zip(states, lengths):
+            state.seen += n
         return zero_centred_rms_norm(x, self.final_norm, self.eps)
 
     @torch.no_grad()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final-normed [T, H] -> [T, V] logits."""
         return self.head_projection(h)
+
+    def forward_rows(self, token_ids: torch.Tensor, states: list[ModelState],
+                     lengths: list[int], sampled: list[int] | None = None) -> torch.Tensor:
+        """One step's rows (see the module docstring); logits [len(sampled), V] of the last
+        token of each row listed in `sampled` (default: every row), in that order."""
+        h = self.hidden(self.embed(token_ids), states, lengths)
+        ends = torch.tensor(lengths).cumsum(0) - 1
+        rows = ends if sampled is None else ends[sampled]
+        return self.logits(h[rows.to(h.device)])
 
     def forward(
         self,
@@ -186,5 +203,5 @@ class Qwen35Model:
         last_only: bool = False,
     ) -> torch.Tensor:
         """Consume `token_ids` [T] continuing `state`; logits [T, V] (or [1, V] if last_only)."""
-        h = self.hidden(self.embed(token_ids), state, positions)
+        h = self.hidden(self.embed(token_ids), [state], [token_ids.shape[0]], positions)
         return self.logits(h[-1:] if last_only else h)

@@ -129,7 +129,7 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
         layer = gdn.GatedDeltaNet(config, lambda n, s: params(n, s).to(dtype), "layers/0/")
         state = layer.new_state(dtype, torch.device(device))
         xs = x.to(dtype)
-        return layer(xs[:40], state), layer(xs[40:41], state), state.ssm
+        return layer(xs[:40], [state], [40]), layer(xs[40:41], [state], [1]), state.ssm
 
     calls = []
     kernel = gdn_chunk.chunk_gated_delta
