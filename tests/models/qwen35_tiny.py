@@ -77,3 +77,40 @@ def ours(model, device: torch.device | str = "cpu") -> Qwen35Model:
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b|, on b's device (our model's output against a CPU reference)."""
     return ((a.to(b.device) - b).abs().max() / b.abs().max()).item()
+
+
+def hybrid_depth(config: dict, context: int, first_layer: int = 0,
+                 gates: torch.Tensor | None = None) -> float:
+    """fp32 roundings (`tests.tolerance`) of a Qwen3.5-family forward's longest chain to the
+    logits, from `first_layer` on (earlier layers computed by identical ops on identical inputs
+    give identical bits). Per layer: the RMSNorm (H); a GDN mixer's projections (H), conv taps
+    (4) and SiLU, the l2 norms and the gated delta rule over `context` tokens, carried as
+    `recurrence_length(gates)` tokens (no decay — every token carried — without `gates`), the
+    gated norm (dv) and the output projection (nv·dv); an attention mixer's projections (H), q/k
+    norms (D), RoPE, scores (D·√D: ‖q‖‖k‖/√D ≤ √D·max|1 + w| for RMS-normed q, k, as the exp
+    turns their absolute error relative), the softmax sum and P·V (2 × context), the output
+    gate and projection (nq·D); the residual; the RMSNorm (H); the MLP (H + I) or the experts
+    (the router's H and softmax over E, H + I of each expert, the k-slot sum, the shared
+    expert); the residual. Then the final norm and the head (2H)."""
+    from tests.tolerance import TRANSCENDENTAL, gated_delta_depth
+
+    H, D, nq = config["hidden_size"], config["head_dim"], config["num_attention_heads"]
+    dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    nv = config["linear_num_value_heads"]
+    if config.get("num_experts"):
+        inter = config["moe_intermediate_size"]
+        mlp = H + config["num_experts"] + TRANSCENDENTAL + H + inter + config[
+            "num_experts_per_tok"] + 1 + H + (config.get("shared_expert_intermediate_size") or 0)
+    else:
+        mlp = H + config["intermediate_size"]
+    g = torch.zeros(context, 1) if gates is None else gates
+    depth = 0.0
+    for kind in config["layer_types"][first_layer:]:
+        if kind == "linear_attention":
+            mixer = (H + 4 + TRANSCENDENTAL + 2 + gated_delta_depth(g, dk, normalize=True)
+                     + dv + TRANSCENDENTAL + nv * dv)
+        else:
+            mixer = (H + D + TRANSCENDENTAL + 4 + D * D ** 0.5 * 1.5 ** 2 + 2 * context
+                     + TRANSCENDENTAL + 3 + nq * D)
+        depth += H + mixer + 1 + H + mlp + 2 * TRANSCENDENTAL + 1
+    return depth + 2 * H
