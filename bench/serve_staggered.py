@@ -1,0 +1,111 @@
+"""Served load with arrivals spread in time: C client streams, stream i starting i/C of a
+request's duration after stream 0, each sending its next request as soon as the last one ends.
+New prompts then keep arriving while the other streams decode, so most steps carry a prompt
+chunk beside decode rows (what `serve_load.py`'s lockstep levels avoid).
+
+    python bench/serve_staggered.py URL MODEL --concurrency 8 --requests 48 --max-tokens 256 \
+        --prompt-chars 430 --json OUT.json --label NAME
+
+Per request: time to first token and decode rate after it (streamed chat completions with
+`stream_options.include_usage`); aggregate: completion tokens / wall time from the first
+request's start to the last one's end. Only aiohttp.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+
+import aiohttp
+
+
+def _prompt(chars: int, salt: int) -> str:
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
+    out = [f"[{salt}]"]
+    while sum(len(w) + 1 for w in out) < chars:
+        out.append(words[(salt * 7 + len(out) * 13) % len(words)])
+    return " ".join(out)
+
+
+async def _one(session, url, model, text, max_tokens) -> dict:
+    body = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "messages": [{"role": "user", "content": text}]}
+    start, first, last, usage = time.perf_counter(), None, None, {}
+    async with session.post(url, json=body) as response:
+        if response.status != 200:
+            return {"error": f"HTTP {response.status}"}
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            usage = event.get("usage") or usage
+            deltas = [c.get("delta") or {} for c in event.get("choices") or []]
+            if any(d.get("content") or d.get("reasoning_content") or d.get("reasoning")
+                   for d in deltas):
+                first = first or time.perf_counter()
+                last = time.perf_counter()
+    n = usage.get("completion_tokens", 0)
+    result = {"ttft_s": first - start if first else None, "completion_tokens": n,
+              "prompt_tokens": usage.get("prompt_tokens"), "end": time.perf_counter()}
+    if first and last and last > first and n > 1:
+        result["decode_tok_s"] = (n - 1) / (last - first)
+    return result
+
+
+async def _run(args) -> dict:
+    url = args.base.rstrip("/") + "/v1/chat/completions"
+    per_stream = -(-args.requests // args.concurrency)
+    timeout = aiohttp.ClientTimeout(total=args.timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        probe = await _one(session, url, args.model, _prompt(args.prompt_chars, 10**6),
+                           args.max_tokens)  # warm-up, and the duration to stagger by
+        duration = args.max_tokens / probe.get("decode_tok_s", args.max_tokens) + (
+            probe.get("ttft_s") or 0)
+
+        async def stream(i):
+            await asyncio.sleep(i * duration / args.concurrency)
+            return [await _one(session, url, args.model,
+                               _prompt(args.prompt_chars, i * per_stream + j), args.max_tokens)
+                    for j in range(per_stream)]
+
+        t0 = time.perf_counter()
+        results = [r for rs in await asyncio.gather(*map(stream, range(args.concurrency)))
+                   for r in rs]
+    ok = [r for r in results if "error" not in r]
+    wall = max(r["end"] for r in ok) - t0 if ok else float("nan")
+    ttfts = sorted(r["ttft_s"] for r in ok if r["ttft_s"] is not None)
+    return {"label": args.label, "concurrency": args.concurrency, "requests": len(results),
+            "ok": len(ok), "stagger_s": duration / args.concurrency, "wall_s": wall,
+            "aggregate_tok_s": sum(r["completion_tokens"] for r in ok) / wall,
+            "decode_tok_s_median": statistics.median(r["decode_tok_s"] for r in ok
+                                                     if "decode_tok_s" in r),
+            "ttft_median_s": statistics.median(ttfts),
+            "ttft_p99_s": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
+            "prompt_tokens_median": statistics.median(r["prompt_tokens"] or 0 for r in ok)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("base")
+    ap.add_argument("model")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--prompt-chars", type=int, default=430)
+    ap.add_argument("--timeout-s", type=float, default=300)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    result = asyncio.run(_run(args))
+    print(json.dumps(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
