@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from ninfer_engine.kv.quant import as_bits
 
 # our binding suffix -> HF module path (per layer)
 _LAYER_NAMES = {
@@ -155,6 +158,35 @@ def error_chains(model, context: int) -> tuple[list[tuple[int, int]], tuple[int,
         writes.append((done[0] + to_kv[0], done[1] + to_kv[1]))
         done = (writes[-1][0] + rest[0], writes[-1][1] + rest[1])
     return writes, (done[0] + 2 * H, done[1] + 2)  # the final RMSNorm and the head
+
+
+def copy_pool(src, dst):
+    """Every stored K/V component of `src` into `dst`, as stored."""
+    for src_layer, dst_layer in zip((*src.k, *src.v), (*dst.k, *dst.v)):
+        for a, b in zip(src_layer, dst_layer):
+            as_bits(b).copy_(as_bits(a))
+
+
+@contextmanager
+def recorded_writes(storage):
+    """The storage's K/V writes recorded as (layer index, is K, slots, rows), not stored."""
+    writes = []
+    for codec, layers in ((storage.k_codec, storage.k), (storage.v_codec, storage.v)):
+        def write(stored, slots, x, layers=layers, is_k=codec is storage.k_codec):
+            index = [id(layer) for layer in layers].index(id(stored))
+            writes.append((index, is_k, slots.clone(), x.clone()))
+        codec.write = write  # instance attribute: shadows the class's method
+    try:
+        yield writes
+    finally:
+        del storage.k_codec.write, storage.v_codec.write
+
+
+def stored_rows(storage, index, is_k, slots):
+    """The rows at `slots` of one layer's K or V, decoded to fp64."""
+    codec, layers = (storage.k_codec, storage.k) if is_k else (storage.v_codec, storage.v)
+    parts = tuple(as_bits(t).index_select(0, slots).view(t.dtype) for t in layers[index])
+    return codec.decode(parts, torch.float64)
 
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]

@@ -5,7 +5,6 @@ On the CPU the step runs eagerly through the kernels' torch references; on CUDA
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -14,12 +13,12 @@ import torch
 from ninfer_engine.decode_graphs import (DecodeGraphs, StaticDecoder, build_decode_graphs,
                                          context_bucket)
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
-from ninfer_engine.kv.quant import as_bits
 from ninfer_engine.models import Segment, build_model
 
 from tests import tolerance
 
-from .helpers import DictWeights, error_chains, text_config, tiny_llama, tiny_qwen3
+from .helpers import (DictWeights, copy_pool, error_chains, recorded_writes, stored_rows,
+                      text_config, tiny_llama, tiny_qwen3)
 
 PAGE = 64
 
@@ -64,35 +63,6 @@ LENGTHS = (5, 63, 64)
 STEPS = 70  # crosses a page boundary for every sequence
 
 
-def _copy_pool(src, dst):
-    """Every stored K/V component of `src` into `dst`, as stored."""
-    for src_layer, dst_layer in zip((*src.k, *src.v), (*dst.k, *dst.v)):
-        for a, b in zip(src_layer, dst_layer):
-            as_bits(b).copy_(as_bits(a))
-
-
-@contextmanager
-def _recorded_writes(storage):
-    """The storage's K/V writes recorded as (layer index, is K, slots, rows), not stored."""
-    writes = []
-    for codec, layers in ((storage.k_codec, storage.k), (storage.v_codec, storage.v)):
-        def write(stored, slots, x, layers=layers, is_k=codec is storage.k_codec):
-            index = [id(layer) for layer in layers].index(id(stored))
-            writes.append((index, is_k, slots.clone(), x.clone()))
-        codec.write = write  # instance attribute: shadows the class's method
-    try:
-        yield writes
-    finally:
-        del storage.k_codec.write, storage.v_codec.write
-
-
-def _stored(storage, index, is_k, slots):
-    """The rows at `slots` of one layer's K or V, decoded to fp64."""
-    codec, layers = (storage.k_codec, storage.k) if is_k else (storage.v_codec, storage.v)
-    parts = tuple(as_bits(t).index_select(0, slots).view(t.dtype) for t in layers[index])
-    return codec.decode(parts, torch.float64)
-
-
 @pytest.mark.parametrize("family,kv_dtype,half", [
     ("llama", "bf16", False), ("llama", "int8", False), ("qwen3", "bf16", False),
     ("qwen3", "int8", False), ("llama", "bf16", True), ("qwen3", "int8", True),
@@ -130,8 +100,8 @@ def test_static_decode_matches_the_model_forward(family, kv_dtype, half, device)
         got = graphs.forward(ours).clone()
         for a, b in zip(ours, ref):
             assert b.cache.reserve(b.cached + 1) and a.cache.pages == b.cache.pages
-        _copy_pool(ours_storage, ref_storage)
-        with _recorded_writes(ref_storage) as written:
+        copy_pool(ours_storage, ref_storage)
+        with recorded_writes(ref_storage) as written:
             want = _eager_step(model, ref)
         page = ref_storage.page_tokens
         slots = sorted(s.cache.pages[(s.cached - 1) // page] * page + (s.cached - 1) % page
@@ -142,7 +112,7 @@ def test_static_decode_matches_the_model_forward(family, kv_dtype, half, device)
                               for t in at.tolist()) == slots
         for index, is_k, slots, x in written:
             codec = ref_storage.k_codec if is_k else ref_storage.v_codec
-            stored, x = _stored(ours_storage, index, is_k, slots), x.double()
+            stored, x = stored_rows(ours_storage, index, is_k, slots), x.double()
             absmax = x.abs().amax(-1, keepdim=True)
             # |Q(x_ours) − x_ref| ≤ half a code step of x_ours + |x_ours − x_ref|
             limit = (steps[codec.name] / 2 + write_tol[index]) * absmax
