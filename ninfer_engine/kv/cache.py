@@ -171,6 +171,10 @@ class LayerKv:
         keys, values = self.cache.read(self.layer, self.length)
         return keys.transpose(0, 1), values.transpose(0, 1)
 
+    def truncate(self, length: int) -> None:
+        """Forget positions from `length` on (their slots are written again before any read)."""
+        self.length = length
+
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k, v [heads, T, dim] at positions length .. length+T-1 without reading back
         (for kernels that read the pages in place: `layer_pages`, `cache.table_tensor()`)."""

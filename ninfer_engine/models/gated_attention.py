@@ -89,6 +89,10 @@ class KVCache:
         self.v = torch.cat([self.v, v], 1)
         return self.k, self.v
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions (a rejected draft's keys and values go)."""
+        self.k, self.v = self.k[:, :length], self.v[:, :length]
+
 
 class GatedAttention:
     """One gated-attention mixer bound to `text/layers/i/attention/*` logical parameters."""

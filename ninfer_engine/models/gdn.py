@@ -29,6 +29,13 @@ class GDNState:
 
     conv: torch.Tensor  # [K-1, C] pre-conv q|k|v rows, oldest first
     ssm: torch.Tensor  # [nv, dk, dv] fp32
+    # (conv, ssm) after each token of the last verify row, for `rollback`; None otherwise
+    trail: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def rollback(self, kept: int) -> None:
+        """Take the state after the first `kept` tokens of the last verify row."""
+        self.conv, self.ssm = self.trail[kept - 1]
+        self.trail = None
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -36,11 +43,12 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def recurrent_gated_delta(q, k, v, g, beta, state):
+def recurrent_gated_delta(q, k, v, g, beta, state, trail: list | None = None):
     """Token-by-token gated delta rule (§2.1 step 6).
 
     q, k: [T, nv, dk] fp32, L2-normalised, already expanded to value heads; v: [T, nv, dv] fp32;
-    g, beta: [T, nv] fp32; state: [nv, dk, dv] fp32. Returns (o [T, nv, dv], new state).
+    g, beta: [T, nv] fp32; state: [nv, dk, dv] fp32. Returns (o [T, nv, dv], new state);
+    `trail`, when given, gets the state after each token.
     """
     q = q / q.shape[-1] ** 0.5
     out = torch.empty_like(v)
@@ -51,6 +59,8 @@ def recurrent_gated_delta(q, k, v, g, beta, state):
         u = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", s, k[t]))
         s = s + k[t][:, :, None] * u[:, None, :]
         out[t] = torch.einsum("hkv,hk->hv", s, q[t])
+        if trail is not None:
+            trail.append(s)
     return out, s
 
 
@@ -162,32 +172,38 @@ class GatedDeltaNet:
             y.add_(full[tap : tap + T] * w[tap])
         return F.silu(y)
 
-    def __call__(self, x: torch.Tensor, states: list[GDNState], lengths: list[int]) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, states: list[GDNState], lengths: list[int],
+                 verify: frozenset[int] = frozenset()) -> torch.Tensor:
         """x: [T, H] (normed input), rows of `lengths` tokens -> [T, H]; row i continues
         `states[i]` and updates it in place. The projections and the gated norm run over all
-        rows at once, the conv and the recurrence row by row."""
+        rows at once, the conv and the recurrence row by row. A row in `verify` keeps its
+        state after each of its tokens (`GDNState.trail`) for a partial acceptance."""
         T, dtype = x.shape[0], x.dtype
         qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
         beta = torch.sigmoid(self.b(x)).float()
         g = -self.a_log.exp() * F.softplus(self.a(x).float() + self.dt_bias)
         z = self.z(x).reshape(T, self.nv, self.dv)
         outs, start = [], 0
-        for state, n in zip(states, lengths):
+        for i, (state, n) in enumerate(zip(states, lengths)):
             rows = slice(start, start + n)
-            outs.append(self._recurrence(qkv[rows], g[rows], beta[rows], state, dtype))
+            outs.append(self._recurrence(qkv[rows], g[rows], beta[rows], state, dtype,
+                                         i in verify))
             start += n
         o = self._gated_norm(torch.cat(outs) if len(outs) > 1 else outs[0], z)
         return self.out(o.reshape(T, -1))
 
-    def _recurrence(self, qkv, g, beta, state: GDNState, dtype) -> torch.Tensor:
-        """One row's conv + gated delta rule over its [n, C] q|k|v; [n, nv, dv] in `dtype`."""
+    def _recurrence(self, qkv, g, beta, state: GDNState, dtype, keep: bool) -> torch.Tensor:
+        """One row's conv + gated delta rule over its [n, C] q|k|v; [n, nv, dv] in `dtype`.
+        `keep`: record the state after each token in `state.trail`."""
         T = qkv.shape[0]
+        # the conv window after token t ends at it: rows t+1 .. t+K-1 of [old window; q|k|v]
+        history = torch.cat([state.conv, qkv], 0) if keep else None
         qkv = self._conv(qkv, state)
         kg = self.nk * self.dk
         q = l2_normalize(qkv[:, :kg].float().reshape(T, self.nk, self.dk))
         k = l2_normalize(qkv[:, kg : 2 * kg].float().reshape(T, self.nk, self.dk))
         v = qkv[:, 2 * kg :].float().reshape(T, self.nv, self.dv)
-        if T > 1 and use_triton(q) and dtype != torch.float32:
+        if T > 1 and use_triton(q) and dtype != torch.float32 and not keep:
             # precompute and chunk walk in two Triton launches with TF32 dots, reading each
             # q/k head for its value heads in place; the exact fp32 path keeps torch
             # (bench/results/h200-gdn-chunk.json)
@@ -198,8 +214,13 @@ class GatedDeltaNet:
             # value head j reads q/k head j // r
             r = self.nv // self.nk
             q, k = q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
-            rule = recurrent_gated_delta if T == 1 else chunked_gated_delta
-            o, state.ssm = rule(q, k, v, g, beta, state.ssm)
+            if keep:
+                ssm: list[torch.Tensor] = []
+                o, state.ssm = recurrent_gated_delta(q, k, v, g, beta, state.ssm, ssm)
+                state.trail = [(history[t + 1: t + self.taps], s) for t, s in enumerate(ssm)]
+            else:
+                rule = recurrent_gated_delta if T == 1 else chunked_gated_delta
+                o, state.ssm = rule(q, k, v, g, beta, state.ssm)
         return o.to(dtype)
 
     def _gated_norm(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ state.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -66,11 +67,12 @@ class _Block:
             self.ffn = SwiGLU(params, prefix + "mlp/", h, config["intermediate_size"],
                               matmul_dtype)
 
-    def __call__(self, x, layer_states, lengths, positions):
-        """x [T, H]: rows of `lengths` tokens, each continuing its entry of `layer_states`."""
+    def __call__(self, x, layer_states, lengths, positions, verify=frozenset()):
+        """x [T, H]: rows of `lengths` tokens, each continuing its entry of `layer_states`;
+        `verify`: rows whose GDN state after each token is kept."""
         y = zero_centred_rms_norm(x, self.input_norm, self.eps)
         if isinstance(self.mixer, GatedDeltaNet):
-            x = x + self.mixer(y, layer_states, lengths)
+            x = x + self.mixer(y, layer_states, lengths, verify)
         else:
             x = x + self.mixer(y, layer_states, lengths, positions)
         return x + self.ffn(zero_centred_rms_norm(x, self.post_norm, self.eps))
@@ -165,9 +167,11 @@ class Qwen35Model:
 
     @torch.no_grad()
     def hidden(self, x: torch.Tensor, states: list[ModelState], lengths: list[int],
-               positions: torch.Tensor | None = None) -> torch.Tensor:
+               positions: torch.Tensor | None = None,
+               verify: frozenset[int] = frozenset()) -> torch.Tensor:
         """Run the decoder over [T, H] inputs, row i (`lengths[i]` tokens, in order) continuing
-        `states[i]`; returns final-normed [T, H].
+        `states[i]`; returns final-normed [T, H]. Rows in `verify` keep their GDN state after
+        each token, so that `rollback` can keep any prefix of them.
 
         `positions` defaults to each row's text positions `seen .. seen+n-1`; pass [3, T] for
         MRoPE.
@@ -176,7 +180,7 @@ class Qwen35Model:
             positions = torch.cat([torch.arange(s.seen, s.seen + n) for s, n in
                                    zip(states, lengths)]).to(x.device)
         for i, block in enumerate(self.blocks):
-            x = block(x, [s.layers[i] for s in states], lengths, positions)
+            x = block(x, [s.layers[i] for s in states], lengths, positions, verify)
         for state, n in zip(states, lengths):
             state.seen += n
         return zero_centred_rms_norm(x, self.final_norm, self.eps)
@@ -187,13 +191,30 @@ class Qwen35Model:
         return self.head_projection(h)
 
     def forward_rows(self, token_ids: torch.Tensor, states: list[ModelState],
-                     lengths: list[int], sampled: list[int] | None = None) -> torch.Tensor:
-        """One step's rows (see the module docstring); logits [len(sampled), V] of the last
-        token of each row listed in `sampled` (default: every row), in that order."""
-        h = self.hidden(self.embed(token_ids), states, lengths)
-        ends = torch.tensor(lengths).cumsum(0) - 1
-        rows = ends if sampled is None else ends[sampled]
-        return self.logits(h[rows.to(h.device)])
+                     lengths: list[int], sampled: list[int] | None = None,
+                     verify: frozenset[int] = frozenset()) -> torch.Tensor:
+        """One step's rows (see the module docstring); logits of each row listed in `sampled`
+        (default: every row), in that order: its last token's, or every token's for a row in
+        `verify` (a speculative verify row: the last sampled token, then the drafts). A verify
+        row keeps its GDN states for `rollback`."""
+        h = self.hidden(self.embed(token_ids), states, lengths, verify=verify)
+        ends = list(itertools.accumulate(lengths))
+        rows: list[int] = []
+        for i in range(len(lengths)) if sampled is None else sampled:
+            rows += range(ends[i] - lengths[i], ends[i]) if i in verify else [ends[i] - 1]
+        return self.logits(h[torch.tensor(rows, device=h.device)])
+
+    def rollback(self, state: ModelState, kept: int) -> None:
+        """Keep the first `kept` (≥ 1) tokens of `state`'s last verify row: each GDN layer takes
+        its state after them, each attention layer drops the keys and values after them."""
+        dropped = len(next(layer.trail for layer in state.layers
+                           if isinstance(layer, GDNState))) - kept
+        for layer in state.layers:
+            if isinstance(layer, GDNState):
+                layer.rollback(kept)
+            else:
+                layer.truncate(layer.length - dropped)
+        state.seen -= dropped
 
     def forward(
         self,
