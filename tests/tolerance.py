@@ -36,12 +36,19 @@ Counting conventions (`depth` and `roundings` below):
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 ACCUMULATOR = torch.float32  # what GEMMs, GEMVs, Triton dots and norms accumulate narrow inputs in
 CAST = 2  # roundings of one cast to a narrower float (the interpreter truncates: one ulp)
 TRANSCENDENTAL = 4  # roundings of one exp / log / sin / cos / rsqrt / sigmoid (≤ 2 ulp)
+
+
+def cast_roundings() -> int:
+    """Roundings one cast to a narrower float counts here: CAST under the Triton interpreter
+    (TRITON_INTERPRET=1, whose casts truncate), 1 where kernels run on a GPU (to nearest)."""
+    return CAST if os.environ.get("TRITON_INTERPRET", "0") == "1" else 1
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

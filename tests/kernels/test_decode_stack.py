@@ -12,17 +12,18 @@ from ninfer_engine.benchmark.decode import KernelDecoder
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 
-from tests.tolerance import CAST, bound
+from tests.tolerance import bound, cast_roundings
 
 from .conftest import rel_err
 
 # bf16 stores along the step, per side: a GDN layer's norm, in-projection, gated norm, output
 # projection, residual, norm, gate/up, SiLU and product, down and residual (11); the attention
 # layer's about 20 (the q/k norm and RoPE, the K/V store, the dot operands K, V and P, the
-# output gate); the final norm and head: ~55, taken as 60, CAST each. The worst case (≈ 0.94)
-# cannot tell a broken kernel (rel_err ~1) from noise, so this uses the probabilistic bound
-# λ·√n·u per side (Higham & Mary 2019; λ = 6), ≈ 0.5: it still separates the two.
-TOL = bound(torch.bfloat16, 0, roundings=60 * CAST, probabilistic=6)
+# output gate); the final norm and head: ~55, taken as 60, `cast_roundings()` each (2 where the
+# interpreter truncates). The worst case (≈ 0.94 interpreted) cannot tell a broken kernel
+# (rel_err ~1) from noise, so this uses the probabilistic bound λ·√n·u per side (Higham & Mary
+# 2019; λ = 6): ≈ 0.36 on a GPU, 0.51 interpreted, which still separates the two.
+TOL = bound(torch.bfloat16, 0, roundings=60 * cast_roundings(), probabilistic=6)
 
 
 def test_kernel_decoder_matches_reference_on_tiny_dense(device):

@@ -7,11 +7,16 @@ import copy
 import pytest
 import torch
 
-from tests.models.qwen35_tiny import FAMILIES, hf_model, ours, rel_err
+from tests.models.qwen35_tiny import FAMILIES, hf_model, hybrid_depth, ours, rel_err
+from tests.tolerance import TRANSCENDENTAL, bound
 
 pytest.importorskip("transformers.models.qwen3_5_moe")
 
-TOL = 1e-3
+
+def _tol(model, context: int) -> float:
+    """fp32 both sides (ours and HF's eager forward): γ of the model's chain over `context`
+    tokens (`qwen35_tiny.hybrid_depth`), relative to the largest |logit| (`rel_err`)."""
+    return bound(torch.float32, hybrid_depth(model.config, context))
 
 
 def _prompt(n: int, seed: int) -> torch.Tensor:
@@ -47,7 +52,8 @@ def test_chunked_prefill_matches_hf_full_forward(pair, chunks, record_property):
         got = _ours_chunked(model, ids, chunks)
     err, last_err = rel_err(got, ref), rel_err(got[-1], ref[-1])
     record_property("max_rel_err_all_positions", err)
-    assert last_err < TOL and err < TOL, (last_err, err)
+    tol = _tol(model, 200)
+    assert last_err < tol and err < tol, (last_err, err)
 
 
 def test_greedy_64_steps_match_hf(pair, record_property):
@@ -56,16 +62,18 @@ def test_greedy_64_steps_match_hf(pair, record_property):
     state = model.new_state()
     with torch.no_grad():
         logits = _ours_chunked(model, seq, [64, 64, 72], state)[-1]
-        worst = 0.0
+        worst, tol = 0.0, _tol(model, 264)
         for _ in range(64):
             ref = _hf_logits(hf, seq)[-1]
             worst = max(worst, rel_err(logits, ref))
             token = ref.argmax()
-            assert logits.argmax().item() == token.item()
+            top2 = ref.topk(2).values
+            if top2[0] - top2[1] > 2 * tol * ref.abs().max():  # beyond what the two may differ by
+                assert logits.argmax().item() == token.item()
             seq = torch.cat([seq, token[None]])
             logits = model.forward(token[None].to(model.device), state)[-1]
     record_property("max_rel_err_decode", worst)
-    assert worst < TOL
+    assert worst < tol
     assert len(set(seq[200:].tolist())) > 8  # a varied continuation, not one repeated token
 
 
@@ -84,7 +92,7 @@ def test_checkpoint_restore_continues_identically(pair):
         again = _ours_chunked(model, cont_a, [17, 1, 12], state)
     assert torch.equal(first, again)
     ref = _hf_logits(hf, torch.cat([prefix, cont_b]))[100:]
-    assert rel_err(other, ref) < TOL
+    assert rel_err(other, ref) < _tol(model, 120)
 
 
 def test_equal_mrope_axes_and_last_only_match_default(pair):
@@ -94,4 +102,6 @@ def test_equal_mrope_axes_and_last_only_match_default(pair):
         default = model.forward(ids, model.new_state())
         axes = torch.arange(70, device=model.device).expand(3, -1)
         last = model.forward(ids, model.new_state(), positions=axes, last_only=True)
-    torch.testing.assert_close(last, default[-1:], rtol=1e-6, atol=1e-6)  # GEMM vs GEMV rounding
+    # last_only changes only the final norm and the head's matmul (GEMV vs GEMM rounding)
+    tol = bound(torch.float32, 2 * model.config["hidden_size"] + TRANSCENDENTAL)
+    torch.testing.assert_close(last, default[-1:], rtol=tol, atol=tol * default.abs().max())
