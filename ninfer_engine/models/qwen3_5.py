@@ -202,7 +202,7 @@ class Qwen35Model:
         rows: list[int] = []
         for i in range(len(lengths)) if sampled is None else sampled:
             rows += range(ends[i] - lengths[i], ends[i]) if i in verify else [ends[i] - 1]
-        return self.logits(h[torch.tensor(rows, device=h.device)])
+        return self.logits(h[torch.tensor(rows, dtype=torch.long, device=h.device)])
 
     def rollback(self, state: ModelState, kept: int) -> None:
         """Keep the first `kept` (≥ 1) tokens of `state`'s last verify row: each GDN layer takes

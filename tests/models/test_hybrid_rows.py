@@ -73,3 +73,5 @@ def test_sampled_picks_the_rows_whose_logits_come_back():
     # picks its kernel by the row count)
     limit = bound(torch.float32, model.config["hidden_size"]) * every.abs().max()
     assert (picked - every[[2, 0]]).abs().max() <= limit
+    # a step whose only row is a prompt chunk that does not end the prompt samples nothing
+    assert model.forward_rows(tokens, [model.new_state()], [7], []).shape == (0, model.vocab_size)
