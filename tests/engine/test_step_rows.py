@@ -114,3 +114,19 @@ def test_decode_rows_take_the_static_step_and_the_prompt_chunks_run_eagerly_afte
     depth = c.num_layers * per_layer + 2 * c.hidden_size + 3 * TRANSCENDENTAL
     scale = want.abs().max()
     assert (got - want).abs().max() <= bound(torch.float32, depth) * scale
+
+
+@torch.inference_mode()
+def test_start_up_capture_runs_every_batch_size_on_scratch_pages_and_gives_them_back():
+    """`DecodeGraphs.capture_at_start` (what a CUDA engine does before serving) runs the first
+    context bucket at batch 1..max on scratch sequences; here eagerly, on the CPU."""
+    model = _model()
+    layers, heads, dim = model.kv_layout()
+    pool = PagePool(16, 64)
+    storage = KvStorage(pool, layers, heads, dim, codecs_for("bf16", model.dtype), model.dtype,
+                        model.device)
+    graphs = DecodeGraphs(StaticDecoder(model, storage, 3, 512), capture=False)
+    step, batches = graphs.forward, []
+    graphs.forward = lambda seqs: batches.append(len(seqs)) or step(seqs)
+    graphs.capture_at_start(lambda: None)
+    assert batches == [1, 2, 3] and pool.free == pool.total
