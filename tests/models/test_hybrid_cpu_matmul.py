@@ -106,6 +106,7 @@ def test_every_projection_and_the_head_get_a_decode_copy(artifacts, family, kind
         assert weight.dtype == torch.float32, name
         if kind == "int8":
             assert isinstance(proj.narrow, Int8Rows), name
+            # int8 rows: within half a code step (the row scale), rounded in fp32: one step
             assert torch.allclose(proj.narrow.dequantize(), weight,
                                   atol=proj.narrow.scales.float().max().item()), name
         else:
