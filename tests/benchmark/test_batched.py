@@ -7,20 +7,28 @@ import torch
 
 from ninfer_engine.kernels._dispatch import HAVE_TRITON, interpreting
 from ninfer_engine.models.qwen3_5 import Qwen35Model
-from tests.benchmark.tiny import tiny_config, tiny_source
+from tests.benchmark.tiny import bf16_step_tol, tiny_config, tiny_source
 
 pytestmark = pytest.mark.skipif(
     not HAVE_TRITON or not (torch.cuda.is_available() or interpreting()),
     reason="needs Triton on CUDA or TRITON_INTERPRET=1")
 
-# bf16 everywhere: the kernel path and the bf16 reference each sit 2-7 % (relative L2 of the
-# logits, observed) from an fp32 twin of this tiny model, and 2-7 % from each other; another
-# sequence's logits are ~140 % away, so a mixed-up slot, page or position fails clearly
-TOL_REF = 0.12
-# against the batch-1 `KernelDecoder`: bitwise equal on the CPU; on CUDA one row's o/down
-# projections add fp32 sums into the residual (`dequant_gemv` out) where several rows' cuBLAS
-# products are rounded to bf16 first: 0.8-1.1 % apart on the H200
-TOL_SINGLE = 0.03 if torch.cuda.is_available() else 1e-3
+# bf16 everywhere, against the bf16 reference: the worst case of both sides' stores
+# (`tiny.bf16_step_tol`: ~0.3 on a GPU, ~0.75 interpreted); another sequence's logits are ~140 %
+# away, so a mixed-up slot, page or position still fails
+CONTEXT = 133  # the longest prompt, 131, and two steps
+
+
+def _assert_single(err, config):
+    """Against the batch-1 `KernelDecoder`. On the CPU the interpreter runs the same kernel
+    programs on the same row: the same bits. On CUDA one row's o/down projections add fp32
+    sums into the residual (`dequant_gemv` out) where several rows' cuBLAS products are rounded
+    to bf16 first, and every later store may round the two differently: the same bound as
+    against the reference."""
+    if torch.cuda.is_available():
+        assert err < bf16_step_tol(config, CONTEXT), err
+    else:
+        assert err == 0, err
 
 
 def _rel(a, b):
@@ -59,10 +67,10 @@ def test_batched_steps_match_reference(moe):
             got = batched.step(token)
             ref = torch.cat([model.forward(token[b : b + 1], s) for b, s in enumerate(states)])
             errs = [_rel(got[b], ref[b]) for b in range(len(lengths))]
-            assert max(errs) < TOL_REF, errs
+            assert max(errs) < bf16_step_tol(config, CONTEXT), errs
             if i == 0:  # the batch-1 twin: one step is enough to pin the batching down
                 one = [_rel(got[b], d.step(token[b : b + 1])[0]) for b, d in enumerate(singles)]
-                assert max(one) < TOL_SINGLE, one
+                _assert_single(max(one), config)
             token = ref.argmax(-1)
     assert batched.pos.tolist() == [n + 2 for n in lengths]
 
@@ -119,9 +127,11 @@ def test_packed_weights_batched_match_the_batch_1_decoder(recipe):
         got = batched.step(token)
         for b, state in enumerate(states):
             dec.load_state(state)
-            assert _rel(got[b], dec.step(token[b : b + 1])[0]) < TOL_SINGLE
-            # fp8 weights: ~10 % from the bf16 reference, another sequence ~140 %
-            assert _rel(got[b], model.forward(token[b : b + 1], state)[0]) < 0.25
+            _assert_single(_rel(got[b], dec.step(token[b : b + 1])[0]), config)
+            # the reference rounds the dequantized weights of its 9 matmuls to bf16 besides
+            # its stores; another sequence is ~140 % away
+            ref = model.forward(token[b : b + 1], state)[0]
+            assert _rel(got[b], ref) < bf16_step_tol(config, CONTEXT, extra_stores=9)
 
 
 def _fp8_expert_model(recipe, mode, dev="cpu", every_expert=True):
@@ -157,7 +167,8 @@ def test_fp8_expert_decode_matches_reference(recipe, mode, form):
     dec.load_state(state)
     token = torch.tensor([9], device=dev)
     with torch.no_grad():
-        assert _rel(dec.step(token)[0], model.forward(token, state)[0]) < TOL_REF
+        assert _rel(dec.step(token)[0], model.forward(token, state)[0]) < bf16_step_tol(
+            model.config, CONTEXT)
 
 
 def test_weight_bytes_count_fp8_experts_at_one_byte_a_weight():

@@ -8,6 +8,8 @@ import torch
 from ninfer_engine.models.hf_names import logical_params_from_hf, text_config_from_hf
 from ninfer_engine.models.qwen3_5 import Qwen35Model, dict_params
 from tests.benchmark.tiny import tiny_config
+from tests.models.qwen35_tiny import hybrid_depth
+from tests.tolerance import bound
 
 pytest.importorskip("transformers.models.qwen3_5_moe")
 
@@ -37,7 +39,9 @@ def test_random_hf_model_is_our_model(pair):
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
         got = ours.forward(ids, ours.new_state())
-    assert ((got - ref).abs().max() / ref.abs().max()).item() < 1e-4
+    # fp32 both sides: γ of the model's chain, relative to the largest |logit|
+    tol = bound(torch.float32, hybrid_depth(config, len(ids)))
+    assert ((got - ref).abs().max() / ref.abs().max()).item() < tol
     assert torch.isfinite(ref).all() and ref.std() > 0.1  # not a degenerate init
 
 

@@ -34,3 +34,23 @@ def tiny_source(config: dict, dtype=torch.bfloat16, seed: int = 0):
         return t if name.endswith(("a_log", "dt_bias")) else t.to(dtype)
 
     return params
+
+
+# bf16 stores along one decode step of this two-layer model, per side: the GDN layer's norm,
+# projections, gated norm, output projection, residual, norm, gate/up, SiLU, product, down and
+# residual (11); the attention layer's norm, QKV, q / k norms, RoPE, the K/V store, the dot
+# operands K, V and P, the output, its gate and product, the output projection, the residual,
+# the norm, the MLP's 4 stores and the residual (20); the router's and the experts' weights (2),
+# the final norm and the head (2)
+STEP_STORES = 35
+
+
+def bf16_step_tol(config: dict, context: int, extra_stores: int = 0) -> float:
+    """Worst-case relative bound (`tests.tolerance`) between two bf16 computations of a decode
+    step's logits: `STEP_STORES` (+ `extra_stores`) stores each, `cast_roundings()` apiece (the
+    interpreter truncates), over the fp32 chain of `qwen35_tiny.hybrid_depth`."""
+    from tests.models.qwen35_tiny import hybrid_depth
+    from tests.tolerance import bound, cast_roundings
+
+    stores = (STEP_STORES + extra_stores) * cast_roundings()
+    return bound(torch.bfloat16, hybrid_depth(config, context), roundings=stores)
