@@ -142,39 +142,24 @@ class DecodeGraphs:
         self.decoder.flush()
 
     def capture_at_start(self, new_state) -> None:
-        """Capture the first context bucket for every batch size now, on scratch sequences (one
-        pool page each, a zero state from `new_state()`), so the first burst of traffic replays
-        graphs instead of compiling kernels and capturing (~5 s at batch 8 on the H200). Their
-        K/V writes land in the scratch pages, which go back to the pool."""
-        storage = self.decoder.storage
-        scratch = []
-        for _ in range(self.decoder.max_batch):
-            cache = storage.new_cache()
-            if not cache.reserve(1):
-                cache.release()
-                break
-            scratch.append(SimpleNamespace(cache=cache, cached=0, output=[0], state=new_state()))
+        """Capture the first context bucket for every batch size now, on scratch sequences (a
+        zero state from `new_state()` each, all on one pool page, which goes back after: their
+        K/V writes are garbage nobody reads, and an elastic pool does not grow for them), so the
+        first burst of traffic replays graphs instead of compiling kernels and capturing (~5 s
+        at batch 8 on the H200)."""
+        cache = self.decoder.storage.new_cache()
         try:
+            if not cache.reserve(1):
+                return
+            scratch = [SimpleNamespace(cache=cache, cached=0, output=[0], state=new_state())
+                       for _ in range(self.decoder.max_batch)]
             for batch in range(1, len(scratch) + 1):
                 for seq in scratch:
                     seq.cached = 0
                 self.forward(scratch[:batch])
         finally:
             self.flush()  # the rows hold nobody after
-            for seq in scratch:
-                seq.cache.release()
-
-    def _record(self, batch: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
-            self.decoder.step(batch, bucket)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = self.decoder.step(batch, bucket)
-        log.info("captured the decode CUDA graph for batch %d, context ≤ %d", batch, bucket)
-        return graph, logits
+            cache.release()
 
 
 def context_bucket(length: int, max_context: int) -> int:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from ninfer_engine.decode_graphs import DecodeGraphs, StaticDecoder
-from ninfer_engine.kv import KvStorage, PagePool, codecs_for
+from ninfer_engine.kv import ElasticPagePool, KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
 from ninfer_engine.runner import Runner
 from ninfer_engine.scheduler import Batch, Chunk, Scheduler, Sequence
@@ -130,3 +130,10 @@ def test_start_up_capture_runs_every_batch_size_on_scratch_pages_and_gives_them_
     graphs.forward = lambda seqs: batches.append(len(seqs)) or step(seqs)
     graphs.capture_at_start(lambda: None)
     assert batches == [1, 2, 3] and pool.free == pool.total
+    # one scratch page for all rows: an elastic pool at its first grow step does not grow
+    elastic = ElasticPagePool(8, 1, 64)  # pages: capacity 8, grow step 1
+    storage = KvStorage(elastic, layers, heads, dim, codecs_for("bf16", model.dtype), model.dtype,
+                        model.device)
+    DecodeGraphs(StaticDecoder(model, storage, 3, 512), capture=False).capture_at_start(
+        lambda: None)
+    assert elastic.total == 1 and elastic.free == 1
