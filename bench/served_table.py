@@ -1,4 +1,5 @@
-"""Collect `bench/served_load.sh serve` outputs (serve_load.py JSON per server) into one result
+"""Collect `bench/served_load.sh serve` outputs (serve_load.py and serve_staggered.py JSON per
+server) into one result
 file and its markdown table: per server and concurrency level, aggregate and per-stream tok/s,
 median TTFT, and each server's aggregate against the peer's.
 
@@ -24,9 +25,10 @@ def main() -> None:
     ap.add_argument("--note", default="")
     args = ap.parse_args()
     runs = [json.loads(p.read_text()) for p in sorted(args.dir.glob("served-*.json"))]
+    staggered = [json.loads(p.read_text()) for p in sorted(args.dir.glob("staggered-*.json"))]
     peer = {lv["concurrency"]: lv for r in runs if r["label"] == args.peer for lv in r["levels"]}
     result = {"machine": args.machine, "command": args.command, "note": args.note,
-              "date": datetime.date.today().isoformat(), "runs": runs}
+              "date": datetime.date.today().isoformat(), "runs": runs, "staggered": staggered}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Served load: {args.note}", "",
              f"Machine: {args.machine}. Date: {result['date']}. Command: `{args.command}`.", "",
@@ -42,6 +44,16 @@ def main() -> None:
                 f"{lv['aggregate_tok_s']:.0f} | {lv['decode_tok_s_median']:.0f} | "
                 f"{lv['ttft_median_s'] * 1000:.0f} ms | {lv['prompt_tokens_median']:.0f} | "
                 f"{ratio} |")
+    if staggered:
+        lines += ["", "Staggered arrivals (`bench/serve_staggered.py`: stream i starts i/C of a "
+                  "request's duration late, so prompts arrive while the others decode):", "",
+                  "| server | concurrency | requests ok | aggregate tok/s | per-stream tok/s | "
+                  "TTFT median | TTFT p99 |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for run in staggered:
+            lines.append(
+                f"| {run['label']} | {run['concurrency']} | {run['ok']}/{run['requests']} | "
+                f"{run['aggregate_tok_s']:.0f} | {run['decode_tok_s_median']:.0f} | "
+                f"{run['ttft_median_s'] * 1000:.0f} ms | {run['ttft_p99_s'] * 1000:.0f} ms |")
     args.markdown.write_text("\n".join(lines) + "\n")
 
 
