@@ -2,10 +2,10 @@
 
 `Runner` (llama family) packs every row into one flat forward over the paged KV pool.
 `HybridRunner` (Qwen3.5 family) runs every row through one forward too: the attention layers
-read and write each row's pages, the GDN layers continue each row's recurrent-state slot. Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode
-rows through it (static buffers, Triton kernels, CUDA graphs), and the step's prompt chunks,
-if any, through the eager forward after them: decode rows keep the graph's rate while a prompt
-is prefilled.
+read and write each row's pages, the GDN layers continue each row's recurrent-state slot.
+Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode rows through it (static
+buffers, Triton kernels, CUDA graphs), and the step's prompt chunks, if any, through the eager
+forward after them: decode rows keep the graph's rate while a prompt is prefilled.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Requests inside the engine (`Sequence`) and the FIFO scheduler that batches them.
 
 `Scheduler.schedule()` admits queued requests up to the concurrency limit and picks the
-decode-ready batch plus prompt chunks under a token budget; `Sequence.append()` turns each sampled token
-into text events (UTF-8 safe, stop strings withheld) and decides when the request finishes.
+decode-ready batch plus prompt chunks under a token budget; `Sequence.append()` turns each
+sampled token into text events (UTF-8 safe, stop strings withheld) and decides when the request
+finishes.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Gated full attention (`full_attention`) of the Qwen3-Next / Qwen3.5 family (model-math.md §2.2).
 
-Torch reference path, over a step's rows (each its own sequence). Also holds the two helpers the family shares: the
-zero-centred `(1+w)` RMSNorm and partial NeoX rotary with optional interleaved MRoPE.
+Torch reference path, over a step's rows (each its own sequence). Also holds the two helpers
+the family shares: the zero-centred `(1+w)` RMSNorm and partial NeoX rotary with optional
+interleaved MRoPE.
 The KV cache is a simple contiguous per-sequence buffer (k after norm and RoPE, v as projected).
 On CUDA the attention core runs SDPA, or `kernels.paged_prefill` over the engine's paged pool in
 place whatever its KV dtype (`GatedAttention._attend_cuda`); the CPU keeps the fp32-softmax
