@@ -19,8 +19,8 @@ from ninfer_engine.tools import main
 # where install.sh downloads it
 GGUF_PATH = ninfer_home() / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 needs_gguf = pytest.mark.skipif(
-    not GGUF_PATH.exists(), reason=f"default model GGUF not present at {GGUF_PATH} (run ./install.sh)"
-)
+    not GGUF_PATH.exists(),
+    reason=f"default model GGUF not present at {GGUF_PATH} (run ./install.sh)")
 
 
 @pytest.fixture(scope="module")
