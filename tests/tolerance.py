@@ -15,8 +15,12 @@ The error model (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd e
   in the narrow dtype per stored intermediate, plus its reductions' lengths in fp32;
 * two implementations of the same function each carry their own error: their difference is
   bounded by the sum (`sides=2`), or one side when the other is exact (a float64 reference);
-* a quantization codec moves a value by up to half its code step, and two inputs that differ by
-  rounding noise can round to neighbouring codes, one whole step apart (`code_step`).
+* a quantization codec (KV codecs, int8 / Q4 / fp8 weights) moves a value by up to half its
+  code step (`code_step`, relative to the absmax of the vector or group it scales): the tests
+  count it as one rounding of that unit. Two inputs that differ by rounding noise can round
+  to neighbouring codes, one whole step apart, which no float tolerance downstream covers: a
+  parity test then makes both sides read the same codes and checks each side's stored codes
+  against its own input to half a step (tests/engine/test_decode_graphs.py).
 
 A bound is relative to the magnitude of the terms. The tests normalise by the reference's
 largest |value| (`max`) or its norm (`rel_err`): for their random, well-scaled inputs (and a
@@ -27,8 +31,9 @@ Counting conventions (`depth` and `roundings` below):
 
 * a correctly rounded op (+ − × ÷ √, a cast) counts 1; a fused multiply-add counts 1 too, so
   FMA contraction on a GPU only lowers the count;
-* a cast to a narrower float counts `CAST` = 2: the Triton interpreter truncates (up to one
-  ulp, 2u), a GPU and torch round to nearest (u);
+* a cast to a narrower float counts `CAST` = 2: the Triton interpreter (TRITON_INTERPRET=1,
+  kernels run through numpy in fp32, their dots fp32) truncates (up to one ulp, 2u), a GPU and
+  torch round to nearest (u); `cast_roundings()` picks by where the kernels run;
 * exp, log, sin, cos, rsqrt, sigmoid count `TRANSCENDENTAL` = 4: within 2 ulp in CUDA's
   libdevice (CUDA Programming Guide, "Mathematical Functions"), glibc, SLEEF and numpy;
 * a reduction of length K counts K (a dot product, a sum, a norm's sum of squares).

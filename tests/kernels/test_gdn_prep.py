@@ -9,7 +9,7 @@ from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
 from ninfer_engine.kernels.gdn_prep import chunk_prep_triton
 from ninfer_engine.models.gdn import chunk_prep, chunked_gated_delta, l2_normalize
 
-from tests.tolerance import TRANSCENDENTAL, bound, gated_delta_depth, unit_roundoff
+from tests.tolerance import bound, gated_delta_depth
 
 from .conftest import rel_err
 
