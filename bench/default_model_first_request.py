@@ -1,7 +1,7 @@
 """The README's first request, 50 times, on the default model: how long, how long an answer,
 and whether it names Paris, under the new defaults and under the earlier ones.
 
-    .venv/bin/python bench/default_model_first_request.py [--runs 50] [--only new|earlier]
+    .venv/bin/python bench/default_model_first_request.py [--runs 50] [--only new|earlier|guard]
 
 Starts a real `ninfer-serve --no-tui` on a free loopback port and sends the README's curl body
 (`What is the capital of France?`, model `smollm2-135m-instruct`) with `"seed": i` for
@@ -23,7 +23,10 @@ answer; at most `--retries` times); every set-aside attempt is kept in the resul
   `max_tokens` 150 so that the run ends (a drifting answer would otherwise run to 8,155 tokens);
   an answer cut there counts as `length`.
 
-Writes bench/results/cpu-default-first-request.{json,md}.
+Writes bench/results/cpu-default-first-request.{json,md}. `--only guard` instead sweeps the
+repetition guards the sampler has (`GUARDS`: none, frequency or presence penalty) as request
+fields over the earlier preset, each capped at the README's `max_tokens`, and writes
+bench/results/cpu-default-first-request-guard.{json,md}: how the guard was chosen.
 """
 from __future__ import annotations
 
@@ -56,6 +59,11 @@ README_MAX_TOKENS = 96  # the README's curl
 EARLIER_PRESET = {"temperature": 0.2, "top_p": 0.9}  # install.sh's `sampling=` before the cap
 EARLIER_BOUND = 150  # max_tokens on the earlier defaults' requests, so the run ends
 TIME_LIMIT_S = 10.0
+# `--only guard`: the candidate repetition guards the sampler has (OpenAI's additive penalties
+# on generated tokens), as request fields over the earlier preset, capped at README_MAX_TOKENS
+GUARDS = {"no guard": {}, "frequency 0.3": {"frequency_penalty": 0.3},
+          "frequency 0.5": {"frequency_penalty": 0.5}, "frequency 1.0": {"frequency_penalty": 1.0},
+          "presence 0.5": {"presence_penalty": 0.5}, "presence 1.0": {"presence_penalty": 1.0}}
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # where install.sh downloads it, under NINFER_HOME
 
 
@@ -119,7 +127,7 @@ class Server:
         self.log_file.close()
 
     def last_done(self, count: int) -> dict:
-        """TTFT and decode rate of the server's `count`-th `req#… done` log line (waits for it)."""
+        """TTFT and decode rate of the server's `count`-th `req#… done` log line (waits)."""
         deadline = time.monotonic() + 5
         while True:
             lines = [line for line in self.log.read_text().splitlines() if " done | " in line]
@@ -207,8 +215,8 @@ def summary(rows: list[dict]) -> dict:
         "wall_s_total": round(sum(walls), 1),
         "tokens_max": max(tokens), "tokens_mean": round(statistics.mean(tokens), 1),
         "tok_s_overall": round(sum(tokens) / sum(walls), 1),
-        "decode_tok_s_median": statistics.median(
-            r["decode_tok_s"] for r in rows if r.get("decode_tok_s") is not None),
+        "decode_tok_s_median": round(statistics.median(
+            r["decode_tok_s"] for r in rows if r.get("decode_tok_s") is not None), 1),
         "ttft_s_max": max(r["ttft_s"] for r in rows if r.get("ttft_s") is not None),
         "foreign_cores_max": max(r["foreign_cores"] for r in rows),
         "foreign_cores_mean": round(statistics.mean(r["foreign_cores"] for r in rows), 2),
@@ -239,8 +247,11 @@ def earlier_artifact(directory: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--only", choices=("new", "earlier"), help="run one side only")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--only", choices=("new", "earlier", "guard"),
+                        help="run one side only; `guard` is the repetition-guard sweep instead")
+    parser.add_argument("--out", type=Path,
+                        help=f"result files (default {OUT.relative_to(ROOT)}, "
+                             "with --only guard ...-guard)")
     parser.add_argument("--quiet", type=float, default=0.3, metavar="CORES",
                         help="before each request wait (up to 10 min) until other processes "
                              "use less than CORES CPU over a second (default 0.3; -1: never "
@@ -253,6 +264,7 @@ def main() -> int:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server on the way out
     args.quiet = None if args.quiet < 0 else args.quiet
+    args.out = args.out or (OUT.with_name(OUT.name + "-guard") if args.only == "guard" else OUT)
     command = "python bench/default_model_first_request.py " + " ".join(sys.argv[1:])
     load_before = os.getloadavg()[0]
     runs: dict[str, dict] = {}
@@ -269,6 +281,17 @@ def main() -> int:
                     rows = run_requests(server, extra, args.runs, label, args.quiet, args.busy,
                                         args.retries)
                     runs[label] = {"artifact": str(artifact), "generation_config": config,
+                                   "request_extra": extra, "summary": summary(rows),
+                                   "answers": rows}
+        if args.only == "guard":
+            artifact = earlier_artifact(tmp)
+            with Server(artifact, tmp / "guard.log") as server:
+                for label, extra in GUARDS.items():
+                    extra = {"max_tokens": README_MAX_TOKENS, **extra}
+                    rows = run_requests(server, extra, args.runs, label, args.quiet, args.busy,
+                                        args.retries)
+                    runs[label] = {"artifact": f"converted from {GGUF} with {EARLIER_PRESET}",
+                                   "generation_config": generation_config(artifact),
                                    "request_extra": extra, "summary": summary(rows),
                                    "answers": rows}
         if args.only in (None, "earlier"):
@@ -302,7 +325,8 @@ def main() -> int:
 def markdown(r: dict) -> str:
     m = r["machine"]
     lines = [
-        f"# Default model: the README's first request, {len(next(iter(r['runs'].values()))['answers'])} seeds ({r['date'][:10]})",
+        f"# Default model: the README's first request, "
+        f"{len(next(iter(r['runs'].values()))['answers'])} seeds ({r['date'][:10]})",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, 1-minute load average "
         f"{m['load_average_before']} before and {m['load_average_after']} after (shared "
@@ -344,9 +368,22 @@ def markdown(r: dict) -> str:
                 f"{x['foreign_cores']} cores)" for seed, x in aside))
         else:
             lines.append(f"- {label}: none")
-    lines += ["", "`earlier` bounds each request at 150 tokens so the run ends; without that "
-              "bound an answer cut there (`length`) would have run on towards the 8,155 tokens "
-              "left in the context.", ""]
+    if "new-defaults" in r["runs"] and "earlier" in r["runs"]:
+        new, old = r["runs"]["new-defaults"]["summary"], r["runs"]["earlier"]["summary"]
+        slowest = max(run["summary"]["wall_s_max"] for label, run in r["runs"].items()
+                      if label.startswith("new"))
+        lines += ["", f"Reading: under the new defaults {new['name_paris']} of {new['answers']} "
+                  f"answers name Paris (earlier defaults: {old['name_paris']}), "
+                  f"{new['finish'].get('stop', 0)} end on their own (earlier: "
+                  f"{old['finish'].get('stop', 0)}; {old['finish'].get('length', 0)} still "
+                  f"going at 150 tokens), the longest has {new['tokens_max']} tokens and the "
+                  f"slowest takes {slowest:.1f} s (earlier: {old['wall_s_max']:.1f} s at the "
+                  "150-token bound)."]
+    if "earlier" in r["runs"]:
+        lines += ["", "`earlier` bounds each request at 150 tokens so the run ends; without that "
+                  "bound an answer cut there (`length`) would have run on towards the 8,155 "
+                  "tokens left in the context."]
+    lines.append("")
     for label, run in r["runs"].items():
         texts: dict[str, int] = {}
         for a in run["answers"]:
