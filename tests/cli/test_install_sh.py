@@ -5,6 +5,7 @@ no real conversion: what is checked is what install.sh decides."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -17,7 +18,8 @@ from ninfer_engine.tools import main as ninfer
 from tests.artifact.tiny_gguf import write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLING = "temperature=0.2,top_p=0.9"  # install.sh's `sampling=` (the stamp must match it)
+# install.sh's `sampling="…"`, read from it: the stamp must match it or install.sh re-converts
+SAMPLING = re.search(r'^sampling="([^"]*)"', (ROOT / "install.sh").read_text(), re.M).group(1)
 MODEL = "smollm2-135m-instruct.ninfer"
 
 STUB_PYTHON = """#!/usr/bin/env bash
