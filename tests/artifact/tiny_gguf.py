@@ -85,3 +85,13 @@ def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
     writer.write_tensors_to_file()
     writer.close()
     return hf
+
+
+def convert_tiny(folder: Path) -> Path:
+    """`folder/tiny.ninfer`, converted by the real `ninfer convert gguf` from the tiny GGUF."""
+    from ninfer_engine.tools import main as ninfer
+
+    write_tiny_gguf(folder / "tiny.gguf")
+    assert ninfer(["convert", "gguf", str(folder / "tiny.gguf"), "-o",
+                   str(folder / "tiny.ninfer")]) == 0
+    return folder / "tiny.ninfer"

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from ninfer_engine.artifact import framing
-from ninfer_engine.tools import main as ninfer
-from tests.artifact.tiny_gguf import write_tiny_gguf
+from tests.artifact.tiny_gguf import convert_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 # install.sh's `sampling="…"`, read from it: the stamp must match it or install.sh re-converts
@@ -37,11 +36,7 @@ exec "$REAL_PYTHON" "$@"
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("install")
-    write_tiny_gguf(folder / "tiny.gguf")
-    assert ninfer(["convert", "gguf", str(folder / "tiny.gguf"), "-o",
-                   str(folder / "tiny.ninfer")]) == 0
-    return folder / "tiny.ninfer"
+    return convert_tiny(tmp_path_factory.mktemp("install"))
 
 
 @pytest.fixture

@@ -18,9 +18,8 @@ import pytest
 
 from ninfer_engine.artifact import framing, verify
 from ninfer_engine.flags import parse_args
-from ninfer_engine.tools import main as ninfer
 from tests.artifact.builders import rewrite_root
-from tests.artifact.tiny_gguf import write_tiny_gguf
+from tests.artifact.tiny_gguf import convert_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0  # a busy 2-core machine; the tiny model itself loads in ~1 s
@@ -28,11 +27,7 @@ START_TIMEOUT_S = 120.0  # a busy 2-core machine; the tiny model itself loads in
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("verify")
-    write_tiny_gguf(folder / "tiny.gguf")
-    assert ninfer(["convert", "gguf", str(folder / "tiny.gguf"), "-o",
-                   str(folder / "tiny.ninfer")]) == 0
-    return folder / "tiny.ninfer"
+    return convert_tiny(tmp_path_factory.mktemp("verify"))
 
 
 @pytest.fixture
