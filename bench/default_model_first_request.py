@@ -356,18 +356,19 @@ def markdown(r: dict) -> str:
             f"{s['wall_s_median']:.1f} | {s['tokens_max']} | {s['tokens_mean']} | "
             f"{s['decode_tok_s_median']} | {s['ttft_s_max']:.2f} | "
             f"{s['foreign_cores_mean']} / {s['foreign_cores_max']} |")
-    lines += ["", f"An answer during which other processes used more than {r['busy_cores']} "
-              f"cores was sent again (same seed, same answer; at most {r['retries']} times); "
-              "the table counts the last attempt, and every set-aside attempt is below and in "
-              "the JSON."]
-    for label, run in r["runs"].items():
-        aside = [(a["seed"], x) for a in run["answers"] for x in a["set_aside"]]
-        if aside:
-            lines.append(f"- {label}: " + "; ".join(
+    if r["retries"]:
+        lines += ["", f"An answer during which other processes used more than "
+                  f"{r['busy_cores']} cores was sent again (same seed, same answer; at most "
+                  f"{r['retries']} times); the table counts the last attempt, and every "
+                  "set-aside attempt is below and in the JSON."]
+        for label, run in r["runs"].items():
+            aside = [(a["seed"], x) for a in run["answers"] for x in a["set_aside"]]
+            lines.append(f"- {label}: " + ("; ".join(
                 f"seed {seed} {x['wall_s']:.1f} s ({x['completion_tokens']} tokens, foreign "
-                f"{x['foreign_cores']} cores)" for seed, x in aside))
-        else:
-            lines.append(f"- {label}: none")
+                f"{x['foreign_cores']} cores)" for seed, x in aside) or "none"))
+    else:
+        lines += ["", "No waiting for a quiet machine and no answer sent again: this run is "
+                  "about the answers (the same seed gives the same answer), not their times."]
     if "new-defaults" in r["runs"] and "earlier" in r["runs"]:
         new, old = r["runs"]["new-defaults"]["summary"], r["runs"]["earlier"]["summary"]
         slowest = max(run["summary"]["wall_s_max"] for label, run in r["runs"].items()
