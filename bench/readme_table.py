@@ -110,9 +110,27 @@ def _gpu_rows() -> list[str]:
     return rows
 
 
+def _served_rows() -> list[str]:
+    """ninfer-serve and llama-server over HTTP under one load (`bench/served_load.sh`)."""
+    r = _load("h200-served-35b-a3b-8l.json")
+    if not r:
+        return []
+    levels = {run["label"]: {lv["concurrency"]: lv for lv in run["levels"]} for run in r["runs"]}
+    ours, peer = levels.get("ninfer-after"), levels.get("llama-server")
+    rows = []
+    for c, key, what in ((1, "decode_tok_s_median", "per-stream decode at concurrency 1"),
+                         (8, "aggregate_tok_s", "aggregate decode at concurrency 8")):
+        if ours and peer and c in ours and c in peer:
+            a, b = ours[c][key], peer[c][key]
+            rows.append(f"| H200, 35B-A3B shape cut to 8 layers, served over HTTP "
+                        f"(`serve_load.py`, 256 tokens out), {what} | {a:.0f} tok/s (fp8-row) | "
+                        f"llama-server {b:.0f} (Q8_0) | {a / b:.2f} |")
+    return rows
+
+
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
-    return head + "\n".join(_cpu_rows() + _gpu_rows()) + "\n"
+    return head + "\n".join(_cpu_rows() + _gpu_rows() + _served_rows()) + "\n"
 
 
 def main() -> int:
