@@ -326,7 +326,8 @@ def markdown(r: dict) -> str:
     m = r["machine"]
     lines = [
         f"# Default model: the README's first request, "
-        f"{len(next(iter(r['runs'].values()))['answers'])} seeds ({r['date'][:10]})",
+        f"{len(next(iter(r['runs'].values()))['answers'])} seeds"
+        f"{', repetition guards' if 'no guard' in r['runs'] else ''} ({r['date'][:10]})",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, 1-minute load average "
         f"{m['load_average_before']} before and {m['load_average_after']} after (shared "
@@ -380,6 +381,14 @@ def markdown(r: dict) -> str:
                   f"going at 150 tokens), the longest has {new['tokens_max']} tokens and the "
                   f"slowest takes {slowest:.1f} s (earlier: {old['wall_s_max']:.1f} s at the "
                   "150-token bound)."]
+    if "no guard" in r["runs"]:
+        ranked = sorted(r["runs"].items(), key=lambda kv: (
+            kv[1]["summary"]["finish"].get("length", 0), -kv[1]["summary"]["name_paris"]))
+        lines += ["", "Reading, fewest answers cut at the cap first, then most naming Paris: "
+                  + "; ".join(f"{label} {run['summary']['name_paris']}/"
+                              f"{run['summary']['answers']} Paris, "
+                              f"{run['summary']['finish'].get('length', 0)} cut"
+                              for label, run in ranked) + "."]
     if "earlier" in r["runs"]:
         lines += ["", "`earlier` bounds each request at 150 tokens so the run ends; without that "
                   "bound an answer cut there (`length`) would have run on towards the 8,155 "
