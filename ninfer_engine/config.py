@@ -31,6 +31,7 @@ class EngineConfig:
     max_concurrency: int = 1
     max_pending_requests: int = 16
     pending_timeout_ms: int = 30000
+    drain_timeout_ms: int = 10000  # graceful stop: how long running requests may still finish
     prefill_chunk: int | None = None  # tokens; None ("auto"): `engine.prefill_chunk_for`
     kv_dtype: str = "bf16"
     kv_lease_window: int = 4096

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 import torch
 
+from .arrival import current_arrival
 from .chat import ChatTemplate
 from .config import EngineConfig
 from .cpu_threads import run_on_own_thread
@@ -197,6 +198,7 @@ class Engine:
             request, emit, Sampler(request.sampling),
             IncrementalDetokenizer(self.tokenizer, request.prompt_ids),
             frozenset() if request.ignore_eos else self._eos,
+            arrived=current_arrival().at,  # queue wait and TTFT count from the HTTP arrival
         )
         if not self.scheduler.add(seq):
             yield TokenEvent(finish="error", error=EngineError(
@@ -213,6 +215,15 @@ class Engine:
             if not finished:
                 seq.cancelled = True
                 self._wake.set()
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a queued or running request at the next step (the operator's cancel key)."""
+        for seq in [*self.scheduler.queued(), *list(self.scheduler.running)]:
+            if seq.id == request_id and seq.finish_reason is None:
+                seq.cancelled = True
+                self._wake.set()
+                return True
+        return False
 
     def _admit(self, seq: Sequence) -> bool:
         """Request-level checks at admission, then a KV lease; False: wait for pages."""

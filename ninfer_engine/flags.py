@@ -154,6 +154,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--log-level": ("log_level", _choice(*LOG_LEVELS), None),
     "--max-pending-requests": ("max_pending_requests", _int(0), None),
     "--pending-timeout-ms": ("pending_timeout_ms", _int(1), None),
+    "--drain-timeout-ms": ("drain_timeout_ms", _int(0), None),
     "--prefill-chunk": ("prefill_chunk", _prefill_chunk, None),
     "--log-stats-interval-ms": ("log_stats_interval_ms", _int(0), None),
     "--vram-headroom-mib": ("vram_headroom_mib", _int(0), None),

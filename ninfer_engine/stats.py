@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .types import Timings
+
 
 @dataclass(frozen=True)
 class DeviceMemory:
@@ -54,12 +56,19 @@ class StateSlotStats:
 
 @dataclass(frozen=True)
 class ExpertStats:
+    """The routed experts and their device-slot cache. `experts`/`active`/`layers` describe the
+    model (routed experts per MoE layer, experts each token uses, MoE layers); with every expert
+    resident where it runs (no cache, e.g. on the CPU) `slots` is 0."""
+
     slots: int = 0
     resident: int = 0
     lent_pages: int = 0
     hits: int = 0
     misses: int = 0
     cpu_share: float = 0.0
+    experts: int = 0
+    active: int = 0
+    layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,13 +91,21 @@ class SpecStats:
 
 @dataclass(frozen=True)
 class RequestView:
+    """One request. `phase` is "queued" | "paused" | "prefill" | "decode" while it lives, then
+    its end: "stop" | "length" | "cancelled" | "error" | "rejected" (`reason`: the error code).
+    TTFT and `waited_s` count from the request's arrival at the server (`arrival.py`)."""
+
     id: str
-    phase: str  # "queued" | "prefill" | "decode" | "done" | "cancelled" | "error"
+    phase: str
     prompt_tokens: int = 0
     output_tokens: int = 0
     tok_s: float = 0.0
     ttft_s: float | None = None
     waited_s: float = 0.0
+    cached_tokens: int = 0
+    reason: str | None = None
+    client: str | None = None
+    e2e_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +117,9 @@ class QueueStats:
 
 @dataclass(frozen=True)
 class Throughput:
+    """Rates over the engine's last closed interval (about a second); observers that report over
+    their own interval use `interval_throughput` on two snapshots' `Counters` instead."""
+
     decode_tok_s: float = 0.0
     prefill_tok_s: float = 0.0
     batch: float = 0.0
@@ -119,6 +139,39 @@ class Counters:
     generation_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    decode_tokens: int = 0  # computed in steps, finished or not
+    prefill_tokens: int = 0
+    steps: int = 0
+    batch_rows: int = 0  # rows of every step (decode rows + one per prefill step)
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float = 0.0
+    p95: float = 0.0
+    p99: float = 0.0
+    n: int = 0
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Requests that ended in the last `window_s` seconds, as the supervisor saw them.
+
+    TTFT is from arrival (the HTTP request reached the server) to the first output token; ITL is
+    the mean gap between a request's output tokens; e2e is arrival to the last token; queue is
+    arrival to admission. `outcomes` counts the window's ends by reason ("stop", "length",
+    "cancelled", "client_disconnected", or an error code such as "server_overloaded" (429) or
+    "request_queue_timeout"); `totals` counts the same since the process started."""
+
+    window_s: float = 60.0
+    requests: int = 0
+    rate_per_s: float = 0.0
+    ttft: Percentiles = field(default_factory=Percentiles)
+    itl: Percentiles = field(default_factory=Percentiles)
+    e2e: Percentiles = field(default_factory=Percentiles)
+    queue: Percentiles = field(default_factory=Percentiles)
+    outcomes: tuple[tuple[str, int], ...] = ()
+    totals: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,6 +192,43 @@ class EngineStats:
     queue: QueueStats = field(default_factory=QueueStats)
     throughput: Throughput = field(default_factory=Throughput)
     counters: Counters = field(default_factory=Counters)
+    latency: LatencyStats = field(default_factory=LatencyStats)
+    admission: str = "open"  # "open" | "paused" | "draining"
+    max_context: int = 0
+
+    @property
+    def live(self) -> bool:
+        """True while the figures describe a serving engine (not loading, failed or stopped)."""
+        return self.state == "ready"
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+SUCCESS = ("stop", "length")
+
+
+def interval_throughput(before: EngineStats | None, after: EngineStats) -> Throughput:
+    """Rates between two snapshots from their monotonic counters, over the time between them.
+
+    A reload restarts the counters: an interval across one counts from zero (`started_at`)."""
+    a = after.counters
+    if before is None or before.started_at != after.started_at:
+        b, since = Counters(), after.started_at
+    else:
+        b, since = before.counters, before.at
+    elapsed = max(after.at - since, 0.0)
+    steps = a.steps - b.steps
+    decode, prefill = a.decode_tokens - b.decode_tokens, a.prefill_tokens - b.prefill_tokens
+    return Throughput(
+        decode_tok_s=decode / elapsed if elapsed > 0 else 0.0,
+        prefill_tok_s=prefill / elapsed if elapsed > 0 else 0.0,
+        batch=(a.batch_rows - b.batch_rows) / steps if steps > 0 else 0.0,
+        interval_s=elapsed, decode_tokens=decode, prefill_tokens=prefill,
+    )
+
+
+def time_to_first_token(timings: Timings, output_tokens: int) -> float | None:
+    """TTFT, the one definition: from arrival (queue wait included) to the first output token;
+    None for a request that produced no token."""
+    return timings.queue_s + timings.prefill_s if output_tokens else None

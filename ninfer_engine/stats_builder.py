@@ -12,8 +12,11 @@ import torch
 from .config import EngineConfig
 from .kv import SequenceMemory
 from .scheduler import Scheduler, Sequence
-from .stats import (Counters, DeviceMemory, EngineStats, HostMemory, QueueStats, RequestView,
-                    Throughput)
+from .stats import (Counters, DeviceMemory, EngineStats, ExpertStats, HostMemory, QueueStats,
+                    RequestView, Throughput)
+
+# `--kv-dtype bf16` stores the model's activation dtype (`kv.quant`): name what is really stored
+_STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 class StatsBuilder:
@@ -30,6 +33,10 @@ class StatsBuilder:
         self.started_at = time.time()
         self.weight_bytes = model.weight_bytes()
         self.device = str(model.device)
+        self.kv_dtype = config.kv_dtype
+        if config.kv_dtype == "bf16":
+            self.kv_dtype = _STORED.get(getattr(model, "dtype", None), config.kv_dtype)
+        self.experts = model_experts(getattr(model, "config", None), self.device)
         self.counters = Counters()
         self.throughput = Throughput()
         self.recent: deque[RequestView] = deque(maxlen=8)
@@ -41,20 +48,25 @@ class StatsBuilder:
         i = self._interval
         i[1] += decode_tokens
         i[2] += prefill_tokens
-        i[3] += decode_tokens + (1 if prefill_tokens else 0)
+        rows = decode_tokens + (1 if prefill_tokens else 0)
+        i[3] += rows
         i[4] += 1
+        c = self.counters
+        self.counters = replace(c, decode_tokens=c.decode_tokens + decode_tokens,
+                                prefill_tokens=c.prefill_tokens + prefill_tokens,
+                                steps=c.steps + 1, batch_rows=c.batch_rows + rows)
 
     def record_finished(self, seq: Sequence) -> None:
         c, reason = self.counters, seq.finish_reason
-        self.counters = Counters(
+        self.counters = replace(
+            c,
             requests_done=c.requests_done + (reason in ("stop", "length")),
             requests_failed=c.requests_failed + (reason == "error"),
             requests_cancelled=c.requests_cancelled + (reason == "cancelled"),
             prompt_tokens=c.prompt_tokens + max(min(seq.cached, len(seq.prompt)) - seq.reused, 0),
             generation_tokens=c.generation_tokens + len(seq.output),
         )
-        phase = {"stop": "done", "length": "done"}.get(reason or "", reason or "done")
-        self.recent.append(self._view(seq, time.monotonic(), phase))
+        self.recent.append(self._view(seq, time.monotonic(), reason or "error"))
 
     def _roll_interval(self, now: float) -> None:
         start, decode, prefill, batch, steps = self._interval
@@ -74,22 +86,32 @@ class StatsBuilder:
             vm = psutil.virtual_memory()
             rss = self._process.memory_info().rss
             host = HostMemory(total=vm.total, used=vm.total - vm.available, process_rss=rss)
-            device = (host.total, host.total - host.used)
+            device = (host.total, vm.available)
             if self.device.startswith("cuda"):
                 free, total = torch.cuda.mem_get_info(self.device)
                 device = (total, free)
             self._host = (now, host, device)
         return self._host[1], self._host[2]
 
+    def _device(self, host: HostMemory, total: int, free: int) -> DeviceMemory:
+        """The serving device; on the CPU its "workspace" is the rest of the engine's RSS."""
+        kv = self.memory.storage.nbytes
+        workspace = 0
+        if not self.device.startswith("cuda"):
+            workspace = max(host.process_rss - self.weight_bytes - kv, 0)
+        return DeviceMemory(name=self.device, total=total, weights=self.weight_bytes,
+                            kv_pool=kv, workspace=workspace, free=free)
+
     @staticmethod
     def _view(seq: Sequence, now: float, phase: str | None = None) -> RequestView:
         decode_s = (seq.last_token - seq.first_token) if seq.first_token and seq.last_token else 0
-        ttft = seq.first_token - seq.admitted if seq.first_token and seq.admitted else None
+        ttft = seq.first_token - seq.arrived if seq.first_token else None  # from arrival
         return RequestView(
             id=seq.id, phase=phase or seq.phase, prompt_tokens=len(seq.prompt),
             output_tokens=len(seq.output),
             tok_s=(len(seq.output) - 1) / decode_s if decode_s > 0 else 0.0,
             ttft_s=ttft, waited_s=(seq.admitted or now) - seq.arrived,
+            cached_tokens=seq.reused,
         )
 
     def build(self, state: str, failure: str | None, scheduler: Scheduler) -> EngineStats:
@@ -102,15 +124,25 @@ class StatsBuilder:
         return EngineStats(
             at=time.time(), state=state, model_id=self.model_id, profile=self.config.profile,
             started_at=self.started_at, failure=failure,
-            devices=(DeviceMemory(name=self.device, total=total, weights=self.weight_bytes,
-                                  kv_pool=self.memory.storage.nbytes, free=free),),
+            devices=(self._device(host, total, free),),
             host=host,
-            kv=self.memory.stats(running),
+            kv=replace(self.memory.stats(running), dtype=self.kv_dtype),
+            experts=self.experts,
             state_slots=self.memory.slot_stats(),
             queue=QueueStats(
                 pending=tuple(self._view(s, now) for s in scheduler.queued()),
                 running=tuple(self._view(s, now) for s in running),
                 recent=tuple(self.recent),
             ),
-            throughput=self.throughput, counters=counters,
+            throughput=self.throughput, counters=counters, max_context=self.config.max_context,
         )
+
+
+def model_experts(config: dict | None, device: str) -> ExpertStats | None:
+    """What a MoE model's routed experts are, or None for a dense model. Without an expert
+    cache every expert is resident where it runs: all of the work is on `device`."""
+    if not config or not config.get("num_experts"):
+        return None
+    layers = config.get("num_hidden_layers", 0) - len(config.get("mlp_only_layers", []))
+    return ExpertStats(experts=config["num_experts"], active=config.get("num_experts_per_tok", 0),
+                       layers=layers, cpu_share=0.0 if device.startswith("cuda") else 1.0)

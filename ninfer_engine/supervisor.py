@@ -1,23 +1,30 @@
-"""`Supervisor`: owns the engine's life (load, failure, reload, profile switch).
+"""`Supervisor`: owns the engine's life (load, failure, reload, profile switch, drain).
 
 It is also the `ServingEngine` the HTTP layer holds: it forwards to the current engine, so a
-reload swaps engines under a server that keeps listening and answers 503 meanwhile.
+reload swaps engines under a server that keeps listening and answers 503 meanwhile. Every
+request passes its `AdmissionGate` (pause, drain) and ends in its `RequestLedger` (latency,
+reasons, recent requests), both of which outlive reloads.
 """
 from __future__ import annotations
 
-import asyncio
+import ctypes
+import gc
+import os
 import threading
 import time
 from dataclasses import replace
 from typing import AsyncIterator, Callable
 
+from .admission_gate import AdmissionGate
+from .arrival import current_arrival
 from .capabilities import Machine, check_features, probe_machine
 from .config import EngineConfig
 from .flags import parse_args
-from .stats import EngineStats
-from .types import EngineError, EngineState, GenerationRequest, SamplingParams, TokenEvent
+from .request_ledger import RequestLedger, ended_view, with_client
+from .stats import EngineStats, QueueStats, Throughput
+from .types import EngineState, GenerationRequest, SamplingParams, TokenEvent, Timings, Usage
 
-ADMISSION_POLL_S = 0.05
+DRAIN_POLL_S = 0.05
 EngineFactory = Callable[[EngineConfig], object]
 
 
@@ -50,7 +57,12 @@ class Supervisor:
         self._failure: str | None = None
         self._lock = threading.Lock()
         self.started_at = time.time()
-        self.paused = False
+        self.gate = AdmissionGate()
+        self.ledger = RequestLedger()
+        self._clients: dict[str, str | None] = {}  # request id -> client label, while it runs
+        self._cancelled: set[str] = set()  # ids the operator cancelled in the engine
+        self._stopping = False
+        self.cut_off = 0  # requests that `stop()` ended with an error (a drain that ran out)
 
     # -- life -------------------------------------------------------------------------------
     def load(self) -> None:
@@ -64,6 +76,8 @@ class Supervisor:
             raise
         if hasattr(engine, "add_failure_listener"):
             engine.add_failure_listener(self._engine_failed)
+        # an injected fault (tests, drills) breaks the engine loaded first, not its reloads
+        os.environ.pop("NINFER_FAULT", None)
         engine.start()
         with self._lock:
             self._engine, self._state, self._failure = engine, EngineState.READY, None
@@ -78,9 +92,14 @@ class Supervisor:
             self._state = EngineState.RELOADING
         if old is not None:
             old.stop()
+            del old
+            _release_memory()  # the old model's pages go back before the new one is read
         self.load()
 
     def stop(self) -> None:
+        """Stop the engine; whatever still runs ends with 503 (counted in `cut_off` once its
+        consumer has read that end)."""
+        self._stopping = True
         with self._lock:
             engine, self._engine = self._engine, None
             self._state = EngineState.STOPPED
@@ -113,11 +132,43 @@ class Supervisor:
         return None
 
     # -- admission --------------------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        return self.gate.state != "open"
+
     def pause_admission(self) -> None:
-        self.paused = True
+        self.gate.pause()
 
     def resume_admission(self) -> None:
-        self.paused = False
+        self.gate.resume()
+
+    def cancel(self, request_id: str) -> bool:
+        """End one waiting, queued or running request (503 to its client); False if unknown."""
+        if self.gate.cancel(request_id):
+            return True
+        engine = self._engine
+        if engine is None or not hasattr(engine, "cancel") or not engine.cancel(request_id):
+            return False
+        self._cancelled.add(request_id)
+        return True
+
+    def drain(self, timeout_s: float) -> int:
+        """Graceful stop, blocking: refuse new requests, end the waiting and queued ones, give the
+        running ones up to `timeout_s` to finish. Returns how many still run (`stop()` ends them
+        with an in-band 503)."""
+        self.gate.close()
+        engine = self._engine
+        if engine is None:
+            return 0
+        for view in engine.snapshot().queue.pending:
+            self.cancel(view.id)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            queue = engine.snapshot().queue
+            left = len(queue.running) + len(queue.pending)
+            if not left or time.monotonic() >= deadline or self.state is not EngineState.READY:
+                return left
+            time.sleep(DRAIN_POLL_S)
 
     # -- ServingEngine ----------------------------------------------------------------------
     @property
@@ -167,30 +218,78 @@ class Supervisor:
         return self._current().default_max_tokens
 
     def snapshot(self) -> EngineStats:
+        """The engine's latest snapshot with the gate's waiters, the ledger's figures and the
+        client labels; live figures are cleared unless the engine is READY (never stale)."""
         engine, state = self._engine, self.state
-        if engine is not None and state is not EngineState.FAILED:
-            return engine.snapshot()
         base = engine.snapshot() if engine is not None else EngineStats(at=time.time(), state="")
-        return replace(base, at=time.time(), state=state.value, failure=self._failure,
-                       model_id=self.model_id, profile=self.profile, started_at=self.started_at)
+        if engine is None or state is not EngineState.READY:
+            base = replace(base, at=time.time(), state=state.value, failure=self._failure,
+                           model_id=self.model_id, profile=self.profile,
+                           started_at=base.started_at or self.started_at,
+                           throughput=Throughput(),
+                           queue=QueueStats(), kv=replace(base.kv, used=0, per_request=()))
+        clients = dict(self._clients)
+        queue = base.queue
+        queue = QueueStats(
+            pending=(*self.gate.waiting(time.monotonic()),
+                     *(with_client(v, clients) for v in queue.pending)),
+            running=tuple(with_client(v, clients) for v in queue.running),
+            recent=self.ledger.recent())
+        return replace(base, queue=queue, latency=self.ledger.latency(),
+                       admission=self.gate.state, max_context=self.config.max_context)
+
+    def record_rejection(self, request_id: str, code: str | None, client: str | None) -> None:
+        """The front end refused a request before it reached `submit()` (429, 503 not ready)."""
+        self.ledger.rejected(request_id, code, client)
 
     async def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        """Forward to the engine; while admission is paused, wait in line (up to the queue
-        deadline) instead of being admitted."""
-        deadline = time.monotonic() + self.config.pending_timeout_ms / 1000
-        while self.paused:
-            if time.monotonic() >= deadline:
-                yield TokenEvent(finish="error", error=EngineError(
-                    "admission is paused and the request was not admitted in time",
-                    "request_queue_timeout", 503))
-                return
-            await asyncio.sleep(ADMISSION_POLL_S)
+        """Forward to the engine through the gate (paused: wait in line up to the queue
+        deadline; draining: 503) and record the request's end in the ledger."""
+        arrival, rid, prompt = current_arrival(), request.request_id, len(request.prompt_ids)
+        deadline = arrival.at + self.config.pending_timeout_ms / 1000
+        refused = await self.gate.enter(rid, prompt, arrival.at, arrival.client, deadline)
+        if refused is not None:
+            waited = time.monotonic() - arrival.at
+            last = TokenEvent(finish="error", error=refused, usage=Usage(prompt, 0),
+                              timings=Timings(queue_s=waited))
+            self.ledger.record(ended_view(rid, prompt, arrival.at, arrival.client, last,
+                                          time.monotonic()))
+            yield last
+            return
+        self._clients[rid] = arrival.client
         events = self._current().submit(request)
+        last = None
         try:
             async for event in events:
+                if event.finish is not None:
+                    last = event
+                    self._record(rid, prompt, arrival.at, arrival.client, event)
                 yield event
         finally:  # an early close must reach the engine now, so it cancels at the next step
+            self._clients.pop(rid, None)
+            if last is None:
+                self._record(rid, prompt, arrival.at, arrival.client, None)
             await events.aclose()
+
+    def _record(self, rid: str, prompt: int, arrived: float, client: str | None,
+                last: TokenEvent | None) -> None:
+        view = ended_view(rid, prompt, arrived, client, last, time.monotonic())
+        if rid in self._cancelled:
+            self._cancelled.discard(rid)
+            view = replace(view, reason="cancelled_by_operator")
+        elif self._stopping and view.phase == "error":
+            self.cut_off += 1
+        self.ledger.record(view)
+
+
+def _release_memory() -> None:
+    """Collect the dropped engine and hand freed heap pages back to the OS (glibc keeps them
+    otherwise, and the process would grow by about a model per reload)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def _strip_profile(args: list[str]) -> list[str]:

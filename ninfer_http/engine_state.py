@@ -28,6 +28,7 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
     spec = stats.spec
     return {
         "state": stats.state,
+        "admission": stats.admission,
         "failure": stats.failure,
         "profile": stats.profile,
         "model_id": stats.model_id,
@@ -48,7 +49,8 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
         "experts": None if experts is None else {
             "slots": experts.slots, "resident": experts.resident, "hits": experts.hits,
             "misses": experts.misses, "lent_pages": experts.lent_pages,
-            "cpu_share": experts.cpu_share,
+            "cpu_share": experts.cpu_share, "routed": experts.experts,
+            "active": experts.active, "layers": experts.layers,
         },
         "spec": None if spec is None else {
             "backend": spec.backend, "draft_tokens": spec.window, "rounds": spec.rounds,
@@ -57,13 +59,15 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
             "tokens_per_round": spec.tokens_per_round,
         },
         "queue": {
-            "pending": [{"id": r.id, "wait_ms": round(r.waited_s * 1000)} for r in queue.pending],
+            "pending": [{"id": r.id, "phase": r.phase, "wait_ms": round(r.waited_s * 1000)}
+                        for r in queue.pending],
             "running": [{"id": r.id, "phase": r.phase, "prompt_tokens": r.prompt_tokens,
                          "output_tokens": r.output_tokens, "tok_s": r.tok_s}
                         for r in queue.running],
         },
         "throughput": {"decode_tok_s": stats.throughput.decode_tok_s,
                        "prefill_tok_s": stats.throughput.prefill_tok_s},
+        "latency": asdict(stats.latency),
     }
 
 

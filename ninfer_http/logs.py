@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from ninfer_engine.stats import EngineStats
+from ninfer_engine.stats import EngineStats, interval_throughput, time_to_first_token
 from ninfer_engine.types import Timings, Usage
 
 from .observers import trace_observer
@@ -69,6 +69,14 @@ def count(n: int) -> str:
     return f"{n:,}"
 
 
+def size(n_bytes: float) -> str:
+    """`512 B`, `96.0 MiB`, `5.1 GiB`."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
 def duration(seconds: float) -> str:
     """`323 ms`, `21.0s`, `5m 21.0s`, `1h 02m 03.0s`."""
     if seconds < 1.0:
@@ -108,14 +116,17 @@ class RequestTrace:
         self.number = next(self._numbers)
         self.closed = False  # set by the terminal line
         self.protocol = protocol
+        self.client = client
         self.started_at = time.monotonic()
+        self._observer = trace_observer()  # /metrics and the request log hear the same events
         kind = f"{protocol} stream" if stream else protocol
         groups = [kind, f"{count(messages)} messages", f"max output {count(max_output)}",
                   f"thinking {thinking}"]
         if client is not None:
             groups.append(f"client {client}")
+        if self._observer.request_id:
+            groups.append(f"id {self._observer.request_id}")
         self._emit(logging.INFO, "started", *groups)
-        self._observer = trace_observer()  # /metrics and the request log hear the same events
         self._observer.started(self, stream, messages, max_output, thinking, client)
 
     def _emit(self, level: int, *groups: str) -> None:
@@ -129,15 +140,21 @@ class RequestTrace:
         timings: Timings,
         first_output_at: float | None,
     ) -> None:
-        """The `done` line; `first_output_at` is the monotonic time of the first token."""
+        """The `done` line: finish, who, queue wait and TTFT (both from arrival, the engine's
+        `timings`), tokens and rate. `first_output_at` is when the first token reached us."""
         label = "stop sequence" if stop_sequence else _FINISH_LABELS.get(finish, finish)
-        groups = [self.protocol, label, f"prompt {count(usage.prompt_tokens)}",
-                  f"output {count(usage.completion_tokens)}"]
+        groups = [self.protocol, label]
+        if self.client is not None:
+            groups.append(f"client {self.client}")
+        groups += [f"prompt {count(usage.prompt_tokens)}",
+                   f"output {count(usage.completion_tokens)}"]
         if usage.cached_tokens:
             share = 100.0 * usage.cached_tokens / max(usage.prompt_tokens, 1)
             groups.append(f"cache {count(usage.cached_tokens)} ({share:.1f}%)")
-        if first_output_at is not None:
-            groups.append(f"TTFT {(first_output_at - self.started_at) * 1000:.0f} ms")
+        groups.append(f"queue {timings.queue_s * 1000:.0f} ms")
+        ttft = time_to_first_token(timings, usage.completion_tokens)
+        if ttft is not None:
+            groups.append(f"TTFT {ttft * 1000:.0f} ms")
         groups.append(f"total {duration(time.monotonic() - self.started_at)}")
         groups.append(f"decode {decode_rate(timings):.1f} tok/s")
         if timings.draft_n:
@@ -157,11 +174,14 @@ class RequestTrace:
         self._observer.ended(self, outcome, phase, status, code)
 
 
-def throughput_line(stats: EngineStats) -> str | None:
-    """The periodic `throughput` line, or None for an idle interval."""
-    tp = stats.throughput
-    running = stats.queue.running
-    if not (tp.decode_tokens or tp.prefill_tokens or running):
+def throughput_line(stats: EngineStats, before: EngineStats | None = None) -> str | None:
+    """The periodic `throughput` line over the time since `before` (the snapshot of the last
+    line), or None for an idle interval or an engine that is not serving."""
+    if not stats.live:
+        return None
+    tp = interval_throughput(before, stats)
+    running, waiting = stats.queue.running, stats.queue.pending
+    if not (tp.decode_tokens or tp.prefill_tokens or running or waiting):
         return None
     decode_ready = sum(1 for r in running if r.phase == "decode")
     groups = [
@@ -171,10 +191,16 @@ def throughput_line(stats: EngineStats) -> str | None:
     ]
     if tp.prefill_tokens:
         groups.append(f"prefill {tp.prefill_tok_s:.1f} tok/s ({count(tp.prefill_tokens)} tok)")
-    groups += [f"running {len(running)} (decode-ready {decode_ready})", f"batch {tp.batch:.2f}"]
+    groups += [f"running {len(running)} (decode-ready {decode_ready})",
+               f"waiting {len(waiting)}", f"batch {tp.batch:.2f}"]
     kv = stats.kv
     if kv.total:
-        groups.append(f"kv {count(kv.used)}/{count(kv.total)} pages (lent {count(kv.lent)})")
+        groups.append(f"kv {100.0 * kv.used / kv.total:.0f}% ({count(kv.used)}/{count(kv.total)}"
+                      f" pages, lent {count(kv.lent)})")
+    c = stats.counters
+    if c.prefix_cache_queries:
+        groups.append(f"prefix hits {100.0 * c.prefix_cache_hits / c.prefix_cache_queries:.0f}%"
+                      f" ({count(c.prefix_cache_hits)}/{count(c.prefix_cache_queries)})")
     if stats.experts is not None:
         lookups = stats.experts.hits + stats.experts.misses
         groups.append(f"experts hit {100.0 * stats.experts.hits / max(lookups, 1):.1f}%")
@@ -184,9 +210,13 @@ def throughput_line(stats: EngineStats) -> str | None:
 
 
 async def log_throughput(snapshot: Callable[[], EngineStats], interval_s: float) -> None:
-    """Log a `throughput` line every `interval_s` seconds until cancelled."""
+    """Log a `throughput` line every `interval_s` seconds until cancelled, each over the time
+    since the previous one."""
+    before = snapshot()
     while True:
         await asyncio.sleep(interval_s)
-        line = throughput_line(snapshot())
+        stats = snapshot()
+        line = throughput_line(stats, before)
+        before = stats
         if line is not None:
             log.info(line)

@@ -62,18 +62,19 @@ class RequestMetrics:
         self.prefix_hits = Counter(f"{PREFIX}prefix_cache_hits",
                                    "Prompt tokens served from the prefix cache.", registry=r)
         self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds",
-                              "From the HTTP request to the first output token.",
+                              "From the request's arrival to its first output token.",
                               buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram(f"{PREFIX}inter_token_latency_seconds",
                              "Mean time between output tokens, one sample per finished request.",
                              buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram(f"{PREFIX}e2e_request_latency_seconds",
-                             "From the HTTP request to the last output token.",
+                             "From the request's arrival to its last output token.",
                              buckets=E2E_BUCKETS, registry=r)
         r.register(SnapshotCollector(snapshot))
 
     def request_done(self, finish: str, usage: Usage, timings: Timings,
-                     ttft_s: float | None, e2e_s: float) -> None:
+                     ttft_s: float | None) -> None:
+        """One finished request; its times are the engine's, counted from arrival."""
         self.success.labels(finish).inc()
         self.prompt_tokens.inc(usage.prompt_tokens)
         self.generation_tokens.inc(usage.completion_tokens)
@@ -83,7 +84,7 @@ class RequestMetrics:
             self.ttft.observe(ttft_s)
         if timings.predicted_n > 1 and timings.decode_s > 0:
             self.itl.observe(timings.decode_s / (timings.predicted_n - 1))
-        self.e2e.observe(e2e_s)
+        self.e2e.observe(timings.queue_s + timings.prefill_s + timings.decode_s)
 
     def request_rejected(self, code: str | None) -> None:
         self.rejected.labels(code or "unknown").inc()
@@ -108,8 +109,10 @@ class SnapshotCollector(Collector):
         stats = self._snapshot()
         yield _gauge("num_requests_running", "Requests admitted to the engine.",
                      len(stats.queue.running))
-        yield _gauge("num_requests_waiting", "Requests queued for admission.",
+        yield _gauge("num_requests_waiting",
+                     "Requests queued for admission (waiting at a paused gate included).",
                      len(stats.queue.pending))
+        yield from _latency_metrics(stats)
         kv = stats.kv
         yield _gauge("kv_pages_total", "KV pool pages.", kv.total)
         yield _gauge("kv_pages_used", "KV pages held by requests.", kv.used)
@@ -148,6 +151,28 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(f"{PREFIX}{name}", documentation, value=value)
+
+
+def _latency_metrics(stats: EngineStats) -> Iterator[Metric]:
+    """The console's latency block: quantiles and ends over the last minute."""
+    latency = stats.latency
+    quantiles = GaugeMetricFamily(
+        f"{PREFIX}request_latency_window_seconds",
+        f"Latency quantiles of requests that ended in the last {latency.window_s:.0f} s "
+        "(ttft, itl, e2e, queue; all from arrival).", labels=["kind", "quantile"])
+    for kind in ("ttft", "itl", "e2e", "queue"):
+        p = getattr(latency, kind)
+        for q, value in (("0.5", p.p50), ("0.95", p.p95), ("0.99", p.p99)):
+            quantiles.add_metric([kind, q], value)
+    yield quantiles
+    yield _gauge("request_rate_window", "Requests that ended per second over the window.",
+                 latency.rate_per_s)
+    ends = GaugeMetricFamily(f"{PREFIX}requests_window",
+                             "Requests that ended in the window, by finish reason or error code.",
+                             labels=["outcome"])
+    for outcome, n in latency.outcomes:
+        ends.add_metric([outcome], n)
+    yield ends
 
 
 def _expert_metrics(stats: EngineStats) -> Iterator[Metric]:

@@ -1,7 +1,8 @@
 """Where a generation request's life fans out to `/metrics` and the JSONL request log.
 
 `install(app)` adds the innermost middleware, which puts the current HTTP request's `_Scope`
-(sinks, request id, dialect, arrival time) in a context variable. `RequestTrace` (logs.py) asks
+(sinks, request id, dialect, arrival time) in a context variable, and marks the request's
+`Arrival` for the engine (queue wait and TTFT count from that same instant everywhere). `RequestTrace` (logs.py) asks
 `trace_observer()` for its observer when it is created and reports its start and its one
 terminal line to it, so the protocol modules pass nothing along. Generation requests refused
 with an `ApiError` before a trace exists (body, preparation, engine not ready) are reported by
@@ -19,9 +20,11 @@ from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
+from ninfer_engine.arrival import Arrival, reset_arrival, set_arrival
+from ninfer_engine.stats import time_to_first_token
 from ninfer_engine.types import Timings, Usage
 
-from .context import CONFIG, DIALECT, ENGINE, REQUEST_ID
+from .context import CONFIG, DIALECT, ENGINE, REQUEST_ID, client_label
 from .errors import ANTHROPIC, ApiError
 from .metrics import METRICS, RequestMetrics
 from .request_log import SERVER_ARGV, RequestLog, log_throughput
@@ -43,6 +46,8 @@ class Sinks:
 
     metrics: RequestMetrics
     log: RequestLog | None = None
+    # the supervisor's ledger of refused requests (absent on a bare engine)
+    rejected: Callable[[str, str | None, str | None], None] | None = None
 
 
 SINKS = web.AppKey("ninfer_observer_sinks", Sinks)
@@ -54,7 +59,14 @@ class _Scope:
     request_id: str
     dialect: str
     arrived_at: float  # time.monotonic()
+    client: str | None = None
     traced: bool = False
+
+    def rejected(self, code: str | None) -> None:
+        """A refusal that never reached the engine: /metrics and the supervisor's ledger."""
+        self.sinks.metrics.request_rejected(code)
+        if self.sinks.rejected is not None:
+            self.sinks.rejected(self.request_id, code, self.client)
 
 
 _SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("ninfer_scope",
@@ -72,6 +84,8 @@ def error_fields(error: ApiError, dialect: str, request_id: str) -> dict[str, ob
 
 class NullObserver:
     """For traces made outside a served request (unit tests, tools)."""
+
+    request_id: str | None = None
 
     def started(self, trace: RequestTrace, stream: bool, messages: int, max_output: int,
                 thinking: str, client: str | None) -> None:
@@ -91,6 +105,7 @@ class TraceObserver(NullObserver):
 
     def __init__(self, scope: _Scope) -> None:
         self.scope = scope
+        self.request_id = scope.request_id
 
     def started(self, trace: RequestTrace, stream: bool, messages: int, max_output: int,
                 thinking: str, client: str | None) -> None:
@@ -102,9 +117,9 @@ class TraceObserver(NullObserver):
     def done(self, trace: RequestTrace, finish: str, stop_sequence: str | None, usage: Usage,
              timings: Timings, first_output_at: float | None) -> None:
         arrived = self.scope.arrived_at
-        ttft_s = None if first_output_at is None else first_output_at - arrived
+        ttft_s = time_to_first_token(timings, usage.completion_tokens)
         total_s = time.monotonic() - arrived
-        self.scope.sinks.metrics.request_done(finish, usage, timings, ttft_s, total_s)
+        self.scope.sinks.metrics.request_done(finish, usage, timings, ttft_s)
         log = self.scope.sinks.log
         if log is not None:
             log.request_done(trace.number, self.scope.request_id, trace.protocol, finish,
@@ -115,7 +130,10 @@ class TraceObserver(NullObserver):
               code: str | None) -> None:
         scope, log = self.scope, self.scope.sinks.log
         if outcome == "rejected":
-            scope.sinks.metrics.request_rejected(code)
+            if code == "server_overloaded":  # refused at the door: the engine never saw it
+                scope.rejected(code)
+            else:
+                scope.sinks.metrics.request_rejected(code)
             if log is not None:
                 error = ApiError(status, "", code)
                 log.request_rejected(trace.number, scope.request_id, trace.protocol, phase,
@@ -138,8 +156,10 @@ def trace_observer() -> NullObserver:
 async def scope_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    scope = _Scope(request.app[SINKS], request[REQUEST_ID], request[DIALECT], time.monotonic())
+    scope = _Scope(request.app[SINKS], request[REQUEST_ID], request[DIALECT], time.monotonic(),
+                   _label(request))
     token = _SCOPE.set(scope)
+    arrival = set_arrival(Arrival(scope.arrived_at, scope.client))
     try:
         return await handler(request)
     except ApiError as error:
@@ -148,11 +168,19 @@ async def scope_middleware(
             _rejected_before_trace(scope, protocol, error)
         raise
     finally:
+        reset_arrival(arrival)
         _SCOPE.reset(token)
 
 
+def _label(request: web.Request) -> str | None:
+    try:
+        return client_label(request)
+    except ApiError:  # the handler refuses the request for it; the label is not shown
+        return None
+
+
 def _rejected_before_trace(scope: _Scope, protocol: str, error: ApiError) -> None:
-    scope.sinks.metrics.request_rejected(error.code)
+    scope.rejected(error.code)
     if scope.sinks.log is not None:
         scope.sinks.log.request_rejected(None, scope.request_id, protocol, "prepare",
                                          error_fields(error, scope.dialect, scope.request_id))
@@ -184,6 +212,6 @@ async def _request_log_context(app: web.Application) -> AsyncIterator[None]:
 
 def install(app: web.Application) -> None:
     """Wire request observation into `app`; call after `metrics.add_routes(app)`."""
-    app[SINKS] = Sinks(app[METRICS])
+    app[SINKS] = Sinks(app[METRICS], rejected=getattr(app[ENGINE], "record_rejection", None))
     app.middlewares.append(scope_middleware)
     app.cleanup_ctx.append(_request_log_context)

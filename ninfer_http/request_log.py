@@ -8,8 +8,9 @@ one terminal event per prepared request (`request_done`, `request_error` or
 preparation finished, and `throughput` per `--log-stats-interval-ms` (idle intervals skipped).
 
 Prompts, outputs, stop strings and keys are never written. In `timings_seconds`, `prepare`,
-`ttft` and `total` are measured from the HTTP request's arrival; `prefill` and `decode` are the
-engine's phase durations.
+`ttft` and `total` are measured from the HTTP request's arrival (`ttft` is the engine's, the
+same figure as the console, the stderr line and `/metrics`); `prefill` and `decode` are the
+engine's phase durations. A `throughput` event covers the time since the previous one.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from ninfer_engine.config import EngineConfig
-from ninfer_engine.stats import EngineStats
+from ninfer_engine.stats import EngineStats, interval_throughput
 from ninfer_engine.types import Timings, Usage
 
 ARTIFACT_TYPE = "ninfer_serve_request_log"
@@ -148,8 +149,10 @@ class RequestLog:
             speculative=speculative,
         )
 
-    def throughput(self, stats: EngineStats) -> None:
-        tp, queue, kv, counters = stats.throughput, stats.queue, stats.kv, stats.counters
+    def throughput(self, stats: EngineStats, before: EngineStats | None = None) -> None:
+        """One `throughput` event over the time since `before` (the previous event's)."""
+        tp = interval_throughput(before, stats)
+        queue, kv, counters = stats.queue, stats.kv, stats.counters
         phases = [r.phase for r in queue.running]
         experts = None if stats.experts is None else dataclasses.asdict(stats.experts)
         spec = None
@@ -172,16 +175,20 @@ class RequestLog:
         )
 
 
-def is_idle(stats: EngineStats) -> bool:
-    tp = stats.throughput
-    return not (tp.decode_tokens or tp.prefill_tokens or stats.queue.running)
+def is_idle(stats: EngineStats, before: EngineStats | None = None) -> bool:
+    """No tokens since `before` and nobody running or waiting, or an engine not serving."""
+    tp = interval_throughput(before, stats)
+    busy = tp.decode_tokens or tp.prefill_tokens or stats.queue.running or stats.queue.pending
+    return not (stats.live and busy)
 
 
 async def log_throughput(log: RequestLog, snapshot: Callable[[], EngineStats],
                          interval_s: float) -> None:
     """Write a `throughput` event every `interval_s` seconds until cancelled."""
+    before = snapshot()
     while True:
         await asyncio.sleep(interval_s)
         stats = snapshot()
-        if not is_idle(stats):
-            log.throughput(stats)
+        if not is_idle(stats, before):
+            log.throughput(stats, before)
+        before = stats

@@ -2,7 +2,8 @@
 
 Parses and validates the command line, checks that every requested feature can run here, then
 starts either the Textual console (a TTY) or the headless server. Exit codes: 0 on SIGINT or
-SIGTERM, 1 for any startup failure, 2 after an engine-wide failure in headless mode.
+SIGTERM (after a graceful drain, `--drain-timeout-ms`), 1 for any startup failure, 2 after an
+engine-wide failure in headless mode.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ Network:   --host H (127.0.0.1)  --port N (8080)  --api-key KEY  --model-id ID  
            --max-request-mib N (384)
 Capacity:  --max-context N (8192)  --kv-capacity N|auto  --max-concurrency 1..8 (1)
            --max-pending-requests N (16)  --pending-timeout-ms N (30000)
+           --drain-timeout-ms N (10000: on quit or SIGTERM, running requests get this long)
            --prefill-chunk N|auto (4096 CUDA, 1024 CPU)  --kv-lease-window N (4096)
            --kv-dtype bf16|int8|fp8|nvfp4|k8v4  --elastic  --kv-grow N  --kv-budget-gib G
            --vram-headroom-mib N

@@ -1,22 +1,25 @@
 """Headless serving (`--no-tui`, systemd, any start without a TTY). Never imports Textual.
 
-Loads the engine and serves HTTP (the app logs `listening on …` and one `throughput` line per
-interval from `EngineStats`). Exits 0 on SIGINT/SIGTERM, 1 on a startup failure, and 2 within
-250 ms of an engine-wide failure.
+Loads the engine and serves HTTP (the app logs `listening on …`, then one `ready` summary line,
+one line per request and one `throughput` line per interval from `EngineStats`). SIGINT or
+SIGTERM drains (`--drain-timeout-ms`; a second signal cuts it short) and exits 0; a startup
+failure exits 1, an engine-wide failure exits 2 within 250 ms.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import time
 
 from ninfer_engine.config import EngineConfig
-from ninfer_engine.stats import EngineStats
 from ninfer_engine.supervisor import Supervisor
+from ninfer_http.admission import SLOTS
 from ninfer_http.app import create_app
 from ninfer_http.logs import configure_logging
 from ninfer_http.request_log import SERVER_ARGV
 from ninfer_http.server import start_server
+from ninfer_http.shutdown import graceful_stop, startup_line, stopped_line
 
 log = logging.getLogger("ninfer")
 
@@ -32,6 +35,7 @@ async def _serve(argv: list[str], config: EngineConfig) -> int:
     loop = asyncio.get_running_loop()
     failed = asyncio.Event()
     supervisor = Supervisor(argv, on_failure=lambda _: loop.call_soon_threadsafe(failed.set))
+    began = time.monotonic()
     try:
         await loop.run_in_executor(None, supervisor.load)
     except Exception as exc:  # any load failure is a startup failure: one line, exit 1
@@ -48,11 +52,11 @@ async def _serve(argv: list[str], config: EngineConfig) -> int:
         log.error("%s", _one_line(exc))
         await loop.run_in_executor(None, supervisor.stop)
         return 1
-    log.info(capacity_line(supervisor.snapshot()))
+    log.info(startup_line(supervisor.snapshot(), config, time.monotonic() - began))
 
-    stop = asyncio.Event()
+    stop, again = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda: (again if stop.is_set() else stop).set())
     waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(failed.wait())]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     for task in waiters:
@@ -65,19 +69,12 @@ async def _serve(argv: list[str], config: EngineConfig) -> int:
         await server.stop()
         supervisor.stop()
         return 2
-    log.info("shutting down")
-    await server.stop()
-    await loop.run_in_executor(None, supervisor.stop)
+    slots = app[SLOTS]
+    cut = await graceful_stop(supervisor, server, lambda: slots.in_use,
+                              config.drain_timeout_ms / 1000, skip=again)
+    log.info(stopped_line(cut))  # the last line: the server and the engine are gone
     return 0
 
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def capacity_line(stats: EngineStats) -> str:
-    kv = stats.kv
-    runtime = ", ".join(d.name for d in stats.devices) or "cpu"
-    return (f"capacity | KV {kv.total * kv.page_tokens:,} tokens, {kv.dtype} | "
-            f"pages {kv.used}/{kv.total} | runtime {runtime} | "
-            f"free {stats.host.total - stats.host.used:,} B RAM")

@@ -11,7 +11,7 @@ def test_busy_snapshot_document(serve):
     engine = FakeEngine()
     engine.snapshot = busy_stats
     doc = serve(engine).request("GET", "/engine/state").json()
-    assert doc["state"] == "ready" and doc["failure"] is None
+    assert doc["state"] == "ready" and doc["failure"] is None and doc["admission"] == "open"
     assert doc["profile"] == "flash-next" and doc["model_id"] == "fake-model"
     assert 119.0 <= doc["uptime_s"] <= 121.0
     [gpu0, gpu1] = doc["memory"]["devices"]
@@ -24,12 +24,13 @@ def test_busy_snapshot_document(serve):
     assert doc["state_slots"] == {"running_total": 4, "running_used": 2, "checkpoint_total": 4,
                                   "checkpoint_used": 3, "checkpoints": 3}
     assert doc["experts"] == {"slots": 384, "resident": 371, "hits": 9000, "misses": 1000,
-                              "lent_pages": 50, "cpu_share": 0.18}
+                              "lent_pages": 50, "cpu_share": 0.18, "routed": 0, "active": 0,
+                              "layers": 0}
     assert doc["spec"] == {"backend": "mtp", "draft_tokens": 3, "rounds": 1000, "drafted": 3000,
                            "accepted": 2040, "accepted_per_position": [0.84, 0.68, 0.52],
                            "tokens_per_round": 3.04}
     assert doc["queue"] == {
-        "pending": [{"id": "req_c", "wait_ms": 250}],
+        "pending": [{"id": "req_c", "phase": "queued", "wait_ms": 250}],
         "running": [{"id": "req_a", "phase": "decode", "prompt_tokens": 3000,
                      "output_tokens": 800, "tok_s": 41.5},
                     {"id": "req_b", "phase": "prefill", "prompt_tokens": 2500,

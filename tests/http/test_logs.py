@@ -11,7 +11,9 @@ import time
 import pytest
 
 from fake_engine import FAKE_CONFIG, FakeEngine
-from ninfer_engine.stats import EngineStats, KvStats, QueueStats, RequestView, Throughput
+from dataclasses import replace
+
+from ninfer_engine.stats import Counters, EngineStats, KvStats, QueueStats, RequestView, Throughput
 from ninfer_engine.types import Timings, Usage
 from ninfer_http.app import create_app
 from ninfer_http.logs import (
@@ -68,16 +70,19 @@ def test_trace_and_off_levels(stderr):
 
 
 def test_request_lines(stderr):
-    trace = RequestTrace("openai-chat", True, 3, 8192, "medium")
+    trace = RequestTrace("openai-chat", True, 3, 8192, "medium", client="bench")
+    # TTFT is the engine's, from arrival: queue wait plus prefill
     trace.done("stop", None, Usage(2139, 54088, 129),
-               Timings(decode_s=2.0, predicted_n=339, draft_n=10, draft_accepted=7),
-               trace.started_at + 0.323)
+               Timings(queue_s=0.120, prefill_s=0.203, decode_s=2.0, predicted_n=339, draft_n=10,
+                       draft_accepted=7),
+               trace.started_at + 0.2)
     started, done = [line.split("  ", 2)[2] for line in stderr.getvalue().splitlines()]
     n = trace.number
     assert started == (f"req#{n} started | openai-chat stream | 3 messages | "
-                       "max output 8,192 | thinking medium")
-    assert done.startswith(f"req#{n} done | openai-chat | stop token | prompt 2,139 | "
-                           "output 54,088 | cache 129 (6.0%) | TTFT 323 ms | total ")
+                       "max output 8,192 | thinking medium | client bench")
+    assert done.startswith(f"req#{n} done | openai-chat | stop token | client bench | "
+                           "prompt 2,139 | output 54,088 | cache 129 (6.0%) | queue 120 ms | "
+                           "TTFT 323 ms | total ")
     assert done.endswith("| decode 169.0 tok/s | draft accepted 7/10 (70%)")
     assert trace.closed
     other = RequestTrace("openai-chat", False, 1, 5, "default")
@@ -99,8 +104,8 @@ def test_server_logs_no_prompt_output_or_key(serve, stderr):
     text = stderr.getvalue()
     assert "listening on http://127.0.0.1:" in text and "| auth bearer" in text
     assert (" started | openai-chat | 1 messages | max output 64 | thinking default | "
-            "client tester") in text
-    assert " done | openai-chat | stop token | prompt " in text
+            "client tester | id req_") in text
+    assert " done | openai-chat | stop token | client tester | prompt " in text
     for secret in ("SECRET-PROMPT", "SECRET-OUTPUT", "sekrit-key"):
         assert secret not in text
 
@@ -114,31 +119,49 @@ def test_durations_and_listening_line():
         "listening on http://127.0.0.1:8080 | model capy-flash | auth disabled")
 
 
-def test_throughput_line():
+def test_throughput_line_covers_its_own_interval():
     assert throughput_line(EngineStats(at=0.0, state="ready")) is None
-    stats = EngineStats(
-        at=0.0, state="ready",
-        throughput=Throughput(decode_tok_s=190.6, batch=1.0, interval_s=5.0, decode_tokens=953),
-        queue=QueueStats(running=(RequestView(id="r1", phase="decode"),)),
+    before = EngineStats(at=100.0, state="ready", started_at=50.0,
+                         counters=Counters(decode_tokens=47, steps=40, batch_rows=40,
+                                           prefix_cache_queries=3, prefix_cache_hits=1))
+    stats = replace(
+        before, at=105.0,
+        # the engine's own last interval says something else: the line must not use it
+        throughput=Throughput(decode_tok_s=1.2, batch=1.0, interval_s=1.6, decode_tokens=2),
+        counters=Counters(decode_tokens=1000, steps=500, batch_rows=1000,
+                          prefix_cache_queries=4, prefix_cache_hits=3),
+        queue=QueueStats(running=(RequestView(id="r1", phase="decode"),),
+                         pending=(RequestView(id="r2", phase="paused"),)),
         kv=KvStats(total=100, used=12, lent=3),
     )
-    assert throughput_line(stats) == ("throughput | 5.0s | decode 190.6 tok/s (953 tok) | "
-                                      "running 1 (decode-ready 1) | batch 1.00 | "
-                                      "kv 12/100 pages (lent 3)")
+    assert throughput_line(stats, before) == (
+        "throughput | 5.0s | decode 190.6 tok/s (953 tok) | running 1 (decode-ready 1) | "
+        "waiting 1 | batch 2.09 | kv 12% (12/100 pages, lent 3) | prefix hits 75% (3/4)")
+    # after a reload the counters restart: the interval starts at the new engine's start
+    reloaded = replace(stats, started_at=104.0, counters=Counters(decode_tokens=10, steps=10,
+                                                                   batch_rows=10))
+    assert throughput_line(reloaded, before).startswith(
+        "throughput | 1.0s | decode 10.0 tok/s (10 tok)")
+    # a failed engine says nothing, however busy it was
+    assert throughput_line(replace(stats, state="failed"), before) is None
 
 
 def test_throughput_is_logged_every_interval_while_busy(serve, caplog):
     engine = FakeEngine()
-    busy = EngineStats(at=0.0, state="ready",
-                       throughput=Throughput(decode_tok_s=10.0, interval_s=0.05, decode_tokens=1))
-    engine.snapshot = lambda: busy
+    calls = iter(range(1_000_000))
+
+    def busy() -> EngineStats:  # one decode token per 0.25 s of snapshot clock, per call
+        n = next(calls)
+        return EngineStats(at=n * 0.25, state="ready", counters=Counters(decode_tokens=n))
+
+    engine.snapshot = busy
     with caplog.at_level(logging.INFO, logger="ninfer"):
         serve(engine, log_stats_interval_ms=50)
         for _ in range(100):
             if any(r.getMessage().startswith("throughput | ") for r in caplog.records):
                 break
             time.sleep(0.02)
-    assert any(r.getMessage().startswith("throughput | 0.1s | decode 10.0 tok/s (1 tok)")
+    assert any(r.getMessage().startswith("throughput | 0.2s | decode 4.0 tok/s (1 tok)")
                for r in caplog.records)
 
 

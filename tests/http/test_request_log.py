@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from fake_engine import FAKE_CONFIG, FakeEngine, Script
 from ninfer_engine.capabilities import Machine, check_features
 from ninfer_engine.flags import parse_args
+from ninfer_engine.stats import EngineStats
 from ninfer_engine.types import EngineError
 from ninfer_http.request_log import RequestLog, redact_argv
 from sample_stats import busy_stats
@@ -92,7 +94,10 @@ def test_events_in_order_one_terminal_each_and_nothing_secret(serve, tmp_path):
     assert done["result"]["completion_tokens"] == 2
     assert done["result"]["prefix_cache_hit_tokens"] == 2
     seconds = done["timings_seconds"]
-    assert 0 <= seconds["prepare"] <= seconds["ttft"] <= seconds["total"]
+    assert 0 <= seconds["prepare"] <= seconds["total"]
+    # TTFT is the engine's figure from arrival (queue wait + prefill), as everywhere else
+    timings = Script().timings
+    assert seconds["ttft"] == round(timings.queue_s + timings.prefill_s, 6)
     unprepared = next(e for e in rest if e["event"] == "request_rejected" and e["id"] is None)
     assert unprepared["status"] == 404 and unprepared["code"] == "model_not_found"
     assert unprepared["param"] == "model" and unprepared["type"] == "invalid_request_error"
@@ -125,7 +130,16 @@ def test_disconnect_is_a_request_error(serve, tmp_path):
 def test_throughput_events_carry_engine_stats(serve, tmp_path):
     path = tmp_path / "requests.jsonl"
     engine = FakeEngine()
-    engine.snapshot = busy_stats
+    calls = iter(range(1_000_000))
+
+    def busy_second() -> EngineStats:
+        """Each snapshot one second after the last, with one second's worth of work in it."""
+        n, stats = next(calls), busy_stats()
+        return replace(stats, at=stats.started_at + n,
+                       counters=replace(stats.counters, decode_tokens=41 * n,
+                                        prefill_tokens=2048 * n, steps=2 * n, batch_rows=3 * n))
+
+    engine.snapshot = busy_second
     serve(engine, request_log_jsonl=path, log_stats_interval_ms=20)
     log = wait_for(path, lambda found: len(found) >= 3)
     assert log[0]["event"] == "server_start"
@@ -133,7 +147,11 @@ def test_throughput_events_carry_engine_stats(serve, tmp_path):
     assert log[0]["gpu_environment"]["devices"] == ["cuda:0", "cuda:1"]
     tp = log[1]
     assert tp["event"] == "throughput"
-    assert (tp["decode_tokens"], tp["prefill_tokens"], tp["batch_avg"]) == (41, 2048, 1.5)
+    # other observers take snapshots too: an event spans a whole number of the fake's seconds
+    seconds = tp["interval_s"]
+    assert seconds >= 1 and (tp["decode_tokens"], tp["prefill_tokens"]) == (41 * seconds,
+                                                                          2048 * seconds)
+    assert (tp["decode_tok_s"], tp["prefill_tok_s"], tp["batch_avg"]) == (41.0, 2048.0, 1.5)
     assert tp["scheduler"] == {"running": 2, "prefilling": 1, "decode_ready": 1, "waiting": 1}
     assert tp["cache"] == {"prefix_cache_queries": 20000, "prefix_cache_hits": 12000}
     assert tp["kv"]["lent"] == 50 and tp["experts"]["cpu_share"] == 0.18
