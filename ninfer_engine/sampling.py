@@ -14,15 +14,21 @@ categorical sampling: one uniform from the request's own seeded generator per sa
 located in the cumulative sum (fp64) of the filtered probabilities. A request consumes exactly one
 uniform per sampled token whatever path or batch it is in, so the same seed and prompt give the
 same tokens whatever else is batched with it.
+
+A request may carry a grammar (`constrained.TokenConstraint`): its row's forbidden tokens are
+set to -inf after the penalties, for every path, and each recorded token advances the grammar.
+A request that asks for log-probabilities gets one `TokenLogprob` per output token, computed from
+the logits as given (before penalties, masks and temperature, as vLLM's raw logprobs).
 """
 from __future__ import annotations
 
 import secrets
+from typing import Any
 
 import torch
 
 from .kernels import sampling as kernels
-from .types import SamplingParams
+from .types import GenerationRequest, SamplingParams, TokenLogprob
 
 # The top-k kernel takes k max-and-mask rounds over each 4096-column chunk and then sorts
 # n_chunks·k candidates per row: past a few hundred rounds that costs about a full sort, while
@@ -66,15 +72,30 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
 
 
 class Sampler:
-    """Per-request sampler state: settings, a seeded generator, counts of generated tokens."""
+    """Per-request sampler state: settings, a seeded generator, counts of generated tokens, and
+    optionally a grammar and a log-probability sink."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, constraint: Any = None,
+                 logprobs: int | None = None, logprob_sink: list | None = None) -> None:
         self.params = params
+        self.constraint = constraint
+        self.logprobs = logprobs if logprob_sink is not None else None
+        self.logprob_sink = logprob_sink
+        self._pending: TokenLogprob | None = None  # the sampled token's entry, until recorded
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
         # a CPU generator: one uniform per token costs no device launch and no sync
         self.generator = torch.Generator()
         self.generator.manual_seed(self.seed & ((1 << 64) - 1))
         self.counts: dict[int, int] = {}
+
+    @classmethod
+    def for_request(cls, request: GenerationRequest) -> Sampler:
+        return cls(request.sampling, request.constraint, request.logprobs, request.logprob_sink)
+
+    @property
+    def constrained(self) -> bool:
+        """A grammar masks this row's next token."""
+        return self.constraint is not None and self.constraint.active
 
     def sample(self, logits: torch.Tensor) -> int:
         """Pick the next token from one row of logits [V] and record it."""
@@ -85,15 +106,23 @@ class Sampler:
         return float(torch.rand((), generator=self.generator, dtype=torch.float64))
 
     def record(self, token: int) -> None:
-        """Count an output token (sampled here or forced by the engine) for the penalties."""
+        """Count an output token (sampled here or forced by the engine) for the penalties, the
+        grammar and the log-probabilities."""
         self.counts[token] = self.counts.get(token, 0) + 1
+        if self.constraint is not None:
+            self.constraint.advance(token)
+        if self.logprob_sink is not None:
+            entry, self._pending = self._pending, None
+            self.logprob_sink.append(entry if entry is not None and entry.token == token
+                                     else TokenLogprob(token, None))
 
 
 def sample_rows(logits: torch.Tensor, samplers: list[Sampler]) -> list[int]:
     """One token per row of logits [B, V], row i by samplers[i]; records each and returns them."""
     if not samplers:
         return []
-    logits = _penalized(logits, samplers)
+    given = logits
+    logits = _constrained(_penalized(logits, samplers), samplers)
     groups: dict[str, list[int]] = {path: [] for path in _CANDIDATES}
     for i, s in enumerate(samplers):
         groups[_path(s.params)].append(i)
@@ -109,6 +138,7 @@ def sample_rows(logits: torch.Tensor, samplers: list[Sampler]) -> list[int]:
     tokens = [0] * len(samplers)
     for i, token in zip(order, torch.cat(parts).tolist()):  # the step's one device->host sync
         tokens[i] = token
+    _logprobs(given, samplers, tokens)
     for s, token in zip(samplers, tokens):
         s.record(token)
     return tokens
@@ -135,6 +165,33 @@ def _penalized(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
         logits[i] = apply_penalties(logits[i], samplers[i].counts, p.presence_penalty,
                                     p.frequency_penalty)
     return logits
+
+
+def _constrained(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
+    """Grammar masks on the rows whose request has an active one; others untouched."""
+    rows = [i for i, s in enumerate(samplers) if s.constrained]
+    if not rows:
+        return logits
+    from .constrained.mask import apply_constraints  # llguidance only when a grammar is used
+
+    return apply_constraints(logits, rows, [samplers[i].constraint for i in rows])
+
+
+def _logprobs(logits: torch.Tensor, samplers: list[Sampler], tokens: list[int]) -> None:
+    """Each asking row's entry for its token: log_softmax of its row of `logits`, the token's
+    value and the top alternatives (one more host copy, only when some row asks)."""
+    rows = [i for i, s in enumerate(samplers) if s.logprobs is not None]
+    if not rows:
+        return
+    index = torch.tensor(rows, device=logits.device)
+    logp = logits.index_select(0, index).float().log_softmax(-1)
+    chosen = logp.gather(1, torch.tensor([[tokens[i]] for i in rows], device=logits.device))
+    k = max(samplers[i].logprobs for i in rows)
+    top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
+    for i, value, values, ids in zip(rows, chosen[:, 0].tolist(), top_values.tolist(),
+                                     top_ids.tolist()):
+        n = samplers[i].logprobs
+        samplers[i]._pending = TokenLogprob(tokens[i], value, tuple(zip(ids[:n], values[:n])))
 
 
 def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:

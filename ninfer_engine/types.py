@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class EngineState(str, Enum):
@@ -53,6 +54,25 @@ class GenerationRequest:
     thinking_close_ids: tuple[int, ...] = ()
     think_end_ids: tuple[int, ...] = ()
     report_progress: bool = False  # one `progress` event per prefill chunk
+    # Constrained decoding: a `constrained.TokenConstraint` (built by the caller, one per
+    # generation) masks every sampled token of this request.
+    constraint: Any = field(default=None, compare=False)
+    # Log-probabilities: `logprobs` alternatives per output token (0 = the chosen token only);
+    # the sampler appends one `TokenLogprob` per output token to `logprob_sink` before that
+    # token's event is emitted, so a reader that has the event has its entries.
+    logprobs: int | None = None
+    logprob_sink: list | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability under the logits the sampler was given (before
+    penalties, masks and temperature), and the `top` most likely tokens there. A token forced
+    by the engine (thinking close) has `logprob` None."""
+
+    token: int
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,13 @@
+"""Constrained decoding with llguidance: grammars from JSON schemas and tool definitions
+(grammar.py), one request's grammar state (matcher.py) and the batched token masks the sampler
+applies (mask.py)."""
+from .grammar import (
+    GrammarError,
+    json_object_grammar,
+    json_schema_grammar,
+    tool_call_grammar,
+)
+from .matcher import ConstraintUnavailable, TokenConstraint, compile_constraint
+
+__all__ = ["ConstraintUnavailable", "GrammarError", "TokenConstraint", "compile_constraint",
+           "json_object_grammar", "json_schema_grammar", "tool_call_grammar"]

@@ -1,0 +1,74 @@
+"""One request's grammar state, advanced by every output token the sampler records.
+
+`compile_constraint(tokenizer, grammar)` builds it for the engine's tokenizer (the llguidance
+view of a tokenizer costs about half a second to build, so it is made once per tokenizer).
+A constraint may wait for a token sequence before it applies (`start_after`: the end of a
+thinking block), so a reasoning model thinks freely and only its answer is constrained.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from typing import Any, Sequence
+
+import llguidance
+
+from .grammar import GrammarError
+
+_TOKENIZERS: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+class ConstraintUnavailable(RuntimeError):
+    """The engine's tokenizer is not one llguidance can read (a scripted test engine)."""
+
+
+def llg_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
+    """The llguidance tokenizer of an engine `Tokenizer` (its Hugging Face `tokenizer.json`)."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None or not hasattr(backend, "to_str"):
+        raise ConstraintUnavailable("this engine's tokenizer cannot drive constrained decoding")
+    with _LOCK:
+        cached = _TOKENIZERS.get(tokenizer)
+        if cached is None:
+            cached = llguidance.LLTokenizer(backend.to_str(), n_vocab=tokenizer.vocab_size,
+                                            eos_token=list(tokenizer.eos_token_ids))
+            _TOKENIZERS[tokenizer] = cached
+        return cached
+
+
+class TokenConstraint:
+    """The tokens a grammar allows next, for one generation."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab: int,
+                 start_after: Sequence[int] = ()) -> None:
+        self.matcher = matcher
+        self.vocab = vocab  # tokens the grammar's tokenizer knows (bits of one mask row)
+        self._start_after = tuple(start_after)
+        self._recent: deque[int] = deque(maxlen=max(len(self._start_after), 1))
+        self.active = not self._start_after
+
+    def advance(self, token: int) -> None:
+        """Record an output token (sampled or forced by the engine)."""
+        if self.active:
+            self.matcher.consume_token(token)  # a refused token leaves the matcher in error
+            return
+        self._recent.append(token)
+        if tuple(self._recent) == self._start_after:
+            self.active = True
+
+    def check(self) -> None:
+        """Raise when the output already left the grammar (no mask can repair that)."""
+        if self.matcher.is_error():
+            raise RuntimeError(f"the output left its grammar: {self.matcher.get_error()}")
+
+
+def compile_constraint(tokenizer: Any, grammar: str,
+                       start_after: Sequence[int] = ()) -> TokenConstraint:
+    """A fresh constraint for `grammar` (from grammar.py) over the engine's tokenizer."""
+    view = llg_tokenizer(tokenizer)
+    matcher = llguidance.LLMatcher(view, grammar, log_level=0)
+    if matcher.is_error():
+        raise GrammarError(matcher.get_error())
+    return TokenConstraint(matcher, view.vocab_size, start_after)
