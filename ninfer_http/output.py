@@ -49,10 +49,12 @@ class OutputSplitter(Protocol):
 class ParsedOutput:
     """Reasoning and (when `tools` is set) tool-call parsing over one generation's text."""
 
-    def __init__(self, opened_thinking: bool, tools: list[dict[str, Any]] | None) -> None:
+    def __init__(self, opened_thinking: bool, tools: list[dict[str, Any]] | None,
+                 parallel_tool_calls: bool = True) -> None:
         self._reasoning = ReasoningSplitter(opened=opened_thinking)
         self._tools = ToolCallParser(tools) if tools else None
         self._calls: list[OutputDelta] = []
+        self._max_calls = None if parallel_tool_calls else 1  # `parallel_tool_calls: false`
 
     @property
     def in_reasoning(self) -> bool:
@@ -80,6 +82,8 @@ class ParsedOutput:
     def _answer(self, items: list[str | ToolCall], out: list[OutputDelta]) -> None:
         for item in items:
             if isinstance(item, ToolCall):
+                if self._max_calls is not None and len(self._calls) >= self._max_calls:
+                    continue  # one call per turn was asked for: later ones are dropped
                 call = ParsedToolCall(item.name, item.arguments)
                 self._calls.append(OutputDelta("tool_call", tool_call=call))
             else:
@@ -88,4 +92,4 @@ class ParsedOutput:
 
 def output_splitter(prepared: PreparedRequest) -> ParsedOutput:
     """The splitter for one prepared request."""
-    return ParsedOutput(prepared.opens_thinking, prepared.tools)
+    return ParsedOutput(prepared.opens_thinking, prepared.tools, prepared.parallel_tool_calls)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer_engine.client import ServingEngine
+from ninfer_engine.constrained import ConstraintUnavailable, GrammarError, compile_constraint
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from .errors import ApiError, invalid_value
@@ -50,6 +51,10 @@ class ChatRequest:
     prefill: str = ""  # the start of the answer, continued by the model (Anthropic prefill)
     thinking_budget: int | None = None  # the reasoning cap, applied when the prompt opens thinking
     report_progress: bool = False  # Chat's `return_progress` on a stream
+    grammar: str | None = None  # llguidance grammar the answer must follow (forced_tools.py)
+    logprobs: int | None = None  # alternatives per output token (0: chosen only); None: off
+    parallel_tool_calls: bool = True  # False: at most one tool call is returned
+    session_key: str | None = None  # prefix-reuse hint (Responses' prompt_cache_key)
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class PreparedRequest:
     max_tokens: int  # effective output limit after the context clamp
     opens_thinking: bool = False  # the prompt ends inside `<think>`: output starts as reasoning
     tools: list[dict[str, Any]] | None = None  # offered tools, whose schemas type call arguments
+    parallel_tool_calls: bool = True
+    grammar: str | None = None  # compiled afresh for every choice (`choice`)
 
 
 def resolve_sampling(defaults: SamplingParams, overrides: dict[str, Any]) -> SamplingParams:
@@ -136,6 +143,36 @@ def thinking_cap(engine: ServingEngine, budget: int, max_tokens: int) -> dict[st
             "think_end_ids": encode_fragment(engine, THINK_END)}
 
 
+def _constraint(engine: ServingEngine, grammar: str | None, thinks: bool) -> Any:
+    """A fresh grammar state for one generation; a thinking model is constrained after
+    `</think>` only."""
+    if grammar is None:
+        return None
+    start_after = encode_fragment(engine, THINK_END) if thinks else ()
+    try:
+        return compile_constraint(engine.tokenizer, grammar, start_after)
+    except ConstraintUnavailable as exc:
+        raise ApiError(400, f"Constrained output is not available: {exc}.",
+                       "unsupported_parameter") from None
+    except GrammarError as exc:
+        raise ApiError(400, f"The output constraint cannot be enforced: {exc}",
+                       "invalid_value") from None
+
+
+def choice(engine: ServingEngine, prepared: PreparedRequest, index: int) -> PreparedRequest:
+    """The request of choice `index` (n > 1): its own id, grammar state and log-probability
+    sink, and seed + index when a seed was given (choices must differ)."""
+    generation = prepared.generation
+    seed = generation.sampling.seed
+    sampling = generation.sampling if seed is None else dataclasses.replace(
+        generation.sampling, seed=seed + index)
+    forked = dataclasses.replace(
+        generation, request_id=f"{generation.request_id}-{index}", sampling=sampling,
+        constraint=_constraint(engine, prepared.grammar, prepared.opens_thinking),
+        logprob_sink=None if generation.logprobs is None else [])
+    return dataclasses.replace(prepared, generation=forked)
+
+
 def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> PreparedRequest:
     """Build the engine request; raises `ApiError` for anything the client must fix."""
     text = render_text(engine, request)
@@ -157,6 +194,11 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
         stop=request.stop,
         protocol=request.protocol,
         report_progress=request.report_progress,
+        session_key=request.session_key,
+        constraint=_constraint(engine, request.grammar, thinks),
+        logprobs=request.logprobs,
+        logprob_sink=None if request.logprobs is None else [],
         **cap,
     )
-    return PreparedRequest(generation, len(prompt_ids), max_tokens, thinks, request.tools)
+    return PreparedRequest(generation, len(prompt_ids), max_tokens, thinks, request.tools,
+                           request.parallel_tool_calls, request.grammar)

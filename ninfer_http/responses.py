@@ -10,7 +10,6 @@ shared code says `messages`. After the SSE headers a failure is `response.failed
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -29,9 +28,11 @@ from .errors import ApiError, unsupported
 from .generation import Generation, start_generation
 from .logs import RequestTrace
 from .prompt import ChatRequest, prepare, render_prompt
-from .responses_items import Conversation, item_id, output_message
+from .reasoning_seal import ReasoningSeal
+from .responses_items import Conversation
 from .responses_pages import check_query, input_items_page
 from .responses_request import ResponsesRequest, check_model, parse_create
+from .responses_shapes import item_id, output_message
 from .responses_store import ResponseStore, StoredResponse, json_size
 from .responses_stream import Event, OutputBuilder
 from .streaming import serve_stream
@@ -40,6 +41,7 @@ from .validate import parse_json_object
 
 PROTOCOL = "openai-responses"
 STORE = web.AppKey("ninfer_response_store", ResponseStore)
+SEAL = web.AppKey("ninfer_reasoning_seal", ReasoningSeal)  # this process's encrypted_content key
 _RETRIEVE_QUERY = frozenset({"include", "include[]", "stream", "starting_after",
                              "include_obfuscation"})
 
@@ -48,6 +50,7 @@ def add_responses_routes(app: web.Application) -> None:
     """Register every `/v1/responses` route and the app's response store (needs CONFIG)."""
     config = app[CONFIG]
     app[STORE] = ResponseStore(config.response_store_max_records, config.response_store_max_mib)
+    app[SEAL] = ReasoningSeal()
     router = app.router
     router.add_post("/v1/responses", create_response)
     router.add_post("/v1/responses/input_tokens", count_input_tokens)
@@ -80,6 +83,12 @@ class _Turn:
     chat: ChatRequest
     session_key: str
     preserve_thinking: bool | None  # the root's, stored for later continuations
+    history: list[dict[str, Any]]  # the earlier turns' input and output items (input_items)
+
+    @property
+    def input_items(self) -> list[dict[str, Any]]:
+        """Every item used to generate this response: earlier turns', then this request's."""
+        return [*self.history, *self.conversation.items]
 
 
 def _with_instructions(instructions: str | None, messages: list[dict[str, Any]]
@@ -94,14 +103,14 @@ def _with_instructions(instructions: str | None, messages: list[dict[str, Any]]
 
 
 def _turn(raw: bytes, engine: ServingEngine, config: EngineConfig, store: ResponseStore,
-          model_required: bool) -> _Turn:
+          seal: ReasoningSeal, model_required: bool) -> _Turn:
     body = parse_json_object(raw)
     parsed = parse_create(body, config)
     check_model(parsed.model, engine.model_id, model_required)
     previous = None
     if parsed.previous_response_id is not None:
         previous = store.get(parsed.previous_response_id, param="previous_response_id")
-    conversation = Conversation(previous.conversation if previous else ())
+    conversation = Conversation(previous.conversation if previous else (), seal.open)
     conversation.add_all(parsed.input)
     kwargs = dict(parsed.template_kwargs)
     preserve = kwargs.get("preserve_thinking")
@@ -111,37 +120,42 @@ def _turn(raw: bytes, engine: ServingEngine, config: EngineConfig, store: Respon
         if preserve is not None:
             kwargs["preserve_thinking"] = preserve
     response_id = item_id("resp_")
+    # a chain shares its root's key; Codex names its thread with prompt_cache_key instead
+    session_key = parsed.prompt_cache_key or (previous.session_key if previous else response_id)
     chat = ChatRequest(
         protocol=PROTOCOL,
         messages=_with_instructions(parsed.instructions, conversation.messages),
-        tools=parsed.tools,
+        tools=parsed.tools.template,
         max_tokens=parsed.max_output_tokens,
         sampling=parsed.sampling,
         template_kwargs=kwargs,
         stream=parsed.stream,
         thinking=parsed.thinking,
         thinking_budget=config.default_thinking_budget,
+        grammar=parsed.grammar,
+        parallel_tool_calls=parsed.parallel_tool_calls,
+        session_key=session_key,
     )
-    return _Turn(response_id, parsed, conversation, chat,
-                 previous.session_key if previous else response_id,
-                 previous.preserve_thinking if previous else preserve)
+    history = [*previous.input_items, *previous.response["output"]] if previous else []
+    return _Turn(response_id, parsed, conversation, chat, session_key,
+                 previous.preserve_thinking if previous else preserve, history)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     engine = ready_engine(request)
     label = client_label(request)
     store = request.app[STORE]
-    turn = _turn(await request.read(), engine, request.app[CONFIG], store, model_required=True)
+    turn = _turn(await request.read(), engine, request.app[CONFIG], store, request.app[SEAL],
+                 model_required=True)
     with _input_param():
         prepared = prepare(engine, turn.chat, request_id(request))
-    generation_request = dataclasses.replace(prepared.generation, session_key=turn.session_key)
-    prepared = dataclasses.replace(prepared, generation=generation_request)
     if turn.parsed.store:
-        store.check_fits(json_size(turn.conversation.items, turn.conversation.messages))
+        store.check_fits(json_size(turn.input_items, turn.conversation.messages))
     trace = RequestTrace(PROTOCOL, turn.chat.stream, len(turn.chat.messages),
                          prepared.max_tokens, turn.chat.thinking, label)
     async with start_generation(engine, prepared, trace, request.app[SLOTS]) as generation:
-        reply = _Reply(turn, generation, engine, store)
+        seal = request.app[SEAL].seal if turn.parsed.encrypted_reasoning else None
+        reply = _Reply(turn, generation, engine, store, seal)
         if turn.chat.stream:
             return await reply.stream(request)
         return await reply.complete()
@@ -151,13 +165,13 @@ class _Reply:
     """Turns one generation's events into a Response object or its semantic event stream."""
 
     def __init__(self, turn: _Turn, generation: Generation, engine: ServingEngine,
-                 store: ResponseStore) -> None:
+                 store: ResponseStore, seal: Callable[[str], str] | None) -> None:
         self.turn = turn
         self.generation = generation
         self.engine = engine
         self.store = store
         self.created_at = int(time.time())
-        self.builder = OutputBuilder(turn.parsed.namespaces)
+        self.builder = OutputBuilder(turn.parsed.tools.targets, seal)
         self._numbers = itertools.count()  # the stream's sequence_number
 
     def _object(self, status: str, usage: dict[str, Any] | None,
@@ -182,7 +196,7 @@ class _Reply:
         response = self._object(status, responses_usage(usage, self.generation.reasoning_tokens))
         if self.turn.parsed.store:
             conversation = (*self.turn.conversation.messages, output_message(response["output"]))
-            self.store.put(StoredResponse(response, self.turn.conversation.items, conversation,
+            self.store.put(StoredResponse(response, self.turn.input_items, conversation,
                                           self.turn.session_key, self.turn.preserve_thinking))
         return response
 
@@ -252,7 +266,7 @@ async def _write_all(write: Callable[[Event], Awaitable[None]], events: list[Eve
 async def count_input_tokens(request: web.Request) -> web.Response:
     engine = ready_engine(request)
     turn = _turn(await request.read(), engine, request.app[CONFIG], request.app[STORE],
-                 model_required=False)
+                 request.app[SEAL], model_required=False)
     with _input_param():
         count = len(render_prompt(engine, turn.chat))
     return web.json_response({"object": "response.input_tokens", "input_tokens": count})

@@ -7,28 +7,40 @@ message. Items in an impossible order are `invalid_assistant_history` (a reasoni
 followed by its answer) or `invalid_tool_history` (a call without its output, an output without
 its call). Every input item is kept, normalized and with a fresh id, for the input_items listing.
 Namespaced functions are shown to the template as `<namespace>.<name>`.
+
+Codex's history items are understood too: `custom_tool_call` / `custom_tool_call_output` (a
+freeform tool's string input and its output), `local_shell_call` (its output comes as a
+`function_call_output`), and reasoning items whose `encrypted_content` this server sealed
+(`reasoning_seal`); calls of hosted tools (`web_search_call`, ...) carry nothing the model can
+use here and are skipped (logged once).
 """
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from .errors import ApiError, invalid_value, missing, unsupported
-from .ids import hex_id
+from .ignored import log_ignored
+from .responses_shapes import (
+    CUSTOM_INPUT,
+    call_message,
+    custom_call_item,
+    function_call_item,
+    item_id,
+    local_shell_arguments,
+    local_shell_item,
+    reasoning_item,
+)
 
 _TEMPLATE_ROLE = {"user": "user", "system": "system", "developer": "system",
                   "assistant": "assistant"}
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 _MEDIA_PARTS = ("input_image", "input_video")
-
-
-def item_id(prefix: str) -> str:
-    """`msg_`, `rs_`, `fc_`, `call_` ... followed by 32 hex digits."""
-    return hex_id(prefix, 32)
-
-
-def flat_name(name: str, namespace: str | None) -> str:
-    return f"{namespace}.{name}" if namespace else name
+# Items of tools that run on OpenAI's side: a replayed history may hold them; nothing to show.
+HOSTED_CALLS = frozenset({"web_search_call", "file_search_call", "image_generation_call",
+                          "code_interpreter_call", "computer_call", "computer_call_output",
+                          "mcp_call", "mcp_list_tools", "mcp_approval_request",
+                          "mcp_approval_response", "tool_search_call", "tool_search_output"})
 
 
 def _str(item: dict[str, Any], key: str, path: str, required: bool = True) -> str | None:
@@ -85,7 +97,9 @@ def decoded_arguments(arguments: str, path: str) -> dict[str, Any]:
 class Conversation:
     """Template messages built item by item after an (already valid) earlier conversation."""
 
-    def __init__(self, previous: tuple[dict[str, Any], ...] = ()) -> None:
+    def __init__(self, previous: tuple[dict[str, Any], ...] = (),
+                 open_reasoning: Callable[[str], str | None] | None = None) -> None:
+        self.open_reasoning = open_reasoning  # sealed `encrypted_content` -> text, or None
         self.messages: list[dict[str, Any]] = list(previous)
         self.items: list[dict[str, Any]] = []
         self.pending: set[str] = set()  # call ids still waiting for their output
@@ -112,7 +126,14 @@ class Conversation:
             raise invalid_value(f"{path}.type", f"'{path}.type' must be a string.")
         handlers = {"message": self._message, "reasoning": self._reasoning,
                     "function_call": self._function_call,
-                    "function_call_output": self._function_call_output}
+                    "function_call_output": self._function_call_output,
+                    "custom_tool_call": self._custom_tool_call,
+                    "custom_tool_call_output": self._function_call_output,
+                    "local_shell_call": self._local_shell_call,
+                    "local_shell_call_output": self._function_call_output}
+        if kind in HOSTED_CALLS:
+            log_ignored("Responses input item", [kind])
+            return
         if kind not in handlers:
             raise unsupported(f"{path}.type", f"Input items of type {kind!r} are not supported.")
         handlers[kind](item, path)
@@ -171,27 +192,49 @@ class Conversation:
             if not isinstance(part, dict) or part.get("type") != "reasoning_text":
                 raise invalid_value(where, f"'{where}' must be a reasoning_text part.")
             texts.append(_str(part, "text", where))
-        reasoning = "\n".join(texts)
+        sealed = _str(item, "encrypted_content", path, required=False)
+        opened = self.open_reasoning(sealed) if sealed and self.open_reasoning else None
+        # a blob this server sealed restores the reasoning; any other blob is ignored
+        reasoning = opened if opened is not None else "\n".join(texts)
         self._new_turn(path)["reasoning_content"] = reasoning
-        self.items.append(reasoning_item(item_id("rs_"), reasoning))
+        self.items.append(reasoning_item(item_id("rs_"), reasoning, sealed))
 
     def _function_call(self, item: dict[str, Any], path: str) -> None:
         call_id = _str(item, "call_id", path)
         name = _str(item, "name", path)
         namespace = _str(item, "namespace", path, required=False)
         arguments = _str(item, "arguments", path)
-        decoded = decoded_arguments(arguments, f"{path}.arguments")
+        decoded_arguments(arguments, f"{path}.arguments")  # must be a JSON object string
+        self._call(function_call_item(item_id("fc_"), call_id, name, namespace, arguments), path)
+
+    def _custom_tool_call(self, item: dict[str, Any], path: str) -> None:
+        call_id = _str(item, "call_id", path)
+        name = _str(item, "name", path)
+        text = _str(item, CUSTOM_INPUT, path)
+        self._call(custom_call_item(item_id("ctc_"), call_id, name, text), path)
+
+    def _local_shell_call(self, item: dict[str, Any], path: str) -> None:
+        # Codex's item may carry only `id`; its output answers whichever it sent
+        call_id = _str(item, "call_id", path, required=False) or _str(item, "id", path)
+        action = item.get("action")
+        if not isinstance(action, dict) or not isinstance(action.get("command"), list):
+            raise invalid_value(f"{path}.action", "A local_shell_call needs an exec action "
+                                "with a command array.")
+        arguments = local_shell_arguments(action)
+        self._call(local_shell_item(item_id("lsh_"), call_id, arguments), path)
+
+    def _call(self, stored: dict[str, Any], path: str) -> None:
+        """One call of the open assistant turn (a new turn if none is open)."""
+        call_id = stored["call_id"]
         if call_id in self.pending:
             raise _history_error("invalid_tool_history", f"call_id {call_id!r} is used twice.",
                                  f"{path}.call_id")
         turn = self.turn
         if turn is None:
             turn = self._new_turn(path)
-        turn.setdefault("tool_calls", []).append({
-            "type": "function", "id": call_id,
-            "function": {"name": flat_name(name, namespace), "arguments": decoded}})
+        turn.setdefault("tool_calls", []).append(call_message(stored))
         self.pending.add(call_id)
-        self.items.append(function_call_item(item_id("fc_"), call_id, name, namespace, arguments))
+        self.items.append(stored)
 
     def _function_call_output(self, item: dict[str, Any], path: str) -> None:
         call_id = _str(item, "call_id", path)
@@ -205,49 +248,6 @@ class Conversation:
         self._close_turn(path)
         self.pending.discard(call_id)
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
-        self.items.append({"id": item_id("fc_"), "type": "function_call_output",
-                           "call_id": call_id, "output": output, "status": "completed"})
-
-
-def reasoning_item(rs_id: str, text: str) -> dict[str, Any]:
-    return {"id": rs_id, "type": "reasoning", "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}]}
-
-
-def message_item(msg_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": msg_id, "type": "message", "role": "assistant", "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
-
-
-def function_call_item(fc_id: str, call_id: str, name: str, namespace: str | None,
-                       arguments: str, status: str = "completed") -> dict[str, Any]:
-    item = {"id": fc_id, "type": "function_call", "status": status, "call_id": call_id,
-            "name": name, "arguments": arguments}
-    if namespace:
-        item["namespace"] = namespace
-    return item
-
-
-def output_message(output: list[dict[str, Any]]) -> dict[str, Any]:
-    """The assistant template message that replays a Response's output in a continuation."""
-    message: dict[str, Any] = {"role": "assistant", "content": ""}
-    for item in output:
-        if item["type"] == "reasoning":
-            message["reasoning_content"] = item["content"][0]["text"]
-        elif item["type"] == "message":
-            message["content"] += item["content"][0]["text"]
-        else:
-            message.setdefault("tool_calls", []).append({
-                "type": "function", "id": item["call_id"],
-                "function": {"name": flat_name(item["name"], item.get("namespace")),
-                             "arguments": _decoded_or_raw(item["arguments"])}})
-    return message
-
-
-def _decoded_or_raw(arguments: str) -> dict[str, Any] | str:
-    # Templates serialise an object themselves; model output that is no JSON object stays as is.
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return arguments
-    return value if isinstance(value, dict) else arguments
+        kind = item.get("type", "function_call_output")
+        self.items.append({"id": item_id("fc_"), "type": kind, "call_id": call_id,
+                           "output": output, "status": "completed"})

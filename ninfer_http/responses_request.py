@@ -1,9 +1,13 @@
-"""Responses create body -> `ResponsesRequest` (contract §6 "Create fields").
+"""Responses create body -> `ResponsesRequest` (contract §6 "Create fields", revised).
 
-Unknown top-level keys are 400 `unknown_parameter`; the fields accepted only at one value
-(`text.format`, `truncation`, `top_logprobs`, `service_tier`, `background`, `include`) are 400
-`unsupported_parameter` at any other. The conversation itself is built by
-`responses_items.Conversation`, after the stored one of `previous_response_id`.
+What real clients send is accepted: unknown top-level keys are ignored (logged once each),
+`service_tier`, `client_metadata`, `text.verbosity` and `include` values other than
+`reasoning.encrypted_content` are accepted without effect. `parallel_tool_calls` is honoured,
+`prompt_cache_key` is the prefix-reuse session key, `text.format` json_schema / json_object
+constrain the answer. Still refused (400 `unsupported_parameter`): `truncation` other than
+`disabled`, `top_logprobs` > 0 and `background: true`. Tools are parsed by `responses_tools`;
+the conversation by `responses_items.Conversation`, after the stored one of
+`previous_response_id`.
 """
 from __future__ import annotations
 
@@ -13,17 +17,22 @@ from typing import Any
 from ninfer_engine.config import EngineConfig
 
 from .errors import ApiError, invalid_value, unsupported
+from .forced_tools import format_grammar
+from .ignored import log_ignored
 from .openai_fields import sampling_overrides, thinking_options
 from .prompt import map_effort
-from .responses_items import flat_name
+from .responses_tools import ResponsesTools, parse_tools
 from .validate import get_bool, get_int, get_list, get_object, get_str
 
 KNOWN_KEYS = frozenset({
     "model", "input", "instructions", "previous_response_id", "max_output_tokens", "stream",
     "store", "temperature", "top_p", "metadata", "reasoning", "chat_template_kwargs",
     "preserve_thinking", "tools", "tool_choice", "text", "truncation", "top_logprobs",
-    "service_tier", "background", "include",
+    "service_tier", "background", "include", "parallel_tool_calls", "prompt_cache_key",
+    "client_metadata", "stream_options", "user", "safety_identifier", "max_tool_calls",
 })
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+VERBOSITY = ("low", "medium", "high")
 MAX_METADATA = 16
 
 
@@ -42,21 +51,24 @@ class ResponsesRequest:
     template_kwargs: dict[str, Any]
     thinking: str
     preserve_thinking_set: bool  # the request chose preserve_thinking (else the root's applies)
-    tools: list[dict[str, Any]] | None  # template function tools after tool_choice
-    namespaces: dict[str, tuple[str, str]]  # template name -> (namespace, name)
+    tools: ResponsesTools  # template function tools after tool_choice, and what they stand for
+    grammar: str | None  # the answer's constraint: a forced tool call or text.format
+    parallel_tool_calls: bool
+    prompt_cache_key: str | None
+    encrypted_reasoning: bool  # include has reasoning.encrypted_content
     echo: dict[str, Any]  # request config echoed in the Response object
 
 
 def parse_create(body: dict[str, Any], config: EngineConfig) -> ResponsesRequest:
     """Validate every create field except the items of `input`."""
-    unknown = sorted(set(body) - KNOWN_KEYS)
-    if unknown:
-        raise ApiError(400, f"Unknown parameter: '{unknown[0]}'.", "unknown_parameter",
-                       param=unknown[0])
+    log_ignored("Responses field", sorted(set(body) - KNOWN_KEYS))
     if body.get("input") is None:
         raise ApiError(400, "Missing required parameter: 'input'.", "missing_required_parameter",
                        param="input")
     _check_fixed_values(body)
+    text = _text(body)
+    include = _include(body)
+    parallel = get_bool(body, "parallel_tool_calls") is not False
     max_output = get_int(body, "max_output_tokens", 0)
     metadata = _metadata(body.get("metadata"))
     reasoning = _reasoning(body)
@@ -66,8 +78,12 @@ def parse_create(body: dict[str, Any], config: EngineConfig) -> ResponsesRequest
     template_kwargs, thinking = thinking_options(
         {"chat_template_kwargs": nested, "preserve_thinking": body.get("preserve_thinking"),
          "reasoning_effort": reasoning["effort"]}, config)
-    tools, namespaces = _tools(body.get("tools"))
-    tools = _apply_tool_choice(tools, body.get("tool_choice"))
+    tools = parse_tools(body.get("tools"), body.get("tool_choice"), parallel)
+    fmt = text.get("format") or {"type": "text"}
+    answer = format_grammar(fmt, "text.format")
+    if answer is not None and tools.grammar is not None:
+        raise invalid_value("text.format", "text.format cannot constrain an answer that "
+                            "tool_choice forces to be a tool call.")
     return ResponsesRequest(
         model=get_str(body, "model"),
         input=body["input"],
@@ -81,34 +97,53 @@ def parse_create(body: dict[str, Any], config: EngineConfig) -> ResponsesRequest
         thinking=thinking,
         preserve_thinking_set=preserve_set,
         tools=tools,
-        namespaces=namespaces,
+        grammar=tools.grammar or answer,
+        parallel_tool_calls=parallel,
+        prompt_cache_key=get_str(body, "prompt_cache_key"),
+        encrypted_reasoning=ENCRYPTED_REASONING in include,
         echo={"instructions": body.get("instructions"), "max_output_tokens": max_output,
               "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
               "metadata": metadata, "previous_response_id": body.get("previous_response_id"),
-              "reasoning": reasoning, "text": {"format": {"type": "text"}},
-              "truncation": "disabled", "parallel_tool_calls": True},
+              "reasoning": reasoning, "text": {**text, "format": fmt},
+              "truncation": "disabled", "parallel_tool_calls": parallel,
+              "prompt_cache_key": body.get("prompt_cache_key"),
+              "service_tier": body.get("service_tier") or "default"},
     )
 
 
-def _check_fixed_values(body: dict[str, Any]) -> None:
+def _text(body: dict[str, Any]) -> dict[str, Any]:
+    """`text`: `format` (checked by forced_tools.format_grammar) and `verbosity` (accepted)."""
     text = get_object(body, "text") or {}
-    for key in text:
-        if key != "format":
-            raise ApiError(400, f"Unknown parameter: 'text.{key}'.", "unknown_parameter",
-                           param=f"text.{key}")
-    if text.get("format") not in (None, {"type": "text"}):
-        raise unsupported("text.format", "Only text.format {\"type\": \"text\"} is supported.")
+    get_object(text, "format", "text.format")
+    verbosity = text.get("verbosity")
+    if verbosity is not None and verbosity not in VERBOSITY:
+        raise invalid_value("text.verbosity", "'text.verbosity' must be low, medium or high.")
+    log_ignored("Responses field", [f"text.{k}" for k in text if k not in ("format", "verbosity")])
+    return dict(text)
+
+
+def _include(body: dict[str, Any]) -> list[str]:
+    include = get_list(body, "include") or []
+    if not all(isinstance(v, str) for v in include):
+        raise invalid_value("include", "'include' must be an array of strings.")
+    log_ignored("include value", [v for v in include if v != ENCRYPTED_REASONING])
+    return include
+
+
+def _check_fixed_values(body: dict[str, Any]) -> None:
     if body.get("truncation") not in (None, "disabled"):
         raise unsupported("truncation", "Only truncation 'disabled' is supported.")
     if get_int(body, "top_logprobs", 0, 20):
         raise unsupported("top_logprobs", "top_logprobs are not supported.")
-    if body.get("service_tier") not in (None, "auto", "default"):
-        raise unsupported("service_tier", "Only service_tier 'auto' or 'default' is supported.")
+    get_str(body, "service_tier")  # any tier is served the same way
+    client_metadata = get_object(body, "client_metadata") or {}
+    if not all(isinstance(v, str) for v in client_metadata.values()):
+        raise invalid_value("client_metadata", "'client_metadata' values must be strings.")
+    get_str(body, "prompt_cache_key")
+    get_bool(body, "parallel_tool_calls")
     if get_bool(body, "background"):
         raise ApiError(400, "Background responses are not supported.", "background_not_supported",
                        param="background")
-    if get_list(body, "include"):
-        raise unsupported("include", "'include' must be empty.")
 
 
 def _metadata(value: Any) -> dict[str, str]:
@@ -123,73 +158,12 @@ def _metadata(value: Any) -> dict[str, str]:
 
 def _reasoning(body: dict[str, Any]) -> dict[str, Any]:
     reasoning = get_object(body, "reasoning") or {}
-    for key in reasoning:
-        if key not in ("effort", "summary"):
-            raise ApiError(400, f"Unknown parameter: 'reasoning.{key}'.", "unknown_parameter",
-                           param=f"reasoning.{key}")
+    log_ignored("Responses field", [f"reasoning.{k}" for k in reasoning
+                                    if k not in ("effort", "summary")])
     effort = get_str(reasoning, "effort", "reasoning.effort")
     if effort is not None:
         map_effort(effort, "reasoning.effort")
     return {"effort": effort, "summary": get_str(reasoning, "summary", "reasoning.summary")}
-
-
-def _function(tool: Any, path: str, namespace: str | None) -> dict[str, Any]:
-    if not isinstance(tool, dict):
-        raise invalid_value(path, f"'{path}' must be an object.")
-    if tool.get("type") != "function":
-        raise unsupported(f"{path}.type", "Only function tools (and namespaces of them) are "
-                          "supported.")
-    name = get_str(tool, "name", f"{path}.name")
-    if not name:
-        raise invalid_value(f"{path}.name", "A function tool needs a name.")
-    if tool.get("strict") is True:
-        raise unsupported(f"{path}.strict", "Strict tools are not supported.")
-    function = {"name": flat_name(name, namespace)}
-    for key in ("description", "parameters"):
-        if tool.get(key) is not None:
-            function[key] = tool[key]
-    return {"type": "function", "function": function}
-
-
-def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
-    """Template function tools (namespaces flattened) and the namespaced names."""
-    if value is None:
-        return [], {}
-    if not isinstance(value, list):
-        raise invalid_value("tools", "'tools' must be an array.")
-    tools, namespaces = [], {}
-    for i, tool in enumerate(value):
-        path = f"tools[{i}]"
-        if isinstance(tool, dict) and tool.get("type") == "namespace":
-            namespace = get_str(tool, "name", f"{path}.name")
-            members = get_list(tool, "tools", f"{path}.tools")
-            if not namespace or not members:
-                raise invalid_value(path, "A namespace needs a name and tools.")
-            for j, member in enumerate(members):
-                tools.append(_function(member, f"{path}.tools[{j}]", namespace))
-                namespaces[tools[-1]["function"]["name"]] = (namespace, member["name"])
-        else:
-            tools.append(_function(tool, path, None))
-    return tools, namespaces
-
-
-def _apply_tool_choice(tools: list[dict[str, Any]], choice: Any) -> list[dict[str, Any]] | None:
-    """The tools the template shows: all (`auto`), none (`none`) or the allowed ones."""
-    if choice == "none":
-        return None
-    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        if choice.get("mode", "auto") != "auto":
-            raise unsupported("tool_choice.mode", "Only allowed_tools mode 'auto' is supported.")
-        allowed = get_list(choice, "tools", "tool_choice.tools") or []
-        names = {flat_name(t.get("name", ""), t.get("namespace")) for t in allowed
-                 if isinstance(t, dict)}
-        tools = [t for t in tools if t["function"]["name"] in names]
-    elif choice in ("required",) or isinstance(choice, dict):
-        raise unsupported("tool_choice", "Only tool_choice 'auto', 'none' or allowed_tools "
-                          "(mode 'auto') is supported.")
-    elif choice not in (None, "auto"):
-        raise invalid_value("tool_choice", "'tool_choice' must be 'auto', 'none' or allowed_tools.")
-    return tools or None
 
 
 def check_model(model: str | None, served: str, required: bool) -> None:

@@ -23,7 +23,7 @@ class StoredResponse:
     """One stored Response and what a continuation or the input_items listing needs."""
 
     response: dict[str, Any]  # the Response object as it was returned
-    input_items: list[dict[str, Any]]  # this request's input items, each with an id
+    input_items: list[dict[str, Any]]  # every item used to generate it (earlier turns too)
     conversation: tuple[dict[str, Any], ...]  # template messages incl. the output, no instructions
     session_key: str  # the root response's id: the engine's prefix-reuse hint for the chain
     preserve_thinking: bool | None  # the root's setting, inherited by continuations

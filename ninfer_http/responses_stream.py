@@ -4,14 +4,26 @@
 produce (payloads without `sequence_number`, which the writer adds): a reasoning item and a
 message item are opened on their channel's first text and closed when another channel starts or
 generation ends; each complete tool call becomes one `function_call` item whose arguments come
-in a single delta. The same builder gives the non-streaming `output`.
+in a single delta (a `custom_tool_call` with its input, or a `local_shell_call`, when the call
+is to such a tool). With `seal` set, reasoning items carry `encrypted_content`. The same builder
+gives the non-streaming `output`.
 """
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Callable
 
 from .output import OutputDelta, ParsedToolCall
-from .responses_items import function_call_item, item_id, message_item, reasoning_item
+from .responses_shapes import (
+    CUSTOM_INPUT,
+    custom_call_item,
+    function_call_item,
+    item_id,
+    local_shell_item,
+    message_item,
+    reasoning_item,
+)
+from .responses_tools import CallTarget
 
 Event = dict[str, Any]
 
@@ -23,10 +35,13 @@ _TEXT_ITEMS = {
 
 
 class OutputBuilder:
-    """The `output` array and its SSE events; `namespaces` maps flattened tool names back."""
+    """The `output` array and its SSE events; `targets` maps template tool names back to what
+    the client offered."""
 
-    def __init__(self, namespaces: dict[str, tuple[str, str]]) -> None:
-        self.namespaces = namespaces
+    def __init__(self, targets: dict[str, CallTarget],
+                 seal: Callable[[str], str] | None = None) -> None:
+        self.targets = targets
+        self.seal = seal
         self.output: list[dict[str, Any]] = []
         self._channel: str | None = None  # the channel of the open text item
         self._id = ""
@@ -54,7 +69,7 @@ class OutputBuilder:
         kind = _TEXT_ITEMS[self._channel][0]
         text = "".join(self._texts)
         if kind == "reasoning":
-            item = reasoning_item(self._id, text)
+            item = reasoning_item(self._id, text, self.seal(text) if self.seal else None)
         else:
             item = message_item(self._id, text, status)
         events = [self._text_event("done", text=text),
@@ -81,20 +96,43 @@ class OutputBuilder:
                 self._part_event("response.content_part.added", part)]
 
     def _call(self, call: ParsedToolCall) -> list[Event]:
-        namespace, name = self.namespaces.get(call.name, (None, call.name))
+        target = self.targets.get(call.name, CallTarget("function", call.name))
+        arguments = json.loads(call.arguments)  # the parser's output: always a JSON object
+        if target.kind == "custom" and isinstance(arguments.get(CUSTOM_INPUT), str):
+            return self._custom(target.name, arguments[CUSTOM_INPUT])
+        if target.kind == "local_shell" and isinstance(arguments.get("command"), list):
+            item = local_shell_item(item_id("lsh_"), item_id("call_"), arguments)
+            return self._whole(item, {**item, "status": "in_progress"})
+        namespace, name = target.namespace, target.name
         fc_id, call_id = item_id("fc_"), item_id("call_")
         started = function_call_item(fc_id, call_id, name, namespace, "", "in_progress")
         item = function_call_item(fc_id, call_id, name, namespace, call.arguments)
         index = len(self.output)
-        self.output.append(item)
-        return [
-            {"type": "response.output_item.added", "output_index": index, "item": started},
+        return self._whole(item, started, [
             {"type": "response.function_call_arguments.delta", "item_id": fc_id,
              "output_index": index, "delta": call.arguments},
             {"type": "response.function_call_arguments.done", "item_id": fc_id,
-             "output_index": index, "name": name, "arguments": call.arguments},
-            {"type": "response.output_item.done", "output_index": index, "item": item},
-        ]
+             "output_index": index, "name": name, "arguments": call.arguments}])
+
+    def _custom(self, name: str, text: str) -> list[Event]:
+        ctc_id, call_id = item_id("ctc_"), item_id("call_")
+        started = custom_call_item(ctc_id, call_id, name, "", "in_progress")
+        item = custom_call_item(ctc_id, call_id, name, text)
+        index = len(self.output)
+        return self._whole(item, started, [
+            {"type": "response.custom_tool_call_input.delta", "item_id": ctc_id,
+             "output_index": index, "delta": text},
+            {"type": "response.custom_tool_call_input.done", "item_id": ctc_id,
+             "output_index": index, "input": text}])
+
+    def _whole(self, item: dict[str, Any], started: dict[str, Any],
+               between: tuple[Event, ...] | list[Event] = ()) -> list[Event]:
+        """A complete item: added (as `started`), the events `between`, done."""
+        index = len(self.output)
+        self.output.append(item)
+        return [{"type": "response.output_item.added", "output_index": index, "item": started},
+                *between,
+                {"type": "response.output_item.done", "output_index": index, "item": item}]
 
     def _item_event(self, kind: str, item: dict[str, Any]) -> Event:
         return {"type": kind, "output_index": len(self.output), "item": item}
