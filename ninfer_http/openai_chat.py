@@ -6,16 +6,21 @@ event fails as a plain HTTP error; after the SSE headers a failure is one
 `data: {"error": ...}` event and no `[DONE]`. Reasoning streams as `reasoning_content`; tool
 calls come complete from the splitter's flush and go out in one `tool_calls` chunk. llama.cpp's
 `return_progress` turns the engine's prefill progress events into `prompt_progress` chunks, and
-`timings_per_token` adds the running `timings` to every reasoning and content chunk.
+`timings_per_token` adds the running `timings` to every reasoning and content chunk. With
+`logprobs` each content chunk carries the entries of the tokens that arrived with it. `n` > 1
+runs one generation per choice (each its own engine request) and answers when all are done.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from typing import Any
 
 from aiohttp import web
 
-from ninfer_engine.types import TokenEvent
+from ninfer_engine.client import ServingEngine
+from ninfer_engine.types import TokenEvent, Usage
 
 from . import sse
 from .admission import SLOTS
@@ -23,9 +28,10 @@ from .context import CONFIG, client_label, ready_engine, request_id
 from .errors import ApiError
 from .generation import Generation, OutputDelta, is_failure, start_generation
 from .ids import chat_completion_id, hex_id
+from .logprobs import LogprobReader
 from .logs import RequestTrace
 from .openai_fields import StreamOptions, parse_chat_request
-from .prompt import prepare
+from .prompt import ChatRequest, PreparedRequest, choice, prepare
 from .streaming import serve_stream
 from .usage import llama_timings, openai_chat_usage
 
@@ -42,13 +48,37 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     label = client_label(request)
     chat, options = parse_chat_request(await request.read(), engine, request.app[CONFIG])
     prepared = prepare(engine, chat, request_id(request))
+    if options.n > 1:
+        return await _complete_choices(request, engine, chat, prepared, options.n, label)
     trace = RequestTrace(PROTOCOL, chat.stream, len(chat.messages), prepared.max_tokens,
                          chat.thinking, label)
     async with start_generation(engine, prepared, trace, request.app[SLOTS]) as generation:
-        reply = _Reply(generation, engine.model_id, options)
+        reply = _Reply(generation, engine, options)
         if chat.stream:
             return await reply.stream(request)
         return await reply.complete()
+
+
+async def _complete_choices(request: web.Request, engine: ServingEngine, chat: ChatRequest,
+                            prepared: PreparedRequest, n: int, label: str | None
+                            ) -> web.Response:
+    """`n` choices of one prompt: n engine requests (each logged as one), run together."""
+    async with contextlib.AsyncExitStack() as stack:
+        replies = []
+        for index in range(n):
+            trace = RequestTrace(PROTOCOL, False, len(chat.messages), prepared.max_tokens,
+                                 chat.thinking, label)
+            generation = await stack.enter_async_context(start_generation(
+                engine, choice(engine, prepared, index), trace, request.app[SLOTS]))
+            replies.append(_Reply(generation, engine, StreamOptions()))
+        results = await asyncio.gather(*(r.choice(index) for index, r in enumerate(replies)))
+    first = replies[0]
+    usages = [usage for _, usage, _ in results]
+    usage = Usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages),
+                  usages[0].cached_tokens)
+    reasoning = sum(r.generation.reasoning_tokens for r in replies)
+    return web.json_response(first.body([c for c, _, _ in results], usage, reasoning,
+                                        results[0][2]))
 
 
 def _finish_reason(finish: str | None, has_calls: bool) -> str:
@@ -67,14 +97,35 @@ def _tool_calls(deltas: list[OutputDelta]) -> list[dict[str, Any]]:
 class _Reply:
     """Turns one generation's events into a Chat Completion object or chunk stream."""
 
-    def __init__(self, generation: Generation, model: str, options: StreamOptions) -> None:
+    def __init__(self, generation: Generation, engine: ServingEngine,
+                 options: StreamOptions) -> None:
         self.id = chat_completion_id()
         self.created = int(time.time())
-        self.model = model
+        self.model = engine.model_id
         self.generation = generation
         self.options = options
+        self.logprobs = LogprobReader(generation.prepared.generation.logprob_sink,
+                                      engine.tokenizer)
 
     async def complete(self) -> web.Response:
+        body, usage, timings = await self.choice(0)
+        return web.json_response(self.body([body], usage, self.generation.reasoning_tokens,
+                                           timings))
+
+    def body(self, choices: list[dict[str, Any]], usage: Usage, reasoning_tokens: int,
+             timings: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": openai_chat_usage(usage, reasoning_tokens),
+            "timings": llama_timings(timings),
+        }
+
+    async def choice(self, index: int) -> tuple[dict[str, Any], Usage, Any]:
+        """This generation run to its end as choice `index`, with its usage and timings."""
         generation = self.generation
         deltas, event = await generation.collect()
         content = "".join(d.text for d in deltas if d.channel == "content")
@@ -90,16 +141,9 @@ class _Reply:
         if calls:
             message["tool_calls"] = calls
         usage, timings = generation.accounting(event)
-        return web.json_response({
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": _finish_reason(event.finish, bool(calls))}],
-            "usage": openai_chat_usage(usage, generation.reasoning_tokens),
-            "timings": llama_timings(timings),
-        })
+        logprobs = self.logprobs.chat(self.logprobs.take(generation.output_tokens))
+        return ({"index": index, "message": message, "logprobs": logprobs,
+                 "finish_reason": _finish_reason(event.finish, bool(calls))}, usage, timings)
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -109,8 +153,9 @@ class _Reply:
         chunk.update(extra)
         return sse.data(chunk)
 
-    def _delta(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    def _delta(self, delta: dict[str, Any], finish: str | None = None,
+               logprobs: dict[str, Any] | None = None, **extra: Any) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return self._chunk([choice], **extra)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
@@ -150,6 +195,10 @@ class _Reply:
             extra: dict[str, Any] = {}
             if self.options.timings_per_token:
                 extra["timings"] = llama_timings(self.generation.running_timings())
+            if delta.channel == "content":
+                # the entries of every token that arrived up to this text
+                extra["logprobs"] = self.logprobs.chat(
+                    self.logprobs.take(self.generation.output_tokens))
             await response.write(self._delta({_DELTA_KEYS[delta.channel]: delta.text}, **extra))
 
     async def _write_end(

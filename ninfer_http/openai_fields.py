@@ -12,6 +12,7 @@ from ninfer_engine.client import ServingEngine
 from ninfer_engine.config import EngineConfig
 
 from .errors import ApiError, invalid_value, unsupported
+from .forced_tools import format_grammar
 from .openai_messages import normalize_messages, normalize_tools
 from .prompt import ChatRequest, map_effort
 from .validate import (
@@ -37,6 +38,9 @@ _SAMPLING_NUMBERS = {
 }
 _CONSTRAINED = ("grammar", "structured_outputs")
 MAX_STOP_STRINGS = 4
+MAX_CHOICES = 8
+MAX_TOP_K = 20  # the manual page's top-k range for OpenAI paths
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class StreamOptions:
     include_usage: bool = False  # a final usage chunk
     timings_per_token: bool = False  # running `timings` on every reasoning/content chunk
     return_progress: bool = False  # `prompt_progress` chunks during prefill
+    n: int = 1  # choices (a stream has one)
 
 
 def parse_chat_request(
@@ -63,21 +68,29 @@ def parse_chat_request(
     reject_unsupported(body)
     tools = normalize_tools(body.get("tools"), body.get("tool_choice"),
                             body.get("parallel_tool_calls"))
+    answer = _response_format(body)
+    if answer is not None and tools.grammar is not None:
+        raise invalid_value("response_format", "response_format cannot constrain an answer "
+                            "that tool_choice forces to be a tool call.")
     max_tokens = get_int(body, "max_completion_tokens", 0)
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", 0)
     stream = bool(get_bool(body, "stream"))
+    n = get_int(body, "n", 1, MAX_CHOICES) or 1
+    if stream and n > 1:
+        raise unsupported("n", "n > 1 is served without streaming only.")
     stream_options = get_object(body, "stream_options") or {}
     options = StreamOptions(
         bool(get_bool(stream_options, "include_usage", "stream_options.include_usage")),
         bool(get_bool(body, "timings_per_token")),
         bool(get_bool(body, "return_progress")),
+        n,
     )
     template_kwargs, thinking = thinking_options(body, config)
     request = ChatRequest(
         protocol="openai-chat",
         messages=messages,
-        tools=tools,
+        tools=tools.template,
         max_tokens=max_tokens,
         sampling=sampling_overrides(body),
         stop=stop_strings(body.get("stop")),
@@ -86,18 +99,42 @@ def parse_chat_request(
         thinking=thinking,
         thinking_budget=config.default_thinking_budget,
         report_progress=stream and options.return_progress,
+        grammar=tools.grammar or answer,
+        grammar_param="tool_choice" if tools.grammar else "response_format",
+        logprobs=_logprobs(body),
+        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
     )
-    return request, options if stream else StreamOptions()
+    return request, options if stream else StreamOptions(n=n)
 
 
-def sampling_overrides(body: dict[str, Any]) -> dict[str, Any]:
-    """The sampler fields this request sets, by `SamplingParams` name."""
+def _response_format(body: dict[str, Any]) -> str | None:
+    """The grammar of `response_format` (None for text or when absent)."""
+    response_format = get_object(body, "response_format")
+    if response_format is None:
+        return None
+    return format_grammar(response_format, "response_format")
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """Alternatives per token when `logprobs` is true (None: not asked for)."""
+    top = get_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if not get_bool(body, "logprobs"):
+        if top:
+            raise invalid_value("top_logprobs", "'top_logprobs' needs 'logprobs': true.")
+        return None
+    return top or 0
+
+
+def sampling_overrides(body: dict[str, Any], top_k_max: int | None = MAX_TOP_K
+                       ) -> dict[str, Any]:
+    """The sampler fields this request sets, by `SamplingParams` name (`top_k_max` None: no
+    upper bound, as Anthropic's API has none)."""
     overrides: dict[str, Any] = {}
     for key, (low, high) in _SAMPLING_NUMBERS.items():
         value = get_number(body, key, low, high)
         if value is not None:
             overrides[key] = value
-    top_k = get_int(body, "top_k", 0, 20)
+    top_k = get_int(body, "top_k", 0, top_k_max)
     if top_k is not None:
         overrides["top_k"] = top_k
     seed = get_int(body, "seed", INT64_MIN, INT64_MAX)
@@ -160,22 +197,11 @@ def reject_unsupported(body: dict[str, Any]) -> None:
     for key, value in body.items():
         if value is not None and (key in _CONSTRAINED or key.startswith("guided_")):
             raise unsupported(key, f"Constrained output ('{key}') is not supported.")
-    response_format = get_object(body, "response_format")
-    if response_format is not None:
-        kind = response_format.get("type")
-        if kind in ("json_object", "json_schema"):
-            raise unsupported("response_format", f"response_format '{kind}' is not supported.")
-        if kind != "text":
-            raise invalid_value("response_format.type", "response_format.type must be 'text'.")
     bias = get_object(body, "logit_bias") or {}
     if not all(is_number(v) for v in bias.values()):
         raise invalid_value("logit_bias", "'logit_bias' values must be numbers.")
     if any(v != 0 for v in bias.values()):
         raise unsupported("logit_bias", "A non-zero logit_bias is not supported.")
-    if get_bool(body, "logprobs"):
-        raise unsupported("logprobs", "logprobs are not supported.")
-    if get_int(body, "top_logprobs", 0, 20):
-        raise unsupported("top_logprobs", "top_logprobs are not supported.")
     modalities = get_list(body, "modalities") or []
     if "audio" in modalities:
         raise unsupported("modalities", "Audio output is not supported.")
@@ -185,8 +211,6 @@ def reject_unsupported(body: dict[str, Any]) -> None:
         raise unsupported("audio", "Audio output is not supported.")
     if get_bool(body, "store"):
         raise unsupported("store", "store=true is not supported on Chat Completions.")
-    if (get_int(body, "n", 1) or 1) > 1:
-        raise unsupported("n", "Only n=1 is supported.")
     repetition = get_number(body, "repetition_penalty")
     if repetition is not None and repetition != 1.0:
         raise unsupported("repetition_penalty", "repetition_penalty is not supported.")

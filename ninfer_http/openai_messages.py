@@ -9,9 +9,11 @@ with `vision_disabled`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from .errors import ApiError, invalid_value, missing, unsupported
+from .forced_tools import ForcedCall, call_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _TEMPLATE_ROLE = {"developer": "system", "function": "tool"}
@@ -128,10 +130,17 @@ def _decoded(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
     return parsed if isinstance(parsed, dict) else arguments
 
 
-def normalize_tools(
-    tools: Any, tool_choice: Any, parallel_tool_calls: Any
-) -> list[dict[str, Any]] | None:
-    """The function tools to show the template, after `tool_choice` (None = no tools)."""
+@dataclass(frozen=True)
+class ChatTools:
+    """The tools shown to the template and the grammar of a forced call (None: not forced)."""
+
+    template: list[dict[str, Any]] | None
+    grammar: str | None = None
+
+
+def normalize_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ChatTools:
+    """The function tools to show the template, after `tool_choice`; `required` or a named
+    function forces a call (strict tools' arguments then match their schema exactly)."""
     if tools is None:
         tools = []
     if not isinstance(tools, list):
@@ -140,12 +149,13 @@ def normalize_tools(
         _check_tool(tool, f"tools[{i}]")
     if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
         raise invalid_value("parallel_tool_calls", "'parallel_tool_calls' must be a boolean.")
-    if parallel_tool_calls is False and tools:
-        raise unsupported("parallel_tool_calls", "parallel_tool_calls=false is not supported.")
-    allowed = _allowed_names(tool_choice)
+    strict = frozenset(t["function"]["name"] for t in tools if t["function"].get("strict"))
+    allowed, forced = _choice(tool_choice)
     if allowed is not None:
         tools = [t for t in tools if t["function"]["name"] in allowed]
-    return tools or None
+    grammar = None if forced is None else call_grammar(
+        forced, tools, parallel_tool_calls is not False, strict, "tool_choice")
+    return ChatTools(tools or None, grammar)
 
 
 def _check_tool(tool: Any, path: str) -> None:
@@ -156,27 +166,42 @@ def _check_tool(tool: Any, path: str) -> None:
     function = tool.get("function")
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise invalid_value(f"{path}.function.name", "A function tool needs a name.")
-    if function.get("strict") is True:
-        raise unsupported(f"{path}.function.strict", "Strict tools are not supported.")
+    strict = function.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise invalid_value(f"{path}.function.strict", "'strict' must be a boolean.")
 
 
-def _allowed_names(choice: Any) -> set[str] | None:
-    """None = every tool; an empty set = no tool (`none`)."""
+def _names(tools: Any, path: str) -> set[str]:
+    if not isinstance(tools, list):
+        raise invalid_value(path, f"'{path}' must be an array.")
+    return {t["function"]["name"] for t in tools
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str)}
+
+
+def _choice(choice: Any) -> tuple[set[str] | None, ForcedCall | None]:
+    """(allowed names, None = every tool; an empty set = none) and the forced call, if any."""
     if choice is None or choice == "auto":
-        return None
+        return None, None
     if choice == "none":
-        return set()
+        return set(), None
     if choice == "required":
-        raise unsupported("tool_choice", "tool_choice 'required' is not supported.")
+        return None, ForcedCall()
     if isinstance(choice, dict) and choice.get("type") == "function":
-        raise unsupported("tool_choice", "A named tool_choice is not supported.")
+        function = choice.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise invalid_value("tool_choice.function.name", "A named tool_choice needs "
+                                "function.name.")
+        return None, ForcedCall(frozenset({function["name"]}))
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         spec = choice.get("allowed_tools")
-        if not isinstance(spec, dict) or not isinstance(spec.get("tools"), list):
+        if not isinstance(spec, dict):
             raise invalid_value("tool_choice.allowed_tools", "allowed_tools needs 'tools'.")
-        if spec.get("mode", "auto") != "auto":
-            raise unsupported("tool_choice.allowed_tools.mode", "Only mode 'auto' is supported.")
-        return {t["function"]["name"] for t in spec["tools"]
-                if isinstance(t, dict) and isinstance(t.get("function"), dict)
-                and isinstance(t["function"].get("name"), str)}
-    raise invalid_value("tool_choice", "'tool_choice' must be 'auto', 'none' or allowed_tools.")
+        mode = spec.get("mode", "auto")
+        if mode not in ("auto", "required"):
+            raise invalid_value("tool_choice.allowed_tools.mode", "mode must be 'auto' or "
+                                "'required'.")
+        names = _names(spec.get("tools"), "tool_choice.allowed_tools.tools")
+        return names, ForcedCall() if mode == "required" else None
+    raise invalid_value("tool_choice", "'tool_choice' must be 'auto', 'none', 'required', a "
+                        "named function or allowed_tools.")

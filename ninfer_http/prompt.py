@@ -52,6 +52,7 @@ class ChatRequest:
     thinking_budget: int | None = None  # the reasoning cap, applied when the prompt opens thinking
     report_progress: bool = False  # Chat's `return_progress` on a stream
     grammar: str | None = None  # llguidance grammar the answer must follow (forced_tools.py)
+    grammar_param: str = "response_format"  # the field that asked for it (error messages)
     logprobs: int | None = None  # alternatives per output token (0: chosen only); None: off
     parallel_tool_calls: bool = True  # False: at most one tool call is returned
     session_key: str | None = None  # prefix-reuse hint (Responses' prompt_cache_key)
@@ -143,7 +144,8 @@ def thinking_cap(engine: ServingEngine, budget: int, max_tokens: int) -> dict[st
             "think_end_ids": encode_fragment(engine, THINK_END)}
 
 
-def _constraint(engine: ServingEngine, grammar: str | None, thinks: bool) -> Any:
+def _constraint(engine: ServingEngine, grammar: str | None, thinks: bool,
+                param: str | None = None) -> Any:
     """A fresh grammar state for one generation; a thinking model is constrained after
     `</think>` only."""
     if grammar is None:
@@ -153,10 +155,10 @@ def _constraint(engine: ServingEngine, grammar: str | None, thinks: bool) -> Any
         return compile_constraint(engine.tokenizer, grammar, start_after)
     except ConstraintUnavailable as exc:
         raise ApiError(400, f"Constrained output is not available: {exc}.",
-                       "unsupported_parameter") from None
+                       "unsupported_parameter", param=param) from None
     except GrammarError as exc:
         raise ApiError(400, f"The output constraint cannot be enforced: {exc}",
-                       "invalid_value") from None
+                       "invalid_value", param=param) from None
 
 
 def choice(engine: ServingEngine, prepared: PreparedRequest, index: int) -> PreparedRequest:
@@ -195,7 +197,7 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
         protocol=request.protocol,
         report_progress=request.report_progress,
         session_key=request.session_key,
-        constraint=_constraint(engine, request.grammar, thinks),
+        constraint=_constraint(engine, request.grammar, thinks, request.grammar_param),
         logprobs=request.logprobs,
         logprob_sink=None if request.logprobs is None else [],
         **cap,

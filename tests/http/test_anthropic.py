@@ -200,3 +200,11 @@ def test_mid_stream_error_event(live):
 def test_beta_query_is_ignored(live):
     assert live.request("POST", "/v1/messages?beta=true",
                         {"model": "m", "max_tokens": 5, "messages": USER}).status == 200
+
+
+def test_top_k_has_no_upper_cap(live):
+    # the Anthropic API bounds top_k below only; OpenAI paths keep the manual page's 0..20
+    assert messages(live, top_k=250).status == 200
+    assert live.engine.submitted[-1].sampling.top_k == 250
+    assert messages(live, top_k=-1).status == 400
+    assert live.chat(top_k=21).status == 400

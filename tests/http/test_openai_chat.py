@@ -149,27 +149,19 @@ IMAGE = {"url": "https://example.com/cat.png", "detail": "high"}
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
     ({"grammar": "root ::= x"}, "grammar"),
+    ({"n": 2, "stream": True}, "n"),
+    # the scripted engine's tokenizer cannot drive a grammar: a clear refusal, not a hang
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}],
+      "tool_choice": "required"}, "tool_choice"),
     ({"structured_outputs": {"json": {}}}, "structured_outputs"),
     ({"guided_json": {}}, "guided_json"),
     ({"logit_bias": {"42": 5}}, "logit_bias"),
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 2}, "top_logprobs"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"store": True}, "store"),
-    ({"n": 2}, "n"),
     ({"repetition_penalty": 1.1}, "repetition_penalty"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
-     "tools[0].function.strict"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
-     "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}],
-      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": False},
-     "parallel_tool_calls"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": IMAGE}]}]},
      "messages[0].content[0].detail"),
     ({"messages": [{"role": "user", "content": [
@@ -184,6 +176,48 @@ def test_rejected_fields(live, fields, param):
     error = reply.json()["error"]
     assert (error["code"], error["param"]) == ("unsupported_parameter", param)
     assert live.engine.submitted == []
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"n": 9}, "n"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
+     "response_format.schema"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
+     "tools[0].function.strict"),
+])
+def test_invalid_values_of_served_fields(live, fields, param):
+    reply = live.chat(**fields)
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_value", param)
+    assert live.engine.submitted == []
+
+
+def test_n_choices_run_one_engine_request_each(live):
+    reply = live.chat(n=3, seed=5)
+    assert reply.status == 200, reply.body
+    body = reply.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["message"]["content"] == "Hello, world!" for c in body["choices"])
+    seeds = sorted(r.sampling.seed for r in live.engine.submitted)
+    assert seeds == [5, 6, 7]  # choices differ by seed
+    assert len({r.request_id for r in live.engine.submitted}) == 3
+    assert body["usage"]["completion_tokens"] == 3 * 4
+
+
+def test_parallel_tool_calls_false_returns_one_call(live):
+    call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    live.engine.script.pieces = (call, call)
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    both = live.chat(tools=tools).json()["choices"][0]["message"]["tool_calls"]
+    one = live.chat(tools=tools, parallel_tool_calls=False).json()
+    assert len(both) == 2 and len(one["choices"][0]["message"]["tool_calls"]) == 1
 
 
 def test_media_is_rejected_while_vision_is_off(live):
