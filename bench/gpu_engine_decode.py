@@ -133,7 +133,7 @@ def bench_shape(name, cfg, batches, context, gbps):
 def _hybrid_eager(model, seqs):
     for s in seqs:
         views = [LayerKv(s.cache, j, s.cached) for j in range(len(model.attention_layers))]
-        state = model.bind_state(views, s.state, s.cached)
+        state = model.bind_state(views, s.state.layers, s.cached)
         model.forward(torch.tensor(s.output[-1:], device=model.device), state, last_only=True)
 
 
@@ -145,13 +145,14 @@ def bench_hybrid(arch, batches, context, gbps):
     pages = max(batches) * (-(-(context + STEPS + 8) // 64)) + 8
     storage = KvStorage(PagePool(pages, 64), layers, heads, dim, codecs_for("bf16", model.dtype),
                         model.dtype, "cuda")
-    decoder = EngineHybridDecoder(model, storage, max(batches), context + STEPS + 8)
+    states = model.state_pool(max(batches))
+    decoder = EngineHybridDecoder(model, storage, states, max(batches), context + STEPS + 8)
     rows = []
     for batch in batches:
         seqs = _sequences(model, storage, batch, context)
         for s in seqs:
-            s.state = model.new_recurrent_state()
-            for st in s.state:
+            s.state = states.acquire()
+            for st in s.state.layers:
                 st.conv.normal_()
                 st.ssm.normal_(std=0.1)
         eager = time_ms(lambda: _hybrid_eager(model, seqs), 3)
@@ -173,6 +174,7 @@ def bench_hybrid(arch, batches, context, gbps):
               f"{batch * 1e3 / eager:.1f}, roofline {roofline:.0f}", file=sys.stderr, flush=True)
         for s in seqs:
             s.cache.release()
+            states.release(s.state)
         del graphs, bench, bench_graph
     weights = decoder.core.w.weight_bytes()
     del model, storage, decoder, params

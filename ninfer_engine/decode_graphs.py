@@ -13,6 +13,7 @@ kernels' torch references, which is how the CPU tests check it against the model
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
@@ -22,7 +23,8 @@ from .kernels.paged_attention import PAGE, paged_attention
 from .kernels.rmsnorm import rms_norm as fused_rms_norm
 from .kernels.rotary import rope
 from .hybrid_decode import EngineHybridDecoder
-from .kv import KV_DTYPES, KvStorage, fill_page_tables
+from .kv import KV_DTYPES, KvStorage, SequenceMemory, fill_page_tables
+from .kv.slots import StateSlot
 from .models import LlamaModel, Qwen35Model
 from .models.fused import FusedParams
 from .models.layers import rms_norm
@@ -58,8 +60,9 @@ class StaticDecoder:
         self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
         fill_page_tables([seq.cache for seq in seqs], self.table)
 
-    def flush(self) -> None:
-        """Nothing to copy back: the step wrote its K/V into the pool in place."""
+    def save_state(self, batch: int) -> Callable[[], None]:
+        """Nothing to save: a step's K/V writes are the same when it runs again."""
+        return lambda: None
 
     def step(self, batch: int, bucket: int) -> torch.Tensor:
         """Logits [batch, V] (fp32) of the loaded rows; `bucket` ≥ every row's length sizes the
@@ -94,15 +97,15 @@ class StaticDecoder:
 
 class DecodeGraphs:
     """Runs pure-decode batches through a static decoder (`load` → `step`), as CUDA graphs
-    when `capture`; `flush` hands state the decoder keeps in its rows back to the sequences.
+    when `capture`.
 
-
-    One graph per (batch size, context bucket), captured the first time that shape runs: the
-    warm-up and the capture happen on the real inputs, so the warm-up's KV writes are the ones
-    the replay repeats; the inputs are loaded again before the replay, since the warm-up also
-    advanced the positions and the GDN rows in place. Graphs read the pool tensors they were
-    captured with; when an elastic pool grows into new tensors, every graph is dropped and
-    recaptured on demand.
+    One graph per (batch size, context bucket), captured at load for the first bucket
+    (`capture_at_start`) and otherwise the first time that shape runs, on the step's real
+    inputs. The warm-up before a capture runs the step once, which advances the rows' recurrent
+    state in their slots: `_record` saves that state first and puts it back (`save_state`),
+    so the replay computes the step exactly once; its K/V writes land where the replay's do.
+    Graphs read the pool tensors they were captured with; when an elastic pool grows into new
+    tensors, every graph is dropped and recaptured on demand.
     """
 
     def __init__(self, decoder: StaticDecoder | EngineHybridDecoder, capture: bool) -> None:
@@ -129,36 +132,46 @@ class DecodeGraphs:
                 self._bound_k = d.storage.k
             key = (batch, bucket)
             if key not in self._graphs:
-                d.flush()  # warm-up and capture advance the rows: keep the state in the slots
                 self._graphs[key] = self._record(batch, bucket)
-                d.load(seqs)  # the warm-up advanced positions (and the hybrid's GDN rows)
+                d.load(seqs)  # the warm-up advanced the positions in the buffers
             graph, logits = self._graphs[key]
             graph.replay()
         for seq in seqs:
             seq.cached += 1
         return logits
 
-    def flush(self) -> None:
-        self.decoder.flush()
+    def _record(self, batch: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        saved = self.decoder.save_state(batch)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
+            self.decoder.step(batch, bucket)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self.decoder.step(batch, bucket)
+        saved()
+        log.info("captured the decode CUDA graph for batch %d, context ≤ %d", batch, bucket)
+        return graph, logits
 
-    def capture_at_start(self, new_state) -> None:
-        """Capture the first context bucket for every batch size now, on scratch sequences (a
-        zero state from `new_state()` each, all on one pool page, which goes back after: their
-        K/V writes are garbage nobody reads, and an elastic pool does not grow for them), so the
-        first burst of traffic replays graphs instead of compiling kernels and capturing (~5 s
-        at batch 8 on the H200)."""
+    def capture_at_start(self) -> None:
+        """Capture the first context bucket for every batch size now, on scratch sequences in
+        state slots 0.. (nobody holds a slot yet; a slot is zeroed when acquired) all on one
+        pool page, which goes back after (their K/V writes are garbage nobody reads, and an
+        elastic pool does not grow for them), so the first burst of traffic replays graphs
+        instead of compiling kernels and capturing (~5 s at batch 8 on the H200)."""
         cache = self.decoder.storage.new_cache()
         try:
             if not cache.reserve(1):
                 return
-            scratch = [SimpleNamespace(cache=cache, cached=0, output=[0], state=new_state())
-                       for _ in range(self.decoder.max_batch)]
+            scratch = [SimpleNamespace(cache=cache, cached=0, output=[0],
+                                       state=StateSlot(i, []))
+                       for i in range(self.decoder.max_batch)]
             for batch in range(1, len(scratch) + 1):
                 for seq in scratch:
                     seq.cached = 0
                 self.forward(scratch[:batch])
         finally:
-            self.flush()  # the rows hold nobody after
             cache.release()
 
 
@@ -171,9 +184,11 @@ def context_bucket(length: int, max_context: int) -> int:
     return min(bucket, max(max_context, length))
 
 
-def build_decode_graphs(model, storage: KvStorage, kv_dtype: str, max_batch: int,
+def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch: int,
                         max_context: int, use_graphs: bool) -> DecodeGraphs | None:
-    """The static decode path when the model, device and KV layout allow it, else None."""
+    """The static decode path over `memory`'s KV pool and running-state slots when the model,
+    device and KV layout allow it, else None."""
+    storage = memory.storage
     if kv_dtype not in GRAPH_CODECS or not storage.kernel_layout:
         return None
     if model.device.type != "cuda" or model.dtype != torch.bfloat16:
@@ -184,11 +199,11 @@ def build_decode_graphs(model, storage: KvStorage, kv_dtype: str, max_batch: int
     if isinstance(model, LlamaModel):
         decoder = StaticDecoder(model, storage, max_batch, max_context)
     elif isinstance(model, Qwen35Model) and isinstance(model.params, FusedParams):
-        decoder = EngineHybridDecoder(model, storage, max_batch, max_context)
+        decoder = EngineHybridDecoder(model, storage, memory.running_slots, max_batch,
+                                      max_context)
     else:
         return None
     graphs = DecodeGraphs(decoder, capture=use_graphs)
     if use_graphs:
-        graphs.capture_at_start(model.new_recurrent_state if isinstance(model, Qwen35Model)
-                                else lambda: None)
+        graphs.capture_at_start()
     return graphs

@@ -112,7 +112,7 @@ class Engine:
                 else:  # auto kept its estimate of a chunk's activations free, not ~1 GiB
                     check_prefill_scratch(model, free_device_bytes(device), activations)
                 return model, memory, build_decode_graphs(
-                    model, memory.storage, config.kv_dtype, config.max_concurrency,
+                    model, memory, config.kv_dtype, config.max_concurrency,
                     config.max_context, not config.no_cuda_graph), sized
 
             # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
@@ -195,7 +195,7 @@ class Engine:
                 pass
 
         seq = Sequence(
-            request, emit, Sampler(request.sampling),
+            request, emit, Sampler.for_request(request),
             IncrementalDetokenizer(self.tokenizer, request.prompt_ids),
             frozenset() if request.ignore_eos else self._eos,
             arrived=current_arrival().at,  # queue wait and TTFT count from the HTTP arrival
@@ -341,7 +341,6 @@ class Engine:
 
     def _retire(self, seq: Sequence) -> None:
         if seq.finish_reason in ("stop", "length"):
-            self.runner.flush()  # a decode row may hold the state the checkpoint copies
             self.memory.checkpoint(seq)  # the conversation frontier, for the next turn
         self.memory.release(seq)
         self.scheduler.remove(seq)

@@ -7,13 +7,13 @@ MoE router|shared score(|shared gate|up)) plus the stacked routed experts (bf16 
 the Triton FMA GEMV for one bf16 row, cuBLAS for several, or the fused dequant GEMVs of
 `models.packed` where the weights are stored quantized.
 
-`HybridStep` runs one decode step over static buffers: next token and position per row
-(`tokens`, `pos`), page tables (`table`), GDN conv/SSM rows (`conv[i]`, `ssm[i]`, one row per
-sequence) and, per attention layer, a `KvLayer` (pages read in place by the paged-attention
-kernel, which dequantises every KV dtype itself). Nothing in the step syncs with the host, so
-it is capturable in a CUDA graph. The engine (`EngineHybridDecoder`) binds it to the shared KV
-pool and copies each sequence's GDN state in and out around the step; the benchmark binds it
-to pools of its own.
+`HybridStep` runs one decode step over static buffers: next token, position and state slot per
+row (`tokens`, `pos`, `slots`), page tables (`table`), the GDN conv/SSM state pools (`conv[i]`,
+`ssm[i]`: one row per slot, read and written in place at each row's slot) and, per attention
+layer, a `KvLayer` (pages read in place by the paged-attention kernel, which dequantises every
+KV dtype itself). Nothing in the step syncs with the host, so it is capturable in a CUDA graph.
+The engine (`EngineHybridDecoder`) binds it to the shared KV pool and the running sequences'
+state pool (`kv.StatePool`); the benchmark binds it to pools of its own.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .kernels.moe_fused import moe_gate_up_silu_triton, route_topk_triton
 from .kernels.paged_attention import PAGE, paged_attention_triton
 from .kernels.qk_norm_rope import qk_norm_rope_triton
 from .kernels.rmsnorm import rms_norm_triton
-from .kv import KvStorage, fill_page_tables
+from .kv import KvStorage, StatePool, fill_page_tables
 from .kv.quant import PlainCodec
 from .models.fused import FusedParams
 from .models.packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
@@ -131,15 +131,20 @@ class KvLayer:
 
 
 class HybridStep:
-    """The decode step of up to `max_batch` rows; `kv()` returns the attention layers' pools."""
+    """The decode step of up to `max_batch` rows; `kv()` returns the attention layers' pools,
+    `states` the GDN layers' (conv, ssm) slot pools (default: one slot per row, row i in
+    slot i)."""
 
     def __init__(self, weights: HybridWeights, max_batch: int, max_pages: int,
-                 kv: Callable[[], list[KvLayer]]):
+                 kv: Callable[[], list[KvLayer]],
+                 states: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None):
         self.w, self.c, self.eps = weights, weights.c, weights.eps
         self.kv, self.max_batch = kv, max_batch
         dev = weights.model.embedding.device
-        self.tokens = torch.zeros(max_batch, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        # per row: next token, position, state slot (one buffer: one host copy loads a step)
+        self.meta = torch.zeros(3, max_batch, dtype=torch.long, device=dev)
+        self.tokens, self.pos, self.slots = self.meta
+        self.slots.copy_(torch.arange(max_batch))
         self.table = torch.zeros(max_batch, max_pages, dtype=torch.long, device=dev)
         self.rows = torch.arange(max_batch, device=dev)
         # per layer, the fp32 deltas its mixer and FFN add to the residual (`FusedLinear` acc),
@@ -151,13 +156,15 @@ class HybridStep:
         routers = [lay for lay in weights.layers if lay.get("shared_slot")]
         width = routers[0]["w_gu"].w.shape[0] if routers else 0
         self.router_acc = torch.zeros(len(routers), max_batch, width, device=dev)
-        self.conv, self.ssm = [], []  # per GDN layer, in layer order
-        for layer in weights.layers:
-            m = layer["mixer"]
-            if layer["kind"] == "linear_attention":
-                self.conv.append(torch.zeros(max_batch, m.taps - 1, m.conv_dim, device=dev,
-                                             dtype=torch.bfloat16))
-                self.ssm.append(torch.zeros(max_batch, m.nv, m.dk, m.dv, device=dev))
+        if states is None:
+            states = ([], [])
+            for layer in weights.layers:
+                m = layer["mixer"]
+                if layer["kind"] == "linear_attention":
+                    states[0].append(torch.zeros(max_batch, m.taps - 1, m.conv_dim, device=dev,
+                                                 dtype=torch.bfloat16))
+                    states[1].append(torch.zeros(max_batch, m.nv, m.dk, m.dv, device=dev))
+        self.conv, self.ssm = states  # per GDN layer, in layer order: [slots, ...]
 
     def step(self, batch: int, kv_span: int) -> torch.Tensor:
         """Logits [batch, V] of rows 0..batch-1; `kv_span` ≥ every row's length after the step
@@ -195,10 +202,10 @@ class HybridStep:
 
     def _gdn(self, layer, i, y, B, acc):
         """Fused projection → conv/SiLU/gates (one kernel) → recurrence → gated norm (one)."""
-        m, conv, ssm = layer["mixer"], self.conv[i][:B], self.ssm[i][:B]
-        q, k, v, g, beta, z = gdn_prep_triton(layer["w_in"](y), conv, m.conv, m.a_log,
-                                              m.dt_bias, m.nk, m.dk, m.nv, m.dv)
-        o = gdn_decode_triton(q, k, v, g, beta, ssm)
+        m, slots = layer["mixer"], self.slots[:B]
+        q, k, v, g, beta, z = gdn_prep_triton(layer["w_in"](y), self.conv[i], m.conv, m.a_log,
+                                              m.dt_bias, m.nk, m.dk, m.nv, m.dv, slots)
+        o = gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots)
         return layer["w_out"](gdn_gated_norm_triton(o, z, m.norm, self.eps), acc=acc)
 
     def _attn(self, layer, kv: KvLayer, y, B, kv_span, slot, acc):
@@ -244,22 +251,17 @@ class HybridStep:
 
 
 class EngineHybridDecoder:
-    """`HybridStep` over the engine's shared KV pool, for `decode_graphs.DecodeGraphs`.
+    """`HybridStep` over the engine's shared KV pool and running-state pool, for
+    `decode_graphs.DecodeGraphs`: `load` writes each row's token, position, state slot and page
+    table into the step's buffers; the step updates every row's state in its slot in place, so
+    nothing is copied back."""
 
-    A sequence's GDN state belongs in its state slot (`seq.state`, what prefill, checkpoints
-    and restores use), but while the same sequences decode step after step it stays resident in
-    their batch rows: `load` copies slots into rows only when the rows' sequences change, and
-    `flush` copies the rows back to the slots. The engine flushes before any eager step and
-    before a sequence retires, the graphs before a capture (which advances the rows). The
-    copies are multi-tensor copies; per step they cost ~5 % of the 27B step at batch 1 and
-    ~17 % at batch 8, which residency saves in steady decode.
-    """
-
-    def __init__(self, model, storage: KvStorage, max_batch: int, max_context: int) -> None:
+    def __init__(self, model, storage: KvStorage, states: StatePool, max_batch: int,
+                 max_context: int) -> None:
         self.storage, self.max_batch, self.max_context = storage, max_batch, max_context
         self.core = HybridStep(HybridWeights(model, model.params), max_batch,
-                               -(-max_context // PAGE), self._kv)
-        self.resident: list = []  # the sequences whose GDN state is in rows 0.. (row order)
+                               -(-max_context // PAGE), self._kv,
+                               (states.field("conv"), states.field("ssm")))
 
     def _kv(self) -> list[KvLayer]:
         s = self.storage
@@ -279,41 +281,22 @@ class EngineHybridDecoder:
 
     def load(self, seqs) -> None:
         c = self.core
-        rows = torch.tensor([(seq.output[-1], seq.cached) for seq in seqs]).t()
-        c.tokens[: len(seqs)].copy_(rows[0])
-        c.pos[: len(seqs)].copy_(rows[1])
+        rows = [(seq.output[-1], seq.cached, seq.state.index) for seq in seqs]
+        c.meta[:, : len(seqs)].copy_(torch.tensor(rows).t())
         fill_page_tables([seq.cache for seq in seqs], c.table)
-        if len(seqs) == len(self.resident) and all(map(
-                lambda a, b: a is b, seqs, self.resident)):
-            return  # the rows already hold these sequences' states
-        self.flush()
-        for rows, slots in self._state_pairs(list(enumerate(seqs))):
-            torch._foreach_copy_(rows, slots)
-        self.resident = list(seqs)
 
     def step(self, batch: int, bucket: int) -> torch.Tensor:
         return self.core.step(batch, bucket).float()
 
-    def flush(self) -> None:
-        """Copy the resident rows back to their sequences' slots; the rows hold nobody after.
-        A sequence that retired without a checkpoint (cancelled, failed) has no slot left:
-        its row is dropped, so failure paths need no GPU work here."""
-        live = [(row, seq) for row, seq in enumerate(self.resident) if seq.state is not None]
-        if live:
-            for rows, slots in self._state_pairs(live):
-                torch._foreach_copy_(slots, rows)
-        self.resident = []
+    def save_state(self, batch: int) -> Callable[[], None]:
+        """A copy of the loaded rows' GDN states; calling the result puts it back (around a
+        capture's warm-up, which advances them)."""
+        c = self.core
+        slots = c.slots[:batch]
+        pools = [*c.conv, *c.ssm]
+        copies = [t[slots] for t in pools]
 
-    def _state_pairs(self, rows_seqs):
-        """(row tensors, slot tensors) of each (row, sequence)'s conv states, then of its SSM
-        states: one dtype per list keeps `_foreach_copy_` on its fused multi-tensor kernel (a
-        mixed list falls back to one launch per tensor, ~9 ms a step at B = 8 on the 27B
-        shape)."""
-        conv, ssm = ([], []), ([], [])
-        for b, seq in rows_seqs:
-            for conv_row, ssm_row, state in zip(self.core.conv, self.core.ssm, seq.state):
-                conv[0].append(conv_row[b])
-                conv[1].append(state.conv)
-                ssm[0].append(ssm_row[b])
-                ssm[1].append(state.ssm)
-        return conv, ssm
+        def restore():
+            for t, saved in zip(pools, copies):
+                t.index_copy_(0, slots, saved)
+        return restore

@@ -26,7 +26,7 @@ def auto_kv_capacity(config: EngineConfig, model: Any, text_config: dict, device
     checks against. Not auto: (config, None)."""
     if not config.kv_capacity_auto:
         return config, None
-    state_slots = config.max_concurrency + 1 + (  # + 1: `copy_state`'s transient clone
+    state_slots = config.max_concurrency + (
         0 if config.no_prefix_reuse else _checkpoint_slots(config))
     states = recurrent_state_bytes(model) * state_slots
     if device.type == "cuda":  # loading's transient blocks go back: mem_get_info sees them
@@ -84,4 +84,4 @@ def build_memory(config: EngineConfig, model: Any) -> SequenceMemory:
         budget = int(config.kv_budget_gib * 2**30) // storage.page_bytes
     return SequenceMemory(storage, config.kv_lease_window, config.max_concurrency, checkpoints,
                           not config.no_prefix_reuse, config.kv_dtype,
-                          getattr(model, "new_recurrent_state", None), budget)
+                          getattr(model, "state_pool", None), budget)

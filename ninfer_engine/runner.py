@@ -2,7 +2,8 @@
 
 `Runner` (llama family) packs every row into one flat forward over the paged KV pool.
 `HybridRunner` (Qwen3.5 family) runs every row through one forward too: the attention layers
-read and write each row's pages, the GDN layers continue each row's recurrent-state slot.
+read and write each row's pages, the GDN layers continue each row's recurrent-state slot in
+place (the same slot rows the graph step addresses by index: nothing to hand over between them).
 Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode rows through it (static
 buffers, Triton kernels, CUDA graphs), and the step's prompt chunks, if any, through the eager
 forward after them: decode rows keep the graph's rate while a prompt is prefilled.
@@ -37,20 +38,12 @@ class _ModelRunner:
         sampled = set(map(id, batch.sampled))
         graphs = self.graphs
         if graphs is None or not batch.decode or not graphs.accepts(batch.decode):
-            self.flush()  # the eager path reads every sequence's state from its slot
             return self._eager(_work(batch.decode, batch.chunks), sampled)
         logits = graphs.forward(batch.decode)
         if not batch.chunks:
             return logits
-        # a prompt's state is in its slot (it never decoded), so the rows stay resident
         prompts = self._eager(_work([], batch.chunks), sampled)
         return torch.cat([logits, prompts.to(logits.dtype)])
-
-    def flush(self) -> None:
-        """Hand state the static decoder keeps in its rows back to the sequences' slots (before
-        an eager step, a checkpoint or a retire)."""
-        if self.graphs is not None:
-            self.graphs.flush()
 
     def _eager(self, work: list[tuple[Sequence, list[int]]], sampled: set[int]) -> torch.Tensor:
         """Logits of the rows of `work` whose sequence is in `sampled` (ids), in row order."""
@@ -92,7 +85,7 @@ class HybridRunner(_ModelRunner):
         for seq, ids in work:
             views = [LayerKv(seq.cache, layer, seq.cached)
                      for layer in range(len(self.model.attention_layers))]
-            states.append(self.model.bind_state(views, seq.state, seq.cached))
+            states.append(self.model.bind_state(views, seq.state.layers, seq.cached))
             tokens.extend(ids)
             lengths.append(len(ids))
         rows = [i for i, (seq, _) in enumerate(work) if id(seq) in sampled]

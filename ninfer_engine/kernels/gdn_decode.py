@@ -1,7 +1,9 @@
 """One-token Gated DeltaNet recurrent update for all value heads (model-math.md §2.1 step 6).
 
 Inputs for B sequences: q, k `[B, nk, dk]` (raw; L2-normalised here), v `[B, nv, dv]`,
-g `[B, nv]` (log decay, α = e^g), beta `[B, nv]`, state `[B, nv, dk, dv]` fp32 updated in place.
+g `[B, nv]` (log decay, α = e^g), beta `[B, nv]`, state `[S, nv, dk, dv]` fp32 updated in place:
+row b continues state row `index[b]` (a state-slot pool addressed by index, as vLLM's
+`state_indices`), or row b itself when `index` is None (S = B).
 Value head j reads q/k head `j // (nv/nk)`. Returns o `[B, nv, dv]` fp32, o = Sᵀ q / √dk.
 """
 
@@ -16,25 +18,26 @@ from ._dispatch import use_triton
 from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
-def gdn_decode_ref(q, k, v, g, beta, state):
+def gdn_decode_ref(q, k, v, g, beta, state, index=None):
     """Torch reference built on the model's `recurrent_gated_delta`; updates `state`."""
     r = v.shape[1] // q.shape[1]
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    for b in range(q.shape[0]):
+    rows = range(q.shape[0]) if index is None else index.tolist()
+    for b, row in enumerate(rows):
         qb = l2_normalize(q[b].float()).repeat_interleave(r, 0)[None]
         kb = l2_normalize(k[b].float()).repeat_interleave(r, 0)[None]
         o, s = recurrent_gated_delta(qb, kb, v[b].float()[None], g[b].float()[None],
-                                     beta[b].float()[None], state[b])
+                                     beta[b].float()[None], state[row])
         out[b] = o[0]
-        state[b] = s
+        state[row] = s
     return out
 
 
 @triton.jit
-def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, scale,
+def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_ptr, scale,
                        NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
-                       PDL: tl.constexpr = 0):
+                       INDEXED: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     pid = tl.program_id(0)  # b * NV + j
@@ -47,7 +50,11 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, scale
     qp = q_ptr + kh * DK + dk
     kp = k_ptr + kh * DK + dk
     vp = v_ptr + pid * DV + dv
-    sp = s_ptr + pid * DK * DV + dk[:, None] * DV + dv[None, :]
+    if INDEXED:  # the row's state slot
+        srow = tl.load(idx_ptr + b).to(tl.int64) * NV + j
+    else:
+        srow = pid.to(tl.int64)
+    sp = s_ptr + srow * DK * DV + dk[:, None] * DV + dv[None, :]
     if EVEN:  # BK == DK and BV divides DV: the real shapes, no masks
         q = tl.load(qp).to(tl.float32)
         k = tl.load(kp).to(tl.float32)
@@ -78,7 +85,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, o_ptr, scale
         tl.store(o_ptr + pid * DV + dv, o, mask=vmask)
 
 
-def gdn_decode_triton(q, k, v, g, beta, state, block_v=32):
+def gdn_decode_triton(q, k, v, g, beta, state, index=None, block_v=32):
     """Triton path: one program per (sequence, value head, block of `block_v` value dims).
 
     `block_v` is capped at dv (rounded up to a power of two) so small heads still get a
@@ -86,18 +93,21 @@ def gdn_decode_triton(q, k, v, g, beta, state, block_v=32):
     the masked variant (the real shapes, dk = dv = 128, stay unmasked)."""
     B, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
-    assert nv % nk == 0 and state.shape == (B, nv, dk, dv) and state.dtype == torch.float32
-    assert state.is_contiguous()
+    assert nv % nk == 0 and state.shape[1:] == (nv, dk, dv) and state.dtype == torch.float32
+    assert state.is_contiguous() and (state.shape[0] == B if index is None else
+                                      index.shape == (B,) and index.dtype == torch.long)
     block_v = min(block_v, triton.next_power_of_2(dv))
     block_k = triton.next_power_of_2(dk)
     o = torch.empty(B, nv, dv, dtype=torch.float32, device=v.device)
     _gdn_decode_kernel[(B * nv, triton.cdiv(dv, block_v))](
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-        state, o, dk**-0.5, NK=nk, NV=nv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        EVEN=block_k == dk and dv % block_v == 0, num_warps=4, **pdl_launch(state))
+        state, state if index is None else index, o, dk**-0.5, NK=nk, NV=nv, DK=dk, DV=dv,
+        BK=block_k, BV=block_v, EVEN=block_k == dk and dv % block_v == 0,
+        INDEXED=index is not None, num_warps=4, **pdl_launch(state))
     return o
 
 
-def gdn_decode(q, k, v, g, beta, state):
+def gdn_decode(q, k, v, g, beta, state, index=None):
     """Dispatching entry point; see the module docstring."""
-    return (gdn_decode_triton if use_triton(q) else gdn_decode_ref)(q, k, v, g, beta, state)
+    fn = gdn_decode_triton if use_triton(q) else gdn_decode_ref
+    return fn(q, k, v, g, beta, state, index)

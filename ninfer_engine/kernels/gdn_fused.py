@@ -5,8 +5,9 @@ the causal depthwise conv + SiLU over q|k|v with the conv state shifted in place
 `g` and `beta`, the recurrence (`gdn_decode`), then the gated RMSNorm; in torch these are
 ~15 tiny launches per layer. Here:
 
-* `gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv)` — one launch:
-  conv state shift (in place), conv + SiLU into fp32 q [B, nk, dk], k [B, nk, dk],
+* `gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index)` — one launch:
+  conv state shift (in place; row b's state is `conv_state[index[b]]`, a slot of the state
+  pool, or `conv_state[b]` without `index`), conv + SiLU into fp32 q [B, nk, dk], k [B, nk, dk],
   v [B, nv, dv] (each contiguous), `g = −e^{a_log}·softplus(a + dt_bias)` and
   `beta = sigmoid(b)` [B, nv] fp32; also returns z [B, nv·dv] as a view of proj.
 * `gdn_gated_norm(o, z, norm, eps)` — one launch: `o` [B, nv, dv] fp32 from the recurrence
@@ -28,18 +29,20 @@ from ._dispatch import interpreting, use_triton
 from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
-def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv):
+def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None):
     """Torch reference: `_gdn`'s code between the input GEMV and the recurrence.
 
-    proj [B, 2·nk·dk + 2·nv·dv + 2·nv] (q|k|v|z|b|a), conv_state [B, K-1, C] updated in place
-    (C = 2·nk·dk + nv·dv), conv_w [K, C], a_log / dt_bias [nv] fp32.
+    proj [B, 2·nk·dk + 2·nv·dv + 2·nv] (q|k|v|z|b|a), conv_state [S, K-1, C] updated in place
+    at rows `index` [B] (default: rows 0..B-1; C = 2·nk·dk + nv·dv), conv_w [K, C],
+    a_log / dt_bias [nv] fp32.
     Returns (q [B, nk, dk], k [B, nk, dk], v [B, nv, dv], g [B, nv], beta [B, nv]) fp32 and
     z [B, nv·dv], a view of proj."""
     B = proj.shape[0]
     kg, vg = nk * dk, nv * dv
     qkv, z, b, a = proj.split([2 * kg + vg, vg, nv, nv], -1)
-    window = torch.cat([conv_state, qkv[:, None]], 1)  # [B, K, C]
-    conv_state.copy_(window[:, 1:])
+    rows = torch.arange(B, device=proj.device) if index is None else index
+    window = torch.cat([conv_state[rows], qkv[:, None]], 1)  # [B, K, C]
+    conv_state[rows] = window[:, 1:]
     qkv = F.silu((window.float() * conv_w.float()).sum(1))
     q, k, v = qkv.split([kg, kg, vg], -1)
     g = -a_log.exp() * F.softplus(a.float() + dt_bias)
@@ -96,11 +99,11 @@ def _softplus(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _gdn_prep_kernel(proj_ptr, conv_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, B,
+def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, B,
                      stride_pb, stride_cb, stride_ct,
                      KG: tl.constexpr, VG: tl.constexpr, NV: tl.constexpr, K: tl.constexpr,
                      BLOCK_C: tl.constexpr, BLOCK_NV: tl.constexpr, EVEN: tl.constexpr,
-                     LIBDEVICE: tl.constexpr,
+                     LIBDEVICE: tl.constexpr, INDEXED: tl.constexpr,
                      PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
@@ -109,7 +112,10 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, B,
     C: tl.constexpr = 2 * KG + VG
     c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = c < C
-    conv_row = conv_ptr + b * stride_cb + c
+    if INDEXED:  # the row's state slot
+        conv_row = conv_ptr + tl.load(idx_ptr + b).to(tl.int64) * stride_cb + c
+    else:
+        conv_row = conv_ptr + b * stride_cb + c
     # window tap 0 (oldest), then taps 1..K-1; tap t is stored back as state row t-1 (the
     # program owns its channels across every tap, so the in-place shift has no race)
     if EVEN:
@@ -157,7 +163,8 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, B,
         tl.store(base + B * NV, beta, mask=jm)
 
 
-def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, block_c=512):
+def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
+                    block_c=512):
     """Triton path, one launch: grid (B, ⌈C / block_c⌉); the programs of channel block 0 also
     write g and beta. q, k, v, g, beta are views of one fp32 allocation, each contiguous."""
     B, N = proj.shape
@@ -165,7 +172,9 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, bl
     C = 2 * kg + vg
     K = conv_w.shape[0]
     assert N == C + vg + 2 * nv and K >= 2
-    assert conv_state.shape == (B, K - 1, C) and conv_w.shape == (K, C)
+    assert conv_state.shape[1:] == (K - 1, C) and conv_w.shape == (K, C)
+    assert (conv_state.shape[0] == B if index is None else
+            index.shape == (B,) and index.dtype == torch.long)
     assert a_log.shape == (nv,) and dt_bias.shape == (nv,)
     assert a_log.dtype == torch.float32 and dt_bias.dtype == torch.float32
     assert proj.stride(1) == 1 and conv_state.stride(2) == 1 and conv_w.is_contiguous()
@@ -174,10 +183,11 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, bl
     block_c = min(block_c, triton.next_power_of_2(C))
     if B > 0:
         _gdn_prep_kernel[(B, triton.cdiv(C, block_c))](
-            proj, conv_state, conv_w, a_log, dt_bias, out, B,
+            proj, conv_state, conv_state if index is None else index, conv_w, a_log, dt_bias,
+            out, B,
             proj.stride(0), conv_state.stride(0), conv_state.stride(1),
             KG=kg, VG=vg, NV=nv, K=K, BLOCK_C=block_c, BLOCK_NV=triton.next_power_of_2(nv),
-            EVEN=C % block_c == 0, LIBDEVICE=not interpreting(),
+            EVEN=C % block_c == 0, LIBDEVICE=not interpreting(), INDEXED=index is not None,
             num_warps=max(1, min(4, block_c // 128)), **pdl_launch(proj))
     q = out[: B * kg].view(B, nk, dk)
     k = out[B * kg: 2 * B * kg].view(B, nk, dk)
@@ -230,10 +240,10 @@ def gdn_gated_norm_triton(o, z, norm, eps):
     return out
 
 
-def gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv):
+def gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None):
     """Dispatching entry point; see the module docstring."""
     fn = gdn_prep_triton if use_triton(proj) else gdn_prep_ref
-    return fn(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv)
+    return fn(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index)
 
 
 def gdn_gated_norm(o, z, norm, eps):

@@ -3,9 +3,9 @@ from .cache import KvStorage, LayerKv, PagedKvCache, fill_page_tables, kv_page_l
 from .memory import SequenceMemory
 from .pages import ElasticPagePool, PageAllocator, PagePool, pages_for
 from .quant import KV_DTYPES, KvCodec, codecs_for
-from .slots import Checkpoint, PrefixCache, PrefixIndex, StateSlots
+from .slots import Checkpoint, PrefixCache, PrefixIndex, StatePool
 
 __all__ = ["KV_DTYPES", "Checkpoint", "ElasticPagePool", "KvCodec", "KvStorage", "LayerKv",
            "PageAllocator", "PagePool", "PagedKvCache", "PrefixCache", "PrefixIndex",
-           "SequenceMemory", "StateSlots", "codecs_for", "fill_page_tables", "kv_page_layout",
+           "SequenceMemory", "StatePool", "codecs_for", "fill_page_tables", "kv_page_layout",
            "pages_for"]

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ..stats import KvStats, StateSlotStats
 from .cache import KvStorage
-from .slots import PrefixCache, RecurrentState, StateSlots, copy_state
+from .slots import PrefixCache, StatePool, copy_state
 
 
 class SequenceMemory:
@@ -24,16 +24,18 @@ class SequenceMemory:
 
     def __init__(self, storage: KvStorage, lease_window: int, max_running: int,
                  checkpoint_slots: int, prefix_reuse: bool, kv_dtype: str,
-                 new_state: Callable[[], RecurrentState] | None = None,
+                 state_pool: Callable[[int], StatePool] | None = None,
                  budget_pages: int | None = None) -> None:
         self.storage = storage
         self.allocator = storage.allocator
         self.lease_window = lease_window
         self.budget_tokens = None if budget_pages is None else budget_pages * storage.page_tokens
         self.kv_dtype = kv_dtype
-        recurrent = new_state is not None
-        self.running_slots = StateSlots(max_running, new_state) if recurrent else None
-        checkpoint_state = StateSlots(checkpoint_slots, new_state) if recurrent else None
+        recurrent = state_pool is not None
+        # the running slots are the rows the decode step addresses; checkpoints have their own
+        self.running_slots = state_pool(max_running) if recurrent else None
+        checkpoint_state = (state_pool(checkpoint_slots if prefix_reuse else 0) if recurrent
+                            else None)
         self.prefix = PrefixCache(storage, checkpoint_state,
                                   checkpoint_slots if prefix_reuse else 0)
         self.queries = 0  # admitted requests that looked for a checkpoint
@@ -99,7 +101,7 @@ class SequenceMemory:
             seq.cache.release()
             seq.cache = None
         if seq.state is not None:
-            self.running_slots.release()
+            self.running_slots.release(seq.state)
             seq.state = None
 
     @property

@@ -12,8 +12,8 @@ device's free memory and sizes the pool as
 - `reserve` is what the engine allocates after the pool and can compute: the fp8 experts'
   prefill bf16 scratch (`models.experts.prefill_scratch_bytes`), one prefill chunk's
   activations (`prefill_activation_bytes`, at the engine's prefill chunk), the hybrid
-  family's recurrent-state slots (--max-concurrency running + the prefix-checkpoint slots + one
-  transient copy, each measured on one real slot), and `ALLOC_SLACK` per KV tensor (the
+  family's recurrent-state slots (--max-concurrency running + the prefix-checkpoint slots,
+  each measured on one real slot; the pools are allocated after the KV pool), and `ALLOC_SLACK` per KV tensor (the
   caching allocator rounds each large block up to 2 MiB);
 - `page_bytes` is K and V of every attention layer in the `--kv-dtype`'s storage, codes and
   scales, as `KvStorage` lays it out (`kv.cache.kv_page_layout`).

@@ -1,7 +1,10 @@
 """Recurrent-state slots and prefix-reuse checkpoints (model-math.md §4, http-contract §4).
 
-`StateSlots` counts the device slots that hold one sequence's GDN conv + SSM states: running
-sequences take one each, and so does every checkpoint of the hybrid family.
+`StatePool` holds the recurrent (GDN conv + SSM) states of the hybrid family as rows of one
+device tensor per (layer, field): running sequences hold one slot each, and so does every
+checkpoint (a pool of its own). A slot is an index; the model's eager forward reads and writes
+the slot's row views in place, and the decode step addresses the rows by index (vLLM's
+`state_indices`, SGLang's `MambaPool`), so no state is copied into batch rows or back.
 `PrefixCache` keeps checkpoints at exact token frontiers: the checkpoint's KV pages (full pages
 shared with the sequence that made it, the partial last page copied) plus a copy of the
 recurrent state. LRU eviction when checkpoint slots or pool pages run out.
@@ -11,39 +14,67 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from .cache import KvStorage, PagedKvCache
 
-RecurrentState = list  # one state per recurrent layer, each with tensor fields (e.g. GDNState)
+# per recurrent layer, its state fields: name -> (shape of one slot's row, dtype)
+StateLayout = list[dict[str, tuple[tuple[int, ...], torch.dtype]]]
 
 
-class StateSlots:
-    """`total` recurrent-state slots; a slot is a fresh zero state handed to one holder."""
+@dataclass(eq=False)
+class StateSlot:
+    """Row `index` of a `StatePool`: `layers[l]` is layer l's state over views of that row."""
 
-    def __init__(self, total: int, new_state: Callable[[], RecurrentState]) -> None:
+    index: int
+    layers: list[Any]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [v for layer in self.layers for v in vars(layer).values()
+                if isinstance(v, torch.Tensor)]
+
+
+class StatePool:
+    """`total` state slots laid out by `layout` on `device`; `view(**fields)` builds one layer's
+    state object over a slot's rows (e.g. `GDNState`). Slots are zeroed when acquired."""
+
+    def __init__(self, total: int, layout: StateLayout, device: torch.device | str,
+                 view: Callable[..., Any]) -> None:
         self.total = total
-        self._new_state = new_state
-        self.free = total
+        self.fields = [{name: torch.zeros(total, *shape, dtype=dtype, device=device)
+                        for name, (shape, dtype) in layer.items()} for layer in layout]
+        self._view = view
+        self._free = list(range(total - 1, -1, -1))  # pop() hands out slot 0 first
 
-    def acquire(self) -> RecurrentState | None:
-        if self.free == 0:
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def field(self, name: str) -> list[torch.Tensor]:
+        """The `[total, ...]` tensor of field `name`, one per layer: what the step indexes."""
+        return [layer[name] for layer in self.fields]
+
+    def slot(self, index: int) -> StateSlot:
+        """Slot `index` as a `StateSlot` (views; no ownership check)."""
+        return StateSlot(index, [self._view(**{n: t[index] for n, t in layer.items()})
+                                 for layer in self.fields])
+
+    def acquire(self) -> StateSlot | None:
+        if not self._free:
             return None
-        self.free -= 1
-        return self._new_state()
+        slot = self.slot(self._free.pop())
+        torch._foreach_zero_(slot.tensors())
+        return slot
 
-    def release(self) -> None:
-        self.free += 1
+    def release(self, slot: StateSlot) -> None:
+        self._free.append(slot.index)
 
 
-def copy_state(src: RecurrentState, dst: RecurrentState) -> None:
-    """Overwrite `dst`'s tensors with copies of `src`'s (layer by layer, field by field)."""
-    for s, d in zip(src, dst):
-        for name, value in vars(s).items():
-            if isinstance(value, torch.Tensor):
-                setattr(d, name, value.clone())
+def copy_state(src: StateSlot, dst: StateSlot) -> None:
+    """Overwrite `dst`'s rows with `src`'s (one multi-tensor copy)."""
+    torch._foreach_copy_(dst.tensors(), src.tensors())
 
 
 @dataclass(eq=False)
@@ -51,7 +82,7 @@ class Checkpoint:
     """A conversation frontier; its KV pages are owned in the allocator under this object."""
 
     tokens: tuple[int, ...]
-    state: RecurrentState | None
+    state: StateSlot | None
     used: int = 0  # LRU clock value of the last match or save
     pages: list[int] = field(default_factory=list)
 
@@ -65,7 +96,7 @@ class PrefixIndex(ABC):
 
     @abstractmethod
     def save(self, tokens: tuple[int, ...], cache: PagedKvCache,
-             state: RecurrentState | None) -> bool:
+             state: StateSlot | None) -> bool:
         """Checkpoint `cache` (and `state`) at `len(tokens)`; False when there is no room."""
 
     @abstractmethod
@@ -76,7 +107,7 @@ class PrefixIndex(ABC):
 class PrefixCache(PrefixIndex):
     """At most `capacity` checkpoints in pool pages and state slots (`slots` None: KV only)."""
 
-    def __init__(self, storage: KvStorage, slots: StateSlots | None, capacity: int) -> None:
+    def __init__(self, storage: KvStorage, slots: StatePool | None, capacity: int) -> None:
         self.storage = storage
         self.slots = slots
         self.capacity = capacity
@@ -144,7 +175,7 @@ class PrefixCache(PrefixIndex):
         self.checkpoints.remove(victim)
         self.storage.allocator.release(victim)
         if victim.state is not None and self.slots is not None:
-            self.slots.release()
+            self.slots.release(victim.state)
         return True
 
     def clear(self) -> None:

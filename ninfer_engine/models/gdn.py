@@ -3,8 +3,9 @@
 Torch reference path, device-agnostic, over a step's rows (each its own sequence). Per-sequence
 state is a `GDNState`:
 the last K-1 *pre-conv* q|k|v rows (time-major `[K-1, C]`, activation dtype) and the fp32
-recurrent state in HF layout `[nv, dk, dv]`. A prefill may be split into any number of chunks:
-each call continues the state exactly.
+recurrent state in HF layout `[nv, dk, dv]`, both updated in place (they may be views of a
+slot of the engine's state pool). A prefill may be split into any number of chunks: each call
+continues the state exactly.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class GDNState:
 
     def rollback(self, kept: int) -> None:
         """Take the state after the first `kept` tokens of the last verify row."""
-        self.conv, self.ssm = self.trail[kept - 1]
+        conv, ssm = self.trail[kept - 1]
+        self.conv.copy_(conv)
+        self.ssm.copy_(ssm)
         self.trail = None
 
 
@@ -153,18 +156,21 @@ class GatedDeltaNet:
         self.a_log = params(p + "a_log", (self.nv,)).float()
         self.dt_bias = params(p + "dt_bias", (self.nv,)).float()
 
+    def state_layout(self, dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """`GDNState`'s fields: name -> (shape, dtype), for a state pool's rows."""
+        return {"conv": ((self.taps - 1, self.conv_dim), dtype),
+                "ssm": ((self.nv, self.dk, self.dv), torch.float32)}
+
     def new_state(self, dtype: torch.dtype, device: torch.device) -> GDNState:
         """Zero history: the conv sees zeros before the first token, the recurrence starts at 0."""
-        return GDNState(
-            conv=torch.zeros(self.taps - 1, self.conv_dim, dtype=dtype, device=device),
-            ssm=torch.zeros(self.nv, self.dk, self.dv, dtype=torch.float32, device=device),
-        )
+        return GDNState(**{name: torch.zeros(shape, dtype=dt, device=device)
+                           for name, (shape, dt) in self.state_layout(dtype).items()})
 
     def _conv(self, x: torch.Tensor, state: GDNState) -> torch.Tensor:
         """Causal depthwise conv + SiLU over [T, C], continuing (and updating) the conv state."""
         T = x.shape[0]
         full = torch.cat([state.conv, x], 0)
-        state.conv = full[-(self.taps - 1) :].clone()
+        state.conv.copy_(full[-(self.taps - 1) :])
         # K shifted multiply-adds: a depthwise conv1d call costs tens of ms on the CPU at T = 1
         w = self.conv.to(x.dtype)
         y = full[:T] * w[0]
@@ -209,18 +215,19 @@ class GatedDeltaNet:
             # (bench/results/h200-gdn-chunk.json)
             from ..kernels import gdn_chunk  # here: it imports this module for chunk_prep
 
-            o, state.ssm = gdn_chunk.chunk_gated_delta(q, k, v, g, beta, state.ssm, tf32=True)
+            o, ssm = gdn_chunk.chunk_gated_delta(q, k, v, g, beta, state.ssm, tf32=True)
         else:
             # value head j reads q/k head j // r
             r = self.nv // self.nk
             q, k = q.repeat_interleave(r, 1), k.repeat_interleave(r, 1)
             if keep:
-                ssm: list[torch.Tensor] = []
-                o, state.ssm = recurrent_gated_delta(q, k, v, g, beta, state.ssm, ssm)
-                state.trail = [(history[t + 1: t + self.taps], s) for t, s in enumerate(ssm)]
+                trail: list[torch.Tensor] = []
+                o, ssm = recurrent_gated_delta(q, k, v, g, beta, state.ssm, trail)
+                state.trail = [(history[t + 1: t + self.taps], s) for t, s in enumerate(trail)]
             else:
                 rule = recurrent_gated_delta if T == 1 else chunked_gated_delta
-                o, state.ssm = rule(q, k, v, g, beta, state.ssm)
+                o, ssm = rule(q, k, v, g, beta, state.ssm)
+        state.ssm.copy_(ssm)  # in place: the state may be a view of a pool slot
         return o.to(dtype)
 
     def _gated_norm(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

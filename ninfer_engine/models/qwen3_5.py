@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..kv.slots import StatePool
 from .gated_attention import GatedAttention, KVCache, PartialRope, zero_centred_rms_norm
 from .gdn import GatedDeltaNet, GDNState
 from .layers import Linear
@@ -143,9 +144,15 @@ class Qwen35Model:
         return len(self.attention_layers), c["num_key_value_heads"], c["head_dim"]
 
     def new_recurrent_state(self) -> list[GDNState]:
-        """Zero GDN states, one per linear-attention layer in layer order (a state slot)."""
+        """Zero GDN states, one per linear-attention layer in layer order (one slot's worth)."""
         return [b.mixer.new_state(self.dtype, self.device) for b in self.blocks
                 if isinstance(b.mixer, GatedDeltaNet)]
+
+    def state_pool(self, total: int) -> StatePool:
+        """`total` recurrent-state slots on the device, one row each (`kv.StatePool`)."""
+        layout = [b.mixer.state_layout(self.dtype) for b in self.blocks
+                  if isinstance(b.mixer, GatedDeltaNet)]
+        return StatePool(total, layout, self.device, GDNState)
 
     def bind_state(self, attention: list, recurrent: list[GDNState], seen: int) -> ModelState:
         """A `ModelState` over externally held layer states: KV views for the attention layers

@@ -83,7 +83,7 @@ def _chunked_prefill_logits(path, device) -> list[torch.Tensor]:
     storage = KvStorage(PagePool(-(-PROMPT_LEN // PAGE_TOKENS)), layers, heads, dim,
                         codecs_for("bf16", model.dtype), model.dtype, model.device)
     seq = SimpleNamespace(prompt=PROMPT, cached=0, cache=storage.new_cache(),
-                          state=model.new_recurrent_state(), output=[])
+                          state=model.state_pool(1).acquire(), output=[])
     assert seq.cache.reserve(PROMPT_LEN)
     rows = []
     for n in CHUNKS:

@@ -152,5 +152,5 @@ def test_context_buckets_double_from_1k_up_to_the_max_context():
 
 def test_the_static_path_is_only_built_for_cuda_half_precision_llama_models():
     model = _model("llama", torch.device("cpu"), torch.float32)
-    storage = _storage(model, "bf16")
-    assert build_decode_graphs(model, storage, "bf16", 4, 512, True) is None
+    memory = SimpleNamespace(storage=_storage(model, "bf16"), running_slots=None)
+    assert build_decode_graphs(model, memory, "bf16", 4, 512, True) is None

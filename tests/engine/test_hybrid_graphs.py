@@ -87,15 +87,14 @@ def _forward(model, seq, ids):
     """The eager path of `HybridRunner`: one forward continuing the sequence's pool and state."""
     assert seq.cache.reserve(seq.cached + len(ids))
     views = [LayerKv(seq.cache, j, seq.cached) for j in range(len(model.attention_layers))]
-    state = model.bind_state(views, seq.state, seq.cached)
+    state = model.bind_state(views, seq.state.layers, seq.cached)
     logits = model.forward(torch.tensor(ids, device=model.device), state, last_only=True)
     seq.cached += len(ids)
     return logits[0]
 
 
-def _prefilled(model, storage, prompt):
-    seq = SimpleNamespace(cache=storage.new_cache(), cached=0, state=model.new_recurrent_state(),
-                          output=[])
+def _prefilled(model, storage, states, prompt):
+    seq = SimpleNamespace(cache=storage.new_cache(), cached=0, state=states.acquire(), output=[])
     seq.output.append(int(_forward(model, seq, prompt).argmax()))
     return seq
 
@@ -112,18 +111,21 @@ def test_static_hybrid_decode_matches_the_eager_forward(moe, kv_dtype, shared_wi
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 63, 70)]
     ours_storage, ref_storage = _storage(model, kv_dtype), _storage(model, kv_dtype)
-    ours = [_prefilled(model, ours_storage, p) for p in prompts]
-    ref = [_prefilled(model, ref_storage, p) for p in prompts]
-    graphs = DecodeGraphs(EngineHybridDecoder(model, ours_storage, 4, 512),
+    # our sequences in the last slots of a pool of 4 (rows address slots by index); the
+    # reference's in a pool of its own
+    ours_states, ref_states = model.state_pool(4), model.state_pool(3)
+    ours_states.acquire()
+    ours = [_prefilled(model, ours_storage, ours_states, p) for p in prompts]
+    ref = [_prefilled(model, ref_storage, ref_states, p) for p in prompts]
+    graphs = DecodeGraphs(EngineHybridDecoder(model, ours_storage, ours_states, 4, 512),
                           capture=device.type == "cuda")
-    # the same rows twice (GDN state stays resident in the rows), a smaller batch (rows
-    # handed back to the slots, then reloaded), an eager step of the left-out sequence
-    # between (it reads its slot), then all rows again; the 63-token one crosses a page
-    schedule = [[0, 1, 2], [0, 1, 2], [0, 2], "eager 1", [0, 1, 2]]
+    # the same rows twice, a smaller batch, an eager step of the left-out sequence between
+    # (it continues the slot the graph steps wrote), then all rows again in another order
+    # (rows 0..2 now hold slots 3, 1, 2); the 63-token one crosses a page
+    schedule = [[0, 1, 2], [0, 1, 2], [0, 2], "eager 1", [2, 0, 1]]
     kv_tol, tol, state_tol = _tols(model, max(len(p) for p in prompts) + len(schedule))
     for step, rows in enumerate(schedule):
         if rows == "eager 1":
-            graphs.flush()  # as the runner does before every eager step
             mine = _forward(model, ours[1], [ours[1].output[-1]])
             copy_pool(ours_storage, ref_storage)
             with recorded_writes(ref_storage) as written:
@@ -150,15 +152,14 @@ def test_static_hybrid_decode_matches_the_eager_forward(moe, kv_dtype, shared_wi
             ours[i].output.append(int(w.argmax()))
             ref[i].output.append(ours[i].output[-1])
     assert [s.cached for s in ours] == [s.cached for s in ref]
-    # flushed, the slots hold each sequence's GDN state; a sequence that retired without a
-    # checkpoint (its slot released: state None) has its row dropped, the others keep theirs
-    ours[1].state = None
-    graphs.flush()
-    for a, b in [(ours[0], ref[0]), (ours[2], ref[2])]:
-        for sa, sb in zip(a.state, b.state):
+    # the slots hold each sequence's GDN state, and the slot nobody holds was left alone
+    for a, b in zip(ours, ref):
+        for sa, sb in zip(a.state.layers, b.state.layers):
             assert _rel(sa.ssm, sb.ssm) < state_tol
+    assert not any(t.any() for t in ours_states.slot(0).tensors())
 
 
 def test_the_hybrid_static_path_needs_cuda_and_fused_weights():
     model = _model(False, torch.device("cpu"))
-    assert build_decode_graphs(model, _storage(model, "bf16"), "bf16", 2, 512, True) is None
+    memory = SimpleNamespace(storage=_storage(model, "bf16"), running_slots=model.state_pool(2))
+    assert build_decode_graphs(model, memory, "bf16", 2, 512, True) is None

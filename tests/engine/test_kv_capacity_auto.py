@@ -230,7 +230,7 @@ def test_engine_reserves_the_recurrent_state_slots(device, monkeypatch):
     layers, heads, dim = probe.model.kv_layout()
     page_bytes, tensors = kv_page_layout(layers, heads, dim,
                                          codecs_for("bf16", probe.model.dtype), PAGE_TOKENS)
-    states = state * (2 + 3 + 1)  # running, checkpoints, one transient copy
+    states = state * (2 + 3)  # running, checkpoints
     free = _reserve(artifact, config, device, tensors, states) + 5 * page_bytes
     monkeypatch.setattr(memory_plan, "free_device_bytes", lambda device: free)
     assert Engine(config, artifact).memory.allocator.total == 5

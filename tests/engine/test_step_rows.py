@@ -128,12 +128,11 @@ def test_start_up_capture_runs_every_batch_size_on_scratch_pages_and_gives_them_
     graphs = DecodeGraphs(StaticDecoder(model, storage, 3, 512), capture=False)
     step, batches = graphs.forward, []
     graphs.forward = lambda seqs: batches.append(len(seqs)) or step(seqs)
-    graphs.capture_at_start(lambda: None)
+    graphs.capture_at_start()
     assert batches == [1, 2, 3] and pool.free == pool.total
     # one scratch page for all rows: an elastic pool at its first grow step does not grow
     elastic = ElasticPagePool(8, 1, 64)  # pages: capacity 8, grow step 1
     storage = KvStorage(elastic, layers, heads, dim, codecs_for("bf16", model.dtype), model.dtype,
                         model.device)
-    DecodeGraphs(StaticDecoder(model, storage, 3, 512), capture=False).capture_at_start(
-        lambda: None)
+    DecodeGraphs(StaticDecoder(model, storage, 3, 512), capture=False).capture_at_start()
     assert elastic.total == 1 and elastic.free == 1

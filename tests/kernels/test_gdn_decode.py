@@ -53,3 +53,27 @@ def test_gdn_decode_default_block_at_small_head_dims(device, nk, nv, dk, dv):
     o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri)
     assert rel_err(o, o_ref) < _tol([gate[0]], dk)
     assert rel_err(s_tri, s_ref) < _tol([gate[0]], dk)
+
+
+def test_gdn_decode_addresses_state_slots_by_index(device):
+    # rows 0, 1, 2 continue slots 4, 0, 2 of a 5-slot pool: the same update as rows holding
+    # those states themselves, and the slots no row names are left alone
+    g = torch.Generator().manual_seed(21)
+    nk, nv, dk, dv = 2, 4, 16, 32
+    pool = torch.randn(5, nv, dk, dv, generator=g)
+    index = torch.tensor([4, 0, 2])
+    q, k = torch.randn(2, 3, nk, dk, generator=g).bfloat16()
+    v = torch.randn(3, nv, dv, generator=g).bfloat16()
+    gate, beta = -torch.rand(3, nv, generator=g), torch.rand(3, nv, generator=g)
+    rows = pool[index].clone()
+    o_rows = gdn_decode_ref(q, k, v, gate, beta, rows)
+    s_tri = pool.clone().to(device)
+    o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri,
+                          index.to(device))
+    assert rel_err(o, o_rows) < _tol([gate[0]], dk)
+    assert rel_err(s_tri[index], rows) < _tol([gate[0]], dk)
+    untouched = torch.tensor([1, 3])
+    assert torch.equal(s_tri[untouched].cpu(), pool[untouched])
+    s_ref = pool.clone()
+    assert torch.equal(gdn_decode_ref(q, k, v, gate, beta, s_ref, index), o_rows)
+    assert torch.equal(s_ref[index], rows) and torch.equal(s_ref[untouched], pool[untouched])

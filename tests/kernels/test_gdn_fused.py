@@ -118,6 +118,30 @@ def test_gdn_prep_two_steps_carry_conv_state(device):
         assert torch.equal(conv_tri.cpu(), conv_ref)
 
 
+def test_gdn_prep_addresses_conv_slots_by_index(device):
+    # rows 0, 1 shift slots 3 and 1 of a 4-slot pool: the same as rows holding those windows,
+    # and the other slots are left alone
+    gen = torch.Generator().manual_seed(8)
+    nk, nv, dk, dv = 2, 4, 16, 32
+    m = _layer(nk, nv, dk, dv, gen)
+    pool = torch.randn(4, K - 1, m.conv_dim, generator=gen).bfloat16()
+    index = torch.tensor([3, 1])
+    proj = _proj(2, m, gen)
+    rows = pool[index].clone()
+    ref = gdn_prep_ref(proj, rows, m.conv, m.a_log, m.dt_bias, nk, dk, nv, dv)
+    conv_tri = pool.clone().to(device)
+    out = gdn_prep_triton(proj.to(device), conv_tri, *_to((m.conv, m.a_log, m.dt_bias), device),
+                          nk, dk, nv, dv, index.to(device))
+    for o, r, b in zip(out[:3], ref[:3], _prep_bounds(proj, pool[index], m)):
+        _assert_fp32_close(o, r, b)
+    assert torch.equal(conv_tri[index].cpu(), rows)
+    assert torch.equal(conv_tri[torch.tensor([0, 2])].cpu(), pool[torch.tensor([0, 2])])
+    conv_ref = pool.clone()
+    again = gdn_prep_ref(proj, conv_ref, m.conv, m.a_log, m.dt_bias, nk, dk, nv, dv, index)
+    assert all(torch.equal(a, r) for a, r in zip(again, ref))
+    assert torch.equal(conv_ref, conv_tri.cpu())
+
+
 @pytest.mark.parametrize("nv, dv, B, norm_dtype", [
     (4, 16, 1, torch.bfloat16),
     (4, 32, 3, torch.bfloat16),

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ninfer_engine.kv import KvStorage, PagePool, PrefixCache, SequenceMemory, StateSlots
+from ninfer_engine.kv import KvStorage, PagePool, PrefixCache, SequenceMemory, StatePool
 from ninfer_engine.kv import codecs_for
 
 
@@ -46,17 +46,19 @@ def test_checkpoint_outlives_its_source_and_restores_exactly():
 
 def test_lru_eviction_by_count_and_by_state_slots():
     storage = _storage()
-    slots = StateSlots(2, lambda: [SimpleNamespace(ssm=torch.zeros(2))])
+    layout = [{"ssm": ((2,), torch.float32)}]
+    slots = StatePool(2, layout, "cpu", SimpleNamespace)
     prefix = PrefixCache(storage, slots, capacity=3)
     cache = storage.new_cache()
     assert cache.reserve(16)
-    state = [SimpleNamespace(ssm=torch.ones(2))]
+    state = StatePool(1, layout, "cpu", SimpleNamespace).acquire()
+    state.layers[0].ssm.fill_(1.0)
     assert prefix.save((1,) * 8, cache, state)
     assert prefix.save((2,) * 8, cache, state)
     prefix.match((1,) * 9)  # touch the first: the second is now least recently used
     assert prefix.save((3,) * 8, cache, state)  # two state slots: one must go
     assert [c.tokens[0] for c in prefix.checkpoints] == [1, 3]
-    assert torch.equal(prefix.checkpoints[1].state[0].ssm, torch.ones(2))
+    assert torch.equal(prefix.checkpoints[1].state.layers[0].ssm, torch.ones(2))
     assert slots.free == 0
     cache.release()
     prefix.clear()
@@ -86,3 +88,22 @@ def test_admission_evicts_checkpoints_before_waiting():
     assert not memory.admit(other) and len(memory.prefix) == 0
     memory.release(again)
     assert memory.admit(other) and other.reused == 0
+
+
+def test_state_pool_slots_are_rows_of_one_tensor_per_field():
+    """A slot's state objects are views of its rows: writes through them land in the pool
+    tensor the decode step indexes, a slot comes back zeroed, and `copy_state` copies rows."""
+    from ninfer_engine.kv.slots import copy_state
+
+    layout = [{"conv": ((2, 3), torch.bfloat16), "ssm": ((2, 2), torch.float32)}] * 2
+    pool = StatePool(3, layout, "cpu", SimpleNamespace)
+    a, b = pool.acquire(), pool.acquire()
+    assert (a.index, b.index, pool.free) == (0, 1, 1)
+    a.layers[1].ssm.add_(5.0)
+    assert torch.equal(pool.field("ssm")[1][0], torch.full((2, 2), 5.0))
+    copy_state(a, b)
+    assert torch.equal(pool.field("ssm")[1][1], torch.full((2, 2), 5.0))
+    pool.release(a)
+    again = pool.acquire()
+    assert again.index == 0 and not any(t.any() for t in again.tensors())
+    assert pool.acquire().index == 2 and pool.acquire() is None
