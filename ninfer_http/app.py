@@ -19,7 +19,7 @@ from ninfer_engine.client import ServingEngine
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.types import EngineState
 
-from . import anthropic, engine_state, metrics, observers, openai_chat, openapi
+from . import anthropic, engine_state, metrics, observers, openai_chat, openai_completions, openapi
 from .admission import SLOTS, LifetimeSlots
 from .auth import has_valid_key, is_exempt
 from .context import CONFIG, CREATED, DIALECT, ENGINE, KEEPALIVE_S, REQUEST_ID
@@ -62,6 +62,7 @@ def create_app(engine: ServingEngine, config: EngineConfig) -> web.Application:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     openai_chat.add_routes(app)
+    openai_completions.add_routes(app)
     anthropic.add_routes(app)
     add_responses_routes(app)
     metrics.add_routes(app)

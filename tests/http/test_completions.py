@@ -1,0 +1,137 @@
+"""`POST /v1/completions` through the official `openai` SDK and raw HTTP (issue 21)."""
+from __future__ import annotations
+
+import json
+import math
+
+import openai
+import pytest
+
+from fake_engine import FakeEngine
+from ninfer_engine.types import TokenLogprob
+
+
+class LogprobEngine(FakeEngine):
+    """Fills the request's logprob sink as the real sampler does: before each token's event."""
+
+    def submit(self, request):
+        events = super().submit(request)
+
+        async def with_logprobs():
+            async for event in events:
+                for token in event.token_ids:
+                    if request.logprob_sink is not None:
+                        top = tuple((ord("a") + k, -0.5 * (k + 1))
+                                    for k in range(request.logprobs or 0))
+                        request.logprob_sink.append(TokenLogprob(token, -0.25 * token, top))
+                yield event
+        return with_logprobs()
+
+
+def sdk(live) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=10)
+
+
+def test_create_with_the_sdk(live):
+    done = sdk(live).completions.create(model="fake-model", prompt="Say hi", max_tokens=5,
+                                        temperature=0, stop=["\n"], seed=3)
+    assert done.object == "text_completion" and done.id.startswith("cmpl-")
+    assert done.choices[0].text == "Hello, world!"
+    assert done.choices[0].finish_reason == "stop"
+    assert done.usage.prompt_tokens == len("Say hi") and done.usage.completion_tokens == 4
+    [request] = live.engine.submitted
+    assert request.prompt_ids == tuple(ord(c) for c in "Say hi")  # no chat template
+    assert request.max_tokens == 5 and request.stop == ("\n",) and request.sampling.seed == 3
+
+
+def test_stream_with_the_sdk_and_usage(live):
+    chunks = list(sdk(live).completions.create(
+        model="fake-model", prompt="Say hi", stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == "Hello, world!"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "stop" and set(finishes[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    assert live.engine.submitted[0].max_tokens == 16  # OpenAI's default for this endpoint
+
+
+def test_token_id_prompt_echo_and_n(live):
+    reply = live.request("POST", "/v1/completions", {
+        "model": "fake-model", "prompt": [[72, 105]], "echo": True, "n": 2, "max_tokens": 4})
+    body = reply.json()
+    assert [c["text"] for c in body["choices"]] == ["HiHello, world!"] * 2
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 8, "total_tokens": 10}
+    assert [r.prompt_ids for r in live.engine.submitted] == [(72, 105)] * 2
+
+
+def test_vllm_bench_serve_request_shape(live):
+    # what vLLM's `bench serve` (openai-completions backend) posts
+    body = {"model": "fake-model", "prompt": "x" * 20, "temperature": 0.0, "max_tokens": 8,
+            "logprobs": None, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True, "repetition_penalty": 1.0}
+    reply = live.request("POST", "/v1/completions", body)
+    assert reply.status == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    lines = [line for line in reply.body.decode().split("\n\n") if line]
+    assert lines[-1] == "data: [DONE]"
+    usage = json.loads(lines[-2][len("data: "):])["usage"]
+    assert usage["completion_tokens"] == 4
+    assert live.engine.submitted[0].ignore_eos is True
+
+
+def test_logprobs_in_the_legacy_shape(serve):
+    live = serve(engine=LogprobEngine())
+    done = sdk(live).completions.create(model="fake-model", prompt="hi", logprobs=2)
+    logprobs = done.choices[0].logprobs
+    assert logprobs.token_logprobs == [-0.25, -0.5, -0.75, -1.0]  # token ids 1..4
+    assert logprobs.top_logprobs[0] == {"a": -0.5, "b": -1.0}
+    assert logprobs.text_offset == [0, 1, 2, 3]  # each id decodes to one character
+    streamed = list(sdk(live).completions.create(model="fake-model", prompt="hi", logprobs=0,
+                                                 stream=True))
+    values = [v for c in streamed for v in (c.choices[0].logprobs.token_logprobs or [])]
+    assert values == [-0.25, -0.5, -0.75, -1.0]
+    assert all(math.isfinite(v) for v in values)
+
+
+def test_chat_logprobs_per_choice_and_per_chunk(serve):
+    live = serve(engine=LogprobEngine())
+    client = sdk(live)
+    done = client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}], logprobs=True,
+        top_logprobs=1)
+    content = done.choices[0].logprobs.content
+    assert [c.logprob for c in content] == [-0.25, -0.5, -0.75, -1.0]
+    assert content[0].top_logprobs[0].token == "a" and content[0].bytes == [1]
+    chunks = list(client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}], logprobs=True,
+        stream=True))
+    streamed = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert streamed == [-0.25, -0.5, -0.75, -1.0]
+
+
+@pytest.mark.parametrize("fields, code, param", [
+    ({"prompt": ["a", "b"]}, "unsupported_parameter", "prompt"),
+    ({"prompt": ""}, "invalid_value", "prompt"),
+    ({"prompt": [1, -2]}, "invalid_value", "prompt"),
+    ({"suffix": "end"}, "unsupported_parameter", "suffix"),
+    ({"echo": True, "logprobs": 1}, "unsupported_parameter", "echo"),
+    ({"n": 2, "stream": True}, "unsupported_parameter", "n"),
+    ({"best_of": 3}, "unsupported_parameter", "best_of"),
+    ({"logprobs": 21}, "invalid_value", "logprobs"),
+    ({"max_tokens": -1}, "invalid_value", "max_tokens"),
+    ({"logit_bias": {"1": 3}}, "unsupported_parameter", "logit_bias"),
+    ({"prompt": "x" * 300}, "context_length_exceeded", "prompt"),
+])
+def test_rejections(live, fields, code, param):
+    body = {"model": "fake-model", "prompt": "hi", **fields}
+    reply = live.request("POST", "/v1/completions", body)
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+    assert live.engine.submitted == []
+
+
+def test_unknown_model_is_404(live):
+    reply = live.request("POST", "/v1/completions", {"model": "other", "prompt": "hi"})
+    assert reply.status == 404 and reply.json()["error"]["code"] == "model_not_found"
