@@ -43,14 +43,17 @@ class StaticDecoder:
                  max_context: int) -> None:
         self.model, self.storage = model, storage
         self.max_batch, self.max_context = max_batch, max_context
+        self.max_q = 1  # decode rows only
         dev = model.device
         # rows: token, position, KV slot, sequence length after this step
         self.meta = torch.zeros(4, max_batch, dtype=torch.long, device=dev)
         self.table = torch.zeros(max_batch, -(-max_context // PAGE), dtype=torch.long,
                                  device=dev)
 
-    def load(self, seqs: list[Sequence]) -> None:
+    def load(self, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> None:
         """Copy the rows' next token, position, slot, length and page table into the buffers."""
+        if drafts:
+            raise NotImplementedError("verify rows in the llama static decode step")
         page = self.storage.page_tokens
         rows = []
         for seq in seqs:
@@ -64,7 +67,7 @@ class StaticDecoder:
         """Nothing to save: a step's K/V writes are the same when it runs again."""
         return lambda: None
 
-    def step(self, batch: int, bucket: int) -> torch.Tensor:
+    def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
         """Logits [batch, V] (fp32) of the loaded rows; `bucket` ≥ every row's length sizes the
         attention kernel's split grid."""
         m, s = self.model, self.storage
@@ -114,44 +117,71 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._bound_k = decoder.storage.k
+        self._q_len = 1  # tokens a row in the last step
 
     def accepts(self, seqs: list[Sequence]) -> bool:
         return 0 < len(seqs) <= self.decoder.max_batch
 
     def forward(self, seqs: list[Sequence]) -> torch.Tensor:
         """Logits [len(seqs), V] for each sequence's next token; advances `cached`."""
-        d = self.decoder
-        d.load(seqs)
-        batch = len(seqs)
-        bucket = context_bucket(max(seq.cached + 1 for seq in seqs), d.max_context)
-        if not self.capture:
-            logits = d.step(batch, bucket)
-        else:
-            if d.storage.k is not self._bound_k:  # the pool grew into new tensors
-                self._graphs.clear()
-                self._bound_k = d.storage.k
-            key = (batch, bucket)
-            if key not in self._graphs:
-                self._graphs[key] = self._record(batch, bucket)
-                d.load(seqs)  # the warm-up advanced the positions in the buffers
-            graph, logits = self._graphs[key]
-            graph.replay()
+        logits = self._run(seqs, None, 1)
         for seq in seqs:
             seq.cached += 1
         return logits
 
-    def _record(self, batch: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        saved = self.decoder.save_state(batch)
+    def verify(self, seqs: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
+        """Logits [len(seqs), 1 + k, V] of each sequence's last token and its k drafts (the
+        same k for every row, 1 + k ≤ the decoder's `max_q`): the target's token after each.
+        Leaves `cached` alone: `keep` settles each row once its accepted length is known."""
+        q_len = 1 + len(drafts[0])
+        assert all(len(d) == q_len - 1 for d in drafts) and q_len <= self.decoder.max_q
+        return self._run(seqs, drafts, q_len).view(len(seqs), q_len, -1)
+
+    def keep(self, seqs: list[Sequence], kept: list[int]) -> None:
+        """After `verify`: row i keeps its first `kept[i]` tokens (1 ≤ kept ≤ 1 + k, the last
+        sampled token included): its GDN state goes back to the state after them, its K/V past
+        them is left to be overwritten, and `cached` advances by `kept`."""
+        for row, (seq, n) in enumerate(zip(seqs, kept)):
+            if n < self._q_len:
+                self.decoder.keep(row, n)
+            seq.cached += n
+
+    def _run(self, seqs, drafts, q_len: int) -> torch.Tensor:
+        d = self.decoder
+        d.load(seqs, drafts)
+        batch, self._q_len = len(seqs), q_len
+        bucket = context_bucket(max(seq.cached + q_len for seq in seqs), d.max_context)
+        if not self.capture:
+            return d.step(batch, bucket, q_len)
+        if d.storage.k is not self._bound_k:  # the pool grew into new tensors
+            self._graphs.clear()
+            self._bound_k = d.storage.k
+        key = (batch, bucket, q_len)
+        if key not in self._graphs:
+            self._graphs[key] = self._record(batch, bucket, q_len)
+            d.load(seqs, drafts)  # the warm-up moved the positions in the buffers
+        graph, logits = self._graphs[key]
+        graph.replay()
+        return logits
+
+    def _record(self, batch: int, bucket: int,
+                q_len: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        d = self.decoder
+
+        def step():
+            return d.step(batch, bucket, q_len)
+        saved = d.save_state(batch)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
-            self.decoder.step(batch, bucket)
+            step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self.decoder.step(batch, bucket)
+            logits = step()
         saved()
-        log.info("captured the decode CUDA graph for batch %d, context ≤ %d", batch, bucket)
+        log.info("captured the decode CUDA graph for batch %d, %d token(s) a row, context ≤ %d",
+                 batch, q_len, bucket)
         return graph, logits
 
     def capture_at_start(self) -> None:

@@ -131,31 +131,40 @@ class KvLayer:
 
 
 class HybridStep:
-    """The decode step of up to `max_batch` rows; `kv()` returns the attention layers' pools,
+    """The decode step of up to `max_batch` rows of `q_len` ≤ `max_q` tokens each (a decode
+    row 1, a speculative verify row 1 + k); `kv()` returns the attention layers' pools,
     `states` the GDN layers' (conv, ssm) slot pools (default: one slot per row, row i in
-    slot i)."""
+    slot i).
+
+    Token rows are sequence-major (row b's token t is token row b·q_len + t) and carry their
+    own position, so each attends causally over its sequence's pages up to itself. A verify
+    step also keeps each GDN layer's state after every token but the last (`trail_conv`,
+    `trail_ssm`: [max_q - 1, max_batch, ...]), so that `keep` can take a row back to the
+    state after any prefix of its tokens."""
 
     def __init__(self, weights: HybridWeights, max_batch: int, max_pages: int,
                  kv: Callable[[], list[KvLayer]],
-                 states: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None):
+                 states: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+                 max_q: int = 1):
         self.w, self.c, self.eps = weights, weights.c, weights.eps
-        self.kv, self.max_batch = kv, max_batch
+        self.kv, self.max_batch, self.max_q = kv, max_batch, max_q
         dev = weights.model.embedding.device
-        # per row: next token, position, state slot (one buffer: one host copy loads a step)
-        self.meta = torch.zeros(3, max_batch, dtype=torch.long, device=dev)
+        rows = max_batch * max_q  # token rows
+        # per token row: token, position; per row: state slot (one host copy loads a step)
+        self.meta = torch.zeros(3, rows, dtype=torch.long, device=dev)
         self.tokens, self.pos, self.slots = self.meta
-        self.slots.copy_(torch.arange(max_batch))
+        self.slots[:max_batch].copy_(torch.arange(max_batch))
         self.table = torch.zeros(max_batch, max_pages, dtype=torch.long, device=dev)
-        self.rows = torch.arange(max_batch, device=dev)
+        self.rows = torch.arange(rows, device=dev)
         # per layer, the fp32 deltas its mixer and FFN add to the residual (`FusedLinear` acc),
         # zeroed in one launch a step instead of a fill and a cast per projection
-        self.acc = torch.zeros(2 * len(weights.layers), max_batch, weights.c["hidden_size"],
+        self.acc = torch.zeros(2 * len(weights.layers), rows, weights.c["hidden_size"],
                                device=dev)
         # the same for the router | shared-score GEMV of MoE layers whose shared expert is a
         # slot (a K split into fp32 is 1.6x faster there); the rest take bf16 (shared g|u)
         routers = [lay for lay in weights.layers if lay.get("shared_slot")]
         width = routers[0]["w_gu"].w.shape[0] if routers else 0
-        self.router_acc = torch.zeros(len(routers), max_batch, width, device=dev)
+        self.router_acc = torch.zeros(len(routers), rows, width, device=dev)
         if states is None:
             states = ([], [])
             for layer in weights.layers:
@@ -165,51 +174,83 @@ class HybridStep:
                                                  dtype=torch.bfloat16))
                     states[1].append(torch.zeros(max_batch, m.nv, m.dk, m.dv, device=dev))
         self.conv, self.ssm = states  # per GDN layer, in layer order: [slots, ...]
+        self.trail_conv = [t.new_empty(max_q - 1, max_batch, *t.shape[1:]) for t in self.conv]
+        self.trail_ssm = [t.new_empty(max_q - 1, max_batch, *t.shape[1:]) for t in self.ssm]
 
-    def step(self, batch: int, kv_span: int) -> torch.Tensor:
-        """Logits [batch, V] of rows 0..batch-1; `kv_span` ≥ every row's length after the step
-        sizes the attention kernel's split grid. Advances `pos` of those rows by one."""
-        x = F.embedding(self.tokens[:batch], self.w.model.embedding)
+    def step(self, batch: int, kv_span: int, q_len: int = 1) -> torch.Tensor:
+        """Logits [batch · q_len, V] of token rows 0..batch·q_len-1; `kv_span` ≥ every row's
+        length after the step sizes the attention kernel's split grid. A decode step
+        (q_len 1) advances `pos` of its rows by one."""
+        n = batch * q_len
+        x = F.embedding(self.tokens[:n], self.w.model.embedding)
         kv, gdn, attn, moe = self.kv(), 0, 0, 0
-        acc, router_acc = self.acc[:, :batch], self.router_acc[:, :batch]
+        acc, router_acc = self.acc[:, :n], self.router_acc[:, :n]
         acc.zero_()
         router_acc.zero_()
-        pos = self.pos[:batch]
-        # where each row's new K/V goes: the same for every attention layer
-        slot = self.table[self.rows[:batch], pos // PAGE] * PAGE + pos % PAGE
+        pos = self.pos[:n]
+        seq = self.rows[:n] // q_len if q_len > 1 else self.rows[:n]
+        table = self.table[seq] if q_len > 1 else self.table[:batch]
+        # where each token's new K/V goes: the same for every attention layer
+        slot = self.table[seq, pos // PAGE] * PAGE + pos % PAGE
         delta, h = x, None
         for j, layer in enumerate(self.w.layers):
             b = layer["block"]
             y, h = rms_norm_triton(delta, b.input_norm, self.eps, h, True)
             if layer["kind"] == "linear_attention":
-                mix = self._gdn(layer, gdn, y, batch, acc[2 * j])
+                mix = self._gdn(layer, gdn, y, batch, q_len, acc[2 * j])
                 gdn += 1
             else:
-                mix = self._attn(layer, kv[attn], y, batch, kv_span, slot, acc[2 * j])
+                mix = self._attn(layer, kv[attn], y, pos, table, kv_span, slot, acc[2 * j])
                 attn += 1
             y, h = rms_norm_triton(mix, b.post_norm, self.eps, h, True)
             if "moe" in layer:
                 logits = router_acc[moe] if layer["shared_slot"] else None
-                delta = self._moe(layer, y, batch, logits, acc[2 * j + 1])
+                delta = self._moe(layer, y, n, logits, acc[2 * j + 1])
                 moe += layer["shared_slot"]
             else:
                 gu = layer["w_gu"](y)
                 g, u = gu.chunk(2, -1)
                 delta = layer["w_down"](u, gate=g, act="silu", acc=acc[2 * j + 1])
         y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
-        self.pos[:batch] += 1
+        if q_len == 1:
+            self.pos[:batch] += 1
         return self.w.head(y)
 
-    def _gdn(self, layer, i, y, B, acc):
-        """Fused projection → conv/SiLU/gates (one kernel) → recurrence → gated norm (one)."""
+    def keep(self, row: int, kept: int) -> None:
+        """Take row `row` of the last verify step back to its GDN state after its first `kept`
+        tokens (1 ≤ kept < q_len; kept = q_len is the state the step left in the slot)."""
+        slot = self.slots[row: row + 1]
+        for pool, trail in ((self.conv, self.trail_conv), (self.ssm, self.trail_ssm)):
+            for state, saved in zip(pool, trail):
+                state.index_copy_(0, slot, saved[kept - 1, row: row + 1])
+
+    def _gdn(self, layer, i, y, B, T, acc):
+        """Fused projection → conv/SiLU/gates (one kernel) → recurrence → gated norm (one);
+        a verify row's tokens through the conv and the recurrence one position at a time,
+        the state after each but the last kept in the trail."""
         m, slots = layer["mixer"], self.slots[:B]
-        q, k, v, g, beta, z = gdn_prep_triton(layer["w_in"](y), self.conv[i], m.conv, m.a_log,
-                                              m.dt_bias, m.nk, m.dk, m.nv, m.dv, slots)
-        o = gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots)
+        proj = layer["w_in"](y)
+        if T == 1:
+            q, k, v, g, beta, z = gdn_prep_triton(proj, self.conv[i], m.conv, m.a_log,
+                                                  m.dt_bias, m.nk, m.dk, m.nv, m.dv, slots)
+            o = gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots)
+        else:
+            tokens, outs = proj.view(B, T, -1), []
+            for t in range(T):
+                q, k, v, g, beta, _ = gdn_prep_triton(tokens[:, t], self.conv[i], m.conv,
+                                                      m.a_log, m.dt_bias, m.nk, m.dk, m.nv,
+                                                      m.dv, slots)
+                outs.append(gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots))
+                if t < T - 1:
+                    torch.index_select(self.conv[i], 0, slots, out=self.trail_conv[i][t, :B])
+                    torch.index_select(self.ssm[i], 0, slots, out=self.trail_ssm[i][t, :B])
+            o = torch.stack(outs, 1).view(B * T, m.nv, m.dv)
+            conv_width = 2 * m.nk * m.dk + m.nv * m.dv
+            z = proj[:, conv_width: conv_width + m.nv * m.dv]
         return layer["w_out"](gdn_gated_norm_triton(o, z, m.norm, self.eps), acc=acc)
 
-    def _attn(self, layer, kv: KvLayer, y, B, kv_span, slot, acc):
-        m, pos, table = layer["mixer"], self.pos[:B], self.table[:B]
+    def _attn(self, layer, kv: KvLayer, y, pos, table, kv_span, slot, acc):
+        m, n = layer["mixer"], y.shape[0]
         qd, kvd = m.nq * m.d, m.nkv * m.d
         qgkv = layer["w_in"](y)
         _, gate, _, v = qgkv.split([qd, qd, kvd, kvd], -1)
@@ -217,10 +258,11 @@ class HybridStep:
                                    m.rope.rd, self.c["rope_parameters"]["rope_theta"],
                                    kv_rows=kv.rows, slots=slot)
         if kv.rows is None:
-            kv.write(slot, k, v.reshape(B, m.nkv, m.d))
+            kv.write(slot, k, v.reshape(n, m.nkv, m.d))
+        # every token row attends over its sequence's pages up to its own position
         a = paged_attention_triton(q, kv.k, kv.v, table, pos + 1, kv.k_scale, kv.v_scale,
                                    max_seq_len=kv_span)
-        return layer["w_out"](a.reshape(B, qd), gate=gate, act="sigmoid", acc=acc)
+        return layer["w_out"](a.reshape(n, qd), gate=gate, act="sigmoid", acc=acc)
 
     def _moe(self, layer, y, B, router_acc, acc):
         """Shared expert plus top-k routed SwiGLU experts of every row. One GEMV gives the
@@ -257,11 +299,12 @@ class EngineHybridDecoder:
     nothing is copied back."""
 
     def __init__(self, model, storage: KvStorage, states: StatePool, max_batch: int,
-                 max_context: int) -> None:
+                 max_context: int, max_q: int = 1) -> None:
         self.storage, self.max_batch, self.max_context = storage, max_batch, max_context
+        self.max_q = max_q
         self.core = HybridStep(HybridWeights(model, model.params), max_batch,
                                -(-max_context // PAGE), self._kv,
-                               (states.field("conv"), states.field("ssm")))
+                               (states.field("conv"), states.field("ssm")), max_q)
 
     def _kv(self) -> list[KvLayer]:
         s = self.storage
@@ -279,14 +322,24 @@ class EngineHybridDecoder:
                         (k[0], v[0]) if plain else None)
                 for j, (k, v) in enumerate(zip(s.k, s.v))]
 
-    def load(self, seqs) -> None:
+    def load(self, seqs, drafts: list[list[int]] | None = None) -> None:
+        """Each row's tokens (its last output, then its drafts), their positions, its state
+        slot and page table."""
         c = self.core
-        rows = [(seq.output[-1], seq.cached, seq.state.index) for seq in seqs]
-        c.meta[:, : len(seqs)].copy_(torch.tensor(rows).t())
+        rows = [[seq.output[-1], *(drafts[b] if drafts else ())] for b, seq in enumerate(seqs)]
+        meta = torch.zeros(3, sum(map(len, rows)), dtype=torch.long)
+        meta[0] = torch.tensor([t for row in rows for t in row])
+        meta[1] = torch.tensor([seq.cached + t for seq, row in zip(seqs, rows)
+                                for t in range(len(row))])
+        meta[2, : len(seqs)] = torch.tensor([seq.state.index for seq in seqs])
+        c.meta[:, : meta.shape[1]].copy_(meta)
         fill_page_tables([seq.cache for seq in seqs], c.table)
 
-    def step(self, batch: int, bucket: int) -> torch.Tensor:
-        return self.core.step(batch, bucket).float()
+    def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
+        return self.core.step(batch, bucket, q_len).float()
+
+    def keep(self, row: int, kept: int) -> None:
+        self.core.keep(row, kept)
 
     def save_state(self, batch: int) -> Callable[[], None]:
         """A copy of the loaded rows' GDN states; calling the result puts it back (around a

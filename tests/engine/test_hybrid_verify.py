@@ -1,0 +1,79 @@
+"""Verify rows in the hybrid graph step (`HybridStep` with q_len = 1 + k): a speculative
+verify row of the last sampled token and k drafts against k + 1 sequential decode steps of the
+same step, and `keep` (rollback) to any accepted prefix against the sequential state there.
+
+Both sides run the same kernels per token; they differ where the projections see B·(1 + k)
+rows instead of B, so the bounds are `test_hybrid_graphs`'s bf16 chain bounds.
+"""
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+from ninfer_engine.decode_graphs import DecodeGraphs
+from ninfer_engine.hybrid_decode import EngineHybridDecoder
+
+from .test_hybrid_graphs import _model, _prefilled, _rel, _storage, _tols
+
+
+def _setup(model, kv_dtype, k, capture):
+    storage, states = _storage(model, kv_dtype), model.state_pool(3)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (7, 62)]
+    seqs = [_prefilled(model, storage, states, p) for p in prompts]
+    decoder = EngineHybridDecoder(model, storage, states, 2, 512, max_q=1 + k)
+    drafts = [torch.randint(0, 512, (k,), generator=gen).tolist() for _ in seqs]
+    for seq in seqs:
+        assert seq.cache.reserve(seq.cached + 1 + k)
+    return storage, states, seqs, DecodeGraphs(decoder, capture), drafts
+
+
+@pytest.mark.parametrize("moe,k", [(False, 3), (True, 2), (False, 1)])
+@torch.inference_mode()
+def test_verify_row_gives_the_sequential_logits_and_keeps_any_prefix(moe, k, device):
+    model = _model(moe, device)
+    capture = device.type == "cuda"
+    storage, states, seqs, graphs, drafts = _setup(model, "bf16", k, capture)
+    _, tol, state_tol = _tols(model, 62 + 1 + k)
+    start = [(seq.cached, [t.clone() for t in seq.state.tensors()]) for seq in seqs]
+    # the sequential path: k + 1 decode steps feeding the drafts, the state after each
+    sequential, after = [], []
+    for t in range(k + 1):
+        sequential.append(graphs.forward(seqs).clone())
+        after.append([[x.clone() for x in seq.state.tensors()] for seq in seqs])
+        for seq, d in zip(seqs, drafts):
+            if t < k:
+                seq.output.append(d[t])
+    # back to the start (the K/V past it is overwritten by the verify step)
+    for seq, (cached, tensors) in zip(seqs, start):
+        seq.cached = cached
+        seq.output = seq.output[: len(seq.output) - k]
+        torch._foreach_copy_(seq.state.tensors(), tensors)
+    logits = graphs.verify(seqs, drafts)
+    assert logits.shape[:2] == (2, k + 1)
+    for t in range(k + 1):
+        for b in range(2):
+            assert _rel(logits[b, t], sequential[t][b]) < tol, (t, b)
+    assert [seq.cached for seq in seqs] == [cached for cached, _ in start]
+    # every accepted length j gives the sequential state after j tokens: the trail holds j < k + 1
+    saved = [[x.clone() for x in seq.state.tensors()] for seq in seqs]
+    for j in range(1, k + 2):
+        for seq, tensors in zip(seqs, saved):
+            torch._foreach_copy_(seq.state.tensors(), tensors)
+            seq.cached = start[seqs.index(seq)][0]
+        graphs.keep(seqs, [j, k + 2 - j])
+        for b, kept in enumerate([j, k + 2 - j]):
+            assert seqs[b].cached == start[b][0] + kept
+            for got, want in zip(seqs[b].state.tensors(), after[kept - 1][b]):
+                assert _rel(got, want) < state_tol, (j, b)
+
+
+def test_verify_needs_equal_drafts_within_max_q(device):
+    model = _model(False, device)
+    _, _, seqs, graphs, drafts = _setup(model, "bf16", 2, False)
+    with pytest.raises(AssertionError):
+        graphs.verify(seqs, [drafts[0], drafts[1][:1]])
+    with pytest.raises(AssertionError):
+        graphs.verify(seqs, [d + [1, 2] for d in drafts])
+    assert [seq.cached for seq in seqs] == [7, 62]
