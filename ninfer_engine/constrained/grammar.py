@@ -63,10 +63,28 @@ def json_object_grammar() -> str:
     return json_schema_grammar({"type": "object"})
 
 
+_DEFS = ("$defs", "definitions")
+
+
 def _call_schema(tool: ToolSpec) -> dict[str, Any]:
-    return {"type": "object", "properties": {"name": {"const": tool.name},
-                                             "arguments": tool.parameters},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    """`{"name": <tool>, "arguments": <its schema>}`; the schema's `$defs` move to the root,
+    where its `#/$defs/...` references (Pydantic's) point."""
+    arguments = {k: v for k, v in tool.parameters.items() if k not in _DEFS}
+    schema = {"type": "object", "properties": {"name": {"const": tool.name},
+                                               "arguments": arguments},
+              "required": ["name", "arguments"], "additionalProperties": False}
+    return {**schema, **{k: tool.parameters[k] for k in _DEFS if k in tool.parameters}}
+
+
+def _one_of(options: list[dict[str, Any]]) -> dict[str, Any]:
+    """One schema for several calls, every option's definitions at its root."""
+    if len(options) == 1:
+        return options[0]
+    roots = {key: {} for key in _DEFS}
+    for option in options:
+        for key in _DEFS:
+            roots[key].update(option.pop(key, {}))
+    return {"anyOf": options, **{k: v for k, v in roots.items() if v}}
 
 
 def _arguments_schema(tool: ToolSpec) -> dict[str, Any]:
@@ -86,7 +104,7 @@ def tool_call_grammar(tools: list[ToolSpec], parallel: bool) -> str:
     if not tools:
         raise GrammarError("a tool call is required but no tool is offered")
     options = [_call_schema(ToolSpec(t.name, _arguments_schema(t), t.strict)) for t in tools]
-    body = styled(options[0] if len(options) == 1 else {"anyOf": options})
+    body = styled(_one_of(options))
     calls = 'call ("\\n" call)*' if parallel else "call"
     lark = (f"start: {calls}\n"
             f"call: {json.dumps(OPEN)} body {json.dumps(CLOSE)}\n"

@@ -16,6 +16,10 @@ from .matcher import TokenConstraint
 
 _EXECUTOR: llguidance.LLExecutor | None = None
 _LOCK = threading.Lock()
+# byte value -> its 8 bits, lowest first: unpacking by lookup is about twice as fast as shifting
+# every word 32 times. The words are little-endian, so byte k of a row holds tokens 8k..8k+7.
+_BITS = ((torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1).bool()
+_TABLES: dict[torch.device, torch.Tensor] = {}
 
 
 def _executor() -> llguidance.LLExecutor:
@@ -40,9 +44,11 @@ def bitmasks(constraints: list[TokenConstraint]) -> torch.Tensor:
 def allowed(bits: torch.Tensor, columns: int, device: torch.device) -> torch.Tensor:
     """Unpack int32 bit words [n, W] into a bool mask [n, columns] on `device` (bits past the
     tokenizer's vocabulary, e.g. padded embedding rows, are not allowed)."""
+    table = _TABLES.get(device)
+    if table is None:
+        table = _TABLES.setdefault(device, _BITS.to(device))
     words = bits.to(device, non_blocking=True)
-    shifts = torch.arange(32, dtype=torch.int32, device=device)
-    unpacked = ((words.unsqueeze(-1) >> shifts) & 1).bool().view(words.shape[0], -1)
+    unpacked = table[words.view(torch.uint8).long()].view(words.shape[0], -1)
     if unpacked.shape[1] >= columns:
         return unpacked[:, :columns]
     pad = torch.zeros((words.shape[0], columns - unpacked.shape[1]), dtype=torch.bool,
@@ -56,7 +62,8 @@ def apply_constraints(logits: torch.Tensor, rows: list[int],
     copy (the caller's logits stay as they were)."""
     bits = bitmasks(constraints)
     mask = allowed(bits, logits.shape[1], logits.device)
+    if len(rows) == logits.shape[0]:
+        return torch.where(mask, logits, float("-inf"))
     index = torch.tensor(rows, device=logits.device)
-    out = logits.clone()
-    out[index] = out[index].masked_fill(~mask, float("-inf"))
-    return out
+    masked = torch.where(mask, logits.index_select(0, index), float("-inf"))
+    return logits.index_copy(0, index, masked)
