@@ -92,6 +92,10 @@ def _openai_paths() -> dict[str, Any]:
             "OpenAI Chat Completions (JSON or SSE)",
             {**_ok(ref("ChatCompletion"), stream=True), **_errors(*_OPENAI_GENERATION)},
             "ChatCompletionRequest", (_CLIENT,))},
+        "/v1/completions": {"post": _op(
+            "OpenAI legacy Completions (JSON or SSE; no chat template)",
+            {**_ok(ref("Completion"), stream=True), **_errors(*_OPENAI_GENERATION)},
+            "CompletionRequest", (_CLIENT,))},
     }
 
 
@@ -118,7 +122,7 @@ def _responses_paths() -> dict[str, Any]:
                 parameters=(_RESPONSE_ID,)),
         },
         "/v1/responses/{response_id}/input_items": {"get": _op(
-            "The input items of a stored Response",
+            "Every item used to generate a stored Response (earlier turns' too)",
             {**_ok(obj({"object": {"const": "list"}, "data": ARRAY,
                         "first_id": {"type": ["string", "null"]},
                         "last_id": {"type": ["string", "null"]}, "has_more": BOOLEAN})),

@@ -39,6 +39,12 @@ ARRAY = {"type": "array"}
 TOOL_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
 EFFORT = {"enum": ["none", "minimal", "low", "medium", "high", "max", "xhigh", "adaptive"]}
 MEDIA_URL = {"type": "string", "pattern": "^(https?://|data:)"}
+RESPONSE_FORMAT = {"type": "object", "properties": {
+    "type": {"enum": ["text", "json_object", "json_schema"]},
+    "json_schema": {"type": "object", "properties": {"name": {"type": "string"},
+                                                     "schema": {"type": "object"},
+                                                     "strict": {"type": "boolean"}}}},
+    "required": ["type"]}
 
 
 def _common() -> dict[str, Schema]:
@@ -64,7 +70,8 @@ def _common() -> dict[str, Schema]:
 
 
 def _chat(model: Schema) -> dict[str, Schema]:
-    function = obj({"name": TOOL_NAME, "description": STRING, "parameters": OBJECT}, "name")
+    function = obj({"name": TOOL_NAME, "description": STRING, "parameters": OBJECT,
+                    "strict": BOOLEAN}, "name")
     call = obj({"id": STRING, "type": {"const": "function"},
                 "function": obj({"name": TOOL_NAME, "arguments": STRING}, "name")},
                "id", "type", "function")
@@ -76,8 +83,10 @@ def _chat(model: Schema) -> dict[str, Schema]:
                    "tool_calls": {"type": "array", "items": call}, "tool_call_id": STRING},
                   "role", "content")
     allowed = obj({"type": {"const": "allowed_tools"},
-                   "allowed_tools": obj({"mode": {"const": "auto"}, "tools": ARRAY},
+                   "allowed_tools": obj({"mode": {"enum": ["auto", "required"]}, "tools": ARRAY},
                                         "mode", "tools")}, "type", "allowed_tools")
+    named = obj({"type": {"const": "function"}, "function": obj({"name": TOOL_NAME}, "name")},
+                "type", "function")
     return {
         "ChatCompletionRequest": obj({
             "model": model, "messages": {"type": "array", "items": message, "minItems": 1},
@@ -89,8 +98,11 @@ def _chat(model: Schema) -> dict[str, Schema]:
             "enable_thinking": BOOLEAN, "preserve_thinking": BOOLEAN,
             "tools": {"type": "array", "items": obj({"type": {"const": "function"},
                                                      "function": function}, "type", "function")},
-            "tool_choice": {"anyOf": [{"enum": ["auto", "none"]}, allowed]},
-            "parallel_tool_calls": BOOLEAN, "n": {"const": 1},
+            "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, named, allowed]},
+            "parallel_tool_calls": BOOLEAN, "n": {"type": "integer", "minimum": 1, "maximum": 8},
+            # json_object / json_schema constrain the answer through llguidance
+            "response_format": RESPONSE_FORMAT, "logprobs": BOOLEAN,
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "temperature": _number(0, 2), "top_p": _number(0, 1),
             "top_k": {"type": "integer", "minimum": 0, "maximum": 20}, "min_p": _number(0, 1),
             "presence_penalty": _number(-2, 2), "frequency_penalty": _number(-2, 2),
@@ -104,19 +116,28 @@ def _chat(model: Schema) -> dict[str, Schema]:
 
 
 def _responses(model: Schema) -> dict[str, Schema]:
-    function = obj({"type": {"const": "function"}, "name": TOOL_NAME, "parameters": OBJECT},
-                   "type", "name")
+    function = obj({"type": {"const": "function"}, "name": TOOL_NAME, "parameters": OBJECT,
+                    "strict": BOOLEAN}, "type", "name")
+    custom = obj({"type": {"const": "custom"}, "name": TOOL_NAME, "description": STRING,
+                  "format": OBJECT}, "type", "name")
+    # hosted tools (web_search, file_search, ...) are accepted and left out of the prompt
+    other_tool = obj({"type": STRING}, "type")
     namespace = obj({"type": {"const": "namespace"}, "name": STRING,
                      "tools": {"type": "array", "minItems": 1, "items": function}},
                     "type", "name", "tools")
     image = obj({"type": {"const": "input_image"}, "image_url": MEDIA_URL}, "type")
     item = obj({
-        "type": {"enum": ["message", "reasoning", "function_call", "function_call_output"]},
+        "type": {"enum": ["message", "reasoning", "function_call", "function_call_output",
+                          "custom_tool_call", "custom_tool_call_output", "local_shell_call",
+                          "web_search_call"]},
         "role": {"enum": ["user", "assistant", "system", "developer"]},
         "content": _text_or_parts("input_text", image), "call_id": STRING, "name": STRING,
-        "arguments": STRING, "output": STRING})
-    allowed = obj({"type": {"const": "allowed_tools"}, "mode": {"const": "auto"}, "tools": ARRAY},
-                  "type", "tools")
+        "arguments": STRING, "output": STRING, "input": STRING, "encrypted_content": STRING})
+    allowed = obj({"type": {"const": "allowed_tools"}, "mode": {"enum": ["auto", "required"]},
+                   "tools": ARRAY}, "type", "tools")
+    named = obj({"type": {"enum": ["function", "custom"]}, "name": TOOL_NAME}, "type", "name")
+    text_format = obj({"type": {"enum": ["text", "json_object", "json_schema"]}, "name": STRING,
+                       "schema": OBJECT, "strict": BOOLEAN}, "type")
     fields = {
         "model": model, "input": {"anyOf": [STRING, {"type": "array", "items": item}]},
         "instructions": STRING, "previous_response_id": STRING,
@@ -125,21 +146,47 @@ def _responses(model: Schema) -> dict[str, Schema]:
         "metadata": {"type": "object", "maxProperties": 16, "additionalProperties": STRING},
         "reasoning": obj({"effort": EFFORT}), "chat_template_kwargs": OBJECT,
         "preserve_thinking": BOOLEAN,
-        "tools": {"type": "array", "items": {"anyOf": [function, namespace]}},
-        "tool_choice": {"anyOf": [{"enum": ["auto", "none"]}, allowed]},
-        "text": obj({"format": obj({"type": {"const": "text"}}, "type")}),
+        "tools": {"type": "array", "items": {"anyOf": [function, namespace, custom, other_tool]}},
+        "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, named, allowed]},
+        "text": obj({"format": text_format, "verbosity": {"enum": ["low", "medium", "high"]}}),
         "truncation": {"const": "disabled"}, "top_logprobs": {"const": 0},
-        "service_tier": {"enum": ["auto", "default"]}, "background": {"const": False},
-        "include": {"type": "array", "maxItems": 0},
+        "service_tier": STRING, "background": {"const": False},
+        # reasoning.encrypted_content is honoured; other values are accepted and ignored
+        "include": {"type": "array", "items": STRING},
+        "parallel_tool_calls": BOOLEAN, "prompt_cache_key": STRING,
+        "client_metadata": {"type": "object", "additionalProperties": STRING},
     }
     return {
-        # Unknown keys are a 400 `unknown_parameter` on the Responses path.
-        "ResponseCreateRequest": obj(fields, "model", "input", additionalProperties=False),
-        "ResponseInputTokensRequest": obj(fields, "input", additionalProperties=False),
+        # Unknown keys are accepted and ignored (logged once each).
+        "ResponseCreateRequest": obj(fields, "model", "input"),
+        "ResponseInputTokensRequest": obj(fields, "input"),
         "Response": obj({"id": STRING, "object": {"const": "response"},
                          "status": {"enum": ["completed", "incomplete", "failed"]},
                          "output": ARRAY, "usage": {"type": ["object", "null"]}},
                         "id", "object", "status", "output"),
+    }
+
+
+def _completions(model: Schema) -> dict[str, Schema]:
+    ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+    return {
+        "CompletionRequest": obj({
+            "model": model, "prompt": {"anyOf": [{"type": "string", "minLength": 1}, ids,
+                                                 {"type": "array", "maxItems": 1,
+                                                  "items": {"anyOf": [STRING, ids]}}]},
+            "max_tokens": {"type": "integer", "minimum": 0}, "stream": BOOLEAN,
+            "stream_options": obj({"include_usage": BOOLEAN}), "echo": BOOLEAN,
+            "n": {"type": "integer", "minimum": 1, "maximum": 8},
+            "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+            "stop": {"anyOf": [STRING, {"type": "array", "items": STRING, "maxItems": 4}]},
+            "temperature": _number(0, 2), "top_p": _number(0, 1),
+            "top_k": {"type": "integer", "minimum": 0, "maximum": 20}, "seed": {"type": "integer"},
+            "presence_penalty": _number(-2, 2), "frequency_penalty": _number(-2, 2),
+            "ignore_eos": BOOLEAN,
+        }, "model", "prompt"),
+        "Completion": obj({"id": STRING, "object": {"const": "text_completion"},
+                           "created": {"type": "integer"}, "model": STRING, "choices": ARRAY,
+                           "usage": OBJECT}, "id", "object", "created", "model", "choices"),
     }
 
 
@@ -174,4 +221,5 @@ def _anthropic() -> dict[str, Schema]:
 def component_schemas(model_id: str) -> dict[str, Schema]:
     """Every named schema; `model_id` is the one `model` the OpenAI paths accept (else 404)."""
     model = {"const": model_id}
-    return {**_common(), **_chat(model), **_responses(model), **_anthropic()}
+    return {**_common(), **_chat(model), **_responses(model), **_completions(model),
+            **_anthropic()}
