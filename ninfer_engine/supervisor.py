@@ -153,15 +153,13 @@ class Supervisor:
         return True
 
     def drain(self, timeout_s: float) -> int:
-        """Graceful stop, blocking: refuse new requests, end the waiting and queued ones, give the
-        running ones up to `timeout_s` to finish. Returns how many still run (`stop()` ends them
-        with an in-band 503)."""
+        """Graceful stop, blocking: refuse new requests, end those waiting at a paused gate, give
+        the ones in the engine (running or queued there) up to `timeout_s` to finish. Returns how
+        many are left (`stop()` ends them with an in-band 503)."""
         self.gate.close()
         engine = self._engine
         if engine is None:
             return 0
-        for view in engine.snapshot().queue.pending:
-            self.cancel(view.id)
         deadline = time.monotonic() + timeout_s
         while True:
             queue = engine.snapshot().queue

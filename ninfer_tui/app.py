@@ -1,17 +1,15 @@
 """`NinferConsole`: the Textual operator console of `ninfer-serve`.
 
 The console polls the supervisor's latest `EngineStats` every 250 ms into one reactive `stats`
-that every panel is bound to, keeps a short history for the sparklines, and turns keys into
-supervisor calls (profile switch, reload, admission pause). `cli.py` builds it; run it with
-`NinferConsole(supervisor, title_info=...).run()`.
+that every panel is bound to, keeps minutes of per-second history for the sparklines (across
+reloads), and turns keys into supervisor calls (profile switch, reload, admission pause, cancel,
+a draining quit). Under 120×40 cells the engine panels shrink to one line each. `cli.py` builds
+it; run it with `NinferConsole(supervisor, title_info=...).run()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
-
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid
@@ -22,57 +20,35 @@ from textual.worker import Worker, WorkerState
 from ninfer_engine.stats import EngineStats
 from ninfer_engine.types import EngineState
 
+from .protocol import ConsoleSupervisor
 from .widgets.banner import FailureBanner
-from .widgets.base import NO_STATS, PanelColumn
+from .widgets.base import NO_STATS, Panel, PanelColumn
+from .widgets.detail import RequestDetail
 from .widgets.experts import ExpertPanel
 from .widgets.header import HeaderPanel, ServerInfo
 from .widgets.history import StatsHistory
 from .widgets.kv import KvPanel
+from .widgets.latency import LatencyPanel
 from .widgets.log import LogPanel
 from .widgets.memory import MemoryPanel
 from .widgets.modals import ConfirmScreen, HelpScreen, NoticeScreen
 from .widgets.profiles import ProfilePicker
-from .widgets.requests import RequestsPanel
+from .widgets.requests import RequestsPanel, selectable
 from .widgets.slots import StateSlotPanel
 from .widgets.spec import SpecPanel
+from .widgets.trends import TrendsPanel
+
+__all__ = ["ConsoleSupervisor", "NinferConsole"]
 
 POLL_INTERVAL_S = 0.25
 RELOAD_GROUP = "reload"
+COMPACT_BELOW = (120, 40)  # columns, rows
+SCROLL_STEP = 30  # seconds of history per [ or ]
 
 
-class ConsoleSupervisor(Protocol):
-    """What the console needs of the engine supervisor; everything else stays behind it."""
-
-    @property
-    def listen_url(self) -> str: ...
-    @property
-    def auth_enabled(self) -> bool: ...
-    @property
-    def artifact(self) -> str: ...
-    @property
-    def profile(self) -> str | None: ...
-    @property
-    def profiles(self) -> Mapping[str, Sequence[str]]:
-        """Profile name -> the flags it inserts (the `--profile` table)."""
-
-    @property
-    def paused(self) -> bool:
-        """True while admission of new requests is paused."""
-
-    def snapshot(self) -> EngineStats:
-        """The latest published snapshot; cheap, called from the UI thread."""
-
-    def check_profile(self, name: str) -> str | None:
-        """None when profile `name` can run on this machine, else the reason it cannot."""
-
-    def reload(self, profile: str | None = None) -> None:
-        """Reload the engine (with `profile`, or the current flags); blocks until it is done."""
-
-    def pause_admission(self) -> None: ...
-    def resume_admission(self) -> None: ...
-
-    def log_lines(self) -> list[str]:
-        """The most recent stderr log lines, oldest first."""
+def _key(key: str, action: str, name: str, tooltip: str, show: bool = True,
+         display: str | None = None) -> Binding:
+    return Binding(key, action, name, key_display=display or key, tooltip=tooltip, show=show)
 
 
 class NinferConsole(App[None]):
@@ -82,72 +58,67 @@ class NinferConsole(App[None]):
     TITLE = "ninfer"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
-        Binding(
-            "p",
-            "pick_profile",
-            "Profile",
-            key_display="p",
-            tooltip="switch to another profile (the engine reloads with its flags)",
-        ),
-        Binding(
-            "r",
-            "reload",
-            "Reload",
-            key_display="r",
-            tooltip="reload the engine: at once after a failure, otherwise after a confirmation",
-        ),
-        Binding(
-            "a",
-            "toggle_admission",
-            "Pause/resume",
-            key_display="a",
-            tooltip="pause or resume admitting new requests (running ones finish)",
-        ),
-        Binding("l", "toggle_log", "Log", key_display="l", tooltip="show or hide the log tail"),
-        Binding("question_mark", "help", "Help", key_display="?", tooltip="this list of keys"),
-        Binding(
-            "q",
-            "request_quit",
-            "Quit",
-            key_display="q",
-            tooltip="stop the server; asks first while requests are running or queued",
-        ),
+        _key("p", "pick_profile", "Profile",
+             "switch to another profile (the engine reloads with its flags)"),
+        _key("r", "reload", "Reload",
+             "reload the engine: at once after a failure, otherwise after a confirmation"),
+        _key("a", "toggle_admission", "Pause",
+             "pause or resume admitting new requests (waiting ones stay listed)"),
+        _key("up", "select(-1)", "Select", "move the request cursor", show=False, display="↑/↓"),
+        _key("down", "select(1)", "Select", "move the request cursor", show=False),
+        _key("enter", "detail", "Detail", "the selected request in full; c cancels it there"),
+        _key("c", "cancel_selected", "Cancel", "cancel the selected request (503 to its client)"),
+        _key("[", "scroll_history(1)", "History", "scroll the per-second history back / forward",
+             show=False, display="[/]"),
+        _key("]", "scroll_history(-1)", "Newer", "scroll the history forward", show=False),
+        _key("l", "toggle_log", "Log", "show or hide the log (scrolls with ↑/↓ and PgUp/PgDn)"),
+        _key("question_mark", "help", "Help", "this list of keys", display="?"),
+        _key("q", "request_quit", "Quit",
+             "stop: running requests get the drain time, waiting ones are dropped (asks first)"),
     ]
 
     stats: reactive[EngineStats] = reactive(NO_STATS)
     history: reactive[StatsHistory] = reactive(StatsHistory())
     paused: reactive[bool] = reactive(False)
     show_log: reactive[bool] = reactive(False)
-    log_tail: reactive[tuple[str, ...]] = reactive(())
+    selected: reactive[str | None] = reactive(None)
+    scroll_back: reactive[int] = reactive(0)
 
     def __init__(self, supervisor: ConsoleSupervisor, *, title_info: str) -> None:
         """`title_info` is one line shown at the header's right, e.g. version and device names."""
         super().__init__()
         self.supervisor = supervisor
-        self.info = ServerInfo(
-            title_info=title_info,
-            artifact=supervisor.artifact,
-            listen_url=supervisor.listen_url,
-            auth_enabled=supervisor.auth_enabled,
-        )
+        self.info = ServerInfo(title_info=title_info, artifact=supervisor.artifact,
+                               listen_url=supervisor.listen_url,
+                               auth_enabled=supervisor.auth_enabled)
 
     def compose(self) -> ComposeResult:
-        yield HeaderPanel(self.info).data_bind(NinferConsole.stats, NinferConsole.paused)
-        yield FailureBanner().data_bind(NinferConsole.stats)
+        stats = NinferConsole.stats
+        yield HeaderPanel(self.info).data_bind(stats, NinferConsole.paused)
+        yield FailureBanner().data_bind(stats)
         with Grid(id="panels"):
             with PanelColumn(id="memory-column"):
-                yield MemoryPanel().data_bind(NinferConsole.stats)
-                yield StateSlotPanel().data_bind(NinferConsole.stats)
-            yield KvPanel().data_bind(NinferConsole.stats)
-            yield ExpertPanel().data_bind(NinferConsole.stats)
-            yield SpecPanel().data_bind(NinferConsole.stats, NinferConsole.history)
-        yield RequestsPanel().data_bind(NinferConsole.stats, NinferConsole.history)
-        yield LogPanel().data_bind(lines=NinferConsole.log_tail)
+                yield MemoryPanel().data_bind(stats)
+                yield StateSlotPanel().data_bind(stats)
+            yield KvPanel().data_bind(stats)
+            yield ExpertPanel().data_bind(stats)
+            yield SpecPanel().data_bind(stats, NinferConsole.history)
+        with Grid(id="middle"):
+            yield LatencyPanel().data_bind(stats)
+            yield TrendsPanel().data_bind(stats, NinferConsole.history, NinferConsole.scroll_back)
+        yield RequestsPanel().data_bind(stats, NinferConsole.selected)
+        yield LogPanel()
         yield Footer()
 
     def on_mount(self) -> None:
         self.poll_supervisor()
         self.set_interval(POLL_INTERVAL_S, self.poll_supervisor)
+
+    def on_resize(self, event: events.Resize) -> None:
+        compact = event.size.width < COMPACT_BELOW[0] or event.size.height < COMPACT_BELOW[1]
+        self.screen.set_class(compact, "-compact")
+        for panel in self.query(Panel):
+            panel.compact = compact
 
     def poll_supervisor(self) -> None:
         """Take the supervisor's latest snapshot; the bound panels follow."""
@@ -155,13 +126,19 @@ class NinferConsole(App[None]):
         self.history = self.history.push(stats)
         self.stats = stats
         self.paused = self.supervisor.paused
+        self.screen.set_class(not stats.live, "-stale")  # greyed: nothing here is live
+        ids = [view.id for view in selectable(stats)]
+        if self.selected not in ids:
+            self.selected = ids[0] if ids else None
         if self.show_log:
-            self.log_tail = tuple(self.supervisor.log_lines())
+            self.query_one(LogPanel).show(self.supervisor.log_lines())
 
     def watch_show_log(self, show: bool) -> None:
+        log = self.query_one(LogPanel)
         if show:
-            self.log_tail = tuple(self.supervisor.log_lines())
-        self.query_one(LogPanel).display = show
+            log.show(self.supervisor.log_lines())
+        log.display = show
+        self.screen.set_class(show, "-log")
 
     # Keys
 
@@ -186,9 +163,8 @@ class NinferConsole(App[None]):
             self.start_reload(None)
             return
         detail = "Running requests are cut off; the server answers 503 until it is ready."
-        self.push_screen(
-            ConfirmScreen("Reload the engine?", detail), lambda yes: self.start_reload(None, yes)
-        )
+        self.push_screen(ConfirmScreen("Reload the engine?", detail),
+                         lambda yes: self.start_reload(None, yes))
 
     def start_reload(self, profile: str | None, confirmed: bool | None = True) -> None:
         if not confirmed:
@@ -217,17 +193,60 @@ class NinferConsole(App[None]):
             self.supervisor.pause_admission()
         self.paused = self.supervisor.paused
 
+    def action_select(self, step: int) -> None:
+        ids = [view.id for view in selectable(self.stats)]
+        if ids:
+            at = ids.index(self.selected) if self.selected in ids else -step
+            self.selected = ids[max(0, min(len(ids) - 1, at + step))]
+
+    def _selected_view(self):
+        return next((v for v in selectable(self.stats) if v.id == self.selected), None)
+
+    def action_detail(self) -> None:
+        view = self._selected_view()
+        if view is not None:
+            detail = RequestDetail(view, self.stats.max_context)
+            self.push_screen(detail, lambda yes: self.cancel_request(view.id) if yes else None)
+
+    def action_cancel_selected(self) -> None:
+        view = self._selected_view()
+        if view is None or view.phase not in ("queued", "paused", "prefill", "decode"):
+            self.notify("No running or waiting request is selected.", severity="warning")
+            return
+        question = f"Cancel request {view.id}?"
+        self.push_screen(ConfirmScreen(question, "Its client gets a 503 error."),
+                         lambda yes: self.cancel_request(view.id) if yes else None)
+
+    def cancel_request(self, request_id: str) -> None:
+        if self.supervisor.cancel(request_id):
+            self.notify(f"Cancelled {request_id}.")
+        else:
+            self.notify(f"{request_id} had already ended.", severity="warning")
+
+    def action_scroll_history(self, direction: int) -> None:
+        oldest = max(len(self.history.buckets) - 10, 0)
+        self.scroll_back = max(0, min(oldest, self.scroll_back + direction * SCROLL_STEP))
+
     def action_toggle_log(self) -> None:
         self.show_log = not self.show_log
 
     def action_help(self) -> None:
-        keys = [(b.key_display or b.key, b.description, b.tooltip) for b in self.BINDINGS]
+        keys = [(b.key_display or b.key, b.description, b.tooltip) for b in self.BINDINGS
+                if b.key != "down" and b.key != "]"]
         self.push_screen(HelpScreen(keys))
 
     def action_request_quit(self) -> None:
-        in_flight = len(self.stats.queue.running) + len(self.stats.queue.pending)
-        if not in_flight:
-            self.exit()
+        queue = self.stats.queue
+        if not (queue.running or queue.pending):
+            self.quit_gracefully()
             return
-        question = f"{in_flight} requests are running or queued. Quit anyway?"
-        self.push_screen(ConfirmScreen(question), lambda yes: self.exit() if yes else None)
+        drain = f"{self.supervisor.drain_s:g} s"
+        question = (f"{len(queue.running)} running, {len(queue.pending)} waiting. Quit?")
+        detail = (f"Requests in the engine get up to {drain} to finish, then end with a 503 "
+                  "error; requests waiting at a paused gate are answered 503 at once.")
+        self.push_screen(ConfirmScreen(question, detail),
+                         lambda yes: self.quit_gracefully() if yes else None)
+
+    def quit_gracefully(self) -> None:
+        """Stop; the serving console drains the server first (`console.ServingConsole`)."""
+        self.exit()

@@ -2,7 +2,8 @@
 
 The server listens at once (503 until the engine is READY); the engine loads in a worker
 thread; the log goes to a ring buffer the console's log panel shows, never to the terminal
-the console draws on. Quitting stops the server and the engine and exits 0.
+the console draws on. Quitting drains (`--drain-timeout-ms`), stops the server and the engine
+and exits 0.
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from ninfer_engine.flags import PROFILES
 from ninfer_engine.stats import EngineStats
 from ninfer_engine.supervisor import Supervisor
 from ninfer_http.app import create_app
+from ninfer_http.admission import SLOTS
 from ninfer_http.logs import configure_logging
 from ninfer_http.request_log import SERVER_ARGV
 from ninfer_http.server import RunningServer, start_server
+from ninfer_http.shutdown import graceful_stop, stopped_line
 
 from .app import NinferConsole
 
@@ -46,6 +49,7 @@ class ConsoleBridge:
         self.listen_url = f"http://{config.host}:{config.port}"
         self.auth_enabled = config.api_key is not None
         self.artifact = str(config.artifact)
+        self.drain_s = config.drain_timeout_ms / 1000
 
     @property
     def profile(self) -> str | None:
@@ -77,6 +81,12 @@ class ConsoleBridge:
     def resume_admission(self) -> None:
         self._supervisor.resume_admission()
         log.info("admission resumed")
+
+    def cancel(self, request_id: str) -> bool:
+        cancelled = self._supervisor.cancel(request_id)
+        if cancelled:
+            log.info("request %s cancelled by the operator", request_id)
+        return cancelled
 
     def log_lines(self) -> list[str]:
         return list(self._ring.lines)
@@ -113,8 +123,23 @@ class ServingConsole(NinferConsole):
         except Exception as exc:  # shown as FAILED in the console; the reload key retries
             log.error("cannot load %s: %s", self._config.artifact, exc)
 
+    def quit_gracefully(self) -> None:
+        """Drain (the console stays up and shows it), then exit."""
+        if any(w.group == "quit" for w in self.workers):
+            return
+        self.run_worker(self._drain_and_exit(), group="quit", exit_on_error=False)
+
+    async def _drain_and_exit(self) -> None:
+        server, self._server = self._server, None
+        slots = server.runner.app[SLOTS] if server is not None else None
+        cut = await graceful_stop(self._engine_supervisor, server,
+                                  lambda: slots.in_use if slots else 0,
+                                  self._config.drain_timeout_ms / 1000)
+        log.info(stopped_line(cut))
+        self.exit()
+
     async def on_unmount(self) -> None:
-        if self._server is not None:
+        if self._server is not None:  # left without a drain (e.g. a test's app.exit())
             await self._server.stop()
         self._engine_supervisor.stop()
 

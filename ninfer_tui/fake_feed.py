@@ -19,6 +19,8 @@ from ninfer_engine.stats import (
     ExpertStats,
     HostMemory,
     KvStats,
+    LatencyStats,
+    Percentiles,
     QueueStats,
     RequestView,
     SpecStats,
@@ -61,12 +63,22 @@ def req(
 TWO_16G = (gpu("cuda:0", 16, 7.6, 4.2, 0, 1.1), gpu("cuda:1", 16, 7.4, 4.2, 0, 0.9))
 ONE_H200 = (gpu("cuda:0", 139.8, 51.2, 72.0, 0, 4.5),)
 RECENT = (
-    req("r-0208", "done", 1840, 512, 41.2, 0.31),
-    req("r-0209", "done", 96, 88, 43.0, 0.12),
-    req("r-0210", "cancelled", 5200, 17, 39.5, 0.94),
-    req("r-0211", "done", 730, 1024, 42.4, 0.22),
+    req("r-0208", "stop", 1840, 512, 41.2, 0.31),
+    req("r-0209", "length", 96, 88, 43.0, 0.12),
+    replace(req("r-0210", "cancelled", 5200, 17, 39.5, 0.94), reason="client_disconnected"),
+    replace(req("r-0207", "error", 300, waited=30.0), reason="request_queue_timeout"),
+    req("r-0211", "stop", 730, 1024, 42.4, 0.22),
 )
 TOTALS = Counters(211, 1, 6, 1_934_210, 412_877, 164, 119)
+LATENCY = LatencyStats(
+    window_s=60.0, requests=23, rate_per_s=0.38,
+    ttft=Percentiles(0.21, 0.94, 2.84, 19), itl=Percentiles(0.025, 0.031, 0.044, 19),
+    e2e=Percentiles(11.8, 26.1, 31.0, 19), queue=Percentiles(0.004, 0.61, 2.9, 21),
+    outcomes=(("cancelled", 1), ("length", 3), ("request_queue_timeout", 1), ("stop", 15),
+              ("server_overloaded", 2), ("client_disconnected", 1)),
+    totals=(("length", 41), ("stop", 170), ("cancelled", 6), ("internal_error", 1),
+            ("server_overloaded", 9), ("request_queue_timeout", 4)),
+)
 
 
 def base(model: str, profile: str | None, devices: tuple[DeviceMemory, ...]) -> EngineStats:
@@ -80,6 +92,8 @@ def base(model: str, profile: str | None, devices: tuple[DeviceMemory, ...]) -> 
         host=HostMemory(int(125.8 * GIB), int(31.2 * GIB), int(9.4 * GIB)),
         queue=QueueStats(recent=RECENT),
         counters=TOTALS,
+        latency=LATENCY,
+        max_context=262_144,
     )
 
 
@@ -139,12 +153,13 @@ def busy8(i: int) -> EngineStats:
 def failed(i: int) -> EngineStats:
     stats = idle(i)
     errors = (
-        req("r-0212", "error", 2210, 1533, 38.9, 0.41),
-        req("r-0213", "error", 512, 901, 39.6, 0.18),
+        replace(req("r-0212", "error", 2210, 1533, 38.9, 0.41), reason="service_unavailable"),
+        replace(req("r-0213", "error", 512, 901, 39.6, 0.18), reason="service_unavailable"),
     )
     return replace(
         stats,
         state="failed",
+        kv=replace(stats.kv, used=0, per_request=()),  # as the supervisor clears a failed one
         queue=QueueStats(recent=RECENT[2:] + errors),
         failure="CUDA error: an illegal memory access was encountered "
         "(engine step 48213, runner.forward on cuda:1)",
@@ -203,9 +218,30 @@ def spec_on(i: int) -> EngineStats:
     )
 
 
+def paused(i: int) -> EngineStats:
+    """cpu_only with admission paused: two requests wait at the gate, one more still runs."""
+    stats = cpu_only(i)
+    waiting = tuple(replace(req(rid, "paused", prompt, waited=waited + i * FRAME_S),
+                            client=client)
+                    for rid, prompt, waited, client in (("r-0004", 35, 4.2, "bench"),
+                                                        ("r-0005", 2100, 1.0, None)))
+    return replace(stats, admission="paused",
+                   queue=replace(stats.queue, pending=waiting, recent=RECENT))
+
+
+def reloading(i: int) -> EngineStats:
+    """busy8 during a reload: no engine, so nothing live; the ledger's figures remain."""
+    stats = busy8(i)
+    return replace(stats, state="reloading", throughput=Throughput(),
+                   queue=QueueStats(recent=RECENT), started_at=T0,
+                   kv=replace(stats.kv, used=0, per_request=()))
+
+
 SCENARIOS: dict[str, Callable[[int], EngineStats]] = {
     "idle": idle,
     "busy8": busy8,
+    "paused": paused,
+    "reloading": reloading,
     "failed": failed,
     "cpu_only": cpu_only,
     "moe_lending": moe_lending,
@@ -227,13 +263,17 @@ class FakeSupervisor:
     auth_enabled = True
     profiles = PROFILES
 
-    def __init__(self, scenario: str, frames: int = len(WAVE)) -> None:
+    drain_s = 10.0
+
+    def __init__(self, scenario: str, frames: int = 4 * len(WAVE)) -> None:
         build = SCENARIOS[scenario]
-        self.frames = tuple(replace(build(i), at=T0 + i * FRAME_S) for i in range(frames))
+        self.frames = with_counters(tuple(replace(build(i % len(WAVE)), at=T0 + i * FRAME_S)
+                                          for i in range(frames)))
         self.next_frame = 0
+        self.cancelled: list[str] = []
         self.artifact = f"/srv/models/{self.frames[0].model_id}.ninfer"
         self.profile = self.frames[0].profile
-        self.paused = False
+        self.paused = self.frames[0].admission == "paused"
         self.reloads: list[str | None] = []
         self.admission_calls: list[str] = []
         self.gpus = len(self.frames[0].devices)
@@ -269,8 +309,27 @@ class FakeSupervisor:
         self.admission_calls.append("resume")
         self.paused = False
 
+    def cancel(self, request_id: str) -> bool:
+        self.cancelled.append(request_id)
+        return True
+
     def log_lines(self) -> list[str]:
         return list(self.log)
+
+
+def with_counters(frames: tuple[EngineStats, ...]) -> tuple[EngineStats, ...]:
+    """The frames with monotonic step counters that add up each frame's own throughput (what
+    the console's history reads), as an engine's would."""
+    out, decode, prefill, steps, rows = [], 0.0, 0.0, 0, 0.0
+    for frame in frames:
+        tp = frame.throughput
+        decode += tp.decode_tok_s * FRAME_S
+        prefill += tp.prefill_tok_s * FRAME_S
+        steps, rows = steps + 1, rows + tp.batch
+        counters = replace(frame.counters, decode_tokens=round(decode),
+                           prefill_tokens=round(prefill), steps=steps, batch_rows=round(rows))
+        out.append(replace(frame, counters=counters))
+    return tuple(out)
 
 
 def play_all(app: NinferConsole, feed: FakeSupervisor) -> None:

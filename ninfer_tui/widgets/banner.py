@@ -21,12 +21,16 @@ class FailureBanner(Panel):
     def watch_stats(self, stats: EngineStats) -> None:
         failed = stats.state == EngineState.FAILED.value
         self.set_class(failed, "-failed")
-        self.display = failed or stats.state in (
+        self.display = failed or stats.admission == "draining" or stats.state in (
             EngineState.LOADING.value,
             EngineState.RELOADING.value,
         )
 
     def render_stats(self, stats: EngineStats) -> RenderableType:
+        if stats.state == EngineState.FAILED.value and self.compact:
+            return Text.assemble(("ENGINE FAILED  ", "bold"), ("r", "bold reverse"), " reload  ",
+                                 ("l", "bold reverse"), " log  ",
+                                 stats.failure or "no reason was reported")
         if stats.state == EngineState.FAILED.value:
             return Text.assemble(
                 ("ENGINE FAILED  ", "bold"),
@@ -39,6 +43,10 @@ class FailureBanner(Panel):
                 ("l", "bold reverse"),
                 " for the log.",
             )
+        if stats.admission == "draining":
+            running = len(stats.queue.running)
+            return Text.assemble(("DRAINING  ", "bold"), f"{running} running requests may finish; "
+                                 "new ones get 503. The console closes when they are done.")
         progress = "" if stats.load_progress is None else f" {percent(stats.load_progress)}"
         return Text.assemble(
             (f"{stats.state.upper()}{progress}  ", "bold"),

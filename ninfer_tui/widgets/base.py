@@ -4,6 +4,7 @@ and `PanelColumn`, panels stacked in one cell of the panel grid."""
 from __future__ import annotations
 
 from rich.console import RenderableType
+from rich.text import Text
 from textual.containers import Vertical
 from textual.geometry import Size
 from textual.reactive import reactive
@@ -17,16 +18,22 @@ NO_STATS = EngineStats(at=0.0, state=EngineState.LOADING.value)
 
 
 class Panel(Widget):
-    """A titled panel; subclasses implement `render_stats` and never reach past the snapshot."""
+    """A titled panel; subclasses implement `render_stats` and never reach past the snapshot.
+
+    `compact` (set by the app on small terminals) asks for a one-line body."""
 
     stats: reactive[EngineStats] = reactive(NO_STATS, layout=True)
+    compact: reactive[bool] = reactive(False, layout=True)
 
     def __init__(self, title: str, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="panel")
         self.border_title = title
 
     def render(self) -> RenderableType:
-        return self.render_stats(self.stats)
+        body = self.render_stats(self.stats)
+        if self.compact and isinstance(body, Text):  # one line means one line: cut, not wrap
+            body.no_wrap, body.overflow = True, "ellipsis"
+        return body
 
     def render_stats(self, stats: EngineStats) -> RenderableType:
         raise NotImplementedError

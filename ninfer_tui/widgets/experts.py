@@ -21,7 +21,22 @@ class ExpertPanel(Panel):
     def render_stats(self, stats: EngineStats) -> RenderableType:
         experts = stats.experts
         if experts is None:
-            return Text("not a MoE model", style="dim")
+            return Text("experts: dense model" if self.compact else "dense model, no experts",
+                        style="dim")
+        shape = Text.assemble((f"{experts.experts}", "bold"), (" routed experts × ", "dim"),
+                              (f"{experts.layers}", "bold"), (" layers, ", "dim"),
+                              (f"top-{experts.active}", "bold"), (" per token", "dim"))
+        if not experts.slots:  # no expert cache: every expert is resident where it runs
+            where = "CPU" if experts.cpu_share >= 1.0 else "GPU"
+            if self.compact:
+                return Text.assemble(("experts ", "bold"), shape, (f", all on the {where}", "dim"))
+            return Group(shape, Text(f"all resident on the {where}: no expert cache to fill",
+                                     style="dim"))
+        if self.compact:
+            lookups = experts.hits + experts.misses
+            return Text.assemble(("experts ", "bold"), f"{experts.resident}/{experts.slots} slots",
+                                 ("  hit ", "dim"), percent(experts.hits / lookups if lookups else 0),
+                                 ("  CPU ", "dim"), percent(experts.cpu_share))
         bar_width = max(10, self.size.width - LABEL_WIDTH - TAIL_WIDTH)
         lookups = experts.hits + experts.misses
         hit_rate = experts.hits / lookups if lookups else 0.0
@@ -34,6 +49,7 @@ class ExpertPanel(Panel):
             return line
 
         return Group(
+            *([shape] if experts.experts else []),
             Text.assemble(
                 ("slots ", "dim"),
                 str(experts.slots),

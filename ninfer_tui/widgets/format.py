@@ -72,15 +72,36 @@ def fraction_bar(fraction: float, width: int, style: str) -> Text:
     return Text.assemble(("█" * filled, style), ("░" * (width - filled), "grey30"))
 
 
-def sparkline(values: Sequence[float], width: int, style: str, top: float | None = None) -> Text:
+def sparkline(values: Sequence[float], width: int, style: str, top: float | None = None,
+              marks: Sequence[bool] = ()) -> Text:
     """The last `width` values as block characters, scaled to `top` (default: their maximum).
 
-    Shorter histories are padded on the left so the newest value is always at the right edge.
+    Shorter histories are padded on the left so the newest value is always at the right edge;
+    a value whose `marks` entry is true (a reload) is drawn as a yellow bar instead.
     """
     shown = list(values)[-width:] if width > 0 else []
+    marked = list(marks)[-len(shown):] if marks and shown else [False] * len(shown)
     peak = top if top is not None else max(shown, default=0.0)
     line = Text(" " * (width - len(shown)))
-    for v in shown:
+    for v, mark in zip(shown, marked):
+        if mark:
+            line.append("│", style="bold yellow3")
+            continue
         level = 0 if peak <= 0 else round(max(0.0, min(1.0, v / peak)) * (len(SPARK_BLOCKS) - 1))
         line.append(SPARK_BLOCKS[level], style=style if v > 0 else "grey30")
     return line
+
+
+def seconds(s: float | None) -> str:
+    """A latency: `—`, `85 ms`, `1.24 s`, `12.3 s`."""
+    if s is None:
+        return "—"
+    if s < 1.0:
+        return f"{s * 1000:.0f} ms"
+    return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
+
+
+def short_id(request_id: str, width: int = 8) -> str:
+    """The part of a request id that tells requests apart: `req_0a1b2c3d4e…` -> `0a1b2c3d`."""
+    core = request_id.split("_", 1)[-1].split("-", 1)[-1] if len(request_id) > width else request_id
+    return core[:width]

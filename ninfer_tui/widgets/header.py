@@ -60,24 +60,26 @@ class HeaderPanel(Panel):
         )
         if stats.started_at and stats.state == EngineState.READY.value:
             top.append(f"  up {duration(stats.at - stats.started_at)}", style="green")
-        if self.paused:
+        if self.paused or stats.admission == "paused":
             top.append("  ")
             top.append(" ADMISSION PAUSED ", style="bold black on orange3")
         elif stats.state == EngineState.READY.value:
             top.append("  admitting requests", style="dim")
+        # where and how it listens first: a narrow terminal cuts the artifact path, not these
         details = Text.assemble(
-            ("artifact ", "dim"),
-            self.info.artifact,
-            ("  profile ", "dim"),
-            stats.profile or "none",
-            ("  listen ", "dim"),
+            ("listen ", "dim"),
             self.info.listen_url,
             ("  auth ", "dim"),
             ("on", "green") if self.info.auth_enabled else ("off", "yellow"),
+            ("  profile ", "dim"),
+            stats.profile or "none",
+            ("  artifact ", "dim"),
+            self.info.artifact,
         )
         grid = Table.grid(expand=True)
         grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
         grid.add_column(justify="right", no_wrap=True)
         grid.add_row(top, Text(self.info.title_info, style="dim"))
+        details.no_wrap, details.overflow = True, "ellipsis"
         grid.add_row(details, "")
         return grid

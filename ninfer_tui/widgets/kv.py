@@ -8,7 +8,7 @@ from rich.text import Text
 from ninfer_engine.stats import EngineStats, KvStats
 
 from .base import Panel
-from .format import count, share_out, stacked_bar
+from .format import count, share_out, short_id, stacked_bar
 
 USED, UNOWNED, LENT, FREE = "green3", "dark_green", "magenta", "grey30"
 # Requests take turns through these so neighbouring runs in the page map stay distinguishable.
@@ -22,6 +22,11 @@ class KvPanel(Panel):
 
     def render_stats(self, stats: EngineStats) -> RenderableType:
         kv = stats.kv
+        if self.compact:
+            share = f"{100 * kv.used / kv.total:.0f}% " if kv.total else ""
+            return Text.assemble(("KV ", "bold"), share, (f"{count(kv.used)}/{count(kv.total)} "
+                                 f"pages of {kv.page_tokens} · {kv.dtype}", "dim"),
+                                 (f" · lent {count(kv.lent)}" if kv.lent else "", LENT))
         width = max(10, self.size.width)
         summary = Text.assemble(
             ("used ", "dim"),
@@ -63,9 +68,9 @@ def requests_line(kv: KvStats) -> Text:
     """`id pages` for every request holding pages, in the map's order and colours."""
     if not kv.per_request:
         return Text("no request holds pages", style="dim")
-    line = Text()
+    line = Text(no_wrap=True, overflow="ellipsis")
     for i, (request_id, pages) in enumerate(kv.per_request):
-        line.append(f"{request_id} ", style=style_of(i))
+        line.append(f"{short_id(request_id)} ", style=style_of(i))
         line.append(f"{pages}p   ", style="bold")
     return line
 

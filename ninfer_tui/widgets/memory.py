@@ -1,4 +1,8 @@
-"""Memory panel: each GPU's VRAM by category as a stacked bar, then host RAM and pinned RAM."""
+"""Memory panel: each GPU's VRAM by category as a stacked bar, then host RAM and pinned RAM.
+
+On the CPU the engine's memory is host RAM: one bar shows the machine's RAM split into what the
+engine holds (weights, KV pool, the rest of its RSS), other processes and free; no second row
+repeats it."""
 
 from __future__ import annotations
 
@@ -27,15 +31,54 @@ class MemoryPanel(Panel):
         super().__init__("memory", id="memory")
 
     def render_stats(self, stats: EngineStats) -> RenderableType:
+        gpus = [d for d in stats.devices if d.name != "cpu"]
+        cpu = next((d for d in stats.devices if d.name == "cpu"), None)
+        if self.compact:
+            return compact_line(gpus, cpu, stats.host)
         bar_width = max(10, self.size.width - LABEL_WIDTH - TAIL_WIDTH)
         lines: list[RenderableType] = []
-        if stats.devices:
-            for device in stats.devices:
-                lines.extend(device_lines(device, bar_width))
+        for device in gpus:
+            lines.extend(device_lines(device, bar_width))
+        if cpu is not None:
+            lines.extend(cpu_lines(cpu, stats.host, bar_width))
         else:
-            lines.append(Text("no GPU: CPU engine", style="bold yellow"))
-        lines.extend(host_lines(stats.host, bar_width))
+            if not gpus:
+                lines.append(Text("no device figures yet", style="dim"))
+            lines.extend(host_lines(stats.host, bar_width))
         return Group(*lines)
+
+
+def compact_line(gpus: list[DeviceMemory], cpu: DeviceMemory | None, host: HostMemory) -> Text:
+    line = Text("memory ", style="bold")
+    for device in gpus:
+        line.append(f"{device.name} ", style="dim")
+        line.append(f"{gib(device.total - device.free)}/{gib(device.total)} GiB  ")
+    if cpu is not None:
+        line.append("engine ", style="dim")
+        line.append(f"{gib(host.process_rss)} GiB ")
+        line.append(f"(weights {gib(cpu.weights)}, KV {gib(cpu.kv_pool)})  ", style="dim")
+    line.append("RAM ", style="dim")
+    line.append(f"{gib(host.used)}/{gib(host.total)} GiB")
+    return line
+
+
+def cpu_lines(cpu: DeviceMemory, host: HostMemory, bar_width: int) -> list[Text]:
+    """Host RAM split into the engine's categories, other processes and free; then the legend."""
+    engine = cpu.weights + cpu.kv_pool + cpu.workspace
+    others = max(host.used - engine, 0)
+    parts = [(cpu.weights, "dodger_blue2"), (cpu.kv_pool, "green3"), (cpu.workspace, "yellow3"),
+             (others, "grey50"), (max(host.total - host.used, 0), "grey30")]
+    bar = Text(f"{'RAM':<{LABEL_WIDTH}}")
+    bar.append_text(stacked_bar(parts, bar_width))
+    bar.append(f" {gib(host.used):>5}/{gib(host.total)} GiB")
+    legend = Text(" " * LABEL_WIDTH)
+    for (amount, style), label in zip(parts, ("weights", "KV", "engine other", "others", "free")):
+        legend.append("■ ", style=style)
+        legend.append(f"{label} ", style="dim")
+        legend.append(f"{gib(amount)}  ")
+    legend.rstrip()
+    return [bar, legend, Text.assemble(" " * LABEL_WIDTH, ("engine process RSS ", "dim"),
+                                       f"{gib(host.process_rss)} GiB", ("  (cpu engine)", "dim"))]
 
 
 def device_lines(device: DeviceMemory, bar_width: int) -> list[Text]:

@@ -15,7 +15,9 @@ from textual.widgets import Button, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    """Asks one question; dismisses with True for yes (y) and False for no (n, Esc)."""
+    """Asks one question; dismisses with True for yes (y) and False for no (n, Esc, Enter)."""
+
+    AUTO_FOCUS = "#no"  # Enter must not confirm something that cuts requests off
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", key_display="y"),

@@ -37,6 +37,11 @@ class StateSlotPanel(Panel):
 
     def render_stats(self, stats: EngineStats) -> RenderableType:
         slots, totals = stats.state_slots, stats.counters
+        if self.compact:
+            return Text.assemble(("state slots ", "bold"), ("running ", "dim"),
+                                 f"{slots.running_used}/{slots.running_total}",
+                                 ("  checkpoint ", "dim"),
+                                 f"{slots.checkpoint_used}/{slots.checkpoint_total}")
         bar_width = max(10, self.size.width - LABEL_WIDTH - TAIL_WIDTH)
         rows: list[Text] = []
         for kind, style in KINDS:

@@ -25,7 +25,11 @@ class SpecPanel(Panel):
     def render_stats(self, stats: EngineStats) -> RenderableType:
         spec = stats.spec
         if spec is None or spec.backend == "off":
-            return Text("off", style="dim")
+            return Text("speculation off" if self.compact else "off", style="dim")
+        if self.compact:
+            return Text.assemble(("spec ", "bold"), spec.backend, ("  accept ", "dim"),
+                                 percent(spec.acceptance), ("  tok/round ", "dim"),
+                                 f"{spec.tokens_per_round:.2f}")
         bar_width = max(10, self.size.width - LABEL_WIDTH - TAIL_WIDTH)
         summary = Text.assemble(
             ("backend ", "dim"),

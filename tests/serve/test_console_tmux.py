@@ -1,5 +1,6 @@
 """The real console in a real terminal: tmux runs `ninfer-serve` on the default model, a chat
-request goes in, and the captured pane must show that request and its throughput.
+request goes in, and the captured pane must show that request and its throughput; then a
+request waits while admission is paused, and `q` with a request running drains it and exits.
 
 About a minute on a 2-core machine (the model loads, the console starts), so it is in the
 default suite; it skips without tmux or the default model.
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,13 +53,13 @@ def console(tmp_path):
     if not default_artifact().is_file():
         pytest.skip(f"default model missing: {default_artifact()} (run ./install.sh)")
     port, session = free_port(), f"ninfer-test-{free_port()}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "140", "-y", "44",
-                    f"{SERVE} --port {port} --max-concurrency 2"], check=True, timeout=10)
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50",
+                    f"{SERVE} --port {port} --max-concurrency 2 --drain-timeout-ms 60000"],
+                   check=True, timeout=10)
     try:
         yield session, port
     finally:
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], timeout=10)
-        subprocess.run(["tmux", "kill-session", "-t", session], timeout=10)
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
 
 
 def chat(port: int, text: str, max_tokens: int) -> dict:
@@ -66,16 +68,25 @@ def chat(port: int, text: str, max_tokens: int) -> dict:
                        "messages": [{"role": "user", "content": text}]}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
                                      {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=180) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=180) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:  # say which error, not only its status
+        raise AssertionError(f"HTTP {error.code}: {error.read().decode()}") from None
 
 
 def decode_rate(screen: str) -> float:
+    """The newest per-second decode rate: the figure before `tok/s` on the decode trend row."""
     line = next((ln for ln in screen.splitlines() if "decode" in ln and "tok/s" in ln), "")
     try:
-        return float(line.split("decode")[1].split("tok/s")[0])
+        return float(line.split("tok/s")[0].split()[-1])
     except (IndexError, ValueError):
         return 0.0
+
+
+def session_alive(session: str) -> bool:
+    return subprocess.run(["tmux", "has-session", "-t", session], capture_output=True,
+                          timeout=10).returncode == 0
 
 
 def test_console_shows_a_served_request_and_its_throughput(console):
@@ -87,6 +98,26 @@ def test_console_shows_a_served_request_and_its_throughput(console):
         assert wait_for(lambda: "decode" in pane(session).split("running (1)")[-1]
                         and decode_rate(pane(session)) > 0, 120), pane(session)
         result = answer.result(timeout=180)
-    generated = result["usage"]["completion_tokens"]
-    assert wait_for(lambda: "1 done" in pane(session), 10), pane(session)
-    assert f"generated {generated} tok" in pane(session)
+    finish = result["choices"][0]["finish_reason"]
+    assert wait_for(lambda: f"since start: {finish} 1" in pane(session), 10), pane(session)
+
+    # paused: a new request waits, listed as paused; resumed: it runs and ends
+    subprocess.run(["tmux", "send-keys", "-t", session, "a"], timeout=10)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(chat, port, "Say hi.", 8)
+        assert wait_for(lambda: "waiting (1) · admission paused" in pane(session)
+                        and "paused" in pane(session).split("waiting (1)")[-1], 30), pane(session)
+        subprocess.run(["tmux", "send-keys", "-t", session, "a"], timeout=10)
+        assert waiting.result(timeout=180)["usage"]["completion_tokens"] > 0
+
+    # q with a request running asks, then drains it (it ends, with its tokens) and exits
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(chat, port, "Tell me a long story about a lighthouse keeper.", 48)
+        assert wait_for(lambda: "running (1)" in pane(session) and "decode" in
+                        pane(session).split("running (1)")[-1].split("waiting")[0], 60), \
+            pane(session)
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], timeout=10)
+        assert wait_for(lambda: "1 running, 0 waiting. Quit?" in pane(session), 10), pane(session)
+        subprocess.run(["tmux", "send-keys", "-t", session, "y"], timeout=10)
+        assert running.result(timeout=180)["usage"]["completion_tokens"] > 0
+    assert wait_for(lambda: not session_alive(session), 60)

@@ -40,7 +40,9 @@ async def test_panels_follow_the_polled_snapshot() -> None:
         play_all(app, feed)
         assert app.stats == feed.frames[-1]
         assert app.query_one(MemoryPanel).stats == feed.frames[-1]
-        assert len(app.history.decode_tok_s) == len(feed.frames)
+        # one bucket per second of the feed's clock, the first and last second included
+        seconds = int(feed.frames[-1].at) - int(feed.frames[0].at) + 1
+        assert len(app.history.buckets) == seconds
 
 
 async def test_profile_that_cannot_run_shows_the_reason() -> None:
@@ -129,7 +131,8 @@ async def test_l_toggles_the_log() -> None:
         assert not log.display
         await pilot.press("l")
         assert log.display
-        assert log.lines == tuple(feed.log_lines())
+        assert log.shown == tuple(feed.log_lines())
+        assert len(log.shown) == len(log.lines)  # every line written, the newest included
         await pilot.press("l")
         assert not log.display
 
@@ -139,7 +142,8 @@ async def test_question_mark_lists_every_key() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        assert [key for key, _, _ in app.screen.keys] == ["p", "r", "a", "l", "?", "q"]
+        assert [key for key, _, _ in app.screen.keys] == ["p", "r", "a", "↑/↓", "enter", "c",
+                                                          "[/]", "l", "?", "q"]
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 

@@ -4,25 +4,44 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ninfer_engine.stats import EngineStats, SpecStats, StateSlotStats, Throughput
+from ninfer_engine.stats import Counters, EngineStats, SpecStats, StateSlotStats
 from ninfer_tui.widgets.format import duration, share_out, sparkline
 from ninfer_tui.widgets.history import StatsHistory
 from ninfer_tui.widgets.slots import has_state_slots, slot_row
 
 
-def frame(at: float, drafted: int, accepted: int, decode: float = 10.0) -> EngineStats:
+def frame(at: float, drafted: int, accepted: int, decode: int = 10,
+          started: float = 0.0) -> EngineStats:
+    """A snapshot at `at` whose engine (started at `started`) has decoded `decode` tokens."""
     return EngineStats(
         at=at,
         state="ready",
+        started_at=started,
         spec=SpecStats("mtp", 3, drafted // 3, drafted, accepted),
-        throughput=Throughput(decode_tok_s=decode),
+        counters=Counters(decode_tokens=decode, steps=decode, batch_rows=decode),
     )
 
 
 def test_history_ignores_a_snapshot_it_has_seen() -> None:
     first = StatsHistory().push(frame(1.0, 30, 20))
     assert first.push(frame(1.0, 30, 20)) is first
-    assert first.decode_tok_s == (10.0,)
+    assert len(first.buckets) == 1
+
+
+def test_history_buckets_hold_what_each_second_decoded() -> None:
+    history = StatsHistory()
+    for at, decoded in ((1.0, 10), (1.5, 14), (2.2, 30), (2.9, 31), (5.1, 40)):
+        history = history.push(frame(at, 0, 0, decoded))
+    # seconds 1, 2, 3 (no snapshot: empty), 4 (empty) and 5
+    assert history.series("decode") == (4.0, 17.0, 0.0, 0.0, 9.0)
+    assert not any(history.reloads())
+
+
+def test_history_marks_a_reload_and_counts_from_the_new_engine() -> None:
+    history = StatsHistory().push(frame(1.0, 0, 0, 500)).push(frame(2.0, 0, 0, 540))
+    reloaded = history.push(frame(3.5, 0, 0, 12, started=3.0))
+    assert reloaded.series("decode") == (0.0, 40.0, 12.0)  # not 12 - 540
+    assert reloaded.reloads() == (False, False, True)
 
 
 def test_history_acceptance_is_per_interval() -> None:

@@ -28,8 +28,9 @@ HYBRID = {
     "failed": ("0/1", "3/4", 3),
     "moe_lending": ("1/1", "1/1", 1),
     "spec_on": ("2/4", "2/4", 2),
+    "reloading": ("8/8", "5/8", 5),
 }
-ATTENTION_ONLY = ("cpu_only",)
+ATTENTION_ONLY = ("cpu_only", "paused")
 
 
 def shown(widget: Widget) -> list[str]:
