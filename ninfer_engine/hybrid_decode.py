@@ -226,27 +226,14 @@ class HybridStep:
 
     def _gdn(self, layer, i, y, B, T, acc):
         """Fused projection → conv/SiLU/gates (one kernel) → recurrence → gated norm (one);
-        a verify row's tokens through the conv and the recurrence one position at a time,
-        the state after each but the last kept in the trail."""
+        the conv and recurrence kernels walk a verify row's tokens in order and store the
+        state after each but the last in the trail."""
         m, slots = layer["mixer"], self.slots[:B]
-        proj = layer["w_in"](y)
-        if T == 1:
-            q, k, v, g, beta, z = gdn_prep_triton(proj, self.conv[i], m.conv, m.a_log,
-                                                  m.dt_bias, m.nk, m.dk, m.nv, m.dv, slots)
-            o = gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots)
-        else:
-            tokens, outs = proj.view(B, T, -1), []
-            for t in range(T):
-                q, k, v, g, beta, _ = gdn_prep_triton(tokens[:, t], self.conv[i], m.conv,
-                                                      m.a_log, m.dt_bias, m.nk, m.dk, m.nv,
-                                                      m.dv, slots)
-                outs.append(gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots))
-                if t < T - 1:
-                    torch.index_select(self.conv[i], 0, slots, out=self.trail_conv[i][t, :B])
-                    torch.index_select(self.ssm[i], 0, slots, out=self.trail_ssm[i][t, :B])
-            o = torch.stack(outs, 1).view(B * T, m.nv, m.dv)
-            conv_width = 2 * m.nk * m.dk + m.nv * m.dv
-            z = proj[:, conv_width: conv_width + m.nv * m.dv]
+        trail_conv, trail_ssm = (self.trail_conv[i], self.trail_ssm[i]) if T > 1 else (None, None)
+        q, k, v, g, beta, z = gdn_prep_triton(layer["w_in"](y), self.conv[i], m.conv, m.a_log,
+                                              m.dt_bias, m.nk, m.dk, m.nv, m.dv, slots,
+                                              trail_conv)
+        o = gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots, trail_ssm)
         return layer["w_out"](gdn_gated_norm_triton(o, z, m.norm, self.eps), acc=acc)
 
     def _attn(self, layer, kv: KvLayer, y, pos, table, kv_span, slot, acc):

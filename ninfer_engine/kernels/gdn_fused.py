@@ -29,25 +29,31 @@ from ._dispatch import interpreting, use_triton
 from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
-def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None):
+def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
+                 trail=None):
     """Torch reference: `_gdn`'s code between the input GEMV and the recurrence.
 
-    proj [B, 2·nk·dk + 2·nv·dv + 2·nv] (q|k|v|z|b|a), conv_state [S, K-1, C] updated in place
-    at rows `index` [B] (default: rows 0..B-1; C = 2·nk·dk + nv·dv), conv_w [K, C],
-    a_log / dt_bias [nv] fp32.
-    Returns (q [B, nk, dk], k [B, nk, dk], v [B, nv, dv], g [B, nv], beta [B, nv]) fp32 and
-    z [B, nv·dv], a view of proj."""
-    B = proj.shape[0]
+    proj [B·T, 2·nk·dk + 2·nv·dv + 2·nv] (q|k|v|z|b|a; T tokens a row, sequence-major),
+    conv_state [S, K-1, C] updated in place at rows `index` [B] (default: rows 0..B-1, T = 1;
+    C = 2·nk·dk + nv·dv), conv_w [K, C], a_log / dt_bias [nv] fp32; `trail` as
+    `gdn_prep_triton`'s. Returns (q [B·T, nk, dk], k [B·T, nk, dk], v [B·T, nv, dv],
+    g [B·T, nv], beta [B·T, nv]) fp32 and z [B·T, nv·dv], a view of proj."""
+    N = proj.shape[0]
     kg, vg = nk * dk, nv * dv
     qkv, z, b, a = proj.split([2 * kg + vg, vg, nv, nv], -1)
-    rows = torch.arange(B, device=proj.device) if index is None else index
-    window = torch.cat([conv_state[rows], qkv[:, None]], 1)  # [B, K, C]
-    conv_state[rows] = window[:, 1:]
-    qkv = F.silu((window.float() * conv_w.float()).sum(1))
-    q, k, v = qkv.split([kg, kg, vg], -1)
+    rows = torch.arange(N, device=proj.device) if index is None else index
+    T = N // rows.shape[0]
+    conv = torch.empty(N, 2 * kg + vg, dtype=torch.float32, device=proj.device)
+    for t in range(T):
+        window = torch.cat([conv_state[rows], qkv[t::T, None]], 1)  # [B, K, C]
+        conv_state[rows] = window[:, 1:]
+        if trail is not None and t < T - 1:
+            trail[t, : rows.shape[0]] = window[:, 1:]
+        conv[t::T] = F.silu((window.float() * conv_w.float()).sum(1))
+    q, k, v = conv.split([kg, kg, vg], -1)
     g = -a_log.exp() * F.softplus(a.float() + dt_bias)
     beta = torch.sigmoid(b.float())
-    return (q.reshape(B, nk, dk), k.reshape(B, nk, dk), v.reshape(B, nv, dv), g, beta, z)
+    return (q.reshape(N, nk, dk), k.reshape(N, nk, dk), v.reshape(N, nv, dv), g, beta, z)
 
 
 def gdn_gated_norm_ref(o, z, norm, eps):
@@ -99,12 +105,12 @@ def _softplus(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, B,
-                     stride_pb, stride_cb, stride_ct,
+def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, trail_ptr,
+                     N, TRAIL_B, stride_pb, stride_cb, stride_ct,
                      KG: tl.constexpr, VG: tl.constexpr, NV: tl.constexpr, K: tl.constexpr,
                      BLOCK_C: tl.constexpr, BLOCK_NV: tl.constexpr, EVEN: tl.constexpr,
-                     LIBDEVICE: tl.constexpr, INDEXED: tl.constexpr,
-                     PDL: tl.constexpr = 0):
+                     LIBDEVICE: tl.constexpr, INDEXED: tl.constexpr, T: tl.constexpr,
+                     TRAIL: tl.constexpr, PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     b = tl.program_id(0)
@@ -116,84 +122,101 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
         conv_row = conv_ptr + tl.load(idx_ptr + b).to(tl.int64) * stride_cb + c
     else:
         conv_row = conv_ptr + b * stride_cb + c
-    # window tap 0 (oldest), then taps 1..K-1; tap t is stored back as state row t-1 (the
-    # program owns its channels across every tap, so the in-place shift has no race)
-    if EVEN:
-        x = tl.load(conv_row)
-        acc = x.to(tl.float32) * tl.load(w_ptr + c).to(tl.float32)
-    else:
-        x = tl.load(conv_row, mask=mask, other=0.0)
-        acc = x.to(tl.float32) * tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
-    for t in tl.static_range(1, K):
-        if t < K - 1:
-            src = conv_row + t * stride_ct
-        else:
-            src = proj_ptr + b * stride_pb + c  # this step's q|k|v row
+    # the row's T tokens in order; each shifts the window (the program owns its channels
+    # across every tap and token, so the in-place shift has no race)
+    for tok in tl.static_range(T):
+        bt = b * T + tok  # token row
+        # window tap 0 (oldest), then taps 1..K-1; tap t is stored back as state row t-1
         if EVEN:
-            x = tl.load(src)
-            tl.store(conv_row + (t - 1) * stride_ct, x.to(conv_ptr.dtype.element_ty))
-            w = tl.load(w_ptr + t * C + c).to(tl.float32)
+            x = tl.load(conv_row)
+            acc = x.to(tl.float32) * tl.load(w_ptr + c).to(tl.float32)
         else:
-            x = tl.load(src, mask=mask, other=0.0)
-            tl.store(conv_row + (t - 1) * stride_ct, x.to(conv_ptr.dtype.element_ty),
-                     mask=mask)
-            w = tl.load(w_ptr + t * C + c, mask=mask, other=0.0).to(tl.float32)
-        # the window is the state's dtype (torch.cat of state and row), product and sum fp32
-        acc = acc + x.to(conv_ptr.dtype.element_ty).to(tl.float32) * w
-    y = _silu(acc, LIBDEVICE)
-    # out = q [B, KG] | k [B, KG] | v [B, VG] | g [B, NV] | beta [B, NV], fp32
-    off = tl.where(c < KG, b * KG + c,
-                   tl.where(c < 2 * KG, B * KG + b * KG + (c - KG),
-                            2 * B * KG + b * VG + (c - 2 * KG)))
-    if EVEN:
-        tl.store(out_ptr + off, y)
-    else:
-        tl.store(out_ptr + off, y, mask=mask)
-    if cb == 0:
-        j = tl.arange(0, BLOCK_NV)
-        jm = j < NV
-        row = proj_ptr + b * stride_pb + C + VG  # b, then a
-        bb = tl.load(row + j, mask=jm, other=0.0).to(tl.float32)
-        a = tl.load(row + NV + j, mask=jm, other=0.0).to(tl.float32)
-        a = a + tl.load(dtb_ptr + j, mask=jm, other=0.0)
-        g = -_exp(tl.load(alog_ptr + j, mask=jm, other=0.0), LIBDEVICE) * _softplus(a, LIBDEVICE)
-        beta = tl.math.div_rn(1.0, 1.0 + _exp(-bb, LIBDEVICE))
-        base = out_ptr + B * C + b * NV + j
-        tl.store(base, g, mask=jm)
-        tl.store(base + B * NV, beta, mask=jm)
+            x = tl.load(conv_row, mask=mask, other=0.0)
+            acc = x.to(tl.float32) * tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
+        for t in tl.static_range(1, K):
+            if t < K - 1:
+                src = conv_row + t * stride_ct
+            else:
+                src = proj_ptr + bt * stride_pb + c  # this token's q|k|v row
+            if EVEN:
+                x = tl.load(src)
+                w = tl.load(w_ptr + t * C + c).to(tl.float32)
+            else:
+                x = tl.load(src, mask=mask, other=0.0)
+                w = tl.load(w_ptr + t * C + c, mask=mask, other=0.0).to(tl.float32)
+            x = x.to(conv_ptr.dtype.element_ty)
+            tl.store(conv_row + (t - 1) * stride_ct, x, mask=mask)
+            if TRAIL and tok < T - 1:  # the window after this token, for a rollback
+                tl.store(trail_ptr + ((tok * TRAIL_B + b) * (K - 1) + t - 1) * C + c, x,
+                         mask=mask)
+            # the window is the state's dtype (torch.cat of state and row), product and sum fp32
+            acc = acc + x.to(tl.float32) * w
+        y = _silu(acc, LIBDEVICE)
+        # out = q [N, KG] | k [N, KG] | v [N, VG] | g [N, NV] | beta [N, NV], fp32
+        off = tl.where(c < KG, bt * KG + c,
+                       tl.where(c < 2 * KG, N * KG + bt * KG + (c - KG),
+                                2 * N * KG + bt * VG + (c - 2 * KG)))
+        if EVEN:
+            tl.store(out_ptr + off, y)
+        else:
+            tl.store(out_ptr + off, y, mask=mask)
+        if cb == 0:
+            j = tl.arange(0, BLOCK_NV)
+            jm = j < NV
+            row = proj_ptr + bt * stride_pb + C + VG  # b, then a
+            bb = tl.load(row + j, mask=jm, other=0.0).to(tl.float32)
+            a = tl.load(row + NV + j, mask=jm, other=0.0).to(tl.float32)
+            a = a + tl.load(dtb_ptr + j, mask=jm, other=0.0)
+            g = -_exp(tl.load(alog_ptr + j, mask=jm, other=0.0), LIBDEVICE) * _softplus(
+                a, LIBDEVICE)
+            beta = tl.math.div_rn(1.0, 1.0 + _exp(-bb, LIBDEVICE))
+            base = out_ptr + N * C + bt * NV + j
+            tl.store(base, g, mask=jm)
+            tl.store(base + N * NV, beta, mask=jm)
 
 
 def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
-                    block_c=512):
+                    trail=None, block_c=512):
     """Triton path, one launch: grid (B, ⌈C / block_c⌉); the programs of channel block 0 also
-    write g and beta. q, k, v, g, beta are views of one fp32 allocation, each contiguous."""
-    B, N = proj.shape
+    write g and beta. q, k, v, g, beta are views of one fp32 allocation, each contiguous.
+
+    Rows of T > 1 tokens (`proj` holds B·T token rows, sequence-major; `index` B entries):
+    each program walks its row's tokens in order, and where `trail` ([≥ T-1, ≥ B, K-1, C],
+    contiguous) is given stores the window after each token but the last there."""
+    N, width = proj.shape
     kg, vg = nk * dk, nv * dv
     C = 2 * kg + vg
     K = conv_w.shape[0]
-    assert N == C + vg + 2 * nv and K >= 2
+    B = N if index is None else index.shape[0]
+    T = N // B
+    assert width == C + vg + 2 * nv and K >= 2 and N == B * T
     assert conv_state.shape[1:] == (K - 1, C) and conv_w.shape == (K, C)
     assert (conv_state.shape[0] == B if index is None else
-            index.shape == (B,) and index.dtype == torch.long)
+            index.dim() == 1 and index.dtype == torch.long)
     assert a_log.shape == (nv,) and dt_bias.shape == (nv,)
     assert a_log.dtype == torch.float32 and dt_bias.dtype == torch.float32
     assert proj.stride(1) == 1 and conv_state.stride(2) == 1 and conv_w.is_contiguous()
     assert a_log.is_contiguous() and dt_bias.is_contiguous()
-    out = torch.empty(B * (C + 2 * nv), dtype=torch.float32, device=proj.device)
+    if trail is not None:
+        assert trail.is_contiguous() and trail.shape[2:] == (K - 1, C)
+        assert trail.shape[0] >= T - 1 and trail.shape[1] >= B
+    out = torch.empty(N * (C + 2 * nv), dtype=torch.float32, device=proj.device)
     block_c = min(block_c, triton.next_power_of_2(C))
     if B > 0:
         _gdn_prep_kernel[(B, triton.cdiv(C, block_c))](
             proj, conv_state, conv_state if index is None else index, conv_w, a_log, dt_bias,
-            out, B,
+            out, conv_state if trail is None else trail, N,
+            0 if trail is None else trail.shape[1],
             proj.stride(0), conv_state.stride(0), conv_state.stride(1),
             KG=kg, VG=vg, NV=nv, K=K, BLOCK_C=block_c, BLOCK_NV=triton.next_power_of_2(nv),
             EVEN=C % block_c == 0, LIBDEVICE=not interpreting(), INDEXED=index is not None,
+            T=T, TRAIL=trail is not None,
             num_warps=max(1, min(4, block_c // 128)), **pdl_launch(proj))
-    q = out[: B * kg].view(B, nk, dk)
-    k = out[B * kg: 2 * B * kg].view(B, nk, dk)
-    v = out[2 * B * kg: B * C].view(B, nv, dv)
-    g = out[B * C: B * (C + nv)].view(B, nv)
-    beta = out[B * (C + nv):].view(B, nv)
+    q = out[: N * kg].view(N, nk, dk)
+    k = out[N * kg: 2 * N * kg].view(N, nk, dk)
+    v = out[2 * N * kg: N * C].view(N, nv, dv)
+    g = out[N * C: N * (C + nv)].view(N, nv)
+    beta = out[N * (C + nv):].view(N, nv)
     return q, k, v, g, beta, proj[:, C: C + vg]
 
 
@@ -240,10 +263,11 @@ def gdn_gated_norm_triton(o, z, norm, eps):
     return out
 
 
-def gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None):
+def gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
+             trail=None):
     """Dispatching entry point; see the module docstring."""
     fn = gdn_prep_triton if use_triton(proj) else gdn_prep_ref
-    return fn(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index)
+    return fn(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index, trail)
 
 
 def gdn_gated_norm(o, z, norm, eps):

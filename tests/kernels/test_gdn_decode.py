@@ -77,3 +77,29 @@ def test_gdn_decode_addresses_state_slots_by_index(device):
     s_ref = pool.clone()
     assert torch.equal(gdn_decode_ref(q, k, v, gate, beta, s_ref, index), o_rows)
     assert torch.equal(s_ref[index], rows) and torch.equal(s_ref[untouched], pool[untouched])
+
+
+def test_gdn_decode_walks_a_rows_tokens_and_keeps_the_trail(device):
+    # two rows of 3 tokens in slots 2 and 0: the kernel's outputs, final state and the state
+    # after tokens 1 and 2 (trail) against the reference walking the same tokens
+    g = torch.Generator().manual_seed(34)
+    nk, nv, dk, dv, T = 2, 4, 16, 32, 3
+    pool = torch.randn(3, nv, dk, dv, generator=g)
+    index = torch.tensor([2, 0])
+    q, k = torch.randn(2, 2 * T, nk, dk, generator=g).bfloat16()
+    v = torch.randn(2 * T, nv, dv, generator=g).bfloat16()
+    gate, beta = -torch.rand(2 * T, nv, generator=g), torch.rand(2 * T, nv, generator=g)
+    s_ref, trail_ref = pool.clone(), torch.zeros(T - 1, 2, nv, dk, dv)
+    o_ref = gdn_decode_ref(q, k, v, gate, beta, s_ref, index, trail_ref)
+    s_tri, trail = pool.clone().to(device), torch.zeros(T - 1, 4, nv, dk, dv, device=device)
+    o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri,
+                          index.to(device), trail)
+    tol = _tol([gate[t] for t in range(T)], dk)
+    assert rel_err(o, o_ref) < tol
+    assert rel_err(s_tri, s_ref) < tol and torch.equal(s_tri[1].cpu(), pool[1])
+    assert rel_err(trail[:, :2], trail_ref) < tol and not trail[:, 2:].any()
+    # the reference's trail is the state after each token: one token at a time gets there
+    one = pool.clone()
+    for t in range(T - 1):
+        gdn_decode_ref(q[t::T], k[t::T], v[t::T], gate[t::T], beta[t::T], one, index)
+        assert torch.allclose(one[index], trail_ref[t])

@@ -142,6 +142,39 @@ def test_gdn_prep_addresses_conv_slots_by_index(device):
     assert torch.equal(conv_ref, conv_tri.cpu())
 
 
+def test_gdn_prep_walks_a_rows_tokens_and_keeps_the_windows(device):
+    # two rows of 3 tokens in slots 1 and 0: outputs, final windows and the window after
+    # tokens 1 and 2 (trail) against the reference, which equals 3 one-token calls
+    gen = torch.Generator().manual_seed(9)
+    nk, nv, dk, dv, T = 2, 4, 16, 32, 3
+    m = _layer(nk, nv, dk, dv, gen)
+    pool = torch.randn(2, K - 1, m.conv_dim, generator=gen).bfloat16()
+    index = torch.tensor([1, 0])
+    proj = _proj(2 * T, m, gen)
+    conv_ref, trail_ref = pool.clone(), torch.zeros(T - 1, 2, K - 1, m.conv_dim).bfloat16()
+    ref = gdn_prep_ref(proj, conv_ref, m.conv, m.a_log, m.dt_bias, nk, dk, nv, dv, index,
+                       trail_ref)
+    one, steps = pool.clone(), []
+    for t in range(T):
+        steps.append(gdn_prep_ref(proj[t::T], one, m.conv, m.a_log, m.dt_bias, nk, dk, nv, dv,
+                                  index))
+        if t < T - 1:
+            assert torch.equal(one[index], trail_ref[t])
+    for i in range(3):  # the conv's outputs; g and beta do not depend on the window
+        assert torch.equal(torch.stack([s[i] for s in steps], 1).flatten(0, 1), ref[i])
+    conv_tri = pool.clone().to(device)
+    trail = torch.zeros(T - 1, 3, K - 1, m.conv_dim, device=device).bfloat16()
+    out = gdn_prep_triton(proj.to(device), conv_tri, *_to((m.conv, m.a_log, m.dt_bias), device),
+                          nk, dk, nv, dv, index.to(device), trail)
+    # token row (b, t) convolves rows t .. t+K-1 of [its slot's window; its row's tokens]
+    history = torch.cat([pool[index], proj[:, : m.conv_dim].view(2, T, -1)], 1)
+    before = torch.stack([history[b, t: t + K - 1] for b in range(2) for t in range(T)])
+    for o, r, b in zip(out[:3], ref[:3], _prep_bounds(proj, before, m)):
+        _assert_fp32_close(o, r, b)
+    assert torch.equal(conv_tri.cpu(), conv_ref)
+    assert torch.equal(trail[:, :2].cpu(), trail_ref) and not trail[:, 2:].any()
+
+
 @pytest.mark.parametrize("nv, dv, B, norm_dtype", [
     (4, 16, 1, torch.bfloat16),
     (4, 32, 3, torch.bfloat16),
