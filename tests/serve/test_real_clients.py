@@ -1,0 +1,185 @@
+"""Real clients against a real `ninfer-serve` of the default model (issue 21): Codex's request
+bodies, structured outputs through `chat.completions.parse`, forced tool calls, logprobs and
+`/v1/completions` through the official SDK. One server for the module (loading takes a while on
+the small CPU); the 100-seed structured-output run is marked slow."""
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Iterator
+
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from codex_bodies import default_body, every_field_body
+from server_process import MODEL, MODEL_ID, NEEDS_MODEL, ServerProcess, server_env
+
+pytestmark = NEEDS_MODEL
+
+
+class Colour(str, Enum):
+    red = "red"
+    green = "green"
+    blue = "blue"
+
+
+class Address(BaseModel):
+    city: str = Field(max_length=40)
+    country: str = Field(max_length=40)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=40)
+    age: int = Field(ge=0, le=150)  # unbounded, a small model forced into digits can run on
+    favourite: Colour
+    address: Address
+    # bounded strings: unbounded ones let a sampled 135M model write a valid prefix until the
+    # token limit (7 of 100 seeds cut at 160 tokens with unbounded tags)
+    tags: list[Annotated[str, Field(max_length=20)]] = Field(max_length=3)
+
+
+class Weather(BaseModel):
+    city: str = Field(max_length=40)
+    unit: Colour
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city", "strict": True,
+    "parameters": Weather.model_json_schema()}}
+# bounded: the grammar allows any integer its schema allows, and the 135M model, forced into
+# an unbounded one, counts digits until max_tokens
+LOOKUP_TOOL = {"type": "function", "function": {
+    "name": "lookup", "parameters": {
+        "type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9999}},
+        "required": ["id"], "additionalProperties": False}}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[ServerProcess]:
+    log = Path(tmp_path_factory.mktemp("serve")) / "server.log"
+    process = ServerProcess([str(MODEL), "--log-stats-interval-ms", "0", "--log-level", "debug"],
+                            server_env(), log)
+    try:
+        yield process.wait_ready()
+    finally:
+        process.close()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+
+
+def sse_events(body: bytes) -> list[dict]:
+    events = []
+    for block in body.decode().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line)
+        if "data" in lines and "event" in lines:
+            events.append(json.loads(lines["data"]))
+    return events
+
+
+def test_codex_default_body_streams(server):
+    body = {**default_body(MODEL_ID), "max_output_tokens": 24}
+    status, headers, raw = server.request("POST", "/v1/responses", body, timeout=120)
+    assert status == 200, raw[:500]
+    events = sse_events(raw)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    final = events[-1]["response"]
+    assert final["parallel_tool_calls"] is False and final["store"] is False
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text and final["usage"]["output_tokens"] > 0
+
+
+def test_codex_every_field_body_and_forced_call(server):
+    body = {**every_field_body(MODEL_ID), "max_output_tokens": 24}
+    status, _, raw = server.request("POST", "/v1/responses", body, timeout=120)
+    assert status == 200, raw[:500]
+    assert sse_events(raw)[-1]["type"] in ("response.completed", "response.incomplete")
+    forced = {**body, "stream": False, "max_output_tokens": 64,
+              "tool_choice": {"type": "function", "name": "view_image"}}
+    status, _, raw = server.request("POST", "/v1/responses", forced, timeout=120)
+    assert status == 200, raw[:500]
+    [call] = json.loads(raw)["output"]
+    assert call["type"] == "function_call" and call["name"] == "view_image"
+    assert isinstance(json.loads(call["arguments"])["path"], str)
+    assert "ignored hosted tool: web_search" in server.log()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_parse_with_a_pydantic_model(client, seed):
+    completion = client.chat.completions.parse(
+        model=MODEL_ID, response_format=Person, seed=seed, max_tokens=160,
+        messages=[{"role": "user", "content": "Describe a fictional person as JSON."}])
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    person = choice.message.parsed
+    assert isinstance(person, Person) and isinstance(person.favourite, Colour)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~4 s a run on the 2-core CPU
+def test_parse_holds_for_100_seeds(client):
+    failures = []
+    for seed in range(100):
+        try:
+            completion = client.chat.completions.parse(
+                model=MODEL_ID, response_format=Person, seed=seed, max_tokens=160,
+                temperature=1.0,
+                messages=[{"role": "user", "content": "Describe a fictional person as JSON."}])
+        except openai.LengthFinishReasonError as exc:
+            failures.append((seed, exc.completion.choices[0].message.content))
+            continue
+        if completion.choices[0].message.parsed is None:
+            failures.append((seed, completion.choices[0].message.content))
+    assert failures == []
+
+
+def test_required_tool_choice_validates_against_the_schema(client):
+    for seed, choice in enumerate(["required",
+                                   {"type": "function", "function": {"name": "lookup"}}]):
+        reply = client.chat.completions.create(
+            model=MODEL_ID, tools=[WEATHER_TOOL, LOOKUP_TOOL], tool_choice=choice, seed=seed,
+            max_tokens=96, messages=[{"role": "user", "content": "Weather in Paris?"}])
+        calls = reply.choices[0].message.tool_calls
+        assert reply.choices[0].finish_reason == "tool_calls" and calls
+        for call in calls:
+            if call.function.name == "get_weather":
+                Weather.model_validate_json(call.function.arguments)
+            else:
+                assert call.function.name == "lookup"
+                assert 0 <= json.loads(call.function.arguments)["id"] <= 9999
+        if isinstance(choice, dict):
+            assert {c.function.name for c in calls} == {"lookup"}
+
+
+def test_greedy_logprobs_pick_the_most_likely_token(client):
+    reply = client.chat.completions.create(
+        model=MODEL_ID, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3,
+        messages=[{"role": "user", "content": "Name a colour."}])
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens - (
+        reply.choices[0].finish_reason == "stop")  # the end token has no text
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        # greedy takes the argmax, whose log-probability is the top alternative's
+        assert math.isclose(entry.logprob, entry.top_logprobs[0].logprob, abs_tol=1e-6)
+        assert sum(math.exp(t.logprob) for t in entry.top_logprobs) <= 1 + 1e-6
+
+
+def test_completions_create_stream_and_not(client):
+    done = client.completions.create(model=MODEL_ID, prompt="The capital of France is",
+                                     max_tokens=6, temperature=0, logprobs=2)
+    assert done.choices[0].text and done.usage.completion_tokens <= 6
+    assert len(done.choices[0].logprobs.token_logprobs) == done.usage.completion_tokens
+    chunks = list(client.completions.create(
+        model=MODEL_ID, prompt="The capital of France is", max_tokens=6, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
+    assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens
