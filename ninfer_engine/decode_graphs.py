@@ -23,7 +23,7 @@ from .kernels.paged_attention import PAGE, paged_attention
 from .kernels.rmsnorm import rms_norm as fused_rms_norm
 from .kernels.rotary import rope
 from .hybrid_decode import EngineHybridDecoder
-from .kv import KV_DTYPES, KvStorage, SequenceMemory, fill_page_tables
+from .kv import KV_DTYPES, KvStorage, PageTables, SequenceMemory
 from .kv.slots import StateSlot
 from .models import LlamaModel, Qwen35Model
 from .models.fused import FusedParams
@@ -49,6 +49,7 @@ class StaticDecoder:
         self.meta = torch.zeros(4, max_batch, dtype=torch.long, device=dev)
         self.table = torch.zeros(max_batch, -(-max_context // PAGE), dtype=torch.long,
                                  device=dev)
+        self.tables = PageTables(self.table)
 
     def load(self, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> None:
         """Copy the rows' next token, position, slot, length and page table into the buffers."""
@@ -61,7 +62,7 @@ class StaticDecoder:
             pages = seq.cache.pages
             rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page, pos + 1))
         self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
-        fill_page_tables([seq.cache for seq in seqs], self.table)
+        self.tables.fill([seq.cache for seq in seqs])
 
     def save_state(self, batch: int) -> Callable[[], None]:
         """Nothing to save: a step's K/V writes are the same when it runs again."""

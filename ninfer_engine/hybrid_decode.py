@@ -32,7 +32,7 @@ from .kernels.moe_fused import moe_gate_up_silu_triton, route_topk_triton
 from .kernels.paged_attention import PAGE, paged_attention_triton
 from .kernels.qk_norm_rope import qk_norm_rope_triton
 from .kernels.rmsnorm import rms_norm_triton
-from .kv import KvStorage, StatePool, fill_page_tables
+from .kv import KvStorage, PageTables, StatePool
 from .kv.quant import PlainCodec
 from .models.fused import FusedParams
 from .models.packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
@@ -292,6 +292,7 @@ class EngineHybridDecoder:
         self.core = HybridStep(HybridWeights(model, model.params), max_batch,
                                -(-max_context // PAGE), self._kv,
                                (states.field("conv"), states.field("ssm")), max_q)
+        self.tables = PageTables(self.core.table)
 
     def _kv(self) -> list[KvLayer]:
         s = self.storage
@@ -320,7 +321,7 @@ class EngineHybridDecoder:
                                 for t in range(len(row))])
         meta[2, : len(seqs)] = torch.tensor([seq.state.index for seq in seqs])
         c.meta[:, : meta.shape[1]].copy_(meta)
-        fill_page_tables([seq.cache for seq in seqs], c.table)
+        self.tables.fill([seq.cache for seq in seqs])
 
     def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
         return self.core.step(batch, bucket, q_len).float()

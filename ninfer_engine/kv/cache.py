@@ -148,12 +148,26 @@ class PagedKvCache:
         return k, v
 
 
-def fill_page_tables(caches: list[PagedKvCache], table: torch.Tensor) -> None:
-    """Row b of `table` [rows, max_pages] starts with cache b's page ids (the rest is stale and
-    never read: each row's length bounds what a kernel reads)."""
-    for row, cache in enumerate(caches):
-        pages = cache.table_tensor()
-        table[row, : pages.numel()].copy_(pages)
+class PageTables:
+    """A device page table `table` [rows, max_pages] whose row b starts with cache b's page ids
+    (the rest is stale and never read: each row's length bounds what a kernel reads).
+
+    `fill` copies only what changed since the last fill: a row whose cache is the same and
+    whose lease did not grow is left alone (tables only grow), so a running batch pays one
+    small copy per row every `page_tokens` steps instead of one per row every step."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+        self._rows: list[tuple[PagedKvCache, int] | None] = [None] * table.shape[0]
+
+    def fill(self, caches: list[PagedKvCache]) -> None:
+        for row, cache in enumerate(caches):
+            held = self._rows[row]
+            n = len(cache.pages)
+            start = held[1] if held is not None and held[0] is cache else 0
+            if start < n:
+                self.table[row, start:n].copy_(cache.table_tensor()[start:n])
+                self._rows[row] = (cache, n)
 
 
 class LayerKv:
