@@ -21,6 +21,7 @@ from .chat import ChatTemplate
 from .config import EngineConfig
 from .cpu_threads import run_on_own_thread
 from .decode_graphs import build_decode_graphs
+from .event_pump import EventPump
 from .memory_plan import auto_kv_capacity, build_memory
 from .models import build_model
 from .models.experts import check_prefill_scratch, free_device_bytes
@@ -144,6 +145,7 @@ class Engine:
                                    config.pending_timeout_ms / 1000, self._admit)
         self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
         self._faults = _Faults(os.environ.get("NINFER_FAULT", ""))
+        self._events = EventPump()  # a step's token events, handed to the loops once a step
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,6 +179,7 @@ class Engine:
         if self._state is not EngineState.FAILED:
             self._state = EngineState.STOPPED
             self._fail_all("the engine was stopped")
+            self._events.flush()
             self._publish()
 
     async def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -185,14 +188,8 @@ class Engine:
             yield TokenEvent(finish="error", error=EngineError(
                 f"the engine is {self._state.value}", UNAVAILABLE, 503))
             return
-        loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-
-        def emit(event: TokenEvent) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the caller's loop is closed: nobody is listening
-                pass
+        emit = self._events.emitter(asyncio.get_running_loop(), events)
 
         seq = Sequence(
             request, emit, Sampler.for_request(request),
@@ -249,11 +246,14 @@ class Engine:
             with torch.inference_mode():
                 while not self._stopping.is_set():
                     self._wake.clear()  # before scheduling, so a submit during the step is seen
-                    if not self._step_once():
+                    busy = self._step_once()
+                    self._events.flush()
+                    if not busy:
                         self._wake.wait(IDLE_PUBLISH_S)
                     self._publish()
         except BaseException as exc:
             self._fail_engine(exc)
+            self._events.flush()
 
     def _step_once(self) -> bool:
         """One step: schedule -> forward -> sample -> update. False when there was nothing to do."""
