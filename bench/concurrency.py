@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cpu_default_model import PROMPT  # noqa: E402
 from bench.report import cpu_machine, write_report  # noqa: E402
-from ninfer_engine.flags import default_artifact  # noqa: E402
+from ninfer_engine.cli.flags import default_artifact  # noqa: E402
 
 LEVELS = (1, 2, 4, 8)
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import ForeignLoad, cpu_machine, write_report  # noqa: E402
-from ninfer_engine.flags import default_artifact, ninfer_home  # noqa: E402
+from ninfer_engine.cli.flags import default_artifact, ninfer_home  # noqa: E402
 
 PROMPT = (
     "You are reviewing a short report about renewable energy. Summarise, in plain words, why "

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import cpu_machine, write_report  # noqa: E402
-from ninfer_engine.flags import default_artifact  # noqa: E402
+from ninfer_engine.cli.flags import default_artifact  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",

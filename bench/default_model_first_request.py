@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import cpu_machine, write_report  # noqa: E402
-from ninfer_engine.flags import default_artifact, ninfer_home  # noqa: E402
+from ninfer_engine.cli.flags import default_artifact, ninfer_home  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "cpu-default-first-request"
 QUESTION = "What is the capital of France?"

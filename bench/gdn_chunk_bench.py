@@ -36,8 +36,8 @@ import triton  # noqa: E402
 from ninfer_engine.benchmark.timing import time_ms  # noqa: E402
 from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta  # noqa: E402
 from ninfer_engine.kernels.gdn_prep import chunk_prep_triton  # noqa: E402
-from ninfer_engine.models.gdn import chunk_prep  # noqa: E402
-from ninfer_engine.models.gdn import chunked_gated_delta, l2_normalize  # noqa: E402
+from ninfer_engine.kernels.gdn_ref import chunk_prep  # noqa: E402
+from ninfer_engine.kernels.gdn_ref import chunked_gated_delta, l2_normalize  # noqa: E402
 
 # (name, nk, nv, dk, dv, GDN layers)
 SHAPES = [("27B", 16, 48, 128, 128, 48), ("35B-A3B", 16, 32, 128, 128, 30)]

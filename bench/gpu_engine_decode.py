@@ -36,8 +36,9 @@ from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.decode import KernelDecoder  # noqa: E402
 from ninfer_engine.benchmark.peer import hf_decode, hf_prefill, random_model  # noqa: E402
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
-from ninfer_engine.decode_graphs import DecodeGraphs, StaticDecoder  # noqa: E402
-from ninfer_engine.hybrid_decode import EngineHybridDecoder  # noqa: E402
+from ninfer_engine.models.llama_step import StaticDecoder  # noqa: E402
+from ninfer_engine.step.decode_graphs import DecodeGraphs  # noqa: E402
+from ninfer_engine.models.qwen3_5_step import EngineHybridDecoder  # noqa: E402
 from ninfer_engine.kv import KvStorage, LayerKv, PagePool, codecs_for  # noqa: E402
 from ninfer_engine.models import LlamaConfig, LlamaModel, Qwen35Model, Segment  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402

@@ -35,14 +35,14 @@ from bench.report import write_report  # noqa: E402
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
 from ninfer_engine.benchmark.timing import time_ms  # noqa: E402
-from ninfer_engine.decode_graphs import DecodeGraphs  # noqa: E402
-from ninfer_engine.hybrid_decode import EngineHybridDecoder  # noqa: E402
+from ninfer_engine.step.decode_graphs import DecodeGraphs  # noqa: E402
+from ninfer_engine.models.qwen3_5_step import EngineHybridDecoder  # noqa: E402
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
-from ninfer_engine.runner import make_runner  # noqa: E402
-from ninfer_engine.scheduler import Batch, Chunk  # noqa: E402
+from ninfer_engine.step.families import make_runner  # noqa: E402
+from ninfer_engine.step.scheduler import Batch, Chunk  # noqa: E402
 
 PAGE, STEPS, MAX_K = 64, 30, 3
 

@@ -39,7 +39,7 @@ run() {
     shift 2
     log "start $name (budget ${budget}s): ninfer bench $*"
     touch "$OUT/.start-$name"  # only files written after this are copied (not stale ones)
-    timeout --kill-after=15 "$budget" "$PY" -m ninfer_engine.tools bench "$@" \
+    timeout --kill-after=15 "$budget" "$PY" -m ninfer_engine.cli.tools bench "$@" \
         --out "bench/results/$name.json" --markdown "bench/results/$name.md" \
         2> >(tee "$OUT/$name.log" >&2) > /dev/null
     local rc=$?

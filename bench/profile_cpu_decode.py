@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.config import EngineConfig  # noqa: E402
-from ninfer_engine.flags import default_artifact  # noqa: E402
+from ninfer_engine.cli.flags import default_artifact  # noqa: E402
 from ninfer_engine.models import Segment  # noqa: E402
 from ninfer_engine.models.layers import Linear  # noqa: E402
 

@@ -112,25 +112,49 @@ def _gpu_rows() -> list[str]:
 
 def _served_rows() -> list[str]:
     """ninfer-serve and llama-server over HTTP under one load (`bench/served_load.sh`)."""
-    r = _load("h200-served-35b-a3b-8l.json")
-    if not r:
-        return []
-    levels = {run["label"]: {lv["concurrency"]: lv for lv in run["levels"]} for run in r["runs"]}
-    ours, peer = levels.get("ninfer-after"), levels.get("llama-server")
     rows = []
-    for c, key, what in ((1, "decode_tok_s_median", "per-stream decode at concurrency 1"),
-                         (8, "aggregate_tok_s", "aggregate decode at concurrency 8")):
-        if ours and peer and c in ours and c in peer:
-            a, b = ours[c][key], peer[c][key]
-            rows.append(f"| H200, 35B-A3B shape cut to 8 layers, served over HTTP "
-                        f"(`serve_load.py`, 256 tokens out), {what} | {a:.0f} tok/s (fp8-row) | "
-                        f"llama-server {b:.0f} (Q8_0) | {a / b:.2f} |")
+    for name, layers in (("h200-served-35b-a3b-8l.json", 8),
+                         ("h200-served-35b-a3b-4l-slots.json", 4)):
+        r = _load(name)
+        if not r:
+            continue
+        levels = {run["label"]: {lv["concurrency"]: lv for lv in run["levels"]}
+                  for run in r["runs"]}
+        ours, peer = levels.get("ninfer-after"), levels.get("llama-server")
+        for c, key, what in ((1, "decode_tok_s_median", "per-stream decode at concurrency 1"),
+                             (8, "aggregate_tok_s", "aggregate decode at concurrency 8")):
+            if ours and peer and c in ours and c in peer:
+                a, b = ours[c][key], peer[c][key]
+                rows.append(f"| H200, 35B-A3B shape cut to {layers} layers, served over HTTP "
+                            f"(`serve_load.py`, 256 tokens out), {what} | {a:.0f} tok/s "
+                            f"(fp8-row) | llama-server {b:.0f} (Q8_0) | {a / b:.2f} |")
+    return rows
+
+
+def _step_row_rows() -> list[str]:
+    """Verify rows and mixed steps against the decode step (`bench/gpu_step_rows.py`)."""
+    r = _load("h200-step-rows.json")
+    rows = []
+    for shape in r["results"] if r else []:
+        for row in shape["rows"]:
+            if row["batch"] != 1:
+                continue
+            name = f"H200, {shape['shape']} shape, {shape['recipe']}, batch 1"
+            v = row["verify"]["3"]
+            rows.append(f"| {name}, verify step of 1 + 3 tokens (speculative) | "
+                        f"{v['ms']:.2f} ms | decode step {row['decode_ms']:.2f} ms | "
+                        f"{v['over_decode']:.2f}× |")
+            mx = row["mixed"]
+            rows.append(f"| {name}, step of the decode row + a {mx['chunk']}-token prompt chunk "
+                        f"| {mx['mixed_ms']:.1f} ms | decode step + chunk alone "
+                        f"{row['decode_ms'] + mx['chunk_ms']:.1f} ms | "
+                        f"{mx['over_separate']:.2f}× |")
     return rows
 
 
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
-    return head + "\n".join(_cpu_rows() + _gpu_rows() + _served_rows()) + "\n"
+    return head + "\n".join(_cpu_rows() + _gpu_rows() + _step_row_rows() + _served_rows()) + "\n"
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ each request streams its text back to the caller's event loop. `snapshot()` retu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -20,17 +21,17 @@ from .arrival import current_arrival
 from .chat import ChatTemplate
 from .config import EngineConfig
 from .cpu_threads import run_on_own_thread
-from .decode_graphs import build_decode_graphs
-from .event_pump import EventPump
+from .step.event_pump import EventPump
 from .memory_plan import auto_kv_capacity, build_memory
 from .models import build_model
 from .models.experts import check_prefill_scratch, free_device_bytes
-from .runner import make_runner
-from .sampling import Sampler
-from .sampling_presets import default_max_tokens, sampling_defaults
-from .scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
+from .step.families import build_decode_graphs, make_runner
+from .step.sampling import Sampler
+from .step.sampling_presets import default_max_tokens, sampling_defaults
+from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
+from .step.speculation import Speculator, accept_greedy
 from .stats import EngineStats
-from .stats_builder import StatsBuilder
+from .step.stats_builder import StatsBuilder
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .types import EngineError, EngineState, GenerationRequest, TokenEvent
 
@@ -114,7 +115,8 @@ class Engine:
                     check_prefill_scratch(model, free_device_bytes(device), activations)
                 return model, memory, build_decode_graphs(
                     model, memory, config.kv_dtype, config.max_concurrency,
-                    config.max_context, not config.no_cuda_graph), sized
+                    config.max_context, not config.no_cuda_graph,
+                    1 + (config.draft_tokens or 0) if config.spec else 1), sized
 
             # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
             self.model, self.memory, graphs, config = (
@@ -141,6 +143,8 @@ class Engine:
         self.thinking_sampling_defaults = sampling_defaults(artifact, config, thinking=True)
         self._eos = frozenset(self.tokenizer.eos_token_ids)
         self.runner = make_runner(self.model, graphs)
+        self.speculator = (Speculator(config.spec, config.draft_tokens)
+                           if config.spec else None)
         self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
                                    config.pending_timeout_ms / 1000, self._admit)
         self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
@@ -151,7 +155,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._step = 0
         self._state = EngineState.READY
-        self._snapshot = self.stats.build(self._state.value, None, self.scheduler)
+        self._snapshot = self.stats.build(self._state.value, None, self.scheduler,
+                                          self.speculator and self.speculator.stats())
 
     @property
     def state(self) -> EngineState:
@@ -261,12 +266,13 @@ class Engine:
         batch, ended = self.scheduler.schedule(now)
         for seq in ended:
             self._retire(seq)
-        batch = self._reserve(batch)
+        batch = self._draft(self._reserve(batch))
         if batch.empty:
             return bool(ended)
         self._faults.check_step(self._step)
         self._step += 1
         logits = self.runner.forward(batch)
+        logits, verified = self._split_verify_rows(batch, logits)
         for chunk in batch.chunks:
             if chunk.seq.request.report_progress:
                 chunk.seq.report_progress()  # before its first token, if this chunk samples
@@ -280,13 +286,16 @@ class Engine:
                 rows.append(row)
             except Exception as exc:  # this request only: the batch and the loop are fine
                 self._fail_request(seq, exc)
-        for row, token in zip(rows, self._next_tokens(batch.sampled, rows, logits)):
+        plain = [row for row in rows if id(batch.sampled[row]) not in verified]
+        for row, token in zip(plain, self._next_tokens(batch.sampled, plain, logits)):
             seq = batch.sampled[row]
             try:
                 if token is not None:
                     seq.append(token, now)
             except Exception as exc:
                 self._fail_request(seq, exc)
+        if verified:
+            self._accept(batch, verified, now)
         for seq in batch.sampled:
             if seq.finish_reason is None and seq.cached + 1 >= self.max_context:
                 seq.finish("length")
@@ -300,6 +309,54 @@ class Engine:
             if seq.finish_reason is not None:
                 self._retire(seq)
         return True
+
+    def _split_verify_rows(self, batch: Batch, logits: torch.Tensor):
+        """(logits with one row per sampled sequence, {id(seq): (drafts, its [1 + k, V] rows)}
+        for the verify rows); a verify row's entry in the first is its first row (unused)."""
+        if not batch.drafts or not any(batch.drafts):
+            return logits, {}
+        drafts = {id(seq): d for seq, d in zip(batch.decode, batch.drafts) if d}
+        firsts, verified, row = [], {}, 0
+        for seq in batch.sampled:
+            n = 1 + len(drafts.get(id(seq), ()))
+            firsts.append(row)
+            if n > 1:
+                verified[id(seq)] = (drafts[id(seq)], logits[row: row + n])
+            row += n
+        return logits[firsts], verified
+
+    def _accept(self, batch: Batch, verified: dict, now: float) -> None:
+        """Greedy acceptance of the step's verify rows (`speculation.accept_greedy`); each row
+        keeps the tokens it emitted and rolls back the rest (`runner.keep`)."""
+        rows = [seq for seq in batch.decode if id(seq) in verified]
+        emitted = []
+        try:
+            emitted = accept_greedy([(seq.sampler, *verified[id(seq)]) for seq in rows
+                                     if seq.finish_reason is None])
+        except Exception as exc:  # these requests only
+            for seq in rows:
+                self._fail_request(seq, exc)
+        taken = iter(emitted)
+        kept = {}
+        for seq in rows:
+            if seq.finish_reason is not None:
+                kept[id(seq)] = 1
+                continue
+            drafts, appended = verified[id(seq)][0], 0
+            try:
+                for token in next(taken):
+                    seq.sampler.record(token)
+                    seq.append(token, now)
+                    appended += 1
+                    if seq.finish_reason is not None:
+                        break
+            except Exception as exc:
+                self._fail_request(seq, exc)
+            kept[id(seq)] = max(appended, 1)
+            seq.drafted += len(drafts)
+            seq.draft_accepted += appended - 1
+            self.speculator.record(seq, len(drafts), max(appended - 1, 0))
+        self.runner.keep(batch, [kept.get(id(seq), 1) for seq in batch.decode])
 
     def _next_tokens(self, sampled: list[Sequence], rows: list[int],
                      logits: torch.Tensor) -> list[int | None]:
@@ -339,7 +396,24 @@ class Engine:
                      [c for c in batch.chunks if c.seq not in failed],
                      [s for s in batch.sampled if s not in failed])
 
+    def _draft(self, batch: Batch) -> Batch:
+        """With `--spec`, each decode row's drafts (a verify row) where the speculator proposes
+        some and the row's lease grows to cover them; other rows stay plain decode rows."""
+        if self.speculator is None or not batch.decode:
+            return batch
+        drafts = []
+        for seq in batch.decode:
+            room = min(seq.request.max_tokens - len(seq.output) - 1,
+                       self.max_context - seq.cached - 2)
+            d = self.speculator.drafts(seq, room)
+            if d and not self.memory.grow(seq, seq.cached + 1 + len(d)):
+                d = []  # no pages for the drafts: decode the row plainly
+            drafts.append(d)
+        return dataclasses.replace(batch, drafts=drafts) if any(drafts) else batch
+
     def _retire(self, seq: Sequence) -> None:
+        if self.speculator is not None:
+            self.speculator.forget(seq)
         if seq.finish_reason in ("stop", "length"):
             self.memory.checkpoint(seq)  # the conversation frontier, for the next turn
         self.memory.release(seq)
@@ -347,7 +421,8 @@ class Engine:
         self.stats.record_finished(seq)
 
     def _publish(self) -> None:
-        self._snapshot = self.stats.build(self._state.value, self._failure, self.scheduler)
+        self._snapshot = self.stats.build(self._state.value, self._failure, self.scheduler,
+                                          self.speculator and self.speculator.stats())
 
     def _fail_engine(self, exc: BaseException) -> None:
         log.exception("engine loop failed", exc_info=exc)

@@ -17,9 +17,9 @@ from typing import AsyncIterator, Callable
 
 from .admission_gate import AdmissionGate
 from .arrival import current_arrival
-from .capabilities import Machine, check_features, probe_machine
+from .cli.capabilities import Machine, check_features, probe_machine
 from .config import EngineConfig
-from .flags import parse_args
+from .cli.flags import parse_args
 from .request_ledger import RequestLedger, ended_view, with_client
 from .stats import EngineStats, QueueStats, Throughput
 from .types import EngineState, GenerationRequest, SamplingParams, TokenEvent, Timings, Usage

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from ninfer_engine.capabilities import FeatureUnavailable, check_features, probe_machine
-from ninfer_engine.flags import USAGE, UsageError, parse_args
+from ninfer_engine.cli.capabilities import FeatureUnavailable, check_features, probe_machine
+from ninfer_engine.cli.flags import USAGE, UsageError, parse_args
 
 HELP = f"""{USAGE}
 

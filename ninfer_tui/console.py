@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from ninfer_engine.config import EngineConfig
-from ninfer_engine.flags import PROFILES
+from ninfer_engine.cli.flags import PROFILES
 from ninfer_engine.stats import EngineStats
 from ninfer_engine.supervisor import Supervisor
 from ninfer_http.app import create_app

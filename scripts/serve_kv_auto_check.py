@@ -75,7 +75,7 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvauto-"))
     model = work / f"{args.arch}.ninfer"
-    subprocess.run([sys.executable, "-m", "ninfer_engine.tools", "synth", "--arch", args.arch,
+    subprocess.run([sys.executable, "-m", "ninfer_engine.cli.tools", "synth", "--arch", args.arch,
                     "--layers", str(args.layers), "-o", str(model), "--seed", "1"], check=True)
     before = gpu_memory_mib()
     log_path = work / "serve.log"

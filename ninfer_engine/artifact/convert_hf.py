@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from ..models import hf_names
+from . import hf_names
 from . import recipes
 from .errors import ArtifactError
 from .hf_checkpoint import VISION_RESOURCE_FILES, HfCheckpoint, LazyTensors

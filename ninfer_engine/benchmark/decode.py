@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..decode_graphs import context_bucket
-from ..hybrid_decode import HybridStep, HybridWeights, KvLayer
+from ..step.decode_graphs import context_bucket
+from ..models.qwen3_5_step import HybridStep, HybridWeights, KvLayer
 from ..kernels.paged_attention import PAGE
 from ..kernels.sampling import argmax_triton
 from ..models.fused import FusedParams

@@ -1,7 +1,7 @@
 """Chunked Gated DeltaNet prefill (model-math.md §2.1 step 7) with the chunk loop in Triton.
 
 `chunk_gated_delta(q, k, v, g, beta, state, chunk=64)` has the contract of
-`models.gdn.chunked_gated_delta`: q, k `[T, nk, dk]` fp32 (L2-normalised; nk divides nv, value
+`kernels.gdn_ref.chunked_gated_delta`: q, k `[T, nk, dk]` fp32 (L2-normalised; nk divides nv, value
 head j reading q/k head j // (nv / nk), so nk = nv is the reference's expanded form), v
 `[T, nv, dv]` fp32, g / beta `[T, nv]` fp32, state `[nv, dk, dv]` fp32 (not modified); returns
 (o `[T, nv, dv]` fp32, new state `[nv, dk, dv]` fp32). Any T ≥ 1 (zero-padded inside).
@@ -9,7 +9,7 @@ head j reading q/k head j // (nv / nk), so nk = nv is the reference's expanded f
 Two launches for the whole prompt:
 
 * `kernels.gdn_prep` (grid chunks × heads, every chunk in parallel): the precompute of
-  `models.gdn.chunk_prep` — in-chunk decays, A, (I + A)⁻¹ applied for U and W, P = (Q Kᵀ) ⊙ decay,
+  `kernels.gdn_ref.chunk_prep` — in-chunk decays, A, (I + A)⁻¹ applied for U and W, P = (Q Kᵀ) ⊙ decay,
   Q e^γ, K e^{γ_C−γ}, e^{γ_C}. `prep="torch"` runs the torch version instead (the reference
   the tests and `bench/gdn_chunk_bench.py` compare with).
 * `_gdn_chunk_kernel` (Triton, grid (nv, ⌈dv / BV⌉)): the one sequential part. Each program
@@ -32,10 +32,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..models import gdn as reference  # a partial module while models.gdn imports this one
+from . import gdn_ref as reference
 from .gdn_prep import _dot, chunk_prep_triton
 
-CHUNK = 64  # models.gdn.CHUNK (read at import time, when models.gdn may not have set it yet)
+from .gdn_ref import CHUNK
 
 
 def _span(x):
@@ -103,7 +103,7 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
 def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool = False,
                       prep: str = "triton", block_v: int = 64, num_warps: int = 8,
                       num_stages: int = 1):
-    """Triton path of `models.gdn.chunked_gated_delta` (see the module docstring).
+    """Triton path of `kernels.gdn_ref.chunked_gated_delta` (see the module docstring).
 
     `block_v` value columns per program (capped at dv rounded up to a power of two, at least
     16: `tl.dot` needs 16-wide operands), so the grid is nv × ⌈dv / block_v⌉."""

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..models.gdn import l2_normalize, recurrent_gated_delta
+from .gdn_ref import l2_normalize, recurrent_gated_delta
 from ._dispatch import use_triton
 from .pdl import pdl_launch, pdl_release, pdl_wait
 

@@ -1,6 +1,6 @@
-"""The chunked Gated DeltaNet precompute (`models.gdn.chunk_prep`) as one Triton launch.
+"""The chunked Gated DeltaNet precompute (`gdn_ref.chunk_prep`) as one Triton launch.
 
-`chunk_prep_triton(q, k, v, g, beta, chunk=64, tf32=False)` returns what `models.gdn.chunk_prep`
+`chunk_prep_triton(q, k, v, g, beta, chunk=64, tf32=False)` returns what `gdn_ref.chunk_prep`
 returns — (w, u, qd, ke, p, cd), n — as contiguous fp32 tensors `[nv, n, C, ·]`, `[nv, n]`.
 q and k may hold fewer heads than v (`[T, nk, dk]`, nv a multiple of nk: value head j reads
 q/k head j // (nv / nk)), so the caller need not expand them. The last dim of q, k, v must be
@@ -104,7 +104,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, qd_ptr, ke
 
 def chunk_prep_triton(q, k, v, g, beta, chunk: int = 64, *, tf32: bool = False,
                       num_warps: int = 8):
-    """Triton path of `models.gdn.chunk_prep` (see the module docstring)."""
+    """Triton path of `gdn_ref.chunk_prep` (see the module docstring)."""
     T, nk, dk = k.shape
     nv, dv = v.shape[1], v.shape[2]
     assert q.shape == k.shape and v.shape[0] == T and nv % nk == 0

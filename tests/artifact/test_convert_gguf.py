@@ -13,8 +13,8 @@ from tokenizers import Tokenizer
 
 from ninfer_engine.artifact import ArtifactError, open_artifact
 from ninfer_engine.artifact.convert_gguf import convert_gguf, unpermute_rows
-from ninfer_engine.flags import ninfer_home
-from ninfer_engine.tools import main
+from ninfer_engine.cli.flags import ninfer_home
+from ninfer_engine.cli.tools import main
 
 # where install.sh downloads it
 GGUF_PATH = ninfer_home() / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 from ninfer_engine.artifact import open_artifact
 from ninfer_engine.artifact.row_writer import StreamingWriter
 from ninfer_engine.models import Segment, build_model
-from ninfer_engine.models.hf_names import logical_params_from_hf, text_config_from_hf
+from ninfer_engine.artifact.hf_names import logical_params_from_hf, text_config_from_hf
 from ninfer_engine.models.qwen3_5 import Qwen35Model
-from ninfer_engine.tools import main
+from ninfer_engine.cli.tools import main
 from tests.engine.helpers import tiny_llama, tiny_qwen3
 from tests.models.qwen35_tiny import hf_model, rel_err
 

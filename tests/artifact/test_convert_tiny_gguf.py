@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ninfer_engine.artifact import open_artifact
-from ninfer_engine.tools import main
+from ninfer_engine.cli.tools import main
 
 from .tiny_gguf import HIDDEN, LAYERS, write_tiny_gguf
 

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from ninfer_engine.artifact import open_artifact
 from ninfer_engine.artifact.recipes import RECIPES
-from ninfer_engine.models.hf_names import (
+from ninfer_engine.artifact.hf_names import (
     logical_params_from_hf, text_config_from_hf, vision_config_from_hf,
 )
-from ninfer_engine.tools import main
+from ninfer_engine.cli.tools import main
 from tests.models.qwen35_tiny import hf_config, rel_err
 
 VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=4,

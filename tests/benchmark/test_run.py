@@ -116,7 +116,7 @@ def test_markdown_renders_moe_concurrency_and_peer_rows():
 
 
 def test_cli_passes_every_section_flag(monkeypatch, tmp_path, capsys):
-    from ninfer_engine.tools import main
+    from ninfer_engine.cli.tools import main
 
     seen = {}
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from ninfer_engine.capabilities import FeatureUnavailable, Machine, check_features
-from ninfer_engine.flags import PROFILES, UsageError, expand_profile, parse_args
+from ninfer_engine.cli.capabilities import FeatureUnavailable, Machine, check_features
+from ninfer_engine.cli.flags import PROFILES, UsageError, expand_profile, parse_args
 
 CPU = Machine(cuda_devices=0)
 TWO_GPUS = Machine(cuda_devices=2)
@@ -157,7 +157,10 @@ def test_help_only_as_first_argument():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["m", "--spec", "mtp"], "`--spec mtp`: speculative decoding is not available yet"),
+    (["m", "--spec", "mtp"],
+     "`--spec mtp`: speculative decoding with mtp drafts is not available yet (--spec ngram is)"),
+    (["m", "--spec", "ngram", "--log-speculation-detail"],
+     "`--log-speculation-detail`: per-round speculation detail is not available yet"),
     (["m", "--vision"], "`--vision`: media input (vision) is not available yet"),
     (["m", "--tp", "2", "--devices", "0,1"], "tensor parallelism needs CUDA devices 0,1"),
     (["m", "--profile", "flash-next"], "`--tp 2`: tensor parallelism needs CUDA devices 0,1"),
@@ -213,7 +216,7 @@ def test_cli_bad_flag_prints_reason_and_usage_and_exits_1():
 def test_cli_missing_feature_exits_1_naming_it(tmp_path):
     out = run_cli(str(tmp_path / "m.ninfer"), "--spec", "mtp")
     assert out.returncode == 1
-    assert "speculative decoding is not available yet" in out.stderr
+    assert "speculative decoding with mtp drafts is not available yet" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -52,7 +52,7 @@ def sandbox(tmp_path, tiny_model):
     for command in ("ninfer", "ninfer-serve"):
         script = prefix / "bin" / command
         script.write_text(f'#!/usr/bin/env bash\nexec "$REAL_PYTHON" -m '
-                          f'{"ninfer_engine.tools" if command == "ninfer" else "ninfer_tui.cli"}'
+                          f'{"ninfer_engine.cli.tools" if command == "ninfer" else "ninfer_tui.cli"}'
                           ' "$@"\n')
         script.chmod(0o755)
     (home / "models" / MODEL).write_bytes(tiny_model.read_bytes())

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ninfer_engine.artifact import framing, verify
-from ninfer_engine.flags import parse_args
+from ninfer_engine.cli.flags import parse_args
 from tests.artifact.builders import rewrite_root
 from tests.artifact.tiny_gguf import convert_tiny
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ninfer_engine.models.hf_names import logical_params_from_hf, text_config_from_hf
+from ninfer_engine.artifact.hf_names import logical_params_from_hf, text_config_from_hf
 from tests.models.qwen35_tiny import hf_model
 
 from .helpers import FakeArtifact, default_resources

@@ -25,9 +25,10 @@ from ninfer_engine.config import PAGE_TOKENS, EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Qwen35Model, build_model
-from ninfer_engine.runner import HybridRunner, make_runner
-from ninfer_engine.scheduler import Batch, Chunk
-from ninfer_engine.tools import main
+from ninfer_engine.step.families import make_runner
+from ninfer_engine.step.runner import HybridRunner
+from ninfer_engine.step.scheduler import Batch, Chunk
+from ninfer_engine.cli.tools import main
 from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.models.qwen35_tiny import hf_model, hybrid_depth, rel_err
 from tests.tolerance import bound

@@ -1,4 +1,4 @@
-"""The static-buffer decode step (`decode_graphs.StaticDecoder`) against the model's own forward.
+"""The static-buffer decode step (`models.llama_step.StaticDecoder`) against the model's own forward.
 
 On the CPU the step runs eagerly through the kernels' torch references; on CUDA
 (`NINFER_TEST_DEVICE=cuda`) it runs the Triton kernels and is replayed from captured graphs.
@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ninfer_engine.decode_graphs import (DecodeGraphs, StaticDecoder, build_decode_graphs,
-                                         context_bucket)
+from ninfer_engine.models.llama_step import StaticDecoder
+from ninfer_engine.step.decode_graphs import DecodeGraphs, context_bucket
+from ninfer_engine.step.families import build_decode_graphs
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
 

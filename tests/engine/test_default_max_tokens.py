@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from ninfer_engine.config import DEFAULT_MAX_TOKENS, EngineConfig
-from ninfer_engine.flags import parse_args
-from ninfer_engine.sampling_presets import default_max_tokens, sampling_defaults
+from ninfer_engine.cli.flags import parse_args
+from ninfer_engine.step.sampling_presets import default_max_tokens, sampling_defaults
 from ninfer_engine.supervisor import Supervisor
-from ninfer_engine.tools import _parser, _sampling
+from ninfer_engine.cli.tools import _parser, _sampling
 from ninfer_engine.types import SamplingParams
 from ninfer_http.prompt import ChatRequest, prepare
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ninfer_engine.config import EngineConfig
-from ninfer_engine.flags import default_artifact
+from ninfer_engine.cli.flags import default_artifact
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from .helpers import hf_state_dict

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from ninfer_engine.event_pump import EventPump
+from ninfer_engine.step.event_pump import EventPump
 
 
 def test_events_wait_for_the_flush_and_arrive_in_order_once_per_loop():

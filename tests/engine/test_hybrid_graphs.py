@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ninfer_engine.decode_graphs import DecodeGraphs, build_decode_graphs
-from ninfer_engine.hybrid_decode import EngineHybridDecoder
+from ninfer_engine.step.decode_graphs import DecodeGraphs
+from ninfer_engine.step.families import build_decode_graphs
+from ninfer_engine.models.qwen3_5_step import EngineHybridDecoder
 from ninfer_engine.kv import KvStorage, LayerKv, PagePool, codecs_for
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model

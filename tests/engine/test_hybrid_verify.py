@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer_engine.decode_graphs import DecodeGraphs
-from ninfer_engine.hybrid_decode import EngineHybridDecoder
+from ninfer_engine.step.decode_graphs import DecodeGraphs
+from ninfer_engine.models.qwen3_5_step import EngineHybridDecoder
 
 from .test_hybrid_graphs import _model, _prefilled, _rel, _storage, _tols
 
@@ -77,3 +77,31 @@ def test_verify_needs_equal_drafts_within_max_q(device):
     with pytest.raises(AssertionError):
         graphs.verify(seqs, [d + [1, 2] for d in drafts])
     assert [seq.cached for seq in seqs] == [7, 62]
+
+
+@torch.inference_mode()
+def test_runner_verifies_through_the_graph_step_with_padded_rows(device):
+    """`HybridRunner` with graphs: a batch whose rows carry 2 and 0 drafts replays one
+    q_len-3 verify graph (the second row padded), returns 3 + 1 logit rows, and `keep` settles
+    each row: the same logits and states as the eager runner's verify rows."""
+    from ninfer_engine.step.runner import HybridRunner
+    from ninfer_engine.step.scheduler import Batch
+
+    model = _model(False, device)
+    _, tol, state_tol = _tols(model, 62 + 3)
+    sides = []
+    for graph in (True, False):
+        storage, states, seqs, graphs, drafts = _setup(model, "bf16", 2, False)
+        runner = HybridRunner(model, graphs if graph else None)
+        batch = Batch(seqs, [], list(seqs), [drafts[0], []])
+        logits = runner.forward(batch)
+        assert logits.shape[0] == 3 + 1
+        runner.keep(batch, [2, 1])
+        sides.append((logits, [s.cached for s in seqs], [s.state.tensors() for s in seqs]))
+    (got, cached, state), (want, cached_ref, state_ref) = sides
+    assert cached == cached_ref == [7 + 2, 62 + 1]
+    for row in range(4):
+        assert _rel(got[row], want[row]) < tol, row
+    for a, b in zip(state, state_ref):
+        for x, y in zip(a, b):
+            assert _rel(x, y) < state_tol

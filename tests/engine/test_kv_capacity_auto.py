@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from ninfer_engine import memory_plan
-from ninfer_engine.capabilities import FeatureUnavailable, Machine, check_features
+from ninfer_engine.cli.capabilities import FeatureUnavailable, Machine, check_features
 from ninfer_engine.config import PAGE_TOKENS, EngineConfig
 from ninfer_engine.engine import Engine, EngineLoadError
 from ninfer_engine.memory_plan import recurrent_state_bytes
-from ninfer_engine.flags import parse_args
+from ninfer_engine.cli.flags import parse_args
 from ninfer_engine.kv import (KV_DTYPES, ElasticPagePool, KvStorage, PagePool, codecs_for,
                               kv_page_layout)
 from ninfer_engine.kv.sizing import (ACTIVATION_SAFETY, ALLOC_SLACK, GIB, MIB, KvSizingError,

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from ninfer_engine.sampling import Sampler, apply_penalties, filter_logits
+from ninfer_engine.step.sampling import Sampler, apply_penalties, filter_logits
 from ninfer_engine.types import SamplingParams
 
 

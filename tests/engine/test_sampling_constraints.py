@@ -9,8 +9,8 @@ import torch
 
 from ninfer_engine.constrained import compile_constraint, json_schema_grammar, tool_call_grammar
 from ninfer_engine.constrained.grammar import ToolSpec
-from ninfer_engine.flags import default_artifact
-from ninfer_engine.sampling import Sampler, sample_rows
+from ninfer_engine.cli.flags import default_artifact
+from ninfer_engine.step.sampling import Sampler, sample_rows
 from ninfer_engine.types import SamplingParams
 
 MODEL = default_artifact()

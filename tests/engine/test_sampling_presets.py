@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from ninfer_engine.config import EngineConfig
-from ninfer_engine.sampling_presets import qwen_preset, sampling_defaults
+from ninfer_engine.step.sampling_presets import qwen_preset, sampling_defaults
 from ninfer_engine.types import SamplingParams
 from ninfer_http.prompt import ChatRequest, prepare
 

@@ -7,11 +7,12 @@ from types import SimpleNamespace
 
 import torch
 
-from ninfer_engine.decode_graphs import DecodeGraphs, StaticDecoder
+from ninfer_engine.models.llama_step import StaticDecoder
+from ninfer_engine.step.decode_graphs import DecodeGraphs
 from ninfer_engine.kv import ElasticPagePool, KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
-from ninfer_engine.runner import Runner
-from ninfer_engine.scheduler import Batch, Chunk, Scheduler, Sequence
+from ninfer_engine.step.runner import Runner
+from ninfer_engine.step.scheduler import Batch, Chunk, Scheduler, Sequence
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from tests.tolerance import TRANSCENDENTAL, bound

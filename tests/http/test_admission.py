@@ -15,8 +15,8 @@ from typing import AsyncIterator
 import pytest
 from fake_engine import FakeEngine, Script
 
-from ninfer_engine.capabilities import Machine, check_features
-from ninfer_engine.flags import parse_args
+from ninfer_engine.cli.capabilities import Machine, check_features
+from ninfer_engine.cli.flags import parse_args
 from ninfer_engine.types import EngineError, GenerationRequest, TokenEvent
 from ninfer_http.admission import SLOTS
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fake_engine import FAKE_CONFIG, FakeEngine, Script
-from ninfer_engine.capabilities import Machine, check_features
-from ninfer_engine.flags import parse_args
+from ninfer_engine.cli.capabilities import Machine, check_features
+from ninfer_engine.cli.flags import parse_args
 from ninfer_engine.stats import EngineStats
 from ninfer_engine.types import EngineError
 from ninfer_http.request_log import RequestLog, redact_argv

@@ -5,8 +5,8 @@ import torch
 
 from ninfer_engine.kernels import gdn_chunk
 from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
+from ninfer_engine.kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
 from ninfer_engine.models import gdn
-from ninfer_engine.models.gdn import chunked_gated_delta, l2_normalize, recurrent_gated_delta
 
 from tests.tolerance import CAST, bound, gated_delta_depth, recurrence_length
 

@@ -7,7 +7,7 @@ import torch
 
 from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
 from ninfer_engine.kernels.gdn_prep import chunk_prep_triton
-from ninfer_engine.models.gdn import chunk_prep, chunked_gated_delta, l2_normalize
+from ninfer_engine.kernels.gdn_ref import chunk_prep, chunked_gated_delta, l2_normalize
 
 from tests.tolerance import bound, gated_delta_depth
 

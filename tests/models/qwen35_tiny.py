@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ninfer_engine.models.hf_names import logical_params_from_hf, text_config_from_hf
+from ninfer_engine.artifact.hf_names import logical_params_from_hf, text_config_from_hf
 from ninfer_engine.models.qwen3_5 import Qwen35Model, dict_params
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen3_next_mixed")

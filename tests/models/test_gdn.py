@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer_engine.models.gdn import (CHUNK, chunked_gated_delta, l2_normalize,
-                                      recurrent_gated_delta)
+from ninfer_engine.kernels.gdn_ref import (CHUNK, chunked_gated_delta, l2_normalize,
+                                          recurrent_gated_delta)
 
 from tests.tolerance import assert_within, bound, gated_delta_depth
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ninfer_engine.models.gated_attention import PartialRope
-from ninfer_engine.models.hf_names import logical_params_from_hf, text_config_from_hf
+from ninfer_engine.artifact.hf_names import logical_params_from_hf, text_config_from_hf
 from tests.models.qwen35_tiny import hf_config, hf_model
 from tests.tolerance import TRANSCENDENTAL, bound
 

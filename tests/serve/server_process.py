@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ninfer_engine.flags import default_artifact
+from ninfer_engine.cli.flags import default_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = default_artifact()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ninfer_engine.flags import default_artifact
+from ninfer_engine.cli.flags import default_artifact
 
 pytestmark = [pytest.mark.model]
 SERVE = Path(sys.executable).with_name("ninfer-serve")

@@ -9,11 +9,11 @@ from typing import Any
 import psutil
 import torch
 
-from .config import EngineConfig
-from .kv import SequenceMemory
+from ..config import EngineConfig
+from ..kv import SequenceMemory
+from ..stats import (Counters, DeviceMemory, EngineStats, ExpertStats, HostMemory, QueueStats,
+                     RequestView, SpecStats, Throughput)
 from .scheduler import Scheduler, Sequence
-from .stats import (Counters, DeviceMemory, EngineStats, ExpertStats, HostMemory, QueueStats,
-                    RequestView, Throughput)
 
 # `--kv-dtype bf16` stores the model's activation dtype (`kv.quant`): name what is really stored
 _STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -114,7 +114,8 @@ class StatsBuilder:
             cached_tokens=seq.reused,
         )
 
-    def build(self, state: str, failure: str | None, scheduler: Scheduler) -> EngineStats:
+    def build(self, state: str, failure: str | None, scheduler: Scheduler,
+              spec: SpecStats | None = None) -> EngineStats:
         now = time.monotonic()
         self._roll_interval(now)
         running = list(scheduler.running)
@@ -135,6 +136,7 @@ class StatsBuilder:
                 recent=tuple(self.recent),
             ),
             throughput=self.throughput, counters=counters, max_context=self.config.max_context,
+            spec=spec,
         )
 
 

@@ -6,97 +6,28 @@ page tables. Every layer writes its K/V into the shared paged pool in place and 
 Triton paged-attention kernel (`kernels.paged_attention`, every KV dtype dequantized inside it), so
 the whole step is one fixed sequence of kernels: `DecodeGraphs` captures it once per (batch
 size, context bucket) and replays it, which removes the Python and launch cost of ~10 kernels
-per layer. `StaticDecoder` is the llama family's step (off CUDA it runs eagerly through the
-kernels' torch references, which is how the CPU tests check it against the model's forward);
-`hybrid_decode.EngineHybridDecoder` is the Qwen3.5 family's.
+per layer. The family's step lives with its forward in `models`: `llama_step.StaticDecoder`
+(off CUDA it runs eagerly through the kernels' torch references, which is how the CPU tests
+check it against the model's forward) and `qwen3_5_step.EngineHybridDecoder`;
+`families.build_decode_graphs` picks the one the model's family has.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 
-from .kernels.paged_attention import PAGE, paged_attention
-from .kernels.rmsnorm import rms_norm as fused_rms_norm
-from .kernels.rotary import rope
-from .hybrid_decode import EngineHybridDecoder
-from .kv import KV_DTYPES, KvStorage, PageTables, SequenceMemory
-from .kv.slots import StateSlot
-from .models import LlamaModel, Qwen35Model
-from .models.fused import FusedParams
-from .models.layers import rms_norm
+from ..kv import KV_DTYPES
+from ..kv.slots import StateSlot
+from ..models.llama_step import StaticDecoder
+from ..models.qwen3_5_step import EngineHybridDecoder
 from .scheduler import Sequence
 
 log = logging.getLogger("ninfer.engine")
 
 GRAPH_CODECS = KV_DTYPES  # the KV layouts the paged-attention kernel reads in place: all
 MIN_BUCKET = 1024  # smallest context bucket (tokens); buckets double up to the max context
-
-
-class StaticDecoder:
-    """One decode step of a `LlamaModel` whose inputs live in fixed device buffers."""
-
-    def __init__(self, model: LlamaModel, storage: KvStorage, max_batch: int,
-                 max_context: int) -> None:
-        self.model, self.storage = model, storage
-        self.max_batch, self.max_context = max_batch, max_context
-        self.max_q = 1  # decode rows only
-        dev = model.device
-        # rows: token, position, KV slot, sequence length after this step
-        self.meta = torch.zeros(4, max_batch, dtype=torch.long, device=dev)
-        self.table = torch.zeros(max_batch, -(-max_context // PAGE), dtype=torch.long,
-                                 device=dev)
-        self.tables = PageTables(self.table)
-
-    def load(self, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> None:
-        """Copy the rows' next token, position, slot, length and page table into the buffers."""
-        if drafts:
-            raise NotImplementedError("verify rows in the llama static decode step")
-        page = self.storage.page_tokens
-        rows = []
-        for seq in seqs:
-            pos = seq.cached
-            pages = seq.cache.pages
-            rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page, pos + 1))
-        self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
-        self.tables.fill([seq.cache for seq in seqs])
-
-    def save_state(self, batch: int) -> Callable[[], None]:
-        """Nothing to save: a step's K/V writes are the same when it runs again."""
-        return lambda: None
-
-    def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
-        """Logits [batch, V] (fp32) of the loaded rows; `bucket` ≥ every row's length sizes the
-        attention kernel's split grid."""
-        m, s = self.model, self.storage
-        c = m.cfg
-        nq, nkv, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
-        tokens, positions, slots, lens = (r[:batch] for r in self.meta)
-        table = self.table[:batch]
-        x = F.embedding(tokens, m.embedding)
-        residual = None
-        for i, layer in enumerate(m.layers):
-            h, residual = fused_rms_norm(x, layer.input_norm, eps, residual)
-            qkv = layer.qkv(h)
-            qk = qkv[:, : (nq + nkv) * D].view(batch, nq + nkv, D)
-            v = qkv[:, (nq + nkv) * D:].view(batch, nkv, D)
-            if layer.qk_norm is not None:
-                qk = rms_norm(qk, None, eps) * layer.qk_norm
-            qk = rope(qk, positions, D, c.rope_theta)
-            q, k = qk[:, :nq], qk[:, nq:]
-            s.k_codec.write(s.k[i], slots, k)
-            s.v_codec.write(s.v[i], slots, v)
-            attn = paged_attention(q, s.page_view(s.k[i]), s.page_view(s.v[i]), table, lens,
-                                   max_seq_len=bucket)
-            x = layer.output(attn.reshape(batch, nq * D))
-            h, residual = fused_rms_norm(x, layer.post_attention_norm, eps, residual)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = layer.down(F.silu(gate) * up)
-        h, _ = fused_rms_norm(x, m.final_norm, eps, residual)
-        return m.head(h).float()
 
 
 class DecodeGraphs:
@@ -213,28 +144,3 @@ def context_bucket(length: int, max_context: int) -> int:
     while bucket < length:
         bucket *= 2
     return min(bucket, max(max_context, length))
-
-
-def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch: int,
-                        max_context: int, use_graphs: bool) -> DecodeGraphs | None:
-    """The static decode path over `memory`'s KV pool and running-state slots when the model,
-    device and KV layout allow it, else None."""
-    storage = memory.storage
-    if kv_dtype not in GRAPH_CODECS or not storage.kernel_layout:
-        return None
-    if model.device.type != "cuda" or model.dtype != torch.bfloat16:
-        return None  # the CPU keeps the exact eager path; the kernels compute in bf16
-    _, _, D = model.kv_layout()
-    if D & (D - 1) or D < 16:
-        return None  # the attention kernel tiles whole power-of-two heads
-    if isinstance(model, LlamaModel):
-        decoder = StaticDecoder(model, storage, max_batch, max_context)
-    elif isinstance(model, Qwen35Model) and isinstance(model.params, FusedParams):
-        decoder = EngineHybridDecoder(model, storage, memory.running_slots, max_batch,
-                                      max_context)
-    else:
-        return None
-    graphs = DecodeGraphs(decoder, capture=use_graphs)
-    if use_graphs:
-        graphs.capture_at_start()
-    return graphs

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .config import DEFAULT_MAX_TOKENS, EngineConfig
-from .types import SamplingParams
+from ..config import DEFAULT_MAX_TOKENS, EngineConfig
+from ..types import SamplingParams
 
 _SAMPLER_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                  "frequency_penalty", "seed")

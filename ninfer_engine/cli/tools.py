@@ -12,10 +12,10 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
-from .artifact import verify
-from .artifact.container import Artifact, open_artifact
-from .artifact.directory import TensorObject
-from .artifact.errors import ArtifactError
+from ..artifact import verify
+from ..artifact.container import Artifact, open_artifact
+from ..artifact.directory import TensorObject
+from ..artifact.errors import ArtifactError
 
 BENCH_ARCHS = ("27b", "35b-a3b", "flash-next", "0.8b", "tiny-dense", "tiny-moe")
 # the storage recipes of `convert` that a random model can be drawn in (fp32 is the CPU's)
@@ -146,13 +146,13 @@ def _levels(text: str) -> list[int]:
 def _bench(args: argparse.Namespace) -> int:
     import torch  # torch only here: the other subcommands stay light
 
-    from .artifact.synth import synth_config
+    from ..artifact.synth import synth_config
 
     if not torch.cuda.is_available():
         return _fail("ninfer bench needs a CUDA device")
     config = synth_config(args.arch, args.layers)  # bad --layers fails before any GPU work
-    from .benchmark.footprint import refusal
-    from .benchmark.run import markdown, run_decode_bench
+    from ..benchmark.footprint import refusal
+    from ..benchmark.run import markdown, run_decode_bench
 
     # Flash-Next in bf16 (~160 GB) cannot fit one H200: say so before minutes of drawing
     too_big = refusal(args.arch, config["num_hidden_layers"], args.weights, args.cuda_weights,
@@ -164,7 +164,7 @@ def _bench(args: argparse.Namespace) -> int:
             or min(args.prefill_reps, args.peer_steps, args.peer_prompt) < 1:
         return _fail("negative lengths, or fewer than 1 rep/step/prompt token")
     if args.no_pdl:
-        from .kernels.pdl import set_pdl
+        from ..kernels.pdl import set_pdl
 
         set_pdl(False)
     levels = ",".join(map(str, args.concurrency)) or "none"
@@ -230,7 +230,7 @@ def _sampling(text: str) -> dict[str, float | int]:
 
 
 def _convert_gguf(args: argparse.Namespace) -> int:
-    from .artifact.convert_gguf import convert_gguf  # needs the gguf package, only here
+    from ..artifact.convert_gguf import convert_gguf  # needs the gguf package, only here
 
     started = time.monotonic()
     convert_gguf(args.src, args.output, name=args.name, progress=_Progress(),
@@ -246,7 +246,7 @@ def _convert_gguf(args: argparse.Namespace) -> int:
 
 
 def _convert_hf(args: argparse.Namespace) -> int:
-    from .artifact.convert_hf import convert_hf  # needs safetensors, only here
+    from ..artifact.convert_hf import convert_hf  # needs safetensors, only here
 
     started = time.monotonic()
     convert_hf(args.src, args.output, recipe=args.recipe, name=args.name,
@@ -256,13 +256,13 @@ def _convert_hf(args: argparse.Namespace) -> int:
 
 
 def _synth_archs() -> list[str]:
-    from .artifact.synth import ARCHS
+    from ..artifact.synth import ARCHS
 
     return sorted(ARCHS)
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from .artifact.synth import write_synthetic
+    from ..artifact.synth import write_synthetic
 
     started = time.monotonic()
     write_synthetic(args.arch, args.output, layers=args.layers, recipe=args.recipe,

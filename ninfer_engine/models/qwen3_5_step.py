@@ -24,18 +24,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kernels.dequant_gemv import dequant_gemv, gated, kernel_tiles
-from .kernels.gdn_decode import gdn_decode_triton
-from .kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
-from .kernels.moe_down import down_split_launch, moe_down_combine_triton
-from .kernels.moe_fused import moe_gate_up_silu_triton, route_topk_triton
-from .kernels.paged_attention import PAGE, paged_attention_triton
-from .kernels.qk_norm_rope import qk_norm_rope_triton
-from .kernels.rmsnorm import rms_norm_triton
-from .kv import KvStorage, PageTables, StatePool
-from .kv.quant import PlainCodec
-from .models.fused import FusedParams
-from .models.packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
+from ..kernels.dequant_gemv import dequant_gemv, gated, kernel_tiles
+from ..kernels.gdn_decode import gdn_decode_triton
+from ..kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
+from ..kernels.moe_down import down_split_launch, moe_down_combine_triton
+from ..kernels.moe_fused import moe_gate_up_silu_triton, route_topk_triton
+from ..kernels.paged_attention import PAGE, paged_attention_triton
+from ..kernels.qk_norm_rope import qk_norm_rope_triton
+from ..kernels.rmsnorm import rms_norm_triton
+from ..kv import KvStorage, PageTables, StatePool
+from ..kv.quant import PlainCodec
+from .fused import FusedParams
+from .packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
 
 
 class FusedLinear:

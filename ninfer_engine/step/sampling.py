@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from .kernels import sampling as kernels
-from .types import GenerationRequest, SamplingParams, TokenLogprob
+from ..kernels import sampling as kernels
+from ..types import GenerationRequest, SamplingParams, TokenLogprob
 
 # The top-k kernel takes k max-and-mask rounds over each 4096-column chunk and then sorts
 # n_chunks·k candidates per row: past a few hundred rounds that costs about a full sort, while
@@ -172,7 +172,7 @@ def _constrained(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
     rows = [i for i, s in enumerate(samplers) if s.constrained]
     if not rows:
         return logits
-    from .constrained.mask import apply_constraints  # llguidance only when a grammar is used
+    from ..constrained.mask import apply_constraints  # llguidance only when a grammar is used
 
     return apply_constraints(logits, rows, [samplers[i].constraint for i in rows])
 

@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 import torch
 
-from .kv import PagedKvCache
+from ..kv import PagedKvCache
 from .sampling import Sampler, sample_rows
-from .thinking import ThinkingCap
-from .tokenizer import IncrementalDetokenizer
-from .types import EngineError, GenerationRequest, TokenEvent, Timings, Usage
+from ..thinking import ThinkingCap
+from ..tokenizer import IncrementalDetokenizer
+from ..types import EngineError, GenerationRequest, TokenEvent, Timings, Usage
 
 
 class StopFilter:
@@ -72,6 +72,8 @@ class Sequence:
     admitted: float | None = None
     first_token: float | None = None
     last_token: float | None = None
+    drafted: int = 0  # speculative draft tokens verified for this request
+    draft_accepted: int = 0  # ... and accepted
     _unsent: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -173,6 +175,8 @@ class Sequence:
             prompt_n=max(min(self.cached, len(self.prompt)) - self.reused, 0),
             cache_n=self.reused,
             predicted_n=len(self.output),
+            draft_n=self.drafted,
+            draft_accepted=self.draft_accepted,
         )
 
 
@@ -196,11 +200,16 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Batch:
-    """One step's rows: a token for each decode sequence, then the prompt chunks."""
+    """One step's rows: a token for each decode sequence (and its drafts: a verify row, where
+    `drafts[i]` is not empty), then the prompt chunks."""
 
     decode: list[Sequence]
     chunks: list[Chunk] = field(default_factory=list)
     sampled: list[Sequence] = field(default_factory=list)  # get a token this step, in row order
+    drafts: list[list[int]] = field(default_factory=list)  # per decode row; [] = none at all
+
+    def drafts_of(self, i: int) -> list[int]:
+        return self.drafts[i] if self.drafts else []
 
     @property
     def prefill_tokens(self) -> int:

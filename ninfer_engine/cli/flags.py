@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import EngineConfig
+from ..config import EngineConfig
 
 USAGE = (
     "usage: ninfer-serve [model.ninfer] [--profile flash-next|27b] [options]\n"
@@ -131,7 +131,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--elastic": ("elastic", None, True),
     "--kv-grow": ("kv_grow", _int(1), None),
     "--kv-budget-gib": ("kv_budget_gib", _positive_float, None),
-    "--spec": ("spec", _choice("mtp", "dflash", "dflash2"), None),
+    "--spec": ("spec", _choice("mtp", "dflash", "dflash2", "ngram"), None),
     "--draft-tokens": ("draft_tokens", _int(1, 15), None),
     "--lm-head-draft": ("lm_head_draft", None, True),
     "--vision": ("vision", None, True),
@@ -280,7 +280,7 @@ def _build_config(
         values["kv_capacity"] = None
         values["kv_capacity_auto"] = True
     if values.get("spec") and values.get("draft_tokens") is None:
-        values["draft_tokens"] = 3 if values["spec"] == "mtp" else 7
+        values["draft_tokens"] = 7 if values["spec"].startswith("dflash") else 3
     values["cuda_sync"] = _env_choice(environ, "NINFER_CUDA_SYNC", CUDA_SYNC_POLICIES, "spin")
     for var in ("NINFER_RAM_GUARD", "NINFER_HOST_TIER_RAM_GUARD"):
         _env_choice(environ, var, ("0", "1"), "1")

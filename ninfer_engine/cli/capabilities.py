@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import EngineConfig
+from ..config import EngineConfig
 from .flags import flag_field
 
 
@@ -68,8 +68,12 @@ def _device_exists(c: EngineConfig, m: Machine) -> str | None:
 _GATES: tuple[_Gate, ...] = (
     _Gate(("--tp", "--devices"), lambda c: c.tp == 2, _tensor_parallel),
     _Gate(("--device",), lambda c: True, _device_exists),
-    _Gate(("--spec", "--draft-tokens", "--lm-head-draft", "--log-speculation-detail"),
-          lambda c: True, _not_built("speculative decoding")),
+    _Gate(("--spec", "--draft-tokens"), lambda c: c.spec != "ngram",
+          lambda c, m: f"speculative decoding with {c.spec} drafts is not available yet "
+                       "(--spec ngram is)"),
+    _Gate(("--lm-head-draft",), lambda c: True, _not_built("the indexed draft head")),
+    _Gate(("--log-speculation-detail",), lambda c: True,
+          _not_built("per-round speculation detail")),
     _Gate(("--vision", "--vision-device", "--max-vision-tokens", "--media-cache-mib",
            "--media-live-mib", "--media-preprocess-threads"),
           lambda c: True, _not_built("media input (vision)")),

@@ -1,0 +1,2 @@
+"""The step loop's parts: scheduler, runner, sampler, CUDA-graph replay, stats builder,
+event hand-over (docs/architecture.md)."""

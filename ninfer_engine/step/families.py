@@ -1,0 +1,81 @@
+"""The model families the step serves, chosen in one place.
+
+A family is its model class (built by `models.build_model` from the artifact's architecture),
+its runner (how a step's rows become one forward: `runner.Runner` for the llama family,
+`runner.HybridRunner` for the Qwen3.5 hybrids) and its static decode step for the CUDA-graph
+path (`models.llama_step.StaticDecoder`, `models.qwen3_5_step.EngineHybridDecoder`).
+`make_runner` and `build_decode_graphs` look the family up here instead of checking types.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..kv import SequenceMemory
+from ..models import LlamaModel, Qwen35Model
+from ..models.fused import FusedParams
+from ..models.llama_step import StaticDecoder
+from ..models.qwen3_5_step import EngineHybridDecoder
+from .decode_graphs import GRAPH_CODECS, DecodeGraphs
+from .runner import HybridRunner, Runner
+
+# (model, memory, max_batch, max_context, max_q) -> the family's static step, or None where
+# the model's weights are in a form it does not serve
+StaticStep = Callable[[Any, SequenceMemory, int, int, int], Any]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    runner: type[Runner] | type[HybridRunner]
+    static_step: StaticStep
+
+
+def _llama_step(model, memory, max_batch, max_context, max_q):
+    return StaticDecoder(model, memory.storage, max_batch, max_context)  # decode rows only
+
+
+def _hybrid_step(model, memory, max_batch, max_context, max_q):
+    if not isinstance(model.params, FusedParams):
+        return None  # the fused GEMV groups are built from `FusedParams`
+    return EngineHybridDecoder(model, memory.storage, memory.running_slots, max_batch,
+                               max_context, max_q)
+
+
+FAMILIES = {LlamaModel: Family("llama", Runner, _llama_step),
+            Qwen35Model: Family("qwen3.5", HybridRunner, _hybrid_step)}
+
+
+def family_of(model) -> Family:
+    return FAMILIES[type(model)]
+
+
+def make_runner(model, graphs: DecodeGraphs | None = None) -> Runner | HybridRunner:
+    return family_of(model).runner(model, graphs)
+
+
+def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch: int,
+                        max_context: int, use_graphs: bool,
+                        max_q: int = 1) -> DecodeGraphs | None:
+    """The static decode path over `memory`'s KV pool and running-state slots when the model,
+    device and KV layout allow it, else None; `max_q`: the most tokens a row carries (1 + the
+    speculative drafts), where the family's step verifies rows (the llama step decodes only:
+    its verify steps run eagerly)."""
+    storage = memory.storage
+    if kv_dtype not in GRAPH_CODECS or not storage.kernel_layout:
+        return None
+    if model.device.type != "cuda" or model.dtype != torch.bfloat16:
+        return None  # the CPU keeps the exact eager path; the kernels compute in bf16
+    _, _, D = model.kv_layout()
+    if D & (D - 1) or D < 16:
+        return None  # the attention kernel tiles whole power-of-two heads
+    decoder = family_of(model).static_step(model, memory, max_batch, max_context, max_q)
+    if decoder is None:
+        return None
+    graphs = DecodeGraphs(decoder, capture=use_graphs)
+    if use_graphs:
+        graphs.capture_at_start()
+    return graphs

@@ -1,0 +1,139 @@
+"""The runners: turn a scheduled `Batch` into model forwards and return the sampled rows' logits.
+
+`Runner` (llama family) packs every row into one flat forward over the paged KV pool.
+`HybridRunner` (Qwen3.5 family) runs every row through one forward too: the attention layers
+read and write each row's pages, the GDN layers continue each row's recurrent-state slot in
+place (the same slot rows the graph step addresses by index: nothing to hand over between them).
+Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode rows through it (static
+buffers, Triton kernels, CUDA graphs), and the step's prompt chunks, if any, through the eager
+forward after them: decode rows keep the graph's rate while a prompt is prefilled.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kv import LayerKv
+from ..models import Segment
+from .decode_graphs import DecodeGraphs
+from .scheduler import Batch, Sequence
+
+
+def _work(batch: Batch, decode: bool = True) -> list[tuple[Sequence, list[int], bool]]:
+    """(sequence, tokens to compute, verify row?) in row order: each decode row's last token
+    and its drafts, then the prompt chunks."""
+    work = [(seq, [seq.output[-1], *batch.drafts_of(i)], bool(batch.drafts_of(i)))
+            for i, seq in enumerate(batch.decode)] if decode else []
+    work += [(c.seq, list(c.seq.prompt[c.seq.cached: c.seq.cached + c.tokens]), False)
+             for c in batch.chunks]
+    return work
+
+
+class _ModelRunner:
+    """The model of one family and, on CUDA, its static decode path.
+
+    `forward(batch)` returns the logits of the sampled rows in row order: one row each, or
+    1 + k for a decode row with k drafts (a verify row: the target's logits after each of its
+    tokens). After a step with verify rows, `keep(batch, kept)` settles each decode row: it
+    keeps its first `kept[i]` tokens (K/V and recurrent state after them) and `cached` counts
+    them."""
+
+    def __init__(self, model, graphs: DecodeGraphs | None = None) -> None:
+        self.model = model
+        self.device = model.device
+        self.graphs = graphs
+        self._verified_by_graph = False
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        sampled = set(map(id, batch.sampled))
+        graphs, drafts = self.graphs, [batch.drafts_of(i) for i in range(len(batch.decode))]
+        q_len = 1 + max(map(len, drafts), default=0)
+        self._verified_by_graph = False
+        if (graphs is None or not batch.decode or not graphs.accepts(batch.decode)
+                or q_len > graphs.decoder.max_q):
+            return self._eager(_work(batch), sampled)
+        if q_len == 1:
+            logits = graphs.forward(batch.decode)
+        else:  # every row verifies q_len tokens; padding drafts are never accepted (`keep`)
+            rows = graphs.verify(batch.decode, [d + [0] * (q_len - 1 - len(d)) for d in drafts])
+            logits = torch.cat([rows[i, : 1 + len(d)] for i, d in enumerate(drafts)])
+            self._verified_by_graph = True
+        if not batch.chunks:
+            return logits
+        prompts = self._eager(_work(batch, decode=False), sampled)
+        return torch.cat([logits, prompts.to(logits.dtype)])
+
+    def keep(self, batch: Batch, kept: list[int]) -> None:
+        """After a step with verify rows: decode row i keeps its first `kept[i]` tokens."""
+        if self._verified_by_graph:
+            self.graphs.keep(batch.decode, kept)
+            return
+        for i, (seq, n) in enumerate(zip(batch.decode, kept)):
+            q_len = 1 + len(batch.drafts_of(i))
+            if q_len > 1:  # the eager forward counted every token of the row
+                seq.cached -= q_len - n
+                self._rollback(seq, n, q_len)
+
+    def _rollback(self, seq: Sequence, kept: int, q_len: int) -> None:
+        """The eager forward's recurrent state of a verify row after its first `kept` tokens."""
+
+    def _eager(self, work: list[tuple[Sequence, list[int], bool]],
+               sampled: set[int]) -> torch.Tensor:
+        """Logits of the rows of `work` whose sequence is in `sampled` (ids), in row order: a
+        verify row's every position, another row's last."""
+        raise NotImplementedError
+
+
+class Runner(_ModelRunner):
+    """Owns the llama-family model; builds the flat token batch."""
+
+    def _eager(self, work, sampled):
+        tokens: list[int] = []
+        positions: list[int] = []
+        segments: list[Segment] = []
+        logit_rows: list[int] = []
+        for seq, ids, verify in work:
+            tokens.extend(ids)
+            positions.extend(range(seq.cached, seq.cached + len(ids)))
+            segments.append(Segment(seq.cache, seq.cached, len(ids)))
+            if id(seq) in sampled:
+                end = len(tokens)
+                logit_rows.extend(range(end - len(ids), end) if verify else [end - 1])
+        logits = self.model.forward(
+            torch.tensor(tokens, device=self.device),
+            torch.tensor(positions, device=self.device),
+            segments,
+            torch.tensor(logit_rows, dtype=torch.long, device=self.device),
+        )
+        for seq, ids, _ in work:
+            seq.cached += len(ids)
+        return logits
+
+
+class HybridRunner(_ModelRunner):
+    """Owns the hybrid model; every row of a step in one forward, each row's attention layers
+    over its paged KV and its GDN layers continuing its recurrent-state slot (a verify row
+    keeping the state after each of its tokens, for `keep`)."""
+
+    def _eager(self, work, sampled):
+        tokens: list[int] = []
+        states, lengths = [], []
+        for seq, ids, _ in work:
+            views = [LayerKv(seq.cache, layer, seq.cached)
+                     for layer in range(len(self.model.attention_layers))]
+            states.append(self.model.bind_state(views, seq.state.layers, seq.cached))
+            tokens.extend(ids)
+            lengths.append(len(ids))
+        rows = [i for i, (seq, _, _) in enumerate(work) if id(seq) in sampled]
+        verify = frozenset(i for i, (_, _, v) in enumerate(work) if v)
+        logits = self.model.forward_rows(torch.tensor(tokens, device=self.device), states,
+                                         lengths, rows, verify)
+        for seq, ids, _ in work:
+            seq.cached += len(ids)
+        return logits
+
+    def _rollback(self, seq, kept, q_len):
+        for layer in seq.state.layers:
+            if kept < q_len:
+                layer.rollback(kept)
+            else:
+                layer.trail = None

@@ -1,0 +1,153 @@
+"""Speculative decoding in the step: drafts for decode rows, verification, acceptance counters.
+
+`NgramDrafter` (`--spec ngram`, ours; llama.cpp's and vLLM's prompt lookup) proposes, for a
+sequence whose latest tokens repeat an earlier n-gram of its prompt or output, the tokens that
+followed that n-gram's latest earlier occurrence: no weights, any model. The runner verifies a
+row of the last token and k drafts in one forward (`DecodeGraphs.verify` or the eager forward's
+verify rows); `accept_greedy` takes the longest prefix of drafts the target's own greedy choice
+agrees with, plus the target's token after it, through the request's penalties, so the output
+is exactly what plain greedy decoding would give. `Speculator` decides per row whether to draft
+(greedy rows without a grammar or log-probabilities, while their acceptance pays) and keeps the
+counters `EngineStats.spec` reports.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..kernels import sampling as kernels
+from ..stats import SpecStats
+from .sampling import Sampler, apply_penalties
+
+MIN_NGRAM, MAX_NGRAM = 2, 4
+# a request stops drafting while its recent acceptance is below this (drafts that are mostly
+# rejected cost a verify step's extra tokens for nothing); it retries after `RETRY` rounds
+MIN_ACCEPTANCE, RETRY = 0.2, 16
+
+
+class NgramDrafter:
+    """Prompt-lookup drafts: the longest n-gram (MAX_NGRAM .. MIN_NGRAM tokens) that ends the
+    tokens and occurred before; the k tokens after its latest earlier occurrence. A
+    continuation that runs into the tail is copied on from the drafts themselves (a repeating
+    stretch goes on repeating), as an LZ77 back-reference would."""
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        n_tokens = len(tokens)
+        for n in range(min(MAX_NGRAM, n_tokens - 1), MIN_NGRAM - 1, -1):
+            tail = tokens[n_tokens - n:]
+            for start in range(n_tokens - n - 1, -1, -1):
+                if tokens[start: start + n] == tail:
+                    drafts: list[int] = []
+                    source = start + n
+                    while len(drafts) < k:
+                        at = source + len(drafts)
+                        drafts.append(tokens[at] if at < n_tokens else drafts[at - n_tokens])
+                    return drafts
+        return []
+
+
+@dataclass
+class RowState:
+    """A request's drafting record: an acceptance average over its recent rounds."""
+
+    acceptance: float = 1.0
+    paused: int = 0  # rounds left before it drafts again
+
+
+@dataclass
+class SpecCounters:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    per_position: list[int] = field(default_factory=list)  # accepted drafts at position i
+    fallback: int = 0  # decode rows that did not draft while speculation was on
+
+
+class Speculator:
+    """`--spec` in the engine: drafts for eligible decode rows, and the counters."""
+
+    def __init__(self, backend: str, k: int) -> None:
+        if backend != "ngram":
+            raise ValueError(f"--spec {backend} is not available yet")
+        self.backend, self.k = backend, k
+        self.drafter = NgramDrafter()
+        self.counters = SpecCounters(per_position=[0] * k)
+        self._rows: dict[int, RowState] = {}
+
+    def drafts(self, seq, room: int) -> list[int]:
+        """Drafts for `seq`'s next decode row ([] = a plain decode row); `room`: how many
+        positions the row may add beyond its one token (context, output limit)."""
+        k = min(self.k, room)
+        if k <= 0 or not _greedy_plain(seq):
+            return []
+        row = self._rows.setdefault(id(seq), RowState())
+        if row.paused:
+            row.paused -= 1
+            self.counters.fallback += 1
+            return []
+        proposal = self.drafter.propose([*seq.prompt, *seq.output], k)
+        if not proposal:
+            self.counters.fallback += 1
+        return proposal
+
+    def record(self, seq, drafted: int, accepted: int) -> None:
+        """One verified row: `accepted` of its `drafted` drafts were taken."""
+        c = self.counters
+        c.rounds += 1
+        c.drafted += drafted
+        c.accepted += accepted
+        for i in range(accepted):
+            c.per_position[i] += 1
+        row = self._rows.setdefault(id(seq), RowState())
+        row.acceptance = 0.7 * row.acceptance + 0.3 * (accepted / drafted)
+        if row.acceptance < MIN_ACCEPTANCE:
+            row.paused, row.acceptance = RETRY, MIN_ACCEPTANCE  # retry from the threshold
+
+    def forget(self, seq) -> None:
+        self._rows.pop(id(seq), None)
+
+    def stats(self) -> SpecStats:
+        """The counters as `EngineStats.spec` reports them (per position: acceptance rate)."""
+        c = self.counters
+        rates = tuple(n / c.rounds if c.rounds else 0.0 for n in c.per_position)
+        return SpecStats(self.backend, self.k, c.rounds, c.drafted, c.accepted, rates)
+
+
+def _greedy_plain(seq) -> bool:
+    """Rows whose next tokens greedy acceptance reproduces exactly: greedy, no grammar, no
+    log-probabilities, no forced thinking-close tokens pending or possible."""
+    s: Sampler = seq.sampler
+    return (s.params.greedy and s.constraint is None and s.logprobs is None
+            and seq.thinking_cap is None)
+
+
+def accept_greedy(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[list[int]]:
+    """For each verify row (its sampler, its k drafts, its logits [1 + k, V]), the tokens it
+    emits: the drafts the target's greedy choice agrees with, then the target's token after the
+    last of them. Position i's choice sees the request's penalties with drafts 1..i counted, as
+    plain decoding would have; one argmax launch and one host copy for every row."""
+    picks = []
+    for sampler, drafts, logits in rows:
+        p = sampler.params
+        if p.presence_penalty or p.frequency_penalty:
+            counts, logits = dict(sampler.counts), logits.clone()
+            for i in range(logits.shape[0]):
+                if counts:
+                    logits[i] = apply_penalties(logits[i], counts, p.presence_penalty,
+                                                p.frequency_penalty)
+                if i < len(drafts):
+                    counts[drafts[i]] = counts.get(drafts[i], 0) + 1
+        picks.append(logits)
+    if not picks:
+        return []
+    best = kernels.argmax(torch.cat(picks)).tolist()
+    out, start = [], 0
+    for (_, drafts, logits), n in zip(rows, [p.shape[0] for p in picks]):
+        choice = best[start: start + n]
+        start += n
+        taken = 0
+        while taken < len(drafts) and drafts[taken] == choice[taken]:
+            taken += 1
+        out.append([*drafts[:taken], choice[taken]])
+    return out
