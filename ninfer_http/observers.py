@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 # POST paths that start a generation, and the protocol each is logged under.
 GENERATION_PATHS = {
     "/v1/chat/completions": "openai-chat",
+    "/v1/completions": "openai-completions",
     "/v1/responses": "openai-responses",
     "/v1/messages": "anthropic",
 }
