@@ -68,6 +68,8 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
         "throughput": {"decode_tok_s": stats.throughput.decode_tok_s,
                        "prefill_tok_s": stats.throughput.prefill_tok_s},
         "latency": asdict(stats.latency),
+        # the engine's monotonic totals since it started (the throughput lines' sources)
+        "counters": asdict(stats.counters),
     }
 
 
