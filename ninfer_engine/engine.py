@@ -29,7 +29,7 @@ from .step.families import build_decode_graphs, make_runner
 from .step.sampling import Sampler
 from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
-from .step.speculation import Speculator, accept_greedy
+from .step.speculation import Speculator, accept
 from .stats import EngineStats
 from .step.stats_builder import StatsBuilder
 from .tokenizer import IncrementalDetokenizer, Tokenizer
@@ -326,13 +326,13 @@ class Engine:
         return logits[firsts], verified
 
     def _accept(self, batch: Batch, verified: dict, now: float) -> None:
-        """Greedy acceptance of the step's verify rows (`speculation.accept_greedy`); each row
-        keeps the tokens it emitted and rolls back the rest (`runner.keep`)."""
+        """Acceptance of the step's verify rows (`speculation.accept`); each row keeps the
+        tokens it emitted and rolls back the rest (`runner.keep`)."""
         rows = [seq for seq in batch.decode if id(seq) in verified]
         emitted = []
         try:
-            emitted = accept_greedy([(seq.sampler, *verified[id(seq)]) for seq in rows
-                                     if seq.finish_reason is None])
+            emitted = accept([(seq.sampler, *verified[id(seq)]) for seq in rows
+                              if seq.finish_reason is None])
         except Exception as exc:  # these requests only
             for seq in rows:
                 self._fail_request(seq, exc)

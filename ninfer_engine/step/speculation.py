@@ -6,19 +6,21 @@ followed that n-gram's latest earlier occurrence: no weights, any model. The run
 row of the last token and k drafts in one forward (`DecodeGraphs.verify` or the eager forward's
 verify rows); `accept_greedy` takes the longest prefix of drafts the target's own greedy choice
 agrees with, plus the target's token after it, through the request's penalties, so the output
-is exactly what plain greedy decoding would give. `Speculator` decides per row whether to draft
-(greedy rows without a grammar or log-probabilities, while their acceptance pays) and keeps the
-counters `EngineStats.spec` reports.
+is exactly what plain greedy decoding would give; `accept_sampled` does rejection sampling for
+sampled rows, so their tokens keep the request's sampling distribution. `Speculator` decides
+per row whether to draft (rows without a grammar or log-probabilities, while their acceptance
+pays) and keeps the counters `EngineStats.spec` reports.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
 from ..kernels import sampling as kernels
 from ..stats import SpecStats
-from .sampling import Sampler, apply_penalties
+from .sampling import _CANDIDATES, Sampler, _path, _penalized, apply_penalties
 
 MIN_NGRAM, MAX_NGRAM = 2, 4
 # a request stops drafting while its recent acceptance is below this (drafts that are mostly
@@ -79,7 +81,7 @@ class Speculator:
         """Drafts for `seq`'s next decode row ([] = a plain decode row); `room`: how many
         positions the row may add beyond its one token (context, output limit)."""
         k = min(self.k, room)
-        if k <= 0 or not _greedy_plain(seq):
+        if k <= 0 or not _eligible(seq):
             return []
         row = self._rows.setdefault(id(seq), RowState())
         if row.paused:
@@ -114,12 +116,84 @@ class Speculator:
         return SpecStats(self.backend, self.k, c.rounds, c.drafted, c.accepted, rates)
 
 
-def _greedy_plain(seq) -> bool:
-    """Rows whose next tokens greedy acceptance reproduces exactly: greedy, no grammar, no
-    log-probabilities, no forced thinking-close tokens pending or possible."""
+def _eligible(seq) -> bool:
+    """Rows whose verification reproduces plain decoding exactly (greedy) or in distribution
+    (sampled): no grammar, no log-probabilities, no forced thinking-close tokens."""
     s: Sampler = seq.sampler
-    return (s.params.greedy and s.constraint is None and s.logprobs is None
-            and seq.thinking_cap is None)
+    return s.constraint is None and s.logprobs is None and seq.thinking_cap is None
+
+
+def accept(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[list[int]]:
+    """The tokens each verify row emits (its sampler, its k drafts, its logits [1 + k, V]):
+    greedy rows by `accept_greedy`, sampled rows by `accept_sampled`, in row order."""
+    greedy = [i for i, (sampler, _, _) in enumerate(rows) if sampler.params.greedy]
+    sampled = [i for i in range(len(rows)) if i not in set(greedy)]
+    out: list[list[int]] = [[] for _ in rows]
+    for i, tokens in zip(greedy, accept_greedy([rows[i] for i in greedy])):
+        out[i] = tokens
+    for i, tokens in zip(sampled, accept_sampled([rows[i] for i in sampled])):
+        out[i] = tokens
+    return out
+
+
+def _position_views(sampler: Sampler, drafts: list[int], positions: int) -> list:
+    """Stand-ins for `sampler` at each position of a verify row, as the sampler's filters read
+    them: the same settings, counts that include the drafts before that position."""
+    views, counts = [], dict(sampler.counts)
+    for i in range(positions):
+        views.append(SimpleNamespace(params=sampler.params, counts=dict(counts)))
+        if i < len(drafts):
+            counts[drafts[i]] = counts.get(drafts[i], 0) + 1
+    return views
+
+
+def accept_sampled(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[list[int]]:
+    """Speculative sampling with point-mass drafts (Leviathan et al.; vLLM's rejection sampler
+    for n-gram drafts): position i takes draft d_i with probability p_i(d_i), where p_i is the
+    request's sampling distribution there (temperature, top-k/p, min-p, penalties counting the
+    drafts before it); at the first rejection the token is drawn from p_i without d_i,
+    renormalised; with every draft taken, one more token is drawn from p_k. Each emitted token
+    is distributed exactly as plain sampling's; the uniforms come from the request's seeded
+    generator, one per test and one per draw, so a seed reproduces its run."""
+    out = []
+    for sampler, drafts, logits in rows:
+        views = _position_views(sampler, drafts, logits.shape[0])
+        logits = _penalized(logits, views)
+        probs, ids = _CANDIDATES[_path(sampler.params)](logits, views)
+        probs, ids = probs.double().cpu(), None if ids is None else ids.cpu()
+        tokens: list[int] = []
+        for i in range(logits.shape[0]):
+            p = probs[i] / probs[i].sum()
+            if i == len(drafts):  # every draft taken: the next token from p_k
+                tokens.append(_inverse_cdf(p, ids, i, sampler.uniform()))
+                break
+            column = _column(ids, i, drafts[i])
+            taken = column is not None and sampler.uniform() < float(p[column])
+            if taken:
+                tokens.append(drafts[i])
+                continue
+            if column is not None:
+                p = p.clone()
+                p[column] = 0.0
+            tokens.append(_inverse_cdf(p, ids, i, sampler.uniform()))
+            break
+        out.append(tokens)
+    return out
+
+
+def _column(ids: torch.Tensor | None, row: int, token: int) -> int | None:
+    """Where `token` is among row `row`'s candidates (ids None: the vocabulary in id order)."""
+    if ids is None:
+        return token
+    hit = (ids[row] == token).nonzero()
+    return int(hit[0, 0]) if hit.numel() else None
+
+
+def _inverse_cdf(p: torch.Tensor, ids: torch.Tensor | None, row: int, u: float) -> int:
+    """The first candidate whose cumulative mass exceeds u·total (as the sampler's draw)."""
+    cdf = p.cumsum(-1)
+    pick = min(int(torch.searchsorted(cdf, u * cdf[-1:], right=True)), p.shape[0] - 1)
+    return pick if ids is None else int(ids[row, pick])
 
 
 def accept_greedy(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[list[int]]:

@@ -3,6 +3,7 @@ plain decoding (llama and hybrid families, CPU eager verify rows), with acceptan
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ import torch
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.step.sampling import Sampler, sample_rows
-from ninfer_engine.step.speculation import NgramDrafter, Speculator, accept_greedy
+from ninfer_engine.step.speculation import (NgramDrafter, Speculator, accept_greedy,
+                                            accept_sampled)
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from .helpers import FakeArtifact, tiny_llama
@@ -110,9 +112,9 @@ def test_speculator_backs_off_a_request_whose_drafts_are_rejected():
         spec.record(seq, 3, 0)
     assert spec.drafts(seq, 3) == []  # paused
     assert spec.counters.fallback == 1
-    sampled = Seq()
-    sampled.sampler = Sampler(SamplingParams(temperature=0.7))
-    assert spec.drafts(sampled, 3) == []  # only greedy rows draft (rejection sampling: not yet)
+    constrained = Seq()
+    constrained.sampler = Sampler(SamplingParams(temperature=0.7), logprobs=2, logprob_sink=[])
+    assert spec.drafts(constrained, 3) == []  # a row asking for logprobs decodes plainly
     with pytest.raises(ValueError, match="mtp is not available yet"):
         Speculator("mtp", 3)
 
@@ -131,3 +133,78 @@ def test_acceptance_reaches_the_engine_snapshot():
     assert (spec.rounds, spec.drafted, spec.accepted) == (c.rounds, c.drafted, c.accepted) != (0, 0, 0)
     assert spec.per_position == tuple(n / c.rounds for n in c.per_position)
     assert 1.0 < spec.tokens_per_round <= 4.0
+
+
+# chi-square critical values at significance 0.001, by degrees of freedom
+CHI2_0001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}
+
+
+def _target(logits: torch.Tensor, params: SamplingParams, counts: dict[int, int]) -> torch.Tensor:
+    """The request's sampling distribution over the vocabulary for one row of logits, from the
+    sampler's own filters (penalties, temperature, top-k/p)."""
+    from types import SimpleNamespace
+
+    from ninfer_engine.step.sampling import _CANDIDATES, _path, _penalized
+    view = SimpleNamespace(params=params, counts=counts)
+    probs, ids = _CANDIDATES[_path(params)](_penalized(logits[None], [view]), [view])
+    probs = probs[0].double() / probs[0].sum()
+    vocab = torch.zeros(logits.shape[-1], dtype=torch.float64)
+    return probs if ids is None else vocab.index_add_(0, ids[0], probs)
+
+
+def _chi_square_ok(counts: list[int], probs: torch.Tensor) -> bool:
+    support = probs > 0
+    observed = torch.tensor(counts, dtype=torch.float64)
+    assert observed[~support].sum() == 0  # nothing outside the support, ever
+    expected = probs[support] * observed.sum()
+    statistic = float(((observed[support] - expected) ** 2 / expected).sum())
+    return statistic < CHI2_0001[int(support.sum()) - 1]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.8, top_p=0.95, frequency_penalty=0.5),
+    SamplingParams(temperature=1.0, top_k=4),
+])
+def test_rejection_sampling_keeps_the_target_distribution(params):
+    """Many seeded verify rounds on a 6-token vocabulary: the first emitted token follows the
+    request's distribution at position 0 whatever the draft, and the second (after the draft
+    was taken) the distribution at position 1 with the draft counted."""
+    logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(1)) * 1.5
+    drafts, history = [2, 4], {1: 2, 5: 1}
+    first, second = [0] * 6, [0] * 6
+    for seed in range(4000):
+        sampler = Sampler(dataclasses.replace(params, seed=seed))
+        sampler.counts = dict(history)
+        tokens = accept_sampled([(sampler, drafts, logits)])[0]
+        first[tokens[0]] += 1
+        if tokens[0] == drafts[0]:
+            second[tokens[1]] += 1
+    assert _chi_square_ok(first, _target(logits[0], params, dict(history)))
+    assert sum(second) > 100
+    assert _chi_square_ok(second, _target(logits[1], params, {**history, drafts[0]: 1}))
+
+
+def test_rejection_sampling_is_reproducible_from_the_seed():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
+    params = SamplingParams(temperature=0.9, top_p=0.9, seed=123)
+    runs = [accept_sampled([(Sampler(params), [3, 7, 9], logits)])[0] for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_sampled_requests_verify_drafts_in_the_engine():
+    artifact = FakeArtifact(tiny_llama(seed=5, vocab_size=259))
+    engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=512, prefill_chunk=64,
+                                 spec="ngram", draft_tokens=3), artifact)
+    engine.start()
+    try:
+        async def one():
+            request = GenerationRequest("s", _prompts(120)[0],
+                                        SamplingParams(temperature=0.05, seed=7), 30,
+                                        ignore_eos=True)
+            return [t for e in [e async for e in engine.submit(request)] for t in e.token_ids]
+        tokens = asyncio.run(one())
+    finally:
+        engine.stop()
+    assert len(tokens) == 30
+    assert engine.speculator.counters.rounds > 0
