@@ -40,7 +40,8 @@ def add_routes(app: web.Application) -> None:
 
 async def count_tokens(request: web.Request) -> web.Response:
     engine = ready_engine(request)
-    chat, _, _ = parse_messages_request(await request.read(), engine, request.app[CONFIG])
+    chat, _, _ = parse_messages_request(await request.read(), engine, request.app[CONFIG],
+                                        counting=True)
     return web.json_response({"input_tokens": len(render_prompt(engine, chat))})
 
 

@@ -15,6 +15,7 @@ from ninfer_engine.client import ServingEngine
 from ninfer_engine.config import EngineConfig
 
 from .errors import ApiError, invalid_value, unsupported
+from .forced_tools import ForcedCall, call_grammar
 from .openai_fields import sampling_overrides
 from .prompt import ChatRequest, map_effort
 from .validate import get_bool, get_int, get_list, get_object, get_str, parse_json_object, require
@@ -27,9 +28,11 @@ _UNSUPPORTED_BLOCKS = ("document", "search_result", "container_upload", "server_
 
 
 def parse_messages_request(
-    raw: bytes, engine: ServingEngine, config: EngineConfig
+    raw: bytes, engine: ServingEngine, config: EngineConfig, counting: bool = False
 ) -> tuple[ChatRequest, str, bool]:
-    """The parsed request, the `model` label to echo, and whether thinking display is omitted."""
+    """The parsed request, the `model` label to echo, and whether thinking display is omitted.
+    `counting` (count_tokens, whose body has no `max_tokens`): `budget_tokens` is not held
+    against an output limit."""
     body = parse_json_object(raw)
     model = require(body, "model")
     if not isinstance(model, str):
@@ -42,13 +45,19 @@ def parse_messages_request(
     parser = _Conversation()
     parser.system(body.get("system"))
     parser.messages(require(body, "messages"))
-    tools = _tools(body.get("tools"), body.get("tool_choice"), parser)
+    tools = _tools(body.get("tools"), parser)
+    kind, forced, parallel = _tool_choice(body.get("tool_choice"))
+    if kind == "none":
+        tools = None
+    grammar = None if forced is None else call_grammar(forced, tools, parallel, frozenset(),
+                                                       "tool_choice")
     if body.get("cache_control") is not None:
         _check_cache_control(body["cache_control"], "cache_control")
     stop = get_list(body, "stop_sequences") or []
     if not all(isinstance(s, str) for s in stop):
         raise invalid_value("stop_sequences", "'stop_sequences' must be an array of strings.")
-    kwargs, thinking, budget = _thinking(body, config, max_tokens or engine.default_max_tokens)
+    limit = None if counting else max_tokens or engine.default_max_tokens
+    kwargs, thinking, budget = _thinking(body, config, limit)
     if parser.prefill and kwargs.get("enable_thinking") is True:
         raise invalid_value("messages", "An assistant prefill needs thinking to be disabled.")
     if parser.prefill:
@@ -67,6 +76,9 @@ def parse_messages_request(
         thinking=thinking,
         prefill=parser.prefill,
         thinking_budget=budget,
+        grammar=grammar,
+        grammar_param="tool_choice",
+        parallel_tool_calls=parallel,
     )
     return request, model, _display_omitted(body)
 
@@ -217,16 +229,30 @@ def _tool_result(block: dict[str, Any], path: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-def _tools(tools: Any, choice: Any, parser: _Conversation) -> list[dict[str, Any]] | None:
+def _tool_choice(choice: Any) -> tuple[str, ForcedCall | None, bool]:
+    """`tool_choice` -> its type, the call it forces (`any`: to some tool, `tool`: to the named
+    one; compiled by forced_tools like Chat's) and whether several calls may come back
+    (`disable_parallel_tool_use`)."""
+    if choice is None:
+        return "auto", None, True
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none"):
+        raise invalid_value("tool_choice.type",
+                            "tool_choice.type must be 'auto', 'any', 'tool' or 'none'.")
+    parallel = get_bool(choice, "disable_parallel_tool_use",
+                        "tool_choice.disable_parallel_tool_use") is not True
+    if kind == "any":
+        return kind, ForcedCall(), parallel
+    if kind == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str):
+            raise invalid_value("tool_choice.name", "tool_choice 'tool' needs a 'name'.")
+        return kind, ForcedCall(frozenset({name})), parallel
+    return kind, None, parallel
+
+
+def _tools(tools: Any, parser: _Conversation) -> list[dict[str, Any]] | None:
     """Client tools as OpenAI-shaped function tools for the template."""
-    if choice is not None:
-        kind = choice.get("type") if isinstance(choice, dict) else None
-        if kind in ("any", "tool"):
-            raise unsupported("tool_choice", f"tool_choice '{kind}' is not supported.")
-        if kind not in ("auto", "none"):
-            raise invalid_value("tool_choice.type", "tool_choice must be 'auto' or 'none'.")
-        if kind == "none":
-            return None
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -260,7 +286,7 @@ def _display_omitted(body: dict[str, Any]) -> bool:
 
 
 def _thinking(
-    body: dict[str, Any], config: EngineConfig, max_tokens: int
+    body: dict[str, Any], config: EngineConfig, max_tokens: int | None
 ) -> tuple[dict[str, Any], str, int | None]:
     """Template kwargs for `thinking` and `output_config.effort`, the log label, and the
     thinking cap (`budget_tokens`, else `--default-thinking-budget`)."""
@@ -278,7 +304,7 @@ def _thinking(
             raise invalid_value("thinking.type", "thinking.type is disabled, enabled or adaptive.")
         if kind == "enabled":
             requested = get_int(thinking, "budget_tokens", 1024, param="thinking.budget_tokens")
-            if requested is None or requested >= max_tokens:
+            if requested is None or (max_tokens is not None and requested >= max_tokens):
                 raise invalid_value("thinking.budget_tokens",
                                     "budget_tokens must be >= 1024 and less than max_tokens.")
             budget = requested

@@ -8,8 +8,9 @@ import re
 import anthropic
 import pytest
 
-from fake_engine import Script
+from fake_engine import FAKE_CONFIG, FakeEngine, Script
 from ninfer_engine.types import EngineError
+from ninfer_http.anthropic_messages import parse_messages_request
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -93,6 +94,16 @@ def test_count_tokens_matches_the_prompt(live):
     assert counted.input_tokens == len(live.engine.submitted[-1].prompt_ids)
 
 
+def test_count_tokens_takes_a_thinking_budget_above_the_default_output_limit(live):
+    # Claude Code counts with `thinking.budget_tokens` 31999 and no max_tokens (the count_tokens
+    # body has none); /v1/messages itself still holds the budget against max_tokens.
+    thinking = {"type": "enabled", "budget_tokens": 31999}
+    counted = live.request("POST", "/v1/messages/count_tokens",
+                           {"model": "claude-any", "messages": USER, "thinking": thinking})
+    assert counted.status == 200, counted.body
+    assert messages(live, max_tokens=None, thinking=thinking).status == 400
+
+
 def test_system_blocks_billing_header_and_history_shapes(live):
     signature = "ninfer-reasoning.v1:" + base64.b64encode(b"hidden thought").decode()
     messages(live, system=[{"type": "text", "text": "x-anthropic-billing-header: cc=1"},
@@ -147,7 +158,11 @@ def test_thinking_and_effort_reach_the_template(live):
     {"messages": []},
     {"thinking": {"type": "enabled", "budget_tokens": 512}},
     {"thinking": {"type": "enabled", "budget_tokens": 4096}},
-    {"tool_choice": {"type": "any"}},
+    {"tool_choice": {"type": "any"}},  # no tool to call
+    {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "g"}},
+    {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool"}},
+    {"tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}},
+    {"tool_choice": {"type": "required"}},
     {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
     {"tools": [{"name": "f", "input_schema": {}, "strict": True}]},
     {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
@@ -208,3 +223,47 @@ def test_top_k_has_no_upper_cap(live):
     assert live.engine.submitted[-1].sampling.top_k == 250
     assert messages(live, top_k=-1).status == 400
     assert live.chat(top_k=21).status == 400
+
+
+TOOLS = [{"name": "Glob", "input_schema": {"type": "object", "properties": {
+             "pattern": {"type": "string"}}, "required": ["pattern"]}},
+         {"name": "Read", "input_schema": {"type": "object", "properties": {
+             "file_path": {"type": "string"}}, "required": ["file_path"]}}]
+
+
+def parsed(**fields):
+    body = {"model": "claude-any", "max_tokens": 100, "messages": USER, "tools": TOOLS, **fields}
+    chat, _, _ = parse_messages_request(json.dumps(body).encode(), FakeEngine(), FAKE_CONFIG)
+    return chat
+
+
+@pytest.mark.parametrize("choice, names, parallel", [
+    ({"type": "any"}, {"Glob", "Read"}, True),
+    ({"type": "tool", "name": "Read"}, {"Read"}, True),
+    ({"type": "any", "disable_parallel_tool_use": True}, {"Glob", "Read"}, False),
+])
+def test_forced_tool_choice_becomes_the_call_grammar(choice, names, parallel):
+    chat = parsed(tool_choice=choice)
+    assert chat.grammar is not None and chat.grammar_param == "tool_choice"
+    # the grammar's call schema names exactly the tools the choice allows
+    assert set(re.findall(r'"const": "(\w+)"', chat.grammar)) == names
+    assert chat.parallel_tool_calls is parallel
+    # the repeat separator between calls is there only when several calls may come back
+    assert ("call (" in chat.grammar) is parallel
+
+
+def test_auto_and_none_tool_choice_force_nothing():
+    auto = parsed(tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    assert auto.grammar is None and auto.parallel_tool_calls is False
+    assert [t["function"]["name"] for t in auto.tools] == ["Glob", "Read"]
+    none = parsed(tool_choice={"type": "none"})
+    assert none.grammar is None and none.tools is None
+
+
+def test_forced_tool_choice_reaches_the_engine_as_a_constraint(live):
+    # the scripted engine's character tokenizer cannot drive llguidance: the request gets as
+    # far as compiling the grammar and is refused there, not answered unconstrained
+    reply = messages(live, tools=TOOLS, tool_choice={"type": "tool", "name": "Glob"})
+    assert reply.status == 400, reply.body
+    assert reply.json()["error"]["message"].startswith("Constrained output is not available")
+    assert live.engine.submitted == []
