@@ -1,5 +1,6 @@
-"""Real clients against a real `ninfer-serve` of the default model (issue 21): Codex's request
-bodies, structured outputs through `chat.completions.parse`, forced tool calls, logprobs and
+"""Real clients against a real `ninfer-serve` of the default model (issue 21): Codex's and
+Claude Code's request bodies (the latter through the `anthropic` SDK's beta messages, as Claude
+Code calls them, forced tool choice included), structured outputs through `chat.completions.parse`, forced tool calls, logprobs and
 `/v1/completions` through the official SDK. One server for the module (loading takes a while on
 the small CPU); the 100-seed structured-output run is marked slow."""
 from __future__ import annotations
@@ -10,10 +11,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Iterator
 
+import anthropic
 import openai
 import pytest
 from pydantic import BaseModel, Field
 
+import claude_code_bodies as claude_code
 from codex_bodies import default_body, every_field_body
 from server_process import MODEL, MODEL_ID, NEEDS_MODEL, ServerProcess, server_env
 
@@ -183,3 +186,68 @@ def test_completions_create_stream_and_not(client):
         stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
     assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens
+
+
+@pytest.fixture(scope="module")
+def claude(server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
+                               timeout=120)
+
+
+def claude_code_stream(claude: anthropic.Anthropic, body: dict) -> tuple[list[str], object]:
+    """Stream `body` through the SDK's beta messages with Claude Code's betas and headers:
+    the event types and the SDK's accumulated final message. This SDK's beta methods have no
+    `temperature` parameter, so it goes in `extra_body` (the same JSON on the wire)."""
+    fields = {k: v for k, v in body.items() if k not in ("stream", "temperature")}
+    with claude.beta.messages.stream(**fields, extra_body={"temperature": body["temperature"]},
+                                     betas=claude_code.BETAS,
+                                     extra_headers=claude_code.HEADERS) as stream:
+        types = [event.type for event in stream]
+        return types, stream.get_final_message()
+
+
+def test_claude_code_first_turn_streams(claude):
+    body = claude_code.first_turn(MODEL_ID)
+    counted = claude.beta.messages.count_tokens(
+        **{k: body[k] for k in ("model", "system", "messages", "tools", "thinking")},
+        betas=claude_code.BETAS)
+    types, message = claude_code_stream(claude, body)
+    assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"]
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    assert [block.type for block in message.content] == ["text"]  # not forced: no call
+    assert message.content[0].text and message.usage.output_tokens > 0
+    usage = message.usage
+    assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == counted.input_tokens
+    # the billing line changes every request; it is dropped, so it costs no prompt token
+    other = {**body, "system": [{"type": "text", "text": claude_code.BILLING + "x9"},
+                                *body["system"][1:]]}
+    assert claude.beta.messages.count_tokens(
+        **{k: other[k] for k in ("model", "system", "messages", "tools", "thinking")},
+        betas=claude_code.BETAS).input_tokens == counted.input_tokens
+
+
+@pytest.mark.parametrize("tool_choice, prompt", [
+    ({"type": "tool", "name": "Read"}, "Show me README.md."),
+    ({"type": "tool", "name": "Glob", "disable_parallel_tool_use": True},
+     "Find the Python files in this project."),
+    ({"type": "any", "disable_parallel_tool_use": True}, "Run the tests."),
+])
+def test_claude_code_forced_tool_choice_validates_against_the_input_schema(
+        claude, tool_choice, prompt):
+    body = claude_code.forced_turn(MODEL_ID, tool_choice, prompt)
+    if tool_choice["type"] == "any":
+        # Greedy, the 135M model picks TodoWrite and writes its unbounded `activeForm` string
+        # until max_tokens: a call it cannot finish, not a grammar escape. The rest of Claude
+        # Code's tools stay offered.
+        body["tools"] = [t for t in body["tools"] if t["name"] != "TodoWrite"]
+    types, message = claude_code_stream(claude, body)
+    assert message.stop_reason == "tool_use", message.content
+    assert "input_json" in types  # the SDK assembled each input from its input_json_delta
+    calls = message.content
+    assert calls and all(block.type == "tool_use" for block in calls)
+    if tool_choice.get("disable_parallel_tool_use"):
+        assert len(calls) == 1
+    offered = {t["name"] for t in body["tools"]}
+    for call in calls:
+        assert call.name == tool_choice.get("name", call.name) and call.name in offered
+        claude_code.INPUTS[call.name].model_validate(call.input)
