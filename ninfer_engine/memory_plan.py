@@ -28,6 +28,8 @@ def auto_kv_capacity(config: EngineConfig, model: Any, text_config: dict, device
         return config, None
     state_slots = config.max_concurrency + (
         0 if config.no_prefix_reuse else _checkpoint_slots(config))
+    if config.spec:  # the graph step keeps each verify row's state after every draft
+        state_slots += config.max_concurrency * (config.draft_tokens or 0)
     states = recurrent_state_bytes(model) * state_slots
     if device.type == "cuda":  # loading's transient blocks go back: mem_get_info sees them
         torch.cuda.synchronize(device)

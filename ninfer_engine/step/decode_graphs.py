@@ -117,22 +117,26 @@ class DecodeGraphs:
         return graph, logits
 
     def capture_at_start(self) -> None:
-        """Capture the first context bucket for every batch size now, on scratch sequences in
-        state slots 0.. (nobody holds a slot yet; a slot is zeroed when acquired) all on one
-        pool page, which goes back after (their K/V writes are garbage nobody reads, and an
-        elastic pool does not grow for them), so the first burst of traffic replays graphs
-        instead of compiling kernels and capturing (~5 s at batch 8 on the H200)."""
+        """Capture the first context bucket for every batch size now (decode, and verify rows
+        of `max_q` tokens where the decoder has them), on scratch sequences in state slots 0..
+        (nobody holds a slot yet; a slot is zeroed when acquired) all on one pool page, which
+        goes back after (their K/V writes are garbage nobody reads, and an elastic pool does
+        not grow for them), so the first burst of traffic replays graphs instead of compiling
+        kernels and capturing (~5 s at batch 8 on the H200)."""
         cache = self.decoder.storage.new_cache()
         try:
-            if not cache.reserve(1):
+            if not cache.reserve(self.decoder.max_q):
                 return
             scratch = [SimpleNamespace(cache=cache, cached=0, output=[0],
                                        state=StateSlot(i, []))
                        for i in range(self.decoder.max_batch)]
+            verify = self.decoder.max_q - 1  # drafts a verify row carries (0: decode only)
             for batch in range(1, len(scratch) + 1):
                 for seq in scratch:
                     seq.cached = 0
                 self.forward(scratch[:batch])
+                if verify:
+                    self.verify(scratch[:batch], [[0] * verify] * batch)
         finally:
             cache.release()
 

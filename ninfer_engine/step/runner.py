@@ -46,15 +46,17 @@ class _ModelRunner:
     def forward(self, batch: Batch) -> torch.Tensor:
         sampled = set(map(id, batch.sampled))
         graphs, drafts = self.graphs, [batch.drafts_of(i) for i in range(len(batch.decode))]
-        q_len = 1 + max(map(len, drafts), default=0)
+        longest = max(map(len, drafts), default=0)
         self._verified_by_graph = False
         if (graphs is None or not batch.decode or not graphs.accepts(batch.decode)
-                or q_len > graphs.decoder.max_q):
+                or 1 + longest > graphs.decoder.max_q):
             return self._eager(_work(batch), sampled)
-        if q_len == 1:
+        if not longest:
             logits = graphs.forward(batch.decode)
-        else:  # every row verifies q_len tokens; padding drafts are never accepted (`keep`)
-            rows = graphs.verify(batch.decode, [d + [0] * (q_len - 1 - len(d)) for d in drafts])
+        else:  # every row verifies max_q tokens (one graph a batch size, captured at load);
+            # padding drafts are never accepted (`keep`)
+            pad = graphs.decoder.max_q - 1
+            rows = graphs.verify(batch.decode, [d + [0] * (pad - len(d)) for d in drafts])
             logits = torch.cat([rows[i, : 1 + len(d)] for i, d in enumerate(drafts)])
             self._verified_by_graph = True
         if not batch.chunks:

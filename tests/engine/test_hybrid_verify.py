@@ -105,3 +105,21 @@ def test_runner_verifies_through_the_graph_step_with_padded_rows(device):
     for a, b in zip(state, state_ref):
         for x, y in zip(a, b):
             assert _rel(x, y) < state_tol
+
+
+@torch.inference_mode()
+def test_start_up_capture_includes_the_verify_shape(device):
+    """With verify rows (max_q > 1) the start-up capture runs decode and a max_q verify step
+    at every batch size, and hands its scratch page back."""
+    model = _model(False, device)
+    storage, states = _storage(model, "bf16"), model.state_pool(2)
+    graphs = DecodeGraphs(EngineHybridDecoder(model, storage, states, 2, 512, max_q=4), False)
+    calls = []
+    forward, verify = graphs.forward, graphs.verify
+    graphs.forward = lambda seqs: calls.append(("decode", len(seqs))) or forward(seqs)
+    graphs.verify = lambda seqs, d: calls.append(("verify", len(seqs), len(d[0]))) or verify(
+        seqs, d)
+    free = storage.allocator.free
+    graphs.capture_at_start()
+    assert calls == [("decode", 1), ("verify", 1, 3), ("decode", 2), ("verify", 2, 3)]
+    assert storage.allocator.free == free
