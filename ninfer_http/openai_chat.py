@@ -8,7 +8,9 @@ calls come complete from the splitter's flush and go out in one `tool_calls` chu
 `return_progress` turns the engine's prefill progress events into `prompt_progress` chunks, and
 `timings_per_token` adds the running `timings` to every reasoning and content chunk. With
 `logprobs` each content chunk carries the entries of the tokens that arrived with it. `n` > 1
-runs one generation per choice (each its own engine request) and answers when all are done.
+runs one generation per choice (each its own engine request, one response id): the JSON answer
+comes when all are done; a stream interleaves the choices' chunks (each with its `index`) as
+their events arrive, each choice's finish chunk when it ends, then one usage chunk for all.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from ninfer_engine.types import TokenEvent, Usage
 
 from . import sse
 from .admission import SLOTS
-from .context import CONFIG, client_label, ready_engine, request_id
+from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine, request_id
 from .errors import ApiError
 from .generation import Generation, OutputDelta, is_failure, start_generation
 from .ids import chat_completion_id, hex_id
@@ -49,7 +51,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     chat, options = parse_chat_request(await request.read(), engine, request.app[CONFIG])
     prepared = prepare(engine, chat, request_id(request))
     if options.n > 1:
-        return await _complete_choices(request, engine, chat, prepared, options.n, label)
+        return await _serve_choices(request, engine, chat, prepared, options, label)
     trace = RequestTrace(PROTOCOL, chat.stream, len(chat.messages), prepared.max_tokens,
                          chat.thinking, label)
     async with start_generation(engine, prepared, trace, request.app[SLOTS]) as generation:
@@ -59,26 +61,89 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         return await reply.complete()
 
 
-async def _complete_choices(request: web.Request, engine: ServingEngine, chat: ChatRequest,
-                            prepared: PreparedRequest, n: int, label: str | None
-                            ) -> web.Response:
-    """`n` choices of one prompt: n engine requests (each logged as one), run together."""
+async def _serve_choices(request: web.Request, engine: ServingEngine, chat: ChatRequest,
+                         prepared: PreparedRequest, options: StreamOptions, label: str | None
+                         ) -> web.StreamResponse:
+    """`n` choices of one prompt: n engine requests (each logged as one) run together, one
+    response id; streamed, their chunks interleave in the order the engine's events arrive."""
     async with contextlib.AsyncExitStack() as stack:
-        replies = []
-        for index in range(n):
-            trace = RequestTrace(PROTOCOL, False, len(chat.messages), prepared.max_tokens,
+        replies: list[_Reply] = []
+        for index in range(options.n):
+            trace = RequestTrace(PROTOCOL, chat.stream, len(chat.messages), prepared.max_tokens,
                                  chat.thinking, label)
             generation = await stack.enter_async_context(start_generation(
                 engine, choice(engine, prepared, index), trace, request.app[SLOTS]))
-            replies.append(_Reply(generation, engine, StreamOptions()))
-        results = await asyncio.gather(*(r.choice(index) for index, r in enumerate(replies)))
+            replies.append(_Reply(generation, engine, options, index, replies[0] if replies
+                                  else None))
+        if chat.stream:
+            return await _stream_choices(request, replies)
+        results = await asyncio.gather(*(r.choice(r.index) for r in replies))
     first = replies[0]
-    usages = [usage for _, usage, _ in results]
-    usage = Usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages),
-                  usages[0].cached_tokens)
+    usage = _total_usage([usage for _, usage, _ in results])
     reasoning = sum(r.generation.reasoning_tokens for r in replies)
     return web.json_response(first.body([c for c, _, _ in results], usage, reasoning,
                                         results[0][2]))
+
+
+def _total_usage(usages: list[Usage]) -> Usage:
+    """One prompt, every choice's completion tokens."""
+    return Usage(usages[0].prompt_tokens, sum(u.completion_tokens for u in usages),
+                 usages[0].cached_tokens)
+
+
+async def _stream_choices(request: web.Request, replies: list[_Reply]) -> web.StreamResponse:
+    """`serve_stream` for several choices: each choice's chunks as its events arrive, its
+    finish chunk when it ends, then (all ended) the usage chunk and `[DONE]`. A choice that
+    fails ends the stream with its error event; the others are cancelled."""
+    firsts = [await reply.generation.admit() for reply in replies]
+    response = await sse.open_stream(request)
+    waiting: dict[asyncio.Future[TokenEvent | None], _Reply] = {}
+    try:
+        for reply, first in zip(replies, firsts):
+            await reply.open(response, first)
+        arrived = list(zip(replies, firsts))
+        while True:
+            for reply, event in arrived:
+                await reply.feed(response, event)
+                if event.finish is None:
+                    waiting[asyncio.ensure_future(reply.generation.next())] = reply
+                    continue
+                reply.generation.last = event
+                error = await reply.close_choice(response)
+                if error is not None:
+                    _end_others(replies, error)
+                    return response
+            if not waiting:
+                break
+            done, _ = await asyncio.wait(waiting, timeout=request.app[KEEPALIVE_S],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                await response.write(sse.KEEPALIVE)
+            arrived = sorted(((waiting.pop(task), task.result()) for task in done),
+                             key=lambda pair: pair[0].index)
+        await replies[0].write_done(response, _total_usage(
+            [r.generation.accounting(r.generation.last)[0] for r in replies]),
+            sum(r.generation.reasoning_tokens for r in replies))
+    except ConnectionResetError:
+        for reply in replies:
+            reply.generation.disconnected()
+    except Exception:
+        error = replies[0].generation.broken()
+        _end_others(replies, error)
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(sse.data(error.openai_body()))
+    finally:
+        for task in waiting:
+            task.cancel()
+    return response
+
+
+def _end_others(replies: list[_Reply], error: ApiError) -> None:
+    """Log the choices a failed one took down (their requests are cancelled on exit)."""
+    for reply in replies:
+        generation = reply.generation
+        if not generation.trace.closed:
+            generation.trace.ended("cancelled", generation.phase, error.status, error.code)
 
 
 def _finish_reason(finish: str | None, has_calls: bool) -> str:
@@ -98,9 +163,11 @@ class _Reply:
     """Turns one generation's events into a Chat Completion object or chunk stream."""
 
     def __init__(self, generation: Generation, engine: ServingEngine,
-                 options: StreamOptions) -> None:
-        self.id = chat_completion_id()
-        self.created = int(time.time())
+                 options: StreamOptions, index: int = 0, first: _Reply | None = None) -> None:
+        # the choices of one response share its id and creation time
+        self.id = chat_completion_id() if first is None else first.id
+        self.created = int(time.time()) if first is None else first.created
+        self.index = index
         self.model = engine.model_id
         self.generation = generation
         self.options = options
@@ -155,7 +222,8 @@ class _Reply:
 
     def _delta(self, delta: dict[str, Any], finish: str | None = None,
                logprobs: dict[str, Any] | None = None, **extra: Any) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        choice = {"index": self.index, "delta": delta, "logprobs": logprobs,
+                  "finish_reason": finish}
         return self._chunk([choice], **extra)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
@@ -170,6 +238,13 @@ class _Reply:
         await self._write_deltas(response, self.generation.splitter.feed(event.text))
 
     async def close(self, response: web.StreamResponse) -> None:
+        if await self.close_choice(response) is None:
+            usage, _ = self.generation.accounting(self.generation.last)
+            await self.write_done(response, usage, self.generation.reasoning_tokens)
+
+    async def close_choice(self, response: web.StreamResponse) -> ApiError | None:
+        """This choice's last deltas, its tool calls and its finish chunk; on a failure the
+        error event instead, and the error."""
         event = self.generation.last
         final = self.generation.splitter.flush()
         await self._write_deltas(response, final)
@@ -177,7 +252,7 @@ class _Reply:
         if calls:
             indexed = [{"index": i, **call} for i, call in enumerate(calls)]
             await response.write(self._delta({"tool_calls": indexed}))
-        await self._write_end(response, event, bool(calls))
+        return await self._write_finish(response, event, bool(calls))
 
     def failure(self, error: ApiError) -> bytes:
         return sse.data(error.openai_body())
@@ -201,20 +276,26 @@ class _Reply:
                     self.logprobs.take(self.generation.output_tokens))
             await response.write(self._delta({_DELTA_KEYS[delta.channel]: delta.text}, **extra))
 
-    async def _write_end(
+    async def _write_finish(
         self, response: web.StreamResponse, last: TokenEvent, has_calls: bool
-    ) -> None:
+    ) -> ApiError | None:
         error = self.generation.conclude(last)
         if error is not None:
             await response.write(sse.data(error.openai_body()))
-            return
-        usage, timings = self.generation.accounting(last)
+            return error
+        _, timings = self.generation.accounting(last)
         finish = _finish_reason(last.finish, has_calls)
         if self.options.include_usage:
             await response.write(self._delta({}, finish))
-            usage_body = openai_chat_usage(usage, self.generation.reasoning_tokens)
-            await response.write(self._chunk([], usage=usage_body,
-                                             timings=llama_timings(timings)))
         else:
             await response.write(self._delta({}, finish, timings=llama_timings(timings)))
+        return None
+
+    async def write_done(self, response: web.StreamResponse, usage: Usage,
+                         reasoning_tokens: int) -> None:
+        """The usage chunk (when asked for; timings of this choice) and `[DONE]`."""
+        if self.options.include_usage:
+            _, timings = self.generation.accounting(self.generation.last)
+            await response.write(self._chunk([], usage=openai_chat_usage(usage, reasoning_tokens),
+                                             timings=llama_timings(timings)))
         await response.write(sse.DONE)

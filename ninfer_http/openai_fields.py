@@ -50,7 +50,7 @@ class StreamOptions:
     include_usage: bool = False  # a final usage chunk
     timings_per_token: bool = False  # running `timings` on every reasoning/content chunk
     return_progress: bool = False  # `prompt_progress` chunks during prefill
-    n: int = 1  # choices (a stream has one)
+    n: int = 1  # choices
 
 
 def parse_chat_request(
@@ -77,8 +77,6 @@ def parse_chat_request(
         max_tokens = get_int(body, "max_tokens", 0)
     stream = bool(get_bool(body, "stream"))
     n = get_int(body, "n", 1, MAX_CHOICES) or 1
-    if stream and n > 1:
-        raise unsupported("n", "n > 1 is served without streaming only.")
     stream_options = get_object(body, "stream_options") or {}
     options = StreamOptions(
         bool(get_bool(stream_options, "include_usage", "stream_options.include_usage")),

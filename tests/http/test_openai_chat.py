@@ -150,7 +150,6 @@ IMAGE = {"url": "https://example.com/cat.png", "detail": "high"}
 
 @pytest.mark.parametrize("fields, param", [
     ({"grammar": "root ::= x"}, "grammar"),
-    ({"n": 2, "stream": True}, "n"),
     # the scripted engine's tokenizer cannot drive a grammar: a clear refusal, not a hang
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}],
@@ -209,6 +208,45 @@ def test_n_choices_run_one_engine_request_each(live):
     assert seeds == [5, 6, 7]  # choices differ by seed
     assert len({r.request_id for r in live.engine.submitted}) == 3
     assert body["usage"]["completion_tokens"] == 3 * 4
+
+
+def test_n_choices_stream_interleaved_by_index(live):
+    live.engine.script = Script(delay_s=0.02)  # the choices' pieces arrive in turns
+    reply = live.chat(n=3, seed=5, stream=True, stream_options={"include_usage": True})
+    assert reply.status == 200, reply.body
+    events = sse_events(reply.body)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len({c["id"] for c in chunks}) == 1 and len({c["created"] for c in chunks}) == 1
+    *deltas, usage = chunks
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 3 * 4
+    assert all(len(c["choices"]) == 1 for c in deltas)
+    order = [c["choices"][0]["index"] for c in deltas]
+    for index in range(3):
+        own = [c["choices"][0] for c in deltas if c["choices"][0]["index"] == index]
+        assert own[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content", "") for c in own[1:-1]) == "Hello, world!"
+        assert own[-1]["delta"] == {} and own[-1]["finish_reason"] == "stop"
+    # interleaved as they arrived, not one choice after another
+    assert order.index(2) < len(order) - 1 - order[::-1].index(0)
+    assert sorted(r.sampling.seed for r in live.engine.submitted) == [5, 6, 7]
+
+
+def test_n_choices_stream_through_the_sdk(live):
+    with sdk(live).chat.completions.stream(model="fake-model", n=2, messages=[
+            {"role": "user", "content": "Hi"}]) as stream:
+        final = stream.get_final_completion()
+    assert [(c.index, c.message.content, c.finish_reason) for c in final.choices] == [
+        (0, "Hello, world!", "stop"), (1, "Hello, world!", "stop")]
+
+
+def test_n_choices_stream_ends_at_the_first_failure(live):
+    live.engine.script = Script(fail=EngineError("step loop broke", "service_unavailable", 503))
+    events = sse_events(live.chat(n=2, stream=True).body)
+    assert "[DONE]" not in events
+    errors = [json.loads(e) for e in events if "error" in json.loads(e)]
+    assert len(errors) == 1 and json.loads(events[-1]) == errors[0]
+    assert errors[0]["error"]["code"] == "service_unavailable"
 
 
 def test_parallel_tool_calls_false_returns_one_call(live):
