@@ -1,6 +1,6 @@
 """Real clients against a real `ninfer-serve` of the default model (issue 21): Codex's and
-Claude Code's request bodies (the latter through the `anthropic` SDK's beta messages, as Claude
-Code calls them, forced tool choice included), structured outputs through `chat.completions.parse`, forced tool calls, logprobs and
+Claude Code's request bodies (the latter through the `anthropic` SDK's beta messages, as
+Claude Code calls them, forced tool choice included), structured outputs through `chat.completions.parse`, forced tool calls, logprobs and
 `/v1/completions` through the official SDK. One server for the module (loading takes a while on
 the small CPU); the 100-seed structured-output run is marked slow."""
 from __future__ import annotations
@@ -174,6 +174,27 @@ def test_greedy_logprobs_pick_the_most_likely_token(client):
         # greedy takes the argmax, whose log-probability is the top alternative's
         assert math.isclose(entry.logprob, entry.top_logprobs[0].logprob, abs_tol=1e-6)
         assert sum(math.exp(t.logprob) for t in entry.top_logprobs) <= 1 + 1e-6
+
+
+def test_n_choices_stream_together(client):
+    chunks = list(client.chat.completions.create(
+        model=MODEL_ID, n=3, seed=7, temperature=1.0, max_tokens=12, stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "Name a colour."}]))
+    *deltas, usage = chunks
+    order = [c.choices[0].index for c in deltas]
+    texts = ["".join(c.choices[0].delta.content or "" for c in deltas
+                     if c.choices[0].index == i) for i in range(3)]
+    finishes = [c.choices[0] for c in deltas if c.choices[0].finish_reason]
+    assert sorted(f.index for f in finishes) == [0, 1, 2] and all(texts)
+    # one batch: every choice has a chunk out before any choice's last one
+    assert max(order.index(i) for i in range(3)) < min(
+        len(order) - 1 - order[::-1].index(i) for i in range(3))
+    assert usage.usage.completion_tokens == sum(
+        client.chat.completions.create(
+            model=MODEL_ID, seed=7 + i, temperature=1.0, max_tokens=12,
+            messages=[{"role": "user", "content": "Name a colour."}]).usage.completion_tokens
+        for i in range(3))
 
 
 def test_completions_create_stream_and_not(client):
