@@ -209,7 +209,10 @@ def _anthropic() -> dict[str, Schema]:
                              "display": {"const": "omitted"}}, "type"),
             "output_config": obj({"effort": EFFORT}),
             "tools": {"type": "array", "items": tool},
-            "tool_choice": obj({"type": {"enum": ["auto", "none"]}}, "type"),
+            # `any` / `tool` (with `name`) force a call through the tool-call grammar
+            "tool_choice": obj({"type": {"enum": ["auto", "none", "any", "tool"]},
+                                "name": TOOL_NAME, "disable_parallel_tool_use": BOOLEAN},
+                               "type"),
         }, "model", "messages"),
         "Message": obj({"id": STRING, "type": {"const": "message"},
                         "role": {"const": "assistant"}, "content": ARRAY,
