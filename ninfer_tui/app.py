@@ -20,6 +20,7 @@ from textual.worker import Worker, WorkerState
 from ninfer_engine.stats import EngineStats
 from ninfer_engine.types import EngineState
 
+from .gpu import GpuMonitor, GpuReading
 from .protocol import ConsoleSupervisor
 from .widgets.banner import FailureBanner
 from .widgets.base import NO_STATS, Panel, PanelColumn
@@ -83,11 +84,15 @@ class NinferConsole(App[None]):
     show_log: reactive[bool] = reactive(False)
     selected: reactive[str | None] = reactive(None)
     scroll_back: reactive[int] = reactive(0)
+    nvml: reactive[tuple[GpuReading, ...]] = reactive(())
 
-    def __init__(self, supervisor: ConsoleSupervisor, *, title_info: str) -> None:
-        """`title_info` is one line shown at the header's right, e.g. version and device names."""
+    def __init__(self, supervisor: ConsoleSupervisor, *, title_info: str,
+                 gpu_monitor: GpuMonitor | None = None) -> None:
+        """`title_info` is one line shown at the header's right, e.g. version and device names;
+        `gpu_monitor` gives the memory panel its GPU rows (None: no rows, as in tests)."""
         super().__init__()
         self.supervisor = supervisor
+        self.gpu_monitor = gpu_monitor
         self.info = ServerInfo(title_info=title_info, artifact=supervisor.artifact,
                                listen_url=supervisor.listen_url,
                                auth_enabled=supervisor.auth_enabled)
@@ -98,7 +103,7 @@ class NinferConsole(App[None]):
         yield FailureBanner().data_bind(stats)
         with Grid(id="panels"):
             with PanelColumn(id="memory-column"):
-                yield MemoryPanel().data_bind(stats)
+                yield MemoryPanel().data_bind(stats, NinferConsole.nvml)
                 yield StateSlotPanel().data_bind(stats)
             yield KvPanel().data_bind(stats)
             yield ExpertPanel().data_bind(stats)
@@ -125,6 +130,8 @@ class NinferConsole(App[None]):
         stats = self.supervisor.snapshot()
         self.history = self.history.push(stats)
         self.stats = stats
+        if self.gpu_monitor is not None:
+            self.nvml = self.gpu_monitor.read()
         self.paused = self.supervisor.paused
         self.screen.set_class(not stats.live, "-stale")  # greyed: nothing here is live
         ids = [view.id for view in selectable(stats)]

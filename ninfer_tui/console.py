@@ -24,6 +24,7 @@ from ninfer_http.server import RunningServer, start_server
 from ninfer_http.shutdown import graceful_stop, stopped_line
 
 from .app import NinferConsole
+from .gpu import GpuMonitor
 
 log = logging.getLogger("ninfer")
 LOG_LINES = 500
@@ -98,7 +99,7 @@ class ServingConsole(NinferConsole):
     def __init__(self, argv: list[str], supervisor: Supervisor, config: EngineConfig,
                  ring: LogRing) -> None:
         super().__init__(ConsoleBridge(supervisor, config, ring),
-                         title_info=f"ninfer {config.artifact.name}")
+                         title_info=f"ninfer {config.artifact.name}", gpu_monitor=GpuMonitor())
         self._argv = argv
         self._engine_supervisor = supervisor
         self._config = config
@@ -142,6 +143,8 @@ class ServingConsole(NinferConsole):
         if self._server is not None:  # left without a drain (e.g. a test's app.exit())
             await self._server.stop()
         self._engine_supervisor.stop()
+        if self.gpu_monitor is not None:
+            self.gpu_monitor.close()
 
 
 def run_console(argv: list[str], config: EngineConfig) -> int:

@@ -2,15 +2,20 @@
 
 On the CPU the engine's memory is host RAM: one bar shows the machine's RAM split into what the
 engine holds (weights, KV pool, the rest of its RSS), other processes and free; no second row
-repeats it."""
+repeats it.
+
+Under the bars, one row per GPU that NVML reports (utilization, memory, power, clocks,
+temperature; `gpu.GpuMonitor`); none where NVML finds no device."""
 
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
 from rich.text import Text
+from textual.reactive import reactive
 
 from ninfer_engine.stats import DeviceMemory, EngineStats, HostMemory
 
+from ..gpu import GpuReading
 from .base import Panel
 from .format import fraction_bar, gib, stacked_bar
 
@@ -27,6 +32,9 @@ TAIL_WIDTH = 16
 
 
 class MemoryPanel(Panel):
+    # NVML's readings of the machine's GPUs (not the engine's: live in every engine state)
+    nvml: reactive[tuple[GpuReading, ...]] = reactive((), layout=True)
+
     def __init__(self) -> None:
         super().__init__("memory", id="memory")
 
@@ -34,7 +42,11 @@ class MemoryPanel(Panel):
         gpus = [d for d in stats.devices if d.name != "cpu"]
         cpu = next((d for d in stats.devices if d.name == "cpu"), None)
         if self.compact:
-            return compact_line(gpus, cpu, stats.host)
+            line = compact_line(gpus, cpu, stats.host)
+            for reading in self.nvml:
+                line.append(f"  gpu{reading.index} ", style="dim")
+                line.append(f"{_figure(reading.util_pct, '%')} {_figure(reading.temp_c, '°C')}")
+            return line
         bar_width = max(10, self.size.width - LABEL_WIDTH - TAIL_WIDTH)
         lines: list[RenderableType] = []
         for device in gpus:
@@ -45,7 +57,34 @@ class MemoryPanel(Panel):
             if not gpus:
                 lines.append(Text("no device figures yet", style="dim"))
             lines.extend(host_lines(stats.host, bar_width))
+        lines.extend(gpu_line(reading) for reading in self.nvml)
         return Group(*lines)
+
+
+def _figure(value: float | None, unit: str, spec: str = ".0f") -> str:
+    return "?" if value is None else f"{value:{spec}}{unit}"
+
+
+def gpu_line(reading: GpuReading) -> Text:
+    """`gpu0    util 37%  mem 80.1/139.8 GiB  power 351/700 W  clocks 1980/2619 MHz  54°C`."""
+    line = Text(f"{'gpu' + str(reading.index):<{LABEL_WIDTH}}")
+    memory = "?"
+    if reading.mem_used is not None and reading.mem_total is not None:
+        memory = f"{gib(reading.mem_used)}/{gib(reading.mem_total)} GiB"
+    power = _figure(reading.power_w, "")
+    if reading.power_limit_w is not None:
+        power += f"/{reading.power_limit_w:.0f}"
+    groups = (("util", _figure(reading.util_pct, "%")), ("mem", memory),
+              ("power", f"{power} W"),
+              ("clocks", f"{_figure(reading.sm_clock_mhz, '')}/"
+                         f"{_figure(reading.mem_clock_mhz, '')} MHz"),
+              ("", _figure(reading.temp_c, "°C")))
+    for label, value in groups:
+        if label:
+            line.append(f"{label} ", style="dim")
+        line.append(f"{value}  ")
+    line.rstrip()
+    return line
 
 
 def compact_line(gpus: list[DeviceMemory], cpu: DeviceMemory | None, host: HostMemory) -> Text:
