@@ -4,12 +4,13 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 
 from fake_engine import Script
 
 
-def open_chat(live, stream: bool) -> socket.socket:
-    body = json.dumps({"model": "fake-model", "stream": stream,
+def open_chat(live, stream: bool, n: int = 1) -> socket.socket:
+    body = json.dumps({"model": "fake-model", "stream": stream, "n": n,
                        "messages": [{"role": "user", "content": "Hi"}]}).encode()
     sock = socket.create_connection(("127.0.0.1", live.port), timeout=5)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -37,6 +38,21 @@ def test_stream_disconnect_cancels_the_engine_request(live, caplog):
     assert live.engine.cancelled == [live.engine.submitted[0].request_id]
     [line] = [r.getMessage() for r in caplog.records if "cancelled during" in r.getMessage()]
     assert line.endswith("cancelled during decode | HTTP 499 | client disconnected")
+
+
+def test_stream_of_n_choices_disconnect_cancels_every_choice(live, caplog):
+    live.engine.script = Script(pieces=("first",), hang=True)
+    with caplog.at_level(logging.INFO, logger="ninfer"):
+        sock = open_chat(live, stream=True, n=2)
+        read_until(sock, b'"index": 1, "delta": {"content": "first"}')
+        sock.close()
+        deadline = time.monotonic() + 5
+        while len(live.engine.cancelled) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert sorted(live.engine.cancelled) == sorted(r.request_id for r in live.engine.submitted)
+    lines = [r.getMessage() for r in caplog.records if "cancelled during" in r.getMessage()]
+    assert len(lines) == 2
+    assert all(line.endswith("| HTTP 499 | client disconnected") for line in lines)
 
 
 def test_non_stream_disconnect_cancels_the_engine_request(live, caplog):
