@@ -353,9 +353,10 @@ class Engine:
             except Exception as exc:
                 self._fail_request(seq, exc)
             kept[id(seq)] = max(appended, 1)
+            accepted = max(appended - 1, 0)  # the last emitted token is the target's own
             seq.drafted += len(drafts)
-            seq.draft_accepted += appended - 1
-            self.speculator.record(seq, len(drafts), max(appended - 1, 0))
+            seq.draft_accepted += accepted
+            self.speculator.record(seq, len(drafts), accepted)
         self.runner.keep(batch, [kept.get(id(seq), 1) for seq in batch.decode])
 
     def _next_tokens(self, sampled: list[Sequence], rows: list[int],
