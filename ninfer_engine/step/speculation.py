@@ -20,7 +20,7 @@ import torch
 
 from ..kernels import sampling as kernels
 from ..stats import SpecStats
-from .sampling import _CANDIDATES, Sampler, _path, _penalized, apply_penalties
+from .sampling import _CANDIDATES, Sampler, _path, _penalized
 
 MIN_NGRAM, MAX_NGRAM = 2, 4
 # a request stops drafting while its recent acceptance is below this (drafts that are mostly
@@ -201,18 +201,9 @@ def accept_greedy(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[l
     emits: the drafts the target's greedy choice agrees with, then the target's token after the
     last of them. Position i's choice sees the request's penalties with drafts 1..i counted, as
     plain decoding would have; one argmax launch and one host copy for every row."""
-    picks = []
-    for sampler, drafts, logits in rows:
-        p = sampler.params
-        if p.presence_penalty or p.frequency_penalty:
-            counts, logits = dict(sampler.counts), logits.clone()
-            for i in range(logits.shape[0]):
-                if counts:
-                    logits[i] = apply_penalties(logits[i], counts, p.presence_penalty,
-                                                p.frequency_penalty)
-                if i < len(drafts):
-                    counts[drafts[i]] = counts.get(drafts[i], 0) + 1
-        picks.append(logits)
+    # the sampler's own penalty step, position by position (`_position_views`)
+    picks = [_penalized(logits, _position_views(sampler, drafts, logits.shape[0]))
+             for sampler, drafts, logits in rows]
     if not picks:
         return []
     best = kernels.argmax(torch.cat(picks)).tolist()

@@ -56,10 +56,17 @@ def test_greedy_acceptance_with_penalties_is_plain_greedy_token_by_token():
         assert emitted == want[: cut + 1]
 
 
-def _run(engine, prompts, max_tokens):
+def _engine(artifact, spec: str | None = "ngram") -> Engine:
+    engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=512, prefill_chunk=64,
+                                 cuda_dtype="fp32", spec=spec,
+                                 draft_tokens=3 if spec else None), artifact)
+    engine.start()
+    return engine
+
+
+def _run(engine, prompts, max_tokens, sampling=SamplingParams(temperature=0.0)):
     async def one(i, prompt):
-        request = GenerationRequest(f"r{i}", prompt, SamplingParams(temperature=0.0),
-                                    max_tokens, ignore_eos=True)
+        request = GenerationRequest(f"r{i}", prompt, sampling, max_tokens, ignore_eos=True)
         return [t for e in [e async for e in engine.submit(request)] for t in e.token_ids]
 
     async def all_():
@@ -81,10 +88,7 @@ def test_greedy_output_is_the_same_with_and_without_ngram_drafts(family):
                 else HybridArtifact("qwen3_5"))
     outputs, engines = [], []
     for spec in (None, "ngram"):
-        engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=512,
-                                     prefill_chunk=64, cuda_dtype="fp32", spec=spec,
-                                     draft_tokens=3 if spec else None), artifact)
-        engine.start()
+        engine = _engine(artifact, spec)
         try:
             outputs.append(_run(engine, _prompts(120), 40))
         finally:
@@ -120,10 +124,7 @@ def test_speculator_backs_off_a_request_whose_drafts_are_rejected():
 
 
 def test_acceptance_reaches_the_engine_snapshot():
-    artifact = FakeArtifact(tiny_llama(seed=5, vocab_size=259))
-    engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=512, prefill_chunk=64,
-                                 spec="ngram", draft_tokens=3), artifact)
-    engine.start()
+    engine = _engine(FakeArtifact(tiny_llama(seed=5, vocab_size=259)))
     try:
         _run(engine, _prompts(120)[:1], 30)
     finally:
@@ -193,17 +194,9 @@ def test_rejection_sampling_is_reproducible_from_the_seed():
 
 
 def test_sampled_requests_verify_drafts_in_the_engine():
-    artifact = FakeArtifact(tiny_llama(seed=5, vocab_size=259))
-    engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=512, prefill_chunk=64,
-                                 spec="ngram", draft_tokens=3), artifact)
-    engine.start()
+    engine = _engine(FakeArtifact(tiny_llama(seed=5, vocab_size=259)))
     try:
-        async def one():
-            request = GenerationRequest("s", _prompts(120)[0],
-                                        SamplingParams(temperature=0.05, seed=7), 30,
-                                        ignore_eos=True)
-            return [t for e in [e async for e in engine.submit(request)] for t in e.token_ids]
-        tokens = asyncio.run(one())
+        [tokens] = _run(engine, _prompts(120)[:1], 30, SamplingParams(temperature=0.05, seed=7))
     finally:
         engine.stop()
     assert len(tokens) == 30
