@@ -9,6 +9,9 @@ it; run it with `NinferConsole(supervisor, title_info=...).run()`.
 
 from __future__ import annotations
 
+import os
+import time
+
 from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -59,12 +62,10 @@ class NinferConsole(App[None]):
     TITLE = "ninfer"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
-        _key("p", "pick_profile", "Profile",
-             "switch to another profile (the engine reloads with its flags)"),
-        _key("r", "reload", "Reload",
-             "reload the engine: at once after a failure, otherwise after a confirmation"),
+        _key("p", "pick_profile", "Profile", "switch profile: the engine reloads with its flags"),
+        _key("r", "reload", "Reload", "reload the engine (asks first unless it failed)"),
         _key("a", "toggle_admission", "Pause",
-             "pause or resume admitting new requests (waiting ones stay listed)"),
+             "pause or resume admission (waiting ones stay listed)"),
         _key("up", "select(-1)", "Select", "move the request cursor", show=False, display="↑/↓"),
         _key("down", "select(1)", "Select", "move the request cursor", show=False),
         _key("enter", "detail", "Detail", "the selected request in full; c cancels it there"),
@@ -73,9 +74,10 @@ class NinferConsole(App[None]):
              show=False, display="[/]"),
         _key("]", "scroll_history(-1)", "Newer", "scroll the history forward", show=False),
         _key("l", "toggle_log", "Log", "show or hide the log (scrolls with ↑/↓ and PgUp/PgDn)"),
+        _key("s", "save_svg", "Shot", "save the screen as SVG in the working directory",
+             show=False),
         _key("question_mark", "help", "Help", "this list of keys", display="?"),
-        _key("q", "request_quit", "Quit",
-             "stop: running requests get the drain time, waiting ones are dropped (asks first)"),
+        _key("q", "request_quit", "Quit", "stop: drain running requests, drop waiting ones (asks)"),
     ]
 
     stats: reactive[EngineStats] = reactive(NO_STATS)
@@ -233,6 +235,17 @@ class NinferConsole(App[None]):
     def action_scroll_history(self, direction: int) -> None:
         oldest = max(len(self.history.buckets) - 10, 0)
         self.scroll_back = max(0, min(oldest, self.scroll_back + direction * SCROLL_STEP))
+
+    def action_save_svg(self) -> None:
+        """Write the screen as it is now to `ninfer-console-<time>.svg` in the working
+        directory (what scripts/console_screenshot.py collects)."""
+        stamp = time.strftime("%Y%m%dT%H%M%S") + f"{time.time() % 1:.3f}"[1:]
+        try:
+            path = self.save_screenshot(f"ninfer-console-{stamp}.svg", path=os.getcwd())
+        except OSError as exc:
+            self.notify(f"Screenshot not saved: {exc}", severity="error")
+            return
+        self.notify(f"Saved {path}")
 
     def action_toggle_log(self) -> None:
         self.show_log = not self.show_log

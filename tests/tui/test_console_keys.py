@@ -143,9 +143,20 @@ async def test_question_mark_lists_every_key() -> None:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         assert [key for key, _, _ in app.screen.keys] == ["p", "r", "a", "↑/↓", "enter", "c",
-                                                          "[/]", "l", "?", "q"]
+                                                          "[/]", "l", "s", "?", "q"]
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_s_saves_the_screen_as_svg(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    app, feed = console("busy8")
+    async with app.run_test(size=SIZE) as pilot:
+        play_all(app, feed)
+        await pilot.press("s")
+        await pilot.pause()
+    (svg,) = tmp_path.glob("ninfer-console-*.svg")
+    assert svg.read_text().startswith("<svg") and "READY" in svg.read_text()
 
 
 async def test_q_quits_at_once_when_idle() -> None:
