@@ -130,7 +130,7 @@ class _Reply:
 
     async def close(self, response: web.StreamResponse) -> None:
         event = self.generation.last
-        final = self.generation.splitter.flush()
+        final = self.generation.flush(event)
         await self._write_deltas(response, final)
         calls = [] if is_failure(event) else [_tool_use(d) for d in final
                                               if d.channel == "tool_call"]

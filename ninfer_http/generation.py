@@ -112,11 +112,16 @@ class Generation:
             event = await self.next()
             assert event is not None  # no timeout was given
             deltas += self.splitter.feed(event.text)
-        deltas += self.splitter.flush()
+        deltas += self.flush(event)
         error = self.conclude(event)
         if error is not None:
             raise error
         return deltas, event
+
+    def flush(self, last: TokenEvent | None) -> list[OutputDelta]:
+        """The splitter's held-back output once `last` ended the generation: a tool call the
+        token limit cut before it closed comes back as text (contract: `length` wins)."""
+        return self.splitter.flush(truncated=last is not None and last.finish == "length")
 
     def _observe(self, event: TokenEvent) -> None:
         self.event_at = now = time.monotonic()

@@ -246,7 +246,7 @@ class _Reply:
         """This choice's last deltas, its tool calls and its finish chunk; on a failure the
         error event instead, and the error."""
         event = self.generation.last
-        final = self.generation.splitter.flush()
+        final = self.generation.flush(event)
         await self._write_deltas(response, final)
         calls = [] if is_failure(event) else _tool_calls(final)
         if calls:

@@ -41,8 +41,9 @@ class OutputSplitter(Protocol):
 
     def feed(self, text: str) -> list[OutputDelta]: ...
 
-    def flush(self) -> list[OutputDelta]:
-        """Whatever was held back, then every tool call, once generation has finished."""
+    def flush(self, truncated: bool = False) -> list[OutputDelta]:
+        """Whatever was held back, then every tool call, once generation has finished;
+        `truncated` (it ended at a token limit): a call still open is text, not a call."""
         ...
 
 
@@ -63,12 +64,13 @@ class ParsedOutput:
     def feed(self, text: str) -> list[OutputDelta]:
         return self._split(self._reasoning.feed(text), final=False)
 
-    def flush(self) -> list[OutputDelta]:
-        deltas = self._split(self._reasoning.flush(), final=True)
+    def flush(self, truncated: bool = False) -> list[OutputDelta]:
+        deltas = self._split(self._reasoning.flush(), final=True, truncated=truncated)
         calls, self._calls = self._calls, []
         return deltas + calls
 
-    def _split(self, pieces: list[tuple[str, str]], final: bool) -> list[OutputDelta]:
+    def _split(self, pieces: list[tuple[str, str]], final: bool, truncated: bool = False
+               ) -> list[OutputDelta]:
         out: list[OutputDelta] = []
         for channel, text in pieces:
             if channel == CONTENT and self._tools is not None:
@@ -76,7 +78,7 @@ class ParsedOutput:
             else:
                 out.append(OutputDelta(channel, text))
         if final and self._tools is not None:
-            self._answer(self._tools.flush(), out)
+            self._answer(self._tools.flush(truncated), out)
         return out
 
     def _answer(self, items: list[str | ToolCall], out: list[OutputDelta]) -> None:

@@ -233,7 +233,8 @@ class _Reply:
 
     async def close(self, response: web.StreamResponse) -> None:
         write = self._writer(response)
-        await _write_all(write, self.builder.feed(self.generation.splitter.flush()))
+        final = self.generation.flush(self.generation.last)
+        await _write_all(write, self.builder.feed(final))
         await self._write_end(write, self.generation.last)
 
     def failure(self, error: ApiError) -> bytes:

@@ -3,7 +3,8 @@
 Two bodies are understood: Hermes JSON (`{"name": …, "arguments": {…}}`, Qwen3) and the
 Qwen3.5/Qwen3-Coder XML form (`<function=NAME>` with `<parameter=ARG>VALUE</parameter>` lines).
 Text that could still become `<tool_call>` is held back and released as text once it cannot;
-a block that does not parse is released as text too, so nothing the model wrote is lost.
+a block that does not parse is released as text too, so nothing the model wrote is lost, and so
+is a call still open when the output was cut at its token limit (`flush(truncated=True)`).
 Arguments are typed by the tool's JSON schema (see `arguments.py`). Blank text that only
 separates calls from each other or from the preceding text is dropped.
 """
@@ -62,11 +63,14 @@ class ToolCallParser:
             elif not self._scan_call(out):
                 return out
 
-    def flush(self) -> list[Item]:
-        """The end of the output: an unclosed call is kept only if its body is complete."""
+    def flush(self, truncated: bool = False) -> list[Item]:
+        """The end of the output: an unclosed call is kept only if its body is complete and
+        the output ended on its own. When it was cut (`truncated`: the output or context limit
+        was reached) an unclosed call is released as text even if its body happens to parse:
+        the model never closed it, so it is not presented as a call a client could run."""
         out: list[Item] = []
         if self._call is not None:
-            call = self._parse(self._call)
+            call = None if truncated else self._parse(self._call)
             if call is not None:
                 self._emit_call(out, call)
             else:

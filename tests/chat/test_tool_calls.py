@@ -113,6 +113,21 @@ def test_unclosed_call_is_kept_only_when_complete():
     assert only_result(truncated) == (truncated, [])
 
 
+@pytest.mark.parametrize("cut", [
+    '<tool_call>\n{"name": "noop", "arguments": {}}',  # the body parses, the call never closed
+    '<tool_call>\n{"name": "noop", "argu',
+    "<tool_call>\n<function=noop>\n</function>\n",
+])
+def test_a_call_cut_by_the_token_limit_is_text(cut):
+    text = "Let me see. " + JSON_CALL + "\n" + cut
+    parser = ToolCallParser(TOOLS)
+    items = parser.feed(text) + parser.flush(truncated=True)
+    calls = [item for item in items if isinstance(item, ToolCall)]
+    assert [c.name for c in calls] == ["get_weather"]  # the closed call before the cut stays
+    # blanks after a call are dropped, as always; the cut call is released as written
+    assert "".join(i for i in items if isinstance(i, str)) == "Let me see." + cut
+
+
 def test_an_abandoned_call_does_not_hide_the_next_one():
     text = "<tool_call>\n{\"name\": <tool_call>" + JSON_CALL[len("<tool_call>"):]
     content, calls = only_result(text)

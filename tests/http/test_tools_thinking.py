@@ -307,3 +307,62 @@ def test_anthropic_omitted_thinking_round_trip(live):
     assert ('"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>\n'
             "<tool><tool_response>sunny</tool_response>\n"
             "<tool><tool_response>12:00</tool_response>\n<user>Thanks\n") in prompt
+
+
+# Output cut at the token limit inside a call: the parsed body of the cut call would be a valid
+# call (its JSON closed), but the model never closed the call, so no protocol presents it as one.
+CUT = ("I'll check.", "\n<tool_call>\n", '{"name": "get_weather", ',
+       '"arguments": {"city": "Paris"}}')
+CUT_TEXT = "I'll check.\n<tool_call>\n" + "".join(CUT[2:])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_call_cut_by_the_token_limit_is_not_a_call(live, stream):
+    live.engine.script = Script(pieces=CUT, finish="length")
+    client = openai_sdk(live)
+    if stream:
+        chunks = list(client.chat.completions.create(
+            model="fake-model", messages=USER, tools=OPENAI_TOOLS, stream=True))
+        assert not any(c.choices[0].delta.tool_calls for c in chunks)
+        content = "".join(c.choices[0].delta.content or "" for c in chunks)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.chat.completions.create(
+            model="fake-model", messages=USER, tools=OPENAI_TOOLS).choices[0]
+        assert choice.message.tool_calls is None
+        content, finish = choice.message.content, choice.finish_reason
+    assert (content, finish) == (CUT_TEXT, "length")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_call_cut_by_the_token_limit_is_not_a_call(live, stream):
+    live.engine.script = Script(pieces=CUT, finish="length")
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER_SCHEMA}]
+    client = openai_sdk(live)
+    if stream:
+        # the SDK's stream helper only finalises a `response.completed`: read the events
+        events = list(client.responses.create(model="fake-model", input="Weather?",
+                                              tools=tools, stream=True))
+        assert not any("function_call" in e.type for e in events)
+        assert events[-1].type == "response.incomplete"
+        response = events[-1].response
+    else:
+        response = client.responses.create(model="fake-model", input="Weather?", tools=tools)
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output_text == CUT_TEXT
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_call_cut_by_the_token_limit_is_not_a_call(live, stream):
+    live.engine.script = Script(pieces=CUT, finish="length")
+    client = anthropic_sdk(live)
+    params = dict(model="claude-any", max_tokens=len(CUT), messages=USER, tools=ANTHROPIC_TOOLS)
+    if stream:
+        with client.messages.stream(**params) as s:
+            message = s.get_final_message()
+    else:
+        message = client.messages.create(**params)
+    assert [(b.type, b.text) for b in message.content] == [("text", CUT_TEXT)]
+    assert message.stop_reason == "max_tokens"
