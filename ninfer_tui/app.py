@@ -237,8 +237,13 @@ class NinferConsole(App[None]):
         self.scroll_back = max(0, min(oldest, self.scroll_back + direction * SCROLL_STEP))
 
     def action_save_svg(self) -> None:
-        """Write the screen as it is now to `ninfer-console-<time>.svg` in the working
-        directory (what scripts/console_screenshot.py collects)."""
+        """Write the screen to `ninfer-console-<time>.svg` in the working directory (what
+        scripts/console_screenshot.py collects), without the toasts on it: after the next
+        refresh, once they are cleared."""
+        self.clear_notifications()
+        self.call_after_refresh(self._save_svg)
+
+    def _save_svg(self) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%S") + f"{time.time() % 1:.3f}"[1:]
         try:
             path = self.save_screenshot(f"ninfer-console-{stamp}.svg", path=os.getcwd())

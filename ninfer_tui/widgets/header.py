@@ -76,7 +76,7 @@ class HeaderPanel(Panel):
             ("  artifact ", "dim"),
             self.info.artifact,
         )
-        grid = Table.grid(expand=True)
+        grid = Table.grid(expand=True, padding=(0, 1))  # a gap before the title info
         grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
         grid.add_column(justify="right", no_wrap=True)
         grid.add_row(top, Text(self.info.title_info, style="dim"))
