@@ -132,13 +132,14 @@ class Throughput:
 class Counters:
     """Monotonic totals since start (Prometheus counters read these)."""
 
-    requests_done: int = 0
+    requests_done: int = 0  # finished: stop or length
     requests_failed: int = 0
     requests_cancelled: int = 0
-    prompt_tokens: int = 0
+    # the next four are tokens of finished requests, as /metrics' counters of the same names
+    prompt_tokens: int = 0  # every prompt token, cached ones included (computed: prefill_tokens)
     generation_tokens: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # ... and restored from it instead of computed
     decode_tokens: int = 0  # computed in steps, finished or not
     prefill_tokens: int = 0
     steps: int = 0

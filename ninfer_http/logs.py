@@ -199,8 +199,9 @@ def throughput_line(stats: EngineStats, before: EngineStats | None = None) -> st
                       f" pages, lent {count(kv.lent)})")
     c = stats.counters
     if c.prefix_cache_queries:
+        # prompt tokens of finished requests since start, as /metrics' prefix_cache_* counters
         groups.append(f"prefix hits {100.0 * c.prefix_cache_hits / c.prefix_cache_queries:.0f}%"
-                      f" ({count(c.prefix_cache_hits)}/{count(c.prefix_cache_queries)})")
+                      f" ({count(c.prefix_cache_hits)}/{count(c.prefix_cache_queries)} tok)")
     if stats.experts is not None:
         lookups = stats.experts.hits + stats.experts.misses
         groups.append(f"experts hit {100.0 * stats.experts.hits / max(lookups, 1):.1f}%")

@@ -69,7 +69,7 @@ RECENT = (
     replace(req("r-0207", "error", 300, waited=30.0), reason="request_queue_timeout"),
     req("r-0211", "stop", 730, 1024, 42.4, 0.22),
 )
-TOTALS = Counters(211, 1, 6, 1_934_210, 412_877, 164, 119)
+TOTALS = Counters(211, 1, 6, 1_934_210, 412_877, 1_934_210, 1_404_236)
 LATENCY = LatencyStats(
     window_s=60.0, requests=23, rate_per_s=0.38,
     ttft=Percentiles(0.21, 0.94, 2.84, 19), itl=Percentiles(0.025, 0.031, 0.044, 19),

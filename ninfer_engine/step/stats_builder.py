@@ -58,13 +58,19 @@ class StatsBuilder:
 
     def record_finished(self, seq: Sequence) -> None:
         c, reason = self.counters, seq.finish_reason
+        # token totals over the requests that finished, as /metrics and the request log count
+        # them: every prompt token, cached ones included, and of those the ones restored
+        prompt, output, reused = ((len(seq.prompt), len(seq.output), seq.reused)
+                                  if reason in ("stop", "length") else (0, 0, 0))
         self.counters = replace(
             c,
             requests_done=c.requests_done + (reason in ("stop", "length")),
             requests_failed=c.requests_failed + (reason == "error"),
             requests_cancelled=c.requests_cancelled + (reason == "cancelled"),
-            prompt_tokens=c.prompt_tokens + max(min(seq.cached, len(seq.prompt)) - seq.reused, 0),
-            generation_tokens=c.generation_tokens + len(seq.output),
+            prompt_tokens=c.prompt_tokens + prompt,
+            generation_tokens=c.generation_tokens + output,
+            prefix_cache_queries=c.prefix_cache_queries + prompt,
+            prefix_cache_hits=c.prefix_cache_hits + reused,
         )
         self.recent.append(self._view(seq, time.monotonic(), reason or "error"))
 
@@ -119,8 +125,7 @@ class StatsBuilder:
         now = time.monotonic()
         self._roll_interval(now)
         running = list(scheduler.running)
-        counters = replace(self.counters, prefix_cache_queries=self.memory.queries,
-                           prefix_cache_hits=self.memory.hits)
+        counters = self.counters
         host, (total, free) = self._memory(now)
         return EngineStats(
             at=time.time(), state=state, model_id=self.model_id, profile=self.config.profile,

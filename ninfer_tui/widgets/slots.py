@@ -52,9 +52,10 @@ class StateSlotPanel(Panel):
         )
         if totals.prefix_cache_queries:
             hits, queries = totals.prefix_cache_hits, totals.prefix_cache_queries
-            checkpoints.append("   reused by ", style="dim")
+            # prompt tokens of finished requests, as /metrics' prefix_cache_* counters
+            checkpoints.append("   hits ", style="dim")
             checkpoints.append(f"{count(hits)}/{count(queries)}")
-            checkpoints.append(" requests ", style="dim")
+            checkpoints.append(" prompt tok ", style="dim")
             checkpoints.append(f"({percent(hits / queries)})")
         return Group(*rows, checkpoints)
 

@@ -122,7 +122,7 @@ def test_second_turn_computes_only_new_tokens(dense):
     assert final3.usage.cached_tokens == frontier
     assert computed3 == len(turn3) - frontier + 11
     assert out2 == ref2 and out3 == ref3
-    assert hits == 2
+    assert hits == 150 + frontier  # prompt tokens restored, over the finished requests
 
 
 def test_no_leaks_after_random_requests(dense):

@@ -136,7 +136,7 @@ def test_throughput_line_covers_its_own_interval():
     )
     assert throughput_line(stats, before) == (
         "throughput | 5.0s | decode 190.6 tok/s (953 tok) | running 1 (decode-ready 1) | "
-        "waiting 1 | batch 2.09 | kv 12% (12/100 pages, lent 3) | prefix hits 75% (3/4)")
+        "waiting 1 | batch 2.09 | kv 12% (12/100 pages, lent 3) | prefix hits 75% (3/4 tok)")
     # after a reload the counters restart: the interval starts at the new engine's start
     reloaded = replace(stats, started_at=104.0, counters=Counters(decode_tokens=10, steps=10,
                                                                    batch_rows=10))

@@ -213,7 +213,12 @@ def test_log_request_log_metrics_and_engine_state_agree(launch, tmp_path):
     assert value(metrics, "prefix_cache_hits_total") == sum(u[2] for u in usage)
     assert counters["generation_tokens"] == sum(u[1] for u in usage)
     computed = sum(e["result"]["computed_prefill_tokens"] for e in done.values())
-    assert counters["prompt_tokens"] == computed == counters["prefill_tokens"]
+    assert counters["prefill_tokens"] == computed
+    # the engine's token totals are /metrics' (same names, same units: tokens)
+    for name in ("prompt_tokens", "generation_tokens", "prefix_cache_queries",
+                 "prefix_cache_hits"):
+        assert counters[name] == value(metrics, f"{name}_total"), name
+    assert counters["prompt_tokens"] == sum(u[0] for u in usage)
     assert sum(u[0] for u in usage) - sum(u[2] for u in usage) == computed
     assert any(u[2] for u in usage), "the repeated prefix was served from the cache"
     # the throughput lines (stderr and request log) add up to the engine's step counters

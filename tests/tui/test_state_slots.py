@@ -67,7 +67,7 @@ async def test_hybrid_model_shows_its_slots_and_checkpoints(scenario: str) -> No
             assert tail == expected
             used, total = map(int, expected.split("/"))
             assert cells > 30 and filled == round(used / total * cells)
-        assert f"prefix checkpoints {checkpoints}   reused by 119/164 requests (72.6%)" in lines[3]
+        assert f"prefix checkpoints {checkpoints}   hits 1404k/1934k prompt tok (72.6%)" in lines[3]
         # under the memory panel, its bottom level with the KV panel's; the next row not clipped
         assert panel.region.x == app.query_one(MemoryPanel).region.x
         assert panel.region.bottom == app.query_one(KvPanel).region.bottom
