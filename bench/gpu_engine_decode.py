@@ -1,16 +1,16 @@
-"""The engine's decode step on one GPU: eager vs static buffers + CUDA graphs, both families.
+"""The llama family's engine decode step on one GPU: eager vs static buffers + CUDA graphs.
 
     python3 bench/gpu_engine_decode.py [--out bench/results/h200-engine-decode.json] [--peer]
 
 For each model shape (random bf16 weights drawn on the GPU) and batch size, B sequences hold
 `--context` tokens of random KV (and GDN state) in the engine's paged pool and state slots; one
 decode step is timed through
-* the eager runner path (llama: `LlamaModel.forward` over one-token segments; hybrid: one
-  `Qwen35Model.forward` per sequence, as `HybridRunner`): what the engine ran before, and still
-  runs for steps that carry a prefill chunk, and
-* `DecodeGraphs` (decode_graphs.py): the step the engine now serves pure-decode batches with,
-  host-side input loading (and the hybrid family's GDN state copies) included, replayed from
-  its captured graph.
+* the eager runner path (`LlamaModel.forward` over one-token segments): what the engine runs
+  for steps that carry a prefill chunk, and
+* `DecodeGraphs` (decode_graphs.py): the step the engine serves pure-decode batches with,
+  host-side input loading included, replayed from its captured graph.
+The hybrid family's step is timed by `ninfer bench` through the engine itself (earlier result
+files of this script also hold hybrid rows, measured by the code of their date).
 The roofline is (weights + every row's KV and GDN state at that context) / the copy bandwidth
 measured in the same run. With --peer, `transformers` builds the llama shapes (bf16, SDPA, its
 dynamic cache) and decodes batch 1 at the same context (`ninfer bench` has the hybrid peers).
@@ -32,16 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import write_report  # noqa: E402
-from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
-from ninfer_engine.benchmark.decode import KernelDecoder  # noqa: E402
 from ninfer_engine.benchmark.peer import hf_decode, hf_prefill, random_model  # noqa: E402
-from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
+from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, time_ms  # noqa: E402
 from ninfer_engine.models.llama_step import StaticDecoder  # noqa: E402
 from ninfer_engine.step.decode_graphs import DecodeGraphs  # noqa: E402
-from ninfer_engine.models.qwen3_5_step import EngineHybridDecoder  # noqa: E402
-from ninfer_engine.kv import KvStorage, LayerKv, PagePool, codecs_for  # noqa: E402
-from ninfer_engine.models import LlamaConfig, LlamaModel, Qwen35Model, Segment  # noqa: E402
-from ninfer_engine.models.fused import FusedParams  # noqa: E402
+from ninfer_engine.kv import KvStorage, PagePool, codecs_for  # noqa: E402
+from ninfer_engine.models import LlamaConfig, LlamaModel, Segment  # noqa: E402
 
 # HF config fields of public models (their config.json), weights random
 SHAPES = {
@@ -60,7 +56,6 @@ SHAPES = {
                      rope_theta=1000000.0, max_position_embeddings=40960,
                      tie_word_embeddings=False),
 }
-HYBRID = ("27b", "35b-a3b")  # `ninfer synth` shapes
 STEPS = 50
 
 
@@ -131,59 +126,6 @@ def bench_shape(name, cfg, batches, context, gbps):
     return dict(shape=name, weight_bytes=weights, decode=rows)
 
 
-def _hybrid_eager(model, seqs):
-    for s in seqs:
-        views = [LayerKv(s.cache, j, s.cached) for j in range(len(model.attention_layers))]
-        state = model.bind_state(views, s.state.layers, s.cached)
-        model.forward(torch.tensor(s.output[-1:], device=model.device), state, last_only=True)
-
-
-def bench_hybrid(arch, batches, context, gbps):
-    config, source = build_synthetic(arch, "cuda", torch.bfloat16)
-    params = FusedParams(config, source)
-    model = Qwen35Model(config, params)
-    layers, heads, dim = model.kv_layout()
-    pages = max(batches) * (-(-(context + STEPS + 8) // 64)) + 8
-    storage = KvStorage(PagePool(pages, 64), layers, heads, dim, codecs_for("bf16", model.dtype),
-                        model.dtype, "cuda")
-    states = model.state_pool(max(batches))
-    decoder = EngineHybridDecoder(model, storage, states, max(batches), context + STEPS + 8)
-    rows = []
-    for batch in batches:
-        seqs = _sequences(model, storage, batch, context)
-        for s in seqs:
-            s.state = states.acquire()
-            for st in s.state.layers:
-                st.conv.normal_()
-                st.ssm.normal_(std=0.1)
-        eager = time_ms(lambda: _hybrid_eager(model, seqs), 3)
-        graphs = DecodeGraphs(decoder, True)
-        step = time_ms(lambda: graphs.forward(seqs), STEPS)
-        # the benchmark decoder (same step, own pools, no engine bookkeeping) and byte counts
-        bench = KernelDecoder(model, params, context + 64, batch=batch, weights=decoder.core.w)
-        bench.fill_random(context, token=17)
-        bench_graph = graph_of(bench.greedy_step)
-        bench_ms = time_ms(bench_graph.replay, STEPS)
-        nbytes = bench.weight_bytes() + bench.state_bytes(context + STEPS // 2)
-        roofline = batch * gbps * 1e9 / nbytes
-        rows.append(dict(batch=batch, context=context, graph_step_ms=step,
-                         tok_s=batch * 1e3 / step, eager_step_ms=eager,
-                         eager_tok_s=batch * 1e3 / eager, bench_decoder_graph_ms=bench_ms,
-                         bytes_per_step=nbytes, roofline_tok_s=roofline,
-                         fraction_of_roofline=batch * 1e3 / step / roofline))
-        print(f"{arch} B={batch}: graph {batch * 1e3 / step:.1f} tok/s, eager "
-              f"{batch * 1e3 / eager:.1f}, roofline {roofline:.0f}", file=sys.stderr, flush=True)
-        for s in seqs:
-            s.cache.release()
-            states.release(s.state)
-        del graphs, bench, bench_graph
-    weights = decoder.core.w.weight_bytes()
-    del model, storage, decoder, params
-    gc.collect()
-    torch.cuda.empty_cache()
-    return dict(shape=arch, weight_bytes=weights, decode=rows)
-
-
 def transformers_peer(name, cfg, context):
     """Batch-1 greedy decode tok/s of the same shape in transformers (its own cache, SDPA)."""
     try:
@@ -209,7 +151,7 @@ def transformers_peer(name, cfg, context):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/h200-engine-decode.json")
-    ap.add_argument("--shapes", default=",".join((*SHAPES, *HYBRID)))
+    ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--peer", action="store_true", help="also time transformers (batch 1)")
@@ -220,10 +162,7 @@ def main() -> None:
     results, peers = [], []
     with torch.inference_mode():
         for name in args.shapes.split(","):
-            if name in HYBRID:
-                results.append(bench_hybrid(name, batches, args.context, gbps))
-            else:
-                results.append(bench_shape(name, SHAPES[name], batches, args.context, gbps))
+            results.append(bench_shape(name, SHAPES[name], batches, args.context, gbps))
     if args.peer:
         for name in args.shapes.split(","):
             if name not in SHAPES:
@@ -248,23 +187,19 @@ def markdown(result: dict) -> str:
              f"Python {m['python']}; copy bandwidth {m['copy_gbps']:.0f} GB/s",
              f"- command: `{result['command']}`, {result['date']}",
              f"- weights: {result['weights']}; KV {result['kv_dtype']}", "",
-             "| shape | batch | context | tok/s (graphs) | eager tok/s | bench decoder tok/s "
+             "| shape | batch | context | tok/s (graphs) | eager tok/s "
              "| roofline tok/s | % of roofline | transformers tok/s (batch 1) | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["results"]:
         peer = peers.get(r["shape"], {})
         for row in r["decode"]:
             p = peer.get("tok_s") if row["batch"] == 1 else None
             ratio = f"{row['tok_s'] / p:.1f}×" if p else ""
-            bench_ms = row.get("bench_decoder_graph_ms")
-            bench = f"{row['batch'] * 1e3 / bench_ms:.0f}" if bench_ms else ""
             lines.append(
                 f"| {r['shape']} | {row['batch']} | {row['context']} | {row['tok_s']:.0f} "
-                f"| {row['eager_tok_s']:.0f} | {bench} | {row['roofline_tok_s']:.0f} "
+                f"| {row['eager_tok_s']:.0f} | {row['roofline_tok_s']:.0f} "
                 f"| {100 * row['fraction_of_roofline']:.0f} % | {f'{p:.0f}' if p else ''} "
                 f"| {ratio} |")
-    lines += ["", "bench decoder: the same hybrid step over pools of its own (`ninfer bench`'s "
-              "decoder), without the engine's input loading and GDN state copies."]
     return "\n".join(lines) + "\n"
 
 

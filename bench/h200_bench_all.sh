@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # `ninfer bench` on one H200 for the committed result files (bench/results/h200-ninfer-bench-*):
+# Every figure is the serving engine's own step (`Engine.step`), speculative verify rows included
+# (the oracle drafter at 3.67 and 2.4 tokens a round, k = 3, at B = 1 and 8).
 #   27b          bf16: decode at 1K/8K/32K, concurrency 1/2/4/8, 8K prefill, transformers peer
 #   35b-a3b      bf16: the same, with the transformers peer
+#   35b-a3b-fp8  `--weights fp8-row` (routed experts fp8 as stored): the same, no peer
 #   27b-fp8      `--weights fp8-row`: decode and concurrency (no prefill, no peer)
 #   27b-q4       `--weights qwen3_6_27b` (the official Q4/Q5 mix, head Q6) served as the engine's
 #                default `--cuda-weights auto` does (Q4/Q5 repacked into fp8 groups): the same
@@ -52,14 +55,16 @@ run() {
 }
 
 ALL=(--context 1024,8192,32768 --concurrency 1,2,4,8 --concurrency-context 1024)
-PEER=(--prefill 8192 --prefill-chunk 4096 --prefill-reps 3 --peer transformers --peer-prompt 1024
+PEER=(--prefill 8192 --prefill-chunk 4096 --peer transformers --peer-prompt 1024
       --peer-steps 64)  # 16 steps varied 7.0-8.7 tok/s between runs (27B)
-for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4 27b-q4-packed flash-next-fp8}"; do
+for which in "${@:-27b 35b-a3b 35b-a3b-fp8 27b-fp8 27b-q4 27b-q4-packed flash-next-fp8}"; do
   for one in $which; do
     case $one in
       27b) run h200-ninfer-bench-27b 230 --arch 27b --weights bf16 "${ALL[@]}" "${PEER[@]}" ;;
       35b-a3b) run h200-ninfer-bench-35b-a3b 200 --arch 35b-a3b --weights bf16 "${ALL[@]}" \
                  "${PEER[@]}" ;;
+      35b-a3b-fp8) run h200-ninfer-bench-35b-a3b-fp8 150 --arch 35b-a3b --weights fp8-row \
+                     "${ALL[@]}" --prefill 8192 --no-peer ;;
       27b-fp8) run h200-ninfer-bench-27b-fp8 95 --arch 27b --weights fp8-row "${ALL[@]}" \
                  --prefill 0 --no-peer ;;
       27b-q4) run h200-ninfer-bench-27b-q4 95 --arch 27b --weights qwen3_6_27b "${ALL[@]}" \
@@ -68,7 +73,7 @@ for which in "${@:-27b 35b-a3b 27b-fp8 27b-q4 27b-q4-packed flash-next-fp8}"; do
                        --cuda-weights packed "${ALL[@]}" --prefill 0 --no-peer ;;
       flash-next-fp8) run h200-ninfer-bench-flash-next-fp8 200 --arch flash-next \
                         --weights fp8-row "${ALL[@]}" --prefill 8192 --prefill-chunk 4096 \
-                        --prefill-reps 3 --no-peer ;;
+                        --no-peer ;;
       *) log "unknown run $one" ;;
     esac
   done

@@ -4,14 +4,16 @@
     python3 bench/profile_step.py --arch 35b-a3b --prefill 8192 [--layers N]
     python3 bench/profile_step.py --arch 27b --weights fp8-row [--cuda-weights auto|packed]
 
-`--prefill N` profiles the engine's prefill path instead: `Qwen35Model.forward` over an N-token
-prompt in 1024-token chunks (the default `--prefill-chunk`), from an empty state.
+`--prefill N` profiles the model's prefill forward instead: `Qwen35Model.forward` over an N-token
+prompt in 1024-token chunks, from an empty state.
 
 Builds the synthetic model on the GPU (random weights; `--weights` a recipe, served as
-`ninfer bench` serves it: `benchmark.footprint.packed_source`), fills B sequences' state to the
-context, times the step replayed from a CUDA graph, then profiles a few eager steps with
-torch.profiler and prints the CUDA kernels by total time: the sum of kernel time against the
-graph step time tells launch-bound from kernel-bound, and the table names the kernels to fuse.
+`ninfer bench` serves it: `benchmark.footprint.packed_source`) inside the serving engine
+(`benchmark.engine_step.bench_engine`), brings B greedy requests to `--context` tokens, times
+the engine's step (`Engine.step`: schedule, the replayed CUDA graph, sampling, bookkeeping),
+then profiles a few steps with torch.profiler and prints the CUDA kernels by total time: the
+sum of kernel time against the step time tells host-bound from kernel-bound, and the table
+names the kernels to fuse.
 """
 from __future__ import annotations
 
@@ -25,12 +27,15 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
-from ninfer_engine.benchmark.decode import KernelDecoder  # noqa: E402
-from ninfer_engine.benchmark.timing import graph_of, time_ms  # noqa: E402
+from ninfer_engine.benchmark.engine_step import MARGIN, bench_engine, random_prompts  # noqa: E402
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
+from ninfer_engine.benchmark.timing import time_ms  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
+from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
+
+TIMED = 30
 
 
 def main() -> None:
@@ -51,19 +56,24 @@ def main() -> None:
         model = Qwen35Model(config, params)
         if args.prefill:
             return profile_prefill(model, config, args.prefill)
-        dec = KernelDecoder(model, params, args.context + 64, batch=args.batch)
-        dec.fill_random(args.context, token=17)
-        graph = graph_of(dec.greedy_step)
-        step = time_ms(graph.replay, 30)
-        eager = time_ms(dec.greedy_step, 3)
+        total = args.context + 8 + TIMED + args.steps
+        engine = bench_engine(model, args.arch, config, args.batch, total + MARGIN,
+                              cuda_weights=args.cuda_weights)
+        for i, prompt in enumerate(random_prompts(args.batch, args.context, config["vocab_size"])):
+            engine.add(GenerationRequest(f"p{i}", prompt, SamplingParams(temperature=0.0),
+                                         max_tokens=total, ignore_eos=True), lambda e: None)
+        for _ in range(-(-args.batch * args.context // 1024) + 8):  # prompts, then warm-up
+            engine.step()
+        step = time_ms(engine.step, TIMED, warm_up=False)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
-                dec.greedy_step()
+                engine.step()
             torch.cuda.synchronize()
+        engine.stop()
     events = prof.key_averages()
     kernel_ms = sum(e.device_time_total for e in events) / 1e3 / args.steps
-    print(f"{args.arch} B={args.batch} ctx={args.context}: graph step {step:.2f} ms, eager "
-          f"{eager:.2f} ms, kernel time per step {kernel_ms:.2f} ms")
+    print(f"{args.arch} B={args.batch} ctx={args.context}: engine step {step:.2f} ms, "
+          f"kernel time per step {kernel_ms:.2f} ms")
     print(events.table(sort_by="device_time_total", row_limit=25, max_name_column_width=70))
 
 

@@ -76,7 +76,10 @@ class Engine:
     """The `ServingEngine` (client.py) backed by our torch model."""
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+                 on_failure: Callable[[str], None] | None = None, model: Any = None) -> None:
+        """`artifact`: an opened artifact (default: open `config.artifact`); `model`: its text
+        model already resident (`ninfer bench` draws random weights on the device), else the
+        model is built from the artifact's weights."""
         self.config = config
         self._failure_listeners: list[Callable[[str], None]] = [on_failure] if on_failure else []
         self._state = EngineState.LOADING
@@ -103,18 +106,18 @@ class Engine:
                 dtype, matmul = CUDA_DTYPES[config.cuda_dtype], None
 
             def load():
-                model = build_model(text_config, artifact, device, dtype, matmul,
-                                    weights_mode(config, device, dtype))
+                built = model or build_model(text_config, artifact, device, dtype, matmul,
+                                             weights_mode(config, device, dtype))
                 # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
-                sized, activations = auto_kv_capacity(config, model, text_config, device,
+                sized, activations = auto_kv_capacity(config, built, text_config, device,
                                                       prefill_chunk_for(config, device))
-                memory = build_memory(sized, model)
+                memory = build_memory(sized, built)
                 if activations is None:
-                    check_prefill_scratch(model, free_device_bytes(device))
+                    check_prefill_scratch(built, free_device_bytes(device))
                 else:  # auto kept its estimate of a chunk's activations free, not ~1 GiB
-                    check_prefill_scratch(model, free_device_bytes(device), activations)
-                return model, memory, build_decode_graphs(
-                    model, memory, config.kv_dtype, config.max_concurrency,
+                    check_prefill_scratch(built, free_device_bytes(device), activations)
+                return built, memory, build_decode_graphs(
+                    built, memory, config.kv_dtype, config.max_concurrency,
                     config.max_context, not config.no_cuda_graph,
                     1 + (config.draft_tokens or 0) if config.spec else 1), sized
 
@@ -194,15 +197,10 @@ class Engine:
                 f"the engine is {self._state.value}", UNAVAILABLE, 503))
             return
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        emit = self._events.emitter(asyncio.get_running_loop(), events)
-
-        seq = Sequence(
-            request, emit, Sampler.for_request(request),
-            IncrementalDetokenizer(self.tokenizer, request.prompt_ids),
-            frozenset() if request.ignore_eos else self._eos,
-            arrived=current_arrival().at,  # queue wait and TTFT count from the HTTP arrival
-        )
-        if not self.scheduler.add(seq):
+        # queue wait and TTFT count from the HTTP arrival
+        seq = self.add(request, self._events.emitter(asyncio.get_running_loop(), events),
+                       current_arrival().at)
+        if seq is None:
             yield TokenEvent(finish="error", error=EngineError(
                 f"the engine is {self._state.value}", UNAVAILABLE, 503))
             return
@@ -217,6 +215,17 @@ class Engine:
             if not finished:
                 seq.cancelled = True
                 self._wake.set()
+
+    def add(self, request: GenerationRequest, emit: Callable[[TokenEvent], None],
+            arrived: float | None = None) -> Sequence | None:
+        """Queue `request` for the next step; its events go to `emit` (on the engine thread).
+        None: the scheduler takes no more requests (the engine is stopping)."""
+        seq = Sequence(
+            request, emit, Sampler.for_request(request),
+            IncrementalDetokenizer(self.tokenizer, request.prompt_ids),
+            frozenset() if request.ignore_eos else self._eos,
+            arrived=time.monotonic() if arrived is None else arrived)
+        return seq if self.scheduler.add(seq) else None
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request at the next step (the operator's cancel key)."""
@@ -251,14 +260,21 @@ class Engine:
             with torch.inference_mode():
                 while not self._stopping.is_set():
                     self._wake.clear()  # before scheduling, so a submit during the step is seen
-                    busy = self._step_once()
-                    self._events.flush()
-                    if not busy:
+                    if not self.step():
                         self._wake.wait(IDLE_PUBLISH_S)
-                    self._publish()
+                        self._publish()
         except BaseException as exc:
             self._fail_engine(exc)
             self._events.flush()
+
+    def step(self) -> bool:
+        """One turn of the engine loop: a step, its events handed over, the stats published.
+        The engine thread runs it; `ninfer bench` times it. False: there was nothing to do."""
+        busy = self._step_once()
+        self._events.flush()
+        if busy:
+            self._publish()
+        return busy
 
     def _step_once(self) -> bool:
         """One step: schedule -> forward -> sample -> update. False when there was nothing to do."""

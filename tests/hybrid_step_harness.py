@@ -1,26 +1,23 @@
-"""The benchmark's decoder: the engine's hybrid decode step over KV pools of its own.
+"""A test harness for the engine's hybrid step (`qwen3_5_step.HybridStep`) over KV pools of
+its own, so its logits can be compared with the reference model's forward row by row.
 
-`KernelDecoder(model, params, capacity, batch=B)` runs `hybrid_decode.HybridStep` (the step the
-engine serves hybrid models with) for B sequences of up to `capacity` tokens: a paged bf16 KV
-pool per attention layer with pages handed out in shuffled order (as an allocator would after
-churn), GDN rows and device-side positions, so one step is capturable in a CUDA graph and
-replays as real autoregressive decode (`greedy_step` feeds back each row's argmax). State comes
-from a reference `ModelState` (`load_state`) or is random at a given context (`fill_random`).
+`StepHarness(model, params, capacity, batch=B)` runs `HybridStep` for B sequences of up to
+`capacity` tokens: a paged bf16 KV pool per attention layer with pages handed out in shuffled
+order (as an allocator would after churn) and state rows; `load_state` copies a reference
+`ModelState` into a row. The engine serves the same step over its shared pool and state slots
+(`EngineHybridDecoder`); `ninfer bench` times the engine itself.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..step.decode_graphs import context_bucket
-from ..models.qwen3_5_step import HybridStep, HybridWeights, KvLayer
-from ..kernels.paged_attention import PAGE
-from ..kernels.sampling import argmax_triton
-from ..models.fused import FusedParams
-from .roofline import experts_read
+from ninfer_engine.models.qwen3_5_step import HybridStep, HybridWeights, KvLayer
+from ninfer_engine.kernels.paged_attention import PAGE
+from ninfer_engine.models.fused import FusedParams
 
 
-class KernelDecoder:
+class StepHarness:
     """B sequences decoded together; `weights` shares an existing decoder's matrices."""
 
     def __init__(self, model, params: FusedParams, capacity: int, batch: int = 1,
@@ -67,47 +64,7 @@ class KernelDecoder:
         self.pos[row] = L
         self.span = self.capacity
 
-    def fill_random(self, ctx: int, token: int = 1234) -> None:
-        """Random KV and GDN state as if every sequence had consumed `ctx` tokens."""
-        for t in (*self.core.conv, *self.core.ssm):
-            t.normal_(std=0.1 if t.dtype == torch.float32 else 1.0)
-        for kv in self.kv:
-            kv.k.normal_()
-            kv.v.normal_()
-        self.pos.fill_(ctx)
-        # the engine's graph for this context: its bucket, not the pool's capacity (a 32K
-        # split grid costs a 1K-context 35B-A3B step ~10 %); 64 steps of room
-        self.span = context_bucket(ctx + 64, self.capacity)
-        # distinct inputs: distinct routing per sequence
-        self.token.copy_(token + torch.arange(self.B, device=self.token.device))
-
-    def state_bytes(self, ctx: int) -> int:
-        """Every sequence's GDN SSM state read + written, conv state, and KV read at `ctx`."""
-        n = 0
-        for layer in self.weights.layers:
-            m = layer["mixer"]
-            if layer["kind"] == "linear_attention":
-                n += 2 * m.nv * m.dk * m.dv * 4 + 2 * (m.taps - 1) * m.conv_dim * 2
-            else:
-                n += 2 * ctx * m.nkv * m.d * 2
-        return self.B * n
-
-    def weight_bytes(self) -> int:
-        """Matrix bytes one step reads: everything once, routed experts for the union bound
-        `min(E, B·top_k)` per layer (see `roofline.experts_read`)."""
-        n = self.weights.weight_bytes()
-        for layer in self.weights.layers:
-            if "moe" in layer:
-                per_expert = layer["experts_gu"].expert_bytes + layer["experts_down"].expert_bytes
-                n += (experts_read(self.c, self.B)[0] - layer["moe"].top_k) * per_expert
-        return n
-
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """One decode step from `token` [B]; returns logits [B, V], advances every position."""
         self.token.copy_(token)
         return self.core.step(self.B, self.span)
-
-    def greedy_step(self):
-        """Graph-friendly autoregressive step: feed back each row's argmax."""
-        self.token.copy_(argmax_triton(self.core.step(self.B, self.span)))
-        return self.token

@@ -1,4 +1,5 @@
-"""Roofline arithmetic for `ninfer bench` (perf-anchors §6), pure functions of the text config.
+"""Roofline arithmetic for `ninfer bench` (perf-anchors §6): pure functions of the text config,
+and the bytes a step reads from the served matrices (`step_weight_bytes`, `state_bytes`).
 
 Two floors per measurement, each as tokens per second:
 - bandwidth: `tokens × copy_bandwidth / bytes touched per step`;
@@ -80,3 +81,28 @@ def roofline(tokens: int, nbytes: float, flops: float, gbps: float, tflops: floa
     return dict(bytes_per_step=int(nbytes), flops_per_step=int(flops),
                 bandwidth_roofline_tok_s=bw, flop_roofline_tok_s=fl,
                 roofline_tok_s=min(bw, fl), bound="bandwidth" if bw <= fl else "compute")
+
+
+def step_weight_bytes(weights, batch: int) -> int:
+    """Matrix bytes one step of `batch` rows reads from `weights` (`HybridWeights`: the forms
+    served): everything once, routed experts for the union bound `min(E, B·top_k)` per layer
+    (see `experts_read`)."""
+    n = weights.weight_bytes()
+    for layer in weights.layers:
+        if "moe" in layer:
+            per_expert = layer["experts_gu"].expert_bytes + layer["experts_down"].expert_bytes
+            n += (experts_read(weights.c, batch)[0] - layer["moe"].top_k) * per_expert
+    return n
+
+
+def state_bytes(weights, batch: int, context: int) -> int:
+    """Every sequence's GDN SSM state read + written (fp32), conv state, and bf16 KV read at
+    `context`, for `batch` sequences."""
+    n = 0
+    for layer in weights.layers:
+        m = layer["mixer"]
+        if layer["kind"] == "linear_attention":
+            n += 2 * m.nv * m.dk * m.dv * 4 + 2 * (m.taps - 1) * m.conv_dim * 2
+        else:
+            n += 2 * context * m.nkv * m.d * 2
+    return batch * n

@@ -82,8 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     synth.set_defaults(run=_synth)
 
     bench = commands.add_parser(
-        "bench", help="decode, aggregate decode and prefill tok/s of a random-weight model on "
-                      "the GPU beside their rooflines, with transformers as the peer")
+        "bench", help="the serving engine's decode, aggregate decode, speculative verify and "
+                      "prefill tok/s on a random-weight model on the GPU, beside their "
+                      "rooflines, with transformers as the peer")
     bench.add_argument("--arch", required=True, choices=BENCH_ARCHS)
     bench.add_argument("--layers", type=int, help="keep only the first N layers")
     bench.add_argument("--context", type=_contexts, default=[1024, 8192, 32768],
@@ -107,9 +108,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="prompt length of the timed prefill (default 8192; 0 skips)")
     bench.add_argument("--prefill-chunk", type=int, default=4096, metavar="N",
                        help="prefill chunk, as the engine's --prefill-chunk (default 4096, its "
-                            "auto value on CUDA; 0: the whole prompt at once)")
-    bench.add_argument("--prefill-reps", type=int, default=1, metavar="N",
-                       help="timed prefill passes after the warm-up (default 1)")
+                            "auto value on CUDA)")
+    bench.add_argument("--draft-tokens", type=int, default=3, metavar="K",
+                       help="drafts a verify row carries in the speculative section (default 3)")
+    bench.add_argument("--spec-rates", type=_rates, default=[3.67, 2.4], metavar="R,R",
+                       help="tokens a round the oracle drafter is set to (default 3.67,2.4: the "
+                       "reference's MTP3 operating point and story text); none skips the section")
+    bench.add_argument("--spec-batch", type=_levels, default=[1, 8], metavar="B,B",
+                       help="concurrency levels (of --concurrency) that also run speculatively")
     bench.add_argument("--peer", choices=("transformers", "none"), default="transformers",
                        help="time the same shapes through transformers too (default)")
     bench.add_argument("--no-peer", dest="peer", action="store_const", const="none",
@@ -139,6 +145,15 @@ def _contexts(text: str) -> list[int]:
     return values
 
 
+def _rates(text: str) -> list[float]:
+    if text.strip().lower() in ("none", ""):
+        return []
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected numbers, e.g. 3.67,2.4") from None
+
+
 def _levels(text: str) -> list[int]:
     return [] if text.strip().lower() in ("none", "0", "") else _contexts(text)
 
@@ -160,9 +175,12 @@ def _bench(args: argparse.Namespace) -> int:
     if too_big:
         return _fail(too_big)
 
-    if min(args.prefill, args.prefill_chunk, args.concurrency_context) < 0 \
-            or min(args.prefill_reps, args.peer_steps, args.peer_prompt) < 1:
-        return _fail("negative lengths, or fewer than 1 rep/step/prompt token")
+    if min(args.prefill, args.concurrency_context) < 0 \
+            or min(args.prefill_chunk, args.peer_steps, args.peer_prompt, args.draft_tokens) < 1:
+        return _fail("negative lengths, or fewer than 1 chunk/step/prompt/draft token")
+    if any(not 1 <= r <= 1 + args.draft_tokens for r in args.spec_rates):
+        return _fail(f"--spec-rates must lie in [1, {1 + args.draft_tokens}] "
+                     "(1 + --draft-tokens tokens a round at most)")
     if args.no_pdl:
         from ..kernels.pdl import set_pdl
 
@@ -174,7 +192,10 @@ def _bench(args: argparse.Namespace) -> int:
                + (f" --cuda-weights {args.cuda_weights}" if args.weights != "bf16" else "")
                + f" --concurrency {levels} --concurrency-context {args.concurrency_context}"
                + f" --prefill {args.prefill} --prefill-chunk {args.prefill_chunk}"
-               + (f" --prefill-reps {args.prefill_reps}" if args.prefill_reps != 1 else "")
+               + (f" --draft-tokens {args.draft_tokens} --spec-rates "
+                  f"{','.join(map(str, args.spec_rates))} --spec-batch "
+                  f"{','.join(map(str, args.spec_batch)) or 'none'}" if args.spec_rates
+                  else " --spec-rates none")
                + (f" --peer transformers --peer-prompt {args.peer_prompt}"
                   f" --peer-steps {args.peer_steps}" if args.peer == "transformers"
                   else " --no-peer")
@@ -192,9 +213,10 @@ def _bench(args: argparse.Namespace) -> int:
     result = run_decode_bench(
         args.arch, args.context, args.weights, args.layers, command,
         concurrency=args.concurrency, concurrency_context=args.concurrency_context,
-        prefill=args.prefill, prefill_chunk=args.prefill_chunk, prefill_reps=args.prefill_reps,
+        prefill=args.prefill, prefill_chunk=args.prefill_chunk,
         peer=args.peer, peer_prompt=args.peer_prompt, peer_steps=args.peer_steps,
-        on_partial=save, cuda_weights=args.cuda_weights)
+        on_partial=save, cuda_weights=args.cuda_weights, draft_tokens=args.draft_tokens,
+        spec_rates=args.spec_rates, spec_batches=args.spec_batch)
     save(result)
     print(markdown(result), end="")
     return 0

@@ -20,7 +20,7 @@ CONTEXT = 133  # the longest prompt, 131, and two steps
 
 
 def _assert_single(err, config):
-    """Against the batch-1 `KernelDecoder`. On the CPU the interpreter runs the same kernel
+    """Against the batch-1 `StepHarness`. On the CPU the interpreter runs the same kernel
     programs on the same row: the same bits. On CUDA one row's o/down projections add fp32
     sums into the residual (`dequant_gemv` out) where several rows' cuBLAS products are rounded
     to bf16 first, and every later store may round the two differently: the same bound as
@@ -37,7 +37,7 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_batched_steps_match_reference(moe):
-    from ninfer_engine.benchmark.decode import KernelDecoder
+    from tests.hybrid_step_harness import StepHarness
     from ninfer_engine.models.fused import FusedParams
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,9 +49,9 @@ def test_batched_steps_match_reference(moe):
     source = tiny_source(config)
     params = FusedParams(config, lambda n, s: source(n, s).to(dev))
     model = Qwen35Model(config, params)
-    dec = KernelDecoder(model, params, 256)
+    dec = StepHarness(model, params, 256)
     lengths = [70, 131] if moe else [5, 70, 131]  # one, two and three pages
-    batched = KernelDecoder(model, params, 256, batch=len(lengths), weights=dec.weights)
+    batched = StepHarness(model, params, 256, batch=len(lengths), weights=dec.weights)
     gen = torch.Generator().manual_seed(0)
     states, singles = [], []
     for b, n in enumerate(lengths):
@@ -59,7 +59,7 @@ def test_batched_steps_match_reference(moe):
         model.forward(torch.randint(0, 512, (n,), generator=gen).to(dev), state)
         batched.load_state(state, b)
         states.append(state)
-        singles.append(KernelDecoder(model, params, 256))
+        singles.append(StepHarness(model, params, 256))
         singles[-1].load_state(state)
     token = torch.randint(0, 512, (len(lengths),), generator=gen).to(dev)
     with torch.no_grad():
@@ -75,35 +75,29 @@ def test_batched_steps_match_reference(moe):
     assert batched.pos.tolist() == [n + 2 for n in lengths]
 
 
-def _sized(dec, batch):
-    """A decoder of `batch` sequences sharing `dec`'s matrices."""
-    from ninfer_engine.benchmark.decode import KernelDecoder
-
-    return KernelDecoder(dec.model, None, 64, batch=batch, weights=dec.weights)
-
-
 def test_weight_bytes_count_the_union_of_experts():
-    from ninfer_engine.benchmark.decode import KernelDecoder
+    from ninfer_engine.benchmark import roofline as rf
     from ninfer_engine.models.fused import FusedParams
+    from ninfer_engine.models.qwen3_5_step import HybridWeights
 
     config = tiny_config(True)  # 8 experts, top-2
     params = FusedParams(config, tiny_source(config))
-    dec = KernelDecoder(Qwen35Model(config, params), params, 64)
+    weights = HybridWeights(Qwen35Model(config, params), params)
     per_expert = 3 * 64 * 128 * 2  # gate, up, down of one expert in bf16
     layers = config["num_hidden_layers"]
-    one = _sized(dec, 1).weight_bytes()
-    assert one == dec.weight_bytes()
-    assert _sized(dec, 2).weight_bytes() - one == layers * 2 * per_expert
-    assert _sized(dec, 8).weight_bytes() - one == layers * 6 * per_expert  # min(8, 16)
-    assert _sized(dec, 3).state_bytes(100) == 3 * dec.state_bytes(100)
+    one = rf.step_weight_bytes(weights, 1)
+    assert one == weights.weight_bytes()
+    assert rf.step_weight_bytes(weights, 2) - one == layers * 2 * per_expert
+    assert rf.step_weight_bytes(weights, 8) - one == layers * 6 * per_expert  # min(8, 16)
+    assert rf.state_bytes(weights, 3, 100) == 3 * rf.state_bytes(weights, 1, 100)
 
 
 @pytest.mark.parametrize("recipe", ["fp8-row", "qwen3_6_27b"])
 def test_packed_weights_batched_match_the_batch_1_decoder(recipe):
     """The packed dequant GEMVs over B rows equal B batch-1 GEMVs (one step, two sequences);
     `qwen3_6_27b` mixes Q4 and Q5 blocks inside the fused groups."""
-    from ninfer_engine.benchmark.decode import KernelDecoder
-    from ninfer_engine.benchmark.run import packed_source
+    from tests.hybrid_step_harness import StepHarness
+    from ninfer_engine.benchmark.footprint import packed_source
     from ninfer_engine.models.fused import FusedParams
     from ninfer_engine.models.packed import PackedMatrix
 
@@ -113,8 +107,8 @@ def test_packed_weights_batched_match_the_batch_1_decoder(recipe):
     params = FusedParams(config, packed_source(lambda n, s: source(n, s).to(dev), recipe))
     model = Qwen35Model(config, params)
     assert isinstance(model.blocks[0].mixer.w_q, PackedMatrix)  # the head is tied: dense
-    dec = KernelDecoder(model, params, 128)
-    batched = KernelDecoder(model, params, 128, batch=2, weights=dec.weights)
+    dec = StepHarness(model, params, 128)
+    batched = StepHarness(model, params, 128, batch=2, weights=dec.weights)
     gen = torch.Generator().manual_seed(3)
     states = []
     for b, n in enumerate([5, 70]):
@@ -137,7 +131,7 @@ def test_packed_weights_batched_match_the_batch_1_decoder(recipe):
 def _fp8_expert_model(recipe, mode, dev="cpu", every_expert=True):
     """The tiny MoE model (expert width 128: whole Q4/Q5 groups) with its routed experts served
     fp8 as the bench serves `recipe` under `--cuda-weights mode`."""
-    from ninfer_engine.benchmark.run import packed_source
+    from ninfer_engine.benchmark.footprint import packed_source
     from ninfer_engine.models.fused import FusedParams
 
     config = tiny_config(True)
@@ -154,11 +148,11 @@ def _fp8_expert_model(recipe, mode, dev="cpu", every_expert=True):
 def test_fp8_expert_decode_matches_reference(recipe, mode, form):
     """The fused expert kernels over fp8 stacks (row scales; Q4/Q5 group scales) against the
     reference forward over the same codes (per-expert loop, dequantized)."""
-    from ninfer_engine.benchmark.decode import KernelDecoder
+    from tests.hybrid_step_harness import StepHarness
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model, params = _fp8_expert_model(recipe, mode, dev)
-    dec = KernelDecoder(model, params, 64)  # batch 1: the kernels' B > 1 is in tests/kernels
+    dec = StepHarness(model, params, 64)  # batch 1: the kernels' B > 1 is in tests/kernels
     moe_layers = [layer for layer in dec.weights.layers if "moe" in layer]
     assert {(lr["experts_gu"].fmt, lr["experts_down"].fmt) for lr in moe_layers} == {(form, form)}
     state = model.new_state()
@@ -172,11 +166,13 @@ def test_fp8_expert_decode_matches_reference(recipe, mode, form):
 
 
 def test_weight_bytes_count_fp8_experts_at_one_byte_a_weight():
-    from ninfer_engine.benchmark.decode import KernelDecoder
+    from ninfer_engine.benchmark import roofline as rf
+    from ninfer_engine.models.qwen3_5_step import HybridWeights
 
     model, params = _fp8_expert_model("fp8-row", "auto", every_expert=False)  # top-2 of 8
-    dec = KernelDecoder(model, params, 64)
+    weights = HybridWeights(model, params)
     H = I = 128
     per_expert = 3 * I * H + (2 * I + H) * 2  # e4m3 codes + one bf16 scale a row
-    moe_layers = sum("moe" in layer for layer in dec.weights.layers)
-    assert _sized(dec, 2).weight_bytes() - dec.weight_bytes() == moe_layers * 2 * per_expert
+    moe_layers = sum("moe" in layer for layer in weights.layers)
+    assert (rf.step_weight_bytes(weights, 2) - rf.step_weight_bytes(weights, 1)
+            == moe_layers * 2 * per_expert)

@@ -1,4 +1,4 @@
-"""The whole kernel decode step (`KernelDecoder`) against the reference model at tiny shapes.
+"""The whole kernel decode step (`StepHarness`) against the reference model at tiny shapes.
 
 tiny-dense has head dims 16 (GDN) and 32 (attention), partial rotary dim 8 and an MLP width of
 96: the small sizes the per-kernel tests can miss. tiny-moe is left out on purpose: its router
@@ -8,7 +8,7 @@ is near-uniform, so bf16 noise can flip a top-k choice and the comparison is not
 import torch
 
 from ninfer_engine.artifact.synth import build_synthetic
-from ninfer_engine.benchmark.decode import KernelDecoder
+from tests.hybrid_step_harness import StepHarness
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 
@@ -35,7 +35,7 @@ def test_kernel_decoder_matches_reference_on_tiny_dense(device):
     state = model.new_state()
     prompt = torch.randint(0, 1000, (70,), generator=torch.Generator().manual_seed(1))
     model.forward(prompt.to(device), state)  # 70 tokens: the KV spans two pages
-    dec = KernelDecoder(model, params, 192)
+    dec = StepHarness(model, params, 192)
     dec.load_state(state)
     tok = torch.tensor([1234], device=device)
     for _ in range(2):  # the second step reads the GDN state and KV the first one wrote

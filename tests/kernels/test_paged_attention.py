@@ -35,7 +35,7 @@ def test_paged_attention_matches_reference(device, quant):
 @pytest.mark.parametrize("nq, nkv, D", [(4, 2, 16), (4, 2, 32), (2, 2, 32), (8, 1, 32),
                                         (8, 2, 64), (3, 1, 16)])
 def test_paged_attention_decoder_shapes(device, nq, nkv, D):
-    # batch 1 with a split grid sized by max_seq_len, as KernelDecoder calls it; GQA 1..8
+    # batch 1 with a split grid sized by max_seq_len, as StepHarness calls it; GQA 1..8
     g = torch.Generator().manual_seed(14)
     n_pages = 3
     table = torch.randperm(n_pages, generator=g).int()[None]

@@ -1,0 +1,168 @@
+"""`ninfer bench`'s subject: the serving `Engine` over a model drawn on the device, stepped by
+the bench itself.
+
+`bench_engine(model, arch, ...)` wraps the model in `Engine` as `ninfer-serve` does (memory plan,
+CUDA graphs captured at start, scheduler, runner, sampler, stats), with the synthetic
+architecture's real Qwen tokenizer and chat template (`SyntheticResources`). `run_requests`
+submits greedy requests with random prompts and calls `Engine.step` — the engine thread's own
+loop turn: schedule → forward → sample → update, events handed over, stats published — timing
+each call, so a figure here is what a server with no HTTP in front of it would decode.
+`OracleDrafter` (the speculative benchmark mode) proposes the target's own recorded greedy
+continuation with a chosen number of correct drafts a round, since random weights accept nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..artifact import qwen_resources
+from ..artifact.synth import ARCHS
+from ..config import PAGE_TOKENS, EngineConfig
+from ..engine import Engine
+from ..types import EngineState, GenerationRequest, SamplingParams
+
+MARGIN = 2 * PAGE_TOKENS  # room past the longest row: its output, a verify row's drafts
+KEY = 32  # prompt ids that identify a recorded prompt (random prompts differ early)
+
+
+class SyntheticResources:
+    """The artifact face `Engine` reads besides the weights: the text config, the real Qwen
+    tokenizer and chat template of the architecture's vocabulary."""
+
+    def __init__(self, arch: str, config: dict) -> None:
+        self.name = f"synth-{arch}"
+        self._config = config
+        self._resources = qwen_resources.resources(ARCHS[arch][1])
+
+    def config(self, component: str) -> dict:
+        assert component == "text", component
+        return self._config
+
+    def has_resource(self, role: str) -> bool:
+        return role in self._resources
+
+    def resource(self, role: str) -> bytes:
+        return self._resources[role]
+
+
+def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: int,
+                 draft_tokens: int = 0, cuda_weights: str = "auto",
+                 prefill_chunk: int | None = None, kv_tokens: int | None = None) -> Engine:
+    """`Engine` over `model` for up to `max_batch` rows of up to `max_context` tokens in a pool
+    of `kv_tokens` (default: every row at `max_context`); with `draft_tokens`, verify rows of
+    1 + that many tokens are captured too (`--spec`), their drafts from `speculator.drafter`."""
+    engine_config = EngineConfig(
+        artifact=Path(f"synth-{arch}"), max_concurrency=max_batch, max_context=max_context,
+        kv_capacity=kv_tokens or max_batch * max_context,
+        max_pending_requests=max(16, max_batch), prefill_chunk=prefill_chunk,
+        cuda_weights=cuda_weights, no_prefix_reuse=True,
+        spec="ngram" if draft_tokens else None, draft_tokens=draft_tokens or None)
+    engine = Engine(engine_config, SyntheticResources(arch, config), model=model)
+    if engine.speculator is not None:
+        engine.speculator.drafter = NoDrafts()  # until a run sets its oracle
+    return engine
+
+
+class NoDrafts:
+    """A drafter that proposes nothing: plain decode rows in a `--spec` engine."""
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        return []
+
+
+@dataclass
+class Run:
+    """What `run_requests` saw: each engine step's seconds, whether every request was running
+    past its prompt when it began, the tokens it emitted; each request's first-token time (from
+    submission) and output."""
+
+    step_s: list[float] = field(default_factory=list)
+    full_decode: list[bool] = field(default_factory=list)
+    emitted: list[int] = field(default_factory=list)
+    first_token_s: list[float] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+
+    def decode_window(self, skip: int) -> tuple[int, float]:
+        """(tokens, seconds) over the steps in which every request decoded, after the first
+        `skip` of them (graph capture for a new context bucket, clocks settling)."""
+        steps = [(n, dt) for n, dt, full in zip(self.emitted, self.step_s, self.full_decode)
+                 if full][skip:]
+        return sum(n for n, _ in steps), sum(dt for _, dt in steps)
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """`n` distinct prompts of `length` ids below the special tokens (none is an end token)."""
+    gen = torch.Generator().manual_seed(seed)
+    top = min(vocab, 150_000)
+    return [tuple(torch.randint(0, top, (length,), generator=gen).tolist()) for _ in range(n)]
+
+
+def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) -> Run:
+    """Greedy requests for `prompts`, `max_tokens` each (end tokens ignored), stepped to the end."""
+    run = Run()
+    seqs, submitted = [], time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        request = GenerationRequest(f"bench-{i}", prompt, SamplingParams(temperature=0.0),
+                                    max_tokens=max_tokens, ignore_eos=True)
+        seq = engine.add(request, lambda event: None)
+        if seq is None:
+            raise RuntimeError("the engine refused a benchmark request")
+        seqs.append(seq)
+    first: list[float | None] = [None] * len(seqs)
+    before = 0
+    for _ in range(len(prompts) * (max_tokens + sum(map(len, prompts))) + 16):  # bounded
+        full = all(s.finish_reason is None and s.prefill_done for s in seqs)
+        start = time.perf_counter()
+        busy = engine.step()
+        now = time.perf_counter()
+        if engine.state is EngineState.FAILED:
+            raise RuntimeError(f"the engine failed: {engine.snapshot().failure}")
+        if not busy:
+            break
+        after = sum(len(s.output) for s in seqs)
+        run.step_s.append(now - start)
+        run.full_decode.append(full)
+        run.emitted.append(after - before)
+        before = after
+        for i, s in enumerate(seqs):
+            if first[i] is None and s.output:
+                first[i] = now - submitted
+    unfinished = [s.id for s in seqs if s.finish_reason != "length"]
+    if unfinished:
+        raise RuntimeError(f"benchmark requests did not run to max_tokens: {unfinished}")
+    run.first_token_s = first
+    run.outputs = [list(s.output) for s in seqs]
+    return run
+
+
+class OracleDrafter:
+    """Drafts from the recorded greedy continuation of each prompt (`record`): of k drafts the
+    first j are the target's own next tokens and the rest wrong, j drawn so that a round
+    averages `tokens_per_round` = 1 + E[j] (the target always adds its own token). Once a
+    row's output leaves its record (a bf16 near-tie decided the other way under verification),
+    its drafts are the record's and simply get rejected: the measured rate is what counts."""
+
+    def __init__(self, tokens_per_round: float, k: int, vocab: int, seed: int = 0) -> None:
+        if not 1.0 <= tokens_per_round <= 1 + k:
+            raise ValueError(f"tokens per round {tokens_per_round} is outside [1, {1 + k}]")
+        self.mean_correct, self.k, self.vocab = tokens_per_round - 1, k, vocab
+        self._rng = random.Random(seed)
+        self._records: dict[tuple[int, ...], tuple[int, list[int]]] = {}
+
+    def record(self, prompt: tuple[int, ...], output: list[int]) -> None:
+        self._records[prompt[:KEY]] = (len(prompt), list(output))
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        prompt_len, output = self._records.get(tuple(tokens[:KEY]), (0, []))
+        done = len(tokens) - prompt_len
+        truth = output[done: done + k] if prompt_len else []
+        if k < self.k or len(truth) < k:  # a short round (output limit), past the record, or
+            return []  # not a recorded prompt: plain decode, so every round drafts k
+        low = int(self.mean_correct)  # j ∈ {low, low + 1}, with the chosen mean
+        j = min(k, low + (self._rng.random() < self.mean_correct - low))
+        return truth[:j] + [(t + 1) % self.vocab for t in truth[j:]]
