@@ -15,7 +15,7 @@ from ninfer_engine.client import ServingEngine
 from ninfer_engine.config import EngineConfig
 
 from .errors import ApiError, invalid_value, unsupported
-from .forced_tools import ForcedCall, call_grammar
+from .forced_tools import ForcedCall, auto_grammar, call_grammar
 from .openai_fields import sampling_overrides
 from .prompt import ChatRequest, map_effort
 from .validate import get_bool, get_int, get_list, get_object, get_str, parse_json_object, require
@@ -49,8 +49,11 @@ def parse_messages_request(
     kind, forced, parallel = _tool_choice(body.get("tool_choice"))
     if kind == "none":
         tools = None
-    grammar = None if forced is None else call_grammar(forced, tools, parallel, frozenset(),
-                                                       "tool_choice")
+    strict = _strict_names(body.get("tools"))
+    if forced is not None:
+        grammar, param = call_grammar(forced, tools, parallel, strict, "tool_choice"), "tool_choice"
+    else:  # strict tools' calls match their input_schema (None: nothing to constrain)
+        grammar, param = auto_grammar(tools, parallel, strict), "tools"
     if body.get("cache_control") is not None:
         _check_cache_control(body["cache_control"], "cache_control")
     stop = get_list(body, "stop_sequences") or []
@@ -77,7 +80,7 @@ def parse_messages_request(
         prefill=parser.prefill,
         thinking_budget=budget,
         grammar=grammar,
-        grammar_param="tool_choice",
+        grammar_param=param,
         parallel_tool_calls=parallel,
     )
     return request, model, _display_omitted(body)
@@ -264,8 +267,7 @@ def _tools(tools: Any, parser: _Conversation) -> list[dict[str, Any]] | None:
             raise invalid_value(path, f"'{path}' must be an object.")
         if tool.get("type") not in (None, "custom"):
             raise unsupported(f"{path}.type", "Server tools are not supported.")
-        if tool.get("strict") is True:
-            raise unsupported(f"{path}.strict", "Strict tools are not supported.")
+        get_bool(tool, "strict", f"{path}.strict")
         parser.cache_breakpoint(tool, path)
         if not isinstance(tool.get("name"), str):
             raise invalid_value(f"{path}.name", "A tool needs a name.")
@@ -275,6 +277,11 @@ def _tools(tools: Any, parser: _Conversation) -> list[dict[str, Any]] | None:
             function["description"] = tool["description"]
         converted.append({"type": "function", "function": function})
     return converted or None
+
+
+def _strict_names(tools: Any) -> frozenset[str]:
+    """The names of the `strict: true` tools (checked by `_tools`)."""
+    return frozenset(t["name"] for t in tools or [] if t.get("strict") is True)
 
 
 def _display_omitted(body: dict[str, Any]) -> bool:

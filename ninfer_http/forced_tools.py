@@ -1,5 +1,7 @@
-"""`tool_choice` that forces a call (`required`, a named tool) and `response_format` /
-`text.format` that force JSON, turned into one llguidance grammar per request.
+"""`tool_choice` that forces a call (`required`, a named tool), `strict` tools and custom tools
+with a grammar under `tool_choice: auto` (free text or a call whose input the grammar holds to
+the tool's schema or grammar), and `response_format` / `text.format` that force JSON, turned
+into one llguidance grammar per request.
 
 The grammar is built while parsing (a schema the library refuses is a 400 naming the field) and
 compiled per generation in `prompt.prepare()`, where the engine's tokenizer is known.
@@ -11,8 +13,10 @@ from typing import Any
 
 from ninfer_engine.constrained import (
     GrammarError,
+    custom_input_grammar,
     json_object_grammar,
     json_schema_grammar,
+    optional_call_grammar,
     tool_call_grammar,
 )
 from ninfer_engine.constrained.grammar import ToolSpec
@@ -27,24 +31,27 @@ class ForcedCall:
     names: frozenset[str] | None = None
 
 
-def tool_specs(tools: list[dict[str, Any]] | None, strict: frozenset[str] = frozenset()
-               ) -> list[ToolSpec]:
+def tool_specs(tools: list[dict[str, Any]] | None, strict: frozenset[str] = frozenset(),
+               grammars: dict[str, str] | None = None) -> list[ToolSpec]:
     """Template function tools -> the grammar's tool list (`strict` names keep their schema
-    exactly; others fall back to any object when the library cannot compile theirs)."""
+    exactly; others fall back to any object when the library cannot compile theirs;
+    `grammars`: custom tools' input grammars by template name)."""
     specs = []
     for tool in tools or []:
         function = tool["function"]
         parameters = function.get("parameters")
         if not isinstance(parameters, dict) or not parameters:
             parameters = {"type": "object"}
-        specs.append(ToolSpec(function["name"], parameters, function["name"] in strict))
+        name = function["name"]
+        specs.append(ToolSpec(name, parameters, name in strict, (grammars or {}).get(name)))
     return specs
 
 
 def call_grammar(forced: ForcedCall, tools: list[dict[str, Any]] | None, parallel: bool,
-                 strict: frozenset[str], param: str) -> str:
+                 strict: frozenset[str], param: str,
+                 grammars: dict[str, str] | None = None) -> str:
     """The grammar of a forced call; 400 on `param` when no offered tool can be called."""
-    specs = [s for s in tool_specs(tools, strict)
+    specs = [s for s in tool_specs(tools, strict, grammars)
              if forced.names is None or s.name in forced.names]
     if not specs:
         wanted = "a tool" if forced.names is None else f"tool {sorted(forced.names)[0]!r}"
@@ -53,6 +60,43 @@ def call_grammar(forced: ForcedCall, tools: list[dict[str, Any]] | None, paralle
         return tool_call_grammar(specs, parallel)
     except GrammarError as exc:
         raise invalid_value(param, f"Cannot force this tool call: {exc}") from None
+
+
+def auto_grammar(tools: list[dict[str, Any]] | None, parallel: bool, strict: frozenset[str],
+                 grammars: dict[str, str] | None = None, answer: str | None = None
+                 ) -> str | None:
+    """`tool_choice: auto`: None unless an offered tool is `strict` or has an input grammar;
+    then free text (or `answer`, the response format's grammar) or calls whose input matches
+    the called tool. A strict schema the library cannot compile is a 400 on `tools`."""
+    specs = tool_specs(tools, strict, grammars)
+    if not any(s.strict or s.grammar is not None for s in specs):
+        return None
+    try:
+        return optional_call_grammar(specs, parallel, answer)
+    except GrammarError as exc:
+        raise invalid_value("tools", f"Cannot constrain these tools' calls: {exc}") from None
+
+
+def input_grammar(fmt: Any, param: str) -> str | None:
+    """A custom tool's `format` -> its input grammar (None: free text)."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise invalid_value(param, f"'{param}' must be an object.")
+    if fmt.get("type") == "text":
+        return None
+    if fmt.get("type") != "grammar":
+        raise invalid_value(f"{param}.type", f"'{param}.type' must be 'text' or 'grammar'.")
+    syntax, definition = fmt.get("syntax"), fmt.get("definition")
+    if not isinstance(syntax, str) or not isinstance(definition, str):
+        raise invalid_value(param, f"'{param}' needs a 'syntax' and a 'definition' string.")
+    if syntax not in ("lark", "regex"):
+        raise invalid_value(f"{param}.syntax", f"'{param}.syntax' must be 'lark' or 'regex'.")
+    try:
+        return custom_input_grammar(syntax, definition)
+    except GrammarError as exc:
+        raise invalid_value(f"{param}.definition", f"The grammar cannot be enforced: {exc}") \
+            from None
 
 
 def format_grammar(fmt: dict[str, Any], param: str) -> str | None:

@@ -67,11 +67,7 @@ def parse_chat_request(
     messages = normalize_messages(body.get("messages"))
     reject_unsupported(body)
     tools = normalize_tools(body.get("tools"), body.get("tool_choice"),
-                            body.get("parallel_tool_calls"))
-    answer = _response_format(body)
-    if answer is not None and tools.grammar is not None:
-        raise invalid_value("response_format", "response_format cannot constrain an answer "
-                            "that tool_choice forces to be a tool call.")
+                            body.get("parallel_tool_calls"), _response_format(body))
     max_tokens = get_int(body, "max_completion_tokens", 0)
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", 0)
@@ -97,8 +93,8 @@ def parse_chat_request(
         thinking=thinking,
         thinking_budget=config.default_thinking_budget,
         report_progress=stream and options.return_progress,
-        grammar=tools.grammar or answer,
-        grammar_param="tool_choice" if tools.grammar else "response_format",
+        grammar=tools.grammar,
+        grammar_param=tools.param,
         logprobs=_logprobs(body),
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
     )

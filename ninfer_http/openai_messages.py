@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from .errors import ApiError, invalid_value, missing, unsupported
-from .forced_tools import ForcedCall, call_grammar
+from .forced_tools import ForcedCall, auto_grammar, call_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _TEMPLATE_ROLE = {"developer": "system", "function": "tool"}
@@ -132,15 +132,20 @@ def _decoded(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
 
 @dataclass(frozen=True)
 class ChatTools:
-    """The tools shown to the template and the grammar of a forced call (None: not forced)."""
+    """The tools shown to the template and the grammar of the answer (None: free), with the
+    field that asked for it (error messages)."""
 
     template: list[dict[str, Any]] | None
     grammar: str | None = None
+    param: str = "response_format"
 
 
-def normalize_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ChatTools:
+def normalize_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any,
+                    answer: str | None = None) -> ChatTools:
     """The function tools to show the template, after `tool_choice`; `required` or a named
-    function forces a call (strict tools' arguments then match their schema exactly)."""
+    function forces a call (strict tools' arguments then match their schema exactly); under
+    `auto` a strict tool's call, when the model makes one, matches its schema. `answer` is the
+    grammar of `response_format` (None: text)."""
     if tools is None:
         tools = []
     if not isinstance(tools, list):
@@ -153,9 +158,17 @@ def normalize_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> C
     allowed, forced = _choice(tool_choice)
     if allowed is not None:
         tools = [t for t in tools if t["function"]["name"] in allowed]
-    grammar = None if forced is None else call_grammar(
-        forced, tools, parallel_tool_calls is not False, strict, "tool_choice")
-    return ChatTools(tools or None, grammar)
+    parallel = parallel_tool_calls is not False
+    if forced is not None:
+        if answer is not None:
+            raise invalid_value("response_format", "response_format cannot constrain an answer "
+                                "that tool_choice forces to be a tool call.")
+        return ChatTools(tools or None, call_grammar(forced, tools, parallel, strict,
+                                                     "tool_choice"), "tool_choice")
+    grammar = auto_grammar(tools, parallel, strict, answer=answer)
+    if grammar is not None:
+        return ChatTools(tools or None, grammar, "tools")
+    return ChatTools(tools or None, answer)
 
 
 def _check_tool(tool: Any, path: str) -> None:

@@ -118,8 +118,11 @@ def _chat(model: Schema) -> dict[str, Schema]:
 def _responses(model: Schema) -> dict[str, Schema]:
     function = obj({"type": {"const": "function"}, "name": TOOL_NAME, "parameters": OBJECT,
                     "strict": BOOLEAN}, "type", "name")
+    # a `grammar` format (Lark or a regex) holds the tool's input to it
+    custom_format = obj({"type": {"enum": ["text", "grammar"]},
+                         "syntax": {"enum": ["lark", "regex"]}, "definition": STRING}, "type")
     custom = obj({"type": {"const": "custom"}, "name": TOOL_NAME, "description": STRING,
-                  "format": OBJECT}, "type", "name")
+                  "format": custom_format}, "type", "name")
     # hosted tools (web_search, file_search, ...) are accepted and left out of the prompt
     other_tool = obj({"type": STRING}, "type")
     namespace = obj({"type": {"const": "namespace"}, "name": STRING,
@@ -195,8 +198,9 @@ def _anthropic() -> dict[str, Schema]:
                       "type")
     message = obj({"role": {"enum": ["user", "assistant"]},
                    "content": _text_or_parts("text", other_block)}, "role", "content")
-    tool = obj({"name": TOOL_NAME, "description": STRING, "input_schema": OBJECT},
-               "name", "input_schema")
+    # `strict`: a call's input matches input_schema (under `auto` too)
+    tool = obj({"name": TOOL_NAME, "description": STRING, "input_schema": OBJECT,
+                "strict": BOOLEAN}, "name", "input_schema")
     return {
         "MessagesRequest": obj({
             "model": STRING, "messages": {"type": "array", "minItems": 1, "items": message},

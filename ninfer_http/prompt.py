@@ -12,6 +12,7 @@ from typing import Any
 
 from ninfer_engine.client import ServingEngine
 from ninfer_engine.constrained import ConstraintUnavailable, GrammarError, compile_constraint
+from ninfer_engine.constrained.matcher import llg_tokenizer
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from .errors import ApiError, invalid_value
@@ -144,6 +145,15 @@ def thinking_cap(engine: ServingEngine, budget: int, max_tokens: int) -> dict[st
             "think_end_ids": encode_fragment(engine, THINK_END)}
 
 
+def constrainable(engine: ServingEngine) -> bool:
+    """Whether the engine's tokenizer can drive constrained decoding."""
+    try:
+        llg_tokenizer(engine.tokenizer)
+    except ConstraintUnavailable:
+        return False
+    return True
+
+
 def _constraint(engine: ServingEngine, grammar: str | None, thinks: bool,
                 param: str | None = None) -> Any:
     """A fresh grammar state for one generation; a thinking model is constrained after
@@ -183,6 +193,12 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
     wanted = engine.default_max_tokens if request.max_tokens is None else request.max_tokens
     max_tokens = min(wanted, engine.max_context - len(prompt_ids))
     thinks = opens_thinking(text)
+    grammar = request.grammar
+    if grammar is not None and request.grammar_param == "tools" and not constrainable(engine):
+        # Constrained tools under `auto` only tighten what the model may call; an engine whose
+        # tokenizer cannot drive llguidance (a scripted test engine) serves them unconstrained,
+        # as before they were enforced. Forced calls and response formats stay a 400 there.
+        grammar = None
     cap: dict[str, Any] = {}
     if thinks and request.thinking_budget is not None:
         cap = thinking_cap(engine, request.thinking_budget, max_tokens)
@@ -197,10 +213,10 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
         protocol=request.protocol,
         report_progress=request.report_progress,
         session_key=request.session_key,
-        constraint=_constraint(engine, request.grammar, thinks, request.grammar_param),
+        constraint=_constraint(engine, grammar, thinks, request.grammar_param),
         logprobs=request.logprobs,
         logprob_sink=None if request.logprobs is None else [],
         **cap,
     )
     return PreparedRequest(generation, len(prompt_ids), max_tokens, thinks, request.tools,
-                           request.parallel_tool_calls, request.grammar)
+                           request.parallel_tool_calls, grammar)

@@ -133,7 +133,7 @@ def _turn(raw: bytes, engine: ServingEngine, config: EngineConfig, store: Respon
         thinking=parsed.thinking,
         thinking_budget=config.default_thinking_budget,
         grammar=parsed.grammar,
-        grammar_param="tool_choice" if parsed.tools.grammar else "text.format",
+        grammar_param=parsed.tools.param,
         parallel_tool_calls=parsed.parallel_tool_calls,
         session_key=session_key,
     )

@@ -78,12 +78,9 @@ def parse_create(body: dict[str, Any], config: EngineConfig) -> ResponsesRequest
     template_kwargs, thinking = thinking_options(
         {"chat_template_kwargs": nested, "preserve_thinking": body.get("preserve_thinking"),
          "reasoning_effort": reasoning["effort"]}, config)
-    tools = parse_tools(body.get("tools"), body.get("tool_choice"), parallel)
     fmt = text.get("format") or {"type": "text"}
-    answer = format_grammar(fmt, "text.format")
-    if answer is not None and tools.grammar is not None:
-        raise invalid_value("text.format", "text.format cannot constrain an answer that "
-                            "tool_choice forces to be a tool call.")
+    tools = parse_tools(body.get("tools"), body.get("tool_choice"), parallel,
+                        format_grammar(fmt, "text.format"))
     return ResponsesRequest(
         model=get_str(body, "model"),
         input=body["input"],
@@ -97,7 +94,7 @@ def parse_create(body: dict[str, Any], config: EngineConfig) -> ResponsesRequest
         thinking=thinking,
         preserve_thinking_set=preserve_set,
         tools=tools,
-        grammar=tools.grammar or answer,
+        grammar=tools.grammar,
         parallel_tool_calls=parallel,
         prompt_cache_key=get_str(body, "prompt_cache_key"),
         encrypted_reasoning=ENCRYPTED_REASONING in include,

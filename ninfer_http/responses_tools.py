@@ -6,7 +6,9 @@ to `<namespace>.<name>`). A `custom` (freeform) tool is shown as a function taki
 `local_shell` is shown as a function with the documented exec parameters and comes back as a
 `local_shell_call`. Hosted tools this server cannot run (`web_search`, `file_search`, ...) are
 left out and logged once. `tool_choice` `required`, a named tool or `allowed_tools` in mode
-`required` force a call through a grammar (forced_tools.py).
+`required` force a call through a grammar (forced_tools.py). A custom tool whose `format` is a
+Lark or regex grammar has its input held to it (its call is then written in the XML form with
+the raw input); so are `strict` functions' arguments to their schema, under `auto` too.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import invalid_value, unsupported
-from .forced_tools import ForcedCall, call_grammar
+from .forced_tools import ForcedCall, auto_grammar, call_grammar, input_grammar
 from .ignored import log_ignored
 from .responses_shapes import CUSTOM_INPUT, LOCAL_SHELL, flat_name
 from .validate import get_bool, get_list, get_str
@@ -46,7 +48,8 @@ class CallTarget:
 class ResponsesTools:
     template: list[dict[str, Any]] | None  # shown to the template, after tool_choice
     targets: dict[str, CallTarget] = field(default_factory=dict)  # template name -> target
-    grammar: str | None = None  # set when tool_choice forces a call
+    grammar: str | None = None  # the answer's grammar (a forced call, constrained tools, format)
+    param: str = "text.format"  # the field that asked for the grammar (error messages)
 
 
 def _function(tool: dict[str, Any], path: str, namespace: str | None) -> dict[str, Any]:
@@ -88,6 +91,7 @@ class _Collector:
         self.tools: list[dict[str, Any]] = []
         self.targets: dict[str, CallTarget] = {}
         self.strict: set[str] = set()
+        self.grammars: dict[str, str] = {}  # custom tools' input grammars by template name
         self.hosted: list[str] = []
 
     def add(self, tool: Any, path: str, namespace: str | None = None) -> None:
@@ -111,6 +115,9 @@ class _Collector:
                 self.strict.add(entry["function"]["name"])
         elif kind == "custom" and namespace is None:
             entry, target = _custom(tool, path), CallTarget("custom", tool["name"])
+            grammar = input_grammar(tool.get("format"), f"{path}.format")
+            if grammar is not None:
+                self.grammars[entry["function"]["name"]] = grammar
         elif kind == LOCAL_SHELL and namespace is None:
             entry, target = _local_shell(), CallTarget(LOCAL_SHELL, LOCAL_SHELL)
         else:
@@ -132,8 +139,10 @@ def _choice_names(choice: dict[str, Any], param: str) -> frozenset[str]:
     raise unsupported(param, f"tool_choice {kind!r} names a tool this server cannot run.")
 
 
-def parse_tools(value: Any, choice: Any, parallel: bool) -> ResponsesTools:
-    """`tools` and `tool_choice`; a forced choice gets its grammar."""
+def parse_tools(value: Any, choice: Any, parallel: bool, answer: str | None = None
+                ) -> ResponsesTools:
+    """`tools` and `tool_choice`; a forced choice gets its grammar, and so do constrained tools
+    under `auto` (`answer`: the grammar of `text.format`, None for text)."""
     if value is not None and not isinstance(value, list):
         raise invalid_value("tools", "'tools' must be an array.")
     collected = _Collector()
@@ -142,7 +151,7 @@ def parse_tools(value: Any, choice: Any, parallel: bool) -> ResponsesTools:
     log_ignored("hosted tool", collected.hosted)
     tools, forced = collected.tools, None
     if choice == "none":
-        return ResponsesTools(None, collected.targets)
+        return ResponsesTools(None, collected.targets, answer)
     if choice == "required":
         forced = ForcedCall()
     elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":
@@ -160,6 +169,14 @@ def parse_tools(value: Any, choice: Any, parallel: bool) -> ResponsesTools:
     elif choice not in (None, "auto"):
         raise invalid_value("tool_choice", "'tool_choice' must be 'auto', 'none', 'required', "
                             "a tool or allowed_tools.")
-    grammar = None if forced is None else call_grammar(
-        forced, tools, parallel, frozenset(collected.strict), "tool_choice")
-    return ResponsesTools(tools or None, collected.targets, grammar)
+    strict = frozenset(collected.strict)
+    if forced is not None:
+        if answer is not None:
+            raise invalid_value("text.format", "text.format cannot constrain an answer that "
+                                "tool_choice forces to be a tool call.")
+        return ResponsesTools(tools or None, collected.targets, call_grammar(
+            forced, tools, parallel, strict, "tool_choice", collected.grammars), "tool_choice")
+    grammar = auto_grammar(tools, parallel, strict, collected.grammars, answer)
+    if grammar is not None:
+        return ResponsesTools(tools or None, collected.targets, grammar, "tools")
+    return ResponsesTools(tools or None, collected.targets, answer)

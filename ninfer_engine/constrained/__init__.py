@@ -3,11 +3,14 @@
 applies (mask.py)."""
 from .grammar import (
     GrammarError,
+    custom_input_grammar,
     json_object_grammar,
     json_schema_grammar,
+    optional_call_grammar,
     tool_call_grammar,
 )
 from .matcher import ConstraintUnavailable, TokenConstraint, compile_constraint
 
 __all__ = ["ConstraintUnavailable", "GrammarError", "TokenConstraint", "compile_constraint",
-           "json_object_grammar", "json_schema_grammar", "tool_call_grammar"]
+           "custom_input_grammar", "json_object_grammar", "json_schema_grammar",
+           "optional_call_grammar", "tool_call_grammar"]

@@ -3,7 +3,12 @@
 Each builder returns a grammar string that `LLMatcher` accepts, already validated, or raises
 `GrammarError` naming what the library refused. Tool calls use the Hermes form the output parser
 reads (`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`), whatever template the
-model has: the grammar forces the call, the parser reads it back.
+model has: the grammar forces the call, the parser reads it back. A custom tool with an input
+grammar (Lark, or a regex) is called in the XML form instead
+(`<function=NAME>\\n<parameter=input>\\nRAW\\n</parameter>\\n</function>`), so its raw input
+follows the client's grammar with no JSON escaping (its grammar is a side grammar, `@name`).
+`tool_call_grammar` forces a call; `optional_call_grammar` (tool_choice auto) allows free text
+that ends at the first `<tool_call>`, then only calls matching a tool.
 """
 from __future__ import annotations
 
@@ -13,7 +18,10 @@ from typing import Any
 
 import llguidance
 
-OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+CALL_TAG = "<tool_call>"
+OPEN, CLOSE = CALL_TAG + "\n", "\n</tool_call>"
+CUSTOM_INPUT = "input"  # a custom tool's one string argument, as the template shows it
+CUSTOM_END = "\n</parameter>\n</function>"
 # Fixed separators and no free whitespace: a small model sampled at temperature 1 can otherwise
 # spend its whole output on the blanks a flexible JSON grammar allows between tokens.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -30,6 +38,7 @@ class ToolSpec:
     name: str
     parameters: dict[str, Any]
     strict: bool = False
+    grammar: str | None = None  # a custom tool's input grammar (its call is then the XML form)
 
 
 def _checked(grammar: str, what: str) -> str:
@@ -99,14 +108,89 @@ def _arguments_schema(tool: ToolSpec) -> dict[str, Any]:
         return {"type": "object"}
 
 
+def _side(grammar: str, name: str) -> dict[str, Any]:
+    """A grammar (Lark text, or llguidance's `{"grammars": [one]}` JSON) as a named side
+    grammar that a Lark rule references as `@name`."""
+    if grammar.lstrip().startswith("{"):
+        [only] = json.loads(grammar)["grammars"]
+        return {**only, "name": name}
+    return {"lark_grammar": grammar, "name": name}
+
+
+def _call_rules(tools: list[ToolSpec]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Lark rules for `call_body` (what stands between `<tool_call>\\n` and `\\n</tool_call>`)
+    and the side grammars they reference: function tools as one Hermes JSON object, each
+    custom tool with a grammar as the XML form with its raw input, which the output parser
+    reads back (`<function=NAME>` / `<parameter=input>`)."""
+    rules: list[str] = []
+    side: list[dict[str, Any]] = []
+    alternatives: list[str] = []
+    functions = [t for t in tools if t.grammar is None]
+    if functions:
+        options = [_call_schema(ToolSpec(t.name, _arguments_schema(t), t.strict))
+                   for t in functions]
+        rules.append(f"json_call: %json {json.dumps(styled(_one_of(options)))}")
+        alternatives.append("json_call")
+    for i, tool in enumerate(t for t in tools if t.grammar is not None):
+        assert tool.grammar is not None
+        head = f"<function={tool.name}>\n<parameter={CUSTOM_INPUT}>\n"
+        rules.append(f"custom_call_{i}: {json.dumps(head)} @tool_input_{i} "
+                     f"{json.dumps(CUSTOM_END)}")
+        side.append(_side(tool.grammar, f"tool_input_{i}"))
+        alternatives.append(f"custom_call_{i}")
+    return ["call_body: " + " | ".join(alternatives), *rules], side
+
+
+def _compiled(lark: str, side: list[dict[str, Any]], what: str) -> str:
+    if side:
+        grammar = json.dumps({"grammars": [{"lark_grammar": lark}, *side]})
+    else:
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    return _checked(grammar, what)
+
+
 def tool_call_grammar(tools: list[ToolSpec], parallel: bool) -> str:
     """Output that is one tool call (or, when `parallel`, one or more) to one of `tools`."""
     if not tools:
         raise GrammarError("a tool call is required but no tool is offered")
-    options = [_call_schema(ToolSpec(t.name, _arguments_schema(t), t.strict)) for t in tools]
-    body = styled(_one_of(options))
+    body, side = _call_rules(tools)
     calls = 'call ("\\n" call)*' if parallel else "call"
-    lark = (f"start: {calls}\n"
-            f"call: {json.dumps(OPEN)} body {json.dumps(CLOSE)}\n"
-            f"body: %json {json.dumps(body)}\n")
-    return _checked(llguidance.LLMatcher.grammar_from_lark(lark), "tool call grammar")
+    lark = "\n".join([f"start: {calls}",
+                      f"call: {json.dumps(OPEN)} call_body {json.dumps(CLOSE)}", *body]) + "\n"
+    return _compiled(lark, side, "tool call grammar")
+
+
+def optional_call_grammar(tools: list[ToolSpec], parallel: bool,
+                          answer: str | None = None) -> str:
+    """`tool_choice: auto` with tools whose input is constrained (`strict` functions, custom
+    tools with a grammar): the output is free text (or `answer`'s grammar, a response format)
+    or, once the model writes `<tool_call>`, text before it and then one call (or, when
+    `parallel`, one or more) whose body matches the called tool, nothing after. The text is one
+    lazy lexeme that ends at the first `<tool_call>`, as llguidance's structural tags do."""
+    if not tools:
+        raise GrammarError("no tool is offered")
+    body, side = _call_rules(tools)
+    more = ' ("\\n" call)*' if parallel else ""
+    if answer is None:
+        start = [f"start: TEXT | first_call{more}",
+                 f"first_call: call_start {json.dumps(OPEN[len(CALL_TAG):])} call_body "
+                 f"{json.dumps(CLOSE)}",
+                 f"call_start[lazy]: TEXT {json.dumps(CALL_TAG)}"]
+    else:  # the answer is the format's JSON, or calls without text before them
+        start = [f"start: @answer | call{more}"]
+        side.append(_side(answer, "answer"))
+    lark = "\n".join(["%llguidance {}", *start,
+                      f"call: {json.dumps(OPEN)} call_body {json.dumps(CLOSE)}", *body,
+                      "TEXT: /(.|\\n)*/"]) + "\n"
+    return _compiled(lark, side, "tool call grammar")
+
+
+def custom_input_grammar(syntax: str, definition: str) -> str:
+    """A custom tool's input grammar (`lark`, or a `regex` the whole input matches) as Lark."""
+    if syntax == "lark":
+        lark = definition
+    elif syntax == "regex":
+        lark = "start: /" + definition.replace("/", "\\/") + "/\n"
+    else:
+        raise GrammarError(f"grammar syntax {syntax!r} is not supported (lark or regex)")
+    return _checked(llguidance.LLMatcher.grammar_from_lark(lark), f"the {syntax} grammar")

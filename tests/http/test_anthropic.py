@@ -164,7 +164,8 @@ def test_thinking_and_effort_reach_the_template(live):
     {"tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}},
     {"tool_choice": {"type": "required"}},
     {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
-    {"tools": [{"name": "f", "input_schema": {}, "strict": True}]},
+    {"tools": [{"name": "f", "input_schema": {}, "strict": "yes"}]},
+    {"tools": [{"name": "f", "input_schema": {"type": "x"}, "strict": True}]},  # no grammar
     {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
     {"mcp_servers": [{"type": "url", "url": "https://example.com", "name": "m"}]},
     {"temperature": 5},

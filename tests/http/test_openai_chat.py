@@ -189,6 +189,9 @@ def test_rejected_fields(live, fields, param):
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]},
      "tools[0].function.strict"),
+    # a strict tool under `auto`: its schema must compile, though the call is optional
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True,
+                                                  "parameters": {"type": "x"}}}]}, "tools"),
 ])
 def test_invalid_values_of_served_fields(live, fields, param):
     reply = live.chat(**fields)

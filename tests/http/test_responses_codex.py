@@ -6,6 +6,8 @@ import json
 import logging
 import uuid
 
+import openai
+import pytest
 from test_responses import create, sse_blocks
 
 APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
@@ -134,3 +136,20 @@ def test_input_items_of_a_continuation_list_earlier_turns(live):
     texts = [item["content"][0]["text"] for item in page["data"]]
     assert texts[0::2] == ["one", "two", "three"]
     assert page["data"][1]["id"] == first["output"][0]["id"]
+
+
+@pytest.mark.parametrize("fmt, param", [
+    ({"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"},
+     "tools[0].format.definition"),
+    ({"type": "grammar", "syntax": "ebnf", "definition": "x"}, "tools[0].format.syntax"),
+    ({"type": "grammar", "syntax": "lark"}, "tools[0].format"),
+    ({"type": "yaml"}, "tools[0].format.type"),
+])
+def test_a_custom_tool_grammar_that_cannot_be_enforced_is_400(live, fmt, param):
+    sdk = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=10)
+    with pytest.raises(openai.BadRequestError) as raised:
+        sdk.responses.create(model="fake-model", input="Hi",
+                             tools=[{**APPLY_PATCH, "format": fmt}])
+    error = raised.value.body
+    assert (error["code"], error["param"]) == ("invalid_value", param), error
+    assert live.engine.submitted == []

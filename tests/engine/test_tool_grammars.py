@@ -1,0 +1,99 @@
+"""Tool-call grammars on the default model's tokenizer (skipped when install.sh has not
+prepared it): `tool_choice: auto` with strict tools or custom tools with a Lark / regex input
+grammar (free text, or calls whose input the grammar holds), and forced custom-tool calls."""
+from __future__ import annotations
+
+import pytest
+
+from ninfer_engine.chat.tool_calls import ToolCall, ToolCallParser
+from ninfer_engine.cli.flags import default_artifact
+from ninfer_engine.constrained import (
+    GrammarError,
+    compile_constraint,
+    custom_input_grammar,
+    json_schema_grammar,
+    optional_call_grammar,
+    tool_call_grammar,
+)
+from ninfer_engine.constrained.grammar import ToolSpec
+
+MODEL = default_artifact()
+pytestmark = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL} is missing")
+N = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 99}},
+     "required": ["n"], "additionalProperties": False}
+COMMAND = 'start: ("ls" | "cat") " " PATH\nPATH: /[a-z_.\\/]{1,20}/\n'
+CALL = '<tool_call>\n{"name": "f", "arguments": {"n": 5}}\n</tool_call>'
+SHELL = ("<tool_call>\n<function=shell>\n<parameter=input>\ncat a/b.txt\n</parameter>\n"
+         "</function>\n</tool_call>")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from ninfer_engine.artifact import open_artifact
+    from ninfer_engine.tokenizer import Tokenizer
+
+    with open_artifact(MODEL) as artifact:
+        return Tokenizer.from_artifact(artifact)
+
+
+@pytest.fixture(scope="module")
+def tools():
+    return [ToolSpec("f", N, strict=True),
+            ToolSpec("shell", {}, grammar=custom_input_grammar("lark", COMMAND))]
+
+
+def follows(tokenizer, grammar: str, text: str) -> bool:
+    """Whether `text` (tokenized as the model would write it) is a complete output of
+    `grammar`."""
+    constraint = compile_constraint(tokenizer, grammar)
+    lead = len(tokenizer.encode(""))
+    for token in tokenizer.encode(text)[lead:]:
+        if not constraint.matcher.consume_token(token):
+            return False
+    return constraint.matcher.is_accepting()
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("Just text, even < and <tool.", True),
+    ("Let me check. " + CALL, True),
+    (CALL + "\n" + SHELL, True),  # parallel calls
+    ("Calling. " + SHELL, True),
+    (CALL.replace("5", "500"), False),  # over the schema's maximum
+    (CALL.replace('"f"', '"g"'), False),  # no such tool
+    (SHELL.replace("cat", "rm"), False),  # outside the custom tool's grammar
+    (CALL + " and more text", False),  # nothing after the calls
+])
+def test_auto_grammar_allows_text_or_valid_calls(tokenizer, tools, text, ok):
+    assert follows(tokenizer, optional_call_grammar(tools, parallel=True), text) == ok
+
+
+def test_auto_grammar_without_parallel_calls_allows_one(tokenizer, tools):
+    grammar = optional_call_grammar(tools, parallel=False)
+    assert follows(tokenizer, grammar, "Ok. " + CALL)
+    assert not follows(tokenizer, grammar, CALL + "\n" + SHELL)
+
+
+def test_auto_grammar_with_a_response_format(tokenizer, tools):
+    grammar = optional_call_grammar(tools, parallel=False, answer=json_schema_grammar(N))
+    assert follows(tokenizer, grammar, '{"n": 7}')
+    assert follows(tokenizer, grammar, CALL)
+    assert not follows(tokenizer, grammar, "free text")
+
+
+def test_forced_custom_call_is_read_back_with_its_raw_input(tokenizer, tools):
+    grammar = tool_call_grammar(tools, parallel=False)
+    assert follows(tokenizer, grammar, SHELL) and follows(tokenizer, grammar, CALL)
+    assert not follows(tokenizer, grammar, "text")
+    parser = ToolCallParser([{"type": "function", "function": {
+        "name": "shell", "parameters": {"type": "object",
+                                        "properties": {"input": {"type": "string"}}}}}])
+    assert parser.feed(SHELL) + parser.flush() == [
+        ToolCall("shell", '{"input": "cat a/b.txt"}')]
+
+
+def test_custom_input_grammars():
+    custom_input_grammar("regex", r"\d{1,3}/\d")
+    with pytest.raises(GrammarError, match="unknown name"):
+        custom_input_grammar("lark", "start: foo")
+    with pytest.raises(GrammarError, match="not supported"):
+        custom_input_grammar("ebnf", "x")
