@@ -111,7 +111,7 @@ class Engine:
                 # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
                 sized, activations = auto_kv_capacity(config, built, text_config, device,
                                                       prefill_chunk_for(config, device))
-                memory = build_memory(sized, built)
+                memory = build_memory(sized, built, prefill_chunk_for(config, device))
                 if activations is None:
                     check_prefill_scratch(built, free_device_bytes(device))
                 else:  # auto kept its estimate of a chunk's activations free, not ~1 GiB
@@ -149,7 +149,8 @@ class Engine:
         self.speculator = (Speculator(config.spec, config.draft_tokens)
                            if config.spec else None)
         self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
-                                   config.pending_timeout_ms / 1000, self._admit)
+                                   config.pending_timeout_ms / 1000, self._admit,
+                                   self.memory.chunk_tokens)
         self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
         self._faults = _Faults(os.environ.get("NINFER_FAULT", ""))
         self._events = EventPump()  # a step's token events, handed to the loops once a step
@@ -292,8 +293,7 @@ class Engine:
         for chunk in batch.chunks:
             if chunk.seq.request.report_progress:
                 chunk.seq.report_progress()  # before its first token, if this chunk samples
-            if chunk.seq.prefill_done:
-                self.memory.checkpoint(chunk.seq)  # the prompt-end frontier
+            self.memory.prefilled(chunk.seq)  # its full pages (and snapshot) join the tree
         now = time.monotonic()
         rows = []
         for row, seq in enumerate(batch.sampled):

@@ -1,4 +1,4 @@
-"""The engine's memory at load: the shared KV pool, state slots and prefix checkpoints
+"""The engine's memory at load: the shared KV pool, state slots and the prefix tree
 (`build_memory`), and the pool's size under `--kv-capacity auto` (`auto_kv_capacity`, the
 arithmetic in `kv.sizing`), read from the device once the weights are resident."""
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 
 from .config import PAGE_TOKENS, EngineConfig
 from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for, kv_page_layout
+from .kv.memory import SNAPSHOT_TOKENS
 from .kv.sizing import (ALLOC_SLACK, GIB, MIB, KvSizingError, auto_kv_tokens,
                         prefill_activation_bytes)
 from .models.experts import free_device_bytes, prefill_scratch_bytes
@@ -66,14 +67,16 @@ def recurrent_state_bytes(model: Any) -> int:
 
 
 def _checkpoint_slots(config: EngineConfig) -> int:
-    """Prefix-checkpoint state slots: `--device-state-slots`, else one per admitted request."""
+    """Prefix-tree snapshot slots: `--device-state-slots`, else one per admitted request."""
     return config.max_concurrency if config.device_state_slots is None else (
         config.device_state_slots)
 
 
-def build_memory(config: EngineConfig, model: Any) -> SequenceMemory:
+def build_memory(config: EngineConfig, model: Any,
+                 prefill_chunk: int = SNAPSHOT_TOKENS) -> SequenceMemory:
     """The shared KV pool (`--kv-capacity`, `--kv-dtype`, `--elastic`, `--kv-grow`), state slots,
-    prefix checkpoints and the per-request budget (`--kv-budget-gib`)."""
+    the prefix tree and the per-request budget (`--kv-budget-gib`). A long hybrid prompt is
+    snapshotted every `prefill_chunk` tokens, where its chunks end anyway."""
     layers, heads, dim = model.kv_layout()
     pages = config.kv_tokens // PAGE_TOKENS
     pool = (ElasticPagePool(pages, -(-config.kv_grow // PAGE_TOKENS)) if config.elastic
@@ -86,4 +89,4 @@ def build_memory(config: EngineConfig, model: Any) -> SequenceMemory:
         budget = int(config.kv_budget_gib * 2**30) // storage.page_bytes
     return SequenceMemory(storage, config.kv_lease_window, config.max_concurrency, checkpoints,
                           not config.no_prefix_reuse, config.kv_dtype,
-                          getattr(model, "state_pool", None), budget)
+                          getattr(model, "state_pool", None), budget, prefill_chunk)

@@ -51,7 +51,26 @@ class StateSlotStats:
     running_used: int = 0
     checkpoint_total: int = 0
     checkpoint_used: int = 0
-    checkpoints: int = 0  # prefix checkpoints (KV pages, plus a state slot on hybrid models)
+    checkpoints: int = 0  # restorable prefix-tree points: snapshots (hybrid), leaves (llama)
+
+
+@dataclass(frozen=True)
+class PrefixStats:
+    """The prefix tree (`kv.radix`): lookups since start (one per admitted request with reuse
+    on) and what they restored, and what the tree holds now."""
+
+    lookups: int = 0
+    hits: int = 0  # lookups that restored at least one token
+    lookup_tokens: int = 0  # prompt tokens looked up
+    hit_tokens: int = 0  # ... restored instead of computed
+    pages: int = 0  # KV pages the tree references (shared with running requests or idle)
+    nodes: int = 0
+    snapshots: int = 0  # recurrent-state snapshots at tree nodes (hybrid family)
+    evicted_pages: int = 0  # pages the tree gave back under pressure, since start
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
 
 
 @dataclass(frozen=True)
@@ -188,6 +207,7 @@ class EngineStats:
     host: HostMemory = field(default_factory=HostMemory)
     kv: KvStats = field(default_factory=KvStats)
     state_slots: StateSlotStats = field(default_factory=StateSlotStats)
+    prefix: PrefixStats = field(default_factory=PrefixStats)
     experts: ExpertStats | None = None
     spec: SpecStats | None = None
     queue: QueueStats = field(default_factory=QueueStats)

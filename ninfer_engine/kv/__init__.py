@@ -1,11 +1,11 @@
-"""The KV pool: pages and leases, quantized storage, recurrent-state slots, prefix checkpoints."""
+"""The KV pool: pages and leases, quantized storage, recurrent-state slots, the prefix tree."""
 from .cache import KvStorage, LayerKv, PagedKvCache, PageTables, kv_page_layout
 from .memory import SequenceMemory
 from .pages import ElasticPagePool, PageAllocator, PagePool, pages_for
 from .quant import KV_DTYPES, KvCodec, codecs_for
-from .slots import Checkpoint, PrefixCache, PrefixIndex, StatePool
+from .radix import Match, PrefixTree
+from .slots import StatePool
 
-__all__ = ["KV_DTYPES", "Checkpoint", "ElasticPagePool", "KvCodec", "KvStorage", "LayerKv",
-           "PageAllocator", "PagePool", "PageTables", "PagedKvCache", "PrefixCache",
-           "PrefixIndex", "SequenceMemory", "StatePool", "codecs_for", "kv_page_layout",
-           "pages_for"]
+__all__ = ["KV_DTYPES", "ElasticPagePool", "KvCodec", "KvStorage", "LayerKv", "Match",
+           "PageAllocator", "PagePool", "PageTables", "PagedKvCache", "PrefixTree",
+           "SequenceMemory", "StatePool", "codecs_for", "kv_page_layout", "pages_for"]

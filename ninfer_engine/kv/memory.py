@@ -2,44 +2,57 @@
 
 `SequenceMemory` applies the lease rules of DESIGN §5 and http-contract §4:
 - admission reserves the prompt plus `min(kv_lease_window, max_tokens)` output tokens
-  (window 0 = all of `max_tokens`), capped at the pool; checkpoints are evicted (LRU) before
-  a request is made to wait, and requests are admitted in FIFO order;
-- a running request grows page by page; when the pool cannot grow (after evicting
-  checkpoints) the request finishes with `length`, never taking another request's pages;
+  (window 0 = all of `max_tokens`), capped at the pool; idle prefix-tree pages are evicted
+  (LRU leaves) before a request is made to wait, and requests are admitted in FIFO order;
+- a running request grows page by page; when the pool cannot grow (after evicting idle tree
+  pages) the request finishes with `length`, never taking another request's pages;
 - `budget_pages` (`--kv-budget-gib`) caps one request's page table: past it the request
   finishes with `length` even when the pool has pages to spare;
-- a prompt that starts with a checkpoint's tokens restores it and computes only the rest.
+- a prompt restores the deepest prefix the tree holds (`kv.radix`) and computes only the rest.
+  The tree gets every prompt's full pages as they are computed and every finished answer; for
+  the hybrid family a recurrent-state snapshot at every prompt end, every finished answer and
+  every `snapshot_tokens` of a prompt (prefill chunks are cut there: `chunk_tokens`).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..stats import KvStats, StateSlotStats
+from ..stats import KvStats, PrefixStats, StateSlotStats
 from .cache import KvStorage
-from .slots import PrefixCache, StatePool, copy_state
+from .pages import pages_for
+from .radix import Match, PrefixTree
+from .slots import StatePool, copy_state
+
+SNAPSHOT_TOKENS = 1024  # the CPU's prefill chunk: where a long hybrid prompt is snapshotted
 
 
 class SequenceMemory:
-    """KV pages, state slots and prefix checkpoints for the engine's sequences."""
+    """KV pages, state slots and the prefix tree for the engine's sequences."""
 
     def __init__(self, storage: KvStorage, lease_window: int, max_running: int,
                  checkpoint_slots: int, prefix_reuse: bool, kv_dtype: str,
                  state_pool: Callable[[int], StatePool] | None = None,
-                 budget_pages: int | None = None) -> None:
+                 budget_pages: int | None = None,
+                 snapshot_tokens: int = SNAPSHOT_TOKENS) -> None:
         self.storage = storage
         self.allocator = storage.allocator
         self.lease_window = lease_window
         self.budget_tokens = None if budget_pages is None else budget_pages * storage.page_tokens
         self.kv_dtype = kv_dtype
         recurrent = state_pool is not None
-        # the running slots are the rows the decode step addresses; checkpoints have their own
+        # the running slots are the rows the decode step addresses; snapshots have their own
         self.running_slots = state_pool(max_running) if recurrent else None
-        checkpoint_state = (state_pool(checkpoint_slots if prefix_reuse else 0) if recurrent
-                            else None)
-        self.prefix = PrefixCache(storage, checkpoint_state,
-                                  checkpoint_slots if prefix_reuse else 0)
-        self.queries = 0  # admitted requests that looked for a checkpoint
-        self.hits = 0  # ... and restored one
+        snapshots = state_pool(checkpoint_slots if prefix_reuse else 0) if recurrent else None
+        # a hybrid tree without snapshot slots could restore nothing
+        reuse = prefix_reuse and (not recurrent or checkpoint_slots > 0)
+        self.prefix = PrefixTree(storage, snapshots) if reuse else None
+        self.snapshot_slots = snapshots
+        page = storage.page_tokens
+        self.snapshot_tokens = max(snapshot_tokens // page, 1) * page
+        self.queries = 0  # admitted requests that looked the prompt up in the tree
+        self.hits = 0  # ... and restored a prefix
+        self.query_tokens = 0
+        self.hit_tokens = 0
 
     @property
     def request_tokens(self) -> int:
@@ -54,46 +67,83 @@ class SequenceMemory:
         return min(len(seq.prompt) + max(window, 1), self.request_tokens)
 
     def admit(self, seq: Any) -> bool:
-        """Lease pages (restoring the best prefix checkpoint); False: wait for pages or a slot."""
+        """Lease pages (sharing the longest prefix in the tree); False: wait for pages or a
+        slot."""
         if self.running_slots is not None and not self.running_slots.free:
             return False  # a cancelled request gives its slot back after this schedule
         tokens = self.lease_tokens(seq)
-        while True:
-            ckpt = self.prefix.match(seq.prompt) if self.prefix.capacity else None
-            cache = self.storage.new_cache()
-            if ckpt is not None:
-                self.prefix.restore(ckpt, cache)
-            if self.allocator.lease(cache, tokens):
-                break
+        hit = self.prefix.match(seq.prompt) if self.prefix is not None else Match()
+        cache = self.storage.new_cache()
+        self.allocator.share(cache, list(hit.pages))
+        if not self._lease(cache, tokens, hit):
             cache.release()
-            if not self.prefix.evict_lru():
+            if not hit.tokens:
+                return False
+            # the hit's own pages are all the pool could give back: take them, reuse nothing
+            hit, cache = Match(), self.storage.new_cache()
+            if not self._lease(cache, tokens):
+                cache.release()
                 return False
         state = self.running_slots.acquire() if self.running_slots is not None else None
-        reused = 0
-        self.queries += bool(self.prefix.capacity)
-        if ckpt is not None:
-            self.hits += 1
-            self.prefix.copy_partial(ckpt, cache)
-            if state is not None:
-                copy_state(ckpt.state, state)
-            reused = len(ckpt.tokens)
-        seq.cache, seq.state, seq.cached, seq.reused = cache, state, reused, reused
+        if hit.copy is not None:  # the request writes the rest of this page: its own copy
+            page, slots = hit.copy
+            self.storage.copy_slots(page, cache.pages[len(hit.pages)], slots)
+        if hit.snapshot is not None:
+            copy_state(hit.snapshot, state)
+        if self.prefix is not None:
+            self.queries += 1
+            self.hits += hit.tokens > 0
+            self.query_tokens += len(seq.prompt)
+            self.hit_tokens += hit.tokens
+        seq.cache, seq.state, seq.cached, seq.reused = cache, state, hit.tokens, hit.tokens
+        return True
+
+    def _lease(self, cache: Any, tokens: int, hit: Match = Match()) -> bool:
+        """Cover `tokens` positions, evicting idle tree pages when the pool is short."""
+        a = self.allocator
+        while not a.lease(cache, tokens):
+            if self.prefix is None:
+                return False
+            # an elastic pool may still grow by its headroom; a refused growth evicts one
+            short = pages_for(tokens, a.page_tokens) - len(cache.pages) - a.free - (
+                a.capacity - a.total)
+            if not self.prefix.evict(max(short, 1), hit.source):
+                return False
         return True
 
     def grow(self, seq: Any, tokens: int) -> bool:
-        """Cover `tokens` positions; evicts checkpoints first. False: finish with `length`."""
+        """Cover `tokens` positions; evicts idle tree pages first. False: finish with
+        `length`."""
         if tokens > self.request_tokens:
             return False  # over the request's budget: freeing pages would not help
-        while not seq.cache.reserve(tokens):
-            if not self.prefix.evict_lru():
-                return False
-        return True
+        return tokens <= seq.cache.capacity or self._lease(seq.cache, tokens)
+
+    def chunk_tokens(self, seq: Any, tokens: int) -> int:
+        """A prefill chunk of up to `tokens`, cut so a hybrid prompt's chunk ends on each
+        snapshot boundary (the recurrent state exists only where a chunk ends)."""
+        end = seq.cached + tokens
+        if self.prefix is None or not self.prefix.recurrent or end >= len(seq.prompt):
+            return tokens
+        boundary = end - end % self.snapshot_tokens
+        return boundary - seq.cached if boundary > seq.cached else tokens
+
+    def prefilled(self, seq: Any) -> None:
+        """After a prefill chunk: its full pages join the tree (llama family: every chunk;
+        hybrid: with a snapshot, at a snapshot boundary and at the prompt end)."""
+        if self.prefix is None or seq.cache is None:
+            return
+        n = min(seq.cached, len(seq.prompt))
+        if not self.prefix.recurrent:
+            self.prefix.insert(seq.prompt[:n], seq.cache.pages)
+        elif n == len(seq.prompt) or n % self.snapshot_tokens == 0:
+            self.prefix.insert(seq.prompt[:n], seq.cache.pages, seq.state)
 
     def checkpoint(self, seq: Any) -> None:
-        """Save the sequence's computed frontier (its first `cached` tokens) for reuse."""
-        if self.prefix.capacity and seq.cache is not None:
+        """A finished answer: its computed frontier (the first `cached` tokens of prompt and
+        output) joins the tree, its partial last page handed over (call before `release`)."""
+        if self.prefix is not None and seq.cache is not None:
             tokens = (*seq.prompt, *seq.output)[: seq.cached]
-            self.prefix.save(tuple(tokens), seq.cache, seq.state)
+            self.prefix.insert(tuple(tokens), seq.cache.pages, seq.state, hand_over=True)
 
     def release(self, seq: Any) -> None:
         """Give back the sequence's pages and state slot (finish, cancel or error)."""
@@ -107,17 +157,26 @@ class SequenceMemory:
     @property
     def free_state_slots(self) -> int:
         running = self.running_slots.free if self.running_slots else 0
-        checkpoints = self.prefix.slots.free if self.prefix.slots else 0
-        return running + checkpoints
+        snapshots = self.snapshot_slots.free if self.snapshot_slots else 0
+        return running + snapshots
 
     def slot_stats(self) -> StateSlotStats:
-        running, ckpt = self.running_slots, self.prefix.slots
+        running, snap, tree = self.running_slots, self.snapshot_slots, self.prefix
         return StateSlotStats(
             running_total=running.total if running else 0,
             running_used=running.total - running.free if running else 0,
-            checkpoint_total=ckpt.total if ckpt else 0,
-            checkpoint_used=ckpt.total - ckpt.free if ckpt else 0,
-            checkpoints=len(self.prefix))
+            checkpoint_total=snap.total if snap else 0,
+            checkpoint_used=snap.total - snap.free if snap else 0,
+            checkpoints=0 if tree is None else (
+                tree.snapshots if tree.recurrent else tree.leaves()))
+
+    def prefix_stats(self) -> PrefixStats:
+        tree = self.prefix
+        return PrefixStats(
+            lookups=self.queries, hits=self.hits, lookup_tokens=self.query_tokens,
+            hit_tokens=self.hit_tokens, pages=tree.pages if tree else 0,
+            nodes=tree.nodes if tree else 0, snapshots=tree.snapshots if tree else 0,
+            evicted_pages=tree.evicted if tree else 0)
 
     def stats(self, running: list[Any]) -> KvStats:
         a = self.allocator

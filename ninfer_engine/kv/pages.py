@@ -1,11 +1,11 @@
 """The shared KV page pool: page accounting, per-owner page tables, leases (DESIGN §5).
 
 `PageAllocator` is the interface the engine programs against; `PagePool` is the host-side
-implementation (a free list plus reference counts, so prefix checkpoints can share the full
-pages of a conversation with the requests that continue it). `ElasticPagePool` (`--elastic`)
+implementation (a free list plus reference counts, so the prefix tree can share the full
+pages every request with the same prefix reads). `ElasticPagePool` (`--elastic`)
 starts at one grow step and adds steps when a lease needs them, up to its capacity; listeners
 (the K/V storage) extend their tensors before the new pages are handed out. Owners are opaque
-hashable keys: a request's cache or a checkpoint.
+hashable keys: a request's cache or a prefix-tree node.
 """
 from __future__ import annotations
 
@@ -50,6 +50,10 @@ class PageAllocator(ABC):
     @abstractmethod
     def table(self, owner: Hashable) -> list[int]:
         """`owner`'s page ids in position order (empty for an unknown owner)."""
+
+    @abstractmethod
+    def refs(self, page: int) -> int:
+        """How many owners reference `page` (the prefix tree evicts pages only it holds)."""
 
     @property
     @abstractmethod
@@ -115,6 +119,9 @@ class PagePool(PageAllocator):
 
     def table(self, owner: Hashable) -> list[int]:
         return self._tables.get(owner, [])
+
+    def refs(self, page: int) -> int:
+        return self._refs[page]
 
     @property
     def free(self) -> int:

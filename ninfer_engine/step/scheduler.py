@@ -230,12 +230,15 @@ class Scheduler:
     """
 
     def __init__(self, max_running: int, prefill_chunk: int, pending_timeout_s: float,
-                 admit: Callable[[Sequence], None]) -> None:
+                 admit: Callable[[Sequence], None],
+                 cut: Callable[[Sequence, int], int] | None = None) -> None:
         self.max_running = max_running
         self.prefill_chunk = prefill_chunk
         self.pending_timeout_s = pending_timeout_s
         # validates and leases memory; False = wait for pages; RequestError = a bad request
         self._admit = admit
+        # (seq, chunk tokens) -> the tokens to compute: where a prefix snapshot must be taken
+        self._cut = cut
         self.pending: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._lock = threading.Lock()  # `add` runs on the event loop thread
@@ -280,6 +283,7 @@ class Scheduler:
             if seq.prefill_done:
                 continue
             n = min(budget, len(seq.prompt) - seq.cached)
+            n = self._cut(seq, n) if self._cut else n
             chunks.append(Chunk(seq, n))
             budget -= n
             if seq.cached + n == len(seq.prompt) and seq.request.max_tokens > 0:

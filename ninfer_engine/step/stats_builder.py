@@ -134,7 +134,7 @@ class StatsBuilder:
             host=host,
             kv=replace(self.memory.stats(running), dtype=self.kv_dtype),
             experts=self.experts,
-            state_slots=self.memory.slot_stats(),
+            state_slots=self.memory.slot_stats(), prefix=self.memory.prefix_stats(),
             queue=QueueStats(
                 pending=tuple(self._view(s, now) for s in scheduler.queued()),
                 running=tuple(self._view(s, now) for s in running),

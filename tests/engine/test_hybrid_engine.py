@@ -152,21 +152,22 @@ def test_no_leaks_after_random_requests(dense):
         finishes = asyncio.run(all_requests())
         engine.stop()
         hits = engine.snapshot().counters.prefix_cache_hits
-        held = {p for c in memory.prefix.checkpoints for p in c.pages}
+        held = memory.prefix.held_pages()
         in_use = memory.allocator.used
         memory.prefix.clear()
     finally:
         engine.stop()
     assert set(finishes) <= {"length", "cancelled", "stop"} and "cancelled" in finishes
     assert hits > 0  # shared prompt prefixes were restored along the way
-    assert in_use == len(held)  # only checkpoints hold pages once every request is done
+    assert in_use == len(held)  # only the prefix tree holds pages once every request is done
     assert memory.allocator.free == pages and memory.free_state_slots == slots
     assert memory.allocator.owners() == 0
 
 
 def test_snapshot_counts_state_slots_and_checkpoints(dense):
-    """The snapshot's state slots: a running request holds one, a finished answer leaves its
-    prompt-end and answer-end checkpoints (each with a slot of its own), nothing running."""
+    """The snapshot's state slots: a running request holds one, a finished answer leaves the
+    prefix tree's snapshots (each a slot of its own): at the 64-token chunk boundary, the
+    prompt end and the answer end; nothing running."""
     engine = _engine(dense, max_concurrency=2, device_state_slots=4)
     try:
         before = engine.snapshot().state_slots
@@ -182,4 +183,4 @@ def test_snapshot_counts_state_slots_and_checkpoints(dense):
     assert (before.running_total, before.checkpoint_total) == (2, 4)
     assert before.running_used == before.checkpoint_used == before.checkpoints == 0
     assert after.running_used == 0
-    assert after.checkpoints == 2 and after.checkpoint_used == 2
+    assert after.checkpoints == 3 and after.checkpoint_used == 3

@@ -1,93 +1,129 @@
-"""Prefix checkpoints: K/V survive the source, partial pages are private, LRU eviction."""
+"""The prefix tree (`kv.radix`) and `SequenceMemory` at the memory level: what a hit restores,
+copy-free sharing, LRU eviction of unreferenced leaves, snapshots, and no leaks."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import torch
 
-from ninfer_engine.kv import KvStorage, PagePool, PrefixCache, SequenceMemory, StatePool
+from ninfer_engine.kv import KvStorage, PagePool, PrefixTree, SequenceMemory, StatePool
 from ninfer_engine.kv import codecs_for
 
+P = 8  # tokens a page
+LAYOUT = [{"ssm": ((2,), torch.float32)}]
 
-def _storage(pages=8) -> KvStorage:
-    return KvStorage(PagePool(pages, page_tokens=8), layers=1, heads=1, dim=16,
+
+def _storage(pages=16) -> KvStorage:
+    return KvStorage(PagePool(pages, page_tokens=P), layers=1, heads=1, dim=16,
                      codecs=codecs_for("bf16", torch.float32), activation_dtype=torch.float32)
 
 
-def _rows(n, seed):
-    return torch.randn(n, 1, 16, generator=torch.Generator().manual_seed(seed))
+def _state(value: float):
+    slot = StatePool(1, LAYOUT, "cpu", SimpleNamespace).acquire()
+    slot.layers[0].ssm.fill_(value)
+    return slot
 
 
-def test_checkpoint_outlives_its_source_and_restores_exactly():
+def _written(storage, tokens):
+    """A cache holding `tokens`' K/V (row i = i + 1), its lease covering one more page."""
+    cache = storage.new_cache()
+    assert cache.reserve(len(tokens) + P)
+    rows = torch.arange(1, len(tokens) + 1, dtype=torch.float32)[:, None, None].expand(-1, 1, 16)
+    cache.write(0, 0, rows, -rows)
+    return cache
+
+
+def test_identical_prompt_shares_full_pages_and_copies_the_partial_one():
     storage = _storage()
-    prefix = PrefixCache(storage, None, capacity=2)
-    tokens, k = tuple(range(20)), _rows(24, 0)
-    source = storage.new_cache()
-    assert source.reserve(24)
-    source.write(0, 0, k[:20], -k[:20])
-    assert prefix.save(tokens, source, None)
-    ckpt = prefix.checkpoints[0]
-    assert ckpt.pages[:2] == source.pages[:2] and ckpt.pages[2] != source.pages[2]
-    source.write(0, 20, k[20:], -k[20:])  # the source keeps writing into its partial page
+    tree = PrefixTree(storage)
+    tokens = tuple(range(20))
+    source = _written(storage, tokens)
+    tree.insert(tokens, source.pages, hand_over=True)  # a finished answer
+    pages = source.pages[:3]
+    assert tree.pages == 3 and tree.held_pages() == set(pages)
     source.release()
-    assert storage.allocator.used == 3
-    assert prefix.match(tokens) is None  # only a strict prefix is reused
-    assert prefix.match(tokens + (99,)) is ckpt
-    restored = storage.new_cache()
-    prefix.restore(ckpt, restored)
-    assert storage.allocator.lease(restored, 30)
-    prefix.copy_partial(ckpt, restored)
-    keys, values = restored.read(0, 20)
-    assert torch.equal(keys, k[:20]) and torch.equal(values, -k[:20])
-    restored.release()
-    prefix.clear()
+    assert storage.allocator.used == 3  # the tree's pages outlive their writer, uncopied
+    hit = tree.match(tokens)  # the same prompt again: all but its last token
+    assert hit.tokens == 19 and len(hit.pages) == 2 and hit.copy[1] == 3
+    assert tree.match(tokens[:12] + (99,) * 9).tokens == 12  # an edit mid-page
+    assert tree.match((99,) + tokens).tokens == 0
+    longer = tree.match(tokens + (5, 6))
+    assert longer.tokens == 20 and longer.pages == tuple(pages[:2]) and longer.copy == (pages[2], 4)
+    tree.clear()
     assert storage.allocator.free == storage.allocator.total
 
 
-def test_lru_eviction_by_count_and_by_state_slots():
+def test_hybrid_hits_restore_the_deepest_snapshot_only():
     storage = _storage()
-    layout = [{"ssm": ((2,), torch.float32)}]
-    slots = StatePool(2, layout, "cpu", SimpleNamespace)
-    prefix = PrefixCache(storage, slots, capacity=3)
-    cache = storage.new_cache()
-    assert cache.reserve(16)
-    state = StatePool(1, layout, "cpu", SimpleNamespace).acquire()
-    state.layers[0].ssm.fill_(1.0)
-    assert prefix.save((1,) * 8, cache, state)
-    assert prefix.save((2,) * 8, cache, state)
-    prefix.match((1,) * 9)  # touch the first: the second is now least recently used
-    assert prefix.save((3,) * 8, cache, state)  # two state slots: one must go
-    assert [c.tokens[0] for c in prefix.checkpoints] == [1, 3]
-    assert torch.equal(prefix.checkpoints[1].state.layers[0].ssm, torch.ones(2))
-    assert slots.free == 0
-    cache.release()
-    prefix.clear()
-    assert slots.free == 2 and storage.allocator.free == storage.allocator.total
+    tree = PrefixTree(storage, StatePool(3, LAYOUT, "cpu", SimpleNamespace))
+    tokens = tuple(range(30))
+    source = _written(storage, tokens)
+    tree.insert(tokens[:16], source.pages, _state(16.0))  # a snapshot boundary (2 pages)
+    tree.insert(tokens[:27], source.pages, _state(27.0))  # the prompt end: tail copied
+    assert tree.snapshots == 2 and tree.pages == 4  # 3 shared full pages, 1 copied tail
+    hit = tree.match(tokens[:27] + (1,))
+    assert hit.tokens == 27 and len(hit.pages) == 3 and hit.copy[1] == 3
+    assert hit.snapshot.layers[0].ssm[0] == 27.0
+    hit = tree.match(tokens[:26] + (1, 2))  # past the 16-token snapshot, short of the tail
+    assert hit.tokens == 16 and len(hit.pages) == 2 and hit.copy is None
+    assert hit.snapshot.layers[0].ssm[0] == 16.0
+    assert tree.match(tokens[:16]).tokens == 0  # the last token is always computed
+    # a third and a fourth snapshot: the least recently saved or restored gives way, a hit
+    # refreshing only the snapshot it restores
+    tree.insert(tokens[:8], source.pages, _state(8.0))
+    tree.match(tokens[:27] + (1,))  # restores the tail (27), passes 8 and 16
+    tree.insert(tokens[:24], source.pages, _state(24.0))  # 16 goes: its node stays
+    assert tree.snapshots == 3 and tree.pages == 4
+    assert tree.match(tokens[:20] + (1,)).tokens == 8
+    tree.insert(tokens[:23], source.pages, _state(23.0))  # the 27 tail goes, and its page
+    tree.insert(tokens[:22], source.pages, _state(22.0))  # then 24 (8 was restored since)
+    assert tree.pages == 5 and tree.match(tokens[:27] + (1,)).tokens == 23
+    source.release()
+    assert tree.evict(100) == 5 and tree.pages == 0 and tree.slots.free == 3
+    assert storage.allocator.free == storage.allocator.total
 
 
-def test_admission_evicts_checkpoints_before_waiting():
+def test_eviction_takes_unreferenced_leaves_least_recently_used_first():
+    storage = _storage(pages=6)
+    tree = PrefixTree(storage)
+    a, b = (1,) * 16 + (2,), (1,) * 8 + (3,) * 8 + (4,)
+    for tokens in (a, b):
+        cache = _written(storage, tokens)
+        tree.insert(tokens, cache.pages)
+        cache.release()
+    assert tree.pages == 3 and storage.allocator.free == 3
+    tree.match(a)  # b's last page is now the least recently used leaf
+    reader = storage.new_cache()
+    storage.allocator.share(reader, list(tree.match(a).pages))  # a running request reads a
+    assert tree.evict(10) == 1  # b's leaf; a's pages are referenced, the root page a parent
+    assert tree.match(b).tokens == 8 and tree.match(a).tokens == 16
+    reader.release()
+    assert tree.evict(10) == 2 and storage.allocator.free == 6
+
+
+def _seq(prompt, max_tokens=8):
+    return SimpleNamespace(prompt=prompt, output=[], cached=0, reused=0, cache=None, state=None,
+                           request=SimpleNamespace(max_tokens=max_tokens), id="s")
+
+
+def test_admission_evicts_tree_pages_before_waiting():
     storage = _storage(pages=4)
     memory = SequenceMemory(storage, lease_window=8, max_running=2, checkpoint_slots=4,
                             prefix_reuse=True, kv_dtype="bf16")
-
-    def seq(prompt, max_tokens=8):
-        return SimpleNamespace(prompt=prompt, output=[], cached=0, cache=None, state=None,
-                               request=SimpleNamespace(max_tokens=max_tokens), id="s")
-
-    first = seq(tuple(range(16)))
+    first = _seq(tuple(range(16)))
     assert memory.admit(first) and len(first.cache.pages) == 3
     first.cached = 16
     memory.checkpoint(first)  # full pages only: shared, nothing copied
     memory.release(first)
     assert storage.allocator.used == 2
-    again = seq(tuple(range(16)) + (5, 6))
+    again = _seq(tuple(range(16)) + (5, 6))
     assert memory.admit(again) and again.reused == 16 and again.cached == 16
-    other = seq(tuple(range(100, 110)))
-    # the pool is full (`again` holds the checkpoint's pages too): pressure evicts the
-    # checkpoint first, and the request still waits
-    assert not memory.admit(other) and len(memory.prefix) == 0
+    other = _seq(tuple(range(100, 110)))
+    # the pool is full and `again` reads the tree's pages: nothing to evict, the request waits
+    assert not memory.admit(other) and memory.prefix.pages == 2
     memory.release(again)
-    assert memory.admit(other) and other.reused == 0
+    assert memory.admit(other) and other.reused == 0 and memory.prefix.pages == 1
+    assert memory.prefix_stats().hit_tokens == 16 and memory.prefix_stats().evicted_pages == 1
 
 
 def test_state_pool_slots_are_rows_of_one_tensor_per_field():

@@ -1,0 +1,281 @@
+"""A radix tree over full KV pages shared by every request (SGLang's RadixAttention; for the
+hybrid family its MambaRadixCache: recurrent-state snapshots kept at chosen nodes).
+
+A node is one page of tokens under its parent's prefix. Full-page nodes own a reference to a
+pool page that is full and never written again, so any number of requests share it in place
+(the allocator's reference counts say who still reads it). A *tail* is a leaf of fewer than
+`page_tokens` tokens: the partial last page of a finished answer (handed over, not copied) or
+of a hybrid prompt end (copied); a hit on a tail copies its slots into the request's own page,
+because the request goes on writing that page.
+
+A hit for the llama family is the longest common prefix at token granularity (full pages
+shared, then up to a page of slots copied). A hybrid hit needs the recurrent state at the
+reuse point, so it restores the deepest node on the matched path that holds a snapshot. At
+least the prompt's last token is always computed: its logits start the answer.
+
+Eviction takes leaves no request references, least recently used first (hybrid: leaves
+without a snapshot, which no hit can restore, before any with one). Snapshots live in their
+own `StatePool`; when it is full the snapshot least recently saved or restored goes first
+(as SGLang's mamba LRU: a hit refreshes the snapshot it restores, not those above it).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from .cache import KvStorage
+from .slots import StatePool, StateSlot, copy_state
+
+
+@dataclass(eq=False)
+class Node:
+    """`key`: this node's tokens (a full page, or fewer for a tail); `depth`: tokens from the
+    root through this node. The node is its page's owner in the allocator."""
+
+    key: tuple[int, ...]
+    parent: Node | None
+    depth: int
+    page: int = -1
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
+    snapshot: StateSlot | None = None
+    used: int = 0  # LRU clock of the last hit or insert through this node
+    restored: int = 0  # LRU clock of the snapshot's last save or restore
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a prompt restores: `pages` to share, then `copy` = (page, slots) to copy into the
+    request's next page, and the recurrent `snapshot` at `tokens` (hybrid family)."""
+
+    tokens: int = 0
+    pages: tuple[int, ...] = ()
+    copy: tuple[int, int] | None = None
+    snapshot: StateSlot | None = None
+    source: Node | None = None  # the copied node: kept while the request's pages are leased
+
+
+def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
+class PrefixTree:
+    """The tree over `storage`'s pages; `snapshots` None: the llama family (no state)."""
+
+    def __init__(self, storage: KvStorage, snapshots: StatePool | None = None) -> None:
+        self.storage = storage
+        self.allocator = storage.allocator
+        self.page_tokens = storage.page_tokens
+        self.slots = snapshots
+        self.root = Node((), None, 0)
+        self.pages = 0  # pages the tree references
+        self.nodes = 0
+        self.evicted = 0  # pages given back to the pool by eviction, since start
+        self._snapshots: set[Node] = set()
+        self._clock = itertools.count(1)
+
+    @property
+    def recurrent(self) -> bool:
+        return self.slots is not None
+
+    @property
+    def snapshots(self) -> int:
+        return len(self._snapshots)
+
+    def match(self, prompt: tuple[int, ...]) -> Match:
+        """The deepest restorable prefix of `prompt`, shorter than `prompt`."""
+        P, limit, now = self.page_tokens, len(prompt) - 1, next(self._clock)
+        node, path = self.root, []
+        while node.depth + P <= limit:
+            child = node.children.get(prompt[node.depth: node.depth + P])
+            if child is None:
+                break
+            node = child
+            path.append(child)
+        if not self.recurrent:
+            best = self._token_match(node, prompt[node.depth: limit])
+            hit = Match(node.depth, tuple(n.page for n in path))
+            if best is not None:
+                tail, k = best
+                tail.used = now
+                hit = Match(node.depth + k, hit.pages, (tail.page, k), source=tail)
+        else:
+            hit, shared = Match(), 0
+            for depth, at in enumerate([self.root, *path]):
+                if at.snapshot is not None:
+                    hit, shared, restored = Match(at.depth, snapshot=at.snapshot), depth, at
+                tail = self._tail_match(at, prompt[at.depth: limit])
+                if tail is not None and tail.depth > hit.tokens:
+                    hit = Match(tail.depth, copy=(tail.page, len(tail.key)),
+                                snapshot=tail.snapshot, source=tail)
+                    shared, restored, tail.used = depth, tail, now
+            if hit.snapshot is not None:
+                restored.restored = now
+            hit = Match(hit.tokens, tuple(n.page for n in path[:shared]), hit.copy,
+                        hit.snapshot, hit.source)
+            path = path[:shared]
+        for n in path:
+            n.used = now
+        return hit
+
+    def _token_match(self, node: Node, rest: tuple[int, ...]) -> tuple[Node, int] | None:
+        """The child of `node` sharing the most leading tokens with `rest`, and how many."""
+        best, most = None, 0
+        for child in node.children.values():
+            if child.key[0] == (rest[0] if rest else None):
+                k = common_prefix(child.key, rest)
+                if k > most:
+                    best, most = child, k
+        return (best, most) if best is not None else None
+
+    @staticmethod
+    def _tail_match(node: Node, rest: tuple[int, ...]) -> Node | None:
+        """The longest snapshot-holding tail of `node` whose tokens start `rest`."""
+        best = None
+        for child in node.children.values():
+            k = len(child.key)
+            if (child.snapshot is not None and len(child.key) < len(rest) + 1 and
+                    child.key == rest[:k] and (best is None or k > len(best.key))):
+                best = child
+        return best
+
+    def insert(self, tokens: tuple[int, ...], pages: list[int], state: StateSlot | None = None,
+               hand_over: bool = False) -> None:
+        """Add the computed prefix `tokens` whose K/V is in `pages` (a request's page table):
+        its full pages shared; with `state` (the recurrent state after `tokens`) a snapshot at
+        its end; its partial last page as a tail, handed over (`hand_over`: its writer is
+        done with it) or copied (only with a snapshot: a hybrid prompt end)."""
+        P, now = self.page_tokens, next(self._clock)
+        node = self.root
+        for i in range(len(tokens) // P):
+            key = tokens[i * P: (i + 1) * P]
+            child = node.children.get(key)
+            if child is None:
+                child = self._add(node, key, pages[i])
+            child.used = now
+            node = child
+        k = len(tokens) % P
+        if k == 0:
+            if state is not None and node is not self.root:
+                self._keep_snapshot(node, state, now)
+            return
+        key = tokens[-k:]
+        tail = node.children.get(key)
+        if tail is not None:
+            tail.used = now
+            if state is not None:
+                self._keep_snapshot(tail, state, now)
+            return
+        if state is None and (self.recurrent or not hand_over):
+            return  # a hybrid tail without a snapshot restores nothing
+        if hand_over:
+            tail = self._add(node, key, pages[len(tokens) // P])
+        else:
+            tail = Node(key, node, node.depth + k)
+            if not self._lease(tail, k, keep=node):
+                return
+            self.storage.copy_slots(pages[len(tokens) // P], self.allocator.table(tail)[0], k)
+            tail.page = self.allocator.table(tail)[0]
+            node.children[key] = tail
+            self.pages, self.nodes = self.pages + 1, self.nodes + 1
+        tail.used = now
+        if state is not None and not self._snapshot(tail, state):
+            self._remove(tail)
+
+    def _add(self, parent: Node, key: tuple[int, ...], page: int) -> Node:
+        child = Node(key, parent, parent.depth + len(key), page)
+        self.allocator.share(child, [page])
+        parent.children[key] = child
+        self.pages, self.nodes = self.pages + 1, self.nodes + 1
+        return child
+
+    def _lease(self, tail: Node, k: int, keep: Node) -> bool:
+        """One page for a copied tail, evicting a leaf if the pool has none."""
+        if self.allocator.lease(tail, k):
+            return True
+        self.evict(1, keep)
+        return self.allocator.lease(tail, k)
+
+    def _keep_snapshot(self, node: Node, state: StateSlot, now: int) -> None:
+        """A snapshot at `node`: a new one, or the one there saved again (fresher in LRU)."""
+        if node.snapshot is None:
+            self._snapshot(node, state)
+        else:
+            node.restored = now
+
+    def _snapshot(self, node: Node, state: StateSlot) -> bool:
+        """Copy `state` into a snapshot slot at `node` (the LRU snapshot gives way)."""
+        if self.slots is None or self.slots.total == 0:
+            return False
+        if not self.slots.free:
+            victim = min(self._snapshots, key=lambda n: n.restored)
+            self._drop_snapshot(victim)
+            if len(victim.key) < self.page_tokens:
+                self._remove(victim)  # a tail without its snapshot restores nothing
+        node.snapshot, node.restored = self.slots.acquire(), next(self._clock)
+        copy_state(state, node.snapshot)
+        self._snapshots.add(node)
+        return True
+
+    def _drop_snapshot(self, node: Node) -> None:
+        if node.snapshot is not None:
+            self.slots.release(node.snapshot)
+            node.snapshot = None
+            self._snapshots.discard(node)
+
+    def _remove(self, node: Node) -> None:
+        """Take a leaf out of the tree and drop its page reference and snapshot."""
+        del node.parent.children[node.key]
+        self._drop_snapshot(node)
+        self.allocator.release(node)
+        self.pages, self.nodes = self.pages - 1, self.nodes - 1
+
+    def _evictable(self, node: Node, keep: Node | None) -> bool:
+        return (node is not self.root and node is not keep and not node.children
+                and self.allocator.refs(node.page) == 1)
+
+    def evict(self, pages: int, keep: Node | None = None) -> int:
+        """Free up to `pages` pages from unreferenced leaves, least recently used first (a
+        parent left childless joins the candidates); `keep` is spared. Returns pages freed."""
+        def rank(node: Node) -> tuple:
+            return (self.recurrent and node.snapshot is not None, node.used, id(node), node)
+
+        heap = [rank(node) for node in self._walk() if self._evictable(node, keep)]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < pages:
+            node = heapq.heappop(heap)[-1]
+            parent = node.parent
+            self._remove(node)
+            freed += 1
+            if self._evictable(parent, keep):
+                heapq.heappush(heap, rank(parent))
+        self.evicted += freed
+        return freed
+
+    def _walk(self):
+        """Every node but the root."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            yield node
+
+    def held_pages(self) -> set[int]:
+        """Every page the tree references."""
+        return {node.page for node in self._walk()}
+
+    def leaves(self) -> int:
+        """Distinct cached prefixes: the llama family's restorable ends."""
+        return sum(not node.children for node in self._walk())
+
+    def clear(self) -> None:
+        """Drop every node (pages a request still shares stay with that request)."""
+        for node in list(self._walk()):
+            self._drop_snapshot(node)
+            self.allocator.release(node)
+        self.root.children.clear()
+        self.pages = self.nodes = 0

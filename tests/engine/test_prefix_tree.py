@@ -1,0 +1,112 @@
+"""The prefix tree through the engine, for a tiny llama and a tiny hybrid model: greedy outputs
+equal an engine without reuse for (a) an identical prompt, (b) a system prompt shared across
+conversations, (c) a shared prefix ending mid-page, (d) an edited earlier turn and (e) eviction
+under pressure; each hit reports exactly what it restored (64-token pages, 64-token chunks:
+the hybrid model is snapshotted at every 64 tokens of a prompt, its end and its answer's)."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.engine import Engine
+from ninfer_engine.types import GenerationRequest, SamplingParams
+
+from .helpers import FakeArtifact, tiny_llama
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _tokens(n: int, seed: int) -> tuple[int, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(0, 128, (n,), generator=gen).tolist())
+
+
+@pytest.fixture(scope="module", params=["llama", "hybrid"])
+def family(request):
+    if request.param == "hybrid":
+        pytest.importorskip("transformers.models.qwen3_5_moe")
+        from .hybrid_helpers import HybridArtifact
+
+        return "hybrid", HybridArtifact("qwen3_5")
+    return "llama", FakeArtifact(tiny_llama(seed=7, vocab_size=259))
+
+
+def _engine(artifact, **overrides) -> Engine:
+    fields = {"prefill_chunk": 64, "max_context": 1024, "cuda_dtype": "fp32",
+              "device_state_slots": 8, **overrides}
+    engine = Engine(EngineConfig(artifact=Path("tiny.ninfer"), **fields), artifact)
+    engine.start()
+    return engine
+
+
+def _run(engine, prompts, max_tokens=6):
+    """Each prompt in turn: (output tokens, cached tokens, computed prompt tokens)."""
+    async def one(i, prompt):
+        request = GenerationRequest(f"r{i}", prompt, GREEDY, max_tokens, ignore_eos=True)
+        return [e async for e in engine.submit(request)]
+
+    results = []
+    with torch.inference_mode():
+        for i, prompt in enumerate(prompts):
+            events = asyncio.run(one(i, prompt))
+            final = events[-1]
+            assert final.finish == "length", final.error
+            results.append(([t for e in events for t in e.token_ids], final.usage.cached_tokens,
+                            final.timings.prompt_n))
+    return results
+
+
+def test_shared_prefixes_hit_and_answer_like_no_reuse(family):
+    name, artifact = family
+    system, mid = _tokens(150, 1), _tokens(100, 2)
+    first = system + _tokens(20, 3)
+    edited = list(first)
+    edited[90] = (edited[90] + 1) % 128
+    prompts = [
+        first, first,  # (a) the same prompt again
+        system + _tokens(25, 4),  # (b) another conversation, the same system prompt
+        mid + _tokens(10, 5), mid + _tokens(12, 6),  # (c) a shared prefix ending mid-page
+        tuple(edited) + _tokens(5, 7),  # (d) an earlier turn edited at token 90
+    ]
+    cached = _engine(artifact, device_state_slots=16)  # no snapshot evicted here: see below
+    plain = _engine(artifact, no_prefix_reuse=True)
+    try:
+        got, want = _run(cached, prompts), _run(plain, prompts)
+        stats = cached.snapshot().prefix
+    finally:
+        cached.stop()
+        plain.stop()
+    assert [g[0] for g in got] == [w[0] for w in want]
+    assert all(w[1] == 0 for w in want)
+    if name == "llama":  # any token boundary: every shared token
+        expected = [0, 169, 150, 0, 100, 90]
+    else:  # the deepest snapshot: 64-token chunk ends, prompt ends, answer ends
+        expected = [0, 128, 128, 0, 64, 64]
+    assert [g[1] for g in got] == expected
+    assert [g[2] for g in got] == [len(p) - n for p, n in zip(prompts, expected)]
+    assert (stats.lookups, stats.hits, stats.hit_tokens) == (6, 4, sum(expected))
+    assert stats.pages > 0 and (stats.snapshots > 0) == (name == "hybrid")
+
+
+def test_eviction_under_pressure_answers_like_no_reuse(family):
+    name, artifact = family
+    # 6 pages: two 130-token conversations do not both fit; the least recently used pages go
+    a, b = _tokens(130, 11), _tokens(130, 12)
+    prompts = [a, b, a + _tokens(8, 13), b + _tokens(8, 14)]
+    cached = _engine(artifact, kv_capacity=384, kv_lease_window=8)
+    plain = _engine(artifact, kv_capacity=384, kv_lease_window=8, no_prefix_reuse=True)
+    try:
+        got, want = _run(cached, prompts), _run(plain, prompts)
+        stats = cached.snapshot().prefix
+        allocator = cached.memory.allocator
+        idle = allocator.used == cached.memory.prefix.pages  # only the tree holds pages
+    finally:
+        cached.stop()
+        plain.stop()
+    assert [g[0] for g in got] == [w[0] for w in want]
+    assert stats.evicted_pages > 0 and idle
+    assert got[3][1] > 0  # the most recent conversation stayed and was continued
