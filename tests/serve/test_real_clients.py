@@ -272,3 +272,20 @@ def test_claude_code_forced_tool_choice_validates_against_the_input_schema(
     for call in calls:
         assert call.name == tool_choice.get("name", call.name) and call.name in offered
         claude_code.INPUTS[call.name].model_validate(call.input)
+
+
+def test_the_same_question_twice_reports_the_prompt_as_cached(client, claude):
+    """The README's question asked again: the second answer (the same, greedy) reports every
+    prompt token but the last, which is computed for the first output token, as cached; the
+    same through Anthropic Messages' `cache_read_input_tokens`."""
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    first, second = (client.chat.completions.create(
+        model=MODEL_ID, messages=question, max_tokens=8, temperature=0) for _ in range(2))
+    prompt = second.usage.prompt_tokens
+    assert second.choices[0].message.content == first.choices[0].message.content
+    assert second.usage.prompt_tokens_details.cached_tokens == prompt - 1
+    assert first.usage.prompt_tokens_details.cached_tokens < prompt - 1
+    message = claude.messages.create(model=MODEL_ID, messages=question, max_tokens=8,
+                                     extra_body={"temperature": 0})
+    assert message.usage.cache_read_input_tokens == prompt - 1
+    assert message.usage.input_tokens == 1
