@@ -29,7 +29,8 @@ Progress = Callable[[int, int, str], None]
 
 _QWEN = {"qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
 _LLAMA = {"llama", "qwen3"}
-_MTP_ARCH = {"Qwen3_5ForCausalLM": "Qwen3_5MTP", "Qwen3_5MoeForCausalLM": "Qwen3_5MoeMTP"}
+# the `mtp` component architecture of each hybrid text architecture (ninfer-format.md §3.1)
+MTP_ARCHITECTURES = {"Qwen3_5ForCausalLM": "Qwen3_5MTP", "Qwen3_5MoeForCausalLM": "Qwen3_5MoeMTP"}
 _VISION_PREFIXES = ("model.visual.", "visual.")
 _LAYER = re.compile(r"layers\.(\d+)\.")
 _BLOCK = re.compile(r"blocks\.(\d+)\.")
@@ -79,7 +80,7 @@ def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress) 
     vision = None if skip_vision else _vision_config(checkpoint.config, groups["vision"])
     components = {"text": {"config": config}}
     if groups["mtp"]:
-        arch = _MTP_ARCH.get(config["architectures"][0])
+        arch = MTP_ARCHITECTURES.get(config["architectures"][0])
         if arch is None:
             raise ArtifactError(f"MTP tensors in a {config['model_type']} checkpoint")
         components["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}

@@ -11,7 +11,9 @@ matrices N(0, 1/fan_in), embedding N(0, 0.02²), zero-centred norms near 0 (the 
 
 `write_synthetic` streams tensor by tensor (row blocks for contiguous formats) into a `.ninfer`
 file with the real Qwen tokenizer and chat template; `build_synthetic` gives a `Qwen35Model`
-parameter source that generates each tensor on the target device, without any file.
+parameter source that generates each tensor on the target device, without any file. `mtp=True`
+adds a random MTP head (model-math.md §3.1) as the `mtp` component, under the names
+`ninfer convert hf` writes for a checkpoint's `mtp.*` tensors.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 from . import qwen_resources, recipes
+from .convert_hf import MTP_ARCHITECTURES
 from .errors import ArtifactError
 from .row_writer import StreamingWriter
 
@@ -90,8 +93,9 @@ def synth_config(arch: str, layers: int | None = None) -> dict:
     return config
 
 
-def parameter_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """Every logical parameter `Qwen35Model` reads for ``config``, in writing order."""
+def parameter_shapes(config: dict, mtp: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every logical parameter `Qwen35Model` reads for ``config`` (and, with ``mtp``, the MTP
+    head `models.mtp.MtpHead` reads), in writing order."""
     h, v = config["hidden_size"], config["vocab_size"]
     out = {"text/token_embedding": (v, h), "text/final_norm": (h,)}
     if not config["tie_word_embeddings"]:
@@ -102,7 +106,19 @@ def parameter_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         out.update({p + k: s for k, s in (_gdn(config) if kind == "linear_attention"
                                           else _attention(config)).items()})
         out.update({p + k: s for k, s in _ffn(config).items()})
+    if mtp:  # one gated-attention layer with the target's FFN type (`hf_names.mtp_params_from_hf`)
+        out.update({"mtp/input_projection": (h, 2 * h), "mtp/embedding_norm": (h,),
+                    "mtp/hidden_norm": (h,), "mtp/final_norm": (h,)})
+        p = "mtp/layers/0/"
+        out[p + "input_norm"] = out[p + "post_attention_norm"] = (h,)
+        out.update({p + k: s for k, s in {**_attention(config), **_ffn(config)}.items()})
     return out
+
+
+def mtp_component(config: dict) -> dict:
+    """The `mtp` component entry for a hybrid text ``config`` (ninfer-format.md §3.1)."""
+    return {"config": {"architectures": [MTP_ARCHITECTURES[config["architectures"][0]]]},
+            "target": "text"}
 
 
 def _gdn(c: dict) -> dict:
@@ -173,17 +189,21 @@ def write_synthetic(
     seed: int = 0,
     name: str | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    mtp: bool = False,
 ) -> Path:
-    """Write a random-weight ``arch`` artifact with the real Qwen tokenizer; returns the path."""
+    """Write a random-weight ``arch`` artifact with the real Qwen tokenizer (and, with ``mtp``,
+    a random MTP head); returns the path."""
     config = synth_config(arch, layers)
     choose = recipes.recipe(recipe)
-    shapes = parameter_shapes(config)
+    shapes = parameter_shapes(config, mtp)
     report = progress or (lambda *_: None)
     metadata = {"name": name or f"synth-{arch}",
                 "source": {"format": "synthetic", "arch": arch, "seed": seed, "recipe": recipe}}
+    components = {"text": {"config": config}}
+    if mtp:
+        components["mtp"] = mtp_component(config)
     total = len(shapes) + 1
-    with StreamingWriter(path, metadata=metadata,
-                         components={"text": {"config": config}}) as writer:
+    with StreamingWriter(path, metadata=metadata, components=components) as writer:
         for role, data in qwen_resources.resources(ARCHS[arch][1]).items():
             writer.add_resource(role, data)
         report(1, total, "tokenizer and chat template")
@@ -205,15 +225,17 @@ def build_synthetic(
     dtype: torch.dtype,
     layers: int | None = None,
     seed: int = 0,
+    mtp: bool = False,
 ) -> tuple[dict, Callable[[str, tuple[int, ...]], torch.Tensor]]:
-    """(config, params) for `Qwen35Model(config, params)`, generated on ``device`` in ``dtype``.
+    """(config, params) for `Qwen35Model(config, params)` (and, with ``mtp``, for
+    `MtpHead(model, params)`), generated on ``device`` in ``dtype``.
 
     Each tensor is drawn on the device when the model asks for it (no file, no host copy);
     `a_log` and `dt_bias` stay fp32. On the CPU the values equal `write_synthetic`'s before
     the recipe's rounding.
     """
     config = synth_config(arch, layers)
-    shapes = parameter_shapes(config)
+    shapes = parameter_shapes(config, mtp)
 
     def params(logical: str, shape: tuple[int, ...]) -> torch.Tensor:
         if shapes.get(logical) != tuple(shape):

@@ -79,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--recipe", default="bf16", help="storage formats (default bf16)")
     synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     synth.add_argument("--name", help="metadata.name (default synth-ARCH)")
+    synth.add_argument("--mtp", action="store_true",
+                       help="add a random MTP head (the mtp component, for --spec mtp)")
     synth.set_defaults(run=_synth)
 
     bench = commands.add_parser(
@@ -288,7 +290,7 @@ def _synth(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     write_synthetic(args.arch, args.output, layers=args.layers, recipe=args.recipe,
-                    seed=args.seed, name=args.name, progress=_Progress())
+                    seed=args.seed, name=args.name, progress=_Progress(), mtp=args.mtp)
     _report_written(args.output, started)
     return 0
 

@@ -33,13 +33,14 @@ SAMPLES = ["def f(x):\n    return x**2  # 平方\n\n\n", "  leading   spaces\tan
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """arch -> path of `ninfer synth --arch tiny-*` (fp32, so values are exact)."""
+    """arch -> path of `ninfer synth --arch tiny-*` (fp32, so values are exact; tiny-moe with
+    an MTP head)."""
     folder = tmp_path_factory.mktemp("synth")
     out = {}
     for arch in ("tiny-dense", "tiny-moe"):
         out[arch] = folder / f"{arch}.ninfer"
         argv = ["synth", "--arch", arch, "-o", str(out[arch]), "--recipe", "fp32", "--seed", "3"]
-        assert main(argv) == 0
+        assert main(argv + (["--mtp"] if arch == "tiny-moe" else [])) == 0
     return out
 
 
@@ -59,10 +60,12 @@ def test_tiny_synth_loads_and_runs(arch, tiny):
 
 
 def test_in_memory_build_equals_the_file(tiny):
-    config, params = build_synthetic("tiny-moe", "cpu", torch.float32, seed=3)
+    config, params = build_synthetic("tiny-moe", "cpu", torch.float32, seed=3, mtp=True)
     with open_artifact(tiny["tiny-moe"]) as artifact:
         assert artifact.config() == config
-        for name, shape in parameter_shapes(config).items():
+        assert artifact.components["mtp"] == {
+            "config": {"architectures": ["Qwen3_5MoeMTP"]}, "target": "text"}
+        for name, shape in parameter_shapes(config, mtp=True).items():
             assert torch.equal(params(name, shape), artifact.parameter(name, shape)), name
     with pytest.raises(ArtifactError, match="no parameter"):
         params("text/layers/0/mlp/gate", (96, 64))
