@@ -52,8 +52,8 @@ class _Block:
     """Pre-norm block: `x += mixer(N_in(x)); x += ffn(N_post(x))` with (1+w) norms."""
 
     def __init__(self, config: dict, params: ParamSource, i: int, rope: PartialRope,
-                 matmul_dtype: torch.dtype | None):
-        prefix = f"text/layers/{i}/"
+                 matmul_dtype: torch.dtype | None, prefix: str | None = None):
+        prefix = prefix or f"text/layers/{i}/"  # the MTP layer reads `mtp/layers/0/`
         h = config["hidden_size"]
         self.eps = config["rms_norm_eps"]
         self.input_norm = params(prefix + "input_norm", (h,))
@@ -199,17 +199,19 @@ class Qwen35Model:
 
     def forward_rows(self, token_ids: torch.Tensor, states: list[ModelState],
                      lengths: list[int], sampled: list[int] | None = None,
-                     verify: frozenset[int] = frozenset()) -> torch.Tensor:
+                     verify: frozenset[int] = frozenset(), keep_hidden: bool = False):
         """One step's rows (see the module docstring); logits of each row listed in `sampled`
         (default: every row), in that order: its last token's, or every token's for a row in
         `verify` (a speculative verify row: the last sampled token, then the drafts). A verify
-        row keeps its GDN states for `rollback`."""
+        row keeps its GDN states for `rollback`. `keep_hidden`: (logits, the final-normed
+        hidden [T, H] of every token), which the MTP head drafts from."""
         h = self.hidden(self.embed(token_ids), states, lengths, verify=verify)
         ends = list(itertools.accumulate(lengths))
         rows: list[int] = []
         for i in range(len(lengths)) if sampled is None else sampled:
             rows += range(ends[i] - lengths[i], ends[i]) if i in verify else [ends[i] - 1]
-        return self.logits(h[torch.tensor(rows, dtype=torch.long, device=h.device)])
+        logits = self.logits(h[torch.tensor(rows, dtype=torch.long, device=h.device)])
+        return (logits, h) if keep_hidden else logits
 
     def rollback(self, state: ModelState, kept: int) -> None:
         """Keep the first `kept` (≥ 1) tokens of `state`'s last verify row: each GDN layer takes

@@ -39,8 +39,9 @@ def hf_config(family: str):
                            rope_parameters=_ROPE, **extra)
 
 
-def hf_model(family: str, seed: int = 0):
-    """The seeded fp32 eager HF model with every parameter (1-D ones included) randomised."""
+def hf_model(family: str, seed: int = 0, config=None):
+    """The seeded fp32 eager HF model with every parameter (1-D ones included) randomised
+    (`config`: another HF text config of the family than `hf_config(family)`)."""
     from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
     from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
     from transformers.models.qwen3_next import Qwen3NextForCausalLM
@@ -49,7 +50,7 @@ def hf_model(family: str, seed: int = 0):
         family, Qwen3NextForCausalLM
     )
     torch.manual_seed(seed)
-    model = cls._from_config(hf_config(family), attn_implementation="eager",
+    model = cls._from_config(config or hf_config(family), attn_implementation="eager",
                              dtype=torch.float32, experts_implementation="eager")
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

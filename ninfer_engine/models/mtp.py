@@ -1,0 +1,89 @@
+"""The multi-token-prediction (MTP) head of the Qwen3.5 family (model-math.md §3.1).
+
+For the target's final-normed hidden `h_t` and the next token `x_{t+1}`:
+`u = fc([N_e(emb(x_{t+1})) ; N_h(h_t)])` (embedding first), `u = layer(u)` at position `t`,
+`ĥ = N_mtp(u)`, and `lm_head(ĥ)` predicts `x_{t+2}`. The layer is one gated-attention decoder
+layer with the target's FFN type and its own KV (a `KVCache` per sequence); the embedding and
+the head are the target's. All four norms are zero-centred `(1+w)`.
+
+`load_mtp` builds it from an artifact's `mtp` component (names as `ninfer convert hf` and
+`ninfer synth --mtp` write them: `mtp/{input_projection, embedding_norm, hidden_norm,
+final_norm}` and `mtp/layers/0/...` with the text-layer names).
+"""
+from __future__ import annotations
+
+import torch
+
+from .gated_attention import KVCache, PartialRope, zero_centred_rms_norm
+from .layers import Linear
+from .qwen3_5 import ParamSource, Qwen35Model, _Block
+
+MTP_ARCHITECTURES = ("Qwen3_5MTP", "Qwen3_5MoeMTP")
+
+
+class MtpMissing(ValueError):
+    """The artifact has no usable `mtp` component."""
+
+
+class MtpHead:
+    """The MTP layer of `target` (a `Qwen35Model`), its weights read from `params`."""
+
+    def __init__(self, target: Qwen35Model, params: ParamSource,
+                 matmul_dtype: torch.dtype | None = None) -> None:
+        config = target.config
+        h = config["hidden_size"]
+        self.target, self.eps = target, config["rms_norm_eps"]
+        self.embedding_norm = params("mtp/embedding_norm", (h,))
+        self.hidden_norm = params("mtp/hidden_norm", (h,))
+        self.final_norm = params("mtp/final_norm", (h,))
+        self.fc = Linear(params("mtp/input_projection", (h, 2 * h)), matmul_dtype,
+                         relayout=False)
+        # one full-attention layer of the target's geometry; its FFN is never a dense-only one
+        layer = {**config, "layer_types": ["full_attention"], "mlp_only_layers": []}
+        rope = PartialRope(config["head_dim"], config["rope_parameters"], target.device)
+        self.block = _Block(layer, params, 0, rope, matmul_dtype, prefix="mtp/layers/0/")
+
+    def new_cache(self) -> KVCache:
+        """An empty MTP-layer KV for one sequence."""
+        return self.block.mixer.new_state(self.target.dtype, self.target.device)
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, caches: list[KVCache],
+                 lengths: list[int], positions: torch.Tensor) -> torch.Tensor:
+        """ĥ [T, H] for T pairs (token `tokens[i]` = x_{t+1}, target hidden `hidden[i]` = h_t,
+        at `positions[i]` = t), rows of `lengths` pairs each continuing its `caches` entry."""
+        e = zero_centred_rms_norm(self.target.embed(tokens), self.embedding_norm, self.eps)
+        h = zero_centred_rms_norm(hidden, self.hidden_norm, self.eps)
+        u = self.fc(torch.cat([e, h], -1))
+        u = self.block(u, caches, lengths, positions)
+        return zero_centred_rms_norm(u, self.final_norm, self.eps)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The target's head over MTP outputs: [T, H] -> [T, V]."""
+        return self.target.logits(h)
+
+
+def load_mtp(artifact, target, device: torch.device, dtype: torch.dtype,
+             matmul_dtype: torch.dtype | None = None) -> MtpHead:
+    """The MTP head of `artifact`'s `mtp` component on `device`, decoded to `dtype` like the
+    CPU path's text weights; `MtpMissing` naming what is absent otherwise."""
+    where = getattr(artifact, "path", None) or getattr(artifact, "name", None) or "the artifact"
+    if not isinstance(target, Qwen35Model):
+        raise MtpMissing("--spec mtp needs a Qwen3.5-family model (it drafts from the MTP head "
+                         "those checkpoints ship)")
+    components = getattr(artifact, "components", None) or {}
+    if "mtp" not in components:
+        raise MtpMissing(f"--spec mtp needs an mtp component (the MTP head's weights); {where} "
+                         "has none: convert a checkpoint that ships mtp.* tensors, or add a "
+                         "random one with `ninfer synth --mtp`")
+    arch = (components["mtp"].get("config", {}).get("architectures") or ["?"])[0]
+    if arch not in MTP_ARCHITECTURES:
+        raise MtpMissing(f'the mtp component of {where} is "{arch}", not one of '
+                         f"{', '.join(MTP_ARCHITECTURES)}")
+
+    def params(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if not artifact.has_parameter(name):
+            raise MtpMissing(f'the mtp component of {where} lacks "{name}"')
+        return artifact.parameter(name, shape).to(device, dtype)
+
+    return MtpHead(target, params, matmul_dtype)
