@@ -75,8 +75,11 @@ def parse_completion(raw: bytes, engine: ServingEngine, request_id: str) -> Comp
     echo = bool(get_bool(body, "echo"))
     logprobs = _logprobs(body)
     if echo and logprobs is not None:
-        raise unsupported("echo", "Prompt log-probabilities (echo with logprobs) are not "
-                          "supported.")
+        # The engine's prefill keeps the logits of a prompt's last position only (and a reused
+        # prefix is not computed at all): prompt log-probabilities need a step change.
+        raise unsupported("echo", "'echo' with 'logprobs' asks for the prompt tokens' "
+                          "log-probabilities, which this server does not compute; send 'echo' "
+                          "or 'logprobs' alone.")
     bias = get_object(body, "logit_bias") or {}
     if any(not is_number(v) or v != 0 for v in bias.values()):
         raise unsupported("logit_bias", "A non-zero logit_bias is not supported.")

@@ -46,6 +46,7 @@ class Generation:
         self.splitter: OutputSplitter = output_splitter(prepared)
         self.output_tokens = 0
         self.reasoning_tokens = 0  # output tokens that arrived while the splitter was in reasoning
+        self.answer_start = 0  # output tokens up to the last that arrived inside the reasoning
         self.phase = "queue"  # -> "prefill" after the first event, "decode" after the first token
         self._phase_before_last = "queue"
         self.admitted_at: float | None = None  # when the first event arrived
@@ -130,6 +131,7 @@ class Generation:
         # Runs before the protocol feeds this event's text: the state is the one it starts in.
         if self.splitter.in_reasoning:
             self.reasoning_tokens += len(event.token_ids)
+            self.answer_start = self.output_tokens
         if event.timings is not None:
             self._timings = event.timings
         if self.phase == "queue":

@@ -32,6 +32,11 @@ class LogprobReader:
         # the end-of-sequence token ends the answer; it is no part of its text
         return [e for e in entries if e.token not in self.tokenizer.eos_token_ids]
 
+    def take_answer(self, start: int, upto: int) -> list[TokenLogprob]:
+        """`take(upto)` without the entries before output token `start` (the reasoning's)."""
+        self.taken = max(self.taken, start)
+        return self.take(upto)
+
     def text(self, token: int) -> str:
         return self.tokenizer.decode([token])
 
@@ -39,7 +44,12 @@ class LogprobReader:
         """Chat's `logprobs` object of a choice or chunk (None when not asked for)."""
         if self.sink is None:
             return None
-        return {"content": [self._chat_entry(e) for e in entries], "refusal": None}
+        return {"content": self.entries(entries), "refusal": None}
+
+    def entries(self, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+        """Chat's entry objects (`token`, `logprob`, `bytes`, `top_logprobs`), which Responses'
+        `output_text.logprobs` share."""
+        return [self._chat_entry(e) for e in entries]
 
     def _chat_entry(self, entry: TokenLogprob) -> dict[str, Any]:
         top = [self._chat_token(token, value) for token, value in entry.top]

@@ -26,6 +26,7 @@ from .admission import SLOTS
 from .context import CONFIG, client_label, ready_engine, request_id
 from .errors import ApiError, unsupported
 from .generation import Generation, start_generation
+from .logprobs import LogprobReader
 from .logs import RequestTrace
 from .prompt import ChatRequest, prepare, render_prompt
 from .reasoning_seal import ReasoningSeal
@@ -136,6 +137,7 @@ def _turn(raw: bytes, engine: ServingEngine, config: EngineConfig, store: Respon
         grammar_param=parsed.tools.param,
         parallel_tool_calls=parsed.parallel_tool_calls,
         session_key=session_key,
+        logprobs=parsed.logprobs,
     )
     history = [*previous.input_items, *previous.response["output"]] if previous else []
     return _Turn(response_id, parsed, conversation, chat, session_key,
@@ -172,8 +174,18 @@ class _Reply:
         self.engine = engine
         self.store = store
         self.created_at = int(time.time())
-        self.builder = OutputBuilder(turn.parsed.tools.targets, seal)
+        self.builder = OutputBuilder(turn.parsed.tools.targets, seal, self._logprobs()
+                                     if generation.prepared.generation.logprobs is not None
+                                     else None)
         self._numbers = itertools.count()  # the stream's sequence_number
+
+    def _logprobs(self) -> Callable[[], list[dict[str, Any]]]:
+        """The entries of the answer tokens that arrived since the last call (the reasoning's
+        tokens are left out: `output_text.logprobs` covers the message only)."""
+        reader = LogprobReader(self.generation.prepared.generation.logprob_sink,
+                               self.engine.tokenizer)
+        return lambda: reader.entries(reader.take_answer(self.generation.answer_start,
+                                                         self.generation.output_tokens))
 
     def _object(self, status: str, usage: dict[str, Any] | None,
                 error: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -2,12 +2,13 @@
 
 What real clients send is accepted: unknown top-level keys are ignored (logged once each),
 `service_tier`, `client_metadata`, `text.verbosity` and `include` values other than
-`reasoning.encrypted_content` are accepted without effect. `parallel_tool_calls` is honoured,
+`reasoning.encrypted_content` and `message.output_text.logprobs` are accepted without effect. `parallel_tool_calls` is honoured,
 `prompt_cache_key` is the prefix-reuse session key, `text.format` json_schema / json_object
-constrain the answer. Still refused (400 `unsupported_parameter`): `truncation` other than
-`disabled`, `top_logprobs` > 0 and `background: true`. Tools are parsed by `responses_tools`;
-the conversation by `responses_items.Conversation`, after the stored one of
-`previous_response_id`.
+constrain the answer, `include: ["message.output_text.logprobs"]` (or `top_logprobs` > 0)
+returns the answer's log-probabilities with `top_logprobs` alternatives. Still refused (400
+`unsupported_parameter`): `truncation` other than `disabled` and `background: true`. Tools are
+parsed by `responses_tools`; the conversation by `responses_items.Conversation`, after the
+stored one of `previous_response_id`.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ KNOWN_KEYS = frozenset({
     "client_metadata", "stream_options", "user", "safety_identifier", "max_tool_calls",
 })
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+MAX_TOP_LOGPROBS = 20
 VERBOSITY = ("low", "medium", "high")
 MAX_METADATA = 16
 
@@ -56,6 +59,7 @@ class ResponsesRequest:
     parallel_tool_calls: bool
     prompt_cache_key: str | None
     encrypted_reasoning: bool  # include has reasoning.encrypted_content
+    logprobs: int | None  # alternatives per answer token (0: the chosen only); None: off
     echo: dict[str, Any]  # request config echoed in the Response object
 
 
@@ -68,6 +72,7 @@ def parse_create(body: dict[str, Any], config: EngineConfig) -> ResponsesRequest
     _check_fixed_values(body)
     text = _text(body)
     include = _include(body)
+    top_logprobs = get_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     parallel = get_bool(body, "parallel_tool_calls") is not False
     max_output = get_int(body, "max_output_tokens", 0)
     metadata = _metadata(body.get("metadata"))
@@ -98,12 +103,14 @@ def parse_create(body: dict[str, Any], config: EngineConfig) -> ResponsesRequest
         parallel_tool_calls=parallel,
         prompt_cache_key=get_str(body, "prompt_cache_key"),
         encrypted_reasoning=ENCRYPTED_REASONING in include,
+        logprobs=(top_logprobs or 0) if OUTPUT_LOGPROBS in include or top_logprobs else None,
         echo={"instructions": body.get("instructions"), "max_output_tokens": max_output,
               "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
               "metadata": metadata, "previous_response_id": body.get("previous_response_id"),
               "reasoning": reasoning, "text": {**text, "format": fmt},
               "truncation": "disabled", "parallel_tool_calls": parallel,
               "prompt_cache_key": body.get("prompt_cache_key"),
+              "top_logprobs": top_logprobs or 0,
               "service_tier": body.get("service_tier") or "default"},
     )
 
@@ -123,15 +130,14 @@ def _include(body: dict[str, Any]) -> list[str]:
     include = get_list(body, "include") or []
     if not all(isinstance(v, str) for v in include):
         raise invalid_value("include", "'include' must be an array of strings.")
-    log_ignored("include value", [v for v in include if v != ENCRYPTED_REASONING])
+    log_ignored("include value", [v for v in include
+                                  if v not in (ENCRYPTED_REASONING, OUTPUT_LOGPROBS)])
     return include
 
 
 def _check_fixed_values(body: dict[str, Any]) -> None:
     if body.get("truncation") not in (None, "disabled"):
         raise unsupported("truncation", "Only truncation 'disabled' is supported.")
-    if get_int(body, "top_logprobs", 0, 20):
-        raise unsupported("top_logprobs", "top_logprobs are not supported.")
     get_str(body, "service_tier")  # any tier is served the same way
     client_metadata = get_object(body, "client_metadata") or {}
     if not all(isinstance(v, str) for v in client_metadata.values()):

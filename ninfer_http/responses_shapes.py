@@ -33,9 +33,11 @@ def reasoning_item(rs_id: str, text: str, sealed: str | None = None) -> dict[str
     return item
 
 
-def message_item(msg_id: str, text: str, status: str) -> dict[str, Any]:
+def message_item(msg_id: str, text: str, status: str,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"id": msg_id, "type": "message", "role": "assistant", "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [{"type": "output_text", "text": text, "annotations": [],
+                         "logprobs": logprobs or []}]}
 
 
 def function_call_item(fc_id: str, call_id: str, name: str, namespace: str | None,

@@ -5,8 +5,10 @@ produce (payloads without `sequence_number`, which the writer adds): a reasoning
 message item are opened on their channel's first text and closed when another channel starts or
 generation ends; each complete tool call becomes one `function_call` item whose arguments come
 in a single delta (a `custom_tool_call` with its input, or a `local_shell_call`, when the call
-is to such a tool). With `seal` set, reasoning items carry `encrypted_content`. The same builder
-gives the non-streaming `output`.
+is to such a tool). With `seal` set, reasoning items carry `encrypted_content`. With `logprobs`
+set (a callable giving the entries of the answer tokens that arrived since its last call), each
+`output_text` delta carries its tokens' entries and the message part all of them. The same
+builder gives the non-streaming `output`.
 """
 from __future__ import annotations
 
@@ -39,9 +41,12 @@ class OutputBuilder:
     the client offered."""
 
     def __init__(self, targets: dict[str, CallTarget],
-                 seal: Callable[[str], str] | None = None) -> None:
+                 seal: Callable[[str], str] | None = None,
+                 logprobs: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.targets = targets
         self.seal = seal
+        self.logprobs = logprobs
+        self._entries: list[dict[str, Any]] = []  # the open message's logprobs
         self.output: list[dict[str, Any]] = []
         self._channel: str | None = None  # the channel of the open text item
         self._id = ""
@@ -59,7 +64,12 @@ class OutputBuilder:
                 events += self.close("completed")
                 events += self._open(delta.channel)
             self._texts.append(delta.text)
-            events.append(self._text_event("delta", delta=delta.text))
+            if delta.channel == "content" and self.logprobs is not None:
+                entries = self.logprobs()
+                self._entries += entries
+                events.append(self._text_event("delta", delta=delta.text, logprobs=entries))
+            else:
+                events.append(self._text_event("delta", delta=delta.text))
         return events
 
     def close(self, status: str) -> list[Event]:
@@ -71,13 +81,15 @@ class OutputBuilder:
         if kind == "reasoning":
             item = reasoning_item(self._id, text, self.seal(text) if self.seal else None)
         else:
-            item = message_item(self._id, text, status)
-        events = [self._text_event("done", text=text),
+            item = message_item(self._id, text, status, self._entries)
+        events = [self._text_event("done", text=text, **(
+                      {"logprobs": self._entries} if kind == "message" else {})),
                   self._part_event("response.content_part.done", item["content"][0]),
                   self._item_event("response.output_item.done", item)]
         self.output.append(item)
         self._channel = None
         self._texts = []
+        self._entries = []
         return events
 
     def _open(self, channel: str) -> list[Event]:
@@ -144,7 +156,7 @@ class OutputBuilder:
     def _text_event(self, stage: str, **fields: Any) -> Event:
         prefix = _TEXT_ITEMS[self._channel or "content"][2]
         event = {"type": f"{prefix}.{stage}", "item_id": self._id,
-                 "output_index": len(self.output), "content_index": 0, **fields}
+                 "output_index": len(self.output), "content_index": 0}
         if prefix == "response.output_text":
             event["logprobs"] = []
-        return event
+        return {**event, **fields}

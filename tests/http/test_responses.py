@@ -304,7 +304,7 @@ def test_store_capacity_exceeded(serve):
     ({"input": [{"type": "local_shell_call", "call_id": "c", "action": {"type": "exec"}}]},
      "invalid_value", "input[0].action"),
     ({"truncation": "auto"}, "unsupported_parameter", "truncation"),
-    ({"top_logprobs": 2}, "unsupported_parameter", "top_logprobs"),
+    ({"top_logprobs": 21}, "invalid_value", "top_logprobs"),
     ({"background": True}, "background_not_supported", "background"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "invalid_value", "metadata"),
     ({"temperature": 2.5}, "invalid_value", "temperature"),
@@ -401,3 +401,36 @@ def test_input_items_query_keys(live, query, status, code):
     assert reply.status == status
     if code:
         assert reply.json()["error"]["code"] == code
+
+
+LOGPROB_PIECES = ("<think>", "Hm.", "</think>", "Hello", ", world")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_output_text_logprobs(serve, stream):
+    from test_completions import LogprobEngine
+
+    live = serve(LogprobEngine(Script(pieces=LOGPROB_PIECES)))
+    fields = dict(model="fake-model", input="Hi", top_logprobs=2,
+                  include=["message.output_text.logprobs"])
+    if stream:
+        events = list(sdk(live).responses.create(**fields, stream=True))
+        deltas = [e for e in events if e.type == "response.output_text.delta"]
+        streamed = [entry for e in deltas for entry in e.logprobs]
+        [done] = [e for e in events if e.type == "response.output_text.done"]
+        response = events[-1].response
+        assert [e.token for e in done.logprobs] == [e.token for e in streamed]
+    else:
+        response = sdk(live).responses.create(**fields)
+    assert response.top_logprobs == 2
+    [message] = [item for item in response.output if item.type == "message"]
+    entries = message.content[0].logprobs
+    # the answer's tokens only (the 4th and 5th output tokens; the fake engine's token ids are
+    # 1-based positions), each with its two alternatives
+    assert [e.logprob for e in entries] == [-0.25 * 4, -0.25 * 5]
+    assert all([t.logprob for t in e.top_logprobs] == [-0.5, -1.0] for e in entries)
+    assert all(e.bytes == list(e.token.encode()) for e in entries)
+    if stream:
+        assert [e.logprob for e in streamed] == [e.logprob for e in entries]
+    plain = sdk(live).responses.create(model="fake-model", input="Hi")
+    assert plain.output[-1].content[0].logprobs == []
