@@ -1,15 +1,15 @@
 """Real clients against a real `ninfer-serve` of the default model (issue 21): Codex's and
 Claude Code's request bodies (the latter through the `anthropic` SDK's beta messages, as
 Claude Code calls them, forced tool choice included), structured outputs through `chat.completions.parse`, forced tool calls, logprobs and
-`/v1/completions` through the official SDK. One server for the module (loading takes a while on
-the small CPU); the 100-seed structured-output run is marked slow."""
+`/v1/completions` through the official SDK. One server for the session (`server`, `client` and
+`claude` in conftest.py; loading takes a while on the small CPU); the 100-seed structured-output
+run is marked slow."""
 from __future__ import annotations
 
 import json
 import math
 from enum import Enum
-from pathlib import Path
-from typing import Annotated, Iterator
+from typing import Annotated
 
 import anthropic
 import openai
@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 import claude_code_bodies as claude_code
 from codex_bodies import default_body, every_field_body
-from server_process import MODEL, MODEL_ID, NEEDS_MODEL, ServerProcess, server_env
+from server_process import MODEL_ID, NEEDS_MODEL
 
 pytestmark = NEEDS_MODEL
 
@@ -58,23 +58,6 @@ LOOKUP_TOOL = {"type": "function", "function": {
     "name": "lookup", "parameters": {
         "type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9999}},
         "required": ["id"], "additionalProperties": False}}}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[ServerProcess]:
-    log = Path(tmp_path_factory.mktemp("serve")) / "server.log"
-    process = ServerProcess([str(MODEL), "--log-stats-interval-ms", "0", "--log-level", "debug"],
-                            server_env(), log)
-    try:
-        yield process.wait_ready()
-    finally:
-        process.close()
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 def sse_events(body: bytes) -> list[dict]:
@@ -207,12 +190,6 @@ def test_completions_create_stream_and_not(client):
         stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
     assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens
-
-
-@pytest.fixture(scope="module")
-def claude(server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
-                               timeout=120)
 
 
 def claude_code_stream(claude: anthropic.Anthropic, body: dict) -> tuple[list[str], object]:
