@@ -10,6 +10,8 @@
 # (ninfer_engine, ninfer_http, ninfer_tui from `git archive`) under the same load, as "before".
 # Each ninfer server also gets bench/serve_staggered.py (arrivals spread in time: prompts keep
 # arriving while the other streams decode). PEER=0 skips llama.cpp (build and serve).
+# LONG_LOAD (serve_load.py flags, e.g. 1K-token prompts: --prompt-chars 4300) runs each server
+# once more under that load, into served-$ARCH-<server>-long.json (TTFT with long prompts).
 set -o pipefail
 OUT=${OUT:-bench/results}
 ARCH=${ARCH:-35b-a3b}; LAYERS=${LAYERS:-8}; RECIPE=${RECIPE:-fp8-row}; GGUF_TYPE=${GGUF_TYPE:-q8_0}
@@ -31,6 +33,12 @@ wait_health() {  # url, pid, seconds
   return 1
 }
 
+long_load() {  # url, label
+  [ -n "${LONG_LOAD:-}" ] || return 0
+  python3 .peers/serve_load.py "$1" bench $LONG_LOAD --label "$2-long" \
+    --json "$OUT/served-$ARCH-$2-long.json" 2>&1 | tee -a "$OUT/served.log"
+}
+
 serve_ninfer() {  # label, PYTHONPATH prefix
   local port=18080 log="$OUT/serve-$1.log"
   PYTHONPATH="$2${PYTHONPATH:+:$PYTHONPATH}" setsid python3 -m ninfer_tui.cli "$MODEL" --no-tui \
@@ -43,6 +51,7 @@ serve_ninfer() {  # label, PYTHONPATH prefix
     python3 bench/serve_staggered.py http://127.0.0.1:$port bench --concurrency 8 --requests 48 \
       --max-tokens 256 --prompt-chars 430 --label "ninfer-$1" \
       --json "$OUT/staggered-$ARCH-ninfer-$1.json" 2>&1 | tee -a "$OUT/served.log"
+    long_load http://127.0.0.1:$port "ninfer-$1"
   else
     echo "ninfer-$1 did not become healthy" | tee -a "$OUT/served.log"; tail -5 "$log"
   fi
@@ -76,6 +85,7 @@ case $1 in
     if wait_health http://127.0.0.1:$port $pid 300; then
       python3 .peers/serve_load.py http://127.0.0.1:$port bench $LOAD --label llama-server \
         --json "$OUT/served-$ARCH-llama-server.json" 2>&1 | tee -a "$OUT/served.log"
+      long_load http://127.0.0.1:$port llama-server
     else
       echo "llama-server did not become healthy" | tee -a "$OUT/served.log"
     fi
