@@ -27,6 +27,7 @@ class PageAllocator(ABC):
 
     page_tokens: int
     total: int
+    version: int  # changes whenever a page changes hands (lease, share, release)
 
     @abstractmethod
     def lease(self, owner: Hashable, tokens: int) -> bool:
@@ -90,6 +91,7 @@ class PagePool(PageAllocator):
         self._free = list(range(total - 1, -1, -1))  # pop() hands out low ids first
         self._refs = [0] * total
         self._tables: dict[Hashable, list[int]] = {}
+        self.version = 0
 
     def lease(self, owner: Hashable, tokens: int) -> bool:
         table = self._tables.setdefault(owner, [])
@@ -98,6 +100,7 @@ class PagePool(PageAllocator):
             if not table:
                 del self._tables[owner]
             return False
+        self.version += 1
         for _ in range(max(need, 0)):
             page = self._free.pop()
             self._refs[page] = 1
@@ -105,6 +108,7 @@ class PagePool(PageAllocator):
         return True
 
     def share(self, owner: Hashable, pages: list[int]) -> None:
+        self.version += 1
         for page in pages:
             if self._refs[page] <= 0:
                 raise ValueError(f"page {page} is not in use and cannot be shared")
@@ -112,6 +116,7 @@ class PagePool(PageAllocator):
         self._tables.setdefault(owner, []).extend(pages)
 
     def release(self, owner: Hashable) -> None:
+        self.version += 1
         for page in self._tables.pop(owner, []):
             self._refs[page] -= 1
             if self._refs[page] == 0:

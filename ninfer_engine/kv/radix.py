@@ -76,6 +76,9 @@ class PrefixTree:
         self.evicted = 0  # pages given back to the pool by eviction, since start
         self._snapshots: set[Node] = set()
         self._clock = itertools.count(1)
+        # the allocator's version when an eviction last came up short: until a page changes
+        # hands, a request waiting at the queue's head does not walk the whole tree every step
+        self._spent_at = -1
 
     @property
     def recurrent(self) -> bool:
@@ -240,6 +243,8 @@ class PrefixTree:
     def evict(self, pages: int, keep: Node | None = None) -> int:
         """Free up to `pages` pages from unreferenced leaves, least recently used first (a
         parent left childless joins the candidates); `keep` is spared. Returns pages freed."""
+        if self._spent_at == self.allocator.version:
+            return 0
         def rank(node: Node) -> tuple:
             return (self.recurrent and node.snapshot is not None, node.used, id(node), node)
 
@@ -254,6 +259,8 @@ class PrefixTree:
             if self._evictable(parent, keep):
                 heapq.heappush(heap, rank(parent))
         self.evicted += freed
+        if freed < pages and keep is None:
+            self._spent_at = self.allocator.version
         return freed
 
     def _walk(self):
