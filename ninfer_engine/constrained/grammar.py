@@ -117,20 +117,30 @@ def _side(grammar: str, name: str) -> dict[str, Any]:
     return {"lark_grammar": grammar, "name": name}
 
 
-def _call_rules(tools: list[ToolSpec]) -> tuple[list[str], list[dict[str, Any]]]:
+def _call_rules(tools: list[ToolSpec], loose: bool = False
+                ) -> tuple[list[str], list[dict[str, Any]]]:
     """Lark rules for `call_body` (what stands between `<tool_call>\\n` and `\\n</tool_call>`)
     and the side grammars they reference: function tools as one Hermes JSON object, each
     custom tool with a grammar as the XML form with its raw input, which the output parser
-    reads back (`<function=NAME>` / `<parameter=input>`)."""
+    reads back (`<function=NAME>` / `<parameter=input>`). `loose` (tool_choice auto): a
+    non-strict function's arguments are any object, and it may also be called in the XML form
+    with free parameters (Qwen3.5's own form), as when nothing was constrained."""
     rules: list[str] = []
     side: list[dict[str, Any]] = []
     alternatives: list[str] = []
     functions = [t for t in tools if t.grammar is None]
     if functions:
-        options = [_call_schema(ToolSpec(t.name, _arguments_schema(t), t.strict))
+        options = [_call_schema(ToolSpec(t.name, t.parameters if t.strict and loose
+                                         else {"type": "object"} if loose
+                                         else _arguments_schema(t), t.strict))
                    for t in functions]
         rules.append(f"json_call: %json {json.dumps(styled(_one_of(options)))}")
         alternatives.append("json_call")
+    free = [t.name for t in functions if loose and not t.strict]
+    if free:
+        names = " | ".join(json.dumps(f"<function={name}>") for name in free)
+        rules += [f"xml_call: ({names}) xml_rest", 'xml_rest[lazy]: TEXT "</function>"']
+        alternatives.append("xml_call")
     for i, tool in enumerate(t for t in tools if t.grammar is not None):
         assert tool.grammar is not None
         head = f"<function={tool.name}>\n<parameter={CUSTOM_INPUT}>\n"
@@ -166,10 +176,14 @@ def optional_call_grammar(tools: list[ToolSpec], parallel: bool,
     tools with a grammar): the output is free text (or `answer`'s grammar, a response format)
     or, once the model writes `<tool_call>`, text before it and then one call (or, when
     `parallel`, one or more) whose body matches the called tool, nothing after. The text is one
-    lazy lexeme that ends at the first `<tool_call>`, as llguidance's structural tags do."""
+    lazy lexeme that ends at the first `<tool_call>`, as llguidance's structural tags do. Other
+    tools' calls stay as free as without a grammar (`_call_rules(loose=True)`)."""
     if not tools:
         raise GrammarError("no tool is offered")
-    body, side = _call_rules(tools)
+    for tool in tools:  # the library must take a strict tool's schema
+        if tool.strict and tool.grammar is None:
+            _arguments_schema(tool)
+    body, side = _call_rules(tools, loose=True)
     more = ' ("\\n" call)*' if parallel else ""
     if answer is None:
         start = [f"start: TEXT | first_call{more}",

@@ -39,7 +39,8 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def tools():
     return [ToolSpec("f", N, strict=True),
-            ToolSpec("shell", {}, grammar=custom_input_grammar("lark", COMMAND))]
+            ToolSpec("shell", {}, grammar=custom_input_grammar("lark", COMMAND)),
+            ToolSpec("loose", N)]  # not strict: as free as without a grammar, under auto
 
 
 def follows(tokenizer, grammar: str, text: str) -> bool:
@@ -62,6 +63,12 @@ def follows(tokenizer, grammar: str, text: str) -> bool:
     (CALL.replace('"f"', '"g"'), False),  # no such tool
     (SHELL.replace("cat", "rm"), False),  # outside the custom tool's grammar
     (CALL + " and more text", False),  # nothing after the calls
+    # a non-strict tool: any arguments, in JSON or in Qwen3.5's XML form
+    ('<tool_call>\n{"name": "loose", "arguments": {"n": "many", "x": [1]}}\n</tool_call>', True),
+    ("<tool_call>\n<function=loose>\n<parameter=n>\nmany\n</parameter>\n</function>\n"
+     "</tool_call>", True),
+    ("<tool_call>\n<function=f>\n<parameter=n>\n500\n</parameter>\n</function>\n</tool_call>",
+     False),  # a strict tool only in its schema's JSON
 ])
 def test_auto_grammar_allows_text_or_valid_calls(tokenizer, tools, text, ok):
     assert follows(tokenizer, optional_call_grammar(tools, parallel=True), text) == ok
@@ -78,6 +85,11 @@ def test_auto_grammar_with_a_response_format(tokenizer, tools):
     assert follows(tokenizer, grammar, '{"n": 7}')
     assert follows(tokenizer, grammar, CALL)
     assert not follows(tokenizer, grammar, "free text")
+
+
+def test_auto_grammar_refuses_a_strict_schema_the_library_cannot_compile():
+    with pytest.raises(GrammarError):
+        optional_call_grammar([ToolSpec("f", {"type": "x"}, strict=True)], parallel=True)
 
 
 def test_forced_custom_call_is_read_back_with_its_raw_input(tokenizer, tools):
