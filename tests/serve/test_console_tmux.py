@@ -1,9 +1,13 @@
 """The real console in a real terminal: tmux runs `ninfer-serve` on the default model, a chat
 request goes in, and the captured pane must show that request and its throughput; then a
 request waits while admission is paused, and `q` with a request running drains it and exits.
+A second run injects an engine failure (`NINFER_FAULT=step:N`): the console shows it and
+`/health` answers 503, `r` reloads, and the new engine serves a request.
 
-About a minute on a 2-core machine (the model loads, the console starts), so it is in the
-default suite; it skips without tmux or the default model.
+The first is about a minute on a 2-core machine (the model loads, the console starts), so it
+is in the default suite; the failure run loads the model twice and is marked slow. Both skip
+without tmux or the default model. Keys are pressed only once the server's own
+`/engine/state` says the state they act on, and the pane shows it (the console polls).
 """
 from __future__ import annotations
 
@@ -47,19 +51,38 @@ def wait_for(predicate, timeout: float) -> bool:
 
 
 @pytest.fixture()
-def console(tmp_path):
+def tmux_console():
+    """`start(flags, fault=None)` runs `ninfer-serve --port P flags` in a new 160x50 tmux
+    session (with `NINFER_FAULT=fault` when given, else without one) and returns (session,
+    port); every session started is killed at the end."""
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")
     if not default_artifact().is_file():
         pytest.skip(f"default model missing: {default_artifact()} (run ./install.sh)")
-    port, session = free_port(), f"ninfer-test-{free_port()}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50",
-                    f"{SERVE} --port {port} --max-concurrency 2 --drain-timeout-ms 60000"],
-                   check=True, timeout=10)
+    sessions: list[str] = []
+
+    def start(flags: str, fault: str | None = None) -> tuple[str, int]:
+        port, session = free_port(), f"ninfer-test-{free_port()}"
+        # the tmux server's environment, not this process's, reaches the command: set it here
+        env = f"env NINFER_FAULT={fault}" if fault else "env -u NINFER_FAULT"
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50",
+                        f"{env} {SERVE} --host 127.0.0.1 --port {port} {flags}"],
+                       check=True, timeout=10)
+        sessions.append(session)
+        return session, port
+
     try:
-        yield session, port
+        yield start
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+        for session in sessions:
+            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True,
+                           timeout=10)
+
+
+@pytest.fixture()
+def console(tmux_console):
+    # a long drain: on a loaded 2-core box the 160-token answer below can take minutes
+    return tmux_console("--max-concurrency 2 --drain-timeout-ms 150000")
 
 
 def chat(port: int, text: str, max_tokens: int) -> dict:
@@ -89,6 +112,26 @@ def decoding(port: int) -> bool:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/engine/state", timeout=10) as r:
         running = json.loads(r.read())["queue"]["running"]
     return len(running) == 1 and running[0]["phase"] == "decode"
+
+
+def get_json(port: int, path: str) -> dict:
+    """The server's JSON at `path`; {} while it does not answer yet."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+
+
+def health(port: int) -> int:
+    """`/health`'s status (0 while the server does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except (urllib.error.URLError, OSError):
+        return 0
 
 
 def session_alive(session: str) -> bool:
@@ -130,3 +173,38 @@ def test_console_shows_a_served_request_and_its_throughput(console):
         subprocess.run(["tmux", "send-keys", "-t", session, "y"], timeout=10)
         assert running.result(timeout=180)["usage"]["completion_tokens"] > 0
     assert wait_for(lambda: not session_alive(session), 60)
+
+
+FAULT_STEP = 2  # the first request's third step: it has started, then the engine fails
+
+
+@pytest.mark.slow
+def test_console_shows_an_engine_failure_and_reload_recovers(tmux_console):
+    session, port = tmux_console("--max-concurrency 1", fault=f"step:{FAULT_STEP}")
+    assert wait_for(lambda: get_json(port, "/engine/state").get("state") == "ready"
+                    and "READY" in pane(session), 300), pane(session)
+    with pytest.raises(AssertionError, match=r"HTTP 5\d\d"):  # the step fails under it
+        chat(port, "Tell me a long story about a lighthouse keeper.", 32)
+
+    # failed: the engine says so, /health answers 503, the console shows why and what to do
+    assert wait_for(lambda: get_json(port, "/engine/state").get("state") == "failed"
+                    and health(port) == 503, 30), get_json(port, "/engine/state")
+    assert wait_for(lambda: "ENGINE FAILED" in pane(session)
+                    and f"injected engine fault at step {FAULT_STEP}" in pane(session),
+                    10), pane(session)
+    assert "READY" not in pane(session)
+
+    # r reloads at once after a failure (no question); the new engine has no fault
+    subprocess.run(["tmux", "send-keys", "-t", session, "r"], timeout=10)
+    assert wait_for(lambda: get_json(port, "/engine/state").get("state") == "ready"
+                    and health(port) == 200, 180), pane(session)
+    assert wait_for(lambda: "READY" in pane(session) and "ENGINE FAILED" not in pane(session),
+                    10), pane(session)
+    assert chat(port, "Say hi.", 8)["usage"]["completion_tokens"] > 0
+
+    # idle (the engine retires a request just after its client has the last token): q quits
+    # without a question
+    assert wait_for(lambda: get_json(port, "/engine/state")["queue"]["running"] == []
+                    and "running (0)" in pane(session), 30), pane(session)
+    subprocess.run(["tmux", "send-keys", "-t", session, "q"], timeout=10)
+    assert wait_for(lambda: not session_alive(session), 60), pane(session)
