@@ -29,7 +29,7 @@ from .step.families import build_decode_graphs, make_runner
 from .step.sampling import Sampler
 from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
-from .step.speculation import Speculator, accept
+from .step.speculation import accept, build_speculator
 from .stats import EngineStats
 from .step.stats_builder import StatsBuilder
 from .tokenizer import IncrementalDetokenizer, Tokenizer
@@ -112,6 +112,9 @@ class Engine:
             def load():
                 built = model or build_model(text_config, artifact, device, dtype, matmul,
                                              weights_mode(config, device, dtype))
+                speculator = (build_speculator(config.spec, config.draft_tokens, artifact, built,
+                                               self.tokenizer.vocab_size, matmul)
+                              if config.spec else None)
                 # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
                 sized, activations = auto_kv_capacity(config, built, text_config, device,
                                                       prefill_chunk_for(config, device))
@@ -123,10 +126,10 @@ class Engine:
                 return built, memory, build_decode_graphs(
                     built, memory, config.kv_dtype, config.max_concurrency,
                     config.max_context, not config.no_cuda_graph,
-                    1 + (config.draft_tokens or 0) if config.spec else 1), sized
+                    1 + (config.draft_tokens or 0) if config.spec else 1), sized, speculator
 
             # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
-            self.model, self.memory, graphs, config = (
+            self.model, self.memory, graphs, config, self.speculator = (
                 run_on_own_thread(load) if device.type == "cpu" else load())
             self.config = config  # the resolved `--kv-capacity`
             if check is not None:
@@ -149,9 +152,7 @@ class Engine:
         self.sampling_defaults = sampling_defaults(artifact, config, thinking=False)
         self.thinking_sampling_defaults = sampling_defaults(artifact, config, thinking=True)
         self._eos = frozenset(self.tokenizer.eos_token_ids)
-        self.runner = make_runner(self.model, graphs)
-        self.speculator = (Speculator(config.spec, config.draft_tokens)
-                           if config.spec else None)
+        self.runner = make_runner(self.model, graphs, self.speculator and self.speculator.observe)
         self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)
@@ -423,11 +424,10 @@ class Engine:
         some and the row's lease grows to cover them; other rows stay plain decode rows."""
         if self.speculator is None or not batch.decode:
             return batch
+        rooms = [min(seq.request.max_tokens - len(seq.output) - 1,
+                     self.max_context - seq.cached - 2) for seq in batch.decode]
         drafts = []
-        for seq in batch.decode:
-            room = min(seq.request.max_tokens - len(seq.output) - 1,
-                       self.max_context - seq.cached - 2)
-            d = self.speculator.drafts(seq, room)
+        for seq, d in zip(batch.decode, self.speculator.draft_rows(batch.decode, rooms)):
             if d and not self.memory.grow(seq, seq.cached + 1 + len(d)):
                 d = []  # no pages for the drafts: decode the row plainly
             drafts.append(d)

@@ -59,6 +59,18 @@ def _tensor_parallel(c: EngineConfig, m: Machine) -> str:
     return "tensor parallelism is not available yet"
 
 
+def _spec(c: EngineConfig, m: Machine) -> str | None:
+    """`--spec mtp` runs on the CPU path (where the engine serves without a CUDA device);
+    DFlash drafters are not built."""
+    if c.spec != "mtp":
+        return (f"speculative decoding with {c.spec} drafts is not available yet "
+                "(--spec ngram is, and --spec mtp on the CPU)")
+    if m.cuda_devices:  # the CUDA step runs decode rows in graphs that keep no hidden states
+        return ("speculative decoding with mtp drafts runs on the CPU path only so far "
+                "(on CUDA the decode step does not hand over the target's hidden states yet)")
+    return None
+
+
 def _device_exists(c: EngineConfig, m: Machine) -> str | None:
     if c.device < m.cuda_devices:
         return None
@@ -68,9 +80,7 @@ def _device_exists(c: EngineConfig, m: Machine) -> str | None:
 _GATES: tuple[_Gate, ...] = (
     _Gate(("--tp", "--devices"), lambda c: c.tp == 2, _tensor_parallel),
     _Gate(("--device",), lambda c: True, _device_exists),
-    _Gate(("--spec", "--draft-tokens"), lambda c: c.spec != "ngram",
-          lambda c, m: f"speculative decoding with {c.spec} drafts is not available yet "
-                       "(--spec ngram is)"),
+    _Gate(("--spec", "--draft-tokens"), lambda c: c.spec != "ngram", _spec),
     _Gate(("--lm-head-draft",), lambda c: True, _not_built("the indexed draft head")),
     _Gate(("--log-speculation-detail",), lambda c: True,
           _not_built("per-round speculation detail")),

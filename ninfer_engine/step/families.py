@@ -53,8 +53,10 @@ def family_of(model) -> Family:
     return FAMILIES[type(model)]
 
 
-def make_runner(model, graphs: DecodeGraphs | None = None) -> Runner | HybridRunner:
-    return family_of(model).runner(model, graphs)
+def make_runner(model, graphs: DecodeGraphs | None = None,
+                hidden_sink=None) -> Runner | HybridRunner:
+    """The family's runner; `hidden_sink` (hybrid family) receives each row's hiddens."""
+    return family_of(model).runner(model, graphs, hidden_sink)
 
 
 def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch: int,

