@@ -78,7 +78,9 @@ class HeaderPanel(Panel):
         )
         grid = Table.grid(expand=True, padding=(0, 1))  # a gap before the title info
         grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
-        grid.add_column(justify="right", no_wrap=True)
+        # the title info yields first: at most a third of the width (80 columns: 26)
+        grid.add_column(justify="right", no_wrap=True, overflow="ellipsis",
+                        max_width=max(self.size.width // 3, 10))
         grid.add_row(top, Text(self.info.title_info, style="dim"))
         details.no_wrap, details.overflow = True, "ellipsis"
         grid.add_row(details, "")
