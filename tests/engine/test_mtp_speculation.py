@@ -15,6 +15,7 @@ from ninfer_engine.artifact.synth import mtp_component, write_synthetic
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine, EngineLoadError
 from ninfer_engine.step.speculation import Speculator
+from ninfer_engine.types import SamplingParams
 from tests.models.mtp_tiny import HfMtp
 
 from .helpers import FakeArtifact, tiny_llama
@@ -133,6 +134,19 @@ def test_mtp_state_after_partial_acceptance_is_the_committed_one(family):
             fresh.append(int(token))
             out = head(token, out, [cache], [1], torch.tensor([last + step]))
         assert fresh == drafts, (rid, last)
+
+
+def test_a_sampled_request_verifies_mtp_drafts_and_its_seed_reproduces_it():
+    artifact, runs = MtpArtifact("qwen3_5_moe"), []
+    for _ in range(2):
+        engine = engine_with(artifact, "mtp")
+        try:
+            runs.append(_run(engine, _prompts(120)[:1], 16,
+                             SamplingParams(temperature=0.8, seed=7)))
+        finally:
+            engine.stop()
+        assert engine.speculator.counters.drafted > 0
+    assert runs[0] == runs[1] and len(runs[0][0]) == 16
 
 
 def test_spec_mtp_without_an_mtp_component_names_what_is_missing():
