@@ -3,7 +3,7 @@
 For the target's final-normed hidden `h_t` and the next token `x_{t+1}`:
 `u = fc([N_e(emb(x_{t+1})) ; N_h(h_t)])` (embedding first), `u = layer(u)` at position `t`,
 `ĥ = N_mtp(u)`, and `lm_head(ĥ)` predicts `x_{t+2}`. The layer is one gated-attention decoder
-layer with the target's FFN type and its own KV (a `KVCache` per sequence); the embedding and
+layer with the target's FFN type and its own KV (an `MtpKv` per sequence); the embedding and
 the head are the target's. All four norms are zero-centred `(1+w)`.
 
 `load_mtp` builds it from an artifact's `mtp` component (names as `ninfer convert hf` and
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .gated_attention import KVCache, PartialRope, zero_centred_rms_norm
+from .gated_attention import PartialRope, zero_centred_rms_norm
 from .layers import Linear
 from .qwen3_5 import ParamSource, Qwen35Model, _Block
 
@@ -23,6 +23,34 @@ MTP_ARCHITECTURES = ("Qwen3_5MTP", "Qwen3_5MoeMTP")
 
 class MtpMissing(ValueError):
     """The artifact has no usable `mtp` component."""
+
+
+class MtpKv:
+    """One sequence's MTP-layer keys and values, `KVCache`'s contract over a buffer that
+    doubles when full: an append copies only the new entries (a `torch.cat` per step would
+    copy the whole history), a cut back to the committed pairs only moves the length."""
+
+    def __init__(self, nkv: int, d: int, dtype: torch.dtype, device: torch.device,
+                 capacity: int = 64) -> None:
+        self.k = torch.empty(nkv, capacity, d, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+        self.length = 0
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k, v [nkv, T, D]; returns all keys and values so far."""
+        end = self.length + k.shape[1]
+        if end > self.k.shape[1]:
+            spare = max(end, 2 * self.k.shape[1]) - self.length
+            self.k, self.v = (torch.cat([t[:, : self.length],
+                                         t.new_empty(t.shape[0], spare, t.shape[2])], 1)
+                              for t in (self.k, self.v))
+        self.k[:, self.length: end], self.v[:, self.length: end] = k, v
+        self.length = end
+        return self.k[:, :end], self.v[:, :end]
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions."""
+        self.length = length
 
 
 class MtpHead:
@@ -43,12 +71,13 @@ class MtpHead:
         rope = PartialRope(config["head_dim"], config["rope_parameters"], target.device)
         self.block = _Block(layer, params, 0, rope, matmul_dtype, prefix="mtp/layers/0/")
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self) -> MtpKv:
         """An empty MTP-layer KV for one sequence."""
-        return self.block.mixer.new_state(self.target.dtype, self.target.device)
+        mixer = self.block.mixer
+        return MtpKv(mixer.nkv, mixer.d, self.target.dtype, self.target.device)
 
     @torch.no_grad()
-    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, caches: list[KVCache],
+    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, caches: list[MtpKv],
                  lengths: list[int], positions: torch.Tensor) -> torch.Tensor:
         """ĥ [T, H] for T pairs (token `tokens[i]` = x_{t+1}, target hidden `hidden[i]` = h_t,
         at `positions[i]` = t), rows of `lengths` pairs each continuing its `caches` entry."""

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.gated_attention import KVCache
-from ..models.mtp import MtpHead
+from ..models.mtp import MtpHead, MtpKv
 
 
 @dataclass
 class _MtpRow:
-    cache: KVCache  # the MTP layer's keys and values of positions start .. done-1
+    cache: MtpKv  # the MTP layer's keys and values of positions start .. done-1
     start: int
     pending: torch.Tensor  # target hiddens of positions done .. done + len - 1
 
