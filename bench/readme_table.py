@@ -65,6 +65,7 @@ def _gpu_rows() -> list[str]:
                          "27B dense shape, Q4/Q5 weights kept packed as stored "
                          "(`--cuda-weights packed`)"),
                         ("h200-ninfer-bench-35b-a3b.json", "35B-A3B shape, bf16"),
+                        ("h200-ninfer-bench-35b-a3b-fp8.json", "35B-A3B shape, fp8-row weights"),
                         ("h200-ninfer-bench-flash-next-fp8.json",
                          "80B-A3B (Flash-Next) shape, fp8-row weights")):
         r = _load(name)
@@ -75,14 +76,25 @@ def _gpu_rows() -> list[str]:
         reference = f"roofline {d['roofline_tok_s']:.0f}"
         if "decode_tok_s" in peer:
             reference += f"; transformers {peer['decode_tok_s']:.1f}"
+        how = ("`ninfer bench`: the engine's step" if r.get("path") else
+               "`ninfer bench` of an earlier tree: the CUDA-graph replay alone")
         rows.append(f"| H200, {label}, batch-1 decode, {d['context'] // 1024}K context "
-                    f"(`ninfer bench`) | {d['tok_s']:.1f} tok/s | {reference} | "
+                    f"({how}) | {d['tok_s']:.1f} tok/s | {reference} | "
                     f"{100 * d['fraction_of_roofline']:.0f} % of roofline |")
         top = max(r.get("concurrency") or [{}], key=lambda c: c.get("concurrency", 0))
         if top:
             rows.append(f"| H200, {label}, aggregate decode at concurrency {top['concurrency']} "
                         f"| {top['tok_s']:.0f} tok/s | roofline {top['roofline_tok_s']:.0f} | "
                         f"{100 * top['fraction_of_roofline']:.0f} % |")
+        spec_rows = r.get("speculative") or []
+        top_rate = max((spec["target_tokens_per_round"] for spec in spec_rows), default=None)
+        for spec in spec_rows:  # the reference's MTP3 operating point (the .md has the others)
+            if spec["target_tokens_per_round"] != top_rate:
+                continue
+            rows.append(f"| H200, {label}, speculative decode at {spec['tokens_per_round']:.2f} "
+                        f"tokens a round (k={spec['draft_tokens']}, oracle drafter), batch "
+                        f"{spec['concurrency']} | {spec['tok_s']:.0f} tok/s | plain decode "
+                        f"{spec['plain_tok_s']:.0f} | {spec['speedup']:.2f} |")
         # a later prefill-only run of the same shape (`*-prefill.json`) supersedes the row
         later = _load(name.removesuffix(".json") + "-prefill.json") or {}
         run = later if later.get("prefill") else r
@@ -113,8 +125,11 @@ def _gpu_rows() -> list[str]:
 def _served_rows() -> list[str]:
     """ninfer-serve and llama-server over HTTP under one load (`bench/served_load.sh`)."""
     rows = []
-    for name, layers in (("h200-served-35b-a3b-8l.json", 8),
-                         ("h200-served-35b-a3b-4l-slots.json", 4)):
+    for name, shape, ours_bits, peer_bits in (
+            ("h200-served-35b-a3b-8l.json", "35B-A3B shape cut to 8 layers", "fp8-row", "Q8_0"),
+            ("h200-served-35b-a3b-4l-slots.json", "35B-A3B shape cut to 4 layers", "fp8-row",
+             "Q8_0"),
+            ("h200-served-27b-16l.json", "27B shape cut to 16 layers", "bf16", "bf16")):
         r = _load(name)
         if not r:
             continue
@@ -125,9 +140,9 @@ def _served_rows() -> list[str]:
                              (8, "aggregate_tok_s", "aggregate decode at concurrency 8")):
             if ours and peer and c in ours and c in peer:
                 a, b = ours[c][key], peer[c][key]
-                rows.append(f"| H200, 35B-A3B shape cut to {layers} layers, served over HTTP "
+                rows.append(f"| H200, {shape}, served over HTTP "
                             f"(`serve_load.py`, 256 tokens out), {what} | {a:.0f} tok/s "
-                            f"(fp8-row) | llama-server {b:.0f} (Q8_0) | {a / b:.2f} |")
+                            f"({ours_bits}) | llama-server {b:.0f} ({peer_bits}) | {a / b:.2f} |")
     return rows
 
 
