@@ -51,7 +51,7 @@ class StateSlotStats:
     running_used: int = 0
     checkpoint_total: int = 0
     checkpoint_used: int = 0
-    checkpoints: int = 0  # restorable prefix-tree points: snapshots (hybrid), leaves (llama)
+    checkpoints: int = 0  # prefix-tree restore points: snapshots (hybrid), nodes (llama)
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ class SequenceMemory:
             checkpoint_total=snap.total if snap else 0,
             checkpoint_used=snap.total - snap.free if snap else 0,
             checkpoints=0 if tree is None else (
-                tree.snapshots if tree.recurrent else tree.leaves()))
+                tree.snapshots if tree.recurrent else tree.nodes))
 
     def prefix_stats(self) -> PrefixStats:
         tree = self.prefix

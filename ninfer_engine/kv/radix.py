@@ -134,13 +134,12 @@ class PrefixTree:
                     best, most = child, k
         return (best, most) if best is not None else None
 
-    @staticmethod
-    def _tail_match(node: Node, rest: tuple[int, ...]) -> Node | None:
+    def _tail_match(self, node: Node, rest: tuple[int, ...]) -> Node | None:
         """The longest snapshot-holding tail of `node` whose tokens start `rest`."""
         best = None
         for child in node.children.values():
             k = len(child.key)
-            if (child.snapshot is not None and len(child.key) < len(rest) + 1 and
+            if (child.snapshot is not None and k < self.page_tokens and k <= len(rest) and
                     child.key == rest[:k] and (best is None or k > len(best.key))):
                 best = child
         return best
@@ -274,10 +273,6 @@ class PrefixTree:
     def held_pages(self) -> set[int]:
         """Every page the tree references."""
         return {node.page for node in self._walk()}
-
-    def leaves(self) -> int:
-        """Distinct cached prefixes: the llama family's restorable ends."""
-        return sum(not node.children for node in self._walk())
 
     def clear(self) -> None:
         """Drop every node (pages a request still shares stay with that request)."""
