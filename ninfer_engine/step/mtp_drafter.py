@@ -6,12 +6,12 @@ The runner hands over the target's final-normed hidden of every position it comp
 known. A prompt's pairs run as its chunks are computed. When a row drafts at L = `seq.cached`
 (its last token x_L not computed yet), the pairs `done..L-1` run through the head first: the
 prompt's last, and after a verify row the hiddens of the columns it kept, so the MTP KV only
-ever holds committed outputs with the target's own hiddens (never a draft's). The last of them drafts d₁; d₂..d_k feed the previous
-draft with the previous MTP output at L, L+1, ..., extending the KV, which is cut back to L
-right after, so the next round starts from committed pairs alone. Rejected columns' hiddens are
-overwritten when their positions are computed again (a row that verified, then decodes
-without drafting, holds them until then). Drafts are the head's argmax over the
-tokenizer's ids (the head's padded rows are never proposed).
+ever holds committed outputs with the target's own hiddens (never a draft's). The last of them
+drafts d₁; d₂..d_k feed the previous draft with the previous MTP output at L, L+1, ...,
+extending the KV, which is cut back to L right after, so the next round starts from committed
+pairs alone. Rejected columns' hiddens are overwritten when their positions are computed again
+(a row that verified, then decodes without drafting, holds them until then). Drafts are the
+head's argmax over the tokenizer's ids (the head's padded rows are never proposed).
 """
 from __future__ import annotations
 

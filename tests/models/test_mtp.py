@@ -24,7 +24,7 @@ def _depth(c: dict, keys: int) -> float:
     dots; q (H) and its D-norm, rotary (cos/sin are the same fp32 tables on both sides), scores
     (D), softmax (exp, a `keys`-long sum, a division) and P·V (`keys`), the sigmoid gate, the
     output projection (nq·D); the FFN's longest path (router softmax over E, and the expert or
-    MLP dots H then I); the residual adds; the head's H-long dot."""
+    MLP dots H then I); the residual adds; the final norm (the head adds its H-long dot)."""
     h, d = c["hidden_size"], c["head_dim"]
     norm = h + TRANSCENDENTAL + 2
     width = max(c.get("moe_intermediate_size", 0), c.get("shared_expert_intermediate_size", 0),
@@ -33,7 +33,7 @@ def _depth(c: dict, keys: int) -> float:
     attention = (h + d + TRANSCENDENTAL + 2 + 3 + d + 1 + TRANSCENDENTAL + keys + 1 + keys
                  + TRANSCENDENTAL + 1 + c["num_attention_heads"] * d)
     ffn = router + h + TRANSCENDENTAL + 1 + width
-    return norm + 2 * h + norm + attention + 1 + norm + ffn + 1 + norm + h
+    return norm + 2 * h + norm + attention + 1 + norm + ffn + 1 + norm
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -63,11 +63,10 @@ def test_mtp_head_matches_transformers_blocks_in_float64(family):
     head_weight = target_hf.get_output_embeddings().weight.double()
     for b, n in enumerate(lengths):
         want = mtp.reference(target_hf, tokens[b], hidden[b], positions[b])
-        limit = bound(torch.float32, _depth(target.config, n + steps), sides=1)
-        assert_within(got[b], want, limit * want.abs().max())
+        depth = _depth(target.config, n + steps)
+        assert_within(got[b], want, bound(torch.float32, depth, sides=1) * want.abs().max())
         logits = want @ head_weight.t()
-        limit = bound(torch.float32, _depth(target.config, n + steps) + target.config["hidden_size"],
-                      sides=1)
+        limit = bound(torch.float32, depth + target.config["hidden_size"], sides=1)
         assert_within(head.logits(got[b]), logits, limit * logits.abs().max())
     assert [c.length for c in caches] == [n + steps for n in lengths]
 
