@@ -32,6 +32,7 @@ from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_token
 from .step.speculation import accept, build_speculator
 from .stats import EngineStats
 from .step.stats_builder import StatsBuilder
+from .step.warm_up import warm_up
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .types import EngineError, EngineState, GenerationRequest, TokenEvent
 
@@ -157,13 +158,19 @@ class Engine:
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)
         self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
-        self._faults = _Faults(os.environ.get("NINFER_FAULT", ""))
+        self._faults = _Faults("")
         self._events = EventPump()  # a step's token events, handed to the loops once a step
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._step = 0
         self._retired, self._published = False, 0.0  # `step` publishes by these
+        if device.type == "cuda":  # the eager prompt steps' kernels compile now, not in traffic
+            warm_up(self, prefill_chunk_for(config, device),
+                    min(config.max_context, config.kv_tokens))
+            self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
+            self._step = 0
+        self._faults = _Faults(os.environ.get("NINFER_FAULT", ""))  # not in the warm-up
         self._state = EngineState.READY
         self._snapshot = self.stats.build(self._state.value, None, self.scheduler,
                                           self.speculator and self.speculator.stats())
