@@ -1,0 +1,230 @@
+"""Screenshots of the real console under real load, for README's "The console".
+
+Starts `ninfer-serve` in a detached tmux session (a real terminal), loads it with streamed chat
+requests from the official `openai` SDK (each client sends its next request as soon as the last
+one ends), lets the per-second history fill for `--warm` seconds, then presses the console's `s`
+key (save the screen as SVG) once per `--size` (the tmux window is resized between shots) and
+copies each SVG to `--out/NAME-WxH.svg`. Last it quits the console with a drain and prints the
+facts a caption needs: the load, the machine, the date.
+
+    .venv/bin/python scripts/console_screenshot.py                   # the default model, CPU
+    .venv/bin/python scripts/console_screenshot.py --name console_h200 --clients 12 \\
+        -- /path/model.ninfer --max-concurrency 8                       # a GPU box
+
+Everything after `--` goes to `ninfer-serve` (the default: the default model with
+`--max-concurrency 4`). `--fault N` starts the engine with `NINFER_FAULT=step:N` and shoots
+once it has FAILED. Loopback only; needs tmux and the `openai` package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+SERVE = Path(sys.executable).with_name("ninfer-serve")
+DEFAULT_SERVE_ARGS = ["--max-concurrency", "4"]
+SYSTEM = ("You are a concise assistant for a lighthouse museum. Answer in plain sentences, "
+          "no lists, and stay on the question.")  # shared by every request: a reusable prefix
+QUESTIONS = [
+    "Tell me a story about a lighthouse keeper and a storm.",
+    "Why do lighthouses flash in patterns?",
+    "Describe the lens of an old lighthouse.",
+    "What did a lighthouse keeper do every night?",
+    "Write a short poem about the sea at dawn.",
+    "How were lighthouses powered before electricity?",
+    "Explain how ships used lighthouses to navigate.",
+    "Describe a day in the life of a harbour pilot.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"console_screenshot: timed out after {timeout:.0f} s waiting for {what}")
+
+
+def tmux(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10)
+
+
+class Load:
+    """`clients` threads, each streaming one chat request after another until stopped."""
+
+    def __init__(self, base_url: str, model: str, clients: int, max_tokens: int) -> None:
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
+        self.model, self.max_tokens = model, max_tokens
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.done = self.failed = self.tokens = 0
+        self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True)
+                        for i in range(clients)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def run(self, i: int) -> None:
+        n = i
+        while not self.stop.is_set():
+            question = QUESTIONS[n % len(QUESTIONS)]
+            n += len(self.threads)
+            try:
+                stream = self.client.chat.completions.create(
+                    model=self.model, max_tokens=self.max_tokens, stream=True,
+                    stream_options={"include_usage": True},
+                    messages=[{"role": "system", "content": SYSTEM},
+                              {"role": "user", "content": question}])
+                tokens = 0
+                for chunk in stream:
+                    if chunk.usage is not None:
+                        tokens = chunk.usage.completion_tokens
+                with self.lock:
+                    self.done += 1
+                    self.tokens += tokens
+            except Exception:  # a refused or cut request (e.g. the injected fault): go on
+                with self.lock:
+                    self.failed += 1
+                self.stop.wait(1.0)
+
+    def finish(self, timeout: float) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout / len(self.threads))
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpus = ""
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.split("\n")
+        gpus = ", ".join(g.strip() for g in out if g.strip())
+    cores = os.cpu_count()
+    return f"{cpu}, {cores} cores" + (f", {gpus}" if gpus else ", no GPU")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("screenshots"))
+    parser.add_argument("--name", default="console_cpu")
+    parser.add_argument("--size", action="append", default=None,
+                        help="WxH, once per shot (default 140x44)")
+    parser.add_argument("--clients", type=int, default=6, help="streaming clients (6)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--warm", type=float, default=90.0,
+                        help="seconds of load before the first shot (90)")
+    parser.add_argument("--fault", type=int, default=None,
+                        help="NINFER_FAULT=step:N; shoot once the engine has FAILED")
+    parser.add_argument("serve_args", nargs="*", help="after --: ninfer-serve's arguments")
+    args = parser.parse_args()
+    if shutil.which("tmux") is None:
+        raise SystemExit("console_screenshot: tmux is not installed")
+    sizes = [tuple(int(v) for v in s.split("x")) for s in (args.size or ["140x44"])]
+    serve_args = args.serve_args or DEFAULT_SERVE_ARGS
+    port, session = free_port(), f"ninfer-shot-{os.getpid()}"
+    url = f"http://127.0.0.1:{port}"
+    work = Path(tempfile.mkdtemp(prefix="ninfer-shot-"))
+    env = f"NINFER_FAULT=step:{args.fault} " if args.fault is not None else ""
+    command = (f"{env}exec {SERVE} {' '.join(serve_args)} --host 127.0.0.1 --port {port}")
+    width, height = sizes[0]
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(width),
+                    "-y", str(height), "-c", str(work), command], check=True, timeout=10)
+    load = None
+    try:
+        wait_for(lambda: (get_json(url + "/engine/state") or {}).get("state") == "ready", 600,
+                 "the engine to be ready")
+        model = get_json(url + "/v1/models")["data"][0]["id"]
+        load = Load(url + "/v1", model, args.clients, args.max_tokens)
+        load.start()
+        started = time.monotonic()
+        time.sleep(args.warm)
+
+        def shot_ready() -> bool:
+            state = get_json(url + "/engine/state") or {}
+            if args.fault is not None:
+                return state.get("state") == "failed"
+            return bool(state.get("queue", {}).get("running"))
+
+        wait_for(shot_ready, 300, "the engine to be failed" if args.fault is not None
+                 else "requests running")
+        time.sleep(1.0)  # the console polls every 250 ms: let it draw what the state said
+        loaded_s = time.monotonic() - started
+        with load.lock:
+            counts = (load.done, load.failed, load.tokens)
+        shots = []
+        for width, height in sizes:
+            tmux("resize-window", "-t", session, "-x", str(width), "-y", str(height))
+            time.sleep(1.5)
+            before = set(work.glob("ninfer-console-*.svg"))
+            tmux("send-keys", "-t", session, "s")
+            wait_for(lambda: set(work.glob("ninfer-console-*.svg")) - before, 20, "the SVG")
+            time.sleep(0.5)  # written in one call; let it close
+            (svg,) = set(work.glob("ninfer-console-*.svg")) - before
+            args.out.mkdir(parents=True, exist_ok=True)
+            target = args.out / f"{args.name}-{width}x{height}.svg"
+            shutil.copyfile(svg, target)
+            shots.append(str(target))
+    finally:
+        if load is not None:
+            load.finish(timeout=30)
+        tmux("send-keys", "-t", session, "q")
+        time.sleep(1.0)
+        tmux("send-keys", "-t", session, "y")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and tmux("has-session", "-t", session).returncode == 0:
+            time.sleep(0.5)
+        tmux("kill-session", "-t", session)
+        shutil.rmtree(work, ignore_errors=True)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print("\n".join(shots))
+    print(f"server: ninfer-serve {' '.join(serve_args)}"
+          + (f" with NINFER_FAULT=step:{args.fault}" if args.fault is not None else ""))
+    print(f"load: {args.clients} clients (openai {__import__('openai').__version__}), streamed "
+          f"chat requests back to back, max_tokens {args.max_tokens}; shot after "
+          f"{loaded_s:.0f} s of load (by then {counts[0]} requests done, {counts[1]} failed, "
+          f"{counts[2]} tokens streamed)")
+    print(f"machine: {machine()}")
+    print(f"date: {date}")
+
+
+if __name__ == "__main__":
+    main()
