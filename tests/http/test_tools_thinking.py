@@ -366,3 +366,19 @@ def test_anthropic_call_cut_by_the_token_limit_is_not_a_call(live, stream):
         message = client.messages.create(**params)
     assert [(b.type, b.text) for b in message.content] == [("text", CUT_TEXT)]
     assert message.stop_reason == "max_tokens"
+
+
+def test_a_strict_schema_that_cannot_be_enforced_is_400_in_each_shape(live):
+    bad = {"type": "x"}
+    with pytest.raises(openai.BadRequestError) as raised:
+        openai_sdk(live).chat.completions.create(
+            model="fake-model", messages=USER, tools=[{"type": "function", "function": {
+                "name": "f", "strict": True, "parameters": bad}}])
+    assert (raised.value.body["code"], raised.value.body["param"]) == ("invalid_value", "tools")
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        anthropic_sdk(live).messages.create(
+            model="claude-any", max_tokens=16, messages=USER,
+            tools=[{"name": "f", "strict": True, "input_schema": bad}])
+    assert refused.value.body["error"]["type"] == "invalid_request_error"
+    assert "Cannot constrain these tools' calls" in refused.value.body["error"]["message"]
+    assert live.engine.submitted == []
