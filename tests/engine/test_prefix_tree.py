@@ -6,6 +6,7 @@ the hybrid model is snapshotted at every 64 tokens of a prompt, its end and its 
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import pytest
@@ -44,20 +45,31 @@ def _engine(artifact, **overrides) -> Engine:
 
 
 def _run(engine, prompts, max_tokens=6):
-    """Each prompt in turn: (output tokens, cached tokens, computed prompt tokens)."""
-    async def one(i, prompt):
-        request = GenerationRequest(f"r{i}", prompt, GREEDY, max_tokens, ignore_eos=True)
+    """Each prompt in turn: (output tokens, cached tokens, computed prompt tokens, the output
+    tokens' log-probabilities)."""
+    async def one(i, prompt, sink):
+        request = GenerationRequest(f"r{i}", prompt, GREEDY, max_tokens, ignore_eos=True,
+                                    logprobs=0, logprob_sink=sink)
         return [e async for e in engine.submit(request)]
 
     results = []
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
-            events = asyncio.run(one(i, prompt))
+            sink: list = []
+            events = asyncio.run(one(i, prompt, sink))
             final = events[-1]
             assert final.finish == "length", final.error
             results.append(([t for e in events for t in e.token_ids], final.usage.cached_tokens,
-                            final.timings.prompt_n))
+                            final.timings.prompt_n, [entry.logprob for entry in sink]))
     return results
+
+
+def _same_answers(got, want) -> None:
+    """The same greedy tokens, and log-probabilities within fp32 rounding: a restored K/V row
+    or state that differs from the computed one moves them by far more."""
+    assert [g[0] for g in got] == [w[0] for w in want]
+    gaps = [abs(a - b) for g, w in zip(got, want) for a, b in zip(g[3], w[3])]
+    assert max(gaps) < 1e-4
 
 
 def test_shared_prefixes_hit_and_answer_like_no_reuse(family):
@@ -80,7 +92,7 @@ def test_shared_prefixes_hit_and_answer_like_no_reuse(family):
     finally:
         cached.stop()
         plain.stop()
-    assert [g[0] for g in got] == [w[0] for w in want]
+    _same_answers(got, want)
     assert all(w[1] == 0 for w in want)
     if name == "llama":  # any token boundary: every shared token
         expected = [0, 169, 150, 0, 100, 90]
@@ -107,6 +119,60 @@ def test_eviction_under_pressure_answers_like_no_reuse(family):
     finally:
         cached.stop()
         plain.stop()
-    assert [g[0] for g in got] == [w[0] for w in want]
+    _same_answers(got, want)
     assert stats.evicted_pages > 0 and idle
     assert got[3][1] > 0  # the most recent conversation stayed and was continued
+
+
+@pytest.mark.slow
+def test_concurrent_random_conversations_answer_like_no_reuse(family):
+    """48 requests, three at a time, from shared system prompts, repeats, next turns and edits,
+    in a pool small enough to evict: each greedy answer equals the no-reuse engine's, and once
+    every request is done only the tree holds pages."""
+    name, artifact = family
+    rng = random.Random(3)
+    systems = [_tokens(rng.randint(40, 140), 30 + i) for i in range(3)]
+    prompts: list[tuple[int, ...]] = []
+    for i in range(48):
+        kind = rng.random() if prompts else 0.0
+        if kind < 0.4:
+            prompt = rng.choice(systems) + _tokens(rng.randint(1, 40), 100 + i)
+        elif kind < 0.6:
+            prompt = rng.choice(prompts)
+        elif kind < 0.85:
+            prompt = rng.choice(prompts) + _tokens(rng.randint(1, 30), 200 + i)
+        else:
+            edited = list(rng.choice(prompts))
+            edited[rng.randrange(len(edited))] = rng.randrange(128)
+            prompt = tuple(edited)
+        prompts.append(prompt[-300:])
+    options = {"max_concurrency": 3, "kv_capacity": 1280, "kv_lease_window": 8}
+
+    def run(engine):
+        async def one(i, prompt):
+            sink: list = []
+            request = GenerationRequest(f"r{i}", prompt, GREEDY, 5, ignore_eos=True,
+                                        logprobs=0, logprob_sink=sink)
+            await asyncio.sleep(0.002 * i)  # arrivals interleave with running requests
+            events = [e async for e in engine.submit(request)]
+            return ([t for e in events for t in e.token_ids], events[-1].usage.cached_tokens,
+                    None, [entry.logprob for entry in sink])
+
+        async def every():
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+        with torch.inference_mode():
+            return asyncio.run(every())
+
+    cached = _engine(artifact, **options)
+    plain = _engine(artifact, no_prefix_reuse=True, **options)
+    try:
+        got, want = run(cached), run(plain)
+        cached.stop()
+        memory = cached.memory
+        idle = memory.allocator.used == len(memory.prefix.held_pages())
+    finally:
+        cached.stop()
+        plain.stop()
+    _same_answers(got, want)
+    assert sum(g[1] for g in got) > 1000 and idle
