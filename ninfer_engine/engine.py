@@ -292,6 +292,7 @@ class Engine:
 
     def _step_once(self) -> bool:
         """One step: schedule -> forward -> sample -> update. False when there was nothing to do."""
+        started = time.perf_counter()
         now = time.monotonic()
         batch, ended = self.scheduler.schedule(now)
         for seq in ended:
@@ -303,6 +304,7 @@ class Engine:
         self._step += 1
         logits = self.runner.forward(batch)
         logits, verified = self._split_verify_rows(batch, logits)
+        emitted = sum(len(seq.output) for seq in batch.decode)  # before this step's tokens
         for chunk in batch.chunks:
             if chunk.seq.request.report_progress:
                 chunk.seq.report_progress()  # before its first token, if this chunk samples
@@ -325,6 +327,11 @@ class Engine:
                 self._fail_request(seq, exc)
         if verified:
             self._accept(batch, verified, now)
+        if self.speculator is not None and batch.decode and not batch.chunks:
+            # pure decode steps, plain or verifying: what `spec_policy` compares
+            self.speculator.record_step(len(batch.decode), bool(verified),
+                                        sum(len(seq.output) for seq in batch.decode) - emitted,
+                                        time.perf_counter() - started)
         for seq in batch.sampled:
             if seq.finish_reason is None and seq.cached + 1 >= self.max_context:
                 seq.finish("length")

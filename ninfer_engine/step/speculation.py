@@ -27,6 +27,7 @@ from ..models.mtp import load_mtp
 from ..stats import SpecStats
 from .mtp_drafter import MtpDrafter
 from .sampling import _CANDIDATES, Sampler, _path, _penalized
+from .spec_policy import SpecPolicy
 
 MIN_NGRAM, MAX_NGRAM = 2, 4
 # a request stops drafting while its recent acceptance is below this (drafts that are mostly
@@ -81,6 +82,7 @@ class Speculator:
         self.backend, self.k = backend, k
         self.drafter = drafter or NgramDrafter()
         self.counters = SpecCounters(per_position=[0] * k)
+        self.policy = SpecPolicy()
         self._rows: dict[int, RowState] = {}
 
     def drafts(self, seq, room: int) -> list[int]:
@@ -89,7 +91,11 @@ class Speculator:
         return self.draft_rows([seq], [room])[0]
 
     def draft_rows(self, seqs: list, rooms: list[int]) -> list[list[int]]:
-        """`drafts` for each of a step's decode rows, a model drafter's in one batch."""
+        """`drafts` for each of a step's decode rows, a model drafter's in one batch; none
+        while plain decode steps of this batch size have been the faster (`spec_policy`)."""
+        if not self.policy.speculate(len(seqs)):
+            self.counters.fallback += len(seqs)
+            return [[] for _ in seqs]
         ks = [self._window(seq, room) for seq, room in zip(seqs, rooms)]
         if hasattr(self.drafter, "propose_rows"):
             proposals = self.drafter.propose_rows(seqs, ks)
@@ -110,6 +116,11 @@ class Speculator:
             self.counters.fallback += 1
             return 0
         return k
+
+    def record_step(self, batch: int, verified: bool, tokens: int, seconds: float) -> None:
+        """A pure decode step of `batch` rows (`verified`: some verified drafts) emitted
+        `tokens` in `seconds`, drafting included."""
+        self.policy.record(batch, verified, tokens, seconds)
 
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The runner's final-normed hiddens of `seq` from `position` on, for a drafter that

@@ -70,6 +70,7 @@ def test_bench_runs_the_serving_engine(monkeypatch, moe):
     (spec,) = result["speculative"]
     assert spec["concurrency"] == 1 and spec["tokens_per_round"] == 3.0
     assert spec["acceptance"] == pytest.approx(2 / 3) and spec["speedup"] > 0
+    assert spec["policy_tok_s"] > 0
     pre = result["prefill"]
     assert pre["tokens"] == 96 and pre["chunks"] == 2 and pre["tok_s"] > 0
     assert pre["fraction_of_roofline"] == pytest.approx(pre["tok_s"] / pre["roofline_tok_s"])
@@ -134,14 +135,16 @@ def test_markdown_renders_moe_concurrency_speculative_and_peer_rows():
                                 roofline_tok_s=2800.0, fraction_of_roofline=800 / 2800)]
     base["speculative"] = [dict(concurrency=1, context=1024, draft_tokens=3,
                                 target_tokens_per_round=3.67, tokens_per_round=3.66,
-                                acceptance=0.887, tok_s=1200.0, plain_tok_s=500.0, speedup=2.4)]
+                                acceptance=0.887, tok_s=1200.0, plain_tok_s=500.0, speedup=2.4,
+                                policy_tok_s=1190.0, policy_speedup=2.38)]
     base["peer"] = dict(version="5.24.0", prompt_tokens=1024, prefill_tok_s=3714.0,
                         decode_tok_s=9.5, decode_steps=16, ours_decode_tok_s=134.0,
                         ours_context=1024, ratio_decode=134 / 9.5, fla=False)
     text = run.markdown(base)
     assert "| 8 | 1024 | 800.0 | 100.0 | 10.00 | 64 (≈57 expected) | 12.00 GB | 2800 | 90000 " \
            "| 29 % |" in text
-    assert "| 1 | 1024 | 3 | 3.67 → 3.66 | 89 % | 1200.0 | 500.0 | 2.40× |" in text
+    assert ("| 1 | 1024 | 3 | 3.67 → 3.66 | 89 % | 1200.0 | 500.0 | 2.40× | 1190.0 | 2.38× |"
+            in text)
     assert "| transformers 5.24.0 | 1024 | 3714 | 9.50 | 134.0 (1024 context) | 14.1× |" in text
     assert "fla False" in text and "Not measured: prefill: skipped (--prefill 0)." in text
 

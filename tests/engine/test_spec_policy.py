@@ -1,0 +1,43 @@
+"""`SpecPolicy`: speculation follows the measured step rates of each batch-size bucket."""
+
+from ninfer_engine.step.spec_policy import PROBE, SpecPolicy, bucket
+
+
+def _run(policy, batch, plain_rate, verify_rate, steps):
+    """Steps at fixed rates (tokens/s); how many of them verified."""
+    verified = 0
+    for _ in range(steps):
+        v = policy.speculate(batch)
+        verified += v
+        policy.record(batch, v, batch * 10, batch * 10 / (verify_rate if v else plain_rate))
+    return verified
+
+
+def test_buckets_group_batch_sizes():
+    assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16)] == [0, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_verify_steps_continue_while_they_are_faster():
+    policy = SpecPolicy()
+    # the first plain step, then a plain probe in PROBE steps
+    assert _run(policy, 1, plain_rate=500, verify_rate=700, steps=200) >= 200 - 1 - 200 // PROBE
+    assert policy.skipped == 0
+
+
+def test_a_losing_side_is_only_probed():
+    policy = SpecPolicy()
+    verified = _run(policy, 8, plain_rate=1470, verify_rate=940, steps=320)
+    # the first verify step, then one probe in PROBE steps
+    assert verified <= 1 + 320 // PROBE + 1 and policy.skipped > 250
+    assert policy.rates(8) == (1470.0, 940.0) and policy.rates(5) == policy.rates(8)
+    # another bucket keeps its own estimate: speculation still pays at batch 1
+    assert _run(policy, 1, plain_rate=480, verify_rate=700, steps=100) >= 100 - 1 - 100 // PROBE
+
+
+def test_the_choice_follows_acceptance_as_it_changes():
+    policy = SpecPolicy()
+    _run(policy, 4, plain_rate=1000, verify_rate=600, steps=100)  # drafts mostly rejected
+    # acceptance recovers: the next probe sees it and verify steps take over
+    late = _run(policy, 4, plain_rate=1000, verify_rate=1500, steps=8 * PROBE)
+    # at most PROBE steps until that probe, then a plain probe in every PROBE steps
+    assert late >= 8 * PROBE - PROBE - 8 - 1
