@@ -10,7 +10,8 @@
   finishes with `length` even when the pool has pages to spare;
 - a prompt restores the deepest prefix the tree holds (`kv.radix`) and computes only the rest.
   The tree gets every prompt's full pages as they are computed and every finished answer; for
-  the hybrid family a recurrent-state snapshot at every prompt end, every finished answer and
+  the hybrid family a recurrent-state snapshot at every prompt's last token but one (the same
+  prompt again restores all but the token whose logits it needs), every finished answer and
   every `snapshot_tokens` of a prompt (prefill chunks are cut there: `chunk_tokens`).
 """
 from __future__ import annotations
@@ -119,23 +120,25 @@ class SequenceMemory:
         return tokens <= seq.cache.capacity or self._lease(seq.cache, tokens)
 
     def chunk_tokens(self, seq: Any, tokens: int) -> int:
-        """A prefill chunk of up to `tokens`, cut so a hybrid prompt's chunk ends on each
-        snapshot boundary (the recurrent state exists only where a chunk ends)."""
-        end = seq.cached + tokens
-        if self.prefix is None or not self.prefix.recurrent or end >= len(seq.prompt):
+        """A prefill chunk of up to `tokens`, cut so a hybrid prompt's chunks end on each
+        snapshot boundary and one token before its end (the recurrent state exists only where
+        a chunk ends; the last token then runs alone, one step later, with the decode rows)."""
+        if self.prefix is None or not self.prefix.recurrent:
             return tokens
-        boundary = end - end % self.snapshot_tokens
-        return boundary - seq.cached if boundary > seq.cached else tokens
+        end, last = seq.cached + tokens, len(seq.prompt) - 1
+        cuts = [p for p in (end - end % self.snapshot_tokens, last) if seq.cached < p < end]
+        return min(cuts) - seq.cached if cuts else tokens
 
     def prefilled(self, seq: Any) -> None:
         """After a prefill chunk: its full pages join the tree (llama family: every chunk;
-        hybrid: with a snapshot, at a snapshot boundary and at the prompt end)."""
+        hybrid: with a snapshot, at a snapshot boundary and one token before the prompt's
+        end)."""
         if self.prefix is None or seq.cache is None:
             return
         n = min(seq.cached, len(seq.prompt))
         if not self.prefix.recurrent:
             self.prefix.insert(seq.prompt[:n], seq.cache.pages)
-        elif n == len(seq.prompt) or n % self.snapshot_tokens == 0:
+        elif n == len(seq.prompt) - 1 or (n % self.snapshot_tokens == 0 and n < len(seq.prompt)):
             self.prefix.insert(seq.prompt[:n], seq.cache.pages, seq.state)
 
     def checkpoint(self, seq: Any) -> None:

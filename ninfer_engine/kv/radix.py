@@ -5,8 +5,8 @@ A node is one page of tokens under its parent's prefix. Full-page nodes own a re
 pool page that is full and never written again, so any number of requests share it in place
 (the allocator's reference counts say who still reads it). A *tail* is a leaf of fewer than
 `page_tokens` tokens: the partial last page of a finished answer (handed over, not copied) or
-of a hybrid prompt end (copied); a hit on a tail copies its slots into the request's own page,
-because the request goes on writing that page.
+of a hybrid prompt snapshotted mid-page (copied); a hit on a tail copies its slots into the
+request's own page, because the request goes on writing that page.
 
 A hit for the llama family is the longest common prefix at token granularity (full pages
 shared, then up to a page of slots copied). A hybrid hit needs the recurrent state at the
@@ -149,7 +149,7 @@ class PrefixTree:
         """Add the computed prefix `tokens` whose K/V is in `pages` (a request's page table):
         its full pages shared; with `state` (the recurrent state after `tokens`) a snapshot at
         its end; its partial last page as a tail, handed over (`hand_over`: its writer is
-        done with it) or copied (only with a snapshot: a hybrid prompt end)."""
+        done with it) or copied (only with a snapshot: a hybrid prompt's)."""
         P, now = self.page_tokens, next(self._clock)
         node = self.root
         for i in range(len(tokens) // P):

@@ -97,7 +97,7 @@ def test_cuda_bf16_decode_goes_through_graphs_and_repeats_exactly(family, dense)
 def test_second_turn_computes_only_new_tokens(dense):
     shared = _prompt(150, seed=3)  # not page-aligned: the partial page is copied
     turn2 = shared + _prompt(30, seed=4)
-    engine = _engine(dense, device_state_slots=4)  # the prompt end and the answer end
+    engine = _engine(dense, device_state_slots=4)  # the prompt's and the answer's ends
     plain = _engine(dense, no_prefix_reuse=True)
     try:
         out1, _ = _generate(engine, shared, 10, "t1")
@@ -115,14 +115,15 @@ def test_second_turn_computes_only_new_tokens(dense):
     finally:
         engine.stop()
         plain.stop()
-    assert final2.usage.cached_tokens == 150 and final2.timings.cache_n == 150
-    assert final2.timings.prompt_n == 30 and plain2.timings.prompt_n == 180
-    assert computed2 == 30 + 11  # new prompt tokens, then 11 decode steps (the 12th is sampled)
+    # turn 1's prompt but its last token, snapshotted there so that the same prompt hits too
+    assert final2.usage.cached_tokens == 149 and final2.timings.cache_n == 149
+    assert final2.timings.prompt_n == 31 and plain2.timings.prompt_n == 180
+    assert computed2 == 31 + 11  # new prompt tokens, then 11 decode steps (the 12th is sampled)
     frontier = 150 + 9  # turn 1's prompt and its first 9 answer tokens went through the model
     assert final3.usage.cached_tokens == frontier
     assert computed3 == len(turn3) - frontier + 11
     assert out2 == ref2 and out3 == ref3
-    assert hits == 150 + frontier  # prompt tokens restored, over the finished requests
+    assert hits == 149 + frontier  # prompt tokens restored, over the finished requests
 
 
 def test_no_leaks_after_random_requests(dense):
@@ -166,8 +167,8 @@ def test_no_leaks_after_random_requests(dense):
 
 def test_snapshot_counts_state_slots_and_checkpoints(dense):
     """The snapshot's state slots: a running request holds one, a finished answer leaves the
-    prefix tree's snapshots (each a slot of its own): at the 64-token chunk boundary, the
-    prompt end and the answer end; nothing running."""
+    prefix tree's snapshots (each a slot of its own): at the 64-token chunk boundary, one token
+    before the prompt's end and at the answer's end; nothing running."""
     engine = _engine(dense, max_concurrency=2, device_state_slots=4)
     try:
         before = engine.snapshot().state_slots

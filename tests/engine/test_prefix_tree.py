@@ -2,7 +2,8 @@
 equal an engine without reuse for (a) an identical prompt, (b) a system prompt shared across
 conversations, (c) a shared prefix ending mid-page, (d) an edited earlier turn and (e) eviction
 under pressure; each hit reports exactly what it restored (64-token pages, 64-token chunks:
-the hybrid model is snapshotted at every 64 tokens of a prompt, its end and its answer's)."""
+the hybrid model is snapshotted at every 64 tokens of a prompt, one token before its end and
+at its answer's end)."""
 from __future__ import annotations
 
 import asyncio
@@ -96,8 +97,8 @@ def test_shared_prefixes_hit_and_answer_like_no_reuse(family):
     assert all(w[1] == 0 for w in want)
     if name == "llama":  # any token boundary: every shared token
         expected = [0, 169, 150, 0, 100, 90]
-    else:  # the deepest snapshot: 64-token chunk ends, prompt ends, answer ends
-        expected = [0, 128, 128, 0, 64, 64]
+    else:  # the deepest snapshot: 64-token chunk ends, prompts' last token but one, answers
+        expected = [0, 169, 128, 0, 64, 64]
     assert [g[1] for g in got] == expected
     assert [g[2] for g in got] == [len(p) - n for p, n in zip(prompts, expected)]
     assert (stats.lookups, stats.hits, stats.hit_tokens) == (6, 4, sum(expected))

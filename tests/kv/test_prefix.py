@@ -146,3 +146,22 @@ def test_state_pool_slots_are_rows_of_one_tensor_per_field():
     again = pool.acquire()
     assert again.index == 0 and not any(t.any() for t in again.tensors())
     assert pool.acquire().index == 2 and pool.acquire() is None
+
+
+def test_hybrid_chunks_end_on_snapshot_points():
+    """Prefill chunks of a hybrid prompt end on every `snapshot_tokens` boundary and one token
+    before the prompt's end (the state exists only where a chunk ends); llama chunks are not
+    cut."""
+    pool = lambda n: StatePool(n, LAYOUT, "cpu", SimpleNamespace)  # noqa: E731
+    hybrid = SequenceMemory(_storage(), lease_window=8, max_running=1, checkpoint_slots=2,
+                            prefix_reuse=True, kv_dtype="bf16", state_pool=pool,
+                            snapshot_tokens=16)
+    llama = SequenceMemory(_storage(), lease_window=8, max_running=1, checkpoint_slots=2,
+                           prefix_reuse=True, kv_dtype="bf16", snapshot_tokens=16)
+    seq = _seq(tuple(range(40)))
+    cuts = []
+    for cached, tokens in ((0, 16), (16, 16), (32, 8), (39, 1), (10, 16), (20, 16), (30, 10)):
+        seq.cached = cached
+        cuts.append(hybrid.chunk_tokens(seq, tokens))
+        assert llama.chunk_tokens(seq, tokens) == tokens
+    assert cuts == [16, 16, 7, 1, 6, 12, 2]
