@@ -13,21 +13,29 @@ facts a caption needs: the load, the machine, the date.
 
 Everything after `--` goes to `ninfer-serve` (the default: the default model with
 `--max-concurrency 4`). `--fault N` starts the engine with `NINFER_FAULT=step:N` and shoots
-once it has FAILED. Loopback only; needs tmux and the `openai` package.
+once it has FAILED. Loopback only; needs the `openai` package. Without tmux (e.g. a GPU box
+with nothing to install from) `--terminal pty` runs the console on a pseudo-terminal of this
+process instead: the same console, keys written to the terminal, its output read and dropped.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import json
 import os
 import platform
+import pty
+import shlex
 import shutil
+import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 import urllib.error
@@ -75,6 +83,68 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 def tmux(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10)
+
+
+class TmuxTerminal:
+    """The command in a detached tmux session."""
+
+    def __init__(self, command: list[str], env: dict[str, str], cwd: Path, size) -> None:
+        self.session = f"ninfer-shot-{os.getpid()}"
+        assigned = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        line = f"{assigned} exec {shlex.join(command)}" if env else f"exec {shlex.join(command)}"
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.session, "-x", str(size[0]),
+                        "-y", str(size[1]), "-c", str(cwd), line], check=True, timeout=10)
+
+    def resize(self, size) -> None:
+        tmux("resize-window", "-t", self.session, "-x", str(size[0]), "-y", str(size[1]))
+
+    def send(self, key: str) -> None:
+        tmux("send-keys", "-t", self.session, key)
+
+    def alive(self) -> bool:
+        return tmux("has-session", "-t", self.session).returncode == 0
+
+    def kill(self) -> None:
+        tmux("kill-session", "-t", self.session)
+
+
+class PtyTerminal:
+    """The command on a pseudo-terminal of this process; its output is read and dropped."""
+
+    def __init__(self, command: list[str], env: dict[str, str], cwd: Path, size) -> None:
+        full_env = {**os.environ, "TERM": "xterm-256color", "COLORTERM": "truecolor", **env}
+        pid, self.fd = pty.fork()
+        if pid == 0:  # the child: size the terminal before the console reads it
+            fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
+            os.chdir(cwd)
+            os.execve(command[0], command, full_env)
+        self.pid = pid
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                if not os.read(self.fd, 65536):
+                    return
+            except OSError:
+                return
+
+    def resize(self, size) -> None:  # the kernel sends SIGWINCH to the console
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
+
+    def send(self, key: str) -> None:
+        os.write(self.fd, key.encode())
+
+    def alive(self) -> bool:
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:  # already reaped
+            return False
+
+    def kill(self) -> None:
+        if self.alive():
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
 
 
 class Load:
@@ -154,20 +224,22 @@ def main() -> None:
                         help="seconds of load before the first shot (90)")
     parser.add_argument("--fault", type=int, default=None,
                         help="NINFER_FAULT=step:N; shoot once the engine has FAILED")
+    parser.add_argument("--terminal", choices=("tmux", "pty"),
+                        default="tmux" if shutil.which("tmux") else "pty",
+                        help="where the console runs (tmux when installed, else pty)")
     parser.add_argument("serve_args", nargs="*", help="after --: ninfer-serve's arguments")
     args = parser.parse_args()
-    if shutil.which("tmux") is None:
-        raise SystemExit("console_screenshot: tmux is not installed")
+    if args.terminal == "tmux" and shutil.which("tmux") is None:
+        raise SystemExit("console_screenshot: tmux is not installed (--terminal pty)")
     sizes = [tuple(int(v) for v in s.split("x")) for s in (args.size or ["140x44"])]
     serve_args = args.serve_args or DEFAULT_SERVE_ARGS
-    port, session = free_port(), f"ninfer-shot-{os.getpid()}"
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     work = Path(tempfile.mkdtemp(prefix="ninfer-shot-"))
-    env = f"NINFER_FAULT=step:{args.fault} " if args.fault is not None else ""
-    command = (f"{env}exec {SERVE} {' '.join(serve_args)} --host 127.0.0.1 --port {port}")
-    width, height = sizes[0]
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(width),
-                    "-y", str(height), "-c", str(work), command], check=True, timeout=10)
+    env = {"NINFER_FAULT": f"step:{args.fault}"} if args.fault is not None else {}
+    command = [str(SERVE), *serve_args, "--host", "127.0.0.1", "--port", str(port)]
+    terminal_class = TmuxTerminal if args.terminal == "tmux" else PtyTerminal
+    terminal = terminal_class(command, env, work, sizes[0])
     load = None
     try:
         wait_for(lambda: (get_json(url + "/engine/state") or {}).get("state") == "ready", 600,
@@ -192,10 +264,10 @@ def main() -> None:
             counts = (load.done, load.failed, load.tokens)
         shots = []
         for width, height in sizes:
-            tmux("resize-window", "-t", session, "-x", str(width), "-y", str(height))
+            terminal.resize((width, height))
             time.sleep(1.5)
             before = set(work.glob("ninfer-console-*.svg"))
-            tmux("send-keys", "-t", session, "s")
+            terminal.send("s")
             wait_for(lambda: set(work.glob("ninfer-console-*.svg")) - before, 20, "the SVG")
             time.sleep(0.5)  # written in one call; let it close
             (svg,) = set(work.glob("ninfer-console-*.svg")) - before
@@ -206,17 +278,17 @@ def main() -> None:
     finally:
         if load is not None:
             load.finish(timeout=30)
-        tmux("send-keys", "-t", session, "q")
+        terminal.send("q")
         time.sleep(1.0)
-        tmux("send-keys", "-t", session, "y")
+        terminal.send("y")
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and tmux("has-session", "-t", session).returncode == 0:
+        while time.monotonic() < deadline and terminal.alive():
             time.sleep(0.5)
-        tmux("kill-session", "-t", session)
+        terminal.kill()
         shutil.rmtree(work, ignore_errors=True)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print("\n".join(shots))
-    print(f"server: ninfer-serve {' '.join(serve_args)}"
+    print(f"server: ninfer-serve {' '.join(serve_args)} in {args.terminal}"
           + (f" with NINFER_FAULT=step:{args.fault}" if args.fault is not None else ""))
     print(f"load: {args.clients} clients (openai {__import__('openai').__version__}), streamed "
           f"chat requests back to back, max_tokens {args.max_tokens}; shot after "
