@@ -204,7 +204,7 @@ def test_console_shows_an_engine_failure_and_reload_recovers(tmux_console):
 
     # idle (the engine retires a request just after its client has the last token): q quits
     # without a question
-    assert wait_for(lambda: get_json(port, "/engine/state")["queue"]["running"] == []
+    assert wait_for(lambda: get_json(port, "/engine/state").get("queue", {}).get("running") == []
                     and "running (0)" in pane(session), 30), pane(session)
     subprocess.run(["tmux", "send-keys", "-t", session, "q"], timeout=10)
     assert wait_for(lambda: not session_alive(session), 60), pane(session)
