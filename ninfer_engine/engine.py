@@ -127,7 +127,8 @@ class Engine:
                 return built, memory, build_decode_graphs(
                     built, memory, config.kv_dtype, config.max_concurrency,
                     config.max_context, not config.no_cuda_graph,
-                    1 + (config.draft_tokens or 0) if config.spec else 1), sized, speculator
+                    1 + (config.draft_tokens or 0) if config.spec else 1,
+                    keep_hidden=config.spec == "mtp"), sized, speculator
 
             # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
             self.model, self.memory, graphs, config, self.speculator = (

@@ -60,15 +60,11 @@ def _tensor_parallel(c: EngineConfig, m: Machine) -> str:
 
 
 def _spec(c: EngineConfig, m: Machine) -> str | None:
-    """`--spec mtp` runs on the CPU path (where the engine serves without a CUDA device);
-    DFlash drafters are not built."""
-    if c.spec != "mtp":
-        return (f"speculative decoding with {c.spec} drafts is not available yet "
-                "(--spec ngram is, and --spec mtp on the CPU)")
-    if m.cuda_devices:  # the CUDA step runs decode rows in graphs that keep no hidden states
-        return ("speculative decoding with mtp drafts runs on the CPU path only so far "
-                "(on CUDA the decode step does not hand over the target's hidden states yet)")
-    return None
+    """DFlash drafters are not built (`--spec ngram` and `--spec mtp` are)."""
+    if c.spec in ("ngram", "mtp"):
+        return None
+    return (f"speculative decoding with {c.spec} drafts is not available yet "
+            "(--spec ngram and --spec mtp are)")
 
 
 def _device_exists(c: EngineConfig, m: Machine) -> str | None:

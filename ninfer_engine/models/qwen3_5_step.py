@@ -145,7 +145,7 @@ class HybridStep:
     def __init__(self, weights: HybridWeights, max_batch: int, max_pages: int,
                  kv: Callable[[], list[KvLayer]],
                  states: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
-                 max_q: int = 1):
+                 max_q: int = 1, keep_hidden: bool = False):
         self.w, self.c, self.eps = weights, weights.c, weights.eps
         self.kv, self.max_batch, self.max_q = kv, max_batch, max_q
         dev = weights.model.embedding.device
@@ -165,6 +165,9 @@ class HybridStep:
         routers = [lay for lay in weights.layers if lay.get("shared_slot")]
         width = routers[0]["w_gu"].w.shape[0] if routers else 0
         self.router_acc = torch.zeros(len(routers), rows, width, device=dev)
+        # each token row's final-normed hidden, for a drafter that reads it (`--spec mtp`)
+        self.hidden = (torch.empty(rows, weights.c["hidden_size"], device=dev,
+                                   dtype=weights.model.embedding.dtype) if keep_hidden else None)
         if states is None:
             states = ([], [])
             for layer in weights.layers:
@@ -212,6 +215,8 @@ class HybridStep:
                 g, u = gu.chunk(2, -1)
                 delta = layer["w_down"](u, gate=g, act="silu", acc=acc[2 * j + 1])
         y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
+        if self.hidden is not None:
+            self.hidden[:n].copy_(y)
         if q_len == 1:
             self.pos[:batch] += 1
         return self.w.head(y)
@@ -286,13 +291,19 @@ class EngineHybridDecoder:
     nothing is copied back."""
 
     def __init__(self, model, storage: KvStorage, states: StatePool, max_batch: int,
-                 max_context: int, max_q: int = 1) -> None:
+                 max_context: int, max_q: int = 1, keep_hidden: bool = False) -> None:
         self.storage, self.max_batch, self.max_context = storage, max_batch, max_context
         self.max_q = max_q
         self.core = HybridStep(HybridWeights(model, model.params), max_batch,
                                -(-max_context // PAGE), self._kv,
-                               (states.field("conv"), states.field("ssm")), max_q)
+                               (states.field("conv"), states.field("ssm")), max_q, keep_hidden)
         self.tables = PageTables(self.core.table)
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """The last step's final-normed hidden per token row (row b · q_len + i), or None
+        when the step was built without them."""
+        return self.core.hidden
 
     def _kv(self) -> list[KvLayer]:
         s = self.storage

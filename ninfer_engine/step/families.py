@@ -22,9 +22,10 @@ from ..models.qwen3_5_step import EngineHybridDecoder
 from .decode_graphs import GRAPH_CODECS, DecodeGraphs
 from .runner import HybridRunner, Runner
 
-# (model, memory, max_batch, max_context, max_q) -> the family's static step, or None where
-# the model's weights are in a form it does not serve
-StaticStep = Callable[[Any, SequenceMemory, int, int, int], Any]
+# (model, memory, max_batch, max_context, max_q, keep_hidden) -> the family's static step, or
+# None where the model's weights are in a form it does not serve (or hiddens are asked of a
+# step that keeps none)
+StaticStep = Callable[[Any, SequenceMemory, int, int, int, bool], Any]
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,17 @@ class Family:
     static_step: StaticStep
 
 
-def _llama_step(model, memory, max_batch, max_context, max_q):
+def _llama_step(model, memory, max_batch, max_context, max_q, keep_hidden):
+    if keep_hidden:
+        return None
     return StaticDecoder(model, memory.storage, max_batch, max_context)  # decode rows only
 
 
-def _hybrid_step(model, memory, max_batch, max_context, max_q):
+def _hybrid_step(model, memory, max_batch, max_context, max_q, keep_hidden):
     if not isinstance(model.params, FusedParams):
         return None  # the fused GEMV groups are built from `FusedParams`
     return EngineHybridDecoder(model, memory.storage, memory.running_slots, max_batch,
-                               max_context, max_q)
+                               max_context, max_q, keep_hidden)
 
 
 FAMILIES = {LlamaModel: Family("llama", Runner, _llama_step),
@@ -61,11 +64,12 @@ def make_runner(model, graphs: DecodeGraphs | None = None,
 
 def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch: int,
                         max_context: int, use_graphs: bool,
-                        max_q: int = 1) -> DecodeGraphs | None:
+                        max_q: int = 1, keep_hidden: bool = False) -> DecodeGraphs | None:
     """The static decode path over `memory`'s KV pool and running-state slots when the model,
     device and KV layout allow it, else None; `max_q`: the most tokens a row carries (1 + the
     speculative drafts), where the family's step verifies rows (the llama step decodes only:
-    its verify steps run eagerly)."""
+    its verify steps run eagerly); `keep_hidden`: the step also keeps each token row's
+    final-normed hidden (`--spec mtp` drafts from them)."""
     storage = memory.storage
     if kv_dtype not in GRAPH_CODECS or not storage.kernel_layout:
         return None
@@ -74,7 +78,8 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
     _, _, D = model.kv_layout()
     if D & (D - 1) or D < 16:
         return None  # the attention kernel tiles whole power-of-two heads
-    decoder = family_of(model).static_step(model, memory, max_batch, max_context, max_q)
+    decoder = family_of(model).static_step(model, memory, max_batch, max_context, max_q,
+                                           keep_hidden)
     if decoder is None:
         return None
     graphs = DecodeGraphs(decoder, capture=use_graphs)

@@ -42,7 +42,7 @@ class _ModelRunner:
         self.device = model.device
         self.graphs = graphs
         # `hidden_sink(seq, position, hidden)`: each row's final-normed hiddens, from the
-        # eager forward (`--spec mtp` drafts from them)
+        # eager forward or a graph step that keeps them (`--spec mtp` drafts from them)
         self.hidden_sink = hidden_sink
         self._verified_by_graph = False
 
@@ -51,17 +51,25 @@ class _ModelRunner:
         graphs, drafts = self.graphs, [batch.drafts_of(i) for i in range(len(batch.decode))]
         longest = max(map(len, drafts), default=0)
         self._verified_by_graph = False
-        if (graphs is None or self.hidden_sink is not None or not batch.decode
-                or not graphs.accepts(batch.decode) or 1 + longest > graphs.decoder.max_q):
+        sink = self.hidden_sink
+        if (graphs is None or not batch.decode or not graphs.accepts(batch.decode)
+                or 1 + longest > graphs.decoder.max_q
+                or (sink is not None and getattr(graphs.decoder, "hidden", None) is None)):
             return self._eager(_work(batch), sampled)
         if not longest:
             logits = graphs.forward(batch.decode)
+            if sink is not None:  # `forward` advanced `cached` past each row's token
+                for i, seq in enumerate(batch.decode):
+                    sink(seq, seq.cached - 1, graphs.decoder.hidden[i: i + 1])
         else:  # every row verifies max_q tokens (one graph a batch size, captured at load);
             # padding drafts are never accepted (`keep`)
-            pad = graphs.decoder.max_q - 1
-            rows = graphs.verify(batch.decode, [d + [0] * (pad - len(d)) for d in drafts])
+            q = graphs.decoder.max_q
+            rows = graphs.verify(batch.decode, [d + [0] * (q - 1 - len(d)) for d in drafts])
             logits = torch.cat([rows[i, : 1 + len(d)] for i, d in enumerate(drafts)])
             self._verified_by_graph = True
+            if sink is not None:  # `cached` waits for `keep`: the row's first position
+                for i, (seq, d) in enumerate(zip(batch.decode, drafts)):
+                    sink(seq, seq.cached, graphs.decoder.hidden[i * q: i * q + 1 + len(d)])
         if not batch.chunks:
             return logits
         prompts = self._eager(_work(batch, decode=False), sampled)

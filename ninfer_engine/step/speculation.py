@@ -159,9 +159,6 @@ def build_speculator(backend: str, k: int, artifact, model, vocab: int,
     artifact's MTP head over `model` (argmax over the tokenizer's `vocab` ids)."""
     if backend != "mtp":
         return Speculator(backend, k)
-    if model.device.type != "cpu":
-        raise ValueError("--spec mtp runs on the CPU path only so far (the CUDA graph step "
-                         "does not hand over the target's hidden states yet)")
     head = load_mtp(artifact, model, model.device, model.dtype, matmul_dtype)
     return Speculator(backend, k, MtpDrafter(head, min(vocab, model.vocab_size)))
 

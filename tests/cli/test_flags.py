@@ -159,7 +159,7 @@ def test_help_only_as_first_argument():
 @pytest.mark.parametrize("argv, message", [
     (["m", "--spec", "dflash"],
      "`--spec dflash`: speculative decoding with dflash drafts is not available yet "
-     "(--spec ngram is, and --spec mtp on the CPU)"),
+     "(--spec ngram and --spec mtp are)"),
     (["m", "--spec", "ngram", "--log-speculation-detail"],
      "`--log-speculation-detail`: per-round speculation detail is not available yet"),
     (["m", "--vision"], "`--vision`: media input (vision) is not available yet"),
@@ -181,11 +181,10 @@ def test_features_not_built_are_refused_on_gpu_machines_too():
         check_features(parsed.config, parsed.explicit, TWO_GPUS)
 
 
-def test_mtp_drafts_run_on_the_cpu_path_only():
+def test_mtp_drafts_run_on_cpu_and_gpu_machines():
     parsed = parse("m", "--spec", "mtp", "--draft-tokens", "2")
     check_features(parsed.config, parsed.explicit, CPU)
-    with pytest.raises(FeatureUnavailable, match="mtp drafts runs on the CPU path only so far"):
-        check_features(parsed.config, parsed.explicit, TWO_GPUS)
+    check_features(parsed.config, parsed.explicit, TWO_GPUS)
 
 
 def test_plain_flags_pass_the_feature_check():

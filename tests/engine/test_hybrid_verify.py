@@ -17,12 +17,13 @@ from ninfer_engine.models.qwen3_5_step import EngineHybridDecoder
 from .test_hybrid_graphs import _model, _prefilled, _rel, _storage, _tols
 
 
-def _setup(model, kv_dtype, k, capture):
+def _setup(model, kv_dtype, k, capture, keep_hidden=False):
     storage, states = _storage(model, kv_dtype), model.state_pool(3)
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (7, 62)]
     seqs = [_prefilled(model, storage, states, p) for p in prompts]
-    decoder = EngineHybridDecoder(model, storage, states, 2, 512, max_q=1 + k)
+    decoder = EngineHybridDecoder(model, storage, states, 2, 512, max_q=1 + k,
+                                  keep_hidden=keep_hidden)
     drafts = [torch.randint(0, 512, (k,), generator=gen).tolist() for _ in seqs]
     for seq in seqs:
         assert seq.cache.reserve(seq.cached + 1 + k)
@@ -105,6 +106,38 @@ def test_runner_verifies_through_the_graph_step_with_padded_rows(device):
     for a, b in zip(state, state_ref):
         for x, y in zip(a, b):
             assert _rel(x, y) < state_tol
+
+
+@torch.inference_mode()
+def test_graph_step_hands_the_drafter_the_eager_forwards_hiddens(device):
+    """`--spec mtp` on the graph path: a verify step (rows with 2 and 0 drafts) and then a
+    decode step hand the hidden sink the same positions as the eager runner, and hiddens within
+    the step's bf16 bound (the final norm's output, which the head reads, so the logits' bound
+    holds for it too)."""
+    from ninfer_engine.step.runner import HybridRunner
+    from ninfer_engine.step.scheduler import Batch
+
+    model = _model(False, device)
+    _, tol, _ = _tols(model, 62 + 4)
+    sides = []
+    for graph in (True, False):
+        storage, states, seqs, graphs, drafts = _setup(model, "bf16", 2, False, keep_hidden=True)
+        seen = []
+        runner = HybridRunner(model, graphs if graph else None,
+                              lambda seq, at, h: seen.append((seqs.index(seq), at, h.clone())))
+        batch = Batch(seqs, [], list(seqs), [drafts[0], []])
+        runner.forward(batch)
+        runner.keep(batch, [2, 1])
+        for seq, token in zip(seqs, (5, 6)):
+            seq.output.append(token)
+            assert seq.cache.reserve(seq.cached + 1)
+        runner.forward(Batch(seqs, [], list(seqs)))
+        sides.append(seen)
+    got, want = sides
+    assert [(i, at, len(h)) for i, at, h in got] == [(i, at, len(h)) for i, at, h in want] == [
+        (0, 7, 3), (1, 62, 1), (0, 9, 1), (1, 63, 1)]
+    for (_, _, a), (_, _, b) in zip(got, want):
+        assert _rel(a, b) < tol
 
 
 @torch.inference_mode()
