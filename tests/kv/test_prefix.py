@@ -165,3 +165,21 @@ def test_hybrid_chunks_end_on_snapshot_points():
         cuts.append(hybrid.chunk_tokens(seq, tokens))
         assert llama.chunk_tokens(seq, tokens) == tokens
     assert cuts == [16, 16, 7, 1, 6, 12, 2]
+
+
+def test_a_running_request_grows_into_idle_tree_pages_before_ending_with_length():
+    storage = _storage(pages=5)
+    memory = SequenceMemory(storage, lease_window=1, max_running=3, checkpoint_slots=0,
+                            prefix_reuse=True, kv_dtype="bf16")
+    done = _seq(tuple(range(16)))
+    assert memory.admit(done)
+    done.cached = 16
+    memory.checkpoint(done)
+    memory.release(done)  # its two pages stay in the tree, idle
+    held, running = _seq((6,) * 7), _seq((7,) * 7)
+    assert memory.admit(held) and memory.admit(running) and storage.allocator.free == 1
+    assert memory.grow(running, 16) and memory.prefix.pages == 2  # the free page first
+    assert memory.grow(running, 24) and memory.prefix.pages == 1  # then the tree's leaf
+    assert memory.grow(running, 32) and memory.prefix.pages == 0
+    assert memory.prefix_stats().evicted_pages == 2
+    assert not memory.grow(running, 40)  # `held`'s page is not the tree's: `length`
