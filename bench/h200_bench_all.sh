@@ -5,6 +5,10 @@
 #   27b          bf16: decode at 1K/8K/32K, concurrency 1/2/4/8, 8K prefill, transformers peer
 #   35b-a3b      bf16: the same, with the transformers peer
 #   35b-a3b-fp8  `--weights fp8-row` (routed experts fp8 as stored): the same, no peer
+#   35b-a3b-fp8-nospec  the same without the speculative section, so the engine captures no
+#                verify graphs (max_q 1): does the decode step pay for the verify trail?
+#   27b-16l-b8   the 27B cut to 16 layers at concurrency 8, the shape `served_load.sh` serves
+#                (served aggregate against the engine's own figure)
 #   27b-fp8      `--weights fp8-row`: decode and concurrency (no prefill, no peer)
 #   27b-q4       `--weights qwen3_6_27b` (the official Q4/Q5 mix, head Q6) served as the engine's
 #                default `--cuda-weights auto` does (Q4/Q5 repacked into fp8 groups): the same
@@ -60,18 +64,23 @@ PEER=(--prefill 8192 --prefill-chunk 4096 --peer transformers --peer-prompt 1024
 for which in "${@:-27b 35b-a3b 35b-a3b-fp8 27b-fp8 27b-q4 27b-q4-packed flash-next-fp8}"; do
   for one in $which; do
     case $one in
-      27b) run h200-ninfer-bench-27b 230 --arch 27b --weights bf16 "${ALL[@]}" "${PEER[@]}" ;;
+      27b) run h200-ninfer-bench-27b 200 --arch 27b --weights bf16 "${ALL[@]}" "${PEER[@]}" ;;
       35b-a3b) run h200-ninfer-bench-35b-a3b 200 --arch 35b-a3b --weights bf16 "${ALL[@]}" \
                  "${PEER[@]}" ;;
       35b-a3b-fp8) run h200-ninfer-bench-35b-a3b-fp8 150 --arch 35b-a3b --weights fp8-row \
                      "${ALL[@]}" --prefill 8192 --no-peer ;;
+      35b-a3b-fp8-nospec) run h200-ninfer-bench-35b-a3b-fp8-nospec 90 --arch 35b-a3b \
+                            --weights fp8-row --context 1024 --concurrency 1,8 \
+                            --spec-rates none --prefill 0 --no-peer ;;
+      27b-16l-b8) run h200-ninfer-bench-27b-16l 90 --arch 27b --layers 16 --context 1024 \
+                    --concurrency 8 --spec-rates none --prefill 0 --no-peer ;;
       27b-fp8) run h200-ninfer-bench-27b-fp8 95 --arch 27b --weights fp8-row "${ALL[@]}" \
                  --prefill 0 --no-peer ;;
       27b-q4) run h200-ninfer-bench-27b-q4 95 --arch 27b --weights qwen3_6_27b "${ALL[@]}" \
                 --prefill 0 --no-peer ;;
       27b-q4-packed) run h200-ninfer-bench-27b-q4-packed 95 --arch 27b --weights qwen3_6_27b \
                        --cuda-weights packed "${ALL[@]}" --prefill 0 --no-peer ;;
-      flash-next-fp8) run h200-ninfer-bench-flash-next-fp8 200 --arch flash-next \
+      flash-next-fp8) run h200-ninfer-bench-flash-next-fp8 150 --arch flash-next \
                         --weights fp8-row "${ALL[@]}" --prefill 8192 --prefill-chunk 4096 \
                         --no-peer ;;
       *) log "unknown run $one" ;;
