@@ -75,6 +75,7 @@ class PrefixTree:
         self.nodes = 0
         self.evicted = 0  # pages given back to the pool by eviction, since start
         self._snapshots: set[Node] = set()
+        self._leaves: set[Node] = set()  # eviction's candidates, kept as nodes come and go
         self._clock = itertools.count(1)
         # the allocator's version when an eviction last came up short: until a page changes
         # hands, a request waiting at the queue's head does not walk the whole tree every step
@@ -181,8 +182,7 @@ class PrefixTree:
                 return
             self.storage.copy_slots(pages[len(tokens) // P], self.allocator.table(tail)[0], k)
             tail.page = self.allocator.table(tail)[0]
-            node.children[key] = tail
-            self.pages, self.nodes = self.pages + 1, self.nodes + 1
+            self._attach(node, tail)
         tail.used = now
         if state is not None and not self._snapshot(tail, state):
             self._remove(tail)
@@ -190,9 +190,14 @@ class PrefixTree:
     def _add(self, parent: Node, key: tuple[int, ...], page: int) -> Node:
         child = Node(key, parent, parent.depth + len(key), page)
         self.allocator.share(child, [page])
-        parent.children[key] = child
-        self.pages, self.nodes = self.pages + 1, self.nodes + 1
+        self._attach(parent, child)
         return child
+
+    def _attach(self, parent: Node, child: Node) -> None:
+        parent.children[child.key] = child
+        self._leaves.discard(parent)
+        self._leaves.add(child)
+        self.pages, self.nodes = self.pages + 1, self.nodes + 1
 
     def _lease(self, tail: Node, k: int, keep: Node) -> bool:
         """One page for a copied tail, evicting a leaf if the pool has none."""
@@ -231,6 +236,9 @@ class PrefixTree:
     def _remove(self, node: Node) -> None:
         """Take a leaf out of the tree and drop its page reference and snapshot."""
         del node.parent.children[node.key]
+        self._leaves.discard(node)
+        if node.parent is not self.root and not node.parent.children:
+            self._leaves.add(node.parent)
         self._drop_snapshot(node)
         self.allocator.release(node)
         self.pages, self.nodes = self.pages - 1, self.nodes - 1
@@ -247,7 +255,7 @@ class PrefixTree:
         def rank(node: Node) -> tuple:
             return (self.recurrent and node.snapshot is not None, node.used, id(node), node)
 
-        heap = [rank(node) for node in self._walk() if self._evictable(node, keep)]
+        heap = [rank(node) for node in self._leaves if self._evictable(node, keep)]
         heapq.heapify(heap)
         freed = 0
         while heap and freed < pages:
@@ -280,4 +288,5 @@ class PrefixTree:
             self._drop_snapshot(node)
             self.allocator.release(node)
         self.root.children.clear()
+        self._leaves.clear()
         self.pages = self.nodes = 0

@@ -97,11 +97,12 @@ def test_eviction_takes_unreferenced_leaves_least_recently_used_first():
     storage.allocator.share(reader, list(tree.match(a).pages))  # a running request reads a
     assert tree.evict(10) == 1  # b's leaf; a's pages are referenced, the root page a parent
     assert tree.match(b).tokens == 8 and tree.match(a).tokens == 16
-    walks, walk = [], tree._walk
-    tree._walk = lambda: walks.append(1) or walk()
-    assert tree.evict(10) == 0 and not walks  # no page changed hands: not walked again
+    checks, evictable = [], tree._evictable
+    tree._evictable = lambda *args: checks.append(1) or evictable(*args)
+    assert tree.evict(10) == 0 and not checks  # no page changed hands: nothing looked at
     reader.release()
-    assert tree.evict(10) == 2 and walks and storage.allocator.free == 6
+    assert tree.evict(10) == 2 and storage.allocator.free == 6
+    assert len(checks) == 3  # the one leaf, then its parent, then the root: no walk
 
 
 def _seq(prompt, max_tokens=8):

@@ -117,6 +117,7 @@ class _Sim:
             refs.update(seq.cache.pages)
         assert all(allocator.refs(p) == refs[p] for p in range(allocator.total))
         assert allocator.used == len(refs)
+        assert tree._leaves == {node for node in tree._walk() if not node.children}
         if self.memory.snapshot_slots is not None:
             slots = self.memory.snapshot_slots
             assert slots.free + tree.snapshots == slots.total
