@@ -169,6 +169,7 @@ class Engine:
         if device.type == "cuda":  # the eager prompt steps' kernels compile now, not in traffic
             warm_up(self, prefill_chunk_for(config, device),
                     min(config.max_context, config.kv_tokens))
+            self.memory.forget_prefixes()  # its prompts are no one's prefixes
             self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
             self._step = 0
         self._faults = _Faults(os.environ.get("NINFER_FAULT", ""))  # not in the warm-up

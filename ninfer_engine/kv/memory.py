@@ -148,6 +148,13 @@ class SequenceMemory:
             tokens = (*seq.prompt, *seq.output)[: seq.cached]
             self.prefix.insert(tuple(tokens), seq.cache.pages, seq.state, hand_over=True)
 
+    def forget_prefixes(self) -> None:
+        """Drop the tree and its counters (after the startup warm-up's random prompts)."""
+        if self.prefix is not None:
+            self.prefix.clear()
+            self.prefix.evicted = 0
+        self.queries = self.hits = self.query_tokens = self.hit_tokens = 0
+
     def release(self, seq: Any) -> None:
         """Give back the sequence's pages and state slot (finish, cancel or error)."""
         if seq.cache is not None:

@@ -128,6 +128,9 @@ def test_admission_evicts_tree_pages_before_waiting():
     memory.release(again)
     assert memory.admit(other) and other.reused == 0 and memory.prefix.pages == 1
     assert memory.prefix_stats().hit_tokens == 16 and memory.prefix_stats().evicted_pages == 1
+    memory.release(other)
+    memory.forget_prefixes()  # what the engine does after its startup warm-up
+    assert storage.allocator.free == 4 and memory.prefix_stats().lookups == 0
 
 
 def test_state_pool_slots_are_rows_of_one_tensor_per_field():
