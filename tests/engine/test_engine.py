@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ninfer_engine import engine as engine_module
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine, EngineLoadError
 from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
@@ -150,7 +151,8 @@ def test_cancellation_frees_the_request(artifact):
     assert after_task.counters.requests_cancelled == 2 and not engine.scheduler.running
 
 
-def test_max_concurrency_is_respected(artifact):
+def test_max_concurrency_is_respected(artifact, monkeypatch):
+    monkeypatch.setattr(engine_module, "BUSY_PUBLISH_S", 0.0)  # a snapshot every step
     engine = _engine(artifact, max_concurrency=2)
     seen: list[int] = []
     forward = engine.runner.forward
