@@ -154,7 +154,9 @@ class Engine:
         self.sampling_defaults = sampling_defaults(artifact, config, thinking=False)
         self.thinking_sampling_defaults = sampling_defaults(artifact, config, thinking=True)
         self._eos = frozenset(self.tokenizer.eos_token_ids)
-        self.runner = make_runner(self.model, graphs, self.speculator and self.speculator.observe)
+        # hiddens go to a drafter that reads them (MTP); without one the graph step keeps none
+        self.runner = make_runner(self.model, graphs, self.speculator.observe
+                                  if self.speculator and self.speculator.reads_hidden else None)
         self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)
@@ -167,8 +169,9 @@ class Engine:
         self._step = 0
         self._retired, self._published = False, 0.0  # `step` publishes by these
         if device.type == "cuda":  # the eager prompt steps' kernels compile now, not in traffic
-            warm_up(self, prefill_chunk_for(config, device),
-                    min(config.max_context, config.kv_tokens))
+            # within the pages free now: an elastic pool does not grow for it
+            warm_up(self, prefill_chunk_for(config, device), min(
+                config.max_context, self.memory.allocator.free * self.memory.storage.page_tokens))
             self.memory.forget_prefixes()  # its prompts are no one's prefixes
             self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
             self._step = 0

@@ -26,7 +26,6 @@ from ..artifact.synth import ARCHS
 from ..config import PAGE_TOKENS, EngineConfig
 from .. import engine as engine_module
 from ..engine import Engine
-from ..step.spec_policy import SpecPolicy
 from ..types import EngineState, GenerationRequest, SamplingParams
 
 MARGIN = 2 * PAGE_TOKENS  # room past the longest row: its output, a verify row's drafts
@@ -68,13 +67,6 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
     if engine.speculator is not None:
         engine.speculator.drafter = NoDrafts()  # until a run sets its oracle
     return engine
-
-
-class AlwaysSpeculate(SpecPolicy):
-    """Every step verifies: the cost curve, whatever it costs against plain decode."""
-
-    def speculate(self, batch: int) -> bool:
-        return True
 
 
 class NoDrafts:

@@ -47,10 +47,10 @@ from ..models.fused import FusedParams
 from ..models.packed import DENSE
 from ..models.qwen3_5 import Qwen35Model
 from ..models.qwen3_5_step import HybridWeights
-from ..step.spec_policy import SpecPolicy
+from ..step.spec_policy import AlwaysSpeculate, SpecPolicy
 from . import roofline as rf
-from .engine_step import (MARGIN, AlwaysSpeculate, NoDrafts, OracleDrafter, bench_engine,
-                          random_prompts, run_requests)
+from .engine_step import (MARGIN, NoDrafts, OracleDrafter, bench_engine, random_prompts,
+                          run_requests)
 from .footprint import packed_source
 from .timing import copy_bandwidth_gbps, matmul_tflops
 

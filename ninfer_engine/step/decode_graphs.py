@@ -88,6 +88,9 @@ class DecodeGraphs:
         if d.storage.k is not self._bound_k:  # the pool grew into new tensors
             self._graphs.clear()
             self._bound_k = d.storage.k
+            # a fresh private pool: capturing into the one whose graphs were just freed trips
+            # an internal assert of the caching allocator (torch 2.11, seen on the H200)
+            self._pool = torch.cuda.graph_pool_handle()
         key = (batch, bucket, q_len)
         if key not in self._graphs:
             self._graphs[key] = self._record(batch, bucket, q_len)

@@ -71,3 +71,11 @@ class SpecPolicy:
         """(plain, verify) tokens/s of `batch`'s bucket, None where not measured yet."""
         r = self._buckets.get(bucket(batch), _Rates())
         return r.plain, r.verify
+
+
+class AlwaysSpeculate(SpecPolicy):
+    """Every step verifies whatever it costs: `ninfer bench`'s cost curve, and tests of the
+    speculation mechanics, whose drafts must not depend on how fast a step ran."""
+
+    def speculate(self, batch: int) -> bool:
+        return True

@@ -122,6 +122,12 @@ class Speculator:
         `tokens` in `seconds`, drafting included."""
         self.policy.record(batch, verified, tokens, seconds)
 
+    @property
+    def reads_hidden(self) -> bool:
+        """Whether the drafter drafts from the target's hiddens (the runner then hands them
+        over: `observe`)."""
+        return hasattr(self.drafter, "observe")
+
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The runner's final-normed hiddens of `seq` from `position` on, for a drafter that
         reads them (rows that never draft keep none)."""

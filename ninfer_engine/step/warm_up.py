@@ -24,14 +24,19 @@ BESIDE_DECODE = 51  # a prompt that arrives while the others decode
 MAX_STEPS = 64
 
 
-def warm_up(engine, prefill_chunk: int, room: int) -> float:
-    """Run the warm-up requests on `engine` (not yet serving); `room`: tokens the pool and
-    the context allow one request. Returns the seconds it took."""
+def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
+    """Run the warm-up requests on `engine` (not yet serving); `room`: tokens the free pages
+    and the context allow all of them together. Returns the seconds it took, or None where the
+    room is too small to run them (a toy pool: its first steps compile instead)."""
+    # longer than a chunk, so its second chunk runs over its first (within the room); each
+    # request's 3 output tokens and a page of rounding each
+    long = min(prefill_chunk + 37, room - sum(SHORT) - BESIDE_DECODE - 4 * (3 + 64))
+    if long < 1:
+        log.info("warm-up skipped: %d tokens of room", room)
+        return None
     started = time.monotonic()
     gen = torch.Generator().manual_seed(0)
     top = min(engine.model.vocab_size, 1000)
-    # longer than a chunk, so its second chunk runs over its first (within the room)
-    long = max(1, min(prefill_chunk + 37, room - sum(SHORT) - BESIDE_DECODE - 16))
 
     def add(i: int, length: int):
         prompt = tuple(torch.randint(0, top, (length,), generator=gen).tolist())

@@ -14,6 +14,7 @@ from ninfer_engine.artifact.hf_names import mtp_params_from_hf
 from ninfer_engine.artifact.synth import mtp_component, write_synthetic
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine, EngineLoadError
+from ninfer_engine.step.spec_policy import AlwaysSpeculate
 from ninfer_engine.step.speculation import Speculator
 from ninfer_engine.types import SamplingParams
 from tests.models.mtp_tiny import HfMtp
@@ -186,6 +187,8 @@ def test_a_synthetic_artifact_with_an_mtp_head_serves_its_plain_greedy_tokens(tm
     for spec in (None, "mtp"):
         engine = Engine(EngineConfig(artifact=path, max_context=1024, max_concurrency=2,
                                      spec=spec, draft_tokens=3 if spec else None))
+        if engine.speculator is not None:  # drafts whatever the step timings say
+            engine.speculator.policy = AlwaysSpeculate()
         engine.start()
         try:
             outputs.append(_run(engine, prompts, 12))
