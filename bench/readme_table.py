@@ -143,6 +143,15 @@ def _served_rows() -> list[str]:
                 rows.append(f"| H200, {shape}, served over HTTP "
                             f"(`serve_load.py`, 256 tokens out), {what} | {a:.0f} tok/s "
                             f"({ours_bits}) | llama-server {b:.0f} ({peer_bits}) | {a / b:.2f} |")
+        engine = _load(name.replace("served", "ninfer-bench"))  # the same shape's engine step
+        top = max((engine or {}).get("concurrency") or [{}], key=lambda c: c.get("concurrency", 0))
+        if ours and top.get("concurrency") in ours:
+            c = top["concurrency"]
+            served = ours[c]["aggregate_tok_s"]
+            rows.append(f"| H200, {shape}, served aggregate at concurrency {c} against the "
+                        f"engine's own step at batch {c} (`ninfer bench`, another machine "
+                        f"lease) | {served:.0f} tok/s | engine {top['tok_s']:.0f} | "
+                        f"{served / top['tok_s']:.2f} |")
     return rows
 
 
