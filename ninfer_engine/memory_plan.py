@@ -67,8 +67,10 @@ def recurrent_state_bytes(model: Any) -> int:
 
 
 def _checkpoint_slots(config: EngineConfig) -> int:
-    """Prefix-tree snapshot slots: `--device-state-slots`, else one per admitted request."""
-    return config.max_concurrency if config.device_state_slots is None else (
+    """Prefix-tree snapshot slots: `--device-state-slots`, else two per admitted request and at
+    least 4: a conversation keeps a prompt-end and an answer-end snapshot (with one slot the
+    answer's replaced the prompt's, so the same prompt again found nothing to restore)."""
+    return max(4, 2 * config.max_concurrency) if config.device_state_slots is None else (
         config.device_state_slots)
 
 

@@ -177,3 +177,17 @@ def test_concurrent_random_conversations_answer_like_no_reuse(family):
         plain.stop()
     _same_answers(got, want)
     assert sum(g[1] for g in got) > 1000 and idle
+
+
+def test_the_same_prompt_hits_under_default_slots(family):
+    """Without --device-state-slots a hybrid engine keeps a prompt-end and an answer-end
+    snapshot (with one slot per request the answer's replaced the prompt's, and the same
+    prompt again restored nothing)."""
+    name, artifact = family
+    prompt = _tokens(100, 21)
+    engine = _engine(artifact, device_state_slots=None)
+    try:
+        got = _run(engine, [prompt, prompt])
+    finally:
+        engine.stop()
+    assert [g[1] for g in got] == [0, 99]  # everything but the last token, which samples
