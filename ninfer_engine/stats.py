@@ -40,6 +40,9 @@ class KvStats:
     lent: int = 0
     dtype: str = "bf16"
     per_request: tuple[tuple[str, int], ...] = ()  # (request id, pages)
+    # idle pages only the prefix tree keeps: reusable, evicted before any request waits, so
+    # not `used` (used + cached + free + lent = total, as vLLM leaves cached blocks out)
+    cached: int = 0
 
 
 @dataclass(frozen=True)

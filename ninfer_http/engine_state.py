@@ -42,7 +42,7 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
         },
         "kv": {
             "page_tokens": kv.page_tokens, "dtype": kv.dtype, "total": kv.total, "used": kv.used,
-            "free": kv.free, "lent": kv.lent,
+            "free": kv.free, "lent": kv.lent, "cached": kv.cached,
             "requests": [{"id": rid, "pages": pages} for rid, pages in kv.per_request],
         },
         "state_slots": asdict(stats.state_slots),

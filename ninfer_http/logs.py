@@ -196,7 +196,8 @@ def throughput_line(stats: EngineStats, before: EngineStats | None = None) -> st
     kv = stats.kv
     if kv.total:
         groups.append(f"kv {100.0 * kv.used / kv.total:.0f}% ({count(kv.used)}/{count(kv.total)}"
-                      f" pages, lent {count(kv.lent)})")
+                      f" pages, lent {count(kv.lent)}"
+                      + (f", cached {count(kv.cached)}" if kv.cached else "") + ")")
     c = stats.counters
     if c.prefix_cache_queries:
         # prompt tokens of finished requests since start, as /metrics' prefix_cache_* counters

@@ -116,6 +116,8 @@ class SnapshotCollector(Collector):
         kv = stats.kv
         yield _gauge("kv_pages_total", "KV pool pages.", kv.total)
         yield _gauge("kv_pages_used", "KV pages held by requests.", kv.used)
+        yield _gauge("kv_pages_cached", "Idle KV pages the prefix cache keeps (evictable).",
+                     kv.cached)
         yield _gauge("kv_pages_lent", "KV pages lent to expert slots.", kv.lent)
         yield _gauge("kv_cache_usage_perc", "Fraction of KV pages in use (0..1).",
                      kv.used / kv.total if kv.total else 0.0)

@@ -191,5 +191,7 @@ class SequenceMemory:
     def stats(self, running: list[Any]) -> KvStats:
         a = self.allocator
         per_request = tuple((s.id, len(s.cache.pages)) for s in running if s.cache is not None)
-        return KvStats(page_tokens=a.page_tokens, total=a.total, used=a.used, free=a.free,
-                       lent=a.lent, dtype=self.kv_dtype, per_request=per_request)
+        cached = self.prefix.idle_pages() if self.prefix is not None else 0
+        return KvStats(page_tokens=a.page_tokens, total=a.total, used=a.used - cached,
+                       free=a.free, lent=a.lent, dtype=self.kv_dtype, per_request=per_request,
+                       cached=cached)

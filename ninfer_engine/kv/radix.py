@@ -282,6 +282,10 @@ class PrefixTree:
         """Every page the tree references."""
         return {node.page for node in self._walk()}
 
+    def idle_pages(self) -> int:
+        """Pages only the tree references (no running request shares them)."""
+        return sum(1 for node in self._walk() if self.allocator.refs(node.page) == 1)
+
     def clear(self) -> None:
         """Drop every node (pages a request still shares stay with that request)."""
         for node in list(self._walk()):

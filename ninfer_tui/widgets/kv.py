@@ -10,7 +10,7 @@ from ninfer_engine.stats import EngineStats, KvStats
 from .base import Panel
 from .format import count, share_out, short_id, stacked_bar
 
-USED, UNOWNED, LENT, FREE = "green3", "dark_green", "magenta", "grey30"
+USED, UNOWNED, LENT, FREE, CACHED = "green3", "dark_green", "magenta", "grey30", "dark_cyan"
 # Requests take turns through these so neighbouring runs in the page map stay distinguishable.
 REQUEST_STYLES = ("green3", "cyan3", "chartreuse3", "steel_blue1")
 MAP_ROWS = 3
@@ -31,6 +31,7 @@ class KvPanel(Panel):
         summary = Text.assemble(
             ("used ", "dim"),
             (count(kv.used), USED),
+            *((("  cached ", "dim"), (count(kv.cached), CACHED)) if kv.cached else ()),
             ("  free ", "dim"),
             count(kv.free),
             ("  lent ", "dim"),
@@ -40,19 +41,22 @@ class KvPanel(Panel):
         )
         if not kv.total:
             return Group(summary, Text("no KV pool allocated", style="dim"))
-        bar = stacked_bar([(kv.used, USED), (kv.lent, LENT), (kv.free, FREE)], width)
+        bar = stacked_bar([(kv.used, USED), (kv.cached, CACHED), (kv.lent, LENT),
+                           (kv.free, FREE)], width)
         return Group(summary, bar, *page_map(kv, width), requests_line(kv))
 
 
 def page_map(kv: KvStats, width: int) -> list[Text]:
-    """Up to MAP_ROWS rows of cells, pages grouped by owner: each request, other used, lent, free.
+    """Up to MAP_ROWS rows of cells, pages grouped by owner: each request, other used, cached
+    by the prefix tree, lent, free.
 
     The engine reports counts, not page addresses, so the map shows shares, not positions.
     """
     cells = min(kv.total, width * MAP_ROWS)
     owned = sum(pages for _, pages in kv.per_request)
     runs = [(pages, "■", style_of(i)) for i, (_, pages) in enumerate(kv.per_request)]
-    runs += [(max(0, kv.used - owned), "■", UNOWNED), (kv.lent, "■", LENT), (kv.free, "·", FREE)]
+    runs += [(max(0, kv.used - owned), "■", UNOWNED), (kv.cached, "▪", CACHED),
+             (kv.lent, "■", LENT), (kv.free, "·", FREE)]
     flat = Text()
     for (_, glyph, style), n in zip(
         runs, share_out([pages for pages, _, _ in runs], cells), strict=True

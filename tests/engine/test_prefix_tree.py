@@ -191,3 +191,17 @@ def test_the_same_prompt_hits_under_default_slots(family):
     finally:
         engine.stop()
     assert [g[1] for g in got] == [0, 99]  # everything but the last token, which samples
+
+
+def test_idle_tree_pages_count_as_cached_not_used(family):
+    """After a request ends its pages stay in the tree for reuse: the KV figures say cached
+    (evictable), not used, as /metrics' kv_cache_usage_perc and the console read them."""
+    _, artifact = family
+    engine = _engine(artifact)
+    try:
+        _run(engine, [_tokens(150, 31)])
+    finally:
+        engine.stop()  # publishes a last snapshot (a busy engine publishes every 50 ms)
+    kv = engine.snapshot().kv
+    assert kv.used == 0 and kv.cached >= 150 // kv.page_tokens
+    assert kv.used + kv.cached + kv.free + kv.lent == kv.total

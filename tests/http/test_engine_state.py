@@ -19,7 +19,7 @@ def test_busy_snapshot_document(serve):
     assert gpu0["categories"] == {"weights": 9 * GIB, "kv_pool": 3 * GIB,
                                   "expert_slots": 2 * GIB, "workspace": GIB, "free": GIB}
     assert doc["kv"] == {"page_tokens": 64, "dtype": "int8", "total": 400, "used": 100,
-                         "free": 300, "lent": 50,
+                         "free": 300, "lent": 50, "cached": 0,
                          "requests": [{"id": "req_a", "pages": 60}, {"id": "req_b", "pages": 40}]}
     assert doc["state_slots"] == {"running_total": 4, "running_used": 2, "checkpoint_total": 4,
                                   "checkpoint_used": 3, "checkpoints": 3}
