@@ -21,6 +21,7 @@ from .arrival import current_arrival
 from .chat import ChatTemplate
 from .config import EngineConfig
 from .cpu_threads import run_on_own_thread
+from .faults import Faults
 from .step.event_pump import EventPump
 from .memory_plan import auto_kv_capacity, build_memory
 from .models import build_model
@@ -29,7 +30,7 @@ from .step.families import build_decode_graphs, make_runner
 from .step.sampling import Sampler
 from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
-from .step.speculation import accept, build_speculator
+from .step.speculation import accept, build_speculator, split_verify_rows
 from .stats import EngineStats
 from .step.stats_builder import StatsBuilder
 from .step.warm_up import warm_up
@@ -53,23 +54,6 @@ CUDA_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 class EngineLoadError(RuntimeError):
     """The artifact could not be turned into a serving engine (startup error, exit 1)."""
-
-
-class _Faults:
-    """`NINFER_FAULT=step:N` breaks the step loop at step N; `request:ID` fails that request."""
-
-    def __init__(self, spec: str) -> None:
-        kind, _, value = spec.partition(":")
-        self.step = int(value) if kind == "step" else None
-        self.request = value if kind == "request" else None
-
-    def check_step(self, step: int) -> None:
-        if self.step is not None and step >= self.step:
-            raise RuntimeError(f"injected engine fault at step {step}")
-
-    def check_request(self, seq: Sequence) -> None:
-        if self.request is not None and seq.id == self.request:
-            raise RuntimeError(f"injected fault in request {seq.id}")
 
 
 def serving_device(config: EngineConfig) -> torch.device:
@@ -161,7 +145,7 @@ class Engine:
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)
         self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
-        self._faults = _Faults("")
+        self._faults = Faults("")
         self._events = EventPump()  # a step's token events, handed to the loops once a step
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -175,7 +159,7 @@ class Engine:
             self.memory.forget_prefixes()  # its prompts are no one's prefixes
             self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
             self._step = 0
-        self._faults = _Faults(os.environ.get("NINFER_FAULT", ""))  # not in the warm-up
+        self._faults = Faults(os.environ.get("NINFER_FAULT", ""))  # not in the warm-up
         self._state = EngineState.READY
         self._snapshot = self.stats.build(self._state.value, None, self.scheduler,
                                           self.speculator and self.speculator.stats())
@@ -308,7 +292,7 @@ class Engine:
         self._faults.check_step(self._step)
         self._step += 1
         logits = self.runner.forward(batch)
-        logits, verified = self._split_verify_rows(batch, logits)
+        logits, verified = split_verify_rows(batch, logits)
         emitted = sum(len(seq.output) for seq in batch.decode)  # before this step's tokens
         for chunk in batch.chunks:
             if chunk.seq.request.report_progress:
@@ -350,21 +334,6 @@ class Engine:
             if seq.finish_reason is not None:
                 self._retire(seq)
         return True
-
-    def _split_verify_rows(self, batch: Batch, logits: torch.Tensor):
-        """(logits with one row per sampled sequence, {id(seq): (drafts, its [1 + k, V] rows)}
-        for the verify rows); a verify row's entry in the first is its first row (unused)."""
-        if not batch.drafts or not any(batch.drafts):
-            return logits, {}
-        drafts = {id(seq): d for seq, d in zip(batch.decode, batch.drafts) if d}
-        firsts, verified, row = [], {}, 0
-        for seq in batch.sampled:
-            n = 1 + len(drafts.get(id(seq), ()))
-            firsts.append(row)
-            if n > 1:
-                verified[id(seq)] = (drafts[id(seq)], logits[row: row + n])
-            row += n
-        return logits[firsts], verified
 
     def _accept(self, batch: Batch, verified: dict, now: float) -> None:
         """Acceptance of the step's verify rows (`speculation.accept`); each row keeps the

@@ -169,7 +169,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _fail("ninfer bench needs a CUDA device")
     config = synth_config(args.arch, args.layers)  # bad --layers fails before any GPU work
     from ..benchmark.footprint import refusal
-    from ..benchmark.run import markdown, run_decode_bench
+    from ..benchmark.report import markdown
+    from ..benchmark.run import run_decode_bench
 
     # Flash-Next in bf16 (~160 GB) cannot fit one H200: say so before minutes of drawing
     too_big = refusal(args.arch, config["num_hidden_layers"], args.weights, args.cuda_weights,

@@ -176,6 +176,23 @@ def _eligible(seq) -> bool:
     return s.constraint is None and s.logprobs is None and seq.thinking_cap is None
 
 
+def split_verify_rows(batch, logits: torch.Tensor):
+    """(logits with one row per sampled sequence, {id(seq): (drafts, its [1 + k, V] rows)}
+    for the verify rows) of a step's forward (`runner.forward`: a verify row's every position,
+    another row's last); a verify row's entry in the first is its first row (unused)."""
+    if not batch.drafts or not any(batch.drafts):
+        return logits, {}
+    drafts = {id(seq): d for seq, d in zip(batch.decode, batch.drafts) if d}
+    firsts, verified, row = [], {}, 0
+    for seq in batch.sampled:
+        n = 1 + len(drafts.get(id(seq), ()))
+        firsts.append(row)
+        if n > 1:
+            verified[id(seq)] = (drafts[id(seq)], logits[row: row + n])
+        row += n
+    return logits[firsts], verified
+
+
 def accept(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[list[int]]:
     """The tokens each verify row emits (its sampler, its k drafts, its logits [1 + k, V]):
     greedy rows by `accept_greedy`, sampled rows by `accept_sampled`, in row order."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer_engine.benchmark import engine_step, run
+from ninfer_engine.benchmark import engine_step, report, run
 from tests.benchmark.tiny import tiny_config, tiny_source
 from tests.engine.helpers import default_resources
 
@@ -76,7 +76,7 @@ def test_bench_runs_the_serving_engine(monkeypatch, moe):
     assert pre["fraction_of_roofline"] == pytest.approx(pre["tok_s"] / pre["roofline_tok_s"])
     assert peers == [(result["config"]["hidden_size"], 96, 4)]
     assert result["peer"]["ratio_decode"] == pytest.approx(decode["tok_s"] / 50.0)
-    text = run.markdown(result)
+    text = report.markdown(result)
     for heading in ("Batch-1 decode", "Aggregate decode", "Speculative decoding",
                     "Prefill of a 96-token", "Peer:"):
         assert heading in text
@@ -120,7 +120,7 @@ def _written(**sections) -> dict:
 
 def test_markdown_of_a_partial_result_lists_what_was_not_measured():
     result = _written(not_measured={"peer": "skipped (--no-peer)"})
-    text = run.markdown(result)
+    text = report.markdown(result)
     assert "| 1024 | 500.0 | 2.00 | 80 | 7.00 GB | 570 | 88 % |" in text
     assert "Aggregate" not in text and "Prefill" not in text and "Speculative" not in text
     assert text.rstrip().endswith("Not measured: peer: skipped (--no-peer).")
@@ -140,7 +140,7 @@ def test_markdown_renders_moe_concurrency_speculative_and_peer_rows():
     base["peer"] = dict(version="5.24.0", prompt_tokens=1024, prefill_tok_s=3714.0,
                         decode_tok_s=9.5, decode_steps=16, ours_decode_tok_s=134.0,
                         ours_context=1024, ratio_decode=134 / 9.5, fla=False)
-    text = run.markdown(base)
+    text = report.markdown(base)
     assert "| 8 | 1024 | 800.0 | 100.0 | 10.00 | 64 (≈57 expected) | 12.00 GB | 2800 | 90000 " \
            "| 29 % |" in text
     assert ("| 1 | 1024 | 3 | 3.67 → 3.66 | 89 % | 1200.0 | 500.0 | 2.40× | 1190.0 | 2.38× |"
