@@ -274,9 +274,9 @@ class Engine:
         """One turn of the engine loop: a step, its events handed over, the stats published.
         The engine thread runs it; `ninfer bench` times it. False: there was nothing to do."""
         busy = self._step_once()
-        self._events.flush()
         if busy and (self._retired or time.monotonic() - self._published >= BUSY_PUBLISH_S):
-            self._publish()
+            self._publish()  # before the events: a reader of a request's end sees it retired
+        self._events.flush()
         return busy
 
     def _step_once(self) -> bool:
