@@ -46,6 +46,7 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
             "requests": [{"id": rid, "pages": pages} for rid, pages in kv.per_request],
         },
         "state_slots": asdict(stats.state_slots),
+        "prefix_tree": asdict(stats.prefix),
         "experts": None if experts is None else {
             "slots": experts.slots, "resident": experts.resident, "hits": experts.hits,
             "misses": experts.misses, "lent_pages": experts.lent_pages,

@@ -132,6 +132,13 @@ class SnapshotCollector(Collector):
         yield total
         yield used
         yield _gauge("prefix_checkpoints", "Prefix-reuse checkpoints kept.", slots.checkpoints)
+        tree = stats.prefix
+        yield _gauge("prefix_tree_pages", "KV pages the prefix tree references.", tree.pages)
+        yield _gauge("prefix_tree_snapshots", "Recurrent-state snapshots at prefix-tree nodes.",
+                     tree.snapshots)
+        yield CounterMetricFamily(f"{PREFIX}prefix_tree_evicted_pages",
+                                  "Pages the prefix tree gave back under pressure.",
+                                  value=tree.evicted_pages)
         yield from _expert_metrics(stats)
         yield from _spec_metrics(stats)
         memory = GaugeMetricFamily(f"{PREFIX}device_memory_bytes", "Device memory by category.",

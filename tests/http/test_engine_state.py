@@ -21,6 +21,7 @@ def test_busy_snapshot_document(serve):
     assert doc["kv"] == {"page_tokens": 64, "dtype": "int8", "total": 400, "used": 100,
                          "free": 300, "lent": 50, "cached": 0,
                          "requests": [{"id": "req_a", "pages": 60}, {"id": "req_b", "pages": 40}]}
+    assert doc["prefix_tree"]["pages"] == 120 and doc["prefix_tree"]["hit_tokens"] == 5000
     assert doc["state_slots"] == {"running_total": 4, "running_used": 2, "checkpoint_total": 4,
                                   "checkpoint_used": 3, "checkpoints": 3}
     assert doc["experts"] == {"slots": 384, "resident": 371, "hits": 9000, "misses": 1000,

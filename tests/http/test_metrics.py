@@ -76,6 +76,9 @@ def test_snapshot_gauges_and_engine_totals(serve):
     assert value(samples, "ninfer:state_slots_used", kind="running") == 2
     assert value(samples, "ninfer:state_slots_used", kind="checkpoint") == 3
     assert value(samples, "ninfer:prefix_checkpoints") == 3
+    assert value(samples, "ninfer:prefix_tree_pages") == 120
+    assert value(samples, "ninfer:prefix_tree_snapshots") == 3
+    assert value(samples, "ninfer:prefix_tree_evicted_pages_total") == 7
     assert value(samples, "ninfer:expert_cache_slots") == 384
     assert value(samples, "ninfer:expert_cache_resident") == 371
     assert value(samples, "ninfer:expert_cache_lent_pages") == 50
