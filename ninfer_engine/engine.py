@@ -293,7 +293,8 @@ class Engine:
         self._step += 1
         logits = self.runner.forward(batch)
         logits, verified = split_verify_rows(batch, logits)
-        emitted = sum(len(seq.output) for seq in batch.decode)  # before this step's tokens
+        # the decode rows' output before this step's tokens, for the speculation policy
+        emitted = sum(len(seq.output) for seq in batch.decode) if self.speculator else 0
         for chunk in batch.chunks:
             if chunk.seq.request.report_progress:
                 chunk.seq.report_progress()  # before its first token, if this chunk samples

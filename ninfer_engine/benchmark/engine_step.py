@@ -80,13 +80,12 @@ class NoDrafts:
 class Run:
     """What `run_requests` saw: each engine step's seconds, whether every request was running
     past its prompt when it began, the tokens it emitted; each request's first-token time (from
-    submission) and output."""
+    submission)."""
 
     step_s: list[float] = field(default_factory=list)
     full_decode: list[bool] = field(default_factory=list)
     emitted: list[int] = field(default_factory=list)
     first_token_s: list[float] = field(default_factory=list)
-    outputs: list[list[int]] = field(default_factory=list)
 
     def decode_window(self, skip: int) -> tuple[int, float]:
         """(tokens, seconds) over the steps in which every request decoded, after the first
@@ -137,7 +136,6 @@ def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
     if unfinished:
         raise RuntimeError(f"benchmark requests did not run to max_tokens: {unfinished}")
     run.first_token_s = first
-    run.outputs = [list(s.output) for s in seqs]
     return run
 
 
