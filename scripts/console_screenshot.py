@@ -42,7 +42,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-SERVE = Path(sys.executable).with_name("ninfer-serve")
+SCRIPT = Path(sys.executable).with_name("ninfer-serve")
+# without the installed script (a GPU box running the checkout), the module it runs
+SERVE = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "ninfer_tui.cli"]
 DEFAULT_SERVE_ARGS = ["--max-concurrency", "4"]
 SYSTEM = ("You are a concise assistant for a lighthouse museum. Answer in plain sentences, "
           "no lists, and stay on the question.")  # shared by every request: a reusable prefix
@@ -237,7 +239,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     work = Path(tempfile.mkdtemp(prefix="ninfer-shot-"))
     env = {"NINFER_FAULT": f"step:{args.fault}"} if args.fault is not None else {}
-    command = [str(SERVE), *serve_args, "--host", "127.0.0.1", "--port", str(port)]
+    command = [*SERVE, *serve_args, "--host", "127.0.0.1", "--port", str(port)]
     terminal_class = TmuxTerminal if args.terminal == "tmux" else PtyTerminal
     terminal = terminal_class(command, env, work, sizes[0])
     load = None
