@@ -118,22 +118,23 @@ def test_mtp_state_after_partial_acceptance_is_the_committed_one(family):
     # each proposal against the head run afresh over the committed pairs (h_j, x_{j+1}),
     # j < L, with the target's hiddens of one plain forward, then drafting on from there
     model, head = engine.model, mtp.head
+    dev = model.device
     hidden = {}
     for i, prompt in enumerate(prompts):
         tokens = [*prompt, *plain[i]]
-        ids = torch.tensor(tokens[:-1])
+        ids = torch.tensor(tokens[:-1], device=dev)
         hidden[f"r{i}"] = tokens, model.hidden(model.embed(ids), [model.new_state()], [len(ids)])
     assert len(steered.proposed) == c.rounds
     for rid, last, drafts in steered.proposed:
         tokens, h = hidden[rid]
         cache = head.new_cache()
-        out = head(torch.tensor(tokens[1: last + 1]), h[:last], [cache], [last],
-                   torch.arange(last))[-1:]
+        out = head(torch.tensor(tokens[1: last + 1], device=dev), h[:last], [cache], [last],
+                   torch.arange(last, device=dev))[-1:]
         fresh = []
         for step in range(len(drafts)):
             token = head.logits(out)[:, : mtp.vocab].argmax(-1)
             fresh.append(int(token))
-            out = head(token, out, [cache], [1], torch.tensor([last + step]))
+            out = head(token, out, [cache], [1], torch.tensor([last + step], device=dev))
         assert fresh == drafts, (rid, last)
 
 
