@@ -1,13 +1,13 @@
-"""The real console in a real terminal: tmux runs `ninfer-serve` on the default model, a chat
-request goes in, and the captured pane must show that request and its throughput; then a
-request waits while admission is paused, and `q` with a request running drains it and exits.
-A second run injects an engine failure (`NINFER_FAULT=step:N`): the console shows it and
-`/health` answers 503, `r` reloads, and the new engine serves a request.
+"""The real console in a real terminal, one server's life: tmux runs `ninfer-serve` on the
+default model with an engine fault armed (`NINFER_FAULT=step:N`, past the first two requests'
+steps); a chat request goes in and the captured pane must show it and its throughput; a
+request waits while admission is paused; the next request meets the fault: the console shows
+the failure and `/health` answers 503; `r` reloads (the reload drops the fault) and the new
+engine serves; `q` with a request running drains it and exits.
 
-The first is about a minute on a 2-core machine (the model loads, the console starts), so it
-is in the default suite; the failure run loads the model twice and is marked slow. Both skip
-without tmux or the default model. Keys are pressed only once the server's own
-`/engine/state` says the state they act on, and the pane shows it (the console polls).
+About 90 s on a 2-core machine (the model loads twice), in the default suite. It skips without
+tmux or the default model. Keys are pressed only once the server's own `/engine/state` says
+the state they act on, and the pane shows it (the console polls).
 """
 from __future__ import annotations
 
@@ -79,10 +79,15 @@ def tmux_console():
                            timeout=10)
 
 
+# the first request decodes at most 96 tokens and the second 8 (each after one prompt chunk):
+# at most 106 steps, so the fault meets the third request, which asks for 160
+FAULT_STEP = 120
+
+
 @pytest.fixture()
 def console(tmux_console):
     # a long drain: on a loaded 2-core box the 160-token answer below can take minutes
-    return tmux_console("--max-concurrency 2 --drain-timeout-ms 150000")
+    return tmux_console("--max-concurrency 2 --drain-timeout-ms 150000", fault=f"step:{FAULT_STEP}")
 
 
 def chat(port: int, text: str, max_tokens: int) -> dict:
@@ -139,11 +144,12 @@ def session_alive(session: str) -> bool:
                           timeout=10).returncode == 0
 
 
-def test_console_shows_a_served_request_and_its_throughput(console):
+def test_console_lives_through_requests_an_engine_failure_and_a_reload(console):
     session, port = console
     assert wait_for(lambda: "READY" in pane(session), 300), pane(session)
+    story = "Tell me a long story about a lighthouse keeper."
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(chat, port, "Tell me a long story about a lighthouse keeper.", 96)
+        answer = pool.submit(chat, port, story, 96)
         # while the request runs: it is listed in decode, and the decode rate is live
         assert wait_for(lambda: "decode" in pane(session).split("running (1)")[-1]
                         and decode_rate(pane(session)) > 0, 120), pane(session)
@@ -160,10 +166,30 @@ def test_console_shows_a_served_request_and_its_throughput(console):
         subprocess.run(["tmux", "send-keys", "-t", session, "a"], timeout=10)
         assert waiting.result(timeout=180)["usage"]["completion_tokens"] > 0
 
+    # the third request meets the fault: the engine fails under it, /health answers 503, the
+    # console shows why and what to do
+    with pytest.raises(AssertionError, match=r"HTTP 5\d\d"):
+        chat(port, story, 160)
+    assert wait_for(lambda: get_json(port, "/engine/state").get("state") == "failed"
+                    and health(port) == 503, 30), get_json(port, "/engine/state")
+    assert (f"injected engine fault at step {FAULT_STEP}"
+            in get_json(port, "/engine/state")["failure"])
+    # the banner's half of the pane cuts the reason after "step 1"
+    assert wait_for(lambda: "ENGINE FAILED" in pane(session)
+                    and "injected engine fault at step 1" in pane(session), 10), pane(session)
+    assert "READY" not in pane(session)
+
+    # r reloads at once after a failure (no question); the new engine has no fault
+    subprocess.run(["tmux", "send-keys", "-t", session, "r"], timeout=10)
+    assert wait_for(lambda: get_json(port, "/engine/state").get("state") == "ready"
+                    and health(port) == 200, 180), pane(session)
+    assert wait_for(lambda: "READY" in pane(session) and "ENGINE FAILED" not in pane(session),
+                    10), pane(session)
+
     # q with a request running asks, then drains it (it ends, with its tokens) and exits; the
     # request is long enough (~15 s on a 2-core box) to be running still when q is pressed
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(chat, port, "Tell me a long story about a lighthouse keeper.", 160)
+        running = pool.submit(chat, port, story, 160)
         # decoding in the engine (its own word, not the screen's: other panels say "decode"),
         # and the console has drawn a snapshot since
         assert wait_for(lambda: decoding(port), 60)
@@ -173,38 +199,3 @@ def test_console_shows_a_served_request_and_its_throughput(console):
         subprocess.run(["tmux", "send-keys", "-t", session, "y"], timeout=10)
         assert running.result(timeout=180)["usage"]["completion_tokens"] > 0
     assert wait_for(lambda: not session_alive(session), 60)
-
-
-FAULT_STEP = 2  # the first request's third step: it has started, then the engine fails
-
-
-@pytest.mark.slow
-def test_console_shows_an_engine_failure_and_reload_recovers(tmux_console):
-    session, port = tmux_console("--max-concurrency 1", fault=f"step:{FAULT_STEP}")
-    assert wait_for(lambda: get_json(port, "/engine/state").get("state") == "ready"
-                    and "READY" in pane(session), 300), pane(session)
-    with pytest.raises(AssertionError, match=r"HTTP 5\d\d"):  # the step fails under it
-        chat(port, "Tell me a long story about a lighthouse keeper.", 32)
-
-    # failed: the engine says so, /health answers 503, the console shows why and what to do
-    assert wait_for(lambda: get_json(port, "/engine/state").get("state") == "failed"
-                    and health(port) == 503, 30), get_json(port, "/engine/state")
-    assert wait_for(lambda: "ENGINE FAILED" in pane(session)
-                    and f"injected engine fault at step {FAULT_STEP}" in pane(session),
-                    10), pane(session)
-    assert "READY" not in pane(session)
-
-    # r reloads at once after a failure (no question); the new engine has no fault
-    subprocess.run(["tmux", "send-keys", "-t", session, "r"], timeout=10)
-    assert wait_for(lambda: get_json(port, "/engine/state").get("state") == "ready"
-                    and health(port) == 200, 180), pane(session)
-    assert wait_for(lambda: "READY" in pane(session) and "ENGINE FAILED" not in pane(session),
-                    10), pane(session)
-    assert chat(port, "Say hi.", 8)["usage"]["completion_tokens"] > 0
-
-    # idle (the engine retires a request just after its client has the last token): q quits
-    # without a question
-    assert wait_for(lambda: get_json(port, "/engine/state").get("queue", {}).get("running") == []
-                    and "running (0)" in pane(session), 30), pane(session)
-    subprocess.run(["tmux", "send-keys", "-t", session, "q"], timeout=10)
-    assert wait_for(lambda: not session_alive(session), 60), pane(session)
