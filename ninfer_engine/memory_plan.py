@@ -11,6 +11,7 @@ import torch
 
 from .config import PAGE_TOKENS, EngineConfig
 from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for, kv_page_layout
+from .kv.host_tier import HostTier, check_host_ram
 from .kv.memory import SNAPSHOT_TOKENS
 from .kv.sizing import (ALLOC_SLACK, GIB, MIB, KvSizingError, auto_kv_tokens,
                         prefill_activation_bytes)
@@ -91,4 +92,19 @@ def build_memory(config: EngineConfig, model: Any,
         budget = int(config.kv_budget_gib * 2**30) // storage.page_bytes
     return SequenceMemory(storage, config.kv_lease_window, config.max_concurrency, checkpoints,
                           not config.no_prefix_reuse, config.kv_dtype,
-                          getattr(model, "state_pool", None), budget, prefill_chunk)
+                          getattr(model, "state_pool", None), budget, prefill_chunk,
+                          _host_tier(config, model, storage))
+
+
+def _host_tier(config: EngineConfig, model: Any, storage: KvStorage):
+    """The prefix cache's host tier (`--host-kv-mib`, `--host-state-slots`; both default to
+    0: none), checked against the RAM available (`NINFER_HOST_TIER_RAM_GUARD`)."""
+    pages = (config.host_kv_mib or 0) * MIB // storage.page_bytes
+    slots = config.host_state_slots or 0
+    if not pages and not slots:
+        return None
+    check_host_ram(pages * storage.page_bytes + slots * recurrent_state_bytes(model),
+                   f"--host-kv-mib {config.host_kv_mib or 0} --host-state-slots {slots}")
+    pinned = storage.device.type == "cuda"
+    return lambda snapshots: HostTier(
+        storage, pages, snapshots.host_copy(slots, pinned) if snapshots and slots else None)

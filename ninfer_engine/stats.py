@@ -70,6 +70,13 @@ class PrefixStats:
     nodes: int = 0
     snapshots: int = 0  # recurrent-state snapshots at tree nodes (hybrid family)
     evicted_pages: int = 0  # pages the tree gave back under pressure, since start
+    # the host tier (`--host-kv-mib`, `--host-state-slots`): pages and snapshots held there
+    # of its totals, and host pages copied back for a hit since start
+    host_pages: int = 0
+    host_total: int = 0
+    host_snapshots: int = 0
+    host_snapshot_total: int = 0
+    host_restored_pages: int = 0
 
     @property
     def token_hit_rate(self) -> float:

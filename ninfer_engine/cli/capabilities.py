@@ -85,8 +85,6 @@ _GATES: tuple[_Gate, ...] = (
           lambda c: True, _not_built("media input (vision)")),
     _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
           _runs_on_cuda("automatic KV sizing")),  # `kv.sizing`
-    _Gate(("--host-state-slots", "--host-kv-mib"), lambda c: True,
-          _needs_cuda("pinned host KV/state tiers")),
     _Gate(("--max-private-continuations", "--max-shared-prefixes",
            "--max-long-anchors-per-continuation", "--turn-anchors"),
           lambda c: True, _not_built("per-class prefix-reuse limits")),

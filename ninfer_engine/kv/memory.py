@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ..stats import KvStats, PrefixStats, StateSlotStats
 from .cache import KvStorage
+from .host_tier import HostTier
 from .pages import pages_for
 from .radix import Match, PrefixTree
 from .slots import StatePool, copy_state
@@ -34,7 +35,10 @@ class SequenceMemory:
                  checkpoint_slots: int, prefix_reuse: bool, kv_dtype: str,
                  state_pool: Callable[[int], StatePool] | None = None,
                  budget_pages: int | None = None,
-                 snapshot_tokens: int = SNAPSHOT_TOKENS) -> None:
+                 snapshot_tokens: int = SNAPSHOT_TOKENS,
+                 host_tier: Callable[[StatePool | None], HostTier] | None = None) -> None:
+        """`host_tier(snapshots)`: builds the prefix tree's host tier (`kv.host_tier`) beside
+        the device snapshot pool (None for the llama family)."""
         self.storage = storage
         self.allocator = storage.allocator
         self.lease_window = lease_window
@@ -46,7 +50,8 @@ class SequenceMemory:
         snapshots = state_pool(checkpoint_slots if prefix_reuse else 0) if recurrent else None
         # a hybrid tree without snapshot slots could restore nothing
         reuse = prefix_reuse and (not recurrent or checkpoint_slots > 0)
-        self.prefix = PrefixTree(storage, snapshots) if reuse else None
+        host = host_tier(snapshots) if reuse and host_tier is not None else None
+        self.prefix = PrefixTree(storage, snapshots, host) if reuse else None
         self.snapshot_slots = snapshots
         page = storage.page_tokens
         self.snapshot_tokens = max(snapshot_tokens // page, 1) * page
@@ -108,7 +113,8 @@ class SequenceMemory:
             # an elastic pool may still grow by its headroom; a refused growth evicts one
             short = pages_for(tokens, a.page_tokens) - len(cache.pages) - a.free - (
                 a.capacity - a.total)
-            if not self.prefix.evict(max(short, 1), hit.source):
+            keep = () if hit.source is None else (hit.source,)
+            if not self.prefix.evict(max(short, 1), keep):
                 return False
         return True
 
@@ -182,11 +188,21 @@ class SequenceMemory:
 
     def prefix_stats(self) -> PrefixStats:
         tree = self.prefix
+        if tree is None:
+            return PrefixStats(lookups=self.queries)
+        host, states = tree.host, tree.host_states
         return PrefixStats(
             lookups=self.queries, hits=self.hits, lookup_tokens=self.query_tokens,
-            hit_tokens=self.hit_tokens, pages=tree.pages if tree else 0,
-            nodes=tree.nodes if tree else 0, snapshots=tree.snapshots if tree else 0,
-            evicted_pages=tree.evicted if tree else 0)
+            hit_tokens=self.hit_tokens, pages=tree.pages, nodes=tree.nodes,
+            snapshots=tree.snapshots, evicted_pages=tree.evicted,
+            host_pages=host.used_pages if host else 0, host_total=host.pages if host else 0,
+            host_snapshots=tree.host_snapshots, host_snapshot_total=states.total if states else 0,
+            host_restored_pages=tree.host_restored)
+
+    def host_tier_bytes(self) -> tuple[int, int]:
+        """The host tier's (KV, state) allocations in bytes."""
+        host = self.prefix.host if self.prefix is not None else None
+        return (host.kv_bytes, host.state_bytes) if host is not None else (0, 0)
 
     def stats(self, running: list[Any]) -> KvStats:
         a = self.allocator

@@ -17,65 +17,49 @@ Eviction takes leaves no request references, least recently used first (hybrid: 
 without a snapshot, which no hit can restore, before any with one). Snapshots live in their
 own `StatePool`; when it is full the snapshot least recently saved or restored goes first
 (as SGLang's mamba LRU: a hit refreshes the snapshot it restores, not those above it).
+
+With a host tier (`kv.host_tier`) an evicted page moves to host memory and its node stays in
+the tree (`page` -1, `host` its host page): a node on the host has only host children, so the
+device's eviction candidates are the device nodes without device children. A hit restores
+the host pages on its path into device pages (evicting other idle leaves if it must; when
+the pool has none to give, the hit stops at the last page on the device). Likewise a
+snapshot that loses its device slot moves to a host slot, and a hit copies it from there.
+The tier, when full, drops its own least recently used leaves and snapshots.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
 
 from .cache import KvStorage
+from .host_tier import HostTier
+from .radix_host import HostMoves
+from .radix_nodes import Match, Node, Plan, common_prefix
 from .slots import StatePool, StateSlot, copy_state
 
 
-@dataclass(eq=False)
-class Node:
-    """`key`: this node's tokens (a full page, or fewer for a tail); `depth`: tokens from the
-    root through this node. The node is its page's owner in the allocator."""
-
-    key: tuple[int, ...]
-    parent: Node | None
-    depth: int
-    page: int = -1
-    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
-    snapshot: StateSlot | None = None
-    used: int = 0  # LRU clock of the last hit or insert through this node
-    restored: int = 0  # LRU clock of the snapshot's last save or restore
-
-
-@dataclass(frozen=True)
-class Match:
-    """What a prompt restores: `pages` to share, then `copy` = (page, slots) to copy into the
-    request's next page, and the recurrent `snapshot` at `tokens` (hybrid family)."""
-
-    tokens: int = 0
-    pages: tuple[int, ...] = ()
-    copy: tuple[int, int] | None = None
-    snapshot: StateSlot | None = None
-    source: Node | None = None  # the copied node: kept while the request's pages are leased
-
-
-def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    return next(i for i in range(n) if a[i] != b[i])
-
-
-class PrefixTree:
+class PrefixTree(HostMoves):
     """The tree over `storage`'s pages; `snapshots` None: the llama family (no state)."""
 
-    def __init__(self, storage: KvStorage, snapshots: StatePool | None = None) -> None:
+    def __init__(self, storage: KvStorage, snapshots: StatePool | None = None,
+                 host: HostTier | None = None) -> None:
         self.storage = storage
         self.allocator = storage.allocator
         self.page_tokens = storage.page_tokens
         self.slots = snapshots
+        self.host = host if host is not None and host.pages else None
+        self.host_states = host.states if host is not None and host.states else None
         self.root = Node((), None, 0)
-        self.pages = 0  # pages the tree references
+        self.pages = 0  # device pages the tree references
         self.nodes = 0
         self.evicted = 0  # pages given back to the pool by eviction, since start
+        self.host_restored = 0  # host pages copied back for a hit, since start
         self._snapshots: set[Node] = set()
-        self._leaves: set[Node] = set()  # eviction's candidates, kept as nodes come and go
+        self._host_snapshots: set[Node] = set()
+        # eviction's candidates, kept as nodes come and go: device nodes without device
+        # children; the host tier's own: host nodes without children
+        self._leaves: set[Node] = set()
+        self._host_leaves: set[Node] = set()
         self._clock = itertools.count(1)
         # the allocator's version when an eviction last came up short: until a page changes
         # hands, a request waiting at the queue's head does not walk the whole tree every step
@@ -89,8 +73,13 @@ class PrefixTree:
     def snapshots(self) -> int:
         return len(self._snapshots)
 
+    @property
+    def host_snapshots(self) -> int:
+        return len(self._host_snapshots)
+
     def match(self, prompt: tuple[int, ...]) -> Match:
-        """The deepest restorable prefix of `prompt`, shorter than `prompt`."""
+        """The deepest restorable prefix of `prompt`, shorter than `prompt`; its pages in the
+        host tier are copied back first."""
         P, limit, now = self.page_tokens, len(prompt) - 1, next(self._clock)
         node, path = self.root, []
         while node.depth + P <= limit:
@@ -99,49 +88,61 @@ class PrefixTree:
                 break
             node = child
             path.append(child)
-        if not self.recurrent:
-            best = self._token_match(node, prompt[node.depth: limit])
-            hit = Match(node.depth, tuple(n.page for n in path))
-            if best is not None:
-                tail, k = best
-                tail.used = now
-                hit = Match(node.depth + k, hit.pages, (tail.page, k), source=tail)
-        else:
-            hit, shared = Match(), 0
-            for depth, at in enumerate([self.root, *path]):
-                if at.snapshot is not None:
-                    hit, shared, restored = Match(at.depth, snapshot=at.snapshot), depth, at
-                tail = self._tail_match(at, prompt[at.depth: limit])
-                if tail is not None and tail.depth > hit.tokens:
-                    hit = Match(tail.depth, copy=(tail.page, len(tail.key)),
-                                snapshot=tail.snapshot, source=tail)
-                    shared, restored, tail.used = depth, tail, now
-            if hit.snapshot is not None:
-                restored.restored = now
-            hit = Match(hit.tokens, tuple(n.page for n in path[:shared]), hit.copy,
-                        hit.snapshot, hit.source)
-            path = path[:shared]
-        for n in path:
+        plan = self._plan(path, prompt, limit, host_tails=True)
+        if not self._restore(plan):  # the pool is short: reuse what is on the device
+            on_device = list(itertools.takewhile(lambda n: n.page >= 0, path))
+            plan = self._plan(on_device, prompt, limit, host_tails=False)
+        for n in plan.path:
             n.used = now
-        return hit
+        if plan.tail is not None:
+            plan.tail.used = now
+        if plan.snap is not None:
+            plan.snap.restored = now
+        snapshot = None if plan.snap is None else plan.snap.snapshot or plan.snap.host_snapshot
+        return Match(plan.tokens, tuple(n.page for n in plan.path),
+                     None if plan.tail is None else (plan.tail.page, plan.k), snapshot,
+                     plan.tail)
 
-    def _token_match(self, node: Node, rest: tuple[int, ...]) -> tuple[Node, int] | None:
+    def _plan(self, path: list[Node], prompt: tuple[int, ...], limit: int,
+              host_tails: bool) -> Plan:
+        """The hit along `path` (the prompt's full pages found in the tree)."""
+        if not self.recurrent:
+            node = path[-1] if path else self.root
+            best = self._token_match(node, prompt[node.depth: limit], host_tails)
+            if best is None:
+                return Plan(path, tokens=node.depth)
+            tail, k = best
+            return Plan(path, tail, k, tokens=node.depth + k)
+        plan = Plan([])
+        for depth, at in enumerate([self.root, *path]):
+            if at.snapshot is not None or at.host_snapshot is not None:
+                plan = Plan(path[:depth], snap=at, tokens=at.depth)
+            tail = self._tail_match(at, prompt[at.depth: limit], host_tails)
+            if tail is not None and tail.depth > plan.tokens:
+                plan = Plan(path[:depth], tail, len(tail.key), tail, tail.depth)
+        return plan
+
+    def _token_match(self, node: Node, rest: tuple[int, ...],
+                     host_tails: bool) -> tuple[Node, int] | None:
         """The child of `node` sharing the most leading tokens with `rest`, and how many."""
         best, most = None, 0
         for child in node.children.values():
-            if child.key[0] == (rest[0] if rest else None):
+            if (child.key[0] == (rest[0] if rest else None)
+                    and (host_tails or child.page >= 0)):
                 k = common_prefix(child.key, rest)
                 if k > most:
                     best, most = child, k
         return (best, most) if best is not None else None
 
-    def _tail_match(self, node: Node, rest: tuple[int, ...]) -> Node | None:
+    def _tail_match(self, node: Node, rest: tuple[int, ...], host_tails: bool) -> Node | None:
         """The longest snapshot-holding tail of `node` whose tokens start `rest`."""
         best = None
         for child in node.children.values():
             k = len(child.key)
-            if (child.snapshot is not None and k < self.page_tokens and k <= len(rest) and
-                    child.key == rest[:k] and (best is None or k > len(best.key))):
+            if ((child.snapshot is not None or child.host_snapshot is not None)
+                    and (host_tails or child.page >= 0) and k < self.page_tokens
+                    and k <= len(rest) and child.key == rest[:k]
+                    and (best is None or k > len(best.key))):
                 best = child
         return best
 
@@ -158,6 +159,8 @@ class PrefixTree:
             child = node.children.get(key)
             if child is None:
                 child = self._add(node, key, pages[i])
+            elif child.page < 0:  # on the host: the request's own page holds the same K/V
+                self._adopt(child, pages[i])
             child.used = now
             node = child
         k = len(tokens) % P
@@ -178,7 +181,7 @@ class PrefixTree:
             tail = self._add(node, key, pages[len(tokens) // P])
         else:
             tail = Node(key, node, node.depth + k)
-            if not self._lease(tail, k, keep=node):
+            if not self._lease(tail, k, keep=(node,)):
                 return
             self.storage.copy_slots(pages[len(tokens) // P], self.allocator.table(tail)[0], k)
             tail.page = self.allocator.table(tail)[0]
@@ -193,13 +196,16 @@ class PrefixTree:
         self._attach(parent, child)
         return child
 
+    def _device_children(self, node: Node) -> bool:
+        return any(child.page >= 0 for child in node.children.values())
+
     def _attach(self, parent: Node, child: Node) -> None:
         parent.children[child.key] = child
         self._leaves.discard(parent)
         self._leaves.add(child)
         self.pages, self.nodes = self.pages + 1, self.nodes + 1
 
-    def _lease(self, tail: Node, k: int, keep: Node) -> bool:
+    def _lease(self, tail: Node, k: int, keep: tuple[Node, ...]) -> bool:
         """One page for a copied tail, evicting a leaf if the pool has none."""
         if self.allocator.lease(tail, k):
             return True
@@ -208,7 +214,7 @@ class PrefixTree:
 
     def _keep_snapshot(self, node: Node, state: StateSlot, now: int) -> None:
         """A snapshot at `node`: a new one, or the one there saved again (fresher in LRU)."""
-        if node.snapshot is None:
+        if node.snapshot is None and node.host_snapshot is None:
             self._snapshot(node, state)
         else:
             node.restored = now
@@ -219,9 +225,10 @@ class PrefixTree:
             return False
         if not self.slots.free:
             victim = min(self._snapshots, key=lambda n: n.restored)
-            self._drop_snapshot(victim)
-            if len(victim.key) < self.page_tokens:
-                self._remove(victim)  # a tail without its snapshot restores nothing
+            if not self._snapshot_to_host(victim):
+                self._drop_snapshot(victim)
+                if len(victim.key) < self.page_tokens:
+                    self._remove(victim)  # a tail without its snapshot restores nothing
         node.snapshot, node.restored = self.slots.acquire(), next(self._clock)
         copy_state(state, node.snapshot)
         self._snapshots.add(node)
@@ -232,28 +239,47 @@ class PrefixTree:
             self.slots.release(node.snapshot)
             node.snapshot = None
             self._snapshots.discard(node)
+        if node.host_snapshot is not None:
+            self.host_states.release(node.host_snapshot)
+            node.host_snapshot = None
+            self._host_snapshots.discard(node)
 
     def _remove(self, node: Node) -> None:
-        """Take a leaf out of the tree and drop its page reference and snapshot."""
+        """Take a leaf out of the tree and drop its page (device or host) and snapshots."""
         del node.parent.children[node.key]
         self._leaves.discard(node)
-        if node.parent is not self.root and not node.parent.children:
-            self._leaves.add(node.parent)
+        self._host_leaves.discard(node)
+        self._new_leaf(node.parent)
         self._drop_snapshot(node)
-        self.allocator.release(node)
-        self.pages, self.nodes = self.pages - 1, self.nodes - 1
+        if node.page >= 0:
+            self.allocator.release(node)
+            self.pages -= 1
+        else:
+            self.host.release_page(node.host)
+        self.nodes -= 1
 
-    def _evictable(self, node: Node, keep: Node | None) -> bool:
-        return (node is not self.root and node is not keep and not node.children
-                and self.allocator.refs(node.page) == 1)
+    def _new_leaf(self, node: Node) -> None:
+        """`node` lost a device child: it may have become a candidate of its tier."""
+        if node is self.root:
+            return
+        if node.page >= 0 and not self._device_children(node):
+            self._leaves.add(node)
+        elif node.page < 0 and not node.children:
+            self._host_leaves.add(node)
 
-    def evict(self, pages: int, keep: Node | None = None) -> int:
-        """Free up to `pages` pages from unreferenced leaves, least recently used first (a
-        parent left childless joins the candidates); `keep` is spared. Returns pages freed."""
+    def _evictable(self, node: Node, keep: tuple[Node, ...] | frozenset[Node]) -> bool:
+        return (node is not self.root and node not in keep and node.page >= 0
+                and not self._device_children(node) and self.allocator.refs(node.page) == 1)
+
+    def evict(self, pages: int, keep: tuple[Node, ...] | frozenset[Node] = ()) -> int:
+        """Free up to `pages` device pages from unreferenced leaves, least recently used first
+        (a parent left without device children joins the candidates), moving them to the host
+        tier where there is one; `keep` is spared. Returns pages freed."""
         if self._spent_at == self.allocator.version:
             return 0
         def rank(node: Node) -> tuple:
-            return (self.recurrent and node.snapshot is not None, node.used, id(node), node)
+            return (self.recurrent and (node.snapshot or node.host_snapshot) is not None,
+                    node.used, id(node), node)
 
         heap = [rank(node) for node in self._leaves if self._evictable(node, keep)]
         heapq.heapify(heap)
@@ -261,12 +287,15 @@ class PrefixTree:
         while heap and freed < pages:
             node = heapq.heappop(heap)[-1]
             parent = node.parent
-            self._remove(node)
+            if self.host is None or not self._demote(node, keep):
+                if node.children:
+                    continue  # its host children hold it: the full tier keeps them
+                self._remove(node)
             freed += 1
             if self._evictable(parent, keep):
                 heapq.heappush(heap, rank(parent))
         self.evicted += freed
-        if freed < pages and keep is None:
+        if freed < pages and not keep:
             self._spent_at = self.allocator.version
         return freed
 
@@ -279,18 +308,23 @@ class PrefixTree:
             yield node
 
     def held_pages(self) -> set[int]:
-        """Every page the tree references."""
-        return {node.page for node in self._walk()}
+        """Every device page the tree references."""
+        return {node.page for node in self._walk() if node.page >= 0}
 
     def idle_pages(self) -> int:
-        """Pages only the tree references (no running request shares them)."""
-        return sum(1 for node in self._walk() if self.allocator.refs(node.page) == 1)
+        """Device pages only the tree references (no running request shares them)."""
+        return sum(1 for node in self._walk()
+                   if node.page >= 0 and self.allocator.refs(node.page) == 1)
 
     def clear(self) -> None:
         """Drop every node (pages a request still shares stay with that request)."""
         for node in list(self._walk()):
             self._drop_snapshot(node)
-            self.allocator.release(node)
+            if node.page >= 0:
+                self.allocator.release(node)
+            else:
+                self.host.release_page(node.host)
         self.root.children.clear()
         self._leaves.clear()
+        self._host_leaves.clear()
         self.pages = self.nodes = 0

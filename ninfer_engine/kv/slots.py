@@ -65,7 +65,24 @@ class StatePool:
     def release(self, slot: StateSlot) -> None:
         self._free.append(slot.index)
 
+    def host_copy(self, total: int, pinned: bool) -> StatePool:
+        """A pool of `total` slots with this one's layout in host memory (page-locked when
+        `pinned`): the host state tier (`kv.host_tier`)."""
+        layout = [{name: (tuple(t.shape[1:]), t.dtype) for name, t in layer.items()}
+                  for layer in self.fields]
+        pool = StatePool(total, layout, "cpu", self._view)
+        if pinned:
+            pool.fields = [{name: t.pin_memory() for name, t in layer.items()}
+                           for layer in pool.fields]
+        return pool
+
 
 def copy_state(src: StateSlot, dst: StateSlot) -> None:
-    """Overwrite `dst`'s rows with `src`'s (one multi-tensor copy)."""
-    torch._foreach_copy_(dst.tensors(), src.tensors())
+    """Overwrite `dst`'s rows with `src`'s: one multi-tensor copy on one device; across host
+    and device, copies queued on the current stream (the step after them reads in order)."""
+    dst_tensors, src_tensors = dst.tensors(), src.tensors()
+    if dst_tensors and dst_tensors[0].device == src_tensors[0].device:
+        torch._foreach_copy_(dst_tensors, src_tensors)
+        return
+    for to, of in zip(dst_tensors, src_tensors):
+        to.copy_(of, non_blocking=True)

@@ -91,7 +91,9 @@ class StatsBuilder:
         if now - self._host[0] >= self.HOST_REFRESH_S:
             vm = psutil.virtual_memory()
             rss = self._process.memory_info().rss
-            host = HostMemory(total=vm.total, used=vm.total - vm.available, process_rss=rss)
+            kv_tier, state_tier = self.memory.host_tier_bytes()
+            host = HostMemory(total=vm.total, used=vm.total - vm.available, process_rss=rss,
+                              pinned_kv_tier=kv_tier, pinned_state_tier=state_tier)
             device = (host.total, vm.available)
             if self.device.startswith("cuda"):
                 free, total = torch.cuda.mem_get_info(self.device)

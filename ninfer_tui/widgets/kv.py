@@ -43,7 +43,23 @@ class KvPanel(Panel):
             return Group(summary, Text("no KV pool allocated", style="dim"))
         bar = stacked_bar([(kv.used, USED), (kv.cached, CACHED), (kv.lent, LENT),
                            (kv.free, FREE)], width)
-        return Group(summary, bar, *page_map(kv, width), requests_line(kv))
+        host = host_tier_line(stats)
+        return Group(summary, bar, *page_map(kv, width), requests_line(kv),
+                     *([host] if host is not None else []))
+
+
+def host_tier_line(stats: EngineStats) -> Text | None:
+    """The prefix cache's host tier, when there is one: pages and snapshots held there, and
+    the pages copied back for hits."""
+    tree = stats.prefix
+    if not tree.host_total and not tree.host_snapshot_total:
+        return None
+    return Text.assemble(
+        ("host tier ", "dim"), f"{count(tree.host_pages)}/{count(tree.host_total)} pages",
+        *((("  snapshots ", "dim"),
+           f"{count(tree.host_snapshots)}/{count(tree.host_snapshot_total)}")
+          if tree.host_snapshot_total else ()),
+        ("  restored ", "dim"), count(tree.host_restored_pages))
 
 
 def page_map(kv: KvStats, width: int) -> list[Text]:

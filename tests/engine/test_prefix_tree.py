@@ -125,6 +125,32 @@ def test_eviction_under_pressure_answers_like_no_reuse(family):
     assert got[3][1] > 0  # the most recent conversation stayed and was continued
 
 
+def test_evicted_pages_return_from_the_host_tier(family):
+    """Three 130-token conversations through a 6-page pool: the third pushes the first two
+    out, so without a host tier their next turns restore nothing; with one (`--host-kv-mib 1`,
+    `--host-state-slots 2`) their pages went to host memory and come back: both next turns
+    reuse their whole first prompt (hybrid: from the snapshot one token before its end),
+    answering as an engine without reuse does."""
+    name, artifact = family
+    a, b = _tokens(130, 11), _tokens(130, 12)
+    prompts = [a, b, _tokens(130, 15), a + _tokens(8, 13), b + _tokens(8, 14)]
+    pressure = {"kv_capacity": 384, "kv_lease_window": 8}
+    device = _engine(artifact, **pressure)
+    tiered = _engine(artifact, host_kv_mib=1, host_state_slots=2, **pressure)
+    plain = _engine(artifact, no_prefix_reuse=True, **pressure)
+    try:
+        alone, got, want = _run(device, prompts), _run(tiered, prompts), _run(plain, prompts)
+        stats = tiered.snapshot().prefix
+    finally:
+        for engine in (device, tiered, plain):
+            engine.stop()
+    _same_answers(got, want)
+    assert [r[1] for r in alone[3:]] == [0, 0]
+    full = 129 if name == "hybrid" else 130
+    assert [r[1] for r in got[3:]] == [full, full]
+    assert stats.host_restored_pages >= 4 and stats.host_pages > 0
+
+
 @pytest.mark.slow
 def test_concurrent_random_conversations_answer_like_no_reuse(family):
     """48 requests, three at a time, from shared system prompts, repeats, next turns and edits,

@@ -79,6 +79,10 @@ def test_snapshot_gauges_and_engine_totals(serve):
     assert value(samples, "ninfer:prefix_tree_pages") == 120
     assert value(samples, "ninfer:prefix_tree_snapshots") == 3
     assert value(samples, "ninfer:prefix_tree_evicted_pages_total") == 7
+    assert value(samples, "ninfer:prefix_host_pages") == 40
+    assert value(samples, "ninfer:prefix_host_pages_total") == 128
+    assert value(samples, "ninfer:prefix_host_snapshots") == 5
+    assert value(samples, "ninfer:prefix_host_restored_pages_total") == 33
     assert value(samples, "ninfer:expert_cache_slots") == 384
     assert value(samples, "ninfer:expert_cache_resident") == 371
     assert value(samples, "ninfer:expert_cache_lent_pages") == 50

@@ -2,7 +2,9 @@
 drives it (admit, chunked prefill cut at snapshot boundaries, decode, finish or cancel) with a
 fake model whose K/V row at position i is a hash of tokens 0..i and whose recurrent state is
 (hash, length) of what it has seen. Every restored prefix must hold exactly what computing it
-would have written; page references must add up at every step; nothing is left at the end."""
+would have written; page references must add up at every step; nothing is left at the end.
+With a host tier (`kv.host_tier`) evicted pages and snapshots go to host memory and come back
+for hits: the same checks hold through those round trips."""
 from __future__ import annotations
 
 import random
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from ninfer_engine.kv import KvStorage, PagePool, SequenceMemory, StatePool, codecs_for
+from ninfer_engine.kv.host_tier import HostTier
 
 P, VOCAB, CHUNK = 8, 5, 16
 LAYOUT = [{"ssm": ((2,), torch.float32)}]
@@ -28,17 +31,23 @@ def _hashes(tokens, known=()):
     return out
 
 
+HOST_PAGES, HOST_SLOTS = 24, 3
+
+
 class _Sim:
-    def __init__(self, recurrent: bool, seed: int) -> None:
+    def __init__(self, recurrent: bool, seed: int, host: bool = False) -> None:
         self.rng = random.Random(seed)
         pool = PagePool(40, page_tokens=P)
         self.storage = KvStorage(pool, layers=1, heads=1, dim=4,
                                  codecs=codecs_for("bf16", torch.float32),
                                  activation_dtype=torch.float32)
         states = (lambda n: StatePool(n, LAYOUT, "cpu", SimpleNamespace)) if recurrent else None
+        tier = (lambda snaps: HostTier(self.storage, HOST_PAGES, snaps and snaps.host_copy(
+            HOST_SLOTS, pinned=False))) if host else None
         self.memory = SequenceMemory(self.storage, lease_window=8, max_running=3,
                                      checkpoint_slots=4, prefix_reuse=True, kv_dtype="bf16",
-                                     state_pool=states, snapshot_tokens=2 * P)
+                                     state_pool=states, snapshot_tokens=2 * P,
+                                     host_tier=tier)
         self.bases = [tuple(self.rng.randrange(VOCAB) for _ in range(self.rng.randint(12, 40)))
                       for _ in range(3)]
         self.history: list[tuple[int, ...]] = []
@@ -117,15 +126,24 @@ class _Sim:
             refs.update(seq.cache.pages)
         assert all(allocator.refs(p) == refs[p] for p in range(allocator.total))
         assert allocator.used == len(refs)
-        assert tree._leaves == {node for node in tree._walk() if not node.children}
+        on_device = [n for n in tree._walk() if n.page >= 0]
+        assert tree._leaves == {n for n in on_device
+                                if not any(c.page >= 0 for c in n.children.values())}
         if self.memory.snapshot_slots is not None:
             slots = self.memory.snapshot_slots
             assert slots.free + tree.snapshots == slots.total
+        if tree.host is not None:  # a host node's children are on the host; pages add up
+            on_host = [n for n in tree._walk() if n.page < 0]
+            assert all(c.page < 0 for n in on_host for c in n.children.values())
+            assert tree._host_leaves == {n for n in on_host if not n.children}
+            assert len({n.host for n in on_host}) == len(on_host) == tree.host.used_pages
+            if tree.host_states is not None:
+                states = tree.host_states
+                assert states.free + tree.host_snapshots == states.total
 
 
-@pytest.mark.parametrize("recurrent", [False, True], ids=["llama", "hybrid"])
-def test_a_thousand_random_requests_restore_exactly_and_leak_nothing(recurrent):
-    sim = _Sim(recurrent, seed=1 + recurrent)
+def _drive(sim: _Sim) -> int:
+    """1,000 requests, two waiting at most, three running; returns how many were submitted."""
     memory, pending, submitted = sim.memory, deque(), 0
     for tick in range(100_000):
         if submitted < 1000 and len(pending) < 2:
@@ -143,6 +161,14 @@ def test_a_thousand_random_requests_restore_exactly_and_leak_nothing(recurrent):
         sim.step(sim.rng.choice(sim.running))
         if tick % 97 == 0:
             sim.check_references()
+    return submitted
+
+
+@pytest.mark.parametrize("recurrent", [False, True], ids=["llama", "hybrid"])
+def test_a_thousand_random_requests_restore_exactly_and_leak_nothing(recurrent):
+    sim = _Sim(recurrent, seed=1 + recurrent)
+    memory = sim.memory
+    submitted = _drive(sim)
     stats = memory.prefix_stats()
     assert submitted == 1000 and stats.lookups == 1000
     # the hybrid family restores only where its 4 snapshot slots were kept
@@ -156,3 +182,25 @@ def test_a_thousand_random_requests_restore_exactly_and_leak_nothing(recurrent):
     allocator = memory.allocator
     assert allocator.free == allocator.total and allocator.owners() == 0
     assert memory.free_state_slots == (3 + 4 if recurrent else 0)
+
+
+@pytest.mark.parametrize("recurrent", [False, True], ids=["llama", "hybrid"])
+def test_the_host_tier_turns_evictions_into_hits_and_leaks_nothing(recurrent):
+    """The same 1,000 requests with a host tier of 24 pages (and 3 state slots): every
+    restore still exact, more prompt tokens restored than with the device alone, some of them
+    from pages (llama) or snapshots (hybrid) that went to the host and came back."""
+    device = _Sim(recurrent, seed=1 + recurrent)
+    _drive(device)
+    sim = _Sim(recurrent, seed=1 + recurrent, host=True)
+    memory = sim.memory
+    assert _drive(sim) == 1000
+    stats = memory.prefix_stats()
+    assert stats.hit_tokens == sim.restored
+    assert stats.hit_tokens > 1.15 * device.memory.prefix_stats().hit_tokens
+    assert stats.host_pages > 0 and stats.host_restored_pages > 0
+    assert stats.host_restored_pages > 100 or recurrent and stats.host_snapshots > 0
+    sim.check_references()
+    memory.prefix.clear()
+    allocator, tier = memory.allocator, memory.prefix.host
+    assert allocator.free == allocator.total and allocator.owners() == 0
+    assert tier.used_pages == 0 and (tier.states is None or tier.states.free == HOST_SLOTS)
