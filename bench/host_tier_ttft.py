@@ -1,0 +1,117 @@
+"""Time to first token of a turn whose prefix sits in the prefix cache's host tier, beside a cold
+prefill and a device hit, on the serving engine (`Engine.step`) with random weights on CUDA.
+
+The pool holds one long prompt: conversation A (a `--prompt`-token prompt) runs, then B (as
+long, different) takes A's pages; A's next turn (A + 64 tokens) then restores A from the host
+tier (`--host-kv-mib` sized to hold A, `--host-state-slots 4`), or, in an engine without the
+tier, prefills it all again. A device hit (A's next turn straight after A) is timed too.
+
+    python bench/host_tier_ttft.py --arch 35b-a3b --weights fp8-row --prompt 32768 --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from ninfer_engine.artifact.synth import build_synthetic
+from ninfer_engine.benchmark.engine_step import SyntheticResources, random_prompts, run_requests
+from ninfer_engine.benchmark.footprint import packed_source
+from ninfer_engine.config import PAGE_TOKENS, EngineConfig
+from ninfer_engine.engine import Engine
+from ninfer_engine.models.experts import bf16_fits, free_device_bytes
+from ninfer_engine.models.fused import FusedParams
+from ninfer_engine.models.qwen3_5 import Qwen35Model
+
+TURN = 64  # the new tokens of the next turn
+
+
+def engine_for(model, arch, config, prompt: int, host_mib: int, chunk: int) -> Engine:
+    pool = -(-(prompt + 2 * TURN + 2 * PAGE_TOKENS) // PAGE_TOKENS) * PAGE_TOKENS
+    engine_config = EngineConfig(
+        artifact=Path(f"synth-{arch}"), max_concurrency=1, max_context=pool, kv_capacity=pool,
+        prefill_chunk=chunk, host_kv_mib=host_mib or None,
+        host_state_slots=4 if host_mib else None)
+    return Engine(engine_config, SyntheticResources(arch, config), model=model)
+
+
+def ttft(engine: Engine, prompt: tuple[int, ...]) -> tuple[float, int]:
+    """(seconds to the first token, prompt tokens restored) for one greedy request."""
+    before = engine.memory.hit_tokens
+    run = run_requests(engine, [prompt], 1)
+    torch.cuda.synchronize()
+    return run.first_token_s[0], engine.memory.hit_tokens - before
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="35b-a3b")
+    parser.add_argument("--weights", default="fp8-row")
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--prompt", type=int, default=32768)
+    parser.add_argument("--chunk", type=int, default=4096)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("host_tier_ttft: needs a CUDA device", file=sys.stderr)
+        return 1
+    config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers)
+    fits = bf16_fits(config, free_device_bytes("cuda"))
+    model = Qwen35Model(config, FusedParams(config, packed_source(source, args.weights, "auto",
+                                                                   fits)))
+    vocab = config["vocab_size"]
+    a, b = random_prompts(2, args.prompt, vocab, seed=1)
+    turns = random_prompts(3, TURN, vocab, seed=2)
+    rows = {}
+    for label, host in (("device only", False), ("device + host tier", True)):
+        probe = engine_for(model, args.arch, config, args.prompt, 0, args.chunk)
+        page_bytes = probe.memory.storage.page_bytes
+        del probe
+        host_mib = -(-(args.prompt // PAGE_TOKENS + 4) * page_bytes // 2**20) if host else 0
+        engine = engine_for(model, args.arch, config, args.prompt, host_mib, args.chunk)
+        ttft(engine, random_prompts(1, 2048, vocab, seed=9)[0])  # kernels compiled
+        cold, _ = ttft(engine, a)
+        device_hit, device_reused = ttft(engine, a + turns[0])
+        ttft(engine, b)  # takes A's pages
+        after, reused = ttft(engine, a + turns[1])
+        prefix = engine.snapshot().prefix
+        rows[label] = dict(cold_ttft_s=cold, device_hit_ttft_s=device_hit,
+                           device_hit_reused=device_reused, after_eviction_ttft_s=after,
+                           after_eviction_reused=reused, host_kv_mib=host_mib,
+                           host_restored_pages=prefix.host_restored_pages,
+                           speedup_vs_cold=cold / after)
+        del engine
+        torch.cuda.empty_cache()
+    result = dict(
+        machine=f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Python "
+                f"{platform.python_version()}",
+        command="python " + " ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(),
+        arch=args.arch, weights=args.weights, layers=config["num_hidden_layers"],
+        prompt_tokens=args.prompt, turn_tokens=TURN, rows=rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = f"h200-host-tier-ttft-{args.arch}"
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# Host tier: TTFT of a turn whose {args.prompt}-token prefix was evicted",
+             "", f"- machine: {result['machine']}", f"- command: `{result['command']}`, "
+             f"{result['date']}", f"- {args.arch} ({result['layers']} layers), {args.weights}, "
+             "random weights; a pool that holds one prompt: A, then B (takes A's pages), then "
+             f"A + {TURN} tokens", "",
+             "| engine | cold prefill | device hit (reused) | after eviction (reused) | "
+             "cold / after eviction |", "|---|---|---|---|---|"]
+    for label, r in rows.items():
+        lines.append(f"| {label} | {r['cold_ttft_s'] * 1e3:.0f} ms | "
+                     f"{r['device_hit_ttft_s'] * 1e3:.0f} ms ({r['device_hit_reused']}) | "
+                     f"{r['after_eviction_ttft_s'] * 1e3:.0f} ms ({r['after_eviction_reused']})"
+                     f" | {r['speedup_vs_cold']:.1f}x |")
+    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
