@@ -40,6 +40,7 @@ class ServingEngine(Protocol):
     sampling_defaults: SamplingParams  # model preset then process flags
     thinking_sampling_defaults: SamplingParams  # the same when the prompt opens thinking
     default_max_tokens: int
+    turn_anchors: int  # `--turn-anchors` (`GenerationRequest.anchors`)
 
     @property
     def state(self) -> EngineState: ...

@@ -134,6 +134,7 @@ class Engine:
         arch = (text_config.get("architectures") or [text_config.get("model_type", "model")])[0]
         self.model_id = config.model_id or artifact.name or arch
         self.max_context = config.max_context
+        self.turn_anchors = config.turn_anchors
         self.default_max_tokens = default_max_tokens(artifact, config)
         self.sampling_defaults = sampling_defaults(artifact, config, thinking=False)
         self.thinking_sampling_defaults = sampling_defaults(artifact, config, thinking=True)

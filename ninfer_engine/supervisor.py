@@ -195,6 +195,11 @@ class Supervisor:
         return self.config.max_context
 
     @property
+    def turn_anchors(self) -> int:
+        """`--turn-anchors`: message boundaries a request's prompt is snapshotted at."""
+        return self.config.turn_anchors
+
+    @property
     def tokenizer(self):
         return self._current().tokenizer
 

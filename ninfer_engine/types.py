@@ -46,6 +46,11 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()  # stop strings, matched in the decoded text (withheld from output)
     protocol: str = "openai-chat"
     session_key: str | None = None  # prefix-reuse hint
+    # (prompt position, reuse path) where a reusable prefix ends: a message boundary
+    # (`--turn-anchors`: "private_turn_closure"), an Anthropic cache_control breakpoint or the
+    # instructions before a Responses prompt_cache_key conversation ("shared_stable_prefix");
+    # the hybrid family keeps a recurrent-state snapshot there
+    anchors: tuple[tuple[int, str], ...] = ()
     ignore_eos: bool = False  # benchmarks: always generate max_tokens
     # Thinking cap (contract §8): set only when the output starts inside reasoning. After
     # `thinking_budget` reasoning tokens the engine forces `thinking_close_ids` (Qwen's closing
@@ -95,6 +100,8 @@ class Timings:
     decode_s: float = 0.0  # first token -> last token
     prompt_n: int = 0  # prompt tokens actually computed (not reused)
     cache_n: int = 0  # prompt tokens reused from a prefix checkpoint
+    # what the reuse restored (http-contract §4's reuse paths): "root" when nothing
+    reuse_path: str = "root"
     predicted_n: int = 0
     draft_n: int = 0
     draft_accepted: int = 0

@@ -82,6 +82,7 @@ def parse_messages_request(
         grammar=grammar,
         grammar_param=param,
         parallel_tool_calls=parallel,
+        breakpoints=tuple(parser.marked),
     )
     return request, model, _display_omitted(body)
 
@@ -100,8 +101,11 @@ class _Conversation:
         self.out: list[dict[str, Any]] = []
         self.prefill = ""
         self.breakpoints = 0
+        self.marked: list[int] = []  # `ChatRequest.breakpoints`
 
-    def cache_breakpoint(self, block: dict[str, Any], path: str) -> None:
+    def cache_breakpoint(self, block: dict[str, Any], path: str, system: bool = False) -> None:
+        """A block's `cache_control`: the end of the message being parsed (`system`: of the
+        leading system messages) is a reusable prefix."""
         if block.get("cache_control") is None:
             return
         _check_cache_control(block["cache_control"], f"{path}.cache_control")
@@ -109,6 +113,7 @@ class _Conversation:
         if self.breakpoints > MAX_CACHE_BREAKPOINTS:
             raise invalid_value(f"{path}.cache_control",
                                 f"At most {MAX_CACHE_BREAKPOINTS} cache breakpoints are allowed.")
+        self.marked.append(-1 if system else len(self.out))
 
     def system(self, value: Any) -> None:
         if value is None:
@@ -268,7 +273,7 @@ def _tools(tools: Any, parser: _Conversation) -> list[dict[str, Any]] | None:
         if tool.get("type") not in (None, "custom"):
             raise unsupported(f"{path}.type", "Server tools are not supported.")
         get_bool(tool, "strict", f"{path}.strict")
-        parser.cache_breakpoint(tool, path)
+        parser.cache_breakpoint(tool, path, system=True)
         if not isinstance(tool.get("name"), str):
             raise invalid_value(f"{path}.name", "A tool needs a name.")
         function = {"name": tool["name"],

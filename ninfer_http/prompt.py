@@ -15,6 +15,7 @@ from ninfer_engine.constrained import ConstraintUnavailable, GrammarError, compi
 from ninfer_engine.constrained.matcher import llg_tokenizer
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
+from .anchors import prompt_anchors
 from .errors import ApiError, invalid_value
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
@@ -57,6 +58,9 @@ class ChatRequest:
     logprobs: int | None = None  # alternatives per output token (0: chosen only); None: off
     parallel_tool_calls: bool = True  # False: at most one tool call is returned
     session_key: str | None = None  # prefix-reuse hint (Responses' prompt_cache_key)
+    # messages whose end is a reusable prefix (Anthropic cache_control); -1: the leading system
+    # messages (a breakpoint on a tool or a system block)
+    breakpoints: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,7 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
         protocol=request.protocol,
         report_progress=request.report_progress,
         session_key=request.session_key,
+        anchors=prompt_anchors(engine, request, prompt_ids),
         constraint=_constraint(engine, grammar, thinks, request.grammar_param),
         logprobs=request.logprobs,
         logprob_sink=None if request.logprobs is None else [],

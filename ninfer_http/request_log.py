@@ -138,7 +138,7 @@ class RequestLog:
                     "completion_tokens": usage.completion_tokens,
                     "computed_prefill_tokens": computed,
                     "prefix_cache_hit_tokens": usage.cached_tokens,
-                    "prefix_reuse_path": None},
+                    "prefix_reuse_path": timings.reuse_path},
             timings_seconds={"prepare": _seconds(prepare_s), "ttft": _seconds(ttft_s),
                              "vision": None, "prefill": _seconds(timings.prefill_s),
                              "decode": _seconds(timings.decode_s), "total": _seconds(total_s)},

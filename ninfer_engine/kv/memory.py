@@ -26,6 +26,11 @@ from .radix import Match, PrefixTree
 from .slots import StatePool, copy_state
 
 SNAPSHOT_TOKENS = 1024  # the CPU's prefill chunk: where a long hybrid prompt is snapshotted
+# the reuse paths of http-contract §4, named by what saved the checkpoint a hit ends at
+REPLAY = "private_response_replay"  # a prompt's last token but one: the same prompt again
+LONG_ANCHOR = "private_long_anchor"  # every `snapshot_tokens` of a long prompt
+ENDPOINT = "private_endpoint"  # a finished answer: the conversation's next turn
+STABLE = "shared_stable_prefix"  # llama family: pages of an earlier prompt
 
 
 class SequenceMemory:
@@ -102,6 +107,7 @@ class SequenceMemory:
             self.query_tokens += len(seq.prompt)
             self.hit_tokens += hit.tokens
         seq.cache, seq.state, seq.cached, seq.reused = cache, state, hit.tokens, hit.tokens
+        seq.reuse_path = hit.kind
         return True
 
     def _lease(self, cache: Any, tokens: int, hit: Match = Match()) -> bool:
@@ -127,13 +133,19 @@ class SequenceMemory:
 
     def chunk_tokens(self, seq: Any, tokens: int) -> int:
         """A prefill chunk of up to `tokens`, cut so a hybrid prompt's chunks end on each
-        snapshot boundary and one token before its end (the recurrent state exists only where
-        a chunk ends; the last token then runs alone, one step later, with the decode rows)."""
+        snapshot boundary, each of its anchors and one token before its end (the recurrent
+        state exists only where a chunk ends; the last token then runs alone, one step later,
+        with the decode rows)."""
         if self.prefix is None or not self.prefix.recurrent:
             return tokens
         end, last = seq.cached + tokens, len(seq.prompt) - 1
-        cuts = [p for p in (end - end % self.snapshot_tokens, last) if seq.cached < p < end]
+        cuts = [p for p in (end - end % self.snapshot_tokens, last, *self._anchors(seq))
+                if seq.cached < p < end]
         return min(cuts) - seq.cached if cuts else tokens
+
+    def _anchors(self, seq: Any) -> dict[int, str]:
+        """The request's anchors inside its prompt (not its last token: that one is sampled)."""
+        return {p: kind for p, kind in seq.request.anchors if 0 < p < len(seq.prompt) - 1}
 
     def prefilled(self, seq: Any) -> None:
         """After a prefill chunk: its full pages join the tree (llama family: every chunk;
@@ -143,16 +155,20 @@ class SequenceMemory:
             return
         n = min(seq.cached, len(seq.prompt))
         if not self.prefix.recurrent:
-            self.prefix.insert(seq.prompt[:n], seq.cache.pages)
-        elif n == len(seq.prompt) - 1 or (n % self.snapshot_tokens == 0 and n < len(seq.prompt)):
-            self.prefix.insert(seq.prompt[:n], seq.cache.pages, seq.state)
+            self.prefix.insert(seq.prompt[:n], seq.cache.pages, kind=STABLE)
+            return
+        kind = self._anchors(seq).get(n) or (REPLAY if n == len(seq.prompt) - 1 else LONG_ANCHOR)
+        if (n == len(seq.prompt) - 1 or kind != LONG_ANCHOR
+                or (n % self.snapshot_tokens == 0 and n < len(seq.prompt))):
+            self.prefix.insert(seq.prompt[:n], seq.cache.pages, seq.state, kind=kind)
 
     def checkpoint(self, seq: Any) -> None:
         """A finished answer: its computed frontier (the first `cached` tokens of prompt and
         output) joins the tree, its partial last page handed over (call before `release`)."""
         if self.prefix is not None and seq.cache is not None:
             tokens = (*seq.prompt, *seq.output)[: seq.cached]
-            self.prefix.insert(tuple(tokens), seq.cache.pages, seq.state, hand_over=True)
+            self.prefix.insert(tuple(tokens), seq.cache.pages, seq.state, hand_over=True,
+                               kind=ENDPOINT)
 
     def forget_prefixes(self) -> None:
         """Drop the tree and its counters (after the startup warm-up's random prompts)."""

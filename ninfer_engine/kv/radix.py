@@ -99,9 +99,10 @@ class PrefixTree(HostMoves):
         if plan.snap is not None:
             plan.snap.restored = now
         snapshot = None if plan.snap is None else plan.snap.snapshot or plan.snap.host_snapshot
+        end = plan.snap or plan.tail or (plan.path[-1] if plan.path else None)
         return Match(plan.tokens, tuple(n.page for n in plan.path),
                      None if plan.tail is None else (plan.tail.page, plan.k), snapshot,
-                     plan.tail)
+                     plan.tail, end.kind if plan.tokens and end is not None else "root")
 
     def _plan(self, path: list[Node], prompt: tuple[int, ...], limit: int,
               host_tails: bool) -> Plan:
@@ -147,18 +148,19 @@ class PrefixTree(HostMoves):
         return best
 
     def insert(self, tokens: tuple[int, ...], pages: list[int], state: StateSlot | None = None,
-               hand_over: bool = False) -> None:
+               hand_over: bool = False, kind: str = "") -> None:
         """Add the computed prefix `tokens` whose K/V is in `pages` (a request's page table):
         its full pages shared; with `state` (the recurrent state after `tokens`) a snapshot at
         its end; its partial last page as a tail, handed over (`hand_over`: its writer is
-        done with it) or copied (only with a snapshot: a hybrid prompt's)."""
+        done with it) or copied (only with a snapshot: a hybrid prompt's). `kind`: the reuse
+        path of the nodes it adds and of its snapshot."""
         P, now = self.page_tokens, next(self._clock)
         node = self.root
         for i in range(len(tokens) // P):
             key = tokens[i * P: (i + 1) * P]
             child = node.children.get(key)
             if child is None:
-                child = self._add(node, key, pages[i])
+                child = self._add(node, key, pages[i], kind)
             elif child.page < 0:  # on the host: the request's own page holds the same K/V
                 self._adopt(child, pages[i])
             child.used = now
@@ -166,21 +168,21 @@ class PrefixTree(HostMoves):
         k = len(tokens) % P
         if k == 0:
             if state is not None and node is not self.root:
-                self._keep_snapshot(node, state, now)
+                self._keep_snapshot(node, state, now, kind)
             return
         key = tokens[-k:]
         tail = node.children.get(key)
         if tail is not None:
             tail.used = now
             if state is not None:
-                self._keep_snapshot(tail, state, now)
+                self._keep_snapshot(tail, state, now, kind)
             return
         if state is None and (self.recurrent or not hand_over):
             return  # a hybrid tail without a snapshot restores nothing
         if hand_over:
-            tail = self._add(node, key, pages[len(tokens) // P])
+            tail = self._add(node, key, pages[len(tokens) // P], kind)
         else:
-            tail = Node(key, node, node.depth + k)
+            tail = Node(key, node, node.depth + k, kind=kind)
             if not self._lease(tail, k, keep=(node,)):
                 return
             self.storage.copy_slots(pages[len(tokens) // P], self.allocator.table(tail)[0], k)
@@ -190,8 +192,8 @@ class PrefixTree(HostMoves):
         if state is not None and not self._snapshot(tail, state):
             self._remove(tail)
 
-    def _add(self, parent: Node, key: tuple[int, ...], page: int) -> Node:
-        child = Node(key, parent, parent.depth + len(key), page)
+    def _add(self, parent: Node, key: tuple[int, ...], page: int, kind: str) -> Node:
+        child = Node(key, parent, parent.depth + len(key), page, kind=kind)
         self.allocator.share(child, [page])
         self._attach(parent, child)
         return child
@@ -212,12 +214,14 @@ class PrefixTree(HostMoves):
         self.evict(1, keep)
         return self.allocator.lease(tail, k)
 
-    def _keep_snapshot(self, node: Node, state: StateSlot, now: int) -> None:
-        """A snapshot at `node`: a new one, or the one there saved again (fresher in LRU)."""
+    def _keep_snapshot(self, node: Node, state: StateSlot, now: int, kind: str) -> None:
+        """A snapshot at `node`: a new one, or the one there saved again (fresher in LRU);
+        the latest save names it."""
         if node.snapshot is None and node.host_snapshot is None:
             self._snapshot(node, state)
         else:
             node.restored = now
+        node.kind = kind
 
     def _snapshot(self, node: Node, state: StateSlot) -> bool:
         """Copy `state` into a snapshot slot at `node` (the LRU snapshot gives way)."""

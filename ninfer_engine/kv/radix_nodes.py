@@ -20,6 +20,7 @@ class Node:
     snapshot: StateSlot | None = None
     host_snapshot: StateSlot | None = None  # the snapshot, moved to a host slot
     used: int = 0  # LRU clock of the last hit or insert through this node
+    kind: str = ""  # the reuse path a hit ending here reports: who saved it (`insert`)
     restored: int = 0  # LRU clock of the snapshot's last save or restore
 
 
@@ -45,6 +46,7 @@ class Match:
     copy: tuple[int, int] | None = None
     snapshot: StateSlot | None = None
     source: Node | None = None  # the copied node: kept while the request's pages are leased
+    kind: str = "root"  # the reuse path (http-contract §4): the kind of the node it ends at
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -66,6 +66,7 @@ class Sequence:
     state: Any = None  # recurrent-state slot (hybrid family)
     cached: int = 0  # tokens whose K/V is in the cache
     reused: int = 0  # prompt tokens restored from a prefix checkpoint, not computed
+    reuse_path: str = "root"  # the kind of checkpoint they came from (`Timings.reuse_path`)
     output: list[int] = field(default_factory=list)
     cancelled: bool = False  # set from the event loop when the consumer goes away
     finish_reason: str | None = None
@@ -174,6 +175,7 @@ class Sequence:
             decode_s=(self.last_token - first) if self.last_token else 0.0,
             prompt_n=max(min(self.cached, len(self.prompt)) - self.reused, 0),
             cache_n=self.reused,
+            reuse_path=self.reuse_path,
             predicted_n=len(self.output),
             draft_n=self.drafted,
             draft_accepted=self.draft_accepted,

@@ -45,12 +45,13 @@ def _engine(artifact, **overrides) -> Engine:
     return engine
 
 
-def _run(engine, prompts, max_tokens=6):
-    """Each prompt in turn: (output tokens, cached tokens, computed prompt tokens, the output
-    tokens' log-probabilities)."""
+def _run(engine, prompts, max_tokens=6, anchors=()):
+    """Each prompt in turn (with `anchors[i]`, if given): (output tokens, cached tokens,
+    computed prompt tokens, the output tokens' log-probabilities, the reuse path)."""
     async def one(i, prompt, sink):
         request = GenerationRequest(f"r{i}", prompt, GREEDY, max_tokens, ignore_eos=True,
-                                    logprobs=0, logprob_sink=sink)
+                                    logprobs=0, logprob_sink=sink,
+                                    anchors=anchors[i] if anchors else ())
         return [e async for e in engine.submit(request)]
 
     results = []
@@ -61,7 +62,8 @@ def _run(engine, prompts, max_tokens=6):
             final = events[-1]
             assert final.finish == "length", final.error
             results.append(([t for e in events for t in e.token_ids], final.usage.cached_tokens,
-                            final.timings.prompt_n, [entry.logprob for entry in sink]))
+                            final.timings.prompt_n, [entry.logprob for entry in sink],
+                            final.timings.reuse_path))
     return results
 
 
@@ -149,6 +151,32 @@ def test_evicted_pages_return_from_the_host_tier(family):
     full = 129 if name == "hybrid" else 130
     assert [r[1] for r in got[3:]] == [full, full]
     assert stats.host_restored_pages >= 4 and stats.host_pages > 0
+
+
+def test_an_anchor_is_a_restore_point_named_by_its_reuse_path(family):
+    """Two prompts sharing 100 tokens, the first anchored there (a message boundary): the
+    hybrid family restores all 100 from the anchor's snapshot (without it, the 64 of its last
+    chunk snapshot), the llama family any page boundary anyway; each hit names its reuse path,
+    and the answers are those of an engine without reuse."""
+    name, artifact = family
+    shared = _tokens(100, 21)
+    prompts = [shared + _tokens(30, 22), shared + _tokens(30, 23)]
+    anchored = _engine(artifact)
+    bare = _engine(artifact)
+    plain = _engine(artifact, no_prefix_reuse=True)
+    try:
+        got = _run(anchored, prompts, anchors=[((100, "private_turn_closure"),), ()])
+        without, want = _run(bare, prompts), _run(plain, prompts)
+    finally:
+        for engine in (anchored, bare, plain):
+            engine.stop()
+    _same_answers(got, want)
+    assert got[0][4] == "root"
+    if name == "hybrid":
+        assert (got[1][1], got[1][4]) == (100, "private_turn_closure")
+        assert (without[1][1], without[1][4]) == (64, "private_long_anchor")
+    else:  # token-granular: the first prompt's pages and the copied part of its second page
+        assert (got[1][1], got[1][4]) == (100, "shared_stable_prefix")
 
 
 @pytest.mark.slow

@@ -48,7 +48,8 @@ class RecordingTemplate:
         self.calls: list[dict] = []
 
     def render(self, messages, tools=None, add_generation_prompt=True, **template_kwargs) -> str:
-        self.calls.append({"messages": messages, "tools": tools, "kwargs": template_kwargs})
+        if add_generation_prompt:  # the prompt's render, not an anchor's (`ninfer_http.anchors`)
+            self.calls.append({"messages": messages, "tools": tools, "kwargs": template_kwargs})
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 

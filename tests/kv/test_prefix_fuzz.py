@@ -150,7 +150,8 @@ def _drive(sim: _Sim) -> int:
             pending.append(SimpleNamespace(
                 prompt=sim.prompt(), output=[], cached=0, reused=0, cache=None, state=None,
                 hashes=[],
-                request=SimpleNamespace(max_tokens=sim.rng.randint(1, 10)), id=str(submitted)))
+                request=SimpleNamespace(max_tokens=sim.rng.randint(1, 10), anchors=()),
+                id=str(submitted)))
             submitted += 1
         while pending and len(sim.running) < 3 and memory.admit(pending[0]):
             sim.admitted(pending[0])

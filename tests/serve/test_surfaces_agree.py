@@ -180,6 +180,10 @@ def test_log_request_log_metrics_and_engine_state_agree(launch, tmp_path):
         logged = (result["prompt_tokens"], result["completion_tokens"],
                   result["prefix_cache_hit_tokens"])
         assert r["tokens"] == logged == (line["prompt"], line["output"], line["cached"]), r
+        # a hit names its reuse path (the llama family: an earlier prompt's or answer's pages)
+        hit = result["prefix_cache_hit_tokens"] > 0
+        assert result["prefix_reuse_path"] in (
+            ("shared_stable_prefix", "private_endpoint") if hit else ("root",)), result
         assert abs(line["ttft_ms"] - seconds["ttft"] * 1000) <= MS_ROUNDING, (line, seconds)
         queue_s = event["engine_timing"]["queue_wait_seconds"]
         assert abs(line["queue_ms"] - queue_s * 1000) <= MS_ROUNDING, (line, event)
