@@ -8,7 +8,7 @@ misses, and asks its policy for a victim when a miss is admitted. Policies, per 
   victim is the resident expert with the lowest count (ties: the least recently used). Routing
   is skewed (a few experts take most tokens), and frequency keeps those resident where recency
   lets a burst of cold experts push them out: on a Zipf(s=1.0) trace over 64 experts, top-4,
-  16 slots, it hits ~10 points more often than LRU (`tests/experts/test_slot_cache.py`).
+  16 slots, it hits 65 % of lookups where LRU hits 54 % (`tests/experts/test_slot_cache.py`).
 - `LruPolicy`: least recently used, the baseline (FreeToken, Mixtral offloading).
 """
 from __future__ import annotations
