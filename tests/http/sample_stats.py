@@ -44,7 +44,7 @@ def busy_stats(state: str = "ready") -> EngineStats:
         prefix=PrefixStats(lookups=10, hits=6, lookup_tokens=9000, hit_tokens=5000, pages=120,
                            nodes=120, snapshots=3, evicted_pages=7),
         experts=ExpertStats(slots=384, resident=371, lent_pages=50, hits=9000, misses=1000,
-                            cpu_share=0.18),
+                            cpu_share=0.18, cached=371, bytes_copied=3 * 2**30),
         spec=SpecStats(backend="mtp", window=3, rounds=1000, drafted=3000, accepted=2040,
                        per_position=(0.84, 0.68, 0.52)),
         queue=QueueStats(
