@@ -32,14 +32,11 @@ def expert_tiers_for(config: EngineConfig, text_config: dict, source, device,
     if not offload or not layers:
         return None
     device = torch.device(device)
-    width, hidden = text_config["moe_intermediate_size"], text_config["hidden_size"]
 
     def get(layer, e, member, shape):
         return source(expert_name(layer, e, member), shape)
 
-    probe = stack_experts(lambda e, m, shape: get(layers[0], 0, m, shape), 1, width, hidden)
-    expert_bytes = sum(s.expert_bytes for s in probe)
-    del probe
+    expert_bytes = served_expert_bytes(text_config, get)
     if config.expert_vram_auto:
         free = free_device_bytes(device)
         if free is None:
@@ -62,6 +59,15 @@ def expert_tiers_for(config: EngineConfig, text_config: dict, source, device,
              config.expert_miss, config.expert_cache)
     return ExpertTiers(text_config, placement, get, device, config.expert_miss,
                        config.expert_cache)
+
+
+def served_expert_bytes(text_config: dict, get) -> int:
+    """Bytes of one routed expert as the device serves it: expert 0 of the first MoE layer
+    stacked once through `get(layer, e, member, shape)`."""
+    first = moe_layers(text_config)[0]
+    probe = stack_experts(lambda e, m, shape: get(first, 0, m, shape), 1,
+                          text_config["moe_intermediate_size"], text_config["hidden_size"])
+    return sum(s.expert_bytes for s in probe)
 
 
 def _other_weight_bytes(text_config: dict) -> int:

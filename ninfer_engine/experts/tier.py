@@ -64,6 +64,8 @@ class LayerTier:
         self.stream = torch.cuda.Stream(self.device) if cuda else None
         self.pending = None  # the side stream's event after the step's copies
         self.device_pairs = self.cpu_pairs = self.bytes_copied = 0
+        self.cpu_experts = 0  # experts computed on the CPU (each reads its host bytes once)
+        self.routed = [0] * self.experts  # (token, expert) pairs per expert: the popularity
         for s in range(slots):
             self._copy_in(s, s)
         self._wait()
@@ -130,6 +132,8 @@ class LayerTier:
         sizes = counts.tolist()  # the one host sync
         starts = [0, *itertools.accumulate(sizes)]
         used = [e for e, n in enumerate(sizes) if n]
+        for e in used:
+            self.routed[e] += sizes[e]
         missing = set(self.map.lookup(used))
         out = torch.empty_like(xs)
         for e in sorted(used, key=lambda e: e in missing):  # hits first, then each miss
@@ -138,6 +142,7 @@ class LayerTier:
                 y = self.cpu_expert(xs[rows].cpu(), e)
                 out[rows] = y.to(xs.device, xs.dtype)
                 self.cpu_pairs += sizes[e]
+                self.cpu_experts += 1
                 continue
             if e in missing:
                 self._copy_in(e, self.map.admit(e, set()))
@@ -152,6 +157,8 @@ class LayerTier:
         sum [B, H] fp32 on the device or None) for routing `ids [B·k]` of rows `y [B, H]`."""
         routed = ids.tolist()  # the step's one host sync for this layer
         used = sorted(set(routed))
+        for e in routed:
+            self.routed[e] += 1
         on_cpu = set()
         for e in self.map.lookup(used):
             rows = routed.count(e)
@@ -175,6 +182,7 @@ class LayerTier:
             weights = weights * keep.to(weights.device, weights.dtype)
             cpu_sum = total.to(y.device)
         self.cpu_pairs += sum(e in on_cpu for e in routed)
+        self.cpu_experts += len(on_cpu)
         self.device_pairs += sum(e not in on_cpu for e in routed)
         self._wait()
         return slots.to(y.device), weights, cpu_sum
