@@ -75,10 +75,9 @@ class LayerTier:
 
     def _copy_in(self, expert: int, slot: int) -> None:
         """Host expert → device slot: asynchronous on the side stream where CUDA is."""
-        ctx = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
-        with ctx:
-            if self.stream is not None:
-                self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        if self.stream is not None:  # the slot's last readers finish before it is written
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
             for src, dst in ((self.host_gu, self.slot_gu), (self.host_down, self.slot_down)):
                 dst.w[slot].copy_(src.w[expert], non_blocking=True)
                 if src.scale is not None:
@@ -96,6 +95,7 @@ class LayerTier:
 
     def resize(self, slots: int) -> None:
         """Grow or shrink the slot stacks (lending); kept experts move to their new slots."""
+        self._wait()  # no copy into the old stacks is still in flight when they are freed
         old = self.map.resize(slots)
         for name in ("slot_gu", "slot_down"):
             prev = getattr(self, name)

@@ -75,10 +75,37 @@ def test_the_ram_guard_refuses_with_one_line_unless_disabled():
     check_ram_guard(0, {}, available=0)  # nothing offloaded: nothing to check
 
 
+def test_the_engine_refuses_to_load_before_filling_the_host_store(monkeypatch):
+    """The engine's load with free RAM reported below the host store: `EngineLoadError` with
+    the guard's line (the CLI prints it and exits 1: the slow test below); with
+    NINFER_RAM_GUARD=0 the same engine loads."""
+    from pathlib import Path
+
+    from ninfer_engine.config import EngineConfig
+    from ninfer_engine.engine import Engine, EngineLoadError
+    from ninfer_engine.experts import placement
+    from tests.engine.hybrid_helpers import HybridArtifact
+
+    artifact = HybridArtifact("qwen3_5_moe")
+    config = EngineConfig(artifact=Path("tiny.ninfer"), max_context=256,
+                          expert_vram_mib=2 * 4 * EXPERT_BYTES / 2**20)
+    real = placement.psutil.virtual_memory
+    monkeypatch.setattr(placement.psutil, "virtual_memory",
+                        lambda: SimpleNamespace(**{**real()._asdict(), "available": 4096}))
+    monkeypatch.delenv("NINFER_RAM_GUARD", raising=False)
+    with pytest.raises(EngineLoadError, match="page-locked host RAM but only 0.00 GiB is free"):
+        Engine(config, artifact)
+    monkeypatch.setenv("NINFER_RAM_GUARD", "0")
+    engine = Engine(config, artifact)
+    assert engine.model.expert_tiers.host.nbytes == 8 * 4 * EXPERT_BYTES
+
+
+@pytest.mark.slow
 def test_ninfer_serve_exits_1_when_the_experts_do_not_fit_in_free_ram(tmp_path, monkeypatch,
                                                                        capfd):
     """The real startup path (`ninfer_tui.cli.main`, headless) with free RAM reported below
-    the tiny model's host store: one line naming the guard, exit 1."""
+    the tiny model's host store: one line naming the guard, exit 1 (slow: writing the
+    synthetic artifact draws its 248K-token embedding, ~5-12 s here)."""
     from ninfer_engine.experts import placement
     from ninfer_tui.cli import main
 
