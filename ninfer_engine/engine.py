@@ -21,7 +21,7 @@ from .arrival import current_arrival
 from .chat import ChatTemplate
 from .config import EngineConfig
 from .cpu_threads import run_on_own_thread
-from .experts import expert_tiers_for
+from .experts import expert_tiers_for, offloading
 from .faults import Faults
 from .step.event_pump import EventPump
 from .memory_plan import auto_kv_capacity, build_memory
@@ -94,6 +94,8 @@ class Engine:
                 dtype, matmul = torch.float32, MATMUL_DTYPES[config.cpu_matmul]
             else:
                 dtype, matmul = CUDA_DTYPES[config.cuda_dtype], None
+
+            offloading(config, text_config)  # an expert budget for a dense model is an error
 
             def load():
                 built = model or build_model(

@@ -27,9 +27,8 @@ def expert_tiers_for(config: EngineConfig, text_config: dict, source, device,
                      dtype: torch.dtype) -> ExpertTiers | None:
     """Tiers for the hybrid MoE model over parameter `source`, when the budget leaves some
     routed experts off the device; None otherwise (and for a dense model)."""
-    offload = config.expert_vram_mib is not None or config.expert_vram_auto
     layers = moe_layers(text_config)
-    if not offload or not layers:
+    if not offloading(config, text_config):
         return None
     device = torch.device(device)
 
@@ -59,6 +58,16 @@ def expert_tiers_for(config: EngineConfig, text_config: dict, source, device,
              config.expert_miss, config.expert_cache)
     return ExpertTiers(text_config, placement, get, device, config.expert_miss,
                        config.expert_cache)
+
+
+def offloading(config: EngineConfig, text_config: dict) -> bool:
+    """Whether the flags ask for a budget; `ValueError` when the model has no routed experts
+    (a flag is never silently ignored)."""
+    asked = config.expert_vram_mib is not None or config.expert_vram_auto
+    if asked and not moe_layers(text_config):
+        arch = (text_config.get("architectures") or ["this model"])[0]
+        raise ValueError(f"--expert-vram-mib: {arch} has no routed experts")
+    return asked
 
 
 def served_expert_bytes(text_config: dict, get) -> int:

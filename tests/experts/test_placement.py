@@ -119,3 +119,14 @@ def test_ninfer_serve_exits_1_when_the_experts_do_not_fit_in_free_ram(tmp_path, 
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if "page-locked host RAM" in line]
     assert len(lines) == 1 and "NINFER_RAM_GUARD=0" in lines[0]
+
+
+def test_an_expert_budget_for_a_dense_model_is_an_error():
+    from ninfer_engine.config import EngineConfig
+    from ninfer_engine.experts import offloading
+
+    config = EngineConfig(artifact=None, expert_vram_mib=512.0)
+    with pytest.raises(ValueError, match="Qwen3_5ForCausalLM has no routed experts"):
+        offloading(config, synth_config("tiny-dense"))
+    assert offloading(config, synth_config("tiny-moe"))
+    assert not offloading(EngineConfig(artifact=None), synth_config("tiny-moe"))
