@@ -10,7 +10,8 @@ The model is `flash-next` (Qwen3-Next-80B-A3B class: 512 routed experts, top-10,
 H = 2048) cut to `--layers` layers (default 16 of 48, so the host store of every expert, ~24 GiB
 page-locked, and eight builds fit in one call), random weights drawn on the device once, routed
 experts stored fp8-row (`--recipe`). Each configuration builds the serving model over those
-weights: 0 % (every expert on the device: the CUDA-graph step) or 25 / 50 / 80 % of the routed
+weights: 0 % (every expert stacked on the device: the CUDA-graph step; and every expert in a
+slot of the tier: its uncaptured step, the cost of the path alone) or 25 / 50 / 80 % of the routed
 experts off the device (`round((1 − share) · 512)` device slots a layer, every expert in the
 host store; misses by the measured cost model unless `--miss`), then times `Engine.step`:
 
@@ -43,7 +44,7 @@ from ninfer_engine.artifact.synth import build_synthetic
 from ninfer_engine.benchmark.engine_step import bench_engine, random_prompts
 from ninfer_engine.benchmark.footprint import packed_source
 from ninfer_engine.benchmark.routing_skew import skewed_routers, top_share
-from ninfer_engine.experts import plan_placement
+from ninfer_engine.experts import ExpertPlacement
 from ninfer_engine.experts.loading import served_expert_bytes
 from ninfer_engine.experts.placement import moe_layers
 from ninfer_engine.experts.tiers import ExpertTiers, expert_name
@@ -51,7 +52,10 @@ from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
-SHARES = (0.0, 0.25, 0.5, 0.8)
+# (share of the experts off the device, through the tier): 0 % twice, the captured all-resident
+# step and the tier's uncaptured step with every expert in a slot (the cost of the path alone)
+# (in the order run: the issue's targets first, so a run cut short by --budget-s keeps them)
+CONFIGS = ((0.0, False), (0.5, True), (0.8, True), (0.25, True), (0.0, True))
 SKEW = 0.3
 WARM, PROMPT = 8, 64
 MB = 1e6
@@ -96,17 +100,17 @@ def memo(source):
     return params
 
 
-def build(config, source, share, skew, miss, device):
-    """The serving model over `source`: every expert on the device (share 0) or a tier."""
+def build(config, source, share, tiered, skew, miss, device):
+    """The serving model over `source`: every expert stacked on the device, or a tier."""
     source = skewed_routers(source, skew)
     tiers = None
-    if share > 0:
+    if tiered:
         def get(layer, e, member, shape):
             return source(expert_name(layer, e, member), shape)
         expert_bytes = served_expert_bytes(config, get)
         slots = max(1, round((1 - share) * config["num_experts"]))
-        placement = plan_placement(config, expert_bytes,
-                                   slots * len(moe_layers(config)) * expert_bytes)
+        placement = ExpertPlacement(config["num_experts"], moe_layers(config), slots,
+                                    expert_bytes)
         tiers = ExpertTiers(config, placement, get, device, miss)
         source = tiers.placeholders(source)
     params = FusedParams(config, source, tiers) if device.type == "cuda" else source
@@ -168,8 +172,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--miss", choices=("auto", "copy", "cpu"), default="auto")
     ap.add_argument("--out", default="bench/results/h200-expert-offload")
+    ap.add_argument("--budget-s", type=float, default=480,
+                    help="start no configuration after this many seconds (one device call)")
     ap.add_argument("--smoke", action="store_true", help="tiny-moe on the CPU (orchestration)")
     args = ap.parse_args()
+    began, skipped = time.perf_counter(), []
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     arch = "tiny-moe" if args.smoke else "flash-next"
     layers = None if args.smoke else args.layers
@@ -190,15 +197,22 @@ def main() -> int:
                   experts=config["num_experts"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for routing, skew in (("uniform", 0.0), ("skewed", SKEW)):
-        for share in SHARES:
-            log(f"{routing} routing, {share:.0%} of the experts off the device")
+    for share, tiered in CONFIGS:
+        for routing, skew in (("uniform", 0.0), ("skewed", SKEW)):
+            if time.perf_counter() - began > args.budget_s:
+                skipped.append(dict(routing=routing, host_share=share, tier=tiered))
+                result["not_measured"] = dict(reason=f"--budget-s {args.budget_s:.0f} spent",
+                                              configs=skipped)
+                continue
+            log(f"{routing} routing, {share:.0%} of the experts off the device"
+                + (" (tier)" if tiered else ""))
             t = time.perf_counter()
-            model, tiers = build(config, source, share, skew, args.miss, device)
+            model, tiers = build(config, source, share, tiered, skew, args.miss, device)
             engine = bench_engine(model, arch, config, 8, 1024)
             built = time.perf_counter() - t
             for batch in (1, 8):
                 row = dict(routing=routing, host_share=share, build_s=built,
+                           path="tier, eager step" if tiers else "all stacked, graph step",
                            slots=tiers.placement.slots if tiers else config["num_experts"],
                            **decode(engine, tiers, batch, args.steps, config["vocab_size"],
                                     seed=batch))
@@ -217,14 +231,20 @@ def main() -> int:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            Path(f"{out}.json").write_text(json.dumps(result, indent=1))
-    Path(f"{out}.md").write_text(report(result))
+            write(out, result)
+    write(out, result)
     return 0
+
+
+def write(out: Path, result: dict) -> None:
+    """The JSON and the markdown so far (a run cut short keeps what it measured)."""
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1))
+    Path(f"{out}.md").write_text(report(result))
 
 
 def report(r: dict) -> str:
     base = {(row["routing"], row["batch"]): row["tok_s"] for row in r["rows"]
-            if row["host_share"] == 0}
+            if row["path"].startswith("all stacked")}
     m = r["machine"]
     lines = [
         f"# Routed experts off the device: {r['arch']}, {r['layers']} layers, {r['recipe']}",
@@ -235,22 +255,33 @@ def report(r: dict) -> str:
         f"{r['moe_layers']} MoE layers; misses: {r['miss']}. Skewed routing: "
         f"{r['routing']['skewed']} (top-20 % share measured per row).",
         "",
-        "| routing | off device | slots | B | tok/s | × all-on-device | hit rate | CPU share "
-        "| MB/token copied | MB/token CPU-read | uniform need MB/token | bound tok/s | top-20 % share |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "| routing | off device | path | slots | B | tok/s | × all-on-device | hit rate "
+        "| CPU share | MB/token copied | MB/token CPU-read | uniform need MB/token "
+        "| bound tok/s | top-20 % share |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(row) -> str:
+        all_on = base.get((row["routing"], row["batch"]))
+        return f"{row['tok_s'] / all_on:.2f}" if all_on else ""
+
     for row in r["rows"]:
         need = row["uniform_host_mb_per_token"]
         bound = m["h2d_gbps"] * 1e3 / need if need and row["batch"] == 1 else None
         hit = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%}"
         top = f"{row['top20_share']:.0%}" if "top20_share" in row else ""
         lines.append(
-            f"| {row['routing']} | {row['host_share']:.0%} | {row['slots']} | {row['batch']} "
-            f"| {row['tok_s']:.1f} | {row['tok_s'] / base[(row['routing'], row['batch'])]:.2f} "
+            f"| {row['routing']} | {row['host_share']:.0%} | {row['path']} | {row['slots']} "
+            f"| {row['batch']} "
+            f"| {row['tok_s']:.1f} | {ratio(row)} "
             f"| {hit} | {row['cpu_share']:.1%} | {row['copied_mb_per_token']:.1f} "
             f"| {row['cpu_read_mb_per_token']:.1f} | {need:.1f} "
             f"| {'' if bound is None else f'{bound:.1f}'} | {top} |")
     lines += ["", "`bound tok/s`: host → device bandwidth / the uniform need (every missed "
               "expert copied once per token, nothing else in the step), per sequence at B = 1."]
+    if "not_measured" in r:
+        lines += ["", f"Not measured ({r['not_measured']['reason']}): "
+                  + ", ".join(f"{c['routing']} {c['host_share']:.0%}" + (" tier" * c["tier"])
+                              for c in r["not_measured"]["configs"])]
     return "\n".join(lines) + "\n"
 
 
