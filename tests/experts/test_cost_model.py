@@ -18,7 +18,7 @@ def test_the_rule_compares_cpu_time_with_the_copy():
     expert = 3 * 2**20  # a 3 MiB expert copies in 3.1 ms
     assert costs.prefer_cpu(1, expert, 8192)
     assert not costs.prefer_cpu(16, expert, 8192)
-    assert not costs.prefer_cpu(1, expert, 2**20)  # a huge activation row costs its transfer
+    assert not costs.prefer_cpu(1, expert, 2**21)  # a huge activation row costs its transfer
 
 
 def test_measure_times_the_copy_and_the_cpu_expert():
