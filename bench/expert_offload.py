@@ -100,7 +100,7 @@ def memo(source):
     return params
 
 
-def build(config, source, share, tiered, skew, miss, device):
+def build(config, source, share, tiered, skew, miss, prefetch, device):
     """The serving model over `source`: every expert stacked on the device, or a tier."""
     source = skewed_routers(source, skew)
     tiers = None
@@ -111,7 +111,7 @@ def build(config, source, share, tiered, skew, miss, device):
         slots = max(1, round((1 - share) * config["num_experts"]))
         placement = ExpertPlacement(config["num_experts"], moe_layers(config), slots,
                                     expert_bytes)
-        tiers = ExpertTiers(config, placement, get, device, miss)
+        tiers = ExpertTiers(config, placement, get, device, miss, prefetch=prefetch)
         source = tiers.placeholders(source)
     params = FusedParams(config, source, tiers) if device.type == "cuda" else source
     model = Qwen35Model(config, params)
@@ -123,13 +123,14 @@ def build(config, source, share, tiered, skew, miss, device):
 def counters(tiers) -> dict:
     if tiers is None:
         return dict(hits=0, misses=0, cpu_pairs=0, device_pairs=0, bytes_copied=0,
-                    cpu_experts=0)
+                    cpu_experts=0, prefetched=0)
     layers = tiers.layers.values()
     return dict(hits=sum(t.map.hits for t in layers), misses=sum(t.map.misses for t in layers),
                 cpu_pairs=sum(t.cpu_pairs for t in layers),
                 device_pairs=sum(t.device_pairs for t in layers),
                 bytes_copied=sum(t.bytes_copied for t in layers),
-                cpu_experts=sum(t.cpu_experts for t in layers))
+                cpu_experts=sum(t.cpu_experts for t in layers),
+                prefetched=sum(t.prefetched for t in layers))
 
 
 def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict:
@@ -162,7 +163,8 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
                 hit_rate=d["hits"] / lookups if lookups else None,
                 cpu_share=d["cpu_pairs"] / pairs if pairs else 0.0,
                 copied_mb_per_token=d["bytes_copied"] / tokens / MB,
-                cpu_read_mb_per_token=d["cpu_experts"] * expert_bytes / tokens / MB)
+                cpu_read_mb_per_token=d["cpu_experts"] * expert_bytes / tokens / MB,
+                prefetched_per_token=d["prefetched"] / tokens)
 
 
 def main() -> int:
@@ -172,6 +174,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--miss", choices=("auto", "copy", "cpu"), default="auto")
     ap.add_argument("--out", default="bench/results/h200-expert-offload")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="copy the next MoE layer's guessed experts ahead (--expert-prefetch)")
     ap.add_argument("--budget-s", type=float, default=480,
                     help="start no configuration after this many seconds (one device call)")
     ap.add_argument("--smoke", action="store_true", help="tiny-moe on the CPU (orchestration)")
@@ -185,6 +189,7 @@ def main() -> int:
     result = dict(
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=" ".join(sys.argv), arch=arch, recipe=recipe, miss=args.miss,
+        prefetch=args.prefetch,
         routing={"uniform": "random router rows", "skewed": f"router rows × rank^-{SKEW}"},
         machine=dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                      torch=torch.__version__, python=platform.python_version(),
@@ -207,7 +212,8 @@ def main() -> int:
             log(f"{routing} routing, {share:.0%} of the experts off the device"
                 + (" (tier)" if tiered else ""))
             t = time.perf_counter()
-            model, tiers = build(config, source, share, tiered, skew, args.miss, device)
+            model, tiers = build(config, source, share, tiered, skew, args.miss, args.prefetch,
+                                 device)
             engine = bench_engine(model, arch, config, 8, 1024)
             built = time.perf_counter() - t
             for batch in (1, 8):
@@ -252,7 +258,8 @@ def report(r: dict) -> str:
         f"{r['date']}, {m['device']}, torch {m['torch']}; `{r['command']}`. Host → device "
         f"{m['h2d_gbps']:.1f} GB/s (1 GiB page-locked copy), host memcpy "
         f"{m['host_memcpy_gbps']:.1f} GB/s. Top-{r['top_k']} of {r['experts']} experts in "
-        f"{r['moe_layers']} MoE layers; misses: {r['miss']}. Skewed routing: "
+        f"{r['moe_layers']} MoE layers; misses: {r['miss']}; next-layer prefetch: "
+        f"{'on' if r['prefetch'] else 'off'}. Skewed routing: "
         f"{r['routing']['skewed']} (top-20 % share measured per row).",
         "",
         "| routing | off device | path | slots | B | tok/s | × all-on-device | hit rate "

@@ -42,6 +42,7 @@ Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-hos
 Experts:   --expert-vram-mib F|auto (device memory for routed experts; the rest in host RAM,
            cached in device slots; default: all on the device)  --expert-miss auto|copy|cpu
            (auto: by the cost measured at load)  --expert-cache lfu|lru (lfu)
+           --expert-prefetch (copy the next MoE layer's guessed experts ahead)
 Artifact:  --no-verify (skip the load-time check of the payload against the SHA-256 the
            artifact records in metadata.payload_sha256; a mismatch refuses to start)
 Speculation: --spec mtp|dflash|dflash2  --draft-tokens N  --lm-head-draft

@@ -192,6 +192,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--expert-vram-mib": ("expert_vram_mib", _expert_vram, None),
     "--expert-miss": ("expert_miss", _choice("auto", "copy", "cpu"), None),
     "--expert-cache": ("expert_cache", _choice("lfu", "lru"), None),
+    "--expert-prefetch": ("expert_prefetch", None, True),
 }
 
 FLAG_NAMES = tuple(_FLAGS)
@@ -324,6 +325,7 @@ def _check_combinations(c: EngineConfig, given: frozenset[str]) -> None:
     offload = c.expert_vram_mib is not None or c.expert_vram_auto
     need("--expert-miss", "--expert-vram-mib", offload)
     need("--expert-cache", "--expert-vram-mib", offload)
+    need("--expert-prefetch", "--expert-vram-mib", offload)
     if c.spec == "mtp" and c.draft_tokens is not None and not 1 <= c.draft_tokens <= 5:
         raise UsageError(f"--draft-tokens: {c.draft_tokens} is out of range 1..5 for --spec mtp")
     if c.spec == "dflash2" and c.tp == 2 and not c.lm_head_draft:

@@ -12,10 +12,12 @@ the host store in fp32, by the measured `MissCosts` (`miss="auto"`) or always on
   the CPU engine): experts one at a time, hits first, then each miss copied and computed before
   the next is admitted, so one slot suffices and the copy path equals all-resident bit for bit
   (same weights, same torch calls).
-- `decode(y, ids, weights, B, k)`: the decode kernels' path (`HybridStep._moe`): every routed
+- `decode(y, ids, weights, k)`: the decode kernels' path (`HybridStep._moe`): every routed
   expert of the step must be resident at once, so a miss that finds no slot outside the step's
   own experts runs on the CPU; returns the slot ids the kernels read, the weights with the CPU
-  pairs zeroed, and the CPU pairs' weighted sum to add.
+  pairs zeroed, and the CPU pairs' weighted sum to add. With prefetch on, the same host sync
+  also brings the next MoE layer's router top-k over this layer's input, whose non-resident
+  experts are copied into that layer's slots while this one computes (Pre-gated MoE's guess).
 
 CPU compute is the expert in fp32 (fp8 codes × scales decoded exactly into fp32); on the GPU it
 is the bf16 kernels', so the two differ by the GPU side's bf16 rounding.
@@ -66,6 +68,11 @@ class LayerTier:
         self.device_pairs = self.cpu_pairs = self.bytes_copied = 0
         self.cpu_experts = 0  # experts computed on the CPU (each reads its host bytes once)
         self.routed = [0] * self.experts  # (token, expert) pairs per expert: the popularity
+        # next-layer prefetch (`ExpertTiers(prefetch=True)`): the next MoE layer's tier and
+        # router, whose top-k over this layer's input is copied ahead; experts it copied
+        self.next: LayerTier | None = None
+        self.next_router: torch.Tensor | None = None
+        self.prefetched = 0
         for s in range(slots):
             self._copy_in(s, s)
         self._wait()
@@ -151,11 +158,31 @@ class LayerTier:
             self.device_pairs += sizes[e]
         return out
 
+    def _guess(self, y: torch.Tensor, k: int) -> torch.Tensor | None:
+        """The next MoE layer's top-k for this layer's input rows (the residual stream moves
+        little from one layer to the next), when prefetching; None otherwise."""
+        if self.next is None:
+            return None
+        return torch.topk(F.linear(y, self.next_router), k, -1).indices.flatten()
+
+    def prefetch(self, experts: list[int]) -> None:
+        """Copy `experts` (guessed for this layer's coming step) into slots, none evicting
+        another; no lookup is counted (the step's own lookup counts them as hits)."""
+        for e in experts:
+            if self.map.slot_of[e] < 0:
+                slot = self.map.admit(e, set(experts))
+                if slot is None:
+                    return
+                self._copy_in(e, slot)
+                self.prefetched += 1
+
     def decode(self, y: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, k: int
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(slot ids [B·k], weights [B, k] with the CPU pairs zeroed, the CPU pairs' weighted
         sum [B, H] fp32 on the device or None) for routing `ids [B·k]` of rows `y [B, H]`."""
-        routed = ids.tolist()  # the step's one host sync for this layer
+        guess = self._guess(y, k)
+        host = (ids if guess is None else torch.cat([ids, guess])).tolist()  # the one sync
+        routed, guessed = host[: ids.numel()], sorted(set(host[ids.numel():]))
         used = sorted(set(routed))
         for e in routed:
             self.routed[e] += 1
@@ -167,6 +194,8 @@ class LayerTier:
                 on_cpu.add(e)
             else:
                 self._copy_in(e, slot)
+        if guessed:  # copied while this layer computes (and the next one's mixer runs)
+            self.next.prefetch(guessed)
         slots = torch.tensor([max(self.map.slot_of[e], 0) for e in routed], dtype=torch.long)
         cpu_sum = None
         if on_cpu:

@@ -35,7 +35,7 @@ class ExpertTiers:
     """See the module docstring."""
 
     def __init__(self, config: dict, placement: ExpertPlacement, get: ExpertGetter, device,
-                 miss: str = "auto", policy: str = "lfu") -> None:
+                 miss: str = "auto", policy: str = "lfu", prefetch: bool = False) -> None:
         self.placement = placement
         self.device = torch.device(device)
         width, hidden = config["moe_intermediate_size"], config["hidden_size"]
@@ -49,6 +49,7 @@ class ExpertTiers:
         self.costs = measure((first.host_gu, first.host_down), scratch, first.cpu_expert)
         for tier in self.layers.values():
             tier.costs = self.costs
+        self.prefetch = prefetch
         self.lent_pages = 0
         self.unit_pages = 0  # pages a lent slot (one in every MoE layer) takes
 
@@ -74,6 +75,11 @@ class ExpertTiers:
         """Give each offloaded `SparseMoE` its tier; the model keeps the tiers for the stats."""
         for i, tier in self.layers.items():
             model.blocks[i].ffn.tier = tier
+        if self.prefetch:  # each layer guesses the next one's experts with its router
+            order = sorted(self.layers)
+            for i, j in zip(order, order[1:]):
+                self.layers[i].next = self.layers[j]
+                self.layers[i].next_router = model.blocks[j].ffn.router
         model.expert_tiers = self
 
     # -- lending ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The kernel decode step (`HybridStep`, Triton under the interpreter on the CPU) with offloaded
-experts: the MoE layers read device slots through the expert → slot map, and with every miss
-copied the step's logits equal the all-resident step's bit for bit."""
+experts: the MoE layers read device slots through the expert → slot map, each layer copies the
+next one's guessed experts ahead (prefetch), and with every miss copied the step's logits equal
+the all-resident step's bit for bit."""
 from __future__ import annotations
 
 import torch
@@ -24,7 +25,8 @@ def test_the_graph_step_reads_slots_and_copied_misses_are_exact():
 
     resident = Qwen35Model(config, FusedParams(config, source))
     tiers = ExpertTiers(config, plan_placement(config, EXPERT_BYTES, 2 * 4 * EXPERT_BYTES),
-                        lambda l, e, m, s: source(expert_name(l, e, m), s), "cpu", "copy")
+                        lambda l, e, m, s: source(expert_name(l, e, m), s), "cpu", "copy",
+                        prefetch=True)
     tiered = Qwen35Model(config, FusedParams(config, tiers.placeholders(source), tiers))
     tiers.install(tiered)
     prompt = torch.tensor([3, 17, 99, 5, 64, 120, 7, 41])
@@ -44,3 +46,4 @@ def test_the_graph_step_reads_slots_and_copied_misses_are_exact():
         assert torch.equal(a, b)
     layers = tiers.layers.values()
     assert sum(t.map.misses for t in layers) > 0 and sum(t.cpu_pairs for t in layers) == 0
+    assert sum(t.prefetched for t in layers) > 0  # the next layers' guesses were copied ahead

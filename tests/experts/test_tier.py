@@ -129,3 +129,34 @@ def test_the_decode_kernels_read_slots_through_the_map(miss):
     scale = want.float().abs().max()
     limit = (bound(torch.bfloat16, I + H, roundings=3) + 2 ** -8) * scale
     assert_within(got.float(), want.float(), limit)
+
+
+def test_prefetch_copies_the_next_layers_guess_ahead():
+    """With prefetch on, layer 0's decode puts layer 1's router top-k over layer 0's input
+    into layer 1's slots (counted as copies, not lookups); layer 1's step then hits them."""
+    from types import SimpleNamespace
+
+    gen = torch.Generator().manual_seed(3)
+    config = {"num_experts": E, "num_hidden_layers": 2, "hidden_size": H,
+              "moe_intermediate_size": I}
+    drawn = {}
+
+    def get(layer, e, member, shape):
+        return drawn.setdefault((layer, e, member), torch.randn(shape, generator=gen))
+
+    tiers = ExpertTiers(config, plan_placement(config, EXPERT_BYTES, 2 * 2 * EXPERT_BYTES),
+                        get, "cpu", "copy", prefetch=True)
+    y = torch.randn(1, H, generator=gen)
+    router = torch.zeros(E, H)
+    router[6], router[7] = y[0], 0.5 * y[0]  # layer 1's top-2 for y: experts 6 and 7
+    model = SimpleNamespace(blocks=[SimpleNamespace(ffn=SimpleNamespace(router=torch.eye(E, H))),
+                                    SimpleNamespace(ffn=SimpleNamespace(router=router))])
+    tiers.install(model)
+    first, second = tiers.layers[0], tiers.layers[1]
+    assert first.next is second and second.next is None
+    first.decode(y, torch.tensor([0, 1]), torch.ones(1, K), K)
+    assert (first.map.hits, first.map.misses) == (2, 0)
+    assert sorted(second.map.held) == [6, 7] and second.prefetched == 2
+    assert second.bytes_copied == 2 * EXPERT_BYTES and second.map.misses == 0
+    second.decode(y, torch.tensor([7, 6]), torch.ones(1, K), K)
+    assert (second.map.hits, second.map.misses) == (2, 0)
