@@ -130,3 +130,18 @@ def test_an_expert_budget_for_a_dense_model_is_an_error():
         offloading(config, synth_config("tiny-dense"))
     assert offloading(config, synth_config("tiny-moe"))
     assert not offloading(EngineConfig(artifact=None), synth_config("tiny-moe"))
+
+
+def test_the_expert_flags_parse_and_need_a_budget():
+    from ninfer_engine.cli.flags import UsageError, parse_args
+
+    c = parse_args(["m.ninfer", "--expert-vram-mib", "auto", "--expert-miss", "copy",
+                    "--expert-cache", "lru", "--expert-prefetch"]).config
+    assert (c.expert_vram_mib, c.expert_vram_auto, c.expert_miss, c.expert_cache,
+            c.expert_prefetch) == (None, True, "copy", "lru", True)
+    assert parse_args(["m.ninfer", "--expert-vram-mib", "1536.5"]).config.expert_vram_mib == 1536.5
+    for argv, reason in ((["--expert-miss", "cpu"], "--expert-miss requires --expert-vram-mib"),
+                         (["--expert-vram-mib", "-1"], "out of range"),
+                         (["--expert-cache", "arc", "--expert-vram-mib", "1"], "not one of")):
+        with pytest.raises(UsageError, match=reason):
+            parse_args(["m.ninfer", *argv])
