@@ -139,7 +139,10 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
     for i, prompt in enumerate(random_prompts(batch, PROMPT, vocab, seed)):
         request = GenerationRequest(f"b{batch}-{i}", prompt, SamplingParams(temperature=0.0),
                                     max_tokens=WARM + steps + 4, ignore_eos=True)
-        seqs.append(engine.add(request, lambda event: None))
+        seq = engine.add(request, lambda event: None)
+        if seq is None:
+            raise RuntimeError("the engine refused a benchmark request")
+        seqs.append(seq)
     while not all(s.prefill_done for s in seqs):
         engine.step()
     for _ in range(WARM):
