@@ -31,7 +31,6 @@ def serve(path, tokens: int = 24, **flags):
 
     try:
         events = asyncio.run(collect())
-        engine._publish()
         return [t for e in events for t in e.token_ids], engine.snapshot(), engine
     finally:
         engine.stop()

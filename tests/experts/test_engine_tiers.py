@@ -36,7 +36,6 @@ def run(artifact, new_tokens: int, **flags):
 
     try:
         events = asyncio.run(collect())
-        engine._publish()
         snapshot = engine.snapshot()
     finally:
         engine.stop()
