@@ -89,10 +89,8 @@ def host_bandwidth(device: torch.device) -> dict:
             best = min(best, time.perf_counter() - t)
         return n / best / 1e9
 
-    out = dict(h2d_gbps=rate(lambda: dst.copy_(src, non_blocking=True)),
-               host_memcpy_gbps=rate(lambda: host.copy_(src)))
-    del src, dst, host
-    return out
+    return dict(h2d_gbps=rate(lambda: dst.copy_(src, non_blocking=True)),
+                host_memcpy_gbps=rate(lambda: host.copy_(src)))
 
 
 def memo(source):

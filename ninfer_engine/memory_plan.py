@@ -1,6 +1,7 @@
 """The engine's memory at load: the shared KV pool (and, under `--elastic`, its pages lent to
-the expert-slot cache), state slots and the prefix tree (`build_memory`), and the pool's size under `--kv-capacity auto` (`auto_kv_capacity`, the
-arithmetic in `kv.sizing`), read from the device once the weights are resident."""
+the expert-slot cache), state slots and the prefix tree (`build_memory`), and the pool's size
+under `--kv-capacity auto` (`auto_kv_capacity`, the arithmetic in `kv.sizing`), read from the
+device once the weights are resident."""
 from __future__ import annotations
 
 import dataclasses
