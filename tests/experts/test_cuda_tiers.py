@@ -65,3 +65,15 @@ def test_fp8_experts_decode_through_the_slots(tmp_path, miss):
         assert x.cpu_share == 0 and x.bytes_copied > 0
     if miss == "cpu":
         assert x.cpu_share > 0 and x.bytes_copied == 0
+
+
+def test_elastic_lending_is_taken_back_on_cuda(tmp_path):
+    """`--elastic` on CUDA: the capacity not grown into is lent as slots (reallocated stacks),
+    KV growth takes it back (stacks shrunk, the CUDA cache emptied for the KV to grow into),
+    and the fp32 tokens equal the all-resident engine's."""
+    path = write_synthetic("tiny-moe", tmp_path / "moe.ninfer")
+    want, _, _ = serve(path, tokens=120, cuda_dtype="fp32")
+    got, snap, _ = serve(path, tokens=120, cuda_dtype="fp32", expert_vram_mib=2 * 4 * FP32_MIB,
+                         expert_miss="copy", elastic=True, kv_grow=64, kv_lease_window=16)
+    assert got == want
+    assert snap.kv.total >= 4 and snap.kv.lent == snap.experts.lent_pages < 16 - 1
