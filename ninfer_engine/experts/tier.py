@@ -35,9 +35,6 @@ from ..models.packed import PackedMatrix, linear
 from .cost_model import MissCosts
 from .slot_cache import SlotMap, SlotPolicy
 
-MISS_MODES = ("auto", "copy", "cpu")
-
-
 def empty_slots(like: ExpertStack, slots: int, device) -> ExpertStack:
     """`slots` device slots in `like`'s form."""
     w = torch.empty((slots, *like.w.shape[1:]), dtype=like.w.dtype, device=device)
@@ -136,6 +133,7 @@ class LayerTier:
 
     def experts_sorted(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The experts over expert-sorted rows `xs`, `counts[e]` rows for expert e."""
+        self._wait()  # a prefetch into these slots has landed before a hit reads one
         sizes = counts.tolist()  # the one host sync
         starts = [0, *itertools.accumulate(sizes)]
         used = [e for e, n in enumerate(sizes) if n]
