@@ -38,6 +38,14 @@ class EngineConfig:
     elastic: bool = False
     kv_grow: int = 8192
     kv_budget_gib: float | None = None
+    # routed experts (ours, `ninfer_engine.experts`): the device memory they may use (None:
+    # all on the device), or `--expert-vram-mib auto`; how a miss runs; the slot policy;
+    # next-layer prefetch
+    expert_vram_mib: float | None = None
+    expert_vram_auto: bool = False
+    expert_miss: str = "auto"
+    expert_cache: str = "lfu"
+    expert_prefetch: bool = False
     # devices
     tp: int = 1
     devices: tuple[int, ...] = ()

@@ -21,6 +21,7 @@ from .arrival import current_arrival
 from .chat import ChatTemplate
 from .config import EngineConfig
 from .cpu_threads import run_on_own_thread
+from .experts import expert_tiers_for, offloading
 from .faults import Faults
 from .step.event_pump import EventPump
 from .memory_plan import auto_kv_capacity, build_memory
@@ -94,9 +95,13 @@ class Engine:
             else:
                 dtype, matmul = CUDA_DTYPES[config.cuda_dtype], None
 
+            offloading(config, text_config)  # an expert budget for a dense model is an error
+
             def load():
-                built = model or build_model(text_config, artifact, device, dtype, matmul,
-                                             weights_mode(config, device, dtype))
+                built = model or build_model(
+                    text_config, artifact, device, dtype, matmul,
+                    weights_mode(config, device, dtype),
+                    lambda text, source: expert_tiers_for(config, text, source, device, dtype))
                 speculator = (build_speculator(config.spec, config.draft_tokens, artifact, built,
                                                self.tokenizer.vocab_size, matmul)
                               if config.spec else None)

@@ -1,6 +1,7 @@
-"""The engine's memory at load: the shared KV pool, state slots and the prefix tree
-(`build_memory`), and the pool's size under `--kv-capacity auto` (`auto_kv_capacity`, the
-arithmetic in `kv.sizing`), read from the device once the weights are resident."""
+"""The engine's memory at load: the shared KV pool (and, under `--elastic`, its pages lent to
+the expert-slot cache), state slots and the prefix tree (`build_memory`), and the pool's size
+under `--kv-capacity auto` (`auto_kv_capacity`, the arithmetic in `kv.sizing`), read from the
+device once the weights are resident."""
 from __future__ import annotations
 
 import dataclasses
@@ -90,6 +91,9 @@ def build_memory(config: EngineConfig, model: Any,
     budget = None
     if config.kv_budget_gib is not None:
         budget = int(config.kv_budget_gib * 2**30) // storage.page_bytes
+    tiers = getattr(model, "expert_tiers", None)
+    if config.elastic and tiers is not None:  # capacity not grown into becomes expert slots
+        tiers.lend(pool, storage.page_bytes)
     return SequenceMemory(storage, config.kv_lease_window, config.max_concurrency, checkpoints,
                           not config.no_prefix_reuse, config.kv_dtype,
                           getattr(model, "state_pool", None), budget, prefill_chunk,

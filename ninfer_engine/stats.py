@@ -87,7 +87,11 @@ class PrefixStats:
 class ExpertStats:
     """The routed experts and their device-slot cache. `experts`/`active`/`layers` describe the
     model (routed experts per MoE layer, experts each token uses, MoE layers); with every expert
-    resident where it runs (no cache, e.g. on the CPU) `slots` is 0."""
+    resident where it runs (no cache, e.g. on the CPU) `slots` is 0. With a cache
+    (`ninfer_engine.experts`): `slots` over all MoE layers (lent ones included), `resident`
+    routed experts on the device, `cached` of them in evictable slots, hits and misses per
+    (step, layer, distinct expert), `cpu_share` of the routed (token, expert) pairs computed on
+    the CPU, `bytes_copied` host → slot since start."""
 
     slots: int = 0
     resident: int = 0
@@ -98,6 +102,8 @@ class ExpertStats:
     experts: int = 0
     active: int = 0
     layers: int = 0
+    cached: int = 0
+    bytes_copied: int = 0
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
             "slots": experts.slots, "resident": experts.resident, "hits": experts.hits,
             "misses": experts.misses, "lent_pages": experts.lent_pages,
             "cpu_share": experts.cpu_share, "routed": experts.experts,
-            "active": experts.active, "layers": experts.layers,
+            "active": experts.active, "layers": experts.layers, "cached": experts.cached,
+            "bytes_copied": experts.bytes_copied,
         },
         "spec": None if spec is None else {
             "backend": spec.backend, "draft_tokens": spec.window, "rounds": spec.rounds,

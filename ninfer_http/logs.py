@@ -203,9 +203,15 @@ def throughput_line(stats: EngineStats, before: EngineStats | None = None) -> st
         # prompt tokens of finished requests since start, as /metrics' prefix_cache_* counters
         groups.append(f"prefix hits {100.0 * c.prefix_cache_hits / c.prefix_cache_queries:.0f}%"
                       f" ({count(c.prefix_cache_hits)}/{count(c.prefix_cache_queries)} tok)")
-    if stats.experts is not None:
-        lookups = stats.experts.hits + stats.experts.misses
-        groups.append(f"experts hit {100.0 * stats.experts.hits / max(lookups, 1):.1f}%")
+    x = stats.experts
+    if x is not None:
+        lookups = x.hits + x.misses
+        line = f"experts hit {100.0 * x.hits / max(lookups, 1):.1f}%"
+        if x.slots:  # a device slot cache: offloaded experts (`ninfer_engine.experts`)
+            line += (f" ({count(x.resident)}/{count(x.slots)} slots, lent {count(x.lent_pages)}"
+                     f" pages), cpu {100.0 * x.cpu_share:.1f}%, copied "
+                     f"{x.bytes_copied / 2**20:.0f} MiB")
+        groups.append(line)
     if stats.spec is not None and stats.spec.drafted:
         groups.append(f"spec {100.0 * stats.spec.acceptance:.1f}%")
     return " | ".join(groups)

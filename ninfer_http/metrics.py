@@ -198,12 +198,17 @@ def _expert_metrics(stats: EngineStats) -> Iterator[Metric]:
     if experts is None:  # a dense model has no expert cache
         return
     yield _gauge("expert_cache_slots", "Device slots for routed experts.", experts.slots)
-    yield _gauge("expert_cache_resident", "Experts resident in device slots.", experts.resident)
+    yield _gauge("expert_cache_resident", "Routed experts resident on the device.",
+                 experts.resident)
+    yield _gauge("expert_cache_cached", "Routed experts in evictable device slots.",
+                 experts.cached)
     yield _gauge("expert_cache_lent_pages", "KV pages lent to expert slots.", experts.lent_pages)
     yield _gauge("expert_cpu_share", "Fraction of expert work done on the CPU.", experts.cpu_share)
     yield _counter("expert_cache_hits", "Expert lookups served from a device slot.", experts.hits)
     yield _counter("expert_cache_misses", "Expert lookups that missed the device slots.",
                    experts.misses)
+    yield _counter("expert_copied_bytes", "Bytes of routed experts copied from host RAM into "
+                   "device slots.", experts.bytes_copied)
 
 
 def _spec_metrics(stats: EngineStats) -> Iterator[Metric]:

@@ -39,6 +39,10 @@ Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-hos
            faster on the CPU, int8 weights quantized per row at load)
            --cuda-dtype bf16|fp32 (bf16; fp32 is the exact, slower path)
            --cuda-weights auto|packed|dequant (auto: each format in its fastest form)
+Experts:   --expert-vram-mib F|auto (device memory for routed experts; the rest in host RAM,
+           cached in device slots; default: all on the device)  --expert-miss auto|copy|cpu
+           (auto: by the cost measured at load)  --expert-cache lfu|lru (lfu)
+           --expert-prefetch (copy the next MoE layer's guessed experts ahead)
 Artifact:  --no-verify (skip the load-time check of the payload against the SHA-256 the
            artifact records in metadata.payload_sha256; a mismatch refuses to start)
 Speculation: --spec mtp|dflash|dflash2  --draft-tokens N  --lm-head-draft

@@ -110,6 +110,10 @@ def _prefill_chunk(flag: str, raw: str) -> int | None:
     return None if raw == "auto" else _int(1)(flag, raw)
 
 
+def _expert_vram(flag: str, raw: str) -> float | str:
+    return "auto" if raw == "auto" else _float(0.0, float("inf"))(flag, raw)
+
+
 def _positive_float(flag: str, raw: str) -> float:
     return _float(0.0, float("inf"), lo_open=True)(flag, raw)
 
@@ -185,6 +189,10 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--cuda-dtype": ("cuda_dtype", _choice("bf16", "fp32"), None),
     "--cuda-weights": ("cuda_weights", _choice("auto", "packed", "dequant"), None),
     "--no-verify": ("no_verify", None, True),
+    "--expert-vram-mib": ("expert_vram_mib", _expert_vram, None),
+    "--expert-miss": ("expert_miss", _choice("auto", "copy", "cpu"), None),
+    "--expert-cache": ("expert_cache", _choice("lfu", "lru"), None),
+    "--expert-prefetch": ("expert_prefetch", None, True),
 }
 
 FLAG_NAMES = tuple(_FLAGS)
@@ -279,6 +287,9 @@ def _build_config(
     if values.get("kv_capacity") == "auto":
         values["kv_capacity"] = None
         values["kv_capacity_auto"] = True
+    if values.get("expert_vram_mib") == "auto":
+        values["expert_vram_mib"] = None
+        values["expert_vram_auto"] = True
     if values.get("spec") and values.get("draft_tokens") is None:
         values["draft_tokens"] = 7 if values["spec"].startswith("dflash") else 3
     values["cuda_sync"] = _env_choice(environ, "NINFER_CUDA_SYNC", CUDA_SYNC_POLICIES, "spin")
@@ -309,7 +320,12 @@ def _check_combinations(c: EngineConfig, given: frozenset[str]) -> None:
     need("--kv-budget-gib", "--elastic", c.elastic)
     need("--draft-tokens", "--spec", c.spec is not None)
     need("--lm-head-draft", "--spec", c.spec is not None)
-    need("--vram-headroom-mib", "--kv-capacity auto", c.kv_capacity_auto)
+    need("--vram-headroom-mib", "--kv-capacity auto or --expert-vram-mib auto",
+         c.kv_capacity_auto or c.expert_vram_auto)
+    offload = c.expert_vram_mib is not None or c.expert_vram_auto
+    need("--expert-miss", "--expert-vram-mib", offload)
+    need("--expert-cache", "--expert-vram-mib", offload)
+    need("--expert-prefetch", "--expert-vram-mib", offload)
     if c.spec == "mtp" and c.draft_tokens is not None and not 1 <= c.draft_tokens <= 5:
         raise UsageError(f"--draft-tokens: {c.draft_tokens} is out of range 1..5 for --spec mtp")
     if c.spec == "dflash2" and c.tp == 2 and not c.lm_head_draft:

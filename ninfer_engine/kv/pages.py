@@ -72,7 +72,7 @@ class PageAllocator(ABC):
 
     @property
     def lent(self) -> int:
-        """Pages lent to the expert-slot cache: none, as no MoE expert cache exists yet."""
+        """Pages lent to the expert-slot cache (only an elastic pool lends)."""
         return 0
 
     def on_grow(self, listener: Callable[[int], None]) -> None:
@@ -151,6 +151,10 @@ class ElasticPagePool(PagePool):
     A lease the free pages cannot cover grows the pool by the fewest steps that cover it; a
     lease that would not fit even at `capacity`, or whose growth a listener refuses with
     `MemoryError`, fails without growing anything.
+
+    Capacity not grown into can be lent (`lend`, the expert-slot cache: `experts.tiers`); a
+    growth that needs it takes it back first through the borrower's `give_back(pages)`, which
+    returns the pages it freed.
     """
 
     def __init__(self, capacity: int, step: int, page_tokens: int = PAGE_TOKENS) -> None:
@@ -160,19 +164,38 @@ class ElasticPagePool(PagePool):
         self.step = step
         self._capacity = capacity
         self._listeners: list[Callable[[int], None]] = []
+        self._lent = 0
+        self._give_back: Callable[[int], int] | None = None
 
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    @property
+    def lent(self) -> int:
+        return self._lent
+
+    def lend_room(self) -> int:
+        """Pages of the capacity neither grown into nor lent."""
+        return self._capacity - self.total - self._lent
+
+    def lend(self, pages: int, give_back: Callable[[int], int]) -> None:
+        """Lend `pages` (at most `lend_room()`) to a borrower that returns them on demand."""
+        if not 0 <= pages <= self.lend_room():
+            raise ValueError(f"cannot lend {pages} pages: {self.lend_room()} are unused")
+        self._lent += pages
+        self._give_back = give_back
 
     def on_grow(self, listener: Callable[[int], None]) -> None:
         self._listeners.append(listener)
 
     def lease(self, owner: Hashable, tokens: int) -> bool:
         short = pages_for(tokens, self.page_tokens) - len(self.table(owner)) - self.free
-        if 0 < short <= self._capacity - self.total:
+        if short > self.lend_room() and self._lent:  # lent pages come back before any fails
+            self._lent -= self._give_back(min(short - self.lend_room(), self._lent))
+        if 0 < short <= self.lend_room():
             steps = -(-short // self.step)
-            added = min(steps * self.step, self._capacity - self.total)
+            added = min(steps * self.step, self.lend_room())  # never into lent pages
             try:
                 for listener in self._listeners:  # storage first: the new pages must exist
                     listener(self.total + added)

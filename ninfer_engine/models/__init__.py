@@ -18,12 +18,14 @@ _HYBRID_FAMILY = {"Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 def build_model(text_config: dict, weights: WeightSource, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32,
                 matmul_dtype: torch.dtype | None = None,
-                weights_mode: str = "dequant") -> LlamaModel | Qwen35Model:
+                weights_mode: str = "dequant", expert_tiers=None) -> LlamaModel | Qwen35Model:
     """Instantiate the engine family for `text_config["architectures"][0]`; `matmul_dtype`
     (`--cpu-matmul`) gives each projection and the head a narrower copy (bf16, or int8 rows)
     that few-row (decode) calls multiply by, both families (`layers.Linear`; the hybrid family
     on the CPU only: on CUDA it decodes over `FusedParams` with its own kernels);
-    `weights_mode` is `--cuda-weights` (`load_projection`; routed experts: `load_expert`)."""
+    `weights_mode` is `--cuda-weights` (`load_projection`; routed experts: `load_expert`);
+    `expert_tiers(text_config, source)`: the hybrid MoE model's offloaded routed experts
+    (`ninfer_engine.experts.ExpertTiers`) or None, built over the parameter source."""
     architectures = text_config.get("architectures") or [text_config.get("model_type", "?")]
     arch = architectures[0]
     if arch in _LLAMA_FAMILY:
@@ -45,9 +47,16 @@ def build_model(text_config: dict, weights: WeightSource, device: torch.device |
                 return kept
             return weights.parameter(name, shape).to(device, dtype)
 
+        tiers = expert_tiers(text_config, source) if expert_tiers is not None else None
+        if tiers is not None:  # routed experts in the tiers: the model holds placeholders
+            source = tiers.placeholders(source)
         if torch.device(device).type == "cuda":  # fused decode GEMV groups for the kernels
-            return Qwen35Model(text_config, FusedParams(text_config, source))
-        return Qwen35Model(text_config, source, matmul_dtype)
+            model = Qwen35Model(text_config, FusedParams(text_config, source, tiers))
+        else:
+            model = Qwen35Model(text_config, source, matmul_dtype)
+        if tiers is not None:
+            tiers.install(model)
+        return model
     raise NotImplementedError(f"architecture {arch!r} is not supported by this engine")
 
 

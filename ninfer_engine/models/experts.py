@@ -170,9 +170,9 @@ def stack_experts(get: Getter, n: int, width: int, hidden: int,
             m: get(e, m, gu_shape) for m in ("gate", "up")}
         if 0 < e < n:
             parts["down"] = get(e, "down", down_shape)
-        _put(gate_up, e, 0, parts["gate"])
-        _put(gate_up, e, width, parts["up"])
-        _put(down, e, 0, parts["down"])
+        put_member(gate_up, e, 0, parts["gate"])
+        put_member(gate_up, e, width, parts["up"])
+        put_member(down, e, 0, parts["down"])
     return gate_up, down
 
 
@@ -216,7 +216,8 @@ def _empty(parts: list, n: int, rows: int, cols: int) -> ExpertStack:
     return ExpertStack(torch.empty(n, rows, cols, dtype=dtype, device=device))
 
 
-def _put(stack: ExpertStack, e: int, r0: int, part) -> None:
+def put_member(stack: ExpertStack, e: int, r0: int, part) -> None:
+    """Rows `r0..` of expert e of `stack` from `part` (any device), in the stack's form."""
     rows = part.shape[0]
     if stack.scale is None:
         stack.w[e, r0 : r0 + rows] = (part.dequantize(stack.w.dtype)

@@ -37,8 +37,10 @@ class FusedParams:
     moe/experts/gate_up|down`.
     """
 
-    def __init__(self, config: dict, source: Callable[[str, tuple[int, ...]], torch.Tensor]):
+    def __init__(self, config: dict, source: Callable[[str, tuple[int, ...]], torch.Tensor],
+                 tiers=None):
         self.c, self.source = config, source
+        self.tiers = tiers  # offloaded routed experts (`experts.ExpertTiers`): their slots
         self.shapes = parameter_shapes(config)
         self.fused: dict = {}  # fused matrices and expert stacks
 
@@ -70,12 +72,18 @@ class FusedParams:
     def shared_in_stack(self, moe_key: str) -> bool:
         """Whether layer `moe_key` (`text/layers/i/moe/`)'s shared expert is stacked as expert
         E of its routed-expert stacks (see the module docstring)."""
+        if self.tiers is not None and self.tiers.offloaded(moe_key):
+            return False  # the slot stacks hold routed experts only
         return self.fused[moe_key + "experts/down"].w.shape[0] > self.c["num_experts"]
 
     def _stacks(self, key: str) -> None:
         """Build layer `key` (`text/layers/i/moe/`)'s expert stacks, once; the shared expert
         joins them when it has the routed width and their form (`experts.stack_experts`)."""
         if key + "experts/down" in self.fused:
+            return
+        if self.tiers is not None and self.tiers.offloaded(key):
+            self.fused[key + "experts/gate_up"], self.fused[key + "experts/down"] = (
+                self.tiers.slot_stacks(key))
             return
         width = self.c["moe_intermediate_size"]
         shared = None
@@ -90,6 +98,9 @@ class FusedParams:
         views, or one-block `PackedMatrix` views of fp8 codes and scales
         (`models.experts`)."""
         self._stacks(key)
+        if self.tiers is not None and self.tiers.offloaded(key):  # a meta placeholder
+            return self.source(f"{key}experts/{e}/{member}", self.shapes[
+                f"{key}experts/{e}/{member}"])
         width = self.c["moe_intermediate_size"]
         if member == "down":
             return self.fused[key + "experts/down"].member(e)

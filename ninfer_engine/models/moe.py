@@ -51,6 +51,10 @@ class SwiGLU:
         return down(F.silu(gate(x)) * up(x))
 
 
+def _meta(w) -> bool:
+    return isinstance(w, torch.Tensor) and w.is_meta
+
+
 def _same_view(t: torch.Tensor, ref: torch.Tensor) -> bool:
     return (t.data_ptr() == ref.data_ptr() and t.shape == ref.shape
             and t.stride() == ref.stride())
@@ -143,10 +147,12 @@ class SparseMoE:
                         for e in range(self.n_experts)]
         self.shared = SwiGLU(params, p + "shared/", h, config["shared_expert_intermediate_size"],
                              matmul_dtype)
-        # the router and the shared score stay exact: they pick and weigh the experts
+        # the router and the shared score stay exact: they pick and weigh the experts;
+        # offloaded experts are meta placeholders (`ninfer_engine.experts`), not weights held
         self.projections = tuple(proj for m in (*self.experts, self.shared)
-                                 for proj in m.projections)
+                                 for proj in m.projections if not _meta(proj.weight))
         self.stacked = stacked_experts(self.experts)
+        self.tier = None  # `experts.LayerTier` where the routed experts are offloaded
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k (weights [T, k] in x's dtype, expert ids [T, k]); softmax in fp32 over all E."""
@@ -163,6 +169,8 @@ class SparseMoE:
 
     def _experts_sorted(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The experts over expert-sorted rows `xs`, `counts[e]` rows for expert e."""
+        if self.tier is not None:
+            return self.tier.experts_sorted(xs, counts)
         if self.use_grouped(xs):
             try:
                 return grouped_experts(xs, *self.stacked,

@@ -117,7 +117,8 @@ class Qwen35Model:
         for b in self.blocks:
             projections += [*b.mixer.projections, *b.ffn.projections]
         # the `--cpu-matmul` decode copies are held beside the weights they narrow
-        self._weight_bytes = (sum({t.data_ptr(): t.nbytes for t in loaded.values()}.values())
+        self._weight_bytes = (sum({t.data_ptr(): t.nbytes for t in loaded.values()
+                                   if not getattr(t, "is_meta", False)}.values())
                               + sum(proj.narrow_bytes for proj in projections))
         self.attention_layers = [i for i, b in enumerate(self.blocks)
                                  if isinstance(b.mixer, GatedAttention)]

@@ -88,7 +88,7 @@ class HybridWeights:
                 moe = block.ffn
                 shared_slot = params.shared_in_stack(prefix + "moe/")
                 # one GEMV for router | shared score (| shared gate|up), `models.fused`
-                layer.update(moe=moe, shared_slot=shared_slot,
+                layer.update(moe=moe, shared_slot=shared_slot, tier=moe.tier,
                              experts_gu=params.fused[prefix + "moe/experts/gate_up"],
                              experts_down=params.fused[prefix + "moe/experts/down"],
                              w_gu=FusedLinear(params.fused[prefix + "moe/"]))
@@ -278,9 +278,15 @@ class HybridStep:
         k = ids.shape[1]
         ids = ids.view(B * k)
         gu, down = layer["experts_gu"], layer["experts_down"]  # bf16 or fp8 `ExpertStack`s
+        tier, on_cpu = layer["tier"], None
+        if tier is not None:  # offloaded experts: slots by the map, misses resolved (host sync)
+            ids, weights, on_cpu = tier.decode(y, ids, weights, k)
+            gu, down = tier.slot_gu, tier.slot_down  # lending resizes them
         act = moe_gate_up_silu_triton(y, gu.w, ids, scale=gu.scale)  # slot s reads row s // k
         routed = moe_down_combine_triton(act, down.w, ids, weights, B, k, scale=down.scale,
                                          out=acc, **down_split_launch(B, k, down.w, down.scale))
+        if on_cpu is not None:
+            routed = routed + on_cpu
         return routed if shared_slot else routed + shared
 
 

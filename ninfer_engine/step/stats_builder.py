@@ -37,6 +37,7 @@ class StatsBuilder:
         if config.kv_dtype == "bf16":
             self.kv_dtype = _STORED.get(getattr(model, "dtype", None), config.kv_dtype)
         self.experts = model_experts(getattr(model, "config", None), self.device)
+        self.tiers = getattr(model, "expert_tiers", None)  # offloaded routed experts
         self.counters = Counters()
         self.throughput = Throughput()
         self.recent: deque[RequestView] = deque(maxlen=8)
@@ -93,6 +94,7 @@ class StatsBuilder:
             rss = self._process.memory_info().rss
             kv_tier, state_tier = self.memory.host_tier_bytes()
             host = HostMemory(total=vm.total, used=vm.total - vm.available, process_rss=rss,
+                              pinned_experts=self.tiers.host.nbytes if self.tiers else 0,
                               pinned_kv_tier=kv_tier, pinned_state_tier=state_tier)
             device = (host.total, vm.available)
             if self.device.startswith("cuda"):
@@ -104,11 +106,13 @@ class StatsBuilder:
     def _device(self, host: HostMemory, total: int, free: int) -> DeviceMemory:
         """The serving device; on the CPU its "workspace" is the rest of the engine's RSS."""
         kv = self.memory.storage.nbytes
+        slots = self.tiers.device_bytes if self.tiers else 0
         workspace = 0
-        if not self.device.startswith("cuda"):
-            workspace = max(host.process_rss - self.weight_bytes - kv, 0)
+        if not self.device.startswith("cuda"):  # the RSS holds the slots and the host store
+            held = slots + (self.tiers.host.nbytes if self.tiers else 0)
+            workspace = max(host.process_rss - self.weight_bytes - kv - held, 0)
         return DeviceMemory(name=self.device, total=total, weights=self.weight_bytes,
-                            kv_pool=kv, workspace=workspace, free=free)
+                            kv_pool=kv, expert_slots=slots, workspace=workspace, free=free)
 
     @staticmethod
     def _view(seq: Sequence, now: float, phase: str | None = None) -> RequestView:
@@ -135,7 +139,7 @@ class StatsBuilder:
             devices=(self._device(host, total, free),),
             host=host,
             kv=replace(self.memory.stats(running), dtype=self.kv_dtype),
-            experts=self.experts,
+            experts=self.tiers.stats(self.experts) if self.tiers else self.experts,
             state_slots=self.memory.slot_stats(), prefix=self.memory.prefix_stats(),
             queue=QueueStats(
                 pending=tuple(self._view(s, now) for s in scheduler.queued()),

@@ -8,7 +8,7 @@ from rich.text import Text
 from ninfer_engine.stats import EngineStats
 
 from .base import Panel
-from .format import count, fraction_bar, percent
+from .format import count, fraction_bar, gib, percent
 
 LABEL_WIDTH = 11
 TAIL_WIDTH = 8
@@ -61,7 +61,8 @@ class ExpertPanel(Panel):
             row("resident", resident, "magenta"),
             row("hit rate", hit_rate, "green3"),
             Text(
-                f"{'':<{LABEL_WIDTH}}{count(experts.hits)} hits · {count(experts.misses)} misses",
+                f"{'':<{LABEL_WIDTH}}{count(experts.hits)} hits · {count(experts.misses)} misses"
+                + (f" · {gib(experts.bytes_copied)} GiB copied in" if experts.bytes_copied else ""),
                 style="dim",
             ),
             row("CPU share", experts.cpu_share, "yellow3"),

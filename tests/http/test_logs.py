@@ -13,7 +13,8 @@ import pytest
 from fake_engine import FAKE_CONFIG, FakeEngine
 from dataclasses import replace
 
-from ninfer_engine.stats import Counters, EngineStats, KvStats, QueueStats, RequestView, Throughput
+from ninfer_engine.stats import (Counters, EngineStats, ExpertStats, KvStats, QueueStats,
+                                 RequestView, Throughput)
 from ninfer_engine.types import Timings, Usage
 from ninfer_http.app import create_app
 from ninfer_http.logs import (
@@ -137,6 +138,12 @@ def test_throughput_line_covers_its_own_interval():
     assert throughput_line(stats, before) == (
         "throughput | 5.0s | decode 190.6 tok/s (953 tok) | running 1 (decode-ready 1) | "
         "waiting 1 | batch 2.09 | kv 12% (12/100 pages, lent 3) | prefix hits 75% (3/4 tok)")
+    # an expert-slot cache (offloaded experts) adds its figures beside the hit rate
+    cached = replace(stats, experts=ExpertStats(slots=96, resident=90, lent_pages=6, hits=900,
+                                                misses=100, cpu_share=0.25, cached=90,
+                                                bytes_copied=5 * 2**20))
+    assert throughput_line(cached, before).endswith(
+        " | experts hit 90.0% (90/96 slots, lent 6 pages), cpu 25.0%, copied 5 MiB")
     # after a reload the counters restart: the interval starts at the new engine's start
     reloaded = replace(stats, started_at=104.0, counters=Counters(decode_tokens=10, steps=10,
                                                                    batch_rows=10))

@@ -89,6 +89,8 @@ def test_snapshot_gauges_and_engine_totals(serve):
     assert value(samples, "ninfer:expert_cpu_share") == 0.18
     assert value(samples, "ninfer:expert_cache_hits_total") == 9000
     assert value(samples, "ninfer:expert_cache_misses_total") == 1000
+    assert value(samples, "ninfer:expert_cache_cached") == 371
+    assert value(samples, "ninfer:expert_copied_bytes_total") == 3 * 2**30
     assert value(samples, "ninfer:spec_decode_num_drafts_total") == 1000
     assert value(samples, "ninfer:spec_decode_num_draft_tokens_total") == 3000
     assert value(samples, "ninfer:spec_decode_num_accepted_tokens_total") == 2040

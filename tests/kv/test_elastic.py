@@ -97,3 +97,26 @@ def test_random_operations_with_growth_keep_the_books():
         pool.release(owner)
     assert pool.free == pool.total == pool.capacity and pool.owners() == 0
     assert len(sizes) > 2  # it grew several times on the way to its capacity
+
+
+def test_lent_pages_come_back_before_a_growth_and_never_fail_a_lease():
+    """Capacity not grown into is lent (the expert-slot cache); a growth that needs it asks
+    the borrower for the shortfall first, and grows no further than what is not lent."""
+    pool = ElasticPagePool(capacity=10, step=2, page_tokens=8)
+    returned: list[int] = []
+
+    def give_back(pages: int) -> int:  # a borrower that returns whole units of 3 pages
+        units = min(-(-pages // 3), pool.lent // 3)
+        returned.append(units * 3)
+        return units * 3
+
+    assert pool.lend_room() == 8
+    pool.lend(6, give_back)
+    assert (pool.lent, pool.lend_room()) == (6, 2)
+    with pytest.raises(ValueError, match="cannot lend 3 pages"):
+        pool.lend(3, give_back)
+    assert pool.lease("a", 4 * 8) and pool.total == 4 and returned == []  # room was enough
+    assert pool.lease("b", 3 * 8) and returned == [3]  # 1 short of room: one unit back
+    assert (pool.total, pool.lent) == (7, 3) and pool.total + pool.lent <= pool.capacity
+    assert pool.lease("c", 3 * 8) and returned == [3, 3] and (pool.total, pool.lent) == (10, 0)
+    assert not pool.lease("d", 8) and returned == [3, 3]  # nothing lent is left to ask for

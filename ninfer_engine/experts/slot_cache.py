@@ -1,0 +1,127 @@
+"""Device expert slots of one MoE layer: which expert each slot holds, and who gets evicted.
+
+`SlotMap` keeps the expert → slot map (`slot_of`, -1 where not resident), counts hits and
+misses, and asks its policy for a victim when a miss is admitted. Policies, per layer:
+
+- `LfuAgingPolicy` (the default): a use count for every expert of the layer, resident or not,
+  halved every `period` lookups, so popularity that drifts is forgotten in a few periods; the
+  victim is the resident expert with the lowest count (ties: the least recently used). Routing
+  is skewed (a few experts take most tokens), and frequency keeps those resident where recency
+  lets a burst of cold experts push them out: on a Zipf(s=1.0) trace over 64 experts, top-4,
+  16 slots, it hits 65 % of lookups where LRU hits 54 % (`tests/experts/test_slot_cache.py`).
+- `LruPolicy`: least recently used, the baseline (FreeToken, Mixtral offloading).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+
+class SlotPolicy(ABC):
+    """Eviction order over one layer's experts."""
+
+    @abstractmethod
+    def touch(self, experts: Iterable[int]) -> None:
+        """One step's lookups (each expert once), hits and misses alike."""
+
+    @abstractmethod
+    def victim(self, candidates: list[int]) -> int:
+        """The resident expert among `candidates` to evict."""
+
+
+class LruPolicy(SlotPolicy):
+    def __init__(self, experts: int) -> None:
+        self.last = [0] * experts
+        self.clock = 0
+
+    def touch(self, experts: Iterable[int]) -> None:
+        self.clock += 1
+        for e in experts:
+            self.last[e] = self.clock
+
+    def victim(self, candidates: list[int]) -> int:
+        return min(candidates, key=self.last.__getitem__)
+
+
+class LfuAgingPolicy(LruPolicy):
+    """Counts with halving every `period` lookups; ties broken by recency."""
+
+    def __init__(self, experts: int, period: int | None = None) -> None:
+        super().__init__(experts)
+        self.count = [0.0] * experts
+        self.period = period or 16 * experts  # lookups between halvings
+        self.since = 0
+
+    def touch(self, experts: Iterable[int]) -> None:
+        experts = list(experts)
+        super().touch(experts)
+        for e in experts:
+            self.count[e] += 1.0
+        self.since += len(experts)
+        if self.since >= self.period:
+            self.count = [c / 2 for c in self.count]
+            self.since = 0
+
+    def victim(self, candidates: list[int]) -> int:
+        return min(candidates, key=lambda e: (self.count[e], self.last[e]))
+
+
+POLICIES = {"lfu": LfuAgingPolicy, "lru": LruPolicy}
+
+
+class SlotMap:
+    """`slots` device slots over `experts` experts; slot i starts with expert i."""
+
+    def __init__(self, experts: int, slots: int, policy: SlotPolicy) -> None:
+        self.experts, self.policy = experts, policy
+        self.slot_of = [-1] * experts
+        self.held = list(range(slots))  # expert held by each slot (-1: empty)
+        for s, e in enumerate(self.held):
+            self.slot_of[e] = s
+        self.hits = self.misses = 0
+
+    @property
+    def slots(self) -> int:
+        return len(self.held)
+
+    def lookup(self, experts: list[int]) -> list[int]:
+        """Count one step's lookups of distinct `experts`; the ones not resident."""
+        self.policy.touch(experts)
+        missing = [e for e in experts if self.slot_of[e] < 0]
+        self.misses += len(missing)
+        self.hits += len(experts) - len(missing)
+        return missing
+
+    def admit(self, expert: int, keep: set[int]) -> int | None:
+        """A slot for `expert` (evicting the policy's victim among experts not in `keep`), or
+        None when every slot holds an expert in `keep`."""
+        free = [s for s, e in enumerate(self.held) if e < 0]
+        if free:
+            slot = free[0]
+        else:
+            candidates = [e for e in self.held if e not in keep]
+            if not candidates:
+                return None
+            victim = self.policy.victim(candidates)
+            slot = self.slot_of[victim]
+            self.slot_of[victim] = -1
+        self.held[slot], self.slot_of[expert] = expert, slot
+        return slot
+
+    def resize(self, slots: int) -> list[int]:
+        """Grow to `slots` (the new ones empty), or shrink, evicting the policy's victims; the
+        old slot each new slot takes its expert from (-1: empty), for the caller's copy."""
+        if slots >= len(self.held):
+            old = list(range(len(self.held))) + [-1] * (slots - len(self.held))
+            self.held += [-1] * (slots - len(self.held))
+            return old
+        kept = [e for e in self.held if e >= 0]
+        while len(kept) > slots:
+            victim = self.policy.victim(kept)
+            kept.remove(victim)
+            self.slot_of[victim] = -1
+        old = [self.slot_of[e] for e in kept] + [-1] * (slots - len(kept))
+        self.held = kept + [-1] * (slots - len(kept))
+        for s, e in enumerate(kept):
+            self.slot_of[e] = s
+        return old

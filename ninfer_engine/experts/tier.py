@@ -1,0 +1,216 @@
+"""`LayerTier`: one MoE layer's routed experts over device slots and the host store.
+
+Every expert of the layer is in the host store (`HostExperts`); `slots` of them are resident
+in one stacked tensor of device slots (`slot_gu [S, 2I, H]`, `slot_down [S, H, I]`, the form
+the expert kernels read) under a `SlotMap`. Each step, for each routed expert that is not
+resident (a miss), the layer either copies it into a slot (the policy's victim evicted; on
+CUDA on a side stream, the expert kernels wait on its event) or computes it on the CPU from
+the host store in fp32, by the measured `MissCosts` (`miss="auto"`) or always one way
+(`"copy"`, `"cpu"`).
+
+- `experts_sorted(xs, counts)`: the torch path (`SparseMoE._experts_sorted`: prefill chunks,
+  the CPU engine): experts one at a time, hits first, then each miss copied and computed before
+  the next is admitted, so one slot suffices and the copy path equals all-resident bit for bit
+  (same weights, same torch calls).
+- `decode(y, ids, weights, k)`: the decode kernels' path (`HybridStep._moe`): every routed
+  expert of the step must be resident at once, so a miss that finds no slot outside the step's
+  own experts runs on the CPU; returns the slot ids the kernels read, the weights with the CPU
+  pairs zeroed, and the CPU pairs' weighted sum to add. With prefetch on, the same host sync
+  also brings the next MoE layer's router top-k over this layer's input, whose non-resident
+  experts are copied into that layer's slots while this one computes (Pre-gated MoE's guess).
+
+CPU compute is the expert in fp32 (fp8 codes × scales decoded exactly into fp32); on the GPU it
+is the bf16 kernels', so the two differ by the GPU side's bf16 rounding.
+"""
+from __future__ import annotations
+
+import itertools
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+from ..models.experts import ExpertStack
+from ..models.packed import PackedMatrix, linear
+from .cost_model import MissCosts
+from .slot_cache import SlotMap, SlotPolicy
+
+def empty_slots(like: ExpertStack, slots: int, device) -> ExpertStack:
+    """`slots` device slots in `like`'s form."""
+    w = torch.empty((slots, *like.w.shape[1:]), dtype=like.w.dtype, device=device)
+    scale = None if like.scale is None else torch.empty(
+        (slots, *like.scale.shape[1:]), dtype=like.scale.dtype, device=device)
+    return ExpertStack(w, scale)
+
+
+def _dense(member, dtype) -> torch.Tensor:
+    return member.dequantize(dtype) if isinstance(member, PackedMatrix) else member.to(dtype)
+
+
+class LayerTier:
+    """See the module docstring; `width` is the experts' intermediate size I."""
+
+    def __init__(self, host: tuple[ExpertStack, ExpertStack], slots: int, width: int, device,
+                 policy: SlotPolicy, miss: str = "auto", costs: MissCosts | None = None):
+        self.host_gu, self.host_down = host
+        self.width, self.device, self.miss, self.costs = width, torch.device(device), miss, costs
+        self.experts = self.host_gu.w.shape[0]
+        self.map = SlotMap(self.experts, slots, policy)
+        self.slot_gu = empty_slots(self.host_gu, slots, device)
+        self.slot_down = empty_slots(self.host_down, slots, device)
+        self.expert_bytes = self.host_gu.expert_bytes + self.host_down.expert_bytes
+        cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if cuda else None
+        self.pending = None  # the side stream's event after the step's copies
+        self.device_pairs = self.cpu_pairs = self.bytes_copied = 0
+        self.cpu_experts = 0  # experts computed on the CPU (each reads its host bytes once)
+        self.routed = [0] * self.experts  # (token, expert) pairs per expert: the popularity
+        # next-layer prefetch (`ExpertTiers(prefetch=True)`): the next MoE layer's tier and
+        # router, whose top-k over this layer's input is copied ahead; experts it copied
+        self.next: LayerTier | None = None
+        self.next_router: torch.Tensor | None = None
+        self.prefetched = 0
+        for s in range(slots):
+            self._copy_in(s, s)
+        self._wait()
+        self.bytes_copied = 0  # the initial fill is loading, not traffic
+
+    # -- slots ------------------------------------------------------------------------------
+
+    def _copy_in(self, expert: int, slot: int) -> None:
+        """Host expert → device slot: asynchronous on the side stream where CUDA is."""
+        if self.stream is not None:  # the slot's last readers finish before it is written
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
+            for src, dst in ((self.host_gu, self.slot_gu), (self.host_down, self.slot_down)):
+                dst.w[slot].copy_(src.w[expert], non_blocking=True)
+                if src.scale is not None:
+                    dst.scale[slot].copy_(src.scale[expert], non_blocking=True)
+            if self.stream is not None:
+                self.pending = torch.cuda.Event()
+                self.pending.record(self.stream)
+        self.bytes_copied += self.expert_bytes
+
+    def _wait(self) -> None:
+        """The compute stream waits for the step's copies (the host does not)."""
+        if self.pending is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.pending)
+            self.pending = None
+
+    def resize(self, slots: int) -> None:
+        """Grow or shrink the slot stacks (lending); kept experts move to their new slots."""
+        self._wait()  # no copy into the old stacks is still in flight when they are freed
+        old = self.map.resize(slots)
+        for name in ("slot_gu", "slot_down"):
+            prev = getattr(self, name)
+            new = empty_slots(prev, slots, self.device)
+            for s, o in enumerate(old):
+                if o >= 0:
+                    new.w[s].copy_(prev.w[o])
+                    if prev.scale is not None:
+                        new.scale[s].copy_(prev.scale[o])
+            setattr(self, name, new)
+
+    # -- misses -----------------------------------------------------------------------------
+
+    def _on_cpu(self, rows: int, hidden: int) -> bool:
+        if self.miss != "auto":
+            return self.miss == "cpu"
+        return self.costs is not None and self.costs.prefer_cpu(rows, self.expert_bytes,
+                                                                 4 * hidden)
+
+    def cpu_expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        """Expert e over host rows `x` in fp32 from the host store."""
+        gu = _dense(self.host_gu.member(e), torch.float32)
+        h = F.linear(x.float(), gu)
+        return F.linear(F.silu(h[:, : self.width]) * h[:, self.width:],
+                        _dense(self.host_down.member(e), torch.float32))
+
+    def _slot_expert(self, x: torch.Tensor, s: int) -> torch.Tensor:
+        gate = linear(x, self.slot_gu.member(s, 0, self.width))
+        up = linear(x, self.slot_gu.member(s, self.width, 2 * self.width))
+        return linear(F.silu(gate) * up, self.slot_down.member(s))
+
+    def experts_sorted(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The experts over expert-sorted rows `xs`, `counts[e]` rows for expert e."""
+        self._wait()  # a prefetch into these slots has landed before a hit reads one
+        sizes = counts.tolist()  # the one host sync
+        starts = [0, *itertools.accumulate(sizes)]
+        used = [e for e, n in enumerate(sizes) if n]
+        for e in used:
+            self.routed[e] += sizes[e]
+        missing = set(self.map.lookup(used))
+        out = torch.empty_like(xs)
+        for e in sorted(used, key=lambda e: e in missing):  # hits first, then each miss
+            rows = slice(starts[e], starts[e] + sizes[e])
+            if e in missing and self._on_cpu(sizes[e], xs.shape[1]):
+                y = self.cpu_expert(xs[rows].cpu(), e)
+                out[rows] = y.to(xs.device, xs.dtype)
+                self.cpu_pairs += sizes[e]
+                self.cpu_experts += 1
+                continue
+            if e in missing:
+                self._copy_in(e, self.map.admit(e, set()))
+                self._wait()
+            out[rows] = self._slot_expert(xs[rows], self.map.slot_of[e])
+            self.device_pairs += sizes[e]
+        return out
+
+    def _guess(self, y: torch.Tensor, k: int) -> torch.Tensor | None:
+        """The next MoE layer's top-k for this layer's input rows (the residual stream moves
+        little from one layer to the next), when prefetching; None otherwise."""
+        if self.next is None:
+            return None
+        return torch.topk(F.linear(y, self.next_router), k, -1).indices.flatten()
+
+    def prefetch(self, experts: list[int]) -> None:
+        """Copy `experts` (guessed for this layer's coming step) into slots, none evicting
+        another; no lookup is counted (the step's own lookup counts them as hits)."""
+        for e in experts:
+            if self.map.slot_of[e] < 0:
+                slot = self.map.admit(e, set(experts))
+                if slot is None:
+                    return
+                self._copy_in(e, slot)
+                self.prefetched += 1
+
+    def decode(self, y: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, k: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(slot ids [B·k], weights [B, k] with the CPU pairs zeroed, the CPU pairs' weighted
+        sum [B, H] fp32 on the device or None) for routing `ids [B·k]` of rows `y [B, H]`."""
+        guess = self._guess(y, k)
+        host = (ids if guess is None else torch.cat([ids, guess])).tolist()  # the one sync
+        routed, guessed = host[: ids.numel()], sorted(set(host[ids.numel():]))
+        used = sorted(set(routed))
+        for e in routed:
+            self.routed[e] += 1
+        on_cpu = set()
+        for e in self.map.lookup(used):
+            rows = routed.count(e)
+            slot = None if self._on_cpu(rows, y.shape[1]) else self.map.admit(e, set(used))
+            if slot is None:
+                on_cpu.add(e)
+            else:
+                self._copy_in(e, slot)
+        if guessed:  # copied while this layer computes (and the next one's mixer runs)
+            self.next.prefetch(guessed)
+        slots = torch.tensor([max(self.map.slot_of[e], 0) for e in routed], dtype=torch.long)
+        cpu_sum = None
+        if on_cpu:
+            keep = torch.tensor([e not in on_cpu for e in routed]).view(-1, k)
+            w_host = weights.float().cpu()
+            y_host = y.float().cpu()
+            total = torch.zeros(y.shape[0], y.shape[1])
+            for e in on_cpu:
+                pairs = [i for i, x in enumerate(routed) if x == e]
+                rows = torch.tensor([i // k for i in pairs])
+                part = self.cpu_expert(y_host[rows], e)
+                total.index_add_(0, rows, part * w_host.view(-1)[pairs][:, None])
+            weights = weights * keep.to(weights.device, weights.dtype)
+            cpu_sum = total.to(y.device)
+        self.cpu_pairs += sum(e in on_cpu for e in routed)
+        self.cpu_experts += len(on_cpu)
+        self.device_pairs += sum(e not in on_cpu for e in routed)
+        self._wait()
+        return slots.to(y.device), weights, cpu_sum
+

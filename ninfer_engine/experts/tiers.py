@@ -1,0 +1,132 @@
+"""`ExpertTiers`: the offloaded routed experts of a model, and how they join the model.
+
+Built at load (`build_tiers`) before the model: the placement (`placement`) from the budget
+and one real expert's served bytes, the RAM guard, the host store (`HostExperts`) filled
+expert by expert from the model's parameter source, one `LayerTier` per MoE layer, and the
+miss costs measured on the first layer (`cost_model.measure`). The model is then built over
+`placeholders(source)`, which hands out meta tensors for the routed experts (no memory:
+nothing reads them once `install` has given each `SparseMoE` its tier, and any stray read
+fails loudly); on CUDA `FusedParams` takes the tier's slot stacks as the layer's expert stacks.
+
+Lending (`--elastic`, `lend`): the part of the elastic KV pool's capacity it has not grown into
+becomes extra slots, one slot in every MoE layer per `unit_pages` pages
+(`kv.pages.ElasticPagePool.lend`); KV growth takes them back first (`give_back`: the policy's
+victims evicted, the slot stacks shrunk), so lending never fails a lease.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..stats import ExpertStats
+from .cost_model import measure
+from .host_store import ExpertGetter, HostExperts
+from .placement import ExpertPlacement
+from .slot_cache import POLICIES
+from .tier import LayerTier, empty_slots
+
+
+def expert_name(layer: int, e: int, member: str) -> str:
+    return f"text/layers/{layer}/moe/experts/{e}/{member}"
+
+
+class ExpertTiers:
+    """See the module docstring."""
+
+    def __init__(self, config: dict, placement: ExpertPlacement, get: ExpertGetter, device,
+                 miss: str = "auto", policy: str = "lfu", prefetch: bool = False) -> None:
+        self.placement = placement
+        self.device = torch.device(device)
+        width, hidden = config["moe_intermediate_size"], config["hidden_size"]
+        E = placement.experts
+        self.host = HostExperts(get, placement.layers, E, width, hidden,
+                                pin=self.device.type == "cuda")
+        self.layers = {i: LayerTier(self.host.stacks[i], placement.slots, width, self.device,
+                                    POLICIES[policy](E), miss) for i in placement.layers}
+        first = self.layers[placement.layers[0]]
+        scratch = tuple(empty_slots(s, 1, self.device) for s in (first.host_gu, first.host_down))
+        self.costs = measure((first.host_gu, first.host_down), scratch, first.cpu_expert)
+        for tier in self.layers.values():
+            tier.costs = self.costs
+        self.prefetch = prefetch
+        self.lent_pages = 0
+        self.unit_pages = 0  # pages a lent slot (one in every MoE layer) takes
+
+    # -- building the model -------------------------------------------------------------
+
+    def offloaded(self, moe_key: str) -> bool:
+        """Whether `text/layers/i/moe/`'s routed experts are in a tier."""
+        return int(moe_key.split("/")[2]) in self.layers
+
+    def placeholders(self, source):
+        """`source` with every routed expert of the tiers replaced by a meta tensor."""
+        def get(name: str, shape: tuple[int, ...]):
+            if "/moe/experts/" in name and self.offloaded(name.split("experts/")[0]):
+                return torch.empty(shape, device="meta")
+            return source(name, shape)
+        return get
+
+    def slot_stacks(self, moe_key: str):
+        tier = self.layers[int(moe_key.split("/")[2])]
+        return tier.slot_gu, tier.slot_down
+
+    def install(self, model) -> None:
+        """Give each offloaded `SparseMoE` its tier; the model keeps the tiers for the stats."""
+        for i, tier in self.layers.items():
+            model.blocks[i].ffn.tier = tier
+        if self.prefetch:  # each layer guesses the next one's experts with its router
+            order = sorted(self.layers)
+            for i, j in zip(order, order[1:]):
+                self.layers[i].next = self.layers[j]
+                self.layers[i].next_router = model.blocks[j].ffn.router
+        model.expert_tiers = self
+
+    # -- lending ---------------------------------------------------------------------------
+
+    def lend(self, pool, page_bytes: int) -> None:
+        """Borrow every page of `pool`'s capacity not grown into, as whole lent slots."""
+        self.unit_pages = math.ceil(len(self.layers) * self.placement.expert_bytes / page_bytes)
+        units = pool.lend_room() // self.unit_pages
+        free = self.placement.experts - self.placement.slots - self.lent_pages // max(
+            self.unit_pages, 1)
+        units = min(units, free)  # never more slots than experts
+        if units > 0:
+            pool.lend(units * self.unit_pages, self.give_back)
+            self.lent_pages += units * self.unit_pages
+            self._resize()
+
+    def give_back(self, pages: int) -> int:
+        """Return at least `pages` lent pages (all of them if fewer): the pages returned."""
+        units = min(math.ceil(pages / self.unit_pages), self.lent_pages // self.unit_pages)
+        self.lent_pages -= units * self.unit_pages
+        self._resize()
+        if self.device.type == "cuda":  # the slots' blocks go back for the KV to grow into
+            torch.cuda.empty_cache()
+        return units * self.unit_pages
+
+    def _resize(self) -> None:
+        slots = self.placement.slots + self.lent_pages // max(self.unit_pages, 1)
+        for tier in self.layers.values():
+            tier.resize(slots)
+
+    # -- stats ---------------------------------------------------------------------------
+
+    def stats(self, base: ExpertStats) -> ExpertStats:
+        """`base` (the model's shape) with the tiers' slots, counters and lending."""
+        tiers = self.layers.values()
+        cached = sum(sum(e >= 0 for e in t.map.held) for t in tiers)
+        device = sum(t.device_pairs for t in tiers)
+        cpu = sum(t.cpu_pairs for t in tiers)
+        return ExpertStats(
+            slots=sum(t.map.slots for t in tiers), resident=cached, cached=cached,
+            lent_pages=self.lent_pages, hits=sum(t.map.hits for t in tiers),
+            misses=sum(t.map.misses for t in tiers),
+            cpu_share=cpu / (cpu + device) if cpu + device else 0.0,
+            bytes_copied=sum(t.bytes_copied for t in tiers), experts=base.experts,
+            active=base.active, layers=base.layers)
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of the device slots (lent ones included)."""
+        return sum(t.map.slots * t.expert_bytes for t in self.layers.values())

@@ -1,0 +1,34 @@
+"""The expert panel over an expert-slot cache's figures (what `ExpertTiers.stats` publishes):
+slots, residents, lent pages, hit rate, CPU share and the bytes copied in."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ninfer_engine.stats import ExpertStats
+from ninfer_tui.app import NinferConsole
+from ninfer_tui.fake_feed import FakeSupervisor
+from ninfer_tui.widgets.experts import ExpertPanel
+
+from tests.tui.test_state_slots import SIZE, shown
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_panel_shows_the_slot_cache() -> None:
+    experts = ExpertStats(slots=96, resident=90, cached=90, lent_pages=12, hits=900, misses=100,
+                          cpu_share=0.25, bytes_copied=3 * 2**30, experts=512, active=10,
+                          layers=16)
+    feed = FakeSupervisor("busy8", frames=1)
+    feed.frames = (replace(feed.frames[-1], experts=experts),)
+    app = NinferConsole(feed, title_info="test")
+    async with app.run_test(size=SIZE) as pilot:
+        app.poll_supervisor()
+        await pilot.pause()
+        text = "\n".join(shown(app.query_one(ExpertPanel)))
+    assert "512 routed experts × 16 layers, top-10 per token" in text
+    assert "slots 96   resident 90   lent from KV 12 pages" in text
+    assert "900 hits · 100 misses · 3.0 GiB copied in" in text
+    assert "90.0%" in text and "25.0%" in text  # hit rate, CPU share
