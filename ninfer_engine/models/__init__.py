@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..parallel.group import SINGLE, RankGroup
 from .attention import Segment
 from .experts import bf16_fits, free_device_bytes, is_routed_expert, load_expert
 from .fused import FusedParams
@@ -18,17 +19,20 @@ _HYBRID_FAMILY = {"Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 def build_model(text_config: dict, weights: WeightSource, device: torch.device | str = "cpu",
                 dtype: torch.dtype = torch.float32,
                 matmul_dtype: torch.dtype | None = None,
-                weights_mode: str = "dequant") -> LlamaModel | Qwen35Model:
+                weights_mode: str = "dequant",
+                ranks: RankGroup = SINGLE) -> LlamaModel | Qwen35Model:
     """Instantiate the engine family for `text_config["architectures"][0]`; `matmul_dtype`
     (`--cpu-matmul`) gives each projection and the head a narrower copy (bf16, or int8 rows)
     that few-row (decode) calls multiply by, both families (`layers.Linear`; the hybrid family
     on the CPU only: on CUDA it decodes over `FusedParams` with its own kernels);
-    `weights_mode` is `--cuda-weights` (`load_projection`; routed experts: `load_expert`)."""
+    `weights_mode` is `--cuda-weights` (`load_projection`; routed experts: `load_expert`);
+    `ranks`: tensor parallelism, `text_config` and `weights` then this rank's share
+    (`parallel.shard.shard_for_rank`)."""
     architectures = text_config.get("architectures") or [text_config.get("model_type", "?")]
     arch = architectures[0]
     if arch in _LLAMA_FAMILY:
         return LlamaModel(LlamaConfig.from_text_config(text_config), weights, device, dtype,
-                          matmul_dtype, weights_mode)
+                          matmul_dtype, weights_mode, ranks)
     if arch in _HYBRID_FAMILY:
         # Q4/Q5 routed experts stay bf16 under auto only if the bf16-expert model fits
         fits = weights_mode != "auto" or "num_experts" not in text_config or bf16_fits(
@@ -46,8 +50,8 @@ def build_model(text_config: dict, weights: WeightSource, device: torch.device |
             return weights.parameter(name, shape).to(device, dtype)
 
         if torch.device(device).type == "cuda":  # fused decode GEMV groups for the kernels
-            return Qwen35Model(text_config, FusedParams(text_config, source))
-        return Qwen35Model(text_config, source, matmul_dtype)
+            return Qwen35Model(text_config, FusedParams(text_config, source), ranks=ranks)
+        return Qwen35Model(text_config, source, matmul_dtype, ranks)
     raise NotImplementedError(f"architecture {arch!r} is not supported by this engine")
 
 
