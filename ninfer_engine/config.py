@@ -45,6 +45,7 @@ class EngineConfig:
     no_cuda_graph: bool = False
     embedding_host: bool = False
     no_tp_mailbox: bool = False
+    tp_experts: str = "expert"  # `--tp-experts`: routed experts split by expert id or intermediate
     # speculation
     spec: str | None = None
     draft_tokens: int | None = None

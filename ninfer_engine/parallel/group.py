@@ -65,6 +65,16 @@ class RankGroup:
         return out.view(self.world, -1, per).permute(1, 0, 2).reshape(-1, self.world * per)[
             :, :vocab]
 
+    def least(self, value: int) -> int:
+        """The smallest of the ranks' `value`s (what every rank can hold)."""
+        if self.world == 1:
+            return value
+        box = torch.tensor([value], dtype=torch.int64)
+        if dist.get_backend() == "nccl":
+            box = box.cuda()
+        dist.all_reduce(box, op=dist.ReduceOp.MIN)
+        return int(box.item())
+
     def broadcast(self, message: Any = None) -> Any:
         """Rank 0's `message` on every rank (a step's plan: small Python objects)."""
         if self.world == 1:
