@@ -98,7 +98,10 @@ def join_from_env(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) ->
     if world == 1:
         return SINGLE
     if not dist.is_initialized():
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        kwargs = {}
+        if device.type == "cuda":  # NCCL binds the rank to its device
+            torch.cuda.set_device(device)
+            kwargs = {"device_id": device}
         dist.init_process_group(backend_for(device), init_method="env://",
                                 timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     return RankGroup(dist.get_rank(), dist.get_world_size())

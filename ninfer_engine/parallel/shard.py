@@ -38,7 +38,7 @@ _EXPERT = re.compile(r"^moe/experts/\d+/(gate|up|down)$")
 
 
 def shard_for_rank(text_config: dict, weights: Any, ranks: RankGroup,
-                   experts: str = "expert") -> tuple[dict, Any]:
+                   experts: str = "intermediate") -> tuple[dict, Any]:
     """(the rank's text config, its weight source); the identity at world 1."""
     if not ranks.parallel:
         return text_config, weights
@@ -46,7 +46,7 @@ def shard_for_rank(text_config: dict, weights: Any, ranks: RankGroup,
                                                                     ranks, experts)
 
 
-def rank_config(config: dict, ranks: RankGroup, experts: str = "expert") -> dict:
+def rank_config(config: dict, ranks: RankGroup, experts: str = "intermediate") -> dict:
     """`config` with the counts one rank holds; `tp_local_experts` [start, end) under expert
     sharding. A count the world size does not divide is a clear error."""
     if experts not in EXPERT_SHARDING:
