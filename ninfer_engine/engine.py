@@ -174,6 +174,13 @@ class Engine:
         """Called once, on the engine thread, with the reason when the engine becomes FAILED."""
         self._failure_listeners.append(listener)
 
+    def rank_failed(self, reason: str) -> None:
+        """Another tensor-parallel rank is gone (`parallel.launch` watches the processes):
+        FAILED now, not when a collective notices (NCCL waits out its timeout)."""
+        if self._state is EngineState.READY:
+            self._fail_engine(RuntimeError(reason))
+            self._events.flush()
+
     def start(self) -> None:
         """Start the engine thread (once)."""
         if self._thread is None:

@@ -27,13 +27,16 @@ log = logging.getLogger("ninfer.engine")
 class Follower:
     """Rank `ranks.rank` (> 0) of the group whose rank 0 runs the `Engine`."""
 
-    def __init__(self, config: EngineConfig, artifact: Any, ranks: RankGroup) -> None:
+    def __init__(self, config: EngineConfig, artifact: Any, ranks: RankGroup,
+                 model: Any = None) -> None:
+        """`model`: this rank's share already resident (the benchmarks draw it), else built
+        from the artifact."""
         self.ranks = ranks
         device = serving_device(config)
         dtype, matmul = serving_dtypes(config, device)
         parts = load_rank(config, artifact, device, dtype, matmul,
                           weights_mode(config, device, dtype), prefill_chunk_for(config, device),
-                          ranks)
+                          ranks, model)
         self.runner = make_runner(parts.model, parts.graphs)
         self.shadows = Shadows(parts.memory)
         self.faults = Faults(os.environ.get("NINFER_FAULT", ""), ranks.rank)

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-# a collective that waits longer than this fails the rank (a peer died or hung)
+# a step's collective that waits longer than this fails the rank (a peer hung)
 DEFAULT_TIMEOUT_S = 30.0
+# a follower waits this long for rank 0's next plan: rank 0 may still be loading (the payload
+# digest of a 50 GB artifact) or capturing graphs; a peer that died breaks the wait at once
+CONTROL_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,9 @@ class RankGroup:
 
     rank: int = 0
     world: int = 1
+    # the CPU (gloo) group the step plans go through, off the device's stream (NCCL would make
+    # each plan a device sync); None: the default group
+    control: Any = field(default=None, compare=False, repr=False)
 
     @property
     def parallel(self) -> bool:
@@ -80,7 +86,7 @@ class RankGroup:
         if self.world == 1:
             return message
         box = [message]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.control)
         return box[0]
 
 
@@ -104,7 +110,8 @@ def join_from_env(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) ->
             kwargs = {"device_id": device}
         dist.init_process_group(backend_for(device), init_method="env://",
                                 timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    return RankGroup(dist.get_rank(), dist.get_world_size())
+    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
+    return RankGroup(dist.get_rank(), dist.get_world_size(), control)
 
 
 def leave() -> None:

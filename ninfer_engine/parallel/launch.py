@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import threading
+from multiprocessing.connection import wait
 
 import torch.multiprocessing as mp
 
@@ -32,11 +34,25 @@ def tensor_parallel_engine(config: EngineConfig) -> Engine:
     leave()  # a reload: the previous engine's group is gone with its followers
     world, port = config.tp, _free_port()
     ctx = mp.get_context("spawn")  # CUDA cannot be forked
+    followers = []
     for rank in range(1, world):
         # daemonic: the followers end with this process, whatever ends it
-        ctx.Process(target=follower_main, daemon=True, name=f"ninfer-rank{rank}", args=(
-            dataclasses.replace(config, device=config.devices[rank]), rank, world, port)).start()
+        followers.append(ctx.Process(target=follower_main, daemon=True, name=f"rank {rank}",
+                                     args=(dataclasses.replace(config, device=config.devices[rank]),
+                                           rank, world, port)))
+        followers[-1].start()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
                       WORLD_SIZE=str(world))
     config = dataclasses.replace(config, device=config.devices[0])
-    return Engine(config, ranks=join_from_env(serving_device(config)))
+    engine = Engine(config, ranks=join_from_env(serving_device(config)))
+    threading.Thread(target=_watch, args=(engine, followers), daemon=True,
+                     name="ninfer-rank-watch").start()
+    return engine
+
+
+def _watch(engine: Engine, followers: list) -> None:
+    """The first follower to exit fails the engine (after a stop that is a no-op)."""
+    ended = wait([p.sentinel for p in followers])
+    gone = next(p for p in followers if p.sentinel in ended)
+    gone.join()
+    engine.rank_failed(f"tensor-parallel {gone.name} exited with status {gone.exitcode}")
