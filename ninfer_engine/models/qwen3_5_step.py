@@ -74,7 +74,7 @@ class HybridWeights:
     def __init__(self, model, params: FusedParams):
         c = model.config
         self.c, self.model, self.eps = c, model, c["rms_norm_eps"]
-        self.head = FusedLinear(model.head)
+        self.head = FusedLinear(model.head_projection.weight)  # a rank's rows at --tp 2
         self.layers = []
         for i, block in enumerate(model.blocks):
             kind = c["layer_types"][i]
