@@ -97,12 +97,17 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+_JOINED: list[RankGroup] = []  # the group this process is in (creating groups is collective)
+
+
 def join_from_env(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankGroup:
     """Join the group named by the environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
-    `MASTER_PORT`); world 1 without `WORLD_SIZE`."""
+    `MASTER_PORT`); world 1 without `WORLD_SIZE`. Joined already: that group."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return SINGLE
+    if _JOINED:
+        return _JOINED[0]
     if not dist.is_initialized():
         kwargs = {}
         if device.type == "cuda":  # NCCL binds the rank to its device
@@ -111,10 +116,12 @@ def join_from_env(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) ->
         dist.init_process_group(backend_for(device), init_method="env://",
                                 timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
-    return RankGroup(dist.get_rank(), dist.get_world_size(), control)
+    _JOINED.append(RankGroup(dist.get_rank(), dist.get_world_size(), control))
+    return _JOINED[0]
 
 
 def leave() -> None:
     """Destroy the process group, if one was joined."""
+    _JOINED.clear()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -31,7 +31,8 @@ def _greedy(engine, max_tokens: int = 4) -> list[int]:
 @pytest.fixture
 def rendezvous_env(monkeypatch):
     for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "NINFER_FAULT"):
-        monkeypatch.delenv(name, raising=False)  # the launcher sets them; undone after
+        monkeypatch.setenv(name, "")  # recorded, so the launcher's values are undone after
+        monkeypatch.delenv(name)
     yield
     leave()
 
