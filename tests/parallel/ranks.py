@@ -15,10 +15,12 @@ from ninfer_engine.config import EngineConfig
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
-# (family, --tp-experts): llama's vocab 259 leaves rank 1 a shorter head (129 of 130 rows)
-CASES = (("llama", "expert"), ("qwen3_5", "expert"), ("qwen3_5_moe", "expert"),
-         ("qwen3_5_moe", "intermediate"))
-FAULT_CASE = ("qwen3_5", "expert")
+# (family, --tp-experts, --spec, tokens): llama's vocab 259 leaves rank 1 a shorter head (129
+# of 130 rows); the qwen3_5 case drafts (prompt lookup), so its verify rows roll back on both
+# ranks (`lockstep` KEEP)
+CASES = (("llama", "intermediate", None, 4), ("qwen3_5", "intermediate", "ngram", 12),
+         ("qwen3_5_moe", "expert", None, 4), ("qwen3_5_moe", "intermediate", None, 4))
+FAULT_CASE = ("qwen3_5", "intermediate", None, 12)
 PROMPTS = (tuple(range(40, 53)), tuple(range(90, 75, -3)))  # 13 and 5 tokens
 
 
@@ -32,9 +34,14 @@ def artifact(family: str):
     return HybridArtifact(family)
 
 
-def config(experts: str) -> EngineConfig:
+def config(experts: str, spec: str | None = None) -> EngineConfig:
     return EngineConfig(artifact=Path("tiny.ninfer"), prefill_chunk=8, max_context=256,
-                        max_concurrency=2, tp_experts=experts)
+                        max_concurrency=2, tp_experts=experts, spec=spec,
+                        draft_tokens=3 if spec else None)
+
+
+def drafted(engine) -> int:
+    return engine.speculator.stats().drafted if engine.speculator else 0
 
 
 def generate(engine, max_tokens: int) -> list[tuple[list[int], str | None]]:
@@ -64,25 +71,26 @@ def _rank(rank: int, world: int, port: int, results) -> None:
     from ninfer_engine.parallel.follower import Follower, follower_main
 
     ranks = join_from_env(torch.device("cpu"))
-    for family, experts in CASES:
+    for family, experts, spec, tokens in CASES:
         if rank:
-            Follower(config(experts), artifact(family), ranks).run()
+            Follower(config(experts, spec), artifact(family), ranks).run()
             continue
-        engine = Engine(config(experts), artifact(family), ranks=ranks)
+        engine = Engine(config(experts, spec), artifact(family), ranks=ranks)
         engine.start()
-        results.put((family, experts, generate(engine, 4), engine.state.value))
+        out = generate(engine, tokens)
+        results.put((family, experts, out, engine.state.value, drafted(engine)))
         engine.stop()
-    family, experts = FAULT_CASE
+    family, experts, spec, tokens = FAULT_CASE
     if rank:  # the follower process's own entry point: a failure exits 2
         os.environ["NINFER_FAULT"] = "step:3@rank1"
-        follower_main(config(experts), rank, world, port, artifact(family))
+        follower_main(config(experts, spec), rank, world, port, artifact(family))
         return
-    engine = Engine(config(experts), artifact(family), ranks=ranks)
+    engine = Engine(config(experts, spec), artifact(family), ranks=ranks)
     failed = []
     engine.add_failure_listener(lambda reason: failed.append(reason))
     engine.start()
     started = time.monotonic()
-    out = generate(engine, 12)
+    out = generate(engine, tokens)
     results.put((family, experts, out, engine.state.value, time.monotonic() - started, failed))
 
 

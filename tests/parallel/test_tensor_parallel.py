@@ -1,5 +1,6 @@
 """Tensor parallelism over gloo: two rank processes give tp1's greedy tokens for the llama,
-qwen3_5 and qwen3_5_moe families (routed experts split by id and by intermediate), and a fault
+qwen3_5 and qwen3_5_moe families (routed experts split by id and by intermediate; prompt-lookup
+verify rows rolled back on both ranks), and a fault
 on rank 1 fails the engine on rank 0 (every stream ends with an in-band 503, FAILED)."""
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from ninfer_engine.engine import Engine
 
-from .ranks import CASES, FAULT_CASE, artifact, config, generate, run_ranks
+from .ranks import CASES, FAULT_CASE, artifact, config, drafted, generate, run_ranks
 
 
 @pytest.fixture(scope="module")
@@ -15,26 +16,29 @@ def two_ranks():
     return run_ranks(world=2)
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=["-".join(c) for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)),
+                         ids=["-".join(map(str, c[:3])) for c in CASES])
 def test_two_ranks_greedy_equals_tp1(two_ranks, case):
-    family, experts = CASES[case]
+    family, experts, spec, n = CASES[case]
     assert len(two_ranks) > case, "the two ranks gave no result"
-    got_family, got_experts, tokens, state = two_ranks[case]
+    got_family, got_experts, tokens, state, drafts = two_ranks[case]
     assert (got_family, got_experts, state) == (family, experts, "ready")
-    engine = Engine(config(experts), artifact(family))  # tp1, in this process
+    engine = Engine(config(experts, spec), artifact(family))  # tp1, in this process
     engine.start()
     try:
-        expected = generate(engine, 4)
+        expected = generate(engine, n)
     finally:
         engine.stop()
     assert tokens == expected
-    assert all(finish == "length" and len(t) == 4 for t, finish in tokens)
+    assert all(finish == "length" and len(t) == n for t, finish in tokens)
+    if spec:  # verify rows ran (and were cut back) on both ranks
+        assert drafts > 0 and drafted(engine) > 0
 
 
 def test_fault_on_rank_1_fails_the_engine_within_seconds(two_ranks):
     assert len(two_ranks) == len(CASES) + 1, "the fault case gave no result"
     family, experts, streams, state, seconds, failed = two_ranks[-1]
-    assert (family, experts) == FAULT_CASE
+    assert (family, experts) == FAULT_CASE[:2]
     assert state == "failed" and len(failed) == 1
     # both streams end in-band with the engine's 503 error, before their 12 tokens
     assert [code for _, code in streams] == ["service_unavailable"] * 2
