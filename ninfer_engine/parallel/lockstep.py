@@ -12,6 +12,7 @@ within a tick even without traffic.
 from __future__ import annotations
 
 import itertools
+import logging
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from ..step.scheduler import Batch, Chunk
 from .group import RankGroup
 
 FORWARD, KEEP, IDLE, STOP = "forward", "keep", "idle", "stop"
+log = logging.getLogger("ninfer.engine")
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,10 @@ class Leader:
         self.ranks.broadcast((IDLE, None))
 
     def close(self) -> None:
-        self.ranks.broadcast((STOP, None))
+        try:
+            self.ranks.broadcast((STOP, None))
+        except Exception as exc:  # a follower gone already: stopping must not fail on it
+            log.warning("tensor-parallel ranks not told to stop: %s", exc)
 
 
 class _Window:
