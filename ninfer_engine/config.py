@@ -53,6 +53,9 @@ class EngineConfig:
     no_cuda_graph: bool = False
     embedding_host: bool = False
     no_tp_mailbox: bool = False
+    # `--tp-experts`: routed experts split by intermediate (what the CUDA-graph step runs) or by
+    # expert id (eager only: the fused MoE kernels index experts by global id)
+    tp_experts: str = "intermediate"
     # speculation
     spec: str | None = None
     draft_tokens: int | None = None

@@ -24,10 +24,10 @@ from .cpu_threads import run_on_own_thread
 from .experts import expert_tiers_for, offloading
 from .faults import Faults
 from .step.event_pump import EventPump
-from .memory_plan import auto_kv_capacity, build_memory
-from .models import build_model
-from .models.experts import check_prefill_scratch, free_device_bytes
-from .step.families import build_decode_graphs, make_runner
+from .parallel import SINGLE, RankGroup
+from .parallel.lockstep import Leader
+from .rank_parts import load_rank
+from .step.families import make_runner
 from .step.sampling import Sampler
 from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
@@ -62,14 +62,25 @@ def serving_device(config: EngineConfig) -> torch.device:
     return torch.device(f"cuda:{config.device}" if torch.cuda.is_available() else "cpu")
 
 
+def serving_dtypes(config: EngineConfig,
+                   device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
+    """(activation dtype, `--cpu-matmul` decode-copy dtype): fp32 activations on the CPU, whose
+    projections `--cpu-matmul` narrows; `--cuda-dtype` on CUDA."""
+    if device.type == "cpu":
+        return torch.float32, MATMUL_DTYPES[config.cpu_matmul]
+    return CUDA_DTYPES[config.cuda_dtype], None
+
+
 class Engine:
     """The `ServingEngine` (client.py) backed by our torch model."""
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
-                 on_failure: Callable[[str], None] | None = None, model: Any = None) -> None:
+                 on_failure: Callable[[str], None] | None = None, model: Any = None,
+                 ranks: RankGroup = SINGLE) -> None:
         """`artifact`: an opened artifact (default: open `config.artifact`); `model`: its text
         model already resident (`ninfer bench` draws random weights on the device), else the
-        model is built from the artifact's weights."""
+        model is built from the artifact's weights; `ranks`: tensor parallelism, this engine
+        rank 0 of the group (its followers run `parallel.follower.Follower`)."""
         self.config = config
         self._failure_listeners: list[Callable[[str], None]] = [on_failure] if on_failure else []
         self._state = EngineState.LOADING
@@ -90,38 +101,24 @@ class Engine:
             self.chat_template = ChatTemplate.from_artifact(
                 artifact, config.chat_template, self.tokenizer.bos_token, self.tokenizer.eos_token)
             device = serving_device(config)
-            if device.type == "cpu":  # fp32 activations; `--cpu-matmul` narrows projections
-                dtype, matmul = torch.float32, MATMUL_DTYPES[config.cpu_matmul]
-            else:
-                dtype, matmul = CUDA_DTYPES[config.cuda_dtype], None
+            dtype, matmul = serving_dtypes(config, device)
 
             offloading(config, text_config)  # an expert budget for a dense model is an error
 
             def load():
-                built = model or build_model(
-                    text_config, artifact, device, dtype, matmul,
-                    weights_mode(config, device, dtype),
-                    lambda text, source: expert_tiers_for(config, text, source, device, dtype))
-                speculator = (build_speculator(config.spec, config.draft_tokens, artifact, built,
-                                               self.tokenizer.vocab_size, matmul)
-                              if config.spec else None)
-                # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
-                sized, activations = auto_kv_capacity(config, built, text_config, device,
-                                                      prefill_chunk_for(config, device))
-                memory = build_memory(sized, built, prefill_chunk_for(config, device))
-                if activations is None:
-                    check_prefill_scratch(built, free_device_bytes(device))
-                else:  # auto kept its estimate of a chunk's activations free, not ~1 GiB
-                    check_prefill_scratch(built, free_device_bytes(device), activations)
-                return built, memory, build_decode_graphs(
-                    built, memory, config.kv_dtype, config.max_concurrency,
-                    config.max_context, not config.no_cuda_graph,
-                    1 + (config.draft_tokens or 0) if config.spec else 1,
-                    keep_hidden=config.spec == "mtp"), sized, speculator
+                return load_rank(config, artifact, device, dtype, matmul,
+                                 weights_mode(config, device, dtype),
+                                 prefill_chunk_for(config, device), ranks, model,
+                                 expert_tiers=lambda text, source: expert_tiers_for(
+                                     config, text, source, device, dtype),
+                                 with_model=lambda built: build_speculator(
+                                     config.spec, config.draft_tokens, artifact, built,
+                                     self.tokenizer.vocab_size, matmul) if config.spec else None)
 
             # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
+            parts = run_on_own_thread(load) if device.type == "cpu" else load()
             self.model, self.memory, graphs, config, self.speculator = (
-                run_on_own_thread(load) if device.type == "cpu" else load())
+                parts.model, parts.memory, parts.graphs, parts.config, parts.extra)
             self.config = config  # the resolved `--kv-capacity`
             if check is not None:
                 check.result()  # a corrupt payload refuses to serve
@@ -147,6 +144,8 @@ class Engine:
         # hiddens go to a drafter that reads them (MTP); without one the graph step keeps none
         self.runner = make_runner(self.model, graphs, self.speculator.observe
                                   if self.speculator and self.speculator.reads_hidden else None)
+        if ranks.parallel:  # each step's plan goes to the other ranks before it runs here
+            self.runner = Leader(self.runner, ranks, self.memory.allocator)
         self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)
@@ -181,6 +180,13 @@ class Engine:
         """Called once, on the engine thread, with the reason when the engine becomes FAILED."""
         self._failure_listeners.append(listener)
 
+    def rank_failed(self, reason: str) -> None:
+        """Another tensor-parallel rank is gone (`parallel.launch` watches the processes):
+        FAILED now, not when a collective notices (NCCL waits out its timeout)."""
+        if self._state is EngineState.READY:
+            self._fail_engine(RuntimeError(reason))
+            self._events.flush()
+
     def start(self) -> None:
         """Start the engine thread (once)."""
         if self._thread is None:
@@ -194,6 +200,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
         if self._state is not EngineState.FAILED:
+            self.runner.close()
             self._state = EngineState.STOPPED
             self._fail_all("the engine was stopped")
             self._events.flush()
@@ -271,6 +278,7 @@ class Engine:
                     self._wake.clear()  # before scheduling, so a submit during the step is seen
                     if not self.step():
                         self._wake.wait(IDLE_PUBLISH_S)
+                        self.runner.idle()
                         self._publish()
         except BaseException as exc:
             self._fail_engine(exc)

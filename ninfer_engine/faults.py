@@ -5,9 +5,13 @@ from typing import Any
 
 
 class Faults:
-    """`NINFER_FAULT=step:N` breaks the step loop at step N; `request:ID` fails that request."""
+    """`NINFER_FAULT=step:N` breaks the step loop at step N; `request:ID` fails that request.
+    A `@rankR` suffix (`step:3@rank1`) puts the fault on tensor-parallel rank R only."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, rank: int = 0) -> None:
+        spec, on_rank, target = spec.partition("@rank")
+        if on_rank and int(target) != rank:
+            spec = ""
         kind, _, value = spec.partition(":")
         self.step = int(value) if kind == "step" else None
         self.request = value if kind == "request" else None

@@ -29,6 +29,10 @@ EngineFactory = Callable[[EngineConfig], object]
 
 
 def _default_factory(config: EngineConfig):
+    if config.tp > 1:  # one process per rank (`parallel.launch`)
+        from .parallel.launch import tensor_parallel_engine
+
+        return tensor_parallel_engine(config)
     from .engine import Engine  # torch is imported only when an engine is really built
 
     return Engine(config)

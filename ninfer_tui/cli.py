@@ -35,7 +35,8 @@ Capacity:  --max-context N (8192)  --kv-capacity N|auto  --max-concurrency 1..8 
            --kv-dtype bf16|int8|fp8|nvfp4|k8v4  --elastic  --kv-grow N  --kv-budget-gib G
            --vram-headroom-mib N
 Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-host
-           --no-tp-mailbox  --cpu-matmul fp32|bf16|int8 (fp32; bf16 and int8 decode
+           --no-tp-mailbox  --tp-experts intermediate|expert (intermediate; expert: each
+           rank a share of the routed experts, eager decode)  --cpu-matmul fp32|bf16|int8 (fp32; bf16 and int8 decode
            faster on the CPU, int8 weights quantized per row at load)
            --cuda-dtype bf16|fp32 (bf16; fp32 is the exact, slower path)
            --cuda-weights auto|packed|dequant (auto: each format in its fastest form)

@@ -184,6 +184,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--no-cuda-graph": ("no_cuda_graph", None, True),
     "--log-speculation-detail": ("log_speculation_detail", None, True),
     "--no-tp-mailbox": ("no_tp_mailbox", None, True),
+    "--tp-experts": ("tp_experts", _choice("expert", "intermediate"), None),
     "--no-tui": ("no_tui", None, True),
     "--cpu-matmul": ("cpu_matmul", _choice("fp32", "bf16", "int8"), None),
     "--cuda-dtype": ("cuda_dtype", _choice("bf16", "fp32"), None),

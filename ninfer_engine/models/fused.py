@@ -43,6 +43,8 @@ class FusedParams:
         self.tiers = tiers  # offloaded routed experts (`experts.ExpertTiers`): their slots
         self.shapes = parameter_shapes(config)
         self.fused: dict = {}  # fused matrices and expert stacks
+        # the routed experts this rank stacks: [start, end) under tensor parallelism by id
+        self._experts = tuple(config.get("tp_local_experts", (0, config.get("num_experts", 0))))
 
     def __call__(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         if "/moe/experts/" in name:
@@ -58,7 +60,7 @@ class FusedParams:
                     if self.shared_in_stack(key):
                         members = members[:2]
                         if member in SHARED:
-                            return self._expert(key, self.c["num_experts"], member[7:])
+                            return self._expert(key, self._experts[1], member[7:])
                     if member not in members:  # shared/down outside the stacks
                         return self.source(name, shape)
                 if key not in self.fused:
@@ -74,7 +76,8 @@ class FusedParams:
         E of its routed-expert stacks (see the module docstring)."""
         if self.tiers is not None and self.tiers.offloaded(moe_key):
             return False  # the slot stacks hold routed experts only
-        return self.fused[moe_key + "experts/down"].w.shape[0] > self.c["num_experts"]
+        first, end = self._experts
+        return self.fused[moe_key + "experts/down"].w.shape[0] > end - first
 
     def _stacks(self, key: str) -> None:
         """Build layer `key` (`text/layers/i/moe/`)'s expert stacks, once; the shared expert
@@ -89,9 +92,10 @@ class FusedParams:
         shared = None
         if self.c.get("shared_expert_intermediate_size") == width:
             shared = lambda m, shape: self.source(f"{key}shared/{m}", shape)  # noqa: E731
+        first, end = self._experts
         self.fused[key + "experts/gate_up"], self.fused[key + "experts/down"] = stack_experts(
-            lambda x, m, shape: self.source(f"{key}experts/{x}/{m}", shape),
-            self.c["num_experts"], width, self.c["hidden_size"], shared)
+            lambda x, m, shape: self.source(f"{key}experts/{first + x}/{m}", shape),
+            end - first, width, self.c["hidden_size"], shared)
 
     def _expert(self, key: str, e: int, member: str) -> torch.Tensor | PackedMatrix:
         """Expert e's gate/up rows of layer `key`'s gate|up `ExpertStack`, or its down: bf16
@@ -101,7 +105,7 @@ class FusedParams:
         if self.tiers is not None and self.tiers.offloaded(key):  # a meta placeholder
             return self.source(f"{key}experts/{e}/{member}", self.shapes[
                 f"{key}experts/{e}/{member}"])
-        width = self.c["moe_intermediate_size"]
+        width, e = self.c["moe_intermediate_size"], e - self._experts[0]  # its stack row
         if member == "down":
             return self.fused[key + "experts/down"].member(e)
         start = 0 if member == "gate" else width

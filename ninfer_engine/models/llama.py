@@ -11,6 +11,7 @@ from typing import Protocol
 
 import torch
 
+from ..parallel.group import SINGLE, RankGroup
 from .attention import Segment, attend, plan_segments
 from .kv_cache import ContiguousKvCache
 from .layers import Linear, RotaryEmbedding, apply_rope, rms_norm
@@ -79,8 +80,11 @@ class LlamaModel:
     def __init__(self, cfg: LlamaConfig, weights: WeightSource,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  matmul_dtype: torch.dtype | None = None,
-                 weights_mode: str = "dequant") -> None:
+                 weights_mode: str = "dequant", ranks: RankGroup = SINGLE) -> None:
+        """`ranks`: tensor parallelism; `cfg` and `weights` are then this rank's share
+        (`parallel.shard`) and the layer outputs are all-reduced."""
         self.cfg = cfg
+        self.ranks = ranks
         self.device = torch.device(device)
         self.dtype = dtype
         H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
@@ -97,7 +101,8 @@ class LlamaModel:
         self.embedding = load("token_embedding", cfg.vocab_size, H)
         head = (self.embedding if cfg.tie_word_embeddings
                 else load_linear("output_head", cfg.vocab_size, H))
-        self.head = Linear(head, matmul_dtype)
+        lo, hi = ranks.vocab_rows(cfg.vocab_size)  # the vocab-parallel head: this rank's rows
+        self.head = Linear(head[lo:hi] if ranks.parallel else head, matmul_dtype)
         self.final_norm = load("final_norm", H)
         has_qk_norm = weights.has_parameter("text/layers/0/attention/query_norm")
         self.layers = []
@@ -172,8 +177,9 @@ class LlamaModel:
                 qk = rms_norm(qk, None, eps) * layer.qk_norm
             qk = apply_rope(qk, cos, sin)
             attn = attend(i, qk[:, :nq], qk[:, nq:], v, plans, self.scale)
-            x.add_(layer.output(attn))
+            x.add_(self.ranks.all_reduce(layer.output(attn)))
             gate, up = layer.gate_up(rms_norm(x, layer.post_attention_norm, eps)).chunk(2, dim=-1)
-            x.add_(layer.down(torch.nn.functional.silu(gate).mul_(up)))
+            x.add_(self.ranks.all_reduce(layer.down(torch.nn.functional.silu(gate).mul_(up))))
         x = rms_norm(x[logit_rows], self.final_norm, eps)
-        return self.head(x).float()  # the samplers work on fp32 logits
+        # the samplers work on fp32 logits
+        return self.ranks.gather_vocab(self.head(x).float(), c.vocab_size)

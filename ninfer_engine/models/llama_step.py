@@ -76,9 +76,9 @@ class StaticDecoder:
             s.v_codec.write(s.v[i], slots, v)
             attn = paged_attention(q, s.page_view(s.k[i]), s.page_view(s.v[i]), table, lens,
                                    max_seq_len=bucket)
-            x = layer.output(attn.reshape(batch, nq * D))
+            x = m.ranks.all_reduce(layer.output(attn.reshape(batch, nq * D)))
             h, residual = fused_rms_norm(x, layer.post_attention_norm, eps, residual)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = layer.down(F.silu(gate) * up)
+            x = m.ranks.all_reduce(layer.down(F.silu(gate) * up))
         h, _ = fused_rms_norm(x, m.final_norm, eps, residual)
-        return m.head(h).float()
+        return m.ranks.gather_vocab(m.head(h).float(), c.vocab_size)

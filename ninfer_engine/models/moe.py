@@ -143,8 +143,10 @@ class SparseMoE:
         self.router = params(p + "router", (self.n_experts, h))
         self.shared_score = params(p + "shared_score", (1, h))
         width = config["moe_intermediate_size"]
+        # under tensor parallelism by expert id a rank holds experts [start, end) only
+        self.local = tuple(config.get("tp_local_experts", (0, self.n_experts)))
         self.experts = [SwiGLU(params, f"{p}experts/{e}/", h, width, matmul_dtype)
-                        for e in range(self.n_experts)]
+                        for e in range(*self.local)]
         self.shared = SwiGLU(params, p + "shared/", h, config["shared_expert_intermediate_size"],
                              matmul_dtype)
         # the router and the shared score stay exact: they pick and weigh the experts;
@@ -168,9 +170,22 @@ class SparseMoE:
                 and x.dtype == torch.bfloat16)
 
     def _experts_sorted(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """The experts over expert-sorted rows `xs`, `counts[e]` rows for expert e."""
+        """The experts over expert-sorted rows `xs`, `counts[e]` rows for expert e (rows of
+        another rank's experts give zeros: their rank adds them in the all-reduce)."""
         if self.tier is not None:
             return self.tier.experts_sorted(xs, counts)
+        start, end = self.local
+        if end - start < self.n_experts:  # this rank's experts' rows are one contiguous run
+            first, n = (int(v) for v in (counts[:start].sum(), counts[start:end].sum()))
+            out = torch.zeros_like(xs)
+            if n:
+                out[first: first + n] = self._local_experts(xs[first: first + n],
+                                                            counts[start:end])
+            return out
+        return self._local_experts(xs, counts)
+
+    def _local_experts(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """This rank's experts over their expert-sorted rows, `counts[e]` rows for expert e."""
         if self.use_grouped(xs):
             try:
                 return grouped_experts(xs, *self.stacked,

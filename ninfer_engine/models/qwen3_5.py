@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kv.slots import StatePool
+from ..parallel.group import SINGLE, RankGroup
 from .gated_attention import GatedAttention, KVCache, PartialRope, zero_centred_rms_norm
 from .gdn import GatedDeltaNet, GDNState
 from .layers import Linear
@@ -52,7 +53,9 @@ class _Block:
     """Pre-norm block: `x += mixer(N_in(x)); x += ffn(N_post(x))` with (1+w) norms."""
 
     def __init__(self, config: dict, params: ParamSource, i: int, rope: PartialRope,
-                 matmul_dtype: torch.dtype | None, prefix: str | None = None):
+                 matmul_dtype: torch.dtype | None, prefix: str | None = None,
+                 reduce: Callable[[torch.Tensor], torch.Tensor] = SINGLE.all_reduce):
+        self.reduce = reduce  # sums the ranks' partial mixer and FFN outputs (tensor parallel)
         prefix = prefix or f"text/layers/{i}/"  # the MTP layer reads `mtp/layers/0/`
         h = config["hidden_size"]
         self.eps = config["rms_norm_eps"]
@@ -73,10 +76,10 @@ class _Block:
         `verify`: rows whose GDN state after each token is kept."""
         y = zero_centred_rms_norm(x, self.input_norm, self.eps)
         if isinstance(self.mixer, GatedDeltaNet):
-            x = x + self.mixer(y, layer_states, lengths, verify)
+            x = x + self.reduce(self.mixer(y, layer_states, lengths, verify))
         else:
-            x = x + self.mixer(y, layer_states, lengths, positions)
-        return x + self.ffn(zero_centred_rms_norm(x, self.post_norm, self.eps))
+            x = x + self.reduce(self.mixer(y, layer_states, lengths, positions))
+        return x + self.reduce(self.ffn(zero_centred_rms_norm(x, self.post_norm, self.eps)))
 
 
 class Qwen35Model:
@@ -84,12 +87,15 @@ class Qwen35Model:
 
     `matmul_dtype` (`--cpu-matmul`, the CPU only) gives every projection and the head a
     narrower copy that few-row (decode) calls multiply by (`layers.Linear`); router, shared
-    score and embedding stay exact.
+    score and embedding stay exact. `ranks`: tensor parallelism; `config` and `params` are then
+    this rank's share (`parallel.shard`), the blocks all-reduce their outputs and the head is
+    vocab-parallel.
     """
 
     def __init__(self, config: dict, params: ParamSource,
-                 matmul_dtype: torch.dtype | None = None):
+                 matmul_dtype: torch.dtype | None = None, ranks: RankGroup = SINGLE):
         self.config = config
+        self.ranks = ranks
         self.params = params  # a `FusedParams` source lets the static decoders fuse GEMVs
         loaded: dict[str, torch.Tensor] = {}
         source = params
@@ -108,10 +114,12 @@ class Qwen35Model:
             if config.get("tie_word_embeddings", False)
             else params("text/output_head", (vocab, h))
         )
-        self.head_projection = Linear(self.head, matmul_dtype, relayout=False)
+        lo, hi = ranks.vocab_rows(vocab)  # the vocab-parallel head: this rank's rows
+        self.head_projection = Linear(self.head[lo:hi] if ranks.parallel else self.head,
+                                      matmul_dtype, relayout=False)
         self.final_norm = params("text/final_norm", (h,))
         rope = PartialRope(config["head_dim"], config["rope_parameters"], self.embedding.device)
-        self.blocks = [_Block(config, params, i, rope, matmul_dtype)
+        self.blocks = [_Block(config, params, i, rope, matmul_dtype, reduce=ranks.all_reduce)
                        for i in range(config["num_hidden_layers"])]
         projections = [self.head_projection]
         for b in self.blocks:
@@ -196,7 +204,7 @@ class Qwen35Model:
     @torch.no_grad()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final-normed [T, H] -> [T, V] logits."""
-        return self.head_projection(h)
+        return self.ranks.gather_vocab(self.head_projection(h), self.vocab_size)
 
     def forward_rows(self, token_ids: torch.Tensor, states: list[ModelState],
                      lengths: list[int], sampled: list[int] | None = None,

@@ -74,7 +74,7 @@ class HybridWeights:
     def __init__(self, model, params: FusedParams):
         c = model.config
         self.c, self.model, self.eps = c, model, c["rms_norm_eps"]
-        self.head = FusedLinear(model.head)
+        self.head = FusedLinear(model.head_projection.weight)  # a rank's rows at --tp 2
         self.layers = []
         for i, block in enumerate(model.blocks):
             kind = c["layer_types"][i]
@@ -187,6 +187,7 @@ class HybridStep:
         n = batch * q_len
         x = F.embedding(self.tokens[:n], self.w.model.embedding)
         kv, gdn, attn, moe = self.kv(), 0, 0, 0
+        ranks = self.w.model.ranks
         acc, router_acc = self.acc[:, :n], self.router_acc[:, :n]
         acc.zero_()
         router_acc.zero_()
@@ -205,6 +206,7 @@ class HybridStep:
             else:
                 mix = self._attn(layer, kv[attn], y, pos, table, kv_span, slot, acc[2 * j])
                 attn += 1
+            mix = ranks.all_reduce(mix)  # tensor parallel: the ranks' partial sums, in place
             y, h = rms_norm_triton(mix, b.post_norm, self.eps, h, True)
             if "moe" in layer:
                 logits = router_acc[moe] if layer["shared_slot"] else None
@@ -214,12 +216,13 @@ class HybridStep:
                 gu = layer["w_gu"](y)
                 g, u = gu.chunk(2, -1)
                 delta = layer["w_down"](u, gate=g, act="silu", acc=acc[2 * j + 1])
+            delta = ranks.all_reduce(delta)
         y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
         if self.hidden is not None:
             self.hidden[:n].copy_(y)
         if q_len == 1:
             self.pos[:batch] += 1
-        return self.w.head(y)
+        return ranks.gather_vocab(self.w.head(y), self.c["vocab_size"])
 
     def keep(self, row: int, kept: int) -> None:
         """Take row `row` of the last verify step back to its GDN state after its first `kept`

@@ -44,6 +44,8 @@ def _llama_step(model, memory, max_batch, max_context, max_q, keep_hidden):
 def _hybrid_step(model, memory, max_batch, max_context, max_q, keep_hidden):
     if not isinstance(model.params, FusedParams):
         return None  # the fused GEMV groups are built from `FusedParams`
+    if "tp_local_experts" in model.config:
+        return None  # its MoE kernels read experts by global id: a rank's share by id is eager
     return EngineHybridDecoder(model, memory.storage, memory.running_slots, max_batch,
                                max_context, max_q, keep_hidden)
 

@@ -86,6 +86,13 @@ class _ModelRunner:
                 seq.cached -= q_len - n
                 self._rollback(seq, n, q_len)
 
+    def idle(self) -> None:
+        """Between steps while nothing runs (a tensor-parallel `parallel.lockstep.Leader`
+        sends its heartbeat here)."""
+
+    def close(self) -> None:
+        """The engine stopped (a `Leader` releases the other ranks)."""
+
     def _rollback(self, seq: Sequence, kept: int, q_len: int) -> None:
         """The eager forward's recurrent state of a verify row after its first `kept` tokens."""
 

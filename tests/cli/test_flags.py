@@ -177,7 +177,17 @@ def test_missing_features_are_named_never_ignored(argv, message):
 
 def test_features_not_built_are_refused_on_gpu_machines_too():
     parsed = parse("m", "--profile", "flash-next")
-    with pytest.raises(FeatureUnavailable, match="tensor parallelism is not available yet"):
+    with pytest.raises(FeatureUnavailable,
+                       match="`--spec mtp`: speculative decoding with mtp drafts at --tp 2"):
+        check_features(parsed.config, parsed.explicit, TWO_GPUS)
+
+
+def test_tensor_parallelism_runs_where_its_devices_exist():
+    parsed = parse("m", "--tp", "2", "--devices", "0,1", "--tp-experts", "intermediate")
+    check_features(parsed.config, parsed.explicit, TWO_GPUS)
+    assert parsed.config.tp_experts == "intermediate"
+    with pytest.raises(FeatureUnavailable, match="needs CUDA devices 1,2; this machine has 2"):
+        parsed = parse("m", "--tp", "2", "--devices", "1,2")
         check_features(parsed.config, parsed.explicit, TWO_GPUS)
 
 

@@ -1,0 +1,72 @@
+"""What one rank of the engine holds on its device: the text model (this rank's share of it
+under tensor parallelism), the KV pool and state slots, and the static decode step.
+
+`load_rank` is the load both `Engine` (rank 0) and a tensor-parallel follower
+(`parallel.follower`) run, so every rank builds the same pool (page count, slot count) and
+captures the same graphs in the same order: the collectives inside them pair up.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .config import EngineConfig
+from .memory_plan import auto_kv_capacity, build_memory
+from .models import build_model
+from .models.experts import check_prefill_scratch, free_device_bytes
+from .parallel import SINGLE, RankGroup, shard_for_rank
+from .step.decode_graphs import DecodeGraphs
+from .step.families import build_decode_graphs
+from .kv import SequenceMemory
+
+log = logging.getLogger("ninfer.engine")
+
+
+@dataclass(frozen=True)
+class RankParts:
+    model: Any
+    memory: SequenceMemory
+    graphs: DecodeGraphs | None
+    config: EngineConfig  # the resolved `--kv-capacity`, prefix reuse as served
+    extra: Any  # what `with_model` built (rank 0: the speculator)
+
+
+def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: torch.dtype,
+              matmul: torch.dtype | None, weights_mode: str, prefill_chunk: int,
+              ranks: RankGroup = SINGLE, model: Any = None,
+              with_model: Callable[[Any], Any] = lambda model: None,
+              expert_tiers: Callable[[dict, Any], Any] | None = None) -> RankParts:
+    """Build the rank's model (`model`: one already resident; `expert_tiers`: its routed
+    experts beyond the device, `models.build_model`), then `with_model(model)`, then its memory
+    sized once the weights are resident, and its decode graphs."""
+    text_config = artifact.config("text")
+    if ranks.parallel and (config.expert_vram_mib is not None or config.expert_vram_auto):
+        raise ValueError("--expert-vram-mib with --tp above 1 is not built yet")
+    if ranks.parallel:
+        # the prefix tree's device copies (a page's tail, state snapshots) are made on rank 0
+        # only; until they are mirrored, tensor-parallel ranks compute every prompt
+        if not config.no_prefix_reuse:
+            log.info("--tp %d: prefix reuse is off (not mirrored across ranks yet)", ranks.world)
+        config = dataclasses.replace(config, no_prefix_reuse=True)
+        text_config, artifact = shard_for_rank(text_config, artifact, ranks, config.tp_experts)
+    built = model or build_model(text_config, artifact, device, dtype, matmul, weights_mode,
+                                 expert_tiers, ranks)
+    extra = with_model(built)
+    # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
+    sized, activations = auto_kv_capacity(config, built, text_config, device, prefill_chunk)
+    if ranks.parallel and sized.kv_capacity is not None:  # every rank the same pool: the least
+        sized = dataclasses.replace(sized, kv_capacity=ranks.least(sized.kv_capacity))
+    memory = build_memory(sized, built, prefill_chunk)
+    if activations is None:
+        check_prefill_scratch(built, free_device_bytes(device))
+    else:  # auto kept its estimate of a chunk's activations free, not ~1 GiB
+        check_prefill_scratch(built, free_device_bytes(device), activations)
+    graphs = build_decode_graphs(
+        built, memory, sized.kv_dtype, sized.max_concurrency, sized.max_context,
+        not sized.no_cuda_graph, 1 + (sized.draft_tokens or 0) if sized.spec else 1,
+        keep_hidden=sized.spec == "mtp")
+    return RankParts(built, memory, graphs, sized, extra)
