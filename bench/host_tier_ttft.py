@@ -3,7 +3,7 @@ prefill and a device hit, on the serving engine (`Engine.step`) with random weig
 
 The pool holds one long prompt: conversation A (a `--prompt`-token prompt) runs, then B (as
 long, different) takes A's pages; A's next turn (A + 64 tokens) then restores A from the host
-tier (`--host-kv-mib` sized to hold A, `--host-state-slots 4`), or, in an engine without the
+tier (`--host-kv-mib` sized to hold A, `--host-state-slots 32`), or, in an engine without the
 tier, prefills it all again. A device hit (A's next turn straight after A) is timed too.
 
     python bench/host_tier_ttft.py --arch 35b-a3b --weights fp8-row --prompt 32768 --out DIR
@@ -29,6 +29,8 @@ from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 
 TURN = 64  # the new tokens of the next turn
+# room for both prompts' snapshots (every --prefill-chunk, one before the end, the answer's)
+HOST_STATE_SLOTS = 32
 
 
 def engine_for(model, arch, config, prompt: int, host_mib: int, chunk: int) -> Engine:
@@ -36,7 +38,7 @@ def engine_for(model, arch, config, prompt: int, host_mib: int, chunk: int) -> E
     engine_config = EngineConfig(
         artifact=Path(f"synth-{arch}"), max_concurrency=1, max_context=pool, kv_capacity=pool,
         prefill_chunk=chunk, host_kv_mib=host_mib or None,
-        host_state_slots=4 if host_mib else None)
+        host_state_slots=HOST_STATE_SLOTS if host_mib else None)
     return Engine(engine_config, SyntheticResources(arch, config), model=model)
 
 

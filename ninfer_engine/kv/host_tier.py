@@ -71,9 +71,16 @@ class HostTier:
         self._copy(self._device_layers(), page, self._host_layers(), host)
         return host
 
-    def load_page(self, host: int, page: int) -> None:
-        """Copy host page `host` back into device page `page`."""
-        self._copy(self._host_layers(), host, self._device_layers(), page)
+    def load_pages(self, hosts: list[int], pages: list[int]) -> None:
+        """Copy host pages `hosts` back into device pages `pages`: one gather and one copy a
+        stored tensor, however many pages (a long prefix is hundreds)."""
+        P = self.storage.page_tokens
+        offsets = torch.arange(P)
+        src = (torch.tensor(hosts)[:, None] * P + offsets).flatten()
+        dst = (torch.tensor(pages)[:, None] * P + offsets).flatten().to(self.storage.device)
+        for of_layer, to_layer in zip(self._host_layers(), self._device_layers()):
+            for of, to in zip(map(as_bits, of_layer), map(as_bits, to_layer)):
+                to.index_copy_(0, dst, of.index_select(0, src).to(to.device, non_blocking=True))
 
     def release_page(self, host: int) -> None:
         self._free.append(host)

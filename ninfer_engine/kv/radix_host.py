@@ -11,27 +11,32 @@ from .slots import copy_state
 
 class HostMoves:
     def _restore(self, plan: Plan) -> bool:
-        """Copy the plan's host pages back into device pages; False if the pool ran short."""
+        """Copy the plan's host pages back into device pages, in one batched copy; False if
+        the pool ran short (the pages leased until then are restored)."""
         nodes = [*plan.path, *([plan.tail] if plan.tail is not None else [])]
-        keep = frozenset(nodes)
-        return all(n.page >= 0 or self._restore_page(n, keep) for n in nodes)
-
-    def _restore_page(self, node: Node, keep: frozenset[Node]) -> bool:
-        if not self.allocator.lease(node, len(node.key)):
-            self.evict(1, keep)
+        keep, moved = frozenset(nodes), []
+        missing = [n for n in nodes if n.page < 0]
+        if not missing:
+            return True
+        for node in missing:
             if not self.allocator.lease(node, len(node.key)):
-                return False
-        node.page = self.allocator.table(node)[0]
-        self.host.load_page(node.host, node.page)
-        self.host.release_page(node.host)
-        node.host = -1
-        self._host_leaves.discard(node)
-        self._leaves.discard(node.parent)  # the parent is on the device: restored first
-        if not self._device_children(node):
-            self._leaves.add(node)
-        self.pages += 1
-        self.host_restored += 1
-        return True
+                self.evict(1, keep)
+                if not self.allocator.lease(node, len(node.key)):
+                    break
+            node.page = self.allocator.table(node)[0]
+            moved.append(node)
+        if moved:
+            self.host.load_pages([n.host for n in moved], [n.page for n in moved])
+        for node in moved:  # path order: each parent is on the device before its child
+            self.host.release_page(node.host)
+            node.host = -1
+            self._host_leaves.discard(node)
+            self._leaves.discard(node.parent)
+            if not self._device_children(node):
+                self._leaves.add(node)
+        self.pages += len(moved)
+        self.host_restored += len(moved)
+        return len(moved) == len(missing)
 
     def _adopt(self, node: Node, page: int) -> None:
         """A host node takes a request's page of the same tokens back onto the device."""
