@@ -8,7 +8,7 @@ import pytest
 
 from ninfer_engine.kv.host_tier import HostTierRamError, check_host_ram
 
-from tests.cli.test_verify_on_load import START_TIMEOUT_S, converted, serve, start_and_stop  # noqa: F401
+from tests.cli.test_verify_on_load import converted, refused, start_and_stop  # noqa: F401
 
 MIB = 2**20
 
@@ -27,14 +27,8 @@ def test_the_guard_names_the_flags_the_need_and_the_way_out(monkeypatch):
 
 def test_a_host_tier_larger_than_ram_refuses_to_start(converted):
     too_many = (psutil.virtual_memory().total + 2**40) // MIB
-    proc = serve(converted, "--host-kv-mib", str(too_many))
-    try:
-        out, err = proc.communicate(timeout=START_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    assert proc.returncode == 1
+    code, _, err = refused(converted, "--host-kv-mib", str(too_many))
+    assert code == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "NINFER_HOST_TIER_RAM_GUARD=0 skips this check" in lines[0], err
     assert f"--host-kv-mib {too_many}" in lines[0] and "Traceback" not in err

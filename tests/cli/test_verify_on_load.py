@@ -93,15 +93,21 @@ def test_no_verify_is_a_flag_of_the_table():
     assert parse_args(["m.ninfer", "--no-verify"], {}).config.no_verify is True
 
 
-def test_a_flipped_payload_byte_refuses_to_start_in_one_line(corrupt):
-    proc = serve(corrupt)
+def refused(model: Path, *flags: str) -> tuple[int, str, str]:
+    """Serve a start that must fail: (exit status, stdout, stderr)."""
+    proc = serve(model, *flags)
     try:
         out, err = proc.communicate(timeout=START_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    assert proc.returncode == 1
+    return proc.returncode, out, err
+
+
+def test_a_flipped_payload_byte_refuses_to_start_in_one_line(corrupt):
+    code, out, err = refused(corrupt)
+    assert code == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert f"{corrupt}: payload digest does not match" in lines[0]
