@@ -1,0 +1,153 @@
+"""The preprocessor of an artifact's `vision` resources: pixel budget, resize, normalization,
+patch rows (model-math.md §6), for images and video frames.
+
+`Preprocessor.from_resources(image_json, video_json)` reads `preprocessor_config.json` and
+`video_preprocessor_config.json` (transformers' `Qwen2VLImageProcessor` and
+`Qwen3VLVideoProcessor` fields, their class defaults where a field is absent). `image(rgb)` and
+`video(frames, fps)` return `Pixels`: float32 patch rows `[t·h·w, 3·T·P·P]` in the encoder's
+merge-block-major order and the patch grid `(t, h, w)`. Images are resized with Pillow's bicubic
+filter on the 8-bit image, as transformers' PIL image processor does.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+Grid = tuple[int, int, int]
+
+
+class MediaError(ValueError):
+    """Media the request cannot use (undecodable, too small or too oblong, over a limit)."""
+
+
+@dataclass(frozen=True)
+class Pixels:
+    """One image or video ready for the encoder; `timestamps`: a video's seconds per frame
+    pair (the prompt shows them between the pairs)."""
+
+    patches: np.ndarray
+    grid: Grid
+    timestamps: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Preprocessor:
+    patch: int = 16
+    temporal: int = 2
+    merge: int = 2
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    rescale: float = 1 / 255
+    image_pixels: tuple[int, int] = (65536, 16777216)  # (min, max) pixels of a resized image
+    video_pixels: tuple[int, int] = (4096, 25165824)  # ... of all of a video's frames
+    fps: float = 2.0  # frames sampled per second of video
+    min_frames: int = 4
+    max_frames: int = 768
+
+    @classmethod
+    def from_resources(cls, image_json: bytes | None, video_json: bytes | None) -> "Preprocessor":
+        image = json.loads(image_json) if image_json else {}
+        video = json.loads(video_json) if video_json else {}
+        fields = {}
+        for ours, theirs in (("patch", "patch_size"), ("temporal", "temporal_patch_size"),
+                             ("merge", "merge_size"), ("rescale", "rescale_factor")):
+            if theirs in image:
+                fields[ours] = image[theirs]
+        for ours, theirs in (("mean", "image_mean"), ("std", "image_std")):
+            if theirs in image:
+                fields[ours] = tuple(image[theirs])
+        fields["image_pixels"] = _budget(image, cls.image_pixels)
+        fields["video_pixels"] = _budget(video, cls.video_pixels)
+        for name in ("fps", "min_frames", "max_frames"):
+            if video.get(name) is not None:
+                fields[name] = video[name]
+        return cls(**fields)
+
+    @property
+    def factor(self) -> int:
+        """Resized sides are multiples of this (one merged token's side in pixels)."""
+        return self.patch * self.merge
+
+    def image_grid(self, height: int, width: int) -> Grid:
+        """The patch grid of an image of this size after the resize."""
+        h, w = _fit(1, height, width, self.factor, *self.image_pixels)
+        return 1, h // self.patch, w // self.patch
+
+    def image(self, image: Image.Image) -> Pixels:
+        _, gh, gw = self.image_grid(image.height, image.width)
+        resized = image.convert("RGB").resize((gw * self.patch, gh * self.patch),
+                                              Image.Resampling.BICUBIC)
+        frame = self._normalized(np.asarray(resized))
+        return Pixels(self._patches(np.repeat(frame[None], self.temporal, 0)), (1, gh, gw))
+
+    def sample_frames(self, total: int, fps: float | None) -> np.ndarray:
+        """Indices of the frames to keep from `total` at the source `fps` (24 when unknown)."""
+        wanted = int(total / (fps or 24.0) * self.fps)
+        n = min(max(wanted, self.min_frames), self.max_frames, total)
+        return np.linspace(0, total - 1, n).round().astype(int)
+
+    def video(self, frames: list[np.ndarray], indices: np.ndarray, fps: float | None) -> Pixels:
+        """Sampled RGB frames (uint8 [H, W, 3], `indices` into the source at `fps`)."""
+        if not frames:
+            raise MediaError("the video has no frames")
+        height, width = frames[0].shape[:2]
+        pad = -len(frames) % self.temporal  # the last frame repeats to fill a pair
+        frames = frames + [frames[-1]] * pad
+        index = list(indices) + [indices[-1]] * pad
+        h, w = _fit(len(frames), height, width, self.factor, *self.video_pixels)
+        clip = np.stack([self._normalized(np.asarray(Image.fromarray(f).convert("RGB").resize(
+            (w, h), Image.Resampling.BICUBIC))) for f in frames])
+        seconds = [i / (fps or 24.0) for i in index]
+        pairs = tuple((seconds[i] + seconds[i + self.temporal - 1]) / 2
+                      for i in range(0, len(seconds), self.temporal))
+        return Pixels(self._patches(clip), (len(frames) // self.temporal, h // self.patch,
+                                            w // self.patch), pairs)
+
+    def _normalized(self, rgb: np.ndarray) -> np.ndarray:
+        """uint8 [H, W, 3] -> float32 [3, H, W], rescaled and normalized."""
+        x = rgb.astype(np.float32) * np.float32(self.rescale)
+        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        return x.transpose(2, 0, 1)
+
+    def _patches(self, clip: np.ndarray) -> np.ndarray:
+        """[frames, 3, H, W] -> rows [t·h·w, 3·T·P·P]: merge-block-major, (C, T, P, P) values."""
+        f, c, height, width = clip.shape
+        t, p, m = f // self.temporal, self.patch, self.merge
+        gh, gw = height // p, width // p
+        x = clip.reshape(t, self.temporal, c, gh // m, m, p, gw // m, m, p)
+        x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        return np.ascontiguousarray(x.reshape(t * gh * gw, c * self.temporal * p * p))
+
+
+def _budget(config: dict, default: tuple[int, int]) -> tuple[int, int]:
+    size = config.get("size") or {}
+    low = config.get("min_pixels", size.get("shortest_edge", default[0]))
+    high = config.get("max_pixels", size.get("longest_edge", default[1]))
+    return int(low), int(high)
+
+
+def _fit(frames: int, height: int, width: int, factor: int, low: int, high: int
+         ) -> tuple[int, int]:
+    """transformers' `smart_resize` (the video one for frames > 1): sides rounded to multiples
+    of `factor`, frames × area within [low, high], aspect ratio kept as closely as possible."""
+    if min(height, width) < 1:
+        raise MediaError("the image is empty")
+    if max(height, width) / min(height, width) > 200:
+        raise MediaError(f"the aspect ratio {max(height, width) / min(height, width):.0f}:1 "
+                         "is over 200:1")
+    if frames > 1 and (height < factor or width < factor):  # a tiny video scales up first
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if frames * h * w > high:
+        beta = math.sqrt(frames * height * width / high)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif frames * h * w < low:
+        beta = math.sqrt(low / (frames * height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
