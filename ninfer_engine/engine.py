@@ -36,6 +36,7 @@ from .step.stats_builder import StatsBuilder
 from .step.warm_up import warm_up
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .types import EngineError, EngineState, GenerationRequest, TokenEvent
+from .vision.tower import VisionTower
 
 log = logging.getLogger("ninfer.engine")
 
@@ -59,6 +60,18 @@ class EngineLoadError(RuntimeError):
 def serving_device(config: EngineConfig) -> torch.device:
     """`cuda:{--device}` when CUDA is available, else the CPU."""
     return torch.device(f"cuda:{config.device}" if torch.cuda.is_available() else "cpu")
+
+
+def load_vision(config: EngineConfig, artifact: Any, model: Any, tokenizer: Tokenizer,
+                dtype: torch.dtype) -> VisionTower | None:
+    """The vision tower under `--vision` on `cuda:{--vision-device}` (the CPU without CUDA)."""
+    if not config.vision:
+        return None
+    if not hasattr(model, "forward_rows"):
+        raise ValueError("--vision needs a Qwen3.5-family model")
+    device = torch.device(f"cuda:{config.vision_device}" if torch.cuda.is_available() else "cpu")
+    return VisionTower.load(artifact, tokenizer.backend.token_to_id, device, dtype,
+                            config.max_vision_tokens, config.media_cache_mib << 20)
 
 
 class Engine:
@@ -97,6 +110,7 @@ class Engine:
             def load():
                 built = model or build_model(text_config, artifact, device, dtype, matmul,
                                              weights_mode(config, device, dtype))
+                self.vision = load_vision(config, artifact, built, self.tokenizer, dtype)
                 speculator = (build_speculator(config.spec, config.draft_tokens, artifact, built,
                                                self.tokenizer.vocab_size, matmul)
                               if config.spec else None)
@@ -140,7 +154,8 @@ class Engine:
         self._eos = frozenset(self.tokenizer.eos_token_ids)
         # hiddens go to a drafter that reads them (MTP); without one the graph step keeps none
         self.runner = make_runner(self.model, graphs, self.speculator.observe
-                                  if self.speculator and self.speculator.reads_hidden else None)
+                                  if self.speculator and self.speculator.reads_hidden else None,
+                                  self.vision)
         self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)

@@ -101,7 +101,7 @@ class Preprocessor:
         h, w = _fit(len(frames), height, width, self.factor, *self.video_pixels)
         clip = np.stack([self._normalized(np.asarray(Image.fromarray(f).convert("RGB").resize(
             (w, h), Image.Resampling.BICUBIC))) for f in frames])
-        seconds = [i / (fps or 24.0) for i in index]
+        seconds = [float(i) / (fps or 24.0) for i in index]
         pairs = tuple((seconds[i] + seconds[i + self.temporal - 1]) / 2
                       for i in range(0, len(seconds), self.temporal))
         return Pixels(self._patches(clip), (len(frames) // self.temporal, h // self.patch,

@@ -8,7 +8,7 @@ import torch
 from ninfer_engine.vision.preprocess import MediaError, Pixels
 from ninfer_engine.vision.prompt import MediaItem, VisionTokens, expand_prompt
 
-TOKENS = VisionTokens(start=120, end=121, image=122, video=123)
+TOKENS = VisionTokens(start=259, end=260, image=261, video=262)
 
 
 def _item(kind, grid, timestamps=(), digest="d"):
