@@ -78,10 +78,12 @@ class Engine:
     """The `ServingEngine` (client.py) backed by our torch model."""
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
-                 on_failure: Callable[[str], None] | None = None, model: Any = None) -> None:
+                 on_failure: Callable[[str], None] | None = None, model: Any = None,
+                 vision: VisionTower | None = None) -> None:
         """`artifact`: an opened artifact (default: open `config.artifact`); `model`: its text
         model already resident (`ninfer bench` draws random weights on the device), else the
-        model is built from the artifact's weights."""
+        model is built from the artifact's weights; `vision`: its vision tower already
+        resident (bench/vision_encoder.py), else loaded from the artifact under `--vision`."""
         self.config = config
         self._failure_listeners: list[Callable[[str], None]] = [on_failure] if on_failure else []
         self._state = EngineState.LOADING
@@ -110,7 +112,8 @@ class Engine:
             def load():
                 built = model or build_model(text_config, artifact, device, dtype, matmul,
                                              weights_mode(config, device, dtype))
-                self.vision = load_vision(config, artifact, built, self.tokenizer, dtype)
+                self.vision = vision or load_vision(config, artifact, built, self.tokenizer,
+                                                    dtype)
                 speculator = (build_speculator(config.spec, config.draft_tokens, artifact, built,
                                                self.tokenizer.vocab_size, matmul)
                               if config.spec else None)

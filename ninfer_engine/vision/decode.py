@@ -10,15 +10,11 @@ import hashlib
 import io
 import warnings
 
-import numpy as np
-from PIL import Image
-
 from .preprocess import MediaError, Preprocessor
 from .prompt import MediaItem
 
 # Pillow warns past this many pixels and refuses past twice as many; both are errors here
 MAX_PIXELS = 8192 * 8192
-Image.MAX_IMAGE_PIXELS = MAX_PIXELS
 MAX_VIDEO_FRAMES = 100_000  # frames decoded to sample a video (a cap on decoding time)
 
 
@@ -27,6 +23,9 @@ class MediaUnsupported(MediaError):
 
 
 def image_item(data: bytes, pre: Preprocessor) -> MediaItem:
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = MAX_PIXELS  # decompression bombs: Pillow's own guard, ours size
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

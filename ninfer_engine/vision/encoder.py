@@ -35,7 +35,8 @@ class _Block:
                               for r in ("query", "key", "value")])
         self.qkv_bias = torch.cat([params(p + f"attention/{r}_bias", (h,))
                                    for r in ("query", "key", "value")])
-        self.out = (params(p + "attention/output", (h, h)), params(p + "attention/output_bias", (h,)))
+        self.out = (params(p + "attention/output", (h, h)),
+                    params(p + "attention/output_bias", (h,)))
         self.fc1 = (params(p + "mlp/fc1", (inner, h)), params(p + "mlp/fc1_bias", (inner,)))
         self.fc2 = (params(p + "mlp/fc2", (h, inner)), params(p + "mlp/fc2_bias", (h,)))
 

@@ -6,16 +6,20 @@ patch rows (model-math.md §6), for images and video frames.
 `Qwen3VLVideoProcessor` fields, their class defaults where a field is absent). `image(rgb)` and
 `video(frames, fps)` return `Pixels`: float32 patch rows `[t·h·w, 3·T·P·P]` in the encoder's
 merge-block-major order and the patch grid `(t, h, w)`. Images are resized with Pillow's bicubic
-filter on the 8-bit image, as transformers' PIL image processor does.
+filter on the 8-bit image, as transformers' PIL image processor does (Pillow is imported when
+media is first resized, so an engine without `--vision` loads without it).
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 Grid = tuple[int, int, int]
 
@@ -77,7 +81,9 @@ class Preprocessor:
         h, w = _fit(1, height, width, self.factor, *self.image_pixels)
         return 1, h // self.patch, w // self.patch
 
-    def image(self, image: Image.Image) -> Pixels:
+    def image(self, image: "PILImage") -> Pixels:
+        from PIL import Image
+
         _, gh, gw = self.image_grid(image.height, image.width)
         resized = image.convert("RGB").resize((gw * self.patch, gh * self.patch),
                                               Image.Resampling.BICUBIC)
@@ -92,6 +98,8 @@ class Preprocessor:
 
     def video(self, frames: list[np.ndarray], indices: np.ndarray, fps: float | None) -> Pixels:
         """Sampled RGB frames (uint8 [H, W, 3], `indices` into the source at `fps`)."""
+        from PIL import Image
+
         if not frames:
             raise MediaError("the video has no frames")
         height, width = frames[0].shape[:2]
