@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import threading
 
 import anthropic
@@ -255,3 +256,16 @@ def test_responses_keep_media_in_the_conversation_and_redact_listed_urls(served,
     assert listed["data"][0]["content"][1] == {"type": "input_image", "image_url": None,
                                                "detail": "auto"}
     assert shown["data"][0]["content"][1]["image_url"] == url
+
+
+def test_request_log_times_the_vision_tower(served, serve, tmp_path):
+    engine, _ = served
+    log = tmp_path / "requests.jsonl"
+    live = serve(engine=engine, request_log_jsonl=log)
+    assert _chat_with(live, engine, _data_url(png(48, 48, 9))).status == 200  # a new image
+    assert live.chat(model=engine.model_id, max_tokens=1).status == 200
+    done = [json.loads(line) for line in log.read_text().splitlines()
+            if json.loads(line)["event"] == "request_done"]
+    vision = [d["timings_seconds"]["vision"] for d in done]
+    assert vision[0] > 0 and vision[1] is None
+    assert vision[0] <= done[0]["timings_seconds"]["prefill"]
