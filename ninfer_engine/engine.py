@@ -180,7 +180,8 @@ class Engine:
         self._faults = Faults(os.environ.get("NINFER_FAULT", ""))  # not in the warm-up
         self._state = EngineState.READY
         self._snapshot = self.stats.build(self._state.value, None, self.scheduler,
-                                          self.speculator and self.speculator.stats())
+                                          self.speculator and self.speculator.stats(),
+                                          self.vision and self.vision.stats())
 
     @property
     def state(self) -> EngineState:
@@ -453,7 +454,8 @@ class Engine:
     def _publish(self) -> None:
         self._retired, self._published = False, time.monotonic()
         self._snapshot = self.stats.build(self._state.value, self._failure, self.scheduler,
-                                          self.speculator and self.speculator.stats())
+                                          self.speculator and self.speculator.stats(),
+                                          self.vision and self.vision.stats())
 
     def _fail_engine(self, exc: BaseException) -> None:
         log.exception("engine loop failed", exc_info=exc)

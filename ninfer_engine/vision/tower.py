@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..stats import VisionStats
 from .cache import MediaCache
 from .encoder import VisionEncoder
 from .preprocess import MediaError, Preprocessor
@@ -34,6 +35,7 @@ class VisionTower:
         self.cache = MediaCache(cache_bytes)
         self.encoded_items = 0  # media the encoder ran on (cache misses)
         self.encode_s = 0.0  # ... and its time
+        self.media_tokens = 0  # prompt pads filled with encoder rows
 
     @classmethod
     def load(cls, artifact: Any, token_to_id: Callable[[str], int | None],
@@ -58,6 +60,11 @@ class VisionTower:
             raise ValueError("the vision preprocessor's patch geometry differs from the tower's")
         return cls(encoder, pre, VisionTokens.from_tokenizer(token_to_id), max_tokens,
                    cache_bytes)
+
+    def stats(self) -> VisionStats:
+        c = self.cache
+        return VisionStats(self.encoded_items, self.encode_s, self.media_tokens, c.hits,
+                           c.misses, c.bytes, c.capacity)
 
     def prepare(self, ids: list[int], items: list[MediaItem],
                 encode: Callable[[str], list[int]]) -> tuple[tuple[int, ...], MediaPrompt]:
@@ -91,6 +98,7 @@ class VisionTower:
         media_rows = None
         if rows:
             media_rows = (torch.cat(rows).to(device), torch.cat(embeds).to(device))
+            self.media_tokens += media_rows[0].shape[0]
         return torch.cat(positions, 1).to(device), media_rows
 
     def _rows(self, seq: Any, item: int) -> torch.Tensor:

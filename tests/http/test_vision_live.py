@@ -269,3 +269,5 @@ def test_request_log_times_the_vision_tower(served, serve, tmp_path):
     vision = [d["timings_seconds"]["vision"] for d in done]
     assert vision[0] > 0 and vision[1] is None
     assert vision[0] <= done[0]["timings_seconds"]["prefill"]
+    state = live.request("GET", "/engine/state").json()["vision"]
+    assert state["encoded"] >= 1 and state["media_tokens"] >= 1 and state["encoder_s"] > 0
