@@ -305,7 +305,7 @@ class Engine:
         batch, ended = self.scheduler.schedule(now)
         for seq in ended:
             self._retire(seq)
-        batch = self._draft(self._reserve(batch))
+        batch = self._encode_media(self._draft(self._reserve(batch)))
         if batch.empty:
             return bool(ended)
         self._faults.check_step(self._step)
@@ -426,6 +426,24 @@ class Engine:
         return Batch([s for s in batch.decode if s not in failed],
                      [c for c in batch.chunks if c.seq not in failed],
                      [s for s in batch.sampled if s not in failed])
+
+    def _encode_media(self, batch: Batch) -> Batch:
+        """The media this step's prompt chunks need, encoded before the forward; a request
+        whose media fail to encode (out of memory, say) fails alone."""
+        if self.vision is None:
+            return batch
+        failed = []
+        for chunk in batch.chunks:
+            try:
+                self.vision.encode_chunk(chunk.seq, chunk.tokens)
+            except Exception as exc:
+                self._fail_request(chunk.seq, exc)
+                failed.append(chunk.seq)
+        for seq in failed:
+            self._retire(seq)
+        return batch if not failed else dataclasses.replace(
+            batch, chunks=[c for c in batch.chunks if c.seq not in failed],
+            sampled=[s for s in batch.sampled if s not in failed])
 
     def _draft(self, batch: Batch) -> Batch:
         """With `--spec`, each decode row's drafts (a verify row) where the speculator proposes

@@ -5,7 +5,8 @@ preprocessor and placeholder tokens of the artifact. The HTTP side calls `prepar
 expansion, the `--max-vision-tokens` budget) while it builds a request; the runner calls
 `step_inputs` for a step's rows: their [3, T] positions and, for prompt chunks over media pads,
 the encoder rows that replace those pads. A request's media are encoded together the first time
-a chunk needs any of them, kept until its prompt is in, and cached by digest and grid.
+a chunk needs any of them (`encode_chunk`, before the step's forward, so a failure there is the
+request's alone), kept until its prompt is in, and cached by digest and grid.
 """
 from __future__ import annotations
 
@@ -75,6 +76,13 @@ class VisionTower:
                 f"the request's media take {merged} tokens; --max-vision-tokens allows "
                 f"{self.max_tokens}")
         return expand_prompt(ids, items, self.tokens, self.encoder.merge, encode)
+
+    def encode_chunk(self, seq: Any, tokens: int) -> None:
+        """Encoder rows at hand for the media pads of `seq`'s next `tokens` prompt tokens."""
+        media = seq.request.media
+        if media is not None:
+            for span, _, _ in media.spans_in(seq.cached, tokens):
+                self._rows(seq, span.item)
 
     def step_inputs(self, work: list[tuple[Any, list[int], bool]], device: torch.device
                     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:

@@ -80,5 +80,32 @@ def test_greedy_tokens_match_transformers_with_two_images_and_a_video(family, tm
             assert _engine_greedy(engine, expanded, media, f"again{n}") == expected
             assert vision.encoded_items == encoded
         assert engine.memory.hits >= 2
+        _failed_encoder_fails_its_request_only(engine, cases[0][0])
     finally:
         engine.stop()
+
+
+def _failed_encoder_fails_its_request_only(engine, ids):
+    """The encoder raising (out of memory, say) ends that request with an error; a request
+    beside it and the engine go on."""
+    vision = engine.vision
+
+    def broken(patches, grids):
+        raise RuntimeError("CUDA out of memory (simulated)")
+    vision.encoder.encode = broken
+    expanded, media = vision.prepare(ids, [image_item(png(40, 56, 7), vision.preprocessor),
+                                           image_item(png(40, 56, 8), vision.preprocessor)],
+                                     engine.tokenizer.encode)
+
+    async def both():
+        async def last(request):
+            return [e async for e in engine.submit(request)][-1]
+        return await asyncio.gather(
+            last(GenerationRequest("bad", expanded, SamplingParams(temperature=0.0),
+                                   max_tokens=4, media=media)),
+            last(GenerationRequest("good", tuple(range(5, 40)), SamplingParams(temperature=0.0),
+                                   max_tokens=4, ignore_eos=True)))
+    bad, good = asyncio.run(both())
+    assert bad.finish == "error" and "out of memory" in bad.error.message
+    assert good.finish == "length" and good.usage.completion_tokens == 4
+    assert engine.state.value == "ready"
