@@ -129,8 +129,10 @@ def test_a_thousand_random_requests_restore_exactly_and_leak_nothing(recurrent):
     memory, pending, submitted = sim.memory, deque(), 0
     for tick in range(100_000):
         if submitted < 1000 and len(pending) < 2:
+            prompt = sim.prompt()
             pending.append(SimpleNamespace(
-                prompt=sim.prompt(), output=[], cached=0, reused=0, cache=None, state=None,
+                prompt=prompt, prefix_key=prompt, output=[], cached=0, reused=0, cache=None,
+                state=None,
                 hashes=[],
                 request=SimpleNamespace(max_tokens=sim.rng.randint(1, 10)), id=str(submitted)))
             submitted += 1
