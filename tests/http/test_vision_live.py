@@ -45,7 +45,7 @@ def served(tmp_path_factory):
     model = hf_vl_model("qwen3_5")
     path = write_vl_artifact(model, tmp_path_factory.mktemp("vl"))
     engine = Engine(EngineConfig(artifact=path, vision=True, max_context=256,
-                                 max_vision_tokens=512, prefill_chunk=32))
+                                 max_vision_tokens=512, prefill_chunk=32, cuda_dtype="fp32"))
     engine.start()
     yield engine, model
     engine.stop()

@@ -1,4 +1,5 @@
-"""The served engine against transformers' `Qwen3_5(Moe)ForConditionalGeneration` on the CPU:
+"""The served engine against transformers' `Qwen3_5(Moe)ForConditionalGeneration` (the CPU, or
+CUDA's fp32 path where there is a GPU):
 a tiny seeded multimodal model converted with `ninfer convert hf`, loaded with `--vision`, gives
 the same greedy tokens as HF's greedy loop (a full forward over the sequence each step, no
 cache) for a prompt with two images and one with a short video; then the same prompt again
@@ -58,8 +59,9 @@ def test_greedy_tokens_match_transformers_with_two_images_and_a_video(family, tm
     model = hf_vl_model(family)
     path = write_vl_artifact(model, tmp_path)
     # prefill chunks of 16 cut through the media spans
+    # cuda_dtype: on a CUDA machine the exact fp32 path (tower included), as transformers
     engine = Engine(EngineConfig(artifact=path, vision=True, max_context=1024,
-                                 prefill_chunk=16))
+                                 prefill_chunk=16, cuda_dtype="fp32"))
     engine.start()
     try:
         vision = engine.vision
