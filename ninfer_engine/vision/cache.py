@@ -1,5 +1,6 @@
 """`--media-cache-mib`: encoder rows of recent media, keyed by digest and grid, least recently
-used first out, so a repeated image skips the encoder."""
+used first out, so a repeated image skips the encoder. Rows are kept in host memory: the cache
+never takes device memory the KV pool was sized around."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -30,5 +31,5 @@ class MediaCache:
         while self.bytes + size > self.capacity:
             _, old = self._rows.popitem(last=False)
             self.bytes -= old.numel() * old.element_size()
-        self._rows[key] = rows.clone()  # not a view that keeps a whole batch's output alive
+        self._rows[key] = rows.to("cpu", copy=True)  # not a view of a whole batch's output
         self.bytes += size

@@ -123,7 +123,7 @@ class VisionTower:
                 if cached is None:
                     todo.append(i)
                 else:
-                    seq.media_rows[i] = cached
+                    seq.media_rows[i] = cached.to(self.encoder.device)
             if todo:
                 self._encode(seq, [items[i] for i in todo], todo)
             seq.vision_s += time.perf_counter() - began
