@@ -87,8 +87,8 @@ def vl_resources() -> dict[str, bytes]:
             "video_preprocessor_config.json": json.dumps(VIDEO_PREPROCESSOR).encode()}
 
 
-def write_vl_artifact(model, folder: Path) -> Path:
-    """`ninfer convert hf --recipe fp32` of the saved model with `vl_resources`."""
+def write_vl_artifact(model, folder: Path, *extra: str) -> Path:
+    """`ninfer convert hf --recipe fp32 [extra]` of the saved model with `vl_resources`."""
     from ninfer_engine.cli.tools import main
 
     checkpoint = folder / "checkpoint"
@@ -96,5 +96,6 @@ def write_vl_artifact(model, folder: Path) -> Path:
     for role, data in vl_resources().items():
         (checkpoint / role).write_bytes(data)
     out = folder / "vl.ninfer"
-    assert main(["convert", "hf", str(checkpoint), "-o", str(out), "--recipe", "fp32"]) == 0
+    assert main(["convert", "hf", str(checkpoint), "-o", str(out), "--recipe", "fp32",
+                 *extra]) == 0
     return out
