@@ -18,7 +18,6 @@ from ninfer_engine.vision.preprocess import MediaError
 from ninfer_engine.vision.tower import MediaBudgetExceeded
 
 from .errors import ApiError, invalid_value
-from .media_markers import split_media
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
@@ -204,16 +203,9 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str,
             rendered: tuple[str, list] | None = None) -> PreparedRequest:
     """Build the engine request; raises `ApiError` for anything the client must fix.
     `rendered`: the prompt text with media placeholders and its loaded media items
-    (`media.prepare_with_media`); without it the conversation is rendered here and must have
-    no media."""
-    if rendered is None:
-        text, refs = split_media(render_text(engine, request))
-        if refs:
-            raise ApiError(400, "Media inputs are not accepted on this path.", "invalid_media",
-                           param=refs[0].param)
-        items: list = []
-    else:
-        text, items = rendered
+    (`media.prepare_with_media`, the protocols' path); default: the conversation rendered here,
+    without media."""
+    text, items = rendered or (render_text(engine, request), [])
     prompt_ids, media = tokenize(engine, text, items)
     check_context(len(prompt_ids), engine.max_context)
     wanted = engine.default_max_tokens if request.max_tokens is None else request.max_tokens
