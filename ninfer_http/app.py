@@ -58,7 +58,7 @@ def create_app(engine: ServingEngine, config: EngineConfig) -> web.Application:
     app[KEEPALIVE_S] = 5.0
     app[CREATED] = int(time.time())
     app[SLOTS] = LifetimeSlots.for_config(config)
-    media.install(app, config.media_allow_private)
+    media.install(app, config.media_allow_private, config.media_preprocess_threads)
     app.on_response_prepare.append(_add_headers)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)

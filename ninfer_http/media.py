@@ -2,7 +2,8 @@
 and the prepared request with its placeholders expanded (contract §3, §4 "Context").
 
 `prepare_with_media` renders the conversation, loads the media its markers name (remote URLs
-through the app's `MediaFetcher`, several at once; Pillow / PyAV decoding on worker threads) and
+through the app's `MediaFetcher`, several at once; Pillow / PyAV decoding and preprocessing on
+the `--media-preprocess-threads` pool) and
 hands both to `prompt.prepare`; `count_prompt_tokens` is the same count for the token-counting
 endpoints. Without `--vision`, any media is 400 `vision_disabled`.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import os
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -27,14 +30,20 @@ from .media_markers import MediaRef, split_media
 from .prompt import ChatRequest, PreparedRequest, prepare, render_text, tokenize
 
 FETCHER = web.AppKey("media_fetcher", MediaFetcher)
+DECODERS = web.AppKey("media_decoders", ThreadPoolExecutor)
+MAX_DECODERS = 16
 
 
-def install(app: web.Application, allow_private: bool) -> None:
-    """The app's media fetcher (`--media-allow-private`), closed with the app."""
+def install(app: web.Application, allow_private: bool, threads: int) -> None:
+    """The app's media fetcher (`--media-allow-private`) and its decoding threads
+    (`--media-preprocess-threads`, 0 = one a CPU up to 16), closed with the app."""
     app[FETCHER] = MediaFetcher(allow_private)
+    app[DECODERS] = ThreadPoolExecutor(threads or min(os.cpu_count() or 1, MAX_DECODERS),
+                                       thread_name_prefix="ninfer-media")
 
     async def close(app: web.Application) -> None:
         await app[FETCHER].close()
+        app[DECODERS].shutdown(wait=False, cancel_futures=True)
     app.on_cleanup.append(close)
 
 
@@ -61,15 +70,15 @@ async def load_media(app: web.Application, engine: ServingEngine,
         raise ApiError(400, "This server has no vision encoder enabled (start it with "
                        "--vision); media inputs are not accepted.", "vision_disabled",
                        param=refs[0].param)
-    fetcher = app[FETCHER]
-    return list(await asyncio.gather(*(_load(fetcher, engine, ref) for ref in refs)))
+    return list(await asyncio.gather(*(_load(app, engine, ref) for ref in refs)))
 
 
-async def _load(fetcher: MediaFetcher, engine: ServingEngine, ref: MediaRef) -> MediaItem:
-    data = _data_url(ref) if ref.url.startswith("data:") else await fetcher.fetch(ref.url)
+async def _load(app: web.Application, engine: ServingEngine, ref: MediaRef) -> MediaItem:
+    data = _data_url(ref) if ref.url.startswith("data:") else await app[FETCHER].fetch(ref.url)
     decode = image_item if ref.kind == "image" else video_item
     try:
-        return await asyncio.to_thread(decode, data, engine.vision.preprocessor)
+        return await asyncio.get_running_loop().run_in_executor(
+            app[DECODERS], decode, data, engine.vision.preprocessor)
     except MediaUnsupported as exc:
         raise ApiError(400, f"{exc}.", "invalid_media", param=ref.param) from None
     except MediaError as exc:

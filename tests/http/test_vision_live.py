@@ -23,7 +23,8 @@ from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.tokenizer import IncrementalDetokenizer
 from ninfer_engine.vision.decode import image_item, video_item
-from ninfer_http.media import FETCHER
+from ninfer_http import media as media_module
+from ninfer_http.media import DECODERS, FETCHER
 from tests.vision.media_samples import mp4, png
 from tests.vision.test_engine_vs_hf import _hf_greedy
 from tests.vision.tiny_vl import hf_vl_model, write_vl_artifact
@@ -271,3 +272,18 @@ def test_request_log_times_the_vision_tower(served, serve, tmp_path):
     assert vision[0] <= done[0]["timings_seconds"]["prefill"]
     state = live.request("GET", "/engine/state").json()["vision"]
     assert state["encoded"] >= 1 and state["media_tokens"] >= 1 and state["encoder_s"] > 0
+
+
+def test_media_decode_on_the_preprocess_threads(served, serve, monkeypatch):
+    engine, _ = served
+    live = serve(engine=engine, media_preprocess_threads=3)
+    assert live.server.runner.app[DECODERS]._max_workers == 3
+    threads = []
+    real = media_module.image_item
+
+    def recording(data, pre):
+        threads.append(threading.current_thread().name)
+        return real(data, pre)
+    monkeypatch.setattr(media_module, "image_item", recording)
+    assert _chat_with(live, engine, _data_url(IMAGES[0]), _data_url(IMAGES[1])).status == 200
+    assert len(threads) == 2 and all(t.startswith("ninfer-media") for t in threads)
