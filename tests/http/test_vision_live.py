@@ -272,6 +272,8 @@ def test_request_log_times_the_vision_tower(served, serve, tmp_path):
     assert vision[0] <= done[0]["timings_seconds"]["prefill"]
     state = live.request("GET", "/engine/state").json()["vision"]
     assert state["encoded"] >= 1 and state["media_tokens"] >= 1 and state["encoder_s"] > 0
+    metrics = live.request("GET", "/metrics").body.decode()
+    assert f"vision_encoded_media_total {float(state['encoded'])}" in metrics
 
 
 def test_media_decode_on_the_preprocess_threads(served, serve, monkeypatch):
