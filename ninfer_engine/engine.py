@@ -36,7 +36,7 @@ from .step.stats_builder import StatsBuilder
 from .step.warm_up import warm_up
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .types import EngineError, EngineState, GenerationRequest, TokenEvent
-from .vision.tower import VisionTower
+from .vision.tower import VisionTower, load_vision
 
 log = logging.getLogger("ninfer.engine")
 
@@ -60,18 +60,6 @@ class EngineLoadError(RuntimeError):
 def serving_device(config: EngineConfig) -> torch.device:
     """`cuda:{--device}` when CUDA is available, else the CPU."""
     return torch.device(f"cuda:{config.device}" if torch.cuda.is_available() else "cpu")
-
-
-def load_vision(config: EngineConfig, artifact: Any, model: Any, tokenizer: Tokenizer,
-                dtype: torch.dtype) -> VisionTower | None:
-    """The vision tower under `--vision` on `cuda:{--vision-device}` (the CPU without CUDA)."""
-    if not config.vision:
-        return None
-    if not hasattr(model, "forward_rows"):
-        raise ValueError("--vision needs a Qwen3.5-family model")
-    device = torch.device(f"cuda:{config.vision_device}" if torch.cuda.is_available() else "cpu")
-    return VisionTower.load(artifact, tokenizer.backend.token_to_id, device, dtype,
-                            config.max_vision_tokens, config.media_cache_mib << 20)
 
 
 class Engine:

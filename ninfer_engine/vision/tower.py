@@ -24,6 +24,19 @@ from .prompt import MediaItem, MediaPrompt, VisionTokens, expand_prompt
 IMAGE_JSON, VIDEO_JSON = "preprocessor_config.json", "video_preprocessor_config.json"
 
 
+def load_vision(config: Any, artifact: Any, model: Any, tokenizer: Any,
+                dtype: torch.dtype) -> "VisionTower | None":
+    """The tower under `--vision` (`EngineConfig`) on `cuda:{--vision-device}`, the CPU
+    without CUDA; None without `--vision`."""
+    if not config.vision:
+        return None
+    if not hasattr(model, "forward_rows"):
+        raise ValueError("--vision needs a Qwen3.5-family model")
+    device = torch.device(f"cuda:{config.vision_device}" if torch.cuda.is_available() else "cpu")
+    return VisionTower.load(artifact, tokenizer.backend.token_to_id, device, dtype,
+                            config.max_vision_tokens, config.media_cache_mib << 20)
+
+
 class MediaBudgetExceeded(MediaError):
     """More media tokens than `--max-vision-tokens` allows one request."""
 
