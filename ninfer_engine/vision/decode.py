@@ -45,14 +45,15 @@ def video_item(data: bytes, pre: Preprocessor) -> MediaItem:
         raise MediaUnsupported("video input needs the PyAV package (pip install av), which "
                                "this server does not have") from None
     try:
-        total, fps = _count_frames(av, data)
+        total, fps, source = _count_frames(av, data)
         wanted = pre.sample_frames(total, fps)
         keep = set(wanted.tolist())
-        frames = []
+        size = pre.frame_size(len(wanted), *source)
+        frames = []  # resized as they are decoded: only the small frames are ever kept
         with av.open(io.BytesIO(data)) as container:
             for i, frame in enumerate(container.decode(video=0)):
                 if i in keep:
-                    frames.append(frame.to_ndarray(format="rgb24"))
+                    frames.append(pre.resize(frame.to_ndarray(format="rgb24"), size))
                 if i >= wanted[-1]:
                     break
     except MediaError:
@@ -61,12 +62,12 @@ def video_item(data: bytes, pre: Preprocessor) -> MediaItem:
         raise MediaError(f"the video cannot be decoded: {exc}") from None
     # a frame index can repeat when the clip is shorter than the minimum frame count
     frames = [frames[sorted(keep).index(i)] for i in wanted.tolist()]
-    return MediaItem("video", pre.video(frames, wanted, fps), _digest(data))
+    return MediaItem("video", pre.video(frames, wanted, fps, source), _digest(data))
 
 
-def _count_frames(av, data: bytes) -> tuple[int, float | None]:
-    """(frames, frames per second) of the first video stream; counted by decoding when the
-    container does not say."""
+def _count_frames(av, data: bytes) -> tuple[int, float | None, tuple[int, int]]:
+    """(frames, frames per second, (height, width)) of the first video stream; frames counted
+    by decoding when the container does not say."""
     with av.open(io.BytesIO(data)) as container:
         if not container.streams.video:
             raise MediaError("the media has no video stream")
@@ -74,6 +75,7 @@ def _count_frames(av, data: bytes) -> tuple[int, float | None]:
         if stream.width * stream.height > MAX_PIXELS:
             raise MediaError(f"video frames of {stream.width}x{stream.height} are too large")
         fps = float(stream.average_rate) if stream.average_rate else None
+        source = (stream.height, stream.width)
         total = stream.frames
         if not total:
             total = 0
@@ -85,7 +87,7 @@ def _count_frames(av, data: bytes) -> tuple[int, float | None]:
         raise MediaError("the video has no frames")
     if total > MAX_VIDEO_FRAMES:
         raise MediaError(f"the video has over {MAX_VIDEO_FRAMES} frames")
-    return total, fps
+    return total, fps, source
 
 
 def _digest(data: bytes) -> str:

@@ -96,19 +96,32 @@ class Preprocessor:
         n = min(max(wanted, self.min_frames), self.max_frames, total)
         return np.linspace(0, total - 1, n).round().astype(int)
 
-    def video(self, frames: list[np.ndarray], indices: np.ndarray, fps: float | None) -> Pixels:
-        """Sampled RGB frames (uint8 [H, W, 3], `indices` into the source at `fps`)."""
+    def frame_size(self, frames: int, height: int, width: int) -> tuple[int, int]:
+        """(h, w) every frame of a video is resized to: `frames` sampled at height × width."""
+        return _fit(frames + -frames % self.temporal, height, width, self.factor,
+                    *self.video_pixels)
+
+    @staticmethod
+    def resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        """uint8 [H, W, 3] -> uint8 [h, w, 3], Pillow's bicubic filter."""
         from PIL import Image
 
+        h, w = size
+        return np.asarray(Image.fromarray(rgb).convert("RGB").resize((w, h),
+                                                                     Image.Resampling.BICUBIC))
+
+    def video(self, frames: list[np.ndarray], indices: np.ndarray, fps: float | None,
+              source: tuple[int, int] | None = None) -> Pixels:
+        """Sampled RGB frames (uint8, `indices` into the source at `fps`), at the source size
+        (`source`, default the first frame's) or already at its `frame_size`."""
         if not frames:
             raise MediaError("the video has no frames")
-        height, width = frames[0].shape[:2]
+        h, w = self.frame_size(len(frames), *(source or frames[0].shape[:2]))
         pad = -len(frames) % self.temporal  # the last frame repeats to fill a pair
         frames = frames + [frames[-1]] * pad
         index = list(indices) + [indices[-1]] * pad
-        h, w = _fit(len(frames), height, width, self.factor, *self.video_pixels)
-        clip = np.stack([self._normalized(np.asarray(Image.fromarray(f).convert("RGB").resize(
-            (w, h), Image.Resampling.BICUBIC))) for f in frames])
+        clip = np.stack([self._normalized(f if f.shape[:2] == (h, w) else self.resize(f, (h, w)))
+                         for f in frames])
         seconds = [float(i) / (fps or 24.0) for i in index]
         pairs = tuple((seconds[i] + seconds[i + self.temporal - 1]) / 2
                       for i in range(0, len(seconds), self.temporal))
