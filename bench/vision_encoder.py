@@ -101,7 +101,7 @@ def encoder_section(fields, side, runs, device, dtype) -> dict:
     preprocess_s = _timed(lambda: image_item(data, pre), max(runs // 2, 1), torch.device("cpu"))
     pixels = image_item(data, pre).pixels
     theirs, ours = encoders(fields, device, dtype)
-    patches = torch.from_numpy(pixels.patches).to(device, dtype)
+    patches = torch.from_numpy(pre.normalize(pixels.patches)).to(device, dtype)
     grid = torch.tensor([pixels.grid], device=device)
     with torch.inference_mode():
         out = ours.encode(patches, [pixels.grid])

@@ -4,10 +4,12 @@ patch rows (model-math.md §6), for images and video frames.
 `Preprocessor.from_resources(image_json, video_json)` reads `preprocessor_config.json` and
 `video_preprocessor_config.json` (transformers' `Qwen2VLImageProcessor` and
 `Qwen3VLVideoProcessor` fields, their class defaults where a field is absent). `image(rgb)` and
-`video(frames, fps)` return `Pixels`: float32 patch rows `[t·h·w, 3·T·P·P]` in the encoder's
-merge-block-major order and the patch grid `(t, h, w)`. Images are resized with Pillow's bicubic
-filter on the 8-bit image, as transformers' PIL image processor does (Pillow is imported when
-media is first resized, so an engine without `--vision` loads without it).
+`video(frames, fps)` return `Pixels`: the resized 8-bit patch rows `[t·h·w, 3·T·P·P]` in the
+encoder's merge-block-major order (a quarter of float32's memory while a request waits) and the
+patch grid `(t, h, w)`; `normalize` gives the float32 rows the encoder takes. Images are resized
+with Pillow's bicubic filter on the 8-bit image, as transformers' PIL image processor does
+(Pillow is imported when media is first resized, so an engine without `--vision` loads without
+it).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ class Pixels:
     """One image or video ready for the encoder; `timestamps`: a video's seconds per frame
     pair (the prompt shows them between the pairs)."""
 
-    patches: np.ndarray
+    patches: np.ndarray  # uint8
     grid: Grid
     timestamps: tuple[float, ...] = ()
 
@@ -87,7 +89,7 @@ class Preprocessor:
         _, gh, gw = self.image_grid(image.height, image.width)
         resized = image.convert("RGB").resize((gw * self.patch, gh * self.patch),
                                               Image.Resampling.BICUBIC)
-        frame = self._normalized(np.asarray(resized))
+        frame = np.asarray(resized).transpose(2, 0, 1)
         return Pixels(self._patches(np.repeat(frame[None], self.temporal, 0)), (1, gh, gw))
 
     def sample_frames(self, total: int, fps: float | None) -> np.ndarray:
@@ -120,22 +122,24 @@ class Preprocessor:
         pad = -len(frames) % self.temporal  # the last frame repeats to fill a pair
         frames = frames + [frames[-1]] * pad
         index = list(indices) + [indices[-1]] * pad
-        clip = np.stack([self._normalized(f if f.shape[:2] == (h, w) else self.resize(f, (h, w)))
-                         for f in frames])
+        clip = np.stack([(f if f.shape[:2] == (h, w) else self.resize(f, (h, w)))
+                         for f in frames]).transpose(0, 3, 1, 2)
         seconds = [float(i) / (fps or 24.0) for i in index]
         pairs = tuple((seconds[i] + seconds[i + self.temporal - 1]) / 2
                       for i in range(0, len(seconds), self.temporal))
         return Pixels(self._patches(clip), (len(frames) // self.temporal, h // self.patch,
                                             w // self.patch), pairs)
 
-    def _normalized(self, rgb: np.ndarray) -> np.ndarray:
-        """uint8 [H, W, 3] -> float32 [3, H, W], rescaled and normalized."""
-        x = rgb.astype(np.float32) * np.float32(self.rescale)
-        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        return x.transpose(2, 0, 1)
+    def normalize(self, patches: np.ndarray) -> np.ndarray:
+        """uint8 patch rows -> float32, rescaled then normalized per channel (a row's values
+        are channel-major: 3 blocks of T·P·P), in transformers' order of operations."""
+        block = patches.shape[1] // 3
+        mean = np.repeat(np.asarray(self.mean, np.float32), block)
+        std = np.repeat(np.asarray(self.std, np.float32), block)
+        return (patches.astype(np.float32) * np.float32(self.rescale) - mean) / std
 
     def _patches(self, clip: np.ndarray) -> np.ndarray:
-        """[frames, 3, H, W] -> rows [t·h·w, 3·T·P·P]: merge-block-major, (C, T, P, P) values."""
+        """uint8 [frames, 3, H, W] -> rows [t·h·w, 3·T·P·P]: merge-block-major, (C, T, P, P)."""
         f, c, height, width = clip.shape
         t, p, m = f // self.temporal, self.patch, self.merge
         gh, gw = height // p, width // p

@@ -145,7 +145,8 @@ class VisionTower:
     def _encode(self, seq: Any, items: list[MediaItem], indices: list[int]) -> None:
         began = time.perf_counter()
         grids = [item.pixels.grid for item in items]
-        patches = torch.cat([torch.from_numpy(item.pixels.patches) for item in items])
+        patches = torch.cat([torch.from_numpy(self.preprocessor.normalize(item.pixels.patches))
+                             for item in items])
         out = self.encoder.encode(patches, grids)
         if out.device.type == "cuda":
             torch.cuda.synchronize(out.device)  # the time is the encoder's, not a launch's

@@ -59,7 +59,7 @@ def _expected(engine, model, content: str, media: list[tuple[str, bytes]]) -> tu
     text = f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
     ids, prompt = engine.vision.prepare(engine.tokenizer.encode(text), items,
                                         engine.tokenizer.encode)
-    tokens = _hf_greedy(model, ids, prompt)[:STEPS]
+    tokens = _hf_greedy(model, ids, prompt, pre)[:STEPS]
     eos = [i for i, t in enumerate(tokens) if t in engine.tokenizer.eos_token_ids]
     tokens = tokens[: eos[0]] if eos else tokens
     detok = IncrementalDetokenizer(engine.tokenizer, ids)

@@ -23,16 +23,18 @@ from tests.vision.tiny_vl import (
 STEPS = 12
 
 
-def _hf_greedy(model, ids, media) -> list[int]:
+def _hf_greedy(model, ids, media, pre) -> list[int]:
     images = [it for it in media.items if it.kind == "image"]
     videos = [it for it in media.items if it.kind == "video"]
     extra = {}
+
+    def pixels(items):
+        return torch.cat([torch.from_numpy(pre.normalize(i.pixels.patches)) for i in items])
     if images:
-        extra["pixel_values"] = torch.cat([torch.from_numpy(i.pixels.patches) for i in images])
+        extra["pixel_values"] = pixels(images)
         extra["image_grid_thw"] = torch.tensor([i.pixels.grid for i in images])
     if videos:
-        extra["pixel_values_videos"] = torch.cat(
-            [torch.from_numpy(v.pixels.patches) for v in videos])
+        extra["pixel_values_videos"] = pixels(videos)
         extra["video_grid_thw"] = torch.tensor([v.pixels.grid for v in videos])
     tokens: list[int] = []
     with torch.inference_mode():
@@ -75,7 +77,7 @@ def test_greedy_tokens_match_transformers_with_two_images_and_a_video(family, tm
         for n, (ids, items) in enumerate(cases):
             expanded, media = vision.prepare(ids, items, engine.tokenizer.encode)
             assert media.media_tokens > 16  # the spans cross chunk boundaries
-            expected = _hf_greedy(model, expanded, media)
+            expected = _hf_greedy(model, expanded, media, pre)
             assert _engine_greedy(engine, expanded, media, f"r{n}") == expected
             encoded = vision.encoded_items
             # again: the media cache skips the encoder, the tree restores the prompt's prefix

@@ -27,10 +27,11 @@ def test_image_patches_match_transformers(size):
     )
 
     theirs = Qwen2VLImageProcessorPil(**CONFIG)(_image(*size), return_tensors="np")
-    ours = Preprocessor.from_resources(json.dumps(CONFIG).encode(), None).image(_image(*size))
-    assert ours.grid == tuple(theirs["image_grid_thw"][0])
+    pre = Preprocessor.from_resources(json.dumps(CONFIG).encode(), None)
+    ours = pre.image(_image(*size))
+    assert ours.grid == tuple(theirs["image_grid_thw"][0]) and ours.patches.dtype == np.uint8
     # the same uint8 resize, then float32 rescale and normalization: exact up to one rounding
-    np.testing.assert_allclose(ours.patches, theirs["pixel_values"], atol=1e-6)
+    np.testing.assert_allclose(pre.normalize(ours.patches), theirs["pixel_values"], atol=1e-6)
 
 
 def test_budget_bounds_the_grid():

@@ -13,7 +13,7 @@ TOKENS = VisionTokens(start=259, end=260, image=261, video=262)
 
 def _item(kind, grid, timestamps=(), digest="d"):
     t, h, w = grid
-    return MediaItem(kind, Pixels(np.zeros((t * h * w, 96), np.float32), grid, timestamps),
+    return MediaItem(kind, Pixels(np.zeros((t * h * w, 96), np.uint8), grid, timestamps),
                      digest)
 
 
