@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> dict:
     seqs = []
     for i in range(args.batch):
         prompt = tuple(torch.randint(0, 1000, (PROMPT_TOKENS,), generator=gen).tolist())
-        seq = SimpleNamespace(id=f"s{i}", prompt=prompt, output=[],
+        seq = SimpleNamespace(id=f"s{i}", prompt=prompt, prefix_key=prompt, output=[],
                               request=SimpleNamespace(max_tokens=args.steps + 1))
         assert memory.admit(seq)
         seqs.append(seq)

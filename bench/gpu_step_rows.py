@@ -60,7 +60,7 @@ def _sequences(storage, states, batch, context, room):
         cache = storage.new_cache()
         assert cache.reserve(context + room)
         seq = SimpleNamespace(cache=cache, cached=context, output=[17 + b],
-                              state=states.acquire(), prompt=[], request=None)
+                              state=states.acquire(), prompt=[], request=None, rope_delta=0)
         for st in seq.state.layers:
             st.conv.normal_()
             st.ssm.normal_(std=0.1)

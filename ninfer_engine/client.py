@@ -6,7 +6,7 @@ process flags), `submit()`, and the latest `EngineStats` snapshot.
 """
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol, Sequence
+from typing import Any, AsyncIterator, Protocol, Sequence
 
 from .stats import EngineStats
 from .types import EngineState, GenerationRequest, SamplingParams, TokenEvent
@@ -41,6 +41,8 @@ class ServingEngine(Protocol):
     thinking_sampling_defaults: SamplingParams  # the same when the prompt opens thinking
     default_max_tokens: int
     turn_anchors: int  # `--turn-anchors` (`GenerationRequest.anchors`)
+    # `vision.tower.VisionTower` under `--vision` (its preprocessor and `prepare`), else None
+    vision: Any
 
     @property
     def state(self) -> EngineState: ...

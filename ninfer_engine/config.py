@@ -68,6 +68,7 @@ class EngineConfig:
     media_cache_mib: int = 1024
     media_live_mib: int = 2048
     media_preprocess_threads: int = 0
+    media_allow_private: bool = False  # ours: media URLs may resolve to internal addresses
     # prefix reuse and tiers
     host_state_slots: int | None = None
     host_kv_mib: int | None = None

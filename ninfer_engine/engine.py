@@ -37,6 +37,7 @@ from .step.stats_builder import StatsBuilder
 from .step.warm_up import warm_up
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .types import EngineError, EngineState, GenerationRequest, TokenEvent
+from .vision.tower import VisionTower, load_vision
 
 log = logging.getLogger("ninfer.engine")
 
@@ -76,11 +77,13 @@ class Engine:
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
                  on_failure: Callable[[str], None] | None = None, model: Any = None,
-                 ranks: RankGroup = SINGLE) -> None:
+                 ranks: RankGroup = SINGLE, vision: VisionTower | None = None) -> None:
         """`artifact`: an opened artifact (default: open `config.artifact`); `model`: its text
         model already resident (`ninfer bench` draws random weights on the device), else the
         model is built from the artifact's weights; `ranks`: tensor parallelism, this engine
-        rank 0 of the group (its followers run `parallel.follower.Follower`)."""
+        rank 0 of the group (its followers run `parallel.follower.Follower`); `vision`: its
+        vision tower already resident (bench/vision_encoder.py), else loaded from the artifact
+        under `--vision`."""
         self.config = config
         self._failure_listeners: list[Callable[[str], None]] = [on_failure] if on_failure else []
         self._state = EngineState.LOADING
@@ -106,14 +109,18 @@ class Engine:
             offloading(config, text_config)  # an expert budget for a dense model is an error
 
             def load():
+                def with_model(built):
+                    self.vision = vision or load_vision(config, artifact, built, self.tokenizer,
+                                                        dtype)
+                    return build_speculator(config.spec, config.draft_tokens, artifact, built,
+                                            self.tokenizer.vocab_size, matmul) if config.spec else None
+
                 return load_rank(config, artifact, device, dtype, matmul,
                                  weights_mode(config, device, dtype),
                                  prefill_chunk_for(config, device), ranks, model,
                                  expert_tiers=lambda text, source: expert_tiers_for(
                                      config, text, source, device, dtype),
-                                 with_model=lambda built: build_speculator(
-                                     config.spec, config.draft_tokens, artifact, built,
-                                     self.tokenizer.vocab_size, matmul) if config.spec else None)
+                                 with_model=with_model)
 
             # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
             parts = run_on_own_thread(load) if device.type == "cpu" else load()
@@ -143,7 +150,8 @@ class Engine:
         self._eos = frozenset(self.tokenizer.eos_token_ids)
         # hiddens go to a drafter that reads them (MTP); without one the graph step keeps none
         self.runner = make_runner(self.model, graphs, self.speculator.observe
-                                  if self.speculator and self.speculator.reads_hidden else None)
+                                  if self.speculator and self.speculator.reads_hidden else None,
+                                  self.vision)
         if ranks.parallel:  # each step's plan goes to the other ranks before it runs here
             self.runner = Leader(self.runner, ranks, self.memory.allocator)
         self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
@@ -167,7 +175,8 @@ class Engine:
         self._faults = Faults(os.environ.get("NINFER_FAULT", ""))  # not in the warm-up
         self._state = EngineState.READY
         self._snapshot = self.stats.build(self._state.value, None, self.scheduler,
-                                          self.speculator and self.speculator.stats())
+                                          self.speculator and self.speculator.stats(),
+                                          self.vision and self.vision.stats())
 
     @property
     def state(self) -> EngineState:
@@ -300,7 +309,7 @@ class Engine:
         batch, ended = self.scheduler.schedule(now)
         for seq in ended:
             self._retire(seq)
-        batch = self._draft(self._reserve(batch))
+        batch = self._encode_media(self._draft(self._reserve(batch)))
         if batch.empty:
             return bool(ended)
         self._faults.check_step(self._step)
@@ -422,6 +431,24 @@ class Engine:
                      [c for c in batch.chunks if c.seq not in failed],
                      [s for s in batch.sampled if s not in failed])
 
+    def _encode_media(self, batch: Batch) -> Batch:
+        """The media this step's prompt chunks need, encoded before the forward; a request
+        whose media fail to encode (out of memory, say) fails alone."""
+        if self.vision is None:
+            return batch
+        failed = []
+        for chunk in batch.chunks:
+            try:
+                self.vision.encode_chunk(chunk.seq, chunk.tokens)
+            except Exception as exc:
+                self._fail_request(chunk.seq, exc)
+                failed.append(chunk.seq)
+        for seq in failed:
+            self._retire(seq)
+        return batch if not failed else dataclasses.replace(
+            batch, chunks=[c for c in batch.chunks if c.seq not in failed],
+            sampled=[s for s in batch.sampled if s not in failed])
+
     def _draft(self, batch: Batch) -> Batch:
         """With `--spec`, each decode row's drafts (a verify row) where the speculator proposes
         some and the row's lease grows to cover them; other rows stay plain decode rows."""
@@ -449,7 +476,8 @@ class Engine:
     def _publish(self) -> None:
         self._retired, self._published = False, time.monotonic()
         self._snapshot = self.stats.build(self._state.value, self._failure, self.scheduler,
-                                          self.speculator and self.speculator.stats())
+                                          self.speculator and self.speculator.stats(),
+                                          self.vision and self.vision.stats())
 
     def _fail_engine(self, exc: BaseException) -> None:
         log.exception("engine loop failed", exc_info=exc)

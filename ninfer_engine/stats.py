@@ -125,6 +125,20 @@ class SpecStats:
 
 
 @dataclass(frozen=True)
+class VisionStats:
+    """The vision tower (`--vision`) since start: media it encoded and its time on them, media
+    tokens spliced into prompts, and its cache of encoder rows by digest and grid."""
+
+    encoded: int = 0
+    encoder_s: float = 0.0
+    media_tokens: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_bytes: int = 0
+    cache_capacity: int = 0
+
+
+@dataclass(frozen=True)
 class RequestView:
     """One request. `phase` is "queued" | "paused" | "prefill" | "decode" while it lives, then
     its end: "stop" | "length" | "cancelled" | "error" | "rejected" (`reason`: the error code).
@@ -226,6 +240,7 @@ class EngineStats:
     prefix: PrefixStats = field(default_factory=PrefixStats)
     experts: ExpertStats | None = None
     spec: SpecStats | None = None
+    vision: VisionStats | None = None  # None without `--vision`
     queue: QueueStats = field(default_factory=QueueStats)
     throughput: Throughput = field(default_factory=Throughput)
     counters: Counters = field(default_factory=Counters)

@@ -212,6 +212,10 @@ class Supervisor:
         return self._current().chat_template
 
     @property
+    def vision(self):
+        return self._current().vision
+
+    @property
     def sampling_defaults(self) -> SamplingParams:
         return self._current().sampling_defaults
 

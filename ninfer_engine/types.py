@@ -67,6 +67,9 @@ class GenerationRequest:
     # token's event is emitted, so a reader that has the event has its entries.
     logprobs: int | None = None
     logprob_sink: list | None = field(default=None, compare=False)
+    # Media (`vision.prompt.MediaPrompt`): the prompt's image/video spans, their pixels and the
+    # multimodal rotary positions; `prompt_ids` already holds the expanded placeholders.
+    media: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class Timings:
     predicted_n: int = 0
     draft_n: int = 0
     draft_accepted: int = 0
+    vision_s: float = 0.0  # the vision tower's time on this request's media (within prefill)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from .errors import ApiError
 from .generation import Generation, OutputDelta, is_failure, start_generation
 from .ids import anthropic_message_id, hex_id
 from .logs import RequestTrace
-from .prompt import prepare, render_prompt
+from .media import count_prompt_tokens, prepare_with_media
 from .streaming import serve_stream
 from .usage import anthropic_usage
 
@@ -42,7 +42,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     engine = ready_engine(request)
     chat, _, _ = parse_messages_request(await request.read(), engine, request.app[CONFIG],
                                         counting=True)
-    return web.json_response({"input_tokens": len(render_prompt(engine, chat))})
+    return web.json_response({"input_tokens": await count_prompt_tokens(request, engine, chat)})
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
@@ -50,7 +50,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     label = client_label(request)
     chat, model, omit_thinking = parse_messages_request(await request.read(), engine,
                                                         request.app[CONFIG])
-    prepared = prepare(engine, chat, request_id(request))
+    prepared = await prepare_with_media(request, engine, chat)
     trace = RequestTrace(PROTOCOL, chat.stream, len(chat.messages), prepared.max_tokens,
                          chat.thinking, label)
     wanted = engine.default_max_tokens if chat.max_tokens is None else chat.max_tokens

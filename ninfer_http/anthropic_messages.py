@@ -14,8 +14,9 @@ from typing import Any
 from ninfer_engine.client import ServingEngine
 from ninfer_engine.config import EngineConfig
 
-from .errors import ApiError, invalid_value, unsupported
+from .errors import invalid_value, unsupported
 from .forced_tools import ForcedCall, auto_grammar, call_grammar
+from .media_markers import media_marker
 from .openai_fields import sampling_overrides
 from .prompt import ChatRequest, map_effort
 from .validate import get_bool, get_int, get_list, get_object, get_str, parse_json_object, require
@@ -166,10 +167,9 @@ class _Conversation:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
                 texts.append(self._text_block(block, where))
-            elif kind == "image":
+            elif kind == "image" and role == "user":
                 self.cache_breakpoint(block, where)
-                raise ApiError(400, "This server has no vision encoder enabled; images are not "
-                               "accepted.", "vision_disabled", param=where)
+                texts.append(_image_marker(block, where))
             elif kind == "thinking" and role == "assistant":
                 reasoning.append(_thinking_text(block, where))
             elif kind == "redacted_thinking":
@@ -194,6 +194,25 @@ class _Conversation:
         if calls:
             message["tool_calls"] = calls
         self.out.append(message)
+
+
+def _image_marker(block: dict[str, Any], path: str) -> str:
+    """An image block's marker (`media_markers`): a `base64` source as a data: URL, or a
+    `url` source."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        if not isinstance(media_type, str) or not isinstance(data, str):
+            raise invalid_value(f"{path}.source", "A base64 image source needs string "
+                                "'media_type' and 'data'.")
+        return media_marker("image", f"data:{media_type};base64,{data}", path)
+    if kind == "url":
+        url = source.get("url")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise invalid_value(f"{path}.source.url", "An image URL must be http(s)://.")
+        return media_marker("image", url, path)
+    raise invalid_value(f"{path}.source.type", "Image sources are 'base64' or 'url'.")
 
 
 def _thinking_text(block: dict[str, Any], path: str) -> str:

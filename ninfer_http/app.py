@@ -19,7 +19,8 @@ from ninfer_engine.client import ServingEngine
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.types import EngineState
 
-from . import anthropic, engine_state, metrics, observers, openai_chat, openai_completions, openapi
+from . import (anthropic, engine_state, media, metrics, observers, openai_chat, openai_completions,
+               openapi)
 from .admission import SLOTS, LifetimeSlots
 from .auth import has_valid_key, is_exempt
 from .context import CONFIG, CREATED, DIALECT, ENGINE, KEEPALIVE_S, REQUEST_ID
@@ -57,6 +58,7 @@ def create_app(engine: ServingEngine, config: EngineConfig) -> web.Application:
     app[KEEPALIVE_S] = 5.0
     app[CREATED] = int(time.time())
     app[SLOTS] = LifetimeSlots.for_config(config)
+    media.install(app, config.media_allow_private, config.media_preprocess_threads)
     app.on_response_prepare.append(_add_headers)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)

@@ -60,6 +60,7 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
             "accepted_per_position": list(spec.per_position),
             "tokens_per_round": spec.tokens_per_round,
         },
+        "vision": None if stats.vision is None else asdict(stats.vision),
         "queue": {
             "pending": [{"id": r.id, "phase": r.phase, "wait_ms": round(r.waited_s * 1000)}
                         for r in queue.pending],

@@ -150,6 +150,7 @@ class SnapshotCollector(Collector):
                                   value=tree.host_restored_pages)
         yield from _expert_metrics(stats)
         yield from _spec_metrics(stats)
+        yield from _vision_metrics(stats)
         memory = GaugeMetricFamily(f"{PREFIX}device_memory_bytes", "Device memory by category.",
                                    labels=["device", "category"])
         for device in stats.devices:
@@ -225,6 +226,21 @@ def _spec_metrics(stats: EngineStats) -> Iterator[Metric]:
         # The engine publishes per-position acceptance rates; rate x rounds is the count.
         per_pos.add_metric([str(position)], round(rate * spec.rounds))
     yield per_pos
+
+
+def _vision_metrics(stats: EngineStats) -> Iterator[Metric]:
+    vision = stats.vision
+    if vision is None:  # no `--vision`
+        return
+    yield _counter("vision_encoded_media", "Images and videos the vision tower encoded.",
+                   vision.encoded)
+    yield _counter("vision_encoder_seconds", "Time the vision tower spent encoding.",
+                   vision.encoder_s)
+    yield _counter("vision_media_tokens", "Media tokens prefilled with encoder rows.",
+                   vision.media_tokens)
+    yield _counter("vision_cache_hits", "Media whose encoder rows came from the cache.",
+                   vision.cache_hits)
+    yield _gauge("vision_cache_bytes", "Encoder rows held by the media cache.", vision.cache_bytes)
 
 
 async def metrics(request: web.Request) -> web.Response:

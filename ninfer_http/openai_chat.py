@@ -26,14 +26,15 @@ from ninfer_engine.types import TokenEvent, Usage
 
 from . import sse
 from .admission import SLOTS
-from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine, request_id
+from .context import CONFIG, KEEPALIVE_S, client_label, ready_engine
 from .errors import ApiError
 from .generation import Generation, OutputDelta, is_failure, start_generation
 from .ids import chat_completion_id, hex_id
 from .logprobs import LogprobReader
 from .logs import RequestTrace
 from .openai_fields import StreamOptions, parse_chat_request
-from .prompt import ChatRequest, PreparedRequest, choice, prepare
+from .media import prepare_with_media
+from .prompt import ChatRequest, PreparedRequest, choice
 from .streaming import serve_stream
 from .usage import llama_timings, openai_chat_usage
 
@@ -49,7 +50,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     engine = ready_engine(request)
     label = client_label(request)
     chat, options = parse_chat_request(await request.read(), engine, request.app[CONFIG])
-    prepared = prepare(engine, chat, request_id(request))
+    prepared = await prepare_with_media(request, engine, chat)
     if options.n > 1:
         return await _serve_choices(request, engine, chat, prepared, options, label)
     trace = RequestTrace(PROTOCOL, chat.stream, len(chat.messages), prepared.max_tokens,

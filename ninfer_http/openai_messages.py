@@ -3,17 +3,18 @@
 The template receives `{"role", "content": str}` plus, where present, `reasoning_content`,
 `tool_calls` (arguments decoded to an object when they are a JSON object, as HF templates
 expect), `tool_call_id` and `name`. `developer` becomes `system`; legacy `function` becomes
-`tool`. Media parts are validated; this server has no vision encoder, so they are rejected
-with `vision_disabled`.
+`tool`. Media parts (`image_url`, `video_url`) become markers in the text (`media_markers`),
+loaded and checked against `--vision` when the request is prepared (`media.py`).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
-from .errors import ApiError, invalid_value, missing, unsupported
+from .errors import invalid_value, missing, unsupported
 from .forced_tools import ForcedCall, auto_grammar, call_grammar
+from .media_markers import media_marker
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _TEMPLATE_ROLE = {"developer": "system", "function": "tool"}
@@ -79,7 +80,7 @@ def _part_text(part: Any, path: str) -> str:
             raise invalid_value(f"{path}.{kind}", f"'{path}.{kind}' must be a string.")
         return text
     if kind in ("image_url", "video_url"):
-        _media_part(part, kind, path)
+        return _media_part(part, kind, path)
     if kind in ("input_audio", "audio"):
         raise unsupported(path, "Audio input is not supported.")
     if kind == "file":
@@ -87,7 +88,7 @@ def _part_text(part: Any, path: str) -> str:
     raise invalid_value(f"{path}.type", f"Unknown content part type {kind!r}.")
 
 
-def _media_part(part: dict[str, Any], kind: str, path: str) -> NoReturn:
+def _media_part(part: dict[str, Any], kind: str, path: str) -> str:
     media = part.get(kind)
     url = media.get("url") if isinstance(media, dict) else media
     if not isinstance(url, str) or not url.startswith(("http://", "https://", "data:")):
@@ -95,8 +96,7 @@ def _media_part(part: dict[str, Any], kind: str, path: str) -> NoReturn:
     detail = media.get("detail") if isinstance(media, dict) else None
     if detail not in (None, "auto"):
         raise unsupported(f"{path}.detail", "Only image detail 'auto' is supported.")
-    raise ApiError(400, "This server has no vision encoder enabled; media inputs are not "
-                   "accepted.", "vision_disabled", param=path)
+    return media_marker("image" if kind == "image_url" else "video", url, path)
 
 
 def _tool_calls(value: Any, path: str) -> list[dict[str, Any]]:

@@ -64,7 +64,8 @@ def _common() -> dict[str, Schema]:
                             "profile": {"type": ["string", "null"]}, "model_id": STRING,
                             "uptime_s": {"type": "number"}, "memory": OBJECT, "kv": OBJECT,
                             "experts": {"type": ["object", "null"]},
-                            "spec": {"type": ["object", "null"]}, "queue": OBJECT,
+                            "spec": {"type": ["object", "null"]},
+                            "vision": {"type": ["object", "null"]}, "queue": OBJECT,
                             "throughput": OBJECT}, "state", "kv", "queue"),
     }
 
@@ -78,8 +79,10 @@ def _chat(model: Schema) -> dict[str, Schema]:
     image = obj({"type": {"const": "image_url"},
                  "image_url": obj({"url": MEDIA_URL, "detail": {"enum": ["auto"]}}, "url")},
                 "type", "image_url")
+    video = obj({"type": {"const": "video_url"},  # ours (contract §5)
+                 "video_url": obj({"url": MEDIA_URL}, "url")}, "type", "video_url")
     message = obj({"role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-                   "content": _text_or_parts("text", image), "reasoning_content": STRING,
+                   "content": _text_or_parts("text", image, video), "reasoning_content": STRING,
                    "tool_calls": {"type": "array", "items": call}, "tool_call_id": STRING},
                   "role", "content")
     allowed = obj({"type": {"const": "allowed_tools"},
@@ -128,13 +131,17 @@ def _responses(model: Schema) -> dict[str, Schema]:
     namespace = obj({"type": {"const": "namespace"}, "name": STRING,
                      "tools": {"type": "array", "minItems": 1, "items": function}},
                     "type", "name", "tools")
-    image = obj({"type": {"const": "input_image"}, "image_url": MEDIA_URL}, "type")
+    image = obj({"type": {"const": "input_image"}, "image_url": MEDIA_URL,
+                 "detail": {"enum": ["auto"]}}, "type", "image_url")
+    video = obj({"type": {"const": "input_video"}, "video_url": MEDIA_URL},  # ours
+                "type", "video_url")
     item = obj({
         "type": {"enum": ["message", "reasoning", "function_call", "function_call_output",
                           "custom_tool_call", "custom_tool_call_output", "local_shell_call",
                           "web_search_call"]},
         "role": {"enum": ["user", "assistant", "system", "developer"]},
-        "content": _text_or_parts("input_text", image), "call_id": STRING, "name": STRING,
+        "content": _text_or_parts("input_text", image, video), "call_id": STRING,
+        "name": STRING,
         "arguments": STRING, "output": STRING, "input": STRING, "encrypted_content": STRING})
     allowed = obj({"type": {"const": "allowed_tools"}, "mode": {"enum": ["auto", "required"]},
                    "tools": ARRAY}, "type", "tools")
@@ -194,10 +201,15 @@ def _completions(model: Schema) -> dict[str, Schema]:
 
 
 def _anthropic() -> dict[str, Schema]:
-    other_block = obj({"type": {"enum": ["image", "thinking", "tool_use", "tool_result"]}},
-                      "type")
+    other_block = obj({"type": {"enum": ["thinking", "tool_use", "tool_result"]}}, "type")
+    source = {"anyOf": [
+        obj({"type": {"const": "base64"}, "media_type": STRING, "data": STRING},
+            "type", "media_type", "data"),
+        obj({"type": {"const": "url"}, "url": {"type": "string", "pattern": "^https?://"}},
+            "type", "url")]}
+    image = obj({"type": {"const": "image"}, "source": source}, "type", "source")
     message = obj({"role": {"enum": ["user", "assistant"]},
-                   "content": _text_or_parts("text", other_block)}, "role", "content")
+                   "content": _text_or_parts("text", image, other_block)}, "role", "content")
     # `strict`: a call's input matches input_schema (under `auto` too)
     tool = obj({"name": TOOL_NAME, "description": STRING, "input_schema": OBJECT,
                 "strict": BOOLEAN}, "name", "input_schema")

@@ -14,6 +14,8 @@ from ninfer_engine.client import ServingEngine
 from ninfer_engine.constrained import ConstraintUnavailable, GrammarError, compile_constraint
 from ninfer_engine.constrained.matcher import llg_tokenizer
 from ninfer_engine.types import GenerationRequest, SamplingParams
+from ninfer_engine.vision.preprocess import MediaError
+from ninfer_engine.vision.tower import MediaBudgetExceeded
 
 from .anchors import prompt_anchors
 from .errors import ApiError, invalid_value
@@ -92,9 +94,21 @@ def map_effort(effort: str, param: str) -> str:
     return EFFORT_LEVELS[effort]
 
 
-def render_prompt(engine: ServingEngine, request: ChatRequest) -> list[int]:
-    """Render the conversation with the artifact's template and tokenize it."""
-    return engine.tokenizer.encode(render_text(engine, request))
+def tokenize(engine: ServingEngine, text: str, items: list) -> tuple[list[int], Any]:
+    """The prompt's token ids, each media placeholder expanded to its item's tokens
+    (`VisionTower.prepare`), and the `MediaPrompt` (None without media)."""
+    prompt_ids = engine.tokenizer.encode(text)
+    if not items:
+        return prompt_ids, None
+    try:
+        ids, media = engine.vision.prepare(prompt_ids, items,
+                                           lambda text: list(encode_fragment(engine, text)))
+    except MediaBudgetExceeded as exc:
+        raise ApiError(400, f"{exc}.", "media_budget_exceeded", param="messages") from None
+    except MediaError as exc:
+        raise ApiError(400, f"The media do not fit the prompt: {exc}.", "invalid_media",
+                       param="messages") from None
+    return list(ids), media
 
 
 def render_text(engine: ServingEngine, request: ChatRequest) -> str:
@@ -189,10 +203,14 @@ def choice(engine: ServingEngine, prepared: PreparedRequest, index: int) -> Prep
     return dataclasses.replace(prepared, generation=forked)
 
 
-def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> PreparedRequest:
-    """Build the engine request; raises `ApiError` for anything the client must fix."""
-    text = render_text(engine, request)
-    prompt_ids = engine.tokenizer.encode(text)
+def prepare(engine: ServingEngine, request: ChatRequest, request_id: str,
+            rendered: tuple[str, list] | None = None) -> PreparedRequest:
+    """Build the engine request; raises `ApiError` for anything the client must fix.
+    `rendered`: the prompt text with media placeholders and its loaded media items
+    (`media.prepare_with_media`, the protocols' path); default: the conversation rendered here,
+    without media."""
+    text, items = rendered or (render_text(engine, request), [])
+    prompt_ids, media = tokenize(engine, text, items)
     check_context(len(prompt_ids), engine.max_context)
     wanted = engine.default_max_tokens if request.max_tokens is None else request.max_tokens
     max_tokens = min(wanted, engine.max_context - len(prompt_ids))
@@ -221,6 +239,7 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str) -> Pre
         constraint=_constraint(engine, grammar, thinks, request.grammar_param),
         logprobs=request.logprobs,
         logprob_sink=None if request.logprobs is None else [],
+        media=media,
         **cap,
     )
     return PreparedRequest(generation, len(prompt_ids), max_tokens, thinks, request.tools,

@@ -10,7 +10,8 @@ preparation finished, and `throughput` per `--log-stats-interval-ms` (idle inter
 Prompts, outputs, stop strings and keys are never written. In `timings_seconds`, `prepare`,
 `ttft` and `total` are measured from the HTTP request's arrival (`ttft` is the engine's, the
 same figure as the console, the stderr line and `/metrics`); `prefill` and `decode` are the
-engine's phase durations. A `throughput` event covers the time since the previous one.
+engine's phase durations, `vision` the vision tower's share of the prefill (null for a request
+without media). A `throughput` event covers the time since the previous one.
 """
 from __future__ import annotations
 
@@ -140,7 +141,8 @@ class RequestLog:
                     "prefix_cache_hit_tokens": usage.cached_tokens,
                     "prefix_reuse_path": timings.reuse_path},
             timings_seconds={"prepare": _seconds(prepare_s), "ttft": _seconds(ttft_s),
-                             "vision": None, "prefill": _seconds(timings.prefill_s),
+                             "vision": _seconds(timings.vision_s) if timings.vision_s else None,
+                             "prefill": _seconds(timings.prefill_s),
                              "decode": _seconds(timings.decode_s), "total": _seconds(total_s)},
             engine_timing={"queue_wait_seconds": _seconds(timings.queue_s),
                            "prompt_computed_tokens": timings.prompt_n,

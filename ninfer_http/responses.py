@@ -23,12 +23,13 @@ from ninfer_engine.types import TokenEvent
 
 from . import sse
 from .admission import SLOTS
-from .context import CONFIG, client_label, ready_engine, request_id
+from .context import CONFIG, client_label, ready_engine
 from .errors import ApiError, unsupported
 from .generation import Generation, start_generation
 from .logprobs import LogprobReader
 from .logs import RequestTrace
-from .prompt import ChatRequest, prepare, render_prompt
+from .media import count_prompt_tokens, prepare_with_media
+from .prompt import ChatRequest
 from .reasoning_seal import ReasoningSeal
 from .responses_items import Conversation
 from .responses_pages import check_query, input_items_page
@@ -151,7 +152,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     turn = _turn(await request.read(), engine, request.app[CONFIG], store, request.app[SEAL],
                  model_required=True)
     with _input_param():
-        prepared = prepare(engine, turn.chat, request_id(request))
+        prepared = await prepare_with_media(request, engine, turn.chat)
     if turn.parsed.store:
         store.check_fits(json_size(turn.input_items, turn.conversation.messages))
     trace = RequestTrace(PROTOCOL, turn.chat.stream, len(turn.chat.messages),
@@ -282,7 +283,7 @@ async def count_input_tokens(request: web.Request) -> web.Response:
     turn = _turn(await request.read(), engine, request.app[CONFIG], request.app[STORE],
                  request.app[SEAL], model_required=False)
     with _input_param():
-        count = len(render_prompt(engine, turn.chat))
+        count = await count_prompt_tokens(request, engine, turn.chat)
     return web.json_response({"object": "response.input_tokens", "input_tokens": count})
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from .errors import ApiError, invalid_value, missing, unsupported
 from .ignored import log_ignored
+from .media_markers import media_marker
 from .responses_shapes import (
     CUSTOM_INPUT,
     call_message,
@@ -69,8 +70,10 @@ def parts_text(content: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
         if not isinstance(kind, str):  # a dict or list `type` must not reach the dict lookup
             raise invalid_value(f"{where}.type", f"Unknown content part type {kind!r}.")
         if kind in _MEDIA_PARTS:
-            raise ApiError(400, "This server has no vision encoder enabled; media inputs are not "
-                           "accepted.", "vision_disabled", param=where)
+            text, part = _media_part(part, kind, where)
+            texts.append(text)
+            parts.append(part)
+            continue
         if kind in ("input_file", "input_audio"):
             raise unsupported(where, f"Content parts of type '{kind}' are not supported.")
         if kind not in _TEXT_PARTS:
@@ -81,6 +84,21 @@ def parts_text(content: Any, path: str) -> tuple[str, list[dict[str, Any]]]:
         parts.append({"type": kind, key: text, **({"annotations": []} if kind == "output_text"
                                                    else {})})
     return "\n".join(texts), parts
+
+
+def _media_part(part: dict[str, Any], kind: str, path: str) -> tuple[str, dict[str, Any]]:
+    """An `input_image` (`image_url`) or `input_video` (`video_url`, ours) part: its marker
+    and the part as stored."""
+    field = "image_url" if kind == "input_image" else "video_url"
+    if part.get("file_id") is not None:
+        raise unsupported(f"{path}.file_id", "Media by file id is not supported; send a URL.")
+    url = _str(part, field, path)
+    if not url.startswith(("http://", "https://", "data:")):
+        raise invalid_value(f"{path}.{field}", "Media URLs must be http(s):// or data: URLs.")
+    if part.get("detail") not in (None, "auto"):
+        raise unsupported(f"{path}.detail", "Only image detail 'auto' is supported.")
+    stored = {"type": kind, field: url, **({"detail": "auto"} if kind == "input_image" else {})}
+    return media_marker("image" if kind == "input_image" else "video", url, path), stored
 
 
 def decoded_arguments(arguments: str, path: str) -> dict[str, Any]:

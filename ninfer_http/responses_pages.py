@@ -1,7 +1,8 @@
 """Query strings of the stored-Response GET endpoints: key checks and input_items pages (§1, §6).
 
 Unknown query keys are 400 `unknown_parameter`; bad `after`, `limit` or `order` values are 400
-`invalid_pagination`.
+`invalid_pagination`. Listed input items show media URLs (`input_image.image_url`,
+`input_video.video_url`) only under `include=message.input_image.image_url`; otherwise null.
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from multidict import MultiMapping
 from .errors import ApiError, invalid_value
 
 _PAGE_QUERY = frozenset({"after", "limit", "order", "include", "include[]"})
-# The only include value of input_items; no stored item can hold an image (no vision encoder).
-_ITEM_INCLUDES = frozenset({"", "message.input_image.image_url"})
+# The only include value of input_items: show the media URLs of stored message parts.
+_SHOW_MEDIA = "message.input_image.image_url"
+_ITEM_INCLUDES = frozenset({"", _SHOW_MEDIA})
+_MEDIA_URLS = {"input_image": "image_url", "input_video": "video_url"}
 MAX_LIMIT, DEFAULT_LIMIT = 100, 20
 
 
@@ -43,11 +46,23 @@ def _limit(value: str | None) -> int:
     return limit
 
 
+def _redacted(item: dict[str, Any]) -> dict[str, Any]:
+    """The item with its media parts' URLs set to null."""
+    content = item.get("content")
+    if not isinstance(content, list) or not any(
+            isinstance(p, dict) and p.get("type") in _MEDIA_URLS for p in content):
+        return item
+    parts = [{**p, _MEDIA_URLS[p["type"]]: None}
+             if isinstance(p, dict) and p.get("type") in _MEDIA_URLS else p for p in content]
+    return {**item, "content": parts}
+
+
 def input_items_page(request: web.Request,
                      items_of: Callable[[], list[dict[str, Any]]]) -> dict[str, Any]:
     """One page of `items_of()` (called after the query is valid) in the requested order."""
     query = check_query(request, _PAGE_QUERY)
-    for value in query.getall("include", []) + query.getall("include[]", []):
+    includes = query.getall("include", []) + query.getall("include[]", [])
+    for value in includes:
         if value not in _ITEM_INCLUDES:
             raise invalid_value("include", "'include' may only hold "
                                 "'message.input_image.image_url'.")
@@ -64,6 +79,8 @@ def input_items_page(request: web.Request,
             raise _invalid("after", f"'after' is not an item of this response: {after!r}.")
         ordered = ordered[ids.index(after) + 1:]
     page = ordered[:limit]
+    if _SHOW_MEDIA not in includes:
+        page = [_redacted(item) for item in page]
     return {
         "object": "list",
         "data": page,

@@ -40,6 +40,7 @@ from .widgets.profiles import ProfilePicker
 from .widgets.requests import RequestsPanel, selectable
 from .widgets.slots import StateSlotPanel
 from .widgets.spec import SpecPanel
+from .widgets.vision import VisionPanel
 from .widgets.trends import TrendsPanel
 
 __all__ = ["ConsoleSupervisor", "NinferConsole"]
@@ -107,6 +108,7 @@ class NinferConsole(App[None]):
             with PanelColumn(id="memory-column"):
                 yield MemoryPanel().data_bind(stats, NinferConsole.nvml)
                 yield StateSlotPanel().data_bind(stats)
+                yield VisionPanel().data_bind(stats)
             yield KvPanel().data_bind(stats)
             yield ExpertPanel().data_bind(stats)
             yield SpecPanel().data_bind(stats, NinferConsole.history)

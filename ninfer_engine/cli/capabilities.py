@@ -78,6 +78,13 @@ def _device_exists(c: EngineConfig, m: Machine) -> str | None:
     return f"CUDA device {c.device} does not exist (this machine has {m.cuda_devices})"
 
 
+def _vision_device(c: EngineConfig, m: Machine) -> str | None:
+    """The encoder's CUDA device, or device 0 meaning the CPU on a machine without CUDA."""
+    if c.vision_device < m.cuda_devices or (m.cuda_devices == 0 and c.vision_device == 0):
+        return None
+    return f"CUDA device {c.vision_device} does not exist (this machine has {m.cuda_devices})"
+
+
 _GATES: tuple[_Gate, ...] = (
     _Gate(("--tp", "--devices"), lambda c: c.tp == 2, _tensor_parallel),
     _Gate(("--device",), lambda c: True, _device_exists),
@@ -85,9 +92,8 @@ _GATES: tuple[_Gate, ...] = (
     _Gate(("--lm-head-draft",), lambda c: True, _not_built("the indexed draft head")),
     _Gate(("--log-speculation-detail",), lambda c: True,
           _not_built("per-round speculation detail")),
-    _Gate(("--vision", "--vision-device", "--max-vision-tokens", "--media-cache-mib",
-           "--media-live-mib", "--media-preprocess-threads"),
-          lambda c: True, _not_built("media input (vision)")),
+    _Gate(("--vision-device",), lambda c: True, _vision_device),
+    _Gate(("--media-live-mib",), lambda c: True, _not_built("a live media memory budget")),
     _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
           _runs_on_cuda("automatic KV sizing")),  # `kv.sizing`
     _Gate(("--max-private-continuations", "--max-shared-prefixes",

@@ -167,6 +167,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--media-cache-mib": ("media_cache_mib", _int(0), None),
     "--media-live-mib": ("media_live_mib", _int(0), None),
     "--media-preprocess-threads": ("media_preprocess_threads", _int(0, 16), None),
+    "--media-allow-private": ("media_allow_private", None, True),
     "--device-state-slots": ("device_state_slots", _int(0), None),
     "--max-private-continuations": ("max_private_continuations", _int(0), None),
     "--max-shared-prefixes": ("max_shared_prefixes", _int(0), None),

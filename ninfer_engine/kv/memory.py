@@ -83,7 +83,7 @@ class SequenceMemory:
         if self.running_slots is not None and not self.running_slots.free:
             return False  # a cancelled request gives its slot back after this schedule
         tokens = self.lease_tokens(seq)
-        hit = self.prefix.match(seq.prompt) if self.prefix is not None else Match()
+        hit = self.prefix.match(seq.prefix_key) if self.prefix is not None else Match()
         cache = self.storage.new_cache()
         self.allocator.share(cache, list(hit.pages))
         if not self._lease(cache, tokens, hit):
@@ -155,18 +155,18 @@ class SequenceMemory:
             return
         n = min(seq.cached, len(seq.prompt))
         if not self.prefix.recurrent:
-            self.prefix.insert(seq.prompt[:n], seq.cache.pages, kind=STABLE)
+            self.prefix.insert(seq.prefix_key[:n], seq.cache.pages, kind=STABLE)
             return
         kind = self._anchors(seq).get(n) or (REPLAY if n == len(seq.prompt) - 1 else LONG_ANCHOR)
         if (n == len(seq.prompt) - 1 or kind != LONG_ANCHOR
                 or (n % self.snapshot_tokens == 0 and n < len(seq.prompt))):
-            self.prefix.insert(seq.prompt[:n], seq.cache.pages, seq.state, kind=kind)
+            self.prefix.insert(seq.prefix_key[:n], seq.cache.pages, seq.state, kind=kind)
 
     def checkpoint(self, seq: Any) -> None:
         """A finished answer: its computed frontier (the first `cached` tokens of prompt and
         output) joins the tree, its partial last page handed over (call before `release`)."""
         if self.prefix is not None and seq.cache is not None:
-            tokens = (*seq.prompt, *seq.output)[: seq.cached]
+            tokens = (*seq.prefix_key, *seq.output)[: seq.cached]
             self.prefix.insert(tuple(tokens), seq.cache.pages, seq.state, hand_over=True,
                                kind=ENDPOINT)
 

@@ -208,13 +208,20 @@ class Qwen35Model:
 
     def forward_rows(self, token_ids: torch.Tensor, states: list[ModelState],
                      lengths: list[int], sampled: list[int] | None = None,
-                     verify: frozenset[int] = frozenset(), keep_hidden: bool = False):
+                     verify: frozenset[int] = frozenset(), keep_hidden: bool = False,
+                     positions: torch.Tensor | None = None,
+                     media: tuple[torch.Tensor, torch.Tensor] | None = None):
         """One step's rows (see the module docstring); logits of each row listed in `sampled`
         (default: every row), in that order: its last token's, or every token's for a row in
         `verify` (a speculative verify row: the last sampled token, then the drafts). A verify
         row keeps its GDN states for `rollback`. `keep_hidden`: (logits, the final-normed
-        hidden [T, H] of every token), which the MTP head drafts from."""
-        h = self.hidden(self.embed(token_ids), states, lengths, verify=verify)
+        hidden [T, H] of every token), which the MTP head drafts from. `positions`: [3, T]
+        multimodal positions (default: each row's text positions); `media`: (token rows [k],
+        embeddings [k, H]) that replace those tokens' embeddings (the vision tower's output)."""
+        x = self.embed(token_ids)
+        if media is not None:
+            x = x.index_copy(0, media[0], media[1].to(x.dtype))
+        h = self.hidden(x, states, lengths, positions, verify)
         ends = list(itertools.accumulate(lengths))
         rows: list[int] = []
         for i in range(len(lengths)) if sampled is None else sampled:

@@ -150,9 +150,10 @@ class HybridStep:
         self.kv, self.max_batch, self.max_q = kv, max_batch, max_q
         dev = weights.model.embedding.device
         rows = max_batch * max_q  # token rows
-        # per token row: token, position; per row: state slot (one host copy loads a step)
-        self.meta = torch.zeros(3, rows, dtype=torch.long, device=dev)
-        self.tokens, self.pos, self.slots = self.meta
+        # per token row: token, position, rotary shift (a media prompt's rope delta); per row:
+        # state slot (one host copy loads a step)
+        self.meta = torch.zeros(4, rows, dtype=torch.long, device=dev)
+        self.tokens, self.pos, self.slots, self.shift = self.meta
         self.slots[:max_batch].copy_(torch.arange(max_batch))
         self.table = torch.zeros(max_batch, max_pages, dtype=torch.long, device=dev)
         self.rows = torch.arange(rows, device=dev)
@@ -196,6 +197,7 @@ class HybridStep:
         table = self.table[seq] if q_len > 1 else self.table[:batch]
         # where each token's new K/V goes: the same for every attention layer
         slot = self.table[seq, pos // PAGE] * PAGE + pos % PAGE
+        rope = pos + self.shift[:n]  # the rotary position; pages and lengths go by `pos`
         delta, h = x, None
         for j, layer in enumerate(self.w.layers):
             b = layer["block"]
@@ -204,7 +206,8 @@ class HybridStep:
                 mix = self._gdn(layer, gdn, y, batch, q_len, acc[2 * j])
                 gdn += 1
             else:
-                mix = self._attn(layer, kv[attn], y, pos, table, kv_span, slot, acc[2 * j])
+                mix = self._attn(layer, kv[attn], y, pos, rope, table, kv_span, slot,
+                                 acc[2 * j])
                 attn += 1
             mix = ranks.all_reduce(mix)  # tensor parallel: the ranks' partial sums, in place
             y, h = rms_norm_triton(mix, b.post_norm, self.eps, h, True)
@@ -244,12 +247,12 @@ class HybridStep:
         o = gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots, trail_ssm)
         return layer["w_out"](gdn_gated_norm_triton(o, z, m.norm, self.eps), acc=acc)
 
-    def _attn(self, layer, kv: KvLayer, y, pos, table, kv_span, slot, acc):
+    def _attn(self, layer, kv: KvLayer, y, pos, rope, table, kv_span, slot, acc):
         m, n = layer["mixer"], y.shape[0]
         qd, kvd = m.nq * m.d, m.nkv * m.d
         qgkv = layer["w_in"](y)
         _, gate, _, v = qgkv.split([qd, qd, kvd, kvd], -1)
-        q, k = qk_norm_rope_triton(qgkv, m.nq, m.nkv, m.d, m.q_norm, m.k_norm, self.eps, pos,
+        q, k = qk_norm_rope_triton(qgkv, m.nq, m.nkv, m.d, m.q_norm, m.k_norm, self.eps, rope,
                                    m.rope.rd, self.c["rope_parameters"]["rope_theta"],
                                    kv_rows=kv.rows, slots=slot)
         if kv.rows is None:
@@ -331,15 +334,16 @@ class EngineHybridDecoder:
                 for j, (k, v) in enumerate(zip(s.k, s.v))]
 
     def load(self, seqs, drafts: list[list[int]] | None = None) -> None:
-        """Each row's tokens (its last output, then its drafts), their positions, its state
-        slot and page table."""
+        """Each row's tokens (its last output, then its drafts), their positions and rotary
+        shift, its state slot and page table."""
         c = self.core
         rows = [[seq.output[-1], *(drafts[b] if drafts else ())] for b, seq in enumerate(seqs)]
-        meta = torch.zeros(3, sum(map(len, rows)), dtype=torch.long)
+        meta = torch.zeros(4, sum(map(len, rows)), dtype=torch.long)
         meta[0] = torch.tensor([t for row in rows for t in row])
         meta[1] = torch.tensor([seq.cached + t for seq, row in zip(seqs, rows)
                                 for t in range(len(row))])
         meta[2, : len(seqs)] = torch.tensor([seq.state.index for seq in seqs])
+        meta[3] = torch.tensor([seq.rope_delta for seq, row in zip(seqs, rows) for _ in row])
         c.meta[:, : meta.shape[1]].copy_(meta)
         self.tables.fill([seq.cache for seq in seqs])
 

@@ -131,7 +131,7 @@ class DecodeGraphs:
             if not cache.reserve(self.decoder.max_q):
                 return
             scratch = [SimpleNamespace(cache=cache, cached=0, output=[0],
-                                       state=StateSlot(i, []))
+                                       state=StateSlot(i, []), rope_delta=0)
                        for i in range(self.decoder.max_batch)]
             verify = self.decoder.max_q - 1  # drafts a verify row carries (0: decode only)
             for batch in range(1, len(scratch) + 1):

@@ -59,9 +59,10 @@ def family_of(model) -> Family:
 
 
 def make_runner(model, graphs: DecodeGraphs | None = None,
-                hidden_sink=None) -> Runner | HybridRunner:
-    """The family's runner; `hidden_sink` (hybrid family) receives each row's hiddens."""
-    return family_of(model).runner(model, graphs, hidden_sink)
+                hidden_sink=None, vision=None) -> Runner | HybridRunner:
+    """The family's runner; `hidden_sink` (hybrid family) receives each row's hiddens;
+    `vision` (hybrid family): the `VisionTower` that fills media rows and their positions."""
+    return family_of(model).runner(model, graphs, hidden_sink, vision)
 
 
 def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch: int,

@@ -37,10 +37,12 @@ class _ModelRunner:
     keeps its first `kept[i]` tokens (K/V and recurrent state after them) and `cached` counts
     them."""
 
-    def __init__(self, model, graphs: DecodeGraphs | None = None, hidden_sink=None) -> None:
+    def __init__(self, model, graphs: DecodeGraphs | None = None, hidden_sink=None,
+                 vision=None) -> None:
         self.model = model
         self.device = model.device
         self.graphs = graphs
+        self.vision = vision  # `vision.tower.VisionTower` under `--vision` (hybrid family)
         # `hidden_sink(seq, position, hidden)`: each row's final-normed hiddens, from the
         # eager forward or a graph step that keeps them (`--spec mtp` drafts from them)
         self.hidden_sink = hidden_sink
@@ -146,8 +148,12 @@ class HybridRunner(_ModelRunner):
         rows = [i for i, (seq, _, _) in enumerate(work) if id(seq) in sampled]
         verify = frozenset(i for i, (_, _, v) in enumerate(work) if v)
         sink = self.hidden_sink
+        positions = media = None
+        if self.vision is not None and any(seq.request.media is not None for seq, _, _ in work):
+            positions, media = self.vision.step_inputs(work, self.device)
         out = self.model.forward_rows(torch.tensor(tokens, device=self.device), states,
-                                      lengths, rows, verify, keep_hidden=sink is not None)
+                                      lengths, rows, verify, keep_hidden=sink is not None,
+                                      positions=positions, media=media)
         logits, hidden = out if sink is not None else (out, None)
         start = 0
         for seq, ids, _ in work:

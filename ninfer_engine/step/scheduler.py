@@ -7,6 +7,7 @@ finishes.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -75,6 +76,8 @@ class Sequence:
     last_token: float | None = None
     drafted: int = 0  # speculative draft tokens verified for this request
     draft_accepted: int = 0  # ... and accepted
+    media_rows: dict = field(default_factory=dict)  # media item -> encoder rows, until prefilled
+    vision_s: float = 0.0  # time the vision tower spent on this request's media
     _unsent: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -88,6 +91,17 @@ class Sequence:
     @property
     def prompt(self) -> tuple[int, ...]:
         return self.request.prompt_ids
+
+    @functools.cached_property
+    def prefix_key(self) -> tuple[int, ...]:
+        """The prompt as the prefix tree keys it: media pads carry their item's digest."""
+        media = self.request.media
+        return self.prompt if media is None else media.prefix_key(self.prompt)
+
+    @property
+    def rope_delta(self) -> int:
+        """Rotary position minus index of the tokens after the prompt (media shift them)."""
+        return 0 if self.request.media is None else self.request.media.rope_delta
 
     @property
     def prefill_done(self) -> bool:
@@ -179,6 +193,7 @@ class Sequence:
             predicted_n=len(self.output),
             draft_n=self.drafted,
             draft_accepted=self.draft_accepted,
+            vision_s=self.vision_s,
         )
 
 

@@ -12,7 +12,7 @@ import torch
 from ..config import EngineConfig
 from ..kv import SequenceMemory
 from ..stats import (Counters, DeviceMemory, EngineStats, ExpertStats, HostMemory, QueueStats,
-                     RequestView, SpecStats, Throughput)
+                     RequestView, SpecStats, Throughput, VisionStats)
 from .scheduler import Scheduler, Sequence
 
 # `--kv-dtype bf16` stores the model's activation dtype (`kv.quant`): name what is really stored
@@ -127,7 +127,7 @@ class StatsBuilder:
         )
 
     def build(self, state: str, failure: str | None, scheduler: Scheduler,
-              spec: SpecStats | None = None) -> EngineStats:
+              spec: SpecStats | None = None, vision: VisionStats | None = None) -> EngineStats:
         now = time.monotonic()
         self._roll_interval(now)
         running = list(scheduler.running)
@@ -147,7 +147,7 @@ class StatsBuilder:
                 recent=tuple(self.recent),
             ),
             throughput=self.throughput, counters=counters, max_context=self.config.max_context,
-            spec=spec,
+            spec=spec, vision=vision,
         )
 
 

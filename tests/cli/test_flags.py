@@ -162,7 +162,10 @@ def test_help_only_as_first_argument():
      "(--spec ngram and --spec mtp are)"),
     (["m", "--spec", "ngram", "--log-speculation-detail"],
      "`--log-speculation-detail`: per-round speculation detail is not available yet"),
-    (["m", "--vision"], "`--vision`: media input (vision) is not available yet"),
+    (["m", "--vision", "--vision-device", "1"], "`--vision-device 1`: CUDA device 1 does not "
+     "exist (this machine has 0)"),
+    (["m", "--vision", "--media-live-mib", "64"],
+     "`--media-live-mib 64`: a live media memory budget is not available yet"),
     (["m", "--tp", "2", "--devices", "0,1"], "tensor parallelism needs CUDA devices 0,1"),
     (["m", "--profile", "flash-next"], "`--tp 2`: tensor parallelism needs CUDA devices 0,1"),
     (["m", "--kv-capacity", "auto"], "automatic KV sizing needs a CUDA device"),
@@ -201,6 +204,14 @@ def test_plain_flags_pass_the_feature_check():
     parsed = parse("m", "--max-concurrency", "4", "--greedy", "--cors", "--api-key", "k",
                    "--default-thinking-budget", "2048")
     check_features(parsed.config, parsed.explicit, CPU)
+
+
+def test_vision_runs_on_the_cpu_and_on_its_cuda_device():
+    parsed = parse("m", "--vision", "--vision-device", "0", "--max-vision-tokens", "4096",
+                   "--media-cache-mib", "64")
+    check_features(parsed.config, parsed.explicit, CPU)
+    parsed = parse("m", "--vision", "--vision-device", "1")
+    check_features(parsed.config, parsed.explicit, TWO_GPUS)
 
 
 def test_elastic_kv_runs_on_the_cpu():

@@ -95,7 +95,8 @@ def _forward(model, seq, ids):
 
 
 def _prefilled(model, storage, states, prompt):
-    seq = SimpleNamespace(cache=storage.new_cache(), cached=0, state=states.acquire(), output=[])
+    seq = SimpleNamespace(cache=storage.new_cache(), cached=0, state=states.acquire(), output=[],
+                          rope_delta=0)
     seq.output.append(int(_forward(model, seq, prompt).argmax()))
     return seq
 

@@ -106,7 +106,8 @@ def test_eviction_takes_unreferenced_leaves_least_recently_used_first():
 
 
 def _seq(prompt, max_tokens=8):
-    return SimpleNamespace(prompt=prompt, output=[], cached=0, reused=0, cache=None, state=None,
+    return SimpleNamespace(prompt=prompt, prefix_key=prompt, output=[], cached=0, reused=0,
+                           cache=None, state=None,
                            request=SimpleNamespace(max_tokens=max_tokens, anchors=()), id="s")
 
 

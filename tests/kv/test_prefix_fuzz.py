@@ -147,8 +147,10 @@ def _drive(sim: _Sim) -> int:
     memory, pending, submitted = sim.memory, deque(), 0
     for tick in range(100_000):
         if submitted < 1000 and len(pending) < 2:
+            prompt = sim.prompt()
             pending.append(SimpleNamespace(
-                prompt=sim.prompt(), output=[], cached=0, reused=0, cache=None, state=None,
+                prompt=prompt, prefix_key=prompt, output=[], cached=0, reused=0, cache=None,
+                state=None,
                 hashes=[],
                 request=SimpleNamespace(max_tokens=sim.rng.randint(1, 10), anchors=()),
                 id=str(submitted)))

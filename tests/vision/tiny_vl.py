@@ -1,0 +1,101 @@
+"""Tiny seeded HF multimodal Qwen3.5 / Qwen3.5-MoE models (model-math.md §7), our twins, and
+the same model converted to a `.ninfer` with a byte tokenizer that has Qwen's vision tokens."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Tokenizer
+
+from ninfer_engine.artifact.hf_names import (
+    vision_block_from_hf, vision_config_from_hf, vision_globals_from_hf,
+)
+from ninfer_engine.models.qwen3_5 import dict_params
+from ninfer_engine.vision.encoder import VisionEncoder
+from tests.engine.helpers import byte_tokenizer_json, default_resources
+from tests.models.qwen35_tiny import hf_config
+
+VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=4,
+              temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
+              num_position_embeddings=16)
+# the byte tokenizer's 259 ids, then Qwen's vision start / end, image and video pads
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = 259, 260, 261, 262
+VOCAB = 272
+PREPROCESSOR = {"size": {"shortest_edge": 256, "longest_edge": 4096}, "patch_size": 4,
+                "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5]}
+VIDEO_PREPROCESSOR = {**PREPROCESSOR, "size": {"shortest_edge": 256, "longest_edge": 8192},
+                      "fps": 2, "min_frames": 2, "max_frames": 8}
+
+
+def hf_vl_model(family: str, seed: int = 0):
+    """The seeded fp32 eager `Qwen3_5(Moe)ForConditionalGeneration`, every parameter random."""
+    if family == "qwen3_5":
+        from transformers.models.qwen3_5 import Qwen3_5Config as Config
+        from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration as Model
+    else:
+        from transformers.models.qwen3_5_moe import Qwen3_5MoeConfig as Config
+        from transformers.models.qwen3_5_moe import Qwen3_5MoeForConditionalGeneration as Model
+    text = hf_config(family).to_dict()
+    text["vocab_size"] = VOCAB
+    config = Config(text_config=text, vision_config=VISION,
+                    image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD,
+                    vision_start_token_id=VISION_START, vision_end_token_id=VISION_END,
+                    tie_word_embeddings=family == "qwen3_5")
+    torch.manual_seed(seed)
+    model = Model._from_config(config, attn_implementation="eager", dtype=torch.float32,
+                               experts_implementation="eager")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.01, 16, generator=gen).log())
+            elif p.dim() == 1:
+                p.copy_(torch.empty(p.shape).uniform_(-0.5, 0.5, generator=gen))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
+    return model.eval()
+
+
+def vision_tensors(model) -> dict[str, torch.Tensor]:
+    """Our `vision/...` tensors of an HF multimodal model (through hf_names)."""
+    state = {k[len("model.visual."):]: t for k, t in model.state_dict().items()
+             if k.startswith("model.visual.")}
+    out = vision_globals_from_hf(state)
+    for b in range(VISION["depth"]):
+        out.update(vision_block_from_hf(state, b))
+    return out
+
+
+def our_encoder(model, dtype=torch.float32) -> VisionEncoder:
+    config = vision_config_from_hf(model.config)
+    tensors = {k: t.to(dtype) for k, t in vision_tensors(model).items()}
+    return VisionEncoder(config, dict_params(tensors))
+
+
+def vl_resources() -> dict[str, bytes]:
+    """Byte tokenizer with the vision tokens, ChatML template, both preprocessor configs."""
+    tokenizer = Tokenizer.from_str(byte_tokenizer_json())
+    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in (
+        "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")])
+    assert tokenizer.token_to_id("<|video_pad|>") == VIDEO_PAD
+    return {**default_resources(), "tokenizer.json": tokenizer.to_str().encode(),
+            "preprocessor_config.json": json.dumps(PREPROCESSOR).encode(),
+            "video_preprocessor_config.json": json.dumps(VIDEO_PREPROCESSOR).encode()}
+
+
+def write_vl_artifact(model, folder: Path, *extra: str) -> Path:
+    """`ninfer convert hf --recipe fp32 [extra]` of the saved model with `vl_resources`."""
+    from ninfer_engine.cli.tools import main
+
+    checkpoint = folder / "checkpoint"
+    model.save_pretrained(checkpoint, safe_serialization=True)
+    for role, data in vl_resources().items():
+        (checkpoint / role).write_bytes(data)
+    out = folder / "vl.ninfer"
+    assert main(["convert", "hf", str(checkpoint), "-o", str(out), "--recipe", "fp32",
+                 *extra]) == 0
+    return out
