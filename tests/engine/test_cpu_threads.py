@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ninfer_engine import engine as engine_module
+from ninfer_engine import rank_parts
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.cpu_threads import run_on_own_thread
 from ninfer_engine.engine import Engine, EngineLoadError
@@ -29,13 +29,13 @@ def test_cpu_engine_loads_off_the_callers_thread(device, monkeypatch):
     if device.type != "cpu":
         pytest.skip("the CPU engine only")
     seen = []
-    build = engine_module.build_model
+    build = rank_parts.build_model
 
     def recording(*args, **kwargs):
         seen.append(threading.get_ident())
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "build_model", recording)
+    monkeypatch.setattr(rank_parts, "build_model", recording)
     artifact = FakeArtifact(tiny_llama(seed=3, vocab_size=259))
     Engine(EngineConfig(artifact=Path("tiny.ninfer")), artifact)
     assert seen and seen[0] != threading.get_ident()
@@ -43,6 +43,6 @@ def test_cpu_engine_loads_off_the_callers_thread(device, monkeypatch):
     def failing(*args, **kwargs):
         raise ValueError("no such tensor")
 
-    monkeypatch.setattr(engine_module, "build_model", failing)
+    monkeypatch.setattr(rank_parts, "build_model", failing)
     with pytest.raises(EngineLoadError, match="no such tensor"):
         Engine(EngineConfig(artifact=Path("tiny.ninfer")), artifact)
