@@ -112,7 +112,9 @@ class Engine:
                     built, memory, config.kv_dtype, config.max_concurrency,
                     config.max_context, not config.no_cuda_graph,
                     1 + (config.draft_tokens or 0) if config.spec else 1,
-                    keep_hidden=config.spec == "mtp"), sized, speculator
+                    keep_hidden=config.spec == "mtp",
+                    weights=artifact if cpu_compiled(config) and model is None else None
+                ), sized, speculator
 
             # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
             self.model, self.memory, graphs, config, self.speculator = (
@@ -461,6 +463,13 @@ def prefill_chunk_for(config: EngineConfig, device: torch.device) -> int:
     if config.prefill_chunk is not None:
         return config.prefill_chunk
     return 4096 if device.type == "cuda" else 1024
+
+
+def cpu_compiled(config: EngineConfig) -> bool:
+    """Whether CPU decode rows may take the compiled step (`--cpu-step compiled`, the default):
+    it multiplies by the artifact's stored weights in fp32, so a narrowed `--cpu-matmul` keeps
+    the eager step it asked for."""
+    return config.cpu_step == "compiled" and config.cpu_matmul == "fp32"
 
 
 def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
