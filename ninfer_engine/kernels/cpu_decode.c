@@ -1,7 +1,7 @@
 /* One llama-family decode step on the CPU (AVX2 + FMA + F16C), every layer in one OpenMP region.
  *
- * Weights are the artifact's Q8 groups as stored (int8 codes, one fp16 scale per 32 codes; rows
- * padded to `ldq` codes and `lds` scales), activations fp32: y = sum_g s_g * sum_{k in g} q_k x_k,
+ * Weights are the artifact's Q8 groups as stored (int8 codes [N, K], one fp16 scale per 32 codes
+ * [N, K / 32]), activations fp32: y = sum_g s_g * sum_{k in g} q_k x_k,
  * the fp32 product of the stored values (exact dequantization: an fp16 scale times an int8 code
  * fits fp32's mantissa), only the summation order differs from an fp32 GEMV over them.
  * K/V are read and written in place in the paged pool (fp32 rows [slot, kv_heads, head_dim]).
@@ -11,8 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 
-enum { LAYERS, HIDDEN, INTER, NQ, NKV, HEAD_DIM, VOCAB, LDQ_H, LDS_H, LDQ_I, LDS_I, PAGE,
-       TABLE_W, SCORES_W, DIMS };
+enum { LAYERS, HIDDEN, INTER, NQ, NKV, HEAD_DIM, VOCAB, PAGE, TABLE_W, SCORES_W, DIMS };
 enum { IN_NORM, POST_NORM, QKV_Q, QKV_S, O_Q, O_S, GU_Q, GU_S, DOWN_Q, DOWN_S, PER_LAYER };
 #define MAX_ROWS 16
 #define PREFETCH_ROWS 4 /* rows ahead: measured best of 4, 8, 16 (30 layers, 1 thread, 2x) */
@@ -38,8 +37,8 @@ static inline __m256 group_dot(const int8_t *q, const float *x) {
 
 /* y[m, n] (+)= x[m, :] . W[n, :] for m < M, inside a parallel region (ends with its barrier). */
 static void gemv(const float *x, int64_t M, int64_t K, const int8_t *q, const uint16_t *s,
-                 int64_t ldq, int64_t lds, float *y, int64_t N, int accumulate) {
-    const int64_t G = K / 32;
+                 float *y, int64_t N, int accumulate) {
+    const int64_t G = K / 32, ldq = K, lds = G;
     if (M == 1) { /* four rows at a time, prefetching the next four: DRAM latency, not FMAs */
         #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n += 4) {
@@ -139,8 +138,7 @@ void ninfer_llama_decode_step(
             const int64_t *p = layer_ptrs + l * PER_LAYER;
             float *k_pool = (float *)k_pool_ptrs[l], *v_pool = (float *)v_pool_ptrs[l];
             rms_norm_rows(x, (const float *)p[IN_NORM], h, B, H, eps);
-            gemv(h, B, H, (const int8_t *)p[QKV_Q], (const uint16_t *)p[QKV_S], dims[LDQ_H],
-                 dims[LDS_H], qkv, W, 0);
+            gemv(h, B, H, (const int8_t *)p[QKV_Q], (const uint16_t *)p[QKV_S], qkv, W, 0);
             #pragma omp for schedule(static)
             for (int64_t b = 0; b < B; b++) { /* rotate q and k, store k and v in their slot */
                 float *row = qkv + b * W;
@@ -173,21 +171,18 @@ void ninfer_llama_decode_step(
                 }
                 for (int64_t i = 0; i < D; i++) out[i] /= sum;
             }
-            gemv(attn, B, nq * D, (const int8_t *)p[O_Q], (const uint16_t *)p[O_S], dims[LDQ_H],
-                 dims[LDS_H], x, H, 1);
+            gemv(attn, B, nq * D, (const int8_t *)p[O_Q], (const uint16_t *)p[O_S], x, H, 1);
             rms_norm_rows(x, (const float *)p[POST_NORM], h, B, H, eps);
-            gemv(h, B, H, (const int8_t *)p[GU_Q], (const uint16_t *)p[GU_S], dims[LDQ_H],
-                 dims[LDS_H], gate_up, 2 * I, 0);
+            gemv(h, B, H, (const int8_t *)p[GU_Q], (const uint16_t *)p[GU_S], gate_up, 2 * I, 0);
             #pragma omp for schedule(static)
             for (int64_t e = 0; e < B * I; e++) { /* silu(gate) * up */
                 const int64_t b = e / I, i = e % I;
                 const float g = gate_up[b * 2 * I + i];
                 act[e] = g / (1.0f + expf(-g)) * gate_up[b * 2 * I + I + i];
             }
-            gemv(act, B, I, (const int8_t *)p[DOWN_Q], (const uint16_t *)p[DOWN_S], dims[LDQ_I],
-                 dims[LDS_I], x, H, 1);
+            gemv(act, B, I, (const int8_t *)p[DOWN_Q], (const uint16_t *)p[DOWN_S], x, H, 1);
         }
         rms_norm_rows(x, final_norm, h, B, H, eps);
-        gemv(h, B, H, head_q, head_s, dims[LDQ_H], dims[LDS_H], logits, dims[VOCAB], 0);
+        gemv(h, B, H, head_q, head_s, logits, dims[VOCAB], 0);
     }
 }

@@ -22,8 +22,8 @@ SOURCE = Path(__file__).with_name("cpu_decode.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 CPU_FLAGS = ("avx2", "fma", "f16c")
 # the C file's layout of its arguments (enum DIMS, enum PER_LAYER, MAX_ROWS)
-DIMS = ("layers", "hidden", "inter", "nq", "nkv", "head_dim", "vocab", "ldq_h", "lds_h",
-        "ldq_i", "lds_i", "page", "table_w", "scores_w")
+DIMS = ("layers", "hidden", "inter", "nq", "nkv", "head_dim", "vocab", "page", "table_w",
+        "scores_w")
 LAYER_POINTERS = ("input_norm", "post_attention_norm", "qkv_codes", "qkv_scales",
                   "output_codes", "output_scales", "gate_up_codes", "gate_up_scales",
                   "down_codes", "down_scales")

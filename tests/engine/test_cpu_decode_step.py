@@ -100,8 +100,8 @@ def test_the_step_multiplies_by_the_stored_values():
     decoder = cpu_decoder(model, storage(), 1, 128, weights)
     layers, head = decoder._keep
     H = model.cfg.hidden_size
-    assert torch.equal(head.dequantize(H), model.embedding)
-    assert torch.equal(layers[1]["down"].dequantize(model.cfg.intermediate_size),
+    assert torch.equal(head.dequantize(), model.embedding)
+    assert torch.equal(layers[1]["down"].dequantize(),
                        weights.parameter("text/layers/1/mlp/down", (H, model.cfg.intermediate_size)))
 
 
