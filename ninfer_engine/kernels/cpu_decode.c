@@ -9,6 +9,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 
 enum { LAYERS, HIDDEN, INTER, NQ, NKV, HEAD_DIM, VOCAB, PAGE, TABLE_W, SCORES_W, DIMS };
@@ -35,60 +36,80 @@ static inline __m256 group_dot(const int8_t *q, const float *x) {
     return _mm256_add_ps(a, b);
 }
 
-/* y[m, n] (+)= x[m, :] . W[n, :] for m < M, inside a parallel region (ends with its barrier). */
-static void gemv(const float *x, int64_t M, int64_t K, const int8_t *q, const uint16_t *s,
-                 float *y, int64_t N, int accumulate) {
-    const int64_t G = K / 32, ldq = K, lds = G;
-    if (M == 1) { /* four rows at a time, prefetching the next four: DRAM latency, not FMAs */
-        #pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n += 4) {
-            __m256 t[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                           _mm256_setzero_ps()};
-            const int8_t *row = q + n * ldq;
-            const uint16_t *sc = s + n * lds;
-            const int prefetch = n + PREFETCH_ROWS < N;
-            for (int64_t g = 0; g < G; g++) {
-                for (int r = 0; r < 4; r++) {
-                    const int8_t *p = row + r * ldq + g * 32;
-                    if (prefetch) _mm_prefetch((const char *)(p + PREFETCH_ROWS * ldq), _MM_HINT_T0);
-                    __m256 scale = _mm256_set1_ps(_cvtsh_ss(sc[r * lds + g]));
-                    t[r] = _mm256_fmadd_ps(group_dot(p, x + g * 32), scale, t[r]);
-                }
+enum { STORE, ACCUMULATE, SWIGLU };
+
+/* The 4-row block at `n` of y (M rows of N) after its dot products `t[r][m]`: stored, added to
+ * y (the residual), or (SWIGLU, rows laid out gate i, gate i+1, up i, up i+1) silu(gate) * up
+ * into y's rows of N / 2. */
+static inline void block_out(float t[4][MAX_ROWS], int64_t M, int64_t n, float *y, int64_t N,
+                             int mode) {
+    for (int64_t m = 0; m < M; m++) {
+        if (mode == SWIGLU) {
+            for (int r = 0; r < 2; r++) {
+                const float g = t[r][m];
+                y[m * (N / 2) + n / 2 + r] = g / (1.0f + expf(-g)) * t[r + 2][m];
             }
-            for (int r = 0; r < 4; r++) y[n + r] = (accumulate ? y[n + r] : 0.0f) + hsum(t[r]);
+        } else {
+            for (int r = 0; r < 4; r++)
+                y[m * N + n + r] = (mode == ACCUMULATE ? y[m * N + n + r] : 0.0f) + t[r][m];
         }
-        return;
-    }
-    #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) { /* one weight row against every activation row */
-        __m256 t[MAX_ROWS];
-        for (int64_t m = 0; m < M; m++) t[m] = _mm256_setzero_ps();
-        const int8_t *row = q + n * ldq;
-        const int prefetch = n + PREFETCH_ROWS < N;
-        for (int64_t g = 0; g < G; g++) {
-            const int8_t *p = row + g * 32;
-            if (prefetch) _mm_prefetch((const char *)(p + PREFETCH_ROWS * ldq), _MM_HINT_T0);
-            __m256 w0 = load_codes(p), w1 = load_codes(p + 8), w2 = load_codes(p + 16),
-                   w3 = load_codes(p + 24);
-            __m256 scale = _mm256_set1_ps(_cvtsh_ss(s[n * lds + g]));
-            for (int64_t m = 0; m < M; m++) {
-                const float *xg = x + m * K + g * 32;
-                __m256 a = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-                __m256 b = _mm256_mul_ps(w1, _mm256_loadu_ps(xg + 8));
-                a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), a);
-                b = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), b);
-                t[m] = _mm256_fmadd_ps(_mm256_add_ps(a, b), scale, t[m]);
-            }
-        }
-        for (int64_t m = 0; m < M; m++)
-            y[m * N + n] = (accumulate ? y[m * N + n] : 0.0f) + hsum(t[m]);
     }
 }
 
-/* out = x / sqrt(mean(x^2) + eps) * w, row by row (torch's rms_norm, fp32). */
+/* y[m, :] from x[m, :] . W[n, :] for m < M (`mode`: block_out), W's rows 4 at a time across the
+ * threads of the enclosing parallel region; ends with its barrier. */
+static void gemv(const float *x, int64_t M, int64_t K, const int8_t *q, const uint16_t *s,
+                 float *y, int64_t N, int mode) {
+    const int64_t G = K / 32;
+    #pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n += 4) {
+        float t[4][MAX_ROWS];
+        const int8_t *rows = q + n * K;
+        const uint16_t *sc = s + n * G;
+        /* prefetching the next block's rows: DRAM latency, not FMAs, bounds a plain loop */
+        const int prefetch = n + PREFETCH_ROWS < N;
+        if (M == 1) { /* four rows interleaved: independent FMA chains */
+            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                             _mm256_setzero_ps()};
+            for (int64_t g = 0; g < G; g++) {
+                for (int r = 0; r < 4; r++) {
+                    const int8_t *p = rows + r * K + g * 32;
+                    if (prefetch) _mm_prefetch((const char *)(p + PREFETCH_ROWS * K), _MM_HINT_T0);
+                    __m256 scale = _mm256_set1_ps(_cvtsh_ss(sc[r * G + g]));
+                    acc[r] = _mm256_fmadd_ps(group_dot(p, x + g * 32), scale, acc[r]);
+                }
+            }
+            for (int r = 0; r < 4; r++) t[r][0] = hsum(acc[r]);
+        } else { /* one weight row at a time against every activation row */
+            for (int r = 0; r < 4; r++) {
+                __m256 acc[MAX_ROWS];
+                for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+                for (int64_t g = 0; g < G; g++) {
+                    const int8_t *p = rows + r * K + g * 32;
+                    if (prefetch) _mm_prefetch((const char *)(p + PREFETCH_ROWS * K), _MM_HINT_T0);
+                    __m256 w0 = load_codes(p), w1 = load_codes(p + 8), w2 = load_codes(p + 16),
+                           w3 = load_codes(p + 24);
+                    __m256 scale = _mm256_set1_ps(_cvtsh_ss(sc[r * G + g]));
+                    for (int64_t m = 0; m < M; m++) {
+                        const float *xg = x + m * K + g * 32;
+                        __m256 a = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
+                        __m256 b = _mm256_mul_ps(w1, _mm256_loadu_ps(xg + 8));
+                        a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), a);
+                        b = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), b);
+                        acc[m] = _mm256_fmadd_ps(_mm256_add_ps(a, b), scale, acc[m]);
+                    }
+                }
+                for (int64_t m = 0; m < M; m++) t[r][m] = hsum(acc[m]);
+            }
+        }
+        block_out(t, M, n, y, N, mode);
+    }
+}
+
+/* out = x / sqrt(mean(x^2) + eps) * w, every row (torch's rms_norm, fp32): each thread makes
+ * its own copy, which costs less than the barrier sharing one would. */
 static void rms_norm_rows(const float *x, const float *w, float *out, int64_t B, int64_t H,
                           float eps) {
-    #pragma omp for schedule(static)
     for (int64_t b = 0; b < B; b++) {
         const float *xb = x + b * H;
         float sum = 0.0f;
@@ -98,16 +119,14 @@ static void rms_norm_rows(const float *x, const float *w, float *out, int64_t B,
     }
 }
 
-/* split-half RoPE of `heads` heads of x in place, with the model's cos/sin tables' row. */
-static void rope(float *x, int64_t heads, int64_t D, const float *cos_row, const float *sin_row) {
+/* split-half RoPE of one head: out = (x1 c - x2 s, x2 c + x1 s) with the model's table rows. */
+static void rope(const float *x, float *out, int64_t D, const float *cos_row,
+                 const float *sin_row) {
     const int64_t half = D / 2;
-    for (int64_t h = 0; h < heads; h++) {
-        float *x1 = x + h * D, *x2 = x1 + half;
-        for (int64_t i = 0; i < half; i++) {
-            const float a = x1[i], b = x2[i];
-            x1[i] = a * cos_row[i] - b * sin_row[i];
-            x2[i] = b * cos_row[i] + a * sin_row[i];
-        }
+    for (int64_t i = 0; i < half; i++) {
+        const float a = x[i], b = x[half + i];
+        out[i] = a * cos_row[i] - b * sin_row[i];
+        out[half + i] = b * cos_row[i] + a * sin_row[i];
     }
 }
 
@@ -118,19 +137,61 @@ static inline float dot(const float *a, const float *b, int64_t D) {
     return hsum(t);
 }
 
+#define MAX_HEAD_DIM 512
+
+/* One query head of one row: its rotated q and the row's rotated k (its own copy: no barrier
+ * between heads of a KV group) attend over the row's pages; the group's first head stores the
+ * new k and v in the row's slot. Positions before the last are read from the pool, the last
+ * from the copy, so no head reads the slot being written. */
+static void attend_head(const float *qkv_row, int64_t head, int64_t nq, int64_t nkv, int64_t D,
+                        int64_t pos, int64_t slot, const int64_t *table, int64_t page,
+                        float *k_pool, float *v_pool, const float *cos_row,
+                        const float *sin_row, float scale, float *scores, float *out) {
+    const int64_t kv = head / (nq / nkv);
+    float q[MAX_HEAD_DIM], k[MAX_HEAD_DIM];
+    const float *v = qkv_row + (nq + nkv + kv) * D;
+    rope(qkv_row + head * D, q, D, cos_row, sin_row);
+    rope(qkv_row + (nq + kv) * D, k, D, cos_row, sin_row);
+    if (head % (nq / nkv) == 0) {
+        for (int64_t i = 0; i < D; i++) {
+            k_pool[(slot * nkv + kv) * D + i] = k[i];
+            v_pool[(slot * nkv + kv) * D + i] = v[i];
+        }
+    }
+    float top = -INFINITY, sum = 0.0f;
+    for (int64_t t = 0; t <= pos; t++) {
+        const float *kt = t == pos ? k
+            : k_pool + ((table[t / page] * page + t % page) * nkv + kv) * D;
+        scores[t] = dot(q, kt, D) * scale;
+        top = scores[t] > top ? scores[t] : top;
+    }
+    for (int64_t i = 0; i < D; i++) out[i] = 0.0f;
+    for (int64_t t = 0; t <= pos; t++) {
+        const float *vt = t == pos ? v
+            : v_pool + ((table[t / page] * page + t % page) * nkv + kv) * D;
+        const float e = expf(scores[t] - top);
+        sum += e;
+        for (int64_t i = 0; i < D; i++) out[i] += e * vt[i];
+    }
+    for (int64_t i = 0; i < D; i++) out[i] /= sum;
+}
+
+/* One decode step of B rows: logits [B, V]. `h` holds one [B, H] normed copy per thread; the
+ * gate/up rows come in blocks of (gate i, gate i+1, up i, up i+1). Five barriers a layer. */
 void ninfer_llama_decode_step(
     const int64_t *dims, float eps, float scale, int64_t threads, int64_t B,
-    const int64_t *tokens, const int64_t *positions, const int64_t *slots, const int64_t *lens,
+    const int64_t *tokens, const int64_t *positions, const int64_t *slots,
     const int64_t *table, const float *embedding, const float *rope_cos, const float *rope_sin,
     const int64_t *layer_ptrs, const int64_t *k_pool_ptrs, const int64_t *v_pool_ptrs,
     const float *final_norm, const int8_t *head_q, const uint16_t *head_s,
-    float *x, float *h, float *qkv, float *attn, float *gate_up, float *act, float *scores,
+    float *x, float *h_all, float *qkv, float *attn, float *act, float *scores,
     float *logits) {
     const int64_t L = dims[LAYERS], H = dims[HIDDEN], I = dims[INTER], nq = dims[NQ],
                   nkv = dims[NKV], D = dims[HEAD_DIM], page = dims[PAGE], tw = dims[TABLE_W];
-    const int64_t W = (nq + 2 * nkv) * D, group = nq / nkv;
+    const int64_t W = (nq + 2 * nkv) * D, half = D / 2;
     #pragma omp parallel num_threads(threads)
     {
+        float *h = h_all + omp_get_thread_num() * B * H;
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < H; i++) x[b * H + i] = embedding[tokens[b] * H + i];
@@ -138,51 +199,22 @@ void ninfer_llama_decode_step(
             const int64_t *p = layer_ptrs + l * PER_LAYER;
             float *k_pool = (float *)k_pool_ptrs[l], *v_pool = (float *)v_pool_ptrs[l];
             rms_norm_rows(x, (const float *)p[IN_NORM], h, B, H, eps);
-            gemv(h, B, H, (const int8_t *)p[QKV_Q], (const uint16_t *)p[QKV_S], qkv, W, 0);
+            gemv(h, B, H, (const int8_t *)p[QKV_Q], (const uint16_t *)p[QKV_S], qkv, W, STORE);
             #pragma omp for schedule(static)
-            for (int64_t b = 0; b < B; b++) { /* rotate q and k, store k and v in their slot */
-                float *row = qkv + b * W;
-                const int64_t at = positions[b] * (D / 2);
-                rope(row, nq + nkv, D, rope_cos + at, rope_sin + at);
-                for (int64_t i = 0; i < nkv * D; i++) {
-                    k_pool[slots[b] * nkv * D + i] = row[nq * D + i];
-                    v_pool[slots[b] * nkv * D + i] = row[(nq + nkv) * D + i];
-                }
+            for (int64_t item = 0; item < B * nq; item++) {
+                const int64_t b = item / nq, pos = positions[b];
+                attend_head(qkv + b * W, item % nq, nq, nkv, D, pos, slots[b], table + b * tw,
+                            page, k_pool, v_pool, rope_cos + pos * half, rope_sin + pos * half,
+                            scale, scores + item * dims[SCORES_W], attn + item * D);
             }
-            #pragma omp for schedule(static)
-            for (int64_t item = 0; item < B * nq; item++) { /* one query head of one row */
-                const int64_t b = item / nq, head = item % nq, kv = head / group;
-                const float *qh = qkv + b * W + head * D;
-                float *sc = scores + item * dims[SCORES_W], *out = attn + b * nq * D + head * D;
-                const int64_t n = lens[b];
-                float top = -INFINITY, sum = 0.0f;
-                for (int64_t t = 0; t < n; t++) {
-                    const int64_t slot = table[b * tw + t / page] * page + t % page;
-                    sc[t] = dot(qh, k_pool + (slot * nkv + kv) * D, D) * scale;
-                    top = sc[t] > top ? sc[t] : top;
-                }
-                for (int64_t i = 0; i < D; i++) out[i] = 0.0f;
-                for (int64_t t = 0; t < n; t++) {
-                    const int64_t slot = table[b * tw + t / page] * page + t % page;
-                    const float e = expf(sc[t] - top);
-                    const float *vt = v_pool + (slot * nkv + kv) * D;
-                    sum += e;
-                    for (int64_t i = 0; i < D; i++) out[i] += e * vt[i];
-                }
-                for (int64_t i = 0; i < D; i++) out[i] /= sum;
-            }
-            gemv(attn, B, nq * D, (const int8_t *)p[O_Q], (const uint16_t *)p[O_S], x, H, 1);
+            gemv(attn, B, nq * D, (const int8_t *)p[O_Q], (const uint16_t *)p[O_S], x, H,
+                 ACCUMULATE);
             rms_norm_rows(x, (const float *)p[POST_NORM], h, B, H, eps);
-            gemv(h, B, H, (const int8_t *)p[GU_Q], (const uint16_t *)p[GU_S], gate_up, 2 * I, 0);
-            #pragma omp for schedule(static)
-            for (int64_t e = 0; e < B * I; e++) { /* silu(gate) * up */
-                const int64_t b = e / I, i = e % I;
-                const float g = gate_up[b * 2 * I + i];
-                act[e] = g / (1.0f + expf(-g)) * gate_up[b * 2 * I + I + i];
-            }
-            gemv(act, B, I, (const int8_t *)p[DOWN_Q], (const uint16_t *)p[DOWN_S], x, H, 1);
+            gemv(h, B, H, (const int8_t *)p[GU_Q], (const uint16_t *)p[GU_S], act, 2 * I, SWIGLU);
+            gemv(act, B, I, (const int8_t *)p[DOWN_Q], (const uint16_t *)p[DOWN_S], x, H,
+                 ACCUMULATE);
         }
         rms_norm_rows(x, final_norm, h, B, H, eps);
-        gemv(h, B, H, head_q, head_s, logits, dims[VOCAB], 0);
+        gemv(h, B, H, head_q, head_s, logits, dims[VOCAB], STORE);
     }
 }

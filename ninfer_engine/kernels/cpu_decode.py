@@ -28,6 +28,7 @@ LAYER_POINTERS = ("input_norm", "post_attention_norm", "qkv_codes", "qkv_scales"
                   "output_codes", "output_scales", "gate_up_codes", "gate_up_scales",
                   "down_codes", "down_scales")
 MAX_ROWS = 16
+MAX_HEAD_DIM = 512
 
 
 class CpuDecodeUnavailable(RuntimeError):
@@ -85,7 +86,7 @@ def decode_step_library() -> ctypes.CDLL:
                 os.unlink(tmp)
     lib = ctypes.CDLL(str(target))
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.ninfer_llama_decode_step.argtypes = [p, f32, f32, i64, i64, *[p] * 22]
+    lib.ninfer_llama_decode_step.argtypes = [p, f32, f32, i64, i64, *[p] * 20]
     lib.ninfer_llama_decode_step.restype = None
     return lib
 

@@ -75,7 +75,7 @@ class CpuDecoder:
         c = model.cfg
         H, I, D, nq, nkv = c.hidden_size, c.intermediate_size, c.head_dim, c.num_heads, c.num_kv_heads
         page = storage.page_tokens
-        self.meta = torch.zeros(4, max_batch, dtype=torch.long)  # token, position, slot, length
+        self.meta = torch.zeros(3, max_batch, dtype=torch.long)  # token, position, slot
         self.table = torch.zeros(max_batch, -(-max_context // page), dtype=torch.long)
         self.tables = PageTables(self.table)
         self._keep = (layers, head)  # the pointers below point into these
@@ -91,16 +91,17 @@ class CpuDecoder:
         self.layer_pointers = torch.tensor(pointers, dtype=torch.long)
         self.head = head
         B = max_batch
-        self.x, self.h = torch.zeros(B, H), torch.zeros(B, H)
+        self.x = torch.zeros(B, H)
+        self.h = torch.zeros(0)  # one [B, H] normed copy per thread (`_thread_buffers`)
         self.qkv = torch.zeros(B, (nq + 2 * nkv) * D)
         self.attn = torch.zeros(B, nq * D)
-        self.gate_up, self.act = torch.zeros(B, 2 * I), torch.zeros(B, I)
+        self.act = torch.zeros(B, I)
         self.scores = torch.zeros(B * nq, max_context)
         self.logits = torch.zeros(B, c.vocab_size)
         self._pools: tuple | None = None
 
     def load(self, seqs: list, drafts: list[list[int]] | None = None) -> None:
-        """Copy the rows' next token, position, slot, length and page table into the buffers."""
+        """Copy the rows' next token, position, slot and page table into the buffers."""
         if drafts:
             raise NotImplementedError("verify rows in the CPU decode step")
         page = self.storage.page_tokens
@@ -108,7 +109,7 @@ class CpuDecoder:
         for seq in seqs:
             pos = seq.cached
             pages = seq.cache.pages
-            rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page, pos + 1))
+            rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page))
         self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
         self.tables.fill([seq.cache for seq in seqs])
 
@@ -123,23 +124,38 @@ class CpuDecoder:
                            torch.tensor([v[0].data_ptr() for v in s.v]))
         return self._pools[1], self._pools[2]
 
+    def _thread_buffers(self, threads: int) -> torch.Tensor:
+        if self.h.numel() < threads * self.x.numel():
+            self.h = torch.zeros(threads, *self.x.shape)
+        return self.h
+
     def step(self, batch: int, bucket: int = 0, q_len: int = 1) -> torch.Tensor:
         """Logits [batch, V] (fp32) of the loaded rows (`bucket` is the CUDA graphs' and unused:
         the C step reads each row's own length)."""
         m = self.model
-        tokens, positions, slots, lens = self.meta
+        tokens, positions, slots = self.meta
         m.rope.tables(positions[:1], int(positions[:batch].max()))  # grows the tables if needed
         k_pools, v_pools = self._pool_pointers()
+        threads = torch.get_num_threads()
         c = m.cfg
         ptr = torch.Tensor.data_ptr
         self._lib.ninfer_llama_decode_step(
-            ptr(self.dims), c.rms_norm_eps, m.scale, torch.get_num_threads(), batch,
-            ptr(tokens), ptr(positions), ptr(slots), ptr(lens), ptr(self.table),
-            ptr(m.embedding), ptr(m.rope.cos), ptr(m.rope.sin), ptr(self.layer_pointers),
-            ptr(k_pools), ptr(v_pools), ptr(m.final_norm), ptr(self.head.codes),
-            ptr(self.head.scales), ptr(self.x), ptr(self.h), ptr(self.qkv), ptr(self.attn),
-            ptr(self.gate_up), ptr(self.act), ptr(self.scores), ptr(self.logits))
+            ptr(self.dims), c.rms_norm_eps, m.scale, threads, batch,
+            ptr(tokens), ptr(positions), ptr(slots), ptr(self.table), ptr(m.embedding),
+            ptr(m.rope.cos), ptr(m.rope.sin), ptr(self.layer_pointers), ptr(k_pools),
+            ptr(v_pools), ptr(m.final_norm), ptr(self.head.codes), ptr(self.head.scales),
+            ptr(self.x), ptr(self._thread_buffers(threads)), ptr(self.qkv), ptr(self.attn),
+            ptr(self.act), ptr(self.scores), ptr(self.logits))
         return self.logits[:batch]
+
+
+def swiglu_blocks(gate: Q8Matrix, up: Q8Matrix) -> Q8Matrix:
+    """Gate and up rows in the C step's blocks of four (gate i, gate i+1, up i, up i+1), so the
+    thread that computes a block applies silu(gate) · up to it."""
+    def blocks(a, b):
+        return torch.cat([a.view(-1, 2, a.shape[1]), b.view(-1, 2, b.shape[1])], 1).flatten(0, 1)
+    return Q8Matrix(blocks(gate.codes, up.codes).contiguous(),
+                    blocks(gate.scales, up.scales).contiguous())
 
 
 def cpu_decoder(model: LlamaModel, storage: KvStorage, max_batch: int, max_context: int,
@@ -154,7 +170,7 @@ def cpu_decoder(model: LlamaModel, storage: KvStorage, max_batch: int, max_conte
     if any(layer.qk_norm is not None for layer in model.layers):
         return "the compiled CPU step has no per-head Q/K norm (Qwen3)"
     if (H % 32 or I % 32 or D % 8 or nq % nkv or nq * D != H or c.vocab_size % 4
-            or max_batch > kernel.MAX_ROWS):
+            or D > kernel.MAX_HEAD_DIM or max_batch > kernel.MAX_ROWS):
         return "the model's shapes do not fit the compiled CPU step's vector tiling"
     reason = kernel.cpu_decode_unavailable()
     if reason is not None:
@@ -167,11 +183,13 @@ def cpu_decoder(model: LlamaModel, storage: KvStorage, max_batch: int, max_conte
             "qkv": stored_q8(weights, [p + "attention/query", p + "attention/key",
                                        p + "attention/value"], qkv_shapes),
             "output": stored_q8(weights, [p + "attention/output"], [(H, nq * D)]),
-            "gate_up": stored_q8(weights, [p + "mlp/gate", p + "mlp/up"], [(I, H), (I, H)]),
+            "gate": stored_q8(weights, [p + "mlp/gate"], [(I, H)]),
+            "up": stored_q8(weights, [p + "mlp/up"], [(I, H)]),
             "down": stored_q8(weights, [p + "mlp/down"], [(H, I)]),
         }
         if any(v is None for v in layer.values()):
             return "the artifact does not store every projection as Q8 groups (q8_g32_fp16)"
+        layer["gate_up"] = swiglu_blocks(layer.pop("gate"), layer.pop("up"))
         layers.append(layer)
     head_name = "text/token_embedding" if c.tie_word_embeddings else "text/output_head"
     head = stored_q8(weights, [head_name], [(c.vocab_size, H)])
