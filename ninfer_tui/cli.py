@@ -35,8 +35,9 @@ Capacity:  --max-context N (8192)  --kv-capacity N|auto  --max-concurrency 1..8 
            --kv-dtype bf16|int8|fp8|nvfp4|k8v4  --elastic  --kv-grow N  --kv-budget-gib G
            --vram-headroom-mib N
 Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-host
-           --no-tp-mailbox  --cpu-matmul fp32|bf16|int8 (fp32; bf16 and int8 decode
-           faster on the CPU, int8 weights quantized per row at load)
+           --no-tp-mailbox  --cpu-step compiled|eager (compiled: CPU decode in one C call a
+           step over the artifact's Q8 weights)  --cpu-matmul fp32|bf16|int8 (fp32; bf16
+           and int8 narrow the eager step's projections, int8 per row at load)
            --cuda-dtype bf16|fp32 (bf16; fp32 is the exact, slower path)
            --cuda-weights auto|packed|dequant (auto: each format in its fastest form)
 Artifact:  --no-verify (skip the load-time check of the payload against the SHA-256 the
