@@ -108,6 +108,9 @@ class CpuDecoder:
         rows = []
         for seq in seqs:
             pos = seq.cached
+            if pos >= self.max_context:  # the C step's buffers end there: refuse, never overrun
+                raise ValueError(f"position {pos} is past the decode step's context "
+                                 f"{self.max_context}")
             pages = seq.cache.pages
             rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page))
         self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
