@@ -80,23 +80,25 @@ static void gemv(const float *x, int64_t M, int64_t K, const int8_t *q, const ui
                 }
             }
             for (int r = 0; r < 4; r++) t[r][0] = hsum(acc[r]);
-        } else { /* one weight row at a time against every activation row */
+        } else { /* one weight row at a time against every activation row, the codes
+                    * dequantized once (code x fp16 scale is exact in fp32) for all of them */
             for (int r = 0; r < 4; r++) {
                 __m256 acc[MAX_ROWS];
                 for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
                 for (int64_t g = 0; g < G; g++) {
                     const int8_t *p = rows + r * K + g * 32;
                     if (prefetch) _mm_prefetch((const char *)(p + PREFETCH_ROWS * K), _MM_HINT_T0);
-                    __m256 w0 = load_codes(p), w1 = load_codes(p + 8), w2 = load_codes(p + 16),
-                           w3 = load_codes(p + 24);
                     __m256 scale = _mm256_set1_ps(_cvtsh_ss(sc[r * G + g]));
+                    __m256 w0 = _mm256_mul_ps(load_codes(p), scale),
+                           w1 = _mm256_mul_ps(load_codes(p + 8), scale),
+                           w2 = _mm256_mul_ps(load_codes(p + 16), scale),
+                           w3 = _mm256_mul_ps(load_codes(p + 24), scale);
                     for (int64_t m = 0; m < M; m++) {
                         const float *xg = x + m * K + g * 32;
-                        __m256 a = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-                        __m256 b = _mm256_mul_ps(w1, _mm256_loadu_ps(xg + 8));
+                        __m256 a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), acc[m]);
+                        a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), a);
                         a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), a);
-                        b = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), b);
-                        acc[m] = _mm256_fmadd_ps(_mm256_add_ps(a, b), scale, acc[m]);
+                        acc[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), a);
                     }
                 }
                 for (int64_t m = 0; m < M; m++) t[r][m] = hsum(acc[m]);
