@@ -161,21 +161,32 @@ static void attend_head(const float *qkv_row, int64_t head, int64_t nq, int64_t 
         }
     }
     float top = -INFINITY, sum = 0.0f;
-    for (int64_t t = 0; t <= pos; t++) {
-        const float *kt = t == pos ? k
-            : k_pool + ((table[t / page] * page + t % page) * nkv + kv) * D;
-        scores[t] = dot(q, kt, D) * scale;
-        top = scores[t] > top ? scores[t] : top;
+    for (int64_t start = 0; start <= pos; start += page) { /* page by page: one table read */
+        const float *kp = k_pool + (table[start / page] * page * nkv + kv) * D;
+        const int64_t end = start + page <= pos ? start + page : pos;
+        for (int64_t t = start; t < end; t++) {
+            scores[t] = dot(q, kp + (t - start) * nkv * D, D) * scale;
+            top = scores[t] > top ? scores[t] : top;
+        }
     }
-    for (int64_t i = 0; i < D; i++) out[i] = 0.0f;
-    for (int64_t t = 0; t <= pos; t++) {
-        const float *vt = t == pos ? v
-            : v_pool + ((table[t / page] * page + t % page) * nkv + kv) * D;
-        const float e = expf(scores[t] - top);
-        sum += e;
-        for (int64_t i = 0; i < D; i++) out[i] += e * vt[i];
+    scores[pos] = dot(q, k, D) * scale;
+    top = scores[pos] > top ? scores[pos] : top;
+    __m256 o[MAX_HEAD_DIM / 8];
+    for (int64_t i = 0; i < D / 8; i++) o[i] = _mm256_setzero_ps();
+    for (int64_t start = 0; start <= pos; start += page) {
+        const float *vp = v_pool + (table[start / page] * page * nkv + kv) * D;
+        const int64_t end = start + page <= pos + 1 ? start + page : pos + 1;
+        for (int64_t t = start; t < end; t++) {
+            const float *vt = t == pos ? v : vp + (t - start) * nkv * D;
+            const float e = expf(scores[t] - top);
+            const __m256 ev = _mm256_set1_ps(e);
+            sum += e;
+            for (int64_t i = 0; i < D / 8; i++)
+                o[i] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vt + 8 * i), o[i]);
+        }
     }
-    for (int64_t i = 0; i < D; i++) out[i] /= sum;
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (int64_t i = 0; i < D / 8; i++) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(o[i], inv));
 }
 
 /* One decode step of B rows: logits [B, V]. `h` holds one [B, H] normed copy per thread; the
