@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,9 +113,11 @@ def cpu_decode_steps(model, memory: SequenceMemory, max_batch: int, max_context:
     cpu_step = family_of(model).cpu_step
     if weights is None or keep_hidden or cpu_step is None:
         return None
+    started = time.monotonic()
     decoder = cpu_step(model, memory, max_batch, max_context, weights)
     if isinstance(decoder, str):
         log.info("CPU decode: the eager step (%s)", decoder)
         return None
-    log.info("CPU decode: the compiled step (stored Q8 weights, one call a step)")
+    log.info("CPU decode: the compiled step (stored Q8 weights, one call a step), ready in "
+             "%.2f s", time.monotonic() - started)
     return DecodeGraphs(decoder, capture=False)
