@@ -5,8 +5,9 @@
 Runs the engine in-process (no HTTP): a ~100-token chat prompt, 128 greedy output tokens (EOS
 ignored so every run decodes the same count), median over runs after one warm-up. The default
 engine (`--cpu-step compiled`) and, with `--peer` and `llama-cpp-python` importable, llama.cpp
-on the same GGUF, prompt and token count, are loaded side by side in this process and measured
-run by run in turn (ours, then the peer), so a change in the machine's load hits both alike.
+on the same GGUF, prompt and token count (in a child process: its threads never share torch's
+OpenMP runtime), are loaded side by side and measured run by run in turn (ours, then the peer),
+so a change in the machine's load hits both alike.
 Then: the default engine's aggregate decode with 8 requests at once against the same 8 one
 after another (`bench/concurrency.py`'s measure); the eager step (`--cpu-step eager`) with fp32,
 bf16 and int8 projections for reference; and the bandwidth roofline of a default decode step
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -98,6 +100,45 @@ def _peer_run(llm, output_tokens: int) -> tuple[float, float]:
     return first - start, (count - 2) / (last - first)  # the first chunk carries no token
 
 
+def _peer_serve(conn, gguf: str, threads: int) -> None:
+    """The peer's process: loads llama.cpp, then runs one generation per token count it gets."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, verbose=False)
+    conn.send("ready")
+    while (tokens := conn.recv()) is not None:
+        before = os.times()
+        ttft, rate = _peer_run(llm, tokens)
+        after = os.times()
+        conn.send((ttft, rate, after.user + after.system - before.user - before.system))
+
+
+class Peer:
+    """llama.cpp in a process of its own (its thread pool and OpenMP runtime never share this
+    process's with torch's: two teams in one process make each wait on futex wake-ups), run
+    one generation at a time on request."""
+
+    def __init__(self, gguf: Path, threads: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_peer_serve, args=(child, str(gguf), threads),
+                                 daemon=True)
+        self._proc.start()
+        if self._conn.recv() != "ready":
+            raise RuntimeError("llama.cpp did not load")
+
+    def run(self, output_tokens: int) -> tuple[float, float, float]:
+        """(time to first token, decode tok/s, CPU seconds the peer's process used)."""
+        self._conn.send(output_tokens)
+        return self._conn.recv()
+
+    def close(self) -> None:
+        self._conn.send(None)
+        self._proc.join(30)
+
+
 SETTLE_S = 0.5  # between the two engines' runs: the other's idle threads stop spinning
 
 
@@ -108,17 +149,13 @@ def bench_side_by_side(artifact: Path, runs: int, output_tokens: int, gguf: Path
     from bench.concurrency import _serial, _together
 
     engine, load_s = _engine(artifact, max_concurrency=8, no_prefix_reuse=True)
-    llm = None
-    if gguf is not None:
-        from llama_cpp import Llama
-
-        llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, verbose=False)
+    llm = Peer(gguf, threads) if gguf is not None else None
     prompt_ids = _prompt_ids(engine)
     ours, peer, ours_load, peer_load = [], [], [], []
     try:
         asyncio.run(run_ninfer(engine, prompt_ids, 8))  # warm-up
         if llm is not None:
-            _peer_run(llm, 8)
+            llm.run(8)  # warm-up
         for _ in range(runs):
             time.sleep(SETTLE_S)
             with ForeignLoad() as load:
@@ -126,10 +163,13 @@ def bench_side_by_side(artifact: Path, runs: int, output_tokens: int, gguf: Path
             ours_load.append(load.cores or 0.0)
             if llm is not None:
                 time.sleep(SETTLE_S)
+                started = time.perf_counter()
                 with ForeignLoad() as load:
-                    peer.append(_peer_run(llm, output_tokens))
-                peer_load.append(load.cores or 0.0)
-        del llm
+                    ttft, rate, cpu_s = llm.run(output_tokens)
+                peer.append((ttft, rate))
+                # the peer's own process is not foreign load
+                wall = time.perf_counter() - started
+                peer_load.append(max(0.0, (load.cores or 0.0) - cpu_s / wall))
         prompts = [engine.tokenizer.encode(engine.chat_template.render(
             [{"role": "user", "content": f"Request {i + 1}. {PROMPT}"}])) for i in range(8)]
         with ForeignLoad() as load:
@@ -137,6 +177,8 @@ def bench_side_by_side(artifact: Path, runs: int, output_tokens: int, gguf: Path
             together = asyncio.run(_together(engine, prompts, 64))
     finally:
         engine.stop()
+        if llm is not None:
+            llm.close()
     decoder = engine.runner.graphs.decoder if engine.runner.graphs else None
     mine = _summary(ours, cpu_step="compiled" if decoder else "eager", load_s=load_s,
                     prompt_tokens=len(prompt_ids), output_tokens=output_tokens,
