@@ -177,6 +177,10 @@ def cpu_decoder(model: LlamaModel, storage: KvStorage, max_batch: int, max_conte
     codecs = (storage.k_codec, storage.v_codec)
     if model.dtype != torch.float32 or any(not isinstance(k, PlainCodec) for k in codecs):
         return "the compiled CPU step serves fp32 activations and unquantized KV"
+    vectors = [model.embedding, model.final_norm, model.rope.cos, model.rope.sin,
+               *(t for layer in model.layers for t in (layer.input_norm, layer.post_attention_norm))]
+    if not all(t.is_contiguous() and t.dtype == torch.float32 for t in vectors):
+        return "the compiled CPU step reads the embedding, norms and RoPE tables as dense fp32"
     if any(layer.qk_norm is not None for layer in model.layers):
         return "the compiled CPU step has no per-head Q/K norm (Qwen3)"
     if (H % 32 or I % 32 or D % 8 or nq % nkv or nq * D != H or c.vocab_size % 4
