@@ -1,4 +1,4 @@
-"""Decode speed and time to first token of the default model on this machine's CPU, beside llama.cpp.
+"""Decode speed and time to first token of the default model on this CPU, beside llama.cpp.
 
     .venv/bin/python bench/cpu_default_model.py [--runs 5] [--peer]
 
@@ -244,7 +244,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--peer", action="store_true", help="also run llama.cpp on the GGUF")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu-default-model")
+    parser.add_argument("--out", type=Path,
+                        default=ROOT / "bench" / "results" / "cpu-default-model")
     args = parser.parse_args()
     import torch
 

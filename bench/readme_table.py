@@ -29,7 +29,8 @@ def _cpu_rows() -> list[str]:
     r = _load("cpu-default-model.json")
     if r:
         o, e, p = r["ninfer"], r["ninfer_eager"], r["peer"]
-        rows.append(f"| default model, 2-core CPU, decode tok/s ({o['prompt_tokens']}-token prompt, "
+        rows.append(f"| default model, 2-core CPU, decode tok/s ({o['prompt_tokens']}-token "
+                    f"prompt, "
                     f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (default, "
                     f"`--cpu-step {o['cpu_step']}`), {e['decode_tok_s']:.1f} (`--cpu-step eager`) "
                     f"| llama.cpp {p['decode_tok_s']:.1f}; roofline "

@@ -1,4 +1,4 @@
-"""The llama-family CPU decode step of `cpu_decode.c`, built with the system C compiler on first use.
+"""The llama-family CPU decode step of `cpu_decode.c`, built by the system C compiler on first use.
 
 `decode_step_library()` compiles the C file once per (source, compiler, flags) into
 `$NINFER_HOME/kernels/` (about a second; later processes load the cached library) and returns

@@ -78,7 +78,8 @@ class CpuDecoder:
         self.max_batch, self.max_context = max_batch, max_context
         self._lib = kernel.decode_step_library()
         c = model.cfg
-        H, I, D, nq, nkv = c.hidden_size, c.intermediate_size, c.head_dim, c.num_heads, c.num_kv_heads
+        H, I, D = c.hidden_size, c.intermediate_size, c.head_dim
+        nq, nkv = c.num_heads, c.num_kv_heads
         page = storage.page_tokens
         self.meta = torch.zeros(3, max_batch, dtype=torch.long)  # token, position, slot
         self.table = torch.zeros(max_batch, -(-max_context // page), dtype=torch.long)
@@ -173,12 +174,14 @@ def cpu_decoder(model: LlamaModel, storage: KvStorage, max_batch: int, max_conte
     """The compiled CPU step over `storage` for `model` (weights read from `weights`, the
     artifact), or why it cannot serve this model here."""
     c = model.cfg
-    H, I, D, nq, nkv = c.hidden_size, c.intermediate_size, c.head_dim, c.num_heads, c.num_kv_heads
+    H, I, D = c.hidden_size, c.intermediate_size, c.head_dim
+    nq, nkv = c.num_heads, c.num_kv_heads
     codecs = (storage.k_codec, storage.v_codec)
     if model.dtype != torch.float32 or any(not isinstance(k, PlainCodec) for k in codecs):
         return "the compiled CPU step serves fp32 activations and unquantized KV"
     vectors = [model.embedding, model.final_norm, model.rope.cos, model.rope.sin,
-               *(t for layer in model.layers for t in (layer.input_norm, layer.post_attention_norm))]
+               *(t for layer in model.layers
+                 for t in (layer.input_norm, layer.post_attention_norm))]
     if not all(t.is_contiguous() and t.dtype == torch.float32 for t in vectors):
         return "the compiled CPU step reads the embedding, norms and RoPE tables as dense fp32"
     if any(layer.qk_norm is not None for layer in model.layers):

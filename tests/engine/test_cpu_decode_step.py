@@ -99,10 +99,10 @@ def test_the_step_multiplies_by_the_stored_values():
     model, weights, storage = _setup()
     decoder = cpu_decoder(model, storage(), 1, 128, weights)
     layers, head = decoder._keep
-    H = model.cfg.hidden_size
+    shape = (model.cfg.hidden_size, model.cfg.intermediate_size)
     assert torch.equal(head.dequantize(), model.embedding)
     assert torch.equal(layers[1]["down"].dequantize(),
-                       weights.parameter("text/layers/1/mlp/down", (H, model.cfg.intermediate_size)))
+                       weights.parameter("text/layers/1/mlp/down", shape))
 
 
 def test_no_compiled_step_where_it_would_not_be_the_stored_weights():
