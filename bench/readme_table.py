@@ -29,8 +29,11 @@ def _cpu_rows() -> list[str]:
     r = _load("cpu-default-model.json")
     if r:
         o, e, p = r["ninfer"], r["ninfer_eager"], r["peer"]
+        busy = max(o["foreign_load_cores"] or 0.0, p.get("foreign_load_cores") or 0.0)
+        # a shared box's run says so: another busy core halves a 2-thread engine or worse
+        loaded = f"; other processes busy, {busy:.1f} cores: low" if busy >= 0.25 else ""
         rows.append(f"| default model, 2-core CPU, decode tok/s ({o['prompt_tokens']}-token "
-                    f"prompt, "
+                    f"prompt{loaded}, "
                     f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (default, "
                     f"`--cpu-step {o['cpu_step']}`), {e['decode_tok_s']:.1f} (`--cpu-step eager`) "
                     f"| llama.cpp {p['decode_tok_s']:.1f}; roofline "
