@@ -1,19 +1,26 @@
-"""Decode speed and time to first token of the default model on this machine's CPU.
+"""Decode speed and time to first token of the default model on this CPU, beside llama.cpp.
 
     .venv/bin/python bench/cpu_default_model.py [--runs 5] [--peer]
 
-Runs the engine in-process (no HTTP) once per `--cpu-matmul` (fp32, bf16, int8): a ~100-token
-chat prompt, 128 greedy output tokens (EOS ignored so every run decodes the same count), median
-over runs after one warm-up. With `--peer`
-and `llama-cpp-python` importable, llama.cpp runs the same GGUF, prompt and token count in the
-same process for the ratio. The CPU other processes used during each engine's runs is recorded
-(`ForeignLoad`): another busy process on a 2-core box halves torch's 2-thread speed or worse. Writes
-bench/results/cpu-default-model.{json,md}.
+Runs the engine in-process (no HTTP): a ~100-token chat prompt, 128 greedy output tokens (EOS
+ignored so every run decodes the same count), median over runs after one warm-up. The default
+engine (`--cpu-step compiled`) and, with `--peer` and `llama-cpp-python` importable, llama.cpp
+on the same GGUF, prompt and token count (in a child process: its threads never share torch's
+OpenMP runtime), are loaded side by side and measured run by run in turn (ours, then the peer),
+so a change in the machine's load hits both alike.
+Then: the default engine's aggregate decode with 8 requests at once against the same 8 one
+after another (`bench/concurrency.py`'s measure); the eager step (`--cpu-step eager`) with fp32,
+bf16 and int8 projections for reference; and the bandwidth roofline of a default decode step
+(the bytes it reads: the stored Q8 weights, K/V at the mean context; over the memory
+bandwidth measured here). The CPU other processes used during each part is recorded
+(`ForeignLoad`): another busy process on a 2-core box halves torch's 2-thread speed or worse.
+Writes bench/results/cpu-default-model.{json,md}.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -58,14 +65,138 @@ async def run_ninfer(engine, prompt_ids: list[int], output_tokens: int) -> tuple
     return first - start, (count - 1) / (last - first)
 
 
-def bench_ninfer(artifact: Path, runs: int, output_tokens: int, cpu_matmul: str) -> dict:
+def _engine(artifact: Path, **flags):
     from ninfer_engine.config import EngineConfig
     from ninfer_engine.engine import Engine
 
-    engine = Engine(EngineConfig(artifact=artifact, max_context=2048, cpu_matmul=cpu_matmul))
+    started = time.perf_counter()
+    engine = Engine(EngineConfig(artifact=artifact, max_context=2048, **flags))
     engine.start()
-    messages = [{"role": "user", "content": PROMPT}]
-    prompt_ids = engine.tokenizer.encode(engine.chat_template.render(messages))
+    return engine, time.perf_counter() - started
+
+
+def _summary(results: list[tuple[float, float]], **fields) -> dict:
+    return {**fields, "ttft_s": statistics.median(r[0] for r in results),
+            "decode_tok_s": statistics.median(r[1] for r in results),
+            "runs": [{"ttft_s": t, "decode_tok_s": d} for t, d in results]}
+
+
+def _prompt_ids(engine) -> list[int]:
+    return engine.tokenizer.encode(engine.chat_template.render(
+        [{"role": "user", "content": PROMPT}]))
+
+
+def _peer_run(llm, output_tokens: int) -> tuple[float, float]:
+    llm.reset()
+    start = time.perf_counter()
+    first = last = None
+    count = 0
+    for _ in llm.create_chat_completion([{"role": "user", "content": PROMPT}],
+                                        max_tokens=output_tokens, temperature=0.0, stream=True):
+        now = time.perf_counter()
+        first = first or now
+        last = now
+        count += 1
+    return first - start, (count - 2) / (last - first)  # the first chunk carries no token
+
+
+def _peer_serve(conn, gguf: str, threads: int) -> None:
+    """The peer's process: loads llama.cpp, then runs one generation per token count it gets."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, verbose=False)
+    conn.send("ready")
+    while (tokens := conn.recv()) is not None:
+        before = os.times()
+        ttft, rate = _peer_run(llm, tokens)
+        after = os.times()
+        conn.send((ttft, rate, after.user + after.system - before.user - before.system))
+
+
+class Peer:
+    """llama.cpp in a process of its own (its thread pool and OpenMP runtime never share this
+    process's with torch's: two teams in one process make each wait on futex wake-ups), run
+    one generation at a time on request."""
+
+    def __init__(self, gguf: Path, threads: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_peer_serve, args=(child, str(gguf), threads),
+                                 daemon=True)
+        self._proc.start()
+        if self._conn.recv() != "ready":
+            raise RuntimeError("llama.cpp did not load")
+
+    def run(self, output_tokens: int) -> tuple[float, float, float]:
+        """(time to first token, decode tok/s, CPU seconds the peer's process used)."""
+        self._conn.send(output_tokens)
+        return self._conn.recv()
+
+    def close(self) -> None:
+        self._conn.send(None)
+        self._proc.join(30)
+
+
+SETTLE_S = 0.5  # between the two engines' runs: the other's idle threads stop spinning
+
+
+def bench_side_by_side(artifact: Path, runs: int, output_tokens: int, gguf: Path | None,
+                       threads: int) -> tuple[dict, dict | None, dict]:
+    """The default engine and llama.cpp (when `gguf`), run by run in turn; then the default
+    engine's concurrency-8 aggregate against serial. Returns (ours, peer, concurrency)."""
+    from bench.concurrency import _serial, _together
+
+    engine, load_s = _engine(artifact, max_concurrency=8, no_prefix_reuse=True)
+    llm = Peer(gguf, threads) if gguf is not None else None
+    prompt_ids = _prompt_ids(engine)
+    ours, peer, ours_load, peer_load = [], [], [], []
+    try:
+        asyncio.run(run_ninfer(engine, prompt_ids, 8))  # warm-up
+        if llm is not None:
+            llm.run(8)  # warm-up
+        for _ in range(runs):
+            time.sleep(SETTLE_S)
+            with ForeignLoad() as load:
+                ours.append(asyncio.run(run_ninfer(engine, prompt_ids, output_tokens)))
+            ours_load.append(load.cores or 0.0)
+            if llm is not None:
+                time.sleep(SETTLE_S)
+                started = time.perf_counter()
+                with ForeignLoad() as load:
+                    ttft, rate, cpu_s = llm.run(output_tokens)
+                peer.append((ttft, rate))
+                # the peer's own process is not foreign load
+                wall = time.perf_counter() - started
+                peer_load.append(max(0.0, (load.cores or 0.0) - cpu_s / wall))
+        prompts = [engine.tokenizer.encode(engine.chat_template.render(
+            [{"role": "user", "content": f"Request {i + 1}. {PROMPT}"}])) for i in range(8)]
+        with ForeignLoad() as load:
+            serial = asyncio.run(_serial(engine, prompts, 64))
+            together = asyncio.run(_together(engine, prompts, 64))
+    finally:
+        engine.stop()
+        if llm is not None:
+            llm.close()
+    decoder = engine.runner.graphs.decoder if engine.runner.graphs else None
+    mine = _summary(ours, cpu_step="compiled" if decoder else "eager", load_s=load_s,
+                    prompt_tokens=len(prompt_ids), output_tokens=output_tokens,
+                    foreign_load_cores=statistics.mean(ours_load), step_bytes=_step_bytes(
+                        engine.model, decoder, len(prompt_ids) + output_tokens // 2))
+    theirs = None if not peer else _summary(
+        peer, name="llama.cpp via llama-cpp-python, measured in this run, run by run in turn",
+        foreign_load_cores=statistics.mean(peer_load))
+    concurrency = {"serial_decode_tok_s": serial[0], "concurrency_8_decode_tok_s": together[0],
+                   "ratio": together[0] / serial[0], "output_tokens": 64,
+                   "foreign_load_cores": load.cores or 0.0}
+    return mine, theirs, concurrency
+
+
+def bench_eager(artifact: Path, runs: int, output_tokens: int, cpu_matmul: str) -> dict:
+    engine, load_s = _engine(artifact, cpu_step="eager", cpu_matmul=cpu_matmul,
+                             no_prefix_reuse=True)
+    prompt_ids = _prompt_ids(engine)
     try:
         asyncio.run(run_ninfer(engine, prompt_ids, 8))  # warm-up
         with ForeignLoad() as load:
@@ -73,36 +204,38 @@ def bench_ninfer(artifact: Path, runs: int, output_tokens: int, cpu_matmul: str)
                        for _ in range(runs)]
     finally:
         engine.stop()
-    return {"cpu_matmul": cpu_matmul, "prompt_tokens": len(prompt_ids),
-            "foreign_load_cores": load.cores,
-            "output_tokens": output_tokens,
-            "ttft_s": statistics.median(r[0] for r in results),
-            "decode_tok_s": statistics.median(r[1] for r in results),
-            "runs": [{"ttft_s": t, "decode_tok_s": d} for t, d in results]}
+    return _summary(results, cpu_matmul=cpu_matmul, cpu_step="eager", load_s=load_s,
+                    prompt_tokens=len(prompt_ids), output_tokens=output_tokens,
+                    foreign_load_cores=load.cores)
 
 
-def bench_llama_cpp(gguf: Path, prompt_ids: int, runs: int, output_tokens: int, threads: int):
-    from llama_cpp import Llama
+def _step_bytes(model, decoder, context: int) -> int:
+    """Bytes one batch-1 decode step reads: the weights it multiplies by (the stored Q8 rows,
+    padding included, and their scales; fp32 on the eager step) and K/V of `context` tokens."""
+    layers, heads, dim = model.kv_layout()
+    kv = 2 * layers * context * heads * dim * 4
+    if decoder is None:
+        return model.weight_bytes() + kv
+    matrices, head = decoder._keep
+    q8 = sum(m.codes.nbytes + m.scales.nbytes for layer in matrices for m in layer.values())
+    return q8 + head.codes.nbytes + head.scales.nbytes + kv
 
-    llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, verbose=False)
-    messages = [{"role": "user", "content": PROMPT}]
-    results = []
-    for i in range(runs + 1):
-        llm.reset()
-        start = time.perf_counter()
-        first = last = None
-        count = 0
-        for _ in llm.create_chat_completion(messages, max_tokens=output_tokens, temperature=0.0,
-                                            stream=True):
-            now = time.perf_counter()
-            first = first or now
-            last = now
-            count += 1
-        if i:  # the first run warms up
-            results.append((first - start, (count - 2) / (last - first)))
-    return {"ttft_s": statistics.median(r[0] for r in results),
-            "decode_tok_s": statistics.median(r[1] for r in results),
-            "name": "llama.cpp via llama-cpp-python, measured in this run"}
+
+def memory_bandwidth(threads: int) -> float:
+    """Bytes/s of the best of 5 fp32 sums over 256 MiB (far past the last-level cache)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    data = torch.ones(64 << 20)
+    data.sum()
+    best = min(_timed(data.sum) for _ in range(5))
+    return data.nbytes / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main() -> int:
@@ -111,20 +244,19 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--peer", action="store_true", help="also run llama.cpp on the GGUF")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cpu-default-model")
+    parser.add_argument("--out", type=Path,
+                        default=ROOT / "bench" / "results" / "cpu-default-model")
     args = parser.parse_args()
     import torch
 
-    ours = bench_ninfer(args.artifact, args.runs, args.output_tokens, "fp32")
-    ours_bf16 = bench_ninfer(args.artifact, args.runs, args.output_tokens, "bf16")
-    ours_int8 = bench_ninfer(args.artifact, args.runs, args.output_tokens, "int8")
-    peer = dict(PUBLISHED_PEER)
-    if args.peer:
-        gguf = ninfer_home() / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        with ForeignLoad() as load:
-            peer = bench_llama_cpp(gguf, ours["prompt_tokens"], args.runs, args.output_tokens,
-                                   torch.get_num_threads())
-        peer["foreign_load_cores"] = load.cores
+    threads = torch.get_num_threads()
+    gguf = ninfer_home() / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf" if args.peer else None
+    ours, measured_peer, concurrency = bench_side_by_side(args.artifact, args.runs,
+                                                          args.output_tokens, gguf, threads)
+    eager = {m: bench_eager(args.artifact, args.runs, args.output_tokens, m)
+             for m in ("fp32", "bf16", "int8")}
+    peer = measured_peer or dict(PUBLISHED_PEER)
+    bandwidth = memory_bandwidth(threads)
     result = {
         "benchmark": "cpu-default-model",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -132,15 +264,21 @@ def main() -> int:
         "machine": cpu_machine(),
         "model": args.artifact.name,
         "ninfer": ours,
-        "ninfer_bf16": ours_bf16,
-        "ninfer_int8": ours_int8,
+        "ninfer_eager": eager["fp32"],
+        "ninfer_bf16": eager["bf16"],
+        "ninfer_int8": eager["int8"],
         "peer": peer,
+        "concurrency": concurrency,
+        "roofline": {"bandwidth_gb_s": bandwidth / 1e9, "step_bytes": ours["step_bytes"],
+                     "decode_tok_s": bandwidth / ours["step_bytes"]},
         "ratio_decode": ours["decode_tok_s"] / peer["decode_tok_s"],
         "ratio_ttft": ours["ttft_s"] / peer["ttft_s"],
-        "ratio_decode_bf16": ours_bf16["decode_tok_s"] / peer["decode_tok_s"],
-        "ratio_ttft_bf16": ours_bf16["ttft_s"] / peer["ttft_s"],
-        "ratio_decode_int8": ours_int8["decode_tok_s"] / peer["decode_tok_s"],
-        "ratio_ttft_int8": ours_int8["ttft_s"] / peer["ttft_s"],
+        **{f"ratio_decode_{k}": e["decode_tok_s"] / peer["decode_tok_s"]
+           for k, e in (("eager", eager["fp32"]), ("bf16", eager["bf16"]),
+                        ("int8", eager["int8"]))},
+        **{f"ratio_ttft_{k}": e["ttft_s"] / peer["ttft_s"]
+           for k, e in (("eager", eager["fp32"]), ("bf16", eager["bf16"]),
+                        ("int8", eager["int8"]))},
     }
     write_report(args.out, result, markdown)
     return 0
@@ -152,26 +290,48 @@ def _tok_s(e: dict) -> str:
     return f"{e['decode_tok_s']:.1f} ({min(runs):.1f}-{max(runs):.1f})"
 
 
+def _load(cores: float | None) -> str:
+    return f"{cores or 0.0:.2f}"
+
+
 def markdown(r: dict) -> str:
-    m, o, b, q, p = r["machine"], r["ninfer"], r["ninfer_bf16"], r["ninfer_int8"], r["peer"]
-    loads = [e.get("foreign_load_cores") or 0.0 for e in (o, b, q, p)]
+    m, o, p, c, roof = r["machine"], r["ninfer"], r["peer"], r["concurrency"], r["roofline"]
+    eager = [("`--cpu-step eager` (fp32)", r["ninfer_eager"], "eager"),
+             ("`--cpu-step eager --cpu-matmul bf16`", r["ninfer_bf16"], "bf16"),
+             ("`--cpu-step eager --cpu-matmul int8`", r["ninfer_int8"], "int8")]
+    loads = [o["foreign_load_cores"], p.get("foreign_load_cores"),
+             *(e["foreign_load_cores"] for _, e, _ in eager), c["foreign_load_cores"]]
+    peer_runs = _tok_s(p) if "runs" in p else f"{p['decode_tok_s']:.1f}"
     return (
         f"# Default model on the CPU ({r['date'][:10]})\n\n"
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['torch_threads']} "
         f"threads). Command: `{r['command']}`. Model: {r['model']}, {o['prompt_tokens']} prompt "
-        f"tokens, {o['output_tokens']} greedy output tokens, median of {len(o['runs'])} runs.\n\n"
-        "| engine | decode tok/s (runs' range) | time to first token |\n|---|---:|---:|\n"
-        f"| ninfer (default, fp32) | {_tok_s(o)} | {o['ttft_s'] * 1000:.0f} ms |\n"
-        f"| ninfer `--cpu-matmul bf16` | {_tok_s(b)} | {b['ttft_s'] * 1000:.0f} ms |\n"
-        f"| ninfer `--cpu-matmul int8` | {_tok_s(q)} | {q['ttft_s'] * 1000:.0f} ms |\n"
-        f"| {p['name']} | {p['decode_tok_s']:.1f} | {p['ttft_s'] * 1000:.0f} ms |\n"
-        f"| ratio ninfer fp32 / peer | {r['ratio_decode']:.2f} | {r['ratio_ttft']:.2f} |\n"
-        + "".join(f"| ratio ninfer {k} / peer | {r[f'ratio_decode_{k}']:.2f} | "
-                  f"{r[f'ratio_ttft_{k}']:.2f} |\n" for k in ("bf16", "int8"))
-        + f"\nCPU used by other processes during the runs (fp32, bf16, int8, peer): "
-        + ", ".join(f"{x:.2f}" for x in loads) + " cores ("
-        + ("quiet" if max(loads) < 0.25 else "another process was busy: those numbers are low")
-        + ").\n"
+        f"tokens, {o['output_tokens']} greedy output tokens, median of {len(o['runs'])} runs. "
+        "The default engine and llama.cpp were loaded side by side and run in turn.\n\n"
+        "| engine | decode tok/s (runs' range) | time to first token | other processes' CPU |\n"
+        "|---|---:|---:|---:|\n"
+        f"| ninfer default (`--cpu-step {o['cpu_step']}`) | {_tok_s(o)} | "
+        f"{o['ttft_s'] * 1000:.0f} ms | {_load(o['foreign_load_cores'])} |\n"
+        f"| {p['name']} | {peer_runs} | {p['ttft_s'] * 1000:.0f} ms | "
+        f"{_load(p.get('foreign_load_cores'))} |\n"
+        + "".join(f"| ninfer {label} | {_tok_s(e)} | {e['ttft_s'] * 1000:.0f} ms | "
+                  f"{_load(e['foreign_load_cores'])} |\n" for label, e, _ in eager)
+        + f"| ratio ninfer default / peer | {r['ratio_decode']:.2f} | {r['ratio_ttft']:.2f} | |\n"
+        + "".join(f"| ratio ninfer {label} / peer | {r[f'ratio_decode_{k}']:.2f} | "
+                  f"{r[f'ratio_ttft_{k}']:.2f} | |\n" for label, _, k in eager)
+        + f"\nDefault engine: loaded in {o['load_s']:.1f} s (its C step compiled once per "
+        f"machine into $NINFER_HOME/kernels, then loaded from there). Bandwidth roofline: a "
+        f"decode step reads {o['step_bytes'] / 1e6:.0f} MB (weights as multiplied, K/V at the "
+        f"mean context); at the {roof['bandwidth_gb_s']:.1f} GB/s measured here that is "
+        f"{roof['decode_tok_s']:.0f} tok/s, the default reaches "
+        f"{o['decode_tok_s'] / roof['decode_tok_s']:.0%} of it.\n\n"
+        f"Concurrency (default engine, 8 prompts of ~110 tokens, {c['output_tokens']} tokens "
+        f"each): aggregate decode {c['concurrency_8_decode_tok_s']:.1f} tok/s with the 8 at "
+        f"once against {c['serial_decode_tok_s']:.1f} one after another: {c['ratio']:.2f}x.\n\n"
+        "CPU used by other processes during the runs (cores; the table's column, then the "
+        "concurrency runs: " + _load(c["foreign_load_cores"]) + "): "
+        + ("quiet" if max(x or 0.0 for x in loads) < 0.25
+           else "another process was busy: those numbers are low") + ".\n"
     )
 
 

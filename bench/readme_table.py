@@ -28,19 +28,25 @@ def _cpu_rows() -> list[str]:
     rows = []
     r = _load("cpu-default-model.json")
     if r:
-        o, b, p = r["ninfer"], r["ninfer_bf16"], r["peer"]
-        q = r.get("ninfer_int8")  # files before `--cpu-matmul int8` lack it
-        int8 = f", {q['decode_tok_s']:.1f} (`--cpu-matmul int8`)" if q else ""
-        int8_ratio = f" / {r['ratio_decode_int8']:.2f}" if q else ""
-        rows.append(f"| default model, 2-core CPU, decode tok/s ({o['prompt_tokens']}-token prompt, "
-                    f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (fp32), "
-                    f"{b['decode_tok_s']:.1f} (`--cpu-matmul bf16`){int8} | llama.cpp "
-                    f"{p['decode_tok_s']:.1f} | {r['ratio_decode']:.2f} / "
-                    f"{r['ratio_decode_bf16']:.2f}{int8_ratio} |")
+        o, e, p = r["ninfer"], r["ninfer_eager"], r["peer"]
+        busy = max(o["foreign_load_cores"] or 0.0, p.get("foreign_load_cores") or 0.0)
+        # a shared box's run says so: another busy core halves a 2-thread engine or worse
+        loaded = f"; other processes busy, {busy:.1f} cores: low" if busy >= 0.25 else ""
+        rows.append(f"| default model, 2-core CPU, decode tok/s ({o['prompt_tokens']}-token "
+                    f"prompt{loaded}, "
+                    f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (default, "
+                    f"`--cpu-step {o['cpu_step']}`), {e['decode_tok_s']:.1f} (`--cpu-step eager`) "
+                    f"| llama.cpp {p['decode_tok_s']:.1f}; roofline "
+                    f"{r['roofline']['decode_tok_s']:.0f} | {r['ratio_decode']:.2f} / "
+                    f"{r['ratio_decode_eager']:.2f} |")
         rows.append(f"| default model, 2-core CPU, time to first token | "
-                    f"{o['ttft_s'] * 1000:.0f} ms (fp32) | llama.cpp {p['ttft_s'] * 1000:.0f} ms | "
+                    f"{o['ttft_s'] * 1000:.0f} ms | llama.cpp {p['ttft_s'] * 1000:.0f} ms | "
                     f"{r['ratio_ttft']:.2f} |")
-    c = _load("cpu-concurrency.json")
+        c = r["concurrency"]
+        rows.append(f"| default model, 2-core CPU, aggregate decode at concurrency 8 vs serial | "
+                    f"{c['concurrency_8_decode_tok_s']:.1f} tok/s | serial "
+                    f"{c['serial_decode_tok_s']:.1f} | {c['ratio']:.2f} |")
+    c = None if r else _load("cpu-concurrency.json")  # the default-model run measures it
     if c:
         top = max(c["levels"], key=lambda level: level["concurrency"])
         rows.append(f"| default model, 2-core CPU, aggregate decode at concurrency "

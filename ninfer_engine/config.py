@@ -102,6 +102,7 @@ class EngineConfig:
     # ours
     no_tui: bool = False
     cpu_matmul: str = "fp32"  # bf16|int8: decode projections narrowed on the CPU (faster, inexact)
+    cpu_step: str = "compiled"  # CPU decode rows: one compiled call a step, or "eager" torch ops
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
     cuda_sync: str = "spin"

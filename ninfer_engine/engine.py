@@ -120,7 +120,9 @@ class Engine:
                                  prefill_chunk_for(config, device), ranks, model,
                                  expert_tiers=lambda text, source: expert_tiers_for(
                                      config, text, source, device, dtype),
-                                 with_model=with_model)
+                                 with_model=with_model,
+                                 step_weights=artifact if cpu_compiled(config) and model is None
+                                 else None)
 
             # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
             parts = run_on_own_thread(load) if device.type == "cpu" else load()
@@ -503,6 +505,13 @@ def prefill_chunk_for(config: EngineConfig, device: torch.device) -> int:
     if config.prefill_chunk is not None:
         return config.prefill_chunk
     return 4096 if device.type == "cuda" else 1024
+
+
+def cpu_compiled(config: EngineConfig) -> bool:
+    """Whether CPU decode rows may take the compiled step (`--cpu-step compiled`, the default):
+    it multiplies by the artifact's stored weights in fp32, so a narrowed `--cpu-matmul` keeps
+    the eager step it asked for."""
+    return config.cpu_step == "compiled" and config.cpu_matmul == "fp32"
 
 
 def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:

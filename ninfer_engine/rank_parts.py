@@ -39,10 +39,12 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
               matmul: torch.dtype | None, weights_mode: str, prefill_chunk: int,
               ranks: RankGroup = SINGLE, model: Any = None,
               with_model: Callable[[Any], Any] = lambda model: None,
-              expert_tiers: Callable[[dict, Any], Any] | None = None) -> RankParts:
+              expert_tiers: Callable[[dict, Any], Any] | None = None,
+              step_weights: Any = None) -> RankParts:
     """Build the rank's model (`model`: one already resident; `expert_tiers`: its routed
     experts beyond the device, `models.build_model`), then `with_model(model)`, then its memory
-    sized once the weights are resident, and its decode graphs."""
+    sized once the weights are resident, and its decode graphs (`step_weights`: the artifact
+    whose stored weights the compiled CPU step reads, `--cpu-step compiled`)."""
     text_config = artifact.config("text")
     if ranks.parallel and (config.expert_vram_mib is not None or config.expert_vram_auto):
         raise ValueError("--expert-vram-mib with --tp above 1 is not built yet")
@@ -68,5 +70,5 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
     graphs = build_decode_graphs(
         built, memory, sized.kv_dtype, sized.max_concurrency, sized.max_context,
         not sized.no_cuda_graph, 1 + (sized.draft_tokens or 0) if sized.spec else 1,
-        keep_hidden=sized.spec == "mtp")
+        keep_hidden=sized.spec == "mtp", weights=step_weights)
     return RankParts(built, memory, graphs, sized, extra)

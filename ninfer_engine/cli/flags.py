@@ -188,6 +188,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--tp-experts": ("tp_experts", _choice("expert", "intermediate"), None),
     "--no-tui": ("no_tui", None, True),
     "--cpu-matmul": ("cpu_matmul", _choice("fp32", "bf16", "int8"), None),
+    "--cpu-step": ("cpu_step", _choice("compiled", "eager"), None),
     "--cuda-dtype": ("cuda_dtype", _choice("bf16", "fp32"), None),
     "--cuda-weights": ("cuda_weights", _choice("auto", "packed", "dequant"), None),
     "--no-verify": ("no_verify", None, True),

@@ -4,11 +4,15 @@ A family is its model class (built by `models.build_model` from the artifact's a
 its runner (how a step's rows become one forward: `runner.Runner` for the llama family,
 `runner.HybridRunner` for the Qwen3.5 hybrids) and its static decode step for the CUDA-graph
 path (`models.llama_step.StaticDecoder`, `models.qwen3_5_step.EngineHybridDecoder`).
-`make_runner` and `build_decode_graphs` look the family up here instead of checking types.
+On the CPU the llama family's decode rows go through its compiled step instead
+(`models.llama_cpu_step.CpuDecoder`, no capture). `make_runner` and `build_decode_graphs`
+look the family up here instead of checking types.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +21,7 @@ import torch
 from ..kv import SequenceMemory
 from ..models import LlamaModel, Qwen35Model
 from ..models.fused import FusedParams
+from ..models.llama_cpu_step import cpu_decoder
 from ..models.llama_step import StaticDecoder
 from ..models.qwen3_5_step import EngineHybridDecoder
 from .decode_graphs import GRAPH_CODECS, DecodeGraphs
@@ -26,6 +31,10 @@ from .runner import HybridRunner, Runner
 # None where the model's weights are in a form it does not serve (or hiddens are asked of a
 # step that keeps none)
 StaticStep = Callable[[Any, SequenceMemory, int, int, int, bool], Any]
+# (model, memory, max_batch, max_context, weights) -> the family's CPU decode step, or why none
+CpuStep = Callable[[Any, SequenceMemory, int, int, Any], Any]
+
+log = logging.getLogger("ninfer.engine")
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,7 @@ class Family:
     name: str
     runner: type[Runner] | type[HybridRunner]
     static_step: StaticStep
+    cpu_step: CpuStep | None = None
 
 
 def _llama_step(model, memory, max_batch, max_context, max_q, keep_hidden):
@@ -50,7 +60,11 @@ def _hybrid_step(model, memory, max_batch, max_context, max_q, keep_hidden):
                                max_context, max_q, keep_hidden)
 
 
-FAMILIES = {LlamaModel: Family("llama", Runner, _llama_step),
+def _llama_cpu_step(model, memory, max_batch, max_context, weights):
+    return cpu_decoder(model, memory.storage, max_batch, max_context, weights)
+
+
+FAMILIES = {LlamaModel: Family("llama", Runner, _llama_step, _llama_cpu_step),
             Qwen35Model: Family("qwen3.5", HybridRunner, _hybrid_step)}
 
 
@@ -67,17 +81,21 @@ def make_runner(model, graphs: DecodeGraphs | None = None,
 
 def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch: int,
                         max_context: int, use_graphs: bool,
-                        max_q: int = 1, keep_hidden: bool = False) -> DecodeGraphs | None:
+                        max_q: int = 1, keep_hidden: bool = False,
+                        weights: Any = None) -> DecodeGraphs | None:
     """The static decode path over `memory`'s KV pool and running-state slots when the model,
     device and KV layout allow it, else None; `max_q`: the most tokens a row carries (1 + the
     speculative drafts), where the family's step verifies rows (the llama step decodes only:
     its verify steps run eagerly); `keep_hidden`: the step also keeps each token row's
-    final-normed hidden (`--spec mtp` drafts from them)."""
+    final-normed hidden (`--spec mtp` drafts from them); `weights`: the artifact, where the
+    CPU step reads its stored weights (None: no CPU step, `--cpu-step eager`)."""
     storage = memory.storage
+    if model.device.type == "cpu":
+        return cpu_decode_steps(model, memory, max_batch, max_context, keep_hidden, weights)
     if kv_dtype not in GRAPH_CODECS or not storage.kernel_layout:
         return None
     if model.device.type != "cuda" or model.dtype != torch.bfloat16:
-        return None  # the CPU keeps the exact eager path; the kernels compute in bf16
+        return None  # the kernels compute in bf16
     _, _, D = model.kv_layout()
     if D & (D - 1) or D < 16:
         return None  # the attention kernel tiles whole power-of-two heads
@@ -92,3 +110,20 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
     if use_graphs:
         graphs.capture_at_start()
     return graphs
+
+
+def cpu_decode_steps(model, memory: SequenceMemory, max_batch: int, max_context: int,
+                     keep_hidden: bool, weights: Any) -> DecodeGraphs | None:
+    """The family's compiled CPU decode step, driven like the graphs without capture; None
+    (the eager step, with the reason logged) where it cannot serve this model here."""
+    cpu_step = family_of(model).cpu_step
+    if weights is None or keep_hidden or cpu_step is None:
+        return None
+    started = time.monotonic()
+    decoder = cpu_step(model, memory, max_batch, max_context, weights)
+    if isinstance(decoder, str):
+        log.info("CPU decode: the eager step (%s)", decoder)
+        return None
+    log.info("CPU decode: the compiled step (stored Q8 weights, one call a step), ready in "
+             "%.2f s", time.monotonic() - started)
+    return DecodeGraphs(decoder, capture=False)

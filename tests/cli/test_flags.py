@@ -81,6 +81,7 @@ def test_no_artifact_serves_the_default_model(tmp_path):
     (["m", "--log-level", "loud"], "--log-level: 'loud' is not one of"),
     (["m", "--api-key", " "], "--api-key: must not be empty"),
     (["m", "--cpu-matmul", "int4"], "--cpu-matmul: 'int4' is not one of fp32, bf16, int8"),
+    (["m", "--cpu-step", "jit"], "--cpu-step: 'jit' is not one of compiled, eager"),
     (["m", "--cuda-dtype", "fp16"], "--cuda-dtype: 'fp16' is not one of bf16, fp32"),
     (["m", "--profile", "70b"], "--profile: '70b' is not one of"),
     (["m", "--profile"], "--profile: expected a value"),
@@ -107,6 +108,11 @@ def test_cpu_matmul_values_reach_the_frozen_config(value):
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.cpu_matmul = "fp32"
     assert parse("m").config.cpu_matmul == "fp32"
+
+
+def test_cpu_step_defaults_to_the_compiled_step():
+    assert parse("m").config.cpu_step == "compiled"
+    assert parse("m", "--cpu-step", "eager").config.cpu_step == "eager"
 
 
 def test_flag_equals_form_and_later_flags_win():

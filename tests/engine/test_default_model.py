@@ -104,3 +104,58 @@ def test_cpu_int8_answers_like_fp32(device):
     _, ours, engine = _engine_greedy(EngineConfig(artifact=MODEL, cpu_matmul="int8"), artifact)
     assert isinstance(engine.model.head.narrow, Int8Rows)
     assert ours[:16] == exact[:16], engine.tokenizer.decode(ours)
+
+
+# the README's request, the CPU bench's prompt and a few others
+CPU_STEP_PROMPTS = (
+    "What is the capital of France?",
+    "You are reviewing a short report about renewable energy. Summarise, in plain words, why "
+    "solar panels produce less electricity in winter than in summer.",
+    "Write a haiku about the sea.",
+    "List three ways to save water at home.",
+    "Explain what a prime number is to a ten-year-old.",
+)
+
+
+def _greedy_batch(config: EngineConfig, artifact, tokens: int) -> tuple[list[list[int]], object]:
+    """Greedy outputs of every `CPU_STEP_PROMPTS` chat, decoded together in one batch."""
+    from ninfer_engine.engine import Engine
+
+    engine = Engine(config, artifact)
+    prompts = [engine.tokenizer.encode(engine.chat_template.render(
+        [{"role": "user", "content": text}])) for text in CPU_STEP_PROMPTS]
+    engine.start()
+
+    async def one(i, prompt):
+        request = GenerationRequest(f"p{i}", tuple(prompt), SamplingParams(temperature=0.0),
+                                    max_tokens=tokens)
+        return [t async for e in engine.submit(request) for t in e.token_ids]
+
+    async def run():
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    try:
+        return asyncio.run(run()), engine
+    finally:
+        engine.stop()
+
+
+def test_cpu_compiled_step_answers_like_the_eager_fp32_step(device):
+    """The CPU default (`--cpu-step compiled`: one C call a step over the stored Q8 weights)
+    gives the same greedy tokens as the eager fp32 step on the README's prompt and four others
+    (64 tokens each, batched: the C step's many-row GEMV; batch 1 is
+    `test_greedy_chat_matches_transformers`)."""
+    if device.type != "cpu":
+        pytest.skip("the compiled step is the CPU engine's")
+    from ninfer_engine.artifact import open_artifact
+    from ninfer_engine.models.llama_cpu_step import CpuDecoder
+
+    artifact = open_artifact(MODEL)
+    batch = len(CPU_STEP_PROMPTS)
+    ours, engine = _greedy_batch(EngineConfig(artifact=MODEL, max_concurrency=batch), artifact, 64)
+    assert isinstance(engine.runner.graphs.decoder, CpuDecoder)
+    exact, engine = _greedy_batch(EngineConfig(artifact=MODEL, max_concurrency=batch,
+                                               cpu_step="eager"), artifact, 64)
+    assert engine.runner.graphs is None
+    for got, want in zip(ours, exact):
+        assert got == want, engine.tokenizer.decode(got)

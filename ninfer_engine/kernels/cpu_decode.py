@@ -1,0 +1,100 @@
+"""The llama-family CPU decode step of `cpu_decode.c`, built by the system C compiler on first use.
+
+`decode_step_library()` compiles the C file once per (source, compiler, flags) into
+`$NINFER_HOME/kernels/` (about a second; later processes load the cached library) and returns
+the loaded `ctypes` library, or raises `CpuDecodeUnavailable` saying why it cannot run here: not
+x86-64 with AVX2/FMA/F16C, or no C compiler. The library links the OpenMP runtime torch has
+already loaded (same `libgomp.so.1`), so its parallel regions use the engine thread's team.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("cpu_decode.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+CPU_FLAGS = ("avx2", "fma", "f16c")
+# the C file's layout of its arguments (enum DIMS, enum PER_LAYER, MAX_ROWS)
+DIMS = ("layers", "hidden", "inter", "nq", "nkv", "head_dim", "vocab", "page", "table_w",
+        "scores_w")
+LAYER_POINTERS = ("input_norm", "post_attention_norm", "qkv_codes", "qkv_scales",
+                  "output_codes", "output_scales", "gate_up_codes", "gate_up_scales",
+                  "down_codes", "down_scales")
+MAX_ROWS = 16
+MAX_HEAD_DIM = 512
+
+
+class CpuDecodeUnavailable(RuntimeError):
+    """The compiled CPU decode step cannot run on this machine (the message says why)."""
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def _cache_dir() -> Path:
+    home = os.environ.get("NINFER_HOME") or Path.home() / ".cache" / "ninfer"
+    return Path(home).expanduser() / "kernels"
+
+
+@functools.cache
+def decode_step_library() -> ctypes.CDLL:
+    """The compiled step (cached on disk and in this process)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise CpuDecodeUnavailable(f"the compiled CPU decode step is x86-64 only "
+                                   f"(this is {platform.machine()})")
+    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
+    if missing:
+        raise CpuDecodeUnavailable(f"the compiled CPU decode step needs {', '.join(missing)}")
+    cc = _compiler()
+    if cc is None:
+        raise CpuDecodeUnavailable("the compiled CPU decode step needs a C compiler (gcc)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *FLAGS]).encode()).hexdigest()
+    target = _cache_dir() / f"cpu_decode-{key[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # built under a temporary name and renamed: servers starting together never load a
+        # half-written library
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"],
+                                  capture_output=True, text=True)
+            if done.returncode:
+                raise CpuDecodeUnavailable(f"compiling {SOURCE.name} failed: "
+                                           f"{done.stderr.strip()[-500:]}")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(target))
+    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    lib.ninfer_llama_decode_step.argtypes = [p, f32, f32, i64, i64, *[p] * 20]
+    lib.ninfer_llama_decode_step.restype = None
+    return lib
+
+
+def cpu_decode_unavailable() -> str | None:
+    """None when the compiled step runs here, else why not."""
+    try:
+        decode_step_library()
+    except CpuDecodeUnavailable as exc:
+        return str(exc)
+    return None

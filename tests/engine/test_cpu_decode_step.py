@@ -1,0 +1,116 @@
+"""The compiled CPU decode step (`models.llama_cpu_step.CpuDecoder`, `kernels/cpu_decode.c`)
+against the model's own eager forward, on a tiny llama whose projections are stored as Q8 groups.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer_engine.artifact import encodings
+from ninfer_engine.kernels.cpu_decode import cpu_decode_unavailable
+from ninfer_engine.kv import KvStorage, PagePool, codecs_for
+from ninfer_engine.models import build_model
+from ninfer_engine.models.llama_cpu_step import Q8, CpuDecoder, cpu_decoder
+from ninfer_engine.step.decode_graphs import DecodeGraphs
+
+from tests import tolerance
+
+from .helpers import DictWeights, copy_pool, error_chains, text_config, tiny_llama
+from .test_decode_graphs import LENGTHS, STEPS, _eager_step, _prefilled
+
+pytestmark = pytest.mark.skipif(cpu_decode_unavailable() is not None,
+                                reason=f"{cpu_decode_unavailable()}")
+
+
+class Q8Weights:
+    """A tiny model's weights as an artifact stores them: matrices encoded as Q8 groups
+    (`parameter` decodes them, `row_parts` hands over the encoded bytes), vectors fp32."""
+
+    def __init__(self, hf) -> None:
+        self.dense = DictWeights.from_hf(hf).tensors
+        self.stored = {name: encodings.encode(Q8, t) for name, t in self.dense.items()
+                       if t.dim() == 2}
+
+    def has_parameter(self, name: str) -> bool:
+        return name in self.dense
+
+    def parameter(self, name, shape, dtype=torch.float32):
+        if name in self.stored:
+            return encodings.decode(Q8, self.stored[name], list(shape)).to(dtype)
+        return self.dense[name].to(dtype)
+
+    def row_parts(self, name, shape):
+        if name not in self.stored:
+            return None
+        raw = torch.frombuffer(bytearray(self.stored[name]), dtype=torch.uint8)
+        return [(Q8, tuple(shape), 0, shape[0], raw)]
+
+
+def _setup(**overrides):
+    hf = tiny_llama(**overrides)
+    weights = Q8Weights(hf)
+    model = build_model(text_config(hf), weights)
+    layers, heads, dim = model.kv_layout()
+
+    def storage():
+        return KvStorage(PagePool(16, 64), layers, heads, dim, codecs_for("bf16", model.dtype),
+                         model.dtype)
+    return model, weights, storage
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, LENGTHS[:1]])  # batch 3, and the one-row kernel
+@torch.inference_mode()
+def test_compiled_step_matches_the_model_forward(lengths):
+    """Each step's logits equal the eager fp32 forward's up to fp32 rounding (the same stored
+    weight values, another summation order): both read the same pool (the reference's is
+    copied from ours before each step, so every K/V row the C step wrote is read back), and
+    every row continues with the reference's greedy token. Prompts start decode mid-page, at
+    a page's last slot and on a fresh page, and 70 steps cross a page boundary."""
+    model, weights, storage = _setup()
+    ours_storage, ref_storage = storage(), storage()
+    decoder = cpu_decoder(model, ours_storage, 3, 512, weights)
+    assert isinstance(decoder, CpuDecoder), decoder
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in lengths]
+    ours = [_prefilled(model, ours_storage, p) for p in prompts]
+    ref = [_prefilled(model, ref_storage, p) for p in prompts]
+    graphs = DecodeGraphs(decoder, capture=False)
+    _, (depth, _) = error_chains(model, max(lengths) + STEPS)
+    # plus the two exps a layer takes (softmax, SiLU) from another libm: ≤ 2 ulp each side
+    depth += 2 * tolerance.TRANSCENDENTAL * len(model.layers)
+    limit = tolerance.bound(torch.float32, depth)
+    for step in range(STEPS):
+        for a, b in zip(ours, ref):
+            assert a.cache.reserve(a.cached + 1) and b.cache.reserve(b.cached + 1)
+        got = graphs.forward(ours).clone()
+        copy_pool(ours_storage, ref_storage)
+        want = _eager_step(model, ref)
+        assert (got - want).abs().max() <= limit * want.abs().max(), f"step {step}"
+        for row, (a, b) in enumerate(zip(ours, ref)):
+            token = int(want[row].argmax())
+            a.output.append(token)
+            b.output.append(token)
+    assert [s.cached for s in ours] == [n + STEPS for n in lengths]
+
+
+def test_the_step_multiplies_by_the_stored_values():
+    """The Q8 codes and scales the C step reads are the artifact's, and decode to exactly the
+    fp32 weights the eager path multiplies by."""
+    model, weights, storage = _setup()
+    decoder = cpu_decoder(model, storage(), 1, 128, weights)
+    layers, head = decoder._keep
+    shape = (model.cfg.hidden_size, model.cfg.intermediate_size)
+    assert torch.equal(head.dequantize(), model.embedding)
+    assert torch.equal(layers[1]["down"].dequantize(),
+                       weights.parameter("text/layers/1/mlp/down", shape))
+
+
+def test_no_compiled_step_where_it_would_not_be_the_stored_weights():
+    """Dense weights (nothing stored as Q8), quantized KV or Q/K norms: the eager step, and
+    the reason says why."""
+    model, weights, storage = _setup()
+    assert "Q8" in cpu_decoder(model, storage(), 1, 128, DictWeights(weights.dense))
+    layers, heads, dim = model.kv_layout()
+    int8_kv = KvStorage(PagePool(4, 64), layers, heads, dim, codecs_for("int8", model.dtype),
+                        model.dtype)
+    assert "unquantized KV" in cpu_decoder(model, int8_kv, 1, 128, weights)
