@@ -55,7 +55,7 @@ def _steps(model, prompt: list[int], feed: list[int] | None, tokens: int):
 def measure(artifact_path: Path, tokens: int, kinds: list[str]) -> dict:
     from ninfer_engine.artifact import open_artifact
     from ninfer_engine.chat import ChatTemplate
-    from ninfer_engine.engine import MATMUL_DTYPES
+    from ninfer_engine.serving import MATMUL_DTYPES
     from ninfer_engine.models import build_model
     from ninfer_engine.tokenizer import Tokenizer
 

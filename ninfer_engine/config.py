@@ -32,7 +32,7 @@ class EngineConfig:
     max_pending_requests: int = 16
     pending_timeout_ms: int = 30000
     drain_timeout_ms: int = 10000  # graceful stop: how long running requests may still finish
-    prefill_chunk: int | None = None  # tokens; None ("auto"): `engine.prefill_chunk_for`
+    prefill_chunk: int | None = None  # tokens; None ("auto"): `serving.prefill_chunk_for`
     kv_dtype: str = "bf16"
     kv_lease_window: int = 4096
     elastic: bool = False

@@ -27,6 +27,8 @@ from .step.event_pump import EventPump
 from .parallel import SINGLE, RankGroup
 from .parallel.lockstep import Leader
 from .rank_parts import load_rank
+from .serving import (cpu_compiled, prefill_chunk_for, serving_device, serving_dtypes,
+                      weights_mode)
 from .step.families import make_runner
 from .step.sampling import Sampler
 from .step.sampling_presets import default_max_tokens, sampling_defaults
@@ -49,27 +51,8 @@ BUSY_PUBLISH_S = 0.05
 UNAVAILABLE = "service_unavailable"
 
 
-# `--cpu-matmul`: the decode copy of each projection (int8: `models.int8_rows.Int8Rows`)
-MATMUL_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.int8}
-CUDA_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
 class EngineLoadError(RuntimeError):
     """The artifact could not be turned into a serving engine (startup error, exit 1)."""
-
-
-def serving_device(config: EngineConfig) -> torch.device:
-    """`cuda:{--device}` when CUDA is available, else the CPU."""
-    return torch.device(f"cuda:{config.device}" if torch.cuda.is_available() else "cpu")
-
-
-def serving_dtypes(config: EngineConfig,
-                   device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
-    """(activation dtype, `--cpu-matmul` decode-copy dtype): fp32 activations on the CPU, whose
-    projections `--cpu-matmul` narrows; `--cuda-dtype` on CUDA."""
-    if device.type == "cpu":
-        return torch.float32, MATMUL_DTYPES[config.cpu_matmul]
-    return CUDA_DTYPES[config.cuda_dtype], None
 
 
 class Engine:
@@ -495,28 +478,3 @@ class Engine:
             if seq.finish_reason is None:
                 seq.fail(EngineError(message, UNAVAILABLE, 503))
             self._retire(seq)
-
-
-def prefill_chunk_for(config: EngineConfig, device: torch.device) -> int:
-    """`--prefill-chunk`, or its auto value: 4096 tokens on CUDA, where a chunk's matmuls need
-    rows (H200, 8K prompt: 35B-A3B 8.2 K tok/s at 1024, 21 K at 4096, as its grouped expert GEMMs
-    get ~128 rows per expert instead of ~32; 27B 7.2 K → 8.1 K), 1024 on the CPU, whose matmuls
-    are full at that size and where a long chunk stalls concurrent decodes for seconds."""
-    if config.prefill_chunk is not None:
-        return config.prefill_chunk
-    return 4096 if device.type == "cuda" else 1024
-
-
-def cpu_compiled(config: EngineConfig) -> bool:
-    """Whether CPU decode rows may take the compiled step (`--cpu-step compiled`, the default):
-    it multiplies by the artifact's stored weights in fp32, so a narrowed `--cpu-matmul` keeps
-    the eager step it asked for."""
-    return config.cpu_step == "compiled" and config.cpu_matmul == "fp32"
-
-
-def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
-    """`--cuda-weights`, or "dequant" off CUDA and on the exact fp32 path (the packed kernels
-    compute in bf16)."""
-    if device.type != "cuda" or dtype != torch.bfloat16:
-        return "dequant"
-    return config.cuda_weights

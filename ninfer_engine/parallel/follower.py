@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..config import EngineConfig
-from ..engine import prefill_chunk_for, serving_device, serving_dtypes, weights_mode
+from ..serving import prefill_chunk_for, serving_device, serving_dtypes, weights_mode
 from ..faults import Faults
 from ..rank_parts import load_rank
 from ..step.families import make_runner

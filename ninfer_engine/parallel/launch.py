@@ -17,7 +17,8 @@ from multiprocessing.connection import wait
 import torch.multiprocessing as mp
 
 from ..config import EngineConfig
-from ..engine import Engine, serving_device
+from ..engine import Engine
+from ..serving import serving_device
 from .follower import follower_main
 from .group import join_from_env, leave
 

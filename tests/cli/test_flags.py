@@ -29,7 +29,7 @@ def test_defaults_follow_the_manual_page():
 def test_prefill_chunk_auto_depends_on_the_device():
     import torch
 
-    from ninfer_engine.engine import prefill_chunk_for
+    from ninfer_engine.serving import prefill_chunk_for
 
     auto = parse("m.ninfer", "--prefill-chunk", "auto").config
     assert auto.prefill_chunk is None
