@@ -34,16 +34,19 @@ def _cpu_rows() -> list[str]:
         loaded = f"; other processes busy, {busy:.1f} cores: low" if busy >= 0.25 else ""
         rows.append(f"| default model, 2-core CPU, decode tok/s ({o['prompt_tokens']}-token "
                     f"prompt{loaded}, "
-                    f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (default, "
-                    f"`--cpu-step {o['cpu_step']}`), {e['decode_tok_s']:.1f} (`--cpu-step eager`) "
+                    f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (opt-in "
+                    f"`--cpu-step {o['cpu_step']}`), {e['decode_tok_s']:.1f} (`--cpu-step eager`, "
+                    f"the default) "
                     f"| llama.cpp {p['decode_tok_s']:.1f}; roofline "
                     f"{r['roofline']['decode_tok_s']:.0f} | {r['ratio_decode']:.2f} / "
                     f"{r['ratio_decode_eager']:.2f} |")
-        rows.append(f"| default model, 2-core CPU, time to first token | "
+        rows.append(f"| default model, 2-core CPU, time to first token (`--cpu-step "
+                    f"{o['cpu_step']}`) | "
                     f"{o['ttft_s'] * 1000:.0f} ms | llama.cpp {p['ttft_s'] * 1000:.0f} ms | "
                     f"{r['ratio_ttft']:.2f} |")
         c = r["concurrency"]
-        rows.append(f"| default model, 2-core CPU, aggregate decode at concurrency 8 vs serial | "
+        rows.append(f"| default model, 2-core CPU, aggregate decode at concurrency 8 vs serial "
+                    f"(`--cpu-step {o['cpu_step']}`) | "
                     f"{c['concurrency_8_decode_tok_s']:.1f} tok/s | serial "
                     f"{c['serial_decode_tok_s']:.1f} | {c['ratio']:.2f} |")
     c = None if r else _load("cpu-concurrency.json")  # the default-model run measures it

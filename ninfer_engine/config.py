@@ -102,7 +102,10 @@ class EngineConfig:
     # ours
     no_tui: bool = False
     cpu_matmul: str = "fp32"  # bf16|int8: decode projections narrowed on the CPU (faster, inexact)
-    cpu_step: str = "compiled"  # CPU decode rows: one compiled call a step, or "eager" torch ops
+    # CPU decode rows: "eager" torch ops, or one compiled C call a step ("compiled", opt-in: a
+    # sampled Claude Code request after others on one server rambled past 60 s with it and
+    # ended in 2 s eagerly, cause not found yet)
+    cpu_step: str = "eager"
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
     cuda_sync: str = "spin"

@@ -141,7 +141,7 @@ def _greedy_batch(config: EngineConfig, artifact, tokens: int) -> tuple[list[lis
 
 
 def test_cpu_compiled_step_answers_like_the_eager_fp32_step(device):
-    """The CPU default (`--cpu-step compiled`: one C call a step over the stored Q8 weights)
+    """The opt-in CPU step (`--cpu-step compiled`: one C call a step over the stored Q8 weights)
     gives the same greedy tokens as the eager fp32 step on the README's prompt and four others
     (64 tokens each, batched: the C step's many-row GEMV; batch 1 is
     `test_greedy_chat_matches_transformers`)."""
@@ -152,7 +152,8 @@ def test_cpu_compiled_step_answers_like_the_eager_fp32_step(device):
 
     artifact = open_artifact(MODEL)
     batch = len(CPU_STEP_PROMPTS)
-    ours, engine = _greedy_batch(EngineConfig(artifact=MODEL, max_concurrency=batch), artifact, 64)
+    ours, engine = _greedy_batch(EngineConfig(artifact=MODEL, max_concurrency=batch,
+                                              cpu_step="compiled"), artifact, 64)
     assert isinstance(engine.runner.graphs.decoder, CpuDecoder)
     exact, engine = _greedy_batch(EngineConfig(artifact=MODEL, max_concurrency=batch,
                                                cpu_step="eager"), artifact, 64)
