@@ -136,18 +136,17 @@ class SnapshotCollector(Collector):
         yield _gauge("prefix_tree_pages", "KV pages the prefix tree references.", tree.pages)
         yield _gauge("prefix_tree_snapshots", "Recurrent-state snapshots at prefix-tree nodes.",
                      tree.snapshots)
-        yield CounterMetricFamily(f"{PREFIX}prefix_tree_evicted_pages",
-                                  "Pages the prefix tree gave back under pressure.",
-                                  value=tree.evicted_pages)
+        yield _counter("prefix_tree_evicted_pages",
+                       "Pages the prefix tree gave back under pressure.", tree.evicted_pages)
         yield _gauge("prefix_host_pages", "KV pages the prefix cache keeps in the host tier.",
                      tree.host_pages)
         yield _gauge("prefix_host_pages_total", "Pages of the host tier (--host-kv-mib).",
                      tree.host_total)
         yield _gauge("prefix_host_snapshots", "Recurrent-state snapshots in host state slots.",
                      tree.host_snapshots)
-        yield CounterMetricFamily(f"{PREFIX}prefix_host_restored_pages",
-                                  "Host-tier pages copied back to the device for a hit.",
-                                  value=tree.host_restored_pages)
+        yield _counter("prefix_host_restored_pages",
+                       "Host-tier pages copied back to the device for a hit.",
+                       tree.host_restored_pages)
         yield from _expert_metrics(stats)
         yield from _spec_metrics(stats)
         yield from _vision_metrics(stats)

@@ -102,11 +102,17 @@ def run_ranks(world: int = 2, timeout: float = 240.0) -> list:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, world, port, results)) for r in range(world)]
+    return collect(procs, results, len(CASES) + 1, timeout)
+
+
+def collect(procs: list, results, count: int, timeout: float) -> list:
+    """Start the rank processes, take up to `count` results (each within `timeout`), then end
+    every process."""
     for p in procs:
         p.start()
     out = []
     try:
-        for _ in range(len(CASES) + 1):
+        for _ in range(count):
             out.append(results.get(timeout=timeout))
     except queue.Empty:
         pass

@@ -5,12 +5,13 @@ forward. Slow (two processes, the interpreter): `pytest -m slow tests/parallel`.
 from __future__ import annotations
 
 import os
-import queue
 import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from .ranks import collect
 
 # the logits of two fp32 paths over the same shares differ by summation order only (~1e-6 of
 # their scale at these depths); a missing or doubled all-reduce moves them by O(1)
@@ -104,18 +105,6 @@ def test_static_decode_steps_all_reduce_like_the_eager_forward():
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, port, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = []
-    try:
-        for _ in range(4):
-            got.append(results.get(timeout=300))
-    except queue.Empty:
-        pass
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    got = collect(procs, results, 4, 300)
     assert sorted(got) == [(0, "hybrid", None), (0, "llama", None),
                            (1, "hybrid", None), (1, "llama", None)]
