@@ -155,6 +155,8 @@ class Engine:
             warm_up(self, prefill_chunk_for(config, device), min(
                 config.max_context, self.memory.allocator.free * self.memory.storage.page_tokens))
             self.memory.forget_prefixes()  # its prompts are no one's prefixes
+            if self.speculator is not None:
+                self.speculator.reset()
             self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
             self._step = 0
         self._faults = Faults(os.environ.get("NINFER_FAULT", ""))  # not in the warm-up

@@ -66,10 +66,9 @@ class RankGroup:
         per = -(-vocab // self.world)
         padded = logits.new_full((logits.shape[0], per), float("-inf"))
         padded[:, : logits.shape[1]] = logits
-        out = logits.new_empty((self.world * logits.shape[0], per))  # rank-major blocks
-        dist.all_gather_single(out, padded)
-        return out.view(self.world, -1, per).permute(1, 0, 2).reshape(-1, self.world * per)[
-            :, :vocab]
+        out = logits.new_empty((self.world, logits.shape[0], per))  # rank-major blocks
+        dist.all_gather(list(out.unbind(0)), padded)  # in place: each block is contiguous
+        return out.permute(1, 0, 2).reshape(-1, self.world * per)[:, :vocab]
 
     def least(self, value: int) -> int:
         """The smallest of the ranks' `value`s (what every rank can hold)."""

@@ -81,7 +81,12 @@ class Speculator:
             raise ValueError(f"--spec {backend} is not available yet")
         self.backend, self.k = backend, k
         self.drafter = drafter or NgramDrafter()
-        self.counters = SpecCounters(per_position=[0] * k)
+        self.reset()
+
+    def reset(self) -> None:
+        """Counters, policy timings and row records from zero (after the load's warm-up, whose
+        steps compile kernels and are no traffic's)."""
+        self.counters = SpecCounters(per_position=[0] * self.k)
         self.policy = SpecPolicy()
         self._rows: dict[int, RowState] = {}
 

@@ -17,8 +17,11 @@ from .conftest import rel_err
 from .test_decode_stack import TOL
 
 DELTA = -37  # a media prompt moves the text after it back by (pads − grid side) per item
-# a stored key is four bf16 stores deep on each side (input norm, projection, k norm, rotary)
-KEY_TOL = bound(torch.bfloat16, 64, roundings=4 * cast_roundings())
+# the first attention layer's stored key is 37 bf16 stores deep on each side: three GDN layers
+# of 11 (test_decode_stack's count) and its input norm, projection, k norm and rotary. That worst
+# case (0.34 on a GPU, 0.70 interpreted) does not separate the two rotations (0.54 apart), so
+# each key must also be nearer its own rotation's reference than the other's.
+KEY_TOL = bound(torch.bfloat16, 64, roundings=37 * cast_roundings())
 
 
 def _stored_key(dec, model, index):
@@ -37,11 +40,14 @@ def test_decode_rows_rotate_at_their_shifted_positions(device):
     prompt = torch.randint(0, 1000, (70,), generator=torch.Generator().manual_seed(1))
     model.forward(prompt.to(device), state)
     tok, index = torch.tensor([1234], device=device), state.seen
-    ref_state = copy.deepcopy(state)
-    ref = model.forward(tok, ref_state, positions=torch.tensor([index + DELTA], device=device),
-                        last_only=True)
-    layer = ref_state.layers[model.attention_layers[0]]
-    ref_key = layer.k[:, -1, : model.blocks[model.attention_layers[0]].mixer.rope.rd]
+    refs = {}
+    for shift in (DELTA, 0):
+        ref_state = copy.deepcopy(state)
+        logits = model.forward(tok, ref_state, last_only=True,
+                               positions=torch.tensor([index + shift], device=device))
+        first = model.attention_layers[0]
+        refs[shift] = logits, ref_state.layers[first].k[:, -1, : model.blocks[first].mixer.rope.rd]
+    ref, ref_key = refs[DELTA]
     for shift in (DELTA, 0):
         dec = StepHarness(model, params, 192)
         dec.load_state(state)
@@ -49,7 +55,7 @@ def test_decode_rows_rotate_at_their_shifted_positions(device):
         dec.token.copy_(tok)
         logits = dec.step(dec.token)
         key = _stored_key(dec, model, index)
+        other = 0 if shift else DELTA
+        assert rel_err(key, refs[shift][1]) < rel_err(key, refs[other][1])
         if shift:  # stored at the index, rotated at index + delta: the reference's key
             assert rel_err(key, ref_key) < KEY_TOL and rel_err(logits, ref) < TOL
-        else:  # rotated at the index: far from it
-            assert rel_err(key, ref_key) > 4 * KEY_TOL

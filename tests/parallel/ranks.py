@@ -107,9 +107,18 @@ def run_ranks(world: int = 2, timeout: float = 240.0) -> list:
 
 def collect(procs: list, results, count: int, timeout: float) -> list:
     """Start the rank processes, take up to `count` results (each within `timeout`), then end
-    every process."""
-    for p in procs:
-        p.start()
+    every process. The ranks run on the CPU (gloo) on a GPU machine too: CUDA is hidden from
+    them."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a spawned process reads it at its CUDA start
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if hidden is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
     out = []
     try:
         for _ in range(count):

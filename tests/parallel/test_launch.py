@@ -1,4 +1,4 @@
-"""`--tp 2`'s launcher on the CPU (gloo): `tensor_parallel_engine` spawns rank 1 from the
+"""`--tp 2`'s launcher, on the CPU (gloo) or two GPUs (nccl): `tensor_parallel_engine` spawns rank 1 from the
 artifact file and serves tp1's greedy tokens as rank 0; a rank that dies (killed, no collective
 running) fails the engine at once through the process watch."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ import multiprocessing
 import time
 
 import pytest
+import torch
 
 from ninfer_engine.artifact.synth import write_synthetic
 from ninfer_engine.config import EngineConfig
@@ -37,6 +38,8 @@ def rendezvous_env(monkeypatch):
     leave()
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                    reason="--tp 2 on a CUDA machine needs two GPUs (this one has one)")
 def test_launcher_serves_tp1_tokens_and_a_killed_rank_fails_the_engine(tmp_path,
                                                                        rendezvous_env):
     path = write_synthetic("tiny-dense", tmp_path / "tiny.ninfer")

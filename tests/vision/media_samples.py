@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 from PIL import Image
 
 
@@ -15,8 +16,7 @@ def png(h: int, w: int, seed: int) -> bytes:
 
 
 def mp4(frames: int = 8, h: int = 24, w: int = 40, fps: int = 4) -> bytes:
-    import av
-
+    av = pytest.importorskip("av", reason="the sample clip is encoded with PyAV")
     out = io.BytesIO()
     rng = np.random.default_rng(3)
     with av.open(out, "w", format="mp4") as container:
