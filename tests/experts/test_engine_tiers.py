@@ -25,8 +25,9 @@ def artifact():
 
 def run(artifact, new_tokens: int, **flags):
     """(tokens of one greedy request, the engine's last snapshot), the engine stopped."""
-    engine = Engine(EngineConfig(artifact=Path("tiny.ninfer"), max_context=1024, **flags),
-                    artifact)
+    # fp32 on a CUDA machine too, so an expert has the bytes the budgets here count
+    engine = Engine(EngineConfig(artifact=Path("tiny.ninfer"), max_context=1024,
+                                 cuda_dtype="fp32", **flags), artifact)
     engine.start()
     request = GenerationRequest("r", PROMPT, SamplingParams(temperature=0.0), new_tokens,
                                 ignore_eos=True)

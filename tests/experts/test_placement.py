@@ -87,8 +87,8 @@ def test_the_engine_refuses_to_load_before_filling_the_host_store(monkeypatch):
     from tests.engine.hybrid_helpers import HybridArtifact
 
     artifact = HybridArtifact("qwen3_5_moe")
-    config = EngineConfig(artifact=Path("tiny.ninfer"), max_context=256,
-                          expert_vram_mib=2 * 4 * EXPERT_BYTES / 2**20)
+    config = EngineConfig(artifact=Path("tiny.ninfer"), max_context=256, cuda_dtype="fp32",
+                          expert_vram_mib=2 * 4 * EXPERT_BYTES / 2**20)  # fp32 as counted
     real = placement.psutil.virtual_memory
     monkeypatch.setattr(placement.psutil, "virtual_memory",
                         lambda: SimpleNamespace(**{**real()._asdict(), "available": 4096}))
