@@ -1,7 +1,7 @@
 """The aiohttp application: routes, transport middlewares, `/health` and `/v1/models`.
 
-Middlewares, outermost first: errors (request id, dialect, error shapes), OPTIONS/CORS
-preflight, auth, body size. Response headers (request id, CORS) are added in
+Middlewares, outermost first: errors (request id, dialect, error shapes), the live media
+budget's release, OPTIONS/CORS preflight, auth, body size. Response headers (request id, CORS) are added in
 `on_response_prepare`, so streams and errors get them too.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .context import CONFIG, CREATED, DIALECT, ENGINE, KEEPALIVE_S, REQUEST_ID
 from .errors import ANTHROPIC, OPENAI, ApiError, internal_error
 from .ids import anthropic_request_id, openai_request_id
 from .logs import log_throughput
+from .media_budget import BUDGET, MediaBudget, release_middleware
 from .responses import add_responses_routes
 
 log = logging.getLogger("ninfer.http")
@@ -51,7 +52,8 @@ def create_app(engine: ServingEngine, config: EngineConfig) -> web.Application:
     """The complete HTTP application serving `engine` under `config`."""
     app = web.Application(
         client_max_size=config.max_request_mib * MIB,
-        middlewares=[error_middleware, preflight_middleware, auth_middleware, size_middleware],
+        middlewares=[error_middleware, release_middleware, preflight_middleware,
+                     auth_middleware, size_middleware],
     )
     app[ENGINE] = engine
     app[CONFIG] = config
@@ -59,6 +61,7 @@ def create_app(engine: ServingEngine, config: EngineConfig) -> web.Application:
     app[CREATED] = int(time.time())
     app[SLOTS] = LifetimeSlots.for_config(config)
     media.install(app, config.media_allow_private, config.media_preprocess_threads)
+    app[BUDGET] = MediaBudget(config.media_live_mib * MIB, config.pending_timeout_ms / 1000)
     app.on_response_prepare.append(_add_headers)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)

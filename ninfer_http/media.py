@@ -3,8 +3,9 @@ and the prepared request with its placeholders expanded (contract §3, §4 "Cont
 
 `prepare_with_media` renders the conversation, loads the media its markers name (remote URLs
 through the app's `MediaFetcher`, several at once; Pillow / PyAV decoding and preprocessing on
-the `--media-preprocess-threads` pool) and
-hands both to `prompt.prepare`; `count_prompt_tokens` is the same count for the token-counting
+the `--media-preprocess-threads` pool), holds their decoded bytes in the live media budget
+(`media_budget`, `--media-live-mib`) for the rest of the request, and hands both to
+`prompt.prepare`; `count_prompt_tokens` is the same count for the token-counting
 endpoints. Without `--vision`, any media is 400 `vision_disabled`.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ninfer_engine.vision.prompt import MediaItem
 
 from .context import request_id
 from .errors import ApiError
+from .media_budget import hold
 from .media_fetch import MediaFetcher
 from .media_markers import MediaRef, split_media
 from .prompt import ChatRequest, PreparedRequest, prepare, render_text, tokenize
@@ -51,6 +53,7 @@ async def prepare_with_media(request: web.Request, engine: ServingEngine,
                              chat: ChatRequest) -> PreparedRequest:
     text, refs = split_media(render_text(engine, chat))
     items = await load_media(request.app, engine, refs)
+    await hold(request, sum(item.pixels.patches.nbytes for item in items))
     return prepare(engine, chat, request_id(request), (text, items))
 
 

@@ -51,7 +51,7 @@ Artifact:  --no-verify (skip the load-time check of the payload against the SHA-
 Speculation: --spec mtp|dflash|dflash2  --draft-tokens N  --lm-head-draft
            --log-speculation-detail
 Vision:    --vision  --no-vision  --vision-device N  --max-vision-tokens N (16384)
-           --media-cache-mib N (1024)  --media-live-mib N  --media-preprocess-threads N
+           --media-cache-mib N (1024)  --media-live-mib N (2048)  --media-preprocess-threads N
            --media-allow-private (media URLs may reach loopback, private and link-local
            addresses; refused by default)
 Prefix reuse: --device-state-slots N  --host-state-slots N  --host-kv-mib N

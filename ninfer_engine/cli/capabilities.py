@@ -93,7 +93,6 @@ _GATES: tuple[_Gate, ...] = (
     _Gate(("--log-speculation-detail",), lambda c: True,
           _not_built("per-round speculation detail")),
     _Gate(("--vision-device",), lambda c: True, _vision_device),
-    _Gate(("--media-live-mib",), lambda c: True, _not_built("a live media memory budget")),
     _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
           _runs_on_cuda("automatic KV sizing")),  # `kv.sizing`
     _Gate(("--max-private-continuations", "--max-shared-prefixes",

@@ -170,8 +170,6 @@ def test_help_only_as_first_argument():
      "`--log-speculation-detail`: per-round speculation detail is not available yet"),
     (["m", "--vision", "--vision-device", "1"], "`--vision-device 1`: CUDA device 1 does not "
      "exist (this machine has 0)"),
-    (["m", "--vision", "--media-live-mib", "64"],
-     "`--media-live-mib 64`: a live media memory budget is not available yet"),
     (["m", "--tp", "2", "--devices", "0,1"], "tensor parallelism needs CUDA devices 0,1"),
     (["m", "--profile", "flash-next"], "`--tp 2`: tensor parallelism needs CUDA devices 0,1"),
     (["m", "--kv-capacity", "auto"], "automatic KV sizing needs a CUDA device"),

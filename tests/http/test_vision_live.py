@@ -25,6 +25,7 @@ from ninfer_engine.tokenizer import IncrementalDetokenizer
 from ninfer_engine.vision.decode import image_item, video_item
 from ninfer_http import media as media_module
 from ninfer_http.media import DECODERS, FETCHER
+from ninfer_http.media_budget import BUDGET
 from tests.vision.media_samples import mp4, png
 from tests.vision.test_engine_vs_hf import _hf_greedy
 from tests.vision.tiny_vl import hf_vl_model, write_vl_artifact
@@ -139,6 +140,21 @@ def test_media_error_rows(served, serve, urls, status, code):
     engine, _ = served
     reply = _chat_with(serve(engine=engine), engine, *urls)
     assert reply.status == status and reply.json()["error"]["code"] == code
+
+
+def test_the_live_media_budget_refuses_more_than_itself_and_frees_after_each_request(
+        served, serve):
+    engine, _ = served
+    one = image_item(BIG, engine.vision.preprocessor).pixels.patches.nbytes
+    live = serve(engine=engine, media_live_mib=3)
+    budget = live.server.runner.app[BUDGET]
+    assert budget.capacity == 3 * 2**20
+    budget.capacity = 2 * one  # the tiny tower's images are KiBs: two of them, three do not fit
+    reply = _chat_with(live, engine, *[_data_url(BIG)] * 3)
+    assert reply.status == 400 and reply.json()["error"]["code"] == "media_budget_exceeded"
+    for _ in range(2):  # the second fits only if the first request gave its bytes back
+        assert _chat_with(live, engine, _data_url(BIG), _data_url(BIG)).status == 200
+    assert budget.used == 0
 
 
 def test_anthropic_images_while_vision_is_off_are_refused(live):
