@@ -236,7 +236,8 @@ class Engine:
             request, emit, Sampler.for_request(request),
             IncrementalDetokenizer(self.tokenizer, request.prompt_ids),
             frozenset() if request.ignore_eos else self._eos,
-            arrived=time.monotonic() if arrived is None else arrived)
+            arrived=time.monotonic() if arrived is None else arrived,
+            spec_detail=self.config.log_speculation_detail)
         return seq if self.scheduler.add(seq) else None
 
     def cancel(self, request_id: str) -> bool:
@@ -363,9 +364,16 @@ class Engine:
             if seq.finish_reason is not None:
                 kept[id(seq)] = 1
                 continue
-            drafts, appended = verified[id(seq)][0], 0
+            drafts, appended, tokens = verified[id(seq)][0], 0, next(taken)
+            # the drafts the target verified (its own token ends the row), counted before the
+            # tokens go out: a request that ends in this round reports it in its final event
+            accepted = len(tokens) - 1
+            seq.drafted += len(drafts)
+            seq.draft_accepted += accepted
+            seq.draft_rounds.append(accepted)
+            self.speculator.record(seq, len(drafts), accepted)
             try:
-                for token in next(taken):
+                for token in tokens:
                     seq.sampler.record(token)
                     seq.append(token, now)
                     appended += 1
@@ -374,10 +382,6 @@ class Engine:
             except Exception as exc:
                 self._fail_request(seq, exc)
             kept[id(seq)] = max(appended, 1)
-            accepted = max(appended - 1, 0)  # the last emitted token is the target's own
-            seq.drafted += len(drafts)
-            seq.draft_accepted += accepted
-            self.speculator.record(seq, len(drafts), accepted)
         self.runner.keep(batch, [kept.get(id(seq), 1) for seq in batch.decode])
 
     def _next_tokens(self, sampled: list[Sequence], rows: list[int],

@@ -108,6 +108,12 @@ class Timings:
     predicted_n: int = 0
     draft_n: int = 0
     draft_accepted: int = 0
+    # final event only: accepted drafts of each verified round, in order; decode steps this
+    # request did not draft while speculation was on; with --log-speculation-detail, the share
+    # of its output tokens whose n-gram occurs in its prompt (`speculation.prompt_ngram_overlap`)
+    draft_rounds: tuple[int, ...] = ()
+    draft_fallback: int = 0
+    prompt_ngram_overlap: float | None = None
     vision_s: float = 0.0  # the vision tower's time on this request's media (within prefill)
 
 

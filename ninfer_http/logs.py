@@ -161,6 +161,9 @@ class RequestTrace:
             share = 100.0 * timings.draft_accepted / timings.draft_n
             accepted = f"{timings.draft_accepted}/{timings.draft_n}"
             groups.append(f"draft accepted {accepted} ({share:.0f}%)")
+        if timings.draft_rounds:
+            per_round = 1 + timings.draft_accepted / len(timings.draft_rounds)
+            groups.append(f"{per_round:.2f} tok/round")
         self.closed = True
         self._emit(logging.INFO, "done", *groups)
         self._observer.done(self, finish, stop_sequence, usage, timings, first_output_at)

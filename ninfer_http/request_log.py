@@ -69,6 +69,25 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
 
+def speculative(timings: Timings, backend: str, window: int) -> dict[str, Any]:
+    """A request's `speculative{…}` (contract §4): its counters, and with
+    `--log-speculation-detail` each round's accepted length and the prompt n-gram overlap."""
+    rounds = timings.draft_rounds
+    record: dict[str, Any] = {
+        "backend": backend, "draft_window": window, "rounds": len(rounds),
+        "drafted_tokens": timings.draft_n, "accepted_tokens": timings.draft_accepted,
+        "acceptance": round(timings.draft_accepted / timings.draft_n, 6) if timings.draft_n
+        else None,
+        "tokens_per_round": round(1 + timings.draft_accepted / len(rounds), 6) if rounds
+        else None,
+        "fallback_steps": timings.draft_fallback,
+        "accepted_per_position": [sum(1 for a in rounds if a > i) for i in range(window)]}
+    if timings.prompt_ngram_overlap is not None:  # --log-speculation-detail
+        record["round_accepted"] = list(rounds)
+        record["prompt_ngram_overlap"] = round(timings.prompt_ngram_overlap, 6)
+    return record
+
+
 class RequestLog:
     """An open request log file; all methods run on the server's event loop."""
 
@@ -80,6 +99,7 @@ class RequestLog:
             reason = exc.strerror or str(exc)
             raise OSError(exc.errno, f"cannot open --request-log-jsonl {path}: {reason}") from exc
         self.instance_id = uuid.uuid4().hex
+        self._spec: tuple[str, int] | None = None  # (backend, draft window), from server_start
 
     def close(self) -> None:
         self._file.close()
@@ -92,6 +112,8 @@ class RequestLog:
 
     def server_start(self, config: EngineConfig, argv: list[str] | None,
                      stats: EngineStats) -> None:
+        if stats.spec is not None:
+            self._spec = stats.spec.backend, stats.spec.window
         self.write(
             "server_start",
             artifact_type=ARTIFACT_TYPE,
@@ -127,11 +149,6 @@ class RequestLog:
                      stop_sequence_matched: bool, usage: Usage, timings: Timings,
                      prepare_s: float, ttft_s: float | None, total_s: float) -> None:
         computed = timings.prompt_n or usage.prompt_tokens - usage.cached_tokens
-        speculative = None
-        if timings.draft_n:
-            speculative = {"drafted_tokens": timings.draft_n,
-                           "accepted_tokens": timings.draft_accepted,
-                           "acceptance": round(timings.draft_accepted / timings.draft_n, 6)}
         self.write(
             "request_done", id=number, request_id=request_id, protocol=protocol,
             result={"finish_reason": finish, "stop_sequence_matched": stop_sequence_matched,
@@ -148,7 +165,7 @@ class RequestLog:
                            "prompt_computed_tokens": timings.prompt_n,
                            "prompt_cached_tokens": timings.cache_n,
                            "predicted_tokens": timings.predicted_n},
-            speculative=speculative,
+            speculative=None if self._spec is None else speculative(timings, *self._spec),
         )
 
     def throughput(self, stats: EngineStats, before: EngineStats | None = None) -> None:

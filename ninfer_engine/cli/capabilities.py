@@ -90,8 +90,8 @@ _GATES: tuple[_Gate, ...] = (
     _Gate(("--device",), lambda c: True, _device_exists),
     _Gate(("--spec", "--draft-tokens"), lambda c: c.spec != "ngram", _spec),
     _Gate(("--lm-head-draft",), lambda c: True, _not_built("the indexed draft head")),
-    _Gate(("--log-speculation-detail",), lambda c: True,
-          _not_built("per-round speculation detail")),
+    _Gate(("--log-speculation-detail",), lambda c: c.spec is None,
+          lambda c, m: "per-round speculation detail needs --spec"),
     _Gate(("--vision-device",), lambda c: True, _vision_device),
     _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
           _runs_on_cuda("automatic KV sizing")),  # `kv.sizing`

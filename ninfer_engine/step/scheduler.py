@@ -11,6 +11,7 @@ import functools
 import threading
 import time
 from collections import deque
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -18,6 +19,7 @@ import torch
 
 from ..kv import PagedKvCache
 from .sampling import Sampler, sample_rows
+from .spec_overlap import prompt_ngram_overlap
 from ..thinking import ThinkingCap
 from ..tokenizer import IncrementalDetokenizer
 from ..types import EngineError, GenerationRequest, TokenEvent, Timings, Usage
@@ -76,6 +78,9 @@ class Sequence:
     last_token: float | None = None
     drafted: int = 0  # speculative draft tokens verified for this request
     draft_accepted: int = 0  # ... and accepted
+    draft_rounds: list[int] = field(default_factory=list)  # accepted drafts, a round each
+    draft_fallback: int = 0  # decode steps it did not draft while speculation was on
+    spec_detail: bool = False  # --log-speculation-detail: its final timings measure overlap
     media_rows: dict = field(default_factory=dict)  # media item -> encoder rows, until prefilled
     vision_s: float = 0.0  # time the vision tower spent on this request's media
     _unsent: list[int] = field(default_factory=list)
@@ -173,7 +178,12 @@ class Sequence:
         self._send(TokenEvent(
             text=text, token_ids=tuple(self._unsent), finish=reason, stop_sequence=stop,
             usage=Usage(len(self.prompt), len(self.output), self.reused),
-            timings=self.timings(), error=error,
+            timings=dataclasses.replace(
+                self.timings(), draft_rounds=tuple(self.draft_rounds),
+                draft_fallback=self.draft_fallback,
+                prompt_ngram_overlap=prompt_ngram_overlap(self.prompt, self.output)
+                if self.spec_detail else None),
+            error=error,
         ))
 
     def _send(self, event: TokenEvent) -> None:

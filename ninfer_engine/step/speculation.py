@@ -99,7 +99,7 @@ class Speculator:
         """`drafts` for each of a step's decode rows, a model drafter's in one batch; none
         while plain decode steps of this batch size have been the faster (`spec_policy`)."""
         if not self.policy.speculate(len(seqs)):
-            self.counters.fallback += len(seqs)
+            self._fall_back(seqs)
             return [[] for _ in seqs]
         ks = [self._window(seq, room) for seq, room in zip(seqs, rooms)]
         if hasattr(self.drafter, "propose_rows"):
@@ -107,8 +107,15 @@ class Speculator:
         else:
             proposals = [self.drafter.propose([*seq.prompt, *seq.output], k) if k else []
                          for seq, k in zip(seqs, ks)]
-        self.counters.fallback += sum(1 for k, p in zip(ks, proposals) if k and not p)
+        self._fall_back([seq for seq, k, p in zip(seqs, ks, proposals) if k and not p])
         return proposals
+
+    def _fall_back(self, seqs: list) -> None:
+        """`seqs` decode plainly this step while speculation is on: counted engine-wide and
+        on each request (`Timings.draft_fallback`)."""
+        self.counters.fallback += len(seqs)
+        for seq in seqs:
+            seq.draft_fallback += 1
 
     def _window(self, seq, room: int) -> int:
         """How many drafts `seq` may get this step (0: a plain decode row)."""
@@ -118,7 +125,7 @@ class Speculator:
         row = self._rows.setdefault(id(seq), RowState())
         if row.paused:
             row.paused -= 1
-            self.counters.fallback += 1
+            self._fall_back([seq])
             return 0
         return k
 

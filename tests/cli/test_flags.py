@@ -166,8 +166,8 @@ def test_help_only_as_first_argument():
     (["m", "--spec", "dflash"],
      "`--spec dflash`: speculative decoding with dflash drafts is not available yet "
      "(--spec ngram and --spec mtp are)"),
-    (["m", "--spec", "ngram", "--log-speculation-detail"],
-     "`--log-speculation-detail`: per-round speculation detail is not available yet"),
+    (["m", "--log-speculation-detail"],
+     "`--log-speculation-detail`: per-round speculation detail needs --spec"),
     (["m", "--vision", "--vision-device", "1"], "`--vision-device 1`: CUDA device 1 does not "
      "exist (this machine has 0)"),
     (["m", "--tp", "2", "--devices", "0,1"], "tensor parallelism needs CUDA devices 0,1"),

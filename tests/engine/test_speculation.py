@@ -12,6 +12,7 @@ import torch
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.step.sampling import Sampler, sample_rows
+from ninfer_engine.step.spec_overlap import prompt_ngram_overlap
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
 from ninfer_engine.step.speculation import (NgramDrafter, Speculator, accept_greedy,
                                             accept_sampled)
@@ -111,14 +112,14 @@ def test_speculator_backs_off_a_request_whose_drafts_are_rejected():
 
     class Seq:
         prompt, output = (1, 2, 3, 1, 2), [3]
-        thinking_cap = None
+        thinking_cap, draft_fallback = None, 0
         sampler = Sampler(SamplingParams(temperature=0.0))
     seq = Seq()
     assert spec.drafts(seq, 3) == [1, 2, 3]
     for _ in range(6):
         spec.record(seq, 3, 0)
     assert spec.drafts(seq, 3) == []  # paused
-    assert spec.counters.fallback == 1
+    assert spec.counters.fallback == seq.draft_fallback == 1
     constrained = Seq()
     constrained.sampler = Sampler(SamplingParams(temperature=0.7), logprobs=2, logprob_sink=[])
     assert spec.drafts(constrained, 3) == []  # a row asking for logprobs decodes plainly
@@ -135,6 +136,38 @@ def test_acceptance_reaches_the_engine_snapshot():
     assert (spec.rounds, spec.drafted, spec.accepted) == (c.rounds, c.drafted, c.accepted) != (0, 0, 0)
     assert spec.per_position == tuple(n / c.rounds for n in c.per_position)
     assert 1.0 < spec.tokens_per_round <= 4.0
+
+
+def test_a_requests_final_timings_carry_its_rounds_and_with_detail_its_prompt_overlap():
+    engine = _engine(FakeArtifact(tiny_llama(seed=5, vocab_size=259)),
+                     log_speculation_detail=True)
+    prompt = _prompts(120)[0]
+
+    async def run():
+        request = GenerationRequest("r", prompt, SamplingParams(temperature=0.0), 30,
+                                    ignore_eos=True)
+        return [e async for e in engine.submit(request)]
+    try:
+        events = asyncio.run(run())
+    finally:
+        engine.stop()
+    t, c = events[-1].timings, engine.speculator.counters
+    output = [tok for e in events for tok in e.token_ids]
+    # one request: its rounds are the engine's; each round emits its accepted drafts plus one
+    assert len(t.draft_rounds) == c.rounds > 0 and sum(t.draft_rounds) == t.draft_accepted
+    assert t.draft_accepted == c.accepted and t.draft_n == c.drafted
+    assert [sum(1 for a in t.draft_rounds if a > i) for i in range(3)] == c.per_position
+    assert t.draft_fallback == c.fallback
+    assert t.prompt_ngram_overlap == prompt_ngram_overlap(prompt, output)  # unit-tested below
+    assert all(e.timings is None or e.timings.draft_rounds == () for e in events[:-1])
+
+
+def test_prompt_ngram_overlap_counts_output_tokens_that_end_a_prompt_trigram():
+    prompt = (1, 2, 3, 4, 5)  # trigrams (1, 2, 3), (2, 3, 4), (3, 4, 5)
+    assert prompt_ngram_overlap(prompt, []) == 0.0
+    assert prompt_ngram_overlap(prompt, [4, 5, 9]) == 0.0  # (5, 4, 5), (4, 5, 9)... none
+    assert prompt_ngram_overlap(prompt, [1, 2, 3, 4]) == 0.5  # (1, 2, 3) and (2, 3, 4)
+    assert prompt_ngram_overlap((1, 2), [1, 2]) == 0.0  # a prompt without a trigram
 
 
 # chi-square critical values at significance 0.001, by degrees of freedom

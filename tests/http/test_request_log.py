@@ -12,8 +12,8 @@ from fake_engine import FAKE_CONFIG, FakeEngine, Script
 from ninfer_engine.cli.capabilities import Machine, check_features
 from ninfer_engine.cli.flags import parse_args
 from ninfer_engine.stats import EngineStats
-from ninfer_engine.types import EngineError
-from ninfer_http.request_log import RequestLog, redact_argv
+from ninfer_engine.types import EngineError, Timings
+from ninfer_http.request_log import RequestLog, redact_argv, speculative
 from sample_stats import busy_stats
 from test_disconnect import open_chat, read_until
 
@@ -195,3 +195,16 @@ def test_server_start_argv_is_redacted(tmp_path):
                              "--api-key=<redacted>"]
     assert KEY not in path.read_text()
     assert redact_argv(["--no-tui", f"x{KEY}"], KEY) == ["--no-tui", "<redacted>"]
+
+
+def test_speculative_record_counts_rounds_positions_and_detail():
+    t = Timings(draft_n=9, draft_accepted=5, draft_rounds=(3, 0, 2), draft_fallback=4)
+    record = speculative(t, "ngram", 3)
+    assert record == {"backend": "ngram", "draft_window": 3, "rounds": 3, "drafted_tokens": 9,
+                      "accepted_tokens": 5, "acceptance": round(5 / 9, 6),
+                      "tokens_per_round": round(1 + 5 / 3, 6), "fallback_steps": 4,
+                      "accepted_per_position": [2, 2, 1]}
+    detail = speculative(replace(t, prompt_ngram_overlap=0.25), "ngram", 3)
+    assert detail["round_accepted"] == [3, 0, 2] and detail["prompt_ngram_overlap"] == 0.25
+    idle = speculative(Timings(draft_fallback=2), "mtp", 3)
+    assert (idle["rounds"], idle["acceptance"], idle["tokens_per_round"]) == (0, None, None)
