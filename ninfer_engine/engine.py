@@ -95,8 +95,10 @@ class Engine:
                 def with_model(built):
                     self.vision = vision or load_vision(config, artifact, built, self.tokenizer,
                                                         dtype)
-                    return build_speculator(config.spec, config.draft_tokens, artifact, built,
-                                            self.tokenizer.vocab_size, matmul) if config.spec else None
+                    return build_speculator(
+                        config.spec, config.draft_tokens, artifact, built,
+                        self.tokenizer.vocab_size, matmul, config.lm_head_draft,
+                    ) if config.spec else None
 
                 return load_rank(config, artifact, device, dtype, matmul,
                                  weights_mode(config, device, dtype),

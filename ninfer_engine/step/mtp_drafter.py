@@ -37,8 +37,9 @@ class _MtpRow:
 class MtpDrafter:
     """Per-sequence MTP state and batched drafting for a step's decode rows."""
 
-    def __init__(self, head: MtpHead, vocab: int) -> None:
+    def __init__(self, head: MtpHead, vocab: int, draft_head=None) -> None:
         self.head, self.vocab = head, vocab
+        self.draft_head = draft_head  # `--lm-head-draft`'s shortlist (draft_head.py), or None
         self._rows: dict[int, _MtpRow] = {}
 
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
@@ -107,6 +108,8 @@ class MtpDrafter:
         return h[ends]
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
+        if self.draft_head is not None:
+            return self.draft_head.argmax(h)
         return self.head.logits(h)[:, : self.vocab].argmax(-1)
 
 

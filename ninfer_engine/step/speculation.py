@@ -25,6 +25,7 @@ import torch
 from ..kernels import sampling as kernels
 from ..models.mtp import load_mtp
 from ..stats import SpecStats
+from .draft_head import load_draft_head
 from .mtp_drafter import MtpDrafter
 from .sampling import _CANDIDATES, Sampler, _path, _penalized
 from .spec_policy import SpecPolicy
@@ -172,13 +173,18 @@ class Speculator:
 
 
 def build_speculator(backend: str, k: int, artifact, model, vocab: int,
-                     matmul_dtype: torch.dtype | None = None) -> Speculator:
+                     matmul_dtype: torch.dtype | None = None,
+                     lm_head_draft: bool = False) -> Speculator:
     """`--spec backend` with `k` drafts a row: prompt-lookup drafts, or drafts from the
-    artifact's MTP head over `model` (argmax over the tokenizer's `vocab` ids)."""
+    artifact's MTP head over `model` (argmax over the tokenizer's `vocab` ids, or over the
+    artifact's proposal shortlist with `lm_head_draft`)."""
     if backend != "mtp":
         return Speculator(backend, k)
     head = load_mtp(artifact, model, model.device, model.dtype, matmul_dtype)
-    return Speculator(backend, k, MtpDrafter(head, min(vocab, model.vocab_size)))
+    vocab = min(vocab, model.vocab_size)
+    shortlist = (load_draft_head(artifact, model.config["hidden_size"], vocab, model.device,
+                                 model.dtype) if lm_head_draft else None)
+    return Speculator(backend, k, MtpDrafter(head, vocab, shortlist))
 
 
 def _eligible(seq) -> bool:

@@ -198,3 +198,52 @@ def test_a_synthetic_artifact_with_an_mtp_head_serves_its_plain_greedy_tokens(tm
         engines.append(engine)
     assert outputs[0] == outputs[1]
     assert engines[1].speculator.counters.drafted > 0
+
+
+def _with_proposal(artifact: MtpArtifact, token_ids: torch.Tensor) -> MtpArtifact:
+    """`artifact` with an indexed proposal: the head's rows of `token_ids`, in their order."""
+    head = artifact._tensors["text/output_head"]
+    artifact._tensors["proposal/head"] = head[token_ids].clone()
+    artifact._tensors["proposal/token_ids"] = token_ids.to(torch.int32)
+    artifact.components["text"]["proposal"] = {"domain": "indexed", "rows": len(token_ids)}
+    return artifact
+
+
+def test_the_draft_head_drafts_only_its_shortlist_and_the_output_is_unchanged():
+    prompts = _prompts(120)
+    plain = _plain(MtpArtifact("qwen3_5"), prompts)
+    shortlist = torch.arange(1, 120, 2).flip(0)  # odd ids, rows out of id order
+    artifact = _with_proposal(MtpArtifact("qwen3_5"), shortlist)
+    engine = engine_with(artifact, "mtp", max_concurrency=2, prefill_chunk=16,
+                         lm_head_draft=True)
+    want = {f"r{i}": tokens for i, tokens in enumerate(plain)}
+    steered = engine.speculator.drafter = _Steered(engine.speculator.drafter, want,
+                                                   engine.model.vocab_size)
+    try:
+        assert _run(engine, prompts, TOKENS) == plain
+    finally:
+        engine.stop()
+    # every proposal of the head (recorded before the steering) is a shortlisted token
+    assert steered.proposed and all(t % 2 == 1 for _, _, own in steered.proposed for t in own)
+
+
+def test_a_draft_head_of_every_row_drafts_as_the_whole_head():
+    prompts, counters = _prompts(120), []
+    for proposal in (None, torch.arange(128)):
+        artifact = MtpArtifact("qwen3_5")
+        if proposal is not None:
+            artifact = _with_proposal(artifact, proposal)
+        engine = engine_with(artifact, "mtp", max_concurrency=2, prefill_chunk=16,
+                             lm_head_draft=proposal is not None)
+        try:
+            _run(engine, prompts, TOKENS)
+        finally:
+            engine.stop()
+        c = engine.speculator.counters
+        counters.append((c.rounds, c.drafted, c.accepted, list(c.per_position)))
+    assert counters[0] == counters[1] and counters[0][1] > 0
+
+
+def test_the_draft_head_flag_names_a_missing_proposal():
+    with pytest.raises(EngineLoadError, match="--lm-head-draft needs the artifact's proposal"):
+        engine_with(MtpArtifact("qwen3_5"), "mtp", lm_head_draft=True)
