@@ -65,6 +65,8 @@ class StepHarness:
         self.span = self.capacity
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        """One decode step from `token` [B]; returns logits [B, V], advances every position."""
+        """One decode step from `token` [B]; returns logits [B, V], advances every position
+        (the last step's routing settled first, as the engine's decoder does in `load`)."""
+        self.core.settle()
         self.token.copy_(token)
         return self.core.step(self.B, self.span)

@@ -28,6 +28,11 @@ class SlotPolicy(ABC):
     def victim(self, candidates: list[int]) -> int:
         """The resident expert among `candidates` to evict."""
 
+    def prefers(self, expert: int, victim: int) -> bool:
+        """Whether `expert` is worth its slot more than `victim` (an optional admission:
+        the graph step reads a miss in place and need not admit it)."""
+        return True
+
 
 class LruPolicy(SlotPolicy):
     def __init__(self, experts: int) -> None:
@@ -65,6 +70,9 @@ class LfuAgingPolicy(LruPolicy):
     def victim(self, candidates: list[int]) -> int:
         return min(candidates, key=lambda e: (self.count[e], self.last[e]))
 
+    def prefers(self, expert: int, victim: int) -> bool:
+        return self.count[expert] > self.count[victim]  # TinyLFU's rule: strictly hotter
+
 
 POLICIES = {"lfu": LfuAgingPolicy, "lru": LruPolicy}
 
@@ -79,6 +87,7 @@ class SlotMap:
         for s, e in enumerate(self.held):
             self.slot_of[e] = s
         self.hits = self.misses = 0
+        self.changes = 0  # admissions and resizes: a mirror of `slot_of` knows when it is stale
 
     @property
     def slots(self) -> int:
@@ -92,25 +101,35 @@ class SlotMap:
         self.hits += len(experts) - len(missing)
         return missing
 
+    def victim(self, keep: set[int]) -> tuple[int, int] | None:
+        """(slot, the expert it holds or -1) that an admission would take: a free slot, else
+        the policy's victim among experts not in `keep`; None when every slot holds one."""
+        free = [s for s, e in enumerate(self.held) if e < 0]
+        if free:
+            return free[0], -1
+        candidates = [e for e in self.held if e not in keep]
+        if not candidates:
+            return None
+        victim = self.policy.victim(candidates)
+        return self.slot_of[victim], victim
+
     def admit(self, expert: int, keep: set[int]) -> int | None:
         """A slot for `expert` (evicting the policy's victim among experts not in `keep`), or
         None when every slot holds an expert in `keep`."""
-        free = [s for s, e in enumerate(self.held) if e < 0]
-        if free:
-            slot = free[0]
-        else:
-            candidates = [e for e in self.held if e not in keep]
-            if not candidates:
-                return None
-            victim = self.policy.victim(candidates)
-            slot = self.slot_of[victim]
+        taken = self.victim(keep)
+        if taken is None:
+            return None
+        slot, victim = taken
+        if victim >= 0:
             self.slot_of[victim] = -1
         self.held[slot], self.slot_of[expert] = expert, slot
+        self.changes += 1
         return slot
 
     def resize(self, slots: int) -> list[int]:
         """Grow to `slots` (the new ones empty), or shrink, evicting the policy's victims; the
         old slot each new slot takes its expert from (-1: empty), for the caller's copy."""
+        self.changes += 1
         if slots >= len(self.held):
             old = list(range(len(self.held))) + [-1] * (slots - len(self.held))
             self.held += [-1] * (slots - len(self.held))

@@ -19,6 +19,9 @@ the host store in fp32, by the measured `MissCosts` (`miss="auto"`) or always on
   also brings the next MoE layer's router top-k over this layer's input, whose non-resident
   experts are copied into that layer's slots while this one computes (Pre-gated MoE's guess).
 
+- the captured step (`HybridStep._moe` with `in_place`, `experts.in_place`): no host sync;
+  the kernels read misses in place from the host store, admissions happen between steps.
+
 CPU compute is the expert in fp32 (fp8 codes × scales decoded exactly into fp32); on the GPU it
 is the bf16 kernels', so the two differ by the GPU side's bf16 rounding.
 """
@@ -70,6 +73,8 @@ class LayerTier:
         self.next: LayerTier | None = None
         self.next_router: torch.Tensor | None = None
         self.prefetched = 0
+        # the captured step's path (`in_place.InPlaceReads`), where `ExpertTiers` gives one
+        self.in_place = None
         for s in range(slots):
             self._copy_in(s, s)
         self._wait()
