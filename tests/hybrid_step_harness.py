@@ -66,7 +66,9 @@ class StepHarness:
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """One decode step from `token` [B]; returns logits [B, V], advances every position
-        (the last step's routing settled first, as the engine's decoder does in `load`)."""
-        self.core.settle()
+        (the expert routing read before and settled after, as the engine's decoder does)."""
+        self.core.before_step()
         self.token.copy_(token)
-        return self.core.step(self.B, self.span)
+        logits = self.core.step(self.B, self.span)
+        self.core.after_launch()
+        return logits

@@ -1,25 +1,26 @@
 """The captured decode step's path for offloaded experts: no host sync inside the step.
 
 `InPlaceReads` (one per `LayerTier` whose misses are `read`: `--expert-miss read`, and `auto`
-where the stacks are bf16 or fp8-row) keeps a device table `[E]` int64: expert e's slot, or
--1 - e where it is not resident. The decode kernels take it as a `kernels.moe_fused.Remap` and
-read a resident expert from its slot and any other in place from the page-locked host store
-(under unified addressing the host pointer is a device pointer; the reads cross PCIe), so the
-whole step (routing, expert kernels, everything) stays one fixed kernel sequence, captured as
-one CUDA graph per batch size, and a miss costs its bytes over the bus, not a host round trip.
-The same bytes go through the same kernel either way: the step's arithmetic does not depend
-on where an expert lives (all-resident logits, bit for bit, where the kernels are).
+where the stacks are bf16 or fp8-row) owns one row of `Tables`, a device table `[E]` int64:
+expert e's slot, or -1 - e where it is not resident. The decode kernels take it as a
+`kernels.moe_fused.Remap` and read a resident expert from its slot and any other in place from
+the page-locked host store (under unified addressing the host pointer is a device pointer; the
+reads cross PCIe), so the whole step (routing, expert kernels, everything) stays one fixed
+kernel sequence, captured as one CUDA graph per batch size, and a miss costs its bytes over the
+bus, not a host round trip. The same bytes go through the same kernel either way: the step's
+arithmetic does not depend on where an expert lives (all-resident logits, bit for bit).
 
-Between steps (`settle`, from `RoutingLog.settle` before the next step is loaded): the step's
-routed ids (one read for every layer, after the step's own sync) are counted by the slot map
-and its policy; up to `admit_per_step` misses a layer that the policy `prefers` to its victim
-are admitted: the victim is unmapped before the next step runs, the expert is copied into its
-slot on the tier's side stream while that step runs, and it is mapped once its copy has
-landed (`_land`, a later settle). Admissions are capped because a copy shares the bus with
-the next step's in-place reads: with uniform routing every admission is traffic for nothing.
-
-`RoutingLog`: where the step writes its offloaded layers' routed ids (`route_topk_triton`'s
-`ids_out`), filled with -1 after each read so a row the step did not run is not counted.
+The host works while the GPU runs the next step (`RoutingLog`): the step clears its routing
+log, the routers write it, and its last node copies it to page-locked memory; `take` reads
+that copy before the next step is launched and `settle` hands it to the tiers after the launch,
+so the bookkeeping overlaps the step. Each layer's routed ids are counted by the slot map and
+its policy; up to `admit_per_step` misses a layer that the policy `prefers` to its victim are
+admitted, every effect queued behind the step just launched (which still reads the old table):
+the victim is unmapped by the next table push, the expert is copied into its slot on the tier's
+side stream once that step is done, and mapped by a later push once the copy has landed. A
+slot map changed by an eager path (a prompt chunk admits and copies) is mirrored whole before
+the next launch (`prepare`). Admissions are capped because a copy shares the bus with the
+steps' in-place reads: with uniform routing every admission is traffic for nothing.
 """
 from __future__ import annotations
 
@@ -28,32 +29,63 @@ import torch
 from ..kernels.moe_fused import Remap
 
 
-class InPlaceReads:
-    """See the module docstring; `tier` is the `LayerTier` it serves."""
+class Tables:
+    """Every in-place layer's table: `device [L, E]` and its page-locked host copy, pushed in
+    one copy queued on the compute stream (after the step just launched)."""
 
-    def __init__(self, tier, admit_per_step: int = 1) -> None:
-        self.tier, self.admit_per_step = tier, admit_per_step
-        experts = tier.experts
-        self.table_host = torch.empty(experts, dtype=torch.long)
-        self.table = torch.empty(experts, dtype=torch.long, device=tier.device)
+    def __init__(self, layers: int, experts: int, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = torch.empty(layers, experts, dtype=torch.long, device=device)
+        self.host = torch.empty(layers, experts, dtype=torch.long, pin_memory=self.cuda)
+        self.pushed = None  # the last push's event: the host copy is read until it passes
+        self.dirty = False
+
+    def writable(self) -> torch.Tensor:
+        if self.pushed is not None:
+            self.pushed.synchronize()
+            self.pushed = None
+        return self.host
+
+    def push(self) -> None:
+        if not self.dirty:
+            return
+        self.device.copy_(self.host, non_blocking=True)
+        if self.cuda:
+            self.pushed = torch.cuda.Event()
+            self.pushed.record()
+        self.dirty = False
+
+
+class InPlaceReads:
+    """See the module docstring; `tier` is the `LayerTier` it serves, `row` its table."""
+
+    def __init__(self, tier, tables: Tables, row: int, admit_per_step: int = 1) -> None:
+        self.tier, self.tables, self.row = tier, tables, row
+        self.table = tables.device[row]
+        self.admit_per_step = admit_per_step
         self.landing: list[tuple[object, list[tuple[int, int]]]] = []  # (event, [(e, slot)])
         self.read_pairs = 0  # (token, expert) pairs the kernels read from host memory
         self.admitted = 0
         self.seen = -1  # the slot map's `changes` the table mirrors
-        self.sync()
+        self.prepare()
+        tables.push()
 
-    def sync(self) -> None:
-        """Mirror the slot map whole (after an eager path admitted or lending resized)."""
+    def _set(self, e: int, value: int) -> None:
+        self.tables.writable()[self.row, e] = value
+        self.tables.dirty = True
+
+    def prepare(self) -> None:
+        """Mirror the slot map whole where an eager path or lending changed it (before a
+        launch: the step must not read a slot whose expert was replaced)."""
         t = self.tier
+        if t.map.changes == self.seen:
+            return
         t._wait()  # copies in flight land before any later step reads their slots
         self.landing.clear()
-        self.table_host.copy_(torch.tensor([s if s >= 0 else -1 - e
-                                            for e, s in enumerate(t.map.slot_of)]))
-        self._push()
+        self.tables.writable()[self.row] = torch.tensor(
+            [s if s >= 0 else -1 - e for e, s in enumerate(t.map.slot_of)])
+        self.tables.dirty = True
         self.seen = t.map.changes
-
-    def _push(self) -> None:
-        self.table.copy_(self.table_host)  # from pageable memory: rewritable once it returns
 
     def remaps(self) -> tuple[Remap, Remap]:
         """The gate|up and down kernels' `Remap`s over the current slot stacks."""
@@ -64,26 +96,18 @@ class InPlaceReads:
                          0 if host.scale is None else _elements(host.scale, slots.scale))
         return remap(t.host_gu, t.slot_gu), remap(t.host_down, t.slot_down)
 
-    def _land(self) -> bool:
-        """Map in the experts whose copies have landed; whether the table changed."""
-        changed = False
+    def _land(self) -> None:
+        """Map in the experts whose copies have landed."""
         while self.landing and (self.landing[0][0] is None or self.landing[0][0].query()):
             for e, slot in self.landing.pop(0)[1]:
                 if self.tier.map.slot_of[e] == slot:  # not evicted again since
-                    self.table_host[e] = slot
-                    changed = True
-        return changed
+                    self._set(e, slot)
 
     def settle(self, routed: list[int]) -> None:
-        """One step's routed (token, expert) ids of this layer (none: the table brought up to
-        date only): counted, misses admitted."""
+        """One step's routed (token, expert) ids of this layer: counted, misses admitted."""
         t = self.tier
-        if t.map.changes != self.seen:
-            self.sync()
-        changed = self._land()
+        self._land()
         if not routed:
-            if changed:
-                self._push()
             return
         for e in routed:
             t.routed[e] += 1
@@ -103,17 +127,14 @@ class InPlaceReads:
                 continue
             t.map.admit(e, keep)
             if victim >= 0:
-                self.table_host[victim] = -1 - victim  # read in place from the next step on
+                self._set(victim, -1 - victim)  # read in place from the next step on
             admitted.append((e, slot))
         if admitted:
             for e, slot in admitted:
-                t._copy_in(e, slot)  # after the compute stream's earlier reads of the slot
+                t._copy_in(e, slot)  # after the compute stream's work: the step just launched
             self.landing.append((t.pending, admitted))
             self.admitted += len(admitted)
             self.seen = t.map.changes
-            changed = True
-        if changed:
-            self._push()
 
 
 def _elements(host: torch.Tensor, slots: torch.Tensor) -> int:
@@ -131,8 +152,13 @@ class RoutingLog:
         self.tiers = [lay["tier"] for lay in tiered]
         self.row = {id(t): i for i, t in enumerate(self.tiers)}
         k = max((lay["moe"].top_k for lay in tiered), default=0)
-        self.ids = (torch.full((len(tiered), rows * k), -1, dtype=torch.long, device=device)
-                    if tiered else None)
+        self.ids = self.host = None
+        self.taken: list[list[list[int]]] = []  # steps' routing read, not yet settled
+        if tiered:
+            device = torch.device(device)
+            self.ids = torch.full((len(tiered), rows * k), -1, dtype=torch.long, device=device)
+            self.host = torch.full_like(self.ids, -1, device="cpu").pin_memory() if (
+                device.type == "cuda") else torch.full_like(self.ids, -1)
 
     def out(self, tier, rows: int, k: int) -> torch.Tensor | None:
         """Where the step's router writes `tier`'s ids `[rows, k]`; None for other layers."""
@@ -140,16 +166,45 @@ class RoutingLog:
             return None
         return self.ids[self.row[id(tier)], : rows * k].view(rows, k)
 
-    def settle(self) -> None:
-        """Hand the last step's routing to the tiers (one read for every layer)."""
-        if self.ids is None:
-            return
-        log = self.ids.tolist()
-        self.discard()
-        for tier, row in zip(self.tiers, log):  # every layer: an eager chunk may have admitted
-            tier.in_place.settle([e for e in row if e >= 0])
-
-    def discard(self) -> None:
-        """Forget what the step wrote (a capture's warm-up run, not a step of the engine)."""
+    def clear(self) -> None:
+        """The step's first node: rows it does not run stay -1."""
         if self.ids is not None:
             self.ids.fill_(-1)
+
+    def record(self) -> None:
+        """The step's last node: the log to page-locked memory (read by the next `take`)."""
+        if self.ids is not None:
+            self.host.copy_(self.ids, non_blocking=True)
+
+    def take(self) -> None:
+        """Before a launch: the last step's routing (its sync has passed), the tables brought
+        up to date where an eager path changed a slot map."""
+        if self.ids is None:
+            return
+        if self.ids.is_cuda:  # the step's copy has landed (a no-op after the step's sync)
+            torch.cuda.current_stream(self.ids.device).synchronize()
+        self.taken.append(self.host.tolist())
+        self.host.fill_(-1)
+        for tier in self.tiers:
+            tier.in_place.prepare()
+        self._push()
+
+    def settle(self) -> None:
+        """After a launch: the routing taken, counted and admitted (see the module docstring);
+        with none taken, the copies that have landed are mapped in."""
+        for log in self.taken or [[[]] * len(self.tiers)]:
+            for tier, row in zip(self.tiers, log):
+                tier.in_place.settle([e for e in row if e >= 0])
+        self.taken.clear()
+        self._push()
+
+    def _push(self) -> None:
+        if self.tiers:
+            self.tiers[0].in_place.tables.push()
+
+    def discard(self) -> None:
+        """Forget what a capture's warm-up run wrote (it is not a step of the engine)."""
+        if self.ids is not None:
+            if self.ids.is_cuda:
+                torch.cuda.synchronize(self.ids.device)
+            self.host.fill_(-1)

@@ -184,15 +184,25 @@ class HybridStep:
         # offloaded layers read in place: the step's routing, for the tiers between steps
         self.routing = RoutingLog(weights.layers, rows, dev)
 
-    def settle(self) -> None:
-        """Before loading a step: the last step's routing to the expert tiers (admissions)."""
+    def before_step(self) -> None:
+        """Before a launch: the last step's expert routing read (`experts.in_place`)."""
+        self.routing.take()
+
+    def after_launch(self) -> None:
+        """After a launch: that routing to the expert tiers, while the GPU runs the step."""
         self.routing.settle()
+
+    def settle(self) -> None:
+        """Both at once: the last step's routing counted now (a bench's window, a test)."""
+        self.before_step()
+        self.after_launch()
 
     def step(self, batch: int, kv_span: int, q_len: int = 1) -> torch.Tensor:
         """Logits [batch · q_len, V] of token rows 0..batch·q_len-1; `kv_span` ≥ every row's
         length after the step sizes the attention kernel's split grid. A decode step
         (q_len 1) advances `pos` of its rows by one."""
         n = batch * q_len
+        self.routing.clear()
         x = F.embedding(self.tokens[:n], self.w.model.embedding)
         kv, gdn, attn, moe = self.kv(), 0, 0, 0
         ranks = self.w.model.ranks
@@ -232,6 +242,7 @@ class HybridStep:
             self.hidden[:n].copy_(y)
         if q_len == 1:
             self.pos[:batch] += 1
+        self.routing.record()
         return ranks.gather_vocab(self.w.head(y), self.c["vocab_size"])
 
     def keep(self, row: int, kept: int) -> None:
@@ -349,9 +360,9 @@ class EngineHybridDecoder:
 
     def load(self, seqs, drafts: list[list[int]] | None = None) -> None:
         """Each row's tokens (its last output, then its drafts), their positions and rotary
-        shift, its state slot and page table; first, the last step's expert routing settled."""
+        shift, its state slot and page table; first, the last step's expert routing read."""
         c = self.core
-        c.settle()
+        c.before_step()
         rows = [[seq.output[-1], *(drafts[b] if drafts else ())] for b, seq in enumerate(seqs)]
         meta = torch.zeros(4, sum(map(len, rows)), dtype=torch.long)
         meta[0] = torch.tensor([t for row in rows for t in row])
@@ -367,6 +378,10 @@ class EngineHybridDecoder:
 
     def keep(self, row: int, kept: int) -> None:
         self.core.keep(row, kept)
+
+    def after_launch(self) -> None:
+        """The step is queued: the expert tiers' bookkeeping runs while it computes."""
+        self.core.after_launch()
 
     def discard_routing(self) -> None:
         """A capture's warm-up ran the step: its routing is not a step's."""

@@ -83,8 +83,11 @@ class DecodeGraphs:
         d.load(seqs, drafts)
         batch, self._q_len = len(seqs), q_len
         bucket = context_bucket(max(seq.cached + q_len for seq in seqs), d.max_context)
+        after = getattr(d, "after_launch", lambda: None)  # host work while the step runs
         if not self.capture:
-            return d.step(batch, bucket, q_len)
+            logits = d.step(batch, bucket, q_len)
+            after()
+            return logits
         bound = (d.storage.k, getattr(d, "generation", 0))
         if bound[0] is not self._bound_k[0] or bound[1] != self._bound_k[1]:
             # the pool grew into new tensors, or lending moved the expert slots
@@ -99,6 +102,7 @@ class DecodeGraphs:
             d.load(seqs, drafts)  # the warm-up moved the positions in the buffers
         graph, logits = self._graphs[key]
         graph.replay()
+        after()
         return logits
 
     def _record(self, batch: int, bucket: int,

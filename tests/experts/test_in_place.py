@@ -111,3 +111,29 @@ def test_reads_in_place_equal_resident_and_the_host_synced_step():
     assert sum(r.read_pairs for r in reads) > 0 and sum(r.admitted for r in reads) > 0
     assert sum(t.map.hits for t in tiers.values()) > 0
     assert all(r.admitted <= 3 for r in reads)  # one admission a layer a step at most
+
+
+def test_admissions_wait_for_the_step_and_prefer_hotter_experts():
+    """Between steps: the busiest miss is admitted (one a layer a step), its victim unmapped
+    at once (the next step reads it in place), the admitted expert mapped a settle later,
+    once its copy has landed, its slot holding its host bytes; under LFU a miss no hotter
+    than every resident is read in place and not admitted."""
+    from ninfer_engine.experts.in_place import InPlaceReads, Tables
+    from ninfer_engine.experts.slot_cache import LfuAgingPolicy
+    from ninfer_engine.experts.tier import LayerTier
+    from ninfer_engine.models.experts import ExpertStack
+    E, I, H = 6, 4, 8
+    host = (ExpertStack(torch.randn(E, 2 * I, H)), ExpertStack(torch.randn(E, H, I)))
+    tier = LayerTier(host, 2, I, "cpu", LfuAgingPolicy(E), "read")
+    reads = InPlaceReads(tier, Tables(1, E, torch.device("cpu")), 0)
+    assert reads.table.tolist() == [0, 1, -3, -4, -5, -6]
+    reads.settle([0, 5, 4, 5])  # misses 5 (twice) and 4: 5 admitted over cold expert 1
+    reads.tables.push()
+    assert reads.admitted == 1 and reads.read_pairs == 3 and tier.map.slot_of[5] == 1
+    assert reads.table.tolist() == [0, -2, -3, -4, -5, -6]  # 5 not mapped before it lands
+    reads.settle([0, 5])  # the copy has landed: mapped; a hit now
+    reads.tables.push()
+    assert reads.table.tolist() == [0, -2, -3, -4, -5, 1]
+    assert torch.equal(tier.slot_gu.w[1], host[0].w[5]) and tier.map.hits == 3
+    reads.settle([2, 0])  # 2 (count 1) is not hotter than 5 (count 2), its only candidate
+    assert reads.admitted == 1 and tier.map.slot_of[2] == -1 and reads.read_pairs == 4
