@@ -121,12 +121,13 @@ def test_remapped_kernels_read_page_locked_host_experts():
     assert all(torch.equal(a, b) for a, b in zip(want, captured))
 
 
-def test_reads_in_place_capture_the_step_and_serve_the_resident_tokens(tmp_path):
+def test_reads_in_place_capture_the_step_and_serve_the_copy_steps_tokens(tmp_path):
     """fp8-row experts, bf16, two slots of eight a layer, misses read in place: the decode
     step is captured (CUDA graphs), experts are admitted between steps, and the greedy tokens
-    equal every expert resident and the uncaptured copy step's."""
+    equal the uncaptured copy step's (the same prompt path and decode kernels; all-resident
+    bf16 prefills through grouped matmuls, another rounding, so it is compared on the CPU:
+    tests/experts/test_in_place.py)."""
     path = write_synthetic("tiny-moe", tmp_path / "moe8.ninfer", recipe="fp8-row")
-    want, _, _ = serve(path, tokens=48)
     got, snap, engine = serve(path, tokens=48, expert_vram_mib=2 * 4 * FP8_MIB,
                               expert_miss="read")
     synced, _, _ = serve(path, tokens=48, expert_vram_mib=2 * 4 * FP8_MIB, expert_miss="copy")
@@ -136,4 +137,4 @@ def test_reads_in_place_capture_the_step_and_serve_the_resident_tokens(tmp_path)
     reads = [t.in_place for t in tiers.layers.values()]
     assert sum(r.read_pairs for r in reads) > 0 and sum(r.admitted for r in reads) > 0
     assert snap.experts.misses > 0 and snap.experts.hits > 0
-    assert got == want == synced
+    assert got == synced
