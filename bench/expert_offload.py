@@ -1,30 +1,39 @@
 """Routed experts in host RAM on the Flash-Next shape (issue 20): decode speed by the share of
 experts off the device, uniform and skewed routing, beside the bytes each token needs.
 
-One H200 call (the lead's; ~10 minutes in all, weights included):
+One H200 call (the lead's; ~8 minutes, weights included):
 
     OUT=$OUT python bench/expert_offload.py --layers 16 \
         --out bench/results/h200-expert-offload
 
 The model is `flash-next` (Qwen3-Next-80B-A3B class: 512 routed experts, top-10, I = 512,
 H = 2048) cut to `--layers` layers (default 16 of 48, so the host store of every expert, ~24 GiB
-page-locked, and eight builds fit in one call), random weights drawn on the device once, routed
+page-locked, and the builds fit in one call), random weights drawn on the device once, routed
 experts stored fp8-row (`--recipe`). Each configuration builds the serving model over those
-weights: 0 % (every expert stacked on the device: the CUDA-graph step; and every expert in a
-slot of the tier: its uncaptured step, the cost of the path alone) or 25 / 50 / 80 % of the routed
-experts off the device (`round((1 − share) · 512)` device slots a layer, every expert in the
-host store; misses by the measured cost model unless `--miss`), then times `Engine.step`:
+weights and times `Engine.step`, in this order (the issue's targets first, so a run cut short by
+--budget-s keeps them):
+
+- every expert stacked on the device: the CUDA-graph step, the reference;
+- the tier with every expert in a slot (512 slots: all hits), the cost of the path alone;
+- 50 % and 80 % of the routed experts off the device (`round((1 − share) · 512)` slots a
+  layer, every expert in the host store); `--shares` adds others (25 % say).
+
+Misses: `--miss auto` (default) is the captured step that reads misses in place from
+page-locked host memory and admits experts between steps (`experts.in_place`); `copy` / `cpu`
+the uncaptured step of before (a host sync a MoE layer). `--eager-too` adds the uncaptured
+copy step's rows beside the captured ones. Each at
 
 - B = 1: one request, a 64-token prompt, then `--steps` decode steps (after 8 warm-up ones);
 - B = 8: eight requests decoded together, aggregate tok/s over the same number of steps.
 
 Beside each figure: the decode window's slot hit rate, CPU share of the routed pairs, host
-bytes per token (copied into slots + read by CPU-computed experts) and the arithmetic of what
-a uniform token needs (k · layers · share · expert bytes) with the host → device bandwidth
-measured in the same run, whose ratio bounds tok/s when every miss is copied. Skewed routing:
-router rows scaled by rank^-0.3 (`benchmark.routing_skew`), whose measured popularity (share
-of routed pairs to the hottest 20 % of experts) is reported. `--smoke` runs tiny-moe on the CPU
-(orchestration only: its numbers mean nothing).
+bytes per token (read in place by the kernels, copied into slots, read by CPU-computed
+experts) and the arithmetic of what a uniform token needs (k · layers · share · expert bytes)
+with the host → device bandwidth measured in the same run, whose ratio bounds tok/s when every
+miss crosses the bus once. Skewed routing: router rows scaled by rank^-0.3
+(`benchmark.routing_skew`), whose measured popularity (share of routed pairs to the hottest
+20 % of experts) is reported. `--smoke` runs tiny-moe on the CPU (orchestration only: its
+numbers mean nothing). Writes `<out>.json` and `<out>.md` after every configuration.
 
 `--arch 35b-a3b --layers 40` runs the 35B-A3B shape whole (256 experts, top-8; host store
 ~30 GiB), the shape llama.cpp's `-ncmoe` was measured on with the same H200 machine
@@ -58,10 +67,9 @@ from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
-# (share of the experts off the device, through the tier): 0 % twice, the captured all-resident
-# step and the tier's uncaptured step with every expert in a slot (the cost of the path alone)
-# (in the order run: the issue's targets first, so a run cut short by --budget-s keeps them)
-CONFIGS = ((0.0, False), (0.5, True), (0.8, True), (0.25, True), (0.0, True))
+# (share of the experts off the device, through the tier?) in the order run: the reference,
+# the tier's path alone (every expert in a slot), then the issue's targets
+CONFIGS = ((0.0, False), (0.0, True), (0.5, True), (0.8, True))
 SKEW = 0.3
 WARM, PROMPT = 8, 64
 MB = 1e6
@@ -127,14 +135,28 @@ def build(config, source, share, tiered, skew, miss, prefetch, device):
 def counters(tiers) -> dict:
     if tiers is None:
         return dict(hits=0, misses=0, cpu_pairs=0, device_pairs=0, bytes_copied=0,
-                    cpu_experts=0, prefetched=0)
+                    cpu_experts=0, prefetched=0, read_pairs=0, admitted=0)
     layers = tiers.layers.values()
+    reads = [t.in_place for t in layers if t.in_place is not None]
     return dict(hits=sum(t.map.hits for t in layers), misses=sum(t.map.misses for t in layers),
                 cpu_pairs=sum(t.cpu_pairs for t in layers),
                 device_pairs=sum(t.device_pairs for t in layers),
                 bytes_copied=sum(t.bytes_copied for t in layers),
                 cpu_experts=sum(t.cpu_experts for t in layers),
-                prefetched=sum(t.prefetched for t in layers))
+                prefetched=sum(t.prefetched for t in layers),
+                read_pairs=sum(r.read_pairs for r in reads),
+                admitted=sum(r.admitted for r in reads))
+
+
+def settle(engine) -> float:
+    """Hand the last decode step's routing to the tiers now (the captured step's tiers count a
+    step after the next one is launched, `experts.in_place`); the host seconds spent settling
+    so far (0 without a routing log)."""
+    core = getattr(getattr(engine.runner.graphs, "decoder", None), "core", None)
+    if core is None:
+        return 0.0
+    core.settle()
+    return core.routing.seconds
 
 
 def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict:
@@ -151,6 +173,7 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
         engine.step()
     for _ in range(WARM):
         engine.step()
+    settled = settle(engine)  # the warm-up's routing into the counters before the window
     before, emitted = counters(tiers), sum(len(s.output) for s in seqs)
     sync = torch.cuda.synchronize if engine.model.device.type == "cuda" else (lambda: None)
     sync()
@@ -160,6 +183,7 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
     sync()
     seconds = time.perf_counter() - start
     tokens = sum(len(s.output) for s in seqs) - emitted
+    settled = settle(engine) - settled  # the last timed step's routing
     after = counters(tiers)
     d = {k: after[k] - before[k] for k in after}
     while engine.step():  # the requests run out
@@ -170,6 +194,9 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
                 hit_rate=d["hits"] / lookups if lookups else None,
                 cpu_share=d["cpu_pairs"] / pairs if pairs else 0.0,
                 copied_mb_per_token=d["bytes_copied"] / tokens / MB,
+                read_mb_per_token=d["read_pairs"] * expert_bytes / tokens / MB,
+                admitted_per_token=d["admitted"] / tokens,
+                settle_ms_per_step=1e3 * settled / steps,  # host, overlapping the step
                 cpu_read_mb_per_token=d["cpu_experts"] * expert_bytes / tokens / MB,
                 prefetched_per_token=d["prefetched"] / tokens)
 
@@ -180,7 +207,11 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--recipe", default="fp8-row")
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--miss", choices=("auto", "copy", "cpu"), default="auto")
+    ap.add_argument("--miss", choices=("auto", "read", "copy", "cpu"), default="auto")
+    ap.add_argument("--eager-too", action="store_true",
+                    help="also the uncaptured copy step (--expert-miss copy) at each share")
+    ap.add_argument("--shares", type=float, nargs="*", default=[],
+                    help="more shares off the device after the default ones (0.25 say)")
     ap.add_argument("--out", default="bench/results/h200-expert-offload")
     ap.add_argument("--prefetch", action="store_true",
                     help="copy the next MoE layer's guessed experts ahead (--expert-prefetch)")
@@ -210,23 +241,30 @@ def main() -> int:
                   experts=config["num_experts"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for share, tiered in CONFIGS:
+    configs = [(share, tiered, args.miss) for share, tiered in CONFIGS]
+    configs += [(share, True, args.miss) for share in args.shares]
+    if args.eager_too:  # the uncaptured step of before, beside the captured one
+        configs += [(share, True, "copy") for share, tiered in CONFIGS if tiered]
+    for share, tiered, miss in configs:
         for routing, skew in (("uniform", 0.0), ("skewed", SKEW)):
             if time.perf_counter() - began > args.budget_s:
-                skipped.append(dict(routing=routing, host_share=share, tier=tiered))
+                skipped.append(dict(routing=routing, host_share=share, tier=tiered, miss=miss))
                 result["not_measured"] = dict(reason=f"--budget-s {args.budget_s:.0f} spent",
                                               configs=skipped)
                 continue
             log(f"{routing} routing, {share:.0%} of the experts off the device"
                 + (" (tier)" if tiered else ""))
             t = time.perf_counter()
-            model, tiers = build(config, source, share, tiered, skew, args.miss, args.prefetch,
+            model, tiers = build(config, source, share, tiered, skew, miss, args.prefetch,
                                  device)
             engine = bench_engine(model, arch, config, 8, 1024)
             built = time.perf_counter() - t
+            graphs = engine.runner.graphs
+            step = "graph step" if graphs is not None and graphs.capture else "eager step"
             for batch in (1, 8):
                 row = dict(routing=routing, host_share=share, build_s=built,
-                           path="tier, eager step" if tiers else "all stacked, graph step",
+                           miss=miss if tiers else None,
+                           path=f"tier ({miss}), {step}" if tiers else f"all stacked, {step}",
                            slots=tiers.placement.slots if tiers else config["num_experts"],
                            **decode(engine, tiers, batch, args.steps, config["vocab_size"],
                                     seed=batch))
@@ -239,7 +277,8 @@ def main() -> int:
                         [sum(c) for c in zip(*(t.routed for t in tiers.layers.values()))], 0.2)
                 result["rows"].append(row)
                 log(f"  B={batch}: {row['tok_s']:.1f} tok/s, hit {row['hit_rate']}, "
-                    f"cpu {row['cpu_share']:.2f}, {row['copied_mb_per_token']:.1f} MB/token")
+                    f"cpu {row['cpu_share']:.2f}, {row['read_mb_per_token']:.1f} MB/token "
+                    f"read, {row['copied_mb_per_token']:.1f} copied")
             engine.stop()
             del engine, model, tiers
             gc.collect()
@@ -271,9 +310,9 @@ def report(r: dict) -> str:
         f"{r['routing']['skewed']} (top-20 % share measured per row).",
         "",
         "| routing | off device | path | slots | B | tok/s | × all-on-device | hit rate "
-        "| CPU share | MB/token copied | MB/token CPU-read | uniform need MB/token "
-        "| bound tok/s | top-20 % share |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "| CPU share | MB/token read in place | MB/token copied | MB/token CPU-read "
+        "| uniform need MB/token | bound tok/s | top-20 % share | settle ms/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ratio(row) -> str:
         all_on = base.get((row["routing"], row["batch"]))
@@ -288,14 +327,22 @@ def report(r: dict) -> str:
             f"| {row['routing']} | {row['host_share']:.0%} | {row['path']} | {row['slots']} "
             f"| {row['batch']} "
             f"| {row['tok_s']:.1f} | {ratio(row)} "
-            f"| {hit} | {row['cpu_share']:.1%} | {row['copied_mb_per_token']:.1f} "
+            f"| {hit} | {row['cpu_share']:.1%} | {row.get('read_mb_per_token', 0):.1f} "
+            f"| {row['copied_mb_per_token']:.1f} "
             f"| {row['cpu_read_mb_per_token']:.1f} | {need:.1f} "
-            f"| {'' if bound is None else f'{bound:.1f}'} | {top} |")
+            f"| {'' if bound is None else f'{bound:.1f}'} | {top} "
+            f"| {row.get('settle_ms_per_step', 0):.3f} |")
     lines += ["", "`bound tok/s`: host → device bandwidth / the uniform need (every missed "
-              "expert copied once per token, nothing else in the step), per sequence at B = 1."]
+              "expert crossing the bus once per token, nothing else in the step), per sequence "
+              "at B = 1. `graph step`: the captured step (misses read in place from page-locked "
+              "memory, admitted between steps); `eager step`: uncaptured (a host sync a MoE "
+              "layer). `settle ms/step`: the host's bookkeeping of the captured step's routing "
+              "(counts, admissions, table push), run while the GPU computes the next step: "
+              "where it nears the step time the host bounds the rate."]
     if "not_measured" in r:
         lines += ["", f"Not measured ({r['not_measured']['reason']}): "
-                  + ", ".join(f"{c['routing']} {c['host_share']:.0%}" + (" tier" * c["tier"])
+                  + ", ".join(f"{c['routing']} {c['host_share']:.0%}"
+                              + (f" tier ({c['miss']})" if c["tier"] else "")
                               for c in r["not_measured"]["configs"])]
     return "\n".join(lines) + "\n"
 

@@ -43,8 +43,11 @@ Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-hos
            --cuda-dtype bf16|fp32 (bf16; fp32 is the exact, slower path)
            --cuda-weights auto|packed|dequant (auto: each format in its fastest form)
 Experts:   --expert-vram-mib F|auto (device memory for routed experts; the rest in host RAM,
-           cached in device slots; default: all on the device)  --expert-miss auto|copy|cpu
-           (auto: by the cost measured at load)  --expert-cache lfu|lru (lfu)
+           cached in device slots; default: all on the device)
+           --expert-miss auto|read|copy|cpu (read: the CUDA-graph step reads misses in place
+           from host RAM and caches them between steps; copy/cpu: an uncaptured step that copies
+           or computes each miss on the CPU; auto: read where the experts' form allows, else by
+           the cost measured at load)  --expert-cache lfu|lru (lfu)
            --expert-prefetch (copy the next MoE layer's guessed experts ahead)
 Artifact:  --no-verify (skip the load-time check of the payload against the SHA-256 the
            artifact records in metadata.payload_sha256; a mismatch refuses to start)

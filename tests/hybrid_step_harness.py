@@ -65,6 +65,10 @@ class StepHarness:
         self.span = self.capacity
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
-        """One decode step from `token` [B]; returns logits [B, V], advances every position."""
+        """One decode step from `token` [B]; returns logits [B, V], advances every position
+        (the expert routing read before and settled after, as the engine's decoder does)."""
+        self.core.before_step()
         self.token.copy_(token)
-        return self.core.step(self.B, self.span)
+        logits = self.core.step(self.B, self.span)
+        self.core.after_launch()
+        return logits

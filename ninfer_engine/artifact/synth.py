@@ -105,7 +105,7 @@ def parameter_shapes(config: dict, mtp: bool = False) -> dict[str, tuple[int, ..
         out[p + "input_norm"] = out[p + "post_attention_norm"] = (h,)
         out.update({p + k: s for k, s in (_gdn(config) if kind == "linear_attention"
                                           else _attention(config)).items()})
-        out.update({p + k: s for k, s in _ffn(config).items()})
+        out.update({p + k: s for k, s in _ffn(config, i).items()})
     if mtp:  # one gated-attention layer with the target's FFN type (`hf_names.mtp_params_from_hf`)
         out.update({"mtp/input_projection": (h, 2 * h), "mtp/embedding_norm": (h,),
                     "mtp/hidden_norm": (h,), "mtp/final_norm": (h,)})
@@ -143,9 +143,10 @@ def _swiglu(prefix: str, h: int, width: int) -> dict:
     return {prefix + "gate": (width, h), prefix + "up": (width, h), prefix + "down": (h, width)}
 
 
-def _ffn(c: dict) -> dict:
+def _ffn(c: dict, layer: int | None = None) -> dict:
+    """Layer `layer`'s FFN (None: the MTP layer's, the MoE where the model has one)."""
     h = c["hidden_size"]
-    if "num_experts" not in c:
+    if "num_experts" not in c or layer in c.get("mlp_only_layers", ()):
         return _swiglu("mlp/", h, c["intermediate_size"])
     out = {"moe/router": (c["num_experts"], h), "moe/shared_score": (1, h)}
     for e in range(c["num_experts"]):

@@ -193,7 +193,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--cuda-weights": ("cuda_weights", _choice("auto", "packed", "dequant"), None),
     "--no-verify": ("no_verify", None, True),
     "--expert-vram-mib": ("expert_vram_mib", _expert_vram, None),
-    "--expert-miss": ("expert_miss", _choice("auto", "copy", "cpu"), None),
+    "--expert-miss": ("expert_miss", _choice("auto", "read", "copy", "cpu"), None),
     "--expert-cache": ("expert_cache", _choice("lfu", "lru"), None),
     "--expert-prefetch": ("expert_prefetch", None, True),
 }

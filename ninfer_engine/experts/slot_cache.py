@@ -16,6 +16,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
+import numpy as np
+
 
 class SlotPolicy(ABC):
     """Eviction order over one layer's experts."""
@@ -28,19 +30,26 @@ class SlotPolicy(ABC):
     def victim(self, candidates: list[int]) -> int:
         """The resident expert among `candidates` to evict."""
 
+    def prefers(self, expert: int, victim: int) -> bool:
+        """Whether `expert` is worth its slot more than `victim` (an optional admission:
+        the graph step reads a miss in place and need not admit it)."""
+        return True
+
 
 class LruPolicy(SlotPolicy):
+    # numpy state: a victim is searched over every resident expert (256 on Flash-Next at half
+    # its experts) between decode steps, which a Python `min` with a key made ~1 ms a layer
     def __init__(self, experts: int) -> None:
-        self.last = [0] * experts
+        self.last = np.zeros(experts, dtype=np.int64)
         self.clock = 0
 
     def touch(self, experts: Iterable[int]) -> None:
         self.clock += 1
-        for e in experts:
-            self.last[e] = self.clock
+        self.last[list(experts)] = self.clock
 
-    def victim(self, candidates: list[int]) -> int:
-        return min(candidates, key=self.last.__getitem__)
+    def victim(self, candidates) -> int:
+        c = np.asarray(candidates)
+        return int(c[np.argmin(self.last[c])])  # the first of equals, as `min` would
 
 
 class LfuAgingPolicy(LruPolicy):
@@ -48,22 +57,25 @@ class LfuAgingPolicy(LruPolicy):
 
     def __init__(self, experts: int, period: int | None = None) -> None:
         super().__init__(experts)
-        self.count = [0.0] * experts
+        self.count = np.zeros(experts)
         self.period = period or 16 * experts  # lookups between halvings
         self.since = 0
 
     def touch(self, experts: Iterable[int]) -> None:
-        experts = list(experts)
+        experts = list(experts)  # distinct (one step's lookups)
         super().touch(experts)
-        for e in experts:
-            self.count[e] += 1.0
+        self.count[experts] += 1.0
         self.since += len(experts)
         if self.since >= self.period:
-            self.count = [c / 2 for c in self.count]
+            self.count /= 2
             self.since = 0
 
-    def victim(self, candidates: list[int]) -> int:
-        return min(candidates, key=lambda e: (self.count[e], self.last[e]))
+    def victim(self, candidates) -> int:
+        c = np.asarray(candidates)
+        return int(c[np.lexsort((self.last[c], self.count[c]))[0]])  # stable: first of equals
+
+    def prefers(self, expert: int, victim: int) -> bool:
+        return bool(self.count[expert] > self.count[victim])  # TinyLFU's rule: strictly hotter
 
 
 POLICIES = {"lfu": LfuAgingPolicy, "lru": LruPolicy}
@@ -79,6 +91,8 @@ class SlotMap:
         for s, e in enumerate(self.held):
             self.slot_of[e] = s
         self.hits = self.misses = 0
+        self.changes = 0  # admissions and resizes: a mirror of `slot_of` knows when it is stale
+        self._array, self._array_at = np.array(self.held), 0
 
     @property
     def slots(self) -> int:
@@ -92,25 +106,40 @@ class SlotMap:
         self.hits += len(experts) - len(missing)
         return missing
 
+    def victim(self, keep: set[int]) -> tuple[int, int] | None:
+        """(slot, the expert it holds or -1) that an admission would take: a free slot, else
+        the policy's victim among experts not in `keep`; None when every slot holds one."""
+        if -1 in self.held:
+            return self.held.index(-1), -1
+        if self._array_at != self.changes:  # `held` as an array, rebuilt when it changed
+            self._array, self._array_at = np.array(self.held), self.changes
+        candidates = self._array
+        if keep:
+            mask = np.ones(len(candidates), dtype=bool)
+            mask[[self.slot_of[e] for e in keep if self.slot_of[e] >= 0]] = False
+            candidates = candidates[mask]
+        if not len(candidates):
+            return None
+        victim = self.policy.victim(candidates)
+        return self.slot_of[victim], victim
+
     def admit(self, expert: int, keep: set[int]) -> int | None:
         """A slot for `expert` (evicting the policy's victim among experts not in `keep`), or
         None when every slot holds an expert in `keep`."""
-        free = [s for s, e in enumerate(self.held) if e < 0]
-        if free:
-            slot = free[0]
-        else:
-            candidates = [e for e in self.held if e not in keep]
-            if not candidates:
-                return None
-            victim = self.policy.victim(candidates)
-            slot = self.slot_of[victim]
+        taken = self.victim(keep)
+        if taken is None:
+            return None
+        slot, victim = taken
+        if victim >= 0:
             self.slot_of[victim] = -1
         self.held[slot], self.slot_of[expert] = expert, slot
+        self.changes += 1
         return slot
 
     def resize(self, slots: int) -> list[int]:
         """Grow to `slots` (the new ones empty), or shrink, evicting the policy's victims; the
         old slot each new slot takes its expert from (-1: empty), for the caller's copy."""
+        self.changes += 1
         if slots >= len(self.held):
             old = list(range(len(self.held))) + [-1] * (slots - len(self.held))
             self.held += [-1] * (slots - len(self.held))

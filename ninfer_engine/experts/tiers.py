@@ -19,9 +19,11 @@ import math
 
 import torch
 
+from ..kernels.moe_dequant import scale_layout
 from ..stats import ExpertStats
 from .cost_model import measure
 from .host_store import ExpertGetter, HostExperts
+from .in_place import InPlaceReads, Tables
 from .placement import ExpertPlacement
 from .slot_cache import POLICIES
 from .tier import LayerTier, empty_slots
@@ -49,9 +51,22 @@ class ExpertTiers:
         self.costs = measure((first.host_gu, first.host_down), scratch, first.cpu_expert)
         for tier in self.layers.values():
             tier.costs = self.costs
+        # misses read in place by the captured step (`in_place`): every form but group scales
+        # (Q4/Q5), whose kernels take no `Remap`; `auto` prefers it to a host sync a layer
+        if miss in ("read", "auto") and all(scale_layout(s.w, s.scale)[0] < 2
+                                            for s in (first.host_gu, first.host_down)):
+            tables = Tables(len(self.layers), E, self.device)
+            for row, tier in enumerate(self.layers.values()):
+                tier.in_place = InPlaceReads(tier, tables, row)
         self.prefetch = prefetch
         self.lent_pages = 0
         self.unit_pages = 0  # pages a lent slot (one in every MoE layer) takes
+        self.generation = 0  # bumped when lending reallocates the slot stacks (recapture)
+
+    @property
+    def capturable(self) -> bool:
+        """Whether the decode step runs without a host sync (every layer reads in place)."""
+        return all(t.in_place is not None for t in self.layers.values())
 
     # -- building the model -------------------------------------------------------------
 
@@ -109,6 +124,7 @@ class ExpertTiers:
         slots = self.placement.slots + self.lent_pages // max(self.unit_pages, 1)
         for tier in self.layers.values():
             tier.resize(slots)
+        self.generation += 1
 
     # -- stats ---------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ._dispatch import dot_dtype, use_triton
 from .moe_dequant import dequantize_experts, scale_layout
-from .moe_fused import _manual_rne, _round_bf16, _stages, _tile
+from .moe_fused import _manual_rne, _round_bf16, _stages, _tile, remap_args, remap_expert
 from .pdl import pdl_launch, pdl_release, pdl_wait
 
 # (block_h, block_k, num_warps) by (scale mode, one row): the slot sweep's picks
@@ -61,11 +61,12 @@ def moe_down_combine_ref(act, w_down, ids, weights, B, k, scale=None):
 
 @triton.jit
 def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, s_ptr, H, I,
-                         KS: tl.constexpr, USE_DOT: tl.constexpr, DOT: tl.constexpr,
+                         map_ptr, host_w, host_s, KS: tl.constexpr, USE_DOT: tl.constexpr,
+                         DOT: tl.constexpr,
                          BH: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
                          MANUAL_RNE: tl.constexpr, ROW_SCALE: tl.constexpr,
                          SPLIT: tl.constexpr, KSPLIT: tl.constexpr, KCH: tl.constexpr,
-                         ATOMIC: tl.constexpr,
+                         ATOMIC: tl.constexpr, REMAP: tl.constexpr = 0,
                          PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`; the next launch is released after the slot loop
     b = tl.program_id(0)
@@ -107,9 +108,12 @@ def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, s_ptr, H, I,
             e = tl.load(ids_ptr + s, mask=live, other=0).to(tl.int64)
             wt = tl.load(wt_ptr + s, mask=live, other=0.0).to(tl.float32)
         a_row = a_ptr + s.to(tl.int64) * I
-        w_base = w_ptr + e * H * I  # scalar int64 base, int32 offset tile
+        w_at, s_at = w_ptr, s_ptr
+        if REMAP:  # a dead slot's expert 0 is remapped too: its loads stay masked off
+            e, w_at, s_at = remap_expert(e, map_ptr, w_ptr, s_ptr, host_w, host_s)
+        w_base = w_at + e * H * I  # scalar int64 base, int32 offset tile
         if ROW_SCALE:  # this slot's expert's row scales
-            sc = tl.load(s_ptr + e * H + rows, mask=smask, other=0.0).to(tl.float32)
+            sc = tl.load(s_at + e * H + rows, mask=smask, other=0.0).to(tl.float32)
         if USE_DOT:
             acc16 = tl.zeros([16, BH], tl.float32)
         for k in range(k_lo, k_hi, BK):
@@ -160,7 +164,7 @@ def _down_combine_kernel(a_ptr, w_ptr, ids_ptr, wt_ptr, y_ptr, s_ptr, H, I,
 
 def moe_down_combine_triton(act, w_down, ids, weights, B, k, block_h=None, block_k=None,
                             use_dot=False, num_warps=None, num_stages=None, scale=None, *,
-                            slot_split=1, k_split=1, out=None):
+                            slot_split=1, k_split=1, out=None, remap=None):
     """Triton path: one program per (row b, block of H outputs), looping over the k slots
     (unrolled: k is a compile-time constant). Tiles default to `DOWN_TILES` (block_h 8: 256
     programs per row at H = 2048, ~2 per H200 SM at B = 1), block_h 16 with `use_dot` (tl.dot
@@ -183,7 +187,9 @@ def moe_down_combine_triton(act, w_down, ids, weights, B, k, block_h=None, block
     runs here (the decode step zeroes every layer's buffer in one launch; its RMSNorm reads
     fp32). Without `out`: S = k_split = 1 returns a new act-dtype tensor as always (the same
     kernel, bit for bit); with a split, a zeroed fp32 buffer is allocated and returned cast to
-    act's dtype (one torch rounding, to nearest even)."""
+    act's dtype (one torch rounding, to nearest even).
+
+    `remap`: ids are experts, read through a `moe_fused.Remap` (bf16 and fp8-row only)."""
     if block_h is None and use_dot:
         block_h = 16
     E, H, I = w_down.shape
@@ -205,6 +211,7 @@ def moe_down_combine_triton(act, w_down, ids, weights, B, k, block_h=None, block
         y = torch.empty(B, H, device=act.device, dtype=act.dtype)
     act, weights = act.contiguous(), weights.contiguous()
     if mode == 2:
+        assert remap is None, "remap: bf16 and fp8-row experts only"
         if atomic:
             raise NotImplementedError("slot_split / k_split: bf16 and fp8-row experts only")
         from .moe_fp8_groups import down_combine_groups
@@ -213,8 +220,9 @@ def moe_down_combine_triton(act, w_down, ids, weights, B, k, block_h=None, block
     # K chunks of whole block_k tiles (KCH is unused, 0, without a K split)
     kch = triton.cdiv(triton.cdiv(I, k_split), block_k) * block_k if k_split > 1 else 0
     _down_combine_kernel[(B, triton.cdiv(H, block_h), slot_split * k_split)](
-        act, w_down, ids, weights, y, w_down if scale is None else scale, H, I, k,
-        USE_DOT=use_dot, DOT=dot_dtype(), BH=block_h, BK=block_k, EVEN_K=I % block_k == 0,
+        act, w_down, ids, weights, y, w_down if scale is None else scale, H, I,
+        *remap_args(remap, ids), k, REMAP=remap is not None, USE_DOT=use_dot, DOT=dot_dtype(),
+        BH=block_h, BK=block_k, EVEN_K=I % block_k == 0,
         MANUAL_RNE=_manual_rne(y.dtype), ROW_SCALE=mode == 1, SPLIT=slot_split,
         KSPLIT=k_split, KCH=kch, ATOMIC=atomic, num_warps=num_warps, **_stages(num_stages),
         **pdl_launch(act))

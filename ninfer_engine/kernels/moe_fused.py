@@ -47,6 +47,8 @@ registers, dot 16×512/4 warps 80 registers + 64 KiB shared; no spills.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -65,6 +67,17 @@ def _round_bf16(x):
     u = x.to(tl.uint32, bitcast=True)
     u = u + 0x7FFF + ((u >> 16) & 1)
     return (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def remap_expert(e, map_ptr, w_ptr, s_ptr, host_w, host_s):
+    """`Remap`: expert e's row and the weight and scale bases it is read from: the device
+    slot stacks, or (map entry -1 - e) the host stacks `host_w`/`host_s` elements away."""
+    r = tl.load(map_ptr + e).to(tl.int64)
+    host = r < 0
+    w_at = w_ptr + tl.where(host, host_w, 0).to(tl.int64)
+    s_at = s_ptr + tl.where(host, host_s, 0).to(tl.int64)
+    return tl.where(host, -1 - r, r), w_at, s_at
 
 
 def _manual_rne(dtype):
@@ -89,15 +102,18 @@ def moe_gate_up_silu_ref(x, w_gu, ids, scale=None):
 
 @triton.jit
 def _gate_up_silu_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, s_ptr, I, H, rep,
+                         map_ptr, host_w, host_s,
                          USE_DOT: tl.constexpr, DOT: tl.constexpr, BI: tl.constexpr,
                          BK: tl.constexpr, EVEN_K: tl.constexpr, MANUAL_RNE: tl.constexpr,
-                         ROW_SCALE: tl.constexpr,
+                         ROW_SCALE: tl.constexpr, REMAP: tl.constexpr = 0,
                          PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     s = tl.program_id(0)
     ib = tl.program_id(1)
     e = tl.load(ids_ptr + s).to(tl.int64)
+    if REMAP:  # expert -> its slot, or -1 - expert where it is read from host memory
+        e, w_ptr, s_ptr = remap_expert(e, map_ptr, w_ptr, s_ptr, host_w, host_s)
     cols = ib * BI + tl.arange(0, BI)
     cmask = cols < I
     kk = tl.arange(0, BK)
@@ -176,11 +192,12 @@ def _tile(table, mode, rows, block, block_k, num_warps):
 
 
 def moe_gate_up_silu_triton(x, w_gu, ids, block_i=None, block_k=None, use_dot=False,
-                            num_warps=None, num_stages=None, scale=None):
+                            num_warps=None, num_stages=None, scale=None, remap=None):
     """Triton path: one program per (slot, block of I output columns): with I = 512 and
     block_i = 16, 32 per slot, 288 at B = 1 with 8 routed slots and the shared one (~2 per
     H200 SM). Tiles default to `GATE_UP_TILES`. `scale`: see `moe_dequant.scale_layout` (None:
-    bf16 weights, the unchanged kernel)."""
+    bf16 weights, the unchanged kernel). `remap`: ids are experts, read through a `Remap`
+    (`experts.in_place`: device slots or page-locked host memory; not group scales)."""
     E, I2, H = w_gu.shape
     I, S = I2 // 2, ids.shape[0]
     assert x.shape[-1] == H and S % x.shape[0] == 0, (x.shape, w_gu.shape, S)
@@ -191,15 +208,35 @@ def moe_gate_up_silu_triton(x, w_gu, ids, block_i=None, block_k=None, use_dot=Fa
     y = torch.empty(S, I, device=x.device, dtype=x.dtype)
     x = x.contiguous()
     if mode == 2:  # group scales: their own kernel (register formulation only)
+        assert remap is None, "remap: bf16 and fp8-row experts only"
         from .moe_fp8_groups import gate_up_silu_groups
         return gate_up_silu_groups(x, w_gu, ids, scale, y, block_i, block_k, num_warps,
                                    _manual_rne(y.dtype))
     _gate_up_silu_kernel[(S, triton.cdiv(I, block_i))](
         x, w_gu, ids, y, w_gu if scale is None else scale, I, H, S // x.shape[0],
-        USE_DOT=use_dot, DOT=dot_dtype(), BI=block_i, BK=block_k, EVEN_K=H % block_k == 0,
+        *remap_args(remap, ids), REMAP=remap is not None, USE_DOT=use_dot, DOT=dot_dtype(),
+        BI=block_i, BK=block_k, EVEN_K=H % block_k == 0,
         MANUAL_RNE=_manual_rne(y.dtype), ROW_SCALE=mode == 1, num_warps=num_warps,
         **_stages(num_stages), **pdl_launch(x))
     return y
+
+
+@dataclass(frozen=True)
+class Remap:
+    """Where the expert kernels read each routed expert (`experts.in_place`): `table [E]`
+    int64 on the device holds its slot in the stacks passed to the kernel, or -1 - e where it
+    is read in place from the host stacks, which start `host_w` / `host_s` elements after the
+    slot stacks' weights / scales (page-locked host memory is in the device's address space
+    under unified addressing: the same pointer on both sides)."""
+
+    table: torch.Tensor
+    host_w: int
+    host_s: int
+
+
+def remap_args(remap: Remap | None, ids: torch.Tensor) -> tuple:
+    """The kernels' (map_ptr, host_w, host_s) arguments (unused placeholders without one)."""
+    return (ids, 0, 0) if remap is None else (remap.table, remap.host_w, remap.host_s)
 
 
 def moe_gate_up_silu(x, w_gu, ids, scale=None):

@@ -79,7 +79,7 @@ def _route_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride,
     tl.store(ids_ptr + b * KS + slots, ik, mask=kmask)
 
 
-def route_topk_triton(logits, k, renormalise, shared=False, round_bf16=False):
+def route_topk_triton(logits, k, renormalise, shared=False, round_bf16=False, ids_out=None):
     """Triton path: one program per row; reads a row-strided view (a GEMV output's columns).
     `round_bf16`: fp32 logits (a split GEMV's sums) are rounded to bf16 first, so the choice
     matches the bf16 reference's (and fp32 summation order rarely matters)."""
@@ -89,7 +89,8 @@ def route_topk_triton(logits, k, renormalise, shared=False, round_bf16=False):
         logits = logits.contiguous()
     ks = k + shared
     weights = torch.empty(B, ks, device=logits.device, dtype=torch.float32)
-    ids = torch.empty(B, ks, device=logits.device, dtype=torch.int64)
+    ids = (torch.empty(B, ks, device=logits.device, dtype=torch.int64) if ids_out is None
+           else ids_out)  # a caller's int64 [B, k + shared] (a step's routing log)
     _route_topk_kernel[(B,)](logits, weights, ids, E, logits.stride(0), K=k,
                              BLOCK_E=triton.next_power_of_2(E),
                              BLOCK_K=max(2, triton.next_power_of_2(ks)),

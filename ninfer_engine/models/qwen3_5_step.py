@@ -34,6 +34,7 @@ from ..kernels.qk_norm_rope import qk_norm_rope_triton
 from ..kernels.rmsnorm import rms_norm_triton
 from ..kv import KvStorage, PageTables, StatePool
 from ..kv.quant import PlainCodec
+from ..experts.in_place import RoutingLog
 from .fused import FusedParams
 from .packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
 
@@ -180,12 +181,28 @@ class HybridStep:
         self.conv, self.ssm = states  # per GDN layer, in layer order: [slots, ...]
         self.trail_conv = [t.new_empty(max_q - 1, max_batch, *t.shape[1:]) for t in self.conv]
         self.trail_ssm = [t.new_empty(max_q - 1, max_batch, *t.shape[1:]) for t in self.ssm]
+        # offloaded layers read in place: the step's routing, for the tiers between steps
+        self.routing = RoutingLog(weights.layers, rows, dev)
+
+    def before_step(self) -> None:
+        """Before a launch: the last step's expert routing read (`experts.in_place`)."""
+        self.routing.take()
+
+    def after_launch(self) -> None:
+        """After a launch: that routing to the expert tiers, while the GPU runs the step."""
+        self.routing.settle()
+
+    def settle(self) -> None:
+        """Both at once: the last step's routing counted now (a bench's window, a test)."""
+        self.before_step()
+        self.after_launch()
 
     def step(self, batch: int, kv_span: int, q_len: int = 1) -> torch.Tensor:
         """Logits [batch · q_len, V] of token rows 0..batch·q_len-1; `kv_span` ≥ every row's
         length after the step sizes the attention kernel's split grid. A decode step
         (q_len 1) advances `pos` of its rows by one."""
         n = batch * q_len
+        self.routing.clear()
         x = F.embedding(self.tokens[:n], self.w.model.embedding)
         kv, gdn, attn, moe = self.kv(), 0, 0, 0
         ranks = self.w.model.ranks
@@ -225,6 +242,7 @@ class HybridStep:
             self.hidden[:n].copy_(y)
         if q_len == 1:
             self.pos[:batch] += 1
+        self.routing.record()
         return ranks.gather_vocab(self.w.head(y), self.c["vocab_size"])
 
     def keep(self, row: int, kept: int) -> None:
@@ -280,17 +298,24 @@ class HybridStep:
             width = moe.shared.down.shape[1]
             logits, score, g, u = out.split([moe.n_experts, 1, width, width], -1)
             shared = layer["w_down"](u, gate=g, act="silu") * torch.sigmoid(score)
-            weights, ids = route_topk_triton(logits, moe.top_k, moe.renormalise)
+            weights, ids = route_topk_triton(logits, moe.top_k, moe.renormalise,
+                                             ids_out=self.routing.out(layer["tier"], B,
+                                                                      moe.top_k))
         k = ids.shape[1]
         ids = ids.view(B * k)
         gu, down = layer["experts_gu"], layer["experts_down"]  # bf16 or fp8 `ExpertStack`s
-        tier, on_cpu = layer["tier"], None
-        if tier is not None:  # offloaded experts: slots by the map, misses resolved (host sync)
-            ids, weights, on_cpu = tier.decode(y, ids, weights, k)
+        tier, on_cpu, remap = layer["tier"], None, (None, None)
+        if tier is not None:  # offloaded experts
             gu, down = tier.slot_gu, tier.slot_down  # lending resizes them
-        act = moe_gate_up_silu_triton(y, gu.w, ids, scale=gu.scale)  # slot s reads row s // k
+            if tier.in_place is not None:  # slots or host memory by a device table: no sync
+                remap = tier.in_place.remaps()
+            else:  # slots by the map, misses resolved on the host (a sync: uncaptured)
+                ids, weights, on_cpu = tier.decode(y, ids, weights, k)
+        act = moe_gate_up_silu_triton(y, gu.w, ids, scale=gu.scale,  # slot s reads row s // k
+                                      remap=remap[0])
         routed = moe_down_combine_triton(act, down.w, ids, weights, B, k, scale=down.scale,
-                                         out=acc, **down_split_launch(B, k, down.w, down.scale))
+                                         out=acc, remap=remap[1],
+                                         **down_split_launch(B, k, down.w, down.scale))
         if on_cpu is not None:
             routed = routed + on_cpu
         return routed if shared_slot else routed + shared
@@ -335,8 +360,9 @@ class EngineHybridDecoder:
 
     def load(self, seqs, drafts: list[list[int]] | None = None) -> None:
         """Each row's tokens (its last output, then its drafts), their positions and rotary
-        shift, its state slot and page table."""
+        shift, its state slot and page table; first, the last step's expert routing read."""
         c = self.core
+        c.before_step()
         rows = [[seq.output[-1], *(drafts[b] if drafts else ())] for b, seq in enumerate(seqs)]
         meta = torch.zeros(4, sum(map(len, rows)), dtype=torch.long)
         meta[0] = torch.tensor([t for row in rows for t in row])
@@ -352,6 +378,20 @@ class EngineHybridDecoder:
 
     def keep(self, row: int, kept: int) -> None:
         self.core.keep(row, kept)
+
+    def after_launch(self) -> None:
+        """The step is queued: the expert tiers' bookkeeping runs while it computes."""
+        self.core.after_launch()
+
+    def discard_routing(self) -> None:
+        """A capture's warm-up ran the step: its routing is not a step's."""
+        self.core.routing.discard()
+
+    @property
+    def generation(self) -> int:
+        """Changes when lending reallocates the expert slot stacks (graphs read the old)."""
+        tiers = getattr(self.core.w.model, "expert_tiers", None)
+        return 0 if tiers is None else tiers.generation
 
     def save_state(self, batch: int) -> Callable[[], None]:
         """A copy of the loaded rows' GDN states; calling the result puts it back (around a

@@ -48,7 +48,7 @@ class DecodeGraphs:
         self.capture = capture
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
-        self._bound_k = decoder.storage.k
+        self._bound_k = (decoder.storage.k, getattr(decoder, "generation", 0))
         self._q_len = 1  # tokens a row in the last step
 
     def accepts(self, seqs: list[Sequence]) -> bool:
@@ -83,11 +83,16 @@ class DecodeGraphs:
         d.load(seqs, drafts)
         batch, self._q_len = len(seqs), q_len
         bucket = context_bucket(max(seq.cached + q_len for seq in seqs), d.max_context)
+        after = getattr(d, "after_launch", lambda: None)  # host work while the step runs
         if not self.capture:
-            return d.step(batch, bucket, q_len)
-        if d.storage.k is not self._bound_k:  # the pool grew into new tensors
+            logits = d.step(batch, bucket, q_len)
+            after()
+            return logits
+        bound = (d.storage.k, getattr(d, "generation", 0))
+        if bound[0] is not self._bound_k[0] or bound[1] != self._bound_k[1]:
+            # the pool grew into new tensors, or lending moved the expert slots
             self._graphs.clear()
-            self._bound_k = d.storage.k
+            self._bound_k = bound
             # a fresh private pool: capturing into the one whose graphs were just freed trips
             # an internal assert of the caching allocator (torch 2.11, seen on the H200)
             self._pool = torch.cuda.graph_pool_handle()
@@ -97,6 +102,7 @@ class DecodeGraphs:
             d.load(seqs, drafts)  # the warm-up moved the positions in the buffers
         graph, logits = self._graphs[key]
         graph.replay()
+        after()
         return logits
 
     def _record(self, batch: int, bucket: int,
@@ -111,6 +117,7 @@ class DecodeGraphs:
         with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
             step()
         torch.cuda.current_stream().wait_stream(side)
+        getattr(d, "discard_routing", lambda: None)()  # the replay's routing is the step's
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             logits = step()

@@ -103,9 +103,10 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
                                            keep_hidden)
     if decoder is None:
         return None
-    # a step with offloaded experts syncs with the host at each MoE layer (`experts.tier`):
-    # it runs the static step eagerly, uncaptured
-    use_graphs = use_graphs and getattr(model, "expert_tiers", None) is None
+    # offloaded experts read in place need no host sync (`experts.in_place`); copied or
+    # CPU-computed misses sync at each MoE layer (`experts.tier`): that step runs uncaptured
+    tiers = getattr(model, "expert_tiers", None)
+    use_graphs = use_graphs and (tiers is None or tiers.capturable)
     graphs = DecodeGraphs(decoder, capture=use_graphs)
     if use_graphs:
         graphs.capture_at_start()

@@ -1,5 +1,6 @@
-"""Offloaded experts on CUDA (run on the device: `pytest -m gpu tests/experts`): page-locked
-host store, side-stream slot copies, the uncaptured kernel step."""
+"""Offloaded experts on CUDA (run on the device: `NINFER_TEST_DEVICE=cuda pytest -m gpu
+tests/experts`): page-locked host store, side-stream slot copies, the uncaptured kernel step
+(misses copied or computed on the CPU) and the captured one (misses read in place)."""
 from __future__ import annotations
 
 import asyncio
@@ -50,12 +51,14 @@ def test_fp32_copy_path_serves_the_all_resident_tokens(tmp_path):
 
 @pytest.mark.parametrize("miss", ["copy", "cpu", "auto"])
 def test_fp8_experts_decode_through_the_slots(tmp_path, miss):
-    """fp8-row experts, bf16: the host store keeps e4m3 codes, the kernel step reads the slots
-    (uncaptured: no graphs), misses copied or computed on the CPU; the request completes."""
+    """fp8-row experts, bf16: the host store keeps e4m3 codes, the kernel step reads the slots,
+    misses copied or computed on the CPU (uncaptured: a host sync a layer), or under auto read
+    in place (captured); the request completes."""
     path = write_synthetic("tiny-moe", tmp_path / "moe8.ninfer", recipe="fp8-row")
     tokens, snap, engine = serve(path, expert_vram_mib=2 * 4 * FP8_MIB, expert_miss=miss)
     assert len(tokens) == 24
-    assert engine.runner.graphs is not None and not engine.runner.graphs.capture
+    assert engine.runner.graphs is not None
+    assert engine.runner.graphs.capture == (miss == "auto")
     tiers = engine.model.expert_tiers
     assert {t.slot_gu.fmt for t in tiers.layers.values()} == {FP8_ROW}
     assert tiers.host.buffer.is_pinned()
@@ -77,3 +80,61 @@ def test_elastic_lending_is_taken_back_on_cuda(tmp_path):
                          expert_miss="copy", elastic=True, kv_grow=64, kv_lease_window=16)
     assert got == want
     assert snap.kv.total >= 4 and snap.kv.lent == snap.experts.lent_pages < 16 - 1
+
+
+def test_remapped_kernels_read_page_locked_host_experts():
+    """Unified addressing: the expert kernels read the experts not in a slot straight from
+    page-locked host memory (`kernels.moe_fused.Remap`), also inside a CUDA graph, and give
+    the kernels' output over every expert stacked on the device, bit for bit (fp8-row)."""
+    from ninfer_engine.kernels.moe_down import moe_down_combine_triton
+    from ninfer_engine.kernels.moe_fused import Remap, moe_gate_up_silu_triton
+    torch.manual_seed(0)
+    E, I, H, k = 16, 512, 2048, 4
+    host_gu = torch.randn(E, 2 * I, H).to(torch.float8_e4m3fn).pin_memory()
+    host_dn = torch.randn(E, H, I).to(torch.float8_e4m3fn).pin_memory()
+    host_gs = torch.rand(E, 2 * I).to(torch.bfloat16).pin_memory()
+    host_ds = torch.rand(E, H).to(torch.bfloat16).pin_memory()
+    held = [9, 2, 5]
+    slots = [t[held].cuda() for t in (host_gu, host_dn, host_gs, host_ds)]
+    stacked = [t.cuda() for t in (host_gu, host_dn, host_gs, host_ds)]
+    table = torch.tensor([held.index(e) if e in held else -1 - e for e in range(E)]).cuda()
+
+    def off(host, dev):
+        return (host.data_ptr() - dev.data_ptr()) // host.element_size()
+    r_gu = Remap(table, off(host_gu, slots[0]), off(host_gs, slots[2]))
+    r_dn = Remap(table, off(host_dn, slots[1]), off(host_ds, slots[3]))
+    x = torch.randn(1, H, device="cuda").to(torch.bfloat16)
+    ids = torch.tensor([9, 0, 5, 13], device="cuda")
+    w = torch.rand(1, k, device="cuda")
+
+    def run(gu, dn, gs, ds, remap=(None, None)):
+        act = moe_gate_up_silu_triton(x, gu, ids, scale=gs, remap=remap[0])
+        return act, moe_down_combine_triton(act, dn, ids, w, 1, k, scale=ds, remap=remap[1])
+    want = run(*stacked)
+    got = run(*slots, remap=(r_gu, r_dn))
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(*slots, remap=(r_gu, r_dn))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(want, captured))
+
+
+def test_reads_in_place_capture_the_step_and_serve_the_copy_steps_tokens(tmp_path):
+    """fp8-row experts, bf16, two slots of eight a layer, misses read in place: the decode
+    step is captured (CUDA graphs), experts are admitted between steps, and the greedy tokens
+    equal the uncaptured copy step's (the same prompt path and decode kernels; all-resident
+    bf16 prefills through grouped matmuls, another rounding, so it is compared on the CPU:
+    tests/experts/test_in_place.py)."""
+    path = write_synthetic("tiny-moe", tmp_path / "moe8.ninfer", recipe="fp8-row")
+    got, snap, engine = serve(path, tokens=48, expert_vram_mib=2 * 4 * FP8_MIB,
+                              expert_miss="read")
+    synced, _, _ = serve(path, tokens=48, expert_vram_mib=2 * 4 * FP8_MIB, expert_miss="copy")
+    assert engine.runner.graphs is not None and engine.runner.graphs.capture
+    tiers = engine.model.expert_tiers
+    assert tiers.capturable and tiers.host.buffer.is_pinned()
+    reads = [t.in_place for t in tiers.layers.values()]
+    assert sum(r.read_pairs for r in reads) > 0 and sum(r.admitted for r in reads) > 0
+    assert snap.experts.misses > 0 and snap.experts.hits > 0
+    assert got == synced

@@ -160,3 +160,21 @@ def test_prefetch_copies_the_next_layers_guess_ahead():
     assert second.bytes_copied == 2 * EXPERT_BYTES and second.map.misses == 0
     second.decode(y, torch.tensor([7, 6]), torch.ones(1, K), K)
     assert (second.map.hits, second.map.misses) == (2, 0)
+
+
+@pytest.mark.parametrize("groups", [0, 4])
+def test_host_fp8_decode_equals_the_dequant_kernels_reference(groups):
+    """The CPU path's table decode of fp8 members (every one of the 256 codes, row or group
+    scales) gives `fp8_dequant`'s fp32 values bit for bit (NaN codes stay NaN)."""
+    from ninfer_engine.experts.tier import _host_fp32
+    from ninfer_engine.kernels.fp8_dequant import fp8_dequant_ref
+    from ninfer_engine.models.packed import FP8_GROUPS, PackedBlock, PackedMatrix
+    codes = torch.arange(256, dtype=torch.uint8).repeat(16).view(32, 128)
+    codes = codes.view(torch.float8_e4m3fn)
+    scale = torch.rand(32, groups) if groups else torch.rand(32)
+    member = PackedMatrix([PackedBlock(FP8_GROUPS if groups else FP8_ROW, 32, 128,
+                                       (codes, scale.to(torch.bfloat16)))])
+    got = _host_fp32(member)
+    want = fp8_dequant_ref(codes, scale.to(torch.bfloat16), torch.float32)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))

@@ -1,0 +1,219 @@
+"""The captured decode step's path for offloaded experts: no host sync inside the step.
+
+`InPlaceReads` (one per `LayerTier` whose misses are `read`: `--expert-miss read`, and `auto`
+where the stacks are bf16 or fp8-row) owns one row of `Tables`, a device table `[E]` int64:
+expert e's slot, or -1 - e where it is not resident. The decode kernels take it as a
+`kernels.moe_fused.Remap` and read a resident expert from its slot and any other in place from
+the page-locked host store (under unified addressing the host pointer is a device pointer; the
+reads cross PCIe), so the whole step (routing, expert kernels, everything) stays one fixed
+kernel sequence, captured as one CUDA graph per batch size, and a miss costs its bytes over the
+bus, not a host round trip. The same bytes go through the same kernel either way: the step's
+arithmetic does not depend on where an expert lives (all-resident logits, bit for bit).
+
+The host works while the GPU runs the next step (`RoutingLog`): the step clears its routing
+log, the routers write it, and its last node copies it to page-locked memory; `take` reads
+that copy before the next step is launched and `settle` hands it to the tiers after the launch,
+so the bookkeeping overlaps the step. Each layer's routed ids are counted by the slot map and
+its policy; up to `admit_per_step` misses a layer that the policy `prefers` to its victim are
+admitted, every effect queued behind the step just launched (which still reads the old table):
+the victim is unmapped by the next table push, the expert is copied into its slot on the tier's
+side stream once that step is done, and mapped by a later push once the copy has landed. A
+slot map changed by an eager path (a prompt chunk admits and copies) is mirrored whole before
+the next launch (`prepare`). Admissions are capped because a copy shares the bus with the
+steps' in-place reads: with uniform routing every admission is traffic for nothing.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..kernels.moe_fused import Remap
+
+
+class Tables:
+    """Every in-place layer's table: `device [L, E]` and its page-locked host copy, pushed in
+    one copy queued on the compute stream (after the step just launched)."""
+
+    def __init__(self, layers: int, experts: int, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = torch.empty(layers, experts, dtype=torch.long, device=device)
+        self.host = torch.empty(layers, experts, dtype=torch.long, pin_memory=self.cuda)
+        self.rows = self.host.numpy()  # the same memory: an element write costs ~0.1 µs
+        self.pushed = None  # the last push's event: the host copy is read until it passes
+        self.dirty = False
+
+    def writable(self) -> np.ndarray:
+        """The host copy, once the last push has read it."""
+        if self.pushed is not None:
+            self.pushed.synchronize()
+            self.pushed = None
+        return self.rows
+
+    def push(self) -> None:
+        if not self.dirty:
+            return
+        self.device.copy_(self.host, non_blocking=True)
+        if self.cuda:
+            self.pushed = torch.cuda.Event()
+            self.pushed.record()
+        self.dirty = False
+
+
+class InPlaceReads:
+    """See the module docstring; `tier` is the `LayerTier` it serves, `row` its table."""
+
+    def __init__(self, tier, tables: Tables, row: int, admit_per_step: int = 1) -> None:
+        self.tier, self.tables, self.row = tier, tables, row
+        self.table = tables.device[row]
+        self.admit_per_step = admit_per_step
+        self.landing: list[tuple[object, list[tuple[int, int]]]] = []  # (event, [(e, slot)])
+        self.read_pairs = 0  # (token, expert) pairs the kernels read from host memory
+        self.admitted = 0
+        self.seen = -1  # the slot map's `changes` the table mirrors
+        self.prepare()
+        tables.push()
+
+    def _set(self, e: int, value: int) -> None:
+        self.tables.writable()[self.row, e] = value
+        self.tables.dirty = True
+
+    def prepare(self) -> None:
+        """Mirror the slot map whole where an eager path or lending changed it (before a
+        launch: the step must not read a slot whose expert was replaced)."""
+        t = self.tier
+        if t.map.changes == self.seen:
+            return
+        t._wait()  # copies in flight land before any later step reads their slots
+        self.landing.clear()
+        self.tables.writable()[self.row] = [s if s >= 0 else -1 - e
+                                            for e, s in enumerate(t.map.slot_of)]
+        self.tables.dirty = True
+        self.seen = t.map.changes
+
+    def remaps(self) -> tuple[Remap, Remap]:
+        """The gate|up and down kernels' `Remap`s over the current slot stacks."""
+        t = self.tier
+
+        def remap(host, slots) -> Remap:
+            return Remap(self.table, _elements(host.w, slots.w),
+                         0 if host.scale is None else _elements(host.scale, slots.scale))
+        return remap(t.host_gu, t.slot_gu), remap(t.host_down, t.slot_down)
+
+    def _land(self) -> None:
+        """Map in the experts whose copies have landed."""
+        while self.landing and (self.landing[0][0] is None or self.landing[0][0].query()):
+            for e, slot in self.landing.pop(0)[1]:
+                if self.tier.map.slot_of[e] == slot:  # not evicted again since
+                    self._set(e, slot)
+
+    def settle(self, routed: list[int]) -> None:
+        """One step's routed (token, expert) ids of this layer: counted, misses admitted."""
+        t = self.tier
+        self._land()
+        if not routed:
+            return
+        for e in routed:
+            t.routed[e] += 1
+        used = sorted(set(routed))
+        missing = t.map.lookup(used)
+        t.device_pairs += len(routed)
+        self.read_pairs += sum(routed.count(e) for e in missing)
+        admitted, keep = [], set(used)
+        # the victim is searched once (O(slots)), again only after an admission took it
+        taken = t.map.victim(keep) if missing and self.admit_per_step else None
+        for e in sorted(missing, key=routed.count, reverse=True):  # the step's busiest first
+            if taken is None:
+                break
+            slot, victim = taken
+            if victim >= 0 and not t.map.policy.prefers(e, victim):
+                continue
+            t.map.admit(e, keep)
+            if victim >= 0:
+                self._set(victim, -1 - victim)  # read in place from the next step on
+            admitted.append((e, slot))
+            keep.add(e)  # not the next admission's victim
+            taken = t.map.victim(keep) if len(admitted) < self.admit_per_step else None
+        if admitted:
+            for e, slot in admitted:
+                t._copy_in(e, slot)  # after the compute stream's work: the step just launched
+            self.landing.append((t.pending, admitted))
+            self.admitted += len(admitted)
+            self.seen = t.map.changes
+
+
+def _elements(host: torch.Tensor, slots: torch.Tensor) -> int:
+    """How many elements after `slots` `host` starts (the kernels' pointer offset)."""
+    delta = host.data_ptr() - slots.data_ptr()
+    assert delta % host.element_size() == 0 and host.dtype == slots.dtype, (delta, host.dtype)
+    return delta // host.element_size()
+
+
+class RoutingLog:
+    """The routed ids of a decode step's in-place MoE layers (see the module docstring)."""
+
+    def __init__(self, layers: list[dict], rows: int, device) -> None:
+        tiered = [lay for lay in layers if getattr(lay.get("tier"), "in_place", None)]
+        self.tiers = [lay["tier"] for lay in tiered]
+        self.row = {id(t): i for i, t in enumerate(self.tiers)}
+        k = max((lay["moe"].top_k for lay in tiered), default=0)
+        self.ids = self.host = None
+        self.taken: list[list[list[int]]] = []  # steps' routing read, not yet settled
+        self.seconds = 0.0  # host time in `settle` (overlapping the step; the bench shows it)
+        if tiered:
+            device = torch.device(device)
+            self.ids = torch.full((len(tiered), rows * k), -1, dtype=torch.long, device=device)
+            self.host = torch.full_like(self.ids, -1, device="cpu").pin_memory() if (
+                device.type == "cuda") else torch.full_like(self.ids, -1)
+
+    def out(self, tier, rows: int, k: int) -> torch.Tensor | None:
+        """Where the step's router writes `tier`'s ids `[rows, k]`; None for other layers."""
+        if tier is None or id(tier) not in self.row:
+            return None
+        return self.ids[self.row[id(tier)], : rows * k].view(rows, k)
+
+    def clear(self) -> None:
+        """The step's first node: rows it does not run stay -1."""
+        if self.ids is not None:
+            self.ids.fill_(-1)
+
+    def record(self) -> None:
+        """The step's last node: the log to page-locked memory (read by the next `take`)."""
+        if self.ids is not None:
+            self.host.copy_(self.ids, non_blocking=True)
+
+    def take(self) -> None:
+        """Before a launch: the last step's routing (its sync has passed), the tables brought
+        up to date where an eager path changed a slot map."""
+        if self.ids is None:
+            return
+        if self.ids.is_cuda:  # the step's copy has landed (a no-op after the step's sync)
+            torch.cuda.current_stream(self.ids.device).synchronize()
+        self.taken.append(self.host.tolist())
+        self.host.fill_(-1)
+        for tier in self.tiers:
+            tier.in_place.prepare()
+        self._push()
+
+    def settle(self) -> None:
+        """After a launch: the routing taken, counted and admitted (see the module docstring);
+        with none taken, the copies that have landed are mapped in."""
+        start = time.perf_counter()
+        for log in self.taken or [[[]] * len(self.tiers)]:
+            for tier, row in zip(self.tiers, log):
+                tier.in_place.settle([e for e in row if e >= 0])
+        self.taken.clear()
+        self._push()
+        self.seconds += time.perf_counter() - start
+
+    def _push(self) -> None:
+        if self.tiers:
+            self.tiers[0].in_place.tables.push()
+
+    def discard(self) -> None:
+        """Forget what a capture's warm-up run wrote (it is not a step of the engine)."""
+        if self.ids is not None:
+            if self.ids.is_cuda:
+                torch.cuda.synchronize(self.ids.device)
+            self.host.fill_(-1)
