@@ -128,10 +128,15 @@ class Speculator:
         over: `observe`)."""
         return hasattr(self.drafter, "observe")
 
+    def observes(self, seq) -> bool:
+        """Whether `observe` hands `seq`'s hiddens to the drafter (rows that never draft keep
+        none; a tensor-parallel plan tells the other ranks)."""
+        return hasattr(self.drafter, "observe") and _eligible(seq)
+
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The runner's final-normed hiddens of `seq` from `position` on, for a drafter that
-        reads them (rows that never draft keep none)."""
-        if hasattr(self.drafter, "observe") and _eligible(seq):
+        reads them."""
+        if self.observes(seq):
             self.drafter.observe(seq, position, hidden)
 
     def record(self, seq, drafted: int, accepted: int) -> None:
@@ -165,8 +170,15 @@ def build_speculator(backend: str, k: int, artifact, model, vocab: int,
     artifact's MTP head over `model` (argmax over the tokenizer's `vocab` ids)."""
     if backend != "mtp":
         return Speculator(backend, k)
+    return Speculator(backend, k, mtp_drafter(artifact, model, vocab, matmul_dtype))
+
+
+def mtp_drafter(artifact, model, vocab: int,
+                matmul_dtype: torch.dtype | None = None) -> MtpDrafter:
+    """The drafter over the artifact's MTP head (its share under tensor parallelism: every
+    rank builds one, `parallel.follower`)."""
     head = load_mtp(artifact, model, model.device, model.dtype, matmul_dtype)
-    return Speculator(backend, k, MtpDrafter(head, min(vocab, model.vocab_size)))
+    return MtpDrafter(head, min(vocab, model.vocab_size))
 
 
 def _eligible(seq) -> bool:

@@ -1,0 +1,147 @@
+"""`--spec mtp` and `--vision` at `--tp 2` for the tests: spawned gloo ranks (rank 0 an `Engine`,
+rank 1 a `Follower`) and the same runs at tp1, each stepped by hand (`Engine.step`) so both
+give the same steps, hence the same drafting rounds, whatever the machine's timing."""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch.multiprocessing as mp
+
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.types import GenerationRequest, SamplingParams
+
+from .ranks import PROMPTS, collect
+
+GREEDY = SamplingParams(temperature=0.0)
+# (family, --tp-experts): the MTP layer sharded by intermediate, and its routed experts by id
+MTP_CASES = (("qwen3_5", "intermediate"), ("qwen3_5_moe", "expert"))
+MTP_TOKENS = 16
+VISION_TOKENS = 8
+
+
+def mtp_config(experts: str, spec: str | None = "mtp") -> EngineConfig:
+    # prefix reuse is off at tp 2 (`rank_parts`); off at tp1 too, so both schedule alike
+    return EngineConfig(artifact=Path("tiny.ninfer"), prefill_chunk=8, max_context=256,
+                        max_concurrency=2, tp_experts=experts, spec=spec,
+                        draft_tokens=3 if spec else None, no_prefix_reuse=True)
+
+
+def vision_config(path: Path) -> EngineConfig:
+    # prefill chunks of 16 cut through the image's 30 pads
+    return EngineConfig(artifact=path, vision=True, max_context=512, prefill_chunk=16,
+                        max_concurrency=2, no_prefix_reuse=True)
+
+
+def stepped(engine, prompts, max_tokens: int, media=None) -> list[list[int]]:
+    """Every prompt queued at once (request ids r0, r1, ..), then `Engine.step` until all end:
+    each request's greedy tokens."""
+    out: list[list[int]] = [[] for _ in prompts]
+    ended = []
+    for i, prompt in enumerate(prompts):
+        def emit(event, i=i):
+            out[i].extend(event.token_ids)
+            if event.finish is not None:
+                ended.append((i, event.finish, event.error))
+        engine.add(GenerationRequest(f"r{i}", tuple(prompt), GREEDY, max_tokens,
+                                     ignore_eos=True, media=media and media[i]), emit)
+    while len(ended) < len(prompts):
+        assert engine.step() or len(ended) == len(prompts), "the engine stalled"
+    assert all(finish == "length" for _, finish, _ in ended), ended
+    return out
+
+
+def mtp_engine(family: str, experts: str, want: dict, ranks=None):
+    """An `--spec mtp` engine drafting every step, its drafts steered (`_Steered`: every
+    acceptance length occurs) towards `want`, the plain run's tokens by request id."""
+    from ninfer_engine.engine import Engine
+    from ninfer_engine.parallel import SINGLE
+    from ninfer_engine.step.spec_policy import AlwaysSpeculate
+    from tests.engine.test_mtp_speculation import MtpArtifact, _Steered
+
+    engine = Engine(mtp_config(experts), MtpArtifact(family), ranks=ranks or SINGLE)
+    engine.speculator.policy = AlwaysSpeculate()  # the same rounds at tp1 and tp2
+    engine.speculator.drafter = _Steered(engine.speculator.drafter, want,
+                                         engine.model.vocab_size)
+    return engine
+
+
+def mtp_result(engine, tokens) -> tuple:
+    c = engine.speculator.counters
+    return (tokens, (c.rounds, c.drafted, c.accepted, tuple(c.per_position)),
+            engine.speculator.drafter.proposed)
+
+
+def plain_mtp_run(family: str) -> dict:
+    """The tp1 greedy tokens without drafts, by request id."""
+    from ninfer_engine.engine import Engine
+    from tests.engine.test_mtp_speculation import MtpArtifact
+
+    engine = Engine(mtp_config("intermediate", None), MtpArtifact(family))
+    try:
+        return {f"r{i}": t for i, t in enumerate(stepped(engine, PROMPTS, MTP_TOKENS))}
+    finally:
+        engine.stop()
+
+
+def image_requests(engine) -> tuple[list, list]:
+    """Two prompts with an image each (different images) and their media."""
+    from tests.vision.media_samples import png
+    from tests.vision.tiny_vl import IMAGE_PAD, VISION_END, VISION_START
+    from ninfer_engine.vision.decode import image_item
+
+    vision, prompts, media = engine.vision, [], []
+    for n, (w, h) in enumerate(((40, 56), (24, 48))):
+        ids = [*b"Look ", VISION_START, IMAGE_PAD, VISION_END, *b" and tell"]
+        expanded, m = vision.prepare(ids, [image_item(png(w, h, n + 1), vision.preprocessor)],
+                                     engine.tokenizer.encode)
+        prompts.append(expanded)
+        media.append(m)
+    return prompts, media
+
+
+def _rank(rank: int, world: int, port: int, wants: dict, vision_path: Path, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    import torch
+
+    torch.set_num_threads(1)  # two ranks on a small CI box
+    from ninfer_engine.artifact import open_artifact
+    from ninfer_engine.engine import Engine
+    from ninfer_engine.parallel import join_from_env
+    from ninfer_engine.parallel.follower import Follower
+    from tests.engine.test_mtp_speculation import MtpArtifact
+
+    ranks = join_from_env(torch.device("cpu"))
+    for family, experts in MTP_CASES:
+        if rank:
+            Follower(mtp_config(experts), MtpArtifact(family), ranks).run()
+            continue
+        engine = mtp_engine(family, experts, wants[family], ranks)
+        try:
+            results.put((family, mtp_result(engine, stepped(engine, PROMPTS, MTP_TOKENS))))
+        finally:
+            engine.stop()
+    if rank:
+        Follower(vision_config(vision_path), open_artifact(vision_path), ranks).run()
+        return
+    engine = Engine(vision_config(vision_path), ranks=ranks)
+    try:
+        prompts, media = image_requests(engine)
+        results.put(("vision", stepped(engine, prompts, VISION_TOKENS, media)))
+    finally:
+        engine.stop()
+
+
+def run_feature_ranks(wants: dict, vision_path: Path, timeout: float = 240.0) -> dict:
+    """Rank 0's results by case: each MTP family's (tokens, counters, proposals), "vision"'s
+    tokens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, wants, vision_path, results))
+             for r in range(2)]
+    return dict(collect(procs, results, len(MTP_CASES) + 1, timeout))

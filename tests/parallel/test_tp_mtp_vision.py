@@ -1,0 +1,71 @@
+"""`--spec mtp` and `--vision` at `--tp 2` over gloo (two rank processes) against tp1:
+
+- MTP (the tiny qwen3_5, its MTP layer sharded by heads and intermediate; the tiny qwen3_5_moe,
+  its routed experts by id): the plain greedy tokens, the same drafting rounds, drafts and
+  acceptance counts as tp1, every acceptance length occurring (drafts steered), so verify
+  rows are cut back and the MTP state follows on both ranks;
+- vision (a tiny converted multimodal qwen3_5): two requests with an image each, prefilled in
+  chunks that cut through the images, give tp1's greedy tokens (rank 0 encodes, rank 1 takes
+  the encoder rows it sends).
+"""
+from __future__ import annotations
+
+import pytest
+
+from ninfer_engine.engine import Engine
+
+from .feature_ranks import (
+    MTP_CASES, MTP_TOKENS, PROMPTS, VISION_TOKENS, image_requests, mtp_engine, mtp_result,
+    plain_mtp_run, run_feature_ranks, stepped, vision_config,
+)
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def vision_path(tmp_path_factory):
+    from tests.vision.tiny_vl import hf_vl_model, write_vl_artifact
+
+    return write_vl_artifact(hf_vl_model("qwen3_5"), tmp_path_factory.mktemp("vl"))
+
+
+@pytest.fixture(scope="module")
+def wants():
+    return {family: plain_mtp_run(family) for family, _ in MTP_CASES}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(wants, vision_path):
+    return run_feature_ranks(wants, vision_path)
+
+
+@pytest.mark.parametrize("family, experts", MTP_CASES)
+def test_mtp_drafts_at_tp2_as_at_tp1(two_ranks, wants, family, experts):
+    assert family in two_ranks, "the two ranks gave no result"
+    tokens, counters, proposals = two_ranks[family]
+    engine = mtp_engine(family, experts, wants[family])
+    try:
+        expected = mtp_result(engine, stepped(engine, PROMPTS, MTP_TOKENS))
+    finally:
+        engine.stop()
+    assert tokens == [wants[family][f"r{i}"] for i in range(len(PROMPTS))]
+    rounds, drafted, accepted, per_position = counters
+    # steered drafts: some taken in full, some cut back after each position
+    assert 0 < accepted < drafted and all(per_position)
+    assert (tokens, counters) == expected[:2]
+    # the sharded head drafted what the whole head drafts (before the steering)
+    assert proposals == expected[2] and len(proposals) == rounds
+
+
+def test_an_image_prompt_at_tp2_gives_tp1s_tokens(two_ranks, vision_path):
+    assert "vision" in two_ranks, "the two ranks gave no result"
+    engine = Engine(vision_config(vision_path))
+    try:
+        prompts, media = image_requests(engine)
+        assert all(m.media_tokens > 16 for m in media)  # spans cross chunk boundaries
+        expected = stepped(engine, prompts, VISION_TOKENS, media)
+    finally:
+        engine.stop()
+    assert two_ranks["vision"] == expected
+    assert all(len(t) == VISION_TOKENS for t in expected)
+
