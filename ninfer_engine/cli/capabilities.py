@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config import EngineConfig
-from .flags import flag_field
+from .flags import PROFILES, flag_field
 
 
 class FeatureUnavailable(Exception):
@@ -62,10 +62,8 @@ def _tensor_parallel(c: EngineConfig, m: Machine) -> str | None:
 
 
 def _spec(c: EngineConfig, m: Machine) -> str | None:
-    """DFlash drafters are not built (`--spec ngram` and `--spec mtp` are); at `--tp 2` only
-    prompt-lookup drafts (the MTP head is not sharded)."""
-    if c.spec == "mtp" and c.tp > 1:
-        return "speculative decoding with mtp drafts at --tp 2 is not available yet"
+    """DFlash drafters are not built (`--spec ngram` and `--spec mtp` are, at any `--tp`: the
+    MTP head is sharded like the text layers)."""
     if c.spec in ("ngram", "mtp"):
         return None
     return (f"speculative decoding with {c.spec} drafts is not available yet "
@@ -112,7 +110,11 @@ def check_features(config: EngineConfig, explicit: frozenset[str], machine: Mach
             reason = gate.reason(config, machine)
             if reason:
                 value = _flag_value(config, asked[0])
-                raise FeatureUnavailable(f"`{asked[0]}{value}`: {reason}")
+                where = f"`{asked[0]}{value}`"
+                if config.profile and asked[0] in PROFILES[config.profile]:
+                    # the user typed the profile, not the flag: name both
+                    where = f"`--profile {config.profile}` ({where})"
+                raise FeatureUnavailable(f"{where}: {reason}")
 
 
 def _flag_value(config: EngineConfig, flag: str) -> str:

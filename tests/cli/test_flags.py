@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ninfer_engine.cli.capabilities import FeatureUnavailable, Machine, check_features
 from ninfer_engine.cli.flags import PROFILES, UsageError, expand_profile, parse_args
@@ -173,7 +174,8 @@ def test_help_only_as_first_argument():
     (["m", "--vision", "--media-live-mib", "64"],
      "`--media-live-mib 64`: a live media memory budget is not available yet"),
     (["m", "--tp", "2", "--devices", "0,1"], "tensor parallelism needs CUDA devices 0,1"),
-    (["m", "--profile", "flash-next"], "`--tp 2`: tensor parallelism needs CUDA devices 0,1"),
+    (["m", "--profile", "flash-next"], "`--profile flash-next` (`--tp 2`): tensor parallelism "
+     "needs CUDA devices 0,1; this machine has 0"),
     (["m", "--kv-capacity", "auto"], "automatic KV sizing needs a CUDA device"),
     (["m", "--device", "1"], "CUDA device 1 does not exist"),
 ])
@@ -184,11 +186,38 @@ def test_missing_features_are_named_never_ignored(argv, message):
     assert str(err.value) == message or message in str(err.value)
 
 
-def test_features_not_built_are_refused_on_gpu_machines_too():
-    parsed = parse("m", "--profile", "flash-next")
-    with pytest.raises(FeatureUnavailable,
-                       match="`--spec mtp`: speculative decoding with mtp drafts at --tp 2"):
-        check_features(parsed.config, parsed.explicit, TWO_GPUS)
+# the manual's profile sentences, verbatim (ninfer-serve-manpage.txt, DESCRIPTION)
+MANPAGE_PROFILES = {
+    "flash-next": "--tp 2 --devices 0,1 --kv-dtype int8 --elastic --max-context 262144 "
+                  "--max-concurrency 1 --spec mtp --draft-tokens 3",
+    "27b": "--tp 2 --devices 0,1 --kv-dtype int8 --max-context 196608 --device-state-slots 4 "
+           "--max-concurrency 1 --spec mtp --draft-tokens 3 --vision --vision-device 0 "
+           "--max-vision-tokens 4096 --host-state-slots 8 --host-kv-mib 8192",
+}
+
+
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+def test_each_profile_expands_to_the_manuals_flag_set(profile):
+    assert expand_profile(["m", "--profile", profile]) == [
+        "m", "--profile", profile, *MANPAGE_PROFILES[profile].split()]
+
+
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+def test_both_profiles_pass_the_feature_check_where_two_gpus_exist(profile):
+    parsed = parse("m", "--profile", profile)
+    check_features(parsed.config, parsed.explicit, TWO_GPUS)
+    assert (parsed.config.tp, parsed.config.spec, parsed.config.vision) == (
+        2, "mtp", profile == "27b")
+
+
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_a_profile_without_its_two_gpus_is_refused_in_one_line(profile, gpus):
+    parsed = parse("m", "--profile", profile)
+    with pytest.raises(FeatureUnavailable) as err:
+        check_features(parsed.config, parsed.explicit, Machine(cuda_devices=gpus))
+    assert str(err.value) == (f"`--profile {profile}` (`--tp 2`): tensor parallelism needs "
+                              f"CUDA devices 0,1; this machine has {gpus}")
 
 
 def test_tensor_parallelism_runs_where_its_devices_exist():
@@ -252,6 +281,18 @@ def test_cli_missing_feature_exits_1_naming_it(tmp_path):
     assert out.returncode == 1
     assert "speculative decoding with dflash drafts is not available yet" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2,
+                    reason="this machine has the profile's two GPUs")
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+def test_cli_profile_without_two_gpus_exits_1_in_one_line(tmp_path, profile):
+    out = run_cli(str(tmp_path / "m.ninfer"), "--profile", profile, "--no-tui")
+    assert out.returncode == 1
+    gpus = torch.cuda.device_count()
+    assert out.stderr.splitlines() == [
+        f"ninfer-serve: error: `--profile {profile}` (`--tp 2`): tensor parallelism needs CUDA "
+        f"devices 0,1; this machine has {gpus}"]
 
 
 def test_cli_missing_artifact_exits_1(tmp_path):
