@@ -19,6 +19,7 @@ GREEDY = SamplingParams(temperature=0.0)
 MTP_CASES = (("qwen3_5", "intermediate"), ("qwen3_5_moe", "expert"))
 MTP_TOKENS = 16
 VISION_TOKENS = 8
+PROFILES = ("flash-next", "27b")
 
 
 def mtp_config(experts: str, spec: str | None = "mtp") -> EngineConfig:
@@ -49,6 +50,65 @@ def stepped(engine, prompts, max_tokens: int, media=None) -> list[list[int]]:
     while len(ended) < len(prompts):
         assert engine.step() or len(ended) == len(prompts), "the engine stalled"
     assert all(finish == "length" for _, finish, _ in ended), ended
+    return out
+
+
+# each profile's flags as the manual expands them, sized for the CPU (the host KV tier, the
+# context); the ranks are the test's gloo processes, not `--devices 0,1`
+PROFILE_SIZES = ("--max-context", "2048", "--host-kv-mib", "1", "--kv-grow", "1024")
+
+
+def profile_config(profile: str, path: Path) -> EngineConfig:
+    from ninfer_engine.cli.flags import parse_args
+
+    sizes = PROFILE_SIZES[:4] if profile == "27b" else PROFILE_SIZES[:2] + PROFILE_SIZES[4:]
+    return parse_args([str(path), "--profile", profile, *sizes]).config
+
+
+def profile_engine(profile: str, path: Path, ranks=None):
+    """An engine of `profile`'s flags over the tiny artifact at `path` (flash-next: the MoE
+    family with an MTP head; 27b: a multimodal dense one with an MTP head), drafting every
+    step."""
+    from ninfer_engine.engine import Engine
+    from ninfer_engine.parallel import SINGLE
+    from ninfer_engine.step.spec_policy import AlwaysSpeculate
+
+    artifact = None
+    if profile == "flash-next":
+        from tests.engine.test_mtp_speculation import MtpArtifact
+
+        artifact = MtpArtifact("qwen3_5_moe")
+    engine = Engine(profile_config(profile, path), artifact, ranks=ranks or SINGLE)
+    engine.speculator.policy = AlwaysSpeculate()
+    return engine
+
+
+def profile_run(profile: str, engine) -> tuple:
+    """(tokens of two requests, MTP rounds): with an image each under 27b."""
+    if profile == "27b":
+        prompts, media = image_requests(engine)
+    else:
+        prompts, media = PROMPTS, None
+    tokens = stepped(engine, prompts, VISION_TOKENS, media)
+    return tokens, engine.speculator.counters.rounds
+
+
+def write_vl_mtp_artifact(folder: Path) -> Path:
+    """`ninfer convert hf` of the tiny multimodal qwen3_5 with an MTP head (`mtp.*`)."""
+    from safetensors.torch import save_file
+
+    from ninfer_engine.cli.tools import main
+    from tests.models.mtp_tiny import HfMtp
+    from tests.vision.tiny_vl import hf_vl_model, vl_resources
+
+    checkpoint = folder / "checkpoint"
+    hf_vl_model("qwen3_5").save_pretrained(checkpoint, safe_serialization=True)
+    for role, data in vl_resources().items():
+        (checkpoint / role).write_bytes(data)
+    mtp = {f"mtp.{k}": t.contiguous() for k, t in HfMtp("qwen3_5").checkpoint().items()}
+    save_file(mtp, checkpoint / "mtp.safetensors")
+    out = folder / "vl-mtp.ninfer"
+    assert main(["convert", "hf", str(checkpoint), "-o", str(out), "--recipe", "fp32"]) == 0
     return out
 
 
@@ -101,7 +161,7 @@ def image_requests(engine) -> tuple[list, list]:
     return prompts, media
 
 
-def _rank(rank: int, world: int, port: int, wants: dict, vision_path: Path, results) -> None:
+def _rank(rank: int, world: int, port: int, wants: dict, paths: dict, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world))
     import torch
@@ -124,24 +184,36 @@ def _rank(rank: int, world: int, port: int, wants: dict, vision_path: Path, resu
         finally:
             engine.stop()
     if rank:
-        Follower(vision_config(vision_path), open_artifact(vision_path), ranks).run()
-        return
-    engine = Engine(vision_config(vision_path), ranks=ranks)
-    try:
-        prompts, media = image_requests(engine)
-        results.put(("vision", stepped(engine, prompts, VISION_TOKENS, media)))
-    finally:
-        engine.stop()
+        Follower(vision_config(paths["vision"]), open_artifact(paths["vision"]), ranks).run()
+    else:
+        engine = Engine(vision_config(paths["vision"]), ranks=ranks)
+        try:
+            prompts, media = image_requests(engine)
+            results.put(("vision", stepped(engine, prompts, VISION_TOKENS, media)))
+        finally:
+            engine.stop()
+    for profile in PROFILES:
+        if rank:
+            artifact = (MtpArtifact("qwen3_5_moe") if profile == "flash-next"
+                        else open_artifact(paths[profile]))
+            Follower(profile_config(profile, paths[profile]), artifact, ranks).run()
+            continue
+        engine = profile_engine(profile, paths[profile], ranks)
+        try:
+            results.put((profile, profile_run(profile, engine)))
+        finally:
+            engine.stop()
 
 
-def run_feature_ranks(wants: dict, vision_path: Path, timeout: float = 240.0) -> dict:
+def run_feature_ranks(wants: dict, paths: dict, timeout: float = 240.0) -> dict:
     """Rank 0's results by case: each MTP family's (tokens, counters, proposals), "vision"'s
-    tokens."""
+    tokens, each profile's `profile_run`; `paths`: the artifacts of "vision" and the
+    profiles."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, wants, vision_path, results))
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, wants, paths, results))
              for r in range(2)]
-    return dict(collect(procs, results, len(MTP_CASES) + 1, timeout))
+    return dict(collect(procs, results, len(MTP_CASES) + 1 + len(PROFILES), timeout))

@@ -6,7 +6,10 @@
   rows are cut back and the MTP state follows on both ranks;
 - vision (a tiny converted multimodal qwen3_5): two requests with an image each, prefilled in
   chunks that cut through the images, give tp1's greedy tokens (rank 0 encodes, rank 1 takes
-  the encoder rows it sends).
+  the encoder rows it sends);
+- each `--profile`'s flag set (int8 KV, MTP drafts; flash-next's elastic pool; 27b's vision,
+  device and host state slots and host KV tier), sized for the CPU, starts at tp2 and gives
+  tp1's tokens.
 """
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ import pytest
 from ninfer_engine.engine import Engine
 
 from .feature_ranks import (
-    MTP_CASES, MTP_TOKENS, PROMPTS, VISION_TOKENS, image_requests, mtp_engine, mtp_result,
-    plain_mtp_run, run_feature_ranks, stepped, vision_config,
+    MTP_CASES, MTP_TOKENS, PROFILES, PROMPTS, VISION_TOKENS, image_requests, mtp_engine,
+    mtp_result, plain_mtp_run, profile_engine, profile_run, run_feature_ranks, stepped,
+    vision_config, write_vl_mtp_artifact,
 )
 
 pytest.importorskip("transformers")
@@ -35,8 +39,14 @@ def wants():
 
 
 @pytest.fixture(scope="module")
-def two_ranks(wants, vision_path):
-    return run_feature_ranks(wants, vision_path)
+def paths(vision_path, tmp_path_factory):
+    return {"vision": vision_path, "flash-next": vision_path,  # (its artifact is in memory)
+            "27b": write_vl_mtp_artifact(tmp_path_factory.mktemp("vl-mtp"))}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(wants, paths):
+    return run_feature_ranks(wants, paths)
 
 
 @pytest.mark.parametrize("family, experts", MTP_CASES)
@@ -69,3 +79,18 @@ def test_an_image_prompt_at_tp2_gives_tp1s_tokens(two_ranks, vision_path):
     assert two_ranks["vision"] == expected
     assert all(len(t) == VISION_TOKENS for t in expected)
 
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_each_profiles_flags_start_at_tp2_and_give_tp1s_tokens(two_ranks, paths, profile):
+    assert profile in two_ranks, "the two ranks gave no result"
+    engine = profile_engine(profile, paths[profile])
+    try:
+        c = engine.config
+        assert (c.tp, c.kv_dtype, c.spec, c.draft_tokens, c.elastic, c.vision) == (
+            2, "int8", "mtp", 3, profile == "flash-next", profile == "27b")
+        expected = profile_run(profile, engine)
+    finally:
+        engine.stop()
+    tokens, rounds = two_ranks[profile]
+    assert tokens == expected[0] and rounds == expected[1] > 0
