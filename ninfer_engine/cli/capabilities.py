@@ -5,6 +5,7 @@ silently ignored: a user who asks for speculation or a quantized KV cache is tol
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -53,7 +54,10 @@ def _runs_on_cuda(what: str) -> Callable[[EngineConfig, Machine], str | None]:
 
 def _tensor_parallel(c: EngineConfig, m: Machine) -> str | None:
     """One rank per CUDA device of `--devices` (`parallel.launch`); the CPU's gloo ranks are
-    for the tests, not a serving mode."""
+    for tests and failure drills, not a serving mode: only with `NINFER_TP_CPU=1` (ours) on a
+    machine without CUDA."""
+    if m.cuda_devices == 0 and os.environ.get("NINFER_TP_CPU") == "1":
+        return None
     missing = [d for d in c.devices if d >= m.cuda_devices]
     if missing:
         return (f"tensor parallelism needs CUDA devices {','.join(map(str, c.devices))}; "

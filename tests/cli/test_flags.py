@@ -229,6 +229,18 @@ def test_tensor_parallelism_runs_where_its_devices_exist():
         check_features(parsed.config, parsed.explicit, TWO_GPUS)
 
 
+def test_cpu_ranks_only_when_asked_and_only_without_cuda(monkeypatch):
+    """`NINFER_TP_CPU=1` (ours, tests and drills): `--tp 2` as gloo processes on the CPU."""
+    parsed = parse("m", "--tp", "2", "--devices", "0,1")
+    monkeypatch.setenv("NINFER_TP_CPU", "1")
+    check_features(parsed.config, parsed.explicit, CPU)
+    with pytest.raises(FeatureUnavailable, match="needs CUDA devices 0,1; this machine has 1"):
+        check_features(parsed.config, parsed.explicit, Machine(cuda_devices=1))
+    monkeypatch.setenv("NINFER_TP_CPU", "0")
+    with pytest.raises(FeatureUnavailable, match="this machine has 0"):
+        check_features(parsed.config, parsed.explicit, CPU)
+
+
 def test_mtp_drafts_run_on_cpu_and_gpu_machines():
     parsed = parse("m", "--spec", "mtp", "--draft-tokens", "2")
     check_features(parsed.config, parsed.explicit, CPU)
