@@ -54,7 +54,11 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
         # only; until they are mirrored, tensor-parallel ranks compute every prompt
         if not config.no_prefix_reuse:
             log.info("--tp %d: prefix reuse is off (not mirrored across ranks yet)", ranks.world)
-        config = dataclasses.replace(config, no_prefix_reuse=True)
+        if config.host_kv_mib or config.host_state_slots:  # tiers of the tree: idle without it
+            log.info("--tp %d: the host KV and state tiers are off with prefix reuse",
+                     ranks.world)
+        config = dataclasses.replace(config, no_prefix_reuse=True, host_kv_mib=None,
+                                     host_state_slots=None)
         text_config, artifact = shard_for_rank(text_config, artifact, ranks, config.tp_experts)
     built = model or build_model(text_config, artifact, device, dtype, matmul, weights_mode,
                                  expert_tiers, ranks)

@@ -84,13 +84,13 @@ def profile_engine(profile: str, path: Path, ranks=None):
 
 
 def profile_run(profile: str, engine) -> tuple:
-    """(tokens of two requests, MTP rounds): with an image each under 27b."""
+    """(tokens of two requests, MTP rounds, host tier bytes): with an image each under 27b."""
     if profile == "27b":
         prompts, media = image_requests(engine)
     else:
         prompts, media = PROMPTS, None
     tokens = stepped(engine, prompts, VISION_TOKENS, media)
-    return tokens, engine.speculator.counters.rounds
+    return tokens, engine.speculator.counters.rounds, engine.memory.host_tier_bytes()
 
 
 def write_vl_mtp_artifact(folder: Path) -> Path:

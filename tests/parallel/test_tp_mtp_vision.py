@@ -9,7 +9,7 @@
   the encoder rows it sends);
 - each `--profile`'s flag set (int8 KV, MTP drafts; flash-next's elastic pool; 27b's vision,
   device and host state slots and host KV tier), sized for the CPU, starts at tp2 and gives
-  tp1's tokens.
+  tp1's tokens (27b's host tiers are off at tp2, as prefix reuse is).
 """
 from __future__ import annotations
 
@@ -92,5 +92,8 @@ def test_each_profiles_flags_start_at_tp2_and_give_tp1s_tokens(two_ranks, paths,
         expected = profile_run(profile, engine)
     finally:
         engine.stop()
-    tokens, rounds = two_ranks[profile]
+    tokens, rounds, host_tier = two_ranks[profile]
     assert tokens == expected[0] and rounds == expected[1] > 0
+    # 27b's host tiers hold prefix-tree pages and snapshots: at tp1 allocated, at tp2 (prefix
+    # reuse off) not
+    assert host_tier == (0, 0) and (min(expected[2]) > 0) == (profile == "27b")
