@@ -220,6 +220,16 @@ def test_a_profile_without_its_two_gpus_is_refused_in_one_line(profile, gpus):
                               f"CUDA devices 0,1; this machine has {gpus}")
 
 
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+def test_the_consoles_profile_switch_checks_the_machine_the_same_way(profile):
+    from ninfer_engine.supervisor import Supervisor
+
+    assert Supervisor(["m"], machine=TWO_GPUS).check_profile(profile) is None
+    assert Supervisor(["m", "--port", "1"], machine=Machine(cuda_devices=1)).check_profile(
+        profile) == (f"`--profile {profile}` (`--tp 2`): tensor parallelism needs CUDA devices "
+                     "0,1; this machine has 1")
+
+
 def test_tensor_parallelism_runs_where_its_devices_exist():
     parsed = parse("m", "--tp", "2", "--devices", "0,1", "--tp-experts", "intermediate")
     check_features(parsed.config, parsed.explicit, TWO_GPUS)
