@@ -141,7 +141,7 @@ class Engine:
                                   self.vision)
         if ranks.parallel:  # each step's plan goes to the other ranks before it runs here
             spec = self.speculator
-            self.runner = Leader(self.runner, ranks, self.memory.allocator,
+            self.runner = Leader(self.runner, ranks, self.memory,
                                  spec.observes if spec else None)
             if spec and hasattr(spec.drafter, "propose_rows"):  # the other ranks draft too
                 spec.drafter = LeaderDrafter(spec.drafter, self.runner)

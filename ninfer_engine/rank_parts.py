@@ -49,16 +49,7 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
     text_config = artifact.config("text")
     if ranks.parallel and (config.expert_vram_mib is not None or config.expert_vram_auto):
         raise ValueError("--expert-vram-mib with --tp above 1 is not built yet")
-    if ranks.parallel:
-        # the prefix tree's device copies (a page's tail, state snapshots) are made on rank 0
-        # only; until they are mirrored, tensor-parallel ranks compute every prompt
-        if not config.no_prefix_reuse:
-            log.info("--tp %d: prefix reuse is off (not mirrored across ranks yet)", ranks.world)
-        if config.host_kv_mib or config.host_state_slots:  # tiers of the tree: idle without it
-            log.info("--tp %d: the host KV and state tiers are off with prefix reuse",
-                     ranks.world)
-        config = dataclasses.replace(config, no_prefix_reuse=True, host_kv_mib=None,
-                                     host_state_slots=None)
+    if ranks.parallel:  # (rank 0's prefix tree decides; its copies go with the plans)
         text_config, artifact = shard_for_rank(text_config, artifact, ranks, config.tp_experts)
     built = model or build_model(text_config, artifact, device, dtype, matmul, weights_mode,
                                  expert_tiers, ranks)

@@ -14,7 +14,8 @@ Rank 0's drafter (`LeaderDrafter`) announces a step's drafting rows before it dr
 and the plans carry each row's prompt (once), its new output tokens and whether its hiddens are
 observed; the followers' own `MtpDrafter` then makes the same head calls on the same inputs.
 `--vision`: rank 0 encodes; a step's plan names the encoder rows first needed, which follow it
-as one tensor broadcast on the step's group (NCCL on GPUs).
+as one tensor broadcast on the step's group (NCCL on GPUs). The prefix cache: rank 0's tree
+decides, and the plan carries its copies since the last step (`mirror`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 
 from ..step.scheduler import Batch
 from .group import RankGroup
+from .mirror import Recorder
 
 FORWARD, KEEP, DRAFT, IDLE, STOP = "forward", "keep", "draft", "idle", "stop"
 log = logging.getLogger("ninfer.engine")
@@ -56,6 +58,7 @@ class StepPlan:
     pool_pages: int  # the KV pool's size on rank 0 (an elastic pool grows on every rank)
     ended: tuple[int, ...] = ()  # sequences rank 0 retired since its last message
     media: tuple[tuple[int, int, int], ...] = ()  # (key, item, rows) of encoder rows that follow
+    copies: tuple[tuple, ...] = ()  # the prefix cache's copies since the last plan (`mirror`)
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,10 @@ class Leader:
     """Rank 0's runner: sends each step's plan to the other ranks, then runs it here.
     `observes(seq)`: whether the runner hands `seq`'s hiddens to a drafter (`--spec mtp`)."""
 
-    def __init__(self, runner: Any, ranks: RankGroup, allocator: Any,
+    def __init__(self, runner: Any, ranks: RankGroup, memory: Any,
                  observes: Callable[[Any], bool] | None = None) -> None:
-        self.runner, self.ranks, self.allocator = runner, ranks, allocator
+        self.runner, self.ranks, self.allocator = runner, ranks, memory.allocator
+        self.recorder = Recorder(memory)
         self.observes = observes or (lambda seq: False)
         self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._sent: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # outputs sent
@@ -114,8 +118,8 @@ class Leader:
                 media.append((self._keys[c.seq], item, c.seq.media_rows[item]))
                 done.add(item)
         return StepPlan(decode, chunks, tuple(map(tuple, batch.drafts)), self.allocator.total,
-                        self._drain_ended(), tuple((k, i, len(r)) for k, i, r in media)), \
-            [r for _, _, r in media]
+                        self._drain_ended(), tuple((k, i, len(r)) for k, i, r in media),
+                        self.recorder.drain()), [r for _, _, r in media]
 
     def forward(self, batch: Batch):
         plan, media = self.plan(batch)

@@ -17,6 +17,7 @@ import torch
 from ..kv.cache import PagedKvCache
 from ..step.scheduler import Batch, Chunk
 from ..vision.tower import step_media
+from .mirror import replay
 
 
 class MirroredCache(PagedKvCache):
@@ -74,6 +75,7 @@ class Shadows:
 
     def batch(self, plan: Any) -> Batch:
         self._mirror_growth(plan.pool_pages)
+        replay(self.memory, plan.copies)  # before the rows: a restored slot is not zeroed
         decode = self.rows(plan.decode)
         chunks = []
         for row in plan.chunks:

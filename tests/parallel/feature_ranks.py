@@ -20,10 +20,12 @@ MTP_CASES = (("qwen3_5", "intermediate"), ("qwen3_5_moe", "expert"))
 MTP_TOKENS = 16
 VISION_TOKENS = 8
 PROFILES = ("flash-next", "27b")
+# the prefix cache at tp 2: llama (page tails copied) and qwen3_5 (state snapshots, host tier)
+PREFIX_CASES = ("llama", "qwen3_5")
 
 
 def mtp_config(experts: str, spec: str | None = "mtp") -> EngineConfig:
-    # prefix reuse is off at tp 2 (`rank_parts`); off at tp1 too, so both schedule alike
+    # prefix reuse off: these are the drafts' tests (the prefix cache's: `PREFIX_CASES`)
     return EngineConfig(artifact=Path("tiny.ninfer"), prefill_chunk=8, max_context=256,
                         max_concurrency=2, tp_experts=experts, spec=spec,
                         draft_tokens=3 if spec else None, no_prefix_reuse=True)
@@ -112,6 +114,24 @@ def write_vl_mtp_artifact(folder: Path) -> Path:
     return out
 
 
+def prefix_config() -> EngineConfig:
+    # a 4-page pool for a 3-page prompt (so the tree demotes pages to the host tier), snapshots
+    # every 16 tokens and two device snapshot slots (so snapshots move to host slots)
+    return EngineConfig(artifact=Path("tiny.ninfer"), prefill_chunk=16, max_context=256,
+                        max_concurrency=1, host_kv_mib=1, host_state_slots=2,
+                        device_state_slots=2)
+
+
+def prefix_run(engine) -> tuple:
+    """A 150-token prompt, the same again, then it with more after: (each one's tokens, prefix
+    hits, tokens restored, the tree's (pages evicted, snapshots on the host))."""
+    first = tuple((i * 7) % 100 + 3 for i in range(150))
+    out = [stepped(engine, [p], 6)[0] for p in (first, first, first + (7, 8, 9, 10, 11))]
+    tree = engine.memory.prefix
+    return (out, engine.memory.hits, engine.memory.hit_tokens,
+            (tree.evicted, tree.host_snapshots))
+
+
 def mtp_engine(family: str, experts: str, want: dict, ranks=None):
     """An `--spec mtp` engine drafting every step, its drafts steered (`_Steered`: every
     acceptance length occurs) towards `want`, the plain run's tokens by request id."""
@@ -174,6 +194,17 @@ def _rank(rank: int, world: int, port: int, wants: dict, paths: dict, results) -
     from tests.engine.test_mtp_speculation import MtpArtifact
 
     ranks = join_from_env(torch.device("cpu"))
+    from .ranks import artifact
+
+    for family in PREFIX_CASES:
+        if rank:
+            Follower(prefix_config(), artifact(family), ranks).run()
+            continue
+        engine = Engine(prefix_config(), artifact(family), ranks=ranks)
+        try:
+            results.put((f"prefix-{family}", prefix_run(engine)))
+        finally:
+            engine.stop()
     for family, experts in MTP_CASES:
         if rank:
             Follower(mtp_config(experts), MtpArtifact(family), ranks).run()
@@ -216,4 +247,5 @@ def run_feature_ranks(wants: dict, paths: dict, timeout: float = 240.0) -> dict:
     results = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, 2, port, wants, paths, results))
              for r in range(2)]
-    return dict(collect(procs, results, len(MTP_CASES) + 1 + len(PROFILES), timeout))
+    return dict(collect(procs, results,
+                        len(PREFIX_CASES) + len(MTP_CASES) + 1 + len(PROFILES), timeout))

@@ -9,7 +9,10 @@
   the encoder rows it sends);
 - each `--profile`'s flag set (int8 KV, MTP drafts; flash-next's elastic pool; 27b's vision,
   device and host state slots and host KV tier), sized for the CPU, starts at tp2 and gives
-  tp1's tokens (27b's host tiers are off at tp2, as prefix reuse is).
+  tp1's tokens;
+- the prefix cache (rank 0's tree, its copies replayed on rank 1): a repeated prompt and a
+  longer one restore what they restore at tp1 (llama: page tails; qwen3_5: state snapshots)
+  and give tp1's tokens.
 """
 from __future__ import annotations
 
@@ -18,10 +21,11 @@ import pytest
 from ninfer_engine.engine import Engine
 
 from .feature_ranks import (
-    MTP_CASES, MTP_TOKENS, PROFILES, PROMPTS, VISION_TOKENS, image_requests, mtp_engine,
-    mtp_result, plain_mtp_run, profile_engine, profile_run, run_feature_ranks, stepped,
-    vision_config, write_vl_mtp_artifact,
+    MTP_CASES, MTP_TOKENS, PREFIX_CASES, PROFILES, PROMPTS, VISION_TOKENS, image_requests,
+    mtp_engine, mtp_result, plain_mtp_run, prefix_config, prefix_run, profile_engine,
+    profile_run, run_feature_ranks, stepped, vision_config, write_vl_mtp_artifact,
 )
+from .ranks import artifact
 
 pytest.importorskip("transformers")
 
@@ -94,6 +98,22 @@ def test_each_profiles_flags_start_at_tp2_and_give_tp1s_tokens(two_ranks, paths,
         engine.stop()
     tokens, rounds, host_tier = two_ranks[profile]
     assert tokens == expected[0] and rounds == expected[1] > 0
-    # 27b's host tiers hold prefix-tree pages and snapshots: at tp1 allocated, at tp2 (prefix
-    # reuse off) not
-    assert host_tier == (0, 0) and (min(expected[2]) > 0) == (profile == "27b")
+    # the same host KV bytes (twice the pages of half the heads), half the state a slot
+    kv, states = expected[2]
+    assert host_tier == (kv, states // 2) and (min(host_tier) > 0) == (profile == "27b")
+
+
+@pytest.mark.parametrize("family", PREFIX_CASES)
+def test_the_prefix_cache_at_tp2_restores_what_tp1_restores(two_ranks, family):
+    assert f"prefix-{family}" in two_ranks, "the two ranks gave no result"
+    engine = Engine(prefix_config(), artifact(family))
+    try:
+        expected = prefix_run(engine)
+    finally:
+        engine.stop()
+    tokens, hits, restored, tree = two_ranks[f"prefix-{family}"]
+    assert tokens == expected[0] and tokens[0] == tokens[1]
+    # the repeat restores all but its last token, the longer prompt at least as much; the
+    # hybrid tree demoted pages and moved snapshots to the host tier on the way
+    assert (hits, restored, tree) == expected[1:] and hits == 2 and restored >= 2 * 149
+    assert min(tree) > 0 or family == "llama"
