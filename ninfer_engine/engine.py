@@ -25,7 +25,7 @@ from .experts import expert_tiers_for, offloading
 from .faults import Faults
 from .step.event_pump import EventPump
 from .parallel import SINGLE, RankGroup
-from .parallel.lockstep import Leader
+from .parallel.lockstep import Leader, LeaderDrafter
 from .rank_parts import load_rank
 from .serving import (cpu_compiled, prefill_chunk_for, serving_device, serving_dtypes,
                       weights_mode)
@@ -92,13 +92,14 @@ class Engine:
             offloading(config, text_config)  # an expert budget for a dense model is an error
 
             def load():
-                def with_model(built):
+                def with_model(built, weights):  # weights: this rank's share (tensor parallel)
                     self.vision = vision or load_vision(config, artifact, built, self.tokenizer,
                                                         dtype)
-                    return build_speculator(
-                        config.spec, config.draft_tokens, artifact, built,
-                        self.tokenizer.vocab_size, matmul, config.lm_head_draft,
-                    ) if config.spec else None
+                    if not config.spec:
+                        return None
+                    return build_speculator(config.spec, config.draft_tokens, weights, built,
+                                            self.tokenizer.vocab_size, matmul,
+                                            config.lm_head_draft)
 
                 return load_rank(config, artifact, device, dtype, matmul,
                                  weights_mode(config, device, dtype),
@@ -140,7 +141,11 @@ class Engine:
                                   if self.speculator and self.speculator.reads_hidden else None,
                                   self.vision)
         if ranks.parallel:  # each step's plan goes to the other ranks before it runs here
-            self.runner = Leader(self.runner, ranks, self.memory.allocator)
+            spec = self.speculator
+            self.runner = Leader(self.runner, ranks, self.memory,
+                                 spec.observes if spec else None)
+            if spec and hasattr(spec.drafter, "propose_rows"):  # the other ranks draft too
+                spec.drafter = LeaderDrafter(spec.drafter, self.runner)
         self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)
@@ -460,6 +465,7 @@ class Engine:
         self._retired = True
         if self.speculator is not None:
             self.speculator.forget(seq)
+        self.runner.forget(seq)
         if seq.finish_reason in ("stop", "length"):
             self.memory.checkpoint(seq)  # the conversation frontier, for the next turn
         self.memory.release(seq)

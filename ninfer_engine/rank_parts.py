@@ -38,26 +38,22 @@ class RankParts:
 def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: torch.dtype,
               matmul: torch.dtype | None, weights_mode: str, prefill_chunk: int,
               ranks: RankGroup = SINGLE, model: Any = None,
-              with_model: Callable[[Any], Any] = lambda model: None,
+              with_model: Callable[[Any, Any], Any] = lambda model, weights: None,
               expert_tiers: Callable[[dict, Any], Any] | None = None,
               step_weights: Any = None) -> RankParts:
     """Build the rank's model (`model`: one already resident; `expert_tiers`: its routed
-    experts beyond the device, `models.build_model`), then `with_model(model)`, then its memory
+    experts beyond the device, `models.build_model`), then `with_model(model, weights)` (the
+    rank's weight source: its share under tensor parallelism), then its memory
     sized once the weights are resident, and its decode graphs (`step_weights`: the artifact
     whose stored weights the compiled CPU step reads, `--cpu-step compiled`)."""
     text_config = artifact.config("text")
     if ranks.parallel and (config.expert_vram_mib is not None or config.expert_vram_auto):
         raise ValueError("--expert-vram-mib with --tp above 1 is not built yet")
-    if ranks.parallel:
-        # the prefix tree's device copies (a page's tail, state snapshots) are made on rank 0
-        # only; until they are mirrored, tensor-parallel ranks compute every prompt
-        if not config.no_prefix_reuse:
-            log.info("--tp %d: prefix reuse is off (not mirrored across ranks yet)", ranks.world)
-        config = dataclasses.replace(config, no_prefix_reuse=True)
+    if ranks.parallel:  # (rank 0's prefix tree decides; its copies go with the plans)
         text_config, artifact = shard_for_rank(text_config, artifact, ranks, config.tp_experts)
     built = model or build_model(text_config, artifact, device, dtype, matmul, weights_mode,
                                  expert_tiers, ranks)
-    extra = with_model(built)
+    extra = with_model(built, artifact)
     # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
     sized, activations = auto_kv_capacity(config, built, text_config, device, prefill_chunk)
     if ranks.parallel and sized.kv_capacity is not None:  # every rank the same pool: the least

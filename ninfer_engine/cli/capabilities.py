@@ -5,11 +5,12 @@ silently ignored: a user who asks for speculation or a quantized KV cache is tol
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
 from ..config import EngineConfig
-from .flags import flag_field
+from .flags import PROFILES, flag_field
 
 
 class FeatureUnavailable(Exception):
@@ -53,7 +54,10 @@ def _runs_on_cuda(what: str) -> Callable[[EngineConfig, Machine], str | None]:
 
 def _tensor_parallel(c: EngineConfig, m: Machine) -> str | None:
     """One rank per CUDA device of `--devices` (`parallel.launch`); the CPU's gloo ranks are
-    for the tests, not a serving mode."""
+    for tests and failure drills, not a serving mode: only with `NINFER_TP_CPU=1` (ours) on a
+    machine without CUDA."""
+    if m.cuda_devices == 0 and os.environ.get("NINFER_TP_CPU") == "1":
+        return None
     missing = [d for d in c.devices if d >= m.cuda_devices]
     if missing:
         return (f"tensor parallelism needs CUDA devices {','.join(map(str, c.devices))}; "
@@ -62,10 +66,8 @@ def _tensor_parallel(c: EngineConfig, m: Machine) -> str | None:
 
 
 def _spec(c: EngineConfig, m: Machine) -> str | None:
-    """DFlash drafters are not built (`--spec ngram` and `--spec mtp` are); at `--tp 2` only
-    prompt-lookup drafts (the MTP head is not sharded)."""
-    if c.spec == "mtp" and c.tp > 1:
-        return "speculative decoding with mtp drafts at --tp 2 is not available yet"
+    """DFlash drafters are not built (`--spec ngram` and `--spec mtp` are, at any `--tp`: the
+    MTP head is sharded like the text layers)."""
     if c.spec in ("ngram", "mtp"):
         return None
     return (f"speculative decoding with {c.spec} drafts is not available yet "
@@ -112,7 +114,11 @@ def check_features(config: EngineConfig, explicit: frozenset[str], machine: Mach
             reason = gate.reason(config, machine)
             if reason:
                 value = _flag_value(config, asked[0])
-                raise FeatureUnavailable(f"`{asked[0]}{value}`: {reason}")
+                where = f"`{asked[0]}{value}`"
+                if config.profile and asked[0] in PROFILES[config.profile]:
+                    # the user typed the profile, not the flag: name both
+                    where = f"`--profile {config.profile}` ({where})"
+                raise FeatureUnavailable(f"{where}: {reason}")
 
 
 def _flag_value(config: EngineConfig, flag: str) -> str:

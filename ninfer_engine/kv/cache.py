@@ -86,6 +86,9 @@ class KvStorage:
 
     def copy_slots(self, src_page: int, dst_page: int, count: int) -> None:
         """Copy the first `count` token slots of a page, every layer, as stored (no requantize)."""
+        recorder = getattr(self, "recorder", None)  # for tensor-parallel followers
+        if recorder is not None:
+            recorder.ops.append(("slots", src_page, dst_page, count))
         src = slice(src_page * self.page_tokens, src_page * self.page_tokens + count)
         dst = slice(dst_page * self.page_tokens, dst_page * self.page_tokens + count)
         for layer in (*self.k, *self.v):

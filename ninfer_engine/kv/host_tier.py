@@ -68,12 +68,22 @@ class HostTier:
         if not self._free:
             return None
         host = self._free.pop()
-        self._copy(self._device_layers(), page, self._host_layers(), host)
+        self.copy_out(page, host)
         return host
+
+    def copy_out(self, page: int, host: int) -> None:
+        """Device page `page` into host page `host`."""
+        recorder = getattr(self, "recorder", None)  # for tensor-parallel followers
+        if recorder is not None:
+            recorder.ops.append(("to_host", page, host))
+        self._copy(self._device_layers(), page, self._host_layers(), host)
 
     def load_pages(self, hosts: list[int], pages: list[int]) -> None:
         """Copy host pages `hosts` back into device pages `pages`: one gather and one copy a
         stored tensor, however many pages (a long prefix is hundreds)."""
+        recorder = getattr(self, "recorder", None)  # for tensor-parallel followers
+        if recorder is not None:
+            recorder.ops.append(("from_host", tuple(hosts), tuple(pages)))
         P = self.storage.page_tokens
         offsets = torch.arange(P)
         src = (torch.tensor(hosts)[:, None] * P + offsets).flatten()

@@ -24,6 +24,7 @@ class StateSlot:
 
     index: int
     layers: list[Any]
+    pool: Any = None  # the `StatePool` it is a row of
 
     def tensors(self) -> list[torch.Tensor]:
         return [v for layer in self.layers for v in vars(layer).values()
@@ -41,6 +42,8 @@ class StatePool:
                         for name, (shape, dtype) in layer.items()} for layer in layout]
         self._view = view
         self._free = list(range(total - 1, -1, -1))  # pop() hands out slot 0 first
+        # records the copies for tensor-parallel followers (`parallel.mirror`); None: off
+        self.recorder: Any = None
 
     @property
     def free(self) -> int:
@@ -53,7 +56,7 @@ class StatePool:
     def slot(self, index: int) -> StateSlot:
         """Slot `index` as a `StateSlot` (views; no ownership check)."""
         return StateSlot(index, [self._view(**{n: t[index] for n, t in layer.items()})
-                                 for layer in self.fields])
+                                 for layer in self.fields], self)
 
     def acquire(self) -> StateSlot | None:
         if not self._free:
@@ -80,6 +83,9 @@ class StatePool:
 def copy_state(src: StateSlot, dst: StateSlot) -> None:
     """Overwrite `dst`'s rows with `src`'s: one multi-tensor copy on one device; across host
     and device, copies queued on the current stream (the step after them reads in order)."""
+    recorder = getattr(dst.pool, "recorder", None)
+    if recorder is not None:
+        recorder.copy_state(src, dst)
     dst_tensors, src_tensors = dst.tensors(), src.tensors()
     if dst_tensors and dst_tensors[0].device == src_tensors[0].device:
         torch._foreach_copy_(dst_tensors, src_tensors)

@@ -69,7 +69,10 @@ class MtpHead:
         # one full-attention layer of the target's geometry; its FFN is never a dense-only one
         layer = {**config, "layer_types": ["full_attention"], "mlp_only_layers": []}
         rope = PartialRope(config["head_dim"], config["rope_parameters"], target.device)
-        self.block = _Block(layer, params, 0, rope, matmul_dtype, prefix="mtp/layers/0/")
+        # under tensor parallelism `config` and `params` are the rank's share: the layer
+        # all-reduces its outputs as the target's layers do
+        self.block = _Block(layer, params, 0, rope, matmul_dtype, prefix="mtp/layers/0/",
+                            reduce=target.ranks.all_reduce)
 
     def new_cache(self) -> MtpKv:
         """An empty MTP-layer KV for one sequence."""

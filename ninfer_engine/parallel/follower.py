@@ -1,6 +1,9 @@
 """A tensor-parallel rank other than 0: it loads its share of the model the way rank 0 does
 (`rank_parts.load_rank`: the same pool, the same graphs), then runs every step rank 0
-broadcasts (`lockstep`) until rank 0 stops it. It serves nothing and samples nothing.
+broadcasts (`lockstep`) until rank 0 stops it. It serves nothing and samples nothing; under
+`--spec mtp` its share of the MTP head drafts alongside rank 0's (the drafts it computes are
+rank 0's, which are the ones the plans carry), and under `--vision` it takes the encoder rows
+rank 0 sends.
 
 An exception here (an injected fault, a CUDA error, a collective that failed) ends the process
 with status 2; rank 0 then fails in its next collective and the engine becomes FAILED.
@@ -18,8 +21,10 @@ from ..serving import prefill_chunk_for, serving_device, serving_dtypes, weights
 from ..faults import Faults
 from ..rank_parts import load_rank
 from ..step.families import make_runner
+from ..step.speculation import mtp_drafter
 from .group import RankGroup, join_from_env, leave
-from .lockstep import FORWARD, KEEP, STOP, Shadows
+from .lockstep import DRAFT, FORWARD, IDLE, KEEP, STOP
+from .shadows import MirroredVision, Shadows
 
 log = logging.getLogger("ninfer.engine")
 
@@ -34,10 +39,22 @@ class Follower:
         self.ranks = ranks
         device = serving_device(config)
         dtype, matmul = serving_dtypes(config, device)
+
+        def with_model(built, weights):  # this rank's share of the MTP head
+            if config.spec != "mtp":
+                return None
+            from ..tokenizer import Tokenizer  # rank 0 drafts over the tokenizer's ids
+
+            return mtp_drafter(weights, built, Tokenizer.from_artifact(artifact).vocab_size,
+                               matmul, config.lm_head_draft)
+
         parts = load_rank(config, artifact, device, dtype, matmul,
                           weights_mode(config, device, dtype), prefill_chunk_for(config, device),
-                          ranks, model)
-        self.runner = make_runner(parts.model, parts.graphs)
+                          ranks, model, with_model=with_model)
+        self.drafter = parts.extra
+        sink = None if self.drafter is None else self._observe
+        self.runner = make_runner(parts.model, parts.graphs, sink,
+                                  MirroredVision() if config.vision else None)
         self.shadows = Shadows(parts.memory)
         self.faults = Faults(os.environ.get("NINFER_FAULT", ""), ranks.rank)
         self.steps = 0
@@ -51,12 +68,31 @@ class Follower:
                 if kind == FORWARD:
                     self.faults.check_step(self.steps)
                     self.steps += 1
+                    self.shadows.end(payload.ended, self.drafter)
                     batch = self.shadows.batch(payload)
+                    if payload.media:
+                        self._take_media(payload.media)
                     self.runner.forward(batch)
                 elif kind == KEEP:
                     self.runner.keep(batch, payload)
+                elif kind == DRAFT:
+                    self.shadows.end(payload.ended, self.drafter)
+                    self.drafter.propose_rows(self.shadows.rows(payload.rows), list(payload.ks))
+                elif kind == IDLE and payload:
+                    self.shadows.end(payload, self.drafter)
                 elif kind == STOP:
                     return
+
+    def _observe(self, seq, position: int, hidden: torch.Tensor) -> None:
+        if seq.observed:  # as rank 0's `Speculator.observe` decided for the row
+            self.drafter.observe(seq, position, hidden)
+
+    def _take_media(self, items: tuple) -> None:
+        """The encoder rows that follow the plan (`Leader.forward`)."""
+        model = self.runner.model
+        rows = torch.empty(sum(n for _, _, n in items), model.config["hidden_size"],
+                           dtype=model.dtype, device=model.device)
+        self.shadows.media(items, self.ranks.broadcast_tensor(rows))
 
 
 def follower_main(config: EngineConfig, rank: int, world: int, master_port: int,

@@ -70,6 +70,13 @@ class RankGroup:
         dist.all_gather(list(out.unbind(0)), padded)  # in place: each block is contiguous
         return out.permute(1, 0, 2).reshape(-1, self.world * per)[:, :vocab]
 
+    def broadcast_tensor(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `x` in every rank's `x` (same shape and dtype), on the step's group: a
+        device copy with NCCL, where the control group would pickle it through the host."""
+        if self.world > 1:
+            dist.broadcast(x, src=0)
+        return x
+
     def least(self, value: int) -> int:
         """The smallest of the ranks' `value`s (what every rank can hold)."""
         if self.world == 1:

@@ -9,8 +9,10 @@ it unchanged) and a weight source that hands each layer only its rows or columns
 - dense MLP and the shared expert by intermediate: gate/up rows, down columns;
 - routed experts by expert id (`experts="expert"`: the rank builds only its experts; the router
   stays whole) or by intermediate (`experts="intermediate"`: every expert, a slice of each);
+- the MTP head's layer (`mtp/layers/0/...`) like a text layer; its norms and input projection
+  whole;
 - norms, router, shared-expert score and the embedding whole; the head is cut by the model
-  (`RankGroup.vocab_rows`), which gathers the logits.
+  (`RankGroup.vocab_rows`), which gathers the logits (the MTP head drafts through it too).
 
 Each layer's output then is a partial sum, which the model all-reduces (`RankGroup.all_reduce`).
 Projections stored packed (fp8, Q4..Q8 rows) keep their packed form where the cut is whole rows
@@ -33,7 +35,8 @@ _ROWS = {"attention/query", "attention/gate", "attention/key", "attention/value"
          "gdn/query", "gdn/key", "gdn/value", "gdn/z", "gdn/a_projection", "gdn/b_projection",
          "gdn/a_log", "gdn/dt_bias", "mlp/gate", "mlp/up", "moe/shared/gate", "moe/shared/up"}
 _COLUMNS = {"attention/output", "gdn/output", "mlp/down", "moe/shared/down"}
-_LAYER = re.compile(r"^text/layers/\d+/(.+)$")
+# the text layers and the MTP head's layer are cut alike
+_LAYER = re.compile(r"^(?:text|mtp)/layers/\d+/(.+)$")
 _EXPERT = re.compile(r"^moe/experts/\d+/(gate|up|down)$")
 
 

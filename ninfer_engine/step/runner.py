@@ -92,6 +92,9 @@ class _ModelRunner:
         """Between steps while nothing runs (a tensor-parallel `parallel.lockstep.Leader`
         sends its heartbeat here)."""
 
+    def forget(self, seq: Sequence) -> None:
+        """`seq` ended (a `Leader` tells the other ranks)."""
+
     def close(self) -> None:
         """The engine stopped (a `Leader` releases the other ranks)."""
 

@@ -141,10 +141,15 @@ class Speculator:
         over: `observe`)."""
         return hasattr(self.drafter, "observe")
 
+    def observes(self, seq) -> bool:
+        """Whether `observe` hands `seq`'s hiddens to the drafter (rows that never draft keep
+        none; a tensor-parallel plan tells the other ranks)."""
+        return hasattr(self.drafter, "observe") and _eligible(seq)
+
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The runner's final-normed hiddens of `seq` from `position` on, for a drafter that
-        reads them (rows that never draft keep none)."""
-        if hasattr(self.drafter, "observe") and _eligible(seq):
+        reads them."""
+        if self.observes(seq):
             self.drafter.observe(seq, position, hidden)
 
     def record(self, seq, drafted: int, accepted: int) -> None:
@@ -180,11 +185,19 @@ def build_speculator(backend: str, k: int, artifact, model, vocab: int,
     artifact's proposal shortlist with `lm_head_draft`)."""
     if backend != "mtp":
         return Speculator(backend, k)
+    return Speculator(backend, k, mtp_drafter(artifact, model, vocab, matmul_dtype,
+                                              lm_head_draft))
+
+
+def mtp_drafter(artifact, model, vocab: int, matmul_dtype: torch.dtype | None = None,
+                lm_head_draft: bool = False) -> MtpDrafter:
+    """The drafter over the artifact's MTP head (its share under tensor parallelism: every
+    rank builds one, `parallel.follower`, with the same `--lm-head-draft`)."""
     head = load_mtp(artifact, model, model.device, model.dtype, matmul_dtype)
     vocab = min(vocab, model.vocab_size)
     shortlist = (load_draft_head(artifact, model.config["hidden_size"], vocab, model.device,
                                  model.dtype) if lm_head_draft else None)
-    return Speculator(backend, k, MtpDrafter(head, vocab, shortlist))
+    return MtpDrafter(head, vocab, shortlist)
 
 
 def _eligible(seq) -> bool:

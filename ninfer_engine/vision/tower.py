@@ -101,26 +101,10 @@ class VisionTower:
                     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """[3, T] positions of a step's rows (sequence, tokens, verify?) computed from each
         sequence's `cached`, and (token rows, encoder rows) for the media pads among them."""
-        positions, rows, embeds, at = [], [], [], 0
-        for seq, ids, _ in work:
-            start, n = seq.cached, len(ids)
-            media = seq.request.media
-            if media is None:
-                positions.append(torch.arange(start, start + n).expand(3, -1))
-            else:
-                positions.append(media.positions_for(start, n))
-                for span, lo, hi in media.spans_in(start, n):
-                    first = span.row + lo - span.start
-                    rows.append(torch.arange(at + lo - start, at + hi - start))
-                    embeds.append(self._rows(seq, span.item)[first: first + hi - lo])
-                if start + n >= len(seq.prompt):
-                    seq.media_rows.clear()  # prefilled: the encoder rows are not needed again
-            at += n
-        media_rows = None
-        if rows:
-            media_rows = (torch.cat(rows).to(device), torch.cat(embeds).to(device))
+        positions, media_rows = step_media(work, device, self._rows)
+        if media_rows is not None:
             self.media_tokens += media_rows[0].shape[0]
-        return torch.cat(positions, 1).to(device), media_rows
+        return positions, media_rows
 
     def _rows(self, seq: Any, item: int) -> torch.Tensor:
         """Encoder rows of media item `item` of `seq`: the cache's, else all of the request's
@@ -156,3 +140,29 @@ class VisionTower:
             self.cache.put(item.key, rows)
         self.encoded_items += len(items)
         self.encode_s += time.perf_counter() - began
+
+
+def step_media(work: list[tuple[Any, list[int], bool]], device: torch.device,
+               rows_of: Callable[[Any, int], torch.Tensor]
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """`VisionTower.step_inputs` with the encoder rows of (sequence, media item) from `rows_of`
+    (a tensor-parallel follower's are the rows rank 0 sent: `parallel.shadows`)."""
+    positions, rows, embeds, at = [], [], [], 0
+    for seq, ids, _ in work:
+        start, n = seq.cached, len(ids)
+        media = seq.request.media
+        if media is None:
+            positions.append(torch.arange(start, start + n).expand(3, -1))
+        else:
+            positions.append(media.positions_for(start, n))
+            for span, lo, hi in media.spans_in(start, n):
+                first = span.row + lo - span.start
+                rows.append(torch.arange(at + lo - start, at + hi - start))
+                embeds.append(rows_of(seq, span.item)[first: first + hi - lo])
+            if start + n >= len(seq.prompt):
+                seq.media_rows.clear()  # prefilled: the encoder rows are not needed again
+        at += n
+    media_rows = None
+    if rows:
+        media_rows = (torch.cat(rows).to(device), torch.cat(embeds).to(device))
+    return torch.cat(positions, 1).to(device), media_rows

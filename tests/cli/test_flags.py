@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from ninfer_engine.cli.capabilities import FeatureUnavailable, Machine, check_features
 from ninfer_engine.cli.flags import PROFILES, UsageError, expand_profile, parse_args
@@ -171,7 +172,8 @@ def test_help_only_as_first_argument():
     (["m", "--vision", "--vision-device", "1"], "`--vision-device 1`: CUDA device 1 does not "
      "exist (this machine has 0)"),
     (["m", "--tp", "2", "--devices", "0,1"], "tensor parallelism needs CUDA devices 0,1"),
-    (["m", "--profile", "flash-next"], "`--tp 2`: tensor parallelism needs CUDA devices 0,1"),
+    (["m", "--profile", "flash-next"], "`--profile flash-next` (`--tp 2`): tensor parallelism "
+     "needs CUDA devices 0,1; this machine has 0"),
     (["m", "--kv-capacity", "auto"], "automatic KV sizing needs a CUDA device"),
     (["m", "--device", "1"], "CUDA device 1 does not exist"),
 ])
@@ -182,11 +184,48 @@ def test_missing_features_are_named_never_ignored(argv, message):
     assert str(err.value) == message or message in str(err.value)
 
 
-def test_features_not_built_are_refused_on_gpu_machines_too():
-    parsed = parse("m", "--profile", "flash-next")
-    with pytest.raises(FeatureUnavailable,
-                       match="`--spec mtp`: speculative decoding with mtp drafts at --tp 2"):
-        check_features(parsed.config, parsed.explicit, TWO_GPUS)
+# the manual's profile sentences, verbatim (ninfer-serve-manpage.txt, DESCRIPTION)
+MANPAGE_PROFILES = {
+    "flash-next": "--tp 2 --devices 0,1 --kv-dtype int8 --elastic --max-context 262144 "
+                  "--max-concurrency 1 --spec mtp --draft-tokens 3",
+    "27b": "--tp 2 --devices 0,1 --kv-dtype int8 --max-context 196608 --device-state-slots 4 "
+           "--max-concurrency 1 --spec mtp --draft-tokens 3 --vision --vision-device 0 "
+           "--max-vision-tokens 4096 --host-state-slots 8 --host-kv-mib 8192",
+}
+
+
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+def test_each_profile_expands_to_the_manuals_flag_set(profile):
+    assert expand_profile(["m", "--profile", profile]) == [
+        "m", "--profile", profile, *MANPAGE_PROFILES[profile].split()]
+
+
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+def test_both_profiles_pass_the_feature_check_where_two_gpus_exist(profile):
+    parsed = parse("m", "--profile", profile)
+    check_features(parsed.config, parsed.explicit, TWO_GPUS)
+    assert (parsed.config.tp, parsed.config.spec, parsed.config.vision) == (
+        2, "mtp", profile == "27b")
+
+
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_a_profile_without_its_two_gpus_is_refused_in_one_line(profile, gpus):
+    parsed = parse("m", "--profile", profile)
+    with pytest.raises(FeatureUnavailable) as err:
+        check_features(parsed.config, parsed.explicit, Machine(cuda_devices=gpus))
+    assert str(err.value) == (f"`--profile {profile}` (`--tp 2`): tensor parallelism needs "
+                              f"CUDA devices 0,1; this machine has {gpus}")
+
+
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+def test_the_consoles_profile_switch_checks_the_machine_the_same_way(profile):
+    from ninfer_engine.supervisor import Supervisor
+
+    assert Supervisor(["m"], machine=TWO_GPUS).check_profile(profile) is None
+    assert Supervisor(["m", "--port", "1"], machine=Machine(cuda_devices=1)).check_profile(
+        profile) == (f"`--profile {profile}` (`--tp 2`): tensor parallelism needs CUDA devices "
+                     "0,1; this machine has 1")
 
 
 def test_tensor_parallelism_runs_where_its_devices_exist():
@@ -196,6 +235,18 @@ def test_tensor_parallelism_runs_where_its_devices_exist():
     with pytest.raises(FeatureUnavailable, match="needs CUDA devices 1,2; this machine has 2"):
         parsed = parse("m", "--tp", "2", "--devices", "1,2")
         check_features(parsed.config, parsed.explicit, TWO_GPUS)
+
+
+def test_cpu_ranks_only_when_asked_and_only_without_cuda(monkeypatch):
+    """`NINFER_TP_CPU=1` (ours, tests and drills): `--tp 2` as gloo processes on the CPU."""
+    parsed = parse("m", "--tp", "2", "--devices", "0,1")
+    monkeypatch.setenv("NINFER_TP_CPU", "1")
+    check_features(parsed.config, parsed.explicit, CPU)
+    with pytest.raises(FeatureUnavailable, match="needs CUDA devices 0,1; this machine has 1"):
+        check_features(parsed.config, parsed.explicit, Machine(cuda_devices=1))
+    monkeypatch.setenv("NINFER_TP_CPU", "0")
+    with pytest.raises(FeatureUnavailable, match="this machine has 0"):
+        check_features(parsed.config, parsed.explicit, CPU)
 
 
 def test_mtp_drafts_run_on_cpu_and_gpu_machines():
@@ -250,6 +301,18 @@ def test_cli_missing_feature_exits_1_naming_it(tmp_path):
     assert out.returncode == 1
     assert "speculative decoding with dflash drafts is not available yet" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2,
+                    reason="this machine has the profile's two GPUs")
+@pytest.mark.parametrize("profile", sorted(MANPAGE_PROFILES))
+def test_cli_profile_without_two_gpus_exits_1_in_one_line(tmp_path, profile):
+    out = run_cli(str(tmp_path / "m.ninfer"), "--profile", profile, "--no-tui")
+    assert out.returncode == 1
+    gpus = torch.cuda.device_count()
+    assert out.stderr.splitlines() == [
+        f"ninfer-serve: error: `--profile {profile}` (`--tp 2`): tensor parallelism needs CUDA "
+        f"devices 0,1; this machine has {gpus}"]
 
 
 def test_cli_missing_artifact_exits_1(tmp_path):

@@ -1,5 +1,5 @@
-"""`--tp 2`'s launcher, on the CPU (gloo) or two GPUs (nccl): `tensor_parallel_engine` spawns rank 1 from the
-artifact file and serves tp1's greedy tokens as rank 0; a rank that dies (killed, no collective
+"""`--tp 2`'s launcher, on the CPU (gloo) or two GPUs (nccl): `tensor_parallel_engine` spawns
+rank 1 from the artifact file and serves tp1's greedy tokens as rank 0; a rank that dies (killed, no collective
 running) fails the engine at once through the process watch."""
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import torch
 from ninfer_engine.artifact.synth import write_synthetic
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
-from ninfer_engine.parallel import leave
 from ninfer_engine.parallel.launch import tensor_parallel_engine
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
@@ -27,15 +26,6 @@ def _greedy(engine, max_tokens: int = 4) -> list[int]:
         return [t async for e in engine.submit(request) for t in e.token_ids]
 
     return asyncio.run(run())
-
-
-@pytest.fixture
-def rendezvous_env(monkeypatch):
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "NINFER_FAULT"):
-        monkeypatch.setenv(name, "")  # recorded, so the launcher's values are undone after
-        monkeypatch.delenv(name)
-    yield
-    leave()
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
