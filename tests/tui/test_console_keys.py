@@ -166,11 +166,13 @@ async def test_q_quits_at_once_when_idle() -> None:
         assert app.return_code == 0
 
 
-async def test_q_asks_while_requests_run() -> None:
+@pytest.mark.parametrize("key", ["q", "ctrl+q"])
+async def test_q_asks_while_requests_run(key: str) -> None:
+    """q, and Textual's own ctrl+q, ask before a draining quit (ctrl+q exited at once)."""
     app, feed = console("busy8")
     async with app.run_test(size=SIZE) as pilot:
         play_all(app, feed)
-        await pilot.press("q")
+        await pilot.press(key)
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
         assert app.return_code is None
