@@ -13,6 +13,7 @@ from ninfer_tui.widgets.log import LogPanel
 from ninfer_tui.widgets.memory import MemoryPanel
 from ninfer_tui.widgets.modals import ConfirmScreen, HelpScreen, NoticeScreen
 from ninfer_tui.widgets.profiles import ProfilePicker
+from ninfer_tui.widgets.trends import TrendsPanel
 
 SIZE = (140, 44)
 pytestmark = pytest.mark.anyio
@@ -178,3 +179,18 @@ async def test_q_asks_while_requests_run(key: str) -> None:
         assert app.return_code is None
         await pilot.press("q", "y")
         assert app.return_code == 0
+
+
+async def test_brackets_scroll_the_history() -> None:
+    app, feed = console("busy8", FakeSupervisor("busy8", frames=480))  # two minutes
+    async with app.run_test(size=SIZE) as pilot:
+        play_all(app, feed)
+        await pilot.press("left_square_bracket")
+        await pilot.pause()
+        assert app.scroll_back == 30
+        assert app.query_one(TrendsPanel).border_title.endswith("· 30 s ago")
+        await pilot.press(*["left_square_bracket"] * 4)
+        assert app.scroll_back == len(app.history.buckets) - 10  # never past the oldest
+        await pilot.press(*["right_square_bracket"] * 5)
+        await pilot.pause()
+        assert app.scroll_back == 0 and "ago" not in app.query_one(TrendsPanel).border_title

@@ -44,6 +44,16 @@ def test_history_marks_a_reload_and_counts_from_the_new_engine() -> None:
     assert reloaded.reloads() == (False, False, True)
 
 
+def test_history_keeps_fifteen_minutes_and_scrolls_back() -> None:
+    history, decoded = StatsHistory(), 0
+    for second in range(1, 1001):  # second s decodes s tokens
+        decoded += second
+        history = history.push(frame(float(second), 0, 0, decoded))
+    values = history.series("decode")
+    assert len(values) == 900 and values[0] == 101.0 and values[-1] == 1000.0
+    assert history.series("decode", 30)[-1] == 970.0  # `[` once: 30 s back
+
+
 def test_history_acceptance_is_per_interval() -> None:
     history = StatsHistory().push(frame(1.0, 30, 20)).push(frame(2.0, 60, 50))
     assert history.acceptance == (1.0,)
