@@ -26,6 +26,9 @@ class HostMemory:
     total: int = 0
     used: int = 0
     process_rss: int = 0
+    process_cpu: float = 0.0  # % of one core over the last refresh (as top: 2 busy cores 200)
+    machine_cpu: float = 0.0  # % of all cores, every process
+    cpus: int = 0
     pinned_experts: int = 0
     pinned_kv_tier: int = 0
     pinned_state_tier: int = 0

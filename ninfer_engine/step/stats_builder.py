@@ -94,6 +94,9 @@ class StatsBuilder:
             rss = self._process.memory_info().rss
             kv_tier, state_tier = self.memory.host_tier_bytes()
             host = HostMemory(total=vm.total, used=vm.total - vm.available, process_rss=rss,
+                              # both since the last refresh (the first reads 0)
+                              process_cpu=self._process.cpu_percent(None),
+                              machine_cpu=psutil.cpu_percent(None), cpus=psutil.cpu_count() or 0,
                               pinned_experts=self.tiers.host.nbytes if self.tiers else 0,
                               pinned_kv_tier=kv_tier, pinned_state_tier=state_tier)
             device = (host.total, vm.available)
