@@ -250,6 +250,7 @@ class EngineStats:
     latency: LatencyStats = field(default_factory=LatencyStats)
     admission: str = "open"  # "open" | "paused" | "draining"
     max_context: int = 0
+    dtype: str = ""  # the model's compute dtype ("fp32", "bf16"); the KV's is `kv.dtype`
 
     @property
     def live(self) -> bool:

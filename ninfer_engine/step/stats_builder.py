@@ -33,6 +33,7 @@ class StatsBuilder:
         self.started_at = time.time()
         self.weight_bytes = model.weight_bytes()
         self.device = str(model.device)
+        self.dtype = _STORED.get(getattr(model, "dtype", None), "")
         self.kv_dtype = config.kv_dtype
         if config.kv_dtype == "bf16":
             self.kv_dtype = _STORED.get(getattr(model, "dtype", None), config.kv_dtype)
@@ -150,7 +151,7 @@ class StatsBuilder:
                 recent=tuple(self.recent),
             ),
             throughput=self.throughput, counters=counters, max_context=self.config.max_context,
-            spec=spec, vision=vision,
+            spec=spec, vision=vision, dtype=self.dtype,
         )
 
 

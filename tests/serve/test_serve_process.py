@@ -8,6 +8,7 @@ requests finish, or end in-band once `--drain-timeout-ms` runs out) and exit 0.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import time
@@ -157,7 +158,8 @@ def test_sigterm_drain_runs_out_running_requests_end_in_band_and_exit_0(launch):
 
 def test_sigint_drain_lets_the_running_request_finish_and_exit_0(launch):
     """SIGINT with a short stream running and a long drain: the stream ends normally (finish
-    reason and [DONE]) and the server exits right after it, not at the drain's end."""
+    reason and [DONE]) and the server exits right after it, not at the drain's end. The log
+    starts with the one-line startup summary."""
     server = launch("--drain-timeout-ms", "600000").wait_ready()
     url = server.url
 
@@ -172,5 +174,13 @@ def test_sigint_drain_lets_the_running_request_finish_and_exit_0(launch):
     assert server.wait(timeout=60) == 0, server.log()
     assert stream.finish in ("stop", "length") and stream.done and stream.error is None, stream
     log = server.log()
+    # the startup summary, once, before any request line
+    ready = [i for i, line in enumerate(_lines(log)) if " ready | ninfer " in line]
+    assert len(ready) == 1 and ready[0] < min(
+        i for i, line in enumerate(_lines(log)) if "req#" in line), log
+    assert re.search(r" ready \| ninfer \S+ \| model smollm2-135m-instruct \| device cpu \(fp32\) "
+                     r"\| KV [\d,]+ tokens \(\d+ pages of 64, fp32, [\d.]+ MiB\) \| limits context "
+                     r"8,192, concurrency 1, queue 16 \(30 s\), drain 600 s \| loaded in [\d.]+ s "
+                     r"\| RAM free [\d.]+ GiB of [\d.]+ GiB$", _lines(log)[ready[0]]), log
     assert "shutting down | draining up to 600 s" in log
     assert _lines(log)[-1].endswith("stopped | no request was cut off"), log
