@@ -17,7 +17,7 @@ import pytest
 
 from ninfer_engine.stats import EngineStats, QueueStats, RequestView
 from ninfer_engine.supervisor import Supervisor
-from ninfer_engine.types import EngineState, SamplingParams
+from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
 from ninfer_tui.console import LogRing, ServingConsole
 
 pytestmark = pytest.mark.anyio
@@ -177,6 +177,38 @@ async def test_sigterm_drains_and_a_second_one_cuts_the_drain_short(tmp_path: Pa
     assert app.return_code == 0 and factory.engines[0].stopped
     assert "second signal: ending the drain now" in caplog.text
     assert caplog.records[-1].getMessage().startswith("stopped | ")  # nothing after it
+
+
+async def test_paused_waiters_are_listed_cancelled_by_the_operator_and_ended_by_a_drain(
+        tmp_path: Path) -> None:
+    """At a paused gate: a waiter is in the snapshot as "paused"; the operator's cancel ends it
+    with 503 `cancelled_by_operator`; a drain ends the others at once with 503."""
+    supervisor = Supervisor([str(tmp_path / "m.ninfer")], engine_factory=Factory(failures=0))
+    supervisor.load()
+    supervisor.pause_admission()
+
+    async def last_event(rid: str):
+        request = GenerationRequest(rid, (1, 2, 3), SamplingParams(), max_tokens=4)
+        return [event async for event in supervisor.submit(request)][-1]
+
+    waiters = {rid: asyncio.create_task(last_event(rid)) for rid in ("w-1", "w-2")}
+    deadline = time.monotonic() + 10
+    while len(supervisor.snapshot().queue.pending) < 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    assert {(v.id, v.phase) for v in supervisor.snapshot().queue.pending} == {
+        ("w-1", "paused"), ("w-2", "paused")}
+    assert supervisor.cancel("w-1")
+    cancelled = await asyncio.wait_for(waiters["w-1"], 5)
+    assert (cancelled.error.code, cancelled.error.status) == ("cancelled_by_operator", 503)
+    began = time.monotonic()
+    assert await asyncio.to_thread(supervisor.drain, 30.0) == 0  # nothing in the engine
+    shut = await asyncio.wait_for(waiters["w-2"], 5)
+    assert (shut.error.code, shut.error.status) == ("service_unavailable", 503)
+    assert time.monotonic() - began < 5  # at once, not after the drain time
+    assert dict(supervisor.snapshot().latency.outcomes) == {"cancelled_by_operator": 1,
+                                                            "service_unavailable": 1}
+    supervisor.stop()
 
 
 def test_headless_never_imports_textual() -> None:
