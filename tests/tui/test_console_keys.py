@@ -194,3 +194,23 @@ async def test_brackets_scroll_the_history() -> None:
         await pilot.press(*["right_square_bracket"] * 5)
         await pilot.pause()
         assert app.scroll_back == 0 and "ago" not in app.query_one(TrendsPanel).border_title
+
+
+async def test_the_log_scrolls_at_80x24() -> None:
+    """The log view opens at its newest line and PgUp / ↑ scroll it back (not the requests)."""
+    feed = FakeSupervisor("failed")
+    feed.log = tuple(f"12:00:{i % 60:02d} INFO  line {i}" for i in range(200))
+    app, _ = console("failed", feed)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("l")
+        await pilot.pause()
+        log = app.query_one(LogPanel)
+        selected = app.selected
+        assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y  # the newest shown
+        await pilot.press("pageup")
+        await pilot.pause()
+        paged = log.scroll_y
+        assert paged <= log.max_scroll_y - log.size.height + 2
+        await pilot.press("up")
+        await pilot.pause()
+        assert log.scroll_y == paged - 1 and app.selected == selected
