@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ninfer_engine.stats import EngineStats, QueueStats, RequestView
+from ninfer_engine.stats import EngineStats, KvStats, QueueStats, RequestView, Throughput
+from ninfer_http.logs import throughput_line
 from ninfer_engine.supervisor import Supervisor
 from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
 from ninfer_tui.console import LogRing, ServingConsole
@@ -52,8 +53,12 @@ class StubEngine:
             listener(reason)
 
     def snapshot(self) -> EngineStats:
+        # live figures, as a busy engine's last snapshot has them (also after it failed)
         return EngineStats(at=time.time(), state=self.state.value, model_id=self.model_id,
-                           queue=QueueStats(running=self.running))
+                           queue=QueueStats(running=self.running),
+                           throughput=Throughput(decode_tok_s=40.0, interval_s=1.0,
+                                                 decode_tokens=40),
+                           kv=KvStats(total=100, used=30, free=70))
 
 
 class Factory:
@@ -114,9 +119,16 @@ async def test_engine_failure_shows_and_reload_replaces_the_engine(tmp_path: Pat
     async with app.run_test(size=(140, 44)) as pilot:
         await wait_state(app, pilot, "ready")
         port = app._server.port
+        assert app.stats.throughput.decode_tok_s == 40.0 and not app.screen.has_class("-stale")
+        factory.engines[0].running = (RequestView("r-1", "decode", 5),)
         factory.engines[0].fail("step loop broke")
         await wait_state(app, pilot, "failed")
         assert await asyncio.to_thread(health, port) == 503
+        # honest: the failed engine's last figures are cleared, the screen greyed, no log line
+        shown = app.stats
+        assert shown.throughput == Throughput() and shown.kv.used == 0
+        assert shown.queue.running == () and app.screen.has_class("-stale")
+        assert throughput_line(shown) is None
         assert "step loop broke" in (supervisor.failure or "")
         await pilot.press("r")
         await wait_state(app, pilot, "ready")
