@@ -97,6 +97,17 @@ async def test_reload_while_ready_asks_first() -> None:
         assert feed.reloads == [None]
 
 
+async def test_enter_does_not_confirm_a_reload() -> None:
+    """The issue's complaint: Enter confirmed a reload that cuts requests off."""
+    app, feed = console("busy8")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        assert not isinstance(app.screen, ConfirmScreen) and feed.reloads == []
+
+
 class BrokenReload(FakeSupervisor):
     def reload(self, profile: str | None = None) -> None:
         raise RuntimeError("weights file vanished")
