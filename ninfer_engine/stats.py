@@ -26,6 +26,9 @@ class HostMemory:
     total: int = 0
     used: int = 0
     process_rss: int = 0
+    process_cpu: float = 0.0  # % of one core over the last refresh (as top: 2 busy cores 200)
+    machine_cpu: float = 0.0  # % of all cores, every process
+    cpus: int = 0
     pinned_experts: int = 0
     pinned_kv_tier: int = 0
     pinned_state_tier: int = 0
@@ -247,6 +250,7 @@ class EngineStats:
     latency: LatencyStats = field(default_factory=LatencyStats)
     admission: str = "open"  # "open" | "paused" | "draining"
     max_context: int = 0
+    dtype: str = ""  # the model's compute dtype ("fp32", "bf16"); the KV's is `kv.dtype`
 
     @property
     def live(self) -> bool:

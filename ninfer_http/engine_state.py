@@ -36,6 +36,8 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
         "memory": {
             "devices": [_device(d) for d in stats.devices],
             "host": {"total": host.total, "used": host.used, "process_rss": host.process_rss,
+                     "process_cpu_percent": host.process_cpu,
+                     "machine_cpu_percent": host.machine_cpu, "cpus": host.cpus,
                      "pinned_experts": host.pinned_experts,
                      "pinned_kv_tier": host.pinned_kv_tier,
                      "pinned_state_tier": host.pinned_state_tier},

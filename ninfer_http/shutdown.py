@@ -84,7 +84,7 @@ def startup_line(stats: EngineStats, config: EngineConfig, load_s: float) -> str
     groups = [
         f"ready | ninfer {version()}",
         f"model {stats.model_id}",
-        f"device {devices}",
+        f"device {devices}" + (f" ({stats.dtype})" if stats.dtype else ""),
         f"KV {count(kv.total * kv.page_tokens)} tokens ({count(kv.total)} pages of "
         f"{kv.page_tokens}, {kv.dtype}, {size(sum(d.kv_pool for d in stats.devices))})",
         f"limits context {count(config.max_context)}, concurrency {config.max_concurrency}, "

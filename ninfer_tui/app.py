@@ -274,6 +274,10 @@ class NinferConsole(App[None]):
         self.push_screen(ConfirmScreen(question, detail),
                          lambda yes: self.quit_gracefully() if yes else None)
 
+    async def action_quit(self) -> None:
+        """ctrl+q, Textual's own quit key: the same question and drain as `q`."""
+        self.action_request_quit()
+
     def quit_gracefully(self) -> None:
         """Stop; the serving console drains the server first (`console.ServingConsole`)."""
         self.exit()

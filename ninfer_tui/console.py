@@ -2,14 +2,16 @@
 
 The server listens at once (503 until the engine is READY); the engine loads in a worker
 thread; the log goes to a ring buffer the console's log panel shows, never to the terminal
-the console draws on. Quitting drains (`--drain-timeout-ms`), stops the server and the engine
-and exits 0.
+the console draws on. Quitting (`q`, ctrl+q) or SIGTERM drains (`--drain-timeout-ms`; a second
+SIGTERM cuts the drain short), stops the server and the engine and exits 0.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import io
 import logging
+import signal
 from collections.abc import Mapping, Sequence
 
 from ninfer_engine.config import EngineConfig
@@ -104,6 +106,7 @@ class ServingConsole(NinferConsole):
         self._engine_supervisor = supervisor
         self._config = config
         self._server: RunningServer | None = None
+        self._cut_drain = asyncio.Event()  # set by a second SIGTERM: end the drain wait now
         self.start_error: str | None = None
 
     async def on_mount(self) -> None:
@@ -115,7 +118,17 @@ class ServingConsole(NinferConsole):
             self.start_error = str(exc)
             self.exit(return_code=1)
             return
+        # Textual leaves SIGTERM to Python's default (die mid-request, terminal left raw)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminate)
         self.run_worker(self._load, thread=True, exit_on_error=False, group="load")
+
+    def _terminate(self) -> None:
+        """SIGTERM: the same drain as `q` (no question asked); a second one cuts it short."""
+        if any(w.group == "quit" for w in self.workers):
+            self._cut_drain.set()
+            return
+        log.info("SIGTERM received")
+        self.quit_gracefully()
 
     def _load(self) -> None:
         try:
@@ -135,11 +148,12 @@ class ServingConsole(NinferConsole):
         slots = server.runner.app[SLOTS] if server is not None else None
         cut = await graceful_stop(self._engine_supervisor, server,
                                   lambda: slots.in_use if slots else 0,
-                                  self._config.drain_timeout_ms / 1000)
+                                  self._config.drain_timeout_ms / 1000, skip=self._cut_drain)
         log.info(stopped_line(cut))
         self.exit()
 
     async def on_unmount(self) -> None:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
         if self._server is not None:  # left without a drain (e.g. a test's app.exit())
             await self._server.stop()
         self._engine_supervisor.stop()

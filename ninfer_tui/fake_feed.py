@@ -89,7 +89,7 @@ def base(model: str, profile: str | None, devices: tuple[DeviceMemory, ...]) -> 
         profile=profile,
         started_at=T0 - 3723.0,
         devices=devices,
-        host=HostMemory(int(125.8 * GIB), int(31.2 * GIB), int(9.4 * GIB)),
+        host=HostMemory(int(125.8 * GIB), int(31.2 * GIB), int(9.4 * GIB), 112.0, 9.0, 32),
         queue=QueueStats(recent=RECENT),
         counters=TOTALS,
         latency=LATENCY,
@@ -170,7 +170,7 @@ def failed(i: int) -> EngineStats:
 def cpu_only(i: int) -> EngineStats:
     return replace(
         base("SmolLM2-135M-Instruct", None, ()),
-        host=HostMemory(int(15.5 * GIB), int(6.1 * GIB), int(0.9 * GIB)),
+        host=HostMemory(int(15.5 * GIB), int(6.1 * GIB), int(0.9 * GIB), 188.0, 97.0, 2),
         kv=KvStats(64, 128, 14, 114, 0, "bf16", (("r-0003", 14),)),
         state_slots=StateSlotStats(checkpoints=1),  # attention only: KV checkpoints, no slots
         queue=QueueStats(running=(req("r-0003", "decode", 412, 486, 38.2, 0.61),)),

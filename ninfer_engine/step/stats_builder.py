@@ -33,6 +33,7 @@ class StatsBuilder:
         self.started_at = time.time()
         self.weight_bytes = model.weight_bytes()
         self.device = str(model.device)
+        self.dtype = _STORED.get(getattr(model, "dtype", None), "")
         self.kv_dtype = config.kv_dtype
         if config.kv_dtype == "bf16":
             self.kv_dtype = _STORED.get(getattr(model, "dtype", None), config.kv_dtype)
@@ -94,6 +95,9 @@ class StatsBuilder:
             rss = self._process.memory_info().rss
             kv_tier, state_tier = self.memory.host_tier_bytes()
             host = HostMemory(total=vm.total, used=vm.total - vm.available, process_rss=rss,
+                              # both since the last refresh (the first reads 0)
+                              process_cpu=self._process.cpu_percent(None),
+                              machine_cpu=psutil.cpu_percent(None), cpus=psutil.cpu_count() or 0,
                               pinned_experts=self.tiers.host.nbytes if self.tiers else 0,
                               pinned_kv_tier=kv_tier, pinned_state_tier=state_tier)
             device = (host.total, vm.available)
@@ -147,7 +151,7 @@ class StatsBuilder:
                 recent=tuple(self.recent),
             ),
             throughput=self.throughput, counters=counters, max_context=self.config.max_context,
-            spec=spec, vision=vision,
+            spec=spec, vision=vision, dtype=self.dtype,
         )
 
 

@@ -2,7 +2,8 @@
 
 On the CPU the engine's memory is host RAM: one bar shows the machine's RAM split into what the
 engine holds (weights, KV pool, the rest of its RSS), other processes and free; no second row
-repeats it.
+repeats it. Beside the engine process's RSS: its CPU use (% of one core, as top) and the machine's
+(`engine RSS 1.1 GiB, CPU 36% (machine 100% of 2 cores)`: one line down to 140 columns).
 
 Under the bars, one row per GPU that NVML reports (utilization, memory, power, clocks,
 temperature; `gpu.GpuMonitor`); none where NVML finds no device."""
@@ -98,7 +99,18 @@ def compact_line(gpus: list[DeviceMemory], cpu: DeviceMemory | None, host: HostM
         line.append(f"(weights {gib(cpu.weights)}, KV {gib(cpu.kv_pool)})  ", style="dim")
     line.append("RAM ", style="dim")
     line.append(f"{gib(host.used)}/{gib(host.total)} GiB")
+    if host.cpus:
+        line.append("  CPU ", style="dim")
+        line.append(f"{host.process_cpu:.0f}%")
     return line
+
+
+def cpu_use(host: HostMemory) -> Text:
+    """`, CPU 180% (machine 95% of 2 cores)`; nothing before the first reading."""
+    if not host.cpus:
+        return Text()
+    return Text.assemble((", CPU ", "dim"), f"{host.process_cpu:.0f}%",
+                         (f" (machine {host.machine_cpu:.0f}% of {host.cpus} cores)", "dim"))
 
 
 def cpu_lines(cpu: DeviceMemory, host: HostMemory, bar_width: int) -> list[Text]:
@@ -116,8 +128,8 @@ def cpu_lines(cpu: DeviceMemory, host: HostMemory, bar_width: int) -> list[Text]
         legend.append(f"{label} ", style="dim")
         legend.append(f"{gib(amount)}  ")
     legend.rstrip()
-    return [bar, legend, Text.assemble(" " * LABEL_WIDTH, ("engine process RSS ", "dim"),
-                                       f"{gib(host.process_rss)} GiB", ("  (cpu engine)", "dim"))]
+    return [bar, legend, Text.assemble(" " * LABEL_WIDTH, ("engine RSS ", "dim"),
+                                       f"{gib(host.process_rss)} GiB", cpu_use(host))]
 
 
 def device_lines(device: DeviceMemory, bar_width: int) -> list[Text]:
@@ -143,8 +155,8 @@ def host_lines(host: HostMemory, bar_width: int) -> list[Text]:
     ram.append_text(fraction_bar(fraction, bar_width, "cyan"))
     ram.append(f" {gib(host.used):>5}/{gib(host.total)} GiB")
     rss = Text.assemble(
-        " " * LABEL_WIDTH, ("of which the engine process ", "dim"), gib(host.process_rss), " GiB"
-    )
+        " " * LABEL_WIDTH, ("engine RSS ", "dim"), gib(host.process_rss), " GiB",
+        cpu_use(host))
     pinned = Text(f"{'pinned':<{LABEL_WIDTH}}")
     tiers = (
         ("experts", host.pinned_experts),

@@ -182,3 +182,22 @@ def test_bind_failure_names_the_address():
                 await start_server(create_app(FakeEngine(), FAKE_CONFIG), "127.0.0.1", port)
 
     asyncio.run(scenario())
+
+
+def test_startup_summary_line():
+    """Headless startup: one line with version, model, devices and dtype, the KV pool, the
+    limits, the load time and free memory, in human units."""
+    from sample_stats import GIB, busy_stats
+
+    from ninfer_http.shutdown import startup_line, version
+
+    stats = replace(busy_stats(), dtype="bf16")
+    devices = tuple(replace(d, free=int(2.5 * GIB)) for d in stats.devices)
+    config = replace(FAKE_CONFIG, max_context=32768, max_concurrency=4, max_pending_requests=16,
+                     pending_timeout_ms=30000, drain_timeout_ms=10000)
+    line = startup_line(replace(stats, devices=devices), config, 12.34)
+    assert line == (
+        f"ready | ninfer {version()} | model fake-model | device cuda:0, cuda:1 (bf16) | "
+        "KV 25,600 tokens (400 pages of 64, int8, 6.0 GiB) | "
+        "limits context 32,768, concurrency 4, queue 16 (30 s), drain 10 s | loaded in 12.3 s | "
+        "RAM free 48.0 GiB of 128.0 GiB | VRAM free 2.5 GiB")

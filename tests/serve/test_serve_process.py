@@ -2,11 +2,13 @@
 
 An injected engine-wide fault (`NINFER_FAULT=step:N`) must turn `/health` to 503, end a running
 stream with an in-band error and no `[DONE]`, answer queued requests with a plain 503 and exit 2
-soon after; startup failures exit 1 with one line; SIGINT and SIGTERM exit 0.
+soon after; startup failures exit 1 with one line; SIGINT and SIGTERM drain (running
+requests finish, or end in-band once `--drain-timeout-ms` runs out) and exit 0.
 """
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import time
@@ -112,12 +114,73 @@ def test_port_in_use_exits_1(launch):
     assert "cannot listen on 127.0.0.1" in log and "Traceback" not in log
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_exits_0(launch, sig):
-    server = launch().wait_ready()
-    status, _, body = server.request("POST", "/v1/chat/completions",
-                                     chat_body("Hi", 4, stream=False))
-    assert status == 200, body
-    server.signal(sig)
+def _lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if line.strip()]
+
+
+async def _wait_logged(server, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in server.log():
+        assert time.monotonic() < deadline, server.log()
+        await asyncio.sleep(0.05)
+
+
+def test_sigterm_drain_runs_out_running_requests_end_in_band_and_exit_0(launch):
+    """SIGTERM with a stream running and one queued behind it, the drain too short for them:
+    new requests get 503 during the drain, the running stream ends with an in-band error (no
+    [DONE]), the queued one with a plain 503, exit 0, and `stopped` is the last line even with
+    throughput lines on."""
+    server = launch("--max-concurrency", "1", "--drain-timeout-ms", "1500",
+                    "--log-stats-interval-ms", "500").wait_ready()
+    url = server.url
+
+    async def scenario():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            running = await open_chat(session, url, chat_body(LONG, 400))
+            started = await read_chat(running, until_content=True)
+            queued = asyncio.create_task(chat(session, url, chat_body("Hi", 8)))
+            await _wait_pending(session, url, 1)
+            server.signal(signal.SIGTERM)
+            await _wait_logged(server, "shutting down")
+            during = await chat(session, url, chat_body("Hello", 4))
+            return await continue_chat(running, started), await queued, during
+
+    first, second, during = asyncio.run(asyncio.wait_for(scenario(), 180))
     assert server.wait(timeout=30) == 0, server.log()
-    assert "shutting down" in server.log()
+    log = server.log()
+    assert (during.status, during.error["code"]) == (503, "service_unavailable"), during
+    assert first.status == 200 and first.text and first.finish is None and not first.done
+    assert first.error["code"] == "service_unavailable", first
+    assert (second.status, second.error["code"]) == (503, "service_unavailable"), second
+    assert "shutting down | draining up to 1.5 s" in log
+    assert _lines(log)[-1].endswith("stopped | 2 running requests ended with 503"), log
+
+
+def test_sigint_drain_lets_the_running_request_finish_and_exit_0(launch):
+    """SIGINT with a short stream running and a long drain: the stream ends normally (finish
+    reason and [DONE]) and the server exits right after it, not at the drain's end. The log
+    starts with the one-line startup summary."""
+    server = launch("--drain-timeout-ms", "600000").wait_ready()
+    url = server.url
+
+    async def scenario():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            running = await open_chat(session, url, chat_body("Count to twenty.", 24))
+            started = await read_chat(running, until_content=True)
+            server.signal(signal.SIGINT)
+            return await continue_chat(running, started)
+
+    stream = asyncio.run(asyncio.wait_for(scenario(), 180))
+    assert server.wait(timeout=60) == 0, server.log()
+    assert stream.finish in ("stop", "length") and stream.done and stream.error is None, stream
+    log = server.log()
+    # the startup summary, once, before any request line
+    ready = [i for i, line in enumerate(_lines(log)) if " ready | ninfer " in line]
+    assert len(ready) == 1 and ready[0] < min(
+        i for i, line in enumerate(_lines(log)) if "req#" in line), log
+    assert re.search(r" ready \| ninfer \S+ \| model smollm2-135m-instruct \| device cpu \(fp32\) "
+                     r"\| KV [\d,]+ tokens \(\d+ pages of 64, fp32, [\d.]+ MiB\) \| limits context "
+                     r"8,192, concurrency 1, queue 16 \(30 s\), drain 600 s \| loaded in [\d.]+ s "
+                     r"\| RAM free [\d.]+ GiB of [\d.]+ GiB$", _lines(log)[ready[0]]), log
+    assert "shutting down | draining up to 600 s" in log
+    assert _lines(log)[-1].endswith("stopped | no request was cut off"), log

@@ -13,6 +13,7 @@ from ninfer_tui.widgets.log import LogPanel
 from ninfer_tui.widgets.memory import MemoryPanel
 from ninfer_tui.widgets.modals import ConfirmScreen, HelpScreen, NoticeScreen
 from ninfer_tui.widgets.profiles import ProfilePicker
+from ninfer_tui.widgets.trends import TrendsPanel
 
 SIZE = (140, 44)
 pytestmark = pytest.mark.anyio
@@ -96,6 +97,17 @@ async def test_reload_while_ready_asks_first() -> None:
         assert feed.reloads == [None]
 
 
+async def test_enter_does_not_confirm_a_reload() -> None:
+    """The issue's complaint: Enter confirmed a reload that cuts requests off."""
+    app, feed = console("busy8")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("r")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        assert not isinstance(app.screen, ConfirmScreen) and feed.reloads == []
+
+
 class BrokenReload(FakeSupervisor):
     def reload(self, profile: str | None = None) -> None:
         raise RuntimeError("weights file vanished")
@@ -166,13 +178,50 @@ async def test_q_quits_at_once_when_idle() -> None:
         assert app.return_code == 0
 
 
-async def test_q_asks_while_requests_run() -> None:
+@pytest.mark.parametrize("key", ["q", "ctrl+q"])
+async def test_q_asks_while_requests_run(key: str) -> None:
+    """q, and Textual's own ctrl+q, ask before a draining quit (ctrl+q exited at once)."""
     app, feed = console("busy8")
     async with app.run_test(size=SIZE) as pilot:
         play_all(app, feed)
-        await pilot.press("q")
+        await pilot.press(key)
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
         assert app.return_code is None
         await pilot.press("q", "y")
         assert app.return_code == 0
+
+
+async def test_brackets_scroll_the_history() -> None:
+    app, feed = console("busy8", FakeSupervisor("busy8", frames=480))  # two minutes
+    async with app.run_test(size=SIZE) as pilot:
+        play_all(app, feed)
+        await pilot.press("left_square_bracket")
+        await pilot.pause()
+        assert app.scroll_back == 30
+        assert app.query_one(TrendsPanel).border_title.endswith("· 30 s ago")
+        await pilot.press(*["left_square_bracket"] * 4)
+        assert app.scroll_back == len(app.history.buckets) - 10  # never past the oldest
+        await pilot.press(*["right_square_bracket"] * 5)
+        await pilot.pause()
+        assert app.scroll_back == 0 and "ago" not in app.query_one(TrendsPanel).border_title
+
+
+async def test_the_log_scrolls_at_80x24() -> None:
+    """The log view opens at its newest line and PgUp / ↑ scroll it back (not the requests)."""
+    feed = FakeSupervisor("failed")
+    feed.log = tuple(f"12:00:{i % 60:02d} INFO  line {i}" for i in range(200))
+    app, _ = console("failed", feed)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("l")
+        await pilot.pause()
+        log = app.query_one(LogPanel)
+        selected = app.selected
+        assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y  # the newest shown
+        await pilot.press("pageup")
+        await pilot.pause()
+        paged = log.scroll_y
+        assert paged <= log.max_scroll_y - log.size.height + 2
+        await pilot.press("up")
+        await pilot.pause()
+        assert log.scroll_y == paged - 1 and app.selected == selected

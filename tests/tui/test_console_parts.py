@@ -44,6 +44,16 @@ def test_history_marks_a_reload_and_counts_from_the_new_engine() -> None:
     assert reloaded.reloads() == (False, False, True)
 
 
+def test_history_keeps_fifteen_minutes_and_scrolls_back() -> None:
+    history, decoded = StatsHistory(), 0
+    for second in range(1, 1001):  # second s decodes s tokens
+        decoded += second
+        history = history.push(frame(float(second), 0, 0, decoded))
+    values = history.series("decode")
+    assert len(values) == 900 and values[0] == 101.0 and values[-1] == 1000.0
+    assert history.series("decode", 30)[-1] == 970.0  # `[` once: 30 s back
+
+
 def test_history_acceptance_is_per_interval() -> None:
     history = StatsHistory().push(frame(1.0, 30, 20)).push(frame(2.0, 60, 50))
     assert history.acceptance == (1.0,)
@@ -83,3 +93,15 @@ def test_only_a_model_with_slots_has_state_slots() -> None:
     assert not has_state_slots(StateSlotStats(checkpoints=2))  # attention only: KV checkpoints
     assert has_state_slots(StateSlotStats(running_total=1))
     assert has_state_slots(StateSlotStats(checkpoint_total=4))
+
+
+def test_the_cpu_row_fits_the_memory_panel_at_140_columns() -> None:
+    """The real CPU run's row (the screenshot at 140x44 wrapped it): 68 cells inside the panel."""
+    from ninfer_engine.stats import DeviceMemory, HostMemory
+    from ninfer_tui.widgets.memory import cpu_lines
+
+    host = HostMemory(total=24 << 30, used=6 << 30, process_rss=int(10.5 * 2**30),
+                      process_cpu=200.0, machine_cpu=100.0, cpus=16)
+    row = cpu_lines(DeviceMemory("cpu", 24 << 30), host, bar_width=44)[-1].plain.rstrip()
+    assert row.strip() == "engine RSS 10.5 GiB, CPU 200% (machine 100% of 16 cores)"
+    assert len(row) <= 68
