@@ -114,11 +114,12 @@ class PrefixTree(HostMoves):
                 return Plan(path, tokens=node.depth)
             tail, k = best
             return Plan(path, tail, k, tokens=node.depth + k)
-        plan = Plan([])
+        plan, P = Plan([]), self.page_tokens
         for depth, at in enumerate([self.root, *path]):
             if at.snapshot is not None or at.host_snapshot is not None:
                 plan = Plan(path[:depth], snap=at, tokens=at.depth)
-            tail = self._tail_match(at, prompt[at.depth: limit], host_tails)
+            # a tail is shorter than a page: slicing the whole rest made a hit O(context²)
+            tail = self._tail_match(at, prompt[at.depth: min(limit, at.depth + P)], host_tails)
             if tail is not None and tail.depth > plan.tokens:
                 plan = Plan(path[:depth], tail, len(tail.key), tail, tail.depth)
         return plan
