@@ -14,6 +14,7 @@ from .config import PAGE_TOKENS, EngineConfig
 from .kv import ElasticPagePool, KvStorage, PagePool, SequenceMemory, codecs_for, kv_page_layout
 from .kv.host_tier import HostTier, check_host_ram
 from .kv.memory import SNAPSHOT_TOKENS
+from .kv.snapshot_policy import SnapshotLimits
 from .kv.sizing import (ALLOC_SLACK, GIB, MIB, KvSizingError, auto_kv_tokens,
                         prefill_activation_bytes)
 from .models.experts import free_device_bytes, prefill_scratch_bytes
@@ -97,7 +98,19 @@ def build_memory(config: EngineConfig, model: Any,
     return SequenceMemory(storage, config.kv_lease_window, config.max_concurrency, checkpoints,
                           not config.no_prefix_reuse, config.kv_dtype,
                           getattr(model, "state_pool", None), budget, prefill_chunk,
-                          _host_tier(config, model, storage))
+                          _host_tier(config, model, storage), snapshot_limits(config))
+
+
+def snapshot_limits(config: EngineConfig) -> SnapshotLimits:
+    """`--max-private-continuations` / `--max-shared-prefixes`: device snapshots of each kind,
+    past which the lowest-standing moves to the host tier (or is dropped); unset (ours, not the
+    contract's 2C / max(C, 4)): the device slots alone bound them, since at those budgets a
+    6-page engine test's conversations lost their prompt-end snapshots to long anchors that
+    filled the rest of the pool. `--max-long-anchors-per-continuation` (2): chunk snapshots on
+    one conversation's path, either tier (`kv.snapshot_policy`)."""
+    long = config.max_long_anchors_per_continuation
+    return SnapshotLimits(config.max_private_continuations, config.max_shared_prefixes,
+                          2 if long is None else long)
 
 
 def _host_tier(config: EngineConfig, model: Any, storage: KvStorage):

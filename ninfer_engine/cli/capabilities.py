@@ -98,9 +98,6 @@ _GATES: tuple[_Gate, ...] = (
     _Gate(("--vision-device",), lambda c: True, _vision_device),
     _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
           _runs_on_cuda("automatic KV sizing")),  # `kv.sizing`
-    _Gate(("--max-private-continuations", "--max-shared-prefixes",
-           "--max-long-anchors-per-continuation"),
-          lambda c: True, _not_built("per-class prefix-reuse limits")),
     _Gate(("--context-cost-presets",), lambda c: True, _not_built("context cost presets")),
     _Gate(("--embedding-host",), lambda c: True, _needs_cuda("a host-resident embedding table")),
 )

@@ -24,13 +24,9 @@ from .host_tier import HostTier
 from .pages import pages_for
 from .radix import Match, PrefixTree
 from .slots import StatePool, copy_state
+from .snapshot_policy import ENDPOINT, LONG_ANCHOR, REPLAY, STABLE, SnapshotLimits
 
 SNAPSHOT_TOKENS = 1024  # the CPU's prefill chunk: where a long hybrid prompt is snapshotted
-# the reuse paths of http-contract §4, named by what saved the checkpoint a hit ends at
-REPLAY = "private_response_replay"  # a prompt's last token but one: the same prompt again
-LONG_ANCHOR = "private_long_anchor"  # every `snapshot_tokens` of a long prompt
-ENDPOINT = "private_endpoint"  # a finished answer: the conversation's next turn
-STABLE = "shared_stable_prefix"  # llama family: pages of an earlier prompt
 
 
 class SequenceMemory:
@@ -41,9 +37,11 @@ class SequenceMemory:
                  state_pool: Callable[[int], StatePool] | None = None,
                  budget_pages: int | None = None,
                  snapshot_tokens: int = SNAPSHOT_TOKENS,
-                 host_tier: Callable[[StatePool | None], HostTier] | None = None) -> None:
+                 host_tier: Callable[[StatePool | None], HostTier] | None = None,
+                 limits: SnapshotLimits = SnapshotLimits()) -> None:
         """`host_tier(snapshots)`: builds the prefix tree's host tier (`kv.host_tier`) beside
-        the device snapshot pool (None for the llama family)."""
+        the device snapshot pool (None for the llama family); `limits`: snapshots kept of
+        each kind (`kv.snapshot_policy`)."""
         self.storage = storage
         self.allocator = storage.allocator
         self.lease_window = lease_window
@@ -56,7 +54,7 @@ class SequenceMemory:
         # a hybrid tree without snapshot slots could restore nothing
         reuse = prefix_reuse and (not recurrent or checkpoint_slots > 0)
         host = host_tier(snapshots) if reuse and host_tier is not None else None
-        self.prefix = PrefixTree(storage, snapshots, host) if reuse else None
+        self.prefix = PrefixTree(storage, snapshots, host, limits) if reuse else None
         self.snapshot_slots = snapshots
         page = storage.page_tokens
         self.snapshot_tokens = max(snapshot_tokens // page, 1) * page

@@ -15,8 +15,8 @@ least the prompt's last token is always computed: its logits start the answer.
 
 Eviction takes leaves no request references, least recently used first (hybrid: leaves
 without a snapshot, which no hit can restore, before any with one). Snapshots live in their
-own `StatePool`; when it is full the snapshot least recently saved or restored goes first
-(as SGLang's mamba LRU: a hit refreshes the snapshot it restores, not those above it).
+own `StatePool`; when it is full the lowest-standing one gives way (`kv.snapshot_policy`:
+recency plus a bonus per restore; a continuation keeps a bounded number of chunk snapshots).
 
 With a host tier (`kv.host_tier`) an evicted page moves to host memory and its node stays in
 the tree (`page` -1, `host` its host page): a node on the host has only host children, so the
@@ -35,18 +35,24 @@ from .cache import KvStorage
 from .host_tier import HostTier
 from .radix_host import HostMoves
 from .radix_nodes import Match, Node, Plan, common_prefix
-from .slots import StatePool, StateSlot, copy_state
+from .radix_snapshots import Snapshots
+from .slots import StatePool, StateSlot
+from .snapshot_policy import SnapshotLimits
 
 
-class PrefixTree(HostMoves):
-    """The tree over `storage`'s pages; `snapshots` None: the llama family (no state)."""
+class PrefixTree(Snapshots, HostMoves):
+    """The tree over `storage`'s pages; `snapshots` None: the llama family (no state);
+    `limits`: how many snapshots of each kind it keeps (`kv.snapshot_policy`)."""
 
     def __init__(self, storage: KvStorage, snapshots: StatePool | None = None,
-                 host: HostTier | None = None) -> None:
+                 host: HostTier | None = None, limits: SnapshotLimits = SnapshotLimits()
+                 ) -> None:
         self.storage = storage
         self.allocator = storage.allocator
         self.page_tokens = storage.page_tokens
         self.slots = snapshots
+        self.limits = limits
+        self.now = 0  # the clock's last tick (snapshot values decay with it)
         self.host = host if host is not None and host.pages else None
         self.host_states = host.states if host is not None and host.states else None
         self.root = Node((), None, 0)
@@ -80,7 +86,7 @@ class PrefixTree(HostMoves):
     def match(self, prompt: tuple[int, ...]) -> Match:
         """The deepest restorable prefix of `prompt`, shorter than `prompt`; its pages in the
         host tier are copied back first."""
-        P, limit, now = self.page_tokens, len(prompt) - 1, next(self._clock)
+        P, limit, now = self.page_tokens, len(prompt) - 1, self._tick()
         node, path = self.root, []
         while node.depth + P <= limit:
             child = node.children.get(prompt[node.depth: node.depth + P])
@@ -98,6 +104,7 @@ class PrefixTree(HostMoves):
             plan.tail.used = now
         if plan.snap is not None:
             plan.snap.restored = now
+            plan.snap.hits += 1
         snapshot = None if plan.snap is None else plan.snap.snapshot or plan.snap.host_snapshot
         end = plan.snap or plan.tail or (plan.path[-1] if plan.path else None)
         return Match(plan.tokens, tuple(n.page for n in plan.path),
@@ -114,11 +121,12 @@ class PrefixTree(HostMoves):
                 return Plan(path, tokens=node.depth)
             tail, k = best
             return Plan(path, tail, k, tokens=node.depth + k)
-        plan = Plan([])
+        plan, P = Plan([]), self.page_tokens
         for depth, at in enumerate([self.root, *path]):
             if at.snapshot is not None or at.host_snapshot is not None:
                 plan = Plan(path[:depth], snap=at, tokens=at.depth)
-            tail = self._tail_match(at, prompt[at.depth: limit], host_tails)
+            # a tail is shorter than a page: slicing the whole rest made a hit O(context²)
+            tail = self._tail_match(at, prompt[at.depth: min(limit, at.depth + P)], host_tails)
             if tail is not None and tail.depth > plan.tokens:
                 plan = Plan(path[:depth], tail, len(tail.key), tail, tail.depth)
         return plan
@@ -154,7 +162,7 @@ class PrefixTree(HostMoves):
         its end; its partial last page as a tail, handed over (`hand_over`: its writer is
         done with it) or copied (only with a snapshot: a hybrid prompt's). `kind`: the reuse
         path of the nodes it adds and of its snapshot."""
-        P, now = self.page_tokens, next(self._clock)
+        P, now = self.page_tokens, self._tick()
         node = self.root
         for i in range(len(tokens) // P):
             key = tokens[i * P: (i + 1) * P]
@@ -177,6 +185,8 @@ class PrefixTree(HostMoves):
             if state is not None:
                 self._keep_snapshot(tail, state, now, kind)
             return
+        if state is not None and self._refused(kind):
+            return  # its kind keeps no snapshot: the tail would restore nothing
         if state is None and (self.recurrent or not hand_over):
             return  # a hybrid tail without a snapshot restores nothing
         if hand_over:
@@ -191,6 +201,10 @@ class PrefixTree(HostMoves):
         tail.used = now
         if state is not None and not self._snapshot(tail, state):
             self._remove(tail)
+
+    def _tick(self) -> int:
+        self.now = next(self._clock)
+        return self.now
 
     def _add(self, parent: Node, key: tuple[int, ...], page: int, kind: str) -> Node:
         child = Node(key, parent, parent.depth + len(key), page, kind=kind)
@@ -213,40 +227,6 @@ class PrefixTree(HostMoves):
             return True
         self.evict(1, keep)
         return self.allocator.lease(tail, k)
-
-    def _keep_snapshot(self, node: Node, state: StateSlot, now: int, kind: str) -> None:
-        """A snapshot at `node`: a new one, or the one there saved again (fresher in LRU);
-        the latest save names it."""
-        if node.snapshot is None and node.host_snapshot is None:
-            self._snapshot(node, state)
-        else:
-            node.restored = now
-        node.kind = kind
-
-    def _snapshot(self, node: Node, state: StateSlot) -> bool:
-        """Copy `state` into a snapshot slot at `node` (the LRU snapshot gives way)."""
-        if self.slots is None or self.slots.total == 0:
-            return False
-        if not self.slots.free:
-            victim = min(self._snapshots, key=lambda n: n.restored)
-            if not self._snapshot_to_host(victim):
-                self._drop_snapshot(victim)
-                if len(victim.key) < self.page_tokens:
-                    self._remove(victim)  # a tail without its snapshot restores nothing
-        node.snapshot, node.restored = self.slots.acquire(), next(self._clock)
-        copy_state(state, node.snapshot)
-        self._snapshots.add(node)
-        return True
-
-    def _drop_snapshot(self, node: Node) -> None:
-        if node.snapshot is not None:
-            self.slots.release(node.snapshot)
-            node.snapshot = None
-            self._snapshots.discard(node)
-        if node.host_snapshot is not None:
-            self.host_states.release(node.host_snapshot)
-            node.host_snapshot = None
-            self._host_snapshots.discard(node)
 
     def _remove(self, node: Node) -> None:
         """Take a leaf out of the tree and drop its page (device or host) and snapshots."""

@@ -1,12 +1,11 @@
 """How the prefix tree (`kv.radix`) moves pages and snapshots between the device and its host
 tier (`kv.host_tier`): a device leaf's page demoted to a host page when the pool needs it, host
-pages restored for a hit (or adopted from a request that computed the same tokens), a
-snapshot that loses its device slot moved to a host slot. `HostMoves` is a part of
+pages restored for a hit (or adopted from a request that computed the same tokens); snapshots
+move in `kv.radix_snapshots`. `HostMoves` is a part of
 `PrefixTree`, apart only to keep each file to one concern: it reads the tree's own fields."""
 from __future__ import annotations
 
 from .radix_nodes import Node, Plan
-from .slots import copy_state
 
 
 class HostMoves:
@@ -48,25 +47,6 @@ class HostMoves:
         if not self._device_children(node):
             self._leaves.add(node)
         self.pages += 1
-
-    def _snapshot_to_host(self, node: Node) -> bool:
-        """Move `node`'s device snapshot to a host slot (the host's LRU one gives way)."""
-        if self.host_states is None:
-            return False
-        if not self.host_states.free:
-            victim = min(self._host_snapshots, key=lambda n: n.restored)
-            self.host_states.release(victim.host_snapshot)
-            victim.host_snapshot = None
-            self._host_snapshots.discard(victim)
-            if len(victim.key) < self.page_tokens:
-                self._remove(victim)  # a tail without its snapshot restores nothing
-        node.host_snapshot = self.host_states.acquire()
-        copy_state(node.snapshot, node.host_snapshot)
-        self._host_snapshots.add(node)
-        self.slots.release(node.snapshot)
-        node.snapshot = None
-        self._snapshots.discard(node)
-        return True
 
     def _demote(self, node: Node, keep: tuple[Node, ...] | frozenset[Node]) -> bool:
         """Move a device leaf's page to the host tier (its LRU leaves, but `keep`, give way);

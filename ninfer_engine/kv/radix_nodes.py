@@ -22,6 +22,7 @@ class Node:
     used: int = 0  # LRU clock of the last hit or insert through this node
     kind: str = ""  # the reuse path a hit ending here reports: who saved it (`insert`)
     restored: int = 0  # LRU clock of the snapshot's last save or restore
+    hits: int = 0  # restores of its snapshot (`kv.snapshot_policy` values it by them)
 
 
 @dataclass(frozen=True)

@@ -68,16 +68,18 @@ def test_hybrid_hits_restore_the_deepest_snapshot_only():
     assert hit.tokens == 16 and len(hit.pages) == 2 and hit.copy is None
     assert hit.snapshot.layers[0].ssm[0] == 16.0
     assert tree.match(tokens[:16]).tokens == 0  # the last token is always computed
-    # a third and a fourth snapshot: the least recently saved or restored gives way, a hit
-    # refreshing only the snapshot it restores
+    # a fourth snapshot: the lowest standing gives way (last save or restore, plus a bonus
+    # for each restore: `kv.snapshot_policy`), here 8, saved after both restores
     tree.insert(tokens[:8], source.pages, _state(8.0))
-    tree.match(tokens[:27] + (1,))  # restores the tail (27), passes 8 and 16
-    tree.insert(tokens[:24], source.pages, _state(24.0))  # 16 goes: its node stays
+    tree.insert(tokens[:24], source.pages, _state(24.0))  # 8 goes: its node stays
     assert tree.snapshots == 3 and tree.pages == 4
-    assert tree.match(tokens[:20] + (1,)).tokens == 8
-    tree.insert(tokens[:23], source.pages, _state(23.0))  # the 27 tail goes, and its page
-    tree.insert(tokens[:22], source.pages, _state(22.0))  # then 24 (8 was restored since)
-    assert tree.pages == 5 and tree.match(tokens[:27] + (1,)).tokens == 23
+    assert tree.match(tokens[:12] + (1,)).tokens == 0
+    assert tree.match(tokens[:20] + (1,)).tokens == 16
+    # 24, never restored, goes before 16 and 27 (restored, older) and before the new 19
+    tree.insert(tokens[:19], source.pages, _state(19.0))
+    assert tree.snapshots == 3 and tree.pages == 5
+    assert tree.match(tokens[:25] + (1,)).tokens == 19
+    assert tree.match(tokens[:27] + (1,)).tokens == 27
     source.release()
     assert tree.evict(100) == 5 and tree.pages == 0 and tree.slots.free == 3
     assert storage.allocator.free == storage.allocator.total

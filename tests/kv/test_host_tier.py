@@ -1,0 +1,33 @@
+"""The prefix cache's host tier (`kv.host_tier`) at the page level: what comes back is what went
+out, whatever order the host pages were taken in."""
+from __future__ import annotations
+
+import torch
+
+from ninfer_engine.kv import KvStorage, PagePool, codecs_for
+from ninfer_engine.kv.host_tier import HostTier
+
+P = 8
+
+
+def test_load_pages_restores_scattered_host_pages_into_any_device_pages():
+    storage = KvStorage(PagePool(12, page_tokens=P), layers=2, heads=2, dim=16,
+                        codecs=codecs_for("int8", torch.float32), activation_dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    for layer in (*storage.k, *storage.v):  # every component, codes and scales alike
+        for t in layer:
+            t.copy_(torch.randint(-100, 100, t.shape, generator=gen).to(t.dtype))
+    before = [[t.clone() for t in layer] for layer in (*storage.k, *storage.v)]
+    tier = HostTier(storage, pages=8)
+    saved = [0, 5, 3, 4, 9]  # device pages, demoted in this order (host pages 0..4)
+    hosts = [tier.save_page(p) for p in saved]
+    tier.release_page(hosts[1])  # a gap: the host pages left are two runs, 0 and 2..4
+    hosts.pop(1), saved.pop(1)
+    order = [2, 0, 3, 1]  # the path's order is not the host tier's
+    targets = [11, 1, 7, 6]
+    tier.load_pages([hosts[i] for i in order], targets)
+    for layer, old in zip((*storage.k, *storage.v), before):
+        for t, o in zip(layer, old):
+            for i, dst in zip(order, targets):
+                src = saved[i]
+                assert torch.equal(t[dst * P: (dst + 1) * P], o[src * P: (src + 1) * P])
