@@ -44,7 +44,11 @@ def _prompt_ids(engine: ServingEngine, prompt: Any) -> tuple[list[int], str]:
         if not prompt:
             raise invalid_value("prompt", "'prompt' must not be empty.")
         return engine.tokenizer.encode(prompt), prompt
-    if isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
+        vocab = engine.tokenizer.vocab_size
+        if not all(0 <= t < vocab for t in prompt):  # before decoding them: the tokenizer throws
+            raise invalid_value("prompt", f"Token ids must be in 0..{vocab - 1}, this model's "
+                                "vocabulary.")
         return list(prompt), engine.tokenizer.decode(prompt)
     raise invalid_value("prompt", "'prompt' must be a string or an array of token ids.")
 

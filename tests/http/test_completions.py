@@ -114,6 +114,8 @@ def test_chat_logprobs_per_choice_and_per_chunk(serve):
     ({"prompt": ["a", "b"]}, "unsupported_parameter", "prompt"),
     ({"prompt": ""}, "invalid_value", "prompt"),
     ({"prompt": [1, -2]}, "invalid_value", "prompt"),
+    ({"prompt": [72, 0x110000]}, "invalid_value", "prompt"),  # past the vocabulary
+    ({"prompt": [[72, 2 ** 64]]}, "invalid_value", "prompt"),  # the fuzz run's 500
     ({"suffix": "end"}, "unsupported_parameter", "suffix"),
     ({"echo": True, "logprobs": 1}, "unsupported_parameter", "echo"),
     ({"n": 2, "stream": True}, "unsupported_parameter", "n"),
