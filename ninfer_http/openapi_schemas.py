@@ -188,6 +188,7 @@ def _completions(model: Schema) -> dict[str, Schema]:
             "stream_options": obj({"include_usage": BOOLEAN}), "echo": BOOLEAN,
             "n": {"type": "integer", "minimum": 1, "maximum": 8},
             "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+            "prompt_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
             "stop": {"anyOf": [STRING, {"type": "array", "items": STRING, "maxItems": 4}]},
             "temperature": _number(0, 2), "top_p": _number(0, 1),
             "top_k": {"type": "integer", "minimum": 0, "maximum": 20}, "seed": {"type": "integer"},

@@ -199,7 +199,8 @@ def choice(engine: ServingEngine, prepared: PreparedRequest, index: int) -> Prep
     forked = dataclasses.replace(
         generation, request_id=f"{generation.request_id}-{index}", sampling=sampling,
         constraint=_constraint(engine, prepared.grammar, prepared.opens_thinking),
-        logprob_sink=None if generation.logprobs is None else [])
+        logprob_sink=None if generation.logprobs is None else [],
+        prompt_logprob_sink=None if generation.prompt_logprobs is None else [])
     return dataclasses.replace(prepared, generation=forked)
 
 
