@@ -177,3 +177,19 @@ def test_rejections(live, fields, code, param):
 def test_unknown_model_is_404(live):
     reply = live.request("POST", "/v1/completions", {"model": "other", "prompt": "hi"})
     assert reply.status == 404 and reply.json()["error"]["code"] == "model_not_found"
+
+
+def test_chat_prompt_logprobs_as_vllm_returns_them(serve):
+    live = serve(engine=LogprobEngine())
+    messages = [{"role": "user", "content": "hi"}]
+    done = sdk(live).chat.completions.create(model="fake-model", messages=messages,
+                                             extra_body={"prompt_logprobs": 0})
+    [request] = live.engine.submitted
+    entries = done.model_extra["prompt_logprobs"]
+    assert len(entries) == len(request.prompt_ids) and entries[0] is None
+    assert entries[1] == {str(request.prompt_ids[1]): {
+        "logprob": -0.125, "rank": 2, "decoded_token": chr(request.prompt_ids[1])}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        sdk(live).chat.completions.create(model="fake-model", messages=messages, stream=True,
+                                          extra_body={"prompt_logprobs": 1})
+    assert raised.value.body["param"] == "prompt_logprobs"
