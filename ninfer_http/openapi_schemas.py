@@ -215,6 +215,7 @@ def _anthropic() -> dict[str, Schema]:
     # `strict`: a call's input matches input_schema (under `auto` too)
     tool = obj({"name": TOOL_NAME, "description": STRING, "input_schema": OBJECT,
                 "strict": BOOLEAN}, "name", "input_schema")
+    output_format = obj({"type": {"const": "json_schema"}, "schema": OBJECT}, "type", "schema")
     return {
         "MessagesRequest": obj({
             "model": STRING, "messages": {"type": "array", "minItems": 1, "items": message},
@@ -225,7 +226,9 @@ def _anthropic() -> dict[str, Schema]:
             "thinking": obj({"type": {"enum": ["disabled", "adaptive", "enabled"]},
                              "budget_tokens": {"type": "integer", "minimum": 1024},
                              "display": {"const": "omitted"}}, "type"),
-            "output_config": obj({"effort": EFFORT}),
+            # structured outputs: the answer's text follows the schema (grammar-enforced)
+            "output_config": obj({"effort": EFFORT, "format": output_format}),
+            "output_format": output_format,
             "tools": {"type": "array", "items": tool},
             # `any` / `tool` (with `name`) force a call through the tool-call grammar
             "tool_choice": obj({"type": {"enum": ["auto", "none", "any", "tool"]},
