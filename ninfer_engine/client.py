@@ -14,6 +14,7 @@ from .types import EngineState, GenerationRequest, SamplingParams, TokenEvent
 
 class TextTokenizer(Protocol):
     eos_token_ids: tuple[int, ...]
+    vocab_size: int  # token ids are 0 .. vocab_size - 1 (a client's prompt ids are checked)
 
     def encode(self, text: str) -> list[int]: ...
 

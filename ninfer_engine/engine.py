@@ -270,6 +270,9 @@ class Engine:
             raise RequestError(
                 f"prompt of {len(prompt)} tokens does not fit the per-request KV budget of "
                 f"{budget} tokens (--kv-budget-gib)", "context_length_exceeded")
+        if seq.request.prompt_logprobs is not None and isinstance(self.runner, Leader):
+            raise RequestError("prompt log-probabilities are not built for --tp > 1 "
+                               "(the other ranks do not score prompt positions)")
         for what, ids in (("prompt", prompt), ("thinking close", seq.request.thinking_close_ids)):
             if ids and (max(ids) >= self.model.vocab_size or min(ids) < 0):
                 raise RequestError(f"the {what} contains token ids outside the vocabulary")

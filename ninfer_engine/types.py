@@ -67,6 +67,12 @@ class GenerationRequest:
     # token's event is emitted, so a reader that has the event has its entries.
     logprobs: int | None = None
     logprob_sink: list | None = field(default=None, compare=False)
+    # Prompt log-probabilities (Completions `echo` + `logprobs`, vLLM's `prompt_logprobs`): one
+    # `TokenLogprob` per prompt token (the first has none) with `prompt_logprobs` alternatives,
+    # in `prompt_logprob_sink` before the first output event. Such a prompt is computed in full
+    # (no prefix reuse: a reused position has no logits).
+    prompt_logprobs: int | None = None
+    prompt_logprob_sink: list | None = field(default=None, compare=False)
     # Media (`vision.prompt.MediaPrompt`): the prompt's image/video spans, their pixels and the
     # multimodal rotary positions; `prompt_ids` already holds the expanded placeholders.
     media: Any = field(default=None, compare=False)
@@ -81,6 +87,7 @@ class TokenLogprob:
     token: int
     logprob: float | None
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None  # 1 + how many tokens were more likely (prompt tokens only)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ninfer_engine.client import ServingEngine
 from ninfer_engine.config import EngineConfig
 
 from .errors import invalid_value, unsupported
-from .forced_tools import ForcedCall, auto_grammar, call_grammar
+from .forced_tools import ForcedCall, anthropic_format_grammar, auto_grammar, call_grammar
 from .media_markers import media_marker
 from .openai_fields import sampling_overrides
 from .prompt import ChatRequest, map_effort
@@ -51,10 +51,16 @@ def parse_messages_request(
     if kind == "none":
         tools = None
     strict = _strict_names(body.get("tools"))
+    answer, answer_param = anthropic_format_grammar(body)
     if forced is not None:
+        if answer is not None:
+            raise invalid_value(answer_param, f"'{answer_param}' cannot constrain an answer "
+                                "that tool_choice forces to be a tool call.")
         grammar, param = call_grammar(forced, tools, parallel, strict, "tool_choice"), "tool_choice"
-    else:  # strict tools' calls match their input_schema (None: nothing to constrain)
-        grammar, param = auto_grammar(tools, parallel, strict), "tools"
+    else:  # strict tools' calls match their input_schema; the answer its format, if any
+        grammar, param = auto_grammar(tools, parallel, strict, answer=answer), "tools"
+        if grammar is None:
+            grammar, param = answer, answer_param
     if body.get("cache_control") is not None:
         _check_cache_control(body["cache_control"], "cache_control")
     stop = get_list(body, "stop_sequences") or []

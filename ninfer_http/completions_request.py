@@ -3,9 +3,11 @@
 The prompt is used as given, without a chat template: a string (tokenized as the engine's
 tokenizer does, BOS included when the model asks for it) or token ids. One prompt per request;
 `n` up to 8 (not streamed). `echo` prepends the prompt's text. `logprobs` N (0..20) returns the
-chosen token's log-probability and the N most likely ones per output token; prompt-token
-log-probabilities (`echo` with `logprobs`) need the prompt's logits and are refused. vLLM's
-`ignore_eos` is honoured. Other keys are ignored, like Chat's.
+chosen token's log-probability and the N most likely ones per output token, and with `echo`
+the prompt tokens' too (the first one null; lm-eval-harness' loglikelihood sends `echo`,
+`logprobs` and `max_tokens: 0`). vLLM's `prompt_logprobs` N (0..20) returns them in its own
+form, per choice. Either computes the whole prompt (no prefix reuse). vLLM's `ignore_eos` is
+honoured. Other keys are ignored, like Chat's.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     n: int
+    echo_logprobs: bool  # the prompt's entries lead the `logprobs` object (`echo` + `logprobs`)
+    prompt_logprobs: int | None  # vLLM's per-choice `prompt_logprobs`, with N alternatives
 
 
 def _prompt_ids(engine: ServingEngine, prompt: Any) -> tuple[list[int], str]:
@@ -44,7 +48,11 @@ def _prompt_ids(engine: ServingEngine, prompt: Any) -> tuple[list[int], str]:
         if not prompt:
             raise invalid_value("prompt", "'prompt' must not be empty.")
         return engine.tokenizer.encode(prompt), prompt
-    if isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
+        vocab = engine.tokenizer.vocab_size
+        if not all(0 <= t < vocab for t in prompt):  # before decoding them: the tokenizer throws
+            raise invalid_value("prompt", f"Token ids must be in 0..{vocab - 1}, this model's "
+                                "vocabulary.")
         return list(prompt), engine.tokenizer.decode(prompt)
     raise invalid_value("prompt", "'prompt' must be a string or an array of token ids.")
 
@@ -74,12 +82,9 @@ def parse_completion(raw: bytes, engine: ServingEngine, request_id: str) -> Comp
         raise unsupported("n", "n > 1 is served without streaming only.")
     echo = bool(get_bool(body, "echo"))
     logprobs = _logprobs(body)
-    if echo and logprobs is not None:
-        # The engine's prefill keeps the logits of a prompt's last position only (and a reused
-        # prefix is not computed at all): prompt log-probabilities need a step change.
-        raise unsupported("echo", "'echo' with 'logprobs' asks for the prompt tokens' "
-                          "log-probabilities, which this server does not compute; send 'echo' "
-                          "or 'logprobs' alone.")
+    vllm_prompt = get_int(body, "prompt_logprobs", 0, MAX_TOP_LOGPROBS)
+    echo_logprobs = echo and logprobs is not None
+    scored = [k for k in (logprobs if echo_logprobs else None, vllm_prompt) if k is not None]
     bias = get_object(body, "logit_bias") or {}
     if any(not is_number(v) or v != 0 for v in bias.values()):
         raise unsupported("logit_bias", "A non-zero logit_bias is not supported.")
@@ -96,8 +101,10 @@ def parse_completion(raw: bytes, engine: ServingEngine, request_id: str) -> Comp
         sampling=resolve_sampling(engine.sampling_defaults, sampling_overrides(body)),
         max_tokens=max_tokens, stop=stop_strings(body.get("stop")), protocol=PROTOCOL,
         ignore_eos=bool(get_bool(body, "ignore_eos")), logprobs=logprobs,
-        logprob_sink=None if logprobs is None else [])
+        logprob_sink=None if logprobs is None else [],
+        prompt_logprobs=max(scored) if scored else None,
+        prompt_logprob_sink=[] if scored else None)
     options = get_object(body, "stream_options") or {}
     include_usage = bool(get_bool(options, "include_usage", "stream_options.include_usage"))
     return CompletionRequest(PreparedRequest(generation, len(ids), max_tokens), text, echo,
-                             stream, include_usage, n)
+                             stream, include_usage, n, echo_logprobs, vllm_prompt)

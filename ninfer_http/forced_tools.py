@@ -124,3 +124,21 @@ def format_grammar(fmt: dict[str, Any], param: str) -> str | None:
     except GrammarError as exc:
         raise invalid_value(f"{param}.schema", f"The JSON schema cannot be enforced: {exc}") \
             from None
+
+
+def anthropic_format_grammar(body: dict[str, Any]) -> tuple[str | None, str]:
+    """Anthropic structured outputs: `output_config.format` (or the beta's top-level
+    `output_format`) `{"type": "json_schema", "schema": ...}` -> its grammar and the field's
+    name (None: free text). Anthropic enforces the schema, so it is compiled strict."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    param = "output_config.format" if fmt is not None else "output_format"
+    fmt = body.get("output_format") if fmt is None else fmt
+    if fmt is None:
+        return None, param
+    if not (isinstance(fmt, dict) and fmt.get("type") == "json_schema"
+            and isinstance(fmt.get("schema"), dict)):
+        raise invalid_value(param, f"'{param}' must be {{\"type\": \"json_schema\", "
+                            "\"schema\": {...}}.")
+    return format_grammar({"type": "json_schema", "schema": fmt["schema"], "strict": True},
+                          param), param

@@ -5,7 +5,8 @@ token's event is emitted (types.py), so `LogprobReader.take(n)` has the entries 
 output tokens once their events arrived. Values are log_softmax of the model's logits, before
 penalties, grammar masks and temperature (vLLM's raw logprobs). A token the engine forced
 (thinking close) has no sampled distribution: Chat reports it with logprob 0.0 and no
-alternatives, completions with null.
+alternatives, completions with null. Prompt tokens' entries (`prompt_logprobs`) come in the
+legacy form ahead of the output's (`echo`) or in vLLM's `prompt_logprobs` form.
 """
 from __future__ import annotations
 
@@ -72,3 +73,38 @@ class LogprobReader:
         return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
                 "top_logprobs": [{self.text(t): v for t, v in e.top} for e in entries],
                 "text_offset": offsets}
+
+    def prompt_completion(self, entries: list[TokenLogprob], top: int) -> dict[str, Any]:
+        """The legacy `logprobs` object of the prompt's tokens (`echo`): the first has no value
+        and no alternatives (null), as OpenAI returned it."""
+        tokens, offsets, offset = [], [], 0
+        for entry in entries:
+            offsets.append(offset)
+            tokens.append(self.text(entry.token))
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [None if e.logprob is None else
+                                 {self.text(t): v for t, v in e.top[:top]} for e in entries],
+                "text_offset": offsets}
+
+    def vllm_prompt(self, entries: list[TokenLogprob], top: int) -> list[Any]:
+        """vLLM's `prompt_logprobs`: per prompt token null (the first) or {token id: {logprob,
+        rank, decoded_token}} of the token itself and the `top` most likely ones."""
+        out: list[Any] = []
+        for entry in entries:
+            if entry.logprob is None:
+                out.append(None)
+                continue
+            ranked = {str(t): {"logprob": v, "rank": r, "decoded_token": self.text(t)}
+                      for r, (t, v) in enumerate(entry.top[:top], start=1)}
+            ranked[str(entry.token)] = {"logprob": entry.logprob, "rank": entry.rank,
+                                        "decoded_token": self.text(entry.token)}
+            out.append(ranked)
+        return out
+
+
+def joined(first: dict[str, Any] | None, then: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two legacy `logprobs` objects as one (the prompt's, then the output's)."""
+    if first is None or then is None:
+        return first or then
+    return {key: first[key] + then[key] for key in first}

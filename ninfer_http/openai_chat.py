@@ -190,7 +190,16 @@ class _Reply:
             "choices": choices,
             "usage": openai_chat_usage(usage, reasoning_tokens),
             "timings": llama_timings(timings),
+            **self._prompt_logprobs(),
         }
+
+    def _prompt_logprobs(self) -> dict[str, Any]:
+        """vLLM's top-level `prompt_logprobs` when asked (choice 0's: one prompt)."""
+        request = self.generation.prepared.generation
+        if request.prompt_logprob_sink is None:
+            return {}
+        return {"prompt_logprobs": self.logprobs.vllm_prompt(request.prompt_logprob_sink,
+                                                             request.prompt_logprobs)}
 
     async def choice(self, index: int) -> tuple[dict[str, Any], Usage, Any]:
         """This generation run to its end as choice `index`, with its usage and timings."""

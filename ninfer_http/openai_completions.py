@@ -26,7 +26,7 @@ from .context import client_label, ready_engine, request_id
 from .errors import ApiError
 from .generation import Generation, start_generation
 from .ids import hex_id
-from .logprobs import LogprobReader
+from .logprobs import LogprobReader, joined
 from .logs import RequestTrace
 from .prompt import choice
 from .streaming import serve_stream
@@ -75,6 +75,8 @@ class _Choice:
         self.logprobs = LogprobReader(generation.prepared.generation.logprob_sink,
                                       engine.tokenizer)
         self.offset = len(parsed.prompt_text) if parsed.echo else 0  # of the next text
+        scored = generation.prepared.generation.prompt_logprob_sink is not None
+        self.lead_due = scored  # the prompt's entries go with the first chunk after prefill
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created,
@@ -86,21 +88,35 @@ class _Choice:
         self.offset += len(text)
         return {"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}
 
+    def _lead(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """`choice` led by the prompt: its text (`echo`), its tokens' entries and vLLM's
+        `prompt_logprobs` (the engine filled them before the first output event)."""
+        self.lead_due = False
+        generation, parsed = self.generation.prepared.generation, self.parsed
+        sink = generation.prompt_logprob_sink or []
+        led = {**choice, "text": (parsed.prompt_text if parsed.echo else "") + choice["text"]}
+        if parsed.echo_logprobs:
+            led["logprobs"] = joined(self.logprobs.prompt_completion(sink, generation.logprobs),
+                                     choice["logprobs"])
+        if parsed.prompt_logprobs is not None:
+            led["prompt_logprobs"] = self.logprobs.vllm_prompt(sink, parsed.prompt_logprobs)
+        return led
+
     async def complete(self) -> tuple[dict[str, Any], Usage]:
         deltas, event = await self.generation.collect()
         text = "".join(d.text for d in deltas)
-        prefix = self.parsed.prompt_text if self.parsed.echo else ""
         usage, _ = self.generation.accounting(event)
-        return {**self._choice(text, _finish(event)), "text": prefix + text}, usage
+        return self._lead(self._choice(text, _finish(event))), usage
 
     def _chunk(self, text: str, finish: str | None = None) -> bytes:
-        chunk = self.envelope([self._choice(text, finish)])
+        choice = self._choice(text, finish)
+        chunk = self.envelope([self._lead(choice) if self.lead_due else choice])
         if self.parsed.include_usage:
             chunk["usage"] = None
         return sse.data(chunk)
 
     async def open(self, response: web.StreamResponse, first: TokenEvent) -> None:
-        if self.parsed.echo:
+        if self.parsed.echo and not self.lead_due:
             await response.write(sse.data(self.envelope([{
                 "text": self.parsed.prompt_text, "index": 0, "logprobs": None,
                 "finish_reason": None}])))

@@ -96,6 +96,7 @@ def parse_chat_request(
         grammar=tools.grammar,
         grammar_param=tools.param,
         logprobs=_logprobs(body),
+        prompt_logprobs=_prompt_logprobs(body, stream),
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
     )
     return request, options if stream else StreamOptions(n=n)
@@ -117,6 +118,15 @@ def _logprobs(body: dict[str, Any]) -> int | None:
             raise invalid_value("top_logprobs", "'top_logprobs' needs 'logprobs': true.")
         return None
     return top or 0
+
+
+def _prompt_logprobs(body: dict[str, Any], stream: bool) -> int | None:
+    """vLLM's `prompt_logprobs` (alternatives per prompt token), which it refuses streamed."""
+    top = get_int(body, "prompt_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and stream:
+        raise unsupported("prompt_logprobs", "'prompt_logprobs' is not available with "
+                          "'stream': true (as in vLLM); send it without streaming.")
+    return top
 
 
 def sampling_overrides(body: dict[str, Any], top_k_max: int | None = MAX_TOP_K

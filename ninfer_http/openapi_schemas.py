@@ -106,6 +106,7 @@ def _chat(model: Schema) -> dict[str, Schema]:
             # json_object / json_schema constrain the answer through llguidance
             "response_format": RESPONSE_FORMAT, "logprobs": BOOLEAN,
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            "prompt_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
             "temperature": _number(0, 2), "top_p": _number(0, 1),
             "top_k": {"type": "integer", "minimum": 0, "maximum": 20}, "min_p": _number(0, 1),
             "presence_penalty": _number(-2, 2), "frequency_penalty": _number(-2, 2),
@@ -188,6 +189,7 @@ def _completions(model: Schema) -> dict[str, Schema]:
             "stream_options": obj({"include_usage": BOOLEAN}), "echo": BOOLEAN,
             "n": {"type": "integer", "minimum": 1, "maximum": 8},
             "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+            "prompt_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
             "stop": {"anyOf": [STRING, {"type": "array", "items": STRING, "maxItems": 4}]},
             "temperature": _number(0, 2), "top_p": _number(0, 1),
             "top_k": {"type": "integer", "minimum": 0, "maximum": 20}, "seed": {"type": "integer"},
@@ -213,6 +215,7 @@ def _anthropic() -> dict[str, Schema]:
     # `strict`: a call's input matches input_schema (under `auto` too)
     tool = obj({"name": TOOL_NAME, "description": STRING, "input_schema": OBJECT,
                 "strict": BOOLEAN}, "name", "input_schema")
+    output_format = obj({"type": {"const": "json_schema"}, "schema": OBJECT}, "type", "schema")
     return {
         "MessagesRequest": obj({
             "model": STRING, "messages": {"type": "array", "minItems": 1, "items": message},
@@ -223,7 +226,9 @@ def _anthropic() -> dict[str, Schema]:
             "thinking": obj({"type": {"enum": ["disabled", "adaptive", "enabled"]},
                              "budget_tokens": {"type": "integer", "minimum": 1024},
                              "display": {"const": "omitted"}}, "type"),
-            "output_config": obj({"effort": EFFORT}),
+            # structured outputs: the answer's text follows the schema (grammar-enforced)
+            "output_config": obj({"effort": EFFORT, "format": output_format}),
+            "output_format": output_format,
             "tools": {"type": "array", "items": tool},
             # `any` / `tool` (with `name`) force a call through the tool-call grammar
             "tool_choice": obj({"type": {"enum": ["auto", "none", "any", "tool"]},

@@ -58,6 +58,7 @@ class ChatRequest:
     grammar: str | None = None  # llguidance grammar the answer must follow (forced_tools.py)
     grammar_param: str = "response_format"  # the field that asked for it (error messages)
     logprobs: int | None = None  # alternatives per output token (0: chosen only); None: off
+    prompt_logprobs: int | None = None  # vLLM's: alternatives per prompt token; None: off
     parallel_tool_calls: bool = True  # False: at most one tool call is returned
     session_key: str | None = None  # prefix-reuse hint (Responses' prompt_cache_key)
     # messages whose end is a reusable prefix (Anthropic cache_control); -1: the leading system
@@ -199,7 +200,8 @@ def choice(engine: ServingEngine, prepared: PreparedRequest, index: int) -> Prep
     forked = dataclasses.replace(
         generation, request_id=f"{generation.request_id}-{index}", sampling=sampling,
         constraint=_constraint(engine, prepared.grammar, prepared.opens_thinking),
-        logprob_sink=None if generation.logprobs is None else [])
+        logprob_sink=None if generation.logprobs is None else [],
+        prompt_logprob_sink=None if generation.prompt_logprobs is None else [])
     return dataclasses.replace(prepared, generation=forked)
 
 
@@ -239,6 +241,8 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str,
         constraint=_constraint(engine, grammar, thinks, request.grammar_param),
         logprobs=request.logprobs,
         logprob_sink=None if request.logprobs is None else [],
+        prompt_logprobs=request.prompt_logprobs,
+        prompt_logprob_sink=None if request.prompt_logprobs is None else [],
         media=media,
         **cap,
     )

@@ -49,11 +49,40 @@ def _checked(grammar: str, what: str) -> str:
 
 
 def styled(schema: dict[str, Any], strict: bool = True) -> dict[str, Any]:
-    """`schema` with the output style (JSON_STYLE) as llguidance's own `x-guidance` options;
-    a non-strict schema's keywords the library does not implement are ignored, not refused."""
+    """`schema` with the output style (JSON_STYLE) as llguidance's own `x-guidance` options,
+    its objects closed (`closed`); a non-strict schema's keywords the library does not
+    implement are ignored, not refused."""
     options = {**JSON_STYLE, **({} if strict else {"lenient": True}),
                **(schema.get("x-guidance") or {})}
-    return {**schema, "x-guidance": options}
+    return {**closed(schema), "x-guidance": options}
+
+
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_SUBSCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` on each object that lists `properties` and
+    says nothing of others (xgrammar's default strict mode, as vLLM and SGLang serve it): the
+    output stays valid, and a small model cannot wander off into keys the schema never named
+    (Pydantic's schemas, as LangChain's function_calling sends them, leave objects open)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(s) for name, s in out[key].items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and "patternProperties" not in out and "unevaluatedProperties" not in out):
+        out["additionalProperties"] = False
+    return out
 
 
 def json_schema_grammar(schema: dict[str, Any], strict: bool = True) -> str:

@@ -81,7 +81,10 @@ class SequenceMemory:
         if self.running_slots is not None and not self.running_slots.free:
             return False  # a cancelled request gives its slot back after this schedule
         tokens = self.lease_tokens(seq)
-        hit = self.prefix.match(seq.prefix_key) if self.prefix is not None else Match()
+        # a scored prompt is computed in full: a reused position has no logits
+        scored = seq.request.prompt_logprobs is not None
+        hit = (self.prefix.match(seq.prefix_key) if self.prefix is not None and not scored
+               else Match())
         cache = self.storage.new_cache()
         self.allocator.share(cache, list(hit.pages))
         if not self._lease(cache, tokens, hit):

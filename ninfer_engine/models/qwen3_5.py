@@ -210,14 +210,17 @@ class Qwen35Model:
                      lengths: list[int], sampled: list[int] | None = None,
                      verify: frozenset[int] = frozenset(), keep_hidden: bool = False,
                      positions: torch.Tensor | None = None,
-                     media: tuple[torch.Tensor, torch.Tensor] | None = None):
+                     media: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     every: frozenset[int] = frozenset()):
         """One step's rows (see the module docstring); logits of each row listed in `sampled`
         (default: every row), in that order: its last token's, or every token's for a row in
         `verify` (a speculative verify row: the last sampled token, then the drafts). A verify
         row keeps its GDN states for `rollback`. `keep_hidden`: (logits, the final-normed
         hidden [T, H] of every token), which the MTP head drafts from. `positions`: [3, T]
         multimodal positions (default: each row's text positions); `media`: (token rows [k],
-        embeddings [k, H]) that replace those tokens' embeddings (the vision tower's output)."""
+        embeddings [k, H]) that replace those tokens' embeddings (the vision tower's output).
+        `every`: rows that also get every token's logits, without a verify row's state trail
+        (prompt log-probabilities)."""
         x = self.embed(token_ids)
         if media is not None:
             x = x.index_copy(0, media[0], media[1].to(x.dtype))
@@ -225,7 +228,8 @@ class Qwen35Model:
         ends = list(itertools.accumulate(lengths))
         rows: list[int] = []
         for i in range(len(lengths)) if sampled is None else sampled:
-            rows += range(ends[i] - lengths[i], ends[i]) if i in verify else [ends[i] - 1]
+            every_token = i in verify or i in every
+            rows += range(ends[i] - lengths[i], ends[i]) if every_token else [ends[i] - 1]
         logits = self.logits(h[torch.tensor(rows, dtype=torch.long, device=h.device)])
         return (logits, h) if keep_hidden else logits
 

@@ -14,6 +14,7 @@ import torch
 
 from ..kv import LayerKv
 from ..models import Segment
+from . import prompt_logprobs
 from .decode_graphs import DecodeGraphs
 from .scheduler import Batch, Sequence
 
@@ -116,19 +117,22 @@ class Runner(_ModelRunner):
         positions: list[int] = []
         segments: list[Segment] = []
         logit_rows: list[int] = []
+        rows = []  # (sequence, first position, logit rows, sampled?) for `prompt_logprobs.split`
         for seq, ids, verify in work:
             tokens.extend(ids)
             positions.extend(range(seq.cached, seq.cached + len(ids)))
             segments.append(Segment(seq.cache, seq.cached, len(ids)))
-            if id(seq) in sampled:
-                end = len(tokens)
-                logit_rows.extend(range(end - len(ids), end) if verify else [end - 1])
+            end, every = len(tokens), verify or prompt_logprobs.scores_prompt(seq)
+            if id(seq) in sampled or every:
+                logit_rows.extend(range(end - len(ids), end) if every else [end - 1])
+                rows.append((seq, seq.cached, len(ids) if every else 1, id(seq) in sampled))
         logits = self.model.forward(
             torch.tensor(tokens, device=self.device),
             torch.tensor(positions, device=self.device),
             segments,
             torch.tensor(logit_rows, dtype=torch.long, device=self.device),
         )
+        logits = prompt_logprobs.split(logits, rows)
         for seq, ids, _ in work:
             seq.cached += len(ids)
         return logits
@@ -148,7 +152,9 @@ class HybridRunner(_ModelRunner):
             states.append(self.model.bind_state(views, seq.state.layers, seq.cached))
             tokens.extend(ids)
             lengths.append(len(ids))
-        rows = [i for i, (seq, _, _) in enumerate(work) if id(seq) in sampled]
+        scored = frozenset(i for i, (seq, _, _) in enumerate(work)
+                           if prompt_logprobs.scores_prompt(seq))
+        rows = [i for i, (seq, _, _) in enumerate(work) if id(seq) in sampled or i in scored]
         verify = frozenset(i for i, (_, _, v) in enumerate(work) if v)
         sink = self.hidden_sink
         positions = media = None
@@ -156,8 +162,11 @@ class HybridRunner(_ModelRunner):
             positions, media = self.vision.step_inputs(work, self.device)
         out = self.model.forward_rows(torch.tensor(tokens, device=self.device), states,
                                       lengths, rows, verify, keep_hidden=sink is not None,
-                                      positions=positions, media=media)
+                                      positions=positions, media=media, every=scored)
         logits, hidden = out if sink is not None else (out, None)
+        logits = prompt_logprobs.split(logits, [
+            (work[i][0], work[i][0].cached, lengths[i] if i in verify | scored else 1,
+             id(work[i][0]) in sampled) for i in rows])
         start = 0
         for seq, ids, _ in work:
             if sink is not None:

@@ -109,3 +109,23 @@ def test_custom_input_grammars():
         custom_input_grammar("lark", "start: foo")
     with pytest.raises(GrammarError, match="not supported"):
         custom_input_grammar("ebnf", "x")
+
+
+def test_objects_that_list_properties_are_closed(tokenizer):
+    """An object schema that names its properties and says nothing of others takes no other
+    key (xgrammar's default, as vLLM serves it), nested and through $defs; an object that
+    allows others explicitly, or lists none, still takes them."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"},
+                                               "b": {"type": "object"},
+                                               "c": {"type": "object", "properties": {},
+                                                     "additionalProperties": True}},
+              "$defs": {"A": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
+    grammar = json_schema_grammar(schema, strict=False)
+    assert follows(tokenizer, grammar, '{"a": {"x": 1}, "b": {"k": 2}, "c": {"k": 3}}')
+    assert not follows(tokenizer, grammar, '{"a": {"x": 1}, "z": 1}')
+    assert not follows(tokenizer, grammar, '{"a": {"x": 1, "": null}}')
+    forced = tool_call_grammar([ToolSpec("f", schema["$defs"]["A"])], parallel=False)
+    assert follows(tokenizer, forced, '<tool_call>\n{"name": "f", "arguments": {"x": 1}}'
+                                      '\n</tool_call>')
+    assert not follows(tokenizer, forced, '<tool_call>\n{"name": "f", "arguments": '
+                                          '{"x": 1, "y": 2}}\n</tool_call>')

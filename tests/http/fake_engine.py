@@ -33,6 +33,7 @@ class CharTokenizer:
     """One token per character, so prompt lengths are easy to reason about."""
 
     eos_token_ids = (0,)
+    vocab_size = 0x110000  # every Unicode code point
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]

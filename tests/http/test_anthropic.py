@@ -169,6 +169,11 @@ def test_thinking_and_effort_reach_the_template(live):
     {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
     {"mcp_servers": [{"type": "url", "url": "https://example.com", "name": "m"}]},
     {"temperature": 5},
+    {"output_config": {"format": {"type": "json_schema"}}},  # no schema
+    {"output_format": {"type": "json_object", "schema": {}}},
+    {"output_config": {"format": {"type": "json_schema", "schema": {"type": "x"}}}},
+    {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"},
+     "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
 ])
 def test_invalid_requests_are_400_in_anthropic_shape(live, fields):
     reply = messages(live, **fields)
@@ -178,6 +183,10 @@ def test_invalid_requests_are_400_in_anthropic_shape(live, fields):
     assert body["error"]["type"] == "invalid_request_error"
     assert body["request_id"] == reply.headers["request-id"]
     assert live.engine.submitted == []
+
+
+SCHEMA = {"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"],
+          "additionalProperties": False}
 
 
 def test_sdk_raises_on_anthropic_errors(serve):
@@ -267,4 +276,27 @@ def test_forced_tool_choice_reaches_the_engine_as_a_constraint(live):
     reply = messages(live, tools=TOOLS, tool_choice={"type": "tool", "name": "Glob"})
     assert reply.status == 400, reply.body
     assert reply.json()["error"]["message"].startswith("Constrained output is not available")
+    assert live.engine.submitted == []
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+     "output_config.format"),
+    ({"output_format": {"type": "json_schema", "schema": SCHEMA}}, "output_format"),  # beta
+])
+def test_structured_output_becomes_the_answer_grammar(fields, param):
+    chat = parsed(**fields)
+    flat = chat.grammar.replace(" ", "").replace("\\", "")
+    assert chat.grammar_param == param and '"enum":["a","b"]' in flat
+    # beside a strict tool: free text is replaced by the format, calls keep their schema
+    tools = [{"name": "f", "input_schema": SCHEMA, "strict": True}]
+    both = parsed(tools=tools, **fields)
+    assert both.grammar_param == "tools" and "<tool_call>" in both.grammar
+
+
+def test_structured_output_reaches_the_engine_as_a_constraint(live):
+    reply = messages(live, output_config={"format": {"type": "json_schema", "schema": SCHEMA}})
+    assert reply.status == 400, reply.body  # compiled, refused by the scripted tokenizer
+    error = reply.json()["error"]
+    assert error["message"].startswith("Constrained output is not available")
     assert live.engine.submitted == []

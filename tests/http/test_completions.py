@@ -18,6 +18,11 @@ class LogprobEngine(FakeEngine):
         events = super().submit(request)
 
         async def with_logprobs():
+            sink = request.prompt_logprob_sink
+            if sink is not None:  # the engine's prompt entries: the first token has none
+                sink.append(TokenLogprob(request.prompt_ids[0], None))
+                sink.extend(TokenLogprob(t, -0.125, ((ord("z"), -0.1), (t, -0.125)), 2)
+                            for t in request.prompt_ids[1:])
             async for event in events:
                 for token in event.token_ids:
                     if request.logprob_sink is not None:
@@ -93,6 +98,41 @@ def test_logprobs_in_the_legacy_shape(serve):
     assert all(math.isfinite(v) for v in values)
 
 
+def test_echo_with_logprobs_leads_with_the_prompt_entries(serve):
+    live = serve(engine=LogprobEngine())
+    done = sdk(live).completions.create(model="fake-model", prompt="hi", echo=True, logprobs=1,
+                                        max_tokens=0)  # lm-eval-harness' loglikelihood shape
+    [request] = live.engine.submitted
+    assert request.prompt_logprobs == 1 and request.max_tokens == 0
+    choice = done.choices[0]
+    assert choice.text == "hiHello, world!"  # the fake writes its pieces as token ids 1..4
+    logprobs = choice.logprobs
+    assert logprobs.tokens[:2] == ["h", "i"] and logprobs.text_offset == [0, 1, 2, 3, 4, 5]
+    assert logprobs.token_logprobs == [None, -0.125, -0.25, -0.5, -0.75, -1.0]
+    assert logprobs.top_logprobs[:2] == [None, {"z": -0.1}]
+    streamed = list(sdk(live).completions.create(model="fake-model", prompt="hi", echo=True,
+                                                 logprobs=1, stream=True))
+    first = streamed[0].choices[0]
+    assert first.text.startswith("hi") and first.logprobs.token_logprobs[:2] == [None, -0.125]
+    text = "".join(c.choices[0].text for c in streamed)
+    values = [v for c in streamed for v in c.choices[0].logprobs.token_logprobs]
+    assert (text, values) == (choice.text, logprobs.token_logprobs)
+
+
+def test_vllm_prompt_logprobs_per_choice(serve):
+    live = serve(engine=LogprobEngine())
+    done = sdk(live).completions.create(model="fake-model", prompt="hi", n=2,
+                                        extra_body={"prompt_logprobs": 1})
+    for choice in done.choices:
+        assert choice.logprobs is None and choice.text == "Hello, world!"  # no echo
+        assert choice.model_extra["prompt_logprobs"] == [None, {
+            str(ord("z")): {"logprob": -0.1, "rank": 1, "decoded_token": "z"},
+            str(ord("i")): {"logprob": -0.125, "rank": 2, "decoded_token": "i"}}]
+    assert [r.prompt_logprobs for r in live.engine.submitted] == [1, 1]
+    sinks = [r.prompt_logprob_sink for r in live.engine.submitted]
+    assert sinks[0] is not sinks[1]  # each choice's own
+
+
 def test_chat_logprobs_per_choice_and_per_chunk(serve):
     live = serve(engine=LogprobEngine())
     client = sdk(live)
@@ -114,8 +154,10 @@ def test_chat_logprobs_per_choice_and_per_chunk(serve):
     ({"prompt": ["a", "b"]}, "unsupported_parameter", "prompt"),
     ({"prompt": ""}, "invalid_value", "prompt"),
     ({"prompt": [1, -2]}, "invalid_value", "prompt"),
+    ({"prompt": [72, 0x110000]}, "invalid_value", "prompt"),  # past the vocabulary
+    ({"prompt": [[72, 2 ** 64]]}, "invalid_value", "prompt"),  # the fuzz run's 500
     ({"suffix": "end"}, "unsupported_parameter", "suffix"),
-    ({"echo": True, "logprobs": 1}, "unsupported_parameter", "echo"),
+    ({"prompt_logprobs": 21}, "invalid_value", "prompt_logprobs"),
     ({"n": 2, "stream": True}, "unsupported_parameter", "n"),
     ({"best_of": 3}, "unsupported_parameter", "best_of"),
     ({"logprobs": 21}, "invalid_value", "logprobs"),
@@ -135,3 +177,19 @@ def test_rejections(live, fields, code, param):
 def test_unknown_model_is_404(live):
     reply = live.request("POST", "/v1/completions", {"model": "other", "prompt": "hi"})
     assert reply.status == 404 and reply.json()["error"]["code"] == "model_not_found"
+
+
+def test_chat_prompt_logprobs_as_vllm_returns_them(serve):
+    live = serve(engine=LogprobEngine())
+    messages = [{"role": "user", "content": "hi"}]
+    done = sdk(live).chat.completions.create(model="fake-model", messages=messages,
+                                             extra_body={"prompt_logprobs": 0})
+    [request] = live.engine.submitted
+    entries = done.model_extra["prompt_logprobs"]
+    assert len(entries) == len(request.prompt_ids) and entries[0] is None
+    assert entries[1] == {str(request.prompt_ids[1]): {
+        "logprob": -0.125, "rank": 2, "decoded_token": chr(request.prompt_ids[1])}}
+    with pytest.raises(openai.BadRequestError) as raised:
+        sdk(live).chat.completions.create(model="fake-model", messages=messages, stream=True,
+                                          extra_body={"prompt_logprobs": 1})
+    assert raised.value.body["param"] == "prompt_logprobs"

@@ -2,12 +2,14 @@
 21): a forced call cut by the token limit is text with finish `length` (Chat, Responses,
 Messages), `strict` tools under `tool_choice: auto` (Chat, Messages) and a custom tool with a
 Lark grammar (Responses) have their input held to the schema / grammar, Responses returns
-`output_text.logprobs`, and `/v1/completions` refuses prompt log-probabilities by name. The
-session's one server (conftest.py); the many-seed runs are marked slow."""
+`output_text.logprobs`, `/v1/completions` returns prompt log-probabilities, and the
+`anthropic` SDK's `messages.parse` gets its structured output. The session's one server
+(conftest.py); the many-seed runs are marked slow."""
 from __future__ import annotations
 
 import math
 import re
+from typing import Literal
 
 import openai
 import pytest
@@ -148,9 +150,51 @@ def test_responses_output_text_logprobs(client):
         assert math.isclose(entry.logprob, entry.top_logprobs[0].logprob, abs_tol=1e-6)
 
 
-def test_prompt_logprobs_are_refused_by_name(client):
-    with pytest.raises(openai.BadRequestError) as raised:
-        client.completions.create(model=MODEL_ID, prompt="Hi", echo=True, logprobs=1)
-    error = raised.value.body
-    assert (error["code"], error["param"]) == ("unsupported_parameter", "echo")
-    assert "prompt tokens' log-probabilities" in error["message"]
+def test_prompt_logprobs_match_the_sampler_and_vllm_form(client):
+    """lm-eval-harness' loglikelihood request (`echo`, `logprobs`, `max_tokens: 0`) on a prompt
+    extended by the greedy next token: the prompt's last entry is the value the sampler
+    reported for that token, its top alternatives the sampler's; vLLM's `prompt_logprobs`
+    gives the same values with ranks."""
+    first = client.completions.create(model=MODEL_ID, prompt="The capital of France is",
+                                      max_tokens=1, temperature=0, logprobs=3)
+    lead = first.choices[0].logprobs
+    scored = client.completions.create(
+        model=MODEL_ID, prompt="The capital of France is" + first.choices[0].text, echo=True,
+        logprobs=3, max_tokens=0, temperature=0, extra_body={"prompt_logprobs": 3})
+    choice = scored.choices[0]
+    assert choice.text == "The capital of France is" + first.choices[0].text
+    assert scored.usage.completion_tokens == 0
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == scored.usage.prompt_tokens
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert all(v <= 0 for v in logprobs.token_logprobs[1:])
+    assert "".join(logprobs.tokens) == choice.text
+    assert math.isclose(logprobs.token_logprobs[-1], lead.token_logprobs[0], abs_tol=1e-3)
+    assert logprobs.top_logprobs[-1].keys() == lead.top_logprobs[0].keys()
+    vllm = choice.model_extra["prompt_logprobs"]
+    assert vllm[0] is None and len(vllm) == len(logprobs.tokens)
+    for entry, value in zip(vllm[1:], logprobs.token_logprobs[1:]):
+        assert len(entry) in (3, 4)  # the top 3, and the prompt token when it is not among them
+        assert min(e["rank"] for e in entry.values()) == 1
+        assert value in [e["logprob"] for e in entry.values()]
+
+
+class Sky(BaseModel):
+    # Anthropic's SDK keeps only structural keywords (enums, types, required) in the schema it
+    # sends, moving bounds and patterns into descriptions; a free string or integer would be
+    # unbounded for the sampled 135M model
+    unit: Literal["c", "f"]
+    sky: Literal["clear", "cloudy", "rain"]
+    windy: bool
+
+
+def test_anthropic_messages_parse_gets_its_structured_output(claude):
+    """`messages.parse(output_format=...)` sends `output_config.format` (json_schema); the
+    answer's text follows the schema and the SDK parses it, sampled at temperature 1."""
+    for _ in range(3):
+        message = claude.messages.parse(
+            model=MODEL_ID, max_tokens=120, output_format=Sky,
+            extra_body={"temperature": 1.0},  # this SDK method has no temperature parameter
+            messages=[{"role": "user", "content": "The weather in Paris, as JSON."}])
+        assert message.stop_reason == "end_turn", message.content
+        assert isinstance(message.parsed_output, Sky)
