@@ -34,9 +34,8 @@ def _cpu_rows() -> list[str]:
         loaded = f"; other processes busy, {busy:.1f} cores: low" if busy >= 0.25 else ""
         rows.append(f"| default model, 2-core CPU, decode tok/s ({o['prompt_tokens']}-token "
                     f"prompt{loaded}, "
-                    f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (opt-in "
-                    f"`--cpu-step {o['cpu_step']}`), {e['decode_tok_s']:.1f} (`--cpu-step eager`, "
-                    f"the default) "
+                    f"{o['output_tokens']} tokens) | {o['decode_tok_s']:.1f} (the default "
+                    f"`--cpu-step {o['cpu_step']}`), {e['decode_tok_s']:.1f} (`--cpu-step eager`) "
                     f"| llama.cpp {p['decode_tok_s']:.1f}; roofline "
                     f"{r['roofline']['decode_tok_s']:.0f} | {r['ratio_decode']:.2f} / "
                     f"{r['ratio_decode_eager']:.2f} |")

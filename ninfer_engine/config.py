@@ -102,10 +102,9 @@ class EngineConfig:
     # ours
     no_tui: bool = False
     cpu_matmul: str = "fp32"  # bf16|int8: decode projections narrowed on the CPU (faster, inexact)
-    # CPU decode rows: "eager" torch ops, or one compiled C call a step ("compiled", opt-in: a
-    # sampled Claude Code request after others on one server rambled past 60 s with it and
-    # ended in 2 s eagerly, cause not found yet)
-    cpu_step: str = "eager"
+    # CPU decode rows: one compiled C call a step ("compiled", where the machine and artifact
+    # allow it; else the eager step, with the reason logged), or "eager" torch ops
+    cpu_step: str = "compiled"
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
     cuda_sync: str = "spin"

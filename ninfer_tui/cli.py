@@ -37,7 +37,8 @@ Capacity:  --max-context N (8192)  --kv-capacity N|auto  --max-concurrency 1..8 
 Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-host
            --no-tp-mailbox  --tp-experts intermediate|expert (intermediate; expert: each
            rank a share of the routed experts, eager decode)  --cpu-step compiled|eager
-           (compiled: CPU decode in one C call a step over the artifact's Q8 weights)
+           (compiled, where available: CPU decode in one C call a step over the artifact's Q8
+           weights; else eager, the reason logged)
            --cpu-matmul fp32|bf16|int8 (fp32; bf16 and int8 narrow the eager step's
            projections, int8 per row at load)
            --cuda-dtype bf16|fp32 (bf16; fp32 is the exact, slower path)

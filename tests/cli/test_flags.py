@@ -111,8 +111,8 @@ def test_cpu_matmul_values_reach_the_frozen_config(value):
     assert parse("m").config.cpu_matmul == "fp32"
 
 
-def test_cpu_step_defaults_to_the_eager_step():
-    assert parse("m").config.cpu_step == "eager"
+def test_cpu_step_defaults_to_the_compiled_step():
+    assert parse("m").config.cpu_step == "compiled"
     assert parse("m", "--cpu-step", "eager").config.cpu_step == "eager"
 
 
