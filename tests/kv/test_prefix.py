@@ -110,7 +110,8 @@ def test_eviction_takes_unreferenced_leaves_least_recently_used_first():
 def _seq(prompt, max_tokens=8):
     return SimpleNamespace(prompt=prompt, prefix_key=prompt, output=[], cached=0, reused=0,
                            cache=None, state=None,
-                           request=SimpleNamespace(max_tokens=max_tokens, anchors=()), id="s")
+                           request=SimpleNamespace(max_tokens=max_tokens, anchors=(),
+                                                   prompt_logprobs=None), id="s")
 
 
 def test_admission_evicts_tree_pages_before_waiting():

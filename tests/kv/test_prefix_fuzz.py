@@ -152,7 +152,8 @@ def _drive(sim: _Sim) -> int:
                 prompt=prompt, prefix_key=prompt, output=[], cached=0, reused=0, cache=None,
                 state=None,
                 hashes=[],
-                request=SimpleNamespace(max_tokens=sim.rng.randint(1, 10), anchors=()),
+                request=SimpleNamespace(max_tokens=sim.rng.randint(1, 10), anchors=(),
+                                        prompt_logprobs=None),
                 id=str(submitted)))
             submitted += 1
         while pending and len(sim.running) < 3 and memory.admit(pending[0]):
