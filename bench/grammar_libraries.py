@@ -25,23 +25,12 @@ from pathlib import Path
 import llguidance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.mask_cost import SCHEMA  # noqa: E402  (the same schema as the H200 mask cost)
 from bench.report import cpu_machine, write_report  # noqa: E402
 from ninfer_engine.constrained.grammar import JSON_STYLE, json_schema_grammar  # noqa: E402
 from ninfer_engine.constrained.mask import bitmasks  # noqa: E402
 from ninfer_engine.constrained.matcher import TokenConstraint  # noqa: E402
 
-SCHEMA = {"type": "object", "additionalProperties": False,
-          "required": ["name", "age", "favourite", "address", "tags"],
-          "properties": {
-              "name": {"type": "string", "maxLength": 40},
-              "age": {"type": "integer", "minimum": 0, "maximum": 150},
-              "favourite": {"enum": ["red", "green", "blue"]},
-              "address": {"type": "object", "additionalProperties": False,
-                          "required": ["city", "country"],
-                          "properties": {"city": {"type": "string", "maxLength": 40},
-                                         "country": {"type": "string", "maxLength": 40}}},
-              "tags": {"type": "array", "maxItems": 3,
-                       "items": {"type": "string", "maxLength": 20}}}}
 ANSWERS = [
     {"name": "Alice Martin", "age": 34, "favourite": "green",
      "address": {"city": "Lyon", "country": "France"}, "tags": ["reader", "cyclist"]},

@@ -1,6 +1,7 @@
 """A small Chat Completions SSE reader over aiohttp for the subprocess tests."""
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,3 +78,17 @@ async def continue_chat(response: aiohttp.ClientResponse, started: ChatStream) -
     rest.text = started.text + rest.text
     rest.chunks = started.chunks + rest.chunks
     return rest
+
+
+async def watch_health(url: str, seen: list[str]) -> None:
+    """Poll /health until the server stops answering; record each answer ("down" last)."""
+    timeout = aiohttp.ClientTimeout(total=2)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for _ in range(20_000):  # bounded: the test's own timeout ends it far earlier
+            try:
+                async with session.get(url + "/health") as response:
+                    seen.append(str(response.status))
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                seen.append("down")
+                return
+            await asyncio.sleep(0.01)

@@ -15,29 +15,14 @@ import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 from server_process import NEEDS_MODEL, chat_body, server_env
-from sse_client import chat, continue_chat, open_chat, read_chat
+from sse_client import chat, continue_chat, open_chat, read_chat, watch_health
 
 pytestmark = NEEDS_MODEL
 
 FAULT_STEP = 40  # well after the queued requests are in the engine queue (polled below)
 LONG = "Write a long story about a dragon who learns to fly, with many chapters."
 EXIT_BOUND_S = 10.0  # the 250 ms watchdog plus closing the listener, on a busy machine
-
-
-async def _watch_health(url: str, seen: list[str]) -> None:
-    """Poll /health until the server stops answering; record each answer."""
-    timeout = aiohttp.ClientTimeout(total=2)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        for _ in range(20_000):  # bounded: the test's own timeout ends it far earlier
-            try:
-                async with session.get(url + "/health") as response:
-                    seen.append(str(response.status))
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                seen.append("down")
-                return
-            await asyncio.sleep(0.01)
 
 
 async def _wait_pending(session: aiohttp.ClientSession, url: str, count: int) -> None:
@@ -57,7 +42,7 @@ def test_engine_failure_fails_every_request_and_exits_2(launch):
 
     async def scenario():
         health: list[str] = []
-        watcher = asyncio.create_task(_watch_health(url, health))
+        watcher = asyncio.create_task(watch_health(url, health))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             running = await open_chat(session, url, chat_body(LONG, 400))
             started = await read_chat(running, until_content=True)

@@ -10,25 +10,12 @@ import time
 
 import aiohttp
 from server_process import MODEL_ID, chat_body, server_env
-from sse_client import continue_chat, open_chat, read_chat
+from sse_client import continue_chat, open_chat, read_chat, watch_health
 
 from ninfer_engine.artifact.synth import write_synthetic
 
 FAULT_STEP = 12  # rank 1's steps: the prompt's, then a few decode steps of the stream
 EXIT_BOUND_S = 10.0  # the 250 ms watchdog plus closing the listener, on a busy machine
-
-
-async def _health_after_failure(url: str, seen: list[str]) -> None:
-    timeout = aiohttp.ClientTimeout(total=2)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        for _ in range(20_000):  # bounded: the test's own timeout ends it far earlier
-            try:
-                async with session.get(url + "/health") as response:
-                    seen.append(str(response.status))
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                seen.append("down")
-                return
-            await asyncio.sleep(0.01)
 
 
 def test_a_rank_1_fault_fails_the_stream_and_exits_2(launch, tmp_path):
@@ -43,7 +30,7 @@ def test_a_rank_1_fault_fails_the_stream_and_exits_2(launch, tmp_path):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             running = await open_chat(session, server.url, chat_body("Count to fifty.", 200))
             started = await read_chat(running, until_content=True)
-            watcher = asyncio.create_task(_health_after_failure(server.url, health))
+            watcher = asyncio.create_task(watch_health(server.url, health))
             stream = await continue_chat(running, started)
             failed_at = time.monotonic()
         await asyncio.wait_for(watcher, timeout=EXIT_BOUND_S)
