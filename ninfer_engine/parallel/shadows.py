@@ -45,13 +45,19 @@ class Shadow:
     prompt: tuple[int, ...] = ()
     output: list[int] = field(default_factory=list)
     observed: bool = False  # its hiddens go to the MTP drafter (rank 0's `Speculator.observes`)
-    request: Any = field(default_factory=lambda: SimpleNamespace(media=None))
+    request: Any = field(default_factory=lambda: _request(None))
     media_rows: dict = field(default_factory=dict)  # media item -> encoder rows rank 0 sent
 
     @property
     def rope_delta(self) -> int:
         media = self.request.media
         return 0 if media is None else media.rope_delta
+
+
+def _request(media) -> SimpleNamespace:
+    """What a stand-in's step reads of rank 0's request: its media, and no prompt scoring
+    (rank 0 refuses prompt log-probabilities at tp > 1)."""
+    return SimpleNamespace(media=media, prompt_logprobs=None)
 
 
 class MirroredVision:
@@ -110,7 +116,7 @@ class Shadows:
         if row.prompt is not None:
             seq.prompt = row.prompt
         if row.media is not None:
-            seq.request = SimpleNamespace(media=row.media)
+            seq.request = _request(row.media)
         seq.output.extend(row.output)
         return seq
 

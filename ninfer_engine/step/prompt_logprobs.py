@@ -18,8 +18,8 @@ BLOCK = 256  # positions per log_softmax: a [BLOCK, vocab] float32 at a time, no
 
 
 def scores_prompt(seq: Any) -> bool:
-    """Does this row's sequence want its prompt chunk's every position? (A tensor-parallel
-    follower's stand-in has no request: rank 0 refuses such requests at tp > 1.)"""
+    """Does this row's sequence want its prompt chunk's every position? (The step harnesses'
+    rows carry no request.)"""
     request = getattr(seq, "request", None)
     return (request is not None and request.prompt_logprobs is not None
             and seq.cached < len(seq.prompt))
