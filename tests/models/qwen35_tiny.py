@@ -52,6 +52,12 @@ def hf_model(family: str, seed: int = 0, config=None):
     torch.manual_seed(seed)
     model = cls._from_config(config or hf_config(family), attn_implementation="eager",
                              dtype=torch.float32, experts_implementation="eager")
+    return randomize(model, seed, lambda p: p.shape[-1])
+
+
+def randomize(model, seed: int, fan_in):
+    """Every parameter of `model` (1-D ones included) drawn from a seeded generator: A_log in
+    log(0.01..16), 1-D in ±0.5, embeddings × 0.25, matrices N(0, 1/fan_in(p))."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -64,7 +70,7 @@ def hf_model(family: str, seed: int = 0, config=None):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
             else:
                 # O(1) activations so logits and routing are far from uniform
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+                p.copy_(torch.randn(p.shape, generator=gen) / fan_in(p) ** 0.5)
     return model.eval()
 
 

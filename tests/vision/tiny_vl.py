@@ -14,7 +14,7 @@ from ninfer_engine.artifact.hf_names import (
 from ninfer_engine.models.qwen3_5 import dict_params
 from ninfer_engine.vision.encoder import VisionEncoder
 from tests.engine.helpers import byte_tokenizer_json, default_resources
-from tests.models.qwen35_tiny import hf_config
+from tests.models.qwen35_tiny import hf_config, randomize
 
 VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=4,
               temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
@@ -46,18 +46,7 @@ def hf_vl_model(family: str, seed: int = 0):
     torch.manual_seed(seed)
     model = Model._from_config(config, attn_implementation="eager", dtype=torch.float32,
                                experts_implementation="eager")
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(0.01, 16, generator=gen).log())
-            elif p.dim() == 1:
-                p.copy_(torch.empty(p.shape).uniform_(-0.5, 0.5, generator=gen))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
-    return model.eval()
+    return randomize(model, seed, lambda p: p[0].numel())  # a row's size: as before
 
 
 def vision_tensors(model) -> dict[str, torch.Tensor]:
