@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=0, metavar="TOKENS")
     ap.add_argument("--weights", default="bf16", help="a `ninfer synth` recipe (fp8-row, …)")
     ap.add_argument("--cuda-weights", default="auto", choices=("auto", "packed"))
+    ap.add_argument("--host", action="store_true", help="also cProfile 200 steps on the host")
     args = ap.parse_args()
     with torch.inference_mode():
         config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers)
@@ -56,7 +57,7 @@ def main() -> None:
         model = Qwen35Model(config, params)
         if args.prefill:
             return profile_prefill(model, config, args.prefill)
-        total = args.context + 8 + TIMED + args.steps
+        total = args.context + 8 + TIMED + args.steps + (200 if args.host else 0)
         engine = bench_engine(model, args.arch, config, args.batch, total + MARGIN,
                               cuda_weights=args.cuda_weights)
         for i, prompt in enumerate(random_prompts(args.batch, args.context, config["vocab_size"])):
@@ -65,6 +66,8 @@ def main() -> None:
         for _ in range(-(-args.batch * args.context // 1024) + 8):  # prompts, then warm-up
             engine.step()
         step = time_ms(engine.step, TIMED, warm_up=False)
+        replay = _replay_ms(engine)
+        host = _host_profile(engine) if args.host else None
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 engine.step()
@@ -73,8 +76,38 @@ def main() -> None:
     events = prof.key_averages()
     kernel_ms = sum(e.device_time_total for e in events) / 1e3 / args.steps
     print(f"{args.arch} B={args.batch} ctx={args.context}: engine step {step:.2f} ms, "
-          f"kernel time per step {kernel_ms:.2f} ms")
+          f"kernel time per step {kernel_ms:.2f} ms, the step's CUDA graph replayed alone "
+          f"{replay:.2f} ms (the difference is host time the GPU waits for)")
+    if host:
+        print(host)
     print(events.table(sort_by="device_time_total", row_limit=25, max_name_column_width=70))
+
+
+def _replay_ms(engine) -> float:
+    """Mean ms of the last-used decode graph replayed back to back: the step without its host
+    work (its inputs stay as the last step loaded them; the recurrent state moves on, which
+    a benchmark of random weights does not mind)."""
+    graphs = engine.runner.graphs._graphs
+    if not graphs:
+        return float("nan")
+    graph, _ = list(graphs.values())[-1]
+    return time_ms(graph.replay, TIMED)
+
+
+def _host_profile(engine, steps: int = 200) -> str:
+    """cProfile of `steps` engine steps: the host functions by own time."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+    return out.getvalue()
 
 
 def profile_prefill(model, config, tokens: int, chunk: int = 1024) -> None:

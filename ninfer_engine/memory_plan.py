@@ -89,9 +89,10 @@ def build_memory(config: EngineConfig, model: Any,
     storage = KvStorage(pool, layers, heads, dim, codecs_for(config.kv_dtype, model.dtype),
                         model.dtype, model.device)
     checkpoints = _checkpoint_slots(config)
-    budget = None
+    # a lease never outgrows the context: the decode step's page tables hold that many pages
+    budget = -(-config.max_context // PAGE_TOKENS)
     if config.kv_budget_gib is not None:
-        budget = int(config.kv_budget_gib * 2**30) // storage.page_bytes
+        budget = min(budget, int(config.kv_budget_gib * 2**30) // storage.page_bytes)
     tiers = getattr(model, "expert_tiers", None)
     if config.elastic and tiers is not None:  # capacity not grown into becomes expert slots
         tiers.lend(pool, storage.page_bytes)

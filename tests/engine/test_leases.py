@@ -30,6 +30,11 @@ def test_lease_window():
     assert _lease_tokens(windowed, 100, 5) == 105
     assert _lease_tokens(full, 100, 300) == 400
     assert _lease_tokens(full, 100, 5000) == 512  # capped at the pool
+    # and at the context: a pool of several contexts once leased one request past its decode
+    # step's page table (a 1024-token prompt + 1067 out at max_context 1216 on the H200)
+    short = Engine(EngineConfig(artifact=Path("t"), kv_lease_window=0, kv_capacity=1024,
+                                max_context=200), artifact)
+    assert _lease_tokens(short, 100, 5000) == 256  # 4 pages of 64 hold the 200 positions
     assert windowed.snapshot().kv.total == 8192 // 64 and full.snapshot().kv.total == 8
 
 
