@@ -35,8 +35,6 @@ from ninfer_http.media_markers import PLACEHOLDERS
 from tests.vision.media_samples import mp4
 from tests.vision.tiny_vl import VIDEO_PREPROCESSOR, vl_resources
 
-av = pytest.importorskip("av", reason="the clips are encoded and decoded with PyAV")
-
 # (frames, height, width, fps) of each clip, and what it exercises
 CLIPS = {
     "no resize": (8, 24, 40, 4),
@@ -122,6 +120,7 @@ def _torchvision():
 
 
 def _decoded(clip: bytes) -> tuple[np.ndarray, float]:
+    av = pytest.importorskip("av", reason="the clips are decoded with PyAV")
     with av.open(io.BytesIO(clip)) as container:
         fps = float(container.streams.video[0].average_rate)
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)]), fps
