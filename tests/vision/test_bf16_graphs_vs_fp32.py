@@ -47,7 +47,7 @@ from tests import tolerance
 from tests.models.qwen35_tiny import hybrid_depth
 from tests.vision.media_samples import mp4, png
 from tests.vision.tiny_vl import (
-    IMAGE_PAD, VIDEO_PAD, VISION, VISION_END, VISION_START, VOCAB, hf_vl_model,
+    IMAGE_PAD, VIDEO_PAD, VISION, VISION_END, VISION_START, VOCAB, hf_vl_model, tower_depth,
     write_vl_artifact,
 )
 
@@ -70,16 +70,6 @@ TOWER_STORES = 5 + 18 * VISION["depth"] + 7
 TEXT_STORES = {"linear_attention": 11 + 9, "full_attention": 20 + 8}
 
 
-def _tower_depth(frame_patches: int) -> float:
-    """fp32 reductions of the tower's chain: per block the norm (H), QKV (H), scores (D), the
-    softmax and P·V over a frame's patches (2 × patches), the projection (H), the norm (H), fc1
-    (H), fc2 (I) and four transcendentals; the merger's norm (H), fc1 (4H), GELU, fc2 (4H)."""
-    H, I = VISION["hidden_size"], VISION["intermediate_size"]
-    D = H // VISION["num_heads"]
-    block = 5 * H + D + 2 * frame_patches + I + 4 * tolerance.TRANSCENDENTAL
-    return VISION["depth"] * block + 9 * H + tolerance.TRANSCENDENTAL
-
-
 def _bound(depth: float, stores: int) -> float:
     """One bf16 side (stores in bf16, reductions in fp32) plus the fp32 reference's chain."""
     cast = tolerance.cast_roundings()
@@ -88,13 +78,13 @@ def _bound(depth: float, stores: int) -> float:
 
 
 def tower_tolerance(frame_patches: int) -> float:
-    return _bound(_tower_depth(frame_patches), TOWER_STORES)
+    return _bound(tower_depth(frame_patches), TOWER_STORES)
 
 
 def logit_tolerance(model, context: int, frame_patches: int) -> float:
     text = model.config.text_config.to_dict()
     stores = TOWER_STORES + 1 + sum(TEXT_STORES[k] for k in text["layer_types"]) + 4
-    return _bound(_tower_depth(frame_patches) + hybrid_depth(text, context), stores)
+    return _bound(tower_depth(frame_patches) + hybrid_depth(text, context), stores)
 
 
 def tower_rows(model, pre, item: MediaItem) -> torch.Tensor:
