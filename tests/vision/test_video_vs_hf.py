@@ -169,17 +169,14 @@ def test_video_prompt_matches_transformers_processor(clip, tmp_path):
     `Qwen3VLProcessor` and by `expand_prompt`: the same ids, so the same timestamp text and
     the same count of video pads, starts and ends."""
     _torchvision()
-    from transformers import PreTrainedTokenizerFast
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
+    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
     res = vl_resources()
     ours_tok = Tokenizer.from_json(res["tokenizer.json"])
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=ours_tok.backend)
     video_processor = _hf_video_processor(tmp_path, False)
-    processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(),
+    processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(),
                                  tokenizer=hf_tok, video_processor=video_processor)
     data = mp4(*CLIPS[clip])
     frames, fps = _decoded(data)
