@@ -9,7 +9,9 @@ encoder's merge-block-major order (a quarter of float32's memory while a request
 patch grid `(t, h, w)`; `normalize` gives the float32 rows the encoder takes. Images are resized
 with Pillow's bicubic filter on the 8-bit image, as transformers' PIL image processor does
 (Pillow is imported when media is first resized, so an engine without `--vision` loads without
-it).
+it); video frames with torch's 8-bit bicubic filter with antialiasing on the CPU, which is what
+transformers' `Qwen3VLVideoProcessor` runs through torchvision (and qwen-vl-utils): it differs
+from Pillow's by up to 12 levels where one side shrinks and the other grows.
 """
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ class Preprocessor:
     fps: float = 2.0  # frames sampled per second of video
     min_frames: int = 4
     max_frames: int = 768
+    cap_pixels_per_frame: bool = False  # transformers' per-frame cap (qwen-vl-utils' budget)
+    max_video_tokens: int = 768  # that cap, in patches of factor² pixels per frame
 
     @classmethod
     def from_resources(cls, image_json: bytes | None, video_json: bytes | None) -> "Preprocessor":
@@ -68,7 +72,8 @@ class Preprocessor:
                 fields[ours] = tuple(image[theirs])
         fields["image_pixels"] = _budget(image, cls.image_pixels)
         fields["video_pixels"] = _budget(video, cls.video_pixels)
-        for name in ("fps", "min_frames", "max_frames"):
+        for name in ("fps", "min_frames", "max_frames", "cap_pixels_per_frame",
+                     "max_video_tokens"):
             if video.get(name) is not None:
                 fields[name] = video[name]
         return cls(**fields)
@@ -80,7 +85,7 @@ class Preprocessor:
 
     def image_grid(self, height: int, width: int) -> Grid:
         """The patch grid of an image of this size after the resize."""
-        h, w = _fit(1, height, width, self.factor, *self.image_pixels)
+        h, w = _fit(height, width, self.factor, *self.image_pixels)
         return 1, h // self.patch, w // self.patch
 
     def image(self, image: "PILImage") -> Pixels:
@@ -99,18 +104,30 @@ class Preprocessor:
         return np.linspace(0, total - 1, n).round().astype(int)
 
     def frame_size(self, frames: int, height: int, width: int) -> tuple[int, int]:
-        """(h, w) every frame of a video is resized to: `frames` sampled at height × width."""
-        return _fit(frames + -frames % self.temporal, height, width, self.factor,
-                    *self.video_pixels)
+        """(h, w) every frame of a video is resized to: `frames` sampled at height × width
+        (transformers' `Qwen3VLVideoProcessor.resize`)."""
+        low, high = self.video_pixels
+        if self.cap_pixels_per_frame:
+            per_frame = max(min(self.max_video_tokens * self.factor ** 2, high // frames),
+                            int(low * 1.05))
+            high = per_frame * frames
+        # transformers rounds the count half-to-even (5 frames budget as 4) and refuses fewer
+        # than one pair; a one-frame video is budgeted here as the pair it is padded to
+        pairs = max(round(frames / self.temporal), 1)
+        return _fit(height, width, self.factor, low, high, frames, pairs * self.temporal)
 
     @staticmethod
     def resize(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-        """uint8 [H, W, 3] -> uint8 [h, w, 3], Pillow's bicubic filter."""
-        from PIL import Image
+        """uint8 [H, W, 3] -> uint8 [h, w, 3]: torch's 8-bit bicubic filter with antialiasing on
+        the CPU, the kernel torchvision's `resize` runs for transformers' video processor."""
+        import torch
 
-        h, w = size
-        return np.asarray(Image.fromarray(rgb).convert("RGB").resize((w, h),
-                                                                     Image.Resampling.BICUBIC))
+        if rgb.shape[:2] == tuple(size):
+            return rgb  # torchvision returns a frame of the target size untouched
+        frame = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1)[None].contiguous()
+        out = torch.nn.functional.interpolate(frame, size=list(size), mode="bicubic",
+                                              align_corners=False, antialias=True)
+        return np.ascontiguousarray(out[0].permute(1, 2, 0).numpy())
 
     def video(self, frames: list[np.ndarray], indices: np.ndarray, fps: float | None,
               source: tuple[int, int] | None = None) -> Pixels:
@@ -155,24 +172,28 @@ def _budget(config: dict, default: tuple[int, int]) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def _fit(frames: int, height: int, width: int, factor: int, low: int, high: int
-         ) -> tuple[int, int]:
-    """transformers' `smart_resize` (the video one for frames > 1): sides rounded to multiples
-    of `factor`, frames × area within [low, high], aspect ratio kept as closely as possible."""
+def _fit(height: int, width: int, factor: int, low: int, high: int, frames: int = 1,
+         budget_frames: int | None = None) -> tuple[int, int]:
+    """transformers' `smart_resize`: sides rounded to multiples of `factor`, area within
+    [low, high], aspect ratio kept as closely as possible. A video (`budget_frames` given, the
+    video processor's rounded count) checks `budget_frames` × area against the bounds and scales
+    by the `frames` it has, as transformers' video `smart_resize` does."""
+    video = budget_frames is not None
+    budget = budget_frames if video else 1
     if min(height, width) < 1:
         raise MediaError("the image is empty")
     if max(height, width) / min(height, width) > 200:
         raise MediaError(f"the aspect ratio {max(height, width) / min(height, width):.0f}:1 "
                          "is over 200:1")
-    if frames > 1 and (height < factor or width < factor):  # a tiny video scales up first
+    if video and (height < factor or width < factor):  # a tiny video scales up first
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     h, w = round(height / factor) * factor, round(width / factor) * factor
-    if frames * h * w > high:
+    if budget * h * w > high:
         beta = math.sqrt(frames * height * width / high)
         h = max(factor, math.floor(height / beta / factor) * factor)
         w = max(factor, math.floor(width / beta / factor) * factor)
-    elif frames * h * w < low:
+    elif budget * h * w < low:
         beta = math.sqrt(low / (frames * height * width))
         h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
     return h, w

@@ -2,8 +2,10 @@
 
 The chat template leaves one `<|vision_start|><|image_pad|><|vision_end|>` per image and one
 `<|vision_start|><|video_pad|><|vision_end|>` per video. `expand_prompt` gives each image
-`t·h·w / merge²` pads and each video, per frame pair, its timestamp text (`<1.5 seconds>`) then
-`<|vision_start|>`, the pair's pads, `<|vision_end|>` (transformers' `Qwen3VLProcessor`), and
+`t·h·w / merge²` pads and replaces each video's pad with, per frame pair, its timestamp text
+(`<1.5 seconds>`) then `<|vision_start|>`, the pair's pads, `<|vision_end|>`, inside the
+template's own start and end (transformers' `Qwen3VLProcessor` since 5.10 replaces the pad
+token alone; vLLM follows it; earlier releases replaced the whole triple), and
 returns the `MediaPrompt` the engine carries: the spans of pads (each filled by its item's
 encoder rows), the [3, T] positions (T, H, W) and the rope delta decode continues from.
 
@@ -115,7 +117,7 @@ def expand_prompt(ids: list[int], items: list[MediaItem], tokens: VisionTokens, 
     spans: list[Span] = []
     grids: list[tuple[int, int, int]] = []  # the merged grid of each span
     media = iter(enumerate(items))
-    for j, token in enumerate(ids):
+    for token in ids:
         if token == tokens.image:
             index, item = next(media)
             t, h, w = item.pixels.grid
@@ -124,19 +126,13 @@ def expand_prompt(ids: list[int], items: list[MediaItem], tokens: VisionTokens, 
             out += [tokens.image] * spans[-1].tokens
         elif token == tokens.video:
             index, item = next(media)
-            if not (out and out[-1] == tokens.start and j + 1 < len(ids)
-                    and ids[j + 1] == tokens.end):
-                raise MediaError("a video placeholder must sit between vision start and end")
-            out.pop()  # each frame pair gets its own start, pads and end
             _, h, w = item.pixels.grid
             per_pair = h * w // merge ** 2
             for pair, seconds in enumerate(item.pixels.timestamps):
-                if pair:  # the template's own end closes the last pair
-                    out.append(tokens.end)
                 out += [*encode(f"<{seconds:.1f} seconds>"), tokens.start]
                 grids.append((1, h // merge, w // merge))
                 spans.append(Span(index, len(out), per_pair, pair * per_pair))
-                out += [tokens.video] * per_pair
+                out += [tokens.video] * per_pair + [tokens.end]
         else:
             out.append(token)
     positions, delta = _positions(len(out), spans, grids)

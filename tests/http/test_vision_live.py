@@ -1,7 +1,8 @@
 """Media through the live server's three APIs, with the official `openai` and `anthropic` SDKs,
-against the real engine on a tiny converted multimodal Qwen3.5 (`--vision`, CPU): the same
-greedy tokens as transformers; every media error row; remote media refused at internal
-addresses unless `--media-allow-private` (SSRF).
+against the real engine on a tiny converted multimodal Qwen3.5 and Qwen3.5-MoE (`--vision`; the
+CPU, or CUDA's exact fp32 path where there is a GPU): the same greedy tokens as transformers;
+every media error row; remote media refused at internal addresses unless
+`--media-allow-private` (SSRF).
 
 The expected prompt is built here independently of the server: the ChatML template around the
 parts joined by newlines, each media part as Qwen's `<|vision_start|><|image_pad|><|vision_end|>`.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import sys
 import threading
 
 import anthropic
@@ -22,6 +24,7 @@ from aiohttp import web
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.tokenizer import IncrementalDetokenizer
+from ninfer_engine.vision import decode
 from ninfer_engine.vision.decode import image_item, video_item
 from ninfer_http import media as media_module
 from ninfer_http.media import DECODERS, FETCHER
@@ -41,16 +44,29 @@ def _data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(started engine on the converted tiny model, the HF model)."""
-    model = hf_vl_model("qwen3_5")
-    path = write_vl_artifact(model, tmp_path_factory.mktemp("vl"))
+def _served(family, tmp_path_factory):
+    """(started engine on the converted tiny model of `family`, the HF model)."""
+    model = hf_vl_model(family)
+    path = write_vl_artifact(model, tmp_path_factory.mktemp(family))
     engine = Engine(EngineConfig(artifact=path, vision=True, max_context=256,
                                  max_vision_tokens=512, prefill_chunk=32, cuda_dtype="fp32"))
     engine.start()
     yield engine, model
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    yield from _served("qwen3_5", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def served_moe(tmp_path_factory):
+    yield from _served("qwen3_5_moe", tmp_path_factory)
+
+
+# the greedy-token tests run on both families; the error rows on the dense one
+FAMILIES = pytest.mark.parametrize("family", ["served", "served_moe"])
 
 
 def _expected(engine, model, content: str, media: list[tuple[str, bytes]]) -> tuple[int, str]:
@@ -72,8 +88,9 @@ def _clients(url):
             anthropic.Anthropic(base_url=url, api_key="k", max_retries=0, timeout=30))
 
 
-def test_two_images_through_chat_responses_and_messages(served, serve):
-    engine, model = served
+@FAMILIES
+def test_two_images_through_chat_responses_and_messages(family, serve, request):
+    engine, model = request.getfixturevalue(family)
     live = serve(engine=engine)
     prompt_tokens, answer = _expected(engine, model, f"Compare\n{IMAGE}\n{IMAGE}",
                                       [("image", d) for d in IMAGES])
@@ -102,8 +119,9 @@ def test_two_images_through_chat_responses_and_messages(served, serve):
     assert counted.input_tokens == prompt_tokens
 
 
-def test_a_short_video_through_chat_and_responses(served, serve):
-    engine, model = served
+@FAMILIES
+def test_a_short_video_through_chat_and_responses(family, serve, request):
+    engine, model = request.getfixturevalue(family)
     live = serve(engine=engine)
     clip = mp4()
     prompt_tokens, answer = _expected(engine, model, f"What happens?\n{VIDEO}",
@@ -140,6 +158,28 @@ def test_media_error_rows(served, serve, urls, status, code):
     engine, _ = served
     reply = _chat_with(serve(engine=engine), engine, *urls)
     assert reply.status == status and reply.json()["error"]["code"] == code
+
+
+def test_the_other_invalid_media_rows(served, serve, monkeypatch):
+    """The table's other causes of 400 invalid_media through the server (an image over the
+    pixel limit, lowered here; one oblong past 200:1; video without PyAV), and file_id media's
+    400 unsupported_parameter."""
+    engine, _ = served
+    live = serve(engine=engine)
+    clip = mp4()  # encoded before PyAV goes away
+    monkeypatch.setattr(decode, "MAX_PIXELS", 20 * 20)
+    over = _chat_with(live, engine, _data_url(png(21, 21, 0)))
+    monkeypatch.undo()
+    oblong = _chat_with(live, engine, _data_url(png(2, 500, 0)))
+    monkeypatch.setitem(sys.modules, "av", None)  # `import av` raises ImportError
+    video = live.chat(model=engine.model_id, max_tokens=2, messages=[{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": _data_url(clip, "video/mp4")}}]}])
+    for reply, words in ((over, "too large"), (oblong, "aspect ratio"), (video, "PyAV")):
+        assert reply.status == 400 and reply.json()["error"]["code"] == "invalid_media"
+        assert words in reply.json()["error"]["message"]
+    by_id = live.request("POST", "/v1/responses", {"model": engine.model_id, "input": [
+        {"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]})
+    assert by_id.status == 400 and by_id.json()["error"]["code"] == "unsupported_parameter"
 
 
 def test_the_live_media_budget_refuses_more_than_itself_and_frees_after_each_request(
@@ -242,6 +282,10 @@ def test_fetch_failures_and_timeouts(served, serve, media_site):
     assert looping.status == 502 and "redirects" in looping.json()["error"]["message"]
     slow = _chat_with(live, engine, f"{base}/slow")
     assert slow.status == 504 and slow.json()["error"]["code"] == "media_fetch_timeout"
+    live.server.runner.app[FETCHER].max_bytes = len(IMAGES[0]) - 1  # the size cap, lowered
+    big = _chat_with(live, engine, f"{base}/a.png")
+    assert big.status == 502 and big.json()["error"]["code"] == "media_fetch_failed"
+    assert "over" in big.json()["error"]["message"]
     # the Anthropic shape of the same rows
     for path, status, kind in (("/missing", 502, "api_error"), ("/slow", 504, "timeout_error")):
         reply = live.request("POST", "/v1/messages", {

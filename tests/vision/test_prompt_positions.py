@@ -50,7 +50,9 @@ def test_positions_match_transformers_get_rope_index(family):
         torch.tensor([out]), types, image_grid_thw=torch.tensor([[1, 4, 6], [1, 6, 2]]),
         video_grid_thw=torch.tensor([[2, 4, 4]]))
     assert torch.equal(media.positions, theirs[:, 0]) and media.rope_delta == int(delta)
-    assert out.count(TOKENS.video) == 8 and out.count(TOKENS.start) == 4
+    # the template's start and end stay around the pairs, each pair in its own (transformers)
+    assert out.count(TOKENS.video) == 8 and out.count(TOKENS.start) == 5
+    assert out.count(TOKENS.end) == 5 and out[-1] == 10 and out[-2] == out[-3] == TOKENS.end
     assert [s.row for s in media.spans] == [0, 0, 0, 4]
 
 

@@ -59,10 +59,23 @@ def vision_tensors(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def our_encoder(model, dtype=torch.float32) -> VisionEncoder:
+def our_encoder(model, dtype=torch.float32, device="cpu") -> VisionEncoder:
     config = vision_config_from_hf(model.config)
-    tensors = {k: t.to(dtype) for k, t in vision_tensors(model).items()}
+    tensors = {k: t.to(device, dtype) for k, t in vision_tensors(model).items()}
     return VisionEncoder(config, dict_params(tensors))
+
+
+def tower_depth(frame_patches: int) -> float:
+    """fp32 reductions (tests.tolerance) of the tiny tower's longest chain to a row: per block
+    the norm (H), QKV (H), scores (D), the softmax and P·V over a frame's patches
+    (2 × patches), the projection (H), the norm (H), fc1 (H), fc2 (I) and four
+    transcendentals; the merger's norm (H), fc1 (4H), GELU, fc2 (4H)."""
+    from tests.tolerance import TRANSCENDENTAL
+
+    H, I = VISION["hidden_size"], VISION["intermediate_size"]
+    D = H // VISION["num_heads"]
+    block = 5 * H + D + 2 * frame_patches + I + 4 * TRANSCENDENTAL
+    return VISION["depth"] * block + 9 * H + TRANSCENDENTAL
 
 
 def vl_resources() -> dict[str, bytes]:
