@@ -48,6 +48,9 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=0, metavar="TOKENS")
     ap.add_argument("--weights", default="bf16", help="a `ninfer synth` recipe (fp8-row, …)")
     ap.add_argument("--cuda-weights", default="auto", choices=("auto", "packed"))
+    ap.add_argument("--lookahead", choices=("auto", "on", "off", "both"), default="auto",
+                    help="the engine's lookahead decode step (auto: on with CUDA graphs; "
+                    "both: time the step with it, then without it)")
     ap.add_argument("--host", action="store_true", help="also cProfile 200 steps on the host")
     args = ap.parse_args()
     with torch.inference_mode():
@@ -57,15 +60,21 @@ def main() -> None:
         model = Qwen35Model(config, params)
         if args.prefill:
             return profile_prefill(model, config, args.prefill)
-        total = args.context + 8 + TIMED + args.steps + (200 if args.host else 0)
+        total = args.context + 8 + 3 * TIMED + args.steps + (200 if args.host else 0)
         engine = bench_engine(model, args.arch, config, args.batch, total + MARGIN,
-                              cuda_weights=args.cuda_weights)
+                              cuda_weights=args.cuda_weights,
+                              lookahead={"on": True, "off": False}.get(args.lookahead))
         for i, prompt in enumerate(random_prompts(args.batch, args.context, config["vocab_size"])):
             engine.add(GenerationRequest(f"p{i}", prompt, SamplingParams(temperature=0.0),
                                          max_tokens=total, ignore_eos=True), lambda e: None)
         for _ in range(-(-args.batch * args.context // 1024) + 8):  # prompts, then warm-up
             engine.step()
         step = time_ms(engine.step, TIMED, warm_up=False)
+        if args.lookahead == "both":  # the same engine and rows, its lookahead switched off
+            engine._lookahead.enabled = False
+            engine.step()  # settles the step in flight
+            plain = time_ms(engine.step, TIMED, warm_up=False)
+            print(f"lookahead on: step {step:.3f} ms, off: {plain:.3f} ms")
         replay = _replay_ms(engine)
         host = _host_profile(engine) if args.host else None
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

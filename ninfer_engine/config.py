@@ -105,6 +105,9 @@ class EngineConfig:
     # CPU decode rows: one compiled C call a step ("compiled", where the machine and artifact
     # allow it; else the eager step, with the reason logged), or "eager" torch ops
     cpu_step: str = "compiled"
+    # the lookahead decode step (`step.lookahead`); None: where the decode graphs are captured
+    # (the GPU: on the CPU a step is synchronous and there is nothing to overlap)
+    lookahead: bool | None = None
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
     cuda_sync: str = "spin"

@@ -30,7 +30,8 @@ from .rank_parts import load_rank
 from .serving import (cpu_compiled, prefill_chunk_for, serving_device, serving_dtypes,
                       weights_mode)
 from .step.families import make_runner
-from .step.sampling import Sampler
+from .step.lookahead import InFlight, Lookahead, picked_tokens
+from .step.sampling import Picked, Sampler, pick_rows
 from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
 from .step.speculation import accept, build_speculator, split_verify_rows
@@ -150,6 +151,11 @@ class Engine:
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)
         self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
+        # a drafting step decides its rows on the host: speculation and lookahead exclude
+        self._lookahead = Lookahead(self.runner, self.max_context, self.speculator is None and (
+            config.lookahead if config.lookahead is not None
+            else graphs is not None and graphs.capture))
+        self._in_flight: InFlight | None = None  # a lookahead step the host has not read
         self._faults = Faults("")
         self._events = EventPump()  # a step's token events, handed to the loops once a step
         self._wake = threading.Event()
@@ -302,6 +308,8 @@ class Engine:
 
     def _step_once(self) -> bool:
         """One step: schedule -> forward -> sample -> update. False when there was nothing to do."""
+        if self._in_flight is not None:
+            return self._continue()
         started = time.perf_counter()
         now = time.monotonic()
         batch, ended = self.scheduler.schedule(now)
@@ -313,7 +321,45 @@ class Engine:
         self._faults.check_step(self._step)
         self._step += 1
         logits = self.runner.forward(batch)
-        logits, verified = split_verify_rows(batch, logits)
+        if self._lookahead.holds(batch):  # its picks feed the next step before they are read
+            self._in_flight = InFlight(batch, pick_rows(logits, [s.sampler for s in batch.decode]),
+                                       started)
+            return True
+        self._finish(batch, logits, started)
+        return True
+
+    def _continue(self) -> bool:
+        """With a step in flight: launch the next one on its picks where `Lookahead` holds and
+        nothing waits to be admitted, then settle the one in flight while the next runs."""
+        flight, self._in_flight = self._in_flight, None
+        batch = flight.batch
+        if (self.scheduler.may_admit(time.monotonic()) or self._stopping.is_set()
+                or not self._lookahead.holds(batch)):
+            self._finish(batch, None, flight.started, flight.picked)
+            return True
+        started = time.perf_counter()
+        self._faults.check_step(self._step)
+        self._step += 1
+        logits = self.runner.forward_from(batch, flight.picked.tokens)
+        picked = pick_rows(logits, [s.sampler for s in batch.decode])
+        self._finish(batch, None, flight.started, flight.picked)
+        if all(seq.finish_reason is None for seq in batch.decode):
+            self._in_flight = InFlight(batch, picked, started)
+        else:  # a row ended: the rest settle now, and the next step is scheduled afresh
+            self._finish(batch, None, started, picked)
+        return True
+
+    def _finish(self, batch: Batch, logits: torch.Tensor | None, started: float,
+                picked: Picked | None = None) -> None:
+        """A launched step's tokens: sampled from `logits`, or read from its device `picked`
+        (a lookahead step: rows that ended meanwhile are skipped); appended, accepted,
+        counted, and the finished retired."""
+        if picked is not None:  # a pure-decode step: every row sampled, none verifying
+            token_of = dict(zip(map(id, batch.decode), picked_tokens(batch.decode, picked)))
+            live = [seq for seq in batch.decode if token_of[id(seq)] is not None]
+            batch, verified = dataclasses.replace(batch, decode=live, sampled=live), {}
+        else:
+            logits, verified = split_verify_rows(batch, logits)
         # the decode rows' output before this step's tokens, for the speculation policy
         emitted = sum(len(seq.output) for seq in batch.decode) if self.speculator else 0
         for chunk in batch.chunks:
@@ -329,7 +375,9 @@ class Engine:
             except Exception as exc:  # this request only: the batch and the loop are fine
                 self._fail_request(seq, exc)
         plain = [row for row in rows if id(batch.sampled[row]) not in verified]
-        for row, token in zip(plain, self._next_tokens(batch.sampled, plain, logits)):
+        tokens = (self._next_tokens(batch.sampled, plain, logits) if picked is None
+                  else [token_of[id(batch.sampled[row])] for row in plain])
+        for row, token in zip(plain, tokens):
             seq = batch.sampled[row]
             try:
                 if token is not None:
@@ -355,7 +403,6 @@ class Engine:
         for seq in [*batch.decode, *prompted]:
             if seq.finish_reason is not None:
                 self._retire(seq)
-        return True
 
     def _accept(self, batch: Batch, verified: dict, now: float) -> None:
         """Acceptance of the step's verify rows (`speculation.accept`); each row keeps the

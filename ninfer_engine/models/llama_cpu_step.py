@@ -122,6 +122,10 @@ class CpuDecoder:
         self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
         self.tables.fill([seq.cache for seq in seqs])
 
+    def feed(self, tokens: torch.Tensor) -> None:
+        """The loaded rows' input tokens from the last step's picks (the engine's lookahead)."""
+        self.meta[0, : tokens.shape[0]].copy_(tokens)
+
     def save_state(self, batch: int) -> Callable[[], None]:
         return lambda: None
 

@@ -46,8 +46,14 @@ class StaticDecoder:
             pos = seq.cached
             pages = seq.cache.pages
             rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page, pos + 1))
-        self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
+        # not waiting for the work queued before (a lookahead step loads behind one in flight)
+        self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t().contiguous(),
+                                        non_blocking=True)
         self.tables.fill([seq.cache for seq in seqs])
+
+    def feed(self, tokens: torch.Tensor) -> None:
+        """The loaded rows' input tokens from the device (the last step's picks)."""
+        self.meta[0, : tokens.shape[0]].copy_(tokens)
 
     def save_state(self, batch: int) -> Callable[[], None]:
         """Nothing to save: a step's K/V writes are the same when it runs again."""

@@ -370,8 +370,13 @@ class EngineHybridDecoder:
                                 for t in range(len(row))])
         meta[2, : len(seqs)] = torch.tensor([seq.state.index for seq in seqs])
         meta[3] = torch.tensor([seq.rope_delta for seq, row in zip(seqs, rows) for _ in row])
-        c.meta[:, : meta.shape[1]].copy_(meta)
+        # not waiting for the work queued before (a lookahead step loads behind one in flight)
+        c.meta[:, : meta.shape[1]].copy_(meta, non_blocking=True)
         self.tables.fill([seq.cache for seq in seqs])
+
+    def feed(self, tokens: torch.Tensor) -> None:
+        """The loaded decode rows' input tokens from the device (the last step's picks)."""
+        self.core.meta[0, : tokens.shape[0]].copy_(tokens)
 
     def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
         return self.core.step(batch, bucket, q_len).float()

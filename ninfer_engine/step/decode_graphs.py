@@ -61,6 +61,22 @@ class DecodeGraphs:
             seq.cached += 1
         return logits
 
+    def forward_from(self, seqs: list[Sequence], tokens: torch.Tensor) -> torch.Tensor:
+        """`forward` whose rows' input tokens are `tokens` (device [len(seqs)]: the last step's
+        picks, not yet read by the host) instead of each sequence's last output."""
+        logits = self._run(seqs, None, 1, tokens)
+        for seq in seqs:
+            seq.cached += 1
+        return logits
+
+    def ready(self, seqs: list[Sequence]) -> bool:
+        """The decode graph of these rows' next step is captured and current: replaying it
+        needs no capture (which must not run behind a step still in flight)."""
+        d = self.decoder
+        key = (len(seqs), context_bucket(max(seq.cached + 1 for seq in seqs), d.max_context), 1)
+        return not self.capture or (key in self._graphs and d.storage.k is self._bound_k[0]
+                                    and getattr(d, "generation", 0) == self._bound_k[1])
+
     def verify(self, seqs: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
         """Logits [len(seqs), 1 + k, V] of each sequence's last token and its k drafts (the
         same k for every row, 1 + k ≤ the decoder's `max_q`): the target's token after each.
@@ -78,9 +94,14 @@ class DecodeGraphs:
                 self.decoder.keep(row, n)
             seq.cached += n
 
-    def _run(self, seqs, drafts, q_len: int) -> torch.Tensor:
+    def _run(self, seqs, drafts, q_len: int, tokens: torch.Tensor | None = None) -> torch.Tensor:
         d = self.decoder
-        d.load(seqs, drafts)
+
+        def load():
+            d.load(seqs, drafts)
+            if tokens is not None:
+                d.feed(tokens)
+        load()
         batch, self._q_len = len(seqs), q_len
         bucket = context_bucket(max(seq.cached + q_len for seq in seqs), d.max_context)
         after = getattr(d, "after_launch", lambda: None)  # host work while the step runs
@@ -99,7 +120,7 @@ class DecodeGraphs:
         key = (batch, bucket, q_len)
         if key not in self._graphs:
             self._graphs[key] = self._record(batch, bucket, q_len)
-            d.load(seqs, drafts)  # the warm-up moved the positions in the buffers
+            load()  # the warm-up moved the positions in the buffers
         graph, logits = self._graphs[key]
         graph.replay()
         after()

@@ -78,6 +78,19 @@ class _ModelRunner:
         prompts = self._eager(_work(batch, decode=False), sampled)
         return torch.cat([logits, prompts.to(logits.dtype)])
 
+    def continues(self, batch: Batch) -> bool:
+        """This pure-decode batch's next step can replay its captured graph on the device's
+        picks of this one (the engine's lookahead step): nothing in it reads the host's copy."""
+        graphs = self.graphs
+        return (graphs is not None and self.hidden_sink is None and not batch.chunks
+                and not any(batch.drafts) and graphs.accepts(batch.decode)
+                and graphs.ready(batch.decode))
+
+    def forward_from(self, batch: Batch, tokens: torch.Tensor) -> torch.Tensor:
+        """The logits of the pure-decode `batch` whose rows' input tokens are `tokens` (the
+        last step's device picks, in row order); `continues(batch)` said it can."""
+        return self.graphs.forward_from(batch.decode, tokens)
+
     def keep(self, batch: Batch, kept: list[int]) -> None:
         """After a step with verify rows: decode row i keeps its first `kept[i]` tokens."""
         if self._verified_by_graph:

@@ -121,7 +121,35 @@ def sample_rows(logits: torch.Tensor, samplers: list[Sampler]) -> list[int]:
     """One token per row of logits [B, V], row i by samplers[i]; records each and returns them."""
     if not samplers:
         return []
-    given = logits
+    return settle_rows(logits, samplers, pick_rows(logits, samplers))
+
+
+class Picked:
+    """A step's tokens as picked on the logits' device [B], and their copy on its way to the
+    host: `tokens` can feed the next forward before the host has read them (the engine's
+    lookahead step); `values()` waits for the copy only, not for work queued after it."""
+
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.tokens = tokens
+        self._event = None
+        if tokens.is_cuda:
+            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._host.copy_(tokens, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = tokens
+
+    def values(self) -> list[int]:
+        """The tokens on the host (the step's one device->host wait)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()
+
+
+def pick_rows(logits: torch.Tensor, samplers: list[Sampler]) -> Picked:
+    """The tokens of logits [B, V], row i by samplers[i], picked on the device and not read
+    back: penalties, masks, filters and draws are queued behind the forward."""
     logits = _constrained(_penalized(logits, samplers), samplers)
     groups: dict[str, list[int]] = {path: [] for path in _CANDIDATES}
     for i, s in enumerate(samplers):
@@ -135,13 +163,35 @@ def sample_rows(logits: torch.Tensor, samplers: list[Sampler]) -> list[int]:
         probs, ids = _CANDIDATES[path](_rows(logits, rows), group)
         pick = probs if path == "greedy" else _draw(probs, group)  # greedy comes back picked
         parts.append((pick if ids is None else ids.gather(1, pick))[:, 0])
-    tokens = [0] * len(samplers)
-    for i, token in zip(order, torch.cat(parts).tolist()):  # the step's one device->host sync
-        tokens[i] = token
+    tokens = torch.cat(parts) if len(parts) > 1 else parts[0]
+    if order != sorted(order):  # back to row order
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        tokens = tokens[_to(torch.tensor(inverse), logits.device)]
+    return Picked(tokens)
+
+
+def settle_rows(given: torch.Tensor, samplers: list[Sampler], picked: Picked) -> list[int]:
+    """The picked tokens on the host, recorded by their samplers (log-probabilities from
+    `given`, the logits as the forward returned them: read before another step overwrites)."""
+    tokens = picked.values()
     _logprobs(given, samplers, tokens)
     for s, token in zip(samplers, tokens):
         s.record(token)
     return tokens
+
+
+def settles_on_device(sampler: Sampler) -> bool:
+    """Its next token needs nothing from the host once this one is picked: no penalties (host
+    counts), no grammar (host matcher), no log-probabilities (read from the step's logits)."""
+    p = sampler.params
+    return (sampler.constraint is None and sampler.logprobs is None
+            and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
+
+
+def _to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device` without waiting for the work queued there (a pageable
+    source is staged at once, so the temporary may go)."""
+    return host.to(device, non_blocking=True)
 
 
 def _path(p: SamplingParams) -> str:
@@ -206,7 +256,7 @@ def _columns(samplers: list[Sampler], device: torch.device) -> list[torch.Tensor
     fp32 because torch applies `filter_logits`' Python scalars to its fp32 logits in fp32."""
     table = [[s.params.temperature, s.params.top_k, s.params.top_p, s.params.min_p]
              for s in samplers]
-    return list(torch.tensor(table, dtype=torch.float32, device=device).unsqueeze(-1).unbind(1))
+    return list(_to(torch.tensor(table, dtype=torch.float32), device).unsqueeze(-1).unbind(1))
 
 
 def _filter_sorted(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -226,7 +276,7 @@ def _filter_sorted(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
 def _draw(probs: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
     """Inverse CDF: per row, the first column whose cumulative mass exceeds u·total. [n, 1]."""
     cdf = probs.double().cumsum(-1)  # fp64: 250K-term sums stay exact enough for the tail
-    u = torch.tensor([s.uniform() for s in samplers], dtype=torch.float64, device=probs.device)
+    u = _to(torch.tensor([s.uniform() for s in samplers], dtype=torch.float64), probs.device)
     # a zero-probability column never wins: its cdf equals the previous one
     pick = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)
     return pick.clamp_(max=probs.shape[-1] - 1)

@@ -270,6 +270,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._lock = threading.Lock()  # `add` runs on the event loop thread
         self._closed = False
+        self._waiting: Sequence | None = None  # the head the last schedule left waiting for pages
 
     def add(self, seq: Sequence) -> bool:
         """Queue a sequence; False once the scheduler was drained (engine failed or stopped)."""
@@ -291,6 +292,7 @@ class Scheduler:
                 seq = self.pending[0]
                 outcome = self._try_admit(seq, now)
                 if outcome is None:
+                    self._waiting = seq
                     break  # FIFO: the head waits for KV pages, nobody overtakes it
                 self.pending.popleft()
                 if outcome:
@@ -316,6 +318,18 @@ class Scheduler:
             if seq.cached + n == len(seq.prompt) and seq.request.max_tokens > 0:
                 sampled.append(seq)
         return Batch(decode, chunks, sampled), ended
+
+    def may_admit(self, now: float) -> bool:
+        """A schedule now could change the queue: a request is queued, a running place is
+        free, and the head is not the one that waited for pages at the last schedule (pages
+        come back when a request ends, and the step that retires it schedules again) — or the
+        head was cancelled or waited past its timeout."""
+        pending = self.pending
+        if not pending:
+            return False
+        head = pending[0]
+        return ((len(self.running) < self.max_running and head is not self._waiting)
+                or head.cancelled or self._expired(head, now))
 
     def _expired(self, seq: Sequence, now: float) -> bool:
         return now - seq.arrived > self.pending_timeout_s

@@ -1,0 +1,136 @@
+"""The lookahead decode step (`step.lookahead`) against the ordinary step, on the real default
+model's compiled CPU step (where a step is synchronous, so the lookahead only reorders the
+engine's work: the same tokens must come out, and this is where CI checks its bookkeeping; on
+the GPU it overlaps the host's work with the step in flight, tests/engine/test_lookahead_gpu.py).
+
+Each scenario runs twice on fresh engines, lookahead off and forced on, and compares every
+request's tokens and finish reason: greedy and seeded rows, requests ending by EOS and by
+max_tokens at different steps (rows ending while a step is in flight), arrivals and a cancel in
+the middle of a run of lookahead steps, and a second turn that reuses the first turn's
+checkpoint (written after a lookahead step had already computed one more position)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from ninfer_engine.cli.flags import default_artifact
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.kernels.cpu_decode import cpu_decode_unavailable
+from ninfer_engine.types import GenerationRequest, SamplingParams
+
+MODEL = default_artifact()
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(not MODEL.exists(), reason=f"default model not prepared: {MODEL}"),
+    pytest.mark.skipif(cpu_decode_unavailable() is not None, reason=f"{cpu_decode_unavailable()}"),
+]
+
+QUESTIONS = ["Name three colours.", "What is 2 + 2? Answer briefly.", "Say hi.",
+             "List the days of the week.", "Write one word: yes."]
+
+
+def _engine(lookahead: bool):
+    from ninfer_engine.artifact import open_artifact
+    from ninfer_engine.engine import Engine
+
+    engine = Engine(EngineConfig(artifact=MODEL, max_context=1024, max_concurrency=4,
+                                 lookahead=lookahead), open_artifact(MODEL))
+    launched = engine.runner.forward_from
+    engine.lookahead_steps = 0
+
+    def counting(batch, tokens):
+        engine.lookahead_steps += 1
+        return launched(batch, tokens)
+    engine.runner.forward_from = counting
+    return engine
+
+
+def _prompt(engine, question: str, answer: str | None = None, follow_up: str | None = None):
+    messages = [{"role": "user", "content": question}]
+    if answer is not None:
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": follow_up}]
+    return tuple(engine.tokenizer.encode(engine.chat_template.render(messages)))
+
+
+async def _one(engine, rid, prompt, sampling, max_tokens, delay=0.0, cancel_after=None):
+    await asyncio.sleep(delay)
+    request = GenerationRequest(rid, prompt, sampling, max_tokens=max_tokens)
+    tokens, reason = [], None
+    async for event in engine.submit(request):
+        tokens += event.token_ids
+        reason = event.finish or reason
+        if cancel_after is not None and len(tokens) >= cancel_after:
+            engine.cancel(rid)
+            cancel_after = None
+    return tokens, reason
+
+
+def _run(lookahead: bool, scenario):
+    engine = _engine(lookahead)
+    engine.start()
+    try:
+        with torch.inference_mode():
+            return asyncio.run(scenario(engine)), engine.lookahead_steps
+    finally:
+        engine.stop()
+
+
+def _both(scenario):
+    (plain, none), (ahead, steps) = _run(False, scenario), _run(True, scenario)
+    assert none == 0
+    assert steps > 10, "the lookahead path never ran: the test would prove nothing"
+    return plain, ahead
+
+
+def test_batched_greedy_and_seeded_rows_ending_at_different_steps():
+    async def scenario(engine):
+        greedy = SamplingParams(temperature=0.0)
+        runs = [_one(engine, f"g{i}", _prompt(engine, q), greedy, 20 + 7 * i)
+                for i, q in enumerate(QUESTIONS[:3])]
+        runs += [_one(engine, f"s{i}", _prompt(engine, q),
+                      SamplingParams(temperature=0.9, top_k=40, seed=11 + i), 33)
+                 for i, q in enumerate(QUESTIONS[3:])]
+        return await asyncio.gather(*runs)
+
+    plain, ahead = _both(scenario)
+    assert plain == ahead
+    assert {reason for _, reason in plain} >= {"length"}
+
+
+def test_arrivals_and_a_cancel_during_lookahead_steps():
+    async def scenario(engine):
+        greedy = SamplingParams(temperature=0.0)
+        return await asyncio.gather(
+            _one(engine, "a", _prompt(engine, QUESTIONS[0]), greedy, 60),
+            _one(engine, "b", _prompt(engine, QUESTIONS[1]), greedy, 60, delay=0.15),
+            _one(engine, "c", _prompt(engine, QUESTIONS[3]), greedy, 60, delay=0.3),
+            _one(engine, "d", _prompt(engine, QUESTIONS[2]), greedy, 60, cancel_after=12))
+
+    plain, ahead = _both(scenario)
+    # arrival timing moves which step admits b and c, never their greedy tokens
+    assert [t for t, _ in plain[:3]] == [t for t, _ in ahead[:3]]
+    cancelled_plain, cancelled_ahead = plain[3], ahead[3]
+    assert cancelled_plain[1] == cancelled_ahead[1] == "cancelled"
+    # a cancel lands between steps: both runs agree on every token either one emitted
+    common = min(len(cancelled_plain[0]), len(cancelled_ahead[0]))
+    assert common >= 12 and cancelled_plain[0][:common] == cancelled_ahead[0][:common]
+
+
+def test_a_second_turn_reuses_the_first_turns_checkpoint():
+    async def scenario(engine):
+        greedy = SamplingParams(temperature=0.0)
+        first = _prompt(engine, QUESTIONS[2])
+        tokens, reason = await _one(engine, "t1", first, greedy, 80)
+        answer = engine.tokenizer.decode(tokens, skip_special_tokens=True)
+        second = _prompt(engine, QUESTIONS[2], answer, "Now say bye.")
+        hits = engine.memory.hit_tokens
+        out = await _one(engine, "t2", second, greedy, 40)
+        return (tokens, reason), out, engine.memory.hit_tokens - hits
+
+    plain, ahead = _both(scenario)
+    assert plain[:2] == ahead[:2]
+    assert plain[0][1] == "stop", "the first answer should end by EOS for this test to bite"
+    assert ahead[2] > 0 and plain[2] > 0  # the second turn started from the checkpoint
