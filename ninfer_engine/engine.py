@@ -30,7 +30,7 @@ from .rank_parts import load_rank
 from .serving import (cpu_compiled, prefill_chunk_for, serving_device, serving_dtypes,
                       weights_mode)
 from .step.families import make_runner
-from .step.sampling import Sampler
+from .step.sampling import Sampler, prefetch_masks
 from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
 from .step.speculation import accept, build_speculator, split_verify_rows
@@ -351,6 +351,8 @@ class Engine:
             if seq.prefill_done and seq.request.max_tokens == 0:
                 seq.first_token = seq.last_token = now
                 seq.finish("length")
+        # the next step's grammar masks fill in the background while it schedules and forwards
+        prefetch_masks([s.sampler for s in batch.sampled if s.finish_reason is None], logits.device)
         self.stats.record_step(len(batch.decode), batch.prefill_tokens, now)
         for seq in [*batch.decode, *prompted]:
             if seq.finish_reason is not None:
