@@ -19,13 +19,10 @@ from ninfer_engine.step.spec_policy import AlwaysSpeculate
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from .helpers import FakeArtifact, tiny_llama
+from .mask_helpers import SCHEMA, check_masks, drive, prompt, record_masks, tokens
 
 MODEL = default_artifact()
 pytestmark = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL} is missing")
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["n", "c", "xs"],
-          "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
-                         "c": {"enum": ["red", "green"]},
-                         "xs": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}}}
 ROLES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
          "chat_template.jinja")
 
@@ -53,28 +50,6 @@ def engine_for(artifact, **config) -> Engine:
     return Engine(EngineConfig(**{**settings, **config}), artifact)
 
 
-def drive(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list]:
-    """Each request's events, all added before the first step, the engine stepped here."""
-    events: dict[str, list] = {r.request_id: [] for r in requests}
-    for request in requests:
-        assert engine.add(request, events[request.request_id].append) is not None
-    with torch.inference_mode():
-        for _ in range(500):
-            if not engine.step():
-                break
-    assert all(e and e[-1].finish for e in events.values()), "a request did not end"
-    return events
-
-
-def tokens(events: list) -> list[int]:
-    return [t for e in events for t in e.token_ids]
-
-
-def prompt(engine: Engine, text: str) -> tuple[int, ...]:
-    return tuple(engine.tokenizer.encode(
-        f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"))
-
-
 def grammars() -> list[str]:
     return [json_schema_grammar(SCHEMA),
             tool_call_grammar([ToolSpec("f", SCHEMA, strict=True)], parallel=False)]
@@ -98,15 +73,7 @@ def requests(engine: Engine, constraints: dict[str, object]) -> list[GenerationR
 
 def test_prefetched_masks_equal_synchronous_masks_over_whole_generations(artifact, monkeypatch,
                                                                           counters):
-    applied = []  # (constraint, its version, the bits row the sampler applied)
-    original = mask.apply_constraints
-
-    def recording(logits, rows, constraints, bits=None):
-        for i, c in enumerate(constraints):
-            applied.append((c, c.version, bits[i].clone()))
-        return original(logits, rows, constraints, bits)
-
-    monkeypatch.setattr(mask, "apply_constraints", recording)
+    applied = record_masks(monkeypatch)
     engine = engine_for(artifact)
     constraints: dict = {}
     events = drive(engine, requests(engine, constraints))
@@ -114,13 +81,8 @@ def test_prefetched_masks_equal_synchronous_masks_over_whole_generations(artifac
     for rid, (constraint, grammar) in constraints.items():
         out = tokens(events[rid])
         assert events[rid][-1].finish == "stop", rid  # the grammar ended it, at its EOS
-        mine = [(v, bits) for c, v, bits in applied if c is constraint]
-        assert [v for v, _ in mine] == list(range(len(out)))  # one mask a token, in order
-        replay = compile_constraint(engine.tokenizer, grammar)  # the synchronous masks
-        for (version, bits), token in zip(mine, out):
-            assert torch.equal(bits, mask.bitmasks([replay])[0]), (rid, version)
-            replay.advance(token)
-        assert replay.matcher.is_accepting()
+        check_masks(applied, constraint, grammar, out,
+                    lambda g: compile_constraint(engine.tokenizer, g))
     text = engine.tokenizer.decode(tokens(events["r0"])[:-1])
     assert set(json.loads(text)) == {"n", "c", "xs"}
     # every token but each request's first (sampled right after its prefill) was prefetched
