@@ -164,7 +164,7 @@ def exposed_part(engine: Engine, batch: int, forward_ms: float, steps: int, run:
                                         constraint=constraint)
             engine.add(request, live[rid].append)
 
-    exposed, applied, step_ms, ended, by_length = [], [], [], 0, 0
+    exposed, applied, step_ms, running, ended, by_length = [], [], [], [], 0, 0
     prefetch.COUNTERS.reset()
     try:
         with torch.inference_mode():
@@ -175,6 +175,7 @@ def exposed_part(engine: Engine, batch: int, forward_ms: float, steps: int, run:
                 engine.step()
                 if step >= WARM:
                     step_ms.append((time.perf_counter() - started) * 1000)
+                    running.append(len(engine.scheduler.running))
                     exposed.append(spent["fill"] * 1000)
                     # apply_constraints' own time includes nothing of the fill: bits are given
                     applied.append(spent["apply"] * 1000)
@@ -193,7 +194,7 @@ def exposed_part(engine: Engine, batch: int, forward_ms: float, steps: int, run:
         prefetch.ENABLED = True
     c = prefetch.COUNTERS
     return {"batch": batch, "forward_ms": forward_ms, "run": run, "steps": steps,
-            "exposed": exposed, "apply": applied, "step": step_ms,
+            "exposed": exposed, "apply": applied, "step": step_ms, "running": running,
             "prefetched_rows": c.prefetched_rows, "sync_rows": c.sync_rows,
             "requests_ended": ended, "ended_by_length": by_length,
             "desynced_rows": len(teacher.desynced), "forward_overruns": stand_in.overruns}
@@ -204,6 +205,7 @@ def merged(parts: list[dict], loads: list[float | None]) -> dict:
     out = {k: parts[0][k] for k in ("batch", "forward_ms", "run")}
     for key in ("exposed", "apply", "step"):
         out[key] = summary([t for p in parts for t in p[key]])
+    out["mean_rows"] = statistics.mean(n for p in parts for n in p["running"])
     for key in ("steps", "prefetched_rows", "sync_rows", "requests_ended", "ended_by_length",
                 "desynced_rows", "forward_overruns"):
         out[key] = sum(p[key] for p in parts)
@@ -218,20 +220,21 @@ def markdown(r: dict) -> str:
              f"- vocabulary: {r['vocab']} tokens, {r['columns']} logits a row; json_schema "
              "constraint on every row (bench/mask_cost.py SCHEMA)", "",
              "## (a) Synchronous fill of B rows per step (`mask.bitmasks`)", "",
-             "| B | logits | median ms | mean ms | p90 ms | grammars ended | "
-             + " | ".join(f"mean as % of {s} step" for s in r["recorded"]) + " |",
+             "| B | logits | median ms | mean ms | p90 ms | grammars ended |"
+             + "".join(f" mean as % of {s} step |" for s in r["recorded"]),
              "|---|---|---|---|---|---|" + "---|" * len(r["recorded"])]
     for row in r["fill"]:
         shares = [f"{100 * row['mean_ms'] / s[row['batch']]:.1f} % of {s[row['batch']]:.2f} ms"
                   if row["batch"] in s else "—" for s in r["recorded"].values()]
         lines.append(f"| {row['batch']} | {row['logits']} | {row['median_ms']:.3f} | "
-                     f"{row['mean_ms']:.3f} | {row['p90_ms']:.3f} | {row['grammars_finished']}"
-                     " | " + " | ".join(shares) + " |")
+                     f"{row['mean_ms']:.3f} | {row['p90_ms']:.3f} | {row['grammars_finished']} |"
+                     + "".join(f" {share} |" for share in shares))
     lines += ["", "## (b) Mask time exposed in the engine step, stand-in forward", "",
               "| B | forward ms | grammar | fill exposed median ms | fill exposed mean ms | "
               "apply mean ms | step median ms | step mean ms | step mean over plain | "
-              "fill exposed mean / step mean | prefetched rows | sync rows | other load, cores |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "fill exposed mean / step mean | mean rows | prefetched rows | sync rows | "
+              "forward overruns | other load, cores |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     plain = {(row["batch"], row["forward_ms"]): row["step"]["mean_ms"]
              for row in r["exposed"] if row["run"] == "plain"}
     for row in r["exposed"]:
@@ -241,8 +244,9 @@ def markdown(r: dict) -> str:
         lines.append(f"| {row['batch']} | {row['forward_ms']:g} | {what} | {e['median_ms']:.3f} | "
                      f"{e['mean_ms']:.3f} | {a['mean_ms']:.3f} | {s['median_ms']:.3f} | "
                      f"{s['mean_ms']:.3f} | {over:+.3f} ms | "
-                     f"{100 * e['mean_ms'] / s['mean_ms']:.1f} % | {row['prefetched_rows']} | "
-                     f"{row['sync_rows']} | {load(row['foreign_load_cores'])} |")
+                     f"{100 * e['mean_ms'] / s['mean_ms']:.1f} % | {row['mean_rows']:.2f} | "
+                     f"{row['prefetched_rows']} | {row['sync_rows']} | "
+                     f"{row['forward_overruns']} | {load(row['foreign_load_cores'])} |")
     lines += ["", "(a): the first fill of each state, per step; the % columns compare the mean "
               "with the step time `ninfer bench` recorded (files named there), not measured in "
               "this run. (b): fill exposed = the engine thread's time in `prefetch.bitmasks` per "
@@ -281,7 +285,9 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         path = write_synthetic("tiny-dense", Path(tmp) / "tiny.ninfer")
-        engine = Engine(EngineConfig(artifact=path, max_context=2048,
+        # pages for every row's whole request at once, so B rows run together
+        engine = Engine(EngineConfig(artifact=path, max_context=1024,
+                                     kv_capacity=1024 * max(batches),
                                      max_concurrency=max(batches)))
         fill = [fill_part(engine, b, args.steps, mode) for b in batches
                 for mode in ("teacher", "random")]
