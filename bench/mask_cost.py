@@ -21,8 +21,9 @@ stand-in that counts each row's tokens as computed, hands out the teacher's logi
 the engine waits for the forward at sampling, the stand-in inside it: the mask work either way
 has the forward's time to run in). B constrained requests run at once (one that ends is replaced
 by a new one, whose first mask cannot be prefetched). Exposed = the engine thread's time in
-`prefetch.bitmasks` (waiting for the background fill, filling rows itself), per step, with
-prefetching on and off (`prefetch.ENABLED`).
+`prefetch.start` and `prefetch.bitmasks` (handing rows to the worker, waiting for its fill,
+filling rows itself), per step, with prefetching on and off (`prefetch.ENABLED`), beside the
+step time without any grammar.
 """
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def exposed_part(engine: Engine, batch: int, forward_ms: float, steps: int, run:
     stand_in = engine.runner = StandIn(inner, teacher, forward_ms / 1000)
     prefetch.ENABLED = run == "on"
     spent = {"fill": 0.0, "apply": 0.0}
-    originals = prefetch.bitmasks, mask.apply_constraints
+    originals = prefetch.bitmasks, mask.apply_constraints, prefetch.start
 
     def timed(what, call):
         def wrapper(*args, **kwargs):
@@ -149,6 +150,7 @@ def exposed_part(engine: Engine, batch: int, forward_ms: float, steps: int, run:
 
     prefetch.bitmasks = timed("fill", originals[0])
     mask.apply_constraints = timed("apply", originals[1])
+    prefetch.start = timed("fill", originals[2])  # handing the rows to the worker counts too
     live: dict[str, list] = {}
     made = [0]
 
@@ -190,7 +192,8 @@ def exposed_part(engine: Engine, batch: int, forward_ms: float, steps: int, run:
                 engine.cancel(rid)
             engine.step()
     finally:
-        (prefetch.bitmasks, mask.apply_constraints), engine.runner = originals, inner
+        (prefetch.bitmasks, mask.apply_constraints, prefetch.start), engine.runner = (
+            originals, inner)
         prefetch.ENABLED = True
     c = prefetch.COUNTERS
     return {"batch": batch, "forward_ms": forward_ms, "run": run, "steps": steps,
@@ -249,9 +252,9 @@ def markdown(r: dict) -> str:
                      f"{row['forward_overruns']} | {load(row['foreign_load_cores'])} |")
     lines += ["", "(a): the first fill of each state, per step; the % columns compare the mean "
               "with the step time `ninfer bench` recorded (files named there), not measured in "
-              "this run. (b): fill exposed = the engine thread's time in `prefetch.bitmasks` per "
-              "step (waiting for the background fill plus rows it filled itself: each new "
-              "request's first mask); apply = its time in `mask.apply_constraints` (the copy, "
+              "this run. (b): fill exposed = the engine thread's time in `prefetch.start` and "
+              "`prefetch.bitmasks` per step (handing rows to the worker, waiting for its fill, "
+              "filling rows itself: each new request's first mask); apply = its time in `mask.apply_constraints` (the copy, "
               "unpack and -inf of the bits; on a GPU only the launches); the step includes the "
               "stand-in forward, and `engine.step`'s own work (scheduling, sampling 248K "
               "columns, events)."]
