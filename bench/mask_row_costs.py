@@ -11,6 +11,8 @@ its allowed-token count), then the whole batch at once by the executor
 a state llguidance already filled is nearly free, so the batch call must not follow the single
 ones on the same matcher). Prints the split between wide states (more than 1000 allowed tokens:
 inside a free string) and narrow ones, and the per-step serial sum against the batched call.
+Last, whether a fill releases the GIL: 8 wide rows filled on another thread while this one runs
+a Python loop, which counts its iterations inside the fill and its longest pause.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +94,33 @@ def main() -> None:
               f"{statistics.median(x[0] for x in part):.3f} ms, one executor call median "
               f"{statistics.median(x[1] for x in part):.3f} ms")
     print(f"{100 * sum(x[2] for x in steps) / len(steps):.0f} % of steps held a wide row")
+    gil_check(tokenizer, grammar)
+
+
+def gil_check(tokenizer, grammar: str, reps: int = 10) -> None:
+    """A Python loop here while another thread fills 8 wide rows (inside the name string)."""
+    prefix = tokenizer.encode('{"name": "A')
+    for _ in range(reps):
+        rows = [compile_constraint(tokenizer, grammar) for _ in range(8)]
+        for c in rows:
+            for token in prefix:
+                c.advance(token)
+        bits, window = mask.new_buffer(8, rows[0].vocab), []
+
+        def fill():
+            started = time.perf_counter()
+            mask.fill([(c.matcher, i) for i, c in enumerate(rows)], bits)
+            window.append((started, time.perf_counter()))
+        stamps = []
+        worker = threading.Thread(target=fill)
+        worker.start()
+        while worker.is_alive():
+            stamps.append(time.perf_counter())
+        start, end = window[0]
+        points = [start, *(t for t in stamps if start <= t <= end), end]
+        pause = max(b - a for a, b in zip(points, points[1:]))
+        print(f"fill {1000 * (end - start):.2f} ms on another thread: {len(points) - 2} loop "
+              f"iterations here inside it, longest pause {1000 * pause:.2f} ms")
 
 
 if __name__ == "__main__":
