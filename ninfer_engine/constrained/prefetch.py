@@ -100,9 +100,13 @@ def start(constraints: list[TokenConstraint], pin: bool = False) -> None:
     if not rows:
         return
     rows = [c for c in rows if c.vocab == rows[0].vocab]  # one buffer: one row width
-    fill = _Fill(mask.new_buffer(len(rows), rows[0].vocab, pin))
     pairs = [(c._matcher, i) for i, c in enumerate(rows)]  # built here: the worker needs no GIL
-    fill.future = _worker().submit(_run, pairs, fill.buffer)
+    try:
+        fill = _Fill(mask.new_buffer(len(rows), rows[0].vocab, pin))
+        fill.future = _worker().submit(_run, pairs, fill.buffer)
+    except Exception:  # no page-locked memory, a worker shut down: sampling fills them itself
+        log.exception("cannot start a background grammar mask fill")
+        return
     for i, c in enumerate(rows):
         c.inflight = fill.future
         c.prefetched = (fill, i, c.version)

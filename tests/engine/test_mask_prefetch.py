@@ -176,3 +176,32 @@ def test_constrained_rows_never_draft_so_no_draft_can_break_their_grammar(artifa
     assert final.finish == "stop" and final.timings.draft_n == 0
     value = json.loads(engine.tokenizer.decode(tokens(events["grammar"])[:-1]))
     assert set(value) == {"n", "c", "xs"} and value["c"] in ("red", "green")
+
+
+def test_a_fill_that_cannot_start_leaves_the_masks_to_sampling(artifact, monkeypatch, counters):
+    engine = engine_for(artifact)
+    constraint = compile_constraint(engine.tokenizer, grammars()[0])
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(prefetch, "_worker", lambda: type("Gone", (), {"submit": refuse})())
+    prefetch.start([constraint])
+    assert constraint.prefetched is None and constraint.inflight is None
+    fresh = compile_constraint(engine.tokenizer, grammars()[0])
+    assert torch.equal(prefetch.bitmasks([constraint])[0], mask.bitmasks([fresh])[0])
+    assert (counters.fills, counters.sync_rows) == (0, 1)
+
+
+def test_a_failed_background_fill_is_filled_at_sampling(artifact, monkeypatch, counters):
+    engine = engine_for(artifact)
+    constraint = compile_constraint(engine.tokenizer, grammars()[0])
+
+    def broken(pairs, buffer):
+        raise RuntimeError("the fill broke")
+
+    monkeypatch.setattr(prefetch, "_run", broken)
+    prefetch.start([constraint])
+    fresh = compile_constraint(engine.tokenizer, grammars()[0])
+    assert torch.equal(prefetch.bitmasks([constraint])[0], mask.bitmasks([fresh])[0])
+    assert (counters.fills, counters.prefetched_rows, counters.sync_rows) == (1, 0, 1)
