@@ -31,7 +31,7 @@ from .serving import (cpu_compiled, prefill_chunk_for, serving_device, serving_d
                       weights_mode)
 from .step.families import make_runner
 from .step.lookahead import InFlight, Lookahead, picked_tokens
-from .step.sampling import Picked, Sampler, pick_rows
+from .step.sampling import Picked, Sampler, pick_rows, prefetch_masks
 from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
 from .step.speculation import accept, build_speculator, split_verify_rows
@@ -399,6 +399,9 @@ class Engine:
             if seq.prefill_done and seq.request.max_tokens == 0:
                 seq.first_token = seq.last_token = now
                 seq.finish("length")
+        # the next step's grammar masks fill in the background while it schedules and forwards
+        prefetch_masks([s.sampler for s in batch.sampled if s.finish_reason is None],
+                       self.model.device)
         self.stats.record_step(len(batch.decode), batch.prefill_tokens, now)
         for seq in [*batch.decode, *prompted]:
             if seq.finish_reason is not None:

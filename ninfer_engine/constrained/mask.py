@@ -2,8 +2,9 @@
 
 llguidance fills one bit per token for every constrained row in one call (its executor spreads
 the rows over threads, without the GIL) into a host int32 buffer; the buffer goes to the
-logits' device in one copy and is unpacked there, so a CUDA step adds no host round trip: the
-mask of the next step needs the sampled token, which the sampler copies to the host anyway.
+logits' device in one copy (asynchronous from page-locked memory) and is unpacked there, so a
+CUDA step adds no host round trip: the mask of the next step needs the sampled token, which the
+sampler copies to the host anyway. `prefetch.py` fills that next mask while the forward runs.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from .matcher import TokenConstraint
 
 _EXECUTOR: llguidance.LLExecutor | None = None
 _LOCK = threading.Lock()
-# byte value -> its 8 bits, lowest first: unpacking by lookup is about twice as fast as shifting
-# every word 32 times. The words are little-endian, so byte k of a row holds tokens 8k..8k+7.
-_BITS = ((torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1).bool()
+# each byte ANDed with its 8 bit weights, lowest first: 1.4-2x faster on the CPU than a 256-entry
+# lookup table (no int64 index tensor), which was twice as fast as shifting every word 32 times.
+# The words are little-endian, so byte k of a row holds tokens 8k..8k+7.
+_WEIGHTS = (1 << torch.arange(8, dtype=torch.int16)).to(torch.uint8)
 _TABLES: dict[torch.device, torch.Tensor] = {}
 
 
@@ -30,25 +32,39 @@ def _executor() -> llguidance.LLExecutor:
         return _EXECUTOR
 
 
-def bitmasks(constraints: list[TokenConstraint]) -> torch.Tensor:
-    """The allowed-token bits of each constraint's next token: int32 [n, ceil(vocab / 32)]."""
+def new_buffer(rows: int, vocab: int, pin: bool = False) -> torch.Tensor:
+    """A zeroed host int32 bit buffer [rows, ceil(vocab / 32)]; `pin`: page-locked, so its
+    copy to a CUDA device is asynchronous (torch's pinned allocator keeps a freed buffer until
+    the copies that read it are done, so each step may take a fresh one)."""
+    return torch.zeros((rows, (vocab + 31) // 32), dtype=torch.int32, pin_memory=pin)
+
+
+def fill(pairs: list[tuple[llguidance.LLMatcher, int]], bits: torch.Tensor) -> None:
+    """Fill row `i` of `bits` with the next-token mask of each (matcher, i), all rows in one
+    executor call (without the GIL)."""
+    words = bits.shape[1]
+    _executor().unsafe_compute_mask_ptr(pairs, bits.data_ptr(), words * 4, bits.shape[0])
+
+
+def bitmasks(constraints: list[TokenConstraint], pin: bool = False) -> torch.Tensor:
+    """The allowed-token bits of each constraint's next token: int32 [n, ceil(vocab / 32)],
+    computed now (`prefetch.bitmasks` takes rows filled in the background)."""
     for constraint in constraints:
         constraint.check()
-    words = (constraints[0].vocab + 31) // 32
-    buffer = torch.zeros((len(constraints), words), dtype=torch.int32)
-    pairs = [(c.matcher, i) for i, c in enumerate(constraints)]
-    _executor().unsafe_compute_mask_ptr(pairs, buffer.data_ptr(), words * 4, len(constraints))
+    buffer = new_buffer(len(constraints), constraints[0].vocab, pin)
+    fill([(c.matcher, i) for i, c in enumerate(constraints)], buffer)
     return buffer
 
 
 def allowed(bits: torch.Tensor, columns: int, device: torch.device) -> torch.Tensor:
     """Unpack int32 bit words [n, W] into a bool mask [n, columns] on `device` (bits past the
     tokenizer's vocabulary, e.g. padded embedding rows, are not allowed)."""
-    table = _TABLES.get(device)
-    if table is None:
-        table = _TABLES.setdefault(device, _BITS.to(device))
+    weights = _TABLES.get(device)
+    if weights is None:
+        weights = _TABLES.setdefault(device, _WEIGHTS.to(device))
     words = bits.to(device, non_blocking=True)
-    unpacked = table[words.view(torch.uint8).long()].view(words.shape[0], -1)
+    unpacked = words.view(torch.uint8).unsqueeze(-1).bitwise_and(weights).bool()
+    unpacked = unpacked.view(words.shape[0], -1)
     if unpacked.shape[1] >= columns:
         return unpacked[:, :columns]
     pad = torch.zeros((words.shape[0], columns - unpacked.shape[1]), dtype=torch.bool,
@@ -57,10 +73,13 @@ def allowed(bits: torch.Tensor, columns: int, device: torch.device) -> torch.Ten
 
 
 def apply_constraints(logits: torch.Tensor, rows: list[int],
-                      constraints: list[TokenConstraint]) -> torch.Tensor:
+                      constraints: list[TokenConstraint],
+                      bits: torch.Tensor | None = None) -> torch.Tensor:
     """`logits` [B, V] with every token the constraint of row rows[i] forbids set to -inf; a
-    copy (the caller's logits stay as they were)."""
-    bits = bitmasks(constraints)
+    copy (the caller's logits stay as they were). `bits`: the constraints' masks already
+    filled (`prefetch.bitmasks`), else they are filled now."""
+    if bits is None:
+        bits = bitmasks(constraints, logits.device.type == "cuda")
     mask = allowed(bits, logits.shape[1], logits.device)
     if len(rows) == logits.shape[0]:
         return torch.where(mask, logits, float("-inf"))

@@ -39,18 +39,42 @@ def llg_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
 
 
 class TokenConstraint:
-    """The tokens a grammar allows next, for one generation."""
+    """The tokens a grammar allows next, for one generation.
+
+    `version` counts the recorded tokens: a mask computed at one version is the mask of that
+    state only (`prefetch` keeps it beside the version it was filled at). While a background
+    fill reads the matcher (`prefetch.start`), every use of `matcher` here or by a caller
+    first waits for that fill: llguidance's matcher is not to be used by two threads at once.
+    """
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab: int,
                  start_after: Sequence[int] = ()) -> None:
-        self.matcher = matcher
+        self._matcher = matcher
         self.vocab = vocab  # tokens the grammar's tokenizer knows (bits of one mask row)
         self._start_after = tuple(start_after)
         self._recent: deque[int] = deque(maxlen=max(len(self._start_after), 1))
         self.active = not self._start_after
+        self.version = 0
+        self.inflight: Any = None  # the background fill reading the matcher (a Future)
+        self.prefetched: Any = None  # (fill, row, version) of a prefetched mask (`prefetch`)
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher:
+        """The llguidance matcher, once no background fill reads it."""
+        self.settle()
+        return self._matcher
+
+    def settle(self) -> None:
+        """Wait for a background fill that reads this matcher (its own errors are the
+        prefetcher's: a failed fill only means no prefetched mask)."""
+        inflight = self.inflight
+        if inflight is not None:
+            self.inflight = None
+            inflight.exception()  # waits; the result is read by whoever takes the mask
 
     def advance(self, token: int) -> None:
         """Record an output token (sampled or forced by the engine)."""
+        self.version += 1  # before anything: a mask prefetched for the old state is stale now
         if self.active:
             self.matcher.consume_token(token)  # a refused token leaves the matcher in error
             return

@@ -218,13 +218,31 @@ def _penalized(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
 
 
 def _constrained(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
-    """Grammar masks on the rows whose request has an active one; others untouched."""
+    """Grammar masks on the rows whose request has an active one; others untouched. The masks
+    prefetched during the forward (`prefetch_masks`) are used where still current."""
     rows = [i for i, s in enumerate(samplers) if s.constrained]
     if not rows:
         return logits
-    from ..constrained.mask import apply_constraints  # llguidance only when a grammar is used
+    # llguidance only when a grammar is used
+    from ..constrained import prefetch
+    from ..constrained.mask import apply_constraints
 
-    return apply_constraints(logits, rows, [samplers[i].constraint for i in rows])
+    constraints = [samplers[i].constraint for i in rows]
+    bits = prefetch.bitmasks(constraints, pin=logits.device.type == "cuda")
+    return apply_constraints(logits, rows, constraints, bits)
+
+
+def prefetch_masks(samplers: list[Sampler], device: torch.device) -> None:
+    """Start filling the next grammar masks of the constrained ones of `samplers` (the rows
+    that go on to the next step) in the background, for logits on `device`
+    (`constrained.prefetch`). The engine calls it once a step, after the step's tokens are
+    recorded; without a grammar in the batch it costs one pass over the samplers."""
+    constraints = [s.constraint for s in samplers if s.constrained]
+    if not constraints:
+        return
+    from ..constrained import prefetch
+
+    prefetch.start(constraints, pin=device.type == "cuda")
 
 
 def _logprobs(logits: torch.Tensor, samplers: list[Sampler], tokens: list[int]) -> None:

@@ -1,0 +1,207 @@
+"""Grammar masks prefetched during the forward (`constrained.prefetch`, issue 21): a tiny random
+llama with the default model's real tokenizer (skipped when install.sh has not prepared it),
+driven step by step on this thread so every run batches the same rows in the same order."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ninfer_engine.cli.flags import default_artifact
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.constrained import (compile_constraint, json_schema_grammar, mask, prefetch,
+                                       tool_call_grammar)
+from ninfer_engine.constrained.grammar import ToolSpec
+from ninfer_engine.engine import Engine
+from ninfer_engine.step.spec_policy import AlwaysSpeculate
+from ninfer_engine.types import GenerationRequest, SamplingParams
+
+from .helpers import FakeArtifact, tiny_llama
+from .mask_helpers import SCHEMA, check_masks, drive, prompt, record_masks, tokens
+
+MODEL = default_artifact()
+pytestmark = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL} is missing")
+ROLES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+         "chat_template.jinja")
+
+
+@pytest.fixture(scope="module")
+def artifact():
+    from ninfer_engine.artifact import open_artifact
+
+    with open_artifact(MODEL) as real:
+        resources = {role: real.resource(role) for role in ROLES if real.has_resource(role)}
+        vocab = real.config("text")["vocab_size"]
+    return FakeArtifact(tiny_llama(seed=3, vocab_size=vocab), resources=resources)
+
+
+@pytest.fixture(autouse=True)
+def counters(monkeypatch):
+    monkeypatch.setattr(prefetch, "ENABLED", True)
+    prefetch.COUNTERS.reset()
+    return prefetch.COUNTERS
+
+
+def engine_for(artifact, **config) -> Engine:
+    settings = dict(artifact=Path("t.ninfer"), max_context=512, prefill_chunk=16,
+                    max_concurrency=8)
+    return Engine(EngineConfig(**{**settings, **config}), artifact)
+
+
+def grammars() -> list[str]:
+    return [json_schema_grammar(SCHEMA),
+            tool_call_grammar([ToolSpec("f", SCHEMA, strict=True)], parallel=False)]
+
+
+def requests(engine: Engine, constraints: dict[str, object]) -> list[GenerationRequest]:
+    """Greedy and seeded sampled rows under the two grammars, and two plain rows."""
+    out = []
+    for i in range(6):
+        sampling = (SamplingParams(temperature=0.0) if i % 2 == 0
+                    else SamplingParams(temperature=1.0, top_k=40, seed=i))
+        rid = f"r{i}"
+        constraint = None
+        if i < 4:
+            constraint = compile_constraint(engine.tokenizer, grammars()[i // 2])
+            constraints[rid] = (constraint, grammars()[i // 2])
+        out.append(GenerationRequest(rid, prompt(engine, f"item {i} as JSON"), sampling,
+                                     max_tokens=60, constraint=constraint))
+    return out
+
+
+def test_prefetched_masks_equal_synchronous_masks_over_whole_generations(artifact, monkeypatch,
+                                                                          counters):
+    applied = record_masks(monkeypatch)
+    engine = engine_for(artifact)
+    constraints: dict = {}
+    events = drive(engine, requests(engine, constraints))
+    engine.stop()
+    for rid, (constraint, grammar) in constraints.items():
+        out = tokens(events[rid])
+        assert events[rid][-1].finish == "stop", rid  # the grammar ended it, at its EOS
+        check_masks(applied, constraint, grammar, out,
+                    lambda g: compile_constraint(engine.tokenizer, g))
+    text = engine.tokenizer.decode(tokens(events["r0"])[:-1])
+    assert set(json.loads(text)) == {"n", "c", "xs"}
+    # every token but each request's first (sampled right after its prefill) was prefetched
+    total = sum(len(tokens(events[rid])) for rid in constraints)
+    assert counters.sync_rows == len(constraints)
+    assert counters.prefetched_rows == total - len(constraints) > 0
+
+
+def test_outputs_are_the_same_with_and_without_prefetch(artifact, monkeypatch, counters):
+    """Greedy and seeded sampled rows: the same tokens whether masks were prefetched or not."""
+    outputs = []
+    for enabled in (False, True):
+        monkeypatch.setattr(prefetch, "ENABLED", enabled)
+        counters.reset()
+        engine = engine_for(artifact)
+        events = drive(engine, requests(engine, {}))
+        engine.stop()
+        outputs.append({rid: tokens(e) for rid, e in events.items()})
+        assert (counters.prefetched_rows > 0) == enabled
+    assert outputs[0] == outputs[1]
+
+
+def test_a_mask_prefetched_before_the_constraint_advanced_is_filled_again(artifact, counters):
+    engine = engine_for(artifact)
+    constraint = compile_constraint(engine.tokenizer, grammars()[0])
+    before = mask.bitmasks([compile_constraint(engine.tokenizer, grammars()[0])])[0]
+    prefetch.start([constraint])
+    fill = constraint.prefetched[0]
+    brace = engine.tokenizer.encode("{")[-1]
+    constraint.advance(brace)  # while the fill may still run: waits for it, then advances
+    got = prefetch.bitmasks([constraint])[0]
+    fresh = compile_constraint(engine.tokenizer, grammars()[0])
+    fresh.advance(brace)
+    assert torch.equal(got, mask.bitmasks([fresh])[0])
+    assert torch.equal(fill.buffer[0], before) and not torch.equal(got, before)
+    assert (counters.prefetched_rows, counters.sync_rows) == (0, 1)
+    # a current one is taken as it was filled, once
+    prefetch.start([constraint])
+    assert torch.equal(prefetch.bitmasks([constraint])[0], got)
+    assert (counters.prefetched_rows, counters.sync_rows) == (1, 1)
+    assert constraint.prefetched is None
+    prefetch.bitmasks([constraint])
+    assert counters.sync_rows == 2
+
+
+def test_a_request_that_leaves_its_grammar_fails_alone(artifact, counters):
+    """A token the grammar refuses (as a forced one could be) reaches one row's matcher after
+    its third token: that request ends with an error; the others, constrained or not, produce
+    what they produce without it (greedy, same batch until then)."""
+    runs = []
+    for sabotage in (False, True):
+        engine = engine_for(artifact)
+        constraints: dict = {}
+        batch = requests(engine, constraints)
+        if sabotage:
+            victim = constraints["r2"][0]
+            real_advance, calls = victim.advance, []
+            refused = engine.tokenizer.encode("Hello")[-1]  # no free text in this grammar
+
+            def advance(token, real_advance=real_advance, calls=calls, refused=refused):
+                calls.append(token)
+                real_advance(refused if len(calls) == 3 else token)
+            victim.advance = advance
+        runs.append(drive(engine, batch))
+        engine.stop()
+    plain, broken = runs
+    assert broken["r2"][-1].finish == "error"
+    assert "left its grammar" in broken["r2"][-1].error.message
+    assert len(tokens(broken["r2"])) == 3
+    for rid in ("r0", "r1", "r3", "r4", "r5"):
+        assert broken[rid][-1].finish == plain[rid][-1].finish != "error"
+        assert tokens(broken[rid]) == tokens(plain[rid]), rid
+
+
+def test_constrained_rows_never_draft_so_no_draft_can_break_their_grammar(artifact):
+    """Prompt lookup (`--spec ngram`) drafts for a plain row whose prompt repeats itself, never
+    for a constrained row with the same prompt: drafts are checked by the target's choice,
+    not by the grammar, so a grammar row decodes plainly (`speculation._eligible`)."""
+    engine = engine_for(artifact, spec="ngram", draft_tokens=3)
+    engine.speculator.policy = AlwaysSpeculate()  # by the rules, not by step timings
+    repeated = prompt(engine, ' '.join(['{"n": 7, "c": "red", "xs": [true, false]}'] * 4))
+    constraint = compile_constraint(engine.tokenizer, grammars()[0])
+    batch = [GenerationRequest("grammar", repeated, SamplingParams(temperature=0.0), 60,
+                               constraint=constraint),
+             GenerationRequest("plain", repeated, SamplingParams(temperature=0.0), 40,
+                               ignore_eos=True)]
+    events = drive(engine, batch)
+    engine.stop()
+    assert events["plain"][-1].timings.draft_n > 0  # drafting was on and proposing
+    final = events["grammar"][-1]
+    assert final.finish == "stop" and final.timings.draft_n == 0
+    value = json.loads(engine.tokenizer.decode(tokens(events["grammar"])[:-1]))
+    assert set(value) == {"n", "c", "xs"} and value["c"] in ("red", "green")
+
+
+def test_a_fill_that_cannot_start_leaves_the_masks_to_sampling(artifact, monkeypatch, counters):
+    engine = engine_for(artifact)
+    constraint = compile_constraint(engine.tokenizer, grammars()[0])
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(prefetch, "_worker", lambda: type("Gone", (), {"submit": refuse})())
+    prefetch.start([constraint])
+    assert constraint.prefetched is None and constraint.inflight is None
+    fresh = compile_constraint(engine.tokenizer, grammars()[0])
+    assert torch.equal(prefetch.bitmasks([constraint])[0], mask.bitmasks([fresh])[0])
+    assert (counters.fills, counters.sync_rows) == (0, 1)
+
+
+def test_a_failed_background_fill_is_filled_at_sampling(artifact, monkeypatch, counters):
+    engine = engine_for(artifact)
+    constraint = compile_constraint(engine.tokenizer, grammars()[0])
+
+    def broken(pairs, buffer):
+        raise RuntimeError("the fill broke")
+
+    monkeypatch.setattr(prefetch, "_run", broken)
+    prefetch.start([constraint])
+    fresh = compile_constraint(engine.tokenizer, grammars()[0])
+    assert torch.equal(prefetch.bitmasks([constraint])[0], mask.bitmasks([fresh])[0])
+    assert (counters.fills, counters.prefetched_rows, counters.sync_rows) == (1, 0, 1)
