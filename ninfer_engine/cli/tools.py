@@ -81,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--name", help="metadata.name (default synth-ARCH)")
     synth.add_argument("--mtp", action="store_true",
                        help="add a random MTP head (the mtp component, for --spec mtp)")
+    synth.add_argument("--dflash", choices=("small", "real"),
+                       help="add a random DFlash drafter (the dflash component, for --spec "
+                            "dflash): small, sized from the target, or real, the published "
+                            "35B-A3B drafter's shape")
     synth.set_defaults(run=_synth)
 
     bench = commands.add_parser(
@@ -291,7 +295,8 @@ def _synth(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     write_synthetic(args.arch, args.output, layers=args.layers, recipe=args.recipe,
-                    seed=args.seed, name=args.name, progress=_Progress(), mtp=args.mtp)
+                    seed=args.seed, name=args.name, progress=_Progress(), mtp=args.mtp,
+                    dflash=args.dflash)
     _report_written(args.output, started)
     return 0
 
