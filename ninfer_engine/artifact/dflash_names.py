@@ -74,6 +74,30 @@ def synth_config(target: dict, real: bool) -> dict:
     return {"architectures": [DFLASH_ARCHITECTURE], "model_type": "qwen3", **base}
 
 
+def mismatch(c: dict, target: dict) -> str | None:
+    """Why drafter config `c` cannot serve the text config `target` (one line, to follow "the
+    dflash component of X" or "the DFlash checkpoint"), or None."""
+    dc = c.get("dflash_config") or {}
+    taps, mask = dc.get("target_layer_ids"), dc.get("mask_token_id")
+    depth = target["num_hidden_layers"]
+    if not taps or mask is None:
+        return "lacks dflash_config.target_layer_ids or mask_token_id"
+    if any(not 0 <= t < depth - 1 for t in taps):
+        # the last layer's HF hidden state is final-normed: no drafter taps it
+        return f"taps layers {taps}, beyond 0..{depth - 2} of the target's {depth} layers"
+    if c["hidden_size"] != target["hidden_size"]:
+        return (f"is {c['hidden_size']} wide, the target {target['hidden_size']} (the drafter "
+                "reads the target's embeddings)")
+    if not 0 <= mask < target["vocab_size"]:
+        return f"masks with token {mask}, beyond the target's {target['vocab_size']} rows"
+    kinds = c.get("layer_types") or ["full_attention"] * c["num_hidden_layers"]
+    if len(kinds) != c["num_hidden_layers"]:
+        return f"lists {len(kinds)} layer_types for {c['num_hidden_layers']} layers"
+    if "sliding_attention" in kinds and not c.get("sliding_window"):
+        return "has sliding layers but no sliding_window"
+    return None
+
+
 def component(config: dict) -> dict:
     """The `dflash` component entry (ninfer-format.md §1.2 `components`)."""
     return {"config": config, "target": "text"}
@@ -122,18 +146,3 @@ def logical_name(hf_name: str) -> str | None:
     if name.endswith("rotary_emb.inv_freq"):
         return None
     raise ArtifactError(f'unknown DFlash checkpoint tensor "{hf_name}"')
-
-
-def params_from_hf(src: dict, config: dict) -> dict:
-    """{logical name: tensor} of a z-lab checkpoint's tensors `src`, every expected name present
-    (an unknown or missing name is one clear error)."""
-    out = {}
-    for name, tensor in src.items():
-        logical = logical_name(name)
-        if logical is not None:
-            out[logical] = tensor
-    missing = [n for n in parameter_shapes(config) if n not in out]
-    if missing:
-        raise ArtifactError(f"the DFlash checkpoint lacks {len(missing)} tensors, e.g. "
-                            f'"{missing[0]}"')
-    return out

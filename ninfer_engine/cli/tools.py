@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     hf.add_argument("--name", help="metadata.name (default: the directory name)")
     hf.add_argument("--skip-vision", action="store_true",
                     help="drop the vision tower (and its preprocessor configs)")
+    hf.add_argument("--dflash", metavar="DRAFTER_DIR",
+                    help="add a z-lab DFlash drafter checkpoint as the dflash component "
+                         "(for --spec dflash)")
     hf.set_defaults(run=_convert_hf)
 
     inspect = commands.add_parser("inspect", help="summarize an artifact")
@@ -279,7 +282,7 @@ def _convert_hf(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     convert_hf(args.src, args.output, recipe=args.recipe, name=args.name,
-               skip_vision=args.skip_vision, progress=_Progress())
+               skip_vision=args.skip_vision, progress=_Progress(), dflash=args.dflash)
     _report_written(args.output, started)
     return 0
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..artifact.dflash_names import DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, parameter_shapes
+from ..artifact.dflash_names import (DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, mismatch,
+                                     parameter_shapes)
 from .layers import Linear, RotaryEmbedding, apply_rope
 from .moe import SwiGLU
 from .mtp import MtpKv
@@ -51,33 +52,16 @@ class DFlashConfig:
     def from_component(cls, c: dict, target: dict, where: str) -> "DFlashConfig":
         """The component config `c` checked against the text config `target`; `DFlashMissing`
         with one line naming the first mismatch."""
-        def fail(why: str):
+        why = mismatch(c, target)
+        if why is not None:
             raise DFlashMissing(f"the dflash component of {where} {why}")
-
-        dc = c.get("dflash_config") or {}
-        taps, mask = dc.get("target_layer_ids"), dc.get("mask_token_id")
-        depth = target["num_hidden_layers"]
-        if not taps or mask is None:
-            fail("lacks dflash_config.target_layer_ids or mask_token_id")
-        if any(not 0 <= t < depth - 1 for t in taps):
-            # the last layer's HF hidden state is final-normed: no drafter taps it
-            fail(f"taps layers {taps}, beyond 0..{depth - 2} of the target's {depth} layers")
-        if c["hidden_size"] != target["hidden_size"]:
-            fail(f"is {c['hidden_size']} wide, the target {target['hidden_size']} (the drafter "
-                 "reads the target's embeddings)")
-        if not 0 <= mask < target["vocab_size"]:
-            fail(f"masks with token {mask}, beyond the target's {target['vocab_size']} rows")
+        dc, window = c["dflash_config"], c.get("sliding_window")
         kinds = c.get("layer_types") or ["full_attention"] * c["num_hidden_layers"]
-        if len(kinds) != c["num_hidden_layers"]:
-            fail(f"lists {len(kinds)} layer_types for {c['num_hidden_layers']} layers")
-        window = c.get("sliding_window")
-        if "sliding_attention" in kinds and not window:
-            fail("has sliding layers but no sliding_window")
         theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 1e6))
         return cls(c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"],
                    c["head_dim"], c["intermediate_size"], c["rms_norm_eps"], float(theta),
                    tuple(window if k == "sliding_attention" else None for k in kinds),
-                   tuple(taps), int(mask))
+                   tuple(dc["target_layer_ids"]), int(dc["mask_token_id"]))
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
