@@ -47,7 +47,8 @@ class DFlashDrafter:
         if row is None or not row.ctx.end <= position <= row.ctx.end + len(row.pending):
             # a first sighting, or positions that do not continue the committed context
             # (a copy: the graph step hands over a view of its static buffer)
-            row = self._rows[id(seq)] = _Row(DFlashContext(self.model, position), features.clone())
+            row = self._rows[id(seq)] = _Row(DFlashContext(self.model, position),
+                                             features.clone())
         else:  # what is held from `position` on came from rejected drafts' columns
             row.pending = torch.cat([row.pending[: position - row.ctx.end], features])
         # a prompt's features are committed: they join now, a chunk at a time (as the target's
