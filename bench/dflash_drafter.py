@@ -120,8 +120,7 @@ def main(argv=None) -> int:
                 def extend():  # k + 1 positions a row, then back to C (the next call's start)
                     for ctx in ctxs:
                         model.extend(ctx, feats[: args.k + 1])
-                        for kv in ctx.kv:
-                            kv.truncate(C)
+                        ctx.rewind(C)
 
                 rows.append(dict(context=C, batch=B, k=args.k,
                                  propose_ms=round(timed(propose, args.reps, args.warmup,

@@ -47,6 +47,7 @@ class DFlashConfig:
     windows: tuple[int | None, ...]  # per layer: the sliding window, None for a full layer
     taps: tuple[int, ...]  # target layers whose residual outputs condition the drafter
     mask_token: int
+    block: int  # the anchor and masks a proposal was trained on (z-lab's `block_size`)
 
     @classmethod
     def from_component(cls, c: dict, target: dict, where: str) -> "DFlashConfig":
@@ -61,7 +62,8 @@ class DFlashConfig:
         return cls(c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"],
                    c["head_dim"], c["intermediate_size"], c["rms_norm_eps"], float(theta),
                    tuple(window if k == "sliding_attention" else None for k in kinds),
-                   tuple(dc["target_layer_ids"]), int(dc["mask_token_id"]))
+                   tuple(dc["target_layer_ids"]), int(dc["mask_token_id"]),
+                   int(c.get("block_size", 16)))
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -72,17 +74,32 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 class DFlashContext:
     """One sequence's context: per layer, the keys (normed, rotated) and values of the committed
-    positions `start .. start + length - 1`."""
+    positions `first[n] .. end - 1`; a full layer keeps them all (`first[n]` = `start`), a
+    sliding one only the last window's (the next block's queries, at `end` on, see no older)."""
 
     def __init__(self, model: "DFlashModel", start: int) -> None:
         c = model.config
-        self.start = start
+        self.start = self.end = start
+        self.first = [start] * len(model.layers)
         self.kv = [MtpKv(c.kv_heads, c.head_dim, model.dtype, model.device)
                    for _ in model.layers]
 
-    @property
-    def end(self) -> int:
-        return self.start + self.kv[0].length
+    def rewind(self, end: int) -> None:
+        """Back to the positions before `end` (still held by every layer: a bench's repeats)."""
+        for first, cache in zip(self.first, self.kv):
+            cache.truncate(end - first)
+        self.end = end
+
+    def _trim(self, n: int, window: int) -> None:
+        """Drop layer n's positions before `end - window` once they are a window's worth (one
+        copy of a window per window appended)."""
+        cache = self.kv[n]
+        drop = cache.length - window
+        if drop >= window:
+            for t in (cache.k, cache.v):
+                t[:, :window] = t[:, drop: cache.length].clone()
+            cache.length = window
+            self.first[n] += drop
 
 
 class _Layer:
@@ -133,9 +150,13 @@ class DFlashModel:
         """Append the tap features [T, n·H] of the next T committed positions to `ctx`."""
         cond = _rms(self.fc(features.to(self.dtype)), self.hidden_norm, self.config.eps)
         positions = torch.arange(ctx.end, ctx.end + features.shape[0], device=self.device)
-        for layer, cache in zip(self.layers, ctx.kv):
+        ctx.end += features.shape[0]
+        for n, (layer, cache, window) in enumerate(zip(self.layers, ctx.kv,
+                                                       self.config.windows)):
             k, v = self._kv(layer, cond, positions)
             cache.extend(k.transpose(0, 1), v.transpose(0, 1))
+            if window is not None:
+                ctx._trim(n, window)
 
     @torch.no_grad()
     def propose(self, anchors: list[int], contexts: list[DFlashContext],
@@ -175,7 +196,7 @@ class DFlashModel:
         keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
         mask = None
         if window is not None:  # symmetric: |Δpos| < window
-            kpos = torch.arange(ctx.start, positions[-1] + 1, device=q.device)
+            kpos = torch.arange(ctx.first[n], positions[-1] + 1, device=q.device)
             mask = (positions[:, None] - kpos[None, :]).abs() < window
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask,
                                              scale=1.0 / math.sqrt(c.head_dim))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.dflash import DFlashContext, DFlashModel, load_dflash
+from ..models.dflash import DFlashContext, DFlashMissing, DFlashModel, load_dflash
 
 
 @dataclass
@@ -93,9 +93,14 @@ class DFlashDrafter:
 
 
 def dflash_drafter(artifact, model, vocab: int, matmul_dtype: torch.dtype | None = None,
-                   backend: str = "dflash") -> DFlashDrafter:
-    """The drafter over the artifact's `dflash` component; from now on `model`'s hiddens
-    handed to drafters are the drafter's tap features (`Qwen35Model.feature_taps`)."""
+                   backend: str = "dflash", k: int = 7) -> DFlashDrafter:
+    """The drafter over the artifact's `dflash` component, for up to `k` drafts a round; from
+    now on `model`'s hiddens handed to drafters are the drafter's tap features
+    (`Qwen35Model.feature_taps`)."""
     drafter = load_dflash(artifact, model, model.device, model.dtype, matmul_dtype, backend)
+    block = drafter.config.block
+    if k > block - 1:
+        raise DFlashMissing(f"--draft-tokens {k} is more than the drafter's block of {block} "
+                            f"holds (its anchor and at most {block - 1} masks)")
     model.feature_taps = drafter.config.taps
     return DFlashDrafter(drafter, min(vocab, model.vocab_size))

@@ -187,7 +187,7 @@ def build_speculator(backend: str, k: int, artifact, model, vocab: int,
     artifact's proposal shortlist with `lm_head_draft`)."""
     if backend in ("dflash", "dflash2"):
         return Speculator(backend, k, dflash_drafter(artifact, model, vocab, matmul_dtype,
-                                                     backend))
+                                                     backend, k))
     if backend != "mtp":
         return Speculator(backend, k)
     return Speculator(backend, k, mtp_drafter(artifact, model, vocab, matmul_dtype,

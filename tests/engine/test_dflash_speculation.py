@@ -148,10 +148,12 @@ def test_spec_dflash_without_a_usable_component_names_what_is_missing():
     (lambda c: c["dflash_config"].update(mask_token_id=500), "masks with token 500"),
     (lambda c: c.update(sliding_window=None), "has sliding layers but no sliding_window"),
     (lambda c: c.update(architectures=["DFlash2DraftModel"]), "DFlash2 is not built yet"),
+    (lambda c: c.update(block_size=4), "--draft-tokens 7 is more than the drafter's block of 4 "
+                                       r"holds \(its anchor and at most 3 masks\)"),
 ])
 def test_a_drafter_that_does_not_fit_the_target_fails_in_one_line(change, message):
     artifact = DFlashArtifact("qwen3_5")
     change(artifact.drafter_config)
     with pytest.raises(EngineLoadError, match=message) as failure:
-        engine_with(artifact, "dflash")
+        engine_with(artifact, "dflash", draft_tokens=7)
     assert "\n" not in str(failure.value)

@@ -116,6 +116,7 @@ def test_the_proposal_forward_matches_a_float64_reimplementation_of_the_spec():
     ctx = DFlashContext(drafter, 0)
     drafter.extend(ctx, features[:13])  # the context grows chunk by chunk
     drafter.extend(ctx, features[13:])
+    assert ctx.first == [21 - 8, 0]  # the sliding layer keeps only the last window's keys
     got = drafter.propose([17], [ctx], [k])[0]
     want = reference(artifact._tensors, c, artifact._tensors["text/token_embedding"], features,
                      17, k)
