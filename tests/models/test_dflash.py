@@ -45,7 +45,8 @@ def _rope(x, positions, theta):
     d = x.shape[-1]
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     angles = positions.double()[:, None] * inv[None]
-    cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None], torch.cat([angles.sin()] * 2, -1)[:, None]
+    cos = torch.cat([angles.cos()] * 2, -1)[:, None]
+    sin = torch.cat([angles.sin()] * 2, -1)[:, None]
     half = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
     return x * cos + half * sin
 
