@@ -68,20 +68,37 @@ def _plain(artifact, prompts, tokens=TOKENS):
         engine.stop()
 
 
-@pytest.mark.parametrize("k", [1, 3, 7])
-def test_greedy_output_is_the_same_with_and_without_dflash_drafts(k):
+def test_greedy_output_is_the_same_with_and_without_the_drafters_own_drafts():
     artifact, prompts = DFlashArtifact("qwen3_5"), _three_prompts()
     engine = engine_with(artifact, "dflash", max_concurrency=2, prefill_chunk=16,
-                         draft_tokens=k)
+                         draft_tokens=7)
     try:
         drafted = _run(engine, prompts, TOKENS)
     finally:
         engine.stop()
     assert drafted == _plain(artifact, prompts)
     c, spec = engine.speculator.counters, engine.snapshot().spec
-    assert c.rounds > 0 and c.drafted >= c.rounds and len(c.per_position) == k
-    assert spec.backend == "dflash" and spec.window == k
+    assert c.rounds > 0 and c.drafted >= c.rounds and len(c.per_position) == 7
+    assert spec.backend == "dflash" and spec.window == 7
     assert engine.config.no_prefix_reuse  # a reused prefix would bring no target features
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_greedy_output_is_the_same_at_every_acceptance_length(k):
+    """Steered drafts (`_Steered`): 0..k of each round's drafts taken."""
+    artifact, prompts = DFlashArtifact("qwen3_5"), _three_prompts()
+    plain = _plain(artifact, prompts)
+    engine = engine_with(artifact, "dflash", max_concurrency=2, prefill_chunk=16,
+                         draft_tokens=k)
+    engine.speculator.drafter = _Steered(engine.speculator.drafter,
+                                         {f"r{i}": t for i, t in enumerate(plain)},
+                                         engine.model.vocab_size)
+    try:
+        assert _run(engine, prompts, TOKENS) == plain
+    finally:
+        engine.stop()
+    c = engine.speculator.counters
+    assert c.per_position[k - 1] > 0 and c.accepted < c.drafted  # all k taken, and fewer
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
