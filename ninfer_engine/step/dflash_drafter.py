@@ -3,11 +3,11 @@
 The runner hands over the target's tap features (the residual outputs of the drafter's
 `target_layer_ids`, concatenated: `Qwen35Model.feature_taps`) of every position it computes
 (`observe`). A sequence's context holds the projected features of positions `start .. end-1`;
-features of positions `end ..` wait in `pending` until they are known to be committed. A
-prompt's features join the context as its chunks are computed. When a row drafts at L =
-`seq.cached` (its last token x_L not computed yet), the pending features of `end .. L-1` join
-first: after a verify row, only its kept columns', so the context only ever holds committed
-target features (z-lab's `dflash_generate` crops its draft cache to the committed length the
+features of positions `end ..` wait in `pending` until they are known to be committed: a
+prompt's as its chunks are computed, an output position's once a later step computes the
+positions after it. When a row drafts at L = `seq.cached` (its last token x_L not computed
+yet), the pending features of `end .. L-1` join first: after a verify row, only its kept
+columns', so the context only ever holds committed target features (z-lab's `dflash_generate` crops its draft cache to the committed length the
 same way). Features of rejected columns stay pending and are overwritten when their positions
 are computed again. The proposal is one forward over [x_L, MASK×k] at L..L+k; mask row i's
 argmax through the target's head, over the tokenizer's ids (never the mask or padded rows), is
@@ -51,9 +51,10 @@ class DFlashDrafter:
                                              features.clone())
         else:  # what is held from `position` on came from rejected drafts' columns
             row.pending = torch.cat([row.pending[: position - row.ctx.end], features])
-        # a prompt's features are committed: they join now, a chunk at a time (as the target's
-        # prefill), not all at the first draft
-        self._absorb(row, min(row.ctx.end + len(row.pending), len(seq.prompt)))
+        # a prompt's features are committed, and so is every position before this step's: they
+        # join now, a chunk at a time (as the target's prefill), so that a row that does not
+        # draft holds one step's features pending, not its whole output's
+        self._absorb(row, max(position, min(row.ctx.end + len(row.pending), len(seq.prompt))))
 
     def _absorb(self, row: _Row, upto: int) -> None:
         """Move the pending features of positions < `upto` into the context."""

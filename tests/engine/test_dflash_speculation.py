@@ -38,9 +38,12 @@ class _Steered:
         self.drafter, self.want, self.vocab = drafter, want, vocab
         self.proposed: list[tuple[str, int, list[int]]] = []
         self._j, self._steps = itertools.count(), itertools.count(1)
+        self.pending = 0  # the most features the drafter held pending after an observation
 
     def observe(self, seq, position, features):
         self.drafter.observe(seq, position, features)
+        row = self.drafter._rows.get(id(seq))
+        self.pending = max(self.pending, len(row.pending))
 
     def forget(self, seq):
         self.drafter.forget(seq)
@@ -116,6 +119,7 @@ def test_dflash_context_after_partial_acceptance_is_the_committed_one(family):
         engine.stop()
     c = engine.speculator.counters
     assert 0 < c.accepted < c.drafted and all(c.per_position)  # k drafts taken, and fewer
+    assert steered.pending <= 1 + 5  # one step's columns: the rest joined the context
     # each proposal against a context built at once from one plain forward's tap features of
     # positions 0..L-1, then the block [x_L, MASK×k]
     model, dflash = engine.model, drafter.model
