@@ -187,19 +187,20 @@ class DFlashModel:
         return [rows[1:] for rows in h.split(sizes)]
 
     def _attend(self, ctx, n, q, k, v, positions, window):
-        """Non-causal attention of one row's block over its context and itself: [1+k, heads·D]."""
+        """Non-causal attention of one row's block over its context and itself: [1+k, heads·D].
+        The block's keys go into the context buffer past its end (one copy of the block, not of
+        the context) and are cut off again: they are not context."""
         c = self.config
         cache = ctx.kv[n]
-        keys = torch.cat([cache.k[:, : cache.length], k.transpose(0, 1)], 1)
-        values = torch.cat([cache.v[:, : cache.length], v.transpose(0, 1)], 1)
-        group = c.heads // c.kv_heads
-        keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+        keys, values = cache.extend(k.transpose(0, 1), v.transpose(0, 1))
+        cache.truncate(cache.length - q.shape[0])
         mask = None
         if window is not None:  # symmetric: |Δpos| < window
             kpos = torch.arange(ctx.first[n], positions[-1] + 1, device=q.device)
             mask = (positions[:, None] - kpos[None, :]).abs() < window
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask,
-                                             scale=1.0 / math.sqrt(c.head_dim))
+                                             scale=1.0 / math.sqrt(c.head_dim),
+                                             enable_gqa=c.heads != c.kv_heads)
         return out.transpose(0, 1).reshape(q.shape[0], -1)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
