@@ -145,18 +145,27 @@ class DFlashModel:
         cos, sin = self.rope.tables(positions, int(positions.max()))
         return apply_rope(k, cos, sin), layer.v(x).view(-1, c.kv_heads, c.head_dim)
 
-    @torch.no_grad()
     def extend(self, ctx: DFlashContext, features: torch.Tensor) -> None:
         """Append the tap features [T, n·H] of the next T committed positions to `ctx`."""
-        cond = _rms(self.fc(features.to(self.dtype)), self.hidden_norm, self.config.eps)
-        positions = torch.arange(ctx.end, ctx.end + features.shape[0], device=self.device)
-        ctx.end += features.shape[0]
-        for n, (layer, cache, window) in enumerate(zip(self.layers, ctx.kv,
-                                                       self.config.windows)):
+        self.extend_rows([ctx], [features])
+
+    @torch.no_grad()
+    def extend_rows(self, contexts: list[DFlashContext], features: list[torch.Tensor]) -> None:
+        """`extend` of several contexts at once: the projections see every row's positions
+        together (one launch each, not one a row)."""
+        rows = [f.shape[0] for f in features]
+        cond = _rms(self.fc(torch.cat(features).to(self.dtype)), self.hidden_norm,
+                    self.config.eps)
+        positions = torch.cat([torch.arange(ctx.end, ctx.end + n, device=self.device)
+                               for ctx, n in zip(contexts, rows)])
+        for ctx, n in zip(contexts, rows):
+            ctx.end += n
+        for i, (layer, window) in enumerate(zip(self.layers, self.config.windows)):
             k, v = self._kv(layer, cond, positions)
-            cache.extend(k.transpose(0, 1), v.transpose(0, 1))
-            if window is not None:
-                ctx._trim(n, window)
+            for ctx, kr, vr in zip(contexts, k.split(rows), v.split(rows)):
+                ctx.kv[i].extend(kr.transpose(0, 1), vr.transpose(0, 1))
+                if window is not None:
+                    ctx._trim(i, window)
 
     @torch.no_grad()
     def propose(self, anchors: list[int], contexts: list[DFlashContext],

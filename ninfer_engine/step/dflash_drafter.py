@@ -26,6 +26,8 @@ import torch
 
 from ..models.dflash import DFlashContext, DFlashMissing, DFlashModel, load_dflash
 
+SPILL = 32  # pending positions past which a row's committed features join its context at once
+
 
 @dataclass
 class _Row:
@@ -51,17 +53,22 @@ class DFlashDrafter:
                                              features.clone())
         else:  # what is held from `position` on came from rejected drafts' columns
             row.pending = torch.cat([row.pending[: position - row.ctx.end], features])
-        # a prompt's features are committed, and so is every position before this step's: they
-        # join now, a chunk at a time (as the target's prefill), so that a row that does not
-        # draft holds one step's features pending, not its whole output's
-        self._absorb(row, max(position, min(row.ctx.end + len(row.pending), len(seq.prompt))))
+        # a prompt's features are committed: they join now, a chunk at a time (as the target's
+        # prefill), not all at the first draft; so is every position before this step's, which
+        # join at the next proposal (all rows' in one batch), or now once SPILL are pending (a
+        # row that does not draft holds a few steps' features, not its whole output's)
+        prompt = min(row.ctx.end + len(row.pending), len(seq.prompt))
+        self._absorb([row], [position if position - row.ctx.end > SPILL else prompt])
 
-    def _absorb(self, row: _Row, upto: int) -> None:
-        """Move the pending features of positions < `upto` into the context."""
-        n = upto - row.ctx.end
-        if n > 0:
-            self.model.extend(row.ctx, row.pending[:n])
-            row.pending = row.pending[n:].clone()  # a view would keep the step's buffer alive
+    def _absorb(self, rows: list[_Row], upto: list[int]) -> None:
+        """Move each row's pending features of positions < `upto` into its context."""
+        work = [(row, end - row.ctx.end) for row, end in zip(rows, upto) if end > row.ctx.end]
+        if not work:
+            return
+        self.model.extend_rows([row.ctx for row, _ in work],
+                               [row.pending[:n] for row, n in work])
+        for row, n in work:  # (a copy: a view would keep the step's buffer alive)
+            row.pending = row.pending[n:].clone()
 
     def forget(self, seq) -> None:
         self._rows.pop(id(seq), None)
@@ -75,10 +82,10 @@ class DFlashDrafter:
             row, last = self._rows.get(id(seq)), seq.cached
             if k > 0 and row is not None and row.ctx.end <= last <= row.ctx.end + len(
                     row.pending):
-                self._absorb(row, last)
                 work.append((i, seq, row, k))
         if not work:
             return out
+        self._absorb([row for _, _, row, _ in work], [seq.cached for _, seq, _, _ in work])
         hidden = self.model.propose([seq.output[-1] for _, seq, _, _ in work],
                                     [row.ctx for _, _, row, _ in work], [k for *_, k in work])
         logits = self.model.logits(torch.cat(hidden))[:, : self.vocab]

@@ -13,6 +13,8 @@ import torch
 
 from ninfer_engine.engine import EngineLoadError
 from ninfer_engine.models.dflash import DFlashContext
+from ninfer_engine.step.dflash_drafter import SPILL
+from ninfer_engine.step.spec_policy import SpecPolicy
 from ninfer_engine.types import SamplingParams
 
 from .dflash_helpers import DFlashArtifact
@@ -119,12 +121,16 @@ def test_dflash_context_after_partial_acceptance_is_the_committed_one(family):
         engine.stop()
     c = engine.speculator.counters
     assert 0 < c.accepted < c.drafted and all(c.per_position)  # k drafts taken, and fewer
-    assert steered.pending <= 1 + 5  # one step's columns: the rest joined the context
-    # each proposal against a context built at once from one plain forward's tap features of
-    # positions 0..L-1, then the block [x_L, MASK×k]
+    # a few steps' columns at most: the rest joined the context
+    assert steered.pending <= SPILL + 1 + 5
+    _check_fresh(engine, drafter, prompts, plain, steered.proposed)
+
+
+def _check_fresh(engine, drafter, prompts, plain, proposed):
+    """Each proposal against a context built at once from one plain forward's tap features of
+    positions 0..L-1, then the block [x_L, MASK×k]."""
     model, dflash = engine.model, drafter.model
-    assert len(steered.proposed) == c.rounds
-    for rid, last, drafts in steered.proposed:
+    for rid, last, drafts in proposed:
         i = int(rid[1:])
         tokens = [*prompts[i], *plain[i]]
         ids = torch.tensor(tokens[:last])
@@ -135,6 +141,38 @@ def test_dflash_context_after_partial_acceptance_is_the_committed_one(family):
         logits = dflash.logits(h)[:, : drafter.vocab]
         logits[:, dflash.config.mask_token] = float("-inf")
         assert logits.argmax(-1).tolist() == drafts, (rid, last)
+
+
+class _Late(SpecPolicy):
+    """No drafting for the first `steps` steps, then every step."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.left = steps
+
+    def speculate(self, batch: int) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+
+def test_a_row_that_did_not_draft_for_a_while_drafts_from_its_whole_context():
+    """Plain decode steps past SPILL positions: the committed features join the context at an
+    observation, and the first proposals after them are those of a fresh context."""
+    artifact, prompts = DFlashArtifact("qwen3_5"), _three_prompts()[:2]
+    plain = _plain(artifact, prompts, 2 * SPILL + 16)
+    engine = engine_with(artifact, "dflash", max_concurrency=2, prefill_chunk=16,
+                         draft_tokens=3)
+    drafter = engine.speculator.drafter
+    steered = engine.speculator.drafter = _Steered(
+        drafter, {f"r{i}": t for i, t in enumerate(plain)}, engine.model.vocab_size)
+    engine.speculator.policy = _Late(2 * SPILL)
+    try:
+        assert _run(engine, prompts, 2 * SPILL + 16) == plain
+    finally:
+        engine.stop()
+    assert steered.proposed and steered.pending <= SPILL + 1 + 3
+    assert min(last for _, last, _ in steered.proposed) > len(prompts[0]) + SPILL
+    _check_fresh(engine, drafter, prompts, plain, steered.proposed)
 
 
 def test_a_sampled_request_verifies_dflash_drafts_and_its_seed_reproduces_it():
