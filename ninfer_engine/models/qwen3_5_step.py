@@ -344,8 +344,9 @@ class EngineHybridDecoder:
 
     @property
     def hidden(self) -> torch.Tensor | None:
-        """The last step's final-normed hidden per token row (row b · q_len + i), or None
-        when the step was built without them."""
+        """The last step's final-normed hidden per token row (row b · q_len + i), or with the
+        model's `feature_taps` its tap layers' residual outputs side by side, or None when the
+        step was built without them."""
         return self.core.hidden
 
     def _kv(self) -> list[KvLayer]:
