@@ -66,6 +66,8 @@ def test_the_converted_drafter_gives_zlab_forward_outputs(converted):
         assert component["target"] == "text"
         assert component["config"]["dflash_config"] == {"target_layer_ids": TAPS,
                                                         "mask_token_id": 127}
+        assert component["config"]["rope_parameters"] == {"rope_theta": 1e7}
+        assert component["config"]["layer_types"] == ["sliding_attention", "full_attention"]
         model = Qwen35Model(artifact.config(), lambda n, s: artifact.parameter(n, s))
         ours = load_dflash(artifact, model, model.device, torch.float32)
     L, k = 19, 7  # inside the window: their eager attention does not apply it
