@@ -139,11 +139,14 @@ class DFlashModel:
     def dtype(self) -> torch.dtype:
         return self.target.dtype
 
-    def _kv(self, layer: _Layer, x: torch.Tensor, positions: torch.Tensor):
+    def _kv(self, layer: _Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         c = self.config
         k = _rms(layer.k(x).view(-1, c.kv_heads, c.head_dim), layer.k_norm, c.eps)
-        cos, sin = self.rope.tables(positions, int(positions.max()))
-        return apply_rope(k, cos, sin), layer.v(x).view(-1, c.kv_heads, c.head_dim)
+        return apply_rope(k, *rope), layer.v(x).view(-1, c.kv_heads, c.head_dim)
+
+    def _rope(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin at host `positions` (one copy to the device; no read back of a maximum)."""
+        return self.rope.tables(torch.tensor(positions, device=self.device), max(positions))
 
     def extend(self, ctx: DFlashContext, features: torch.Tensor) -> None:
         """Append the tap features [T, n·H] of the next T committed positions to `ctx`."""
@@ -156,12 +159,12 @@ class DFlashModel:
         rows = [f.shape[0] for f in features]
         cond = _rms(self.fc(torch.cat(features).to(self.dtype)), self.hidden_norm,
                     self.config.eps)
-        positions = torch.cat([torch.arange(ctx.end, ctx.end + n, device=self.device)
-                               for ctx, n in zip(contexts, rows)])
+        rope = self._rope([p for ctx, n in zip(contexts, rows)
+                           for p in range(ctx.end, ctx.end + n)])
         for ctx, n in zip(contexts, rows):
             ctx.end += n
         for i, (layer, window) in enumerate(zip(self.layers, self.config.windows)):
-            k, v = self._kv(layer, cond, positions)
+            k, v = self._kv(layer, cond, rope)
             for ctx, kr, vr in zip(contexts, k.split(rows), v.split(rows)):
                 ctx.kv[i].extend(kr.transpose(0, 1), vr.transpose(0, 1))
                 if window is not None:
@@ -173,29 +176,27 @@ class DFlashModel:
         """For each row: the final-normed outputs [k, H] of its k mask rows, from the noise
         block [anchor, MASK×k] at positions `ctx.end ..` (the anchor's position)."""
         c, dev = self.config, self.device
-        tokens, positions, sizes = [], [], []
-        for anchor, ctx, k in zip(anchors, contexts, ks):
+        tokens, sizes = [], [1 + k for k in ks]
+        for anchor, k in zip(anchors, ks):
             tokens += [anchor] + [c.mask_token] * k
-            positions.append(torch.arange(ctx.end, ctx.end + 1 + k, device=dev))
-            sizes.append(1 + k)
         x = self.target.embed(torch.tensor(tokens, device=dev))
-        pos = torch.cat(positions)
-        cos, sin = self.rope.tables(pos, int(pos.max()))
+        rope = self._rope([p for ctx, k in zip(contexts, ks)
+                           for p in range(ctx.end, ctx.end + 1 + k)])
         for n, (layer, window) in enumerate(zip(self.layers, c.windows)):
             y = _rms(x, layer.input_norm, c.eps)
             q = apply_rope(_rms(layer.q(y).view(-1, c.heads, c.head_dim), layer.q_norm, c.eps),
-                           cos, sin)
-            k, v = self._kv(layer, y, pos)
+                           *rope)
+            k, v = self._kv(layer, y, rope)
             outs = []
-            for ctx, qi, ki, vi, pi in zip(contexts, q.split(sizes), k.split(sizes),
-                                           v.split(sizes), positions):
-                outs.append(self._attend(ctx, n, qi, ki, vi, pi, window))
+            for ctx, qi, ki, vi in zip(contexts, q.split(sizes), k.split(sizes),
+                                       v.split(sizes)):
+                outs.append(self._attend(ctx, n, qi, ki, vi, window))
             x = x + layer.o(torch.cat(outs))
             x = x + layer.mlp(_rms(x, layer.post_norm, c.eps))
         h = _rms(x, self.final_norm, c.eps)
         return [rows[1:] for rows in h.split(sizes)]
 
-    def _attend(self, ctx, n, q, k, v, positions, window):
+    def _attend(self, ctx, n, q, k, v, window):
         """Non-causal attention of one row's block over its context and itself: [1+k, heads·D].
         The block's keys go into the context buffer past its end (one copy of the block, not of
         the context) and are cut off again: they are not context."""
@@ -204,9 +205,10 @@ class DFlashModel:
         keys, values = cache.extend(k.transpose(0, 1), v.transpose(0, 1))
         cache.truncate(cache.length - q.shape[0])
         mask = None
-        if window is not None:  # symmetric: |Δpos| < window
-            kpos = torch.arange(ctx.first[n], positions[-1] + 1, device=q.device)
-            mask = (positions[:, None] - kpos[None, :]).abs() < window
+        if window is not None:  # symmetric: |Δpos| < window; the block at ctx.end ..
+            qpos = torch.arange(ctx.end, ctx.end + q.shape[0], device=q.device)
+            kpos = torch.arange(ctx.first[n], ctx.end + q.shape[0], device=q.device)
+            mask = (qpos[:, None] - kpos[None, :]).abs() < window
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask,
                                              scale=1.0 / math.sqrt(c.head_dim),
                                              enable_gqa=c.heads != c.kv_heads)
