@@ -9,9 +9,9 @@ positions after it. When a row drafts at L = `seq.cached` (its last token x_L no
 yet), the pending features of `end .. L-1` join first: after a verify row, only its kept
 columns', so the context only ever holds committed target features (z-lab's
 `dflash_generate` crops its draft cache to the committed length the same way). Features of
-rejected columns stay pending and are overwritten when their positions are computed again. The proposal is one forward over [x_L, MASK×k] at L..L+k; mask row i's
-argmax through the target's head, over the tokenizer's ids (never the mask or padded rows), is
-draft i.
+rejected columns stay pending and are overwritten when their positions are computed again.
+The proposal is one forward over [x_L, MASK×k] at L..L+k; mask row i's argmax through the
+target's head, over the tokenizer's ids (never the mask or padded rows), is draft i.
 
 Prefix reuse: a restored prefix brings no target features, so the drafter could not rebuild
 its context; `rank_parts` turns prefix reuse off under `--spec dflash` (every prompt is
