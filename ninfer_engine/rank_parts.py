@@ -54,6 +54,13 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
     built = model or build_model(text_config, artifact, device, dtype, matmul, weights_mode,
                                  expert_tiers, ranks)
     extra = with_model(built, artifact)
+    if config.spec == "dflash" and not config.no_prefix_reuse:
+        # a restored prefix brings no target features, so the drafter's context could not be
+        # rebuilt (`step.dflash_drafter`): every prompt is computed, and observed, from 0
+        log.info("--spec dflash: prefix reuse is off (the drafter's context needs the target "
+                 "features of every prompt position)")
+        config = dataclasses.replace(config, no_prefix_reuse=True, host_kv_mib=None,
+                                     host_state_slots=None)
     # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
     sized, activations = auto_kv_capacity(config, built, text_config, device, prefill_chunk)
     if ranks.parallel and sized.kv_capacity is not None:  # every rank the same pool: the least
@@ -66,5 +73,5 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
     graphs = build_decode_graphs(
         built, memory, sized.kv_dtype, sized.max_concurrency, sized.max_context,
         not sized.no_cuda_graph, 1 + (sized.draft_tokens or 0) if sized.spec else 1,
-        keep_hidden=sized.spec == "mtp", weights=step_weights)
+        keep_hidden=sized.spec in ("mtp", "dflash"), weights=step_weights)
     return RankParts(built, memory, graphs, sized, extra)

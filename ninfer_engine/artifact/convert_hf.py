@@ -4,7 +4,8 @@ Families: `qwen3_5` / `qwen3_5_text` (dense hybrid), `qwen3_5_moe` / `qwen3_5_mo
 `qwen3_next` (re-sliced into the Qwen3.5-MoE bindings by `hf_names`), and the §5 llama family
 (`llama`, `qwen3`). The MTP head (`mtp.*`) becomes an `mtp` component and the vision tower
 (`model.visual.*`) a `vision` component with the preprocessor configs as its resources, unless
-the caller drops it (`skip_vision`).
+the caller drops it (`skip_vision`). A z-lab DFlash drafter checkpoint (its own folder,
+`dflash`) becomes a `dflash` component (`dflash_names`), checked against the text config.
 
 Streaming: the embedding and head are copied in row blocks, every other tensor is read when its
 layer (or vision block) is converted, so peak memory is about one layer (plus one tensor's
@@ -19,7 +20,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from . import hf_names
+from . import dflash_names, hf_names
 from . import recipes
 from .errors import ArtifactError
 from .hf_checkpoint import VISION_RESOURCE_FILES, HfCheckpoint, LazyTensors
@@ -44,8 +45,10 @@ def convert_hf(
     name: str | None = None,
     skip_vision: bool = False,
     progress: Progress | None = None,
+    dflash: str | os.PathLike | None = None,
 ) -> Path:
-    """Convert the checkpoint folder ``src`` to ``dst`` with ``recipe``; returns ``dst``.
+    """Convert the checkpoint folder ``src`` (and a DFlash drafter's checkpoint folder
+    ``dflash``) to ``dst`` with ``recipe``; returns ``dst``.
 
     ``progress(done, total, what)`` is called after the resources and after each layer.
     """
@@ -54,7 +57,13 @@ def convert_hf(
     report = progress or (lambda *_: None)
     try:
         checkpoint = HfCheckpoint(src)
-        return _convert(checkpoint, dst, recipe, choose, name, skip_vision, report)
+        drafter = None
+        if dflash is not None:
+            try:
+                drafter = HfCheckpoint(dflash)
+            except ArtifactError as error:
+                raise error.at(Path(dflash)) from None
+        return _convert(checkpoint, dst, recipe, choose, name, skip_vision, report, drafter)
     except ArtifactError as error:
         raise error.at(src) from None
     except KeyError as error:  # a config field or tensor the family needs
@@ -74,7 +83,8 @@ def text_config(hf_config: dict) -> dict:
                         f"(known: {', '.join(sorted(_QWEN | _LLAMA))})")
 
 
-def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress) -> Path:
+def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress,
+             drafter: HfCheckpoint | None = None) -> Path:
     config = text_config(checkpoint.config)
     groups = _group(checkpoint.names)
     vision = None if skip_vision else _vision_config(checkpoint.config, groups["vision"])
@@ -86,13 +96,16 @@ def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress) 
         components["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}
     if vision:
         components["vision"] = {"config": vision, "target": "text"}
+    if drafter is not None:
+        components["dflash"] = dflash_names.component(_dflash_config(drafter, config))
     metadata = {
         "name": name or checkpoint.folder.resolve().name,
         "source": {"format": "hf-safetensors", "model_type": checkpoint.config["model_type"],
                    "recipe": recipe_name},
     }
     layers = config["num_hidden_layers"]
-    total = 2 + layers + bool(groups["mtp"]) + (vision["depth"] + 1 if vision else 0)
+    total = (2 + layers + bool(groups["mtp"]) + (vision["depth"] + 1 if vision else 0)
+             + (drafter is not None))
     step = itertools.count(1)
     with StreamingWriter(dst, metadata=metadata, components=components) as writer:
         for role, data in checkpoint.resources().items():
@@ -120,7 +133,47 @@ def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress) 
         if vision:
             _vision(checkpoint, writer, vision, groups["vision"], choose,
                     lambda what: progress(next(step), total, what))
+        if drafter is not None:
+            _dflash(drafter, writer, components["dflash"]["config"], choose)
+            progress(next(step), total, "dflash drafter")
     return dst
+
+
+def _dflash_config(drafter: HfCheckpoint, text: dict) -> dict:
+    """The drafter's component config, refused in one line where it cannot serve `text`."""
+    arch = (drafter.config.get("architectures") or ["?"])[0]
+    if arch != dflash_names.DFLASH_ARCHITECTURE:
+        raise ArtifactError(f'the DFlash checkpoint is "{arch}", not '
+                            f"{dflash_names.DFLASH_ARCHITECTURE} (DFlash2 is not built yet)",
+                            drafter.folder)
+    config = dflash_names.component_config(drafter.config)
+    why = dflash_names.mismatch(config, text)
+    if why is not None:
+        raise ArtifactError(f"the DFlash checkpoint {why}", drafter.folder)
+    return config
+
+
+def _dflash(drafter: HfCheckpoint, writer, config: dict, choose) -> None:
+    """The drafter's tensors under their logical names, one read at a time, shape-checked."""
+    names = {}
+    for full in drafter.names:
+        try:
+            logical = dflash_names.logical_name(full)
+        except ArtifactError as error:
+            raise error.at(drafter.folder) from None
+        if logical is not None:
+            names[logical] = full
+    shapes = dflash_names.parameter_shapes(config)
+    missing = [n for n in shapes if n not in names]
+    if missing:
+        raise ArtifactError(f"the DFlash checkpoint lacks {len(missing)} tensors, e.g. "
+                            f'"{missing[0]}"', drafter.folder)
+    for logical, shape in shapes.items():
+        tensor = drafter.tensor(names[logical]).contiguous()
+        if tuple(tensor.shape) != shape:
+            raise ArtifactError(f"{names[logical]} has shape {list(tensor.shape)}, the "
+                                f"config implies {list(shape)}", drafter.folder)
+        writer.add_tensor(logical, tensor, choose(logical, shape))
 
 
 def _vision_config(hf_config: dict, tensors: dict) -> dict | None:

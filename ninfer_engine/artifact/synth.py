@@ -13,7 +13,9 @@ matrices N(0, 1/fan_in), embedding N(0, 0.02²), zero-centred norms near 0 (the 
 file with the real Qwen tokenizer and chat template; `build_synthetic` gives a `Qwen35Model`
 parameter source that generates each tensor on the target device, without any file. `mtp=True`
 adds a random MTP head (model-math.md §3.1) as the `mtp` component, under the names
-`ninfer convert hf` writes for a checkpoint's `mtp.*` tensors.
+`ninfer convert hf` writes for a checkpoint's `mtp.*` tensors; `dflash="small"|"real"` a random
+DFlash drafter as the `dflash` component (`dflash_names`: a small one sized from the target, or
+the published 35B-A3B drafter's shape).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import qwen_resources, recipes
+from . import dflash_names, qwen_resources, recipes
 from .convert_hf import MTP_ARCHITECTURES
 from .errors import ArtifactError
 from .row_writer import StreamingWriter
@@ -93,9 +95,25 @@ def synth_config(arch: str, layers: int | None = None) -> dict:
     return config
 
 
-def parameter_shapes(config: dict, mtp: bool = False) -> dict[str, tuple[int, ...]]:
+def dflash_config(config: dict, dflash: str | None) -> dict | None:
+    """The random drafter's component config for text ``config`` ("small", "real" or None)."""
+    if dflash is None:
+        return None
+    if dflash not in ("small", "real"):
+        raise ArtifactError(f'--dflash is "small" or "real", not "{dflash}"')
+    out = dflash_names.synth_config(config, dflash == "real")
+    taps = out["dflash_config"]["target_layer_ids"]
+    if out["hidden_size"] != config["hidden_size"] or max(taps) >= config["num_hidden_layers"] - 1:
+        raise ArtifactError(f"the real DFlash drafter (width {out['hidden_size']}, taps {taps}) "
+                            "fits the 35b-a3b target, all layers")
+    return out
+
+
+def parameter_shapes(config: dict, mtp: bool = False,
+                     dflash: dict | None = None) -> dict[str, tuple[int, ...]]:
     """Every logical parameter `Qwen35Model` reads for ``config`` (and, with ``mtp``, the MTP
-    head `models.mtp.MtpHead` reads), in writing order."""
+    head `models.mtp.MtpHead` reads; with a ``dflash`` config, the drafter's), in writing
+    order."""
     h, v = config["hidden_size"], config["vocab_size"]
     out = {"text/token_embedding": (v, h), "text/final_norm": (h,)}
     if not config["tie_word_embeddings"]:
@@ -112,6 +130,8 @@ def parameter_shapes(config: dict, mtp: bool = False) -> dict[str, tuple[int, ..
         p = "mtp/layers/0/"
         out[p + "input_norm"] = out[p + "post_attention_norm"] = (h,)
         out.update({p + k: s for k, s in {**_attention(config), **_ffn(config)}.items()})
+    if dflash is not None:
+        out.update(dflash_names.parameter_shapes(dflash))
     return out
 
 
@@ -174,6 +194,8 @@ def _draw(name: str, shape: tuple[int, ...], gen: torch.Generator, device) -> to
         return torch.empty(shape, device=device).uniform_(1.0, 16.0, generator=gen).log_()
     if leaf == "dt_bias" or name.endswith("gdn/norm"):
         return 1.0 + normal(0.1)
+    if len(shape) == 1 and name.startswith("dflash/"):
+        return 1.0 + normal(0.1)  # the drafter's plain Qwen3 norms multiply by w
     if len(shape) == 1:
         return normal(0.1)  # zero-centred norms: the model multiplies by 1 + w
     if leaf == "token_embedding":
@@ -191,18 +213,23 @@ def write_synthetic(
     name: str | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     mtp: bool = False,
+    dflash: str | None = None,
 ) -> Path:
     """Write a random-weight ``arch`` artifact with the real Qwen tokenizer (and, with ``mtp``,
-    a random MTP head); returns the path."""
+    a random MTP head; with ``dflash`` "small" or "real", a random DFlash drafter); returns the
+    path."""
     config = synth_config(arch, layers)
     choose = recipes.recipe(recipe)
-    shapes = parameter_shapes(config, mtp)
+    drafter = dflash_config(config, dflash)
+    shapes = parameter_shapes(config, mtp, drafter)
     report = progress or (lambda *_: None)
     metadata = {"name": name or f"synth-{arch}",
                 "source": {"format": "synthetic", "arch": arch, "seed": seed, "recipe": recipe}}
     components = {"text": {"config": config}}
     if mtp:
         components["mtp"] = mtp_component(config)
+    if drafter is not None:
+        components["dflash"] = dflash_names.component(drafter)
     total = len(shapes) + 1
     with StreamingWriter(path, metadata=metadata, components=components) as writer:
         for role, data in qwen_resources.resources(ARCHS[arch][1]).items():

@@ -66,12 +66,14 @@ def _tensor_parallel(c: EngineConfig, m: Machine) -> str | None:
 
 
 def _spec(c: EngineConfig, m: Machine) -> str | None:
-    """DFlash drafters are not built (`--spec ngram` and `--spec mtp` are, at any `--tp`: the
-    MTP head is sharded like the text layers)."""
+    """DFlash2 drafters are not built (`--spec ngram` and `--spec mtp` are, at any `--tp`: the
+    MTP head is sharded like the text layers; `--spec dflash` at `--tp 1`)."""
     if c.spec in ("ngram", "mtp"):
         return None
+    if c.spec == "dflash":
+        return None if c.tp == 1 else "--spec dflash under --tp above 1 is not built yet"
     return (f"speculative decoding with {c.spec} drafts is not available yet "
-            "(--spec ngram and --spec mtp are)")
+            "(--spec ngram, --spec mtp and --spec dflash are)")
 
 
 def _device_exists(c: EngineConfig, m: Machine) -> str | None:

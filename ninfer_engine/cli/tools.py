@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     hf.add_argument("--name", help="metadata.name (default: the directory name)")
     hf.add_argument("--skip-vision", action="store_true",
                     help="drop the vision tower (and its preprocessor configs)")
+    hf.add_argument("--dflash", metavar="DRAFTER_DIR",
+                    help="add a z-lab DFlash drafter checkpoint as the dflash component "
+                         "(for --spec dflash)")
     hf.set_defaults(run=_convert_hf)
 
     inspect = commands.add_parser("inspect", help="summarize an artifact")
@@ -81,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--name", help="metadata.name (default synth-ARCH)")
     synth.add_argument("--mtp", action="store_true",
                        help="add a random MTP head (the mtp component, for --spec mtp)")
+    synth.add_argument("--dflash", choices=("small", "real"),
+                       help="add a random DFlash drafter (the dflash component, for --spec "
+                            "dflash): small, sized from the target, or real, the published "
+                            "35B-A3B drafter's shape")
     synth.set_defaults(run=_synth)
 
     bench = commands.add_parser(
@@ -275,7 +282,7 @@ def _convert_hf(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     convert_hf(args.src, args.output, recipe=args.recipe, name=args.name,
-               skip_vision=args.skip_vision, progress=_Progress())
+               skip_vision=args.skip_vision, progress=_Progress(), dflash=args.dflash)
     _report_written(args.output, started)
     return 0
 
@@ -291,7 +298,8 @@ def _synth(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     write_synthetic(args.arch, args.output, layers=args.layers, recipe=args.recipe,
-                    seed=args.seed, name=args.name, progress=_Progress(), mtp=args.mtp)
+                    seed=args.seed, name=args.name, progress=_Progress(), mtp=args.mtp,
+                    dflash=args.dflash)
     _report_written(args.output, started)
     return 0
 

@@ -130,6 +130,10 @@ class Qwen35Model:
                               + sum(proj.narrow_bytes for proj in projections))
         self.attention_layers = [i for i, b in enumerate(self.blocks)
                                  if isinstance(b.mixer, GatedAttention)]
+        # layers whose residual outputs (HF `hidden_states[l+1]`), concatenated, are the
+        # hiddens `forward_rows(keep_hidden=True)` returns instead of the final-normed ones:
+        # set by the DFlash loader (`models.dflash`), whose drafter reads them
+        self.feature_taps: tuple[int, ...] | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -192,14 +196,24 @@ class Qwen35Model:
         `positions` defaults to each row's text positions `seen .. seen+n-1`; pass [3, T] for
         MRoPE.
         """
+        return self._decode(x, states, lengths, positions, verify)[0]
+
+    @torch.no_grad()
+    def _decode(self, x, states, lengths, positions, verify):
+        """`hidden`, and what a drafter reads: the final-normed hiddens again, or with
+        `feature_taps` the tap layers' residual outputs concatenated in tap order [T, n·H]."""
         if positions is None:
             positions = torch.cat([torch.arange(s.seen, s.seen + n) for s, n in
                                    zip(states, lengths)]).to(x.device)
+        taps, outputs = self.feature_taps or (), {}
         for i, block in enumerate(self.blocks):
             x = block(x, [s.layers[i] for s in states], lengths, positions, verify)
+            if i in taps:
+                outputs[i] = x
         for state, n in zip(states, lengths):
             state.seen += n
-        return zero_centred_rms_norm(x, self.final_norm, self.eps)
+        h = zero_centred_rms_norm(x, self.final_norm, self.eps)
+        return h, (torch.cat([outputs[i] for i in taps], -1) if taps else h)
 
     @torch.no_grad()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -216,7 +230,8 @@ class Qwen35Model:
         (default: every row), in that order: its last token's, or every token's for a row in
         `verify` (a speculative verify row: the last sampled token, then the drafts). A verify
         row keeps its GDN states for `rollback`. `keep_hidden`: (logits, the final-normed
-        hidden [T, H] of every token), which the MTP head drafts from. `positions`: [3, T]
+        hidden [T, H] of every token), which the MTP head drafts from (with `feature_taps`, the
+        DFlash drafter's tap features [T, n·H] instead). `positions`: [3, T]
         multimodal positions (default: each row's text positions); `media`: (token rows [k],
         embeddings [k, H]) that replace those tokens' embeddings (the vision tower's output).
         `every`: rows that also get every token's logits, without a verify row's state trail
@@ -224,14 +239,14 @@ class Qwen35Model:
         x = self.embed(token_ids)
         if media is not None:
             x = x.index_copy(0, media[0], media[1].to(x.dtype))
-        h = self.hidden(x, states, lengths, positions, verify)
+        h, features = self._decode(x, states, lengths, positions, verify)
         ends = list(itertools.accumulate(lengths))
         rows: list[int] = []
         for i in range(len(lengths)) if sampled is None else sampled:
             every_token = i in verify or i in every
             rows += range(ends[i] - lengths[i], ends[i]) if every_token else [ends[i] - 1]
         logits = self.logits(h[torch.tensor(rows, dtype=torch.long, device=h.device)])
-        return (logits, h) if keep_hidden else logits
+        return (logits, features) if keep_hidden else logits
 
     def rollback(self, state: ModelState, kept: int) -> None:
         """Keep the first `kept` (≥ 1) tokens of `state`'s last verify row: each GDN layer takes

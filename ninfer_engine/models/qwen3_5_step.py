@@ -167,8 +167,11 @@ class HybridStep:
         routers = [lay for lay in weights.layers if lay.get("shared_slot")]
         width = routers[0]["w_gu"].w.shape[0] if routers else 0
         self.router_acc = torch.zeros(len(routers), rows, width, device=dev)
-        # each token row's final-normed hidden, for a drafter that reads it (`--spec mtp`)
-        self.hidden = (torch.empty(rows, weights.c["hidden_size"], device=dev,
+        # each token row's final-normed hidden, for a drafter that reads it (`--spec mtp`), or
+        # its tap layers' residual outputs side by side (`feature_taps`, `--spec dflash`)
+        self.taps = tuple(getattr(weights.model, "feature_taps", None) or ())
+        H = weights.c["hidden_size"]
+        self.hidden = (torch.empty(rows, H * max(len(self.taps), 1), device=dev,
                                    dtype=weights.model.embedding.dtype) if keep_hidden else None)
         if states is None:
             states = ([], [])
@@ -237,8 +240,11 @@ class HybridStep:
                 g, u = gu.chunk(2, -1)
                 delta = layer["w_down"](u, gate=g, act="silu", acc=acc[2 * j + 1])
             delta = ranks.all_reduce(delta)
+            if self.hidden is not None and j in self.taps:  # layer j's residual output
+                t = self.taps.index(j) * delta.shape[-1]
+                torch.add(h, delta, out=self.hidden[:n, t: t + delta.shape[-1]])
         y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
-        if self.hidden is not None:
+        if self.hidden is not None and not self.taps:
             self.hidden[:n].copy_(y)
         if q_len == 1:
             self.pos[:batch] += 1
@@ -338,8 +344,9 @@ class EngineHybridDecoder:
 
     @property
     def hidden(self) -> torch.Tensor | None:
-        """The last step's final-normed hidden per token row (row b · q_len + i), or None
-        when the step was built without them."""
+        """The last step's final-normed hidden per token row (row b · q_len + i), or with the
+        model's `feature_taps` its tap layers' residual outputs side by side, or None when the
+        step was built without them."""
         return self.core.hidden
 
     def _kv(self) -> list[KvLayer]:

@@ -13,7 +13,8 @@ pays) and keeps the counters `EngineStats.spec` reports.
 
 A drafter is model-free, `propose(tokens, k)` (`NgramDrafter`, or any stand-in with that
 method), or reads the model, `propose_rows(seqs, ks)` for a step's decode rows at once, fed the
-target's hidden states through `observe` (`mtp_drafter.MtpDrafter`, `--spec mtp`).
+target's hidden states through `observe` (`mtp_drafter.MtpDrafter`, `--spec mtp`; or its tap
+layers' features, `dflash_drafter.DFlashDrafter`, `--spec dflash`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 from ..kernels import sampling as kernels
 from ..models.mtp import load_mtp
 from ..stats import SpecStats
+from .dflash_drafter import dflash_drafter
 from .draft_head import load_draft_head
 from .mtp_drafter import MtpDrafter
 from .sampling import _CANDIDATES, Sampler, _path, _penalized
@@ -182,7 +184,11 @@ def build_speculator(backend: str, k: int, artifact, model, vocab: int,
                      lm_head_draft: bool = False) -> Speculator:
     """`--spec backend` with `k` drafts a row: prompt-lookup drafts, or drafts from the
     artifact's MTP head over `model` (argmax over the tokenizer's `vocab` ids, or over the
-    artifact's proposal shortlist with `lm_head_draft`)."""
+    artifact's proposal shortlist with `lm_head_draft`), or from its DFlash drafter (`dflash`;
+    `dflash2` fails naming itself)."""
+    if backend in ("dflash", "dflash2"):
+        return Speculator(backend, k, dflash_drafter(artifact, model, vocab, matmul_dtype,
+                                                     backend, k))
     if backend != "mtp":
         return Speculator(backend, k)
     return Speculator(backend, k, mtp_drafter(artifact, model, vocab, matmul_dtype,

