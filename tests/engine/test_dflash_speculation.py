@@ -133,7 +133,7 @@ def _check_fresh(engine, drafter, prompts, plain, proposed):
     for rid, last, drafts in proposed:
         i = int(rid[1:])
         tokens = [*prompts[i], *plain[i]]
-        ids = torch.tensor(tokens[:last])
+        ids = torch.tensor(tokens[:last], device=model.device)
         _, features = model.forward_rows(ids, [model.new_state()], [last], keep_hidden=True)
         ctx = DFlashContext(dflash, 0)
         dflash.extend(ctx, features)
