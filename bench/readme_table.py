@@ -184,9 +184,26 @@ def _step_row_rows() -> list[str]:
     return rows
 
 
+def _lookahead_rows() -> list[str]:
+    """The engine's step with the lookahead step against the same step without it
+    (`bench/profile_step.py --lookahead both`), quiet host only."""
+    r = _load("h200-lookahead-step.json")
+    rows = []
+    for row in r["rows"] if r else []:
+        if row["graph_alone_ms"] is None:
+            continue
+        rows.append(f"| H200, {row['shape']} shape, {row['weights']}, batch {row['batch']}, "
+                    f"engine step with the lookahead step | {row['tok_s_on']:.0f} tok/s | "
+                    f"without it {row['tok_s_off']:.0f}; graph replayed alone "
+                    f"{1000 * row['batch'] / row['graph_alone_ms']:.0f} | "
+                    f"{row['tok_s_on'] / row['tok_s_off']:.2f}× |")
+    return rows
+
+
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
-    return head + "\n".join(_cpu_rows() + _gpu_rows() + _step_row_rows() + _served_rows()) + "\n"
+    return head + "\n".join(_cpu_rows() + _gpu_rows() + _lookahead_rows() + _step_row_rows()
+                             + _served_rows()) + "\n"
 
 
 def main() -> int:
