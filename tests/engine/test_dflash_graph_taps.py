@@ -9,33 +9,16 @@ from __future__ import annotations
 import torch
 
 from .test_hybrid_graphs import _model, _rel, _tols
-from .test_hybrid_verify import _setup
+from .test_hybrid_verify import sink_sides
 
 
 @torch.inference_mode()
 def test_graph_step_hands_the_drafter_the_eager_forwards_tap_features(device):
-    from ninfer_engine.step.runner import HybridRunner
-    from ninfer_engine.step.scheduler import Batch
-
     model = _model(False, device)
     model.feature_taps = (1, 0)  # concatenated in tap order, not layer order
     H = model.config["hidden_size"]
     _, tol, _ = _tols(model, 62 + 4)
-    sides = []
-    for graph in (True, False):
-        storage, states, seqs, graphs, drafts = _setup(model, "bf16", 2, False, keep_hidden=True)
-        seen = []
-        runner = HybridRunner(model, graphs if graph else None,
-                              lambda seq, at, h: seen.append((seqs.index(seq), at, h.clone())))
-        batch = Batch(seqs, [], list(seqs), [drafts[0], []])
-        runner.forward(batch)
-        runner.keep(batch, [2, 1])
-        for seq, token in zip(seqs, (5, 6)):
-            seq.output.append(token)
-            assert seq.cache.reserve(seq.cached + 1)
-        runner.forward(Batch(seqs, [], list(seqs)))
-        sides.append(seen)
-    got, want = sides
+    got, want = sink_sides(model)
     assert [(i, at, h.shape) for i, at, h in got] == [(i, at, h.shape) for i, at, h in want] == [
         (0, 7, (3, 2 * H)), (1, 62, (1, 2 * H)), (0, 9, (1, 2 * H)), (1, 63, (1, 2 * H))]
     for (_, _, a), (_, _, b) in zip(got, want):

@@ -6,8 +6,6 @@ tokens (so the context never keeps a rejected column's features); sampled runs r
 their seed; dflash2 and a missing component fail naming what is missing."""
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -19,6 +17,7 @@ from ninfer_engine.types import SamplingParams
 
 from .dflash_helpers import DFlashArtifact
 from .helpers import FakeArtifact, tiny_llama
+from .steered import Steered
 from .test_speculation import _engine as engine_with, _prompts, _run
 
 TOKENS = 24
@@ -29,40 +28,18 @@ def _three_prompts():
     return [*_prompts(120), tuple(range(40, 61))]
 
 
-class _Steered:
-    """The engine's drafter, each proposal recorded, then steered: its first j drafts replaced
-    by the plain run's tokens and draft j + 1 made wrong (j cycling through 0..k), so every
-    acceptance length occurs while the drafter sees what the engine commits. Every third step
-    it leaves the drafter out (a plain decode row), so the context also catches up over a
-    plain row after a partly accepted verify row."""
+class _Steered(Steered):
+    """`Steered` that also keeps the most features the DFlash drafter held pending after an
+    observation."""
 
     def __init__(self, drafter, want: dict[str, list[int]], vocab: int) -> None:
-        self.drafter, self.want, self.vocab = drafter, want, vocab
-        self.proposed: list[tuple[str, int, list[int]]] = []
-        self._j, self._steps = itertools.count(), itertools.count(1)
-        self.pending = 0  # the most features the drafter held pending after an observation
+        super().__init__(drafter, want, vocab)
+        self.pending = 0
 
     def observe(self, seq, position, features):
-        self.drafter.observe(seq, position, features)
+        super().observe(seq, position, features)
         row = self.drafter._rows.get(id(seq))
         self.pending = max(self.pending, len(row.pending))
-
-    def forget(self, seq):
-        self.drafter.forget(seq)
-
-    def propose_rows(self, seqs, ks):
-        if next(self._steps) % 3 == 0:
-            return [[] for _ in seqs]
-        out = []
-        for seq, own in zip(seqs, self.drafter.propose_rows(seqs, ks)):
-            if own:
-                self.proposed.append((seq.id, seq.cached, own))
-                truth = self.want[seq.id][len(seq.output): len(seq.output) + len(own)]
-                j = next(self._j) % (len(own) + 1)
-                own = (truth[:j] + [(t + 1) % self.vocab for t in truth[j: j + 1]]
-                       + own[j + 1:])
-            out.append(own)
-        return out
 
 
 def _plain(artifact, prompts, tokens=TOKENS):

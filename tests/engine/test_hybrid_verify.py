@@ -108,17 +108,13 @@ def test_runner_verifies_through_the_graph_step_with_padded_rows(device):
             assert _rel(x, y) < state_tol
 
 
-@torch.inference_mode()
-def test_graph_step_hands_the_drafter_the_eager_forwards_hiddens(device):
-    """`--spec mtp` on the graph path: a verify step (rows with 2 and 0 drafts) and then a
-    decode step hand the hidden sink the same positions as the eager runner, and hiddens within
-    the step's bf16 bound (the final norm's output, which the head reads, so the logits' bound
-    holds for it too)."""
+def sink_sides(model) -> tuple[list, list]:
+    """What the hidden sink saw, graph runner then eager runner, over the same two steps:
+    a verify step (rows with 2 and 0 drafts, keeping 2 and 1) and a decode step; each entry
+    (row, position, the hiddens of its tokens)."""
     from ninfer_engine.step.runner import HybridRunner
     from ninfer_engine.step.scheduler import Batch
 
-    model = _model(False, device)
-    _, tol, _ = _tols(model, 62 + 4)
     sides = []
     for graph in (True, False):
         storage, states, seqs, graphs, drafts = _setup(model, "bf16", 2, False, keep_hidden=True)
@@ -133,7 +129,18 @@ def test_graph_step_hands_the_drafter_the_eager_forwards_hiddens(device):
             assert seq.cache.reserve(seq.cached + 1)
         runner.forward(Batch(seqs, [], list(seqs)))
         sides.append(seen)
-    got, want = sides
+    return sides[0], sides[1]
+
+
+@torch.inference_mode()
+def test_graph_step_hands_the_drafter_the_eager_forwards_hiddens(device):
+    """`--spec mtp` on the graph path: a verify step (rows with 2 and 0 drafts) and then a
+    decode step hand the hidden sink the same positions as the eager runner, and hiddens within
+    the step's bf16 bound (the final norm's output, which the head reads, so the logits' bound
+    holds for it too)."""
+    model = _model(False, device)
+    _, tol, _ = _tols(model, 62 + 4)
+    got, want = sink_sides(model)
     assert [(i, at, len(h)) for i, at, h in got] == [(i, at, len(h)) for i, at, h in want] == [
         (0, 7, 3), (1, 62, 1), (0, 9, 1), (1, 63, 1)]
     for (_, _, a), (_, _, b) in zip(got, want):

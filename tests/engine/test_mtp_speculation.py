@@ -5,8 +5,6 @@ acceptance the head's drafts equal those of a head run afresh over the committed
 the target's own hiddens (model-math.md §3.2), so its KV never keeps a rejected draft."""
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -21,6 +19,7 @@ from tests.models.mtp_tiny import HfMtp
 
 from .helpers import FakeArtifact, tiny_llama
 from .hybrid_helpers import HybridArtifact
+from .steered import Steered
 from .test_speculation import _engine as engine_with, _prompts, _run
 
 FAMILIES = ["qwen3_5", "qwen3_5_moe"]
@@ -36,39 +35,6 @@ class MtpArtifact(HybridArtifact):
         if with_mtp:
             self._tensors.update(mtp_params_from_hf(HfMtp(family).checkpoint(), self._config))
             self.components["mtp"] = mtp_component(self._config)
-
-
-class _Steered:
-    """The engine's MTP drafter, each proposal recorded, then steered: its first j drafts
-    replaced by the plain run's tokens and draft j + 1 made wrong (j cycling through 0..k), so
-    every acceptance length occurs while the head sees what the engine commits. Every third
-    step it leaves the head out (as for a paused row), so the head also catches up over a
-    plain decode row after a partly accepted verify row."""
-
-    def __init__(self, mtp, want: dict[str, list[int]], vocab: int) -> None:
-        self.mtp, self.want, self.vocab = mtp, want, vocab
-        self.proposed: list[tuple[str, int, list[int]]] = []
-        self._j, self._steps = itertools.count(), itertools.count(1)
-
-    def observe(self, seq, position, hidden):
-        self.mtp.observe(seq, position, hidden)
-
-    def forget(self, seq):
-        self.mtp.forget(seq)
-
-    def propose_rows(self, seqs, ks):
-        if next(self._steps) % 3 == 0:
-            return [[] for _ in seqs]
-        out = []
-        for seq, own in zip(seqs, self.mtp.propose_rows(seqs, ks)):
-            if own:
-                self.proposed.append((seq.id, seq.cached, own))
-                truth = self.want[seq.id][len(seq.output): len(seq.output) + len(own)]
-                j = next(self._j) % (len(own) + 1)
-                own = (truth[:j] + [(t + 1) % self.vocab for t in truth[j: j + 1]]
-                       + own[j + 1:])
-            out.append(own)
-        return out
 
 
 def _engine(artifact, spec):
@@ -108,7 +74,7 @@ def test_mtp_state_after_partial_acceptance_is_the_committed_one(family):
     want = {f"r{i}": tokens for i, tokens in enumerate(plain)}
     engine = _engine(artifact, "mtp")
     mtp = engine.speculator.drafter
-    steered = engine.speculator.drafter = _Steered(mtp, want, engine.model.vocab_size)
+    steered = engine.speculator.drafter = Steered(mtp, want, engine.model.vocab_size)
     try:
         assert _run(engine, prompts, TOKENS) == plain
     finally:
@@ -217,7 +183,7 @@ def test_the_draft_head_drafts_only_its_shortlist_and_the_output_is_unchanged():
     engine = engine_with(artifact, "mtp", max_concurrency=2, prefill_chunk=16,
                          lm_head_draft=True)
     want = {f"r{i}": tokens for i, tokens in enumerate(plain)}
-    steered = engine.speculator.drafter = _Steered(engine.speculator.drafter, want,
+    steered = engine.speculator.drafter = Steered(engine.speculator.drafter, want,
                                                    engine.model.vocab_size)
     try:
         assert _run(engine, prompts, TOKENS) == plain
