@@ -133,16 +133,17 @@ def prefix_run(engine) -> tuple:
 
 
 def mtp_engine(family: str, experts: str, want: dict, ranks=None):
-    """An `--spec mtp` engine drafting every step, its drafts steered (`_Steered`: every
+    """An `--spec mtp` engine drafting every step, its drafts steered (`Steered`: every
     acceptance length occurs) towards `want`, the plain run's tokens by request id."""
     from ninfer_engine.engine import Engine
     from ninfer_engine.parallel import SINGLE
     from ninfer_engine.step.spec_policy import AlwaysSpeculate
-    from tests.engine.test_mtp_speculation import MtpArtifact, _Steered
+    from tests.engine.steered import Steered
+    from tests.engine.test_mtp_speculation import MtpArtifact
 
     engine = Engine(mtp_config(experts), MtpArtifact(family), ranks=ranks or SINGLE)
     engine.speculator.policy = AlwaysSpeculate()  # the same rounds at tp1 and tp2
-    engine.speculator.drafter = _Steered(engine.speculator.drafter, want,
+    engine.speculator.drafter = Steered(engine.speculator.drafter, want,
                                          engine.model.vocab_size)
     return engine
 

