@@ -135,6 +135,9 @@ def exposed_part(engine: Engine, batch: int, forward_ms: float, steps: int, run:
     teacher = Teacher(encode, eos, engine.model.vocab_size, batch, engine.model.device)
     inner = engine.runner
     stand_in = engine.runner = StandIn(inner, teacher, forward_ms / 1000)
+    # a lookahead step would launch the real forward behind the stand-in's back (grammar rows
+    # never go ahead, so only the plain run would): every run steps the ordinary way
+    lookahead, engine._lookahead.enabled = engine._lookahead.enabled, False
     prefetch.ENABLED = run == "on"
     spent = {"fill": 0.0, "apply": 0.0}
     originals = prefetch.bitmasks, mask.apply_constraints, prefetch.start
@@ -194,6 +197,7 @@ def exposed_part(engine: Engine, batch: int, forward_ms: float, steps: int, run:
     finally:
         (prefetch.bitmasks, mask.apply_constraints, prefetch.start), engine.runner = (
             originals, inner)
+        engine._lookahead.enabled = lookahead
         prefetch.ENABLED = True
     c = prefetch.COUNTERS
     return {"batch": batch, "forward_ms": forward_ms, "run": run, "steps": steps,
