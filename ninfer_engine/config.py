@@ -105,6 +105,10 @@ class EngineConfig:
     # CPU decode rows: one compiled C call a step ("compiled", where the machine and artifact
     # allow it; else the eager step, with the reason logged), or "eager" torch ops
     cpu_step: str = "compiled"
+    # the compiled step's GEMV inputs: fp32 (the exact product of the stored weights), or
+    # quantized per 32 to int16 or int8 (llama.cpp's Q8_0 x Q8_0) for integer dot products:
+    # fewer instructions a weight, the activations rounded
+    cpu_activations: str = "fp32"
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
     cuda_sync: str = "spin"
