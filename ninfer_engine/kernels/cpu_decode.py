@@ -66,11 +66,12 @@ def _flags(portable: bool) -> tuple[str, ...]:
 def decode_step_library() -> ctypes.CDLL:
     """The compiled step (cached on disk and in this process); the portable-dot build when
     $NINFER_CPU_PORTABLE_DOT is 1."""
-    return _library(os.environ.get(PORTABLE_ENV, "0") == "1")
+    return compiled_library(os.environ.get(PORTABLE_ENV, "0") == "1")
 
 
 @functools.cache
-def _library(portable: bool) -> ctypes.CDLL:
+def compiled_library(portable: bool) -> ctypes.CDLL:
+    """The step built with the SIMD int8 dot or (`portable`) its plain-C form, cached."""
     if platform.machine() not in ("x86_64", "AMD64"):
         raise CpuDecodeUnavailable(f"the compiled CPU decode step is x86-64 only "
                                    f"(this is {platform.machine()})")
