@@ -8,9 +8,10 @@ Python between layers (the eager step spent ~14 ms of a 32 ms SmolLM2-135M step 
 ops and their dispatch, bench/profile_cpu_decode.py).
 
 The projections and the (tied) head multiply by the artifact's Q8 groups as stored (int8
-codes, an fp16 scale per 32): ~1.06 bytes a weight instead of fp32's 4, and the same values
-the eager fp32 path multiplies by (it dequantizes them exactly), so only the summation order
-differs. `cpu_decoder` builds one where the artifact stores every projection that way and the
+codes, an fp16 scale per 32, rows tiled by 4 at load so a tile streams sequentially): ~1.06
+bytes a weight instead of fp32's 4, and the same values the eager fp32 path multiplies by (it
+dequantizes them exactly), so only the summation order differs. `activations` "int16" / "int8"
+(`--cpu-activations`) quantize each GEMV input per 32 for integer dot products instead. `cpu_decoder` builds one where the artifact stores every projection that way and the
 shapes fit the C file's vector tiling, else returns why not (the engine keeps the eager step).
 """
 from __future__ import annotations
