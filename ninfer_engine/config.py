@@ -108,6 +108,10 @@ class EngineConfig:
     # the lookahead decode step (`step.lookahead`); None: where the decode graphs are captured
     # (the GPU: on the CPU a step is synchronous and there is nothing to overlap)
     lookahead: bool | None = None
+    # the compiled step's GEMV inputs: fp32 (the exact product of the stored weights), or
+    # quantized per 32 to int16 or int8 (llama.cpp's Q8_0 x Q8_0) for integer dot products:
+    # fewer instructions a weight, the activations rounded
+    cpu_activations: str = "fp32"
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
     cuda_sync: str = "spin"

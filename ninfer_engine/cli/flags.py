@@ -189,6 +189,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--no-tui": ("no_tui", None, True),
     "--cpu-matmul": ("cpu_matmul", _choice("fp32", "bf16", "int8"), None),
     "--cpu-step": ("cpu_step", _choice("compiled", "eager"), None),
+    "--cpu-activations": ("cpu_activations", _choice("fp32", "int16", "int8"), None),
     "--cuda-dtype": ("cuda_dtype", _choice("bf16", "fp32"), None),
     "--cuda-weights": ("cuda_weights", _choice("auto", "packed", "dequant"), None),
     "--no-verify": ("no_verify", None, True),

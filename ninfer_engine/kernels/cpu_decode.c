@@ -1,112 +1,19 @@
 /* One llama-family decode step on the CPU (AVX2 + FMA + F16C), every layer in one OpenMP region.
  *
- * Weights are the artifact's Q8 groups as stored (int8 codes [N, K], one fp16 scale per 32 codes
- * [N, K / 32]), activations fp32: y = sum_g s_g * sum_{k in g} q_k x_k,
- * the fp32 product of the stored values (exact dequantization: an fp16 scale times an int8 code
- * fits fp32's mantissa), only the summation order differs from an fp32 GEMV over them.
+ * Weights are the artifact's Q8 groups as stored, tiled by 4 rows; the GEMVs (cpu_gemv.h)
+ * multiply them by fp32 activations (exact products of the stored values) or, with dims[ACTIVATIONS],
+ * by the activations quantized to int8 per 32 (llama.cpp's Q8_0 x Q8_0 arithmetic).
  * K/V are read and written in place in the paged pool (fp32 rows [slot, kv_heads, head_dim]).
  * The Python side (cpu_decode.py) checks the shapes this file assumes: K % 32, N % 4, D % 8.
  */
-#include <immintrin.h>
-#include <math.h>
 #include <omp.h>
-#include <stdint.h>
 
-enum { LAYERS, HIDDEN, INTER, NQ, NKV, HEAD_DIM, VOCAB, PAGE, TABLE_W, SCORES_W, DIMS };
+
+enum { LAYERS, HIDDEN, INTER, NQ, NKV, HEAD_DIM, VOCAB, PAGE, TABLE_W, SCORES_W, ACTIVATIONS, DIMS };
 enum { IN_NORM, POST_NORM, QKV_Q, QKV_S, O_Q, O_S, GU_Q, GU_S, DOWN_Q, DOWN_S, PER_LAYER };
-#define MAX_ROWS 16
-#define PREFETCH_ROWS 4 /* rows ahead: measured best of 4, 8, 16 (30 layers, 1 thread, 2x) */
-
-static inline __m256 load_codes(const int8_t *p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256 group_dot(const int8_t *q, const float *x) {
-    __m256 a = _mm256_mul_ps(load_codes(q), _mm256_loadu_ps(x));
-    __m256 b = _mm256_mul_ps(load_codes(q + 8), _mm256_loadu_ps(x + 8));
-    a = _mm256_fmadd_ps(load_codes(q + 16), _mm256_loadu_ps(x + 16), a);
-    b = _mm256_fmadd_ps(load_codes(q + 24), _mm256_loadu_ps(x + 24), b);
-    return _mm256_add_ps(a, b);
-}
-
-enum { STORE, ACCUMULATE, SWIGLU };
-
-/* The 4-row block at `n` of y (M rows of N) after its dot products `t[r][m]`: stored, added to
- * y (the residual), or (SWIGLU, rows laid out gate i, gate i+1, up i, up i+1) silu(gate) * up
- * into y's rows of N / 2. */
-static inline void block_out(float t[4][MAX_ROWS], int64_t M, int64_t n, float *y, int64_t N,
-                             int mode) {
-    for (int64_t m = 0; m < M; m++) {
-        if (mode == SWIGLU) {
-            for (int r = 0; r < 2; r++) {
-                const float g = t[r][m];
-                y[m * (N / 2) + n / 2 + r] = g / (1.0f + expf(-g)) * t[r + 2][m];
-            }
-        } else {
-            for (int r = 0; r < 4; r++)
-                y[m * N + n + r] = (mode == ACCUMULATE ? y[m * N + n + r] : 0.0f) + t[r][m];
-        }
-    }
-}
-
-/* y[m, :] from x[m, :] . W[n, :] for m < M (`mode`: block_out), W's rows 4 at a time across the
- * threads of the enclosing parallel region; ends with its barrier. */
-static void gemv(const float *x, int64_t M, int64_t K, const int8_t *q, const uint16_t *s,
-                 float *y, int64_t N, int mode) {
-    const int64_t G = K / 32;
-    #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n += 4) {
-        float t[4][MAX_ROWS];
-        const int8_t *rows = q + n * K;
-        const uint16_t *sc = s + n * G;
-        /* prefetching the next block's rows: DRAM latency, not FMAs, bounds a plain loop */
-        const int prefetch = n + PREFETCH_ROWS < N;
-        if (M == 1) { /* four rows interleaved: independent FMA chains */
-            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                             _mm256_setzero_ps()};
-            for (int64_t g = 0; g < G; g++) {
-                for (int r = 0; r < 4; r++) {
-                    const int8_t *p = rows + r * K + g * 32;
-                    if (prefetch) _mm_prefetch((const char *)(p + PREFETCH_ROWS * K), _MM_HINT_T0);
-                    __m256 scale = _mm256_set1_ps(_cvtsh_ss(sc[r * G + g]));
-                    acc[r] = _mm256_fmadd_ps(group_dot(p, x + g * 32), scale, acc[r]);
-                }
-            }
-            for (int r = 0; r < 4; r++) t[r][0] = hsum(acc[r]);
-        } else { /* one weight row at a time against every activation row, the codes
-                    * dequantized once (code x fp16 scale is exact in fp32) for all of them */
-            for (int r = 0; r < 4; r++) {
-                __m256 acc[MAX_ROWS];
-                for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
-                for (int64_t g = 0; g < G; g++) {
-                    const int8_t *p = rows + r * K + g * 32;
-                    if (prefetch) _mm_prefetch((const char *)(p + PREFETCH_ROWS * K), _MM_HINT_T0);
-                    __m256 scale = _mm256_set1_ps(_cvtsh_ss(sc[r * G + g]));
-                    __m256 w0 = _mm256_mul_ps(load_codes(p), scale),
-                           w1 = _mm256_mul_ps(load_codes(p + 8), scale),
-                           w2 = _mm256_mul_ps(load_codes(p + 16), scale),
-                           w3 = _mm256_mul_ps(load_codes(p + 24), scale);
-                    for (int64_t m = 0; m < M; m++) {
-                        const float *xg = x + m * K + g * 32;
-                        __m256 a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), acc[m]);
-                        a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), a);
-                        a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), a);
-                        acc[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), a);
-                    }
-                }
-                for (int64_t m = 0; m < M; m++) t[r][m] = hsum(acc[m]);
-            }
-        }
-        block_out(t, M, n, y, N, mode);
-    }
-}
+/* a layer's matrix as project()'s (codes, scales) arguments */
+#define Q8_AT(p, NAME) (const int8_t *)(p)[NAME##_Q], (const uint16_t *)(p)[NAME##_S]
+#include "cpu_gemv.h"
 
 /* out = x / sqrt(mean(x^2) + eps) * w, every row (torch's rms_norm, fp32): each thread makes
  * its own copy, which costs less than the barrier sharing one would. */
@@ -198,13 +105,17 @@ void ninfer_llama_decode_step(
     const int64_t *layer_ptrs, const int64_t *k_pool_ptrs, const int64_t *v_pool_ptrs,
     const float *final_norm, const int8_t *head_q, const uint16_t *head_s,
     float *x, float *h_all, float *qkv, float *attn, float *act, float *scores,
-    float *logits) {
+    float *logits, int8_t *xq_all, float *xd_all) {
     const int64_t L = dims[LAYERS], H = dims[HIDDEN], I = dims[INTER], nq = dims[NQ],
                   nkv = dims[NKV], D = dims[HEAD_DIM], page = dims[PAGE], tw = dims[TABLE_W];
-    const int64_t W = (nq + 2 * nkv) * D, half = D / 2;
+    const int64_t W = (nq + 2 * nkv) * D, half = D / 2, widest = H > I ? H : I;
+    const int q8 = (int)dims[ACTIVATIONS]; /* 0: fp32 inputs, 1: int8, 2: int16 */
     #pragma omp parallel num_threads(threads)
     {
-        float *h = h_all + omp_get_thread_num() * B * H;
+        const int me = omp_get_thread_num();
+        float *h = h_all + me * B * H;
+        int8_t *xq = xq_all + me * B * widest * 2; /* this thread's quantized GEMV input */
+        float *xd = xd_all + me * B * (widest / 32);
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < B; b++)
             for (int64_t i = 0; i < H; i++) x[b * H + i] = embedding[tokens[b] * H + i];
@@ -212,7 +123,7 @@ void ninfer_llama_decode_step(
             const int64_t *p = layer_ptrs + l * PER_LAYER;
             float *k_pool = (float *)k_pool_ptrs[l], *v_pool = (float *)v_pool_ptrs[l];
             rms_norm_rows(x, (const float *)p[IN_NORM], h, B, H, eps);
-            gemv(h, B, H, (const int8_t *)p[QKV_Q], (const uint16_t *)p[QKV_S], qkv, W, STORE);
+            project(q8, h, xq, xd, B, H, Q8_AT(p, QKV), qkv, W, STORE);
             #pragma omp for schedule(static)
             for (int64_t item = 0; item < B * nq; item++) {
                 const int64_t b = item / nq, pos = positions[b];
@@ -220,14 +131,48 @@ void ninfer_llama_decode_step(
                             page, k_pool, v_pool, rope_cos + pos * half, rope_sin + pos * half,
                             scale, scores + item * dims[SCORES_W], attn + item * D);
             }
-            gemv(attn, B, nq * D, (const int8_t *)p[O_Q], (const uint16_t *)p[O_S], x, H,
-                 ACCUMULATE);
+            project(q8, attn, xq, xd, B, nq * D, Q8_AT(p, O), x, H, ACCUMULATE);
             rms_norm_rows(x, (const float *)p[POST_NORM], h, B, H, eps);
-            gemv(h, B, H, (const int8_t *)p[GU_Q], (const uint16_t *)p[GU_S], act, 2 * I, SWIGLU);
-            gemv(act, B, I, (const int8_t *)p[DOWN_Q], (const uint16_t *)p[DOWN_S], x, H,
-                 ACCUMULATE);
+            project(q8, h, xq, xd, B, H, Q8_AT(p, GU), act, 2 * I, SWIGLU);
+            project(q8, act, xq, xd, B, I, Q8_AT(p, DOWN), x, H, ACCUMULATE);
         }
         rms_norm_rows(x, final_norm, h, B, H, eps);
-        gemv(h, B, H, head_q, head_s, logits, dims[VOCAB], STORE);
+        project(q8, h, xq, xd, B, H, head_q, head_s, logits, dims[VOCAB], STORE);
+    }
+}
+
+/* ---- entry points for the tests and the kernel bench (not used by the step) ---- */
+
+/* The int32 sum of each 32-code block of w[n] . x[n] for n < blocks, by the path this library
+ * was built with (block_sums on AVX2, block_sum_scalar with NINFER_PORTABLE_DOT). */
+void ninfer_q8_block_sums(const int8_t *w, const int8_t *x, int64_t blocks, int32_t *out) {
+    for (int64_t b = 0; b < blocks; b++) {
+#ifndef NINFER_PORTABLE_DOT
+        /* the 8 partial sums are exact integers in fp32: their sum is too (< 2^24) */
+        out[b] = (int32_t)hsum(block_sums(_mm256_loadu_si256((const __m256i *)(w + 32 * b)),
+                                          _mm256_loadu_si256((const __m256i *)(x + 32 * b))));
+#else
+        out[b] = block_sum_scalar(w + 32 * b, x + 32 * b);
+#endif
+    }
+}
+
+/* quantize_rows() of x [M, K]: codes q [M, K], scales d [M, K / 32]. */
+void ninfer_quantize_rows(const float *x, int64_t M, int64_t K, int8_t *q, float *d) {
+    quantize_rows(x, M, K, q, d);
+}
+
+/* y [M, N] = x [M, K] . W^T for the Q8 matrix (codes [N, K], fp16 scales [N, K / 32]), by the
+ * step's GEMV (q8: with x quantized) on `threads` threads, `repeat` times (the bench). xq / xd
+ * hold threads x [M, K] codes and scales. */
+void ninfer_project(int64_t q8, int64_t threads, int64_t repeat, const float *x, int64_t M,
+                    int64_t K, const int8_t *codes, const uint16_t *scales, float *y, int64_t N,
+                    int8_t *xq_all, float *xd_all) {
+    #pragma omp parallel num_threads(threads)
+    {
+        const int me = omp_get_thread_num();
+        for (int64_t i = 0; i < repeat; i++)
+            project((int)q8, x, xq_all + me * M * K * 2, xd_all + me * M * (K / 32), M, K, codes,
+                    scales, y, N, STORE);
     }
 }

@@ -19,11 +19,17 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
+SOURCES = (SOURCE, Path(__file__).with_name("cpu_gemv.h"))  # what the build key hashes
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+# NINFER_CPU_PORTABLE_DOT=1 builds the int8 path's quantization and block sums in plain C (the
+# same codes and int32 sums; the tests check the SIMD build against it)
+PORTABLE_ENV = "NINFER_CPU_PORTABLE_DOT"
 CPU_FLAGS = ("avx2", "fma", "f16c")
 # the C file's layout of its arguments (enum DIMS, enum PER_LAYER, MAX_ROWS)
 DIMS = ("layers", "hidden", "inter", "nq", "nkv", "head_dim", "vocab", "page", "table_w",
-        "scores_w")
+        "scores_w", "activations")
+# dims["activations"]: the GEMV inputs, by index (cpu_gemv.h's project())
+ACTIVATIONS = ("fp32", "int8", "int16")
 LAYER_POINTERS = ("input_norm", "post_attention_norm", "qkv_codes", "qkv_scales",
                   "output_codes", "output_scales", "gate_up_codes", "gate_up_scales",
                   "down_codes", "down_scales")
@@ -53,9 +59,19 @@ def _cache_dir() -> Path:
     return Path(home).expanduser() / "kernels"
 
 
-@functools.cache
+def _flags(portable: bool) -> tuple[str, ...]:
+    return FLAGS + (("-DNINFER_PORTABLE_DOT",) if portable else ())
+
+
 def decode_step_library() -> ctypes.CDLL:
-    """The compiled step (cached on disk and in this process)."""
+    """The compiled step (cached on disk and in this process); the portable-dot build when
+    $NINFER_CPU_PORTABLE_DOT is 1."""
+    return compiled_library(os.environ.get(PORTABLE_ENV, "0") == "1")
+
+
+@functools.cache
+def compiled_library(portable: bool) -> ctypes.CDLL:
+    """The step built with the SIMD int8 dot or (`portable`) its plain-C form, cached."""
     if platform.machine() not in ("x86_64", "AMD64"):
         raise CpuDecodeUnavailable(f"the compiled CPU decode step is x86-64 only "
                                    f"(this is {platform.machine()})")
@@ -66,7 +82,9 @@ def decode_step_library() -> ctypes.CDLL:
     if cc is None:
         raise CpuDecodeUnavailable("the compiled CPU decode step needs a C compiler (gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, *FLAGS]).encode()).hexdigest()
+    flags = _flags(portable)
+    key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), version, *flags])
+                         .encode()).hexdigest()
     target = _cache_dir() / f"cpu_decode-{key[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +93,7 @@ def decode_step_library() -> ctypes.CDLL:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"],
+            done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"],
                                   capture_output=True, text=True)
             if done.returncode:
                 raise CpuDecodeUnavailable(f"compiling {SOURCE.name} failed: "
@@ -86,8 +104,13 @@ def decode_step_library() -> ctypes.CDLL:
                 os.unlink(tmp)
     lib = ctypes.CDLL(str(target))
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.ninfer_llama_decode_step.argtypes = [p, f32, f32, i64, i64, *[p] * 20]
+    lib.ninfer_llama_decode_step.argtypes = [p, f32, f32, i64, i64, *[p] * 22]
     lib.ninfer_llama_decode_step.restype = None
+    lib.ninfer_q8_block_sums.argtypes = [p, p, i64, p]
+    lib.ninfer_quantize_rows.argtypes = [p, i64, i64, p, p]
+    lib.ninfer_project.argtypes = [i64, i64, i64, p, i64, i64, p, p, p, i64, p, p]
+    for name in ("ninfer_q8_block_sums", "ninfer_quantize_rows", "ninfer_project"):
+        getattr(lib, name).restype = None
     return lib
 
 

@@ -8,9 +8,10 @@ Python between layers (the eager step spent ~14 ms of a 32 ms SmolLM2-135M step 
 ops and their dispatch, bench/profile_cpu_decode.py).
 
 The projections and the (tied) head multiply by the artifact's Q8 groups as stored (int8
-codes, an fp16 scale per 32): ~1.06 bytes a weight instead of fp32's 4, and the same values
-the eager fp32 path multiplies by (it dequantizes them exactly), so only the summation order
-differs. `cpu_decoder` builds one where the artifact stores every projection that way and the
+codes, an fp16 scale per 32, rows tiled by 4 at load so a tile streams sequentially): ~1.06
+bytes a weight instead of fp32's 4, and the same values the eager fp32 path multiplies by (it
+dequantizes them exactly), so only the summation order differs. `activations` "int16" / "int8"
+(`--cpu-activations`) quantize each GEMV input per 32 for integer dot products instead. `cpu_decoder` builds one where the artifact stores every projection that way and the
 shapes fit the C file's vector tiling, else returns why not (the engine keeps the eager step).
 """
 from __future__ import annotations
@@ -29,18 +30,41 @@ from .packed import load_packed
 Q8 = "q8_g32_fp16"
 
 
+TILE = 4  # weight rows a tile of the C step's GEMV (cpu_gemv.h)
+
+
 @dataclass(frozen=True)
 class Q8Matrix:
-    """A `[N, K]` weight as the C step reads it: int8 codes `[N, K]` and fp16 scales
-    `[N, K / 32]`, one per 32 codes."""
+    """A `[N, K]` weight as int8 codes and fp16 scales, one per 32 codes: row-major (codes
+    `[N, K]`, scales `[N, K / 32]`) or, `tiled`, as the C step reads it: each 4 rows' groups
+    interleaved (codes `[N / 4, K / 32, 4, 32]`, scales `[N / 4, K / 32, 4]`) so a tile is one
+    sequential stream (`tile_rows`)."""
 
     codes: torch.Tensor
     scales: torch.Tensor
+    tiled: bool = False
+
+    def row_major(self) -> Q8Matrix:
+        if not self.tiled:
+            return self
+        t, g = self.codes.shape[:2]
+        return Q8Matrix(self.codes.transpose(1, 2).reshape(t * TILE, g * 32),
+                        self.scales.transpose(1, 2).reshape(t * TILE, g))
+
+    def tile_rows(self) -> Q8Matrix:
+        """The tiled copy (N % 4 == 0)."""
+        if self.tiled:
+            return self
+        n, k = self.codes.shape
+        codes = self.codes.view(n // TILE, TILE, k // 32, 32).transpose(1, 2).contiguous()
+        scales = self.scales.view(n // TILE, TILE, k // 32).transpose(1, 2).contiguous()
+        return Q8Matrix(codes, scales, tiled=True)
 
     def dequantize(self) -> torch.Tensor:
-        """The fp32 weight it holds (tests)."""
-        n = self.codes.shape[0]
-        return (self.codes.float().view(n, -1, 32) * self.scales.float()[:, :, None]).view(n, -1)
+        """The fp32 weight it holds, row-major (tests)."""
+        m = self.row_major()
+        n = m.codes.shape[0]
+        return (m.codes.float().view(n, -1, 32) * m.scales.float()[:, :, None]).view(n, -1)
 
 
 def stored_q8(weights, names: list[str], shapes: list[tuple[int, int]]) -> Q8Matrix | None:
@@ -73,7 +97,8 @@ class CpuDecoder:
     max_q = 1  # decode rows only: verify rows run eagerly
 
     def __init__(self, model: LlamaModel, storage: KvStorage, max_batch: int, max_context: int,
-                 layers: list[dict[str, Q8Matrix]], head: Q8Matrix) -> None:
+                 layers: list[dict[str, Q8Matrix]], head: Q8Matrix,
+                 activations: str = "fp32") -> None:
         self.model, self.storage = model, storage
         self.max_batch, self.max_context = max_batch, max_context
         self._lib = kernel.decode_step_library()
@@ -87,7 +112,8 @@ class CpuDecoder:
         self._keep = (layers, head)  # the pointers below point into these
         dims = dict(layers=c.num_layers, hidden=H, inter=I, nq=nq, nkv=nkv, head_dim=D,
                     vocab=c.vocab_size, page=page, table_w=self.table.shape[1],
-                    scores_w=max_context)
+                    scores_w=max_context, activations=kernel.ACTIVATIONS.index(activations))
+        self.activations = activations
         self.dims = torch.tensor([dims[k] for k in kernel.DIMS], dtype=torch.long)
         pointers = []
         for layer, weights in zip(model.layers, layers):
@@ -98,7 +124,11 @@ class CpuDecoder:
         self.head = head
         B = max_batch
         self.x = torch.zeros(B, H)
-        self.h = torch.zeros(0)  # one [B, H] normed copy per thread (`_thread_buffers`)
+        # per thread (`_thread_buffers`): a [B, H] normed copy, and the quantized GEMV input
+        # (int8 or int16 codes and fp32 scales of [B, max(H, I)])
+        self.h = torch.zeros(0)
+        self.widest = max(H, I)
+        self.xq, self.xd = torch.zeros(0, dtype=torch.int8), torch.zeros(0)
         self.qkv = torch.zeros(B, (nq + 2 * nkv) * D)
         self.attn = torch.zeros(B, nq * D)
         self.act = torch.zeros(B, I)
@@ -137,10 +167,13 @@ class CpuDecoder:
                            torch.tensor([v[0].data_ptr() for v in s.v]))
         return self._pools[1], self._pools[2]
 
-    def _thread_buffers(self, threads: int) -> torch.Tensor:
+    def _thread_buffers(self, threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.h.numel() < threads * self.x.numel():
+            B = self.max_batch
             self.h = torch.zeros(threads, *self.x.shape)
-        return self.h
+            self.xq = torch.zeros(threads, B, 2 * self.widest, dtype=torch.int8)  # int16 fits
+            self.xd = torch.zeros(threads, B, self.widest // 32)
+        return self.h, self.xq, self.xd
 
     def step(self, batch: int, bucket: int = 0, q_len: int = 1) -> torch.Tensor:
         """Logits [batch, V] (fp32) of the loaded rows (`bucket` is the CUDA graphs' and unused:
@@ -152,13 +185,14 @@ class CpuDecoder:
         threads = torch.get_num_threads()
         c = m.cfg
         ptr = torch.Tensor.data_ptr
+        h, xq, xd = self._thread_buffers(threads)
         self._lib.ninfer_llama_decode_step(
             ptr(self.dims), c.rms_norm_eps, m.scale, threads, batch,
             ptr(tokens), ptr(positions), ptr(slots), ptr(self.table), ptr(m.embedding),
             ptr(m.rope.cos), ptr(m.rope.sin), ptr(self.layer_pointers), ptr(k_pools),
             ptr(v_pools), ptr(m.final_norm), ptr(self.head.codes), ptr(self.head.scales),
-            ptr(self.x), ptr(self._thread_buffers(threads)), ptr(self.qkv), ptr(self.attn),
-            ptr(self.act), ptr(self.scores), ptr(self.logits))
+            ptr(self.x), ptr(h), ptr(self.qkv), ptr(self.attn), ptr(self.act),
+            ptr(self.scores), ptr(self.logits), ptr(xq), ptr(xd))
         return self.logits[:batch]
 
 
@@ -174,7 +208,7 @@ def swiglu_blocks(gate: Q8Matrix, up: Q8Matrix) -> Q8Matrix:
 
 
 def cpu_decoder(model: LlamaModel, storage: KvStorage, max_batch: int, max_context: int,
-                weights) -> CpuDecoder | str:
+                weights, activations: str = "fp32") -> CpuDecoder | str:
     """The compiled CPU step over `storage` for `model` (weights read from `weights`, the
     artifact), or why it cannot serve this model here."""
     c = model.cfg
@@ -211,9 +245,10 @@ def cpu_decoder(model: LlamaModel, storage: KvStorage, max_batch: int, max_conte
         if any(v is None for v in layer.values()):
             return "the artifact does not store every projection as Q8 groups (q8_g32_fp16)"
         layer["gate_up"] = swiglu_blocks(layer.pop("gate"), layer.pop("up"))
-        layers.append(layer)
+        layers.append({name: m.tile_rows() for name, m in layer.items()})
     head_name = "text/token_embedding" if c.tie_word_embeddings else "text/output_head"
     head = stored_q8(weights, [head_name], [(c.vocab_size, H)])
     if head is None:
         return "the artifact does not store the output head as Q8 groups (q8_g32_fp16)"
-    return CpuDecoder(model, storage, max_batch, max_context, layers, head)
+    return CpuDecoder(model, storage, max_batch, max_context, layers, head.tile_rows(),
+                      activations)

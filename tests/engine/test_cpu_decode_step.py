@@ -58,17 +58,25 @@ def _setup(**overrides):
     return model, weights, storage
 
 
+# a quantized GEMV input moves each element by up to half a code step of its block's absmax:
+# one rounding of that unit (tests/tolerance.py's codec convention), in fp32 roundings
+HALF_STEP = {"fp32": 0, "int16": 1 / (2 * 32767), "int8": 1 / (2 * 127)}
+
+
+@pytest.mark.parametrize("activations", list(HALF_STEP))
 @pytest.mark.parametrize("lengths", [LENGTHS, LENGTHS[:1]])  # batch 3, and the one-row kernel
 @torch.inference_mode()
-def test_compiled_step_matches_the_model_forward(lengths):
+def test_compiled_step_matches_the_model_forward(lengths, activations):
     """Each step's logits equal the eager fp32 forward's up to fp32 rounding (the same stored
-    weight values, another summation order): both read the same pool (the reference's is
-    copied from ours before each step, so every K/V row the C step wrote is read back), and
-    every row continues with the reference's greedy token. Prompts start decode mid-page, at
-    a page's last slot and on a fresh page, and 70 steps cross a page boundary."""
+    weight values, another summation order) and, for quantized GEMV inputs, one rounding of
+    their code step per projection input (4 a layer and the head's): both read the same pool
+    (the reference's is copied from ours before each step, so every K/V row the C step wrote
+    is read back), and every row continues with the reference's greedy token. Prompts start
+    decode mid-page, at a page's last slot and on a fresh page, and 70 steps cross a page
+    boundary."""
     model, weights, storage = _setup()
     ours_storage, ref_storage = storage(), storage()
-    decoder = cpu_decoder(model, ours_storage, 3, 512, weights)
+    decoder = cpu_decoder(model, ours_storage, 3, 512, weights, activations)
     assert isinstance(decoder, CpuDecoder), decoder
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in lengths]
@@ -78,6 +86,8 @@ def test_compiled_step_matches_the_model_forward(lengths):
     _, (depth, _) = error_chains(model, max(lengths) + STEPS)
     # plus the two exps a layer takes (softmax, SiLU) from another libm: ≤ 2 ulp each side
     depth += 2 * tolerance.TRANSCENDENTAL * len(model.layers)
+    inputs = 4 * len(model.layers) + 1
+    depth += inputs * HALF_STEP[activations] / tolerance.unit_roundoff(torch.float32)
     limit = tolerance.bound(torch.float32, depth)
     for step in range(STEPS):
         for a, b in zip(ours, ref):

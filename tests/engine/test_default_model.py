@@ -140,11 +140,15 @@ def _greedy_batch(config: EngineConfig, artifact, tokens: int) -> tuple[list[lis
         engine.stop()
 
 
-def test_cpu_compiled_step_answers_like_the_eager_fp32_step(device):
-    """The opt-in CPU step (`--cpu-step compiled`: one C call a step over the stored Q8 weights)
+@pytest.mark.parametrize("activations", ["fp32", "int16"])
+def test_cpu_compiled_step_answers_like_the_eager_fp32_step(device, activations):
+    """The CPU step (`--cpu-step compiled`: one C call a step over the stored Q8 weights)
     gives the same greedy tokens as the eager fp32 step on the README's prompt and four others
     (64 tokens each, batched: the C step's many-row GEMV; batch 1 is
-    `test_greedy_chat_matches_transformers`)."""
+    `test_greedy_chat_matches_transformers`), with fp32 GEMV inputs (the exact product of the
+    stored weights) and with `--cpu-activations int16` (inputs rounded to 2^-16 of their
+    block's absmax). int8 inputs are not offered as equal: they changed 3 of these 5 answers
+    (within 4, 6 and 45 tokens) when measured."""
     if device.type != "cpu":
         pytest.skip("the compiled step is the CPU engine's")
     from ninfer_engine.artifact import open_artifact
@@ -153,7 +157,8 @@ def test_cpu_compiled_step_answers_like_the_eager_fp32_step(device):
     artifact = open_artifact(MODEL)
     batch = len(CPU_STEP_PROMPTS)
     ours, engine = _greedy_batch(EngineConfig(artifact=MODEL, max_concurrency=batch,
-                                              cpu_step="compiled"), artifact, 64)
+                                              cpu_step="compiled",
+                                              cpu_activations=activations), artifact, 64)
     assert isinstance(engine.runner.graphs.decoder, CpuDecoder)
     exact, engine = _greedy_batch(EngineConfig(artifact=MODEL, max_concurrency=batch,
                                                cpu_step="eager"), artifact, 64)
