@@ -85,7 +85,9 @@ def test_chunk_beta_extremes(device, which):
     _check(_inputs(70, 3, 16, 16, seed=4, g_scale=0.1, beta=beta), device, 16)
 
 
-@pytest.mark.parametrize("split", [1, 20, 64, 100])
+# a split inside the first chunk and one past a chunk boundary; the others with -m slow
+@pytest.mark.parametrize("split", [1, pytest.param(20, marks=pytest.mark.slow),
+                                   pytest.param(64, marks=pytest.mark.slow), 100])
 def test_chunk_continues_state_across_calls(device, split):
     q, k, v, g, b, state = (t.to(device) for t in _inputs(150, 3, 16, 16, seed=5))
     one_o, one_s = chunk_gated_delta(q, k, v, g, b, state, chunk=16)

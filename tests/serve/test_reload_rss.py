@@ -14,6 +14,7 @@ import threading
 import weakref
 
 import psutil
+import pytest
 from server_process import MODEL, NEEDS_MODEL
 
 from ninfer_engine.supervisor import Supervisor
@@ -44,6 +45,7 @@ def serve_one(supervisor: Supervisor, n: int) -> int:
     return asyncio.run(run())
 
 
+@pytest.mark.slow  # ~50 s on the 2-core box (ten model loads): run with -m slow
 def test_rss_stable_over_ten_reloads():
     process = psutil.Process()
     supervisor = Supervisor([str(MODEL)])
