@@ -18,7 +18,6 @@ import threading
 import anthropic
 import openai
 import pytest
-import torch
 from aiohttp import web
 
 from ninfer_engine.config import EngineConfig
