@@ -3,6 +3,7 @@
     python3 bench/profile_step.py --arch 35b-a3b [--batch 1] [--context 1024] [--layers N]
     python3 bench/profile_step.py --arch 35b-a3b --prefill 8192 [--layers N]
     python3 bench/profile_step.py --arch 27b --weights fp8-row [--cuda-weights auto|packed]
+    python3 bench/profile_step.py --arch 35b-a3b --weights fp8-row --lookahead both [--host]
 
 `--prefill N` profiles the model's prefill forward instead: `Qwen35Model.forward` over an N-token
 prompt in 1024-token chunks, from an empty state.
@@ -13,7 +14,10 @@ Builds the synthetic model on the GPU (random weights; `--weights` a recipe, ser
 the engine's step (`Engine.step`: schedule, the replayed CUDA graph, sampling, bookkeeping),
 then profiles a few steps with torch.profiler and prints the CUDA kernels by total time: the
 sum of kernel time against the step time tells host-bound from kernel-bound, and the table
-names the kernels to fuse.
+names the kernels to fuse. It also replays the step's last decode graph alone, back to back (the
+step without its host work); `--lookahead both` times the step with the engine's lookahead step
+and then without it (`bench/results/h200-lookahead-step.md`); `--host` adds a cProfile of 200
+steps on the host.
 """
 from __future__ import annotations
 
