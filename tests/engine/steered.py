@@ -15,6 +15,15 @@ class Steered:
         self.proposed: list[tuple[str, int, list[int]]] = []  # (request, cached, own drafts)
         self._j, self._steps = itertools.count(), itertools.count(1)
 
+    @classmethod
+    def install(cls, engine, plain: list[list[int]]):
+        """Steer `engine`'s own drafter toward `plain` (request "r{i}"'s tokens at i); returns
+        the steered drafter, now the engine's."""
+        steered = cls(engine.speculator.drafter, {f"r{i}": t for i, t in enumerate(plain)},
+                      engine.model.vocab_size)
+        engine.speculator.drafter = steered
+        return steered
+
     def observe(self, seq, position, hidden):
         self.drafter.observe(seq, position, hidden)
 

@@ -40,9 +40,7 @@ def test_dflash_drafts_through_the_graph_steps_and_keeps_plain_greedy(tmp_path, 
     c = engine.speculator.counters
     before = (c.rounds, c.drafted, c.accepted)  # the load's warm-up may have drafted
     engine.speculator.policy = AlwaysSpeculate()
-    engine.speculator.drafter = steered = _Steered(
-        engine.speculator.drafter, {f"r{i}": t for i, t in enumerate(plain)},
-        engine.model.vocab_size)
+    steered = _Steered.install(engine, plain)
     drafted = stepped(engine, prompts, 24)
     assert drafted == plain
     rounds, drafts, accepted = (now - was for now, was in zip(

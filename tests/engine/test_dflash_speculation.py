@@ -72,9 +72,7 @@ def test_greedy_output_is_the_same_at_every_acceptance_length(k):
     plain = _plain(artifact, prompts)
     engine = engine_with(artifact, "dflash", max_concurrency=2, prefill_chunk=16,
                          draft_tokens=k)
-    engine.speculator.drafter = _Steered(engine.speculator.drafter,
-                                         {f"r{i}": t for i, t in enumerate(plain)},
-                                         engine.model.vocab_size)
+    _Steered.install(engine, plain)
     try:
         assert _run(engine, prompts, TOKENS) == plain
     finally:
@@ -140,8 +138,7 @@ def test_a_row_that_did_not_draft_for_a_while_drafts_from_its_whole_context():
     engine = engine_with(artifact, "dflash", max_concurrency=2, prefill_chunk=16,
                          draft_tokens=3)
     drafter = engine.speculator.drafter
-    steered = engine.speculator.drafter = _Steered(
-        drafter, {f"r{i}": t for i, t in enumerate(plain)}, engine.model.vocab_size)
+    steered = _Steered.install(engine, plain)
     engine.speculator.policy = _Late(2 * SPILL)
     try:
         assert _run(engine, prompts, 2 * SPILL + 16) == plain

@@ -42,9 +42,7 @@ def test_mtp_at_tp2_drafts_through_the_graph_steps_and_keeps_plain_greedy(tmp_pa
         c = engine.speculator.counters
         before = (c.rounds, c.drafted, c.accepted)  # the load's warm-up may have drafted
         engine.speculator.policy = AlwaysSpeculate()
-        engine.speculator.drafter = steered = Steered(
-            engine.speculator.drafter, {f"r{i}": t for i, t in enumerate(plain)},
-            engine.model.vocab_size)
+        steered = Steered.install(engine, plain)
         drafted = stepped(engine, prompts, 12)
         assert engine.state.value == "ready"
     finally:
