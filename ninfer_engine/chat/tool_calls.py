@@ -5,6 +5,9 @@ Qwen3.5/Qwen3-Coder XML form (`<function=NAME>` with `<parameter=ARG>VALUE</para
 Text that could still become `<tool_call>` is held back and released as text once it cannot;
 a block that does not parse is released as text too, so nothing the model wrote is lost, and so
 is a call still open when the output was cut at its token limit (`flush(truncated=True)`).
+A JSON call ends at the first `</tool_call>` outside its strings: an argument may hold the tag
+(a forced call's grammar allows any string). If the output ends before such a tag, the call
+ends at the first tag after all, as a malformed call always did.
 Arguments are typed by the tool's JSON schema (see `arguments.py`). Blank text that only
 separates calls from each other or from the preceding text is dropped.
 """
@@ -45,7 +48,7 @@ class ToolCallParser:
         self._schemas = schemas_by_name(tools or [])
         self._text = ""  # answer text not yet released (a possible "<tool_call>" start, blanks)
         self._call: str | None = None  # the body of an open call, after "<tool_call>"
-        self._searched = 0  # where "</tool_call>" may start in the open call, at the earliest
+        self._end = _CallEnd()  # finds the open call's "</tool_call>"
         self._gap = ""  # blanks before the open call: dropped unless the call is malformed
         self._lstrip = False  # drop the blanks after a call
         self._calls = 0
@@ -69,13 +72,19 @@ class ToolCallParser:
         was reached) an unclosed call is released as text even if its body happens to parse:
         the model never closed it, so it is not presented as a call a client could run."""
         out: list[Item] = []
-        if self._call is not None:
+        while self._call is not None:
             call = None if truncated else self._parse(self._call)
             if call is not None:
                 self._emit_call(out, call)
+                self._call = None
+            elif CLOSE in self._call:
+                # Its JSON never ended (an unbalanced quote): the first tag, though inside a
+                # "string", ends this malformed call, and what follows it is read on.
+                self._close(out, self._call.find(CLOSE))
+                out += self.feed("")
             else:
                 self._release(out, OPEN + self._call)
-            self._call = None
+                self._call = None
         if self._text and (self._text.strip() or not self._calls):
             out.append(self._text)
         self._text = ""
@@ -96,7 +105,7 @@ class ToolCallParser:
                 out.append(body)
             self._gap = before[len(body):]
             self._call, self._text = self._text[start + len(OPEN):], ""
-            self._searched = 0
+            self._end = _CallEnd()
             return True
         keep = partial_suffix(self._text, OPEN)
         ready = self._text[:len(self._text) - keep]
@@ -109,18 +118,22 @@ class ToolCallParser:
     def _scan_call(self, out: list[Item]) -> bool:
         """Close the open call; True when it has closed."""
         assert self._call is not None
-        end = self._call.find(CLOSE, self._searched)
+        end = self._end.find(self._call)
         if end < 0:
-            # A long call arrives a token at a time: never rescan what cannot hold the tag.
-            self._searched = max(0, len(self._call) - len(CLOSE) + 1)
             return False
+        self._close(out, end)
+        return True
+
+    def _close(self, out: list[Item], end: int) -> None:
+        """End the open call at the `</tool_call>` that starts at `end`."""
+        assert self._call is not None
         body, rest = self._call[:end], self._call[end + len(CLOSE):]
         self._call = None
         call = self._parse(body)
         if call is not None:
             self._emit_call(out, call)
             self._text, self._lstrip = rest, True
-            return True
+            return
         restart = body.rfind(OPEN)
         if restart >= 0:
             # The model abandoned a call and began another: only the abandoned part is text.
@@ -129,7 +142,6 @@ class ToolCallParser:
         else:
             self._release(out, OPEN + body + CLOSE)
             self._text = rest
-        return True
 
     def _emit_call(self, out: list[Item], call: ToolCall) -> None:
         self._calls += 1
@@ -187,6 +199,47 @@ class ToolCallParser:
     def _call_of(self, name: str, arguments: dict[str, Any], raw_strings: bool) -> ToolCall:
         typed = coerce_arguments(arguments, self._schemas.get(name, {}), raw_strings)
         return ToolCall(name, json.dumps(typed, ensure_ascii=False))
+
+
+class _CallEnd:
+    """Finds `</tool_call>` in a call body that grows a token at a time, reading each character
+    once. In a JSON body (its first non-blank is `{`) a tag inside a string is no end."""
+
+    def __init__(self) -> None:
+        self._searched = 0  # where the tag may start, at the earliest
+        self._json: bool | None = None  # unknown until the body's first non-blank character
+        self._quoted = False  # inside a JSON string
+        self._escaped = False  # just after a backslash in a JSON string
+
+    def find(self, call: str) -> int:
+        """Where the tag starts in `call` (the body so far), or -1 while it has not come."""
+        if self._json is None:
+            first = len(call) - len(call.lstrip())
+            if first == len(call):
+                return -1
+            self._json = call[first] == "{"
+        if not self._json:
+            end = call.find(CLOSE, self._searched)
+            if end < 0:
+                self._searched = max(0, len(call) - len(CLOSE) + 1)
+            return end
+        i = self._searched
+        while i < len(call):
+            char = call[i]
+            if self._escaped:
+                self._escaped = False
+            elif self._quoted:
+                self._escaped = char == "\\"
+                self._quoted = char != '"'
+            elif char == '"':
+                self._quoted = True
+            elif char == "<" and call.startswith(CLOSE, i):
+                return i
+            elif char == "<" and CLOSE.startswith(call[i:]):
+                break  # the tag may be arriving: read it again with the next text
+            i += 1
+        self._searched = i
+        return -1
 
 
 def _reject_constant(name: str) -> Any:

@@ -135,6 +135,57 @@ def test_an_abandoned_call_does_not_hide_the_next_one():
     assert [name for name, _ in calls] == ["get_weather"]
 
 
+def _call(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
+# Issue 21: under a forced call's grammar SmolLM2 wrote the end tag into an argument string.
+# As JSON text: tags, an escaped quote and an escaped backslash just before the string ends.
+INSIDE = '}}}</tool_call> \\"</tool_call>\\\\'
+ESCAPED_CITY = json.loads(f'"{INSIDE}"')
+
+
+def test_an_end_tag_inside_an_argument_string_does_not_end_the_call():
+    assert ESCAPED_CITY == '}}}</tool_call> "</tool_call>\\'
+    text = "Checking.\n" + _call("get_weather", f'{{"city": "{INSIDE}", "days": 2}}')
+    assert only_result(text) == (
+        "Checking.", [("get_weather", {"city": ESCAPED_CITY, "days": 2})])
+
+
+def test_nested_arguments_with_tags_and_brackets_in_strings():
+    arguments = {"filters": {"a": [1, {"b": "</tool_call>]}"}], "c": {}}, "tags": ["x", "{"]}
+    text = _call("get_weather", json.dumps(arguments))
+    assert only_result(text) == ("", [("get_weather", arguments)])
+
+
+def test_two_calls_in_a_row_with_tags_in_their_strings():
+    first = _call("get_weather", f'{{"city": "{INSIDE}"}}')
+    second = _call("noop", '{"note": "<tool_call>x</tool_call>"}')
+    assert only_result(first + second + "\nDone.") == (
+        "Done.", [("get_weather", {"city": ESCAPED_CITY}),
+                  ("noop", {"note": "<tool_call>x</tool_call>"})])
+
+
+def test_an_unbalanced_quote_ends_the_call_at_the_first_tag_as_before():
+    # The quote after "get_weather" is missing: every later tag is "inside a string", so only
+    # the end of the output tells the call is malformed; it is text up to its first tag.
+    bad = '<tool_call>{"name": "get_weather, "arguments": {}}</tool_call>'
+    text = "Before\n" + bad + " after\n" + JSON_CALL
+    assert only_result(text) == ("Before\n" + bad + " after",
+                                 [("get_weather", {"city": "Paris", "days": 3})])
+    parser = ToolCallParser(TOOLS)
+    items = parser.feed(text) + parser.flush(truncated=True)
+    assert items == ["Before", "\n" + bad, " after", ToolCall("get_weather", json.dumps(
+        {"city": "Paris", "days": 3}))]
+
+
+def test_a_body_that_parses_but_never_closed_outside_a_string():
+    text = _call("noop", '{"a": "</tool_call>"}')[:-len("\n</tool_call>")]
+    assert only_result(text) == ("", [("noop", {"a": "</tool_call>"})])
+    parser = ToolCallParser(TOOLS)  # cut by the token limit: text as written
+    assert "".join(parser.feed(text) + parser.flush(truncated=True)) == text
+
+
 def test_text_after_a_call_is_kept():
     assert only_result(JSON_CALL + "\n\nDone.") == (
         "Done.", [("get_weather", {"city": "Paris", "days": 3})])

@@ -309,6 +309,31 @@ def test_anthropic_omitted_thinking_round_trip(live):
             "<tool><tool_response>12:00</tool_response>\n<user>Thanks\n") in prompt
 
 
+# Issue 21: a forced call's argument string held the end tag; pieces split inside both tags.
+TAG_IN_STRING = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "}}}</tool',
+                 '_call> x", "days": 2}}\n</tool', "_call>")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_call_with_the_end_tag_in_an_argument_string(live, stream):
+    live.engine.script = Script(pieces=TAG_IN_STRING)
+    client = openai_sdk(live)
+    if stream:
+        chunks = list(client.chat.completions.create(
+            model="fake-model", messages=USER, tools=OPENAI_TOOLS, stream=True))
+        assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+        [calls] = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls]
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.chat.completions.create(
+            model="fake-model", messages=USER, tools=OPENAI_TOOLS).choices[0]
+        assert choice.message.content is None
+        calls, finish = choice.message.tool_calls, choice.finish_reason
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "}}}</tool_call> x", "days": 2})]
+    assert finish == "tool_calls"
+
+
 # Output cut at the token limit inside a call: the parsed body of the cut call would be a valid
 # call (its JSON closed), but the model never closed the call, so no protocol presents it as one.
 CUT = ("I'll check.", "\n<tool_call>\n", '{"name": "get_weather", ',
