@@ -1,9 +1,10 @@
 """`Engine`: loads an artifact and runs the step loop on one engine thread.
 
-Each step reads `schedule -> forward -> sample -> update`: the scheduler admits and batches,
-the runner computes logits, one batched call samples every row (`sampling.sample_rows`), and
-each request streams its text back to the caller's event loop. `snapshot()` returns the latest
-`EngineStats`.
+Each step reads `schedule -> run -> postprocess`: the scheduler admits and batches
+(`step/scheduler.py`), the runner computes every row's logits in one forward (`step/runner.py`),
+and `StepPostprocess` (`step/postprocess.py`) samples the rows at once and streams each
+request's text back to the caller's event loop. `engine_load.load_engine` builds the parts;
+`snapshot()` returns the latest `EngineStats`.
 """
 from __future__ import annotations
 
@@ -18,29 +19,28 @@ from typing import Any, AsyncIterator, Callable
 import torch
 
 from .arrival import current_arrival
-from .chat import ChatTemplate
 from .config import EngineConfig
-from .cpu_threads import run_on_own_thread
-from .experts import expert_tiers_for, offloading
+from .engine_load import EngineLoadError, load_engine
 from .faults import Faults
-from .step.event_pump import EventPump
 from .parallel import SINGLE, RankGroup
 from .parallel.lockstep import Leader, LeaderDrafter
-from .rank_parts import load_rank
-from .serving import (cpu_compiled, prefill_chunk_for, serving_device, serving_dtypes,
-                      weights_mode)
-from .step.families import make_runner
-from .step.lookahead import InFlight, Lookahead, picked_tokens
-from .step.sampling import Picked, Sampler, pick_rows, prefetch_masks
-from .step.sampling_presets import default_max_tokens, sampling_defaults
-from .step.scheduler import Batch, RequestError, Scheduler, Sequence, next_tokens
-from .step.speculation import accept, build_speculator, split_verify_rows
+from .serving import prefill_chunk_for, serving_device
 from .stats import EngineStats
+from .step.event_pump import EventPump
+from .step.families import make_runner
+from .step.lookahead import InFlight, Lookahead
+from .step.postprocess import StepPostprocess
+from .step.sampling import Sampler, pick_rows
+from .step.sampling_presets import default_max_tokens, sampling_defaults
+from .step.scheduler import Batch, Scheduler
+from .step.sequence import RequestError, Sequence
 from .step.stats_builder import StatsBuilder
 from .step.warm_up import warm_up
-from .tokenizer import IncrementalDetokenizer, Tokenizer
+from .tokenizer import IncrementalDetokenizer
 from .types import EngineError, EngineState, GenerationRequest, TokenEvent
-from .vision.tower import VisionTower, load_vision
+from .vision.tower import VisionTower
+
+__all__ = ["Engine", "EngineLoadError"]
 
 log = logging.getLogger("ninfer.engine")
 
@@ -52,11 +52,7 @@ BUSY_PUBLISH_S = 0.05
 UNAVAILABLE = "service_unavailable"
 
 
-class EngineLoadError(RuntimeError):
-    """The artifact could not be turned into a serving engine (startup error, exit 1)."""
-
-
-class Engine:
+class Engine(StepPostprocess):
     """The `ServingEngine` (client.py) backed by our torch model."""
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
@@ -72,63 +68,13 @@ class Engine:
         self._failure_listeners: list[Callable[[str], None]] = [on_failure] if on_failure else []
         self._state = EngineState.LOADING
         self._failure: str | None = None
-        check = None  # the payload digest check of an artifact opened here
-        try:
-            if artifact is None:
-                from .artifact import open_artifact
-                from .artifact.verify import BackgroundCheck, recorded_digest
-
-                artifact = open_artifact(config.artifact)
-                if not config.no_verify and recorded_digest(artifact) is not None:
-                    # hashed on its own thread while the weights load; a mismatch closes the
-                    # artifact, which stops the load at its next read
-                    check = BackgroundCheck(artifact, on_mismatch=artifact.close)
-            text_config = artifact.config("text")
-            self.tokenizer = Tokenizer.from_artifact(artifact)
-            self.chat_template = ChatTemplate.from_artifact(
-                artifact, config.chat_template, self.tokenizer.bos_token, self.tokenizer.eos_token)
-            device = serving_device(config)
-            dtype, matmul = serving_dtypes(config, device)
-
-            offloading(config, text_config)  # an expert budget for a dense model is an error
-
-            def load():
-                def with_model(built, weights):  # weights: this rank's share (tensor parallel)
-                    self.vision = vision or load_vision(config, artifact, built, self.tokenizer,
-                                                        dtype)
-                    if not config.spec:
-                        return None
-                    return build_speculator(config.spec, config.draft_tokens, weights, built,
-                                            self.tokenizer.vocab_size, matmul,
-                                            config.lm_head_draft)
-
-                return load_rank(config, artifact, device, dtype, matmul,
-                                 weights_mode(config, device, dtype),
-                                 prefill_chunk_for(config, device), ranks, model,
-                                 expert_tiers=lambda text, source: expert_tiers_for(
-                                     config, text, source, device, dtype),
-                                 with_model=with_model,
-                                 step_weights=artifact if cpu_compiled(config) and model is None
-                                 else None)
-
-            # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
-            parts = run_on_own_thread(load) if device.type == "cpu" else load()
-            self.model, self.memory, graphs, config, self.speculator = (
-                parts.model, parts.memory, parts.graphs, parts.config, parts.extra)
-            self.config = config  # the resolved `--kv-capacity`
-            if check is not None:
-                check.result()  # a corrupt payload refuses to serve
-                log.info("payload digest verified (%.2f s): %s", check.seconds, config.artifact)
-        except Exception as exc:
-            if check is not None:  # a corrupt payload explains any load error: say that
-                try:
-                    check.result()
-                except Exception as mismatch:
-                    raise EngineLoadError(str(mismatch)) from exc
-            message = str(exc)
-            if str(config.artifact) not in message:  # artifact errors already name the file
-                message = f"cannot load {config.artifact}: {message}"
-            raise EngineLoadError(message) from exc
+        loaded = load_engine(config, artifact, model, ranks, vision)
+        self.tokenizer, self.chat_template = loaded.tokenizer, loaded.chat_template
+        self.model, self.memory, self.speculator, self.vision = (
+            loaded.model, loaded.memory, loaded.speculator, loaded.vision)
+        self.config = config = loaded.config  # the resolved `--kv-capacity`
+        graphs, text_config, artifact = loaded.graphs, loaded.text_config, loaded.artifact
+        device = serving_device(config)
         arch = (text_config.get("architectures") or [text_config.get("model_type", "model")])[0]
         self.model_id = config.model_id or artifact.name or arch
         self.max_context = config.max_context
@@ -348,123 +294,6 @@ class Engine:
         else:  # a row ended: the rest settle now, and the next step is scheduled afresh
             self._finish(batch, None, started, picked)
         return True
-
-    def _finish(self, batch: Batch, logits: torch.Tensor | None, started: float,
-                picked: Picked | None = None) -> None:
-        """A launched step's tokens: sampled from `logits`, or read from its device `picked`
-        (a lookahead step: rows that ended meanwhile are skipped); appended, accepted,
-        counted, and the finished retired."""
-        if picked is not None:  # a pure-decode step: every row sampled, none verifying
-            token_of = dict(zip(map(id, batch.decode), picked_tokens(batch.decode, picked)))
-            live = [seq for seq in batch.decode if token_of[id(seq)] is not None]
-            batch, verified = dataclasses.replace(batch, decode=live, sampled=live), {}
-        else:
-            logits, verified = split_verify_rows(batch, logits)
-        # the decode rows' output before this step's tokens, for the speculation policy
-        emitted = sum(len(seq.output) for seq in batch.decode) if self.speculator else 0
-        for chunk in batch.chunks:
-            if chunk.seq.request.report_progress:
-                chunk.seq.report_progress()  # before its first token, if this chunk samples
-            self.memory.prefilled(chunk.seq)  # its full pages (and snapshot) join the tree
-        now = time.monotonic()
-        rows = []
-        for row, seq in enumerate(batch.sampled):
-            try:
-                self._faults.check_request(seq)
-                rows.append(row)
-            except Exception as exc:  # this request only: the batch and the loop are fine
-                self._fail_request(seq, exc)
-        plain = [row for row in rows if id(batch.sampled[row]) not in verified]
-        tokens = (self._next_tokens(batch.sampled, plain, logits) if picked is None
-                  else [token_of[id(batch.sampled[row])] for row in plain])
-        for row, token in zip(plain, tokens):
-            seq = batch.sampled[row]
-            try:
-                if token is not None:
-                    seq.append(token, now)
-            except Exception as exc:
-                self._fail_request(seq, exc)
-        if verified:
-            self._accept(batch, verified, now)
-        if self.speculator is not None and batch.decode and not batch.chunks:
-            # pure decode steps, plain or verifying: what `spec_policy` compares
-            self.speculator.record_step(len(batch.decode), bool(verified),
-                                        sum(len(seq.output) for seq in batch.decode) - emitted,
-                                        time.perf_counter() - started)
-        for seq in batch.sampled:
-            if seq.finish_reason is None and seq.cached + 1 >= self.max_context:
-                seq.finish("length")
-        prompted = [chunk.seq for chunk in batch.chunks]
-        for seq in prompted:
-            if seq.prefill_done and seq.request.max_tokens == 0:
-                seq.first_token = seq.last_token = now
-                seq.finish("length")
-        # the next step's grammar masks fill in the background while it schedules and forwards
-        prefetch_masks([s.sampler for s in batch.sampled if s.finish_reason is None],
-                       self.model.device)
-        self.stats.record_step(len(batch.decode), batch.prefill_tokens, now)
-        for seq in [*batch.decode, *prompted]:
-            if seq.finish_reason is not None:
-                self._retire(seq)
-
-    def _accept(self, batch: Batch, verified: dict, now: float) -> None:
-        """Acceptance of the step's verify rows (`speculation.accept`); each row keeps the
-        tokens it emitted and rolls back the rest (`runner.keep`)."""
-        rows = [seq for seq in batch.decode if id(seq) in verified]
-        emitted = []
-        try:
-            emitted = accept([(seq.sampler, *verified[id(seq)]) for seq in rows
-                              if seq.finish_reason is None])
-        except Exception as exc:  # these requests only
-            for seq in rows:
-                self._fail_request(seq, exc)
-        taken = iter(emitted)
-        kept = {}
-        for seq in rows:
-            if seq.finish_reason is not None:
-                kept[id(seq)] = 1
-                continue
-            drafts, appended, tokens = verified[id(seq)][0], 0, next(taken)
-            # the drafts the target verified (its own token ends the row), counted before the
-            # tokens go out: a request that ends in this round reports it in its final event
-            accepted = len(tokens) - 1
-            seq.drafted += len(drafts)
-            seq.draft_accepted += accepted
-            seq.draft_rounds.append(accepted)
-            self.speculator.record(seq, len(drafts), accepted)
-            try:
-                for token in tokens:
-                    seq.sampler.record(token)
-                    seq.append(token, now)
-                    appended += 1
-                    if seq.finish_reason is not None:
-                        break
-            except Exception as exc:
-                self._fail_request(seq, exc)
-            kept[id(seq)] = max(appended, 1)
-        self.runner.keep(batch, [kept.get(id(seq), 1) for seq in batch.decode])
-
-    def _next_tokens(self, sampled: list[Sequence], rows: list[int],
-                     logits: torch.Tensor) -> list[int | None]:
-        """The tokens of the given rows, all sampled at once; if that fails, row by row so only
-        the failing request ends (None: that request failed)."""
-        seqs = [sampled[row] for row in rows]
-        try:
-            return next_tokens(seqs, logits if len(rows) == len(sampled) else logits[rows])
-        except Exception:
-            log.exception("batched sampling failed; sampling row by row")
-        tokens: list[int | None] = []
-        for row, seq in zip(rows, seqs):
-            try:
-                tokens.append(seq.next_token(logits[row]))
-            except Exception as exc:
-                self._fail_request(seq, exc)
-                tokens.append(None)
-        return tokens
-
-    def _fail_request(self, seq: Sequence, exc: Exception) -> None:
-        log.exception("request %s failed", seq.id, exc_info=exc)
-        seq.fail(EngineError(f"request failed: {exc}"))
 
     def _reserve(self, batch: Batch) -> Batch:
         """Grow each lease for this step; a request whose lease cannot grow ends with `length`."""

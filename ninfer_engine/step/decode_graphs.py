@@ -22,7 +22,7 @@ from ..kv import KV_DTYPES
 from ..kv.slots import StateSlot
 from ..models.llama_step import StaticDecoder
 from ..models.qwen3_5_step import EngineHybridDecoder
-from .scheduler import Sequence
+from .sequence import Sequence
 
 log = logging.getLogger("ninfer.engine")
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .sampling import Picked, settles_on_device
-from .scheduler import Batch, Sequence
+from .scheduler import Batch
+from .sequence import Sequence
 
 # a row goes ahead only with this many tokens left before max_tokens and the context: the
 # step in flight may be its last, and the one launched behind it must not be past its end

@@ -16,7 +16,8 @@ from ..kv import LayerKv
 from ..models import Segment
 from . import prompt_logprobs
 from .decode_graphs import DecodeGraphs
-from .scheduler import Batch, Sequence
+from .scheduler import Batch
+from .sequence import Sequence
 
 
 def _work(batch: Batch, decode: bool = True) -> list[tuple[Sequence, list[int], bool]]:

@@ -13,7 +13,8 @@ from ..config import EngineConfig
 from ..kv import SequenceMemory
 from ..stats import (Counters, DeviceMemory, EngineStats, ExpertStats, HostMemory, QueueStats,
                      RequestView, SpecStats, Throughput, VisionStats)
-from .scheduler import Scheduler, Sequence
+from .scheduler import Scheduler
+from .sequence import Sequence
 
 # `--kv-dtype bf16` stores the model's activation dtype (`kv.quant`): name what is really stored
 _STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}

@@ -12,7 +12,7 @@ from ninfer_engine.step import sampling
 from ninfer_engine.kernels import sampling as kernels
 from ninfer_engine.kernels._dispatch import HAVE_TRITON, interpreting
 from ninfer_engine.step.sampling import Sampler, apply_penalties, filter_logits, sample_rows
-from ninfer_engine.step.scheduler import Sequence, next_tokens
+from ninfer_engine.step.sequence import Sequence, next_tokens
 from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.tolerance import TRANSCENDENTAL, bound
 

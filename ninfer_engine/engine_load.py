@@ -1,0 +1,103 @@
+"""`load_engine`: an artifact turned into the parts a serving `Engine` runs (tokenizer, chat
+template, this rank's model and memory, its captured graphs, speculator and vision tower).
+
+Any failure becomes one `EngineLoadError` that names the artifact (startup exit 1); when the
+payload digest check fails too, its mismatch is the reason given.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from .chat import ChatTemplate
+from .config import EngineConfig
+from .cpu_threads import run_on_own_thread
+from .experts import expert_tiers_for, offloading
+from .parallel import RankGroup
+from .rank_parts import load_rank
+from .serving import (cpu_compiled, prefill_chunk_for, serving_device, serving_dtypes,
+                      weights_mode)
+from .step.speculation import build_speculator
+from .tokenizer import Tokenizer
+from .vision.tower import VisionTower, load_vision
+
+log = logging.getLogger("ninfer.engine")
+
+
+class EngineLoadError(RuntimeError):
+    """The artifact could not be turned into a serving engine (startup error, exit 1)."""
+
+
+@dataclass(frozen=True)
+class LoadedEngine:
+    artifact: Any
+    text_config: dict
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    config: EngineConfig  # with the resolved `--kv-capacity`
+    model: Any
+    memory: Any
+    graphs: Any  # the captured decode graphs, or None
+    speculator: Any  # `--spec`'s, or None
+    vision: VisionTower | None
+
+
+def load_engine(config: EngineConfig, artifact: Any, model: Any, ranks: RankGroup,
+                vision: VisionTower | None) -> LoadedEngine:
+    """`Engine.__init__`'s arguments (see there) loaded; raises `EngineLoadError`."""
+    check = None  # the payload digest check of an artifact opened here
+    try:
+        if artifact is None:
+            from .artifact import open_artifact
+            from .artifact.verify import BackgroundCheck, recorded_digest
+
+            artifact = open_artifact(config.artifact)
+            if not config.no_verify and recorded_digest(artifact) is not None:
+                # hashed on its own thread while the weights load; a mismatch closes the
+                # artifact, which stops the load at its next read
+                check = BackgroundCheck(artifact, on_mismatch=artifact.close)
+        text_config = artifact.config("text")
+        tokenizer = Tokenizer.from_artifact(artifact)
+        chat_template = ChatTemplate.from_artifact(
+            artifact, config.chat_template, tokenizer.bos_token, tokenizer.eos_token)
+        device = serving_device(config)
+        dtype, matmul = serving_dtypes(config, device)
+
+        offloading(config, text_config)  # an expert budget for a dense model is an error
+        towers = [vision]
+
+        def with_model(built, weights):  # weights: this rank's share (tensor parallel)
+            towers[0] = vision or load_vision(config, artifact, built, tokenizer, dtype)
+            if not config.spec:
+                return None
+            return build_speculator(config.spec, config.draft_tokens, weights, built,
+                                    tokenizer.vocab_size, matmul, config.lm_head_draft)
+
+        def load():
+            return load_rank(config, artifact, device, dtype, matmul,
+                             weights_mode(config, device, dtype),
+                             prefill_chunk_for(config, device), ranks, model,
+                             expert_tiers=lambda text, source: expert_tiers_for(
+                                 config, text, source, device, dtype),
+                             with_model=with_model,
+                             step_weights=artifact if cpu_compiled(config) and model is None
+                             else None)
+
+        # on the CPU the step thread must own the only OpenMP team (`cpu_threads`)
+        parts = run_on_own_thread(load) if device.type == "cpu" else load()
+        if check is not None:
+            check.result()  # a corrupt payload refuses to serve
+            log.info("payload digest verified (%.2f s): %s", check.seconds, config.artifact)
+    except Exception as exc:
+        if check is not None:  # a corrupt payload explains any load error: say that
+            try:
+                check.result()
+            except Exception as mismatch:
+                raise EngineLoadError(str(mismatch)) from exc
+        message = str(exc)
+        if str(config.artifact) not in message:  # artifact errors already name the file
+            message = f"cannot load {config.artifact}: {message}"
+        raise EngineLoadError(message) from exc
+    return LoadedEngine(artifact, text_config, tokenizer, chat_template, parts.config,
+                        parts.model, parts.memory, parts.graphs, parts.extra, towers[0])

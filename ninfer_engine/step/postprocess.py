@@ -1,0 +1,147 @@
+"""A step's postprocess (nano-vllm's schedule -> run -> postprocess): the launched step's
+tokens, sampled from its logits or read from its device picks (a lookahead step), appended to
+their requests; verify rows accepted and the rest of their drafts rolled back; the step counted;
+the finished retired.
+
+`StepPostprocess` is that half of `Engine`: it reads the engine's `memory`, `runner`,
+`speculator`, `stats`, `model`, `max_context` and `_faults`, and hands ended requests to its
+`_retire`. A failure here ends the one request it belongs to, never the step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+
+from ..types import EngineError
+from .lookahead import picked_tokens
+from .sampling import Picked, prefetch_masks
+from .scheduler import Batch
+from .sequence import Sequence, next_tokens
+from .speculation import accept, split_verify_rows
+
+log = logging.getLogger("ninfer.engine")
+
+
+class StepPostprocess:
+    """The postprocess methods of `Engine` (see the module docstring)."""
+
+    def _finish(self, batch: Batch, logits: torch.Tensor | None, started: float,
+                picked: Picked | None = None) -> None:
+        """A launched step's tokens: sampled from `logits`, or read from its device `picked`
+        (a lookahead step: rows that ended meanwhile are skipped); appended, accepted,
+        counted, and the finished retired."""
+        if picked is not None:  # a pure-decode step: every row sampled, none verifying
+            token_of = dict(zip(map(id, batch.decode), picked_tokens(batch.decode, picked)))
+            live = [seq for seq in batch.decode if token_of[id(seq)] is not None]
+            batch, verified = dataclasses.replace(batch, decode=live, sampled=live), {}
+        else:
+            logits, verified = split_verify_rows(batch, logits)
+        # the decode rows' output before this step's tokens, for the speculation policy
+        emitted = sum(len(seq.output) for seq in batch.decode) if self.speculator else 0
+        for chunk in batch.chunks:
+            if chunk.seq.request.report_progress:
+                chunk.seq.report_progress()  # before its first token, if this chunk samples
+            self.memory.prefilled(chunk.seq)  # its full pages (and snapshot) join the tree
+        now = time.monotonic()
+        rows = []
+        for row, seq in enumerate(batch.sampled):
+            try:
+                self._faults.check_request(seq)
+                rows.append(row)
+            except Exception as exc:  # this request only: the batch and the loop are fine
+                self._fail_request(seq, exc)
+        plain = [row for row in rows if id(batch.sampled[row]) not in verified]
+        tokens = (self._next_tokens(batch.sampled, plain, logits) if picked is None
+                  else [token_of[id(batch.sampled[row])] for row in plain])
+        for row, token in zip(plain, tokens):
+            seq = batch.sampled[row]
+            try:
+                if token is not None:
+                    seq.append(token, now)
+            except Exception as exc:
+                self._fail_request(seq, exc)
+        if verified:
+            self._accept(batch, verified, now)
+        if self.speculator is not None and batch.decode and not batch.chunks:
+            # pure decode steps, plain or verifying: what `spec_policy` compares
+            self.speculator.record_step(len(batch.decode), bool(verified),
+                                        sum(len(seq.output) for seq in batch.decode) - emitted,
+                                        time.perf_counter() - started)
+        for seq in batch.sampled:
+            if seq.finish_reason is None and seq.cached + 1 >= self.max_context:
+                seq.finish("length")
+        prompted = [chunk.seq for chunk in batch.chunks]
+        for seq in prompted:
+            if seq.prefill_done and seq.request.max_tokens == 0:
+                seq.first_token = seq.last_token = now
+                seq.finish("length")
+        # the next step's grammar masks fill in the background while it schedules and forwards
+        prefetch_masks([s.sampler for s in batch.sampled if s.finish_reason is None],
+                       self.model.device)
+        self.stats.record_step(len(batch.decode), batch.prefill_tokens, now)
+        for seq in [*batch.decode, *prompted]:
+            if seq.finish_reason is not None:
+                self._retire(seq)
+
+    def _accept(self, batch: Batch, verified: dict, now: float) -> None:
+        """Acceptance of the step's verify rows (`speculation.accept`); each row keeps the
+        tokens it emitted and rolls back the rest (`runner.keep`)."""
+        rows = [seq for seq in batch.decode if id(seq) in verified]
+        emitted = []
+        try:
+            emitted = accept([(seq.sampler, *verified[id(seq)]) for seq in rows
+                              if seq.finish_reason is None])
+        except Exception as exc:  # these requests only
+            for seq in rows:
+                self._fail_request(seq, exc)
+        taken = iter(emitted)
+        kept = {}
+        for seq in rows:
+            if seq.finish_reason is not None:
+                kept[id(seq)] = 1
+                continue
+            drafts, appended, tokens = verified[id(seq)][0], 0, next(taken)
+            # the drafts the target verified (its own token ends the row), counted before the
+            # tokens go out: a request that ends in this round reports it in its final event
+            accepted = len(tokens) - 1
+            seq.drafted += len(drafts)
+            seq.draft_accepted += accepted
+            seq.draft_rounds.append(accepted)
+            self.speculator.record(seq, len(drafts), accepted)
+            try:
+                for token in tokens:
+                    seq.sampler.record(token)
+                    seq.append(token, now)
+                    appended += 1
+                    if seq.finish_reason is not None:
+                        break
+            except Exception as exc:
+                self._fail_request(seq, exc)
+            kept[id(seq)] = max(appended, 1)
+        self.runner.keep(batch, [kept.get(id(seq), 1) for seq in batch.decode])
+
+    def _next_tokens(self, sampled: list[Sequence], rows: list[int],
+                     logits: torch.Tensor) -> list[int | None]:
+        """The tokens of the given rows, all sampled at once; if that fails, row by row so only
+        the failing request ends (None: that request failed)."""
+        seqs = [sampled[row] for row in rows]
+        try:
+            return next_tokens(seqs, logits if len(rows) == len(sampled) else logits[rows])
+        except Exception:
+            log.exception("batched sampling failed; sampling row by row")
+        tokens: list[int | None] = []
+        for row, seq in zip(rows, seqs):
+            try:
+                tokens.append(seq.next_token(logits[row]))
+            except Exception as exc:
+                self._fail_request(seq, exc)
+                tokens.append(None)
+        return tokens
+
+    def _fail_request(self, seq: Sequence, exc: Exception) -> None:
+        log.exception("request %s failed", seq.id, exc_info=exc)
+        seq.fail(EngineError(f"request failed: {exc}"))
+
