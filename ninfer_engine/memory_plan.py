@@ -23,11 +23,14 @@ log = logging.getLogger("ninfer.engine")
 
 
 def auto_kv_capacity(config: EngineConfig, model: Any, text_config: dict, device: torch.device,
-                     prefill_chunk: int) -> tuple[EngineConfig, int | None]:
+                     prefill_chunk: int, speculator: Any = None, page_rows: int = 0
+                     ) -> tuple[EngineConfig, int | None]:
     """`--kv-capacity auto`: `config` with `kv_capacity` sized from the device memory free now
     that the weights are resident (`kv.sizing`), and the prefill-activation estimate (for
     chunks of `prefill_chunk` tokens) it kept free: the margin `check_prefill_scratch` then
-    checks against. Not auto: (config, None)."""
+    checks against. A `speculator`'s per-sequence drafter contexts are kept free too, and
+    `page_rows` (the drafter rows a KV slot holds, `build_memory`) count in a page's bytes.
+    Not auto: (config, None)."""
     if not config.kv_capacity_auto:
         return config, None
     state_slots = config.max_concurrency + (
@@ -35,6 +38,8 @@ def auto_kv_capacity(config: EngineConfig, model: Any, text_config: dict, device
     if config.spec:  # the graph step keeps each verify row's state after every draft
         state_slots += config.max_concurrency * (config.draft_tokens or 0)
     states = recurrent_state_bytes(model) * state_slots
+    drafters = config.max_concurrency * (
+        speculator.context_bytes(config.max_context) if speculator is not None else 0)
     if device.type == "cuda":  # loading's transient blocks go back: mem_get_info sees them
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -43,19 +48,21 @@ def auto_kv_capacity(config: EngineConfig, model: Any, text_config: dict, device
         raise KvSizingError("--kv-capacity auto needs a CUDA device; this machine has none")
     layers, heads, dim = model.kv_layout()
     page_bytes, tensors = kv_page_layout(layers, heads, dim,
-                                         codecs_for(config.kv_dtype, model.dtype), PAGE_TOKENS)
+                                         codecs_for(config.kv_dtype, model.dtype), PAGE_TOKENS,
+                                         page_rows * model.dtype.itemsize)
     activations = prefill_activation_bytes(text_config, prefill_chunk, model.dtype.itemsize)
     scratch = prefill_scratch_bytes(model)
-    reserve = scratch + activations + states + tensors * ALLOC_SLACK
+    reserve = scratch + activations + states + drafters + tensors * ALLOC_SLACK
     headroom = config.vram_headroom_mib * MIB
     tokens = auto_kv_tokens(free, headroom, reserve, page_bytes // PAGE_TOKENS, PAGE_TOKENS,
                             config.max_context, config.kv_grow if config.elastic else None)
     log.info("--kv-capacity auto: %d tokens (%d pages, %.2f GiB of %s KV%s) from %.2f GiB free "
              "after the weights, minus --vram-headroom-mib %d and %.2f GiB reserved (prefill "
-             "scratch %.2f, prefill activations %.2f, state slots %.2f)", tokens,
-             tokens // PAGE_TOKENS, tokens // PAGE_TOKENS * page_bytes / GIB, config.kv_dtype,
-             ", --elastic cap" if config.elastic else "", free / GIB, config.vram_headroom_mib,
-             reserve / GIB, scratch / GIB, activations / GIB, states / GIB)
+             "scratch %.2f, prefill activations %.2f, state slots %.2f, drafter contexts %.2f)",
+             tokens, tokens // PAGE_TOKENS, tokens // PAGE_TOKENS * page_bytes / GIB,
+             config.kv_dtype, ", --elastic cap" if config.elastic else "", free / GIB,
+             config.vram_headroom_mib, reserve / GIB, scratch / GIB, activations / GIB,
+             states / GIB, drafters / GIB)
     return dataclasses.replace(config, kv_capacity=tokens), activations
 
 
@@ -77,17 +84,18 @@ def _checkpoint_slots(config: EngineConfig) -> int:
         config.device_state_slots)
 
 
-def build_memory(config: EngineConfig, model: Any,
-                 prefill_chunk: int = SNAPSHOT_TOKENS) -> SequenceMemory:
+def build_memory(config: EngineConfig, model: Any, prefill_chunk: int = SNAPSHOT_TOKENS,
+                 page_rows: int = 0) -> SequenceMemory:
     """The shared KV pool (`--kv-capacity`, `--kv-dtype`, `--elastic`, `--kv-grow`), state slots,
     the prefix tree and the per-request budget (`--kv-budget-gib`). A long hybrid prompt is
-    snapshotted every `prefill_chunk` tokens, where its chunks end anyway."""
+    snapshotted every `prefill_chunk` tokens, where its chunks end anyway. `page_rows`: the
+    width of a drafter row each KV slot keeps too (`kv.cache.KvStorage`)."""
     layers, heads, dim = model.kv_layout()
     pages = config.kv_tokens // PAGE_TOKENS
     pool = (ElasticPagePool(pages, -(-config.kv_grow // PAGE_TOKENS)) if config.elastic
             else PagePool(pages))
     storage = KvStorage(pool, layers, heads, dim, codecs_for(config.kv_dtype, model.dtype),
-                        model.dtype, model.device)
+                        model.dtype, model.device, page_rows)
     checkpoints = _checkpoint_slots(config)
     # a lease never outgrows the context: the decode step's page tables hold that many pages
     budget = -(-config.max_context // PAGE_TOKENS)

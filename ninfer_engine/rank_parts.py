@@ -8,7 +8,6 @@ captures the same graphs in the same order: the collectives inside them pair up.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,15 +22,13 @@ from .step.decode_graphs import DecodeGraphs
 from .step.families import build_decode_graphs
 from .kv import SequenceMemory
 
-log = logging.getLogger("ninfer.engine")
-
 
 @dataclass(frozen=True)
 class RankParts:
     model: Any
     memory: SequenceMemory
     graphs: DecodeGraphs | None
-    config: EngineConfig  # the resolved `--kv-capacity`, prefix reuse as served
+    config: EngineConfig  # the resolved `--kv-capacity`
     extra: Any  # what `with_model` built (rank 0: the speculator)
 
 
@@ -54,18 +51,14 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
     built = model or build_model(text_config, artifact, device, dtype, matmul, weights_mode,
                                  expert_tiers, ranks)
     extra = with_model(built, artifact)
-    if config.spec == "dflash" and not config.no_prefix_reuse:
-        # a restored prefix brings no target features, so the drafter's context could not be
-        # rebuilt (`step.dflash_drafter`): every prompt is computed, and observed, from 0
-        log.info("--spec dflash: prefix reuse is off (the drafter's context needs the target "
-                 "features of every prompt position)")
-        config = dataclasses.replace(config, no_prefix_reuse=True, host_kv_mib=None,
-                                     host_state_slots=None)
     # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
-    sized, activations = auto_kv_capacity(config, built, text_config, device, prefill_chunk)
+    # a drafter's rows kept with the pages (`--spec dflash`) serve only a reused prefix
+    rows = 0 if config.no_prefix_reuse else getattr(extra, "page_rows", 0)
+    sized, activations = auto_kv_capacity(config, built, text_config, device, prefill_chunk,
+                                          extra, rows)
     if ranks.parallel and sized.kv_capacity is not None:  # every rank the same pool: the least
         sized = dataclasses.replace(sized, kv_capacity=ranks.least(sized.kv_capacity))
-    memory = build_memory(sized, built, prefill_chunk)
+    memory = build_memory(sized, built, prefill_chunk, rows)
     if activations is None:
         check_prefill_scratch(built, free_device_bytes(device))
     else:  # auto kept its estimate of a chunk's activations free, not ~1 GiB

@@ -6,7 +6,9 @@ a bigger one holding a copy of the old slots: reads stay one gather over one ten
 at the cost of a transient old + new copy during the growth step. `PagedKvCache` is one
 sequence's view through its page table: `write` quantizes new rows into their slots, `read`
 gathers the sequence's pages of one layer into a contiguous dequantized tensor (one gather per
-layer, no per-token loop).
+layer, no per-token loop). With `row_width`, every slot also holds one plain row a drafter keeps
+with the pages (`--spec dflash`: its conditioning c_t, `step.dflash_drafter`): shared, copied,
+grown and moved to the host tier with the K/V, so a reused prefix brings it along.
 """
 from __future__ import annotations
 
@@ -17,13 +19,15 @@ from .quant import KvCodec, as_bits
 
 
 def kv_page_layout(layers: int, heads: int, dim: int, codecs: tuple[KvCodec, KvCodec],
-                   page_tokens: int) -> tuple[int, int]:
-    """(bytes of one pool page: K and V of every layer, codes and scales; tensors the pool
-    holds) as `KvStorage` lays it out, read off the codecs' own `allocate` on the meta device:
-    nothing is allocated and no codec's layout is restated (`--kv-capacity auto`)."""
+                   page_tokens: int, row_bytes: int = 0) -> tuple[int, int]:
+    """(bytes of one pool page: K and V of every layer, codes and scales, and `row_bytes` a
+    slot of drafter rows; tensors the pool holds) as `KvStorage` lays it out, read off the
+    codecs' own `allocate` on the meta device: nothing is allocated and no codec's layout is
+    restated (`--kv-capacity auto`)."""
     meta = torch.device("meta")
     parts = [t for codec in codecs for t in codec.allocate(page_tokens, heads, dim, meta)]
-    return layers * sum(t.nbytes for t in parts), layers * len(parts)
+    return (layers * sum(t.nbytes for t in parts) + page_tokens * row_bytes,
+            layers * len(parts) + (row_bytes > 0))
 
 
 class KvStorage:
@@ -31,7 +35,7 @@ class KvStorage:
 
     def __init__(self, allocator: PageAllocator, layers: int, heads: int, dim: int,
                  codecs: tuple[KvCodec, KvCodec], activation_dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", row_width: int = 0) -> None:
         self.allocator = allocator
         self.page_tokens = allocator.page_tokens
         self.heads, self.dim = heads, dim
@@ -41,12 +45,21 @@ class KvStorage:
         slots = allocator.total * self.page_tokens
         self.k = [self.k_codec.allocate(slots, heads, dim, self.device) for _ in range(layers)]
         self.v = [self.v_codec.allocate(slots, heads, dim, self.device) for _ in range(layers)]
-        self.page_bytes = self.nbytes // allocator.total  # K + V of one page, all layers
+        self.row_width = row_width
+        # the drafter rows, in the activation dtype (what the drafter computes them in)
+        self.rows = (torch.zeros(slots, row_width, dtype=activation_dtype, device=self.device)
+                     if row_width else None)
+        self.page_bytes = self.nbytes // allocator.total  # one page: K + V, all layers, rows
         allocator.on_grow(self._grow)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for layer in (*self.k, *self.v) for t in layer)
+        return sum(t.nbytes for layer in self.stored() for t in layer)
+
+    def stored(self) -> list[tuple[torch.Tensor, ...]]:
+        """Every tensor a page has slots in: each layer's K, then V, components, then the
+        drafter rows (read now: an elastic pool regrows them)."""
+        return [*self.k, *self.v, *([(self.rows,)] if self.rows is not None else [])]
 
     def _grow(self, pages: int) -> None:
         """Resize every layer's storage to `pages` pages, keeping the stored slots; all or
@@ -55,9 +68,13 @@ class KvStorage:
         try:
             k = [self._resized(self.k_codec, layer, slots) for layer in self.k]
             v = [self._resized(self.v_codec, layer, slots) for layer in self.v]
+            rows = None
+            if self.rows is not None:
+                rows = self.rows.new_zeros(slots, self.row_width)
+                rows[: self.rows.shape[0]] = self.rows
         except torch.OutOfMemoryError as exc:
             raise MemoryError(str(exc)) from exc
-        self.k, self.v = k, v
+        self.k, self.v, self.rows = k, v, rows
 
     def _resized(self, codec: KvCodec, layer: tuple, slots: int) -> tuple:
         bigger = codec.allocate(slots, self.heads, self.dim, self.device)
@@ -85,13 +102,14 @@ class KvStorage:
         return self.page_tokens == 64 and not (nibble_k and self.dim < 32)
 
     def copy_slots(self, src_page: int, dst_page: int, count: int) -> None:
-        """Copy the first `count` token slots of a page, every layer, as stored (no requantize)."""
+        """Copy the first `count` token slots of a page, every layer and the drafter rows, as
+        stored (no requantize)."""
         recorder = getattr(self, "recorder", None)  # for tensor-parallel followers
         if recorder is not None:
             recorder.ops.append(("slots", src_page, dst_page, count))
         src = slice(src_page * self.page_tokens, src_page * self.page_tokens + count)
         dst = slice(dst_page * self.page_tokens, dst_page * self.page_tokens + count)
-        for layer in (*self.k, *self.v):
+        for layer in self.stored():
             for stored in map(as_bits, layer):
                 stored[dst] = stored[src]
 
@@ -141,6 +159,21 @@ class PagedKvCache:
         slots = pages * s.page_tokens + positions % s.page_tokens
         s.k_codec.write(s.k[layer], slots, k)
         s.v_codec.write(s.v[layer], slots, v)
+
+    def _slots(self, start: int, end: int) -> torch.Tensor:
+        """The pool slots of positions start .. end-1."""
+        s = self.storage
+        positions = torch.arange(start, end, device=s.device)
+        return self.table_tensor()[positions // s.page_tokens] * s.page_tokens + (
+            positions % s.page_tokens)
+
+    def write_rows(self, start: int, rows: torch.Tensor) -> None:
+        """Store drafter rows [T, row_width] at positions start .. start+T-1."""
+        self.storage.rows[self._slots(start, start + rows.shape[0])] = rows
+
+    def read_rows(self, end: int) -> torch.Tensor:
+        """The drafter rows of positions 0 .. end-1, [end, row_width]."""
+        return self.storage.rows[self._slots(0, end)]
 
     def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of positions 0 .. end-1 as [end, heads, dim] in the activation dtype."""

@@ -1,11 +1,12 @@
 """The host tier of the prefix cache (`--host-kv-mib`, `--host-state-slots`).
 
 When the prefix tree (`kv.radix`) must give a device page back, it moves the page's K/V (every
-layer, as stored: no requantization) into a page of this tier instead of forgetting it, and a
-later hit copies it back into a device page; recurrent-state snapshots that lose their device
-slot move into host state slots, and a hit copies one straight into the request's running
-slot. On CUDA both live in page-locked memory and every copy is queued on the current stream,
-so the step that follows reads them in order and the host never waits on a copy.
+layer, as stored: no requantization; and any drafter rows `KvStorage` keeps) into a page of
+this tier instead of forgetting it, and a later hit copies it back into a device page;
+recurrent-state snapshots that lose their device slot move into host state slots, and a hit
+copies one straight into the request's running slot. On CUDA both live in page-locked memory
+and every copy is queued on the current stream, so the step that follows reads them in order
+and the host never waits on a copy.
 
 Restoring a page costs one PCIe copy of `page_bytes` (about 1.3 MB a 64-token page of the
 35B-A3B shape, ~0.05 ms at 25 GB/s) against re-prefilling 64 tokens, so the tier keeps
@@ -45,6 +46,9 @@ class HostTier:
 
         self.k = [host(storage.k_codec) for _ in storage.k]
         self.v = [host(storage.v_codec) for _ in storage.v]
+        rows = storage.rows
+        self.rows = None if rows is None else (
+            torch.zeros(slots, storage.row_width, dtype=rows.dtype, pin_memory=self.pinned))
         self.pages = pages
         self.states = states
         self._free = list(range(pages - 1, -1, -1))
@@ -55,7 +59,7 @@ class HostTier:
 
     @property
     def kv_bytes(self) -> int:
-        return sum(t.nbytes for layer in (*self.k, *self.v) for t in layer)
+        return sum(t.nbytes for layer in self._host_layers() for t in layer)
 
     @property
     def state_bytes(self) -> int:
@@ -112,10 +116,10 @@ class HostTier:
         self._free.append(host)
 
     def _device_layers(self) -> list[tuple[torch.Tensor, ...]]:
-        return [*self.storage.k, *self.storage.v]  # read now: an elastic pool regrows them
+        return self.storage.stored()  # read now: an elastic pool regrows them
 
     def _host_layers(self) -> list[tuple[torch.Tensor, ...]]:
-        return [*self.k, *self.v]
+        return [*self.k, *self.v, *([(self.rows,)] if self.rows is not None else [])]
 
     def _copy(self, src_layers, src: int, dst_layers, dst: int) -> None:
         P = self.storage.page_tokens

@@ -150,15 +150,21 @@ class DFlashModel:
 
     def extend(self, ctx: DFlashContext, features: torch.Tensor) -> None:
         """Append the tap features [T, n·H] of the next T committed positions to `ctx`."""
-        self.extend_rows([ctx], [features])
+        self.extend_rows([ctx], [self.condition(features)])
 
     @torch.no_grad()
-    def extend_rows(self, contexts: list[DFlashContext], features: list[torch.Tensor]) -> None:
-        """`extend` of several contexts at once: the projections see every row's positions
-        together (one launch each, not one a row)."""
-        rows = [f.shape[0] for f in features]
-        cond = _rms(self.fc(torch.cat(features).to(self.dtype)), self.hidden_norm,
-                    self.config.eps)
+    def condition(self, features: torch.Tensor) -> torch.Tensor:
+        """c_t = hidden_norm(fc(s_t)) of tap features [T, n·H]: [T, H], what a context keeps
+        of a position (and the KV pool's drafter rows hold: `step.dflash_drafter`)."""
+        return _rms(self.fc(features.to(self.dtype)), self.hidden_norm, self.config.eps)
+
+    @torch.no_grad()
+    def extend_rows(self, contexts: list[DFlashContext], conds: list[torch.Tensor]) -> None:
+        """Append the conditioning rows [T, H] (`condition`) of the next T committed positions
+        to each context, all at once: the projections see every row's positions together
+        (one launch each, not one a row)."""
+        rows = [c.shape[0] for c in conds]
+        cond = torch.cat(conds)
         rope = self._rope([p for ctx, n in zip(contexts, rows)
                            for p in range(ctx.end, ctx.end + n)])
         for ctx, n in zip(contexts, rows):
@@ -169,6 +175,21 @@ class DFlashModel:
                 ctx.kv[i].extend(kr.transpose(0, 1), vr.transpose(0, 1))
                 if window is not None:
                     ctx._trim(i, window)
+
+    @torch.no_grad()
+    def restore(self, cond: torch.Tensor) -> DFlashContext:
+        """The context of positions 0 .. T-1 from their conditioning rows [T, H] (a reused
+        prefix's, from the pool): a full layer projects them all, a sliding one only the last
+        window's (the next block's queries, at T on, see no older)."""
+        T, ctx = cond.shape[0], DFlashContext(self, 0)
+        cos, sin = self._rope(list(range(T)))
+        for i, (layer, window) in enumerate(zip(self.layers, self.config.windows)):
+            first = 0 if window is None else max(T - window, 0)
+            k, v = self._kv(layer, cond[first:], (cos[first:], sin[first:]))
+            ctx.kv[i].extend(k.transpose(0, 1), v.transpose(0, 1))
+            ctx.first[i] = first
+        ctx.end = T
+        return ctx
 
     @torch.no_grad()
     def propose(self, anchors: list[int], contexts: list[DFlashContext],

@@ -13,10 +13,15 @@ rejected columns stay pending and are overwritten when their positions are compu
 The proposal is one forward over [x_L, MASK×k] at L..L+k; mask row i's argmax through the
 target's head, over the tokenizer's ids (never the mask or padded rows), is draft i.
 
-Prefix reuse: a restored prefix brings no target features, so the drafter could not rebuild
-its context; `rank_parts` turns prefix reuse off under `--spec dflash` (every prompt is
-computed, and observed, from position 0). A sequence first seen past 0 still drafts, from the
-context it has.
+Prefix reuse (model-math.md §4: a checkpoint holds the drafter context): a position's
+conditioning row c_t (`DFlashModel.condition`) is a function of the tokens up to t alone, so
+it is kept with the target's K/V, in the KV pool's drafter rows (`kv.cache.KvStorage`): shared
+with the pages by the prefix tree, copied with a tail, moved to and from the host tier. A row
+is written once its position is committed (as it joins the context, or when the sequence ends,
+before its answer joins the tree), and every sequence is observed (`keeps_rows`), drafting or
+not, so no page the tree holds lacks its rows. A sequence that restored a prefix rebuilds its
+context from those rows at its first observation (`DFlashModel.restore`). Without the rows
+(prefix reuse off) a sequence first seen past 0 drafts from the context it has.
 """
 from __future__ import annotations
 
@@ -31,8 +36,14 @@ SPILL = 32  # pending positions past which a row's committed features join its c
 
 @dataclass
 class _Row:
+    seq: object
     ctx: DFlashContext
     pending: torch.Tensor  # tap features of positions ctx.end .. ctx.end + len - 1
+
+
+def keeps_rows(seq) -> bool:
+    """Whether `seq`'s pages hold drafter rows (prefix reuse on: `rank_parts`)."""
+    return seq.cache is not None and seq.cache.storage.rows is not None
 
 
 class DFlashDrafter:
@@ -41,15 +52,30 @@ class DFlashDrafter:
     def __init__(self, model: DFlashModel, vocab: int) -> None:
         self.model = model
         self.vocab = vocab  # drafts are ids below this (the tokenizer's), never the mask
+        self.page_rows = model.config.hidden  # the width of a position's row in the KV pool
         self._rows: dict[int, _Row] = {}
+
+    keeps_rows = staticmethod(keeps_rows)
+
+    def context_bytes(self, positions: int) -> int:
+        """The most device bytes one sequence's context of `positions` holds (`--kv-capacity
+        auto` keeps them free): per layer K and V of its positions (a sliding layer's at most
+        2·window, `DFlashContext._trim`), in buffers that double when full."""
+        c, itemsize = self.model.config, self.model.dtype.itemsize
+        per_position = 2 * c.kv_heads * c.head_dim * itemsize
+        return sum(2 * per_position * (positions if w is None else min(positions, 2 * w))
+                   for w in c.windows)
 
     def observe(self, seq, position: int, features: torch.Tensor) -> None:
         """The target computed positions `position ..` of `seq`, with tap `features`."""
         row = self._rows.get(id(seq))
-        if row is None or not row.ctx.end <= position <= row.ctx.end + len(row.pending):
+        if row is None and position > 0 and keeps_rows(seq):  # a restored prefix's rows
+            ctx = self.model.restore(seq.cache.read_rows(position))
+            row = self._rows[id(seq)] = _Row(seq, ctx, features.clone())
+        elif row is None or not row.ctx.end <= position <= row.ctx.end + len(row.pending):
             # a first sighting, or positions that do not continue the committed context
             # (a copy: the graph step hands over a view of its static buffer)
-            row = self._rows[id(seq)] = _Row(DFlashContext(self.model, position),
+            row = self._rows[id(seq)] = _Row(seq, DFlashContext(self.model, position),
                                              features.clone())
         else:  # what is held from `position` on came from rejected drafts' columns
             row.pending = torch.cat([row.pending[: position - row.ctx.end], features])
@@ -61,17 +87,34 @@ class DFlashDrafter:
         self._absorb([row], [position if position - row.ctx.end > SPILL else prompt])
 
     def _absorb(self, rows: list[_Row], upto: list[int]) -> None:
-        """Move each row's pending features of positions < `upto` into its context."""
+        """Move each row's pending features of positions < `upto` into its context (and their
+        conditioning rows into its pages)."""
         work = [(row, end - row.ctx.end) for row, end in zip(rows, upto) if end > row.ctx.end]
         if not work:
             return
-        self.model.extend_rows([row.ctx for row, _ in work],
-                               [row.pending[:n] for row, n in work])
+        conds = self._store(work)
+        self.model.extend_rows([row.ctx for row, _ in work], conds)
         for row, n in work:  # (a copy: a view would keep the step's buffer alive)
             row.pending = row.pending[n:].clone()
 
+    def _store(self, work: list[tuple[_Row, int]]) -> list[torch.Tensor]:
+        """The conditioning rows of each row's first `n` pending positions (one projection for
+        all), written into its pages where they keep them."""
+        conds = self.model.condition(torch.cat([row.pending[:n] for row, n in work]))
+        conds = list(conds.split([n for _, n in work]))
+        for (row, _), cond in zip(work, conds):
+            if keeps_rows(row.seq):
+                row.seq.cache.write_rows(row.ctx.end, cond)
+        return conds
+
     def forget(self, seq) -> None:
-        self._rows.pop(id(seq), None)
+        """`seq` ended: its committed positions' rows still pending go into its pages first
+        (its answer joins the prefix tree next: `SequenceMemory.checkpoint`)."""
+        row = self._rows.pop(id(seq), None)
+        if row is not None and keeps_rows(seq):
+            n = min(seq.cached - row.ctx.end, len(row.pending))
+            if n > 0:
+                self._store([(row, n)])
 
     def propose_rows(self, seqs: list, ks: list[int]) -> list[list[int]]:
         """Up to `ks[i]` drafts for decode row `seqs[i]` (0: none); [] where the features of

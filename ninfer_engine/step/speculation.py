@@ -145,8 +145,22 @@ class Speculator:
 
     def observes(self, seq) -> bool:
         """Whether `observe` hands `seq`'s hiddens to the drafter (rows that never draft keep
-        none; a tensor-parallel plan tells the other ranks)."""
-        return hasattr(self.drafter, "observe") and _eligible(seq)
+        none, unless the drafter keeps rows with their pages: `dflash_drafter`; a
+        tensor-parallel plan tells the other ranks)."""
+        keeps = getattr(self.drafter, "keeps_rows", None)
+        return hasattr(self.drafter, "observe") and (
+            _eligible(seq) or (keeps is not None and keeps(seq)))
+
+    @property
+    def page_rows(self) -> int:
+        """The width of the row a position's KV page slot keeps for the drafter (0: none)."""
+        return getattr(self.drafter, "page_rows", 0)
+
+    def context_bytes(self, positions: int) -> int:
+        """The most device bytes the drafter holds for one sequence of `positions`, beyond
+        the KV pool (`--kv-capacity auto`)."""
+        of = getattr(self.drafter, "context_bytes", None)
+        return of(positions) if of is not None else 0
 
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The runner's final-normed hiddens of `seq` from `position` on, for a drafter that

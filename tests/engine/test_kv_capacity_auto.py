@@ -16,6 +16,7 @@ from ninfer_engine.cli.capabilities import FeatureUnavailable, Machine, check_fe
 from ninfer_engine.config import PAGE_TOKENS, EngineConfig
 from ninfer_engine.engine import Engine, EngineLoadError
 from ninfer_engine.memory_plan import recurrent_state_bytes
+from ninfer_engine.models.dflash import DFlashContext
 from ninfer_engine.cli.flags import parse_args
 from ninfer_engine.kv import (KV_DTYPES, ElasticPagePool, KvStorage, PagePool, codecs_for,
                               kv_page_layout)
@@ -23,6 +24,7 @@ from ninfer_engine.kv.sizing import (ACTIVATION_SAFETY, ALLOC_SLACK, GIB, MIB, K
                                      auto_kv_tokens, elastic_capacity_pages,
                                      prefill_activation_bytes)
 
+from .dflash_helpers import DFlashArtifact
 from .helpers import FakeArtifact, tiny_llama
 from .hybrid_helpers import HybridArtifact
 
@@ -132,6 +134,17 @@ def test_page_layout_matches_an_allocated_storage(kv_dtype, activation):
     assert tensors == sum(len(layer) for layer in (*storage.k, *storage.v))
 
 
+def test_page_layout_counts_the_drafter_rows_a_slot_keeps():
+    layers, heads, dim, pages, width = 2, 2, 32, 3, 48
+    codecs = codecs_for("int8", torch.bfloat16)
+    storage = KvStorage(PagePool(pages), layers, heads, dim, codecs, torch.bfloat16, "cpu",
+                        row_width=width)
+    page_bytes, tensors = kv_page_layout(layers, heads, dim, codecs, PAGE_TOKENS, width * 2)
+    plain, plain_tensors = kv_page_layout(layers, heads, dim, codecs, PAGE_TOKENS)
+    assert page_bytes == storage.page_bytes == plain + PAGE_TOKENS * width * 2
+    assert tensors == plain_tensors + 1 and storage.nbytes == pages * page_bytes
+
+
 def test_quantized_dtypes_store_fewer_bytes_than_bf16_including_scales():
     sizes = {d: kv_page_layout(4, 2, 128, codecs_for(d, torch.bfloat16), PAGE_TOKENS)[0]
              for d in KV_DTYPES}
@@ -237,6 +250,34 @@ def test_engine_reserves_the_recurrent_state_slots(device, monkeypatch):
     no_reuse = EngineConfig(**{**config.__dict__, "no_prefix_reuse": True})
     # without prefix reuse the 3 checkpoint slots are not reserved: more pages
     assert Engine(no_reuse, artifact).memory.allocator.total == 5 + 3 * state // page_bytes
+
+
+def test_engine_reserves_the_dflash_drafters_contexts_and_counts_its_rows(device, monkeypatch):
+    """`--spec dflash` with prefix reuse: each KV slot keeps a drafter row (in the page's
+    bytes), and --max-concurrency drafter contexts at --max-context are kept free; a context
+    grown to --max-context holds no more than that."""
+    artifact = DFlashArtifact("qwen3_5")
+    settings = dict(artifact=Path("t"), max_context=128, prefill_chunk=64, max_concurrency=2,
+                    device_state_slots=3, cuda_dtype="fp32", spec="dflash", draft_tokens=3)
+    probe = Engine(EngineConfig(**settings), artifact)
+    model, drafter = probe.model, probe.speculator.drafter
+    layers, heads, dim = model.kv_layout()
+    page_bytes, tensors = kv_page_layout(layers, heads, dim, codecs_for("bf16", model.dtype),
+                                         PAGE_TOKENS, drafter.page_rows * model.dtype.itemsize)
+    assert probe.memory.storage.page_bytes == page_bytes
+    states = recurrent_state_bytes(model) * (2 + 3 + 2 * 3)  # running, checkpoints, verify
+    contexts = 2 * drafter.context_bytes(128)
+    assert contexts > 2 * page_bytes  # what leaving them out would turn into pages
+    config = EngineConfig(**settings, kv_capacity_auto=True, vram_headroom_mib=0)
+    free = _reserve(artifact, config, device, tensors, states + contexts) + 5 * page_bytes
+    monkeypatch.setattr(memory_plan, "free_device_bytes", lambda device: free)
+    assert Engine(config, artifact).memory.allocator.total == 5
+    ctx, dflash = DFlashContext(drafter.model, 0), drafter.model
+    for _ in range(128 // 16):  # a prompt's chunks, then the bound holds what they left
+        dflash.extend(ctx, torch.randn(16, len(dflash.config.taps) * dflash.config.hidden,
+                                       device=model.device))
+    held = sum(t.nbytes for kv in ctx.kv for t in (kv.k, kv.v))
+    assert ctx.end == 128 and held <= drafter.context_bytes(128)
 
 
 def test_engine_on_a_machine_without_cuda_says_so(device):

@@ -120,3 +120,19 @@ def test_lent_pages_come_back_before_a_growth_and_never_fail_a_lease():
     assert (pool.total, pool.lent) == (7, 3) and pool.total + pool.lent <= pool.capacity
     assert pool.lease("c", 3 * 8) and returned == [3, 3] and (pool.total, pool.lent) == (10, 0)
     assert not pool.lease("d", 8) and returned == [3, 3]  # nothing lent is left to ask for
+
+
+def test_drafter_rows_follow_their_slots_through_growth_and_tail_copies():
+    """A storage with drafter rows (`row_width`): a cache's rows survive the pool's growth, and
+    `copy_slots` copies a page's rows with its K/V."""
+    pool = ElasticPagePool(capacity=6, step=2, page_tokens=4)
+    storage = KvStorage(pool, layers=1, heads=1, dim=8, codecs=codecs_for("bf16", torch.float32),
+                        activation_dtype=torch.float32, row_width=5)
+    first, second = storage.new_cache(), storage.new_cache()
+    assert first.reserve(8)
+    rows = torch.randn(8, 5)
+    first.write_rows(0, rows)
+    assert second.reserve(12) and pool.total == 6 and storage.rows.shape == (24, 5)
+    assert torch.equal(first.read_rows(8), rows)
+    storage.copy_slots(first.pages[1], second.pages[0], 3)  # a tail's first 3 slots
+    assert torch.equal(second.read_rows(3), rows[4:7])

@@ -31,3 +31,17 @@ def test_load_pages_restores_scattered_host_pages_into_any_device_pages():
             for i, dst in zip(order, targets):
                 src = saved[i]
                 assert torch.equal(t[dst * P: (dst + 1) * P], o[src * P: (src + 1) * P])
+
+
+def test_drafter_rows_go_to_the_host_and_come_back_with_their_pages():
+    storage = KvStorage(PagePool(6, page_tokens=P), layers=1, heads=1, dim=16,
+                        codecs=codecs_for("bf16", torch.float32), activation_dtype=torch.float32,
+                        row_width=12)
+    storage.rows.copy_(torch.randn(storage.rows.shape))
+    before = storage.rows.clone()
+    tier = HostTier(storage, pages=4)
+    assert tier.kv_bytes == 4 * storage.page_bytes  # the rows are in a host page's bytes
+    hosts = [tier.save_page(p) for p in (4, 1)]
+    tier.load_pages(hosts, [0, 5])
+    assert torch.equal(storage.rows[0: P], before[4 * P: 5 * P])
+    assert torch.equal(storage.rows[5 * P: 6 * P], before[P: 2 * P])
