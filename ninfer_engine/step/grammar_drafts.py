@@ -20,9 +20,13 @@ so a verify row leaves its prefetched mask unused (stale once the row's tokens a
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..constrained import mask
+
+log = logging.getLogger("ninfer.engine")
 
 
 def cut(seqs: list, proposals: list[list[int]]) -> list[list[int]]:
@@ -40,7 +44,11 @@ def cut(seqs: list, proposals: list[list[int]]) -> list[list[int]]:
             rows.append(i)
     if not rows:
         return out
-    bits = _fill([(seqs[i].sampler.constraint, out[i]) for i in rows])
+    try:
+        bits = _fill([(seqs[i].sampler.constraint, out[i]) for i in rows])
+    except Exception:  # these rows decode plainly, where sampling reports a broken grammar
+        log.exception("grammar masks of verify rows failed; decoding those rows plainly")
+        return [[] if i in rows else d for i, d in enumerate(out)]
     at = 0
     for i in rows:
         n = len(out[i])

@@ -5,12 +5,13 @@ sequence whose latest tokens repeat an earlier n-gram of its prompt or output, t
 followed that n-gram's latest earlier occurrence: no weights, any model. The runner verifies a
 row of the last token and k drafts in one forward (`DecodeGraphs.verify` or the eager forward's
 verify rows); `accept_greedy` takes the longest prefix of drafts the target's own greedy choice
-agrees with, plus the target's token after it, through the request's penalties and grammar, so the output
-is exactly what plain greedy decoding would give; `accept_sampled` does rejection sampling for
-sampled rows, so their tokens keep the request's sampling distribution. `Speculator` decides
-per row whether to draft (rows without log-probabilities, while their acceptance pays) and keeps
-the counters `EngineStats.spec` reports. A constrained row's drafts are cut to what its grammar
-accepts and its verify row is masked at every position (`grammar_drafts`).
+agrees with, plus the target's token after it, through the request's penalties and grammar, so
+the output is exactly what plain greedy decoding would give; `accept_sampled` does rejection
+sampling for sampled rows, so their tokens keep the request's sampling distribution.
+`Speculator` decides per row whether to draft (rows without log-probabilities, while their
+acceptance pays) and keeps the counters `EngineStats.spec` reports. A constrained row's drafts
+are cut to what its grammar accepts and its verify row is masked at every position
+(`grammar_drafts`).
 
 A drafter is model-free, `propose(tokens, k)` (`NgramDrafter`, or any stand-in with that
 method), or reads the model, `propose_rows(seqs, ks)` for a step's decode rows at once, fed the
@@ -262,10 +263,11 @@ def accept_sampled(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[
     """Speculative sampling with point-mass drafts (Leviathan et al.; vLLM's rejection sampler
     for n-gram drafts): position i takes draft d_i with probability p_i(d_i), where p_i is the
     request's sampling distribution there (temperature, top-k/p, min-p, penalties counting the
-    drafts before it, its grammar's mask after them); at the first rejection the token is drawn from p_i without d_i,
-    renormalised; with every draft taken, one more token is drawn from p_k. Each emitted token
-    is distributed exactly as plain sampling's; the uniforms come from the request's seeded
-    generator, one per test and one per draw, so a seed reproduces its run."""
+    drafts before it, its grammar's mask after them); at the first rejection the token is drawn
+    from p_i without d_i, renormalised; with every draft taken, one more token is drawn from
+    p_k. Each emitted token is distributed exactly as plain sampling's; the uniforms come from
+    the request's seeded generator, one per test and one per draw, so a seed reproduces its
+    run."""
     out = []
     for sampler, drafts, logits in rows:
         views = _position_views(sampler, drafts, logits.shape[0])

@@ -1,5 +1,6 @@
-"""Shared by the grammar-mask prefetch tests (CPU and CUDA): a step-by-step engine driver, a
-JSON schema the tiny models must follow, and a recorder of the masks the sampler applies."""
+"""Shared by the grammar-mask prefetch tests (CPU and CUDA) and the grammar-drafting tests: a
+tiny model with the default model's tokenizer, a step-by-step engine driver, a JSON schema the
+tiny models must follow, and a recorder of the masks the sampler applies."""
 from __future__ import annotations
 
 import torch

@@ -250,3 +250,14 @@ def test_rejection_sampling_of_a_constrained_row_follows_the_masked_distribution
     expected = probs * counts.sum()
     assert float(((counts[support] - expected) ** 2 / expected).sum()) < CHI2_0001_DF6
     assert taken > 100
+
+
+def test_a_failed_mask_fill_leaves_the_rows_to_plain_decoding(tokenizer, monkeypatch):
+    constraint = constraint_at(tokenizer, '{"n": 7, "c": "re')
+
+    def broken(rows, bits):
+        raise RuntimeError("the fill broke")
+
+    monkeypatch.setattr(mask, "fill_drafts", broken)
+    assert grammar_drafts.cut([Row(constraint)], [encode(tokenizer, 'd", ')]) == [[]]
+    assert constraint.verify is None and not constraint.matcher.is_error()
