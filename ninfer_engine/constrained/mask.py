@@ -46,6 +46,15 @@ def fill(pairs: list[tuple[llguidance.LLMatcher, int]], bits: torch.Tensor) -> N
     _executor().unsafe_compute_mask_ptr(pairs, bits.data_ptr(), words * 4, bits.shape[0])
 
 
+def fill_drafts(rows: list[tuple[llguidance.LLMatcher, int, list[int]]],
+                bits: torch.Tensor) -> None:
+    """For each (matcher, i, k drafts the matcher accepts), fill rows i..i + k of `bits` with
+    the masks after 0..k of the drafts (a verify row's), all in one executor call (without the
+    GIL); each matcher is left where it was (the drafts are consumed, then rolled back)."""
+    _executor().unsafe_compute_mask_ptr_with_draft_token(rows, bits.data_ptr(),
+                                                         bits.shape[1] * 4, bits.shape[0])
+
+
 def bitmasks(constraints: list[TokenConstraint], pin: bool = False) -> torch.Tensor:
     """The allowed-token bits of each constraint's next token: int32 [n, ceil(vocab / 32)],
     computed now (`prefetch.bitmasks` takes rows filled in the background)."""

@@ -57,6 +57,8 @@ class TokenConstraint:
         self.version = 0
         self.inflight: Any = None  # the background fill reading the matcher (a Future)
         self.prefetched: Any = None  # (fill, row, version) of a prefetched mask (`prefetch`)
+        # (version, drafts, bits) of a verify row's masks (`step.grammar_drafts`)
+        self.verify: Any = None
 
     @property
     def matcher(self) -> llguidance.LLMatcher:
@@ -81,6 +83,19 @@ class TokenConstraint:
         self._recent.append(token)
         if tuple(self._recent) == self._start_after:
             self.active = True
+
+    def draftable(self, drafts: Sequence[int]) -> int:
+        """How many of `drafts` a verify row may carry from this state: the prefix the grammar
+        accepts (the matcher is left as it was); before the grammar applies, the drafts before
+        the one that would start it (the positions after it need masks this state has not)."""
+        if self.active:
+            return self.matcher.validate_tokens(list(drafts))
+        recent = deque(self._recent, maxlen=self._recent.maxlen)
+        for i, token in enumerate(drafts):
+            recent.append(token)
+            if tuple(recent) == self._start_after:
+                return i
+        return len(drafts)
 
     def check(self) -> None:
         """Raise when the output already left the grammar (no mask can repair that)."""

@@ -5,11 +5,13 @@ sequence whose latest tokens repeat an earlier n-gram of its prompt or output, t
 followed that n-gram's latest earlier occurrence: no weights, any model. The runner verifies a
 row of the last token and k drafts in one forward (`DecodeGraphs.verify` or the eager forward's
 verify rows); `accept_greedy` takes the longest prefix of drafts the target's own greedy choice
-agrees with, plus the target's token after it, through the request's penalties, so the output
-is exactly what plain greedy decoding would give; `accept_sampled` does rejection sampling for
-sampled rows, so their tokens keep the request's sampling distribution. `Speculator` decides
-per row whether to draft (rows without a grammar or log-probabilities, while their acceptance
-pays) and keeps the counters `EngineStats.spec` reports.
+agrees with, plus the target's token after it, through the request's penalties and grammar, so
+the output is exactly what plain greedy decoding would give; `accept_sampled` does rejection
+sampling for sampled rows, so their tokens keep the request's sampling distribution.
+`Speculator` decides per row whether to draft (rows without log-probabilities, while their
+acceptance pays) and keeps the counters `EngineStats.spec` reports. A constrained row's drafts
+are cut to what its grammar accepts and its verify row is masked at every position
+(`grammar_drafts`).
 
 A drafter is model-free, `propose(tokens, k)` (`NgramDrafter`, or any stand-in with that
 method), or reads the model, `propose_rows(seqs, ks)` for a step's decode rows at once, fed the
@@ -27,6 +29,7 @@ from ..kernels import sampling as kernels
 from ..models.mtp import load_mtp
 from ..stats import SpecStats
 from .dflash_drafter import dflash_drafter
+from .grammar_drafts import cut, masked
 from .draft_head import load_draft_head
 from .mtp_drafter import MtpDrafter
 from .sampling import _CANDIDATES, Sampler, _path, _penalized
@@ -110,6 +113,7 @@ class Speculator:
         else:
             proposals = [self.drafter.propose([*seq.prompt, *seq.output], k) if k else []
                          for seq, k in zip(seqs, ks)]
+        proposals = cut(seqs, proposals)  # constrained rows: what their grammar accepts
         self._fall_back([seq for seq, k, p in zip(seqs, ks, proposals) if k and not p])
         return proposals
 
@@ -222,9 +226,10 @@ def mtp_drafter(artifact, model, vocab: int, matmul_dtype: torch.dtype | None = 
 
 def _eligible(seq) -> bool:
     """Rows whose verification reproduces plain decoding exactly (greedy) or in distribution
-    (sampled): no grammar, no log-probabilities, no forced thinking-close tokens."""
+    (sampled): no log-probabilities, no forced thinking-close tokens (a grammar is masked at
+    every verified position, `grammar_drafts`)."""
     s: Sampler = seq.sampler
-    return s.constraint is None and s.logprobs is None and seq.thinking_cap is None
+    return s.logprobs is None and seq.thinking_cap is None
 
 
 def split_verify_rows(batch, logits: torch.Tensor):
@@ -272,14 +277,15 @@ def accept_sampled(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[
     """Speculative sampling with point-mass drafts (Leviathan et al.; vLLM's rejection sampler
     for n-gram drafts): position i takes draft d_i with probability p_i(d_i), where p_i is the
     request's sampling distribution there (temperature, top-k/p, min-p, penalties counting the
-    drafts before it); at the first rejection the token is drawn from p_i without d_i,
-    renormalised; with every draft taken, one more token is drawn from p_k. Each emitted token
-    is distributed exactly as plain sampling's; the uniforms come from the request's seeded
-    generator, one per test and one per draw, so a seed reproduces its run."""
+    drafts before it, its grammar's mask after them); at the first rejection the token is drawn
+    from p_i without d_i, renormalised; with every draft taken, one more token is drawn from
+    p_k. Each emitted token is distributed exactly as plain sampling's; the uniforms come from
+    the request's seeded generator, one per test and one per draw, so a seed reproduces its
+    run."""
     out = []
     for sampler, drafts, logits in rows:
         views = _position_views(sampler, drafts, logits.shape[0])
-        logits = _penalized(logits, views)
+        logits = masked(sampler, drafts, _penalized(logits, views))
         probs, ids = _CANDIDATES[_path(sampler.params)](logits, views)
         probs, ids = probs.double().cpu(), None if ids is None else ids.cpu()
         tokens: list[int] = []
@@ -322,8 +328,9 @@ def accept_greedy(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[l
     emits: the drafts the target's greedy choice agrees with, then the target's token after the
     last of them. Position i's choice sees the request's penalties with drafts 1..i counted, as
     plain decoding would have; one argmax launch and one host copy for every row."""
-    # the sampler's own penalty step, position by position (`_position_views`)
-    picks = [_penalized(logits, _position_views(sampler, drafts, logits.shape[0]))
+    # the sampler's own penalty and grammar steps, position by position (`_position_views`)
+    picks = [masked(sampler, drafts,
+                    _penalized(logits, _position_views(sampler, drafts, logits.shape[0])))
              for sampler, drafts, logits in rows]
     if not picks:
         return []

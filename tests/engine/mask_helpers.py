@@ -1,17 +1,35 @@
-"""Shared by the grammar-mask prefetch tests (CPU and CUDA): a step-by-step engine driver, a
-JSON schema the tiny models must follow, and a recorder of the masks the sampler applies."""
+"""Shared by the grammar-mask prefetch tests (CPU and CUDA) and the grammar-drafting tests: a
+tiny model with the default model's tokenizer, a step-by-step engine driver, a JSON schema the
+tiny models must follow, and a recorder of the masks the sampler applies."""
 from __future__ import annotations
 
 import torch
 
+from ninfer_engine.cli.flags import default_artifact
 from ninfer_engine.constrained import mask
 from ninfer_engine.engine import Engine
 from ninfer_engine.types import GenerationRequest
+
+from .helpers import FakeArtifact, tiny_llama
+
+MODEL = default_artifact()
+ROLES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+         "chat_template.jinja")
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["n", "c", "xs"],
           "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
                          "c": {"enum": ["red", "green"]},
                          "xs": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}}}
+
+
+def tokenizer_artifact() -> FakeArtifact:
+    """A tiny random llama (seed 3) with the default model's real tokenizer and template."""
+    from ninfer_engine.artifact import open_artifact
+
+    with open_artifact(MODEL) as real:
+        resources = {role: real.resource(role) for role in ROLES if real.has_resource(role)}
+        vocab = real.config("text")["vocab_size"]
+    return FakeArtifact(tiny_llama(seed=3, vocab_size=vocab), resources=resources)
 
 
 def drive(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list]:

@@ -9,32 +9,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer_engine.cli.flags import default_artifact
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.constrained import (compile_constraint, json_schema_grammar, mask, prefetch,
                                        tool_call_grammar)
 from ninfer_engine.constrained.grammar import ToolSpec
 from ninfer_engine.engine import Engine
-from ninfer_engine.step.spec_policy import AlwaysSpeculate
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
-from .helpers import FakeArtifact, tiny_llama
-from .mask_helpers import SCHEMA, check_masks, drive, prompt, record_masks, tokens
+from .mask_helpers import (MODEL, SCHEMA, check_masks, drive, prompt, record_masks,
+                           tokenizer_artifact, tokens)
 
-MODEL = default_artifact()
 pytestmark = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL} is missing")
-ROLES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
-         "chat_template.jinja")
 
 
 @pytest.fixture(scope="module")
 def artifact():
-    from ninfer_engine.artifact import open_artifact
-
-    with open_artifact(MODEL) as real:
-        resources = {role: real.resource(role) for role in ROLES if real.has_resource(role)}
-        vocab = real.config("text")["vocab_size"]
-    return FakeArtifact(tiny_llama(seed=3, vocab_size=vocab), resources=resources)
+    return tokenizer_artifact()
 
 
 @pytest.fixture(autouse=True)
@@ -155,27 +145,6 @@ def test_a_request_that_leaves_its_grammar_fails_alone(artifact, counters):
     for rid in ("r0", "r1", "r3", "r4", "r5"):
         assert broken[rid][-1].finish == plain[rid][-1].finish != "error"
         assert tokens(broken[rid]) == tokens(plain[rid]), rid
-
-
-def test_constrained_rows_never_draft_so_no_draft_can_break_their_grammar(artifact):
-    """Prompt lookup (`--spec ngram`) drafts for a plain row whose prompt repeats itself, never
-    for a constrained row with the same prompt: drafts are checked by the target's choice,
-    not by the grammar, so a grammar row decodes plainly (`speculation._eligible`)."""
-    engine = engine_for(artifact, spec="ngram", draft_tokens=3)
-    engine.speculator.policy = AlwaysSpeculate()  # by the rules, not by step timings
-    repeated = prompt(engine, ' '.join(['{"n": 7, "c": "red", "xs": [true, false]}'] * 4))
-    constraint = compile_constraint(engine.tokenizer, grammars()[0])
-    batch = [GenerationRequest("grammar", repeated, SamplingParams(temperature=0.0), 60,
-                               constraint=constraint),
-             GenerationRequest("plain", repeated, SamplingParams(temperature=0.0), 40,
-                               ignore_eos=True)]
-    events = drive(engine, batch)
-    engine.stop()
-    assert events["plain"][-1].timings.draft_n > 0  # drafting was on and proposing
-    final = events["grammar"][-1]
-    assert final.finish == "stop" and final.timings.draft_n == 0
-    value = json.loads(engine.tokenizer.decode(tokens(events["grammar"])[:-1]))
-    assert set(value) == {"n", "c", "xs"} and value["c"] in ("red", "green")
 
 
 def test_a_fill_that_cannot_start_leaves_the_masks_to_sampling(artifact, monkeypatch, counters):
