@@ -48,43 +48,32 @@ static inline float dot(const float *a, const float *b, int64_t D) {
 
 #define MAX_HEAD_DIM 512
 
-/* One query head of one row: its rotated q and the row's rotated k (its own copy: no barrier
- * between heads of a KV group) attend over the row's pages; the group's first head stores the
- * new k and v in the row's slot. Positions before the last are read from the pool, the last
- * from the copy, so no head reads the slot being written. */
+/* One query head of one row: its rotated q attends over the row's pages, its own position
+ * included (`store_kv` wrote every row's k and v before: a verify row's later positions read
+ * its earlier ones). */
 static void attend_head(const float *qkv_row, int64_t head, int64_t nq, int64_t nkv, int64_t D,
-                        int64_t pos, int64_t slot, const int64_t *table, int64_t page,
-                        float *k_pool, float *v_pool, const float *cos_row,
-                        const float *sin_row, float scale, float *scores, float *out) {
+                        int64_t pos, const int64_t *table, int64_t page, const float *k_pool,
+                        const float *v_pool, const float *cos_row, const float *sin_row,
+                        float scale, float *scores, float *out) {
     const int64_t kv = head / (nq / nkv);
-    float q[MAX_HEAD_DIM], k[MAX_HEAD_DIM];
-    const float *v = qkv_row + (nq + nkv + kv) * D;
+    float q[MAX_HEAD_DIM];
     rope(qkv_row + head * D, q, D, cos_row, sin_row);
-    rope(qkv_row + (nq + kv) * D, k, D, cos_row, sin_row);
-    if (head % (nq / nkv) == 0) {
-        for (int64_t i = 0; i < D; i++) {
-            k_pool[(slot * nkv + kv) * D + i] = k[i];
-            v_pool[(slot * nkv + kv) * D + i] = v[i];
-        }
-    }
     float top = -INFINITY, sum = 0.0f;
     for (int64_t start = 0; start <= pos; start += page) { /* page by page: one table read */
         const float *kp = k_pool + (table[start / page] * page * nkv + kv) * D;
-        const int64_t end = start + page <= pos ? start + page : pos;
+        const int64_t end = start + page <= pos + 1 ? start + page : pos + 1;
         for (int64_t t = start; t < end; t++) {
             scores[t] = dot(q, kp + (t - start) * nkv * D, D) * scale;
             top = scores[t] > top ? scores[t] : top;
         }
     }
-    scores[pos] = dot(q, k, D) * scale;
-    top = scores[pos] > top ? scores[pos] : top;
     __m256 o[MAX_HEAD_DIM / 8];
     for (int64_t i = 0; i < D / 8; i++) o[i] = _mm256_setzero_ps();
     for (int64_t start = 0; start <= pos; start += page) {
         const float *vp = v_pool + (table[start / page] * page * nkv + kv) * D;
         const int64_t end = start + page <= pos + 1 ? start + page : pos + 1;
         for (int64_t t = start; t < end; t++) {
-            const float *vt = t == pos ? v : vp + (t - start) * nkv * D;
+            const float *vt = vp + (t - start) * nkv * D;
             const float e = expf(scores[t] - top);
             const __m256 ev = _mm256_set1_ps(e);
             sum += e;
@@ -97,7 +86,8 @@ static void attend_head(const float *qkv_row, int64_t head, int64_t nq, int64_t 
 }
 
 /* One decode step of B rows: logits [B, V]. `h` holds one [B, H] normed copy per thread; the
- * gate/up rows come in blocks of (gate i, gate i+1, up i, up i+1). Five barriers a layer. */
+ * gate/up rows come in blocks of (gate i, gate i+1, up i, up i+1). Six barriers a layer.
+ * Rows are positions, not sequences: a verify row of 1 + k tokens is 1 + k consecutive rows. */
 void ninfer_llama_decode_step(
     const int64_t *dims, float eps, float scale, int64_t threads, int64_t B,
     const int64_t *tokens, const int64_t *positions, const int64_t *slots,
@@ -124,11 +114,23 @@ void ninfer_llama_decode_step(
             float *k_pool = (float *)k_pool_ptrs[l], *v_pool = (float *)v_pool_ptrs[l];
             rms_norm_rows(x, (const float *)p[IN_NORM], h, B, H, eps);
             project(q8, h, xq, xd, B, H, Q8_AT(p, QKV), qkv, W, STORE);
+            /* every row's rotated k and its v into its slot, then (after the loop's barrier)
+             * attention: a verify row's positions are consecutive rows of one sequence */
+            #pragma omp for schedule(static)
+            for (int64_t item = 0; item < B * nkv; item++) {
+                const int64_t b = item / nkv, kv = item % nkv, pos = positions[b];
+                const float *row = qkv + b * W;
+                float *k_slot = k_pool + (slots[b] * nkv + kv) * D;
+                float *v_slot = v_pool + (slots[b] * nkv + kv) * D;
+                rope(row + (nq + kv) * D, k_slot, D, rope_cos + pos * half,
+                     rope_sin + pos * half);
+                for (int64_t i = 0; i < D; i++) v_slot[i] = row[(nq + nkv + kv) * D + i];
+            }
             #pragma omp for schedule(static)
             for (int64_t item = 0; item < B * nq; item++) {
                 const int64_t b = item / nq, pos = positions[b];
-                attend_head(qkv + b * W, item % nq, nq, nkv, D, pos, slots[b], table + b * tw,
-                            page, k_pool, v_pool, rope_cos + pos * half, rope_sin + pos * half,
+                attend_head(qkv + b * W, item % nq, nq, nkv, D, pos, table + b * tw, page,
+                            k_pool, v_pool, rope_cos + pos * half, rope_sin + pos * half,
                             scale, scores + item * dims[SCORES_W], attn + item * D);
             }
             project(q8, attn, xq, xd, B, nq * D, Q8_AT(p, O), x, H, ACCUMULATE);

@@ -94,20 +94,25 @@ def stored_q8(weights, names: list[str], shapes: list[tuple[int, int]]) -> Q8Mat
 class CpuDecoder:
     """One decode step of a `LlamaModel` over fixed buffers, by the compiled C step."""
 
-    max_q = 1  # decode rows only: verify rows run eagerly
+    # a verify row of 1 + k tokens is 1 + k rows of the C step at consecutive positions (no
+    # padding: `DecodeGraphs.verify_rows`), each row its own slot and a copy of the page table
+    ragged = True
 
     def __init__(self, model: LlamaModel, storage: KvStorage, max_batch: int, max_context: int,
                  layers: list[dict[str, Q8Matrix]], head: Q8Matrix,
-                 activations: str = "fp32") -> None:
+                 activations: str = "fp32", max_q: int = 1) -> None:
         self.model, self.storage = model, storage
-        self.max_batch, self.max_context = max_batch, max_context
+        self.max_batch, self.max_context, self.max_q = max_batch, max_context, max_q
+        # the step's rows: a batch of verify rows, as far as the GEMV's tiles go
+        self.max_rows = min(max_batch * max_q, kernel.MAX_ROWS)
         self._lib = kernel.decode_step_library()
         c = model.cfg
         H, I, D = c.hidden_size, c.intermediate_size, c.head_dim
         nq, nkv = c.num_heads, c.num_kv_heads
         page = storage.page_tokens
-        self.meta = torch.zeros(3, max_batch, dtype=torch.long)  # token, position, slot
-        self.table = torch.zeros(max_batch, -(-max_context // page), dtype=torch.long)
+        R = self.max_rows
+        self.meta = torch.zeros(3, R, dtype=torch.long)  # token, position, slot
+        self.table = torch.zeros(R, -(-max_context // page), dtype=torch.long)
         self.tables = PageTables(self.table)
         self._keep = (layers, head)  # the pointers below point into these
         dims = dict(layers=c.num_layers, hidden=H, inter=I, nq=nq, nkv=nkv, head_dim=D,
@@ -122,7 +127,7 @@ class CpuDecoder:
                 pointers += [weights[name].codes.data_ptr(), weights[name].scales.data_ptr()]
         self.layer_pointers = torch.tensor(pointers, dtype=torch.long)
         self.head = head
-        B = max_batch
+        B = R
         self.x = torch.zeros(B, H)
         # per thread (`_thread_buffers`): a [B, H] normed copy, and the quantized GEMV input
         # (int8 or int16 codes and fp32 scales of [B, max(H, I)])
@@ -137,20 +142,27 @@ class CpuDecoder:
         self._pools: tuple | None = None
 
     def load(self, seqs: list, drafts: list[list[int]] | None = None) -> None:
-        """Copy the rows' next token, position, slot and page table into the buffers."""
-        if drafts:
-            raise NotImplementedError("verify rows in the CPU decode step")
+        """Copy the rows' next token, position, slot and page table into the buffers: each
+        sequence's last token, then its drafts (if any) at the positions after it."""
         page = self.storage.page_tokens
-        rows = []
-        for seq in seqs:
-            pos = seq.cached
-            if pos >= self.max_context:  # the C step's buffers end there: refuse, never overrun
-                raise ValueError(f"position {pos} is past the decode step's context "
-                                 f"{self.max_context}")
+        rows, caches = [], []
+        for i, seq in enumerate(seqs):
+            tokens = [seq.output[-1], *(drafts[i] if drafts else ())]
+            if seq.cached + len(tokens) > self.max_context:  # the C step's buffers end there
+                raise ValueError(f"position {seq.cached + len(tokens) - 1} is past the decode "
+                                 f"step's context {self.max_context}")
             pages = seq.cache.pages
-            rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page))
-        self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t())
-        self.tables.fill([seq.cache for seq in seqs])
+            for pos, token in enumerate(tokens, seq.cached):
+                rows.append((token, pos, pages[pos // page] * page + pos % page))
+                caches.append(seq.cache)
+        if len(rows) > self.max_rows:
+            raise ValueError(f"{len(rows)} rows: the CPU step holds {self.max_rows}")
+        self.meta[:, : len(rows)].copy_(torch.tensor(rows, dtype=torch.long).t())
+        self.tables.fill(caches)
+
+    def keep(self, row: int, kept: int) -> None:
+        """After a verify step: nothing to roll back (K/V past the kept tokens is overwritten
+        later; no recurrent state)."""
 
     def feed(self, tokens: torch.Tensor) -> None:
         """The loaded rows' input tokens from the last step's picks (the engine's lookahead)."""
@@ -169,15 +181,15 @@ class CpuDecoder:
 
     def _thread_buffers(self, threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.h.numel() < threads * self.x.numel():
-            B = self.max_batch
+            B = self.max_rows
             self.h = torch.zeros(threads, *self.x.shape)
             self.xq = torch.zeros(threads, B, 2 * self.widest, dtype=torch.int8)  # int16 fits
             self.xd = torch.zeros(threads, B, self.widest // 32)
         return self.h, self.xq, self.xd
 
     def step(self, batch: int, bucket: int = 0, q_len: int = 1) -> torch.Tensor:
-        """Logits [batch, V] (fp32) of the loaded rows (`bucket` is the CUDA graphs' and unused:
-        the C step reads each row's own length)."""
+        """Logits [batch, V] (fp32) of the first `batch` loaded rows (`bucket` and `q_len` are
+        the CUDA graphs' and unused: the C step reads each row's own position)."""
         m = self.model
         tokens, positions, slots = self.meta
         m.rope.tables(positions[:1], int(positions[:batch].max()))  # grows the tables if needed
@@ -208,9 +220,10 @@ def swiglu_blocks(gate: Q8Matrix, up: Q8Matrix) -> Q8Matrix:
 
 
 def cpu_decoder(model: LlamaModel, storage: KvStorage, max_batch: int, max_context: int,
-                weights, activations: str = "fp32") -> CpuDecoder | str:
+                weights, activations: str = "fp32", max_q: int = 1) -> CpuDecoder | str:
     """The compiled CPU step over `storage` for `model` (weights read from `weights`, the
-    artifact), or why it cannot serve this model here."""
+    artifact; `max_q`: the most tokens a verify row carries), or why it cannot serve this
+    model here."""
     c = model.cfg
     H, I, D = c.hidden_size, c.intermediate_size, c.head_dim
     nq, nkv = c.num_heads, c.num_kv_heads
@@ -251,4 +264,4 @@ def cpu_decoder(model: LlamaModel, storage: KvStorage, max_batch: int, max_conte
     if head is None:
         return "the artifact does not store the output head as Q8 groups (q8_g32_fp16)"
     return CpuDecoder(model, storage, max_batch, max_context, layers, head.tile_rows(),
-                      activations)
+                      activations, max_q)

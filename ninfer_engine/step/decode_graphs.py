@@ -85,6 +85,22 @@ class DecodeGraphs:
         assert all(len(d) == q_len - 1 for d in drafts) and q_len <= self.decoder.max_q
         return self._run(seqs, drafts, q_len).view(len(seqs), q_len, -1)
 
+    def verifies(self, drafts: list[list[int]]) -> bool:
+        """Whether a step of rows with these drafts runs here: each row within `max_q`, and
+        for a decoder whose rows are positions (`ragged`: the CPU step) all within its rows."""
+        d = self.decoder
+        if 1 + max(map(len, drafts), default=0) > d.max_q:
+            return False
+        return not getattr(d, "ragged", False) or sum(map(len, drafts)) + len(drafts) <= d.max_rows
+
+    def verify_rows(self, seqs: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
+        """`verify` for a `ragged` decoder, each row as long as its drafts (none: a decode row):
+        logits [Σ (1 + k_i), V] in row order. Uncaptured: leaves `cached` to `keep`."""
+        d = self.decoder
+        d.load(seqs, drafts)
+        self._q_len = 1 + max(map(len, drafts))
+        return d.step(sum(map(len, drafts)) + len(drafts))
+
     def keep(self, seqs: list[Sequence], kept: list[int]) -> None:
         """After `verify`: row i keeps its first `kept[i]` tokens (1 ≤ kept ≤ 1 + k, the last
         sampled token included): its GDN state goes back to the state after them, its K/V past

@@ -31,8 +31,9 @@ from .runner import HybridRunner, Runner
 # None where the model's weights are in a form it does not serve (or hiddens are asked of a
 # step that keeps none)
 StaticStep = Callable[[Any, SequenceMemory, int, int, int, bool], Any]
-# (model, memory, max_batch, max_context, weights) -> the family's CPU decode step, or why none
-CpuStep = Callable[[Any, SequenceMemory, int, int, Any, str], Any]
+# (model, memory, max_batch, max_context, max_q, weights, activations) -> the family's CPU
+# decode step, or why none
+CpuStep = Callable[[Any, SequenceMemory, int, int, int, Any, str], Any]
 
 log = logging.getLogger("ninfer.engine")
 
@@ -60,8 +61,9 @@ def _hybrid_step(model, memory, max_batch, max_context, max_q, keep_hidden):
                                max_context, max_q, keep_hidden)
 
 
-def _llama_cpu_step(model, memory, max_batch, max_context, weights, activations):
-    return cpu_decoder(model, memory.storage, max_batch, max_context, weights, activations)
+def _llama_cpu_step(model, memory, max_batch, max_context, max_q, weights, activations):
+    return cpu_decoder(model, memory.storage, max_batch, max_context, weights, activations,
+                       max_q)
 
 
 FAMILIES = {LlamaModel: Family("llama", Runner, _llama_step, _llama_cpu_step),
@@ -86,15 +88,16 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
                         cpu_activations: str = "fp32") -> DecodeGraphs | None:
     """The static decode path over `memory`'s KV pool and running-state slots when the model,
     device and KV layout allow it, else None; `max_q`: the most tokens a row carries (1 + the
-    speculative drafts), where the family's step verifies rows (the llama step decodes only:
-    its verify steps run eagerly); `keep_hidden`: the step also keeps each token row's
-    final-normed hidden (`--spec mtp` drafts from them); `weights`: the artifact, where the
-    CPU step reads its stored weights (None: no CPU step, `--cpu-step eager`);
+    speculative drafts), where the family's step verifies rows (the llama CUDA step decodes
+    only: its verify steps run eagerly; the CPU step takes a verify row as consecutive rows);
+    `keep_hidden`: the step also keeps each token row's final-normed hidden (`--spec mtp`
+    drafts from them); `weights`: the artifact, where the CPU step reads its stored weights
+    (None: no CPU step, `--cpu-step eager`);
     `cpu_activations`: the CPU step's GEMV inputs, fp32|int16|int8 (`--cpu-activations`)."""
     storage = memory.storage
     if model.device.type == "cpu":
         return cpu_decode_steps(model, memory, max_batch, max_context, keep_hidden, weights,
-                                cpu_activations)
+                                cpu_activations, max_q)
     if kv_dtype not in GRAPH_CODECS or not storage.kernel_layout:
         return None
     if model.device.type != "cuda" or model.dtype != torch.bfloat16:
@@ -118,14 +121,14 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
 
 def cpu_decode_steps(model, memory: SequenceMemory, max_batch: int, max_context: int,
                      keep_hidden: bool, weights: Any,
-                     activations: str = "fp32") -> DecodeGraphs | None:
+                     activations: str = "fp32", max_q: int = 1) -> DecodeGraphs | None:
     """The family's compiled CPU decode step, driven like the graphs without capture; None
     (the eager step, with the reason logged) where it cannot serve this model here."""
     cpu_step = family_of(model).cpu_step
     if weights is None or keep_hidden or cpu_step is None:
         return None
     started = time.monotonic()
-    decoder = cpu_step(model, memory, max_batch, max_context, weights, activations)
+    decoder = cpu_step(model, memory, max_batch, max_context, max_q, weights, activations)
     if isinstance(decoder, str):
         log.info("CPU decode: the eager step (%s)", decoder)
         return None

@@ -57,10 +57,13 @@ class _ModelRunner:
         self._verified_by_graph = False
         sink = self.hidden_sink
         if (graphs is None or not batch.decode or not graphs.accepts(batch.decode)
-                or 1 + longest > graphs.decoder.max_q
+                or not graphs.verifies(drafts)
                 or (sink is not None and getattr(graphs.decoder, "hidden", None) is None)):
             return self._eager(_work(batch), sampled)
-        if not longest:
+        if longest and getattr(graphs.decoder, "ragged", False):  # the CPU step: no padding
+            logits = graphs.verify_rows(batch.decode, drafts)
+            self._verified_by_graph = True
+        elif not longest:
             logits = graphs.forward(batch.decode)
             if sink is not None:  # `forward` advanced `cached` past each row's token
                 for i, seq in enumerate(batch.decode):

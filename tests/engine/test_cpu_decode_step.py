@@ -9,7 +9,7 @@ import torch
 from ninfer_engine.artifact import encodings
 from ninfer_engine.kernels.cpu_decode import cpu_decode_unavailable
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
-from ninfer_engine.models import build_model
+from ninfer_engine.models import Segment, build_model
 from ninfer_engine.models.llama_cpu_step import Q8, CpuDecoder, cpu_decoder
 from ninfer_engine.step.decode_graphs import DecodeGraphs
 
@@ -63,6 +63,18 @@ def _setup(**overrides):
 HALF_STEP = {"fp32": 0, "int16": 1 / (2 * 32767), "int8": 1 / (2 * 127)}
 
 
+def _limit(model, context: int, activations: str) -> float:
+    """The relative bound on the C step's logits against the eager fp32 forward's: fp32
+    rounding over the model's error chains up to `context`, the two exps a layer takes
+    (softmax, SiLU) from another libm (≤ 2 ulp each side), and, for quantized GEMV inputs, one
+    rounding of their code step per projection input (4 a layer and the head's)."""
+    _, (depth, _) = error_chains(model, context)
+    depth += 2 * tolerance.TRANSCENDENTAL * len(model.layers)
+    inputs = 4 * len(model.layers) + 1
+    depth += inputs * HALF_STEP[activations] / tolerance.unit_roundoff(torch.float32)
+    return tolerance.bound(torch.float32, depth)
+
+
 @pytest.mark.parametrize("activations", list(HALF_STEP))
 @pytest.mark.parametrize("lengths", [LENGTHS, LENGTHS[:1]])  # batch 3, and the one-row kernel
 @torch.inference_mode()
@@ -83,12 +95,7 @@ def test_compiled_step_matches_the_model_forward(lengths, activations):
     ours = [_prefilled(model, ours_storage, p) for p in prompts]
     ref = [_prefilled(model, ref_storage, p) for p in prompts]
     graphs = DecodeGraphs(decoder, capture=False)
-    _, (depth, _) = error_chains(model, max(lengths) + STEPS)
-    # plus the two exps a layer takes (softmax, SiLU) from another libm: ≤ 2 ulp each side
-    depth += 2 * tolerance.TRANSCENDENTAL * len(model.layers)
-    inputs = 4 * len(model.layers) + 1
-    depth += inputs * HALF_STEP[activations] / tolerance.unit_roundoff(torch.float32)
-    limit = tolerance.bound(torch.float32, depth)
+    limit = _limit(model, max(lengths) + STEPS, activations)
     for step in range(STEPS):
         for a, b in zip(ours, ref):
             assert a.cache.reserve(a.cached + 1) and b.cache.reserve(b.cached + 1)
@@ -101,6 +108,52 @@ def test_compiled_step_matches_the_model_forward(lengths, activations):
             a.output.append(token)
             b.output.append(token)
     assert [s.cached for s in ours] == [n + STEPS for n in lengths]
+
+
+@pytest.mark.parametrize("activations", ["fp32", "int8"])
+@torch.inference_mode()
+def test_verify_rows_match_the_model_forward(activations):
+    """A step of verify rows (a row's token and its drafts as consecutive rows of the C step,
+    rows of 4, 1 and 3 tokens) gives each position's logits as the eager forward of the same
+    tokens does, within the decode step's bound; each row then keeps part of its tokens and
+    the next plain step, over the K/V the verify step left, matches the reference again."""
+    model, weights, storage = _setup()
+    ours_storage, ref_storage = storage(), storage()
+    decoder = cpu_decoder(model, ours_storage, 3, 512, weights, activations, max_q=4)
+    assert isinstance(decoder, CpuDecoder), decoder
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in LENGTHS]
+    ours = [_prefilled(model, ours_storage, p) for p in prompts]
+    ref = [_prefilled(model, ref_storage, p) for p in prompts]
+    drafts = [torch.randint(0, 128, (k,), generator=gen).tolist() for k in (3, 0, 2)]
+    graphs = DecodeGraphs(decoder, capture=False)
+    assert graphs.verifies(drafts) and not graphs.verifies([[0] * 4] + drafts[1:])
+    for a, b, d in zip(ours, ref, drafts):
+        assert a.cache.reserve(a.cached + 1 + len(d)) and b.cache.reserve(b.cached + 1 + len(d))
+    got = graphs.verify_rows(ours, drafts).clone()
+    rows = [[s.output[-1], *d] for s, d in zip(ref, drafts)]
+    on = model.device
+    want = model.forward(
+        torch.tensor([t for r in rows for t in r], device=on),
+        torch.tensor([p for s, r in zip(ref, rows) for p in range(s.cached, s.cached + len(r))],
+                     device=on),
+        [Segment(s.cache, s.cached, len(r)) for s, r in zip(ref, rows)],
+        torch.arange(sum(map(len, rows)), device=on))
+    limit = _limit(model, max(LENGTHS) + 4, activations)
+    assert got.shape == want.shape == (8, model.vocab_size)
+    assert (got - want).abs().max() <= limit * want.abs().max()
+    kept, start = [2, 1, 3], 0
+    graphs.keep(ours, kept)
+    for a, b, r, n in zip(ours, ref, rows, kept):
+        token = int(want[start + n - 1].argmax())  # the target's token after the kept ones
+        start += len(r)
+        b.cached += n
+        assert a.cached == b.cached
+        a.output.append(token)
+        b.output.append(token)
+        assert a.cache.reserve(a.cached + 1)
+    got = graphs.forward(ours)
+    assert (got - _eager_step(model, ref)).abs().max() <= limit * got.abs().max()
 
 
 def test_the_step_multiplies_by_the_stored_values():
