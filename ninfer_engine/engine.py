@@ -102,6 +102,9 @@ class Engine(StepPostprocess):
             config.lookahead if config.lookahead is not None
             else graphs is not None and graphs.capture))
         self._in_flight: InFlight | None = None  # a lookahead step the host has not read
+        # the CPU step verifies as many rows as it holds: drafts past them would send the
+        # step to the eager forward, several times its cost
+        self._draft_cap = graphs.draft_cap if graphs is not None else lambda batch: None
         self._faults = Faults("")
         self._events = EventPump()  # a step's token events, handed to the loops once a step
         self._wake = threading.Event()
@@ -334,8 +337,10 @@ class Engine(StepPostprocess):
         some and the row's lease grows to cover them; other rows stay plain decode rows."""
         if self.speculator is None or not batch.decode:
             return batch
+        cap = self._draft_cap(len(batch.decode))
         rooms = [min(seq.request.max_tokens - len(seq.output) - 1,
-                     self.max_context - seq.cached - 2) for seq in batch.decode]
+                     self.max_context - seq.cached - 2, self.speculator.k if cap is None else cap)
+                 for seq in batch.decode]
         drafts = []
         for seq, d in zip(batch.decode, self.speculator.draft_rows(batch.decode, rooms)):
             if d and not self.memory.grow(seq, seq.cached + 1 + len(d)):

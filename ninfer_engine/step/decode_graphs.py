@@ -93,6 +93,15 @@ class DecodeGraphs:
             return False
         return not getattr(d, "ragged", False) or sum(map(len, drafts)) + len(drafts) <= d.max_rows
 
+    def draft_cap(self, batch: int) -> int | None:
+        """The most drafts a row of a `batch`-row step may carry for a `ragged` decoder to
+        verify the step (each row an equal share of its rows); None: no cap (elsewhere a step
+        the graphs cannot verify runs eagerly, at its own measured cost)."""
+        d = self.decoder
+        if not getattr(d, "ragged", False) or batch > d.max_batch:
+            return None
+        return min(d.max_q, d.max_rows // batch) - 1
+
     def verify_rows(self, seqs: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
         """`verify` for a `ragged` decoder, each row as long as its drafts (none: a decode row):
         logits [Σ (1 + k_i), V] in row order. Uncaptured: leaves `cached` to `keep`."""

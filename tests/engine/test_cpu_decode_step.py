@@ -12,10 +12,12 @@ from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
 from ninfer_engine.models.llama_cpu_step import Q8, CpuDecoder, cpu_decoder
 from ninfer_engine.step.decode_graphs import DecodeGraphs
+from ninfer_engine.step.runner import Runner
 
 from tests import tolerance
 
-from .helpers import DictWeights, copy_pool, error_chains, text_config, tiny_llama
+from .helpers import (DictWeights, FakeArtifact, copy_pool, error_chains, text_config,
+                      tiny_llama)
 from .test_decode_graphs import LENGTHS, STEPS, _eager_step, _prefilled
 
 pytestmark = pytest.mark.skipif(cpu_decode_unavailable() is not None,
@@ -177,3 +179,48 @@ def test_no_compiled_step_where_it_would_not_be_the_stored_weights():
     int8_kv = KvStorage(PagePool(4, 64), layers, heads, dim, codecs_for("int8", model.dtype),
                         model.dtype)
     assert "unquantized KV" in cpu_decoder(model, int8_kv, 1, 128, weights)
+
+
+def test_draft_cap_keeps_a_verify_step_within_the_rows():
+    """Each row of a `batch`-row step gets an equal share of the step's 16 rows, at most
+    `max_q`; a batch the step does not take has no cap (it runs eagerly anyway)."""
+    model, weights, storage = _setup()
+    graphs = DecodeGraphs(cpu_decoder(model, storage(), 8, 128, weights, max_q=4), False)
+    assert [graphs.draft_cap(b) for b in (1, 4, 5, 8, 9)] == [3, 3, 2, 1, None]
+
+
+class Q8Artifact(FakeArtifact):
+    """A tiny llama as an artifact with its matrices stored as Q8 groups (the compiled step's)."""
+
+    def __init__(self, hf) -> None:
+        super().__init__(hf)
+        self._weights = Q8Weights(hf)
+
+    def row_parts(self, name, shape):
+        return self._weights.row_parts(name, shape)
+
+
+@torch.inference_mode()
+def test_the_engine_verifies_ngram_drafts_in_the_compiled_step(monkeypatch):
+    """`--spec ngram` on the compiled CPU step: every verify step runs in the C step (the eager
+    forward only prefills), drafts are taken, and greedy output is the plain run's."""
+    from .test_speculation import _engine, _prompts, _run
+
+    artifact = Q8Artifact(tiny_llama(seed=5))
+    eager_rows = []
+    forward = Runner._eager
+    monkeypatch.setattr(Runner, "_eager", lambda self, work, sampled: (
+        eager_rows.extend(verify for _, _, verify in work), forward(self, work, sampled))[1])
+    outputs, engines = [], []
+    for spec in (None, "ngram"):
+        engine = _engine(artifact, spec, max_concurrency=2)
+        try:
+            assert isinstance(engine.runner.graphs.decoder, CpuDecoder)
+            outputs.append(_run(engine, _prompts(120), 40))
+        finally:
+            engine.stop()
+        engines.append(engine)
+    assert outputs[0] == outputs[1]
+    counters = engines[1].speculator.counters
+    assert counters.rounds > 0 and counters.accepted > 0
+    assert eager_rows and not any(eager_rows)  # prompt rows only
