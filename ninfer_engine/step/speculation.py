@@ -20,6 +20,7 @@ layers' features, `dflash_drafter.DFlashDrafter`, `--spec dflash`).
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -49,16 +50,23 @@ class NgramDrafter:
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         n_tokens = len(tokens)
+        # searched as bytes (C speed): a Python scan took ~0.9 ms a row at 2,000 tokens, each
+        # step, whether or not anything matched
+        data = array("q", tokens).tobytes()
         for n in range(min(MAX_NGRAM, n_tokens - 1), MIN_NGRAM - 1, -1):
-            tail = tokens[n_tokens - n:]
-            for start in range(n_tokens - n - 1, -1, -1):
-                if tokens[start: start + n] == tail:
-                    drafts: list[int] = []
-                    source = start + n
-                    while len(drafts) < k:
-                        at = source + len(drafts)
-                        drafts.append(tokens[at] if at < n_tokens else drafts[at - n_tokens])
-                    return drafts
+            tail = data[8 * (n_tokens - n):]
+            end = 8 * (n_tokens - 1)  # an earlier occurrence ends before the last token
+            at = data.rfind(tail, 0, end)
+            while at > 0 and at % 8:  # a match across token boundaries: look further back
+                at = data.rfind(tail, 0, at + len(tail) - 1)
+            if at < 0:
+                continue
+            drafts: list[int] = []
+            source = at // 8 + n
+            while len(drafts) < k:
+                i = source + len(drafts)
+                drafts.append(tokens[i] if i < n_tokens else drafts[i - n_tokens])
+            return drafts
         return []
 
 

@@ -14,8 +14,8 @@ from ninfer_engine.engine import Engine
 from ninfer_engine.step.sampling import Sampler, sample_rows
 from ninfer_engine.step.spec_overlap import prompt_ngram_overlap
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
-from ninfer_engine.step.speculation import (NgramDrafter, Speculator, accept_greedy,
-                                            accept_sampled)
+from ninfer_engine.step.speculation import (MAX_NGRAM, MIN_NGRAM, NgramDrafter, Speculator,
+                                            accept_greedy, accept_sampled)
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from .helpers import FakeArtifact, tiny_llama
@@ -32,6 +32,33 @@ def test_ngram_drafts_continue_the_latest_earlier_occurrence():
     # a continuation that reaches the end goes on from the drafts: 9 1 2 then 9 1 2 again
     assert drafter.propose([1, 2, 9, 1, 2], 5) == [9, 1, 2, 9, 1]
     assert drafter.propose([4, 4, 4], 3) == [4, 4, 4]
+
+
+def _latest_occurrence_drafts(tokens, k):
+    """`NgramDrafter.propose` by its definition, scanned token by token."""
+    for n in range(min(MAX_NGRAM, len(tokens) - 1), MIN_NGRAM - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start: start + n] == tokens[len(tokens) - n:]:
+                drafts = []
+                while len(drafts) < k:
+                    at = start + n + len(drafts)
+                    drafts.append(tokens[at] if at < len(tokens) else drafts[at - len(tokens)])
+                return drafts
+    return []
+
+
+def test_ngram_drafts_match_their_definition_on_random_and_byte_aligned_tokens():
+    """The byte search finds what a token-by-token scan does: random short alphabets (many
+    repeats), and ids whose bytes match across token boundaries (256 = 0x100, 1 = 0x01)."""
+    gen = torch.Generator().manual_seed(3)
+    drafter = NgramDrafter()
+    cases = [torch.randint(0, v, (n,), generator=gen).tolist()
+             for v in (2, 3, 5, 50) for n in (1, 2, 3, 5, 9, 40, 200)]
+    cases += [[1, 256, 1, 0, 0, 1, 256, 1], [256, 0, 0, 5, 1, 0], [7, 1, 0, 256, 0, 0, 1, 0],
+              [2**40, 1, 2**40, 1]]
+    for tokens in cases:
+        for k in (1, 3, 6):
+            assert drafter.propose(tokens, k) == _latest_occurrence_drafts(tokens, k), tokens
 
 
 def test_greedy_acceptance_with_penalties_is_plain_greedy_token_by_token():
