@@ -188,15 +188,17 @@ def markdown(r: dict) -> str:
              f"`{r['model']}`; greedy, {r['draft_tokens']} draft tokens; outputs identical in "
              "all three settings",
              f"- tok/s: medians over {r['runs']} runs after a warm-up, the three settings' "
-             "engines loaded side by side and their runs interleaved. The box is shared and "
-             "noisy (2 cores; the last column is other processes' load during the runs)",
+             "engines loaded side by side and their runs interleaved (compare within a row: "
+             "a lone engine runs faster). The box is shared and noisy (2 cores; the last "
+             "column is other processes' load during the runs)",
              "- policy: the engine's speculation policy (`spec_policy`, as served); always: "
              "every step drafts where prompt lookup proposes (`AlwaysSpeculate`). Rounds: "
              "verify rounds over the warm-up and the runs",
              "- reading: a verify step runs in the compiled CPU step (`models/llama_cpu_step.py`"
-             ": a row's token and its drafts are consecutive rows of the C step), at little "
-             "more than a decode step's cost, so the policy drafts wherever prompt lookup "
-             "proposes and acceptance is high", "", *_table(r)]
+             ": a row's token and its drafts are consecutive rows of the C step, which read "
+             "each weight once for all of them), well under 1 + k decode steps' cost, so the "
+             "policy drafts wherever prompt lookup proposes and acceptance is high", "",
+             *_table(r)]
     b = r.get("before")
     if b:
         lines += ["", f"## Before: commit {b.get('commit', '?')}, {b['date']} "
