@@ -1,7 +1,8 @@
 """The llama family's CPU decode step: one call into compiled C per step, weights as stored Q8.
 
 `CpuDecoder` has `StaticDecoder`'s interface (`load` the rows into fixed buffers, then `step`),
-so `step.decode_graphs.DecodeGraphs` drives it without capture. A step is one call of
+so `step.decode_graphs.DecodeGraphs` drives it without capture; a `--spec` verify row is 1 + k
+of its rows at consecutive positions (`DecodeGraphs.verify_rows`). A step is one call of
 `kernels/cpu_decode.c`: every layer (norms, Q8 GEMVs, RoPE, the K/V written into and read from
 the paged pool in place, attention, SwiGLU) and the head run inside one OpenMP region, with no
 Python between layers (the eager step spent ~14 ms of a 32 ms SmolLM2-135M step on ~1,500 small
