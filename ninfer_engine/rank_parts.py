@@ -52,8 +52,11 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
                                  expert_tiers, ranks)
     extra = with_model(built, artifact)
     # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
-    # a drafter's rows kept with the pages (`--spec dflash`) serve only a reused prefix
-    rows = 0 if config.no_prefix_reuse else getattr(extra, "page_rows", 0)
+    # a drafter's rows kept with the pages (`--spec dflash`, `--spec mtp`) serve only a reused
+    # prefix; not under tensor parallelism: rank 0's MTP `forget` would run the head's
+    # collectives before the other ranks hear of the end
+    rows = (0 if config.no_prefix_reuse or ranks.parallel
+            else getattr(extra, "page_rows", 0))
     sized, activations = auto_kv_capacity(config, built, text_config, device, prefill_chunk,
                                           extra, rows)
     if ranks.parallel and sized.kv_capacity is not None:  # every rank the same pool: the least

@@ -7,8 +7,9 @@ at the cost of a transient old + new copy during the growth step. `PagedKvCache`
 sequence's view through its page table: `write` quantizes new rows into their slots, `read`
 gathers the sequence's pages of one layer into a contiguous dequantized tensor (one gather per
 layer, no per-token loop). With `row_width`, every slot also holds one plain row a drafter keeps
-with the pages (`--spec dflash`: its conditioning c_t, `step.dflash_drafter`): shared, copied,
-grown and moved to the host tier with the K/V, so a reused prefix brings it along.
+with the pages (`--spec dflash`: its conditioning c_t, `step.dflash_drafter`; `--spec mtp`: its
+layer's K and V and the target's hidden, `step.mtp_drafter`): shared, copied, grown and moved to
+the host tier with the K/V, so a reused prefix brings it along.
 """
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ def kv_page_layout(layers: int, heads: int, dim: int, codecs: tuple[KvCodec, KvC
     parts = [t for codec in codecs for t in codec.allocate(page_tokens, heads, dim, meta)]
     return (layers * sum(t.nbytes for t in parts) + page_tokens * row_bytes,
             layers * len(parts) + (row_bytes > 0))
+
+
+def keeps_rows(seq) -> bool:
+    """Whether `seq`'s pages hold drafter rows (prefix reuse on with a drafter that keeps
+    them: `rank_parts`)."""
+    return seq.cache is not None and seq.cache.storage.rows is not None
 
 
 class KvStorage:
@@ -167,9 +174,11 @@ class PagedKvCache:
         return self.table_tensor()[positions // s.page_tokens] * s.page_tokens + (
             positions % s.page_tokens)
 
-    def write_rows(self, start: int, rows: torch.Tensor) -> None:
-        """Store drafter rows [T, row_width] at positions start .. start+T-1."""
-        self.storage.rows[self._slots(start, start + rows.shape[0])] = rows
+    def write_rows(self, start: int, rows: torch.Tensor, column: int = 0) -> None:
+        """Store drafter rows [T, W] at positions start .. start+T-1, in columns column ..
+        column+W-1 of their slots (a drafter may fill a slot's parts at different times)."""
+        slots = self._slots(start, start + rows.shape[0])
+        self.storage.rows[slots, column: column + rows.shape[1]] = rows
 
     def read_rows(self, end: int) -> torch.Tensor:
         """The drafter rows of positions 0 .. end-1, [end, row_width]."""

@@ -14,12 +14,12 @@ device's free memory and sizes the pool as
   activations (`prefill_activation_bytes`, at the engine's prefill chunk), the hybrid
   family's recurrent-state slots (--max-concurrency running + the prefix-checkpoint slots,
   each measured on one real slot; the pools are allocated after the KV pool), a drafter's
-  per-sequence contexts (`--spec dflash`: --max-concurrency of them at --max-context,
-  `Speculator.context_bytes`), and `ALLOC_SLACK` per KV tensor (the caching allocator rounds
-  each large block up to 2 MiB);
+  per-sequence contexts (`--spec dflash`, `--spec mtp`: --max-concurrency of them at
+  --max-context, `Speculator.context_bytes`), and `ALLOC_SLACK` per KV tensor (the caching
+  allocator rounds each large block up to 2 MiB);
 - `page_bytes` is K and V of every attention layer in the `--kv-dtype`'s storage, codes and
-  scales, and the drafter rows a slot keeps (`--spec dflash` with prefix reuse), as
-  `KvStorage` lays it out (`kv.cache.kv_page_layout`).
+  scales, and the drafter rows a slot keeps (`--spec dflash` or `--spec mtp` with prefix
+  reuse), as `KvStorage` lays it out (`kv.cache.kv_page_layout`).
 
 `--elastic` pools grow by copying into bigger tensors, holding old and new together, so the
 capacity is the largest one whose every growth fits the budget (`elastic_capacity_pages`).

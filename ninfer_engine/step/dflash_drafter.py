@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kv.cache import keeps_rows
 from ..models.dflash import DFlashContext, DFlashMissing, DFlashModel, load_dflash
 
 SPILL = 32  # pending positions past which a row's committed features join its context at once
@@ -39,11 +40,6 @@ class _Row:
     seq: object
     ctx: DFlashContext
     pending: torch.Tensor  # tap features of positions ctx.end .. ctx.end + len - 1
-
-
-def keeps_rows(seq) -> bool:
-    """Whether `seq`'s pages hold drafter rows (prefix reuse on: `rank_parts`)."""
-    return seq.cache is not None and seq.cache.storage.rows is not None
 
 
 class DFlashDrafter:

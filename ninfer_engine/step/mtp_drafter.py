@@ -12,6 +12,15 @@ extending the KV, which is cut back to L right after, so the next round starts f
 pairs alone. Rejected columns' hiddens are overwritten when their positions are computed again
 (a row that verified, then decodes without drafting, holds them until then). Drafts are the
 head's argmax over the tokenizer's ids (the head's padded rows are never proposed).
+
+Prefix reuse (model-math.md §4: a checkpoint holds the last hidden plus the MTP KV): pair j's
+MTP K/V depends on the tokens up to j+1 alone, so it is kept with the target's K/V, in the KV
+pool's drafter rows (`kv.cache.KvStorage`), beside h_j: a slot's row is [K | V | h]. A pair's
+row is written as it runs, and at `forget` the committed pairs still pending run first (the
+answer joins the prefix tree next); every sequence is observed (`keeps_rows`), drafting or not,
+and a row's pairs run at least every `SPILL` positions. A sequence that restored m positions
+takes the K/V of pairs 0..m-2 from its pages, and h_{m-1} as its pending hidden: pair m-1 needs
+x_m, which the prefix's first owner may not share.
 """
 from __future__ import annotations
 
@@ -20,7 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kv.cache import keeps_rows
 from ..models.mtp import MtpHead, MtpKv
+
+SPILL = 32  # pending positions past which a row keeping page rows runs its committed pairs
 
 
 @dataclass
@@ -41,23 +53,61 @@ class MtpDrafter:
         self.head, self.vocab = head, vocab
         self.draft_head = draft_head  # `--lm-head-draft`'s shortlist (draft_head.py), or None
         self._rows: dict[int, _MtpRow] = {}
+        mixer = head.block.mixer
+        self._kv = mixer.nkv * mixer.d  # one of K, V of a position, flattened
+        # a KV slot's row: the pair's K and V, then h_j (`keeps_rows`)
+        self.page_rows = 2 * self._kv + head.target.config["hidden_size"]
+
+    keeps_rows = staticmethod(keeps_rows)
+
+    def context_bytes(self, positions: int) -> int:
+        """The most device bytes one sequence's MTP KV of `positions` holds (`--kv-capacity
+        auto` keeps them free): K and V of each position, in a buffer that starts at 64
+        positions and doubles when full (`MtpKv.extend`)."""
+        itemsize = self.head.target.dtype.itemsize
+        return 2 * self._kv * itemsize * max(64, 2 * positions)
 
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The target computed positions `position ..` of `seq`, with final-normed `hidden`."""
         row = self._rows.get(id(seq))
-        if row is None or not row.done <= position <= row.done + len(row.pending):
+        if row is None and position > 0 and keeps_rows(seq):  # a restored prefix's rows
+            row = self._rows[id(seq)] = self._restore(seq, position, hidden)
+        elif row is None or not row.done <= position <= row.done + len(row.pending):
             # a first sighting, or positions that do not continue the committed pairs
             row = self._rows[id(seq)] = _MtpRow(self.head.new_cache(), position, hidden)
         else:  # what is held from `position` on came from rejected drafts' columns
             row.pending = torch.cat([row.pending[: position - row.done], hidden])
         # a prompt chunk's pairs whose next token is the prompt's run now, a chunk at a time
         # (as the target's prefill), not all at the first draft
-        ready = min(row.done + len(row.pending), len(seq.prompt) - 1) - row.done
-        if ready > 0:
-            self._run_pairs([(seq, row, ready)])
+        upto = min(row.done + len(row.pending), len(seq.prompt) - 1)
+        if position - row.done > SPILL and keeps_rows(seq):  # a row not drafting: its
+            upto = max(upto, position)  # committed pairs (x_position: this step's input) go
+                                        # into its pages
+        if upto > row.done:
+            self._run_pairs([(seq, row, upto - row.done)])
+
+    def _restore(self, seq, position: int, hidden: torch.Tensor) -> _MtpRow:
+        """The row of a sequence whose positions 0 .. position-1 came from the prefix tree:
+        the K/V of pairs 0 .. position-2 from its pages, h_{position-1} pending."""
+        rows, kv, cache = seq.cache.read_rows(position), self._kv, self.head.new_cache()
+        if position > 1:
+            pairs = rows[: position - 1, : 2 * kv].view(position - 1, 2, cache.k.shape[0], -1)
+            cache.extend(pairs[:, 0].transpose(0, 1), pairs[:, 1].transpose(0, 1))
+        last = rows[position - 1:, 2 * kv:].to(hidden.dtype)
+        return _MtpRow(cache, 0, torch.cat([last, hidden]))
 
     def forget(self, seq) -> None:
-        self._rows.pop(id(seq), None)
+        """`seq` ended: its committed pairs still pending run into its pages first, and the
+        last computed position's hidden joins them (its answer joins the prefix tree next:
+        `SequenceMemory.checkpoint`)."""
+        row = self._rows.pop(id(seq), None)
+        if row is None or not keeps_rows(seq):
+            return
+        n = min(seq.cached - 1 - row.done, len(row.pending))
+        if n > 0:
+            self._run_pairs([(seq, row, n)])
+        if row.done < seq.cached and len(row.pending):
+            seq.cache.write_rows(row.done, row.pending[:1], 2 * self._kv)
 
     def propose_rows(self, seqs: list, ks: list[int]) -> list[list[int]]:
         """Up to `ks[i]` drafts for decode row `seqs[i]` (0: none); [] where its hiddens up to
@@ -102,10 +152,20 @@ class MtpDrafter:
         h = self.head(torch.tensor(tokens, device=device), torch.cat(hidden),
                       [row.cache for _, row, _ in work], lengths,
                       torch.tensor(positions, device=device))
+        for seq, row, n in work:
+            if keeps_rows(seq):  # the pairs just run, with their hiddens, into the pages
+                self._store(seq, row, n)
         for _, row, n in work:  # (a copy: a view would keep the step's hiddens alive)
             row.pending = row.pending[n:].clone()
         ends = torch.tensor(list(itertools.accumulate(lengths)), device=device) - 1
         return h[ends]
+
+    def _store(self, seq, row: _MtpRow, n: int) -> None:
+        """Writes the last `n` pairs of `row`'s KV, [K | V | h], into `seq`'s pages."""
+        end = row.cache.length
+        k, v = (t[:, end - n: end].transpose(0, 1).reshape(n, -1)
+                for t in (row.cache.k, row.cache.v))
+        seq.cache.write_rows(row.done - n, torch.cat([k, v, row.pending[:n].to(k.dtype)], -1))
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
         if self.draft_head is not None:

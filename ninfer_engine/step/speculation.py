@@ -157,7 +157,7 @@ class Speculator:
 
     def observes(self, seq) -> bool:
         """Whether `observe` hands `seq`'s hiddens to the drafter (rows that never draft keep
-        none, unless the drafter keeps rows with their pages: `dflash_drafter`; a
+        none, unless the drafter keeps rows with their pages: `dflash_drafter`, `mtp_drafter`; a
         tensor-parallel plan tells the other ranks)."""
         keeps = getattr(self.drafter, "keeps_rows", None)
         return hasattr(self.drafter, "observe") and (
