@@ -24,8 +24,8 @@ import torch
 from ..artifact import qwen_resources
 from ..artifact.synth import ARCHS
 from ..config import PAGE_TOKENS, EngineConfig
-from .. import engine as engine_module
 from ..engine import Engine
+from ..step import postprocess
 from ..types import EngineState, GenerationRequest, SamplingParams
 
 MARGIN = 2 * PAGE_TOKENS  # room past the longest row: its output, a verify row's drafts
@@ -172,16 +172,16 @@ class OracleDrafter:
 
     @contextmanager
     def forced(self):
-        """Within: the engine's acceptance (`engine.accept`) runs as usual, then each verify
+        """Within: the engine's acceptance (`postprocess.accept`) runs as usual, then each verify
         row emits its first j drafts and one token more (the last token acceptance chose)."""
-        real = engine_module.accept
+        real = postprocess.accept
 
         def accept(rows):
             emitted = real(rows)
             return [(drafts + out[-1:])[: self._taken.pop(id(drafts)) + 1]
                     for (_, drafts, _), out in zip(rows, emitted)]
-        engine_module.accept = accept
+        postprocess.accept = accept
         try:
             yield
         finally:
-            engine_module.accept = real
+            postprocess.accept = real

@@ -85,8 +85,8 @@ def test_bench_runs_the_serving_engine(monkeypatch, moe):
 
 @CPU_ONLY
 def test_the_oracle_drafter_takes_the_chosen_drafts(monkeypatch):
-    from ninfer_engine import engine
     from ninfer_engine.benchmark.engine_step import OracleDrafter
+    from ninfer_engine.step import postprocess as engine
 
     oracle = OracleDrafter(2.5, 3, vocab=100, seed=1)  # one or two drafts taken, 1.5 on average
     assert oracle.propose([1, 2], 2) == []  # a round cut short: plain decode
