@@ -24,7 +24,7 @@ from .engine_load import EngineLoadError, load_engine
 from .faults import Faults
 from .parallel import SINGLE, RankGroup
 from .parallel.lockstep import Leader, LeaderDrafter
-from .serving import prefill_chunk_for, serving_device
+from .serving import prefill_chunk_for
 from .stats import EngineStats
 from .step.event_pump import EventPump
 from .step.families import make_runner
@@ -74,7 +74,7 @@ class Engine(StepPostprocess):
             loaded.model, loaded.memory, loaded.speculator, loaded.vision)
         self.config = config = loaded.config  # the resolved `--kv-capacity`
         graphs, text_config, artifact = loaded.graphs, loaded.text_config, loaded.artifact
-        device = serving_device(config)
+        device = loaded.device
         arch = (text_config.get("architectures") or [text_config.get("model_type", "model")])[0]
         self.model_id = config.model_id or artifact.name or arch
         self.max_context = config.max_context

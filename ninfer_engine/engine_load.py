@@ -36,6 +36,7 @@ class LoadedEngine:
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     config: EngineConfig  # with the resolved `--kv-capacity`
+    device: Any  # the torch.device it serves on
     model: Any
     memory: Any
     graphs: Any  # the captured decode graphs, or None
@@ -100,4 +101,4 @@ def load_engine(config: EngineConfig, artifact: Any, model: Any, ranks: RankGrou
             message = f"cannot load {config.artifact}: {message}"
         raise EngineLoadError(message) from exc
     return LoadedEngine(artifact, text_config, tokenizer, chat_template, parts.config,
-                        parts.model, parts.memory, parts.graphs, parts.extra, towers[0])
+                        device, parts.model, parts.memory, parts.graphs, parts.extra, towers[0])

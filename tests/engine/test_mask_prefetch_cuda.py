@@ -13,7 +13,7 @@ import torch
 from ninfer_engine.artifact.synth import write_synthetic
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.constrained import compile_constraint, json_schema_grammar, prefetch
-from ninfer_engine import engine as engine_module
+from ninfer_engine import engine_load
 from ninfer_engine.engine import Engine
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
@@ -30,7 +30,7 @@ def path(tmp_path_factory):
 
 def run(path, enabled: bool, monkeypatch):
     # on CUDA whatever NINFER_TEST_DEVICE says (tests/engine/conftest.py pins the CPU by default)
-    monkeypatch.setattr(engine_module, "serving_device", lambda config: torch.device("cuda"))
+    monkeypatch.setattr(engine_load, "serving_device", lambda config: torch.device("cuda"))
     monkeypatch.setattr(prefetch, "ENABLED", enabled)
     prefetch.COUNTERS.reset()
     engine = Engine(EngineConfig(artifact=path, max_context=1024, max_concurrency=8))

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ninfer_engine import engine as engine_module
+from ninfer_engine import engine_load
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.models import build_model
@@ -175,7 +175,7 @@ def test_decode_logits_track_fp32(artifacts, family, kind):
 
 
 def test_engine_serves_a_hybrid_model_with_int8_matmuls(artifacts, monkeypatch):
-    monkeypatch.setattr(engine_module, "serving_device", lambda config: CPU)  # CPU-only option
+    monkeypatch.setattr(engine_load, "serving_device", lambda config: CPU)  # CPU-only option
     artifact = artifacts["qwen3_5_moe"]
     engine = Engine(EngineConfig(artifact=Path("tiny.ninfer"), cpu_matmul="int8",
                                  prefill_chunk=64, max_context=1024), artifact)
