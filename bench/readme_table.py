@@ -133,24 +133,32 @@ def _gpu_rows() -> list[str]:
 def _served_rows() -> list[str]:
     """ninfer-serve and llama-server over HTTP under one load (`bench/served_load.sh`)."""
     rows = []
-    for name, shape, ours_bits, peer_bits in (
-            ("h200-served-35b-a3b-8l.json", "35B-A3B shape cut to 8 layers", "fp8-row", "Q8_0"),
+    # (result, shape, our bits, the peer's, where the peer ran: None = the same run)
+    for name, shape, ours_bits, peer_bits, peer_file in (
+            ("h200-served-35b-a3b-8l-lookahead.json", "35B-A3B shape cut to 8 layers, "
+             "lookahead step", "fp8-row", "Q8_0", "h200-served-35b-a3b-8l.json"),
+            ("h200-served-35b-a3b-8l.json", "35B-A3B shape cut to 8 layers", "fp8-row", "Q8_0",
+             None),
             ("h200-served-35b-a3b-4l-slots.json", "35B-A3B shape cut to 4 layers", "fp8-row",
-             "Q8_0"),
-            ("h200-served-27b-16l.json", "27B shape cut to 16 layers", "bf16", "bf16")):
+             "Q8_0", None),
+            ("h200-served-27b-16l.json", "27B shape cut to 16 layers", "bf16", "bf16", None)):
         r = _load(name)
         if not r:
             continue
         levels = {run["label"]: {lv["concurrency"]: lv for lv in run["levels"]}
                   for run in r["runs"]}
-        ours, peer = levels.get("ninfer-after"), levels.get("llama-server")
+        ours = levels.get("ninfer-after")
+        peer_runs = _load(peer_file)["runs"] if peer_file else r["runs"]
+        peer = next(({lv["concurrency"]: lv for lv in run["levels"]} for run in peer_runs
+                     if run["label"] == "llama-server"), None)
+        where = " (another lease)" if peer_file else ""
         for c, key, what in ((1, "decode_tok_s_median", "per-stream decode at concurrency 1"),
                              (8, "aggregate_tok_s", "aggregate decode at concurrency 8")):
             if ours and peer and c in ours and c in peer:
                 a, b = ours[c][key], peer[c][key]
                 rows.append(f"| H200, {shape}, served over HTTP "
                             f"(`serve_load.py`, 256 tokens out), {what} | {a:.0f} tok/s "
-                            f"({ours_bits}) | llama-server {b:.0f} ({peer_bits}) | {a / b:.2f} |")
+                            f"({ours_bits}) | llama-server {b:.0f} ({peer_bits}){where} | {a / b:.2f} |")
         engine = _load(name.replace("served", "ninfer-bench"))  # the same shape's engine step
         top = max((engine or {}).get("concurrency") or [{}], key=lambda c: c.get("concurrency", 0))
         if ours and top.get("concurrency") in ours:
