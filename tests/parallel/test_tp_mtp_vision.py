@@ -98,9 +98,11 @@ def test_each_profiles_flags_start_at_tp2_and_give_tp1s_tokens(two_ranks, paths,
         engine.stop()
     tokens, rounds, host_tier = two_ranks[profile]
     assert tokens == expected[0] and rounds == expected[1] > 0
-    # the same host KV bytes (twice the pages of half the heads), half the state a slot
+    # half the state a slot; the host KV budget holds twice the pages of half the heads, and at
+    # tp 1 its pages also carry the MTP rows (none at tp 2, `rank_parts`), so no fewer K/V bytes
     kv, states = expected[2]
-    assert host_tier == (kv, states // 2) and (min(host_tier) > 0) == (profile == "27b")
+    assert host_tier[1] == states // 2 and host_tier[0] >= kv
+    assert (min(host_tier) > 0) == (profile == "27b")
 
 
 @pytest.mark.parametrize("family", PREFIX_CASES)
