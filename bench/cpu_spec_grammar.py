@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import ForeignLoad, cpu_machine, write_report  # noqa: E402
+from bench.report import (ForeignLoad, cpu_machine, speculation_counts,  # noqa: E402
+                          write_report)
 from ninfer_engine.cli.flags import default_artifact  # noqa: E402
 from ninfer_engine.config import EngineConfig  # noqa: E402
 from ninfer_engine.constrained import compile_constraint, json_schema_grammar  # noqa: E402
@@ -113,13 +114,7 @@ def run(k: int, runs: int) -> dict[str, dict]:
                            "decode_tok_s": statistics.median(rates[n]), "runs": rates[n],
                            "foreign_load_cores": load.cores}
                     if n in before:
-                        after = engine.speculator.stats()
-                        rounds = after.rounds - before[n].rounds
-                        drafted, accepted = (after.drafted - before[n].drafted,
-                                             after.accepted - before[n].accepted)
-                        row.update(rounds=rounds, drafted=drafted, accepted=accepted,
-                                   acceptance=accepted / drafted if drafted else 0.0,
-                                   tokens_per_round=1 + accepted / rounds if rounds else 0.0)
+                        row.update(speculation_counts(before[n], engine.speculator.stats()))
                     out[n][f"{prompt} / {mode}"] = row
     finally:
         for engine in engines.values():

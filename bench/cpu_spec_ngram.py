@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import ForeignLoad, cpu_machine, write_report  # noqa: E402
+from bench.report import (ForeignLoad, cpu_machine, speculation_counts,  # noqa: E402
+                          write_report)
 from ninfer_engine.cli.flags import default_artifact  # noqa: E402
 from ninfer_engine.config import EngineConfig  # noqa: E402
 from ninfer_engine.engine import Engine  # noqa: E402
@@ -81,12 +82,7 @@ def run(spec: str | None, k: int, runs: int) -> dict:
                    "decode_tok_s": statistics.median(rates), "runs": rates,
                    "foreign_load_cores": load.cores}
             if spec:
-                after = engine.speculator.stats()
-                rounds, drafted = after.rounds - before.rounds, after.drafted - before.drafted
-                accepted = after.accepted - before.accepted
-                row.update(rounds=rounds, drafted=drafted, accepted=accepted,
-                           acceptance=accepted / drafted if drafted else 0.0,
-                           tokens_per_round=1 + accepted / rounds if rounds else 0.0)
+                row.update(speculation_counts(before, engine.speculator.stats()))
             out[name] = row
     finally:
         engine.stop()

@@ -69,3 +69,12 @@ class ForeignLoad:
         if self._start is not None and end is not None and end[2] > self._start[2]:
             busy, ours, wall = (e - s for e, s in zip(end, self._start))
             self.cores = max(0.0, (busy - ours) / wall)
+
+
+def speculation_counts(before, after) -> dict:
+    """A run's speculation figures from two `speculator.stats()` snapshots around it."""
+    rounds, drafted = after.rounds - before.rounds, after.drafted - before.drafted
+    accepted = after.accepted - before.accepted
+    return dict(rounds=rounds, drafted=drafted, accepted=accepted,
+                acceptance=accepted / drafted if drafted else 0.0,
+                tokens_per_round=1 + accepted / rounds if rounds else 0.0)

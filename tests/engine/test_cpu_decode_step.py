@@ -206,22 +206,15 @@ def test_the_engine_verifies_ngram_drafts_in_the_compiled_step(monkeypatch, devi
     forward only prefills), drafts are taken, and greedy output is the plain run's."""
     if device.type != "cpu":
         pytest.skip("the compiled step serves the CPU only")
-    from .test_speculation import _engine, _prompts, _run
+    from .test_speculation import off_and_ngram
 
     artifact = Q8Artifact(tiny_llama(seed=5))
     eager_rows = []
     forward = Runner._eager
     monkeypatch.setattr(Runner, "_eager", lambda self, work, sampled: (
         eager_rows.extend(verify for _, _, verify in work), forward(self, work, sampled))[1])
-    outputs, engines = [], []
-    for spec in (None, "ngram"):
-        engine = _engine(artifact, spec, max_concurrency=2)
-        try:
-            assert isinstance(engine.runner.graphs.decoder, CpuDecoder)
-            outputs.append(_run(engine, _prompts(120), 40))
-        finally:
-            engine.stop()
-        engines.append(engine)
+    outputs, engines = off_and_ngram(artifact, max_concurrency=2)
+    assert all(isinstance(e.runner.graphs.decoder, CpuDecoder) for e in engines)
     assert outputs[0] == outputs[1]
     counters = engines[1].speculator.counters
     assert counters.rounds > 0 and counters.accepted > 0

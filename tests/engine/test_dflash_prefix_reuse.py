@@ -144,24 +144,31 @@ def test_greedy_output_with_reuse_is_that_without_and_the_restored_context_a_fre
     _check_restored(recorder, "r0", reused, reuse.speculator.drafter.model)
 
 
-def test_pages_back_from_the_host_tier_bring_the_drafter_rows():
+def serve_through_the_host_tier(artifact, spec: str, recorder_class, settings=SETTINGS):
     """Three 130-token prompts through a 6-page pool push the first one's pages to the host
-    tier; its second turn restores them, with the drafter's rows (`kv.host_tier`)."""
-    artifact = DFlashArtifact("qwen3_5")
+    tier; its second turn restores them. Returns the plain run's (tokens, cached) per request,
+    `spec`'s with reuse, its prefix stats, its engine (stopped) and its drafter's recorder."""
     a = _tokens(130, 41)
     prompts = [a, _tokens(130, 42), _tokens(130, 43), a + _tokens(8, 44)]
     # (8 snapshot slots: with 4, the later prompts' snapshots push out the first's, as they
     # do without a drafter)
-    pressure = dict(kv_capacity=384, kv_lease_window=8, device_state_slots=8, **SETTINGS)
+    pressure = dict(kv_capacity=384, kv_lease_window=8, device_state_slots=8, **settings)
     plain = engine_with(artifact, None, no_prefix_reuse=True, **pressure)
-    tiered = engine_with(artifact, "dflash", host_kv_mib=1, host_state_slots=2, **pressure)
-    recorder = _Recorder(tiered.speculator.drafter)
+    tiered = engine_with(artifact, spec, host_kv_mib=1, host_state_slots=2, **pressure)
+    recorder = recorder_class(tiered.speculator.drafter)
     try:
         want, got = _serve(plain, prompts), _serve(tiered, prompts)
         stats = tiered.snapshot().prefix
     finally:
         plain.stop()
         tiered.stop()
+    return want, got, stats, tiered, recorder
+
+
+def test_pages_back_from_the_host_tier_bring_the_drafter_rows():
+    """The host tier carries the drafter's rows with the pages (`kv.host_tier`)."""
+    want, got, stats, tiered, recorder = serve_through_the_host_tier(
+        DFlashArtifact("qwen3_5"), "dflash", _Recorder)
     assert [t for t, _ in got] == [t for t, _ in want]
     assert [c for _, c in got] == [0, 0, 0, 129] and stats.host_restored_pages >= 2
     _check_restored(recorder, "r0", 129, tiered.speculator.drafter.model)

@@ -15,7 +15,8 @@ import torch
 from ninfer_engine.step.mtp_drafter import SPILL
 from tests.tolerance import TRANSCENDENTAL, bound
 from . import test_dflash_prefix_reuse
-from .test_dflash_prefix_reuse import TOKENS, _no_leaks, _prompts, _serve, _tokens
+from .test_dflash_prefix_reuse import (TOKENS, _no_leaks, _prompts, _serve, _tokens,
+                                       serve_through_the_host_tier)
 from .test_mtp_speculation import MtpArtifact
 from .test_speculation import _engine as engine_with
 
@@ -123,25 +124,13 @@ def test_greedy_output_with_reuse_is_that_without_and_the_restored_kv_a_fresh_on
 
 
 def test_pages_back_from_the_host_tier_bring_the_mtp_rows():
-    """Three 130-token prompts through a 6-page pool push the first one's pages to the host
-    tier; its second turn restores them, with the MTP rows (`kv.host_tier`)."""
-    artifact = MtpArtifact("qwen3_5")
-    a = _tokens(130, 41)
-    prompts = [a, _tokens(130, 42), _tokens(130, 43), a + _tokens(8, 44)]
-    # (8 snapshot slots: with 4, the later prompts' snapshots push out the first's)
-    pressure = dict(kv_capacity=384, kv_lease_window=8, device_state_slots=8, **SETTINGS)
-    plain = engine_with(artifact, None, no_prefix_reuse=True, **pressure)
-    tiered = engine_with(artifact, "mtp", host_kv_mib=1, host_state_slots=2, **pressure)
-    recorder = _Recorder(tiered.speculator.drafter)
-    try:
-        want, got = _serve(plain, prompts), _serve(tiered, prompts)
-        stats = tiered.snapshot().prefix
-    finally:
-        plain.stop()
-        tiered.stop()
+    """The host tier carries the MTP rows with the pages (`kv.host_tier`)."""
+    want, got, stats, tiered, recorder = serve_through_the_host_tier(
+        MtpArtifact("qwen3_5"), "mtp", _Recorder, SETTINGS)
     assert [t for t, _ in got] == [t for t, _ in want]
     assert [c for _, c in got] == [0, 0, 0, 129] and stats.host_restored_pages >= 2
-    _check_restored(recorder, "r0", list(prompts[3]), 129, tiered.speculator.drafter.head)
+    prompt = list(_tokens(130, 41) + _tokens(8, 44))  # the restoring request's
+    _check_restored(recorder, "r0", prompt, 129, tiered.speculator.drafter.head)
 
 
 def test_a_request_that_never_drafts_still_leaves_its_mtp_rows_for_the_next(monkeypatch):

@@ -95,6 +95,20 @@ def _engine(artifact, spec: str | None = "ngram", **config) -> Engine:
     return engine
 
 
+def off_and_ngram(artifact, **config):
+    """The same greedy prompts through an engine without speculation, then one with `--spec
+    ngram`: (their outputs, the stopped engines)."""
+    outputs, engines = [], []
+    for spec in (None, "ngram"):
+        engine = _engine(artifact, spec, **config)
+        try:
+            outputs.append(_run(engine, _prompts(120), 40))
+        finally:
+            engine.stop()
+        engines.append(engine)
+    return outputs, engines
+
+
 def _run(engine, prompts, max_tokens, sampling=SamplingParams(temperature=0.0)):
     async def one(i, prompt):
         request = GenerationRequest(f"r{i}", prompt, sampling, max_tokens, ignore_eos=True)
@@ -117,14 +131,7 @@ def _prompts(vocab):
 def test_greedy_output_is_the_same_with_and_without_ngram_drafts(family):
     artifact = (FakeArtifact(tiny_llama(seed=5, vocab_size=259)) if family == "llama"
                 else HybridArtifact("qwen3_5"))
-    outputs, engines = [], []
-    for spec in (None, "ngram"):
-        engine = _engine(artifact, spec)
-        try:
-            outputs.append(_run(engine, _prompts(120), 40))
-        finally:
-            engine.stop()
-        engines.append(engine)
+    outputs, engines = off_and_ngram(artifact)
     assert outputs[0] == outputs[1]
     counters = engines[1].speculator.counters
     # the tiny random models repeat their context: drafts are proposed, most accepted, some not
