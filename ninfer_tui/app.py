@@ -131,6 +131,8 @@ class NinferConsole(App[None]):
 
     def poll_supervisor(self) -> None:
         """Take the supervisor's latest snapshot; the bound panels follow."""
+        if not self.screen_stack:  # the interval can still fire while the app shuts down
+            return
         stats = self.supervisor.snapshot()
         self.history = self.history.push(stats)
         self.stats = stats
