@@ -56,5 +56,7 @@ class ServingEngine(Protocol):
         Closing the iterator early (client disconnect) cancels the request at the next engine
         step and frees its resources. The last event always carries `finish`. An engine may
         mark admission with an empty first event (no text, no finish): streams start there.
+        Our engines return a `step.event_pump.EventStream`, whose `wait` and `take` hand a
+        reader every event that already arrived at once; any async iterator will do.
         """
         ...

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 import torch
 
@@ -26,7 +26,7 @@ from .parallel import SINGLE, RankGroup
 from .parallel.lockstep import Leader, LeaderDrafter
 from .serving import prefill_chunk_for
 from .stats import EngineStats
-from .step.event_pump import EventPump
+from .step.event_pump import EventPump, EventStream
 from .step.families import make_runner
 from .step.lookahead import InFlight, Lookahead
 from .step.postprocess import StepPostprocess
@@ -164,31 +164,26 @@ class Engine(StepPostprocess):
             self._events.flush()
             self._publish()
 
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        """Queue a request; yield its events on this event loop. Closing early cancels it."""
+    def submit(self, request: GenerationRequest) -> EventStream:
+        """Queue a request; its events arrive in the returned stream on this event loop.
+        Closing the stream early cancels the request."""
+        unavailable = TokenEvent(finish="error", error=EngineError(
+            f"the engine is {self._state.value}", UNAVAILABLE, 503))
         if self._state is not EngineState.READY or self._thread is None:
-            yield TokenEvent(finish="error", error=EngineError(
-                f"the engine is {self._state.value}", UNAVAILABLE, 503))
-            return
-        events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+            return EventStream.of(unavailable)
+        stream = EventStream()
         # queue wait and TTFT count from the HTTP arrival
-        seq = self.add(request, self._events.emitter(asyncio.get_running_loop(), events),
+        seq = self.add(request, self._events.emitter(asyncio.get_running_loop(), stream),
                        current_arrival().at)
         if seq is None:
-            yield TokenEvent(finish="error", error=EngineError(
-                f"the engine is {self._state.value}", UNAVAILABLE, 503))
-            return
+            return EventStream.of(unavailable)
+        stream.on_close = lambda: self._cancel(seq)
         self._wake.set()
-        finished = False
-        try:
-            while not finished:
-                event = await events.get()
-                finished = event.finish is not None
-                yield event
-        finally:
-            if not finished:
-                seq.cancelled = True
-                self._wake.set()
+        return stream
+
+    def _cancel(self, seq: Sequence) -> None:
+        seq.cancelled = True
+        self._wake.set()
 
     def add(self, request: GenerationRequest, emit: Callable[[TokenEvent], None],
             arrived: float | None = None) -> Sequence | None:

@@ -12,8 +12,9 @@ import gc
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import replace
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 from .admission_gate import AdmissionGate
 from .arrival import current_arrival
@@ -21,6 +22,7 @@ from .cli.capabilities import Machine, check_features, probe_machine
 from .config import EngineConfig
 from .cli.flags import parse_args
 from .request_ledger import RequestLedger, ended_view, with_client
+from .step.event_pump import EventStream, IteratorStream, as_event_stream
 from .stats import EngineStats, QueueStats, Throughput
 from .types import EngineState, GenerationRequest, SamplingParams, TokenEvent, Timings, Usage
 
@@ -253,34 +255,10 @@ class Supervisor:
         """The front end refused a request before it reached `submit()` (429, 503 not ready)."""
         self.ledger.rejected(request_id, code, client)
 
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    def submit(self, request: GenerationRequest) -> GatedStream:
         """Forward to the engine through the gate (paused: wait in line up to the queue
         deadline; draining: 503) and record the request's end in the ledger."""
-        arrival, rid, prompt = current_arrival(), request.request_id, len(request.prompt_ids)
-        deadline = arrival.at + self.config.pending_timeout_ms / 1000
-        refused = await self.gate.enter(rid, prompt, arrival.at, arrival.client, deadline)
-        if refused is not None:
-            waited = time.monotonic() - arrival.at
-            last = TokenEvent(finish="error", error=refused, usage=Usage(prompt, 0),
-                              timings=Timings(queue_s=waited))
-            self.ledger.record(ended_view(rid, prompt, arrival.at, arrival.client, last,
-                                          time.monotonic()))
-            yield last
-            return
-        self._clients[rid] = arrival.client
-        events = self._current().submit(request)
-        last = None
-        try:
-            async for event in events:
-                if event.finish is not None:
-                    last = event
-                    self._record(rid, prompt, arrival.at, arrival.client, event)
-                yield event
-        finally:  # an early close must reach the engine now, so it cancels at the next step
-            self._clients.pop(rid, None)
-            if last is None:
-                self._record(rid, prompt, arrival.at, arrival.client, None)
-            await events.aclose()
+        return GatedStream(self, request)
 
     def _record(self, rid: str, prompt: int, arrived: float, client: str | None,
                 last: TokenEvent | None) -> None:
@@ -291,6 +269,74 @@ class Supervisor:
         elif self._stopping and view.phase == "error":
             self.cut_off += 1
         self.ledger.record(view)
+
+
+class GatedStream:
+    """`Supervisor.submit`'s event stream: the first read waits at the admission gate, then
+    reads the current engine's stream (`EventStream`'s `wait`, `take`, `aclose`, and async
+    iteration); the finishing event, or an early close, is recorded in the ledger."""
+
+    def __init__(self, supervisor: Supervisor, request: GenerationRequest) -> None:
+        self._supervisor, self._request = supervisor, request
+        self._arrival = current_arrival()
+        self._events: EventStream | IteratorStream | None = None  # once past the gate
+        self._recorded = False
+        self._held: deque[TokenEvent] = deque()  # taken, not yet iterated
+        self._read_last = False
+
+    async def _enter(self) -> EventStream | IteratorStream:
+        if self._events is None:
+            sup, arrival, rid = self._supervisor, self._arrival, self._request.request_id
+            prompt = len(self._request.prompt_ids)
+            deadline = arrival.at + sup.config.pending_timeout_ms / 1000
+            refused = await sup.gate.enter(rid, prompt, arrival.at, arrival.client, deadline)
+            if refused is not None:
+                last = TokenEvent(finish="error", error=refused, usage=Usage(prompt, 0),
+                                  timings=Timings(queue_s=time.monotonic() - arrival.at))
+                self._recorded = True  # the gate's refusal: no client, no cut-off
+                sup.ledger.record(ended_view(rid, prompt, arrival.at, arrival.client, last,
+                                             time.monotonic()))
+                self._events = EventStream.of(last)
+            else:
+                sup._clients[rid] = arrival.client
+                self._events = as_event_stream(sup._current().submit(self._request))
+        return self._events
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """The first call also waits at the gate (without the timeout)."""
+        return await (await self._enter()).wait(timeout)
+
+    def take(self) -> list[TokenEvent]:
+        events = [] if self._events is None else self._events.take()
+        if events and events[-1].finish is not None:
+            self._end(events[-1])
+        return events
+
+    def __aiter__(self) -> GatedStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        while not self._held:
+            if self._read_last:
+                raise StopAsyncIteration
+            await self.wait()
+            self._held.extend(self.take())
+        event = self._held.popleft()
+        self._read_last = event.finish is not None
+        return event
+
+    async def aclose(self) -> None:
+        """An early close reaches the engine now, so it cancels at the next step."""
+        if self._events is not None:
+            self._end(None)
+            await self._events.aclose()
+
+    def _end(self, last: TokenEvent | None) -> None:
+        if not self._recorded:
+            self._recorded = True
+            sup, arrival, rid = self._supervisor, self._arrival, self._request.request_id
+            sup._clients.pop(rid, None)
+            sup._record(rid, len(self._request.prompt_ids), arrival.at, arrival.client, last)
 
 
 def _release_memory() -> None:

@@ -122,13 +122,13 @@ class _Reply:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         return await serve_stream(request, self.generation, self)
 
-    async def open(self, response: web.StreamResponse, first: TokenEvent) -> None:
+    async def open(self, response: sse.EventWriter, first: TokenEvent) -> None:
         await response.write(self._message_start(first))
 
-    async def feed(self, response: web.StreamResponse, event: TokenEvent) -> None:
+    async def feed(self, response: sse.EventWriter, event: TokenEvent) -> None:
         await self._write_deltas(response, self.generation.splitter.feed(event.text))
 
-    async def close(self, response: web.StreamResponse) -> None:
+    async def close(self, response: sse.EventWriter) -> None:
         event = self.generation.last
         final = self.generation.flush(event)
         await self._write_deltas(response, final)
@@ -149,7 +149,7 @@ class _Reply:
         message = self._message([], usage, (None, None))
         return sse.event("message_start", {"type": "message_start", "message": message})
 
-    async def _write_deltas(self, response: web.StreamResponse, deltas: list[OutputDelta]) -> None:
+    async def _write_deltas(self, response: sse.EventWriter, deltas: list[OutputDelta]) -> None:
         for delta in deltas:
             if delta.channel not in _BLOCK_TYPES:
                 continue  # tool calls are written after the flush
@@ -165,12 +165,12 @@ class _Reply:
                     continue
             await self._write_block_delta(response, {"type": delta_type, field: delta.text})
 
-    async def _write_tool_use(self, response: web.StreamResponse, call: dict[str, Any]) -> None:
+    async def _write_tool_use(self, response: sse.EventWriter, call: dict[str, Any]) -> None:
         await self._open_block(response, "tool_call", {**call, "input": {}})
         await self._write_block_delta(response, {"type": "input_json_delta",
                                                  "partial_json": json.dumps(call["input"])})
 
-    async def _open_block(self, response: web.StreamResponse, channel: str,
+    async def _open_block(self, response: sse.EventWriter, channel: str,
                           block: dict[str, Any]) -> None:
         await self._close_block(response)
         self.block_index += 1
@@ -178,12 +178,12 @@ class _Reply:
         await response.write(sse.event("content_block_start", {
             "type": "content_block_start", "index": self.block_index, "content_block": block}))
 
-    async def _write_block_delta(self, response: web.StreamResponse,
+    async def _write_block_delta(self, response: sse.EventWriter,
                                  delta: dict[str, Any]) -> None:
         await response.write(sse.event("content_block_delta", {
             "type": "content_block_delta", "index": self.block_index, "delta": delta}))
 
-    async def _close_block(self, response: web.StreamResponse) -> None:
+    async def _close_block(self, response: sse.EventWriter) -> None:
         if self.open_channel == "reasoning":
             await self._write_block_delta(response, {"type": "signature_delta",
                                                      "signature": self._signature()})
@@ -197,7 +197,7 @@ class _Reply:
         return sse.event("error", {"type": "error", "error": body["error"]})
 
     async def _write_end(
-        self, response: web.StreamResponse, last: TokenEvent, has_calls: bool
+        self, response: sse.EventWriter, last: TokenEvent, has_calls: bool
     ) -> None:
         await self._close_block(response)
         error = self.generation.conclude(last)

@@ -1,10 +1,12 @@
 """One submitted generation: engine events in, protocol-neutral output channels out.
 
-`Generation` owns the engine's event iterator and the request's log trace: it waits with a
-timeout (for SSE keep-alives), tracks the phase, turns engine exceptions into error events,
-writes exactly one terminal log line and closes the iterator (which cancels the request)
-however the handler exits. An `OutputSplitter` (see `output.py`, re-exported here) sits between
-the engine text and the protocol: it splits reasoning, answer content and tool calls.
+`Generation` owns the engine's event stream and the request's log trace: it waits with a
+timeout (for SSE keep-alives), says whether more events already arrived (a streaming reader
+behind the engine sends them in one write), tracks the phase, turns engine exceptions into
+error events, writes exactly one terminal log line and closes the stream (which cancels the
+request) however the handler exits. An `OutputSplitter` (see `output.py`, re-exported here)
+sits between the engine text and the protocol: it splits reasoning, answer content and tool
+calls.
 """
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from typing import AsyncIterator
 
 from ninfer_engine.client import ServingEngine
+from ninfer_engine.step.event_pump import as_event_stream
 from ninfer_engine.types import EngineError, Timings, TokenEvent, Usage
 
 from .admission import LifetimeSlots
@@ -53,35 +57,41 @@ class Generation:
         self.event_at: float | None = None  # when the latest event arrived
         self.first_output_at: float | None = None
         self._timings: Timings | None = None  # the latest the engine sent (running, then final)
-        self._pending: asyncio.Task[TokenEvent] | None = None
+        self._ready: deque[TokenEvent] = deque()  # taken from the stream, not yet returned
         self.last: TokenEvent | None = None  # the finishing event, once `follow` reached it
         try:
-            self._events: AsyncIterator[TokenEvent] = engine.submit(prepared.generation).__aiter__()
+            self._events = as_event_stream(engine.submit(prepared.generation))
         except Exception:
             log.exception("engine.submit failed")
             trace.ended("failed", "queue", 500, "internal_error")
             raise internal_error() from None
 
-    async def _next_event(self) -> TokenEvent:
+    async def _fill(self, timeout: float | None) -> bool:
+        """Take what arrived, waiting up to `timeout` for something; False: nothing came."""
         try:
-            return await self._events.__anext__()
+            if not await self._events.wait(timeout):
+                return False
+            self._ready.extend(self._events.take())
         except StopAsyncIteration:
-            return _failure("The engine ended the request without a finish event.")
+            self._ready.append(_failure("The engine ended the request without a finish event."))
         except Exception:
-            log.exception("engine event iterator failed")
-            return _failure("The engine failed while serving this request.")
+            log.exception("engine event stream failed")
+            self._ready.append(_failure("The engine failed while serving this request."))
+        return True
 
     async def next(self, timeout: float | None = None) -> TokenEvent | None:
         """The next event, or None when `timeout` seconds pass without one."""
-        if self._pending is None:
-            self._pending = asyncio.ensure_future(self._next_event())
-        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
-        if not done:
+        if not self._ready and not await self._fill(timeout):
             return None
-        event = self._pending.result()
-        self._pending = None
+        event = self._ready.popleft()
         self._observe(event)
         return event
+
+    def ready(self) -> bool:
+        """Another event already arrived: `next` returns it without waiting."""
+        if not self._ready:
+            self._ready.extend(self._events.take())
+        return bool(self._ready)
 
     async def admit(self) -> TokenEvent:
         """The first event (the engine's admission event, or the first output of an engine that
@@ -185,18 +195,11 @@ class Generation:
         return internal_error()
 
     async def close(self) -> None:
-        """Stop waiting and close the engine iterator; an unfinished request is cancelled."""
-        if self._pending is not None:
-            self._pending.cancel()
-            # The iterator cannot be closed while its __anext__ is still running.
-            await asyncio.wait({self._pending})
-            self._pending = None
-        close = getattr(self._events, "aclose", None)
-        if close is not None:
-            try:
-                await close()
-            except Exception:
-                log.exception("closing the engine event iterator failed")
+        """Stop waiting and close the engine stream; an unfinished request is cancelled."""
+        try:
+            await self._events.aclose()
+        except Exception:
+            log.exception("closing the engine event stream failed")
 
 
 @contextlib.asynccontextmanager

@@ -239,20 +239,20 @@ class _Reply:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         return await serve_stream(request, self.generation, self)
 
-    async def open(self, response: web.StreamResponse, first: TokenEvent) -> None:
+    async def open(self, response: sse.EventWriter, first: TokenEvent) -> None:
         await response.write(self._delta({"role": "assistant", "content": ""}))
 
-    async def feed(self, response: web.StreamResponse, event: TokenEvent) -> None:
+    async def feed(self, response: sse.EventWriter, event: TokenEvent) -> None:
         if event.progress is not None and self.options.return_progress:
             await response.write(self._progress(event.progress))
         await self._write_deltas(response, self.generation.splitter.feed(event.text))
 
-    async def close(self, response: web.StreamResponse) -> None:
+    async def close(self, response: sse.EventWriter) -> None:
         if await self.close_choice(response) is None:
             usage, _ = self.generation.accounting(self.generation.last)
             await self.write_done(response, usage, self.generation.reasoning_tokens)
 
-    async def close_choice(self, response: web.StreamResponse) -> ApiError | None:
+    async def close_choice(self, response: sse.EventWriter) -> ApiError | None:
         """This choice's last deltas, its tool calls and its finish chunk; on a failure the
         error event instead, and the error."""
         event = self.generation.last
@@ -273,7 +273,7 @@ class _Reply:
                                                 "processed": processed,
                                                 "time_ms": self.generation.since_admission_ms()})
 
-    async def _write_deltas(self, response: web.StreamResponse, deltas: list[OutputDelta]) -> None:
+    async def _write_deltas(self, response: sse.EventWriter, deltas: list[OutputDelta]) -> None:
         for delta in deltas:
             if delta.channel not in _DELTA_KEYS:
                 continue
@@ -287,7 +287,7 @@ class _Reply:
             await response.write(self._delta({_DELTA_KEYS[delta.channel]: delta.text}, **extra))
 
     async def _write_finish(
-        self, response: web.StreamResponse, last: TokenEvent, has_calls: bool
+        self, response: sse.EventWriter, last: TokenEvent, has_calls: bool
     ) -> ApiError | None:
         error = self.generation.conclude(last)
         if error is not None:
@@ -301,7 +301,7 @@ class _Reply:
             await response.write(self._delta({}, finish, timings=llama_timings(timings)))
         return None
 
-    async def write_done(self, response: web.StreamResponse, usage: Usage,
+    async def write_done(self, response: sse.EventWriter, usage: Usage,
                          reasoning_tokens: int) -> None:
         """The usage chunk (when asked for; timings of this choice) and `[DONE]`."""
         if self.options.include_usage:

@@ -115,18 +115,18 @@ class _Choice:
             chunk["usage"] = None
         return sse.data(chunk)
 
-    async def open(self, response: web.StreamResponse, first: TokenEvent) -> None:
+    async def open(self, response: sse.EventWriter, first: TokenEvent) -> None:
         if self.parsed.echo and not self.lead_due:
             await response.write(sse.data(self.envelope([{
                 "text": self.parsed.prompt_text, "index": 0, "logprobs": None,
                 "finish_reason": None}])))
 
-    async def feed(self, response: web.StreamResponse, event: TokenEvent) -> None:
+    async def feed(self, response: sse.EventWriter, event: TokenEvent) -> None:
         text = "".join(d.text for d in self.generation.splitter.feed(event.text))
         if text:
             await response.write(self._chunk(text))
 
-    async def close(self, response: web.StreamResponse) -> None:
+    async def close(self, response: sse.EventWriter) -> None:
         last = self.generation.last
         text = "".join(d.text for d in self.generation.splitter.flush())
         error = self.generation.conclude(last)

@@ -229,22 +229,22 @@ class _Reply:
         body = {**payload, "sequence_number": next(self._numbers)}
         return sse.event(payload["type"], body)
 
-    def _writer(self, response: web.StreamResponse) -> Callable[[Event], Awaitable[None]]:
+    def _writer(self, response: sse.EventWriter) -> Callable[[Event], Awaitable[None]]:
         async def write(payload: Event) -> None:
             await response.write(self._event(payload))
         return write
 
-    async def open(self, response: web.StreamResponse, first: TokenEvent) -> None:
+    async def open(self, response: sse.EventWriter, first: TokenEvent) -> None:
         write = self._writer(response)
         started = self._object("in_progress", None)
         await write({"type": "response.created", "response": started})
         await write({"type": "response.in_progress", "response": started})
 
-    async def feed(self, response: web.StreamResponse, event: TokenEvent) -> None:
+    async def feed(self, response: sse.EventWriter, event: TokenEvent) -> None:
         deltas = self.generation.splitter.feed(event.text)
         await _write_all(self._writer(response), self.builder.feed(deltas))
 
-    async def close(self, response: web.StreamResponse) -> None:
+    async def close(self, response: sse.EventWriter) -> None:
         write = self._writer(response)
         final = self.generation.flush(self.generation.last)
         await _write_all(write, self.builder.feed(final))

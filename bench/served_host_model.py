@@ -1,0 +1,189 @@
+"""The host side of serving with the device simulated: how much of the engine's own step rate
+the real HTTP server delivers when every device step takes a fixed time.
+
+    python3 bench/served_host_model.py [MODEL.ninfer] --step-ms 1.16 --concurrency 8
+        [--requests 16] [--max-tokens 256] [--switch-ms 5,0.5] [--repeat 3]
+        [--label WHAT] [--out bench/results/NAME]
+
+`--out` adds this run's rows (tagged `--label`, say the commit) to NAME.json and writes
+NAME.md from all of them: run it on two versions of the tree to compare them.
+
+The engine, scheduler, sampler, detokenizer, event pump, aiohttp server and SSE are the real
+ones on the default model's tokenizer; only the runner is replaced: it sleeps `--step-ms` (plus
+`--prefill-us` per prompt token) with the GIL released, as a CUDA sync does, and returns
+logits that pick the next token of a fixed English text. Two figures per variant:
+
+- engine: B requests added at once and `Engine.step()` looped on this thread (no HTTP), as
+  `ninfer bench` times the step;
+- served: the same engine on its thread behind `ninfer-serve`'s app, driven over loopback by
+  `../shared/peers/serve_load.py` in a subprocess pinned to another core.
+
+Their ratio is the served/engine figure of issue 18 with the device taken out: what the host
+loses to Python, the GIL and the event loop. `--switch-ms` sets `sys.setswitchinterval` per
+variant (CPython's default is 5 ms: a thread coming back from a device wait can wait that
+long for the GIL while the HTTP thread runs).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ninfer_engine.config import EngineConfig  # noqa: E402
+from ninfer_engine.engine import Engine  # noqa: E402
+from ninfer_engine.step.runner import _ModelRunner  # noqa: E402
+from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
+from ninfer_http.app import create_app  # noqa: E402
+from ninfer_http.server import start_server  # noqa: E402
+
+DEFAULT_MODEL = Path.home() / ".cache/ninfer/models/smollm2-135m-instruct.ninfer"
+LOAD_TOOL = ROOT.parent / "shared/peers/serve_load.py"
+# common words: every id below 4096, so the simulated logits stay narrow (see `_eager`)
+TEXT = ("The people of the city met in the town house on a cold day in the early part of the "
+        "year, and after a long talk about the new school, the water and the road, they decided "
+        "that the work would start in the summer. ")
+
+
+class SimulatedDevice(_ModelRunner):
+    """Every step sleeps like a device sync; its logits pick the next token of `TEXT`."""
+
+    def __init__(self, model, text_ids: list[int], step_s: float, prefill_s: float) -> None:
+        super().__init__(model)
+        self.text_ids, self.step_s, self.prefill_s = text_ids, step_s, prefill_s
+
+    def _eager(self, work, sampled):
+        prompt_tokens = sum(len(ids) for seq, ids, _ in work if not seq.prefill_done)
+        time.sleep(self.step_s + self.prefill_s * prompt_tokens)  # releases the GIL
+        rows = [seq for seq, _, _ in work if id(seq) in sampled]
+        # columns up to the text's largest id only: a greedy pick reads no more, and on the
+        # device the pick is device work (a full-vocabulary argmax here would be host work)
+        logits = torch.zeros(len(rows), max(self.text_ids) + 1)
+        for i, seq in enumerate(rows):
+            logits[i, self.text_ids[len(seq.output) % len(self.text_ids)]] = 100.0  # certain under any temperature
+        for seq, ids, _ in work:
+            seq.cached += len(ids)
+        return logits
+
+
+def engine_rate(engine: Engine, batch: int, prompt_tokens: int, max_tokens: int) -> float:
+    """Tokens per second of `Engine.step()` looped here for `batch` requests added at once."""
+    seqs = []
+    for i in range(batch):
+        request = GenerationRequest(f"e{i}-{time.monotonic_ns()}",
+                                    tuple(range(100 + i, 100 + i + prompt_tokens)),
+                                    SamplingParams(temperature=0.0), max_tokens=max_tokens,
+                                    ignore_eos=True)
+        seqs.append(engine.add(request, lambda event: None))
+    start = time.perf_counter()
+    while any(seq.finish_reason is None for seq in seqs):
+        engine.step()
+    return sum(len(seq.output) for seq in seqs) / (time.perf_counter() - start)
+
+
+async def served_rate(engine: Engine, config: EngineConfig, args, label: str) -> dict:
+    server = await start_server(create_app(engine, config), "127.0.0.1", 0)
+    try:
+        out = Path(f"/tmp/served-host-{os.getpid()}-{label}.json")
+        cmd = [sys.executable, str(args.load_tool), server.url, engine.model_id,
+               "--concurrency", str(args.concurrency), "--requests", str(args.requests),
+               "--max-tokens", str(args.max_tokens), "--prompt-chars", str(args.prompt_chars),
+               "--ignore-eos", "--json", str(out), "--label", label]
+        if os.cpu_count() and os.cpu_count() > 1:  # the client off the server's core
+            cmd = ["taskset", "-c", "1", *cmd]
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.DEVNULL)
+        await asyncio.wait_for(proc.wait(), timeout=600)
+        return json.loads(out.read_text())
+    finally:
+        await server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", type=Path, nargs="?", default=DEFAULT_MODEL)
+    ap.add_argument("--step-ms", type=float, default=1.16)
+    ap.add_argument("--prefill-us", type=float, default=20.0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--prompt-chars", type=int, default=1000)
+    ap.add_argument("--switch-ms", default="5")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--load-tool", type=Path, default=LOAD_TOOL)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if os.cpu_count() and os.cpu_count() > 1:
+        os.sched_setaffinity(0, {0})  # the server on one core: its threads share one GIL anyway
+    torch.set_num_threads(1)
+    config = EngineConfig(artifact=args.model, max_concurrency=args.concurrency,
+                          max_context=8192, no_verify=True)
+    engine = Engine(config)
+    text_ids = engine.tokenizer.encode(TEXT)
+    engine.runner = SimulatedDevice(engine.model, text_ids, args.step_ms / 1e3,
+                                    args.prefill_us / 1e6)
+    engine._lookahead.runner = engine.runner
+    prompt_tokens = len(engine.tokenizer.encode(TEXT[:1] * args.prompt_chars)) or 1
+    rows = []
+    for switch_ms in [float(s) for s in args.switch_ms.split(",")] * args.repeat:
+        sys.setswitchinterval(switch_ms / 1e3)
+        alone = engine_rate(engine, args.concurrency, min(prompt_tokens, 300), args.max_tokens)
+        engine.start()
+        served = asyncio.run(served_rate(engine, config, args, f"switch-{switch_ms}ms"))
+        engine.stop()
+        engine = _restart(engine, config, text_ids, args)
+        level = served["levels"][0] if "levels" in served else served
+        rows.append({"label": args.label, "switch_ms": switch_ms, "engine_tok_s": round(alone, 1),
+                     "served": level,
+                     "served_over_engine": round(level["aggregate_tok_s"] / alone, 3)})
+        print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        _save(args, rows)
+
+
+def _save(args, rows: list[dict]) -> None:
+    path = args.out.with_suffix(".json")
+    result = json.loads(path.read_text()) if path.exists() else {
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores "
+                   f"(server pinned to core 0, load generator to core 1)",
+        "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
+        "step_ms": args.step_ms, "prefill_us": args.prefill_us, "runs": []}
+    result["runs"].append({"command": " ".join(sys.argv), "rows": rows})
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# Served over HTTP vs the engine's own step, device simulated ({args.step_ms} ms "
+             "a step)", "", f"{result['machine']}, Python {result['python']}, "
+             f"{result['date']}; concurrency {args.concurrency}, {args.requests} requests of "
+             f"{args.max_tokens} tokens (ignore_eos), `serve_load.py` from `../shared/peers/`.",
+             "", "| tree | switch interval ms | engine tok/s | served tok/s | per stream | "
+             "TTFT ms | served / engine |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for run in result["runs"]:
+        for row in run["rows"]:
+            served = row["served"]
+            lines.append(f"| {row['label']} | {row['switch_ms']:g} | {row['engine_tok_s']:,.0f} "
+                         f"| {served['aggregate_tok_s']:,.0f} | "
+                         f"{served['decode_tok_s_median']:,.0f} | "
+                         f"{1e3 * served['ttft_median_s']:.0f} | {row['served_over_engine']:.2f} |")
+    lines += ["", "Commands: " + "; ".join(f"`{run['command']}`" for run in result["runs"]), ""]
+    path.with_suffix(".md").write_text("\n".join(lines))
+
+
+def _restart(engine: Engine, config: EngineConfig, text_ids, args) -> Engine:
+    """A stopped engine does not start again: a fresh one with the simulated device."""
+    fresh = Engine(config)
+    fresh.runner = SimulatedDevice(fresh.model, text_ids, args.step_ms / 1e3,
+                                   args.prefill_us / 1e6)
+    fresh._lookahead.runner = fresh.runner
+    return fresh
+
+
+if __name__ == "__main__":
+    main()
