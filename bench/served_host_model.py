@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -60,10 +61,13 @@ class SimulatedDevice(_ModelRunner):
     def __init__(self, model, text_ids: list[int], step_s: float, prefill_s: float) -> None:
         super().__init__(model)
         self.text_ids, self.step_s, self.prefill_s = text_ids, step_s, prefill_s
+        self.slept = 0.0  # the device's share of the engine thread's time
 
     def _eager(self, work, sampled):
         prompt_tokens = sum(len(ids) for seq, ids, _ in work if not seq.prefill_done)
+        start = time.perf_counter()
         time.sleep(self.step_s + self.prefill_s * prompt_tokens)  # releases the GIL
+        self.slept += time.perf_counter() - start
         rows = [seq for seq, _, _ in work if id(seq) in sampled]
         # columns up to the text's largest id only: a greedy pick reads no more, and on the
         # device the pick is device work (a full-vocabulary argmax here would be host work)
@@ -73,6 +77,32 @@ class SimulatedDevice(_ModelRunner):
         for seq, ids, _ in work:
             seq.cached += len(ids)
         return logits
+
+
+class StepClock:
+    """The engine thread's time in `_step_once`, split: its own CPU time, the simulated device,
+    and the rest (waiting for the GIL or the core while the HTTP thread runs)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.steps, self.wall, self.cpu = engine, 0, 0.0, 0.0
+        step_once = engine._step_once
+
+        def timed() -> bool:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return step_once()
+            finally:
+                self.steps += 1
+                self.wall += time.perf_counter() - wall
+                self.cpu += time.thread_time() - cpu
+        engine._step_once = timed
+
+    def per_step_ms(self) -> dict:
+        device = self.engine.runner.slept
+        n = max(self.steps, 1)
+        return {"steps": self.steps, "host_cpu_ms": round(1e3 * self.cpu / n, 3),
+                "device_ms": round(1e3 * device / n, 3),
+                "waiting_ms": round(1e3 * (self.wall - self.cpu - device) / n, 3)}
 
 
 def engine_rate(engine: Engine, batch: int, prompt_tokens: int, max_tokens: int) -> float:
@@ -136,15 +166,25 @@ def main() -> None:
     rows = []
     for switch_ms in [float(s) for s in args.switch_ms.split(",")] * args.repeat:
         sys.setswitchinterval(switch_ms / 1e3)
+        clock = StepClock(engine)
         alone = engine_rate(engine, args.concurrency, min(prompt_tokens, 300), args.max_tokens)
-        engine.start()
-        served = asyncio.run(served_rate(engine, config, args, f"switch-{switch_ms}ms"))
-        engine.stop()
+        alone_steps = clock.per_step_ms()
         engine = _restart(engine, config, text_ids, args)
+        clock = StepClock(engine)
+        engine.start()
+        cpu = time.process_time()
+        served = asyncio.run(served_rate(engine, config, args, f"switch-{switch_ms}ms"))
+        cpu = time.process_time() - cpu
+        engine.stop()
         level = served["levels"][0] if "levels" in served else served
+        tokens = level["aggregate_tok_s"] * level["wall_s"]
         rows.append({"label": args.label, "switch_ms": switch_ms, "engine_tok_s": round(alone, 1),
                      "served": level,
-                     "served_over_engine": round(level["aggregate_tok_s"] / alone, 3)})
+                     "served_over_engine": round(level["aggregate_tok_s"] / alone, 3),
+                     "engine_steps": alone_steps, "served_steps": clock.per_step_ms(),
+                     # the server process's CPU time, less its engine thread's, per token
+                     "http_cpu_us_per_token": round(1e6 * (cpu - clock.cpu) / tokens, 1)})
+        engine = _restart(engine, config, text_ids, args)
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         _save(args, rows)
@@ -157,21 +197,29 @@ def _save(args, rows: list[dict]) -> None:
                    f"(server pinned to core 0, load generator to core 1)",
         "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
         "step_ms": args.step_ms, "prefill_us": args.prefill_us, "runs": []}
-    result["runs"].append({"command": " ".join(sys.argv), "rows": rows})
+    result["runs"].append({"command": shlex.join(sys.argv), "rows": rows})
     path.write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Served over HTTP vs the engine's own step, device simulated ({args.step_ms} ms "
              "a step)", "", f"{result['machine']}, Python {result['python']}, "
              f"{result['date']}; concurrency {args.concurrency}, {args.requests} requests of "
              f"{args.max_tokens} tokens (ignore_eos), `serve_load.py` from `../shared/peers/`.",
-             "", "| tree | switch interval ms | engine tok/s | served tok/s | per stream | "
-             "TTFT ms | served / engine |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "", "The served requests carry the model's preset (SmolLM2: frequency_penalty 0.5; "
+             "the Qwen3.5 presets have presence_penalty 1.5), the engine-only ones plain greedy, "
+             "as `ninfer bench` times the step. Engine thread per step: its CPU time alone and "
+             "served; HTTP: the server process's CPU time less the engine thread's, per token.",
+             "", "| tree | switch ms | engine tok/s | served tok/s | per stream | TTFT ms | "
+             "served / engine | engine CPU ms a step, alone / served | HTTP µs a token |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in result["runs"]:
         for row in run["rows"]:
             served = row["served"]
+            steps = (f"{row['engine_steps']['host_cpu_ms']:.2f} / "
+                     f"{row['served_steps']['host_cpu_ms']:.2f}" if "engine_steps" in row else "-")
             lines.append(f"| {row['label']} | {row['switch_ms']:g} | {row['engine_tok_s']:,.0f} "
                          f"| {served['aggregate_tok_s']:,.0f} | "
                          f"{served['decode_tok_s_median']:,.0f} | "
-                         f"{1e3 * served['ttft_median_s']:.0f} | {row['served_over_engine']:.2f} |")
+                         f"{1e3 * served['ttft_median_s']:.0f} | {row['served_over_engine']:.2f} "
+                         f"| {steps} | {row.get('http_cpu_us_per_token', '-')} |")
     lines += ["", "Commands: " + "; ".join(f"`{run['command']}`" for run in result["runs"]), ""]
     path.with_suffix(".md").write_text("\n".join(lines))
 

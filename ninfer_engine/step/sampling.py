@@ -39,13 +39,28 @@ TOPK_CAP = 256
 def apply_penalties(logits: torch.Tensor, counts: dict[int, int], presence: float,
                     frequency: float) -> torch.Tensor:
     """OpenAI semantics over generated tokens: l -= frequency·count + presence·[count > 0]."""
-    if not counts or (presence == 0.0 and frequency == 0.0):
+    return penalize_rows(logits[None], [0], [(counts, presence, frequency)])[0]
+
+
+def penalize_rows(logits: torch.Tensor, rows: list[int],
+                  penalties: list[tuple[dict[int, int], float, float]]) -> torch.Tensor:
+    """`apply_penalties` on rows `rows` of logits [n, V], each with its (counts, presence,
+    frequency), in one scatter: two small host-to-device copies a step, not two per row."""
+    row_ids: list[int] = []
+    token_ids: list[int] = []
+    amounts: list[float] = []
+    for row, (counts, presence, frequency) in zip(rows, penalties):
+        if presence == 0.0 and frequency == 0.0:
+            continue
+        row_ids += [row] * len(counts)
+        token_ids += counts
+        amounts += [-(frequency * n + presence) for n in counts.values()]
+    if not amounts:
         return logits
-    ids = torch.tensor(list(counts), device=logits.device)
-    n = torch.tensor(list(counts.values()), dtype=logits.dtype, device=logits.device)
-    logits = logits.clone()
-    logits[ids] -= frequency * n + presence
-    return logits
+    index = _to(torch.tensor([row_ids, token_ids]), logits.device)
+    logits = logits.clone()  # the caller's logits stay as they were
+    return logits.index_put_((index[0], index[1]), _to(
+        torch.tensor(amounts, dtype=logits.dtype), logits.device), accumulate=True)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
@@ -209,12 +224,9 @@ def _penalized(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
             and (s.params.presence_penalty != 0.0 or s.params.frequency_penalty != 0.0)]
     if not rows:
         return logits
-    logits = logits.clone()  # the caller's logits stay as they were
-    for i in rows:
-        p = samplers[i].params
-        logits[i] = apply_penalties(logits[i], samplers[i].counts, p.presence_penalty,
-                                    p.frequency_penalty)
-    return logits
+    return penalize_rows(logits, rows, [
+        (samplers[i].counts, samplers[i].params.presence_penalty,
+         samplers[i].params.frequency_penalty) for i in rows])
 
 
 def _constrained(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
