@@ -285,7 +285,7 @@ class Engine(StepPostprocess):
         self._faults.check_step(self._step)
         self._step += 1
         logits = self.runner.forward_from(batch, flight.picked.tokens)
-        picked = pick_rows(logits, [s.sampler for s in batch.decode])
+        picked = pick_rows(logits, [s.sampler for s in batch.decode], flight.picked.tokens)
         self._finish(batch, None, flight.started, flight.picked)
         if all(seq.finish_reason is None for seq in batch.decode):
             self._in_flight = InFlight(batch, picked, started)

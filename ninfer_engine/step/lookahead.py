@@ -10,8 +10,8 @@ host reads step n's tokens and does its bookkeeping while n+1 runs.
 
 Only steps whose outcome does not depend on the host between them go ahead (`Lookahead.holds`):
 the same rows as the step before, every one plain decode on a captured graph, sampled without
-host state (no penalties, grammar, log-probabilities or forced thinking close), far from its
-length limits and inside its lease. A row that ends at step n (EOS, a stop string) has computed
+host state (no grammar, log-probabilities or forced thinking close; penalties count the pick in
+flight on the device), far from its length limits and inside its lease. A row that ends at step n (EOS, a stop string) has computed
 step n+1 too: its pick is dropped, and its K/V and recurrent state already cover its last
 token — which is what `cached` then says, so a checkpoint of it stays consistent. Everything
 else (a new arrival, a cancel, a row near its end) settles the step in flight first and takes

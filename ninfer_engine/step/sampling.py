@@ -43,24 +43,44 @@ def apply_penalties(logits: torch.Tensor, counts: dict[int, int], presence: floa
 
 
 def penalize_rows(logits: torch.Tensor, rows: list[int],
-                  penalties: list[tuple[dict[int, int], float, float]]) -> torch.Tensor:
+                  penalties: list[tuple[dict[int, int], float, float]],
+                  pending: torch.Tensor | None = None) -> torch.Tensor:
     """`apply_penalties` on rows `rows` of logits [n, V], each with its (counts, presence,
-    frequency), in one scatter: two small host-to-device copies a step, not two per row."""
+    frequency), in one scatter: two small host-to-device copies a step, not two per row.
+    `pending` [n] (on the device): each row's token of the step in flight, not in its counts
+    yet, counted as one more occurrence; every amount is the one recording it first would
+    give, so both paths subtract the same number once (the same logits, bit for bit)."""
     row_ids: list[int] = []
     token_ids: list[int] = []
-    amounts: list[float] = []
+    amounts: list[float] = []  # each counted token's, and the same counted once more
+    again: list[float] = []
     for row, (counts, presence, frequency) in zip(rows, penalties):
-        if presence == 0.0 and frequency == 0.0:
-            continue
         row_ids += [row] * len(counts)
         token_ids += counts
         amounts += [-(frequency * n + presence) for n in counts.values()]
-    if not amounts:
+        if pending is not None:
+            again += [-(frequency * (n + 1) + presence) for n in counts.values()]
+    if not amounts and pending is None:
         return logits
-    index = _to(torch.tensor([row_ids, token_ids]), logits.device)
+    device, dtype = logits.device, logits.dtype
     logits = logits.clone()  # the caller's logits stay as they were
-    return logits.index_put_((index[0], index[1]), _to(
-        torch.tensor(amounts, dtype=logits.dtype), logits.device), accumulate=True)
+    index = _to(torch.tensor([row_ids, token_ids], dtype=torch.long), device)
+    seen = torch.zeros(logits.shape[0], dtype=torch.int32, device=device)
+    if amounts:
+        counted = _to(torch.tensor(amounts, dtype=dtype), device)
+        if pending is not None:  # a pending token already counted: its amount once more
+            pending = pending.long()
+            match = index[1] == pending[index[0]]
+            counted = torch.where(match, _to(torch.tensor(again, dtype=dtype), device), counted)
+            seen.index_add_(0, index[0], match.int())
+        logits.index_put_((index[0], index[1]), counted, accumulate=True)
+    if pending is None:
+        return logits
+    # a pending token not counted yet: its first occurrence, presence and frequency
+    at = _to(torch.tensor(rows, dtype=torch.long), device)
+    first = _to(torch.tensor([-(f + p) for _, p, f in penalties], dtype=dtype), device)
+    first = torch.where(seen[at] > 0, torch.zeros_like(first), first)
+    return logits.index_put_((at, pending.long()[at]), first, accumulate=True)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
@@ -162,10 +182,12 @@ class Picked:
         return self._host.tolist()
 
 
-def pick_rows(logits: torch.Tensor, samplers: list[Sampler]) -> Picked:
+def pick_rows(logits: torch.Tensor, samplers: list[Sampler],
+              pending: torch.Tensor | None = None) -> Picked:
     """The tokens of logits [B, V], row i by samplers[i], picked on the device and not read
-    back: penalties, masks, filters and draws are queued behind the forward."""
-    logits = _constrained(_penalized(logits, samplers), samplers)
+    back: penalties, masks, filters and draws are queued behind the forward. `pending` [B]:
+    the picks of the step in flight, not recorded by the samplers yet (penalties count them)."""
+    logits = _constrained(_penalized(logits, samplers, pending), samplers)
     groups: dict[str, list[int]] = {path: [] for path in _CANDIDATES}
     for i, s in enumerate(samplers):
         groups[_path(s.params)].append(i)
@@ -196,11 +218,10 @@ def settle_rows(given: torch.Tensor, samplers: list[Sampler], picked: Picked) ->
 
 
 def settles_on_device(sampler: Sampler) -> bool:
-    """Its next token needs nothing from the host once this one is picked: no penalties (host
-    counts), no grammar (host matcher), no log-probabilities (read from the step's logits)."""
-    p = sampler.params
-    return (sampler.constraint is None and sampler.logprobs is None
-            and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
+    """Its next token needs nothing from the host once this one is picked: no grammar (host
+    matcher), no log-probabilities (read from the step's logits). Penalties qualify: the
+    next pick counts this one on the device (`pick_rows`'s `pending`)."""
+    return sampler.constraint is None and sampler.logprobs is None
 
 
 def _to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -218,15 +239,17 @@ def _path(p: SamplingParams) -> str:
     return "sorted" if p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 else "plain"
 
 
-def _penalized(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
-    """Penalties on the rows whose request has them and has generated tokens; others untouched."""
-    rows = [i for i, s in enumerate(samplers) if s.counts
+def _penalized(logits: torch.Tensor, samplers: list[Sampler],
+               pending: torch.Tensor | None = None) -> torch.Tensor:
+    """Penalties on the rows whose request has them and has generated tokens (counting the
+    `pending` tokens of the step in flight, see `penalize_rows`); others untouched."""
+    rows = [i for i, s in enumerate(samplers) if (s.counts or pending is not None)
             and (s.params.presence_penalty != 0.0 or s.params.frequency_penalty != 0.0)]
     if not rows:
         return logits
     return penalize_rows(logits, rows, [
         (samplers[i].counts, samplers[i].params.presence_penalty,
-         samplers[i].params.frequency_penalty) for i in rows])
+         samplers[i].params.frequency_penalty) for i in rows], pending)
 
 
 def _constrained(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:

@@ -134,3 +134,26 @@ def test_a_second_turn_reuses_the_first_turns_checkpoint():
     assert plain[:2] == ahead[:2]
     assert plain[0][1] == "stop", "the first answer should end by EOS for this test to bite"
     assert ahead[2] > 0 and plain[2] > 0  # the second turn started from the checkpoint
+
+
+def test_penalized_rows_count_the_pick_in_flight():
+    """Presence and frequency penalties (the Qwen3.5 presets carry presence_penalty 1.5) go
+    ahead too: each lookahead pick counts the step in flight's token on the device, so the
+    tokens are the ordinary path's."""
+    async def scenario(engine):
+        runs = [
+            _one(engine, "pres", _prompt(engine, QUESTIONS[3]),
+                 SamplingParams(temperature=0.0, presence_penalty=4.0), 48),
+            _one(engine, "freq", _prompt(engine, QUESTIONS[3]),
+                 SamplingParams(temperature=0.0, frequency_penalty=2.0), 48),
+            _one(engine, "both", _prompt(engine, QUESTIONS[0]),
+                 SamplingParams(temperature=0.8, top_k=40, seed=5, presence_penalty=0.5,
+                                frequency_penalty=0.5), 40),
+            _one(engine, "plain", _prompt(engine, QUESTIONS[3]), SamplingParams(temperature=0.0),
+                 48)]
+        return await asyncio.gather(*runs)
+
+    plain, ahead = _both(scenario)
+    assert plain == ahead
+    # the penalties changed the answer: the test compares penalized tokens, not plain ones
+    assert plain[0][0] != plain[3][0] and plain[1][0] != plain[3][0]

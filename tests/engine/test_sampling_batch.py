@@ -219,6 +219,33 @@ def test_penalised_sampled_rows_use_the_penalised_distribution():
                                rtol=_probs_rtol(penalised[0], p))
 
 
+def test_a_pending_pick_counts_as_if_recorded():
+    """The lookahead step's penalties: each row's pick of the step in flight (on the device,
+    not recorded yet) changes the logits exactly as recording it first would, whether the
+    row's counts hold that token already (frequency only) or not (presence too)."""
+    logits = _logits(5, seed=8)
+    params = [SamplingParams(temperature=0.0, presence_penalty=1.5),
+              SamplingParams(temperature=0.0, presence_penalty=0.5, frequency_penalty=2.0),
+              SamplingParams(temperature=0.0, frequency_penalty=0.75),
+              SamplingParams(temperature=0.0),  # no penalties: untouched
+              SamplingParams(temperature=0.9, presence_penalty=1.0)]  # nothing counted yet
+    counts = [{7: 2, 3: 1}, {11: 1}, {7: 4}, {7: 1}, {}]
+    pending = torch.tensor([7, 5, 7, 7, 2])  # held already, new, held, -, new
+
+    def samplers(recorded: bool) -> list[Sampler]:
+        out = []
+        for p, c, token in zip(params, counts, pending.tolist()):
+            sampler = Sampler(p)
+            sampler.counts = dict(c)
+            if recorded:
+                sampler.record(token)
+            out.append(sampler)
+        return out
+    ahead = sampling._penalized(logits, samplers(False), pending)
+    assert torch.equal(ahead, sampling._penalized(logits, samplers(True)))
+    assert torch.equal(ahead[3], logits[3]) and not torch.equal(ahead[4], logits[4])
+
+
 # --- the Triton kernels behind the dispatch ---------------------------------------------------
 
 @pytest.fixture
