@@ -23,6 +23,7 @@ the logits as given (before penalties, masks and temperature, as vLLM's raw logp
 from __future__ import annotations
 
 import secrets
+from array import array
 from typing import Any
 
 import torch
@@ -39,48 +40,23 @@ TOPK_CAP = 256
 def apply_penalties(logits: torch.Tensor, counts: dict[int, int], presence: float,
                     frequency: float) -> torch.Tensor:
     """OpenAI semantics over generated tokens: l -= frequency·count + presence·[count > 0]."""
-    return penalize_rows(logits[None], [0], [(counts, presence, frequency)])[0]
+    if not counts or (presence == 0.0 and frequency == 0.0):
+        return logits
+    ids, times = sparse_counts(counts, logits.device)
+    return logits.index_put((ids,), logits[ids] - _penalty(times, presence, frequency))
 
 
-def penalize_rows(logits: torch.Tensor, rows: list[int],
-                  penalties: list[tuple[dict[int, int], float, float]],
-                  pending: torch.Tensor | None = None) -> torch.Tensor:
-    """`apply_penalties` on rows `rows` of logits [n, V], each with its (counts, presence,
-    frequency), in one scatter: two small host-to-device copies a step, not two per row.
-    `pending` [n] (on the device): each row's token of the step in flight, not in its counts
-    yet, counted as one more occurrence; every amount is the one recording it first would
-    give, so both paths subtract the same number once (the same logits, bit for bit)."""
-    row_ids: list[int] = []
-    token_ids: list[int] = []
-    amounts: list[float] = []  # each counted token's, and the same counted once more
-    again: list[float] = []
-    for row, (counts, presence, frequency) in zip(rows, penalties):
-        row_ids += [row] * len(counts)
-        token_ids += counts
-        amounts += [-(frequency * n + presence) for n in counts.values()]
-        if pending is not None:
-            again += [-(frequency * (n + 1) + presence) for n in counts.values()]
-    if not amounts and pending is None:
-        return logits
-    device, dtype = logits.device, logits.dtype
-    logits = logits.clone()  # the caller's logits stay as they were
-    index = _to(torch.tensor([row_ids, token_ids], dtype=torch.long), device)
-    seen = torch.zeros(logits.shape[0], dtype=torch.int32, device=device)
-    if amounts:
-        counted = _to(torch.tensor(amounts, dtype=dtype), device)
-        if pending is not None:  # a pending token already counted: its amount once more
-            pending = pending.long()
-            match = index[1] == pending[index[0]]
-            counted = torch.where(match, _to(torch.tensor(again, dtype=dtype), device), counted)
-            seen.index_add_(0, index[0], match.int())
-        logits.index_put_((index[0], index[1]), counted, accumulate=True)
-    if pending is None:
-        return logits
-    # a pending token not counted yet: its first occurrence, presence and frequency
-    at = _to(torch.tensor(rows, dtype=torch.long), device)
-    first = _to(torch.tensor([-(f + p) for _, p, f in penalties], dtype=dtype), device)
-    first = torch.where(seen[at] > 0, torch.zeros_like(first), first)
-    return logits.index_put_((at, pending.long()[at]), first, accumulate=True)
+def sparse_counts(counts: dict[int, int], device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`counts` as (token ids, fp32 counts) on `device`."""
+    return (_to(torch.tensor(list(counts), dtype=torch.long), device),
+            _to(torch.tensor(list(counts.values()), dtype=torch.float32), device))
+
+
+def _penalty(times: torch.Tensor, presence, frequency) -> torch.Tensor:
+    """What the penalties subtract from a token counted `times` (> 0) times: one expression
+    on every path, so the same counts give the same logits bit for bit."""
+    return frequency * times + presence
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
@@ -121,7 +97,11 @@ class Sampler:
         # a CPU generator: one uniform per token costs no device launch and no sync
         self.generator = torch.Generator()
         self.generator.manual_seed(self.seed & ((1 << 64) - 1))
-        self.counts: dict[int, int] = {}
+        self.counts: dict[int, int] = {}  # written by `record` only (the arrays follow it)
+        # `counts` again, as arrays the penalties copy in one go (`counted`), and each token's
+        # index in them
+        self._ids, self._times = array("q"), array("f")
+        self._slots: dict[int, int] = {}
 
     @classmethod
     def for_request(cls, request: GenerationRequest) -> Sampler:
@@ -140,10 +120,25 @@ class Sampler:
         """The next uniform in [0, 1) of this request's stream (one per sampled token)."""
         return float(torch.rand((), generator=self.generator, dtype=torch.float64))
 
+    def counted(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`counts` as host tensors (token ids, fp32 counts), copied from the arrays `record`
+        keeps (a copy: the arrays grow while the tensors live on)."""
+        if not self._ids:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.float32)
+        return (torch.frombuffer(self._ids, dtype=torch.long).clone(),
+                torch.frombuffer(self._times, dtype=torch.float32).clone())
+
     def record(self, token: int) -> None:
         """Count an output token (sampled here or forced by the engine) for the penalties, the
         grammar and the log-probabilities."""
         self.counts[token] = self.counts.get(token, 0) + 1
+        slot = self._slots.get(token)
+        if slot is None:  # a new token: the next slot
+            self._slots[token] = len(self._ids)
+            self._ids.append(token)
+            self._times.append(1.0)
+        else:
+            self._times[slot] += 1.0
         if self.constraint is not None:
             self.constraint.advance(token)
         if self.logprob_sink is not None:
@@ -241,15 +236,48 @@ def _path(p: SamplingParams) -> str:
 
 def _penalized(logits: torch.Tensor, samplers: list[Sampler],
                pending: torch.Tensor | None = None) -> torch.Tensor:
-    """Penalties on the rows whose request has them and has generated tokens (counting the
-    `pending` tokens of the step in flight, see `penalize_rows`); others untouched."""
+    """Penalties on the rows whose request has them and has generated tokens; others untouched.
+    `pending` [B] (on the device): each row's pick of the step in flight, which its sampler
+    has not recorded yet, counted as recorded (the lookahead step)."""
     rows = [i for i, s in enumerate(samplers) if (s.counts or pending is not None)
             and (s.params.presence_penalty != 0.0 or s.params.frequency_penalty != 0.0)]
     if not rows:
         return logits
-    return penalize_rows(logits, rows, [
-        (samplers[i].counts, samplers[i].params.presence_penalty,
-         samplers[i].params.frequency_penalty) for i in rows], pending)
+    device = logits.device
+    # each row's counted tokens as host arrays (`Sampler.record` keeps them): a step copies
+    # them in C, where building tensors from the counts costs ~1 µs a distinct token a row
+    parts = [_counts_of(samplers[i]) for i in rows]
+    ids = _to(torch.cat([p[0] for p in parts]), device)
+    times = _to(torch.cat([p[1] for p in parts]), device)
+    at = _to(torch.tensor(rows, dtype=torch.long), device)
+    sizes = _to(torch.tensor([len(p[0]) for p in parts], dtype=torch.long), device)
+    row = torch.repeat_interleave(at, sizes, output_size=len(ids))  # each entry's logits row
+    penalties = _to(torch.tensor([[samplers[i].params.presence_penalty for i in rows],
+                                  [samplers[i].params.frequency_penalty for i in rows]]), device)
+    presence, frequency = torch.zeros(2, logits.shape[0], device=device).index_copy_(
+        1, at, penalties)
+    logits = logits.clone()  # the caller's logits stay as they were
+    if pending is not None:  # a pick already counted: once more
+        pending = pending.long()
+        match = ids == pending[row]
+        times = times + match.to(times.dtype)
+        seen = torch.zeros(logits.shape[0], dtype=torch.int32, device=device)
+        seen.index_add_(0, row, match.to(torch.int32))
+    logits.index_put_((row, ids), -_penalty(times, presence[row], frequency[row]),
+                      accumulate=True)
+    if pending is not None:  # a pick not counted yet: its first occurrence
+        first = _penalty(torch.ones(len(rows), device=device), presence[at], frequency[at])
+        first = torch.where(seen[at] > 0, torch.zeros_like(first), first)
+        logits.index_put_((at, pending[at]), -first, accumulate=True)
+    return logits
+
+
+def _counts_of(sampler) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sampler's (token ids, fp32 counts) on the host: the `Sampler`'s own arrays; built from
+    `counts` for a stand-in (a verify row's position)."""
+    counted = getattr(sampler, "counted", None)
+    return counted() if counted is not None else sparse_counts(sampler.counts,
+                                                               torch.device("cpu"))
 
 
 def _constrained(logits: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:

@@ -210,7 +210,9 @@ def test_penalised_sampled_rows_use_the_penalised_distribution():
     penalised = sampling._penalized(logits, [Sampler(p), Sampler(p)])
     assert torch.equal(penalised, logits)  # no counts yet: untouched
     sampler = Sampler(p)
-    sampler.counts = dict(counts)
+    for token, n in counts.items():
+        for _ in range(n):
+            sampler.record(token)
     penalised = sampling._penalized(logits, [sampler, Sampler(p)])
     assert torch.equal(penalised[0], apply_penalties(logits[0], counts, 0.5, 2.0))
     assert torch.equal(penalised[1], logits[1])
@@ -236,7 +238,9 @@ def test_a_pending_pick_counts_as_if_recorded():
         out = []
         for p, c, token in zip(params, counts, pending.tolist()):
             sampler = Sampler(p)
-            sampler.counts = dict(c)
+            for counted, n in c.items():
+                for _ in range(n):
+                    sampler.record(counted)
             if recorded:
                 sampler.record(token)
             out.append(sampler)
@@ -244,6 +248,21 @@ def test_a_pending_pick_counts_as_if_recorded():
     ahead = sampling._penalized(logits, samplers(False), pending)
     assert torch.equal(ahead, sampling._penalized(logits, samplers(True)))
     assert torch.equal(ahead[3], logits[3]) and not torch.equal(ahead[4], logits[4])
+
+
+def test_the_counted_arrays_follow_every_record():
+    """`Sampler.counted`, the arrays the penalties copy in one go, follow `record`: a new
+    token takes the next slot, a repeated one adds one; they match `counts` throughout."""
+    sampler = Sampler(SamplingParams(temperature=0.0, presence_penalty=1.0))
+    ids, times = sampler.counted()
+    assert len(ids) == len(times) == 0
+    for i, token in enumerate([5, 9, 5] + [1000 + j % 150 for j in range(300)]):
+        sampler.record(token)
+        if i in (2, 302):
+            ids, times = sampler.counted()
+            assert dict(zip(ids.tolist(), times.tolist())) == {
+                token: float(n) for token, n in sampler.counts.items()}
+    assert len(ids) == 152
 
 
 # --- the Triton kernels behind the dispatch ---------------------------------------------------

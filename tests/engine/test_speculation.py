@@ -244,7 +244,9 @@ def test_rejection_sampling_keeps_the_target_distribution(params):
     first, second = [0] * 6, [0] * 6
     for seed in range(4000):
         sampler = Sampler(dataclasses.replace(params, seed=seed))
-        sampler.counts = dict(history)
+        for token, n in history.items():
+            for _ in range(n):
+                sampler.record(token)
         tokens = accept_sampled([(sampler, drafts, logits)])[0]
         first[tokens[0]] += 1
         if tokens[0] == drafts[0]:
