@@ -13,6 +13,8 @@ taken, since random weights accept nothing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 import time
 from contextlib import contextmanager
@@ -107,12 +109,20 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[tuple
     return [tuple(torch.randint(0, top, (length,), generator=gen).tolist()) for _ in range(n)]
 
 
-def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int) -> Run:
-    """Greedy requests for `prompts`, `max_tokens` each (end tokens ignored), stepped to the end."""
+def served_sampling(engine: Engine) -> SamplingParams:
+    """What a served request that sends only `temperature: 0` samples with: the model preset's
+    other settings (the Qwen3.5 presets carry presence_penalty 1.5), greedy."""
+    return dataclasses.replace(engine.sampling_defaults, temperature=0.0)
+
+
+def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int,
+                 sampling: SamplingParams = SamplingParams(temperature=0.0)) -> Run:
+    """Requests for `prompts` (greedy unless `sampling` says otherwise), `max_tokens` each (end
+    tokens ignored), stepped to the end."""
     run = Run()
     seqs, submitted = [], time.perf_counter()
     for i, prompt in enumerate(prompts):
-        request = GenerationRequest(f"bench-{i}", prompt, SamplingParams(temperature=0.0),
+        request = GenerationRequest(f"bench-{i}", prompt, sampling,
                                     max_tokens=max_tokens, ignore_eos=True)
         seq = engine.add(request, lambda event: None)
         if seq is None:

@@ -21,7 +21,9 @@ def markdown(result: dict) -> str:
         + f"{result['weight_bytes_per_step'] / 1e9:.2f} GB read "
         "per batch-1 step",
         "",
-        f"- measured: {result.get('path', 'the engine step')}",
+        f"- measured: {result.get('path', 'the engine step')}"
+        + ("; requests sampled as served ones sending only temperature 0 (the model preset's "
+           "penalties)" if result.get("sampling") == "served" else ""),
         "",
         "## Batch-1 decode",
         "",

@@ -48,9 +48,10 @@ from ..models.packed import DENSE
 from ..models.qwen3_5 import Qwen35Model
 from ..models.qwen3_5_step import HybridWeights
 from ..step.spec_policy import AlwaysSpeculate, SpecPolicy
+from ..types import SamplingParams
 from . import roofline as rf
 from .engine_step import (MARGIN, NoDrafts, OracleDrafter, bench_engine, random_prompts,
-                          run_requests)
+                          run_requests, served_sampling)
 from .footprint import packed_source
 from .timing import copy_bandwidth_gbps, matmul_tflops
 
@@ -67,9 +68,10 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
                      peer: str | None = None, peer_prompt: int = 1024,
                      peer_steps: int = 16, on_partial=None, cuda_weights: str = "auto",
                      draft_tokens: int = 3, spec_rates: list[float] = (),
-                     spec_batches: list[int] = (1,)) -> dict:
+                     spec_batches: list[int] = (1,), sampling: str = "greedy") -> dict:
     """Build the model on the GPU, serve it from an `Engine`, time every requested section;
-    the JSON-able result.
+    the JSON-able result. `sampling` "served": the decode and concurrency requests sample as a
+    served request sending only `temperature: 0` does (the model preset's penalties).
 
     `on_partial(result)`, if given, receives our sections before the peer starts (so a run cut
     short while timing the peer still leaves them)."""
@@ -84,9 +86,10 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
                      python=platform.python_version(), copy_gbps=gbps, matmul_tflops=tflops),
         command=command, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         arch=arch, recipe=weights, cuda_weights=cuda_weights, batch=1, path=ENGINE_PATH,
+        sampling=sampling,
         weights=f"random (synthetic, drawn on the {device})")
     plan = _Plan(contexts, list(concurrency), concurrency_context, prefill, draft_tokens,
-                 list(spec_rates), [b for b in spec_batches if b in concurrency])
+                 list(spec_rates), [b for b in spec_batches if b in concurrency], sampling)
     result.update(_ours(arch, weights, cuda_weights, layers, device, plan, prefill_chunk,
                         gbps, tflops))
     gc.collect()  # every tensor of ours is gone before the peer is built
@@ -123,9 +126,10 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
 class _Plan:
     """The requests every section sends, and the engine's sizes that follow from them."""
 
-    def __init__(self, contexts, levels, cctx, prefill, k, rates, spec_batches):
+    def __init__(self, contexts, levels, cctx, prefill, k, rates, spec_batches, sampling):
         self.contexts, self.levels, self.cctx, self.prefill = contexts, levels, cctx, prefill
         self.k, self.rates, self.spec_batches = k, rates, spec_batches
+        self.sampling = sampling  # "greedy" or "served" (`engine_step.served_sampling`)
         # output tokens a request asks for: enough for the timed steps at 1 + k tokens a step
         self.output_tokens = SKIP + (1 + k) * DECODE_STEPS + k if rates else SKIP + DECODE_STEPS
         self.max_batch = max([1, *levels])
@@ -163,7 +167,7 @@ def _ours(arch, weights, mode, layers, device, plan, chunk, gbps, tflops):
             rows, spec = [], []
             for B in plan.levels:
                 prompts = random_prompts(B, plan.cctx, vocab, seed=100 + B)
-                run = run_requests(engine, prompts, plan.output_tokens)
+                run = run_requests(engine, prompts, plan.output_tokens, _sampling(engine, plan))
                 rows.append(_concurrency_row(run, fused, config, B, plan.cctx, gbps, tflops))
                 if B in plan.spec_batches:
                     spec += _speculative(engine, prompts, rows[-1], plan, vocab)
@@ -186,7 +190,7 @@ def _ours(arch, weights, mode, layers, device, plan, chunk, gbps, tflops):
 
 def _decode_row(engine, fused, config, ctx, plan, gbps, tflops, seed) -> dict:
     prompt = random_prompts(1, ctx, config["vocab_size"], seed=seed)
-    run = run_requests(engine, prompt, SKIP + DECODE_STEPS + 1)
+    run = run_requests(engine, prompt, SKIP + DECODE_STEPS + 1, _sampling(engine, plan))
     tokens, seconds = run.decode_window(SKIP)
     step = 1e3 * seconds / tokens
     nbytes = rf.step_weight_bytes(fused, 1) + rf.state_bytes(fused, 1, ctx)
@@ -198,6 +202,10 @@ def _decode_row(engine, fused, config, ctx, plan, gbps, tflops, seed) -> dict:
     _log(f"context {ctx}: {row['tok_s']:.1f} tok/s (roofline {roof:.0f}); "
          f"first token after {row['prefill_ms']:.0f} ms")
     return row
+
+
+def _sampling(engine, plan) -> SamplingParams:
+    return served_sampling(engine) if plan.sampling == "served" else SamplingParams(temperature=0.0)
 
 
 def _concurrency_row(run, fused, config, B, ctx, gbps, tflops) -> dict:

@@ -136,6 +136,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-pdl", action="store_true",
                        help="launch the decode kernels without programmatic dependent launch "
                             "(kernels/pdl.py), to measure what it saves")
+    bench.add_argument("--sampling", choices=("greedy", "served"), default="greedy",
+                       help="how the decode and concurrency requests sample: greedy (default), "
+                            "or as a served request sending only temperature 0 (the model "
+                            "preset's penalties: presence_penalty 1.5 on the Qwen3.5 shapes)")
     bench.add_argument("--out", metavar="FILE.json", help="also write the result as JSON")
     bench.add_argument("--markdown", metavar="FILE.md", help="also write the report as markdown")
     bench.set_defaults(run=_bench)
@@ -226,7 +230,7 @@ def _bench(args: argparse.Namespace) -> int:
         prefill=args.prefill, prefill_chunk=args.prefill_chunk,
         peer=args.peer, peer_prompt=args.peer_prompt, peer_steps=args.peer_steps,
         on_partial=save, cuda_weights=args.cuda_weights, draft_tokens=args.draft_tokens,
-        spec_rates=args.spec_rates, spec_batches=args.spec_batch)
+        spec_rates=args.spec_rates, spec_batches=args.spec_batch, sampling=args.sampling)
     save(result)
     print(markdown(result), end="")
     return 0

@@ -84,6 +84,44 @@ def test_bench_runs_the_serving_engine(monkeypatch, moe):
 
 
 @CPU_ONLY
+def test_served_sampling_times_the_presets_penalties(monkeypatch):
+    """`--sampling served`: the decode and concurrency requests carry the model preset with
+    temperature 0 (the Qwen3.5 presets' presence_penalty 1.5 included), as a served request
+    sending only temperature 0 does; the report says so."""
+    import dataclasses
+
+    from ninfer_engine.types import SamplingParams
+
+    _fake_rates(monkeypatch)
+    preset = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5)
+    monkeypatch.setattr(run, "served_sampling",
+                        lambda engine: dataclasses.replace(preset, temperature=0.0))
+    sent = []
+    real = run.run_requests
+
+    def spy(engine, prompts, max_tokens, sampling=SamplingParams(temperature=0.0)):
+        sent.append(sampling)
+        return real(engine, prompts, max_tokens, sampling)
+    monkeypatch.setattr(run, "run_requests", spy)
+    result = run.run_decode_bench("tiny-dense", [60], concurrency=[2], concurrency_context=40,
+                                  peer="none", sampling="served")
+    assert result["sampling"] == "served" and len(result["decode"]) == 1
+    assert sent and all(p.presence_penalty == 1.5 and p.temperature == 0.0 for p in sent)
+    assert "penalties" in report.markdown(result)
+
+
+def test_served_sampling_is_the_preset_made_greedy():
+    from types import SimpleNamespace
+
+    from ninfer_engine.types import SamplingParams
+
+    engine = SimpleNamespace(sampling_defaults=SamplingParams(
+        temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5))
+    assert engine_step.served_sampling(engine) == SamplingParams(
+        temperature=0.0, top_p=0.8, top_k=20, presence_penalty=1.5)
+
+
+@CPU_ONLY
 def test_the_oracle_drafter_takes_the_chosen_drafts(monkeypatch):
     from ninfer_engine.benchmark.engine_step import OracleDrafter
     from ninfer_engine.step import postprocess as engine
