@@ -43,7 +43,7 @@ def apply_penalties(logits: torch.Tensor, counts: dict[int, int], presence: floa
     if not counts or (presence == 0.0 and frequency == 0.0):
         return logits
     ids, times = sparse_counts(counts, logits.device)
-    return logits.index_put((ids,), logits[ids] - _penalty(times, presence, frequency))
+    return logits.index_put((ids,), _less(logits[ids], _penalty(times, presence, frequency)))
 
 
 def sparse_counts(counts: dict[int, int], device: torch.device
@@ -57,6 +57,11 @@ def _penalty(times: torch.Tensor, presence, frequency) -> torch.Tensor:
     """What the penalties subtract from a token counted `times` (> 0) times: one expression
     on every path, so the same counts give the same logits bit for bit."""
     return frequency * times + presence
+
+
+def _less(values: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """`values` less `penalty`, in fp32 and rounded once to the logits' dtype."""
+    return (values.float() - penalty).to(values.dtype)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
@@ -263,12 +268,14 @@ def _penalized(logits: torch.Tensor, samplers: list[Sampler],
         times = times + match.to(times.dtype)
         seen = torch.zeros(logits.shape[0], dtype=torch.int32, device=device)
         seen.index_add_(0, row, match.to(torch.int32))
-    logits.index_put_((row, ids), -_penalty(times, presence[row], frequency[row]),
-                      accumulate=True)
+    # a row's counted tokens are distinct: each logit is read, lessened and written once
+    logits.index_put_((row, ids), _less(logits[row, ids],
+                                        _penalty(times, presence[row], frequency[row])))
     if pending is not None:  # a pick not counted yet: its first occurrence
         first = _penalty(torch.ones(len(rows), device=device), presence[at], frequency[at])
         first = torch.where(seen[at] > 0, torch.zeros_like(first), first)
-        logits.index_put_((at, pending[at]), -first, accumulate=True)
+        picks = pending[at]
+        logits.index_put_((at, picks), _less(logits[at, picks], first))
     return logits
 
 

@@ -221,11 +221,13 @@ def test_penalised_sampled_rows_use_the_penalised_distribution():
                                rtol=_probs_rtol(penalised[0], p))
 
 
-def test_a_pending_pick_counts_as_if_recorded():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_pending_pick_counts_as_if_recorded(dtype):
     """The lookahead step's penalties: each row's pick of the step in flight (on the device,
     not recorded yet) changes the logits exactly as recording it first would, whether the
-    row's counts hold that token already (frequency only) or not (presence too)."""
-    logits = _logits(5, seed=8)
+    row's counts hold that token already (frequency only) or not (presence too); in bf16
+    logits too (each penalized logit rounded once)."""
+    logits = _logits(5, seed=8).to(dtype)
     params = [SamplingParams(temperature=0.0, presence_penalty=1.5),
               SamplingParams(temperature=0.0, presence_penalty=0.5, frequency_penalty=2.0),
               SamplingParams(temperature=0.0, frequency_penalty=0.75),
