@@ -49,6 +49,9 @@ from ninfer_http.server import start_server  # noqa: E402
 
 DEFAULT_MODEL = Path.home() / ".cache/ninfer/models/smollm2-135m-instruct.ninfer"
 LOAD_TOOL = ROOT.parent / "shared/peers/serve_load.py"
+# the engine-only requests' prompt: about the served ones' (329 tokens for the 1,000 characters
+# of `--prompt-chars`' default, chat template included)
+ENGINE_PROMPT_TOKENS = 320
 # common words: every id below 4096, so the simulated logits stay narrow (see `_eager`)
 TEXT = ("The people of the city met in the town house on a cold day in the early part of the "
         "year, and after a long talk about the new school, the water and the road, they decided "
@@ -73,7 +76,8 @@ class SimulatedDevice(_ModelRunner):
         # device the pick is device work (a full-vocabulary argmax here would be host work)
         logits = torch.zeros(len(rows), max(self.text_ids) + 1)
         for i, seq in enumerate(rows):
-            logits[i, self.text_ids[len(seq.output) % len(self.text_ids)]] = 100.0  # certain under any temperature
+            # a margin that any temperature keeps certain
+            logits[i, self.text_ids[len(seq.output) % len(self.text_ids)]] = 100.0
         for seq, ids, _ in work:
             seq.cached += len(ids)
         return logits
@@ -103,6 +107,15 @@ class StepClock:
         return {"steps": self.steps, "host_cpu_ms": round(1e3 * self.cpu / n, 3),
                 "device_ms": round(1e3 * device / n, 3),
                 "waiting_ms": round(1e3 * (self.wall - self.cpu - device) / n, 3)}
+
+
+def simulated_engine(config: EngineConfig, args) -> Engine:
+    """The engine of `config` with its runner replaced by the simulated device."""
+    engine = Engine(config)
+    engine.runner = SimulatedDevice(engine.model, engine.tokenizer.encode(TEXT),
+                                    args.step_ms / 1e3, args.prefill_us / 1e6)
+    engine._lookahead.runner = engine.runner
+    return engine
 
 
 def engine_rate(engine: Engine, batch: int, prompt_tokens: int, max_tokens: int) -> float:
@@ -157,26 +170,21 @@ def main() -> None:
     torch.set_num_threads(1)
     config = EngineConfig(artifact=args.model, max_concurrency=args.concurrency,
                           max_context=8192, no_verify=True)
-    engine = Engine(config)
-    text_ids = engine.tokenizer.encode(TEXT)
-    engine.runner = SimulatedDevice(engine.model, text_ids, args.step_ms / 1e3,
-                                    args.prefill_us / 1e6)
-    engine._lookahead.runner = engine.runner
-    prompt_tokens = len(engine.tokenizer.encode(TEXT[:1] * args.prompt_chars)) or 1
     rows = []
     for switch_ms in [float(s) for s in args.switch_ms.split(",")] * args.repeat:
         sys.setswitchinterval(switch_ms / 1e3)
+        engine = simulated_engine(config, args)
         clock = StepClock(engine)
-        alone = engine_rate(engine, args.concurrency, min(prompt_tokens, 300), args.max_tokens)
+        alone = engine_rate(engine, args.concurrency, ENGINE_PROMPT_TOKENS, args.max_tokens)
         alone_steps = clock.per_step_ms()
-        engine = _restart(engine, config, text_ids, args)
+        engine = simulated_engine(config, args)  # a fresh one: a stopped engine stays stopped
         clock = StepClock(engine)
         engine.start()
         cpu = time.process_time()
         served = asyncio.run(served_rate(engine, config, args, f"switch-{switch_ms}ms"))
         cpu = time.process_time() - cpu
         engine.stop()
-        level = served["levels"][0] if "levels" in served else served
+        level = served["levels"][0]
         tokens = level["aggregate_tok_s"] * level["wall_s"]
         rows.append({"label": args.label, "switch_ms": switch_ms, "engine_tok_s": round(alone, 1),
                      "served": level,
@@ -184,7 +192,6 @@ def main() -> None:
                      "engine_steps": alone_steps, "served_steps": clock.per_step_ms(),
                      # the server process's CPU time, less its engine thread's, per token
                      "http_cpu_us_per_token": round(1e6 * (cpu - clock.cpu) / tokens, 1)})
-        engine = _restart(engine, config, text_ids, args)
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         _save(args, rows)
@@ -222,15 +229,6 @@ def _save(args, rows: list[dict]) -> None:
                          f"| {steps} | {row.get('http_cpu_us_per_token', '-')} |")
     lines += ["", "Commands: " + "; ".join(f"`{run['command']}`" for run in result["runs"]), ""]
     path.with_suffix(".md").write_text("\n".join(lines))
-
-
-def _restart(engine: Engine, config: EngineConfig, text_ids, args) -> Engine:
-    """A stopped engine does not start again: a fresh one with the simulated device."""
-    fresh = Engine(config)
-    fresh.runner = SimulatedDevice(fresh.model, text_ids, args.step_ms / 1e3,
-                                   args.prefill_us / 1e6)
-    fresh._lookahead.runner = fresh.runner
-    return fresh
 
 
 if __name__ == "__main__":
