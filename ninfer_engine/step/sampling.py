@@ -256,25 +256,26 @@ def _penalized(logits: torch.Tensor, samplers: list[Sampler],
     times = _to(torch.cat([p[1] for p in parts]), device)
     at = _to(torch.tensor(rows, dtype=torch.long), device)
     sizes = _to(torch.tensor([len(p[0]) for p in parts], dtype=torch.long), device)
-    row = torch.repeat_interleave(at, sizes, output_size=len(ids))  # each entry's logits row
-    penalties = _to(torch.tensor([[samplers[i].params.presence_penalty for i in rows],
-                                  [samplers[i].params.frequency_penalty for i in rows]]), device)
-    presence, frequency = torch.zeros(2, logits.shape[0], device=device).index_copy_(
-        1, at, penalties)
+    # each entry's position among `rows` (its logits row is `at[entry]`)
+    entry = torch.repeat_interleave(torch.arange(len(rows), device=device), sizes,
+                                    output_size=len(ids))
+    presence, frequency = _to(torch.tensor(
+        [[samplers[i].params.presence_penalty for i in rows],
+         [samplers[i].params.frequency_penalty for i in rows]]), device)
     logits = logits.clone()  # the caller's logits stay as they were
     if pending is not None:  # a pick already counted: once more
-        pending = pending.long()
-        match = ids == pending[row]
+        picks = pending.long()[at]
+        match = ids == picks[entry]
         times = times + match.to(times.dtype)
-        seen = torch.zeros(logits.shape[0], dtype=torch.int32, device=device)
-        seen.index_add_(0, row, match.to(torch.int32))
+        seen = torch.zeros(len(rows), dtype=torch.int32, device=device)
+        seen.index_add_(0, entry, match.to(torch.int32))
     # a row's counted tokens are distinct: each logit is read, lessened and written once
+    row = at[entry]
     logits.index_put_((row, ids), _less(logits[row, ids],
-                                        _penalty(times, presence[row], frequency[row])))
+                                        _penalty(times, presence[entry], frequency[entry])))
     if pending is not None:  # a pick not counted yet: its first occurrence
-        first = _penalty(torch.ones(len(rows), device=device), presence[at], frequency[at])
-        first = torch.where(seen[at] > 0, torch.zeros_like(first), first)
-        picks = pending[at]
+        first = _penalty(torch.ones(len(rows), device=device), presence, frequency)
+        first = torch.where(seen > 0, torch.zeros_like(first), first)
         logits.index_put_((at, picks), _less(logits[at, picks], first))
     return logits
 
