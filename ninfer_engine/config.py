@@ -108,6 +108,9 @@ class EngineConfig:
     # the lookahead decode step (`step.lookahead`); None: where the decode graphs are captured
     # (the GPU: on the CPU a step is synchronous and there is nothing to overlap)
     lookahead: bool | None = None
+    # the engine in a process of its own (`engine_process`); None: on CUDA without --vision
+    # (`supervisor._in_own_process`, which NINFER_ENGINE_PROCESS overrides)
+    engine_process: bool | None = None
     # the compiled step's GEMV inputs: fp32 (the exact product of the stored weights), or
     # quantized per 32 to int16 or int8 (llama.cpp's Q8_0 x Q8_0) for integer dot products:
     # fewer instructions a weight, the activations rounded

@@ -57,13 +57,15 @@ class Engine(StepPostprocess):
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
                  on_failure: Callable[[str], None] | None = None, model: Any = None,
-                 ranks: RankGroup = SINGLE, vision: VisionTower | None = None) -> None:
+                 ranks: RankGroup = SINGLE, vision: VisionTower | None = None,
+                 events: Any = None) -> None:
         """`artifact`: an opened artifact (default: open `config.artifact`); `model`: its text
         model already resident (`ninfer bench` draws random weights on the device), else the
         model is built from the artifact's weights; `ranks`: tensor parallelism, this engine
         rank 0 of the group (its followers run `parallel.follower.Follower`); `vision`: its
         vision tower already resident (bench/vision_encoder.py), else loaded from the artifact
-        under `--vision`."""
+        under `--vision`; `events`: where a step's events go (`flush()` after every step),
+        an `EventPump` by default (`engine_process` passes its pipe)."""
         self.config = config
         self._failure_listeners: list[Callable[[str], None]] = [on_failure] if on_failure else []
         self._state = EngineState.LOADING
@@ -106,7 +108,8 @@ class Engine(StepPostprocess):
         # step to the eager forward, several times its cost
         self._draft_cap = graphs.draft_cap if graphs is not None else lambda batch: None
         self._faults = Faults("")
-        self._events = EventPump()  # a step's token events, handed to the loops once a step
+        # a step's token events, handed to the loops (or the pipe) once a step
+        self._events = events if events is not None else EventPump()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,11 +180,11 @@ class Engine(StepPostprocess):
                        current_arrival().at)
         if seq is None:
             return EventStream.of(unavailable)
-        stream.on_close = lambda: self._cancel(seq)
-        self._wake.set()
+        stream.on_close = lambda: self.cancel_sequence(seq)
         return stream
 
-    def _cancel(self, seq: Sequence) -> None:
+    def cancel_sequence(self, seq: Sequence) -> None:
+        """End `seq` at the next step (its reader is gone)."""
         seq.cancelled = True
         self._wake.set()
 
@@ -195,7 +198,10 @@ class Engine(StepPostprocess):
             frozenset() if request.ignore_eos else self._eos,
             arrived=time.monotonic() if arrived is None else arrived,
             spec_detail=self.config.log_speculation_detail)
-        return seq if self.scheduler.add(seq) else None
+        if not self.scheduler.add(seq):
+            return None
+        self._wake.set()
+        return seq
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request at the next step (the operator's cancel key)."""

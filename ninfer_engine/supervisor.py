@@ -35,9 +35,26 @@ def _default_factory(config: EngineConfig):
         from .parallel.launch import tensor_parallel_engine
 
         return tensor_parallel_engine(config)
+    if _in_own_process(config):
+        from .engine_process import EngineProcess
+
+        return EngineProcess(config)
     from .engine import Engine  # torch is imported only when an engine is really built
 
     return Engine(config)
+
+
+def _in_own_process(config: EngineConfig) -> bool:
+    """The engine in a process of its own (`engine_process`) where a step's host work limits
+    serving: on CUDA. The CPU engine stays in this one (its step needs every core, and a second
+    process would only add a copy of the tokenizer); so does `--vision`, whose media are
+    prepared beside the HTTP loop. `NINFER_ENGINE_PROCESS=0|1` decides instead."""
+    chosen = os.environ.get("NINFER_ENGINE_PROCESS", config.engine_process)
+    if chosen is not None and chosen != "":
+        return str(chosen).lower() in ("1", "true", "on")
+    import torch
+
+    return torch.cuda.is_available() and not config.vision
 
 
 class Supervisor:

@@ -72,6 +72,9 @@ class ChatTemplate:
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
 
+    def __reduce__(self):  # compiled again from its source (`engine_process` sends it)
+        return ChatTemplate, (self.source, self.bos_token, self.eos_token)
+
     @classmethod
     def from_artifact(cls, artifact: Any, override: Path | None = None,
                       bos_token: str | None = None, eos_token: str | None = None) -> ChatTemplate:

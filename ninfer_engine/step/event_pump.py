@@ -169,8 +169,13 @@ class EventPump:
     def flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
-        for loop, items in pending.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # that loop is closed: nobody is listening
-                pass
+        hand_over(pending)
+
+
+def hand_over(pending: dict[asyncio.AbstractEventLoop, list[tuple[EventStream, Any]]]) -> None:
+    """Each loop's (stream, event) pairs put in their streams by one callback on that loop."""
+    for loop, items in pending.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, items)
+        except RuntimeError:  # that loop is closed: nobody is listening
+            pass

@@ -1,0 +1,159 @@
+"""`EngineProcess`: the engine in a process of its own, on the real default model (CPU).
+
+The child runs the same `Engine`; what can go wrong is the pipe: events lost, reordered or sent
+to the wrong stream, a cancel that does not reach the child, a child that dies without its
+readers hearing of it, a load error that does not come back as one line. Each is checked here
+against the in-process engine or the contract of `ServingEngine.submit`."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from ninfer_engine.cli.flags import default_artifact
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.engine_load import EngineLoadError
+from ninfer_engine.engine_process import EngineProcess
+from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
+
+MODEL = default_artifact()
+WAIT_S = 30.0  # a cancel or a death seen by the parent, on a busy 2-core machine
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(not MODEL.exists(), reason=f"default model not prepared: {MODEL}"),
+]
+
+QUESTIONS = ["Name three colours.", "What is 2 + 2? Answer briefly.", "List the days of the week."]
+
+
+def _config() -> EngineConfig:
+    return EngineConfig(artifact=MODEL, max_context=1024, max_concurrency=4)
+
+
+def _spawn() -> EngineProcess:
+    """The child on one thread, as this test process runs (conftest): the same arithmetic in
+    both, whatever the machine's core count."""
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        engine = EngineProcess(_config())
+    finally:
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+    engine.start()
+    return engine
+
+
+def _prompt(engine, question: str) -> tuple[int, ...]:
+    messages = [{"role": "user", "content": question}]
+    return tuple(engine.tokenizer.encode(engine.chat_template.render(messages)))
+
+
+async def _generate(engine, rid: str, prompt, sampling, max_tokens: int):
+    events = [e async for e in engine.submit(GenerationRequest(rid, prompt, sampling,
+                                                               max_tokens=max_tokens))]
+    tokens = tuple(t for e in events for t in e.token_ids)
+    return tokens, "".join(e.text for e in events), events[-1]
+
+
+async def _batch(engine):
+    samplings = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0),
+                 SamplingParams(temperature=0.8, seed=7)]
+    return await asyncio.gather(*[
+        _generate(engine, f"r{i}", _prompt(engine, q), s, 24 + 4 * i)
+        for i, (q, s) in enumerate(zip(QUESTIONS, samplings))])
+
+
+@pytest.fixture(scope="module")
+def child():
+    engine = _spawn()
+    yield engine
+    engine.stop()
+
+
+def test_the_same_tokens_as_the_engine_in_this_process(child):
+    from ninfer_engine.engine import Engine
+
+    local = Engine(_config())
+    local.start()
+    try:
+        expected = asyncio.run(_batch(local))
+    finally:
+        local.stop()
+    got = asyncio.run(_batch(child))
+    for (tokens, text, last), (want_tokens, want_text, want_last) in zip(got, expected):
+        assert tokens == want_tokens and text == want_text
+        assert (last.finish, last.usage.completion_tokens) == (want_last.finish,
+                                                               want_last.usage.completion_tokens)
+    assert child.state is EngineState.READY
+    assert child.snapshot().state == "ready"
+
+
+def test_closing_a_stream_early_cancels_it_in_the_child(child):
+    async def scenario():
+        prompt = _prompt(child, QUESTIONS[2])
+        stream = child.submit(GenerationRequest("early", prompt, SamplingParams(temperature=0.0),
+                                                max_tokens=500, ignore_eos=True))
+        seen = 0
+        async for event in stream:
+            seen += len(event.token_ids)
+            if seen >= 3:
+                break
+        await stream.aclose()
+        deadline = time.monotonic() + WAIT_S
+        while child.snapshot().queue.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        after = await _generate(child, "after", prompt, SamplingParams(temperature=0.0), 8)
+        return seen, after
+
+    seen, (tokens, _, last) = asyncio.run(scenario())
+    assert seen >= 3
+    assert not child.snapshot().queue.running, "the cancelled request still runs in the child"
+    assert len(tokens) == 8 and last.finish == "length"
+
+
+def test_a_child_that_dies_fails_its_requests_and_the_engine():
+    engine = _spawn()
+    reasons: list[str] = []
+    engine.add_failure_listener(reasons.append)
+
+    async def scenario():
+        stream = engine.submit(GenerationRequest(
+            "doomed", _prompt(engine, QUESTIONS[0]), SamplingParams(temperature=0.0),
+            max_tokens=100_000, ignore_eos=True))
+        events = []
+        async for event in stream:
+            events.append(event)
+            if len(events) == 2:
+                os.kill(engine._process.pid, signal.SIGKILL)
+        return events
+
+    try:
+        events = asyncio.run(asyncio.wait_for(scenario(), WAIT_S))
+    finally:
+        engine.stop()
+    last = events[-1]
+    assert last.finish == "error" and last.error.status == 503
+    assert engine.state is EngineState.FAILED
+    assert reasons and "engine process exited" in reasons[0] and str(-signal.SIGKILL) in reasons[0]
+
+    async def refused():
+        return [e async for e in engine.submit(GenerationRequest(
+            "late", (1, 2, 3), SamplingParams(temperature=0.0), max_tokens=4))]
+    late = asyncio.run(refused())
+    assert len(late) == 1 and late[0].error.status == 503
+
+
+def test_a_load_error_comes_back_as_one_line(tmp_path):
+    broken = tmp_path / "broken.ninfer"
+    broken.write_bytes(b"not an artifact")
+    with pytest.raises(EngineLoadError) as raised:
+        EngineProcess(EngineConfig(artifact=broken, max_context=256))
+    message = str(raised.value)
+    assert "\n" not in message and "broken.ninfer" in message
