@@ -10,6 +10,8 @@
 # (ninfer_engine, ninfer_http, ninfer_tui from `git archive`) under the same load, as "before".
 # Each ninfer server also gets bench/serve_staggered.py (arrivals spread in time: prompts keep
 # arriving while the other streams decode). PEER=0 skips llama.cpp (build and serve).
+# SERVERS (default "after before llama") picks which servers `serve` runs, so a lease can split
+# them over calls; "before" runs only with OLD, "llama" only without PEER=0.
 # LONG_LOAD (serve_load.py flags, e.g. 1K-token prompts: --prompt-chars 4300) runs each server
 # once more under that load, into served-$ARCH-<server>-long.json (TTFT with long prompts).
 set -o pipefail
@@ -41,7 +43,9 @@ long_load() {  # url, label
 
 serve_ninfer() {  # label, PYTHONPATH prefix
   local port=18080 log="$OUT/serve-$1.log"
-  PYTHONPATH="$2${PYTHONPATH:+:$PYTHONPATH}" setsid python3 -m ninfer_tui.cli "$MODEL" --no-tui \
+  # -P: the checkout (the working directory) is not put first on the path, so OLD's tree is
+  # the one imported (without it, "before" ran this checkout's code)
+  PYTHONPATH="${2:-$PWD}${PYTHONPATH:+:$PYTHONPATH}" setsid python3 -P -m ninfer_tui.cli "$MODEL" --no-tui \
     --host 127.0.0.1 --port $port --model-id bench --max-concurrency 8 --max-context 8192 \
     --kv-capacity 65536 --log-stats-interval-ms 1000 > "$log" 2>&1 &
   local pid=$!
@@ -75,9 +79,10 @@ case $1 in
     ls -la /dev/shm ;;
   serve)
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/nvidia-smi.csv"
-    serve_ninfer after ""
-    [ -n "${OLD:-}" ] && serve_ninfer before "$OLD"
-    [ "${PEER:-1}" = 0 ] && exit 0
+    servers=" ${SERVERS:-after before llama} "
+    [[ $servers == *" after "* ]] && serve_ninfer after ""
+    [[ $servers == *" before "* && -n "${OLD:-}" ]] && serve_ninfer before "$OLD"
+    [[ "${PEER:-1}" = 0 || $servers != *" llama "* ]] && exit 0
     port=18081
     setsid "$LLAMA/llama-server" -m "$GGUF" -ngl 99 -fa on -np 8 -c 65536 --host 127.0.0.1 \
       --port $port > "$OUT/serve-llama.log" 2>&1 &
