@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import logging
 import multiprocessing as mp
+import signal
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -293,6 +294,10 @@ class PipePump:
 
 def _child_main(config: EngineConfig, conn, log_level: int) -> None:
     """The engine process: load, report, then serve the parent's messages until `stop`."""
+    # Ctrl-C reaches the terminal's whole process group and systemd's stop the whole unit:
+    # the parent drains and then stops this process; a parent that dies closes the pipe
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     pipe = _Pipe(conn)
     root = logging.getLogger()
     root.handlers[:] = [_PipeHandler(pipe)]

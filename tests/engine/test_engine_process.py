@@ -118,6 +118,18 @@ def test_closing_a_stream_early_cancels_it_in_the_child(child):
     assert len(tokens) == 8 and last.finish == "length"
 
 
+def test_signals_for_the_server_do_not_stop_the_child(child):
+    """Ctrl-C in a terminal and systemd's stop signal the whole process group: the child
+    leaves the drain to the parent, which stops it."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.kill(child._process.pid, sig)
+    time.sleep(0.5)
+    tokens, _, last = asyncio.run(_generate(child, "after-signals", _prompt(child, QUESTIONS[1]),
+                                            SamplingParams(temperature=0.0), 6))
+    assert child._process.is_alive() and child.state is EngineState.READY
+    assert len(tokens) == 6 and last.finish == "length"
+
+
 def test_a_child_that_dies_fails_its_requests_and_the_engine():
     engine = _spawn()
     reasons: list[str] = []
