@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..kernels import sampling as kernels
+from ..kernels.penalties import lessen, penalize, penalty
 from ..types import GenerationRequest, SamplingParams, TokenLogprob
 
 # The top-k kernel takes k max-and-mask rounds over each 4096-column chunk and then sorts
@@ -43,7 +44,7 @@ def apply_penalties(logits: torch.Tensor, counts: dict[int, int], presence: floa
     if not counts or (presence == 0.0 and frequency == 0.0):
         return logits
     ids, times = sparse_counts(counts, logits.device)
-    return logits.index_put((ids,), _less(logits[ids], _penalty(times, presence, frequency)))
+    return logits.index_put((ids,), lessen(logits[ids], penalty(times, presence, frequency)))
 
 
 def sparse_counts(counts: dict[int, int], device: torch.device
@@ -51,17 +52,6 @@ def sparse_counts(counts: dict[int, int], device: torch.device
     """`counts` as (token ids, fp32 counts) on `device`."""
     return (_to(torch.tensor(list(counts), dtype=torch.long), device),
             _to(torch.tensor(list(counts.values()), dtype=torch.float32), device))
-
-
-def _penalty(times: torch.Tensor, presence, frequency) -> torch.Tensor:
-    """What the penalties subtract from a token counted `times` (> 0) times: one expression
-    on every path, so the same counts give the same logits bit for bit."""
-    return frequency * times + presence
-
-
-def _less(values: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
-    """`values` less `penalty`, in fp32 and rounded once to the logits' dtype."""
-    return (values.float() - penalty).to(values.dtype)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
@@ -248,36 +238,21 @@ def _penalized(logits: torch.Tensor, samplers: list[Sampler],
             and (s.params.presence_penalty != 0.0 or s.params.frequency_penalty != 0.0)]
     if not rows:
         return logits
-    device = logits.device
-    # each row's counted tokens as host arrays (`Sampler.record` keeps them): a step copies
-    # them in C, where building tensors from the counts costs ~1 µs a distinct token a row
+    # each row's counted tokens as host arrays (`Sampler.record` keeps them), packed with the
+    # rows' settings into one integer and one float buffer: two copies and one kernel a step
     parts = [_counts_of(samplers[i]) for i in rows]
-    ids = _to(torch.cat([p[0] for p in parts]), device)
-    times = _to(torch.cat([p[1] for p in parts]), device)
-    at = _to(torch.tensor(rows, dtype=torch.long), device)
-    sizes = _to(torch.tensor([len(p[0]) for p in parts], dtype=torch.long), device)
-    # each entry's position among `rows` (its logits row is `at[entry]`)
-    entry = torch.repeat_interleave(torch.arange(len(rows), device=device), sizes,
-                                    output_size=len(ids))
-    presence, frequency = _to(torch.tensor(
-        [[samplers[i].params.presence_penalty for i in rows],
-         [samplers[i].params.frequency_penalty for i in rows]]), device)
-    logits = logits.clone()  # the caller's logits stay as they were
-    if pending is not None:  # a pick already counted: once more
-        picks = pending.long()[at]
-        match = ids == picks[entry]
-        times = times + match.to(times.dtype)
-        seen = torch.zeros(len(rows), dtype=torch.int32, device=device)
-        seen.index_add_(0, entry, match.to(torch.int32))
-    # a row's counted tokens are distinct: each logit is read, lessened and written once
-    row = at[entry]
-    logits.index_put_((row, ids), _less(logits[row, ids],
-                                        _penalty(times, presence[entry], frequency[entry])))
-    if pending is not None:  # a pick not counted yet: its first occurrence
-        first = _penalty(torch.ones(len(rows), device=device), presence, frequency)
-        first = torch.where(seen > 0, torch.zeros_like(first), first)
-        logits.index_put_((at, picks), _less(logits[at, picks], first))
-    return logits
+    sizes = torch.tensor([0] + [len(p[0]) for p in parts], dtype=torch.long)
+    count = len(rows)
+    ints = _to(torch.cat([sizes.cumsum(0), torch.tensor(rows, dtype=torch.long),
+                          *(p[0] for p in parts)]), logits.device)
+    floats = _to(torch.cat([
+        torch.tensor([samplers[i].params.presence_penalty for i in rows], dtype=torch.float32),
+        torch.tensor([samplers[i].params.frequency_penalty for i in rows], dtype=torch.float32),
+        *(p[1] for p in parts)]), logits.device)
+    offsets, at, ids = ints[:count + 1], ints[count + 1:2 * count + 1], ints[2 * count + 1:]
+    presence, frequency, times = floats[:count], floats[count:2 * count], floats[2 * count:]
+    # the caller's logits stay as they were
+    return penalize(logits.clone(), offsets, at, presence, frequency, ids, times, pending)
 
 
 def _counts_of(sampler) -> tuple[torch.Tensor, torch.Tensor]:
