@@ -165,7 +165,9 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(side)
         getattr(d, "discard_routing", lambda: None)()  # the replay's routing is the step's
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread-local: another thread's CUDA call (a grammar mask's page-locked buffer, a
+        # VRAM query) must not invalidate a capture that happens while requests run
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits = step()
         saved()
         log.info("captured the decode CUDA graph for batch %d, %d token(s) a row, context ≤ %d",
