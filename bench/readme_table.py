@@ -171,6 +171,36 @@ def _served_rows() -> list[str]:
     return rows
 
 
+def _engine_process_rows() -> list[str]:
+    """The engine in its own process against the engine in the HTTP process, and the 8-layer
+    in-process server beside llama-server, one lease each (`bench/engine_process_ab.sh`)."""
+    r = _load("h200-engine-process.json")
+    if not r:
+        return []
+    c8 = [run["8"]["aggregate_tok_s"] for name, run in r["served"].items()
+          if name.startswith("engine process")]
+    inproc = r["served"]["in-process"]["8"]["aggregate_tok_s"]
+    engine = r["engine_step"]["served sampling (preset penalties), run after the servers"]["8"]
+    lo, hi = min(c8), max(c8)
+    rows = [f"| H200, 35B-A3B shape cut to 4 layers, served aggregate at concurrency 8, the "
+            f"engine in its own process against the engine in the HTTP process (same tree, "
+            f"same lease) | {lo:,.0f}-{hi:,.0f} tok/s | in-process {inproc:,.0f} | "
+            f"{lo / inproc:.2f}-{hi / inproc:.2f} |",
+            f"| H200, same, served aggregate at concurrency 8 against the engine's own step at "
+            f"batch 8 (`ninfer bench --sampling served`, same lease) | {lo:,.0f}-{hi:,.0f} "
+            f"tok/s | engine {engine:,.0f} | {lo / engine:.2f}-{hi / engine:.2f} |"]
+    same = r.get("served_8l_same_lease")
+    if same:
+        ours = [run["8"]["aggregate_tok_s"] for name, run in same["servers"].items()
+                if name.startswith("ninfer")]
+        peer = same["servers"]["llama-server"]["8"]["aggregate_tok_s"]
+        rows.append(f"| H200, 35B-A3B shape cut to 8 layers, served aggregate at concurrency 8, "
+                    f"engine in the HTTP process (same lease as the peer) | {min(ours):,.0f}-"
+                    f"{max(ours):,.0f} tok/s (fp8-row) | llama-server {peer:,.0f} (Q8_0) | "
+                    f"{min(ours) / peer:.2f}-{max(ours) / peer:.2f} |")
+    return rows
+
+
 def _step_row_rows() -> list[str]:
     """Verify rows and mixed steps against the decode step (`bench/gpu_step_rows.py`)."""
     r = _load("h200-step-rows.json")
@@ -211,7 +241,7 @@ def _lookahead_rows() -> list[str]:
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _gpu_rows() + _lookahead_rows() + _step_row_rows()
-                             + _served_rows()) + "\n"
+                             + _engine_process_rows() + _served_rows()) + "\n"
 
 
 def main() -> int:
