@@ -14,6 +14,9 @@
 # them over calls; "before" runs only with OLD, "llama" only without PEER=0.
 # LONG_LOAD (serve_load.py flags, e.g. 1K-token prompts: --prompt-chars 4300) runs each server
 # once more under that load, into served-$ARCH-<server>-long.json (TTFT with long prompts).
+# `serve` ends with the engine's own step on the same shape (`ninfer bench --sampling served`,
+# engine-$ARCH.json; ENGINE=0 skips it) and packs every file of $OUT into served-$ARCH.tgz (the
+# device tool brings back at most 8 files; PACK=0 leaves them loose).
 set -o pipefail
 OUT=${OUT:-bench/results}
 ARCH=${ARCH:-35b-a3b}; LAYERS=${LAYERS:-8}; RECIPE=${RECIPE:-fp8-row}; GGUF_TYPE=${GGUF_TYPE:-q8_0}
@@ -62,6 +65,33 @@ serve_ninfer() {  # label, PYTHONPATH prefix
   kill -INT $pid; sleep 3; kill -9 $pid 2>/dev/null
 }
 
+serve_llama() {
+  local port=18081
+  setsid "$LLAMA/llama-server" -m "$GGUF" -ngl 99 -fa on -np 8 -c 65536 --host 127.0.0.1 \
+    --port $port > "$OUT/serve-llama.log" 2>&1 &
+  local pid=$!
+  if wait_health http://127.0.0.1:$port $pid 300; then
+    python3 .peers/serve_load.py http://127.0.0.1:$port bench $LOAD --label llama-server \
+      --json "$OUT/served-$ARCH-llama-server.json" 2>&1 | tee -a "$OUT/served.log"
+    long_load http://127.0.0.1:$port llama-server
+  else
+    echo "llama-server did not become healthy" | tee -a "$OUT/served.log"
+  fi
+  kill $pid; sleep 2; kill -9 $pid 2>/dev/null
+}
+
+engine_step() {  # the engine's own step on the same shape, as served requests sample
+  timeout 300 python3 -m ninfer_engine.cli.tools bench --arch "$ARCH" --layers "$LAYERS" \
+    --context 1024 --weights "$RECIPE" --concurrency 1,8 --prefill 0 --spec-rates none \
+    --no-peer --sampling served --out "$OUT/engine-$ARCH.json" > "$OUT/engine.log" 2>&1
+  grep -E "^\| (1|8) " "$OUT/engine.log" | tee -a "$OUT/served.log"
+}
+
+pack() {  # one file back: the device tool returns at most 8
+  (cd "$OUT" && tar czf "served-$ARCH.tgz" --exclude "served-$ARCH.tgz" ./* \
+    && find . -maxdepth 1 -type f ! -name "served-$ARCH.tgz" -delete)
+}
+
 case $1 in
   build)
     build=
@@ -82,18 +112,8 @@ case $1 in
     servers=" ${SERVERS:-after before llama} "
     [[ $servers == *" after "* ]] && serve_ninfer after ""
     [[ $servers == *" before "* && -n "${OLD:-}" ]] && serve_ninfer before "$OLD"
-    [[ "${PEER:-1}" = 0 || $servers != *" llama "* ]] && exit 0
-    port=18081
-    setsid "$LLAMA/llama-server" -m "$GGUF" -ngl 99 -fa on -np 8 -c 65536 --host 127.0.0.1 \
-      --port $port > "$OUT/serve-llama.log" 2>&1 &
-    pid=$!
-    if wait_health http://127.0.0.1:$port $pid 300; then
-      python3 .peers/serve_load.py http://127.0.0.1:$port bench $LOAD --label llama-server \
-        --json "$OUT/served-$ARCH-llama-server.json" 2>&1 | tee -a "$OUT/served.log"
-      long_load http://127.0.0.1:$port llama-server
-    else
-      echo "llama-server did not become healthy" | tee -a "$OUT/served.log"
-    fi
-    kill $pid; sleep 2; kill -9 $pid 2>/dev/null ;;
+    [[ "${PEER:-1}" != 0 && $servers == *" llama "* ]] && serve_llama
+    [ "${ENGINE:-1}" != 0 ] && engine_step
+    [ "${PACK:-1}" != 0 ] && pack ;;
   *) echo "usage: bench/served_load.sh build|serve" >&2; exit 1 ;;
 esac
