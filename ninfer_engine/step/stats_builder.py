@@ -1,6 +1,7 @@
 """`StatsBuilder`: the engine's per-step counts turned into immutable `EngineStats` snapshots."""
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections import deque
 from dataclasses import replace
@@ -45,7 +46,10 @@ class StatsBuilder:
         self.recent: deque[RequestView] = deque(maxlen=8)
         self._interval = [time.monotonic(), 0, 0, 0, 0]  # start, decode, prefill, batch sum, steps
         self._host = (0.0, HostMemory(), (0, 0))  # refreshed at, host, device (total, free)
-        self._process = psutil.Process()
+        # the server's processes: this one, and the HTTP process that spawned an engine
+        # process (`engine_process`): RSS and CPU are the server's, whichever runs the engine
+        here = psutil.Process()
+        self._processes = [here] + ([here.parent()] if multiprocessing.parent_process() else [])
 
     def record_step(self, decode_tokens: int, prefill_tokens: int, now: float) -> None:
         i = self._interval
@@ -93,11 +97,12 @@ class StatsBuilder:
         """Host memory and the serving device's (total, free): the GPU's own, else the host's."""
         if now - self._host[0] >= self.HOST_REFRESH_S:
             vm = psutil.virtual_memory()
-            rss = self._process.memory_info().rss
+            rss = sum(_each(self._processes, lambda p: p.memory_info().rss))
             kv_tier, state_tier = self.memory.host_tier_bytes()
             host = HostMemory(total=vm.total, used=vm.total - vm.available, process_rss=rss,
                               # both since the last refresh (the first reads 0)
-                              process_cpu=self._process.cpu_percent(None),
+                              process_cpu=sum(_each(self._processes,
+                                                    lambda p: p.cpu_percent(None))),
                               machine_cpu=psutil.cpu_percent(None), cpus=psutil.cpu_count() or 0,
                               pinned_experts=self.tiers.host.nbytes if self.tiers else 0,
                               pinned_kv_tier=kv_tier, pinned_state_tier=state_tier)
@@ -164,3 +169,14 @@ def model_experts(config: dict | None, device: str) -> ExpertStats | None:
     layers = config.get("num_hidden_layers", 0) - len(config.get("mlp_only_layers", []))
     return ExpertStats(experts=config["num_experts"], active=config.get("num_experts_per_tok", 0),
                        layers=layers, cpu_share=0.0 if device.startswith("cuda") else 1.0)
+
+
+def _each(processes: list[psutil.Process], read) -> list:
+    """`read(p)` of each process still there (an HTTP process that just ended counts 0)."""
+    values = []
+    for p in processes:
+        try:
+            values.append(read(p))
+        except psutil.Error:
+            pass
+    return values

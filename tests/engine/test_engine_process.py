@@ -11,6 +11,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from ninfer_engine.cli.flags import default_artifact
@@ -116,6 +117,21 @@ def test_closing_a_stream_early_cancels_it_in_the_child(child):
     assert seen >= 3
     assert not child.snapshot().queue.running, "the cancelled request still runs in the child"
     assert len(tokens) == 8 and last.finish == "length"
+
+
+def test_host_figures_are_the_servers_both_processes(child):
+    """RSS and CPU in the snapshot cover the HTTP process and the engine process: the console
+    shows the server's, not the engine half's."""
+    deadline = time.monotonic() + WAIT_S
+    while child.snapshot().host.process_rss == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    reported = child.snapshot().host.process_rss
+    mine = psutil.Process().memory_info().rss
+    engine = psutil.Process(child._process.pid).memory_info().rss
+    # both processes' RSS moves between the snapshot and now (allocations, page-ins): a
+    # quarter of the smaller one is far below either process alone
+    slack = min(mine, engine) // 4
+    assert abs(reported - (mine + engine)) < slack, (reported, mine, engine)
 
 
 def test_signals_for_the_server_do_not_stop_the_child(child):
