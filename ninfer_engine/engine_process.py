@@ -19,42 +19,20 @@ import asyncio
 import itertools
 import logging
 import multiprocessing as mp
-import signal
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from .arrival import current_arrival
 from .config import EngineConfig
 from .engine_load import EngineLoadError
+from .engine_process_child import EngineInfo, child_main, unavailable
 from .stats import EngineStats
 from .step.event_pump import EventStream, hand_over
-from .types import EngineError, EngineState, GenerationRequest, SamplingParams, TokenEvent
+from .types import EngineState, GenerationRequest, TokenEvent
 
-UNAVAILABLE = "engine_unavailable"
-IDLE_PUBLISH_S = 0.25  # the child sends a changed snapshot this often while no step runs
 STOP_GRACE_S = 5.0  # past `stop`'s timeout, before the child is killed
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the parent serves from without asking the child: sent once, after the load."""
-
-    model_id: str
-    max_context: int
-    default_max_tokens: int
-    turn_anchors: int
-    sampling_defaults: SamplingParams
-    thinking_sampling_defaults: SamplingParams
-    tokenizer: Any
-    chat_template: Any
-    snapshot: EngineStats
-
-
-def _unavailable(message: str) -> TokenEvent:
-    return TokenEvent(finish="error", error=EngineError(message, UNAVAILABLE, 503))
 
 
 class EngineProcess:
@@ -66,7 +44,7 @@ class EngineProcess:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
-            target=_child_main, args=(config, child, logging.getLogger().getEffectiveLevel()),
+            target=child_main, args=(config, child, logging.getLogger().getEffectiveLevel()),
             name="ninfer-engine", daemon=True)  # daemonic: it ends with this process
         self._process.start()
         child.close()
@@ -126,7 +104,7 @@ class EngineProcess:
         stream = EventStream()
         with self._lock:
             if self._state is not EngineState.READY:
-                return EventStream.of(_unavailable(f"the engine is {self._state.value}"))
+                return EventStream.of(unavailable(f"the engine is {self._state.value}"))
             key = next(self._next_key)
             self._streams[key] = (asyncio.get_running_loop(), stream)
             self._keys[request.request_id] = key
@@ -217,7 +195,7 @@ class EngineProcess:
     def _fail_streams(self, message: str) -> None:
         with self._lock:
             streams, self._streams, self._keys = self._streams, {}, {}
-        event = _unavailable(message)
+        event = unavailable(message)
         pending: dict[asyncio.AbstractEventLoop, list] = {}
         for loop, stream in streams.values():
             pending.setdefault(loop, []).append((stream, event))
@@ -229,128 +207,3 @@ def _log_record(fields: dict) -> None:
     logger = logging.getLogger(record.name)
     if logger.isEnabledFor(record.levelno):
         logger.handle(record)
-
-
-# -- the engine process ---------------------------------------------------------------------
-class _Pipe:
-    """The child's end: one lock, so a step's message and a log record never interleave."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
-        self.lock = threading.Lock()
-
-    def send(self, message: tuple) -> None:
-        with self.lock:
-            try:
-                self.conn.send(message)
-            except (OSError, ValueError):  # the parent is gone
-                pass
-
-
-class _PipeHandler(logging.Handler):
-    """The child's log records, formatted here (their arguments may not pickle), to the parent."""
-
-    def __init__(self, pipe: _Pipe) -> None:
-        super().__init__()
-        self._pipe = pipe
-
-    def emit(self, record: logging.LogRecord) -> None:
-        fields = dict(record.__dict__, msg=record.getMessage(), args=None, exc_info=None)
-        if record.exc_info:
-            fields["exc_text"] = logging.Formatter().formatException(record.exc_info)
-        self._pipe.send(("log", fields))
-
-
-class PipePump:
-    """The engine's event sink in the child (`Engine(events=...)`): what a step emitted, and
-    the snapshot when the engine published a new one, leave in one message at `flush`."""
-
-    def __init__(self, pipe: _Pipe) -> None:
-        self._pipe = pipe
-        self._items: list[tuple[int, TokenEvent]] = []
-        self.snapshot: Callable[[], EngineStats] | None = None  # set once the engine exists
-        self._sent: EngineStats | None = None
-
-    def emitter(self, key: int) -> Callable[[TokenEvent], None]:
-        def emit(event: TokenEvent) -> None:
-            with self._pipe.lock:
-                self._items.append((key, event))
-        return emit
-
-    def flush(self) -> None:
-        with self._pipe.lock:  # taken and sent under one lock: events leave in order
-            items, self._items = self._items, []
-            snapshot = self.snapshot() if self.snapshot is not None else None
-            if snapshot is self._sent:
-                snapshot = None
-            else:
-                self._sent = snapshot
-            if items or snapshot is not None:
-                try:
-                    self._pipe.conn.send(("step", snapshot, items))
-                except (OSError, ValueError):
-                    pass
-
-
-def _child_main(config: EngineConfig, conn, log_level: int) -> None:
-    """The engine process: load, report, then serve the parent's messages until `stop`."""
-    # Ctrl-C reaches the terminal's whole process group and systemd's stop the whole unit:
-    # the parent drains and then stops this process; a parent that dies closes the pipe
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    pipe = _Pipe(conn)
-    root = logging.getLogger()
-    root.handlers[:] = [_PipeHandler(pipe)]
-    root.setLevel(log_level)
-    from .engine import Engine  # torch and CUDA start here, not in the parent
-
-    pump = PipePump(pipe)
-    try:
-        engine = Engine(config, events=pump)
-    except BaseException as exc:  # the parent raises it as the load error
-        pipe.send(("error", str(exc) if isinstance(exc, EngineLoadError)
-                   else f"cannot load the engine: {exc}"))
-        return
-    pump.snapshot = engine.snapshot
-    engine.add_failure_listener(lambda reason: pipe.send(("failed", reason)))
-    pipe.send(("ready", EngineInfo(
-        engine.model_id, engine.max_context, engine.default_max_tokens, engine.turn_anchors,
-        engine.sampling_defaults, engine.thinking_sampling_defaults, engine.tokenizer,
-        engine.chat_template, engine.snapshot())))
-    engine.start()
-    _serve(engine, pump, pipe)
-
-
-def _serve(engine, pump: PipePump, pipe: _Pipe) -> None:
-    conn = pipe.conn
-    sequences: dict[int, Any] = {}
-    while True:
-        try:
-            if not conn.poll(IDLE_PUBLISH_S):
-                pump.flush()  # an idle engine's snapshots (the loop publishes, no step flushes)
-                continue
-            message = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
-            engine.stop()
-            return
-        kind = message[0]
-        if kind == "submit":
-            key, request, arrived = message[1:]
-            emit = pump.emitter(key)
-            seq = engine.add(request, emit, arrived)
-            if seq is None:
-                emit(_unavailable(f"the engine is {engine.state.value}"))
-                pump.flush()
-            else:
-                sequences[key] = seq
-        elif kind == "cancel":
-            seq = sequences.pop(message[1], None)
-            if seq is not None and seq.finish_reason is None:
-                engine.cancel_sequence(seq)
-        elif kind == "stop":
-            engine.stop(message[1])
-            pump.flush()
-            pipe.send(("stopped",))
-            return
-        for key in [k for k, s in sequences.items() if s.finish_reason is not None]:
-            del sequences[key]
