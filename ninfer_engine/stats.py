@@ -251,6 +251,7 @@ class EngineStats:
     admission: str = "open"  # "open" | "paused" | "draining"
     max_context: int = 0
     dtype: str = ""  # the model's compute dtype ("fp32", "bf16"); the KV's is `kv.dtype`
+    engine_pid: int = 0  # the engine's process: not the server's under `engine_process`
 
     @property
     def live(self) -> bool:

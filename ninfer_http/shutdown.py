@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from importlib import metadata
 from typing import Protocol
@@ -95,4 +96,6 @@ def startup_line(stats: EngineStats, config: EngineConfig, load_s: float) -> str
     ]
     if stats.devices and stats.devices[0].name.startswith("cuda"):
         groups.append(f"VRAM free {size(stats.devices[0].free)}")
+    if stats.engine_pid and stats.engine_pid != os.getpid():
+        groups.append(f"engine process {stats.engine_pid}")
     return " | ".join(groups)

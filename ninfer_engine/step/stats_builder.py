@@ -157,7 +157,7 @@ class StatsBuilder:
                 recent=tuple(self.recent),
             ),
             throughput=self.throughput, counters=counters, max_context=self.config.max_context,
-            spec=spec, vision=vision, dtype=self.dtype,
+            spec=spec, vision=vision, dtype=self.dtype, engine_pid=self._processes[0].pid,
         )
 
 

@@ -22,13 +22,17 @@ EXIT_BOUND_S = 15.0  # the engine process's stop and the watchdog, on a busy mac
 
 
 def _engine_processes(server) -> list[psutil.Process]:
+    """The server's spawned children (not multiprocessing's resource tracker)."""
     return [p for p in psutil.Process(server.proc.pid).children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            and any("spawn_main" in part for part in p.cmdline())]
 
 
 def test_the_sdk_streams_through_the_engine_process(launch):
     server = launch("--model-id", MODEL_ID, env=server_env(NINFER_ENGINE_PROCESS="1")).wait_ready()
-    assert _engine_processes(server), "no engine process under the server"
+    engines = _engine_processes(server)
+    assert len(engines) == 1, "not one engine process under the server"
+    assert f"engine process {engines[0].pid}" in server.log()  # the startup line names it
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
                            timeout=120)
     messages = [{"role": "user", "content": "Name three colours."}]
