@@ -16,6 +16,7 @@ with the exit status; `Supervisor` reloads it like any failed engine.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import multiprocessing as mp
@@ -48,6 +49,7 @@ class EngineProcess:
             name="ninfer-engine", daemon=True)  # daemonic: it ends with this process
         self._process.start()
         child.close()
+        atexit.register(self._abandon)  # before multiprocessing's own exit hook, which hangs
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # the streams and the state
         self._streams: dict[int, tuple[asyncio.AbstractEventLoop, EventStream]] = {}
@@ -134,6 +136,19 @@ class EngineProcess:
             if self._state is not EngineState.FAILED:
                 self._state = EngineState.STOPPED
         self._fail_streams("the engine was stopped")
+        atexit.unregister(self._abandon)
+
+    def _abandon(self) -> None:
+        """At interpreter exit without `stop` (an error, Ctrl-C during the load). The child
+        ignores SIGTERM (the server's drain is the parent's), so multiprocessing's exit hook
+        would terminate it in vain and then wait for it forever: closing the pipe stops a
+        serving child, and a kill ends one still loading."""
+        if self._process.is_alive():
+            self._conn.close()
+            self._process.join(STOP_GRACE_S)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
 
     # -- the pipe ---------------------------------------------------------------------------
     def _send(self, message: tuple) -> None:

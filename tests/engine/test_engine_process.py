@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -22,6 +25,8 @@ from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
 
 MODEL = default_artifact()
 WAIT_S = 30.0  # a cancel or a death seen by the parent, on a busy 2-core machine
+EXIT_BOUND_S = 120.0  # a load (~5-40 s on a busy 2-core machine), then the exit hook's 5 s
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.model,
@@ -176,6 +181,30 @@ def test_a_child_that_dies_fails_its_requests_and_the_engine():
             "late", (1, 2, 3), SamplingParams(temperature=0.0), max_tokens=4))]
     late = asyncio.run(refused())
     assert len(late) == 1 and late[0].error.status == 503
+
+
+EXITING = """
+import sys
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.engine_process import EngineProcess
+if __name__ == "__main__":
+    engine = EngineProcess(EngineConfig(artifact=sys.argv[1], max_context=256))
+    print(engine._process.pid, flush=True)
+    sys.exit(3)  # an error after the load: no stop()
+"""
+
+
+def test_a_server_that_exits_without_stop_takes_its_engine_along(tmp_path):
+    """The child ignores SIGTERM, which multiprocessing's exit hook sends a daemonic child
+    before waiting for it: without the engine's own hook the server would never exit."""
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING)
+    done = subprocess.run([sys.executable, str(script), str(MODEL)], capture_output=True,
+                          text=True, timeout=EXIT_BOUND_S, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 3, done.stderr
+    pid = int(done.stdout.split()[0])
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_a_load_error_comes_back_as_one_line(tmp_path):
