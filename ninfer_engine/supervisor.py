@@ -46,15 +46,19 @@ def _default_factory(config: EngineConfig):
 
 def _in_own_process(config: EngineConfig) -> bool:
     """The engine in a process of its own (`engine_process`) where a step's host work limits
-    serving: on CUDA. The CPU engine stays in this one (its step needs every core, and a second
-    process would only add a copy of the tokenizer); so does `--vision`, whose media are
-    prepared beside the HTTP loop. `NINFER_ENGINE_PROCESS=0|1` decides instead."""
-    chosen = os.environ.get("NINFER_ENGINE_PROCESS", config.engine_process)
-    if chosen is not None and chosen != "":
-        return str(chosen).lower() in ("1", "true", "on")
+    serving: on CUDA, or as `NINFER_ENGINE_PROCESS=0|1` says. The CPU engine stays in this one
+    by default (its step needs every core); `--vision` always does (media are prepared beside
+    the HTTP loop, by the engine's tower)."""
+    if config.vision:
+        return False
+    chosen = os.environ.get("NINFER_ENGINE_PROCESS", "")
+    if chosen:
+        return chosen.lower() in ("1", "true", "on")
+    if config.engine_process is not None:
+        return config.engine_process
     import torch
 
-    return torch.cuda.is_available() and not config.vision
+    return torch.cuda.is_available()
 
 
 class Supervisor:

@@ -214,3 +214,18 @@ def test_a_load_error_comes_back_as_one_line(tmp_path):
         EngineProcess(EngineConfig(artifact=broken, max_context=256))
     message = str(raised.value)
     assert "\n" not in message and "broken.ninfer" in message
+
+
+@pytest.mark.parametrize("env, config, expected", [
+    ("1", {}, True), ("0", {"engine_process": True}, False), ("", {"engine_process": True}, True),
+    ("1", {"vision": True}, False),  # media are prepared beside the HTTP loop
+    ("", {}, None),  # the default: CUDA's availability
+])
+def test_where_the_engine_runs(monkeypatch, env, config, expected):
+    import torch
+
+    from ninfer_engine.supervisor import _in_own_process
+
+    monkeypatch.setenv("NINFER_ENGINE_PROCESS", env)
+    chosen = _in_own_process(EngineConfig(artifact=MODEL, **config))
+    assert chosen == (torch.cuda.is_available() if expected is None else expected)
