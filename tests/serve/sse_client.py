@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,3 +93,21 @@ async def watch_health(url: str, seen: list[str]) -> None:
                 seen.append("down")
                 return
             await asyncio.sleep(0.01)
+
+
+def stream_through_failure(url: str, body: dict[str, Any],
+                           exit_bound_s: float) -> tuple[ChatStream, list[str], float]:
+    """A stream that an engine failure ends: (the stream, /health's answers from its first
+    content until the server stopped answering, when the stream ended on the monotonic clock)."""
+    async def scenario():
+        health: list[str] = []
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            running = await open_chat(session, url, body)
+            started = await read_chat(running, until_content=True)
+            watcher = asyncio.create_task(watch_health(url, health))
+            stream = await continue_chat(running, started)
+            failed_at = time.monotonic()
+        await asyncio.wait_for(watcher, timeout=exit_bound_s)
+        return stream, health, failed_at
+
+    return asyncio.run(asyncio.wait_for(scenario(), 180))

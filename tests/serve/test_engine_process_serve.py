@@ -5,15 +5,13 @@ process ends the running stream in-band with 503 and the server with exit status
 §10), as an engine failure in one process does."""
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 
-import aiohttp
 import openai
 import psutil
 from server_process import MODEL_ID, NEEDS_MODEL, chat_body, server_env
-from sse_client import continue_chat, open_chat, read_chat, watch_health
+from sse_client import stream_through_failure
 
 pytestmark = NEEDS_MODEL
 
@@ -55,18 +53,8 @@ def test_a_fault_in_the_engine_process_fails_the_stream_and_exits_2(launch):
     env = server_env(NINFER_ENGINE_PROCESS="1", NINFER_FAULT=f"step:{FAULT_STEP}")
     server = launch("--model-id", MODEL_ID, env=env).wait_ready()
 
-    async def scenario():
-        health: list[str] = []
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            running = await open_chat(session, server.url, chat_body("Count to fifty.", 200))
-            started = await read_chat(running, until_content=True)
-            watcher = asyncio.create_task(watch_health(server.url, health))
-            stream = await continue_chat(running, started)
-            failed_at = time.monotonic()
-        await asyncio.wait_for(watcher, timeout=EXIT_BOUND_S)
-        return stream, health, failed_at
-
-    stream, health, failed_at = asyncio.run(asyncio.wait_for(scenario(), 180))
+    stream, health, failed_at = stream_through_failure(
+        server.url, chat_body("Count to fifty.", 200), EXIT_BOUND_S)
     exit_code = server.wait(timeout=EXIT_BOUND_S)
     log = server.log()
     assert stream.status == 200 and stream.text, "the stream started"

@@ -5,12 +5,10 @@ split in two), a fault injected on rank 1 at its step N (`NINFER_FAULT=step:N@ra
 running stream ends in-band with 503, `/health` answers 503, and the process exits 2."""
 from __future__ import annotations
 
-import asyncio
 import time
 
-import aiohttp
 from server_process import MODEL_ID, chat_body, server_env
-from sse_client import continue_chat, open_chat, read_chat, watch_health
+from sse_client import stream_through_failure
 
 from ninfer_engine.artifact.synth import write_synthetic
 
@@ -25,18 +23,8 @@ def test_a_rank_1_fault_fails_the_stream_and_exits_2(launch, tmp_path):
     server = launch("--tp", "2", "--devices", "0,1", "--model-id", MODEL_ID, "--no-thinking",
                     model=tiny, env=env).wait_ready()
 
-    async def scenario():
-        health: list[str] = []
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            running = await open_chat(session, server.url, chat_body("Count to fifty.", 200))
-            started = await read_chat(running, until_content=True)
-            watcher = asyncio.create_task(watch_health(server.url, health))
-            stream = await continue_chat(running, started)
-            failed_at = time.monotonic()
-        await asyncio.wait_for(watcher, timeout=EXIT_BOUND_S)
-        return stream, health, failed_at
-
-    stream, health, failed_at = asyncio.run(asyncio.wait_for(scenario(), 180))
+    stream, health, failed_at = stream_through_failure(
+        server.url, chat_body("Count to fifty.", 200), EXIT_BOUND_S)
     exit_code = server.wait(timeout=EXIT_BOUND_S)
     log = server.log()
     assert stream.status == 200 and stream.text, "the stream started on both ranks"
