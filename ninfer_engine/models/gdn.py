@@ -10,6 +10,7 @@ continues the state exactly.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -90,38 +91,65 @@ class GatedDeltaNet:
             y.add_(full[tap : tap + T] * w[tap])
         return F.silu(y)
 
+    def _conv_rows(self, x: torch.Tensor, states: list[GDNState],
+                   lengths: list[int]) -> torch.Tensor:
+        """`_conv` of every row of [T, C] at once, row i continuing (and updating) `states[i]`:
+        each row's segment is its K-1 state rows then its tokens, so a window never crosses
+        into another row, and every output is the same sum of the same products as `_conv`'s."""
+        if len(states) == 1:
+            return self._conv(x, states[0])
+        pieces, picks, ends, at, start = [], [], [], 0, 0
+        for state, n in zip(states, lengths):
+            pieces += [state.conv, x[start: start + n]]
+            picks.append(torch.arange(at, at + n))  # window t of a segment ends at its token t
+            at += self.taps - 1 + n
+            ends.append(at)
+            start += n
+        full = torch.cat(pieces)
+        for state, end in zip(states, ends):
+            state.conv.copy_(full[end - (self.taps - 1): end])
+        span = full.shape[0] - (self.taps - 1)
+        w = self.conv.to(x.dtype)
+        y = full[:span] * w[0]
+        for tap in range(1, self.taps):
+            y.add_(full[tap: tap + span] * w[tap])
+        return F.silu(y.index_select(0, torch.cat(picks).to(x.device)))
+
     def __call__(self, x: torch.Tensor, states: list[GDNState], lengths: list[int],
                  verify: frozenset[int] = frozenset()) -> torch.Tensor:
         """x: [T, H] (normed input), rows of `lengths` tokens -> [T, H]; row i continues
-        `states[i]` and updates it in place. The projections and the gated norm run over all
-        rows at once, the conv and the recurrence row by row. A row in `verify` keeps its
-        state after each of its tokens (`GDNState.trail`) for a partial acceptance."""
+        `states[i]` and updates it in place. The projections, the conv, the q/k norms and the
+        gated norm run over all rows at once, the recurrence row by row. A row in `verify`
+        keeps its state after each of its tokens (`GDNState.trail`) for a partial acceptance."""
         T, dtype = x.shape[0], x.dtype
         qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
         beta = torch.sigmoid(self.b(x)).float()
         g = -self.a_log.exp() * F.softplus(self.a(x).float() + self.dt_bias)
         z = self.z(x).reshape(T, self.nv, self.dv)
-        outs, start = [], 0
-        for i, (state, n) in enumerate(zip(states, lengths)):
-            rows = slice(start, start + n)
-            outs.append(self._recurrence(qkv[rows], g[rows], beta[rows], state, dtype,
-                                         i in verify))
-            start += n
+        starts = [0, *itertools.accumulate(lengths)]
+        # a verify row's conv windows after each token: its state rows, then its inputs
+        history = {i: torch.cat([states[i].conv, qkv[starts[i]: starts[i + 1]]], 0)
+                   for i in verify}
+        mixed = self._conv_rows(qkv, states, lengths)
+        kg = self.nk * self.dk
+        q = l2_normalize(mixed[:, :kg].float().reshape(T, self.nk, self.dk))
+        k = l2_normalize(mixed[:, kg: 2 * kg].float().reshape(T, self.nk, self.dk))
+        v = mixed[:, 2 * kg:].float().reshape(T, self.nv, self.dv)
+        outs = []
+        for i, state in enumerate(states):
+            rows = slice(starts[i], starts[i + 1])
+            outs.append(self._recurrence(q[rows], k[rows], v[rows], g[rows], beta[rows], state,
+                                         dtype, history.get(i)))
         o = self._gated_norm(torch.cat(outs) if len(outs) > 1 else outs[0], z)
         return self.out(o.reshape(T, -1))
 
-    def _recurrence(self, qkv, g, beta, state: GDNState, dtype, keep: bool) -> torch.Tensor:
-        """One row's conv + gated delta rule over its [n, C] q|k|v; [n, nv, dv] in `dtype`.
-        `keep`: record the state after each token in `state.trail`."""
-        T = qkv.shape[0]
-        # the conv window after token t ends at it: rows t+1 .. t+K-1 of [old window; q|k|v]
-        history = torch.cat([state.conv, qkv], 0) if keep else None
-        qkv = self._conv(qkv, state)
-        kg = self.nk * self.dk
-        q = l2_normalize(qkv[:, :kg].float().reshape(T, self.nk, self.dk))
-        k = l2_normalize(qkv[:, kg : 2 * kg].float().reshape(T, self.nk, self.dk))
-        v = qkv[:, 2 * kg :].float().reshape(T, self.nv, self.dv)
-        if T > 1 and use_triton(q) and dtype != torch.float32 and not keep:
+    def _recurrence(self, q, k, v, g, beta, state: GDNState, dtype,
+                    history: torch.Tensor | None) -> torch.Tensor:
+        """One row's gated delta rule over its normed q, k [n, nk, dk] and v [n, nv, dv];
+        [n, nv, dv] in `dtype`. `history` (a verify row's state rows, then its inputs): record
+        the state after each token in `state.trail`."""
+        keep = history is not None
+        if q.shape[0] > 1 and use_triton(q) and dtype != torch.float32 and not keep:
             # precompute and chunk walk in two Triton launches with TF32 dots, reading each
             # q/k head for its value heads in place; the exact fp32 path keeps torch
             # (bench/results/h200-gdn-chunk.json)
@@ -135,7 +163,7 @@ class GatedDeltaNet:
                 o, ssm = recurrent_gated_delta(q, k, v, g, beta, state.ssm, trail)
                 state.trail = [(history[t + 1: t + self.taps], s) for t, s in enumerate(trail)]
             else:
-                rule = recurrent_gated_delta if T == 1 else chunked_gated_delta
+                rule = recurrent_gated_delta if q.shape[0] == 1 else chunked_gated_delta
                 o, ssm = rule(q, k, v, g, beta, state.ssm)
         state.ssm.copy_(ssm)  # in place: the state may be a view of a pool slot
         return o.to(dtype)
