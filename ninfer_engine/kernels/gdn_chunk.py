@@ -28,6 +28,8 @@ in bf16). `GatedDeltaNet` passes `tf32=True` only for bf16/fp16 activations, so 
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -54,15 +56,25 @@ def _load(ptr, mask, EVEN: tl.constexpr):
 
 @triton.jit
 def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_ptr, o_ptr, n,
+                      first_ptr,
                       swh, swn, swr, swd, suh, sun, sur, sud, sqh, sqn, sqr, sqd,
                       skh, skn, skr, skd, sph, spn, spr, spc, sch, scn,
                       NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
-                      TF32: tl.constexpr):
+                      TF32: tl.constexpr, ROWS: tl.constexpr):
     # chunk tiles are [nv, n, C, ·] tensors read through their strides (the torch precompute's
     # outputs are permuted / column-major views; copying them contiguous would cost a pass each)
     h = tl.program_id(0)
     vb = tl.program_id(1)
+    if ROWS:  # program (row, head): the row's chunks first[r] .. first[r+1]-1, its own state
+        r = h // NV
+        h = h % NV
+        c0 = tl.load(first_ptr + r)
+        n = tl.load(first_ptr + r + 1) - c0
+        s_ptr += r * NV * DK * DV
+        s_out_ptr += r * NV * DK * DV
+    else:
+        c0 = 0
     rc = tl.arange(0, C)
     rk = tl.arange(0, BK)
     rv = vb * BV + tl.arange(0, BV)
@@ -74,12 +86,15 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
     s_mask = kmask[:, None] & vmask[None, :]
     s = _load(s_ptr + s_off, s_mask, EVEN)  # [BK, BV] fp32, lives in registers
 
-    w_ptrs = w_ptr + h * swh + rc[:, None] * swr + rk[None, :] * swd  # [C, BK]
-    u_ptrs = u_ptr + h * suh + rc[:, None] * sur + rv[None, :] * sud  # [C, BV]
-    qd_ptrs = qd_ptr + h * sqh + rc[:, None] * sqr + rk[None, :] * sqd  # [C, BK]
-    ke_ptrs = ke_ptr + h * skh + rk[:, None] * skd + rc[None, :] * skr  # [BK, C]: transposed
-    p_ptrs = p_ptr + h * sph + rc[:, None] * spr + rc[None, :] * spc  # [C, C]
-    o_ptrs = o_ptr + rc[:, None] * (NV * DV) + h * DV + rv[None, :]  # rows of [T, nv, dv]
+    w_ptrs = w_ptr + h * swh + c0 * swn + rc[:, None] * swr + rk[None, :] * swd  # [C, BK]
+    u_ptrs = u_ptr + h * suh + c0 * sun + rc[:, None] * sur + rv[None, :] * sud  # [C, BV]
+    qd_ptrs = qd_ptr + h * sqh + c0 * sqn + rc[:, None] * sqr + rk[None, :] * sqd  # [C, BK]
+    # [BK, C]: transposed
+    ke_ptrs = ke_ptr + h * skh + c0 * skn + rk[:, None] * skd + rc[None, :] * skr
+    p_ptrs = p_ptr + h * sph + c0 * spn + rc[:, None] * spr + rc[None, :] * spc  # [C, C]
+    # rows of [T, nv, dv]
+    o_ptrs = o_ptr + (c0 * C + rc[:, None]) * (NV * DV) + h * DV + rv[None, :]
+    cd_ptr += c0 * scn
     for i in range(n):  # int32 offsets suffice: every tensor spans < 2^31 elements (asserted)
         w = _load(w_ptrs + i * swn, ck_mask, EVEN)
         u = _load(u_ptrs + i * sun, cv_mask, EVEN)
@@ -125,8 +140,45 @@ def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool
     s_out = torch.empty_like(s_in)
     o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=v.device)
     _gdn_chunk_kernel[(nv, triton.cdiv(dv, block_v))](
-        *tiles, s_in, s_out, o, n, *(st for x in tiles for st in x.stride()),
+        *tiles, s_in, s_out, o, n, s_in, *(st for x in tiles for st in x.stride()),
         NV=nv, DK=dk, DV=dv, C=chunk, BK=block_k, BV=block_v,
-        EVEN=block_k == dk and dv % block_v == 0, TF32=tf32,
+        EVEN=block_k == dk and dv % block_v == 0, TF32=tf32, ROWS=False,
         num_warps=num_warps, num_stages=num_stages)
     return o[:T], s_out
+
+
+def chunk_gated_delta_rows(q, k, v, g, beta, states, lengths: list[int], chunk: int = CHUNK, *,
+                           tf32: bool = False, block_v: int = 64, num_warps: int = 8,
+                           num_stages: int = 1):
+    """`chunk_gated_delta` of a step's rows in three launches, not two a row: q, k, v, g, beta
+    hold rows of `lengths` tokens one after another, row i continuing `states[i]`
+    ([R, nv, dk, dv] fp32, not modified). Returns (o [T, nv, dv] fp32, new states [R, nv, dk,
+    dv]). Each row is zero-padded to whole chunks (a padded token has g = 0 and beta = 0: it
+    leaves the state as it was, as the single-row path's own tail padding), the precompute runs
+    over every chunk of every row at once, and the chunk walk's programs are (row, head)."""
+    T, nk, dk = k.shape
+    nv, dv = v.shape[1], v.shape[2]
+    assert sum(lengths) == T and states.shape == (len(lengths), nv, dk, dv)
+    first = [0, *itertools.accumulate(triton.cdiv(n, chunk) for n in lengths)]
+    device = v.device
+    # token t of row i sits at padded position first[i]·chunk + t
+    at = torch.cat([torch.arange(f * chunk, f * chunk + n) for f, n in zip(first, lengths)])
+    at = at.to(device, non_blocking=True)
+
+    def padded(x):
+        out = x.new_zeros((first[-1] * chunk, *x.shape[1:]))
+        return out.index_copy_(0, at, x)
+    tiles, n = chunk_prep_triton(*(padded(x) for x in (q, k, v, g, beta)), chunk, tf32=tf32)
+    assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
+    block_k = max(16, triton.next_power_of_2(dk))
+    block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
+    s_in = states.float().contiguous()
+    s_out = torch.empty_like(s_in)
+    o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=device)
+    firsts = torch.tensor(first, dtype=torch.int32).to(device, non_blocking=True)
+    _gdn_chunk_kernel[(len(lengths) * nv, triton.cdiv(dv, block_v))](
+        *tiles, s_in, s_out, o, n, firsts, *(st for x in tiles for st in x.stride()),
+        NV=nv, DK=dk, DV=dv, C=chunk, BK=block_k, BV=block_v,
+        EVEN=block_k == dk and dv % block_v == 0, TF32=tf32, ROWS=True,
+        num_warps=num_warps, num_stages=num_stages)
+    return o.index_select(0, at), s_out

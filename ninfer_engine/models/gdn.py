@@ -119,8 +119,9 @@ class GatedDeltaNet:
                  verify: frozenset[int] = frozenset()) -> torch.Tensor:
         """x: [T, H] (normed input), rows of `lengths` tokens -> [T, H]; row i continues
         `states[i]` and updates it in place. The projections, the conv, the q/k norms and the
-        gated norm run over all rows at once, the recurrence row by row. A row in `verify`
-        keeps its state after each of its tokens (`GDNState.trail`) for a partial acceptance."""
+        gated norm run over all rows at once; the recurrence too for a step's prompt chunks on
+        CUDA (`gdn_chunk.chunk_gated_delta_rows`), else row by row. A row in `verify` keeps its
+        state after each of its tokens (`GDNState.trail`) for a partial acceptance."""
         T, dtype = x.shape[0], x.dtype
         qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
         beta = torch.sigmoid(self.b(x)).float()
@@ -135,13 +136,18 @@ class GatedDeltaNet:
         q = l2_normalize(mixed[:, :kg].float().reshape(T, self.nk, self.dk))
         k = l2_normalize(mixed[:, kg: 2 * kg].float().reshape(T, self.nk, self.dk))
         v = mixed[:, 2 * kg:].float().reshape(T, self.nv, self.dv)
-        outs = []
-        for i, state in enumerate(states):
-            rows = slice(starts[i], starts[i + 1])
-            outs.append(self._recurrence(q[rows], k[rows], v[rows], g[rows], beta[rows], state,
-                                         dtype, history.get(i)))
-        o = self._gated_norm(torch.cat(outs) if len(outs) > 1 else outs[0], z)
-        return self.out(o.reshape(T, -1))
+        if (len(states) > 1 and use_triton(q) and dtype != torch.float32 and not verify
+                and min(lengths) > 1):  # a step's prompt chunks: one walk for all of them
+            o, ssm = gdn_chunk.chunk_gated_delta_rows(
+                q, k, v, g, beta, torch.stack([s.ssm for s in states]), lengths, tf32=True)
+            torch._foreach_copy_([s.ssm for s in states], list(ssm.unbind(0)))
+            o = o.to(dtype)
+        else:
+            outs = [self._recurrence(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state, dtype,
+                                     history.get(i))
+                    for i, (state, a, b) in enumerate(zip(states, starts, starts[1:]))]
+            o = torch.cat(outs) if len(outs) > 1 else outs[0]
+        return self.out(self._gated_norm(o, z).reshape(T, -1))
 
     def _recurrence(self, q, k, v, g, beta, state: GDNState, dtype,
                     history: torch.Tensor | None) -> torch.Tensor:

@@ -159,3 +159,28 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
         torch.float16, depth, roundings=2, sides=1)
     for a, b in zip(got, ref):
         assert rel_err(a.float(), b.float()) < tol
+
+
+@pytest.mark.parametrize("lengths", [[1, 70, 16], [130], [5, 5, 5, 5], [64, 1, 33]])
+@pytest.mark.parametrize("nv, nk, dk, dv", [(3, 3, 32, 32), (4, 2, 24, 40)])
+def test_rows_in_one_launch_equal_each_row_alone(device, lengths, nv, nk, dk, dv):
+    """`chunk_gated_delta_rows` pads each row to whole chunks and walks (row, head) programs:
+    each row's outputs and state equal `chunk_gated_delta` on that row alone, bit for bit (the
+    same chunk tiles, the padding the single-row path adds to its own tail)."""
+    gen = torch.Generator().manual_seed(len(lengths))
+    T = sum(lengths)
+    q = l2_normalize(torch.randn(T, nk, dk, generator=gen))
+    k = l2_normalize(torch.randn(T, nk, dk, generator=gen))
+    v = torch.randn(T, nv, dv, generator=gen)
+    g = -torch.rand(T, nv, generator=gen)
+    beta = torch.rand(T, nv, generator=gen)
+    states = torch.randn(len(lengths), nv, dk, dv, generator=gen)
+    inputs = [t.to(device) for t in (q, k, v, g, beta)]
+    o, s = gdn_chunk.chunk_gated_delta_rows(*inputs, states.to(device), lengths, chunk=16)
+    start = 0
+    for i, n in enumerate(lengths):
+        rows = slice(start, start + n)
+        want_o, want_s = chunk_gated_delta(*(t[rows] for t in inputs), states[i].to(device),
+                                           chunk=16)
+        assert torch.equal(o[rows], want_o) and torch.equal(s[i], want_s), i
+        start += n
