@@ -13,6 +13,8 @@ the host tier with the K/V, so a reused prefix brings it along.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .pages import PageAllocator, pages_for
@@ -222,8 +224,11 @@ class LayerKv:
     head-major [heads, T, dim] tensors.
     """
 
-    def __init__(self, cache: PagedKvCache, layer: int, start: int) -> None:
+    def __init__(self, cache: PagedKvCache, layer: int, start: int, plans: Any = None) -> None:
         self.cache, self.layer, self.length = cache, layer, start
+        # the step's `models.attention.Plans` when its rows attend together (one scatter and
+        # one varlen launch a layer for all of them), shared by every view of the step
+        self.plans = plans
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.append(k, v)

@@ -101,7 +101,7 @@ def plan_segments(segments: list[Segment], device: torch.device) -> Plans:
     return plans
 
 
-def _paged_batch(plans: list[_Plan], q: torch.Tensor) -> _PagedBatch | None:
+def paged_batch(plans: list[_Plan], q: torch.Tensor) -> _PagedBatch | None:
     """The in-place batch of `plans`, or None when some segment's cache is not a view of one
     kernel-readable paged pool (or q's head dim / dtype is not one the kernel serves)."""
     if isinstance(plans, Plans) and plans.paged_checked:
@@ -133,7 +133,7 @@ def _paged_batch(plans: list[_Plan], q: torch.Tensor) -> _PagedBatch | None:
     return batch
 
 
-def _attend_paged(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def attend_paged(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   batch: _PagedBatch, scale: float) -> torch.Tensor:
     """One scatter of every row's k/v into the pool, one kernel over the pages in place."""
     s = batch.storage
@@ -156,9 +156,9 @@ def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            plans: list[_Plan], scale: float) -> torch.Tensor:
     """Store k/v [T, kv_heads, D] in each segment's cache and attend; returns [T, heads·D]."""
     if use_triton(q):
-        batch = _paged_batch(plans, q)
+        batch = paged_batch(plans, q)
         if batch is not None:
-            return _attend_paged(layer, q, k, v, batch, scale)
+            return attend_paged(layer, q, k, v, batch, scale)
     outputs = []
     for plan in plans:
         seg = plan.segment

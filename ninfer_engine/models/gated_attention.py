@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from ..kernels._dispatch import use_triton
 from ..kernels.paged_prefill import paged_prefill_triton, supported
 from ..kv.cache import LayerKv
+from .attention import attend_paged, paged_batch
 from .layers import Linear
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
@@ -141,14 +142,32 @@ class GatedAttention:
         v = heads(self.v(x), self.nkv)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
-        outs, start = [], 0
-        for cache, n in zip(caches, lengths):
-            rows = slice(start, start + n)
-            outs.append(self._attend_row(q[:, rows], k[:, rows], v[:, rows], cache))
-            start += n
-        a = torch.cat(outs) if len(outs) > 1 else outs[0]
+        a = self._attend_rows(q, k, v, caches, lengths)
+        if a is None:
+            outs, start = [], 0
+            for cache, n in zip(caches, lengths):
+                rows = slice(start, start + n)
+                outs.append(self._attend_row(q[:, rows], k[:, rows], v[:, rows], cache))
+                start += n
+            a = torch.cat(outs) if len(outs) > 1 else outs[0]
         a = a * torch.sigmoid(self.gate(x))
         return self.o(a)
+
+    def _attend_rows(self, q, k, v, caches, lengths) -> torch.Tensor | None:
+        """Every row at once on CUDA where the step planned its rows together (`LayerKv.plans`,
+        the llama family's in-place batch: one K/V scatter and one varlen launch a layer);
+        q [nq, T, D], k, v [nkv, T, D] -> [T, nq·D]. None: attend row by row."""
+        plans = getattr(caches[0], "plans", None)
+        if plans is None or not use_triton(q):
+            return None
+        batch = paged_batch(plans, q.transpose(0, 1))
+        if batch is None:
+            return None
+        a = attend_paged(caches[0].layer, q.transpose(0, 1), k.transpose(0, 1),
+                         v.transpose(0, 1), batch, self.d**-0.5)
+        for cache, n in zip(caches, lengths):  # as `LayerKv.append` would have
+            cache.length += n
+        return a
 
     def _attend_row(self, q, k, v, cache) -> torch.Tensor:
         """One row's attention core: q [nq, n, D], k, v [nkv, n, D] -> [n, nq·D]."""

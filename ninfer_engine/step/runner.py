@@ -14,6 +14,7 @@ import torch
 
 from ..kv import LayerKv
 from ..models import Segment
+from ..models.attention import plan_segments
 from . import prompt_logprobs
 from .decode_graphs import DecodeGraphs
 from .scheduler import Batch
@@ -163,8 +164,11 @@ class HybridRunner(_ModelRunner):
     def _eager(self, work, sampled):
         tokens: list[int] = []
         states, lengths = [], []
+        # several rows on CUDA: planned together, their attention is one launch a layer
+        plans = plan_segments([Segment(seq.cache, seq.cached, len(ids)) for seq, ids, _ in work],
+                              self.device) if len(work) > 1 and self.device.type == "cuda" else None
         for seq, ids, _ in work:
-            views = [LayerKv(seq.cache, layer, seq.cached)
+            views = [LayerKv(seq.cache, layer, seq.cached, plans)
                      for layer in range(len(self.model.attention_layers))]
             states.append(self.model.bind_state(views, seq.state.layers, seq.cached))
             tokens.extend(ids)

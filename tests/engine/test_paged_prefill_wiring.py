@@ -190,3 +190,40 @@ def test_gated_attention_sdpa_over_a_contiguous_cache(monkeypatch):
     assert not calls
     for g, w in zip(got, want):
         assert _rel(g, w) < _qwen35_tol(20)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@torch.inference_mode()
+def test_gated_attention_rows_planned_together_take_one_launch_a_layer(kv_dtype, monkeypatch):
+    """The hybrid runner's CUDA prompt steps: rows whose `LayerKv` views share the step's
+    plans write their K/V in one scatter and attend in one varlen launch a layer, and give the
+    logits of one launch a row (the same kernel tiles a query: bit for bit)."""
+    model = _qwen35()
+    gen = torch.Generator().manual_seed(14)
+    a, b = (torch.randint(0, 512, (n,), generator=gen).tolist() for n in (130, 6))
+    steps = [[(a[:70], 0), (b[:5], 0)], [(a[70:130], 70), (b[5:6], 5)]]  # a page crossed
+
+    def run(planned: bool):
+        storage = _storage(model, kv_dtype)
+        caches = [storage.new_cache(), storage.new_cache()]
+        recurrent = [model.new_recurrent_state(), model.new_recurrent_state()]
+        out = []
+        for step in steps:
+            assert all(c.reserve(s + len(ids)) for c, (ids, s) in zip(caches, step))
+            segments = [Segment(c, s, len(ids)) for c, (ids, s) in zip(caches, step)]
+            plans = llama_attention.plan_segments(segments, model.device) if planned else None
+            states = [model.bind_state([LayerKv(c, j, s, plans)
+                                        for j in range(len(model.attention_layers))], r, s)
+                      for c, r, (_, s) in zip(caches, recurrent, step)]
+            ids = torch.tensor([t for seg, _ in step for t in seg])
+            out.append(model.forward_rows(ids, states, [len(seg) for seg, _ in step]))
+        return out
+
+    monkeypatch.setattr(gated_attention, "use_triton", lambda t: True)
+    want = run(planned=False)
+    together = _spy(monkeypatch, llama_attention, "paged_prefill_varlen_triton")
+    alone = _spy(monkeypatch, gated_attention, "paged_prefill_triton")
+    got = run(planned=True)
+    assert len(together) == len(steps) * len(model.attention_layers) and not alone
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
