@@ -106,8 +106,8 @@ class GatedDeltaNet:
             ends.append(at)
             start += n
         full = torch.cat(pieces)
-        for state, end in zip(states, ends):
-            state.conv.copy_(full[end - (self.taps - 1): end])
+        torch._foreach_copy_([s.conv for s in states],
+                             [full[end - (self.taps - 1): end] for end in ends])
         span = full.shape[0] - (self.taps - 1)
         w = self.conv.to(x.dtype)
         y = full[:span] * w[0]
