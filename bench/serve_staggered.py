@@ -1,7 +1,9 @@
 """Served load with arrivals spread in time: C client streams, stream i starting i/C of a
 request's duration after stream 0, each sending its next request as soon as the last one ends.
 New prompts then keep arriving while the other streams decode, so most steps carry a prompt
-chunk beside decode rows (what `serve_load.py`'s lockstep levels avoid).
+chunk beside decode rows (what `serve_load.py`'s lockstep levels avoid). `--burst` starts every
+stream at once instead: the TTFT percentiles of C prompts arriving together (issue 18's TTFT p99
+at concurrency 8 against concurrency 1).
 
     python bench/serve_staggered.py URL MODEL --concurrency 8 --requests 48 --max-tokens 256 \
         --prompt-chars 430 --json OUT.json --label NAME
@@ -66,8 +68,10 @@ async def _run(args) -> dict:
         duration = args.max_tokens / probe.get("decode_tok_s", args.max_tokens) + (
             probe.get("ttft_s") or 0)
 
+        stagger = 0.0 if args.burst else duration / args.concurrency
+
         async def stream(i):
-            await asyncio.sleep(i * duration / args.concurrency)
+            await asyncio.sleep(i * stagger)
             return [await _one(session, url, args.model,
                                _prompt(args.prompt_chars, i * per_stream + j), args.max_tokens)
                     for j in range(per_stream)]
@@ -79,7 +83,7 @@ async def _run(args) -> dict:
     wall = max(r["end"] for r in ok) - t0 if ok else float("nan")
     ttfts = sorted(r["ttft_s"] for r in ok if r["ttft_s"] is not None)
     return {"label": args.label, "concurrency": args.concurrency, "requests": len(results),
-            "ok": len(ok), "stagger_s": duration / args.concurrency, "wall_s": wall,
+            "ok": len(ok), "stagger_s": stagger, "wall_s": wall,
             "aggregate_tok_s": sum(r["completion_tokens"] for r in ok) / wall,
             "decode_tok_s_median": statistics.median(r["decode_tok_s"] for r in ok
                                                      if "decode_tok_s" in r),
@@ -97,6 +101,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--prompt-chars", type=int, default=430)
     ap.add_argument("--timeout-s", type=float, default=300)
+    ap.add_argument("--burst", action="store_true", help="every stream starts at once")
     ap.add_argument("--label", default="")
     ap.add_argument("--json")
     args = ap.parse_args()

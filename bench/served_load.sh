@@ -13,7 +13,9 @@
 # SERVERS (default "after before llama") picks which servers `serve` runs, so a lease can split
 # them over calls; "before" runs only with OLD, "llama" only without PEER=0.
 # LONG_LOAD (serve_load.py flags, e.g. 1K-token prompts: --prompt-chars 4300) runs each server
-# once more under that load, into served-$ARCH-<server>-long.json (TTFT with long prompts).
+# once more under that load, into served-$ARCH-<server>-long.json (TTFT with long prompts), and
+# measures TTFT p50/p99 of 1K-token prompts arriving one at a time and 8 together
+# (serve_staggered.py --burst, burst-$ARCH-<server>-c1|c8.json).
 # `serve` ends with the engine's own step on the same shape (`ninfer bench --sampling served`,
 # engine-$ARCH.json; ENGINE=0 skips it) and packs every file of $OUT into served-$ARCH.tgz (the
 # device tool brings back at most 8 files; PACK=0 leaves them loose).
@@ -44,6 +46,15 @@ long_load() {  # url, label
     --json "$OUT/served-$ARCH-$2-long.json" 2>&1 | tee -a "$OUT/served.log"
 }
 
+ttft_bursts() {  # url, label: TTFT p50/p99 of LONG_LOAD-sized prompts, one then 8 arriving together
+  [ -n "${LONG_LOAD:-}" ] || return 0
+  for c in 1 8; do
+    python3 bench/serve_staggered.py "$1" bench --burst --concurrency $c --requests 16 \
+      --max-tokens 64 --prompt-chars 4300 --label "$2-burst$c" \
+      --json "$OUT/burst-$ARCH-$2-c$c.json" 2>&1 | tee -a "$OUT/served.log"
+  done
+}
+
 serve_ninfer() {  # label, PYTHONPATH prefix
   local port=18080 log="$OUT/serve-$1.log"
   # -P: the checkout (the working directory) is not put first on the path, so OLD's tree is
@@ -59,6 +70,7 @@ serve_ninfer() {  # label, PYTHONPATH prefix
       --max-tokens 256 --prompt-chars 430 --label "ninfer-$1" \
       --json "$OUT/staggered-$ARCH-ninfer-$1.json" 2>&1 | tee -a "$OUT/served.log"
     long_load http://127.0.0.1:$port "ninfer-$1"
+    ttft_bursts http://127.0.0.1:$port "ninfer-$1"
   else
     echo "ninfer-$1 did not become healthy" | tee -a "$OUT/served.log"; tail -5 "$log"
   fi
@@ -74,6 +86,7 @@ serve_llama() {
     python3 .peers/serve_load.py http://127.0.0.1:$port bench $LOAD --label llama-server \
       --json "$OUT/served-$ARCH-llama-server.json" 2>&1 | tee -a "$OUT/served.log"
     long_load http://127.0.0.1:$port llama-server
+    ttft_bursts http://127.0.0.1:$port llama-server
   else
     echo "llama-server did not become healthy" | tee -a "$OUT/served.log"
   fi

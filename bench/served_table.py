@@ -26,9 +26,11 @@ def main() -> None:
     args = ap.parse_args()
     runs = [json.loads(p.read_text()) for p in sorted(args.dir.glob("served-*.json"))]
     staggered = [json.loads(p.read_text()) for p in sorted(args.dir.glob("staggered-*.json"))]
+    bursts = [json.loads(p.read_text()) for p in sorted(args.dir.glob("burst-*.json"))]
     peer = {lv["concurrency"]: lv for r in runs if r["label"] == args.peer for lv in r["levels"]}
     result = {"machine": args.machine, "command": args.command, "note": args.note,
-              "date": datetime.date.today().isoformat(), "runs": runs, "staggered": staggered}
+              "date": datetime.date.today().isoformat(), "runs": runs, "staggered": staggered,
+              "bursts": bursts}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Served load: {args.note}", "",
              f"Machine: {args.machine}. Date: {result['date']}. Command: `{args.command}`.", "",
@@ -54,6 +56,20 @@ def main() -> None:
                 f"| {run['label']} | {run['concurrency']} | {run['ok']}/{run['requests']} | "
                 f"{run['aggregate_tok_s']:.0f} | {run['decode_tok_s_median']:.0f} | "
                 f"{run['ttft_median_s'] * 1000:.0f} ms | {run['ttft_p99_s'] * 1000:.0f} ms |")
+    if bursts:
+        alone = {b["label"].rsplit("-burst", 1)[0]: b["ttft_median_s"] for b in bursts
+                 if b["concurrency"] == 1}
+        lines += ["", "TTFT of long prompts arriving together (`serve_staggered.py --burst`: C "
+                  "streams start at once; the target is p99 at C=8 within 2x the C=1 TTFT):",
+                  "", "| server | concurrency | requests ok | prompt tok | TTFT median | TTFT p99 "
+                  "| p99 / C=1 median |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for run in bursts:
+            base = alone.get(run["label"].rsplit("-burst", 1)[0])
+            ratio = f"{run['ttft_p99_s'] / base:.2f}" if base else "—"
+            lines.append(
+                f"| {run['label']} | {run['concurrency']} | {run['ok']}/{run['requests']} | "
+                f"{run['prompt_tokens_median']:.0f} | {run['ttft_median_s'] * 1000:.0f} ms | "
+                f"{run['ttft_p99_s'] * 1000:.0f} ms | {ratio} |")
     args.markdown.write_text("\n".join(lines) + "\n")
 
 
