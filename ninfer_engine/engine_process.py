@@ -20,6 +20,7 @@ import atexit
 import itertools
 import logging
 import multiprocessing as mp
+import pickle
 import threading
 from typing import Callable
 
@@ -29,7 +30,7 @@ from .engine_load import EngineLoadError
 from .engine_process_child import EngineInfo, child_main, unavailable
 from .stats import EngineStats
 from .step.event_pump import EventStream, hand_over
-from .types import EngineState, GenerationRequest, TokenEvent
+from .types import EngineError, EngineState, GenerationRequest, TokenEvent
 
 STOP_GRACE_S = 5.0  # past `stop`'s timeout, before the child is killed
 
@@ -52,7 +53,7 @@ class EngineProcess:
         atexit.register(self._abandon)  # before multiprocessing's own exit hook, which hangs
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # the streams and the state
-        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, EventStream]] = {}
+        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, EventStream, tuple]] = {}
         self._keys: dict[str, int] = {}  # request id -> key, while it runs
         self._next_key = itertools.count()
         self._listeners: list[Callable[[str], None]] = []
@@ -103,15 +104,22 @@ class EngineProcess:
     def submit(self, request: GenerationRequest) -> EventStream:
         """Send `request` to the engine process; its events arrive in the stream on this loop.
         Closing the stream early cancels the request there."""
+        try:  # pickled here: a field that cannot travel fails this request, not the engine
+            payload = pickle.dumps(request)
+        except Exception as exc:
+            return EventStream.of(TokenEvent(finish="error", error=EngineError(
+                f"the request cannot be sent to the engine process: {exc}")))
         stream = EventStream()
         with self._lock:
             if self._state is not EngineState.READY:
                 return EventStream.of(unavailable(f"the engine is {self._state.value}"))
             key = next(self._next_key)
-            self._streams[key] = (asyncio.get_running_loop(), stream)
+            # the log-probability sinks the HTTP side reads: the child's entries land here
+            self._streams[key] = (asyncio.get_running_loop(), stream,
+                                  (request.logprob_sink, request.prompt_logprob_sink))
             self._keys[request.request_id] = key
         stream.on_close = lambda: self._send(("cancel", key))
-        self._send(("submit", key, request, current_arrival().at))  # queue wait from arrival
+        self._send(("submit", key, payload, current_arrival().at))  # queue wait from arrival
         return stream
 
     def cancel(self, request_id: str) -> bool:
@@ -160,40 +168,51 @@ class EngineProcess:
 
     def _read(self) -> None:
         """The reader thread: the child's messages until it stops or dies."""
-        stopped = False
-        while True:
-            try:
-                message = self._conn.recv()
-            except (EOFError, OSError):
-                break
-            kind = message[0]
-            if kind == "step":
-                if message[1] is not None:  # before the events: an ended request is retired
-                    self._snapshot = message[1]
-                self._deliver(message[2])
-            elif kind == "log":
-                _log_record(message[1])
-            elif kind == "failed":
-                self._failed(message[1])
-            elif kind == "stopped":
-                stopped = True
-                break
+        stopped, reason = False, None
+        try:
+            while not stopped:
+                try:
+                    message = self._conn.recv()
+                except (EOFError, OSError):
+                    break
+                stopped = self._take(message)
+        except Exception as exc:  # a fault here must fail the engine, not leave it hanging
+            log.exception("reading the engine process failed")
+            reason = f"reading the engine process failed: {exc}"
+            self._process.kill()
         if not stopped:
             self._process.join(STOP_GRACE_S)
-            self._failed(f"the engine process exited (status {self._process.exitcode})")
+            self._failed(reason or f"the engine process exited (status {self._process.exitcode})")
             self._fail_streams("the engine process exited")
 
-    def _deliver(self, items: list[tuple[int, TokenEvent]]) -> None:
+    def _take(self, message: tuple) -> bool:
+        """One message of the child; True once it has stopped."""
+        kind = message[0]
+        if kind == "step":
+            if message[1] is not None:  # before the events: an ended request is retired
+                self._snapshot = message[1]
+            self._deliver(message[2])
+        elif kind == "log":
+            _log_record(message[1])
+        elif kind == "failed":
+            self._failed(message[1])
+        return kind == "stopped"
+
+    def _deliver(self, items: list[tuple[int, TokenEvent, tuple | None]]) -> None:
         pending: dict[asyncio.AbstractEventLoop, list[tuple[EventStream, TokenEvent]]] = {}
         with self._lock:
-            for key, event in items:
+            for key, event, added in items:
                 target = self._streams.get(key)
                 if target is None:
                     continue
                 if event.finish is not None:
                     del self._streams[key]
-                pending.setdefault(target[0], []).append((target[1], event))
-            if any(event.finish is not None for _, event in items):
+                loop, stream, sinks = target
+                for sink, entries in zip(sinks, added or ()):
+                    if sink is not None:  # before the event: its reader reads them
+                        sink.extend(entries)
+                pending.setdefault(loop, []).append((stream, event))
+            if any(event.finish is not None for _, event, _ in items):
                 live = set(self._streams)
                 self._keys = {rid: key for rid, key in self._keys.items() if key in live}
         hand_over(pending)
@@ -212,7 +231,7 @@ class EngineProcess:
             streams, self._streams, self._keys = self._streams, {}, {}
         event = unavailable(message)
         pending: dict[asyncio.AbstractEventLoop, list] = {}
-        for loop, stream in streams.values():
+        for loop, stream, _ in streams.values():
             pending.setdefault(loop, []).append((stream, event))
         hand_over(pending)
 

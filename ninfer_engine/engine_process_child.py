@@ -7,6 +7,7 @@ one message (`PipePump`, the engine's event sink), log records (`_PipeHandler`),
 from __future__ import annotations
 
 import logging
+import pickle
 import signal
 import threading
 from dataclasses import dataclass
@@ -76,14 +77,25 @@ class PipePump:
 
     def __init__(self, pipe: _Pipe) -> None:
         self._pipe = pipe
-        self._items: list[tuple[int, TokenEvent]] = []
+        self._items: list[tuple[int, TokenEvent, Any]] = []
         self.snapshot: Callable[[], EngineStats] | None = None  # set once the engine exists
         self._sent: EngineStats | None = None
 
-    def emitter(self, key: int) -> Callable[[TokenEvent], None]:
+    def emitter(self, key: int, request: Any = None) -> Callable[[TokenEvent], None]:
+        """`key`'s emit function. A request with log-probability sinks (lists the engine
+        appends to, read by the HTTP side) sends each event with the entries added since the
+        last one, which the parent appends to its own lists before it hands the event over."""
+        sinks = [getattr(request, name, None) for name in ("logprob_sink", "prompt_logprob_sink")]
+        sent = [0, 0]
+
         def emit(event: TokenEvent) -> None:
+            added = None
+            if sinks[0] is not None or sinks[1] is not None:
+                added = tuple(() if sink is None else sink[sent[i]:]
+                              for i, sink in enumerate(sinks))
+                sent[:] = [0 if sink is None else len(sink) for sink in sinks]
             with self._pipe.lock:
-                self._items.append((key, event))
+                self._items.append((key, event, added))
         return emit
 
     def flush(self) -> None:
@@ -111,6 +123,7 @@ def child_main(config: EngineConfig, conn, log_level: int) -> None:
     root = logging.getLogger()
     root.handlers[:] = [_PipeHandler(pipe)]
     root.setLevel(log_level)
+    from .constrained.matcher import use_engine_tokenizer
     from .engine import Engine  # torch and CUDA start here, not in the parent
 
     pump = PipePump(pipe)
@@ -121,6 +134,7 @@ def child_main(config: EngineConfig, conn, log_level: int) -> None:
                    else f"cannot load the engine: {exc}"))
         return
     pump.snapshot = engine.snapshot
+    use_engine_tokenizer(engine.tokenizer)  # received grammars compile over it
     engine.add_failure_listener(lambda reason: pipe.send(("failed", reason)))
     pipe.send(("ready", EngineInfo(
         engine.model_id, engine.max_context, engine.default_max_tokens, engine.turn_anchors,
@@ -144,8 +158,15 @@ def _serve(engine, pump: PipePump, pipe: _Pipe) -> None:
             return
         kind = message[0]
         if kind == "submit":
-            key, request, arrived = message[1:]
-            emit = pump.emitter(key)
+            key, payload, arrived = message[1:]
+            try:  # a request that cannot be rebuilt here fails alone
+                request = pickle.loads(payload)
+            except Exception as exc:
+                pump.emitter(key)(TokenEvent(finish="error", error=EngineError(
+                    f"the engine process could not take the request: {exc}")))
+                pump.flush()
+                continue
+            emit = pump.emitter(key, request)
             seq = engine.add(request, emit, arrived)
             if seq is None:
                 emit(unavailable(f"the engine is {engine.state.value}"))

@@ -18,6 +18,7 @@ from .grammar import GrammarError
 
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+_ENGINE_TOKENIZER: list[Any] = []  # an engine process's tokenizer (`use_engine_tokenizer`)
 
 
 class ConstraintUnavailable(RuntimeError):
@@ -48,8 +49,9 @@ class TokenConstraint:
     """
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab: int,
-                 start_after: Sequence[int] = ()) -> None:
+                 start_after: Sequence[int] = (), grammar: str = "") -> None:
         self._matcher = matcher
+        self.grammar = grammar  # what it was compiled from (an engine process compiles it again)
         self.vocab = vocab  # tokens the grammar's tokenizer knows (bits of one mask row)
         self._start_after = tuple(start_after)
         self._recent: deque[int] = deque(maxlen=max(len(self._start_after), 1))
@@ -65,6 +67,13 @@ class TokenConstraint:
         """The llguidance matcher, once no background fill reads it."""
         self.settle()
         return self._matcher
+
+    def __reduce__(self):
+        """Sent to an engine process (`engine_process`) before its first token: compiled again
+        there, over that process's tokenizer (a matcher does not pickle)."""
+        if self.version:
+            raise TypeError("a constraint that has advanced cannot be sent to another process")
+        return _compile_for_engine, (self.grammar, self._start_after)
 
     def settle(self) -> None:
         """Wait for a background fill that reads this matcher (its own errors are the
@@ -110,4 +119,15 @@ def compile_constraint(tokenizer: Any, grammar: str,
     matcher = llguidance.LLMatcher(view, grammar, log_level=0)
     if matcher.is_error():
         raise GrammarError(matcher.get_error())
-    return TokenConstraint(matcher, view.vocab_size, start_after)
+    return TokenConstraint(matcher, view.vocab_size, start_after, grammar)
+
+
+def use_engine_tokenizer(tokenizer: Any) -> None:
+    """The tokenizer this engine process compiles received constraints over."""
+    _ENGINE_TOKENIZER[:] = [tokenizer]
+
+
+def _compile_for_engine(grammar: str, start_after: Sequence[int]) -> TokenConstraint:
+    if not _ENGINE_TOKENIZER:
+        raise RuntimeError("a constraint arrived in a process without an engine tokenizer")
+    return compile_constraint(_ENGINE_TOKENIZER[0], grammar, start_after)

@@ -5,6 +5,7 @@ process ends the running stream in-band with 503 and the server with exit status
 §10), as an engine failure in one process does."""
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -42,6 +43,19 @@ def test_the_sdk_streams_through_the_engine_process(launch):
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert whole.choices[0].message.content == streamed and streamed
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # what the engine process compiles again (a grammar) or sends back (log-probabilities)
+    schema = {"type": "object", "required": ["colour"], "additionalProperties": False,
+              "properties": {"colour": {"type": "string", "enum": ["red", "blue"]}}}
+    shaped = client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "Pick a colour, as JSON."}],
+        max_tokens=40, temperature=0, logprobs=True, top_logprobs=2,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "pick", "schema": schema, "strict": True}})
+    assert json.loads(shaped.choices[0].message.content)["colour"] in ("red", "blue")
+    entries = shaped.choices[0].logprobs.content
+    # one entry a content token, as the engine in the HTTP process gives (the stop token has none)
+    assert "".join(e.token for e in entries) == shaped.choices[0].message.content
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
     children = _engine_processes(server)
     server.signal(signal.SIGTERM)
     assert server.wait(timeout=EXIT_BOUND_S) == 0, server.log()
