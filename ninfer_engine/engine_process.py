@@ -53,7 +53,8 @@ class EngineProcess:
         atexit.register(self._abandon)  # before multiprocessing's own exit hook, which hangs
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # the streams and the state
-        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, EventStream, tuple]] = {}
+        # key -> (loop, stream, log-probability sinks, request id), while it runs
+        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, EventStream, tuple, str]] = {}
         self._keys: dict[str, int] = {}  # request id -> key, while it runs
         self._next_key = itertools.count()
         self._listeners: list[Callable[[str], None]] = []
@@ -116,7 +117,8 @@ class EngineProcess:
             key = next(self._next_key)
             # the log-probability sinks the HTTP side reads: the child's entries land here
             self._streams[key] = (asyncio.get_running_loop(), stream,
-                                  (request.logprob_sink, request.prompt_logprob_sink))
+                                  (request.logprob_sink, request.prompt_logprob_sink),
+                                  request.request_id)
             self._keys[request.request_id] = key
         stream.on_close = lambda: self._send(("cancel", key))
         self._send(("submit", key, payload, current_arrival().at))  # queue wait from arrival
@@ -205,16 +207,14 @@ class EngineProcess:
                 target = self._streams.get(key)
                 if target is None:
                     continue
+                loop, stream, sinks, request_id = target
                 if event.finish is not None:
                     del self._streams[key]
-                loop, stream, sinks = target
+                    self._keys.pop(request_id, None)
                 for sink, entries in zip(sinks, added or ()):
                     if sink is not None:  # before the event: its reader reads them
                         sink.extend(entries)
                 pending.setdefault(loop, []).append((stream, event))
-            if any(event.finish is not None for _, event, _ in items):
-                live = set(self._streams)
-                self._keys = {rid: key for rid, key in self._keys.items() if key in live}
         hand_over(pending)
 
     def _failed(self, reason: str) -> None:
@@ -231,7 +231,7 @@ class EngineProcess:
             streams, self._streams, self._keys = self._streams, {}, {}
         event = unavailable(message)
         pending: dict[asyncio.AbstractEventLoop, list] = {}
-        for loop, stream, _ in streams.values():
+        for loop, stream, _, _ in streams.values():
             pending.setdefault(loop, []).append((stream, event))
         hand_over(pending)
 
