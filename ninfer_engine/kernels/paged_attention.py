@@ -126,6 +126,8 @@ def split_count(batch, nkv, max_pages, sms=132):
 def paged_attention_triton(q, k_pages, v_pages, page_table, seq_lens, k_scale=None,
                            v_scale=None, max_seq_len=None):
     """Triton path. `max_seq_len` (host int) sizes the split grid; default: table width."""
+    # the merge writes rows densely: a strided q (a [heads, T] transpose) needs a dense `out`
+    q = q.contiguous()
     B, nq, D = q.shape
     k, ks, kv, kf, kg, kd = kv_operand(k_pages, k_scale)
     v, vs, vv, vf, vg, vd = kv_operand(v_pages, v_scale)
@@ -139,7 +141,7 @@ def paged_attention_triton(q, k_pages, v_pages, page_table, seq_lens, k_scale=No
     acc = torch.empty(B * nq * n_splits, D, dtype=torch.float32, device=q.device)
     ml = torch.empty(B * nq * n_splits, 2, dtype=torch.float32, device=q.device)
     _paged_split_kernel[(B * nkv, n_splits)](
-        q.contiguous(), k, ks, kv, v, vs, vv, page_table, seq_lens, acc, ml, max_pages, pps,
+        q, k, ks, kv, v, vs, vv, page_table, seq_lens, acc, ml, max_pages, pps,
         1.0 / math.sqrt(D), NQ=nq, NKV=nkv, D=D, QB=max(16, triton.next_power_of_2(nq // nkv)),
         KF=kf, KG=kg, VF=vf, VG=vg, DOT=dot_dtype(),
         # two stages of K+V tiles: 128 KiB of shared memory

@@ -195,13 +195,16 @@ def test_gated_attention_sdpa_over_a_contiguous_cache(monkeypatch):
 @pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
 @torch.inference_mode()
 def test_gated_attention_rows_planned_together_take_one_launch_a_layer(kv_dtype, monkeypatch):
-    """The hybrid runner's CUDA prompt steps: rows whose `LayerKv` views share the step's
-    plans write their K/V in one scatter and attend in one varlen launch a layer, and give the
-    logits of one launch a row (the same kernel tiles a query: bit for bit)."""
+    """The hybrid runner's CUDA steps of several rows: rows whose `LayerKv` views share the
+    step's plans write their K/V in one scatter and attend in one varlen launch a layer, and
+    give the logits of one launch a row (the same kernel tiles a query: bit for bit); a step of
+    decode rows takes the split-K decode kernel once a layer, within the attention's fp32
+    bound of one launch a row (another kernel: another summation order)."""
     model = _qwen35()
     gen = torch.Generator().manual_seed(14)
-    a, b = (torch.randint(0, 512, (n,), generator=gen).tolist() for n in (130, 6))
-    steps = [[(a[:70], 0), (b[:5], 0)], [(a[70:130], 70), (b[5:6], 5)]]  # a page crossed
+    a, b = (torch.randint(0, 512, (n,), generator=gen).tolist() for n in (131, 7))
+    prompts = [[(a[:70], 0), (b[:5], 0)], [(a[70:130], 70), (b[5:6], 5)]]  # a page crossed
+    steps = prompts + [[(a[130:131], 130), (b[6:7], 6)]]  # then a decode step
 
     def run(planned: bool):
         storage = _storage(model, kv_dtype)
@@ -222,8 +225,11 @@ def test_gated_attention_rows_planned_together_take_one_launch_a_layer(kv_dtype,
     monkeypatch.setattr(gated_attention, "use_triton", lambda t: True)
     want = run(planned=False)
     together = _spy(monkeypatch, llama_attention, "paged_prefill_varlen_triton")
+    decode = _spy(monkeypatch, llama_attention, "paged_attention_triton")
     alone = _spy(monkeypatch, gated_attention, "paged_prefill_triton")
     got = run(planned=True)
-    assert len(together) == len(steps) * len(model.attention_layers) and not alone
-    for g, w in zip(got, want):
+    layers = len(model.attention_layers)
+    assert len(together) == len(prompts) * layers and len(decode) == layers and not alone
+    for g, w in zip(got[: len(prompts)], want):
         assert torch.equal(g, w)
+    assert _rel(got[-1], want[-1]) < _qwen35_tol(131)

@@ -47,3 +47,20 @@ def test_paged_attention_decoder_shapes(device, nq, nkv, D):
     out = paged_attention_triton(*[t.to(device) for t in (q, k, v, table, lens)],
                                  max_seq_len=n_pages * PAGE)
     assert rel_err(out, ref) < attention_tol(q, k, int(lens.max()))
+
+
+def test_a_strided_query_gives_the_dense_querys_rows(device):
+    """The hybrid runner's planned decode step passes q as a [heads, T, D] transpose: the
+    output's rows are still the batch's rows (an output shaped like the strided q once put
+    row b's heads in other rows' places from batch 2 on)."""
+    g = torch.Generator().manual_seed(5)
+    B, nq, nkv, D, n_pages = 3, 4, 2, 32, 6
+    table = torch.randperm(n_pages, generator=g).int().view(B, 2)
+    lens = torch.tensor([9, 64, 100], dtype=torch.int32)
+    k = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
+    v = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
+    heads_first = torch.randn(nq, B, D, generator=g).bfloat16()
+    args = [t.to(device) for t in (k, v, table, lens)]
+    strided = paged_attention_triton(heads_first.to(device).transpose(0, 1), *args)
+    dense = paged_attention_triton(heads_first.transpose(0, 1).contiguous().to(device), *args)
+    assert torch.equal(strided.reshape(B, -1), dense.reshape(B, -1))
