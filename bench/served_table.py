@@ -27,7 +27,9 @@ def main() -> None:
     runs = [json.loads(p.read_text()) for p in sorted(args.dir.glob("served-*.json"))]
     staggered = [json.loads(p.read_text()) for p in sorted(args.dir.glob("staggered-*.json"))]
     bursts = [json.loads(p.read_text()) for p in sorted(args.dir.glob("burst-*.json"))]
-    peer = {lv["concurrency"]: lv for r in runs if r["label"] == args.peer for lv in r["levels"]}
+    # a load's rows against the peer's under the same load ("-long": LONG_LOAD's prompts)
+    peer = {(r["label"][len(args.peer):], lv["concurrency"]): lv for r in runs
+            if r["label"].startswith(args.peer) for lv in r["levels"]}
     result = {"machine": args.machine, "command": args.command, "note": args.note,
               "date": datetime.date.today().isoformat(), "runs": runs, "staggered": staggered,
               "bursts": bursts}
@@ -39,7 +41,8 @@ def main() -> None:
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         for lv in run["levels"]:
-            ref = peer.get(lv["concurrency"])
+            ref = peer.get(("-long" if run["label"].endswith("-long") else "",
+                            lv["concurrency"]))
             ratio = f"{lv['aggregate_tok_s'] / ref['aggregate_tok_s']:.2f}" if ref else "—"
             lines.append(
                 f"| {run['label']} | {lv['concurrency']} | {lv['ok']}/{lv['requests']} | "

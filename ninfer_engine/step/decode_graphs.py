@@ -13,6 +13,7 @@ check it against the model's forward) and `qwen3_5_step.EngineHybridDecoder`;
 """
 from __future__ import annotations
 
+import gc
 import logging
 from types import SimpleNamespace
 
@@ -166,9 +167,17 @@ class DecodeGraphs:
         getattr(d, "discard_routing", lambda: None)()  # the replay's routing is the step's
         graph = torch.cuda.CUDAGraph()
         # thread-local: another thread's CUDA call (a grammar mask's page-locked buffer, a
-        # VRAM query) must not invalidate a capture that happens while requests run
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits = step()
+        # VRAM query) must not invalidate a capture that happens while requests run; no cyclic
+        # GC inside it: a collected CUDAGraph (an earlier engine's) resets in this thread, which
+        # invalidated captures in the H200 suite ("operation not permitted ... (function reset)")
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                logits = step()
+        finally:
+            if collecting:
+                gc.enable()
         saved()
         log.info("captured the decode CUDA graph for batch %d, %d token(s) a row, context ≤ %d",
                  batch, q_len, bucket)
