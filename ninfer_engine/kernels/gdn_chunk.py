@@ -54,7 +54,10 @@ def _load(ptr, mask, EVEN: tl.constexpr):
     return x
 
 
-@triton.jit
+# one compile for every chunk count: n (and cd's row stride, also n) would specialise on
+# n == 1 and n % 16 == 0, and a step of 1K-token rows (16 chunks each) meets a variant the
+# start-up warm-up's short rows never compiled
+@triton.jit(do_not_specialize=["n", "sch"])
 def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_ptr, o_ptr, n,
                       first_ptr,
                       swh, swn, swr, swd, suh, sun, sur, sud, sqh, sqn, sqr, sqd,

@@ -42,7 +42,8 @@ def _dot(a, b, TF32: tl.constexpr):
     return c
 
 
-@triton.jit
+# one compile for every step shape: T and n would specialise on == 1 and % 16 == 0
+@triton.jit(do_not_specialize=["T", "n"])
 def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr,
                      cd_ptr, T, n, sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, scale,
                      GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,

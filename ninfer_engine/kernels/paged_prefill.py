@@ -50,7 +50,8 @@ def paged_prefill_ref(q, k_pages, v_pages, page_table, start: int, scale: float,
     return torch.einsum("htl,lhd->thd", torch.softmax(s, -1), v).to(q.dtype)
 
 
-@triton.jit(do_not_specialize=["one_len", "one_start"])  # one compile whatever T and start
+# one compile whatever T, start and the widest page table of the step
+@triton.jit(do_not_specialize=["one_len", "one_start", "table_stride"])
 def _paged_prefill_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, table_ptr,
                           qoff_ptr, qlen_ptr, start_ptr, out_ptr, one_len, one_start, stride_qt,
                           stride_qh, table_stride, sm_scale, NQ: tl.constexpr,
