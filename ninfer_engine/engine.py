@@ -22,6 +22,7 @@ from .arrival import current_arrival
 from .config import EngineConfig
 from .engine_load import EngineLoadError, load_engine
 from .faults import Faults
+from .kernels import compile_watch
 from .parallel import SINGLE, RankGroup
 from .parallel.lockstep import Leader, LeaderDrafter
 from .serving import prefill_chunk_for
@@ -124,6 +125,7 @@ class Engine(StepPostprocess):
                 self.speculator.reset()
             self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
             self._step = 0
+            compile_watch.watch()  # from now on a Triton compile is a stall: logged
         self._faults = Faults(os.environ.get("NINFER_FAULT", ""))  # not in the warm-up
         self._state = EngineState.READY
         self._snapshot = self.stats.build(self._state.value, None, self.scheduler,

@@ -1,0 +1,71 @@
+"""Triton compiles after start-up, named in the log.
+
+A kernel variant the start-up warm-up did not run (a new constexpr, or an integer argument that
+Triton specialises on `== 1` / `% 16 == 0`) compiles on the step that first needs it, and every
+row of that step waits for it. `watch()` (the engine calls it once its warm-up is done) logs each
+such compile with its kernel, signature and seconds, and counts them (`compiled()`), so a served
+benchmark's log says whether a stall was a compile.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+log = logging.getLogger("ninfer.engine")
+
+_lock = threading.Lock()
+_started: dict[int, float] = {}  # thread id -> perf_counter at the compile's start
+_count = 0
+_seconds = 0.0
+_installed = False
+
+
+def watch() -> bool:
+    """Install the hooks (once a process; hooks set before are still called). False where
+    Triton (or its runtime hooks, Triton >= 3.3) is missing."""
+    global _installed
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    if not hasattr(knobs.runtime, "jit_post_compile_hook"):
+        return False
+    with _lock:
+        if _installed:
+            return True
+        before_start = knobs.runtime.jit_cache_hook
+        before_end = knobs.runtime.jit_post_compile_hook
+
+        def start(**kw):
+            _started[threading.get_ident()] = time.perf_counter()
+            return before_start(**kw) if before_start else False
+
+        def end(**kw):
+            _record(kw)
+            if before_end:
+                before_end(**kw)
+
+        knobs.runtime.jit_cache_hook = start
+        knobs.runtime.jit_post_compile_hook = end
+        _installed = True
+    return True
+
+
+def compiled() -> tuple[int, float]:
+    """(compiles, seconds compiling) since `watch()`."""
+    return _count, _seconds
+
+
+def _record(hook_kwargs: dict) -> None:
+    """Count and log the compile that Triton's post-compile hook arguments describe."""
+    global _count, _seconds
+    began = _started.pop(threading.get_ident(), None)
+    seconds = time.perf_counter() - began if began is not None else 0.0
+    with _lock:
+        _count += 1
+        _seconds += seconds
+    fn = hook_kwargs.get("fn")
+    log.warning("Triton compiled %s while serving (%.0f ms; the start-up warm-up did not run "
+                "this variant): %s", getattr(fn, "name", fn), seconds * 1e3,
+                str(hook_kwargs.get("repr", ""))[-240:])
