@@ -73,6 +73,22 @@ def main() -> None:
                 f"| {run['label']} | {run['concurrency']} | {run['ok']}/{run['requests']} | "
                 f"{run['prompt_tokens_median']:.0f} | {run['ttft_median_s'] * 1000:.0f} ms | "
                 f"{run['ttft_p99_s'] * 1000:.0f} ms | {ratio} |")
+    engines = [json.loads(p.read_text()) for p in sorted(args.dir.glob("engine-*.json"))]
+    if engines:
+        result["engine"] = engines
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        ours = {lv["concurrency"]: lv for r in runs if r["label"] == "ninfer-after"
+                for lv in r["levels"]}
+        lines += ["", "The engine's own step on the same shape in the same lease (`ninfer bench "
+                  "--sampling served`: the requests a served client sends, context 1024), "
+                  "against the served aggregate at the same concurrency:", "",
+                  "| concurrency | engine tok/s | step ms | first token max | served / engine |",
+                  "|---:|---:|---:|---:|---:|"]
+        for lv in (lv for e in engines for lv in e["concurrency"]):
+            served = ours.get(lv["concurrency"])
+            ratio = f"{served['aggregate_tok_s'] / lv['tok_s']:.2f}" if served else "—"
+            lines.append(f"| {lv['concurrency']} | {lv['tok_s']:.0f} | {lv['step_ms']:.2f} | "
+                         f"{lv['ttft_ms_max']:.0f} ms | {ratio} |")
     args.markdown.write_text("\n".join(lines) + "\n")
 
 
