@@ -1,23 +1,38 @@
 """Prompts that arrive together, stepped by the serving engine: each step's time, what it carried
-and any Triton kernel compiled during it (served bursts of 8 1K-token prompts showed a first
-token after 0.8-1.4 s where one such prompt alone takes 55 ms).
+and any Triton kernel compiled during it.
 
     python3 bench/prompt_burst.py [--arch 35b-a3b] [--layers 8] [--weights fp8-row]
-        [--prompt 955] [--bursts 1,8,8,3,5,8] [--json PATH]
+        [--bursts 1x120,8x120,8x120,1x955,8x955,8x955,3x955] [--served] [--prefix-reuse]
+        [--profile 8x120] [--json PATH]
 
-The engine is `ninfer bench`'s (`benchmark.engine_step.bench_engine`, random weights on the GPU,
-with the start-up warm-up a served engine runs); each burst submits its prompts at once and
-steps them to their first token (max_tokens 2). Triton's own hooks time every compile.
+Why (H200, 8-layer 35B-A3B shape, tree a50778c): served at concurrency 8, eight streams of equal
+length finish together and eight 120-token prompts arrive together each round; their first
+token took ~130 ms (50 ms at concurrency 1), which is most of the gap between the served
+aggregate and the engine's own step (0.68). Eight 1K-token prompts at once waited 0.8-1.4 s, one
+alone 55-72 ms. This separates the candidates: a Triton compile in traffic (timed through
+Triton's own hooks), the prefix cache's work at each prompt's end (`--prefix-reuse`), the
+served sampling (`--served`: the preset's penalties), and the eager prompt step's host time
+(`--profile NxL`: that burst again under torch.profiler, kernel time against wall time, and
+cProfile's top host functions).
+
+The engine is `ninfer bench`'s (`benchmark.engine_step.bench_engine`, random weights on the
+GPU, with the start-up warm-up a served engine runs); each burst submits its prompts at once
+and steps them to their first token (max_tokens 2).
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import dataclasses
+import io
 import json
+import pstats
 import sys
 import time
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from triton import knobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -30,7 +45,7 @@ from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
 from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
 
-COMPILES: list[dict] = []  # name, the argument signature, start and end (perf_counter)
+COMPILES: list[dict] = []  # name, signature, start and end (perf_counter)
 
 
 def _start(**kw) -> bool:
@@ -42,34 +57,54 @@ def _end(**kw) -> None:
     COMPILES[-1]["t1"] = time.perf_counter()
 
 
-def burst(engine, prompts, tag: str) -> dict:
-    seqs = []
+def burst(engine, prompts, sampling: SamplingParams, tag: str) -> dict:
+    seqs = [engine.add(GenerationRequest(f"{tag}-{i}", p, sampling, max_tokens=2,
+                                         ignore_eos=True), lambda e: None)
+            for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
-    for i, p in enumerate(prompts):
-        req = GenerationRequest(f"{tag}-{i}", p, SamplingParams(temperature=0.0), max_tokens=2,
-                                ignore_eos=True)
-        seqs.append(engine.add(req, lambda e: None))
     steps, first = [], [None] * len(seqs)
     for _ in range(512):  # bounded
         before = sum(s.cached for s in seqs)
         a = time.perf_counter()
         busy = engine.step()
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         b = time.perf_counter()
-        steps.append({"ms": round((b - a) * 1e3, 2), "prompt_tokens": sum(s.cached for s in seqs)
-                      - before, "compiles": [c["name"] for c in COMPILES
-                                             if c["t0"] >= a and c.get("t1", b) <= b],
-                      "compile_ms": round(sum(c.get("t1", b) - c["t0"] for c in COMPILES
-                                              if c["t0"] >= a) * 1e3, 1)})
+        during = [c for c in COMPILES if c["t0"] >= a]
+        steps.append({"ms": round((b - a) * 1e3, 2),
+                      "prompt_tokens": sum(s.cached for s in seqs) - before,
+                      "compiles": [c["name"] for c in during],
+                      "compile_ms": round(sum(c.get("t1", b) - c["t0"] for c in during) * 1e3, 1)})
         for i, s in enumerate(seqs):
             if first[i] is None and s.output:
                 first[i] = round((b - t0) * 1e3, 1)
         if not busy or all(s.finish_reason for s in seqs):
             break
-    for _ in range(8):
+    for _ in range(8):  # what is left of them
         if not engine.step():
             break
-    return {"burst": len(prompts), "first_token_ms": first, "steps": steps}
+    return {"burst": len(prompts), "prompt": len(prompts[0]), "first_token_ms": first,
+            "steps": steps}
+
+
+def profiled(engine, prompts, sampling) -> dict:
+    """One burst under torch.profiler (CUDA kernel time) and cProfile (host functions)."""
+    host = cProfile.Profile()
+    on = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
+    with profile(activities=on) as prof:
+        host.enable()
+        t0 = time.perf_counter()
+        result = burst(engine, prompts, sampling, "profiled")
+        wall = time.perf_counter() - t0
+        host.disable()
+    kernels = prof.key_averages()
+    key = "device_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    out = io.StringIO()
+    pstats.Stats(host, stream=out).sort_stats("tottime").print_stats(25)
+    return {"wall_ms": wall * 1e3, "kernel_ms": sum(getattr(e, key) for e in kernels) / 1e3,
+            "steps": result["steps"], "kernels": kernels.table(
+                sort_by=key, row_limit=20, max_name_column_width=60),
+            "host": out.getvalue()}
 
 
 def main() -> None:
@@ -77,37 +112,57 @@ def main() -> None:
     ap.add_argument("--arch", default="35b-a3b")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--weights", default="fp8-row")
-    ap.add_argument("--prompt", type=int, default=955)
-    ap.add_argument("--bursts", default="1,8,8,3,5,8")
+    ap.add_argument("--bursts", default="1x120,8x120,8x120,1x955,8x955,8x955,3x955",
+                    help="COUNTxLENGTH prompts arriving together, in turn")
+    ap.add_argument("--served", action="store_true",
+                    help="sample as a served request (the preset's penalties), not plain greedy")
+    ap.add_argument("--prefix-reuse", action="store_true", help="keep the served prefix cache")
+    ap.add_argument("--profile", metavar="COUNTxLENGTH", help="that burst again, profiled")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run (tiny-moe, say)")
     ap.add_argument("--json")
     args = ap.parse_args()
     knobs.runtime.jit_cache_hook = _start
     knobs.runtime.jit_post_compile_hook = _end
+    out = {"args": vars(args)}
     with torch.inference_mode():
-        config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers)
-        params = FusedParams(config, packed_source(source, args.weights, "auto",
-                                                   bf16_fits(config, free_device_bytes("cuda"))))
+        dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+        config, source = build_synthetic(args.arch, args.device, dtype, args.layers)
+        if args.device == "cuda":
+            source = packed_source(source, args.weights, "auto",
+                                   bf16_fits(config, free_device_bytes("cuda")))
+        params = FusedParams(config, source)
         t = time.perf_counter()
-        engine = bench_engine(Qwen35Model(config, params), args.arch, config, 8, 8192)
+        engine = bench_engine(Qwen35Model(config, params), args.arch, config, 8, 8192,
+                              prefix_reuse=args.prefix_reuse)
         print(f"engine built with warm-up in {time.perf_counter() - t:.1f} s, "
               f"{len(COMPILES)} compiles", flush=True)
         COMPILES.clear()
-        results, seed = [], 1
-        for n in map(int, args.bursts.split(",")):
-            prompts = random_prompts(n, args.prompt, config["vocab_size"], seed=seed)
-            seed += 1
-            r = burst(engine, prompts, f"b{seed}")
-            results.append(r)
+        sampling = SamplingParams(temperature=0.0)
+        if args.served:
+            sampling = dataclasses.replace(engine.sampling_defaults, temperature=0.0)
+        out["bursts"] = []
+        for seed, spec in enumerate(args.bursts.split(","), 1):
+            n, length = map(int, spec.split("x"))
+            r = burst(engine, random_prompts(n, length, config["vocab_size"], seed=seed),
+                      sampling, f"b{seed}")
+            out["bursts"].append(r)
             shown = " ".join(f"{s['ms']}({s['prompt_tokens']}t" + (
                 f", C{s['compile_ms']})" if s["compiles"] else ")") for s in r["steps"])
-            print(f"burst {n}: first tokens {r['first_token_ms']} ms; steps {shown}", flush=True)
-        print("compiles after warm-up:")
+            print(f"{spec}: first tokens {r['first_token_ms']} ms; steps {shown}", flush=True)
+        out["compiles"] = COMPILES
+        print(f"compiles after warm-up: {len(COMPILES)}")
         for c in COMPILES:
             print(f"  {c['name']} {(c.get('t1', c['t0']) - c['t0']) * 1e3:.0f} ms  {c['repr']}")
+        if args.profile:
+            n, length = map(int, args.profile.split("x"))
+            p = profiled(engine, random_prompts(n, length, config["vocab_size"], seed=99),
+                         sampling)
+            out["profile"] = {k: v for k, v in p.items() if k not in ("kernels", "host")}
+            print(f"profiled {args.profile}: wall {p['wall_ms']:.1f} ms, kernels "
+                  f"{p['kernel_ms']:.1f} ms\n{p['kernels']}\n{p['host']}")
         engine.stop()
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "bursts": results,
-                                               "compiles": COMPILES}, indent=1))
+        Path(args.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

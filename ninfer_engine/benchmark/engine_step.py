@@ -56,18 +56,20 @@ class SyntheticResources:
 def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: int,
                  draft_tokens: int = 0, cuda_weights: str = "auto",
                  prefill_chunk: int | None = None, kv_tokens: int | None = None,
-                 vision=None, lookahead: bool | None = None) -> Engine:
+                 vision=None, lookahead: bool | None = None,
+                 prefix_reuse: bool = False) -> Engine:
     """`Engine` over `model` for up to `max_batch` rows of up to `max_context` tokens in a pool
     of `kv_tokens` (default: every row at `max_context`; `lookahead`: `EngineConfig`'s); with
     `draft_tokens`, verify rows of
     1 + that many tokens are captured too (`--spec`), their drafts from `speculator.drafter`;
-    `vision`: a resident `VisionTower` serving media requests."""
+    `vision`: a resident `VisionTower` serving media requests; `prefix_reuse`: keep the
+    prefix cache a served engine keeps (off: every prompt is computed whole)."""
     engine_config = EngineConfig(
         artifact=Path(f"synth-{arch}"), max_concurrency=max_batch, max_context=max_context,
         # whole pages per row: a lease is whole pages, so max_batch rows of max_context fit
         kv_capacity=kv_tokens or max_batch * -(-max_context // PAGE_TOKENS) * PAGE_TOKENS,
         max_pending_requests=max(16, max_batch), prefill_chunk=prefill_chunk,
-        cuda_weights=cuda_weights, no_prefix_reuse=True,
+        cuda_weights=cuda_weights, no_prefix_reuse=not prefix_reuse,
         spec="ngram" if draft_tokens else None, draft_tokens=draft_tokens or None,
         lookahead=lookahead)
     engine = Engine(engine_config, SyntheticResources(arch, config), model=model, vision=vision)
