@@ -32,6 +32,15 @@ def _prompt(chars: int, salt: int) -> str:
 
 
 async def _one(session, url, model, text, max_tokens) -> dict:
+    """One streamed request; a failed one (status, dropped connection, timeout) is counted as
+    such, not raised (llama-server once dropped a burst's connections and lost the whole run)."""
+    try:
+        return await _stream(session, url, model, text, max_tokens)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        return {"error": repr(exc)[:200]}
+
+
+async def _stream(session, url, model, text, max_tokens) -> dict:
     body = {"model": model, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "messages": [{"role": "user", "content": text}]}
@@ -82,6 +91,9 @@ async def _run(args) -> dict:
     ok = [r for r in results if "error" not in r]
     wall = max(r["end"] for r in ok) - t0 if ok else float("nan")
     ttfts = sorted(r["ttft_s"] for r in ok if r["ttft_s"] is not None)
+    if not ttfts:
+        return {"label": args.label, "concurrency": args.concurrency, "requests": len(results),
+                "ok": 0, "errors": sorted({r["error"] for r in results if "error" in r})}
     return {"label": args.label, "concurrency": args.concurrency, "requests": len(results),
             "ok": len(ok), "stagger_s": stagger, "wall_s": wall,
             "aggregate_tok_s": sum(r["completion_tokens"] for r in ok) / wall,
@@ -89,7 +101,8 @@ async def _run(args) -> dict:
                                                      if "decode_tok_s" in r),
             "ttft_median_s": statistics.median(ttfts),
             "ttft_p99_s": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
-            "prompt_tokens_median": statistics.median(r["prompt_tokens"] or 0 for r in ok)}
+            "prompt_tokens_median": statistics.median(r["prompt_tokens"] or 0 for r in ok),
+            "errors": sorted({r["error"] for r in results if "error" in r})}
 
 
 def main() -> None:

@@ -25,14 +25,18 @@ def main() -> None:
     ap.add_argument("--note", default="")
     args = ap.parse_args()
     runs = [json.loads(p.read_text()) for p in sorted(args.dir.glob("served-*.json"))]
-    staggered = [json.loads(p.read_text()) for p in sorted(args.dir.glob("staggered-*.json"))]
-    bursts = [json.loads(p.read_text()) for p in sorted(args.dir.glob("burst-*.json"))]
+    # a load whose every request failed has no figures: named under the tables instead
+    loads = [json.loads(p.read_text()) for pattern in ("staggered-*.json", "burst-*.json")
+             for p in sorted(args.dir.glob(pattern))]
+    failed = [r for r in loads if not r.get("ok")]
+    staggered = [r for r in loads if r.get("ok") and "stagger_s" in r and r["stagger_s"] > 0]
+    bursts = [r for r in loads if r.get("ok") and r not in staggered]
     # a load's rows against the peer's under the same load ("-long": LONG_LOAD's prompts)
     peer = {(r["label"][len(args.peer):], lv["concurrency"]): lv for r in runs
             if r["label"].startswith(args.peer) for lv in r["levels"]}
     result = {"machine": args.machine, "command": args.command, "note": args.note,
               "date": datetime.date.today().isoformat(), "runs": runs, "staggered": staggered,
-              "bursts": bursts}
+              "bursts": bursts, "failed": failed}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Served load: {args.note}", "",
              f"Machine: {args.machine}. Date: {result['date']}. Command: `{args.command}`.", "",
@@ -73,6 +77,9 @@ def main() -> None:
                 f"| {run['label']} | {run['concurrency']} | {run['ok']}/{run['requests']} | "
                 f"{run['prompt_tokens_median']:.0f} | {run['ttft_median_s'] * 1000:.0f} ms | "
                 f"{run['ttft_p99_s'] * 1000:.0f} ms | {ratio} |")
+    if failed:
+        lines += [""] + [f"{r['label']}: 0 of {r['requests']} requests succeeded "
+                         f"({'; '.join(r.get('errors', []))})" for r in failed]
     engines = [json.loads(p.read_text()) for p in sorted(args.dir.glob("engine-*.json"))]
     if engines:
         result["engine"] = engines
