@@ -150,7 +150,7 @@ def ttft_section(arch: str, encoder: VisionEncoder, side: int, runs: int,
     text = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
             "Describe this image in one sentence.<|im_end|>\n<|im_start|>assistant\n")
     image = image_item(_png(side), tower.preprocessor)
-    ids, media = tower.prepare(tokenizer.encode(text), [image], tokenizer.encode)
+    ids, media = tower.planner.prepare(tokenizer.encode(text), [image], tokenizer.encode)
     engine = bench_engine(model, arch, config, 1, len(ids) + 256, vision=tower)
     engine.start()
     rows = {}

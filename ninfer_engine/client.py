@@ -42,8 +42,8 @@ class ServingEngine(Protocol):
     thinking_sampling_defaults: SamplingParams  # the same when the prompt opens thinking
     default_max_tokens: int
     turn_anchors: int  # `--turn-anchors` (`GenerationRequest.anchors`)
-    # `vision.tower.VisionTower` under `--vision` (its preprocessor and `prepare`), else None
-    vision: Any
+    # `vision.tower.MediaPlanner` under `--vision` (the preprocessor and `prepare`), else None
+    media_planner: Any
 
     @property
     def state(self) -> EngineState: ...

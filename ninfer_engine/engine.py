@@ -136,6 +136,11 @@ class Engine(StepPostprocess):
     def state(self) -> EngineState:
         return self._state
 
+    @property
+    def media_planner(self):
+        """`ServingEngine.media_planner`: the tower's, under `--vision`."""
+        return self.vision.planner if self.vision is not None else None
+
     def snapshot(self) -> EngineStats:
         return self._snapshot
 

@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 class EngineProcess:
     """Starts the engine process and waits for its load (an `EngineLoadError` if it fails)."""
 
-    vision = None  # media are prepared in the parent: `--vision` keeps the engine in-process
-
     def __init__(self, config: EngineConfig) -> None:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         self._conn, child = ctx.Pipe()
@@ -65,6 +63,7 @@ class EngineProcess:
         self.sampling_defaults = info.sampling_defaults
         self.thinking_sampling_defaults = info.thinking_sampling_defaults
         self.tokenizer, self.chat_template = info.tokenizer, info.chat_template
+        self.media_planner = info.media_planner  # media are decoded here, encoded there
         self._snapshot = info.snapshot
         self._state = EngineState.READY
         self._reader = threading.Thread(target=self._read, name="ninfer-engine-reader",

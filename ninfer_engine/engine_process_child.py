@@ -34,6 +34,7 @@ class EngineInfo:
     thinking_sampling_defaults: SamplingParams
     tokenizer: Any
     chat_template: Any
+    media_planner: Any  # `vision.tower.MediaPlanner` under `--vision`
     snapshot: EngineStats
 
 
@@ -139,7 +140,7 @@ def child_main(config: EngineConfig, conn, log_level: int) -> None:
     pipe.send(("ready", EngineInfo(
         engine.model_id, engine.max_context, engine.default_max_tokens, engine.turn_anchors,
         engine.sampling_defaults, engine.thinking_sampling_defaults, engine.tokenizer,
-        engine.chat_template, engine.snapshot())))
+        engine.chat_template, engine.media_planner, engine.snapshot())))
     engine.start()
     _serve(engine, pump, pipe)
 

@@ -47,10 +47,7 @@ def _default_factory(config: EngineConfig):
 def _in_own_process(config: EngineConfig) -> bool:
     """The engine in a process of its own (`engine_process`) where a step's host work limits
     serving: on CUDA, or as `NINFER_ENGINE_PROCESS=0|1` says. The CPU engine stays in this one
-    by default (its step needs every core); `--vision` always does (media are prepared beside
-    the HTTP loop, by the engine's tower)."""
-    if config.vision:
-        return False
+    by default (its step needs every core)."""
     chosen = os.environ.get("NINFER_ENGINE_PROCESS", "")
     if chosen:
         return chosen.lower() in ("1", "true", "on")
@@ -235,8 +232,8 @@ class Supervisor:
         return self._current().chat_template
 
     @property
-    def vision(self):
-        return self._current().vision
+    def media_planner(self):
+        return self._current().media_planner
 
     @property
     def sampling_defaults(self) -> SamplingParams:

@@ -69,7 +69,7 @@ async def load_media(app: web.Application, engine: ServingEngine,
                      refs: list[MediaRef]) -> list[MediaItem]:
     if not refs:
         return []
-    if engine.vision is None:
+    if engine.media_planner is None:
         raise ApiError(400, "This server has no vision encoder enabled (start it with "
                        "--vision); media inputs are not accepted.", "vision_disabled",
                        param=refs[0].param)
@@ -81,7 +81,7 @@ async def _load(app: web.Application, engine: ServingEngine, ref: MediaRef) -> M
     decode = image_item if ref.kind == "image" else video_item
     try:
         return await asyncio.get_running_loop().run_in_executor(
-            app[DECODERS], decode, data, engine.vision.preprocessor)
+            app[DECODERS], decode, data, engine.media_planner.preprocessor)
     except MediaUnsupported as exc:
         raise ApiError(400, f"{exc}.", "invalid_media", param=ref.param) from None
     except MediaError as exc:

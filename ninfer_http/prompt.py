@@ -97,12 +97,12 @@ def map_effort(effort: str, param: str) -> str:
 
 def tokenize(engine: ServingEngine, text: str, items: list) -> tuple[list[int], Any]:
     """The prompt's token ids, each media placeholder expanded to its item's tokens
-    (`VisionTower.prepare`), and the `MediaPrompt` (None without media)."""
+    (`MediaPlanner.prepare`), and the `MediaPrompt` (None without media)."""
     prompt_ids = engine.tokenizer.encode(text)
     if not items:
         return prompt_ids, None
     try:
-        ids, media = engine.vision.prepare(prompt_ids, items,
+        ids, media = engine.media_planner.prepare(prompt_ids, items,
                                            lambda text: list(encode_fragment(engine, text)))
     except MediaBudgetExceeded as exc:
         raise ApiError(400, f"{exc}.", "media_budget_exceeded", param="messages") from None

@@ -1,8 +1,10 @@
 """The `vision` component as the engine serves it (`--vision`, `--vision-device`).
 
 `VisionTower.load(artifact, tokenizer, ...)` builds the encoder on its device and the
-preprocessor and placeholder tokens of the artifact. The HTTP side calls `prepare` (placeholder
-expansion, the `--max-vision-tokens` budget) while it builds a request; the runner calls
+preprocessor and placeholder tokens of the artifact. The HTTP side uses its `planner`
+(`MediaPlanner`: the preprocessor, and `prepare`, the placeholder expansion within the
+`--max-vision-tokens` budget; no weights, so an engine process sends it to the HTTP process)
+while it builds a request; the runner calls
 `step_inputs` for a step's rows: their [3, T] positions and, for prompt chunks over media pads,
 the encoder rows that replace those pads. A request's media are encoded together the first time
 a chunk needs any of them (`encode_chunk`, before the step's forward, so a failure there is the
@@ -11,6 +13,7 @@ request's alone), kept until its prompt is in, and cached by digest and grid.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -41,11 +44,32 @@ class MediaBudgetExceeded(MediaError):
     """More media tokens than `--max-vision-tokens` allows one request."""
 
 
+@dataclass(frozen=True)
+class MediaPlanner:
+    """What building a request needs of `--vision`: how media are preprocessed and how many
+    prompt tokens they take (`ServingEngine.vision` of either engine)."""
+
+    preprocessor: Preprocessor
+    tokens: VisionTokens
+    merge: int  # the encoder's spatial merge: an item of grid (t, h, w) takes t·h·w / merge²
+    max_tokens: int  # --max-vision-tokens
+
+    def prepare(self, ids: list[int], items: list[MediaItem],
+                encode: Callable[[str], list[int]]) -> tuple[tuple[int, ...], MediaPrompt]:
+        """The expanded prompt and its media; `MediaBudgetExceeded` over `--max-vision-tokens`."""
+        merged = sum(t * h * w // self.merge ** 2 for t, h, w in (i.pixels.grid for i in items))
+        if merged > self.max_tokens:
+            raise MediaBudgetExceeded(
+                f"the request's media take {merged} tokens; --max-vision-tokens allows "
+                f"{self.max_tokens}")
+        return expand_prompt(ids, items, self.tokens, self.merge, encode)
+
+
 class VisionTower:
     def __init__(self, encoder: VisionEncoder, preprocessor: Preprocessor,
                  tokens: VisionTokens, max_tokens: int, cache_bytes: int) -> None:
-        self.encoder, self.preprocessor, self.tokens = encoder, preprocessor, tokens
-        self.max_tokens = max_tokens
+        self.encoder, self.preprocessor = encoder, preprocessor
+        self.planner = MediaPlanner(preprocessor, tokens, encoder.merge, max_tokens)
         self.cache = MediaCache(cache_bytes)
         self.encoded_items = 0  # media the encoder ran on (cache misses)
         self.encode_s = 0.0  # ... and its time
@@ -79,16 +103,6 @@ class VisionTower:
         c = self.cache
         return VisionStats(self.encoded_items, self.encode_s, self.media_tokens, c.hits,
                            c.misses, c.bytes, c.capacity)
-
-    def prepare(self, ids: list[int], items: list[MediaItem],
-                encode: Callable[[str], list[int]]) -> tuple[tuple[int, ...], MediaPrompt]:
-        """The expanded prompt and its media; `MediaBudgetExceeded` over `--max-vision-tokens`."""
-        merged = sum(self.encoder.merged_tokens(item.pixels.grid) for item in items)
-        if merged > self.max_tokens:
-            raise MediaBudgetExceeded(
-                f"the request's media take {merged} tokens; --max-vision-tokens allows "
-                f"{self.max_tokens}")
-        return expand_prompt(ids, items, self.tokens, self.encoder.merge, encode)
 
     def encode_chunk(self, seq: Any, tokens: int) -> None:
         """Encoder rows at hand for the media pads of `seq`'s next `tokens` prompt tokens."""

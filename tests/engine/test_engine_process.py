@@ -40,13 +40,13 @@ def _config() -> EngineConfig:
     return EngineConfig(artifact=MODEL, max_context=1024, max_concurrency=4)
 
 
-def _spawn() -> EngineProcess:
-    """The child on one thread, as this test process runs (conftest): the same arithmetic in
-    both, whatever the machine's core count."""
+def spawn(config: EngineConfig | None = None) -> EngineProcess:
+    """The child of `config` (the default model's here) on one thread, as this test process
+    runs (conftest): the same arithmetic in both, whatever the machine's core count."""
     before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        engine = EngineProcess(_config())
+        engine = EngineProcess(config or _config())
     finally:
         if before is None:
             del os.environ["OMP_NUM_THREADS"]
@@ -78,7 +78,7 @@ async def _batch(engine):
 
 @pytest.fixture(scope="module")
 def child():
-    engine = _spawn()
+    engine = spawn()
     yield engine
     engine.stop()
 
@@ -152,7 +152,7 @@ def test_signals_for_the_server_do_not_stop_the_child(child):
 
 
 def test_a_child_that_dies_fails_its_requests_and_the_engine():
-    engine = _spawn()
+    engine = spawn()
     reasons: list[str] = []
     engine.add_failure_listener(reasons.append)
 
@@ -218,7 +218,7 @@ def test_a_load_error_comes_back_as_one_line(tmp_path):
 
 @pytest.mark.parametrize("env, config, expected", [
     ("1", {}, True), ("0", {"engine_process": True}, False), ("", {"engine_process": True}, True),
-    ("1", {"vision": True}, False),  # media are prepared beside the HTTP loop
+    ("", {"vision": True}, None),  # media are decoded here and encoded in the engine process
     ("", {}, None),  # the default: CUDA's availability
 ])
 def test_where_the_engine_runs(monkeypatch, env, config, expected):

@@ -85,7 +85,7 @@ class FakeEngine:
         self.chat_template = RecordingTemplate()
         self.sampling_defaults = SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
         self.thinking_sampling_defaults = SamplingParams(temperature=1.0, top_p=0.95, top_k=20)
-        self.vision = None  # no media input (`--vision` off)
+        self.media_planner = None  # no media input (`--vision` off)
         self.script = script or Script()
         self.current_state = EngineState.READY
         self.submitted: list[GenerationRequest] = []

@@ -73,8 +73,8 @@ def _expected(engine, model, content: str, media: list[tuple[str, bytes]]) -> tu
     pre = engine.vision.preprocessor
     items = [(image_item if kind == "image" else video_item)(data, pre) for kind, data in media]
     text = f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
-    ids, prompt = engine.vision.prepare(engine.tokenizer.encode(text), items,
-                                        engine.tokenizer.encode)
+    ids, prompt = engine.media_planner.prepare(engine.tokenizer.encode(text), items,
+                                               engine.tokenizer.encode)
     tokens = _hf_greedy(model, ids, prompt, pre)[:STEPS]
     eos = [i for i, t in enumerate(tokens) if t in engine.tokenizer.eos_token_ids]
     tokens = tokens[: eos[0]] if eos else tokens
@@ -116,6 +116,30 @@ def test_two_images_through_chat_responses_and_messages(family, serve, request):
     counted = an.messages.count_tokens(model="any", messages=[{"role": "user",
                                                                "content": blocks}])
     assert counted.input_tokens == prompt_tokens
+
+
+def test_images_through_an_engine_process(served, serve):
+    """`--vision` with the engine in a process of its own (the default on CUDA): this process
+    decodes the images and plans their prompt tokens (`MediaPlanner`, sent up by the engine
+    process), the engine process encodes them; transformers' answer, as in-process."""
+    from tests.engine.test_engine_process import spawn
+
+    engine, model = served
+    prompt_tokens, answer = _expected(engine, model, f"Compare\n{IMAGE}\n{IMAGE}",
+                                      [("image", d) for d in IMAGES])
+    child = spawn(engine.config)
+    try:
+        assert child.media_planner == engine.media_planner
+        oa, _ = _clients(serve(engine=child).url)
+        chat = oa.chat.completions.create(
+            model=child.model_id, temperature=0, max_tokens=STEPS, messages=[{
+                "role": "user", "content": [{"type": "text", "text": "Compare"}] + [
+                    {"type": "image_url", "image_url": {"url": _data_url(d)}} for d in IMAGES]}])
+        assert chat.choices[0].message.content == answer
+        assert chat.usage.prompt_tokens == prompt_tokens
+        assert child.snapshot().vision.encoded >= len(IMAGES)
+    finally:
+        child.stop()
 
 
 @FAMILIES

@@ -172,7 +172,7 @@ def image_requests(engine) -> tuple[list, list]:
     from tests.vision.tiny_vl import IMAGE_PAD, VISION_END, VISION_START
     from ninfer_engine.vision.decode import image_item
 
-    vision, prompts, media = engine.vision, [], []
+    vision, prompts, media = engine.media_planner, [], []
     for n, (w, h) in enumerate(((40, 56), (24, 48))):
         ids = [*b"Look ", VISION_START, IMAGE_PAD, VISION_END, *b" and tell"]
         expanded, m = vision.prepare(ids, [image_item(png(w, h, n + 1), vision.preprocessor)],

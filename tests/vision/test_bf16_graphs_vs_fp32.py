@@ -196,7 +196,7 @@ def test_bf16_graph_tokens_follow_fp32_within_bf16_rounding(tmp_path):
         assert vision.encoder.dtype == torch.bfloat16
         report = []
         for name, ids, items, control_items in cases(pre):
-            expanded, media = vision.prepare(ids, items, engine.tokenizer.encode)
+            expanded, media = vision.planner.prepare(ids, items, engine.tokenizer.encode)
             before = len(replays)
             tokens, logp = _run(engine, expanded, media, name)
             # the first token is the prefill's; every later one a graph replay

@@ -78,7 +78,7 @@ def test_greedy_tokens_match_transformers_with_two_images_and_a_video(family, tm
         if importlib.util.find_spec("av"):  # install.sh has PyAV; a bare GPU image may not
             cases.append((video, [video_item(mp4(), pre)]))
         for n, (ids, items) in enumerate(cases):
-            expanded, media = vision.prepare(ids, items, engine.tokenizer.encode)
+            expanded, media = vision.planner.prepare(ids, items, engine.tokenizer.encode)
             assert media.media_tokens > 16  # the spans cross chunk boundaries
             expected = _hf_greedy(model, expanded, media, pre)
             assert _engine_greedy(engine, expanded, media, f"r{n}") == expected
@@ -100,9 +100,8 @@ def _failed_encoder_fails_its_request_only(engine, ids):
     def broken(patches, grids):
         raise RuntimeError("CUDA out of memory (simulated)")
     vision.encoder.encode = broken
-    expanded, media = vision.prepare(ids, [image_item(png(40, 56, 7), vision.preprocessor),
-                                           image_item(png(40, 56, 8), vision.preprocessor)],
-                                     engine.tokenizer.encode)
+    items = [image_item(png(40, 56, n), vision.preprocessor) for n in (7, 8)]
+    expanded, media = vision.planner.prepare(ids, items, engine.tokenizer.encode)
 
     async def both():
         async def last(request):
