@@ -5,11 +5,15 @@ a step with prompt chunks runs the eager forward, whose Triton kernels compile o
 each specialisation: one prompt, several prompts in one step (varlen), a chunk over a prompt's
 earlier chunk, a chunk beside decode rows. On the H200 the first step of each kind stalled the
 server ~2 s (27B shape: the first request's TTFT 2.2 s, then the first burst of 8 again).
-`warm_up(engine)` sends four small greedy requests through the engine's own path covering those
-kinds and steps them to the end before the engine serves.
+`warm_up(engine)` sends four small requests through the engine's own path covering those
+kinds and steps them to the end before the engine serves. Two of them sample as served requests
+do (the model preset's penalties, greedy; the preset's sampling, seeded), so the sampling
+kernels a first request needs (penalties, top-k) compile here too: on the H200 the first served
+request took 2.5 s to its first token, the next 72 ms.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -21,6 +25,7 @@ log = logging.getLogger("ninfer.engine")
 
 SHORT = (45, 77)  # odd lengths: kernels specialise integer arguments on divisibility by 16
 BESIDE_DECODE = 51  # a prompt that arrives while the others decode
+SERVED_TOKENS = 8  # the served-sampling requests' output: long enough for lookahead steps
 MAX_STEPS = 64
 
 
@@ -28,9 +33,10 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     """Run the warm-up requests on `engine` (not yet serving); `room`: tokens the free pages
     and the context allow all of them together. Returns the seconds it took, or None where the
     room is too small to run them (a toy pool: its first steps compile instead)."""
-    # longer than a chunk, so its second chunk runs over its first (within the room); each
-    # request's 3 output tokens and a page of rounding each
-    long = min(prefill_chunk + 37, room - sum(SHORT) - BESIDE_DECODE - 4 * (3 + 64))
+    # longer than a chunk, so its second chunk runs over its first (within the room); the
+    # requests' output tokens and a page of rounding each
+    long = min(prefill_chunk + 37, room - sum(SHORT) - BESIDE_DECODE - 4 * 64 - 2 * 3
+               - 2 * SERVED_TOKENS)
     if long < 1:
         log.info("warm-up skipped: %d tokens of room", room)
         return None
@@ -38,13 +44,19 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     gen = torch.Generator().manual_seed(0)
     top = min(engine.model.vocab_size, 1000)
 
-    def add(i: int, length: int):
+    preset = engine.sampling_defaults
+    greedy = SamplingParams(temperature=0.0)
+    penalized = dataclasses.replace(preset, temperature=0.0)  # a served `temperature: 0`
+    sampled = dataclasses.replace(preset, temperature=preset.temperature or 1.0, seed=0)
+
+    def add(i: int, length: int, sampling: SamplingParams = greedy, max_tokens: int = 3):
         prompt = tuple(torch.randint(0, top, (length,), generator=gen).tolist())
-        request = GenerationRequest(f"warm-up-{i}", prompt, SamplingParams(temperature=0.0),
-                                    max_tokens=3, ignore_eos=True)
+        request = GenerationRequest(f"warm-up-{i}", prompt, sampling, max_tokens=max_tokens,
+                                    ignore_eos=True)
         return engine.add(request, lambda event: None)
 
-    first = [add(i, n) for i, n in enumerate((long, *SHORT))]
+    first = [add(0, long)] + [add(1 + i, n, sampling, SERVED_TOKENS)
+                              for i, (n, sampling) in enumerate(zip(SHORT, (penalized, sampled)))]
     late = None
     for _ in range(MAX_STEPS):  # bounded: a handful of steps in practice
         if late is None and all(s.prefill_done for s in first):
