@@ -3,8 +3,8 @@
 A kernel variant the start-up warm-up did not run (a new constexpr, or an integer argument that
 Triton specialises on `== 1` / `% 16 == 0`) compiles on the step that first needs it, and every
 row of that step waits for it. `watch()` (the engine calls it once its warm-up is done) logs each
-such compile with its kernel, signature and seconds, and counts them (`compiled()`), so a served
-benchmark's log says whether a stall was a compile.
+such compile with its kernel, signature and milliseconds, so a served benchmark's log says
+whether a stall was a compile.
 """
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ log = logging.getLogger("ninfer.engine")
 
 _lock = threading.Lock()
 _started: dict[int, float] = {}  # thread id -> perf_counter at the compile's start
-_count = 0
-_seconds = 0.0
 _installed = False
 
 
@@ -52,20 +50,11 @@ def watch() -> bool:
     return True
 
 
-def compiled() -> tuple[int, float]:
-    """(compiles, seconds compiling) since `watch()`."""
-    return _count, _seconds
-
-
 def _record(hook_kwargs: dict) -> None:
-    """Count and log the compile that Triton's post-compile hook arguments describe."""
-    global _count, _seconds
+    """Log the compile that Triton's post-compile hook arguments describe."""
     began = _started.pop(threading.get_ident(), None)
-    seconds = time.perf_counter() - began if began is not None else 0.0
-    with _lock:
-        _count += 1
-        _seconds += seconds
+    ms = (time.perf_counter() - began) * 1e3 if began is not None else float("nan")
     fn = hook_kwargs.get("fn")
     log.warning("Triton compiled %s while serving (%.0f ms; the start-up warm-up did not run "
-                "this variant): %s", getattr(fn, "name", fn), seconds * 1e3,
+                "this variant): %s", getattr(fn, "name", fn), ms,
                 str(hook_kwargs.get("repr", ""))[-240:])

@@ -1,5 +1,5 @@
-"""`kernels.compile_watch`: a Triton compile after start-up is counted and named in the log,
-and hooks set before it are still called."""
+"""`kernels.compile_watch`: a Triton compile after start-up is named in the log, and hooks set
+before it are still called."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +10,7 @@ import pytest
 from ninfer_engine.kernels import compile_watch
 
 
-def test_a_compile_after_start_up_is_counted_and_logged(monkeypatch, caplog):
+def test_a_compile_after_start_up_is_logged(monkeypatch, caplog):
     knobs = pytest.importorskip("triton").knobs
     if not hasattr(knobs.runtime, "jit_post_compile_hook"):
         pytest.skip("this Triton has no runtime hooks")
@@ -18,15 +18,12 @@ def test_a_compile_after_start_up_is_counted_and_logged(monkeypatch, caplog):
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: seen.append("start"))
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: seen.append("end"))
     monkeypatch.setattr(compile_watch, "_installed", False)
-    monkeypatch.setattr(compile_watch, "_count", 0)
-    monkeypatch.setattr(compile_watch, "_seconds", 0.0)
     assert compile_watch.watch() and compile_watch.watch()  # a second call installs nothing
     kw = {"fn": SimpleNamespace(name="_gdn_chunk_kernel"), "repr": "_gdn_chunk_kernel(n: i32)",
           "key": None, "compile": None, "is_manual_warmup": False, "already_compiled": False}
     with caplog.at_level(logging.WARNING, logger="ninfer.engine"):
         assert not knobs.runtime.jit_cache_hook(**kw)  # Triton goes on to compile
         knobs.runtime.jit_post_compile_hook(**kw)
-    count, seconds = compile_watch.compiled()
-    assert count == 1 and seconds >= 0.0 and seen == ["start", "end"]
+    assert seen == ["start", "end"]
     assert "Triton compiled _gdn_chunk_kernel while serving" in caplog.text
     assert "n: i32" in caplog.text
