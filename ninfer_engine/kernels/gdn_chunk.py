@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..host_copy import to_device
 from . import gdn_ref as reference
 from .gdn_prep import _dot, chunk_prep_triton
 
@@ -166,7 +167,7 @@ def chunk_gated_delta_rows(q, k, v, g, beta, states, lengths: list[int], chunk: 
     device = v.device
     # token t of row i sits at padded position first[i]·chunk + t
     at = torch.cat([torch.arange(f * chunk, f * chunk + n) for f, n in zip(first, lengths)])
-    at = at.to(device, non_blocking=True)
+    at = to_device(at, device)
 
     def padded(x):
         out = x.new_zeros((first[-1] * chunk, *x.shape[1:]))
@@ -178,7 +179,7 @@ def chunk_gated_delta_rows(q, k, v, g, beta, states, lengths: list[int], chunk: 
     s_in = states.float().contiguous()
     s_out = torch.empty_like(s_in)
     o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=device)
-    firsts = torch.tensor(first, dtype=torch.int32).to(device, non_blocking=True)
+    firsts = to_device(first, device, torch.int32)
     _gdn_chunk_kernel[(len(lengths) * nv, triton.cdiv(dv, block_v))](
         *tiles, s_in, s_out, o, n, firsts, *(st for x in tiles for st in x.stride()),
         NV=nv, DK=dk, DV=dv, C=chunk, BK=block_k, BV=block_v,

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..host_copy import to_device
 from .pages import PageAllocator, pages_for
 from .quant import KvCodec, as_bits
 
@@ -150,7 +151,7 @@ class PagedKvCache:
         pages = self.pages
         # tables only grow, so the length tells whether the cached tensor is current
         if self._table_tensor.numel() != len(pages):
-            self._table_tensor = torch.tensor(pages, dtype=torch.long, device=self.storage.device)
+            self._table_tensor = to_device(pages, self.storage.device, torch.long)
         return self._table_tensor
 
     def layer_pages(self, layer: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels._dispatch import use_triton
+from ..host_copy import to_device
 from ..kernels.paged_attention import paged_attention_triton
 from ..kernels.paged_prefill import paged_prefill_varlen_triton, supported
 from ..kv.cache import KvStorage, PagedKvCache
@@ -125,8 +126,9 @@ def paged_batch(plans: list[_Plan], q: torch.Tensor) -> _PagedBatch | None:
                      - meta[0].long()[row_seg])
         slots = host_tables[row_seg, positions // P] * P + positions % P
         max_length, max_end = int(lengths.max()), int((meta[1] + meta[2]).max())
-        meta = meta.to(q.device)
-        batch = _PagedBatch(storage, slots.to(q.device), host_tables.to(q.device), meta[0],
+        meta = to_device(meta, q.device)
+        batch = _PagedBatch(storage, to_device(slots, q.device),
+                            to_device(host_tables, q.device), meta[0],
                             meta[1], meta[2], max_length, max_end)
     if isinstance(plans, Plans):
         plans.paged, plans.paged_checked = batch, True

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..host_copy import to_device
 from ..kernels import gdn_chunk
 from ..kernels._dispatch import use_triton
 from ..kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
@@ -113,7 +114,7 @@ class GatedDeltaNet:
         y = full[:span] * w[0]
         for tap in range(1, self.taps):
             y.add_(full[tap: tap + span] * w[tap])
-        return F.silu(y.index_select(0, torch.cat(picks).to(x.device)))
+        return F.silu(y.index_select(0, to_device(torch.cat(picks), x.device)))
 
     def __call__(self, x: torch.Tensor, states: list[GDNState], lengths: list[int],
                  verify: frozenset[int] = frozenset()) -> torch.Tensor:

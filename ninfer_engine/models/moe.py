@@ -204,7 +204,9 @@ class SparseMoE:
         """Σ_slots weight · expert(x) for routing `(weights, ids)` [T, k], by sorted dispatch."""
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs in expert order
-        counts = torch.bincount(flat, minlength=self.n_experts)
+        # not torch.bincount: on CUDA it reads the ids' min and max on the host (two syncs a
+        # MoE layer of every eager step); integer atomics sum exactly
+        counts = flat.new_zeros(self.n_experts).index_add_(0, flat, torch.ones_like(flat))
         ys = self._experts_sorted(x[order // self.top_k], counts)
         ys = ys * weights.reshape(-1)[order, None]
         slots = torch.empty_like(ys)

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..host_copy import to_device
 from ..kv.slots import StatePool
 from ..parallel.group import SINGLE, RankGroup
 from .gated_attention import GatedAttention, KVCache, PartialRope, zero_centred_rms_norm
@@ -203,8 +204,8 @@ class Qwen35Model:
         """`hidden`, and what a drafter reads: the final-normed hiddens again, or with
         `feature_taps` the tap layers' residual outputs concatenated in tap order [T, n·H]."""
         if positions is None:
-            positions = torch.cat([torch.arange(s.seen, s.seen + n) for s, n in
-                                   zip(states, lengths)]).to(x.device)
+            positions = to_device(torch.cat([torch.arange(s.seen, s.seen + n)
+                                             for s, n in zip(states, lengths)]), x.device)
         taps, outputs = self.feature_taps or (), {}
         for i, block in enumerate(self.blocks):
             x = block(x, [s.layers[i] for s in states], lengths, positions, verify)
@@ -245,7 +246,7 @@ class Qwen35Model:
         for i in range(len(lengths)) if sampled is None else sampled:
             every_token = i in verify or i in every
             rows += range(ends[i] - lengths[i], ends[i]) if every_token else [ends[i] - 1]
-        logits = self.logits(h[torch.tensor(rows, dtype=torch.long, device=h.device)])
+        logits = self.logits(h[to_device(rows, h.device, torch.long)])
         return (logits, features) if keep_hidden else logits
 
     def rollback(self, state: ModelState, kept: int) -> None:

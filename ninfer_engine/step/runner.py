@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..host_copy import to_device
 from ..kv import LayerKv
 from ..models import Segment
 from ..models.attention import plan_segments
@@ -145,10 +146,10 @@ class Runner(_ModelRunner):
                 logit_rows.extend(range(end - len(ids), end) if every else [end - 1])
                 rows.append((seq, seq.cached, len(ids) if every else 1, id(seq) in sampled))
         logits = self.model.forward(
-            torch.tensor(tokens, device=self.device),
-            torch.tensor(positions, device=self.device),
+            to_device(tokens, self.device),
+            to_device(positions, self.device),
             segments,
-            torch.tensor(logit_rows, dtype=torch.long, device=self.device),
+            to_device(logit_rows, self.device, torch.long),
         )
         logits = prompt_logprobs.split(logits, rows)
         for seq, ids, _ in work:
@@ -181,7 +182,7 @@ class HybridRunner(_ModelRunner):
         positions = media = None
         if self.vision is not None and any(seq.request.media is not None for seq, _, _ in work):
             positions, media = self.vision.step_inputs(work, self.device)
-        out = self.model.forward_rows(torch.tensor(tokens, device=self.device), states,
+        out = self.model.forward_rows(to_device(tokens, self.device), states,
                                       lengths, rows, verify, keep_hidden=sink is not None,
                                       positions=positions, media=media, every=scored)
         logits, hidden = out if sink is not None else (out, None)

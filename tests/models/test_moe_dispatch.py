@@ -196,3 +196,19 @@ def test_grouped_mm_on_cuda_matches_sorted_loop(T):
     got = m(x)
     assert moe._GROUPED_MM["ok"], "grouped_mm raised and fell back"
     close(got, reference(m, x), torch.bfloat16, m)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_grouped_moe_on_cuda_never_waits_for_the_device():
+    """An eager step's MoE layer queues its work without reading anything back to the host
+    (torch.bincount read the ids' min and max: two syncs a layer of every prompt step)."""
+    dev = torch.device("cuda")
+    m = make(64, 8, True, torch.bfloat16, stacked=True, hidden=256, width=128, device=dev)
+    x = torch.randn(96, 256, device=dev).to(torch.bfloat16)
+    m(x)  # warm: cuBLAS and the caching allocator set up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        m(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
