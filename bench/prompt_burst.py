@@ -3,7 +3,7 @@ and any Triton kernel compiled during it.
 
     python3 bench/prompt_burst.py [--arch 35b-a3b] [--layers 8] [--weights fp8-row]
         [--bursts 1x120,8x120,8x120,1x955,8x955,8x955,3x955] [--served] [--prefix-reuse]
-        [--profile 8x120] [--json PATH]
+        [--profile 8x120] [--syncs 8x120] [--json PATH]
 
 Why (H200, 8-layer 35B-A3B shape, tree a50778c): served at concurrency 8, eight streams of equal
 length finish together and eight 120-token prompts arrive together each round; their first
@@ -13,7 +13,7 @@ alone 55-72 ms. This separates the candidates: a Triton compile in traffic (time
 Triton's own hooks), the prefix cache's work at each prompt's end (`--prefix-reuse`), the
 served sampling (`--served`: the preset's penalties), and the eager prompt step's host time
 (`--profile NxL`: that burst again under torch.profiler, kernel time against wall time, and
-cProfile's top host functions).
+cProfile's top host functions; `--syncs NxL`: where the host waits for the device, by line).
 
 The engine is `ninfer bench`'s (`benchmark.engine_step.bench_engine`, random weights on the
 GPU, with the start-up warm-up a served engine runs); each burst submits its prompts at once
@@ -107,6 +107,24 @@ def profiled(engine, prompts, sampling) -> dict:
             "host": out.getvalue()}
 
 
+def syncs(engine, prompts, sampling) -> list[tuple[str, int]]:
+    """One burst with CUDA's sync debug mode on: (file:line, count) of every host wait, most
+    frequent first (the sampler's read of the picks is expected; one inside a forward is not)."""
+    import collections
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            burst(engine, prompts, sampling, "syncs")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where = collections.Counter(f"{w.filename}:{w.lineno}" for w in seen
+                                if "synchroniz" in str(w.message))
+    return where.most_common()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="35b-a3b")
@@ -118,6 +136,8 @@ def main() -> None:
                     help="sample as a served request (the preset's penalties), not plain greedy")
     ap.add_argument("--prefix-reuse", action="store_true", help="keep the served prefix cache")
     ap.add_argument("--profile", metavar="COUNTxLENGTH", help="that burst again, profiled")
+    ap.add_argument("--syncs", metavar="COUNTxLENGTH",
+                    help="that burst again under CUDA's sync debug mode: where the host waits")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (tiny-moe, say)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -160,6 +180,13 @@ def main() -> None:
             out["profile"] = {k: v for k, v in p.items() if k not in ("kernels", "host")}
             print(f"profiled {args.profile}: wall {p['wall_ms']:.1f} ms, kernels "
                   f"{p['kernel_ms']:.1f} ms\n{p['kernels']}\n{p['host']}")
+        if args.syncs and args.device == "cuda":
+            n, length = map(int, args.syncs.split("x"))
+            out["syncs"] = syncs(engine, random_prompts(n, length, config["vocab_size"],
+                                                        seed=98), sampling)
+            print(f"host waits in a {args.syncs} burst:")
+            for place, count in out["syncs"]:
+                print(f"  {count:5d}  {place}")
         engine.stop()
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
