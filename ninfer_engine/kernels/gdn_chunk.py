@@ -137,18 +137,30 @@ def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool
         r = nv // nk
         q, k = q.float().repeat_interleave(r, 1), k.float().repeat_interleave(r, 1)
         tiles, n = reference.chunk_prep(q, k, v.float(), g.float(), beta.float(), chunk)
+    o, s_out = _walk(tiles, n, state, None, chunk, tf32, block_v, num_warps, num_stages)
+    return o[:T], s_out
+
+
+def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chunk: int,
+          tf32: bool, block_v: int, num_warps: int, num_stages: int):
+    """The chunk walk over `tiles` (`chunk_prep_triton`'s, n chunks) from `states` ([nv, dk,
+    dv], or [R, nv, dk, dv] with `firsts`: row r's chunks are firsts[r] .. firsts[r+1]-1):
+    (o [n·chunk, nv, dv] fp32, the new states)."""
+    nv, dk, dv = states.shape[-3:]
     assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
     block_k = max(16, triton.next_power_of_2(dk))
     block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
-    s_in = state.float().contiguous()
+    s_in = states.float().contiguous()
     s_out = torch.empty_like(s_in)
-    o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=v.device)
-    _gdn_chunk_kernel[(nv, triton.cdiv(dv, block_v))](
-        *tiles, s_in, s_out, o, n, s_in, *(st for x in tiles for st in x.stride()),
+    o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=s_in.device)
+    rows = 1 if firsts is None else firsts.numel() - 1
+    _gdn_chunk_kernel[(rows * nv, triton.cdiv(dv, block_v))](
+        *tiles, s_in, s_out, o, n, s_in if firsts is None else firsts,
+        *(st for x in tiles for st in x.stride()),
         NV=nv, DK=dk, DV=dv, C=chunk, BK=block_k, BV=block_v,
-        EVEN=block_k == dk and dv % block_v == 0, TF32=tf32, ROWS=False,
+        EVEN=block_k == dk and dv % block_v == 0, TF32=tf32, ROWS=firsts is not None,
         num_warps=num_warps, num_stages=num_stages)
-    return o[:T], s_out
+    return o, s_out
 
 
 def chunk_gated_delta_rows(q, k, v, g, beta, states, lengths: list[int], chunk: int = CHUNK, *,
@@ -173,16 +185,6 @@ def chunk_gated_delta_rows(q, k, v, g, beta, states, lengths: list[int], chunk: 
         out = x.new_zeros((first[-1] * chunk, *x.shape[1:]))
         return out.index_copy_(0, at, x)
     tiles, n = chunk_prep_triton(*(padded(x) for x in (q, k, v, g, beta)), chunk, tf32=tf32)
-    assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
-    block_k = max(16, triton.next_power_of_2(dk))
-    block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
-    s_in = states.float().contiguous()
-    s_out = torch.empty_like(s_in)
-    o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=device)
-    firsts = to_device(first, device, torch.int32)
-    _gdn_chunk_kernel[(len(lengths) * nv, triton.cdiv(dv, block_v))](
-        *tiles, s_in, s_out, o, n, firsts, *(st for x in tiles for st in x.stride()),
-        NV=nv, DK=dk, DV=dv, C=chunk, BK=block_k, BV=block_v,
-        EVEN=block_k == dk and dv % block_v == 0, TF32=tf32, ROWS=True,
-        num_warps=num_warps, num_stages=num_stages)
+    o, s_out = _walk(tiles, n, states, to_device(first, device, torch.int32), chunk, tf32,
+                     block_v, num_warps, num_stages)
     return o.index_select(0, at), s_out

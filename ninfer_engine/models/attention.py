@@ -21,8 +21,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from ..kernels._dispatch import use_triton
 from ..host_copy import to_device
+from ..kernels._dispatch import use_triton
 from ..kernels.paged_attention import paged_attention_triton
 from ..kernels.paged_prefill import paged_prefill_varlen_triton, supported
 from ..kv.cache import KvStorage, PagedKvCache

@@ -160,11 +160,12 @@ class GatedAttention:
         plans = getattr(caches[0], "plans", None)
         if plans is None or not use_triton(q):
             return None
-        batch = paged_batch(plans, q.transpose(0, 1))
+        rows_q = q.transpose(0, 1)  # [T, nq, D]
+        batch = paged_batch(plans, rows_q)
         if batch is None:
             return None
-        a = attend_paged(caches[0].layer, q.transpose(0, 1), k.transpose(0, 1),
-                         v.transpose(0, 1), batch, self.d**-0.5)
+        a = attend_paged(caches[0].layer, rows_q, k.transpose(0, 1), v.transpose(0, 1), batch,
+                         self.d**-0.5)
         for cache, n in zip(caches, lengths):  # as `LayerKv.append` would have
             cache.length += n
         return a

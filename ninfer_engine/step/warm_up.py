@@ -25,7 +25,9 @@ log = logging.getLogger("ninfer.engine")
 
 SHORT = (45, 77)  # odd lengths: kernels specialise integer arguments on divisibility by 16
 BESIDE_DECODE = 51  # a prompt that arrives while the others decode
+GREEDY_TOKENS = 3  # the greedy requests' output
 SERVED_TOKENS = 8  # the served-sampling requests' output: long enough for lookahead steps
+PAGE_ROUNDING = 64  # a request's lease is whole pages
 MAX_STEPS = 64
 
 
@@ -35,8 +37,9 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     room is too small to run them (a toy pool: its first steps compile instead)."""
     # longer than a chunk, so its second chunk runs over its first (within the room); the
     # requests' output tokens and a page of rounding each
-    long = min(prefill_chunk + 37, room - sum(SHORT) - BESIDE_DECODE - 4 * 64 - 2 * 3
-               - 2 * SERVED_TOKENS)
+    outputs = 2 * GREEDY_TOKENS + len(SHORT) * SERVED_TOKENS  # long, late; the short ones
+    long = min(prefill_chunk + 37, room - sum(SHORT) - BESIDE_DECODE - outputs
+               - (2 + len(SHORT)) * PAGE_ROUNDING)
     if long < 1:
         log.info("warm-up skipped: %d tokens of room", room)
         return None
@@ -49,7 +52,8 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     penalized = dataclasses.replace(preset, temperature=0.0)  # a served `temperature: 0`
     sampled = dataclasses.replace(preset, temperature=preset.temperature or 1.0, seed=0)
 
-    def add(i: int, length: int, sampling: SamplingParams = greedy, max_tokens: int = 3):
+    def add(i: int, length: int, sampling: SamplingParams = greedy,
+            max_tokens: int = GREEDY_TOKENS):
         prompt = tuple(torch.randint(0, top, (length,), generator=gen).tolist())
         request = GenerationRequest(f"warm-up-{i}", prompt, sampling, max_tokens=max_tokens,
                                     ignore_eos=True)

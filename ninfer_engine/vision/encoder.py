@@ -18,6 +18,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .prompt import merged_tokens
+
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 Grid = tuple[int, int, int]
 
@@ -77,8 +79,7 @@ class VisionEncoder:
 
     def merged_tokens(self, grid: Grid) -> int:
         """Output rows (prompt placeholder tokens) of one grid."""
-        t, h, w = grid
-        return t * h * w // self.merge ** 2
+        return merged_tokens(grid, self.merge)
 
     @torch.no_grad()
     def encode(self, patches: torch.Tensor, grids: list[Grid]) -> torch.Tensor:

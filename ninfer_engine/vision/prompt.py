@@ -25,6 +25,12 @@ import torch
 from .preprocess import MediaError, Pixels
 
 
+def merged_tokens(grid: tuple[int, int, int], merge: int) -> int:
+    """Encoder output rows (prompt placeholder tokens) of one (t, h, w) patch grid."""
+    t, h, w = grid
+    return t * h * w // merge ** 2
+
+
 @dataclass(frozen=True)
 class VisionTokens:
     start: int
@@ -122,7 +128,7 @@ def expand_prompt(ids: list[int], items: list[MediaItem], tokens: VisionTokens, 
             index, item = next(media)
             t, h, w = item.pixels.grid
             grids.append((t, h // merge, w // merge))
-            spans.append(Span(index, len(out), t * h * w // merge ** 2, 0))
+            spans.append(Span(index, len(out), merged_tokens(item.pixels.grid, merge), 0))
             out += [tokens.image] * spans[-1].tokens
         elif token == tokens.video:
             index, item = next(media)

@@ -22,7 +22,7 @@ from ..stats import VisionStats
 from .cache import MediaCache
 from .encoder import VisionEncoder
 from .preprocess import MediaError, Preprocessor
-from .prompt import MediaItem, MediaPrompt, VisionTokens, expand_prompt
+from .prompt import MediaItem, MediaPrompt, VisionTokens, expand_prompt, merged_tokens
 
 IMAGE_JSON, VIDEO_JSON = "preprocessor_config.json", "video_preprocessor_config.json"
 
@@ -57,7 +57,7 @@ class MediaPlanner:
     def prepare(self, ids: list[int], items: list[MediaItem],
                 encode: Callable[[str], list[int]]) -> tuple[tuple[int, ...], MediaPrompt]:
         """The expanded prompt and its media; `MediaBudgetExceeded` over `--max-vision-tokens`."""
-        merged = sum(t * h * w // self.merge ** 2 for t, h, w in (i.pixels.grid for i in items))
+        merged = sum(merged_tokens(item.pixels.grid, self.merge) for item in items)
         if merged > self.max_tokens:
             raise MediaBudgetExceeded(
                 f"the request's media take {merged} tokens; --max-vision-tokens allows "
@@ -68,7 +68,7 @@ class MediaPlanner:
 class VisionTower:
     def __init__(self, encoder: VisionEncoder, preprocessor: Preprocessor,
                  tokens: VisionTokens, max_tokens: int, cache_bytes: int) -> None:
-        self.encoder, self.preprocessor = encoder, preprocessor
+        self.encoder = encoder
         self.planner = MediaPlanner(preprocessor, tokens, encoder.merge, max_tokens)
         self.cache = MediaCache(cache_bytes)
         self.encoded_items = 0  # media the encoder ran on (cache misses)
@@ -98,6 +98,10 @@ class VisionTower:
             raise ValueError("the vision preprocessor's patch geometry differs from the tower's")
         return cls(encoder, pre, VisionTokens.from_tokenizer(token_to_id), max_tokens,
                    cache_bytes)
+
+    @property
+    def preprocessor(self) -> Preprocessor:
+        return self.planner.preprocessor
 
     def stats(self) -> VisionStats:
         c = self.cache
