@@ -45,11 +45,14 @@ from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
 from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
 
-COMPILES: list[dict] = []  # name, signature, start and end (perf_counter)
+COMPILES: list[dict] = []  # name, specialisation, start and end (perf_counter)
 
 
 def _start(**kw) -> bool:
-    COMPILES.append({"name": kw["fn"].name, "repr": kw["repr"][-300:], "t0": time.perf_counter()})
+    compiled = kw.get("compile") or {}
+    COMPILES.append({"name": kw["fn"].name, "constants": str(compiled.get("constants"))[:300],
+                     "attributes": str(compiled.get("configs"))[:300],
+                     "t0": time.perf_counter()})
     return False  # compile it
 
 
@@ -101,6 +104,7 @@ def profiled(engine, prompts, sampling) -> dict:
     key = "device_time_total" if torch.cuda.is_available() else "cpu_time_total"
     out = io.StringIO()
     pstats.Stats(host, stream=out).sort_stats("tottime").print_stats(25)
+    pstats.Stats(host, stream=out).sort_stats("cumulative").print_stats("ninfer_engine", 40)
     return {"wall_ms": wall * 1e3, "kernel_ms": sum(getattr(e, key) for e in kernels) / 1e3,
             "steps": result["steps"], "kernels": kernels.table(
                 sort_by=key, row_limit=20, max_name_column_width=60),
@@ -121,7 +125,7 @@ def syncs(engine, prompts, sampling) -> list[tuple[str, int]]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     where = collections.Counter(f"{w.filename}:{w.lineno}" for w in seen
-                                if "synchroniz" in str(w.message))
+                                if "called a synchronizing" in str(w.message))
     return where.most_common()
 
 
@@ -172,7 +176,8 @@ def main() -> None:
         out["compiles"] = COMPILES
         print(f"compiles after warm-up: {len(COMPILES)}")
         for c in COMPILES:
-            print(f"  {c['name']} {(c.get('t1', c['t0']) - c['t0']) * 1e3:.0f} ms  {c['repr']}")
+            print(f"  {c['name']} {(c.get('t1', c['t0']) - c['t0']) * 1e3:.0f} ms  constants "
+                  f"{c['constants']}; attributes {c['attributes']}")
         if args.profile:
             n, length = map(int, args.profile.split("x"))
             p = profiled(engine, random_prompts(n, length, config["vocab_size"], seed=99),

@@ -55,6 +55,9 @@ def _record(hook_kwargs: dict) -> None:
     began = _started.pop(threading.get_ident(), None)
     ms = (time.perf_counter() - began) * 1e3 if began is not None else float("nan")
     fn = hook_kwargs.get("fn")
+    # what tells variants apart: constexprs (and integers specialised to 1), and the argument
+    # attributes (`tt.divisibility` 16 of an integer or a pointer)
+    compiled = hook_kwargs.get("compile") or {}
     log.warning("Triton compiled %s while serving (%.0f ms; the start-up warm-up did not run "
-                "this variant): %s", getattr(fn, "name", fn), ms,
-                str(hook_kwargs.get("repr", ""))[-240:])
+                "this variant): constants %s; attributes %s", getattr(fn, "name", fn), ms,
+                str(compiled.get("constants"))[:300], str(compiled.get("configs"))[:300])

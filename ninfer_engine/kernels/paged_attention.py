@@ -54,7 +54,10 @@ def paged_attention_ref(q, k_pages, v_pages, page_table, seq_lens, k_scale=None,
     return out
 
 
-@triton.jit
+# per-step integers and scalar-read metadata (slices of a packed buffer in the eager step):
+# a new width, split count or buffer offset must not compile a new variant while serving
+@triton.jit(do_not_specialize=["max_pages", "pages_per_split"],
+            do_not_specialize_on_alignment=["table_ptr", "lens_ptr"])
 def _paged_split_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, table_ptr,
                         lens_ptr, acc_ptr, ml_ptr, max_pages, pages_per_split, sm_scale,
                         NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, QB: tl.constexpr,
@@ -97,7 +100,7 @@ def _paged_split_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, tab
     tl.store(ml_ptr + rows * 2 + 1, l, mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_splits"])
 def _paged_merge_kernel(acc_ptr, ml_ptr, out_ptr, n_splits,
                         D: tl.constexpr, SB: tl.constexpr,
                         PDL: tl.constexpr = 0):

@@ -50,8 +50,11 @@ def paged_prefill_ref(q, k_pages, v_pages, page_table, start: int, scale: float,
     return torch.einsum("htl,lhd->thd", torch.softmax(s, -1), v).to(q.dtype)
 
 
-# one compile whatever T, start and the widest page table of the step
-@triton.jit(do_not_specialize=["one_len", "one_start", "table_stride"])
+# one compile whatever T, start and the widest page table of the step, and wherever the
+# step's metadata rows start in their packed buffer (a [3, B] int32 tensor's rows are 16-byte
+# aligned only when B % 4 == 0: the H200 compiled a variant for 8 prompts after warming 3)
+@triton.jit(do_not_specialize=["one_len", "one_start", "table_stride"],
+            do_not_specialize_on_alignment=["table_ptr", "qoff_ptr", "qlen_ptr", "start_ptr"])
 def _paged_prefill_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, table_ptr,
                           qoff_ptr, qlen_ptr, start_ptr, out_ptr, one_len, one_start, stride_qt,
                           stride_qh, table_stride, sm_scale, NQ: tl.constexpr,

@@ -58,7 +58,10 @@ def lessen(values: torch.Tensor, amount: torch.Tensor) -> torch.Tensor:
     return (values.float() - amount).to(values.dtype)
 
 
-@triton.jit
+# the per-row buffers are slices of two packed ones: where they start depends on the rows
+@triton.jit(do_not_specialize_on_alignment=["offsets_ptr", "rows_ptr", "presence_ptr",
+                                            "frequency_ptr", "ids_ptr", "times_ptr",
+                                            "pending_ptr"])
 def _penalize_kernel(logits_ptr, stride, offsets_ptr, rows_ptr, presence_ptr, frequency_ptr,
                      ids_ptr, times_ptr, pending_ptr,
                      HAS_PENDING: tl.constexpr, BLOCK: tl.constexpr):

@@ -48,6 +48,12 @@ class Segment:
     length: int
 
 
+def input_token(seq) -> int:
+    """The token a decode row of `seq` computes next: its last output, or before its first the
+    prompt's last (`step.runner` runs a prompt's last token as a decode row)."""
+    return seq.output[-1] if seq.output else seq.prompt[seq.cached]
+
+
 @dataclass(frozen=True)
 class _Plan:
     segment: Segment

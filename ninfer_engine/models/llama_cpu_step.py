@@ -25,6 +25,7 @@ import torch
 from ..kernels import cpu_decode as kernel
 from ..kv import KvStorage, PageTables
 from ..kv.quant import PlainCodec
+from .attention import input_token
 from .llama import LlamaModel
 from .packed import load_packed
 
@@ -148,7 +149,7 @@ class CpuDecoder:
         page = self.storage.page_tokens
         rows, caches = [], []
         for i, seq in enumerate(seqs):
-            tokens = [seq.output[-1], *(drafts[i] if drafts else ())]
+            tokens = [input_token(seq), *(drafts[i] if drafts else ())]
             if seq.cached + len(tokens) > self.max_context:  # the C step's buffers end there
                 raise ValueError(f"position {seq.cached + len(tokens) - 1} is past the decode "
                                  f"step's context {self.max_context}")

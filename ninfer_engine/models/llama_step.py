@@ -17,6 +17,7 @@ from ..kernels.paged_attention import PAGE, paged_attention
 from ..kernels.rmsnorm import rms_norm as fused_rms_norm
 from ..kernels.rotary import rope
 from ..kv import KvStorage, PageTables
+from .attention import input_token
 from .layers import rms_norm
 from .llama import LlamaModel
 
@@ -45,7 +46,7 @@ class StaticDecoder:
         for seq in seqs:
             pos = seq.cached
             pages = seq.cache.pages
-            rows.append((seq.output[-1], pos, pages[pos // page] * page + pos % page, pos + 1))
+            rows.append((input_token(seq), pos, pages[pos // page] * page + pos % page, pos + 1))
         # not waiting for the work queued before (a lookahead step loads behind one in flight)
         self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t().contiguous(),
                                         non_blocking=True)

@@ -35,6 +35,7 @@ from ..kernels.rmsnorm import rms_norm_triton
 from ..kv import KvStorage, PageTables, StatePool
 from ..kv.quant import PlainCodec
 from ..experts.in_place import RoutingLog
+from .attention import input_token
 from .fused import FusedParams
 from .packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
 
@@ -370,7 +371,7 @@ class EngineHybridDecoder:
         shift, its state slot and page table; first, the last step's expert routing read."""
         c = self.core
         c.before_step()
-        rows = [[seq.output[-1], *(drafts[b] if drafts else ())] for b, seq in enumerate(seqs)]
+        rows = [[input_token(seq), *(drafts[b] if drafts else ())] for b, seq in enumerate(seqs)]
         meta = torch.zeros(4, sum(map(len, rows)), dtype=torch.long)
         meta[0] = torch.tensor([t for row in rows for t in row])
         meta[1] = torch.tensor([seq.cached + t for seq, row in zip(seqs, rows)

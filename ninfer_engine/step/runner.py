@@ -18,18 +18,32 @@ from ..models import Segment
 from ..models.attention import plan_segments
 from . import prompt_logprobs
 from .decode_graphs import DecodeGraphs
-from .scheduler import Batch
+from .scheduler import Batch, Chunk
 from .sequence import Sequence
 
 
-def _work(batch: Batch, decode: bool = True) -> list[tuple[Sequence, list[int], bool]]:
+def _work(batch: Batch) -> list[tuple[Sequence, list[int], bool]]:
     """(sequence, tokens to compute, verify row?) in row order: each decode row's last token
     and its drafts, then the prompt chunks."""
-    work = [(seq, [seq.output[-1], *batch.drafts_of(i)], bool(batch.drafts_of(i)))
-            for i, seq in enumerate(batch.decode)] if decode else []
-    work += [(c.seq, list(c.seq.prompt[c.seq.cached: c.seq.cached + c.tokens]), False)
-             for c in batch.chunks]
-    return work
+    return [(seq, [seq.output[-1], *batch.drafts_of(i)], bool(batch.drafts_of(i)))
+            for i, seq in enumerate(batch.decode)] + _chunk_work(batch.chunks)
+
+
+def _chunk_work(chunks: list[Chunk]) -> list[tuple[Sequence, list[int], bool]]:
+    return [(c.seq, list(c.seq.prompt[c.seq.cached: c.seq.cached + c.tokens]), False)
+            for c in chunks]
+
+
+def _graph_tails(batch: Batch, sampled: set[int]) -> list[Sequence]:
+    """The sequences of `batch`'s one-token chunks that end their prompt and sample their first
+    token (a hybrid prompt's last token runs one step after the rest: `SequenceMemory.
+    chunk_tokens`): the decode graph computes such a token as a decode row (its input the
+    prompt's last token, `sequence.input_token`), not the eager forward (~20 ms for one token
+    on the H200's 8-layer 35B-A3B shape, against a graph step's 1-3 ms). Not a row whose prompt
+    is scored (it wants the eager logits of every position) or that carries media."""
+    return [c.seq for c in batch.chunks
+            if c.tokens == 1 and c.seq.cached + 1 == len(c.seq.prompt) and id(c.seq) in sampled
+            and not prompt_logprobs.scores_prompt(c.seq) and c.seq.request.media is None]
 
 
 class _ModelRunner:
@@ -58,31 +72,38 @@ class _ModelRunner:
         longest = max(map(len, drafts), default=0)
         self._verified_by_graph = False
         sink = self.hidden_sink
-        if (graphs is None or not batch.decode or not graphs.accepts(batch.decode)
-                or not graphs.verifies(drafts)
+        tails = _graph_tails(batch, sampled) if graphs is not None and not longest else []
+        rows = batch.decode + tails  # the graph step's rows
+        if (graphs is None or not rows or not graphs.accepts(rows) or not graphs.verifies(drafts)
                 or (sink is not None and getattr(graphs.decoder, "hidden", None) is None)):
             return self._eager(_work(batch), sampled)
         if longest and getattr(graphs.decoder, "ragged", False):  # the CPU step: no padding
-            logits = graphs.verify_rows(batch.decode, drafts)
+            logits = graphs.verify_rows(rows, drafts)
             self._verified_by_graph = True
         elif not longest:
-            logits = graphs.forward(batch.decode)
+            logits = graphs.forward(rows)
             if sink is not None:  # `forward` advanced `cached` past each row's token
-                for i, seq in enumerate(batch.decode):
+                for i, seq in enumerate(rows):
                     sink(seq, seq.cached - 1, graphs.decoder.hidden[i: i + 1])
         else:  # every row verifies max_q tokens (one graph a batch size, captured at load);
             # padding drafts are never accepted (`keep`)
             q = graphs.decoder.max_q
-            rows = graphs.verify(batch.decode, [d + [0] * (q - 1 - len(d)) for d in drafts])
-            logits = torch.cat([rows[i, : 1 + len(d)] for i, d in enumerate(drafts)])
+            out = graphs.verify(rows, [d + [0] * (q - 1 - len(d)) for d in drafts])
+            logits = torch.cat([out[i, : 1 + len(d)] for i, d in enumerate(drafts)])
             self._verified_by_graph = True
             if sink is not None:  # `cached` waits for `keep`: the row's first position
-                for i, (seq, d) in enumerate(zip(batch.decode, drafts)):
+                for i, (seq, d) in enumerate(zip(rows, drafts)):
                     sink(seq, seq.cached, graphs.decoder.hidden[i * q: i * q + 1 + len(d)])
-        if not batch.chunks:
+        tailed = set(map(id, tails))
+        chunks = [c for c in batch.chunks if id(c.seq) not in tailed]
+        if chunks:
+            logits = torch.cat([logits, self._eager(_chunk_work(chunks), sampled).to(logits.dtype)])
+        if not tails:  # decode rows, then the chunks': `batch.sampled`'s order
             return logits
-        prompts = self._eager(_work(batch, decode=False), sampled)
-        return torch.cat([logits, prompts.to(logits.dtype)])
+        at = {id(seq): i for i, seq in enumerate(
+            rows + [c.seq for c in chunks if id(c.seq) in sampled])}
+        order = [at[id(seq)] for seq in batch.sampled]
+        return logits.index_select(0, to_device(order, logits.device, torch.long))
 
     def continues(self, batch: Batch) -> bool:
         """This pure-decode batch's next step can replay its captured graph on the device's

@@ -119,6 +119,47 @@ def test_decode_rows_take_the_static_step_and_the_prompt_chunks_run_eagerly_afte
 
 
 @torch.inference_mode()
+def test_a_prompts_last_token_joins_the_decode_rows_in_the_static_step():
+    """A one-token chunk that ends its prompt (a hybrid prompt's last token runs one step after
+    the rest) is a decode row whose input is that prompt token: it goes through the static step
+    with the decode rows, the other chunks eagerly, and the logits keep the batch's order."""
+    model = _model()
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 63, 20, 30)]
+    runs = {}
+    for name in ("mixed", "eager"):
+        layers, heads, dim = model.kv_layout()
+        storage = KvStorage(PagePool(16, 64), layers, heads, dim,
+                            codecs_for("bf16", model.dtype), model.dtype, model.device)
+        a, b, c, t = _rows(model, storage, prompts, decoding=2)
+        # t: all of its prompt but the last token computed, no output yet
+        assert t.cache.reserve(30)
+        model.forward(torch.tensor(prompts[3][:29]), torch.arange(29),
+                      [Segment(t.cache, 0, 29)], torch.tensor([28]))
+        t.cached = 29
+        t.request = c.request = SimpleNamespace(media=None, prompt_logprobs=None)
+        # t's chunk after c's, while the static step's rows put t right after the decode rows
+        batch = Batch([a, b], [Chunk(c, 20), Chunk(t, 1)], sampled=[a, b, c, t])
+        for seq, n in ((a, 1), (b, 1), (c, 20)):
+            assert seq.cache.reserve(seq.cached + n)
+        graphs, calls = None, []
+        if name == "mixed":
+            graphs = DecodeGraphs(StaticDecoder(model, storage, 4, 512), capture=False)
+            step = graphs.forward
+            graphs.forward = lambda seqs: calls.append(list(seqs)) or step(seqs)
+        runs[name] = Runner(model, graphs).forward(batch)
+        assert [s.cached for s in (a, b, c, t)] == [6, 64, 20, 30]
+        if name == "mixed":
+            assert calls == [[a, b, t]]
+    got, want = runs["mixed"], runs["eager"]
+    assert got.shape == want.shape == (4, model.vocab_size)
+    c = model.cfg  # the bound of the test above
+    per_layer = 4 * c.hidden_size + c.head_dim + 2 * 64 + c.intermediate_size
+    depth = c.num_layers * per_layer + 2 * c.hidden_size + 3 * TRANSCENDENTAL
+    assert (got - want).abs().max() <= bound(torch.float32, depth) * want.abs().max()
+
+
+@torch.inference_mode()
 def test_start_up_capture_runs_every_batch_size_on_scratch_pages_and_gives_them_back():
     """`DecodeGraphs.capture_at_start` (what a CUDA engine does before serving) runs the first
     context bucket at batch 1..max on scratch sequences; here eagerly, on the CPU."""

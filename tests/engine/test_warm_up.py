@@ -1,11 +1,15 @@
 """The startup warm-up (`step.warm_up`) runs every kind of prompt step once, through the engine's
 own path, and leaves nothing running."""
 
+import pytest
+import torch
+
+from ninfer_engine.artifact.synth import build_synthetic
 from ninfer_engine.benchmark import engine_step
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.step.warm_up import warm_up
-from ninfer_engine.types import SamplingParams
+from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.benchmark.tiny import tiny_config, tiny_source
 from tests.engine.helpers import default_resources
 
@@ -42,3 +46,39 @@ def test_warm_up_runs_each_prompt_step_kind(monkeypatch):
     assert any(p.temperature > 0 and p.top_k == preset.top_k and p.seed is not None
                for p in added)
     assert not engine.scheduler.running and not list(engine.scheduler.queued())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton compiles on CUDA only")
+@torch.inference_mode()
+def test_after_the_warm_up_prompts_arriving_together_compile_nothing():
+    """Bursts of 1..8 prompts (served sampling, prefix cache on) after the start-up warm-up:
+    no Triton kernel compiles. A variant per burst size (an integer argument or a metadata
+    slice's alignment that changes with the row count) stalled the H200's first burst of 8 by
+    1.2 s (bench/prompt_burst.py)."""
+    from triton import knobs
+
+    config, source = build_synthetic("tiny-moe", "cuda", torch.bfloat16, 4)
+    model = Qwen35Model(config, FusedParams(config, source))
+    engine = engine_step.bench_engine(model, "tiny-moe", config, 8, 2048, prefix_reuse=True)
+    compiled = []
+    before = knobs.runtime.jit_cache_hook
+
+    def seen(**kw):
+        compiled.append(kw["fn"].name)
+        return before(**kw) if before else False
+    knobs.runtime.jit_cache_hook = seen
+    try:
+        sampling = engine_step.served_sampling(engine)
+        for n in range(1, 9):
+            prompts = engine_step.random_prompts(n, 100 + 7 * n, config["vocab_size"], seed=n)
+            seqs = [engine.add(GenerationRequest(f"b{n}-{i}", p, sampling, max_tokens=4,
+                                                 ignore_eos=True), lambda e: None)
+                    for i, p in enumerate(prompts)]
+            for _ in range(64):  # bounded
+                if not engine.step() or all(s.finish_reason for s in seqs):
+                    break
+            assert all(s.finish_reason == "length" for s in seqs)
+    finally:
+        knobs.runtime.jit_cache_hook = before
+        engine.stop()
+    assert compiled == []

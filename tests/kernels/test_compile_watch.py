@@ -20,10 +20,11 @@ def test_a_compile_after_start_up_is_logged(monkeypatch, caplog):
     monkeypatch.setattr(compile_watch, "_installed", False)
     assert compile_watch.watch() and compile_watch.watch()  # a second call installs nothing
     kw = {"fn": SimpleNamespace(name="_gdn_chunk_kernel"), "repr": "_gdn_chunk_kernel(n: i32)",
-          "key": None, "compile": None, "is_manual_warmup": False, "already_compiled": False}
+          "key": None, "is_manual_warmup": False, "already_compiled": False,
+          "compile": {"constants": {(3,): 1}, "configs": [{(4,): [["tt.divisibility", 16]]}]}}
     with caplog.at_level(logging.WARNING, logger="ninfer.engine"):
         assert not knobs.runtime.jit_cache_hook(**kw)  # Triton goes on to compile
         knobs.runtime.jit_post_compile_hook(**kw)
     assert seen == ["start", "end"]
     assert "Triton compiled _gdn_chunk_kernel while serving" in caplog.text
-    assert "n: i32" in caplog.text
+    assert "constants {(3,): 1}" in caplog.text and "tt.divisibility" in caplog.text
