@@ -10,10 +10,11 @@ over the k slots. Two ways to run the experts on the sorted rows:
 * `grouped_experts`: `torch._grouped_mm` over the stacked `[E, 2I, H]` / `[E, H, I]` expert
   tensors (two launches, no host sync). Used on CUDA in bf16 when the experts are row views
   of stacked tensors (as `models.fused.FusedParams` hands them out, found by `stacked_experts`).
-  fp8 stacks (`models.experts`) are first decoded to bf16, only the experts the chunk routes
-  to, into a buffer the caching allocator recycles: `torch._scaled_grouped_mm` would read the
-  codes directly, but it wants fp8 activations too (rounding every activation to e4m3, which
-  the decode kernels do not do) and row scales only (not the Q4/Q5 group scales).
+  (`torch._scaled_grouped_mm` would read fp8 codes directly, but it wants fp8 activations too,
+  rounding every activation to e4m3, which the decode kernels do not do, and row scales only.)
+* `kernels.moe_grouped` for fp8 stacks on CUDA: two Triton grouped GEMMs that read the codes
+  in place (no bf16 copy of the routed experts), gather each sorted row's token themselves and
+  store each slot's weighted output in (token, slot) order; SiLU fused into the first.
 * a per-expert loop over the slices, with one host sync per call (`bincount(...).tolist()`).
 """
 
@@ -25,6 +26,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..kernels._dispatch import use_triton
+from ..kernels.moe_grouped import moe_grouped_down, moe_grouped_swiglu
 from .experts import ExpertStack, fp8_block
 from .layers import Linear
 from .packed import linear
@@ -169,6 +172,13 @@ class SparseMoE:
         return (self.stacked is not None and _GROUPED_MM["ok"] and x.is_cuda
                 and x.dtype == torch.bfloat16)
 
+    def _fp8_grouped(self, x: torch.Tensor) -> bool:
+        """Whether the routed experts run as `kernels.moe_grouped` (every expert of the layer
+        in fp8 stacks on this device; not an offloaded or rank-split layer)."""
+        return (self.stacked is not None and use_triton(x) and x.dtype == torch.bfloat16
+                and self.stacked[0].scale is not None and self.tier is None
+                and self.local == (0, self.n_experts))
+
     def _experts_sorted(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The experts over expert-sorted rows `xs`, `counts[e]` rows for expert e (rows of
         another rank's experts give zeros: their rank adds them in the all-reduce)."""
@@ -207,6 +217,12 @@ class SparseMoE:
         # not torch.bincount: on CUDA it reads the ids' min and max on the host (two syncs a
         # MoE layer of every eager step); integer atomics sum exactly
         counts = flat.new_zeros(self.n_experts).index_add_(0, flat, torch.ones_like(flat))
+        if self._fp8_grouped(x):
+            gate_up, down = self.stacked
+            act = moe_grouped_swiglu(x, order, self.top_k, counts, gate_up.w, gate_up.scale)
+            slots = moe_grouped_down(act, order, weights.reshape(-1), counts, down.w,
+                                     down.scale)
+            return slots.view(*ids.shape, x.shape[-1]).sum(1)
         ys = self._experts_sorted(x[order // self.top_k], counts)
         ys = ys * weights.reshape(-1)[order, None]
         slots = torch.empty_like(ys)

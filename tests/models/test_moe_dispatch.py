@@ -212,3 +212,29 @@ def test_grouped_moe_on_cuda_never_waits_for_the_device():
         m(x)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("T", [1, 40, 1024])
+def test_fp8_stacks_run_the_grouped_kernels_and_match_the_loop(T):
+    """fp8-row stacks on CUDA take `kernels.moe_grouped` (codes read in place); the loop runs
+    the same experts decoded to bf16 (each weight rounded once more, counted below)."""
+    from ninfer_engine.models.experts import ExpertStack
+
+    dev = torch.device("cuda")
+    m = make(64, 8, True, torch.bfloat16, stacked=True, hidden=256, width=128, device=dev)
+    stacks = []
+    for stack in m.stacked:  # quantize each row to e4m3, the experts' views see the decoded
+        scale = (stack.w.float().abs().amax(-1) / 448).bfloat16()
+        codes = (stack.w.float() / scale.float()[..., None]).to(torch.float8_e4m3fn)
+        stack.w.copy_((codes.float() * scale.float()[..., None]).bfloat16())
+        stacks.append(ExpertStack(codes, scale))
+    m.stacked = tuple(stacks)
+    x = torch.randn(T, 256, device=dev).to(torch.bfloat16)
+    assert m._fp8_grouped(x)
+    got, want = m(x), reference(m, x)
+    H, k, width = 256, m.top_k, 128
+    depth = max(H + TRANSCENDENTAL + 2 + width + 1 + k,
+                H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + 24 + 1) + 1
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err <= bound(torch.bfloat16, depth, roundings=7 + k), err
