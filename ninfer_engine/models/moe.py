@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels._dispatch import use_triton
-from ..kernels.moe_grouped import moe_grouped_down, moe_grouped_swiglu
+from ..kernels.moe_grouped import grouped_supports, moe_grouped_down, moe_grouped_swiglu
 from .experts import ExpertStack, fp8_block
 from .layers import Linear
 from .packed import linear
@@ -177,7 +177,8 @@ class SparseMoE:
         in fp8 stacks on this device; not an offloaded or rank-split layer)."""
         return (self.stacked is not None and use_triton(x) and x.dtype == torch.bfloat16
                 and self.stacked[0].scale is not None and self.tier is None
-                and self.local == (0, self.n_experts))
+                and self.local == (0, self.n_experts)
+                and all(grouped_supports(s.scale, s.w) for s in self.stacked))
 
     def _experts_sorted(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The experts over expert-sorted rows `xs`, `counts[e]` rows for expert e (rows of
