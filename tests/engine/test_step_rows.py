@@ -84,38 +84,55 @@ def _rows(model, storage, prompts: list[list[int]], decoding: int):
     return rows
 
 
-@torch.inference_mode()
-def test_decode_rows_take_the_static_step_and_the_prompt_chunks_run_eagerly_after_them():
-    model = _model()
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 63, 20, 30)]
+def _storage(model) -> KvStorage:
+    layers, heads, dim = model.kv_layout()
+    return KvStorage(PagePool(16, 64), layers, heads, dim, codecs_for("bf16", model.dtype),
+                     model.dtype, model.device)
+
+
+def _run_both(model, make_batch, storage_rows) -> dict:
+    """The batch through a runner with the static step ("mixed") and without ("eager"), each
+    over fresh rows; also the rows the static step was called with."""
     runs = {}
     for name in ("mixed", "eager"):
-        layers, heads, dim = model.kv_layout()
-        storage = KvStorage(PagePool(16, 64), layers, heads, dim,
-                            codecs_for("bf16", model.dtype), model.dtype, model.device)
-        a, b, c, d = _rows(model, storage, prompts, decoding=2)
-        batch = Batch([a, b], [Chunk(c, 20), Chunk(d, 7)], sampled=[a, b, c])
-        for seq, n in ((a, 1), (b, 1), (c, 20), (d, 7)):
-            assert seq.cache.reserve(seq.cached + n)
+        storage = _storage(model)
+        rows = storage_rows(storage)
         graphs, calls = None, []
         if name == "mixed":
             graphs = DecodeGraphs(StaticDecoder(model, storage, 4, 512), capture=False)
             step = graphs.forward
             graphs.forward = lambda seqs: calls.append(list(seqs)) or step(seqs)
-        runs[name] = Runner(model, graphs).forward(batch)
-        assert [s.cached for s in (a, b, c, d)] == [6, 64, 20, 7]
-        if name == "mixed":
-            assert calls == [[a, b]]  # only the decode rows, in one static step
-    got, want = runs["mixed"], runs["eager"]
-    assert got.shape == want.shape == (3, model.vocab_size)
+        runs[name] = (Runner(model, graphs).forward(make_batch(*rows)), rows, calls)
+    return runs
+
+
+def _assert_same_logits(model, got, want) -> None:
     # two fp32 computations of each row: per layer the norms, q/k/v, scores over ≤ 64 keys and
     # the softmax-weighted sum, o, gate/up and down reductions; then the final norm and the head
     c = model.cfg
     per_layer = 4 * c.hidden_size + c.head_dim + 2 * 64 + c.intermediate_size
     depth = c.num_layers * per_layer + 2 * c.hidden_size + 3 * TRANSCENDENTAL
-    scale = want.abs().max()
-    assert (got - want).abs().max() <= bound(torch.float32, depth) * scale
+    assert (got - want).abs().max() <= bound(torch.float32, depth) * want.abs().max()
+
+
+@torch.inference_mode()
+def test_decode_rows_take_the_static_step_and_the_prompt_chunks_run_eagerly_after_them():
+    model = _model()
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 63, 20, 30)]
+
+    def batch(a, b, c, d):
+        for seq, n in ((a, 1), (b, 1), (c, 20), (d, 7)):
+            assert seq.cache.reserve(seq.cached + n)
+        return Batch([a, b], [Chunk(c, 20), Chunk(d, 7)], sampled=[a, b, c])
+    runs = _run_both(model, batch, lambda storage: _rows(model, storage, prompts, decoding=2))
+    for _, rows, _ in runs.values():
+        assert [s.cached for s in rows] == [6, 64, 20, 7]
+    _, (a, b, _, _), calls = runs["mixed"]
+    assert calls == [[a, b]]  # only the decode rows, in one static step
+    got, want = runs["mixed"][0], runs["eager"][0]
+    assert got.shape == want.shape == (3, model.vocab_size)
+    _assert_same_logits(model, got, want)
 
 
 @torch.inference_mode()
@@ -126,11 +143,8 @@ def test_a_prompts_last_token_joins_the_decode_rows_in_the_static_step():
     model = _model()
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 63, 20, 30)]
-    runs = {}
-    for name in ("mixed", "eager"):
-        layers, heads, dim = model.kv_layout()
-        storage = KvStorage(PagePool(16, 64), layers, heads, dim,
-                            codecs_for("bf16", model.dtype), model.dtype, model.device)
+
+    def rows(storage):
         a, b, c, t = _rows(model, storage, prompts, decoding=2)
         # t: all of its prompt but the last token computed, no output yet
         assert t.cache.reserve(30)
@@ -138,25 +152,21 @@ def test_a_prompts_last_token_joins_the_decode_rows_in_the_static_step():
                       [Segment(t.cache, 0, 29)], torch.tensor([28]))
         t.cached = 29
         t.request = c.request = SimpleNamespace(media=None, prompt_logprobs=None)
-        # t's chunk after c's, while the static step's rows put t right after the decode rows
-        batch = Batch([a, b], [Chunk(c, 20), Chunk(t, 1)], sampled=[a, b, c, t])
+        return a, b, c, t
+
+    def batch(a, b, c, t):
         for seq, n in ((a, 1), (b, 1), (c, 20)):
             assert seq.cache.reserve(seq.cached + n)
-        graphs, calls = None, []
-        if name == "mixed":
-            graphs = DecodeGraphs(StaticDecoder(model, storage, 4, 512), capture=False)
-            step = graphs.forward
-            graphs.forward = lambda seqs: calls.append(list(seqs)) or step(seqs)
-        runs[name] = Runner(model, graphs).forward(batch)
-        assert [s.cached for s in (a, b, c, t)] == [6, 64, 20, 30]
-        if name == "mixed":
-            assert calls == [[a, b, t]]
-    got, want = runs["mixed"], runs["eager"]
+        # t's chunk after c's, while the static step's rows put t right after the decode rows
+        return Batch([a, b], [Chunk(c, 20), Chunk(t, 1)], sampled=[a, b, c, t])
+    runs = _run_both(model, batch, rows)
+    for _, seqs, _ in runs.values():
+        assert [s.cached for s in seqs] == [6, 64, 20, 30]
+    _, (a, b, _, t), calls = runs["mixed"]
+    assert calls == [[a, b, t]]
+    got, want = runs["mixed"][0], runs["eager"][0]
     assert got.shape == want.shape == (4, model.vocab_size)
-    c = model.cfg  # the bound of the test above
-    per_layer = 4 * c.hidden_size + c.head_dim + 2 * 64 + c.intermediate_size
-    depth = c.num_layers * per_layer + 2 * c.hidden_size + 3 * TRANSCENDENTAL
-    assert (got - want).abs().max() <= bound(torch.float32, depth) * want.abs().max()
+    _assert_same_logits(model, got, want)
 
 
 @torch.inference_mode()
