@@ -5,13 +5,14 @@ Torch reference path over [T, H] activations.
 Routed experts are dispatched by sorting: the T·k (token, slot) pairs are sorted by expert id
 (one stable argsort), the rows are gathered into expert-contiguous order, each expert runs on
 its contiguous slice, and the weighted outputs are put back into (token, slot) order and summed
-over the k slots. Two ways to run the experts on the sorted rows:
+over the k slots. Three ways to run the experts on the sorted rows:
 
 * `grouped_experts`: `torch._grouped_mm` over the stacked `[E, 2I, H]` / `[E, H, I]` expert
   tensors (two launches, no host sync). Used on CUDA in bf16 when the experts are row views
   of stacked tensors (as `models.fused.FusedParams` hands them out, found by `stacked_experts`).
-  (`torch._scaled_grouped_mm` would read fp8 codes directly, but it wants fp8 activations too,
-  rounding every activation to e4m3, which the decode kernels do not do, and row scales only.)
+  An fp8 stack here (a rank-split layer's) is first decoded to bf16, its routed experts only
+  (`torch._scaled_grouped_mm` would read the codes, but it wants fp8 activations too, rounding
+  every activation to e4m3, which the decode kernels do not do, and row scales only).
 * `kernels.moe_grouped` for fp8 stacks on CUDA: two Triton grouped GEMMs that read the codes
   in place (no bf16 copy of the routed experts), gather each sorted row's token themselves and
   store each slot's weighted output in (token, slot) order; SiLU fused into the first.

@@ -5,7 +5,8 @@
 read and write each row's pages, the GDN layers continue each row's recurrent-state slot in
 place (the same slot rows the graph step addresses by index: nothing to hand over between them).
 Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode rows through it (static
-buffers, Triton kernels, CUDA graphs), and the step's prompt chunks, if any, through the eager
+buffers, Triton kernels, CUDA graphs), with them each prompt whose last token is all it has left
+(a decode row fed that token), and the step's other prompt chunks, if any, through the eager
 forward after them: decode rows keep the graph's rate while a prompt is prefilled.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _graph_tails(batch: Batch, sampled: set[int]) -> list[Sequence]:
     """The sequences of `batch`'s one-token chunks that end their prompt and sample their first
     token (a hybrid prompt's last token runs one step after the rest: `SequenceMemory.
     chunk_tokens`): the decode graph computes such a token as a decode row (its input the
-    prompt's last token, `sequence.input_token`), not the eager forward (~20 ms for one token
+    prompt's last token, `models.attention.input_token`), not the eager forward (~20 ms for one token
     on the H200's 8-layer 35B-A3B shape, against a graph step's 1-3 ms). Not a row whose prompt
     is scored (it wants the eager logits of every position) or that carries media."""
     return [c.seq for c in batch.chunks
