@@ -144,7 +144,10 @@ class NinferConsole(App[None]):
         if self.selected not in ids:
             self.selected = ids[0] if ids else None
         if self.show_log:
-            self.query_one(LogPanel).show(self.supervisor.log_lines())
+            # none while another screen is on top or the app is being torn down (a tick can
+            # fire then: a race seen in the suite's 80x24 log test)
+            for panel in self.query(LogPanel):
+                panel.show(self.supervisor.log_lines())
 
     def watch_show_log(self, show: bool) -> None:
         log = self.query_one(LogPanel)
