@@ -38,7 +38,8 @@ from .moe_fused import _manual_rne, _round_bf16
 @triton.jit
 def _expert_tile(tile_ends_ptr, starts_ptr, counts_ptr, E: tl.constexpr, EP: tl.constexpr,
                  BM: tl.constexpr):
-    """(expert, first sorted row, rows, live?) of this program's row tile."""
+    """(expert, the tile's first sorted row, the expert's row end, live?) of this program's
+    row tile."""
     pid = tl.program_id(0)
     ids = tl.arange(0, EP)
     ends = tl.load(tile_ends_ptr + ids, mask=ids < E, other=2147483647)
@@ -65,7 +66,7 @@ def _tile_dot(acc, a, w_ptr, s_ptr, e, n, nmask, k0, kk, kmask, N, K, MODE: tl.c
     return acc + tl.dot(a, tl.trans(b))
 
 
-@triton.jit(do_not_specialize=["top_k"])
+@triton.jit
 def _swiglu_kernel(x_ptr, order_ptr, tile_ends_ptr, starts_ptr, counts_ptr, w_ptr, s_ptr,
                    out_ptr, top_k, I, H, E: tl.constexpr, EP: tl.constexpr,
                    MODE: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,

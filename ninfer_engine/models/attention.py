@@ -134,10 +134,9 @@ def paged_batch(plans: list[_Plan], q: torch.Tensor) -> _PagedBatch | None:
         positions = starts[row_seg] + np.arange(int(lengths.sum())) - offsets[row_seg]
         slots = host_tables[row_seg, positions // P] * P + positions % P
         max_length, max_end = int(lengths.max()), int((lengths + starts).max())
-        meta = to_device(torch.from_numpy(meta), q.device)
-        batch = _PagedBatch(storage, to_device(torch.from_numpy(slots), q.device),
-                            to_device(torch.from_numpy(host_tables), q.device), meta[0],
-                            meta[1], meta[2], max_length, max_end)
+        meta = to_device(meta, q.device)
+        batch = _PagedBatch(storage, to_device(slots, q.device), to_device(host_tables, q.device),
+                            meta[0], meta[1], meta[2], max_length, max_end)
     if isinstance(plans, Plans):
         plans.paged, plans.paged_checked = batch, True
     return batch
