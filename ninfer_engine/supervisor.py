@@ -176,6 +176,10 @@ class Supervisor:
         self._cancelled.add(request_id)
         return True
 
+    def refuse(self) -> None:
+        """New requests get 503 from now on (a graceful stop's first act; `drain` waits)."""
+        self.gate.close()
+
     def drain(self, timeout_s: float) -> int:
         """Graceful stop, blocking: refuse new requests, end those waiting at a paused gate, give
         the ones in the engine (running or queued there) up to `timeout_s` to finish. Returns how

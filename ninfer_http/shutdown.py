@@ -28,6 +28,7 @@ POLL_S = 0.05
 class Drainable(Protocol):
     cut_off: int  # requests `stop()` ended with an error
 
+    def refuse(self) -> None: ...
     def drain(self, timeout_s: float) -> int: ...
     def stop(self) -> None: ...
 
@@ -43,6 +44,9 @@ async def graceful_stop(supervisor: Drainable, server: Closable | None, in_fligh
     `in_flight()` counts the requests whose handlers still run; `skip`, once set, ends the
     drain wait early (a second signal)."""
     loop = asyncio.get_running_loop()
+    # refused before the line is logged: a request sent after it must not reach the engine
+    # (the drain below runs on another thread; a request could slip in before it closed)
+    supervisor.refuse()
     log.info("shutting down | draining up to %s", _seconds(drain_s))
     drain = loop.run_in_executor(None, supervisor.drain, drain_s)
     waiters = [asyncio.ensure_future(drain)]
