@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.artifact.synth import synth_config  # noqa: E402
-from ninfer_engine.kernels.moe_grouped import moe_grouped_down, moe_grouped_swiglu  # noqa: E402
+from ninfer_engine.kernels.moe_grouped import (  # noqa: E402
+    moe_grouped_down, moe_grouped_swiglu, tile_plan)
 from ninfer_engine.models.experts import ExpertStack  # noqa: E402
 from ninfer_engine.models.moe import grouped_experts  # noqa: E402
 
@@ -78,10 +79,10 @@ def main() -> None:
                 return slots.view(T, k, H).sum(1)
 
             def after(bm):
-                act = moe_grouped_swiglu(x, order, k, counts, gate_up.w, gate_up.scale,
-                                         block_m=bm)
-                return moe_grouped_down(act, order, weights.reshape(-1), counts, down.w,
-                                        down.scale, block_m=bm).view(T, k, H).sum(1)
+                tiles = tile_plan(counts, T * k, bm)
+                act = moe_grouped_swiglu(x, order, k, tiles, gate_up.w, gate_up.scale)
+                return moe_grouped_down(act, order, weights.reshape(-1), tiles, down.w,
+                                        down.scale).view(T, k, H).sum(1)
 
             ref = before().float()
             row = {"tokens": T, "before_us": round(timed(before), 1)}

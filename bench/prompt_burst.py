@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.engine_step import bench_engine, random_prompts  # noqa: E402
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
+from ninfer_engine.kernels.compile_watch import variant  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
@@ -49,10 +50,7 @@ COMPILES: list[dict] = []  # name, specialisation, start and end (perf_counter)
 
 
 def _start(**kw) -> bool:
-    compiled = kw.get("compile") or {}
-    COMPILES.append({"name": kw["fn"].name, "constants": str(compiled.get("constants"))[:300],
-                     "attributes": str(compiled.get("configs"))[:300],
-                     "t0": time.perf_counter()})
+    COMPILES.append({"name": kw["fn"].name, "variant": variant(kw), "t0": time.perf_counter()})
     return False  # compile it
 
 
@@ -176,8 +174,7 @@ def main() -> None:
         out["compiles"] = COMPILES
         print(f"compiles after warm-up: {len(COMPILES)}")
         for c in COMPILES:
-            print(f"  {c['name']} {(c.get('t1', c['t0']) - c['t0']) * 1e3:.0f} ms  constants "
-                  f"{c['constants']}; attributes {c['attributes']}")
+            print(f"  {c['name']} {(c.get('t1', c['t0']) - c['t0']) * 1e3:.0f} ms  {c['variant']}")
         if args.profile:
             n, length = map(int, args.profile.split("x"))
             p = profiled(engine, random_prompts(n, length, config["vocab_size"], seed=99),

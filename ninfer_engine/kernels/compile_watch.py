@@ -55,9 +55,14 @@ def _record(hook_kwargs: dict) -> None:
     began = _started.pop(threading.get_ident(), None)
     ms = (time.perf_counter() - began) * 1e3 if began is not None else float("nan")
     fn = hook_kwargs.get("fn")
-    # what tells variants apart: constexprs (and integers specialised to 1), and the argument
-    # attributes (`tt.divisibility` 16 of an integer or a pointer)
-    compiled = hook_kwargs.get("compile") or {}
     log.warning("Triton compiled %s while serving (%.0f ms; the start-up warm-up did not run "
-                "this variant): constants %s; attributes %s", getattr(fn, "name", fn), ms,
-                str(compiled.get("constants"))[:300], str(compiled.get("configs"))[:300])
+                "this variant): %s", getattr(fn, "name", fn), ms, variant(hook_kwargs))
+
+
+def variant(hook_kwargs: dict) -> str:
+    """What tells a compile's variant apart, from Triton's hook arguments: its constexprs (and
+    integers specialised to 1), and the argument attributes (`tt.divisibility` 16 of an
+    integer or a pointer)."""
+    compiled = hook_kwargs.get("compile") or {}
+    return (f"constants {str(compiled.get('constants'))[:300]}; "
+            f"attributes {str(compiled.get('configs'))[:300]}")

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels._dispatch import use_triton
-from ..kernels.moe_grouped import grouped_supports, moe_grouped_down, moe_grouped_swiglu
+from ..kernels.moe_grouped import (grouped_supports, moe_grouped_down, moe_grouped_swiglu,
+                                   tile_plan)
 from .experts import ExpertStack, fp8_block
 from .layers import Linear
 from .packed import linear
@@ -221,9 +222,9 @@ class SparseMoE:
         counts = flat.new_zeros(self.n_experts).index_add_(0, flat, torch.ones_like(flat))
         if self._fp8_grouped(x):
             gate_up, down = self.stacked
-            act = moe_grouped_swiglu(x, order, self.top_k, counts, gate_up.w, gate_up.scale)
-            slots = moe_grouped_down(act, order, weights.reshape(-1), counts, down.w,
-                                     down.scale)
+            tiles = tile_plan(counts, flat.shape[0])
+            act = moe_grouped_swiglu(x, order, self.top_k, tiles, gate_up.w, gate_up.scale)
+            slots = moe_grouped_down(act, order, weights.reshape(-1), tiles, down.w, down.scale)
             return slots.view(*ids.shape, x.shape[-1]).sum(1)
         ys = self._experts_sorted(x[order // self.top_k], counts)
         ys = ys * weights.reshape(-1)[order, None]

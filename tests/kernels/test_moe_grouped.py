@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ninfer_engine.kernels.moe_dequant import dequantize_experts
-from ninfer_engine.kernels.moe_grouped import moe_grouped_down, moe_grouped_swiglu
+from ninfer_engine.kernels.moe_grouped import moe_grouped_down, moe_grouped_swiglu, tile_plan
 
 from .conftest import down_exact, gate_up_exact
 from .test_moe_fp8 import fp8_stack
@@ -41,8 +41,9 @@ def test_grouped_swiglu_and_down_match_float64(device, layout, T, k, E, I, H):
     x = torch.randn(T, H, generator=gen).bfloat16()
     # one stacked expert more than the routing's: the shared expert of a fused stack
     gu, gu_s, gu_exact = _stack(layout, E + 1, 2 * I, H, gen)
-    act = moe_grouped_swiglu(x.to(device), order.to(device), k, counts.to(device),
-                             gu.to(device), None if gu_s is None else gu_s.to(device))
+    tiles = tile_plan(counts.to(device), T * k)
+    act = moe_grouped_swiglu(x.to(device), order.to(device), k, tiles, gu.to(device),
+                             None if gu_s is None else gu_s.to(device))
     assert act.dtype == BF16 and act.shape == (T * k, I)
     rows = order // k  # sorted row r is token order[r] // k through expert ids.flat[order[r]]
     experts = ids.reshape(-1)[order]
@@ -51,9 +52,8 @@ def test_grouped_swiglu_and_down_match_float64(device, layout, T, k, E, I, H):
 
     dn, dn_s, dn_exact = _stack(layout, E + 1, H, I, gen)
     weights = torch.softmax(torch.randn(T, k, generator=gen), -1).bfloat16()
-    slots = moe_grouped_down(act, order.to(device), weights.reshape(-1).to(device),
-                             counts.to(device), dn.to(device),
-                             None if dn_s is None else dn_s.to(device))
+    slots = moe_grouped_down(act, order.to(device), weights.reshape(-1).to(device), tiles,
+                             dn.to(device), None if dn_s is None else dn_s.to(device))
     assert slots.shape == (T * k, H)
     # slot order[r] holds sorted row r's product, times its own routing weight
     back = torch.empty_like(order)
@@ -67,5 +67,5 @@ def test_no_rows_give_empty_outputs(device):
     w = torch.zeros(3, 8, 16).bfloat16().to(device)
     order = torch.zeros(0, dtype=torch.long, device=device)
     counts = torch.zeros(3, dtype=torch.long, device=device)
-    assert moe_grouped_swiglu(torch.zeros(0, 16).bfloat16().to(device), order, 2, counts,
-                              w).shape == (0, 4)
+    assert moe_grouped_swiglu(torch.zeros(0, 16).bfloat16().to(device), order, 2,
+                              tile_plan(counts, 0), w).shape == (0, 4)
