@@ -91,7 +91,7 @@ def burst(engine, prompts, sampling: SamplingParams, tag: str) -> dict:
 def profiled(engine, prompts, sampling) -> dict:
     """One burst under torch.profiler (CUDA kernel time) and cProfile (host functions)."""
     host = cProfile.Profile()
-    on = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
+    on = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=on) as prof:
         host.enable()
         t0 = time.perf_counter()
@@ -100,12 +100,16 @@ def profiled(engine, prompts, sampling) -> dict:
         host.disable()
     kernels = prof.key_averages()
     key = "device_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    # the host's side: which ops take its time, and how many launches a burst makes
+    launches = sum(e.count for e in kernels if e.key in ("cudaLaunchKernel", "cuLaunchKernel",
+                                                         "cuLaunchKernelEx"))
     out = io.StringIO()
     pstats.Stats(host, stream=out).sort_stats("tottime").print_stats(25)
     pstats.Stats(host, stream=out).sort_stats("cumulative").print_stats("ninfer_engine", 40)
     return {"wall_ms": wall * 1e3, "kernel_ms": sum(getattr(e, key) for e in kernels) / 1e3,
-            "steps": result["steps"], "kernels": kernels.table(
-                sort_by=key, row_limit=20, max_name_column_width=60),
+            "steps": result["steps"], "launches": launches, "kernels": kernels.table(
+                sort_by=key, row_limit=20, max_name_column_width=60) + kernels.table(
+                sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60),
             "host": out.getvalue()}
 
 
@@ -181,7 +185,8 @@ def main() -> None:
                          sampling)
             out["profile"] = {k: v for k, v in p.items() if k not in ("kernels", "host")}
             print(f"profiled {args.profile}: wall {p['wall_ms']:.1f} ms, kernels "
-                  f"{p['kernel_ms']:.1f} ms\n{p['kernels']}\n{p['host']}")
+                  f"{p['kernel_ms']:.1f} ms, {p['launches']} launches\n{p['kernels']}\n"
+                  f"{p['host']}")
         if args.syncs and args.device == "cuda":
             n, length = map(int, args.syncs.split("x"))
             out["syncs"] = syncs(engine, random_prompts(n, length, config["vocab_size"],

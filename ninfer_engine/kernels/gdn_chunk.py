@@ -28,13 +28,11 @@ in bf16). `GatedDeltaNet` passes `tf32=True` only for bf16/fp16 activations, so 
 
 from __future__ import annotations
 
-import itertools
 
 import torch
 import triton
 import triton.language as tl
 
-from ..host_copy import to_device
 from . import gdn_ref as reference
 from .gdn_prep import _dot, chunk_prep_triton
 
@@ -163,28 +161,17 @@ def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chun
     return o, s_out
 
 
-def chunk_gated_delta_rows(q, k, v, g, beta, states, lengths: list[int], chunk: int = CHUNK, *,
-                           tf32: bool = False, block_v: int = 64, num_warps: int = 8,
-                           num_stages: int = 1):
+def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
+                             chunk: int = CHUNK, *, tf32: bool = False, block_v: int = 64,
+                             num_warps: int = 8, num_stages: int = 1):
     """`chunk_gated_delta` of a step's rows in three launches, not two a row: q, k, v, g, beta
-    hold rows of `lengths` tokens one after another, row i continuing `states[i]`
-    ([R, nv, dk, dv] fp32, not modified). Returns (o [T, nv, dv] fp32, new states [R, nv, dk,
-    dv]). Each row is zero-padded to whole chunks (a padded token has g = 0 and beta = 0: it
-    leaves the state as it was, as the single-row path's own tail padding), the precompute runs
-    over every chunk of every row at once, and the chunk walk's programs are (row, head)."""
-    T, nk, dk = k.shape
-    nv, dv = v.shape[1], v.shape[2]
-    assert sum(lengths) == T and states.shape == (len(lengths), nv, dk, dv)
-    first = [0, *itertools.accumulate(triton.cdiv(n, chunk) for n in lengths)]
-    device = v.device
-    # token t of row i sits at padded position first[i]·chunk + t
-    at = torch.cat([torch.arange(f * chunk, f * chunk + n) for f, n in zip(first, lengths)])
-    at = to_device(at, device)
-
-    def padded(x):
-        out = x.new_zeros((first[-1] * chunk, *x.shape[1:]))
-        return out.index_copy_(0, at, x)
-    tiles, n = chunk_prep_triton(*(padded(x) for x in (q, k, v, g, beta)), chunk, tf32=tf32)
-    o, s_out = _walk(tiles, n, states, to_device(first, device, torch.int32), chunk, tf32,
-                     block_v, num_warps, num_stages)
-    return o.index_select(0, at), s_out
+    [P, ...] hold row i's tokens from position firsts[i]·chunk (`firsts` int32 on the
+    device; row i's chunks are firsts[i] .. firsts[i+1]-1), every padding position zero (it has
+    g = 0 and beta = 0: it leaves the state as it was, as the single-row path's own tail
+    padding), as `kernels.gdn_prompt` writes them; row i continues `states[i]` ([R, nv, dk,
+    dv] fp32, not modified). The precompute runs over every chunk of every row at once, the
+    chunk walk's programs are (row, head). Returns (o in that layout [P, nv, dv] fp32, new
+    states [R, nv, dk, dv])."""
+    assert q.shape[0] % chunk == 0 and states.shape[0] == firsts.numel() - 1
+    tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32)
+    return _walk(tiles, n, states, firsts, chunk, tf32, block_v, num_warps, num_stages)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..kernels._dispatch import use_triton
 from ..kernels.paged_prefill import paged_prefill_triton, supported
+from ..kernels.rmsnorm import rms_norm_triton
 from ..kv.cache import LayerKv
 from .attention import attend_paged, paged_batch
 from .layers import Linear
@@ -27,10 +28,23 @@ ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
 
 def zero_centred_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """`x̂·(1+w)` computed in fp32, cast back to x's dtype (HF Qwen3NextRMSNorm rounding)."""
+    """`x̂·(1+w)` computed in fp32, cast back to x's dtype (HF Qwen3NextRMSNorm rounding);
+    one launch on CUDA (`kernels.rmsnorm`), not nine."""
+    if use_triton(x):
+        return rms_norm_triton(x, w, eps, zero_centred=True)[0]
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * (1.0 + w.float())).to(x.dtype)
+
+
+def add_zero_centred_rms_norm(delta: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`zero_centred_rms_norm(x + delta)`, `x + delta`): the residual add and the next norm,
+    one launch on CUDA."""
+    if use_triton(x):
+        return rms_norm_triton(delta, w, eps, residual=x, zero_centred=True)
+    x = x + delta
+    return zero_centred_rms_norm(x, w, eps), x
 
 
 class PartialRope:
@@ -116,8 +130,14 @@ class GatedAttention:
         self.projections = tuple(Linear(w, matmul_dtype, relayout=False) for w in (
             self.w_q, self.w_gate, self.w_k, self.w_v, self.w_o))
         self.q, self.gate, self.k, self.v, self.o = self.projections
+        self.in_proj: Linear | None = None  # q|gate|k|v as one matrix (`bind_fused`)
         self.q_norm = params(p + "query_norm", (self.d,))
         self.k_norm = params(p + "key_norm", (self.d,))
+
+    def bind_fused(self, matrix) -> None:
+        """Multiply CUDA steps' inputs by `matrix`, this layer's q|gate|k|v rows in one matrix
+        (`models.fused.FusedParams`; its members are this layer's projections' views)."""
+        self.in_proj = Linear(matrix, relayout=False)
 
     def new_state(self, dtype: torch.dtype, device: torch.device) -> KVCache:
         empty = torch.zeros(self.nkv, 0, self.d, dtype=dtype, device=device)
@@ -137,9 +157,14 @@ class GatedAttention:
         def heads(y, n):  # [T, n·D] -> [n, T, D]
             return y.reshape(T, n, self.d).transpose(0, 1)
 
-        q = zero_centred_rms_norm(heads(self.q(x), self.nq), self.q_norm, self.eps)
-        k = zero_centred_rms_norm(heads(self.k(x), self.nkv), self.k_norm, self.eps)
-        v = heads(self.v(x), self.nkv)
+        if self.in_proj is not None and use_triton(x):
+            wq, wkv = self.nq * self.d, self.nkv * self.d
+            q, gate, k, v = self.in_proj(x).split([wq, wq, wkv, wkv], -1)
+        else:
+            q, gate, k, v = self.q(x), None, self.k(x), self.v(x)
+        q = zero_centred_rms_norm(heads(q, self.nq), self.q_norm, self.eps)
+        k = zero_centred_rms_norm(heads(k, self.nkv), self.k_norm, self.eps)
+        v = heads(v, self.nkv)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         a = self._attend_rows(q, k, v, caches, lengths)
@@ -150,7 +175,7 @@ class GatedAttention:
                 outs.append(self._attend_row(q[:, rows], k[:, rows], v[:, rows], cache))
                 start += n
             a = torch.cat(outs) if len(outs) > 1 else outs[0]
-        a = a * torch.sigmoid(self.gate(x))
+        a = a * torch.sigmoid(self.gate(x) if gate is None else gate)
         return self.o(a)
 
     def _attend_rows(self, q, k, v, caches, lengths) -> torch.Tensor | None:

@@ -1,7 +1,8 @@
 """Gated DeltaNet (`linear_attention`) layer of Qwen3-Next / Qwen3.5 (model-math.md §2.1).
 
-Torch reference path, device-agnostic, over a step's rows (each its own sequence). Per-sequence
-state is a `GDNState`:
+Torch reference path, device-agnostic, over a step's rows (each its own sequence); on CUDA in
+bf16 a step's prompt chunks run through fused Triton kernels instead (`_prompt_rows`).
+Per-sequence state is a `GDNState`:
 the last K-1 *pre-conv* q|k|v rows (time-major `[K-1, C]`, activation dtype) and the fp32
 recurrent state in HF layout `[nv, dk, dv]`, both updated in place (they may be views of a
 slot of the engine's state pool). A prefill may be split into any number of chunks: each call
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 from ..host_copy import to_device
 from ..kernels import gdn_chunk
 from ..kernels._dispatch import use_triton
+from ..kernels.gdn_fused import gdn_gated_norm
+from ..kernels.gdn_prompt import gdn_prompt_prep, prompt_layout
 from ..kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
 from .layers import Linear
 
@@ -65,10 +68,17 @@ class GatedDeltaNet:
         self.projections = tuple(Linear(w, matmul_dtype, relayout=False) for w in (
             self.w_q, self.w_k, self.w_v, self.w_z, self.w_a, self.w_b, self.w_out))
         self.q, self.k, self.v, self.z, self.a, self.b, self.out = self.projections
+        # q|k|v|z|b|a as one matrix, where the parameter source fused them (`bind_fused`)
+        self.in_proj: Linear | None = None
         self.conv = params(p + "convolution", (self.taps, self.conv_dim))
         self.norm = params(p + "norm", (self.dv,))
         self.a_log = params(p + "a_log", (self.nv,)).float()
         self.dt_bias = params(p + "dt_bias", (self.nv,)).float()
+
+    def bind_fused(self, matrix) -> None:
+        """Multiply prompt chunks by `matrix`, this layer's q|k|v|z|b|a rows in one matrix
+        (`models.fused.FusedParams`; its members are this layer's projections' views)."""
+        self.in_proj = Linear(matrix, relayout=False)
 
     def state_layout(self, dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """`GDNState`'s fields: name -> (shape, dtype), for a state pool's rows."""
@@ -120,10 +130,14 @@ class GatedDeltaNet:
                  verify: frozenset[int] = frozenset()) -> torch.Tensor:
         """x: [T, H] (normed input), rows of `lengths` tokens -> [T, H]; row i continues
         `states[i]` and updates it in place. The projections, the conv, the q/k norms and the
-        gated norm run over all rows at once; the recurrence too for a step's prompt chunks on
-        CUDA (`gdn_chunk.chunk_gated_delta_rows`), else row by row. A row in `verify` keeps its
-        state after each of its tokens (`GDNState.trail`) for a partial acceptance."""
+        gated norm run over all rows at once, the recurrence row by row; a step's prompt chunks
+        on CUDA in bf16 take `_prompt_rows` (fused kernels, one walk for every row). A row in
+        `verify` keeps its state after each of its tokens (`GDNState.trail`) for a partial
+        acceptance."""
         T, dtype = x.shape[0], x.dtype
+        if (use_triton(x) and dtype == torch.bfloat16 and not verify and min(lengths) > 1
+                and states[0].conv.dtype == dtype):
+            return self._prompt_rows(x, states, lengths)
         qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
         beta = torch.sigmoid(self.b(x)).float()
         g = -self.a_log.exp() * F.softplus(self.a(x).float() + self.dt_bias)
@@ -137,18 +151,34 @@ class GatedDeltaNet:
         q = l2_normalize(mixed[:, :kg].float().reshape(T, self.nk, self.dk))
         k = l2_normalize(mixed[:, kg: 2 * kg].float().reshape(T, self.nk, self.dk))
         v = mixed[:, 2 * kg:].float().reshape(T, self.nv, self.dv)
-        if (len(states) > 1 and use_triton(q) and dtype != torch.float32 and not verify
-                and min(lengths) > 1):  # a step's prompt chunks: one walk for all of them
-            o, ssm = gdn_chunk.chunk_gated_delta_rows(
-                q, k, v, g, beta, torch.stack([s.ssm for s in states]), lengths, tf32=True)
-            torch._foreach_copy_([s.ssm for s in states], list(ssm.unbind(0)))
-            o = o.to(dtype)
-        else:
-            outs = [self._recurrence(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state, dtype,
-                                     history.get(i))
-                    for i, (state, a, b) in enumerate(zip(states, starts, starts[1:]))]
-            o = torch.cat(outs) if len(outs) > 1 else outs[0]
+        outs = [self._recurrence(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state, dtype,
+                                 history.get(i))
+                for i, (state, a, b) in enumerate(zip(states, starts, starts[1:]))]
+        o = torch.cat(outs) if len(outs) > 1 else outs[0]
         return self.out(self._gated_norm(o, z).reshape(T, -1))
+
+    def _prompt_rows(self, x: torch.Tensor, states: list[GDNState],
+                     lengths: list[int]) -> torch.Tensor:
+        """`__call__` for a step's prompt chunks on CUDA in bf16: one projection GEMM (where
+        fused), the conv, SiLU, q/k norms, g and beta in one launch (`kernels.gdn_prompt`),
+        the chunk walk over every row, the gated norm in one launch."""
+        C, vg, nv = self.conv_dim, self.nv * self.dv, self.nv
+        if self.in_proj is not None:
+            proj = self.in_proj(x)
+            qkv, z, b, a = proj.split([C, vg, nv, nv], -1)
+        else:
+            qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
+            z, b, a = self.z(x), self.b(x), self.a(x)
+        layout = prompt_layout(tuple(lengths), x.device)
+        q, k, v, g, beta, conv = gdn_prompt_prep(
+            qkv, b, a, torch.stack([s.conv for s in states]), self.conv, self.a_log,
+            self.dt_bias, self.nk, self.dk, layout)
+        o, ssm = gdn_chunk.chunk_gated_delta_padded(
+            q, k, v, g, beta, torch.stack([s.ssm for s in states]), layout.first, tf32=True)
+        torch._foreach_copy_([s.conv for s in states] + [s.ssm for s in states],
+                             [*conv.unbind(0), *ssm.unbind(0)])
+        o = gdn_gated_norm(o.index_select(0, layout.at), z, self.norm, self.eps)
+        return self.out(o)
 
     def _recurrence(self, q, k, v, g, beta, state: GDNState, dtype,
                     history: torch.Tensor | None) -> torch.Tensor:

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from ..host_copy import to_device
 from ..kv.slots import StatePool
 from ..parallel.group import SINGLE, RankGroup
-from .gated_attention import GatedAttention, KVCache, PartialRope, zero_centred_rms_norm
+from .gated_attention import (GatedAttention, KVCache, PartialRope, add_zero_centred_rms_norm,
+                              zero_centred_rms_norm)
 from .gdn import GatedDeltaNet, GDNState
 from .layers import Linear
 from .moe import SparseMoE, SwiGLU
@@ -77,10 +78,11 @@ class _Block:
         `verify`: rows whose GDN state after each token is kept."""
         y = zero_centred_rms_norm(x, self.input_norm, self.eps)
         if isinstance(self.mixer, GatedDeltaNet):
-            x = x + self.reduce(self.mixer(y, layer_states, lengths, verify))
+            delta = self.reduce(self.mixer(y, layer_states, lengths, verify))
         else:
-            x = x + self.reduce(self.mixer(y, layer_states, lengths, positions))
-        return x + self.reduce(self.ffn(zero_centred_rms_norm(x, self.post_norm, self.eps)))
+            delta = self.reduce(self.mixer(y, layer_states, lengths, positions))
+        y, x = add_zero_centred_rms_norm(delta, x, self.post_norm, self.eps)
+        return x + self.reduce(self.ffn(y))
 
 
 class Qwen35Model:
@@ -122,6 +124,14 @@ class Qwen35Model:
         rope = PartialRope(config["head_dim"], config["rope_parameters"], self.embedding.device)
         self.blocks = [_Block(config, params, i, rope, matmul_dtype, reduce=ranks.all_reduce)
                        for i in range(config["num_hidden_layers"])]
+        # a fusing source (`models.fused.FusedParams`) holds each layer's GDN q|k|v|z|b|a and
+        # attention q|gate|k|v rows as one matrix: prompt chunks multiply by it once
+        groups = getattr(source, "fused", {})
+        for i, b in enumerate(self.blocks):
+            key = f"text/layers/{i}/" + ("gdn/" if isinstance(b.mixer, GatedDeltaNet)
+                                          else "attention/")
+            if key in groups:
+                b.mixer.bind_fused(groups[key])
         projections = [self.head_projection]
         for b in self.blocks:
             projections += [*b.mixer.projections, *b.ffn.projections]

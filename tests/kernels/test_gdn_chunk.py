@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from ninfer_engine.kernels import gdn_chunk
+from ninfer_engine.kernels import gdn_chunk, gdn_fused, gdn_prompt
 from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
+from ninfer_engine.kernels.gdn_prompt import prompt_layout
 from ninfer_engine.kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
 from ninfer_engine.models import gdn
 
@@ -116,9 +117,10 @@ def test_chunk_tf32_stays_within_bf16_rounding():
 
 
 def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
-    """`GatedDeltaNet.__call__` takes the Triton kernel (TF32 dots) for a bf16 prefill where
-    `use_triton` holds (forced here, so the interpreter runs it on CPU tensors); fp32
-    activations (the exact path) and single tokens keep the torch rules."""
+    """`GatedDeltaNet.__call__` takes the Triton kernels (the fused prologue, the chunk walk
+    with TF32 dots, the gated norm) for a bf16 prefill where `use_triton` holds (forced here,
+    so the interpreter runs them on CPU tensors); fp32 activations (the exact path) and single
+    tokens keep the torch rules."""
     nk, nv, dk, dv, h = 1, 2, 16, 16, 32
     config = {"hidden_size": h, "linear_num_key_heads": nk, "linear_num_value_heads": nv,
               "linear_key_head_dim": dk, "linear_value_head_dim": dv,
@@ -138,15 +140,16 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
         return layer(xs[:40], [state], [40]), layer(xs[40:41], [state], [1]), state.ssm
 
     calls = []
-    kernel = gdn_chunk.chunk_gated_delta
+    kernel = gdn_chunk.chunk_gated_delta_padded
 
     def spy(*args, **kw):
         calls.append(kw)
         return kernel(*args, **kw)
 
     ref = run(torch.bfloat16)
-    monkeypatch.setattr(gdn, "use_triton", lambda t: True)
-    monkeypatch.setattr(gdn_chunk, "chunk_gated_delta", spy)
+    for module in (gdn, gdn_prompt, gdn_fused):
+        monkeypatch.setattr(module, "use_triton", lambda t: True)
+    monkeypatch.setattr(gdn_chunk, "chunk_gated_delta_padded", spy)
     run(torch.float32)
     assert calls == []  # fp32 activations: the torch rule
     got = run(torch.bfloat16)
@@ -164,9 +167,9 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
 @pytest.mark.parametrize("lengths", [[1, 70, 16], [130], [5, 5, 5, 5], [64, 1, 33]])
 @pytest.mark.parametrize("nv, nk, dk, dv", [(3, 3, 32, 32), (4, 2, 24, 40)])
 def test_rows_in_one_launch_equal_each_row_alone(device, lengths, nv, nk, dk, dv):
-    """`chunk_gated_delta_rows` pads each row to whole chunks and walks (row, head) programs:
-    each row's outputs and state equal `chunk_gated_delta` on that row alone, bit for bit (the
-    same chunk tiles, the padding the single-row path adds to its own tail)."""
+    """`chunk_gated_delta_padded` over rows padded to whole chunks walks (row, head)
+    programs: each row's outputs and state equal `chunk_gated_delta` on that row alone, bit for
+    bit (the same chunk tiles, the padding the single-row path adds to its own tail)."""
     gen = torch.Generator().manual_seed(len(lengths))
     T = sum(lengths)
     q = l2_normalize(torch.randn(T, nk, dk, generator=gen))
@@ -176,7 +179,11 @@ def test_rows_in_one_launch_equal_each_row_alone(device, lengths, nv, nk, dk, dv
     beta = torch.rand(T, nv, generator=gen)
     states = torch.randn(len(lengths), nv, dk, dv, generator=gen)
     inputs = [t.to(device) for t in (q, k, v, g, beta)]
-    o, s = gdn_chunk.chunk_gated_delta_rows(*inputs, states.to(device), lengths, chunk=16)
+    lay = prompt_layout(tuple(lengths), torch.device(device), 16)
+    padded = [t.new_zeros((lay.padded, *t.shape[1:])).index_copy_(0, lay.at, t)
+              for t in inputs]
+    o, s = gdn_chunk.chunk_gated_delta_padded(*padded, states.to(device), lay.first, chunk=16)
+    o = o.index_select(0, lay.at)
     start = 0
     for i, n in enumerate(lengths):
         rows = slice(start, start + n)

@@ -41,47 +41,44 @@ def test_the_conv_of_all_rows_equals_each_row_alone(dtype, lengths):
         assert torch.equal(state.conv, single.conv)
 
 
-def _row_by_row(q, k, v, g, beta, states, lengths, tf32=False):
-    """`chunk_gated_delta_rows` as one `chunk_gated_delta` a row (its kernel test's reference)."""
-    from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
-
-    outs, finals, start = [], [], 0
-    for i, n in enumerate(lengths):
-        rows = slice(start, start + n)
-        o, s = chunk_gated_delta(q[rows], k[rows], v[rows], g[rows], beta[rows], states[i],
-                                 tf32=tf32)
-        outs.append(o)
-        finals.append(s)
-        start += n
-    return torch.cat(outs), torch.stack(finals)
-
-
-def test_a_steps_prompt_chunks_take_one_walk_with_each_rows_state(monkeypatch):
-    """The layer's CUDA branch for several prompt chunks (run on the CPU through the Triton
-    interpreter): stacking the rows' states, the one walk and the copies back give the layer
-    output and states of one walk a row."""
-    from ninfer_engine.kernels import _dispatch, gdn_chunk
+def test_a_steps_prompt_chunks_run_as_each_row_alone(monkeypatch):
+    """The layer's CUDA branch for a step's prompt chunks (run on the CPU through the Triton
+    interpreter: the fused prologue, one walk over every row, the gated norm): each row's output
+    and its conv and recurrent states are those of the same kernels run on that row alone."""
+    from ninfer_engine.kernels import _dispatch, gdn_chunk, gdn_fused, gdn_prompt
     from ninfer_engine.models import gdn
 
     if not (_dispatch.HAVE_TRITON and _dispatch.interpreting()):
         pytest.skip("needs Triton's interpreter")
-    monkeypatch.setattr(gdn, "use_triton", lambda tensor: True)
+    for module in (gdn, gdn_prompt, gdn_fused):
+        monkeypatch.setattr(module, "use_triton", lambda tensor: True)
     layer = _layer(5, torch.bfloat16)
-    lengths = [3, 40, 17]
+    lengths = [3, 40, 17, 2]  # the 2- and 3-token rows read their old conv state
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(sum(lengths), CONFIG["hidden_size"], generator=gen).bfloat16()
     states = [layer.new_state(torch.bfloat16, torch.device("cpu")) for _ in lengths]
-    for state in states:
+    for state in states:  # rows continuing earlier chunks
         state.ssm.copy_(torch.randn(state.ssm.shape, generator=gen))
+        state.conv.copy_(torch.randn(state.conv.shape, generator=gen).bfloat16())
     alone = copy.deepcopy(states)
-    calls = []
-    batched = gdn_chunk.chunk_gated_delta_rows
-    monkeypatch.setattr(gdn_chunk, "chunk_gated_delta_rows",
-                        lambda *a, **kw: calls.append(1) or batched(*a, **kw))
     got = layer(x, states, lengths)
-    monkeypatch.setattr(gdn_chunk, "chunk_gated_delta_rows", _row_by_row)
-    want = layer(x, alone, lengths)
-    assert calls == [1]
+
+    qkv = torch.cat([proj(x) for proj in (layer.q, layer.k, layer.v)], -1)
+    z, b, a = layer.z(x), layer.b(x), layer.a(x)
+    outs, start = [], 0
+    for state, n in zip(alone, lengths):
+        rows = slice(start, start + n)
+        lay = gdn_prompt.prompt_layout((n,), x.device)
+        q, k, v, g, beta, conv = gdn_prompt.gdn_prompt_prep(
+            qkv[rows], b[rows], a[rows], state.conv[None], layer.conv, layer.a_log,
+            layer.dt_bias, layer.nk, layer.dk, lay)
+        o, ssm = gdn_chunk.chunk_gated_delta_padded(q, k, v, g, beta, state.ssm[None],
+                                                    lay.first, tf32=True)
+        state.conv.copy_(conv[0])
+        state.ssm.copy_(ssm[0])
+        outs.append(o[:n])
+        start += n
+    want = layer.out(gdn_fused.gdn_gated_norm(torch.cat(outs), z, layer.norm, layer.eps))
     assert torch.equal(got, want)
     for state, single in zip(states, alone):
         assert torch.equal(state.ssm, single.ssm) and torch.equal(state.conv, single.conv)
