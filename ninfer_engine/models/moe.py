@@ -17,6 +17,10 @@ over the k slots. Three ways to run the experts on the sorted rows:
   in place (no bf16 copy of the routed experts), gather each sorted row's token themselves and
   store each slot's weighted output in (token, slot) order; SiLU fused into the first.
 * a per-expert loop over the slices, with one host sync per call (`bincount(...).tolist()`).
+
+Where the shared expert is expert E of the fp8 stacks (`FusedParams.shared_in_stack`) a CUDA
+step runs it through the grouped kernels too, as slot k of every token weighed by
+sigmoid(score), with the router and score in one GEMM (`bind_fused`).
 """
 
 from __future__ import annotations
@@ -159,11 +163,24 @@ class SparseMoE:
         self.projections = tuple(proj for m in (*self.experts, self.shared)
                                  for proj in m.projections if not _meta(proj.weight))
         self.stacked = stacked_experts(self.experts)
+        # the stacks with the shared expert as expert E (`FusedParams.shared_in_stack`): prompt
+        # steps run it as one more slot of the grouped kernels (weight sigmoid(score))
+        self.stacked_shared = (stacked_experts([*self.experts, self.shared])
+                               if self.local == (0, self.n_experts) else None)
+        self.router_score: torch.Tensor | None = None  # router|score rows (`bind_fused`)
         self.tier = None  # `experts.LayerTier` where the routed experts are offloaded
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k (weights [T, k] in x's dtype, expert ids [T, k]); softmax in fp32 over all E."""
-        probs = torch.softmax(linear(x, self.router), -1, dtype=torch.float32)
+    def bind_fused(self, matrix) -> None:
+        """`matrix`: this layer's MoE group (`models.fused.FusedParams`), router rows then the
+        shared score's: prompt steps multiply by both at once."""
+        self.router_score = matrix[: self.n_experts + 1]
+
+    def route(self, x: torch.Tensor,
+              logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k (weights [T, k] in x's dtype, expert ids [T, k]); softmax in fp32 over all E
+        (of the router's `logits`, where already computed)."""
+        logits = linear(x, self.router) if logits is None else logits
+        probs = torch.softmax(logits, -1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, -1)
         if self.renormalise:
             weights = weights / weights.sum(-1, keepdim=True)
@@ -174,13 +191,15 @@ class SparseMoE:
         return (self.stacked is not None and _GROUPED_MM["ok"] and x.is_cuda
                 and x.dtype == torch.bfloat16)
 
-    def _fp8_grouped(self, x: torch.Tensor) -> bool:
+    def _fp8_grouped(self, x: torch.Tensor, stacks=None) -> bool:
         """Whether the routed experts run as `kernels.moe_grouped` (every expert of the layer
-        in fp8 stacks on this device; not an offloaded or rank-split layer)."""
-        return (self.stacked is not None and use_triton(x) and x.dtype == torch.bfloat16
-                and self.stacked[0].scale is not None and self.tier is None
+        in fp8 `stacks`, default `stacked`, on this device; not an offloaded or rank-split
+        layer)."""
+        stacks = stacks or self.stacked
+        return (stacks is not None and use_triton(x) and x.dtype == torch.bfloat16
+                and stacks[0].scale is not None and self.tier is None
                 and self.local == (0, self.n_experts)
-                and all(grouped_supports(s.scale, s.w) for s in self.stacked))
+                and all(grouped_supports(s.scale, s.w) for s in stacks))
 
     def _experts_sorted(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The experts over expert-sorted rows `xs`, `counts[e]` rows for expert e (rows of
@@ -213,17 +232,22 @@ class SparseMoE:
                 start += n
         return torch.cat(outs) if outs else torch.zeros_like(xs)
 
-    def routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Σ_slots weight · expert(x) for routing `(weights, ids)` [T, k], by sorted dispatch."""
+    def routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+               stacks=None) -> torch.Tensor:
+        """Σ_slots weight · expert(x) for routing `(weights, ids)` [T, k], by sorted dispatch
+        (through the grouped kernels over `stacks`, default `stacked`, where they run)."""
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs in expert order
+        # ids of E experts, or of the E + 1 of stacks holding the shared expert too
+        experts = self.n_experts if stacks is None else stacks[0].w.shape[0]
+        stacks = stacks or self.stacked
         # not torch.bincount: on CUDA it reads the ids' min and max on the host (two syncs a
         # MoE layer of every eager step); integer atomics sum exactly
-        counts = flat.new_zeros(self.n_experts).index_add_(0, flat, torch.ones_like(flat))
-        if self._fp8_grouped(x):
-            gate_up, down = self.stacked
+        counts = flat.new_zeros(experts).index_add_(0, flat, torch.ones_like(flat))
+        if self._fp8_grouped(x, stacks):
+            gate_up, down = stacks
             tiles = tile_plan(counts, flat.shape[0])
-            act = moe_grouped_swiglu(x, order, self.top_k, tiles, gate_up.w, gate_up.scale)
+            act = moe_grouped_swiglu(x, order, ids.shape[1], tiles, gate_up.w, gate_up.scale)
             slots = moe_grouped_down(act, order, weights.reshape(-1), tiles, down.w, down.scale)
             return slots.view(*ids.shape, x.shape[-1]).sum(1)
         ys = self._experts_sorted(x[order // self.top_k], counts)
@@ -233,6 +257,14 @@ class SparseMoE:
         return slots.view(*ids.shape, x.shape[-1]).sum(1)  # deterministic, unlike a scatter-add
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shared = self.stacked_shared
+        if self.router_score is not None and self._fp8_grouped(x, shared):
+            # the shared expert as slot k of every token, weighed by sigmoid(its score)
+            logits = linear(x, self.router_score)
+            weights, ids = self.route(x, logits[:, : self.n_experts])
+            ids = torch.cat([ids, ids.new_full((x.shape[0], 1), self.n_experts)], 1)
+            weights = torch.cat([weights, torch.sigmoid(logits[:, self.n_experts:])], 1)
+            return self.routed(x, weights, ids, shared)
         weights, ids = self.route(x)
         out = self.routed(x, weights, ids)
         shared = torch.sigmoid(linear(x, self.shared_score)) * self.shared(x)

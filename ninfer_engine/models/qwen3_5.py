@@ -132,6 +132,8 @@ class Qwen35Model:
                                           else "attention/")
             if key in groups:
                 b.mixer.bind_fused(groups[key])
+            if isinstance(b.ffn, SparseMoE) and f"text/layers/{i}/moe/" in groups:
+                b.ffn.bind_fused(groups[f"text/layers/{i}/moe/"])
         projections = [self.head_projection]
         for b in self.blocks:
             projections += [*b.mixer.projections, *b.ffn.projections]

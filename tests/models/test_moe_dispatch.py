@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ninfer_engine.models import moe
-from ninfer_engine.models.moe import SparseMoE, grouped_experts, stacked_experts
+from ninfer_engine.models.moe import SparseMoE, stacked_experts
 from ninfer_engine.models.packed import linear
 from tests.tolerance import TRANSCENDENTAL, bound
 
@@ -238,3 +238,48 @@ def test_fp8_stacks_run_the_grouped_kernels_and_match_the_loop(T):
                 H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + 24 + 1) + 1
     err = (got.float() - want.float()).norm() / want.float().norm()
     assert err <= bound(torch.bfloat16, depth, roundings=7 + k), err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("T", [1, 40, 1024])
+def test_a_stacked_shared_expert_runs_as_one_more_grouped_slot(T):
+    """Where the shared expert is expert E of the fp8 stacks (`FusedParams.shared_in_stack`)
+    and the router and score rows are one matrix (`bind_fused`), a prompt step runs the shared
+    expert as slot k of every token, weighed by sigmoid(score): the result matches the loop
+    over the same decoded experts plus the separate shared expert (the bound of the test above
+    with k + 1 slots)."""
+    from ninfer_engine.models.experts import ExpertStack
+
+    dev, E, k, H, width = torch.device("cuda"), 64, 8, 256, 128
+    gen = torch.Generator().manual_seed(3)
+    config = dict(hidden_size=H, num_experts=E, num_experts_per_tok=k, norm_topk_prob=True,
+                  moe_intermediate_size=width, shared_expert_intermediate_size=width)
+    gate_up = torch.randn(E + 1, 2 * width, H, generator=gen) / H ** 0.5
+    down = torch.randn(E + 1, H, width, generator=gen) / width ** 0.5
+    fp8 = []
+    for w in (gate_up, down):  # each row to e4m3; the experts' bf16 views see the decoded rows
+        scale = (w.abs().amax(-1) / 448).bfloat16()
+        codes = (w / scale.float()[..., None]).to(torch.float8_e4m3fn)
+        w.copy_(codes.float() * scale.float()[..., None])
+        fp8.append(ExpertStack(codes.to(dev), scale.to(dev)))
+    gate_up, down = gate_up.to(dev, torch.bfloat16), down.to(dev, torch.bfloat16)
+    group = (torch.randn(E + 1, H, generator=gen) / H ** 0.5).to(dev, torch.bfloat16)
+    made = {"l/moe/router": group[:E], "l/moe/shared_score": group[E:]}
+    for e, p in [(e, f"l/moe/experts/{e}/") for e in range(E)] + [(E, "l/moe/shared/")]:
+        made[p + "gate"], made[p + "up"] = gate_up[e, :width], gate_up[e, width:]
+        made[p + "down"] = down[e]
+    m = SparseMoE(config, lambda name, shape: made[name], "l/")
+    assert m.stacked_shared is not None and m.stacked_shared[0].w.shape[0] == E + 1
+    m.stacked = tuple(ExpertStack(s.w[:E], s.scale[:E]) for s in fp8)
+    m.stacked_shared = tuple(fp8)
+    m.bind_fused(group)
+    x = torch.randn(T, H, generator=gen).to(dev, torch.bfloat16)
+    calls = []
+    routed = m.routed
+    m.routed = lambda *a: calls.append(a[2].shape) or routed(*a)
+    got, want = m(x), reference(m, x)
+    assert calls == [(T, k + 1)]
+    depth = max(H + TRANSCENDENTAL + 2 + width + 1 + k + 1,
+                H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + width + 1) + 1
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err <= bound(torch.bfloat16, depth, roundings=7 + k + 1), err
