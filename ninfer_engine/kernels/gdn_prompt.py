@@ -145,17 +145,17 @@ def _prompt_prep_kernel(qkv_ptr, b_ptr, a_ptr, conv_ptr, w_ptr, alog_ptr, dtb_pt
             off = 2 * P * KG + p[:, None] * VG + (c - 2 * KG)[None, :]
         tl.store(out_ptr + off, y, mask=pm[:, None] & cm[None, :])
         if h == 0:
-            j = tl.arange(0, BLOCK_NV)
-            m = real[:, None] & (j < NV)[None, :]
-            bb = tl.load(b_ptr + tok[:, None] * s_b + j[None, :], mask=m, other=0.0)
-            aa = tl.load(a_ptr + tok[:, None] * s_a + j[None, :], mask=m, other=0.0)
-            aa = aa.to(tl.float32) + tl.load(dtb_ptr + j, mask=j < NV, other=0.0)[None, :]
-            decay = _exp(tl.load(alog_ptr + j, mask=j < NV, other=0.0), LIBDEVICE)
+            hv = tl.arange(0, BLOCK_NV)  # value heads
+            m = real[:, None] & (hv < NV)[None, :]
+            bb = tl.load(b_ptr + tok[:, None] * s_b + hv[None, :], mask=m, other=0.0)
+            aa = tl.load(a_ptr + tok[:, None] * s_a + hv[None, :], mask=m, other=0.0)
+            aa = aa.to(tl.float32) + tl.load(dtb_ptr + hv, mask=hv < NV, other=0.0)[None, :]
+            decay = _exp(tl.load(alog_ptr + hv, mask=hv < NV, other=0.0), LIBDEVICE)
             g = tl.where(m, -decay[None, :] * _softplus(aa, LIBDEVICE), 0.0)
             beta = tl.where(m, tl.math.div_rn(1.0, 1.0 + _exp(-bb.to(tl.float32), LIBDEVICE)),
                             0.0)
-            base = out_ptr + P * C + p[:, None] * NV + j[None, :]
-            om = pm[:, None] & (j < NV)[None, :]
+            base = out_ptr + P * C + p[:, None] * NV + hv[None, :]
+            om = pm[:, None] & (hv < NV)[None, :]
             tl.store(base, g, mask=om)
             tl.store(base + P * NV, beta, mask=om)
     else:  # row r's new conv state: the last K-1 inputs of its old state, then its tokens
