@@ -160,14 +160,14 @@ def _prompt_prep_kernel(qkv_ptr, b_ptr, a_ptr, conv_ptr, w_ptr, alog_ptr, dtb_pt
             tl.store(base + P * NV, beta, mask=om)
     else:  # row r's new conv state: the last K-1 inputs of its old state, then its tokens
         r = pid - NT
-        start = tl.load(meta_ptr + 3 * P + r)
+        first = tl.load(meta_ptr + 3 * P + r)
         n = tl.load(meta_ptr + 3 * P + R + r)
-        for j in tl.static_range(K - 1):
-            back = n - (K - 1) + j + lane * 0  # a vector: the interpreter masks with no scalar
-            x = tl.load(qkv_ptr + (start + back) * s_qkv + c, mask=cm & (back >= 0), other=0.0)
-            s = tl.load(conv_ptr + (r * (K - 1) + (K - 1) + back) * C + c,
-                        mask=cm & (back < 0), other=0.0)
-            tl.store(new_ptr + (r * (K - 1) + j) * C + c, tl.where(back >= 0, x, s), mask=cm)
+        for i in tl.static_range(K - 1):
+            at = n - (K - 1) + i + lane * 0  # a vector: the interpreter masks with no scalar
+            xi = tl.load(qkv_ptr + (first + at) * s_qkv + c, mask=cm & (at >= 0), other=0.0)
+            si = tl.load(conv_ptr + (r * (K - 1) + (K - 1) + at) * C + c,
+                         mask=cm & (at < 0), other=0.0)
+            tl.store(new_ptr + (r * (K - 1) + i) * C + c, tl.where(at >= 0, xi, si), mask=cm)
 
 
 def gdn_prompt_prep_triton(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout,
