@@ -15,7 +15,8 @@
 # LONG_LOAD (serve_load.py flags, e.g. 1K-token prompts: --prompt-chars 4300) runs each server
 # once more under that load, into served-$ARCH-<server>-long.json (TTFT with long prompts), and
 # measures TTFT p50/p99 of 1K-token prompts arriving one at a time and 8 together
-# (serve_staggered.py --burst, burst-$ARCH-<server>-c1|c8.json).
+# (serve_staggered.py --burst, burst-$ARCH-<server>-c1|c8.json); LLAMA_LONG=0 skips both for
+# llama-server.
 # `serve` ends with the engine's own step on the same shape (`ninfer bench --sampling served`,
 # engine-$ARCH.json; ENGINE=0 skips it) and packs every file of $OUT into served-$ARCH.tgz (the
 # device tool brings back at most 8 files; PACK=0 leaves them loose).
@@ -85,8 +86,10 @@ serve_llama() {
   if wait_health http://127.0.0.1:$port $pid 300; then
     python3 .peers/serve_load.py http://127.0.0.1:$port bench $LOAD --label llama-server \
       --json "$OUT/served-$ARCH-llama-server.json" 2>&1 | tee -a "$OUT/served.log"
-    long_load http://127.0.0.1:$port llama-server
-    ttft_bursts http://127.0.0.1:$port llama-server
+    if [ "${LLAMA_LONG:-1}" != 0 ]; then
+      long_load http://127.0.0.1:$port llama-server
+      ttft_bursts http://127.0.0.1:$port llama-server
+    fi
   else
     echo "llama-server did not become healthy" | tee -a "$OUT/served.log"
   fi
