@@ -20,7 +20,8 @@ over the k slots. Three ways to run the experts on the sorted rows:
 
 Where the shared expert is expert E of the fp8 stacks (`FusedParams.shared_in_stack`) a CUDA
 step runs it through the grouped kernels too, as slot k of every token weighed by
-sigmoid(score), with the router and score in one GEMM (`bind_fused`).
+sigmoid(score), with the router and score in one GEMM (`bind_fused`) and the routing in one
+launch (`kernels.moe_route`, the decode step's).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from ..kernels._dispatch import use_triton
 from ..kernels.moe_grouped import (grouped_supports, moe_grouped_down, moe_grouped_swiglu,
                                    tile_plan)
+from ..kernels.moe_route import route_topk
 from .experts import ExpertStack, fp8_block
 from .layers import Linear
 from .packed import linear
@@ -175,12 +177,9 @@ class SparseMoE:
         shared score's: prompt steps multiply by both at once."""
         self.router_score = matrix[: self.n_experts + 1]
 
-    def route(self, x: torch.Tensor,
-              logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k (weights [T, k] in x's dtype, expert ids [T, k]); softmax in fp32 over all E
-        (of the router's `logits`, where already computed)."""
-        logits = linear(x, self.router) if logits is None else logits
-        probs = torch.softmax(logits, -1, dtype=torch.float32)
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k (weights [T, k] in x's dtype, expert ids [T, k]); softmax in fp32 over all E."""
+        probs = torch.softmax(linear(x, self.router), -1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, -1)
         if self.renormalise:
             weights = weights / weights.sum(-1, keepdim=True)
@@ -258,12 +257,12 @@ class SparseMoE:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shared = self.stacked_shared
-        if self.router_score is not None and self._fp8_grouped(x, shared):
-            # the shared expert as slot k of every token, weighed by sigmoid(its score)
-            logits = linear(x, self.router_score)
-            weights, ids = self.route(x, logits[:, : self.n_experts])
-            ids = torch.cat([ids, ids.new_full((x.shape[0], 1), self.n_experts)], 1)
-            weights = torch.cat([weights, torch.sigmoid(logits[:, self.n_experts:])], 1)
+        if (self.router_score is not None and self._fp8_grouped(x, shared)
+                and self.n_experts <= 512 and self.top_k < 16):
+            # one routing launch (`kernels.moe_route`, the decode step's): the shared expert
+            # as slot k of every token, weighed by sigmoid(its score)
+            weights, ids = route_topk(linear(x, self.router_score), self.top_k,
+                                      self.renormalise, shared=True)
             return self.routed(x, weights, ids, shared)
         weights, ids = self.route(x)
         out = self.routed(x, weights, ids)
