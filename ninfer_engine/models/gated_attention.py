@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..kernels._dispatch import use_triton
 from ..kernels.paged_prefill import paged_prefill_triton, supported
+from ..kernels.qk_norm_rope import qk_norm_rope_triton
 from ..kernels.rmsnorm import rms_norm_triton
 from ..kv.cache import LayerKv
 from .attention import attend_paged, paged_batch
@@ -57,7 +58,7 @@ class PartialRope:
     def __init__(self, head_dim: int, rope_parameters: dict,
                  device: torch.device | str = "cpu"):
         self.rd = int(head_dim * rope_parameters.get("partial_rotary_factor", 1.0))
-        theta = rope_parameters["rope_theta"]
+        self.theta = theta = rope_parameters["rope_theta"]
         inv_freq = 1.0 / theta ** (torch.arange(0, self.rd, 2, dtype=torch.float) / self.rd)
         axis = torch.zeros(self.rd // 2, dtype=torch.long)
         section = rope_parameters.get("mrope_section")
@@ -136,7 +137,8 @@ class GatedAttention:
 
     def bind_fused(self, matrix) -> None:
         """Multiply CUDA steps' inputs by `matrix`, this layer's q|gate|k|v rows in one matrix
-        (`models.fused.FusedParams`; its members are this layer's projections' views)."""
+        (`models.fused.FusedParams`; its members are this layer's projections' views), and
+        normalise and rotate q and k in one launch."""
         self.in_proj = Linear(matrix, relayout=False)
 
     def new_state(self, dtype: torch.dtype, device: torch.device) -> KVCache:
@@ -157,16 +159,24 @@ class GatedAttention:
         def heads(y, n):  # [T, n·D] -> [n, T, D]
             return y.reshape(T, n, self.d).transpose(0, 1)
 
-        if self.in_proj is not None and use_triton(x):
-            wq, wkv = self.nq * self.d, self.nkv * self.d
-            q, gate, k, v = self.in_proj(x).split([wq, wq, wkv, wkv], -1)
+        wq, wkv, rd = self.nq * self.d, self.nkv * self.d, self.rope.rd
+        if (self.in_proj is not None and use_triton(x) and positions.dim() == 1
+                and self.d & (self.d - 1) == 0 and (rd // 2) & (rd // 2 - 1) == 0):
+            # q|gate|k|v in one GEMM, the q/k norms and the rotary in one launch (the decode
+            # step's kernel: the rotation in fp32 from the rounded norms, rounded once)
+            qkv = self.in_proj(x)
+            q, k = qk_norm_rope_triton(qkv, self.nq, self.nkv, self.d, self.q_norm,
+                                       self.k_norm, self.eps, positions, rd, self.rope.theta)
+            q, k = q.transpose(0, 1), k.transpose(0, 1)
+            _, gate, _, v = qkv.split([wq, wq, wkv, wkv], -1)
+            v = heads(v, self.nkv)
         else:
-            q, gate, k, v = self.q(x), None, self.k(x), self.v(x)
-        q = zero_centred_rms_norm(heads(q, self.nq), self.q_norm, self.eps)
-        k = zero_centred_rms_norm(heads(k, self.nkv), self.k_norm, self.eps)
-        v = heads(v, self.nkv)
-        cos, sin = self.rope.cos_sin(positions, x.dtype)
-        q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
+            gate = None
+            q = zero_centred_rms_norm(heads(self.q(x), self.nq), self.q_norm, self.eps)
+            k = zero_centred_rms_norm(heads(self.k(x), self.nkv), self.k_norm, self.eps)
+            v = heads(self.v(x), self.nkv)
+            cos, sin = self.rope.cos_sin(positions, x.dtype)
+            q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
         a = self._attend_rows(q, k, v, caches, lengths)
         if a is None:
             outs, start = [], 0
