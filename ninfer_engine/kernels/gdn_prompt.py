@@ -98,7 +98,7 @@ def gdn_prompt_prep_ref(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout)
     return (*(_padded(layout, x) for x in (q, k, v, g, beta)), new)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P", "R", "NT"])  # one variant for every step's rows
 def _prompt_prep_kernel(qkv_ptr, b_ptr, a_ptr, conv_ptr, w_ptr, alog_ptr, dtb_ptr, meta_ptr,
                         out_ptr, new_ptr, P, R, NT, s_qkv, s_b, s_a,
                         NK: tl.constexpr, DK: tl.constexpr, VG: tl.constexpr,
