@@ -241,17 +241,27 @@ def test_fp8_stacks_run_the_grouped_kernels_and_match_the_loop(T):
     assert err <= bound(torch.bfloat16, depth, roundings=7 + k), err
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("T", [1, 40, 1024])
-def test_a_stacked_shared_expert_runs_as_one_more_grouped_slot(T):
+@pytest.mark.parametrize("where, T", [("interpreter", 1), ("interpreter", 9), ("cuda", 1),
+                                      ("cuda", 40), ("cuda", 1024)])
+def test_a_stacked_shared_expert_runs_as_one_more_grouped_slot(where, T, monkeypatch):
     """Where the shared expert is expert E of the fp8 stacks (`FusedParams.shared_in_stack`)
     and the router and score rows are one matrix (`bind_fused`), a prompt step runs the shared
     expert as slot k of every token, weighed by sigmoid(score), routed in one launch: the
     result matches the loop over the same routing and decoded experts (the bound of the test
-    above with k + 1 slots)."""
+    above with k + 1 slots). On the CPU the kernels run in Triton's interpreter, small."""
+    from ninfer_engine.kernels import _dispatch, moe_route
     from ninfer_engine.models.experts import ExpertStack
 
-    dev, E, k, H, width = torch.device("cuda"), 64, 8, 256, 128
+    if where == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA")
+        dev, E, k, H, width = torch.device("cuda"), 64, 8, 256, 128
+    else:
+        if not (_dispatch.HAVE_TRITON and _dispatch.interpreting()):
+            pytest.skip("needs Triton's interpreter")
+        for module in (moe, moe_route):  # the CUDA branch, on CPU tensors
+            monkeypatch.setattr(module, "use_triton", lambda tensor: True)
+        dev, E, k, H, width = torch.device("cpu"), 8, 2, 64, 32
     gen = torch.Generator().manual_seed(3)
     config = dict(hidden_size=H, num_experts=E, num_experts_per_tok=k, norm_topk_prob=True,
                   moe_intermediate_size=width, shared_expert_intermediate_size=width)
