@@ -38,20 +38,18 @@ from .gdn_ref import CHUNK, l2_normalize
 
 @dataclass(frozen=True)
 class PromptLayout:
-    """A step's rows in chunk-padded order, in one int32 device array `meta`: each padded
-    position's token (−1: padding), row and position in its row ([3, P]), then each row's
-    first token and length ([2, R]), then each row's first chunk ([R + 1], the walk's
-    `firsts`); `at` [T]: each token's padded position."""
+    """A step's rows in chunk-padded order, in one int32 device array: each row's first chunk
+    ([R + 1], the walk's `firsts`), then from a 16-byte boundary `meta`: each padded position's
+    token (−1: padding), row and position in its row ([3, P]), then each row's first token and
+    length ([2, R]). `at` [T]: each token's padded position. (Both kernels' pointers stay
+    16-byte aligned whatever R: Triton compiles a variant per pointer alignment.)"""
 
     lengths: tuple[int, ...]
     chunk: int
     padded: int
+    first: torch.Tensor
     meta: torch.Tensor
     at: torch.Tensor
-
-    @property
-    def first(self) -> torch.Tensor:
-        return self.meta[3 * self.padded + 2 * len(self.lengths):]
 
 
 @functools.lru_cache(maxsize=4)
@@ -67,8 +65,11 @@ def prompt_layout(lengths: tuple[int, ...], device: torch.device,
     pos = np.arange(P) - np.repeat(first[:-1] * chunk, chunks * chunk)
     token = np.where(pos < n[row], starts[row] + pos, -1)
     at = np.repeat(first[:-1] * chunk - starts, n) + np.arange(int(n.sum()))
-    meta = np.concatenate([token, row, pos, starts, n, first]).astype(np.int32)
-    return PromptLayout(tuple(lengths), chunk, P, to_device(meta, device), to_device(at, device))
+    gap = -len(first) % 4  # meta from a 16-byte boundary
+    packed = to_device(np.concatenate([first, np.zeros(gap, np.int64), token, row, pos, starts,
+                                       n]).astype(np.int32), device)
+    return PromptLayout(tuple(lengths), chunk, P, packed[: len(first)],
+                        packed[len(first) + gap:], to_device(at, device))
 
 
 def _padded(layout: PromptLayout, x: torch.Tensor) -> torch.Tensor:

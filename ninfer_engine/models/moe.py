@@ -257,8 +257,8 @@ class SparseMoE:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shared = self.stacked_shared
-        if (self.router_score is not None and self._fp8_grouped(x, shared)
-                and self.n_experts <= 512 and self.top_k < 16):
+        if (shared is not None and self.router_score is not None
+                and self._fp8_grouped(x, shared) and self.n_experts <= 512 and self.top_k < 16):
             # one routing launch (`kernels.moe_route`, the decode step's): the shared expert
             # as slot k of every token, weighed by sigmoid(its score)
             weights, ids = route_topk(linear(x, self.router_score), self.top_k,

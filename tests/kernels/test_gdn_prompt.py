@@ -28,6 +28,7 @@ def test_layout_maps_every_token_to_its_rows_chunk():
     assert meta[3 * P: 3 * P + 3].tolist() == [0, 3, 73]  # first tokens
     assert meta[3 * P + 3: 3 * P + 6].tolist() == [3, 70, 1]  # lengths
     assert lay.first.tolist() == [0, 1, 3, 4]
+    assert lay.meta.data_ptr() % 16 == 0 and lay.first.data_ptr() % 16 == 0
     assert lay.at.tolist() == [0, 1, 2, *range(64, 134), 192]
     real = token >= 0
     assert real.sum() == 74 and np.array_equal(token[lay.at.numpy()], np.arange(74))

@@ -302,3 +302,35 @@ def test_a_stacked_shared_expert_runs_as_one_more_grouped_slot(where, T, monkeyp
                 H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + width + 1) + 1
     err = (got.float() - want.float()).norm() / want.float().norm()
     assert err <= bound(torch.bfloat16, depth, roundings=7 + k + 1), err
+
+
+def test_a_shared_expert_outside_the_stacks_keeps_its_own_path(monkeypatch):
+    """With the router and score fused (`bind_fused`) but the shared expert not in the fp8
+    stacks (its width differs), a prompt step runs the routed experts through the grouped
+    kernels and the shared expert on its own: no slot id E reaches a stack of E experts (the
+    H200 run of this branch's first form hit an out-of-range index there). On the CPU, through
+    Triton's interpreter."""
+    from ninfer_engine.kernels import _dispatch, moe_route
+    from ninfer_engine.models.experts import ExpertStack
+
+    if not (_dispatch.HAVE_TRITON and _dispatch.interpreting()):
+        pytest.skip("needs Triton's interpreter")
+    for module in (moe, moe_route):
+        monkeypatch.setattr(module, "use_triton", lambda tensor: True)
+    m = make(8, 2, True, torch.bfloat16, stacked=True, hidden=64, width=32)
+    stacks = []
+    for stack in m.stacked:  # e4m3 rows; the experts' bf16 views see the decoded values
+        scale = (stack.w.float().abs().amax(-1) / 448).bfloat16()
+        codes = (stack.w.float() / scale.float()[..., None]).to(torch.float8_e4m3fn)
+        stack.w.copy_((codes.float() * scale.float()[..., None]).bfloat16())
+        stacks.append(ExpertStack(codes, scale))
+    m.stacked = tuple(stacks)
+    m.bind_fused(torch.cat([m.router, m.shared_score]))
+    assert m.stacked_shared is None
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    got, want = m(x), reference(m, x)
+    H, k, width = 64, m.top_k, 32
+    depth = max(H + TRANSCENDENTAL + 2 + width + 1 + k,
+                H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + 24 + 1) + 1
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err <= bound(torch.bfloat16, depth, roundings=7 + k), err
