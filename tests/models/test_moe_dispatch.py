@@ -220,21 +220,32 @@ def test_grouped_moe_on_cuda_never_waits_for_the_device():
 def test_fp8_stacks_run_the_grouped_kernels_and_match_the_loop(T):
     """fp8-row stacks on CUDA take `kernels.moe_grouped` (codes read in place); the loop runs
     the same experts decoded to bf16 (each weight rounded once more, counted below)."""
-    from ninfer_engine.models.experts import ExpertStack
-
     dev = torch.device("cuda")
     m = make(64, 8, True, torch.bfloat16, stacked=True, hidden=256, width=128, device=dev)
+    _fp8_rows(m)
+    x = torch.randn(T, 256, device=dev).to(torch.bfloat16)
+    assert m._fp8_grouped(x)
+    _close_to_the_loop(m, x, 256, 128)
+
+
+def _fp8_rows(m: SparseMoE) -> None:
+    """`m`'s stacks as e4m3 codes with row scales; the experts' bf16 views see the decoded
+    values, so the loop reference multiplies by the same weights."""
+    from ninfer_engine.models.experts import ExpertStack
+
     stacks = []
-    for stack in m.stacked:  # quantize each row to e4m3, the experts' views see the decoded
+    for stack in m.stacked:
         scale = (stack.w.float().abs().amax(-1) / 448).bfloat16()
         codes = (stack.w.float() / scale.float()[..., None]).to(torch.float8_e4m3fn)
         stack.w.copy_((codes.float() * scale.float()[..., None]).bfloat16())
         stacks.append(ExpertStack(codes, scale))
     m.stacked = tuple(stacks)
-    x = torch.randn(T, 256, device=dev).to(torch.bfloat16)
-    assert m._fp8_grouped(x)
-    got, want = m(x), reference(m, x)
-    H, k, width = 256, m.top_k, 128
+
+
+def _close_to_the_loop(m: SparseMoE, x: torch.Tensor, H: int, width: int) -> None:
+    """`m(x)` against the per-expert loop: the grouped chain (gate/up over H, SiLU, down over
+    the width, k slots) or the shared expert's (width 24), each value stored in bf16."""
+    got, want, k = m(x), reference(m, x), m.top_k
     depth = max(H + TRANSCENDENTAL + 2 + width + 1 + k,
                 H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + 24 + 1) + 1
     err = (got.float() - want.float()).norm() / want.float().norm()
@@ -311,26 +322,14 @@ def test_a_shared_expert_outside_the_stacks_keeps_its_own_path(monkeypatch):
     H200 run of this branch's first form hit an out-of-range index there). On the CPU, through
     Triton's interpreter."""
     from ninfer_engine.kernels import _dispatch, moe_route
-    from ninfer_engine.models.experts import ExpertStack
 
     if not (_dispatch.HAVE_TRITON and _dispatch.interpreting()):
         pytest.skip("needs Triton's interpreter")
     for module in (moe, moe_route):
         monkeypatch.setattr(module, "use_triton", lambda tensor: True)
     m = make(8, 2, True, torch.bfloat16, stacked=True, hidden=64, width=32)
-    stacks = []
-    for stack in m.stacked:  # e4m3 rows; the experts' bf16 views see the decoded values
-        scale = (stack.w.float().abs().amax(-1) / 448).bfloat16()
-        codes = (stack.w.float() / scale.float()[..., None]).to(torch.float8_e4m3fn)
-        stack.w.copy_((codes.float() * scale.float()[..., None]).bfloat16())
-        stacks.append(ExpertStack(codes, scale))
-    m.stacked = tuple(stacks)
+    _fp8_rows(m)
     m.bind_fused(torch.cat([m.router, m.shared_score]))
     assert m.stacked_shared is None
     x = torch.randn(9, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
-    got, want = m(x), reference(m, x)
-    H, k, width = 64, m.top_k, 32
-    depth = max(H + TRANSCENDENTAL + 2 + width + 1 + k,
-                H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + 24 + 1) + 1
-    err = (got.float() - want.float()).norm() / want.float().norm()
-    assert err <= bound(torch.bfloat16, depth, roundings=7 + k), err
+    _close_to_the_loop(m, x, 64, 32)
