@@ -28,7 +28,6 @@ in bf16). `GatedDeltaNet` passes `tf32=True` only for bf16/fp16 activations, so 
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl

@@ -45,7 +45,6 @@ class PromptLayout:
     16-byte aligned whatever R: Triton compiles a variant per pointer alignment.)"""
 
     lengths: tuple[int, ...]
-    chunk: int
     padded: int
     first: torch.Tensor
     meta: torch.Tensor
@@ -68,7 +67,7 @@ def prompt_layout(lengths: tuple[int, ...], device: torch.device,
     gap = -len(first) % 4  # meta from a 16-byte boundary
     packed = to_device(np.concatenate([first, np.zeros(gap, np.int64), token, row, pos, starts,
                                        n]).astype(np.int32), device)
-    return PromptLayout(tuple(lengths), chunk, P, packed[: len(first)],
+    return PromptLayout(tuple(lengths), P, packed[: len(first)],
                         packed[len(first) + gap:], to_device(at, device))
 
 

@@ -138,8 +138,11 @@ class GatedAttention:
     def bind_fused(self, matrix) -> None:
         """Multiply CUDA steps' inputs by `matrix`, this layer's q|gate|k|v rows in one matrix
         (`models.fused.FusedParams`; its members are this layer's projections' views), and
-        normalise and rotate q and k in one launch."""
-        self.in_proj = Linear(matrix, relayout=False)
+        normalise and rotate q and k in one launch (`kernels.qk_norm_rope`: a head and half the
+        rotated dims in powers of two; other shapes keep the separate projections)."""
+        half = self.rope.rd // 2
+        if self.d & (self.d - 1) == 0 and half & (half - 1) == 0:
+            self.in_proj = Linear(matrix, relayout=False)
 
     def new_state(self, dtype: torch.dtype, device: torch.device) -> KVCache:
         empty = torch.zeros(self.nkv, 0, self.d, dtype=dtype, device=device)
@@ -160,8 +163,7 @@ class GatedAttention:
             return y.reshape(T, n, self.d).transpose(0, 1)
 
         wq, wkv, rd = self.nq * self.d, self.nkv * self.d, self.rope.rd
-        if (self.in_proj is not None and use_triton(x) and positions.dim() == 1
-                and self.d & (self.d - 1) == 0 and (rd // 2) & (rd // 2 - 1) == 0):
+        if self.in_proj is not None and use_triton(x) and positions.dim() == 1:
             # q|gate|k|v in one GEMM, the q/k norms and the rotary in one launch (the decode
             # step's kernel: the rotation in fp32 from the rounded norms, rounded once)
             qkv = self.in_proj(x)

@@ -174,8 +174,10 @@ class SparseMoE:
 
     def bind_fused(self, matrix) -> None:
         """`matrix`: this layer's MoE group (`models.fused.FusedParams`), router rows then the
-        shared score's: prompt steps multiply by both at once."""
-        self.router_score = matrix[: self.n_experts + 1]
+        shared score's: where the shared expert is in the stacks, prompt steps multiply by both
+        at once and route in one launch (`kernels.moe_route`: E ≤ 512, k + 1 ≤ 16)."""
+        if self.stacked_shared is not None and self.n_experts <= 512 and self.top_k < 16:
+            self.router_score = matrix[: self.n_experts + 1]
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k (weights [T, k] in x's dtype, expert ids [T, k]); softmax in fp32 over all E."""
@@ -257,8 +259,7 @@ class SparseMoE:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shared = self.stacked_shared
-        if (shared is not None and self.router_score is not None
-                and self._fp8_grouped(x, shared) and self.n_experts <= 512 and self.top_k < 16):
+        if self.router_score is not None and self._fp8_grouped(x, shared):
             # one routing launch (`kernels.moe_route`, the decode step's): the shared expert
             # as slot k of every token, weighed by sigmoid(its score)
             weights, ids = route_topk(linear(x, self.router_score), self.top_k,
