@@ -18,6 +18,10 @@ class TextTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text; may run without the GIL (`http.prompt_encoder`)."""
+        ...
+
     def decode(self, ids: Sequence[int]) -> str: ...
 
 

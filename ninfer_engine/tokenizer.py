@@ -97,6 +97,12 @@ class Tokenizer:
         ids = self.backend.encode(text, add_special_tokens=False).ids
         return [self.bos_token_id, *ids] if self.add_bos else ids
 
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of each text in one call that releases the GIL (the runtime's threads)."""
+        encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+        lead = [self.bos_token_id] if self.add_bos else []
+        return [lead + encoding.ids for encoding in encodings]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

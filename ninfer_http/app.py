@@ -20,7 +20,7 @@ from ninfer_engine.config import EngineConfig
 from ninfer_engine.types import EngineState
 
 from . import (anthropic, engine_state, media, metrics, observers, openai_chat, openai_completions,
-               openapi)
+               openapi, prompt_encoder)
 from .admission import SLOTS, LifetimeSlots
 from .auth import has_valid_key, is_exempt
 from .context import CONFIG, CREATED, DIALECT, ENGINE, KEEPALIVE_S, REQUEST_ID
@@ -61,6 +61,7 @@ def create_app(engine: ServingEngine, config: EngineConfig) -> web.Application:
     app[CREATED] = int(time.time())
     app[SLOTS] = LifetimeSlots.for_config(config)
     media.install(app, config.media_allow_private, config.media_preprocess_threads)
+    prompt_encoder.install(app)
     app[BUDGET] = MediaBudget(config.media_live_mib * MIB, config.pending_timeout_ms / 1000)
     app.on_response_prepare.append(_add_headers)
     app.router.add_get("/health", health)

@@ -30,6 +30,7 @@ from .media_budget import hold
 from .media_fetch import MediaFetcher
 from .media_markers import MediaRef, split_media
 from .prompt import ChatRequest, PreparedRequest, prepare, render_text, tokenize
+from .prompt_encoder import ENCODER
 
 FETCHER = web.AppKey("media_fetcher", MediaFetcher)
 DECODERS = web.AppKey("media_decoders", ThreadPoolExecutor)
@@ -54,15 +55,17 @@ async def prepare_with_media(request: web.Request, engine: ServingEngine,
     text, refs = split_media(render_text(engine, chat))
     items = await load_media(request.app, engine, refs)
     await hold(request, sum(item.pixels.patches.nbytes for item in items))
-    return prepare(engine, chat, request_id(request), (text, items))
+    ids = await request.app[ENCODER].encode(engine.tokenizer, text)
+    return prepare(engine, chat, request_id(request), (text, items, ids))
 
 
 async def count_prompt_tokens(request: web.Request, engine: ServingEngine,
                               chat: ChatRequest) -> int:
     """Prompt tokens with every media item's placeholders (the count endpoints)."""
     text, refs = split_media(render_text(engine, chat))
-    ids, _ = tokenize(engine, text, await load_media(request.app, engine, refs))
-    return len(ids)
+    items = await load_media(request.app, engine, refs)
+    text_ids = await request.app[ENCODER].encode(engine.tokenizer, text)
+    return len(tokenize(engine, text_ids, items)[0])
 
 
 async def load_media(app: web.Application, engine: ServingEngine,

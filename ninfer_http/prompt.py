@@ -95,10 +95,9 @@ def map_effort(effort: str, param: str) -> str:
     return EFFORT_LEVELS[effort]
 
 
-def tokenize(engine: ServingEngine, text: str, items: list) -> tuple[list[int], Any]:
-    """The prompt's token ids, each media placeholder expanded to its item's tokens
-    (`MediaPlanner.prepare`), and the `MediaPrompt` (None without media)."""
-    prompt_ids = engine.tokenizer.encode(text)
+def tokenize(engine: ServingEngine, prompt_ids: list[int], items: list) -> tuple[list[int], Any]:
+    """The prompt's token ids (of its text), each media placeholder expanded to its item's
+    tokens (`MediaPlanner.prepare`), and the `MediaPrompt` (None without media)."""
     if not items:
         return prompt_ids, None
     try:
@@ -206,13 +205,16 @@ def choice(engine: ServingEngine, prepared: PreparedRequest, index: int) -> Prep
 
 
 def prepare(engine: ServingEngine, request: ChatRequest, request_id: str,
-            rendered: tuple[str, list] | None = None) -> PreparedRequest:
+            rendered: tuple[str, list, list[int]] | None = None) -> PreparedRequest:
     """Build the engine request; raises `ApiError` for anything the client must fix.
-    `rendered`: the prompt text with media placeholders and its loaded media items
-    (`media.prepare_with_media`, the protocols' path); default: the conversation rendered here,
-    without media."""
-    text, items = rendered or (render_text(engine, request), [])
-    prompt_ids, media = tokenize(engine, text, items)
+    `rendered`: the prompt text with media placeholders, its loaded media items and the text's
+    token ids (`media.prepare_with_media`, the protocols' path); default: the conversation
+    rendered and encoded here, without media."""
+    if rendered is None:
+        text = render_text(engine, request)
+        rendered = (text, [], engine.tokenizer.encode(text))
+    text, items, text_ids = rendered
+    prompt_ids, media = tokenize(engine, text_ids, items)
     check_context(len(prompt_ids), engine.max_context)
     wanted = engine.default_max_tokens if request.max_tokens is None else request.max_tokens
     max_tokens = min(wanted, engine.max_context - len(prompt_ids))

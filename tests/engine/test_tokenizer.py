@@ -99,3 +99,10 @@ def test_added_tokens_decoder_extends_the_vocabulary():
     with pytest.raises(ValueError, match="cannot take id"):
         Tokenizer.from_json(byte_tokenizer_json().encode(),
                             {"added_tokens_decoder": {"300": {"content": "<x>"}}})
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_encode_many_is_encode_of_each_text(bos):
+    tok = _tokenizer(add_bos_token=bos)
+    texts = ["héllo wörld €", "", "<|im_start|>user\nhi", "x" * 5000]
+    assert tok.encode_many(texts) == [tok.encode(text) for text in texts]

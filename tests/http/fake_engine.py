@@ -38,6 +38,9 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids)
 
