@@ -116,7 +116,7 @@ case $1 in
       build=$!
     fi
     python3 -m ninfer_engine.cli.tools synth --arch "$ARCH" --layers "$LAYERS" --recipe "$RECIPE" \
-      -o "$MODEL" > "$OUT/synth.log" 2>&1 || tail -5 "$OUT/synth.log"
+      --device cuda -o "$MODEL" > "$OUT/synth.log" 2>&1 || tail -5 "$OUT/synth.log"
     if [ -n "$build" ]; then
       python3 .peers/llamacpp/make_gguf.py $peer --type "$GGUF_TYPE" --layers "$LAYERS" \
         -o "$GGUF" > "$OUT/gguf.log" 2>&1 || tail -5 "$OUT/gguf.log"

@@ -28,19 +28,20 @@ def encoded_size(shape: tuple[int, ...]) -> int:
 
 
 def encode(tensor: torch.Tensor) -> bytes:
-    """Reference `fp8_row_maxabs`: round to bf16, scale each row so its max maps to 448."""
+    """Reference `fp8_row_maxabs`: round to bf16, scale each row so its max maps to 448.
+    Computed where ``tensor`` is (`ninfer synth --device cuda`), with the same bytes."""
     n, k = _rank2(tuple(tensor.shape))
-    x = tensor.detach().cpu().to(torch.bfloat16).float()
+    x = tensor.detach().to(torch.bfloat16).float()
     amax = x.abs().amax(1)
     if not bool(torch.isfinite(amax).all()):
         raise ArtifactError(f"cannot encode non-finite values as {FORMAT}")
     scale = (amax / FP8_MAX).to(torch.bfloat16)
     recip = torch.where(scale == 0, 0.0, 1.0 / scale.float())
     codes = (x * recip.unsqueeze(1)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    out = torch.zeros(encoded_size((n, k)), dtype=torch.uint8)
+    out = torch.zeros(encoded_size((n, k)), dtype=torch.uint8, device=x.device)
     out[: n * k] = codes.view(torch.uint8).reshape(-1)
     out[align_up(n * k, 256) :] = scale.view(torch.uint8)
-    return out.numpy().tobytes()
+    return out.cpu().numpy().tobytes()
 
 
 def decode(raw: torch.Tensor, shape: tuple[int, ...], rows: tuple[int, int]) -> torch.Tensor:

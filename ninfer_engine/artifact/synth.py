@@ -214,10 +214,12 @@ def write_synthetic(
     progress: Callable[[int, int, str], None] | None = None,
     mtp: bool = False,
     dflash: str | None = None,
+    device: torch.device | str = "cpu",
 ) -> Path:
     """Write a random-weight ``arch`` artifact with the real Qwen tokenizer (and, with ``mtp``,
     a random MTP head; with ``dflash`` "small" or "real", a random DFlash drafter); returns the
-    path."""
+    path. ``device``: where weights are drawn and fp8-row encoded (a GPU writes the 8-layer
+    35B-A3B in seconds, not minutes); its generator draws other values than the CPU's."""
     config = synth_config(arch, layers)
     choose = recipes.recipe(recipe)
     drafter = dflash_config(config, dflash)
@@ -239,7 +241,7 @@ def write_synthetic(
             fmt = choose(logical, shape)
             # bf16-round what will not be stored as fp32, so a block costs half the memory
             cast = torch.float32 if fmt == "fp32" else torch.bfloat16
-            blocks = (b.to(cast) for b in synthetic_blocks(logical, shape, seed))
+            blocks = (b.to(cast) for b in synthetic_blocks(logical, shape, seed, device))
             writer.add_rows(logical, shape, fmt, blocks)
             report(step, total, logical)
         if config["tie_word_embeddings"]:

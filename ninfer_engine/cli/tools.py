@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--layers", type=int, help="keep only the first N layers")
     synth.add_argument("--recipe", default="bf16", help="storage formats (default bf16)")
     synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    synth.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                       help="where weights are drawn and encoded: cpu (default) or cuda, much "
+                            "faster; each device's generator gives its own weights")
     synth.add_argument("--name", help="metadata.name (default synth-ARCH)")
     synth.add_argument("--mtp", action="store_true",
                        help="add a random MTP head (the mtp component, for --spec mtp)")
@@ -300,10 +303,14 @@ def _synth_archs() -> list[str]:
 def _synth(args: argparse.Namespace) -> int:
     from ..artifact.synth import write_synthetic
 
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise ArtifactError("synth --device cuda: no CUDA device is available")
     started = time.monotonic()
     write_synthetic(args.arch, args.output, layers=args.layers, recipe=args.recipe,
                     seed=args.seed, name=args.name, progress=_Progress(), mtp=args.mtp,
-                    dflash=args.dflash)
+                    dflash=args.dflash, device=args.device)
     _report_written(args.output, started)
     return 0
 

@@ -119,3 +119,16 @@ def test_fp8_row_round_trip_error():
     row_step = x.abs().amax(1, keepdim=True) / 448 * 2**-9  # E4M3FN subnormal spacing in row units
     assert bool(((y - x).abs() <= x.abs() * (2**-4 + 2**-8) * 1.01 + row_step * 1.01).all())
     assert torch.equal(encodings.decode("fp8_e4m3fn_row_bf16", data, x.shape, rows=(5, 9)), y[5:9])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fp8_row_encodes_the_same_bytes_on_the_gpu():
+    """`synth --device cuda` encodes where the weights are drawn: the bytes must not depend on it
+    (ties, subnormals, a zero row, saturation at 448 included)."""
+    torch.manual_seed(2)
+    x = torch.randn(64, 300) * torch.logspace(-6, 3, 64).unsqueeze(1)
+    x[3] = 0.0
+    x[5, :4] = torch.tensor([448.0, -448.0, 2**-9, -(2**-10)])
+    x[7] = torch.arange(300) / 8.0  # many exact halfway points between e4m3 codes
+    cpu = encodings.encode("fp8_e4m3fn_row_bf16", x)
+    assert encodings.encode("fp8_e4m3fn_row_bf16", x.cuda()) == cpu
