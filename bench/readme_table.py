@@ -135,6 +135,8 @@ def _served_rows() -> list[str]:
     rows = []
     # (result, shape, our bits, the peer's, where the peer ran: None = the same run)
     for name, shape, ours_bits, peer_bits, peer_file in (
+            ("h200-served-35b-a3b-8l-peer.json", "35B-A3B shape cut to 8 layers, "
+             "tree d4946b0", "fp8-row", "Q8_0", None),
             ("h200-served-35b-a3b-8l-fused-prompt.json", "35B-A3B shape cut to 8 layers, "
              "fused prompt kernels of d3c86c5 (no peer in that lease)", "fp8-row", "Q8_0", None),
             ("h200-served-35b-a3b-8l-prompt-steps.json", "35B-A3B shape cut to 8 layers, "
