@@ -107,18 +107,30 @@ def _paged_merge_kernel(acc_ptr, ml_ptr, out_ptr, n_splits,
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     row = tl.program_id(0)
-    sp = tl.arange(0, SB)
-    smask = sp < n_splits
-    base = row * n_splits + sp
-    m = tl.load(ml_ptr + base * 2, mask=smask, other=float("-inf"))
-    l = tl.load(ml_ptr + base * 2 + 1, mask=smask, other=0.0)
-    m_max = tl.max(m, axis=0)
-    # empty splits carry m = -inf and weigh exactly zero
-    w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
     d = tl.arange(0, D)
-    acc = tl.load(acc_ptr + base[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-    tl.store(out_ptr + row * D + d, o.to(out_ptr.dtype.element_ty))
+    # SB splits at a time with a running max: one compiled variant for every split count (a
+    # block of all of them made one per power of two; a long context's compiled in traffic)
+    m_run = tl.full((1,), float("-inf"), tl.float32)
+    l_run = tl.zeros((1,), tl.float32)
+    o_run = tl.zeros((D,), tl.float32)
+    for s0 in range(0, n_splits, SB):
+        sp = s0 + tl.arange(0, SB)
+        smask = sp < n_splits
+        base = row * n_splits + sp
+        m = tl.load(ml_ptr + base * 2, mask=smask, other=float("-inf"))
+        l = tl.load(ml_ptr + base * 2 + 1, mask=smask, other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, axis=0))
+        # empty splits (and an all-empty start) carry m = -inf and weigh exactly zero
+        keep = tl.where(m_run > float("-inf"), tl.exp2(m_run - m_new), 0.0)
+        w = tl.where(m > float("-inf"), tl.exp2(m - m_new), 0.0)
+        acc = tl.load(acc_ptr + base[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+        o_run = o_run * keep + tl.sum(acc * w[:, None], axis=0)
+        l_run = l_run * keep + tl.sum(l * w, axis=0)
+        m_run = m_new
+    tl.store(out_ptr + row * D + d, (o_run / l_run).to(out_ptr.dtype.element_ty))
+
+
+MERGE_SPLITS = 16  # splits a merge program reads at a time
 
 
 def split_count(batch, nkv, max_pages, sms=132):
@@ -150,8 +162,8 @@ def paged_attention_triton(q, k_pages, v_pages, page_table, seq_lens, k_scale=No
         # two stages of K+V tiles: 128 KiB of shared memory
         num_warps=4, num_stages=2, **pdl_launch(q))
     out = torch.empty_like(q)
-    _paged_merge_kernel[(B * nq,)](acc, ml, out, n_splits, D=D,
-                                   SB=triton.next_power_of_2(n_splits), **pdl_launch(acc))
+    _paged_merge_kernel[(B * nq,)](acc, ml, out, n_splits, D=D, SB=MERGE_SPLITS,
+                                   **pdl_launch(acc))
     return out
 
 

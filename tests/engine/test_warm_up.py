@@ -13,6 +13,8 @@ from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.benchmark.tiny import tiny_config, tiny_source
 from tests.engine.helpers import default_resources
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton compiles on CUDA only")
+
 
 def test_warm_up_runs_each_prompt_step_kind(monkeypatch):
     monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
@@ -48,18 +50,10 @@ def test_warm_up_runs_each_prompt_step_kind(monkeypatch):
     assert not engine.scheduler.running and not list(engine.scheduler.queued())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton compiles on CUDA only")
-@torch.inference_mode()
-def test_after_the_warm_up_prompts_arriving_together_compile_nothing():
-    """Bursts of 1..8 prompts (served sampling, prefix cache on) after the start-up warm-up:
-    no Triton kernel compiles. A variant per burst size (an integer argument or a metadata
-    slice's alignment that changes with the row count) stalled the H200's first burst of 8 by
-    1.2 s (bench/prompt_burst.py)."""
+def _compiles_while(run) -> list[str]:
+    """The Triton kernels compiled while `run()` ran."""
     from triton import knobs
 
-    config, source = build_synthetic("tiny-moe", "cuda", torch.bfloat16, 4)
-    model = Qwen35Model(config, FusedParams(config, source))
-    engine = engine_step.bench_engine(model, "tiny-moe", config, 8, 2048, prefix_reuse=True)
     compiled = []
     before = knobs.runtime.jit_cache_hook
 
@@ -68,6 +62,50 @@ def test_after_the_warm_up_prompts_arriving_together_compile_nothing():
         return before(**kw) if before else False
     knobs.runtime.jit_cache_hook = seen
     try:
+        run()
+    finally:
+        knobs.runtime.jit_cache_hook = before
+    return compiled
+
+
+@CUDA
+@torch.inference_mode()
+def test_after_the_warm_up_a_long_context_decodes_without_compiling():
+    """One prompt past 132 pages (the split count's cap at batch 1): its decode attention
+    splits 132 ways. The merge kernel's block of splits was a power of two of that count, so
+    a context longer than the warm-up's prompts compiled a variant in traffic (856 ms on the
+    H200's host-tier benchmark, bench/host_tier_ttft.py); it now walks any count in blocks."""
+    config, source = build_synthetic("tiny-moe", "cuda", torch.bfloat16, 4)
+    model = Qwen35Model(config, FusedParams(config, source))
+    engine = engine_step.bench_engine(model, "tiny-moe", config, 1, 10240, prefill_chunk=2048)
+    prompt = engine_step.random_prompts(1, 9000, config["vocab_size"], seed=3)[0]
+
+    def long_request():
+        seq = engine.add(GenerationRequest("long", prompt, SamplingParams(temperature=0.0),
+                                           max_tokens=4, ignore_eos=True), lambda e: None)
+        for _ in range(16):  # bounded: 5 prompt chunks and 4 tokens
+            if not engine.step() or seq.finish_reason:
+                break
+        assert seq.finish_reason == "length"
+    try:
+        compiled = _compiles_while(long_request)
+    finally:
+        engine.stop()
+    assert compiled == []
+
+
+@CUDA
+@torch.inference_mode()
+def test_after_the_warm_up_prompts_arriving_together_compile_nothing():
+    """Bursts of 1..8 prompts (served sampling, prefix cache on) after the start-up warm-up:
+    no Triton kernel compiles. A variant per burst size (an integer argument or a metadata
+    slice's alignment that changes with the row count) stalled the H200's first burst of 8 by
+    1.2 s (bench/prompt_burst.py)."""
+    config, source = build_synthetic("tiny-moe", "cuda", torch.bfloat16, 4)
+    model = Qwen35Model(config, FusedParams(config, source))
+    engine = engine_step.bench_engine(model, "tiny-moe", config, 8, 2048, prefix_reuse=True)
+
+    def bursts():
         sampling = engine_step.served_sampling(engine)
         for n in range(1, 9):
             prompts = engine_step.random_prompts(n, 100 + 7 * n, config["vocab_size"], seed=n)
@@ -78,7 +116,8 @@ def test_after_the_warm_up_prompts_arriving_together_compile_nothing():
                 if not engine.step() or all(s.finish_reason for s in seqs):
                     break
             assert all(s.finish_reason == "length" for s in seqs)
+    try:
+        compiled = _compiles_while(bursts)
     finally:
-        knobs.runtime.jit_cache_hook = before
         engine.stop()
     assert compiled == []

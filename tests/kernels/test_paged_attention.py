@@ -1,7 +1,12 @@
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from ninfer_engine.kernels.paged_attention import (
+    MERGE_SPLITS,
     PAGE,
     paged_attention_ref,
     paged_attention_triton,
@@ -64,3 +69,45 @@ def test_a_strided_query_gives_the_dense_querys_rows(device):
     strided = paged_attention_triton(heads_first.to(device).transpose(0, 1), *args)
     dense = paged_attention_triton(heads_first.transpose(0, 1).contiguous().to(device), *args)
     assert torch.equal(strided.reshape(B, -1), dense.reshape(B, -1))
+
+
+def test_a_long_context_merges_more_splits_than_one_block(device):
+    """Batch 1 over 40 pages: 40 splits, merged MERGE_SPLITS at a time with a running max; the
+    last pages lie past the sequence's end, so the last block's splits are empty."""
+    g = torch.Generator().manual_seed(6)
+    nq, nkv, D, n_pages = 2, 1, 16, 40
+    assert n_pages > 2 * MERGE_SPLITS
+    table = torch.randperm(n_pages, generator=g).int()[None]
+    lens = torch.tensor([n_pages * PAGE - 7 * PAGE - 5], dtype=torch.int32)
+    q = torch.randn(1, nq, D, generator=g).bfloat16()
+    k = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
+    v = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
+    ref = paged_attention_ref(q, k, v, table, lens)
+    out = paged_attention_triton(*[t.to(device) for t in (q, k, v, table, lens)],
+                                 max_seq_len=n_pages * PAGE)
+    assert rel_err(out, ref) < attention_tol(q, k, int(lens.max()))
+
+
+COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ninfer_engine.kernels.paged_attention import MERGE_SPLITS, _paged_merge_kernel as k
+
+consts = dict(D=256, SB=MERGE_SPLITS, PDL=1)
+signature = {**dict(zip(k.arg_names, ["*fp32", "*fp32", "*bf16", "i32"])),
+             **dict.fromkeys(consts, "constexpr")}
+triton.compile(ASTSource(k, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+               options={"num_warps": 4})
+"""
+
+
+def test_the_merge_kernel_compiles_for_the_gpu():
+    """The merge's running-max loop compiled for an H200 (sm_90), no GPU needed: Triton's
+    compiler checks loop-carried types its interpreter does not. A child process: not under
+    the interpreter."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
