@@ -66,6 +66,7 @@ class PrefixTree(Snapshots, HostMoves):
         # children; the host tier's own: host nodes without children
         self._leaves: set[Node] = set()
         self._host_leaves: set[Node] = set()
+        self._demoted: dict[int, int] = {}  # host page -> device page, until `evict` copies
         self._clock = itertools.count(1)
         # the allocator's version when an eviction last came up short: until a page changes
         # hands, a request waiting at the queue's head does not walk the whole tree every step
@@ -278,6 +279,8 @@ class PrefixTree(Snapshots, HostMoves):
             freed += 1
             if self._evictable(parent, keep):
                 heapq.heappush(heap, rank(parent))
+        if self.host is not None:
+            self._copy_demoted()
         self.evicted += freed
         if freed < pages and not keep:
             self._spent_at = self.allocator.version

@@ -17,6 +17,9 @@ class HostMoves:
         missing = [n for n in nodes if n.page < 0]
         if not missing:
             return True
+        short = len(missing) - self.allocator.free
+        if short > 0 and self.allocator.capacity == self.allocator.total:  # (not a growing pool)
+            self.evict(short, keep)  # at once: their demotions are one batched copy
         for node in missing:
             if not self.allocator.lease(node, len(node.key)):
                 self.evict(1, keep)
@@ -50,14 +53,16 @@ class HostMoves:
 
     def _demote(self, node: Node, keep: tuple[Node, ...] | frozenset[Node]) -> bool:
         """Move a device leaf's page to the host tier (its LRU leaves, but `keep`, give way);
-        False when the tier cannot take it."""
-        host = self.host.save_page(node.page)
+        False when the tier cannot take it. The copy waits in `_demoted` for
+        `_copy_demoted`, which `evict` calls before it returns."""
+        host = self.host.take_page()
         while host is None:
             spare = [n for n in self._host_leaves if n not in keep and n is not node]
             if not spare:
                 return False
             self._remove(min(spare, key=lambda n: n.used))
-            host = self.host.save_page(node.page)
+            host = self.host.take_page()
+        self._demoted[host] = node.page  # a host page taken again: its last page wins
         self.allocator.release(node)
         node.page, node.host = -1, host
         self._leaves.discard(node)
@@ -66,3 +71,11 @@ class HostMoves:
             self._host_leaves.add(node)
         self._new_leaf(node.parent)
         return True
+
+    def _copy_demoted(self) -> None:
+        """The pages `_demote` moved, copied to the host in one batch (queued on the stream
+        before anything can write the device pages they leave)."""
+        if self._demoted:
+            hosts = list(self._demoted)
+            self.host.copy_out([self._demoted[h] for h in hosts], hosts)
+            self._demoted.clear()

@@ -61,7 +61,7 @@ def replay(memory: Any, ops: tuple[tuple, ...]) -> None:
             _, src, i, dst, j = op
             copy_state(pools[src].slot(i), pools[dst].slot(j))
         elif kind == "to_host":
-            _host(memory).copy_out(*op[1:])
+            _host(memory).copy_out(list(op[1]), list(op[2]))
         elif kind == "from_host":
             _host(memory).load_pages(list(op[1]), list(op[2]))
         else:

@@ -153,6 +153,46 @@ def test_evicted_pages_return_from_the_host_tier(family):
     assert stats.host_restored_pages >= 4 and stats.host_pages > 0
 
 
+def test_a_restore_pushes_out_the_pages_it_needs_in_one_batched_copy(family, monkeypatch):
+    """A 6-page pool and two 250-token conversations: b pushes two of a's pages to the host
+    tier, then a's next turn restores them, which pushes two of b's out. Those demotions are one batched copy to the
+    host, not one copy a page (a 32K prefix restored on the H200 made ~2,000 small copies),
+    and the turn answers as an engine without reuse does."""
+    from ninfer_engine.kv.host_tier import HostTier
+    from ninfer_engine.kv.radix_host import HostMoves
+
+    restoring, batches = [], []
+    copy_out, restore = HostTier.copy_out, HostMoves._restore
+
+    def counted_copy(tier, pages, hosts):
+        if restoring:
+            batches.append(len(pages))
+        copy_out(tier, pages, hosts)
+
+    def marked_restore(tree, plan):
+        restoring.append(True)
+        try:
+            return restore(tree, plan)
+        finally:
+            restoring.pop()
+    monkeypatch.setattr(HostTier, "copy_out", counted_copy)
+    monkeypatch.setattr(HostMoves, "_restore", marked_restore)
+    name, artifact = family
+    a, b = _tokens(250, 21), _tokens(250, 22)
+    prompts = [a, b, a + _tokens(8, 23)]
+    pressure = {"kv_capacity": 384, "kv_lease_window": 8}
+    tiered = _engine(artifact, host_kv_mib=1, host_state_slots=4, **pressure)
+    plain = _engine(artifact, no_prefix_reuse=True, **pressure)
+    try:
+        got, want = _run(tiered, prompts), _run(plain, prompts)
+    finally:
+        for engine in (tiered, plain):
+            engine.stop()
+    _same_answers(got, want)
+    assert got[2][1] == (249 if name == "hybrid" else 250)
+    assert len(batches) == 1 and batches[0] >= 2, batches  # [1, 1] page by page
+
+
 def test_an_anchor_is_a_restore_point_named_by_its_reuse_path(family):
     """Two prompts sharing 100 tokens, the first anchored there (a message boundary): the
     hybrid family restores all 100 from the anchor's snapshot (without it, the 64 of its last

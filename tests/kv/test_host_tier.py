@@ -10,6 +10,12 @@ from ninfer_engine.kv.host_tier import HostTier
 P = 8
 
 
+def _save(tier: HostTier, pages: list[int]) -> list[int]:
+    hosts = [tier.take_page() for _ in pages]
+    tier.copy_out(pages, hosts)
+    return hosts
+
+
 def test_load_pages_restores_scattered_host_pages_into_any_device_pages():
     storage = KvStorage(PagePool(12, page_tokens=P), layers=2, heads=2, dim=16,
                         codecs=codecs_for("int8", torch.float32), activation_dtype=torch.float32)
@@ -20,7 +26,7 @@ def test_load_pages_restores_scattered_host_pages_into_any_device_pages():
     before = [[t.clone() for t in layer] for layer in (*storage.k, *storage.v)]
     tier = HostTier(storage, pages=8)
     saved = [0, 5, 3, 4, 9]  # device pages, demoted in this order (host pages 0..4)
-    hosts = [tier.save_page(p) for p in saved]
+    hosts = _save(tier, saved)
     tier.release_page(hosts[1])  # a gap: the host pages left are two runs, 0 and 2..4
     hosts.pop(1), saved.pop(1)
     order = [2, 0, 3, 1]  # the path's order is not the host tier's
@@ -41,7 +47,7 @@ def test_drafter_rows_go_to_the_host_and_come_back_with_their_pages():
     before = storage.rows.clone()
     tier = HostTier(storage, pages=4)
     assert tier.kv_bytes == 4 * storage.page_bytes  # the rows are in a host page's bytes
-    hosts = [tier.save_page(p) for p in (4, 1)]
+    hosts = _save(tier, [4, 1])
     tier.load_pages(hosts, [0, 5])
     assert torch.equal(storage.rows[0: P], before[4 * P: 5 * P])
     assert torch.equal(storage.rows[5 * P: 6 * P], before[P: 2 * P])
