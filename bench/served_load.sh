@@ -17,9 +17,12 @@
 # measures TTFT p50/p99 of 1K-token prompts arriving one at a time and 8 together
 # (serve_staggered.py --burst, burst-$ARCH-<server>-c1|c8.json); LLAMA_LONG=0 skips both for
 # llama-server.
-# `serve` ends with the engine's own step on the same shape (`ninfer bench --sampling served`,
-# engine-$ARCH.json; ENGINE=0 skips it) and packs every file of $OUT into served-$ARCH.tgz (the
-# device tool brings back at most 8 files; PACK=0 leaves them loose).
+# `serve` starts with the engine's own step on the same shape (`ninfer bench --sampling served`,
+# engine-$ARCH.json; ENGINE=0 skips it): first, so that its Triton compiles fill the disk cache
+# before any server starts (the first server on a fresh machine otherwise compiled what later
+# ones found cached, and lost an after/before comparison to run order). It ends by packing
+# every file of $OUT into served-$ARCH.tgz (the device tool brings back at most 8 files; PACK=0
+# leaves them loose).
 set -o pipefail
 OUT=${OUT:-bench/results}
 ARCH=${ARCH:-35b-a3b}; LAYERS=${LAYERS:-8}; RECIPE=${RECIPE:-fp8-row}; GGUF_TYPE=${GGUF_TYPE:-q8_0}
@@ -126,10 +129,10 @@ case $1 in
   serve)
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/nvidia-smi.csv"
     servers=" ${SERVERS:-after before llama} "
+    [ "${ENGINE:-1}" != 0 ] && engine_step
     [[ $servers == *" after "* ]] && serve_ninfer after ""
     [[ $servers == *" before "* && -n "${OLD:-}" ]] && serve_ninfer before "$OLD"
     [[ "${PEER:-1}" != 0 && $servers == *" llama "* ]] && serve_llama
-    [ "${ENGINE:-1}" != 0 ] && engine_step
-    [ "${PACK:-1}" != 0 ] && pack ;;
+    if [ "${PACK:-1}" != 0 ]; then pack; fi ;;  # (as `[ ] && pack`, PACK=0 exited 1)
   *) echo "usage: bench/served_load.sh build|serve" >&2; exit 1 ;;
 esac
