@@ -33,10 +33,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """Wrong flags: one line and exit 1, as `ninfer-serve` (argparse printed its usage and
+    exited 2). Its subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(1, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ninfer", description="Convert and inspect .ninfer artifacts."
-    )
+    parser = _Parser(prog="ninfer", description="Convert and inspect .ninfer artifacts.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="convert a model into a .ninfer artifact")

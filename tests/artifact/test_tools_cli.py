@@ -81,7 +81,12 @@ def test_bench_without_cuda_fails_in_one_line(monkeypatch, capsys):
     assert captured.err.splitlines() == ["ninfer: error: ninfer bench needs a CUDA device"]
 
 
-def test_bench_rejects_unknown_arch(capsys):
+@pytest.mark.parametrize("argv", [["bench", "--arch", "70b"], [],
+                                  ["synth", "--arch", "tiny-moe", "-o", "x.ninfer", "--device",
+                                   "gpu"]])
+def test_wrong_flags_are_one_line_and_exit_1(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "--arch", "70b"])
-    assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
+        main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 1 and len(err) == 1 and err[0].startswith("ninfer")
+    assert ": error: " in err[0] and "--help" in err[0]
