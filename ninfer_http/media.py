@@ -29,7 +29,7 @@ from .errors import ApiError
 from .media_budget import hold
 from .media_fetch import MediaFetcher
 from .media_markers import MediaRef, split_media
-from .prompt import ChatRequest, PreparedRequest, prepare, render_text, tokenize
+from .prompt import ChatRequest, PreparedRequest, expand_media, prepare, render_text
 from .prompt_encoder import ENCODER
 
 FETCHER = web.AppKey("media_fetcher", MediaFetcher)
@@ -65,7 +65,7 @@ async def count_prompt_tokens(request: web.Request, engine: ServingEngine,
     text, refs = split_media(render_text(engine, chat))
     items = await load_media(request.app, engine, refs)
     text_ids = await request.app[ENCODER].encode(engine.tokenizer, text)
-    return len(tokenize(engine, text_ids, items)[0])
+    return len(expand_media(engine, text_ids, items)[0])
 
 
 async def load_media(app: web.Application, engine: ServingEngine,

@@ -95,13 +95,13 @@ def map_effort(effort: str, param: str) -> str:
     return EFFORT_LEVELS[effort]
 
 
-def tokenize(engine: ServingEngine, prompt_ids: list[int], items: list) -> tuple[list[int], Any]:
-    """The prompt's token ids (of its text), each media placeholder expanded to its item's
-    tokens (`MediaPlanner.prepare`), and the `MediaPrompt` (None without media)."""
+def expand_media(engine: ServingEngine, text_ids: list[int], items: list) -> tuple[list[int], Any]:
+    """The prompt text's token ids with each media placeholder expanded to its item's tokens
+    (`MediaPlanner.prepare`), and the `MediaPrompt` (None without media)."""
     if not items:
-        return prompt_ids, None
+        return text_ids, None
     try:
-        ids, media = engine.media_planner.prepare(prompt_ids, items,
+        ids, media = engine.media_planner.prepare(text_ids, items,
                                            lambda text: list(encode_fragment(engine, text)))
     except MediaBudgetExceeded as exc:
         raise ApiError(400, f"{exc}.", "media_budget_exceeded", param="messages") from None
@@ -214,7 +214,7 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str,
         text = render_text(engine, request)
         rendered = (text, [], engine.tokenizer.encode(text))
     text, items, text_ids = rendered
-    prompt_ids, media = tokenize(engine, text_ids, items)
+    prompt_ids, media = expand_media(engine, text_ids, items)
     check_context(len(prompt_ids), engine.max_context)
     wanted = engine.default_max_tokens if request.max_tokens is None else request.max_tokens
     max_tokens = min(wanted, engine.max_context - len(prompt_ids))

@@ -129,7 +129,6 @@ class HostTier:
         return [*self.k, *self.v, *([(self.rows,)] if self.rows is not None else [])]
 
 
-
 def _host_runs(hosts: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
     """The positions of `hosts` in host order, and its runs of consecutive host pages as
     (first page, pages)."""

@@ -154,10 +154,10 @@ def test_evicted_pages_return_from_the_host_tier(family):
 
 
 def test_a_restore_pushes_out_the_pages_it_needs_in_one_batched_copy(family, monkeypatch):
-    """A 6-page pool and two 250-token conversations: b pushes two of a's pages to the host
-    tier, then a's next turn restores them, which pushes two of b's out. Those demotions are one batched copy to the
-    host, not one copy a page (a 32K prefix restored on the H200 made ~2,000 small copies),
-    and the turn answers as an engine without reuse does."""
+    """A 6-page pool and two 250-token conversations: b pushes a's last pages to the host tier,
+    then a's next turn restores them, which pushes as many of b's out. Those demotions are one
+    batched copy to the host, not one copy a page (a 32K prefix restored on the H200 made
+    ~2,000 small copies), and the turn answers as an engine without reuse does."""
     from ninfer_engine.kv.host_tier import HostTier
     from ninfer_engine.kv.radix_host import HostMoves
 
