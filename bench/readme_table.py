@@ -246,10 +246,28 @@ def _lookahead_rows() -> list[str]:
     return rows
 
 
+def _agent_replay_rows() -> list[str]:
+    """The prefix cache under an agent workload (`bench/agent_replay.py`), its three modes
+    replayed in one run."""
+    r = _load("h200-agent-replay-35b-a3b.json")
+    if not r:
+        return []
+    a, modes = r["args"], r["modes"]
+    off, host = modes["cache off"], modes["device + host"]
+    what = (f"H200, 35B-A3B shape cut to {a['layers']} layers, agent replay ({a['agents']} "
+            f"conversations x {a['turns']} turns, a shared {a['system']}-token system prompt), "
+            "prefix cache with its host tier")
+    return [f"| {what}: TTFT p50 | {host['ttft_p50_s'] * 1000:.0f} ms | cache off "
+            f"{off['ttft_p50_s'] * 1000:.0f} ms | {off['ttft_p50_s'] / host['ttft_p50_s']:.1f}× |",
+            f"| {what}: prompt tokens computed | {host['computed']:,} | cache off "
+            f"{off['computed']:,} | {host['computed'] / off['computed']:.3f} |"]
+
+
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _gpu_rows() + _lookahead_rows() + _step_row_rows()
-                             + _engine_process_rows() + _served_rows()) + "\n"
+                             + _engine_process_rows() + _served_rows()
+                             + _agent_replay_rows()) + "\n"
 
 
 def main() -> int:
