@@ -41,17 +41,22 @@ def test_paged_attention_matches_reference(device, quant):
                                         (8, 2, 64), (3, 1, 16)])
 def test_paged_attention_decoder_shapes(device, nq, nkv, D):
     # batch 1 with a split grid sized by max_seq_len, as StepHarness calls it; GQA 1..8
-    g = torch.Generator().manual_seed(14)
-    n_pages = 3
+    _check_one_row(device, nq, nkv, D, n_pages=3, length=100, seed=14)
+
+
+def _check_one_row(device, nq, nkv, D, n_pages, length, seed):
+    """One sequence of `length` tokens over `n_pages` shuffled pages, the split grid sized by
+    all of them, against the reference."""
+    g = torch.Generator().manual_seed(seed)
     table = torch.randperm(n_pages, generator=g).int()[None]
-    lens = torch.tensor([100], dtype=torch.int32)
+    lens = torch.tensor([length], dtype=torch.int32)
     q = torch.randn(1, nq, D, generator=g).bfloat16()
     k = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
     v = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
     ref = paged_attention_ref(q, k, v, table, lens)
     out = paged_attention_triton(*[t.to(device) for t in (q, k, v, table, lens)],
                                  max_seq_len=n_pages * PAGE)
-    assert rel_err(out, ref) < attention_tol(q, k, int(lens.max()))
+    assert rel_err(out, ref) < attention_tol(q, k, length)
 
 
 def test_a_strided_query_gives_the_dense_querys_rows(device):
@@ -74,18 +79,8 @@ def test_a_strided_query_gives_the_dense_querys_rows(device):
 def test_a_long_context_merges_more_splits_than_one_block(device):
     """Batch 1 over 40 pages: 40 splits, merged MERGE_SPLITS at a time with a running max; the
     last pages lie past the sequence's end, so the last block's splits are empty."""
-    g = torch.Generator().manual_seed(6)
-    nq, nkv, D, n_pages = 2, 1, 16, 40
-    assert n_pages > 2 * MERGE_SPLITS
-    table = torch.randperm(n_pages, generator=g).int()[None]
-    lens = torch.tensor([n_pages * PAGE - 7 * PAGE - 5], dtype=torch.int32)
-    q = torch.randn(1, nq, D, generator=g).bfloat16()
-    k = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
-    v = torch.randn(n_pages, PAGE, nkv, D, generator=g).bfloat16()
-    ref = paged_attention_ref(q, k, v, table, lens)
-    out = paged_attention_triton(*[t.to(device) for t in (q, k, v, table, lens)],
-                                 max_seq_len=n_pages * PAGE)
-    assert rel_err(out, ref) < attention_tol(q, k, int(lens.max()))
+    assert 40 > 2 * MERGE_SPLITS
+    _check_one_row(device, nq=2, nkv=1, D=16, n_pages=40, length=33 * PAGE - 5, seed=6)
 
 
 COMPILE = """
