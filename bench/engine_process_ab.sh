@@ -8,7 +8,7 @@ D=/tmp/ab; mkdir -p $D
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1; export PYTHONPATH=/tmp/site
 L=$1; M=/dev/shm/ninfer-35b-a3b-$L-fp8-row.ninfer
-t0=$(date +%s); timeout 300 python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers $L --recipe fp8-row -o $M > $D/synth.log 2>&1; echo "synth $(( $(date +%s)-t0 )) s"
+t0=$(date +%s); timeout 300 python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers $L --recipe fp8-row --device cuda -o $M > $D/synth.log 2>&1; echo "synth $(( $(date +%s)-t0 )) s"
 run() {  # label, NINFER_ENGINE_PROCESS
   port=18100
   NINFER_ENGINE_PROCESS=$2 setsid python3 -m ninfer_tui.cli $M --no-tui --host 127.0.0.1 --port $port --model-id bench --max-concurrency 8 --max-context 8192 --kv-capacity 65536 --log-stats-interval-ms 1000 > $D/serve-$1.log 2>&1 &
