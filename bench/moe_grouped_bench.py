@@ -3,12 +3,14 @@
 kernels that read the codes in place, at a real layer's shape and several prompt sizes.
 
     python3 bench/moe_grouped_bench.py [--arch 35b-a3b] [--tokens 120,955,4096,7640]
-        [--block-m 16,64] [--json PATH]
+        [--block-m 16,64] [--tiles 64x64x64w4s3,128x128x64w8s3,...] [--json PATH]
 
 Each variant runs the whole routed part of `SparseMoE.routed` (sort, experts, weights, slot
 sum) on random fp8-row stacks; CUDA events over 20 runs after 3 warm-ups. Also prints the
 relative difference of the two outputs (both bf16; the kernels round each output once, the
-old path each weight, gate, up, SiLU and product).
+old path each weight, gate, up, SiLU and product). `--tiles`: each kernel alone at each tile
+and launch size `BMxBNxBK` `wWARPS` `sSTAGES`, its µs and TFLOP/s, the fastest named per kernel
+and token count (a prompt burst's largest kernel time, h200-prompt-burst-35b-a3b-8l-fused.md).
 """
 from __future__ import annotations
 
@@ -47,11 +49,53 @@ def timed(fn, runs=20):
     return start.elapsed_time(end) / runs * 1e3  # µs
 
 
+def parse_tile(spec: str) -> dict:
+    """`128x64x64w8s3` -> the tile and launch sizes of one sweep point."""
+    sizes, rest = spec.split("w")
+    warps, stages = rest.split("s")
+    bm, bn, bk = map(int, sizes.split("x"))
+    return dict(bm=bm, bn=bn, bk=bk, warps=int(warps), stages=int(stages))
+
+
+def sweep(specs, x, order, k, counts, weights, gate_up, down) -> dict:
+    """Each kernel alone at each tile size: µs, TFLOP/s (2 multiply-adds a weight a row)."""
+    T, H = x.shape
+    S, I = order.shape[0], gate_up.w.shape[1] // 2
+    act = moe_grouped_swiglu(x, order, k, tile_plan(counts, S), gate_up.w, gate_up.scale)
+    flops = {"swiglu": 2 * S * 2 * I * H, "down": 2 * S * H * I}
+    out = {"swiglu": [], "down": []}
+    for spec in specs:
+        t = parse_tile(spec)
+        tiles = tile_plan(counts, S, t["bm"])
+        launch = dict(block_n=t["bn"], block_k=t["bk"], num_warps=t["warps"],
+                      num_stages=t["stages"])
+        runs = {"swiglu": lambda: moe_grouped_swiglu(x, order, k, tiles, gate_up.w,
+                                                     gate_up.scale, **launch),
+                "down": lambda: moe_grouped_down(act, order, weights.reshape(-1), tiles, down.w,
+                                                 down.scale, **launch)}
+        for name, run in runs.items():
+            try:
+                us = timed(run)
+            except Exception as exc:  # a tile the device cannot hold (shared memory)
+                out[name].append({"tile": spec, "error": str(exc)[:120]})
+                continue
+            out[name].append({"tile": spec, "us": round(us, 1),
+                              "tflops": round(flops[name] / us / 1e6, 1)})
+    for name, points in out.items():
+        timed_points = [p for p in points if "us" in p]
+        if timed_points:
+            best = min(timed_points, key=lambda p: p["us"])
+            print(f"  {T} tokens, {name}: fastest {best['tile']} {best['us']} µs "
+                  f"({best['tflops']} TFLOP/s)", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="35b-a3b")
     ap.add_argument("--tokens", default="120,955,4096,7640")
     ap.add_argument("--block-m", default="16,64")
+    ap.add_argument("--tiles", default="", help="comma-separated BMxBNxBKwWsS to sweep")
     ap.add_argument("--json")
     args = ap.parse_args()
     c = synth_config(args.arch, 1)
@@ -91,6 +135,9 @@ def main() -> None:
                 row[f"bm{bm}_us"] = round(timed(lambda: after(bm)), 1)
                 row[f"bm{bm}_rel_diff"] = ((out - ref).norm() / ref.norm()).item()
             row["auto_us"] = round(timed(lambda: after(None)), 1)
+            if args.tiles:
+                row["tiles"] = sweep(args.tiles.split(","), x, order, k, counts, weights,
+                                     gate_up, down)
             rows.append(row)
             print(row, flush=True)
     if args.json:

@@ -176,10 +176,11 @@ def grouped_supports(scale: torch.Tensor | None, w: torch.Tensor) -> bool:
 
 def moe_grouped_swiglu(x: torch.Tensor, order: torch.Tensor, top_k: int, tiles: Tiles,
                        w: torch.Tensor, scale: torch.Tensor | None = None, block_n: int = 64,
-                       block_k: int = 64) -> torch.Tensor:
+                       block_k: int = 64, num_warps: int = 4, num_stages: int = 3
+                       ) -> torch.Tensor:
     """See the module docstring. x [T, H]; order [S] (flat routing rows, expert-sorted);
     `tiles` of its S rows; w [E', 2I, H] (E' ≥ E: a stack may hold the shared expert after the
-    routed)."""
+    routed). The tile and launch sizes are `bench/moe_grouped_bench.py --tiles`'s to sweep."""
     S, H = order.shape[0], x.shape[1]
     E, I = tiles.counts.shape[0], w.shape[1] // 2
     out = torch.empty(S, I, dtype=x.dtype, device=x.device)
@@ -189,14 +190,15 @@ def moe_grouped_swiglu(x: torch.Tensor, order: torch.Tensor, top_k: int, tiles: 
     _swiglu_kernel[(tiles.grid_m, triton.cdiv(I, block_n))](
         x.contiguous(), order, tiles.tile_ends, tiles.starts, tiles.counts, w, s, out, top_k,
         I, H, E=E, EP=triton.next_power_of_2(E), MODE=mode, G=G, BM=tiles.bm, BN=block_n,
-        BK=block_k,
-        DOT=dot_dtype(), MANUAL_RNE=_manual_rne(out.dtype), num_warps=4, num_stages=3)
+        BK=block_k, DOT=dot_dtype(), MANUAL_RNE=_manual_rne(out.dtype), num_warps=num_warps,
+        num_stages=num_stages)
     return out
 
 
 def moe_grouped_down(act: torch.Tensor, order: torch.Tensor, weights: torch.Tensor,
                      tiles: Tiles, w: torch.Tensor, scale: torch.Tensor | None = None,
-                     block_n: int = 64, block_k: int = 64) -> torch.Tensor:
+                     block_n: int = 64, block_k: int = 64, num_warps: int = 4,
+                     num_stages: int = 3) -> torch.Tensor:
     """See the module docstring. act [S, I] (expert-sorted rows); order [S]; weights [S] (flat
     routing weights in (token, slot) order); `tiles` of the S rows; w [E', H, I] -> slots
     [S, H]."""
@@ -209,6 +211,6 @@ def moe_grouped_down(act: torch.Tensor, order: torch.Tensor, weights: torch.Tens
     _down_kernel[(tiles.grid_m, triton.cdiv(H, block_n))](
         act, order, weights.contiguous(), tiles.tile_ends, tiles.starts, tiles.counts, w, s,
         out, H, I, E=E, EP=triton.next_power_of_2(E), MODE=mode, G=G, BM=tiles.bm, BN=block_n,
-        BK=block_k,
-        DOT=dot_dtype(), MANUAL_RNE=_manual_rne(out.dtype), num_warps=4, num_stages=3)
+        BK=block_k, DOT=dot_dtype(), MANUAL_RNE=_manual_rne(out.dtype), num_warps=num_warps,
+        num_stages=num_stages)
     return out

@@ -33,17 +33,22 @@ def _stack(layout, E, N, K, gen):
 
 
 @pytest.mark.parametrize("layout", ["bf16", "row", "group"])
-@pytest.mark.parametrize("T,k,E,I,H", [(5, 2, 6, 32, 64), (37, 3, 8, 48, 80), (70, 2, 4, 32, 64)])
-def test_grouped_swiglu_and_down_match_float64(device, layout, T, k, E, I, H):
+@pytest.mark.parametrize("T,k,E,I,H,blocks", [
+    (5, 2, 6, 32, 64, None), (37, 3, 8, 48, 80, None), (70, 2, 4, 32, 64, None),
+    # other tile sizes (`moe_grouped_bench.py --tiles` sweeps them): row and K tiles that
+    # split the experts' rows and the widths differently
+    (37, 3, 8, 48, 80, (32, 32, 32)), (70, 2, 4, 32, 64, (64, 16, 16))])
+def test_grouped_swiglu_and_down_match_float64(device, layout, T, k, E, I, H, blocks):
     gen = torch.Generator().manual_seed(T + E)
     ids, order, counts = _routing(T, k, E, gen)
     assert counts[1] == 0
     x = torch.randn(T, H, generator=gen).bfloat16()
     # one stacked expert more than the routing's: the shared expert of a fused stack
     gu, gu_s, gu_exact = _stack(layout, E + 1, 2 * I, H, gen)
-    tiles = tile_plan(counts.to(device), T * k)
+    bm, bn, bk = blocks or (None, 64, 64)
+    tiles = tile_plan(counts.to(device), T * k, bm)
     act = moe_grouped_swiglu(x.to(device), order.to(device), k, tiles, gu.to(device),
-                             None if gu_s is None else gu_s.to(device))
+                             None if gu_s is None else gu_s.to(device), bn, bk)
     assert act.dtype == BF16 and act.shape == (T * k, I)
     rows = order // k  # sorted row r is token order[r] // k through expert ids.flat[order[r]]
     experts = ids.reshape(-1)[order]
@@ -53,7 +58,7 @@ def test_grouped_swiglu_and_down_match_float64(device, layout, T, k, E, I, H):
     dn, dn_s, dn_exact = _stack(layout, E + 1, H, I, gen)
     weights = torch.softmax(torch.randn(T, k, generator=gen), -1).bfloat16()
     slots = moe_grouped_down(act, order.to(device), weights.reshape(-1).to(device), tiles,
-                             dn.to(device), None if dn_s is None else dn_s.to(device))
+                             dn.to(device), None if dn_s is None else dn_s.to(device), bn, bk)
     assert slots.shape == (T * k, H)
     # slot order[r] holds sorted row r's product, times its own routing weight
     back = torch.empty_like(order)
