@@ -76,11 +76,7 @@ class HostTier:
         pages into a device buffer, then one copy per run of consecutive host pages (queued on
         the current stream, so the device pages can be leased again at once). A 32K prefix
         demoted page by page was ~2,000 small copies on the H200."""
-        recorder = getattr(self, "recorder", None)  # for tensor-parallel followers
-        if recorder is not None:
-            recorder.ops.append(("to_host", tuple(pages), tuple(hosts)))
-        order, runs = _host_runs(hosts)
-        src = self._rows([pages[i] for i in order], self.storage.device)
+        runs, src = self._plan(("to_host", tuple(pages), tuple(hosts)), hosts, pages)
         P = self.storage.page_tokens
         for of_layer, to_layer in zip(self._device_layers(), self._host_layers()):
             for of, to in zip(map(as_bits, of_layer), map(as_bits, to_layer)):
@@ -96,11 +92,7 @@ class HostTier:
         page-locked pages, queued), then one scatter into the device pages. (A gather on the
         host first made an unpinned temporary: a 32K prefix's 670 MB went through the CPU
         and a pageable copy.)"""
-        recorder = getattr(self, "recorder", None)  # for tensor-parallel followers
-        if recorder is not None:
-            recorder.ops.append(("from_host", tuple(hosts), tuple(pages)))
-        order, runs = _host_runs(hosts)
-        dst = self._rows([pages[i] for i in order], self.storage.device)
+        runs, dst = self._plan(("from_host", tuple(hosts), tuple(pages)), hosts, pages)
         P = self.storage.page_tokens
         for of_layer, to_layer in zip(self._host_layers(), self._device_layers()):
             for of, to in zip(map(as_bits, of_layer), map(as_bits, to_layer)):
@@ -113,11 +105,18 @@ class HostTier:
                     at += n * P
                 to.index_copy_(0, dst, staged)
 
-    def _rows(self, pages: list[int], device: torch.device) -> torch.Tensor:
-        """The token rows of `pages`, in order, as an index on `device`."""
+    def _plan(self, op: tuple, hosts: list[int], pages: list[int]
+              ) -> tuple[list[tuple[int, int]], torch.Tensor]:
+        """A copy between `hosts` and `pages`, noted as `op` for tensor-parallel followers:
+        its runs of consecutive host pages, and the device pages' token rows in host order
+        (an index on the device)."""
+        recorder = getattr(self, "recorder", None)
+        if recorder is not None:
+            recorder.ops.append(op)
+        order, runs = _host_runs(hosts)
         P = self.storage.page_tokens
-        rows = (torch.tensor(pages)[:, None] * P + torch.arange(P)).flatten()
-        return rows.to(device, non_blocking=True)
+        rows = (torch.tensor([pages[i] for i in order])[:, None] * P + torch.arange(P)).flatten()
+        return runs, rows.to(self.storage.device, non_blocking=True)
 
     def release_page(self, host: int) -> None:
         self._free.append(host)
