@@ -151,12 +151,27 @@ def tile_plan(counts: torch.Tensor, rows: int, block_m: int | None = None) -> Ti
     """The tiles of `rows` expert-sorted rows, `counts[e]` of them expert e's (on the device)."""
     E = counts.shape[0]
     # an expert's rows fill whole tiles: under 16 rows an expert (short prompts) take 16-row
-    # tiles (H200, 35B-A3B layer: 3.8 rows an expert 381 µs against 443; 30 rows 640 against 476)
-    bm = block_m or (16 if interpreting() or rows < 16 * E else 64)
+    # tiles (H200, 35B-A3B layer: 3.8 rows an expert 381 µs against 443; 30 rows 640 against
+    # 476), from 128 rows an expert 128-row tiles (239 rows: both GEMMs 1,427 µs against 1,798)
+    bm = block_m or (16 if interpreting() or rows < 16 * E else 64 if rows < 128 * E else 128)
     rows32 = counts.to(torch.int32)
     starts = torch.cumsum(rows32, 0, dtype=torch.int32) - rows32
     tile_ends = torch.cumsum((rows32 + bm - 1) // bm, 0, dtype=torch.int32)
     return Tiles(bm, counts, starts, tile_ends, triton.cdiv(rows, bm) + E)
+
+
+# (BN, BK, warps, stages) of each kernel by row tile: the fastest of `moe_grouped_bench.py
+# --tiles` on the H200 (a 35B-A3B layer at 955, 4,096 and 7,640 tokens;
+# bench/results/h200-moe-grouped-tiles.md); 16-row tiles were not swept
+LAUNCH = {"swiglu": {16: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3)},
+          "down": {16: (64, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 4, 4)}}
+
+
+def _launch(kernel: str, bm: int, block_n, block_k, num_warps, num_stages) -> tuple:
+    """The given sizes, each None taken from `LAUNCH` (a row tile it lacks: 64-row's)."""
+    table = LAUNCH[kernel].get(bm, LAUNCH[kernel][64])
+    return tuple(t if v is None else v
+                 for v, t in zip((block_n, block_k, num_warps, num_stages), table))
 
 
 def _stack(w, scale, block_k: int):
@@ -175,17 +190,21 @@ def grouped_supports(scale: torch.Tensor | None, w: torch.Tensor) -> bool:
 
 
 def moe_grouped_swiglu(x: torch.Tensor, order: torch.Tensor, top_k: int, tiles: Tiles,
-                       w: torch.Tensor, scale: torch.Tensor | None = None, block_n: int = 64,
-                       block_k: int = 64, num_warps: int = 4, num_stages: int = 3
+                       w: torch.Tensor, scale: torch.Tensor | None = None,
+                       block_n: int | None = None, block_k: int | None = None,
+                       num_warps: int | None = None, num_stages: int | None = None
                        ) -> torch.Tensor:
     """See the module docstring. x [T, H]; order [S] (flat routing rows, expert-sorted);
     `tiles` of its S rows; w [E', 2I, H] (E' ≥ E: a stack may hold the shared expert after the
-    routed). The tile and launch sizes are `bench/moe_grouped_bench.py --tiles`'s to sweep."""
+    routed). The tile and launch sizes (None: `LAUNCH`'s) are `bench/moe_grouped_bench.py
+    --tiles`'s to sweep."""
     S, H = order.shape[0], x.shape[1]
     E, I = tiles.counts.shape[0], w.shape[1] // 2
     out = torch.empty(S, I, dtype=x.dtype, device=x.device)
     if S == 0:
         return out
+    block_n, block_k, num_warps, num_stages = _launch("swiglu", tiles.bm, block_n, block_k,
+                                                      num_warps, num_stages)
     mode, G, s, block_k = _stack(w, scale, block_k)
     _swiglu_kernel[(tiles.grid_m, triton.cdiv(I, block_n))](
         x.contiguous(), order, tiles.tile_ends, tiles.starts, tiles.counts, w, s, out, top_k,
@@ -197,8 +216,9 @@ def moe_grouped_swiglu(x: torch.Tensor, order: torch.Tensor, top_k: int, tiles: 
 
 def moe_grouped_down(act: torch.Tensor, order: torch.Tensor, weights: torch.Tensor,
                      tiles: Tiles, w: torch.Tensor, scale: torch.Tensor | None = None,
-                     block_n: int = 64, block_k: int = 64, num_warps: int = 4,
-                     num_stages: int = 3) -> torch.Tensor:
+                     block_n: int | None = None, block_k: int | None = None,
+                     num_warps: int | None = None, num_stages: int | None = None
+                     ) -> torch.Tensor:
     """See the module docstring. act [S, I] (expert-sorted rows); order [S]; weights [S] (flat
     routing weights in (token, slot) order); `tiles` of the S rows; w [E', H, I] -> slots
     [S, H]."""
@@ -207,6 +227,8 @@ def moe_grouped_down(act: torch.Tensor, order: torch.Tensor, weights: torch.Tens
     out = torch.empty(S, H, dtype=act.dtype, device=act.device)
     if S == 0:
         return out
+    block_n, block_k, num_warps, num_stages = _launch("down", tiles.bm, block_n, block_k,
+                                                      num_warps, num_stages)
     mode, G, s, block_k = _stack(w, scale, block_k)
     _down_kernel[(tiles.grid_m, triton.cdiv(H, block_n))](
         act, order, weights.contiguous(), tiles.tile_ends, tiles.starts, tiles.counts, w, s,

@@ -37,7 +37,9 @@ def _stack(layout, E, N, K, gen):
     (5, 2, 6, 32, 64, None), (37, 3, 8, 48, 80, None), (70, 2, 4, 32, 64, None),
     # other tile sizes (`moe_grouped_bench.py --tiles` sweeps them): row and K tiles that
     # split the experts' rows and the widths differently
-    (37, 3, 8, 48, 80, (32, 32, 32)), (70, 2, 4, 32, 64, (64, 16, 16))])
+    (37, 3, 8, 48, 80, (32, 32, 32)), (70, 2, 4, 32, 64, (64, 16, 16)),
+    # the 128-row tiles of long prompts, with `LAUNCH`'s sizes for them
+    (70, 2, 4, 32, 64, (128, None, None))])
 def test_grouped_swiglu_and_down_match_float64(device, layout, T, k, E, I, H, blocks):
     gen = torch.Generator().manual_seed(T + E)
     ids, order, counts = _routing(T, k, E, gen)
@@ -45,7 +47,7 @@ def test_grouped_swiglu_and_down_match_float64(device, layout, T, k, E, I, H, bl
     x = torch.randn(T, H, generator=gen).bfloat16()
     # one stacked expert more than the routing's: the shared expert of a fused stack
     gu, gu_s, gu_exact = _stack(layout, E + 1, 2 * I, H, gen)
-    bm, bn, bk = blocks or (None, 64, 64)
+    bm, bn, bk = blocks or (None, None, None)  # None: tile_plan's and LAUNCH's choice
     tiles = tile_plan(counts.to(device), T * k, bm)
     act = moe_grouped_swiglu(x.to(device), order.to(device), k, tiles, gu.to(device),
                              None if gu_s is None else gu_s.to(device), bn, bk)
