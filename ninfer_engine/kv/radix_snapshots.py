@@ -48,7 +48,7 @@ class Snapshots:
             return self._to_host_slot(node, state)
         if not self.slots.free:
             self._off_device(least_valuable(self._snapshots))
-        node.snapshot = self.slots.acquire()
+        node.snapshot = self.slots.acquire(zeroed=False)  # overwritten next
         copy_state(state, node.snapshot)
         self._snapshots.add(node)
         if cls != "long" and cap is not None:
@@ -77,7 +77,7 @@ class Snapshots:
             self._host_snapshots.discard(victim)
             if victim.snapshot is None and len(victim.key) < self.page_tokens:
                 self._remove(victim)  # a tail without its snapshot restores nothing
-        node.host_snapshot = states.acquire()
+        node.host_snapshot = states.acquire(zeroed=False)  # overwritten next
         copy_state(state, node.host_snapshot)
         self._host_snapshots.add(node)
         return True

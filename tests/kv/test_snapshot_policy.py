@@ -84,3 +84,19 @@ def test_a_limit_of_zero_keeps_none_of_that_kind():
     tree.insert(tokens[: 4 * P + 2], cache.pages, _state(3.0), kind=REPLAY)
     assert tree.snapshots == 1
     assert tree.match(tokens[: 3 * P] + (7,)).tokens == 0
+
+
+def test_snapshots_in_reused_slots_hold_exactly_the_state_saved():
+    """Snapshot slots, device and host, are not zeroed when taken (the save overwrites them):
+    after every slot has held another state, each match still returns the one saved there."""
+    storage, tree = _tree(2, SnapshotLimits(private=2), host_slots=2)
+    prompts = [_prompt(storage, 100 * i, 13) for i in range(1, 7)]
+    for value, (tokens, cache) in enumerate(prompts, 1):  # 6 saves through 2 + 2 slots
+        tree.insert(tokens[:12], cache.pages, _state(float(value)), kind=REPLAY)
+    kept = {}
+    for value, (tokens, _) in enumerate(prompts, 1):
+        match = tree.match(tokens[:12] + (7,))
+        if match.snapshot is not None:
+            kept[value] = match.snapshot.layers[0].ssm.tolist()
+    assert len(kept) == 4  # the two newest on the device, the two before them on the host
+    assert kept == {v: [float(v)] * 2 for v in kept}
