@@ -7,7 +7,8 @@ tiles of expert e are numbered after those of experts < e (`tile_ends`, a cumula
 on the device: no host sync), and the grid launches the most tiles any routing can need
 (⌈S / BM⌉ + E), the surplus programs returning at once.
 
-`tile_plan(counts, rows)`: the row tiles, computed once for both GEMMs of a layer.
+`tile_plan(counts, rows)`: the row tiles, computed once for both GEMMs of a layer; their height
+grows with the rows an expert (`ROW_TILES`), each height a kernel variant of its own.
 `moe_grouped_swiglu(x, order, top_k, tiles, w, scale)`
     act [S, I] = SiLU(gate)·up of sorted row r = token `order[r] // top_k` of `x` [T, H] through
     its expert's gate|up [2I, H] (the A tile is gathered from `x`: the sorted copy of the
@@ -147,13 +148,24 @@ class Tiles:
     grid_m: int  # row tiles launched: the most any routing of these rows can need
 
 
+# (rows an expert from, row tile): an expert's rows fill whole tiles, so short prompts take
+# 16-row tiles (H200, 35B-A3B layer: 3.8 rows an expert 381 µs against 443; 30 rows 640 against
+# 476) and long ones 128-row tiles (239 rows: both GEMMs 1,427 µs against 1,798)
+ROW_TILES = ((0, 16), (16, 64), (128, 128))
+
+
+def row_tile(rows: int, experts: int) -> int:
+    """The row tile `tile_plan` takes for `rows` sorted rows over `experts` (the interpreter:
+    16, its cheapest)."""
+    if interpreting():
+        return 16
+    return max(bm for start, bm in ROW_TILES if rows >= start * experts)
+
+
 def tile_plan(counts: torch.Tensor, rows: int, block_m: int | None = None) -> Tiles:
     """The tiles of `rows` expert-sorted rows, `counts[e]` of them expert e's (on the device)."""
     E = counts.shape[0]
-    # an expert's rows fill whole tiles: under 16 rows an expert (short prompts) take 16-row
-    # tiles (H200, 35B-A3B layer: 3.8 rows an expert 381 µs against 443; 30 rows 640 against
-    # 476), from 128 rows an expert 128-row tiles (239 rows: both GEMMs 1,427 µs against 1,798)
-    bm = block_m or (16 if interpreting() or rows < 16 * E else 64 if rows < 128 * E else 128)
+    bm = block_m or row_tile(rows, E)
     rows32 = counts.to(torch.int32)
     starts = torch.cumsum(rows32, 0, dtype=torch.int32) - rows32
     tile_ends = torch.cumsum((rows32 + bm - 1) // bm, 0, dtype=torch.int32)

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels._dispatch import use_triton
-from ..kernels.moe_grouped import (grouped_supports, moe_grouped_down, moe_grouped_swiglu,
-                                   tile_plan)
+from ..kernels.moe_grouped import (ROW_TILES, grouped_supports, moe_grouped_down,
+                                   moe_grouped_swiglu, tile_plan)
 from ..kernels.moe_route import route_topk
 from .experts import ExpertStack, fp8_block
 from .layers import Linear
@@ -256,6 +256,24 @@ class SparseMoE:
         slots = torch.empty_like(ys)
         slots[order] = ys  # back to (token, slot) order
         return slots.view(*ids.shape, x.shape[-1]).sum(1)  # deterministic, unlike a scatter-add
+
+    def warm_up(self, dtype: torch.dtype, device: torch.device) -> bool:
+        """Run this layer once on random tokens at each row tile of the grouped kernels
+        (`moe_grouped.ROW_TILES`), so every variant compiles before serving whatever prompt
+        lengths the engine's warm-up requests make (a 4,096-token step took 128-row tiles,
+        and the first 8x120 burst compiled the 64-row ones: 1.1 s). False where those kernels
+        do not run (nothing to compile)."""
+        probe = torch.empty(0, dtype=dtype, device=device)
+        stacks = self.stacked_shared if self.router_score is not None else None
+        if not self._fp8_grouped(probe, stacks):
+            return False
+        experts = (stacks or self.stacked)[0].w.shape[0]
+        gen = torch.Generator(device=device).manual_seed(0)
+        for start, _ in ROW_TILES:
+            tokens = max(1, -(-start * experts // self.top_k))
+            self(torch.randn(tokens, self.router.shape[1], dtype=dtype, device=device,
+                             generator=gen))
+        return True
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shared = self.stacked_shared

@@ -148,6 +148,13 @@ class Qwen35Model:
         # set by the DFlash loader (`models.dflash`), whose drafter reads them
         self.feature_taps: tuple[int, ...] | None = None
 
+    def warm_up_kernels(self) -> None:
+        """Compile what the engine's warm-up requests may not reach: the grouped expert
+        kernels' row tiles (`SparseMoE.warm_up`), once; the layers share their variants."""
+        for block in self.blocks:
+            if isinstance(block.ffn, SparseMoE) and block.ffn.warm_up(self.dtype, self.device):
+                return
+
     @property
     def vocab_size(self) -> int:
         return self.config["vocab_size"]

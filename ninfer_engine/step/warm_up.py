@@ -9,7 +9,8 @@ server ~2 s (27B shape: the first request's TTFT 2.2 s, then the first burst of 
 kinds and steps them to the end before the engine serves. Two of them sample as served requests
 do (the model preset's penalties, greedy; the preset's sampling, seeded), so the sampling
 kernels a first request needs (penalties, top-k) compile here too: on the H200 the first served
-request took 2.5 s to its first token, the next 72 ms.
+request took 2.5 s to its first token, the next 72 ms. Last, the model compiles what those
+requests' lengths may not reach (`warm_up_kernels`: the grouped expert kernels' row tiles).
 """
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
             late = add(len(first), BESIDE_DECODE)
         if not engine.step() and late is not None:
             break
+    kernels = getattr(engine.model, "warm_up_kernels", None)
+    if kernels is not None:  # what the requests' lengths may not reach (the MoE's row tiles)
+        kernels()
     seconds = time.monotonic() - started
     log.info("warm-up: prompt steps of every kind run once in %.1f s", seconds)
     return seconds
