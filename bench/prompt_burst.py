@@ -148,6 +148,8 @@ def main() -> None:
     ap.add_argument("--profile", metavar="COUNTxLENGTH", help="that burst again, profiled")
     ap.add_argument("--syncs", metavar="COUNTxLENGTH",
                     help="that burst again under CUDA's sync debug mode: where the host waits")
+    ap.add_argument("--prefill-chunk", type=int, default=None,
+                    help="the step's prompt-token budget (default: the engine's, 4096 on CUDA)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (tiny-moe, say)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -163,7 +165,7 @@ def main() -> None:
         params = FusedParams(config, source)
         t = time.perf_counter()
         engine = bench_engine(Qwen35Model(config, params), args.arch, config, 8, 8192,
-                              prefix_reuse=args.prefix_reuse)
+                              prefill_chunk=args.prefill_chunk, prefix_reuse=args.prefix_reuse)
         print(f"engine built with warm-up in {time.perf_counter() - t:.1f} s, "
               f"{len(COMPILES)} compiles", flush=True)
         COMPILES.clear()
