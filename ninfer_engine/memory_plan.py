@@ -125,7 +125,8 @@ def snapshot_limits(config: EngineConfig) -> SnapshotLimits:
 def _host_tier(config: EngineConfig, model: Any, storage: KvStorage):
     """The prefix cache's host tier (`--host-kv-mib`, `--host-state-slots`; both default to
     0: none), checked against the RAM available (`NINFER_HOST_TIER_RAM_GUARD`)."""
-    pages = (config.host_kv_mib or 0) * MIB // storage.page_bytes
+    # a model without attention layers (a truncated hybrid) stores no K/V: no host pages
+    pages = (config.host_kv_mib or 0) * MIB // storage.page_bytes if storage.page_bytes else 0
     slots = config.host_state_slots or 0
     if not pages and not slots:
         return None

@@ -312,3 +312,21 @@ def test_fixed_capacity_is_unchanged(device):
     artifact = FakeArtifact(tiny_llama(seed=4, vocab_size=259))
     engine = Engine(EngineConfig(artifact=Path("t"), kv_capacity=500), artifact)
     assert engine.memory.allocator.total == 8 and engine.config.kv_capacity == 500
+
+
+def test_a_hybrid_without_attention_layers_loads(monkeypatch):
+    """A hybrid truncated to its GDN layers (`--layers 2` of a synthetic shape) stores no K/V:
+    its pages are 0 bytes, and sizing the host tier divided by that (ZeroDivisionError)."""
+    from ninfer_engine.artifact.synth import build_synthetic
+    from ninfer_engine.benchmark import engine_step
+    from ninfer_engine.models.fused import FusedParams
+    from ninfer_engine.models.qwen3_5 import Qwen35Model
+    from .helpers import default_resources
+
+    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
+    config, source = build_synthetic("tiny-moe", "cpu", torch.float32, 2)
+    model = Qwen35Model(config, FusedParams(config, source))
+    assert model.attention_layers == []
+    engine = engine_step.bench_engine(model, "tiny-moe", config, 2, 256)
+    run = engine_step.run_requests(engine, engine_step.random_prompts(2, 40, 1000), 3)
+    assert engine.memory.storage.page_bytes == 0 and len(run.first_token_s) == 2
