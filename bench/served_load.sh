@@ -11,7 +11,8 @@
 # Each ninfer server also gets bench/serve_staggered.py (arrivals spread in time: prompts keep
 # arriving while the other streams decode). PEER=0 skips llama.cpp (build and serve).
 # SERVERS (default "after before llama") picks which servers `serve` runs, so a lease can split
-# them over calls; "before" runs only with OLD, "llama" only without PEER=0.
+# them over calls; "before" runs only with OLD, "llama" only without PEER=0. NINFER_FLAGS: more
+# ninfer-serve flags for the ninfer servers (e.g. --prefill-chunk 8192).
 # LONG_LOAD (serve_load.py flags, e.g. 1K-token prompts: --prompt-chars 4300) runs each server
 # once more under that load, into served-$ARCH-<server>-long.json (TTFT with long prompts), and
 # measures TTFT p50/p99 of 1K-token prompts arriving one at a time and 8 together
@@ -65,7 +66,7 @@ serve_ninfer() {  # label, PYTHONPATH prefix
   # the one imported (without it, "before" ran this checkout's code)
   PYTHONPATH="${2:-$PWD}${PYTHONPATH:+:$PYTHONPATH}" setsid python3 -P -m ninfer_tui.cli "$MODEL" --no-tui \
     --host 127.0.0.1 --port $port --model-id bench --max-concurrency 8 --max-context 8192 \
-    --kv-capacity 65536 --log-stats-interval-ms 1000 > "$log" 2>&1 &
+    --kv-capacity 65536 --log-stats-interval-ms 1000 ${NINFER_FLAGS:-} > "$log" 2>&1 &
   local pid=$!
   if wait_health http://127.0.0.1:$port $pid 300; then
     python3 .peers/serve_load.py http://127.0.0.1:$port bench $LOAD --label "ninfer-$1" \
