@@ -263,11 +263,24 @@ def _agent_replay_rows() -> list[str]:
             f"{off['computed']:,} | {host['computed'] / off['computed']:.3f} |"]
 
 
+def _host_tier_rows() -> list[str]:
+    """A turn whose long prefix was pushed out to the host tier (`bench/host_tier_ttft.py`)."""
+    r = _load("h200-host-tier-ttft-35b-a3b.json")
+    if not r:
+        return []
+    tier = r["rows"]["device + host tier"]
+    what = (f"H200, 35B-A3B shape cut to {r['layers']} layers, TTFT of a {r['turn_tokens']}-token "
+            f"turn after its {r['prompt_tokens']}-token prefix was evicted, restored from the "
+            "host tier (medians of 3 passes)")
+    return [f"| {what} | {tier['after_eviction_ttft_s'] * 1000:.0f} ms | cold prefill "
+            f"{tier['cold_ttft_s'] * 1000:.0f} ms | {tier['speedup_vs_cold']:.1f}× |"]
+
+
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _gpu_rows() + _lookahead_rows() + _step_row_rows()
                              + _engine_process_rows() + _served_rows()
-                             + _agent_replay_rows()) + "\n"
+                             + _agent_replay_rows() + _host_tier_rows()) + "\n"
 
 
 def main() -> int:
