@@ -57,12 +57,12 @@ def _load(ptr, mask, EVEN: tl.constexpr):
 # start-up warm-up's short rows never compiled
 @triton.jit(do_not_specialize=["n", "sch"])
 def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_ptr, o_ptr, n,
-                      first_ptr,
+                      first_ptr, slot_ptr,
                       swh, swn, swr, swd, suh, sun, sur, sud, sqh, sqn, sqr, sqd,
                       skh, skn, skr, skd, sph, spn, spr, spc, sch, scn,
                       NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
-                      TF32: tl.constexpr, ROWS: tl.constexpr):
+                      TF32: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr):
     # chunk tiles are [nv, n, C, ·] tensors read through their strides (the torch precompute's
     # outputs are permuted / column-major views; copying them contiguous would cost a pass each)
     h = tl.program_id(0)
@@ -72,8 +72,14 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
         h = h % NV
         c0 = tl.load(first_ptr + r)
         n = tl.load(first_ptr + r + 1) - c0
-        s_ptr += r * NV * DK * DV
-        s_out_ptr += r * NV * DK * DV
+        # SLOTS: row r's state is row slot[r] of a state pool, read and overwritten in place
+        # (this program reads its tile before it writes it; no other program touches it)
+        if SLOTS:
+            at = tl.load(slot_ptr + r)
+        else:
+            at = r
+        s_ptr += at * NV * DK * DV
+        s_out_ptr += at * NV * DK * DV
     else:
         c0 = 0
     rc = tl.arange(0, C)
@@ -139,30 +145,39 @@ def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool
 
 
 def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chunk: int,
-          tf32: bool, block_v: int, num_warps: int, num_stages: int):
+          tf32: bool, block_v: int, num_warps: int, num_stages: int,
+          slots: torch.Tensor | None = None):
     """The chunk walk over `tiles` (`chunk_prep_triton`'s, n chunks) from `states` ([nv, dk,
-    dv], or [R, nv, dk, dv] with `firsts`: row r's chunks are firsts[r] .. firsts[r+1]-1):
-    (o [n·chunk, nv, dv] fp32, the new states)."""
+    dv], or [R, nv, dk, dv] with `firsts`: row r's chunks are firsts[r] .. firsts[r+1]-1; with
+    `slots` too, a pool whose row slots[r] row r continues in place): (o [n·chunk, nv, dv]
+    fp32, the new states: `states` itself with `slots`)."""
     nv, dk, dv = states.shape[-3:]
     assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
     block_k = max(16, triton.next_power_of_2(dk))
     block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
-    s_in = states.float().contiguous()
-    s_out = torch.empty_like(s_in)
+    if slots is None:
+        s_in = states.float().contiguous()
+        s_out = torch.empty_like(s_in)
+    else:
+        assert firsts is not None and slots.numel() == firsts.numel() - 1
+        assert states.dtype == torch.float32 and states.is_contiguous(), "a pool, in place"
+        s_in = s_out = states
     o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=s_in.device)
     rows = 1 if firsts is None else firsts.numel() - 1
+    first = s_in if firsts is None else firsts  # an unread pointer where the mode has none
     _gdn_chunk_kernel[(rows * nv, triton.cdiv(dv, block_v))](
-        *tiles, s_in, s_out, o, n, s_in if firsts is None else firsts,
+        *tiles, s_in, s_out, o, n, first, first if slots is None else slots,
         *(st for x in tiles for st in x.stride()),
         NV=nv, DK=dk, DV=dv, C=chunk, BK=block_k, BV=block_v,
         EVEN=block_k == dk and dv % block_v == 0, TF32=tf32, ROWS=firsts is not None,
-        num_warps=num_warps, num_stages=num_stages)
+        SLOTS=slots is not None, num_warps=num_warps, num_stages=num_stages)
     return o, s_out
 
 
 def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
-                             chunk: int = CHUNK, *, tf32: bool = False, block_v: int = 64,
-                             num_warps: int = 8, num_stages: int = 1):
+                             chunk: int = CHUNK, *, slots: torch.Tensor | None = None,
+                             tf32: bool = False, block_v: int = 64, num_warps: int = 8,
+                             num_stages: int = 1):
     """`chunk_gated_delta` of a step's rows in three launches, not two a row: q, k, v, g, beta
     [P, ...] hold row i's tokens from position firsts[i]·chunk (`firsts` int32 on the
     device; row i's chunks are firsts[i] .. firsts[i+1]-1), every padding position zero (it has
@@ -170,7 +185,10 @@ def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
     padding), as `kernels.gdn_prompt` writes them; row i continues `states[i]` ([R, nv, dk,
     dv] fp32, not modified). The precompute runs over every chunk of every row at once, the
     chunk walk's programs are (row, head). Returns (o in that layout [P, nv, dv] fp32, new
-    states [R, nv, dk, dv])."""
-    assert q.shape[0] % chunk == 0 and states.shape[0] == firsts.numel() - 1
+    states [R, nv, dk, dv]). With `slots` ([R] int32 on the device), `states` is a state pool
+    [S, nv, dk, dv] (fp32, contiguous): row i continues row slots[i] and overwrites it in place
+    (vLLM's `state_indices`), and the pool is returned as the new states."""
+    assert q.shape[0] % chunk == 0
+    assert states.shape[0] == firsts.numel() - 1 or slots is not None
     tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32)
-    return _walk(tiles, n, states, firsts, chunk, tf32, block_v, num_warps, num_stages)
+    return _walk(tiles, n, states, firsts, chunk, tf32, block_v, num_warps, num_stages, slots)

@@ -2,9 +2,10 @@
 layer instead of ~35: the profile of an 8-layer 35B-A3B prompt step on the H200 spent most of
 its host time launching them).
 
-`gdn_prompt_prep(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout)` takes a step's rows
-(row i: `layout.lengths[i]` consecutive tokens of `qkv` [T, C] = q|k|v before the conv, `b` and
-`a` [T, nv]; the rows' conv states `conv` [R, K-1, C], oldest first) and returns, in the
+`gdn_prompt_prep(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout, slots)` takes a
+step's rows (row i: `layout.lengths[i]` consecutive tokens of `qkv` [T, C] = q|k|v before the
+conv, `b` and `a` [T, nv]; the rows' conv states `conv` [R, K-1, C], oldest first, or with
+`slots` ([R] int32) rows slots[i] of a state pool's `conv` [S, K-1, C]) and returns, in the
 chunk-padded layout of `gdn_chunk.chunk_gated_delta_padded` (row i's token j at
 `layout.first[i]·chunk + j`, every padding position zero):
 
@@ -71,13 +72,21 @@ def prompt_layout(lengths: tuple[int, ...], device: torch.device,
                         packed[len(first) + gap:], to_device(at, device))
 
 
+@functools.lru_cache(maxsize=4)
+def slot_indices(slots: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The rows' state-pool slots as an int64 device tensor (cached: every GDN layer asks)."""
+    return to_device(np.asarray(slots, dtype=np.int64), device)
+
+
 def _padded(layout: PromptLayout, x: torch.Tensor) -> torch.Tensor:
     out = x.new_zeros((layout.padded, *x.shape[1:]))
     return out.index_copy_(0, layout.at, x)
 
 
-def gdn_prompt_prep_ref(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout):
+def gdn_prompt_prep_ref(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout, slots=None):
     """Torch reference (see the module docstring); qkv, b, a, conv bf16."""
+    if slots is not None:  # the rows' states out of the pool: the same values
+        conv = conv.index_select(0, slots.long())
     C, (R, K1, _) = qkv.shape[1], conv.shape
     kg = nk * dk
     nv = b.shape[1]
@@ -100,10 +109,10 @@ def gdn_prompt_prep_ref(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout)
 
 @triton.jit(do_not_specialize=["P", "R", "NT"])  # one variant for every step's rows
 def _prompt_prep_kernel(qkv_ptr, b_ptr, a_ptr, conv_ptr, w_ptr, alog_ptr, dtb_ptr, meta_ptr,
-                        out_ptr, new_ptr, P, R, NT, s_qkv, s_b, s_a,
+                        slot_ptr, out_ptr, new_ptr, P, R, NT, s_qkv, s_b, s_a,
                         NK: tl.constexpr, DK: tl.constexpr, VG: tl.constexpr,
                         NV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                        BLOCK_NV: tl.constexpr, LIBDEVICE: tl.constexpr):
+                        BLOCK_NV: tl.constexpr, LIBDEVICE: tl.constexpr, SLOTS: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)  # q or k head h (h < 2·NK), else a block of BC of v's channels
     KG: tl.constexpr = NK * DK
@@ -122,6 +131,10 @@ def _prompt_prep_kernel(qkv_ptr, b_ptr, a_ptr, conv_ptr, w_ptr, alog_ptr, dtb_pt
         row = tl.load(meta_ptr + P + p, mask=pm, other=0)
         pos = tl.load(meta_ptr + 2 * P + p, mask=pm, other=0)
         real = tok >= 0
+        if SLOTS:  # row r's conv state is row slot[r] of a state pool
+            state = tl.load(slot_ptr + row, mask=pm, other=0)
+        else:
+            state = row
         acc = tl.zeros((BT, BC), dtype=tl.float32)
         for j in tl.static_range(K):  # tap j reads the input K-1-j tokens back
             back = pos - (K - 1) + j
@@ -129,7 +142,7 @@ def _prompt_prep_kernel(qkv_ptr, b_ptr, a_ptr, conv_ptr, w_ptr, alog_ptr, dtb_pt
             sm = (real & (back < 0))[:, None] & cm[None, :]
             x = tl.load(qkv_ptr + (tok - (K - 1) + j)[:, None] * s_qkv + c[None, :], mask=xm,
                         other=0.0).to(tl.float32)
-            s = tl.load(conv_ptr + (row * (K - 1) + (K - 1) + back)[:, None] * C + c[None, :],
+            s = tl.load(conv_ptr + (state * (K - 1) + (K - 1) + back)[:, None] * C + c[None, :],
                         mask=sm, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + j * C + c, mask=cm, other=0.0).to(tl.float32)
             acc += (x + s) * w[None, :]
@@ -162,38 +175,44 @@ def _prompt_prep_kernel(qkv_ptr, b_ptr, a_ptr, conv_ptr, w_ptr, alog_ptr, dtb_pt
         r = pid - NT
         first = tl.load(meta_ptr + 3 * P + r)
         n = tl.load(meta_ptr + 3 * P + R + r)
+        if SLOTS:
+            state_r = tl.load(slot_ptr + r)
+        else:
+            state_r = r
         for i in tl.static_range(K - 1):
             at = n - (K - 1) + i + lane * 0  # a vector: the interpreter masks with no scalar
             xi = tl.load(qkv_ptr + (first + at) * s_qkv + c, mask=cm & (at >= 0), other=0.0)
-            si = tl.load(conv_ptr + (r * (K - 1) + (K - 1) + at) * C + c,
+            si = tl.load(conv_ptr + (state_r * (K - 1) + (K - 1) + at) * C + c,
                          mask=cm & (at < 0), other=0.0)
             tl.store(new_ptr + (r * (K - 1) + i) * C + c, tl.where(at >= 0, xi, si), mask=cm)
 
 
 def gdn_prompt_prep_triton(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout,
-                           block_t: int = 16):
+                           slots=None, block_t: int = 16):
     """Triton path, one launch: grid (⌈P / block_t⌉ + R, the 2·nk q/k heads + ⌈vg / dk⌉ v
     blocks); the last R programs of a column write the new conv states."""
     T, C = qkv.shape
-    R, K1, _ = conv.shape
+    R, K1 = len(layout.lengths), conv.shape[1]
     nv, kg = b.shape[1], nk * dk
     vg = C - 2 * kg
     assert conv.shape[2] == C and conv.is_contiguous() and conv_w.shape == (K1 + 1, C)
     assert qkv.stride(1) == 1 and b.stride(1) == 1 and a.stride(1) == 1 and a.shape == b.shape
     assert conv_w.is_contiguous() and a_log.dtype == dt_bias.dtype == torch.float32
-    assert len(layout.lengths) == R and sum(layout.lengths) == T and vg % nv == 0
+    assert (conv.shape[0] == R if slots is None else slots.shape == (R,))
+    assert sum(layout.lengths) == T and vg % nv == 0
     assert conv.dtype == qkv.dtype == torch.bfloat16
     P = layout.padded
     assert P * (C + 2 * nv) < 2**31, "int32 offsets"
     out = torch.empty(P * (C + 2 * nv), dtype=torch.float32, device=qkv.device)
-    new = torch.empty_like(conv)
+    new = conv.new_empty(R, K1, C)
     bc = triton.next_power_of_2(dk)
     nt = triton.cdiv(P, block_t)
     _prompt_prep_kernel[(nt + R, 2 * nk + triton.cdiv(vg, bc))](
-        qkv, b, a, conv, conv_w, a_log, dt_bias, layout.meta, out, new, P, R, nt,
+        qkv, b, a, conv, conv_w, a_log, dt_bias, layout.meta,
+        layout.meta if slots is None else slots, out, new, P, R, nt,
         qkv.stride(0), b.stride(0), a.stride(0), NK=nk, DK=dk, VG=vg, NV=nv, K=K1 + 1,
         BT=block_t, BC=bc, BLOCK_NV=triton.next_power_of_2(nv), LIBDEVICE=not interpreting(),
-        num_warps=4)
+        SLOTS=slots is not None, num_warps=4)
     q = out[: P * kg].view(P, nk, dk)
     k = out[P * kg: 2 * P * kg].view(P, nk, dk)
     v = out[2 * P * kg: P * C].view(P, nv, vg // nv)
@@ -202,7 +221,7 @@ def gdn_prompt_prep_triton(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layo
     return q, k, v, g, beta, new
 
 
-def gdn_prompt_prep(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout):
+def gdn_prompt_prep(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout, slots=None):
     """Dispatching entry point; see the module docstring."""
     fn = gdn_prompt_prep_triton if use_triton(qkv) else gdn_prompt_prep_ref
-    return fn(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout)
+    return fn(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout, slots)

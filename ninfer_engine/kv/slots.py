@@ -2,10 +2,10 @@
 
 `StatePool` holds the recurrent (GDN conv + SSM) states of the hybrid family as rows of one
 device tensor per (layer, field): running sequences hold one slot each, and so does every
-prefix-tree snapshot (a pool of its own, `kv.radix`). A slot is an index; the model's eager
-forward reads and writes the slot's row views in place, and the decode step addresses the rows
-by index (vLLM's `state_indices`, SGLang's `MambaPool`), so no state is copied into batch rows
-or back.
+prefix-tree snapshot (a pool of its own, `kv.radix`). A slot is an index; the decode step and
+the CUDA prompt kernels address the rows by index (vLLM's `state_indices`, SGLang's
+`MambaPool`), the torch reference forward reads and writes the slot's row views in place, so
+no state is copied into batch rows or back.
 """
 from __future__ import annotations
 
@@ -55,8 +55,10 @@ class StatePool:
         return [layer[name] for layer in self.fields]
 
     def slot(self, index: int) -> StateSlot:
-        """Slot `index` as a `StateSlot` (views; no ownership check)."""
-        return StateSlot(index, [self._view(**{n: t[index] for n, t in layer.items()})
+        """Slot `index` as a `StateSlot` (views; no ownership check). Each layer's state also
+        names its pool tensors and row (`pool`, `slot`), for kernels that index them."""
+        return StateSlot(index, [self._view(**{n: t[index] for n, t in layer.items()},
+                                            pool=layer, slot=index)
                                  for layer in self.fields], self)
 
     def acquire(self, zeroed: bool = True) -> StateSlot | None:

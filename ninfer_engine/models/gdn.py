@@ -5,14 +5,15 @@ bf16 a step's prompt chunks run through fused Triton kernels instead (`_prompt_r
 Per-sequence state is a `GDNState`:
 the last K-1 *pre-conv* q|k|v rows (time-major `[K-1, C]`, activation dtype) and the fp32
 recurrent state in HF layout `[nv, dk, dv]`, both updated in place (they may be views of a
-slot of the engine's state pool). A prefill may be split into any number of chunks: each call
-continues the state exactly.
+slot of the engine's state pool: a step's prompt rows then address the pool by slot index,
+vLLM's `state_indices`, with no stack of the rows' states and no copy back). A prefill may be
+split into any number of chunks: each call continues the state exactly.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -22,7 +23,7 @@ from ..host_copy import to_device
 from ..kernels import gdn_chunk
 from ..kernels._dispatch import use_triton
 from ..kernels.gdn_fused import gdn_gated_norm
-from ..kernels.gdn_prompt import gdn_prompt_prep, prompt_layout
+from ..kernels.gdn_prompt import gdn_prompt_prep, prompt_layout, slot_indices
 from ..kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
 from .layers import Linear
 
@@ -37,6 +38,11 @@ class GDNState:
     ssm: torch.Tensor  # [nv, dk, dv] fp32
     # (conv, ssm) after each token of the last verify row, for `rollback`; None otherwise
     trail: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    # where conv and ssm are rows of a state pool (`kv.StatePool.slot`): its tensors of this
+    # layer ({"conv": [S, K-1, C], "ssm": [S, nv, dk, dv]}) and the row; prompt steps then
+    # address the rows by index in place
+    pool: dict[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
+    slot: int = -1
 
     def rollback(self, kept: int) -> None:
         """Take the state after the first `kept` tokens of the last verify row."""
@@ -170,13 +176,26 @@ class GatedDeltaNet:
             qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
             z, b, a = self.z(x), self.b(x), self.a(x)
         layout = prompt_layout(tuple(lengths), x.device)
-        q, k, v, g, beta, conv = gdn_prompt_prep(
-            qkv, b, a, torch.stack([s.conv for s in states]), self.conv, self.a_log,
-            self.dt_bias, self.nk, self.dk, layout)
-        o, ssm = gdn_chunk.chunk_gated_delta_padded(
-            q, k, v, g, beta, torch.stack([s.ssm for s in states]), layout.first, tf32=True)
-        torch._foreach_copy_([s.conv for s in states] + [s.ssm for s in states],
-                             [*conv.unbind(0), *ssm.unbind(0)])
+        pool = states[0].pool
+        if pool is not None and all(s.pool is pool for s in states):
+            # rows of one state pool (the engine's running slots): read and written in place
+            # by slot index; only the new conv rows go back, in one scatter
+            slots = slot_indices(tuple(s.slot for s in states), x.device)
+            q, k, v, g, beta, conv = gdn_prompt_prep(
+                qkv, b, a, pool["conv"], self.conv, self.a_log, self.dt_bias, self.nk, self.dk,
+                layout, slots)
+            o, _ = gdn_chunk.chunk_gated_delta_padded(
+                q, k, v, g, beta, pool["ssm"], layout.first, slots=slots, tf32=True)
+            pool["conv"].index_copy_(0, slots, conv)
+        else:  # states held apart (tests, a bench's own): stacked, then copied back
+            q, k, v, g, beta, conv = gdn_prompt_prep(
+                qkv, b, a, torch.stack([s.conv for s in states]), self.conv, self.a_log,
+                self.dt_bias, self.nk, self.dk, layout)
+            o, ssm = gdn_chunk.chunk_gated_delta_padded(
+                q, k, v, g, beta, torch.stack([s.ssm for s in states]), layout.first,
+                tf32=True)
+            torch._foreach_copy_([s.conv for s in states] + [s.ssm for s in states],
+                                 [*conv.unbind(0), *ssm.unbind(0)])
         o = gdn_gated_norm(o.index_select(0, layout.at), z, self.norm, self.eps)
         return self.out(o)
 

@@ -191,3 +191,108 @@ def test_rows_in_one_launch_equal_each_row_alone(device, lengths, nv, nk, dk, dv
                                            chunk=16)
         assert torch.equal(o[rows], want_o) and torch.equal(s[i], want_s), i
         start += n
+
+
+@pytest.mark.parametrize("lengths", [[1, 70, 16], [64, 1, 33]])
+def test_rows_continue_their_pool_slots_in_place(device, lengths):
+    """With `slots`, the walk reads row i's state from row slots[i] of a state pool and writes
+    it back there: outputs and new states bit for bit those of the stacked rows, the pool's
+    other rows untouched (vLLM's `state_indices`: no stack, no copy back)."""
+    nv, nk, dk, dv = 4, 2, 24, 40
+    gen = torch.Generator().manual_seed(11)
+    T = sum(lengths)
+    q = l2_normalize(torch.randn(T, nk, dk, generator=gen))
+    k = l2_normalize(torch.randn(T, nk, dk, generator=gen))
+    v = torch.randn(T, nv, dv, generator=gen)
+    g = -torch.rand(T, nv, generator=gen)
+    beta = torch.rand(T, nv, generator=gen)
+    pool = torch.randn(6, nv, dk, dv, generator=gen).to(device)
+    slots = [4, 0, 2]
+    lay = prompt_layout(tuple(lengths), torch.device(device), 16)
+    padded = [t.to(device).new_zeros((lay.padded, *t.shape[1:])).index_copy_(
+        0, lay.at, t.to(device)) for t in (q, k, v, g, beta)]
+    want_o, want_s = gdn_chunk.chunk_gated_delta_padded(*padded, pool[slots].clone(), lay.first,
+                                                        chunk=16)
+    before = pool.clone()
+    index = torch.tensor(slots, dtype=torch.int64, device=device)
+    o, s = gdn_chunk.chunk_gated_delta_padded(*padded, pool, lay.first, chunk=16, slots=index)
+    assert s is pool and torch.equal(o, want_o) and torch.equal(pool[slots], want_s)
+    others = [i for i in range(6) if i not in slots]
+    assert torch.equal(pool[others], before[others])
+
+
+COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ninfer_engine.kernels.gdn_chunk import _gdn_chunk_kernel as k
+
+types = ["*fp32"] * 9 + ["i32", "*i32", "*i64"] + ["i32"] * 22
+consts = dict(NV=32, DK=128, DV=128, C=64, BK=128, BV=64, EVEN=True, TF32=True, ROWS=True,
+              SLOTS=True)
+signature = {**dict(zip(k.arg_names, types)), **dict.fromkeys(consts, "constexpr")}
+triton.compile(ASTSource(k, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+               options={"num_warps": 8, "num_stages": 1})
+"""
+
+
+def test_the_walk_over_pool_slots_compiles_for_the_gpu():
+    """The rows-by-slot walk compiled for an H200 (sm_90) at the 35B-A3B shape, no GPU needed
+    (Triton's compiler checks what its interpreter does not); a child process, not under the
+    interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_layer_prompt_rows_of_a_state_pool_run_in_place(monkeypatch, device):
+    """`GatedDeltaNet` over prompt rows whose states are slots of one `StatePool` (the engine's
+    running slots) addresses them by index in place; the outputs and states equal those of the
+    same states held apart (stacked, then copied back), bit for bit, and the pool's other
+    slots are untouched."""
+    from ninfer_engine.kv.slots import StatePool
+
+    nk, nv, dk, dv, h = 1, 2, 16, 16, 32
+    config = {"hidden_size": h, "linear_num_key_heads": nk, "linear_num_value_heads": nv,
+              "linear_key_head_dim": dk, "linear_value_head_dim": dv,
+              "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6}
+    gen = torch.Generator().manual_seed(3)
+    weights = {}
+
+    def params(name, shape):
+        return weights.setdefault(name, (torch.randn(shape, generator=gen) * 0.3).to(device))
+
+    layer = gdn.GatedDeltaNet(config, lambda n, s: params(n, s).bfloat16(), "layers/0/")
+    for module in (gdn, gdn_prompt, gdn_fused):
+        monkeypatch.setattr(module, "use_triton", lambda t: True)
+    pool = StatePool(5, [layer.state_layout(torch.bfloat16)], device, gdn.GDNState)
+    for t in pool.fields[0].values():
+        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+    before = {n: t.clone() for n, t in pool.fields[0].items()}
+    slots = [pool.slot(i).layers[0] for i in (3, 1)]
+    apart = [gdn.GDNState(s.conv.clone(), s.ssm.clone()) for s in slots]
+    lengths = [20, 9]
+    x = torch.randn(sum(lengths), h, generator=gen).to(device).bfloat16()
+    calls = []
+    kernel = gdn_chunk.chunk_gated_delta_padded
+
+    def spy(*args, **kw):
+        calls.append(kw.get("slots") is not None)
+        return kernel(*args, **kw)
+
+    monkeypatch.setattr(gdn_chunk, "chunk_gated_delta_padded", spy)
+    want = layer(x, apart, lengths)
+    got = layer(x, slots, lengths)
+    assert calls == [False, True]  # held apart: stacked; pool slots: by index
+    assert torch.equal(got, want)
+    for s, a in zip(slots, apart):
+        assert torch.equal(s.conv, a.conv) and torch.equal(s.ssm, a.ssm)
+    for name, t in pool.fields[0].items():
+        assert torch.equal(t[[0, 2, 4]], before[name][[0, 2, 4]])
+        assert not torch.equal(t[[3, 1]], before[name][[3, 1]])

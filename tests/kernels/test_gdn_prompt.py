@@ -129,8 +129,9 @@ from triton.compiler import ASTSource
 
 from ninfer_engine.kernels.gdn_prompt import _prompt_prep_kernel as k
 
-types = ["*bf16"] * 5 + ["*fp32"] * 2 + ["*i32", "*fp32", "*bf16"] + ["i32"] * 6
-consts = dict(NK=16, DK=128, VG=4096, NV=32, K=4, BT=16, BC=128, BLOCK_NV=32, LIBDEVICE=True)
+types = ["*bf16"] * 5 + ["*fp32"] * 2 + ["*i32", "*i64", "*fp32", "*bf16"] + ["i32"] * 6
+consts = dict(NK=16, DK=128, VG=4096, NV=32, K=4, BT=16, BC=128, BLOCK_NV=32, LIBDEVICE=True,
+              SLOTS=True)
 signature = {**dict(zip(k.arg_names, types)), **dict.fromkeys(consts, "constexpr")}
 triton.compile(ASTSource(k, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                options={"num_warps": 4})
@@ -145,3 +146,29 @@ def test_the_kernel_compiles_for_the_gpu():
     done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_rows_read_their_conv_state_from_pool_slots(device, impl):
+    """With `slots`, row i's conv state is row slots[i] of a state pool: every output, the
+    new conv states included, bit for bit those of the same states stacked."""
+    if impl == "torch":
+        device = "cpu"
+    nk, nv, dk, dv, lengths = 2, 4, 16, 16, (5, 1, 70)
+    gen = torch.Generator().manual_seed(5)
+    C, T = 2 * nk * dk + nv * dv, sum(lengths)
+    qkv = (torch.randn(T, C, generator=gen) * 2).to(BF16)
+    pool = torch.randn(5, K - 1, C, generator=gen).to(BF16)
+    w = (torch.randn(K, C, generator=gen) * 0.5).to(BF16)
+    a_log, dt_bias = torch.randn(nv, generator=gen) * 0.5, torch.randn(nv, generator=gen)
+    a, b = (torch.randn(T, nv, generator=gen).to(BF16) for _ in range(2))
+    lay = prompt_layout(lengths, torch.device(device))
+    slots = [3, 0, 4]
+    fn = gdn_prompt_prep_triton if impl == "triton" else gdn_prompt_prep_ref
+    args = [x.to(device) for x in (qkv, b, a)]
+    rest = [x.to(device) for x in (w, a_log, dt_bias)]
+    stacked = fn(*args, pool[slots].to(device), *rest, nk, dk, lay)
+    index = torch.tensor(slots, dtype=torch.int64, device=device)
+    by_slot = fn(*args, pool.to(device), *rest, nk, dk, lay, index)
+    for want, got in zip(stacked, by_slot):
+        assert torch.equal(got, want)
