@@ -116,15 +116,36 @@ def test_chunk_tf32_stays_within_bf16_rounding():
     assert rel_err(o, ref_o) < tol and rel_err(s, ref_s) < tol
 
 
+def _small_gdn():
+    """A GDN layer's config at test size, and its (nv, dk, hidden)."""
+    nk, nv, dk, dv, h = 1, 2, 16, 16, 32
+    return ({"hidden_size": h, "linear_num_key_heads": nk, "linear_num_value_heads": nv,
+             "linear_key_head_dim": dk, "linear_value_head_dim": dv,
+             "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6}, (nv, dk, h))
+
+
+def _spy_on_the_walk(monkeypatch) -> list[dict]:
+    """Force the Triton path (the interpreter runs it on CPU tensors) and record the keyword
+    arguments of every `chunk_gated_delta_padded` call."""
+    calls = []
+    kernel = gdn_chunk.chunk_gated_delta_padded
+
+    def spy(*args, **kw):
+        calls.append(dict(kw))
+        return kernel(*args, **kw)
+
+    for module in (gdn, gdn_prompt, gdn_fused):
+        monkeypatch.setattr(module, "use_triton", lambda t: True)
+    monkeypatch.setattr(gdn_chunk, "chunk_gated_delta_padded", spy)
+    return calls
+
+
 def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
     """`GatedDeltaNet.__call__` takes the Triton kernels (the fused prologue, the chunk walk
     with TF32 dots, the gated norm) for a bf16 prefill where `use_triton` holds (forced here,
     so the interpreter runs them on CPU tensors); fp32 activations (the exact path) and single
     tokens keep the torch rules."""
-    nk, nv, dk, dv, h = 1, 2, 16, 16, 32
-    config = {"hidden_size": h, "linear_num_key_heads": nk, "linear_num_value_heads": nv,
-              "linear_key_head_dim": dk, "linear_value_head_dim": dv,
-              "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6}
+    config, (nv, dk, h) = _small_gdn()
     gen = torch.Generator().manual_seed(7)
     weights = {}
 
@@ -139,17 +160,8 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
         xs = x.to(dtype)
         return layer(xs[:40], [state], [40]), layer(xs[40:41], [state], [1]), state.ssm
 
-    calls = []
-    kernel = gdn_chunk.chunk_gated_delta_padded
-
-    def spy(*args, **kw):
-        calls.append(kw)
-        return kernel(*args, **kw)
-
     ref = run(torch.bfloat16)
-    for module in (gdn, gdn_prompt, gdn_fused):
-        monkeypatch.setattr(module, "use_triton", lambda t: True)
-    monkeypatch.setattr(gdn_chunk, "chunk_gated_delta_padded", spy)
+    calls = _spy_on_the_walk(monkeypatch)
     run(torch.float32)
     assert calls == []  # fp32 activations: the torch rule
     got = run(torch.bfloat16)
@@ -164,6 +176,21 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
         assert rel_err(a.float(), b.float()) < tol
 
 
+def _padded_rows(lengths, nv, nk, dk, dv, gen, device):
+    """Random normed q, k and v, g, beta of rows of `lengths` tokens on `device`: (them, the
+    rows' `prompt_layout` in 16-token chunks, them in its padded order)."""
+    T = sum(lengths)
+    q = l2_normalize(torch.randn(T, nk, dk, generator=gen))
+    k = l2_normalize(torch.randn(T, nk, dk, generator=gen))
+    v = torch.randn(T, nv, dv, generator=gen)
+    g = -torch.rand(T, nv, generator=gen)
+    beta = torch.rand(T, nv, generator=gen)
+    inputs = [t.to(device) for t in (q, k, v, g, beta)]
+    lay = prompt_layout(tuple(lengths), torch.device(device), 16)
+    return inputs, lay, [t.new_zeros((lay.padded, *t.shape[1:])).index_copy_(0, lay.at, t)
+                         for t in inputs]
+
+
 @pytest.mark.parametrize("lengths", [[1, 70, 16], [130], [5, 5, 5, 5], [64, 1, 33]])
 @pytest.mark.parametrize("nv, nk, dk, dv", [(3, 3, 32, 32), (4, 2, 24, 40)])
 def test_rows_in_one_launch_equal_each_row_alone(device, lengths, nv, nk, dk, dv):
@@ -171,17 +198,8 @@ def test_rows_in_one_launch_equal_each_row_alone(device, lengths, nv, nk, dk, dv
     programs: each row's outputs and state equal `chunk_gated_delta` on that row alone, bit for
     bit (the same chunk tiles, the padding the single-row path adds to its own tail)."""
     gen = torch.Generator().manual_seed(len(lengths))
-    T = sum(lengths)
-    q = l2_normalize(torch.randn(T, nk, dk, generator=gen))
-    k = l2_normalize(torch.randn(T, nk, dk, generator=gen))
-    v = torch.randn(T, nv, dv, generator=gen)
-    g = -torch.rand(T, nv, generator=gen)
-    beta = torch.rand(T, nv, generator=gen)
+    inputs, lay, padded = _padded_rows(lengths, nv, nk, dk, dv, gen, device)
     states = torch.randn(len(lengths), nv, dk, dv, generator=gen)
-    inputs = [t.to(device) for t in (q, k, v, g, beta)]
-    lay = prompt_layout(tuple(lengths), torch.device(device), 16)
-    padded = [t.new_zeros((lay.padded, *t.shape[1:])).index_copy_(0, lay.at, t)
-              for t in inputs]
     o, s = gdn_chunk.chunk_gated_delta_padded(*padded, states.to(device), lay.first, chunk=16)
     o = o.index_select(0, lay.at)
     start = 0
@@ -200,17 +218,9 @@ def test_rows_continue_their_pool_slots_in_place(device, lengths):
     other rows untouched (vLLM's `state_indices`: no stack, no copy back)."""
     nv, nk, dk, dv = 4, 2, 24, 40
     gen = torch.Generator().manual_seed(11)
-    T = sum(lengths)
-    q = l2_normalize(torch.randn(T, nk, dk, generator=gen))
-    k = l2_normalize(torch.randn(T, nk, dk, generator=gen))
-    v = torch.randn(T, nv, dv, generator=gen)
-    g = -torch.rand(T, nv, generator=gen)
-    beta = torch.rand(T, nv, generator=gen)
+    _, lay, padded = _padded_rows(lengths, nv, nk, dk, dv, gen, device)
     pool = torch.randn(6, nv, dk, dv, generator=gen).to(device)
     slots = [4, 0, 2]
-    lay = prompt_layout(tuple(lengths), torch.device(device), 16)
-    padded = [t.to(device).new_zeros((lay.padded, *t.shape[1:])).index_copy_(
-        0, lay.at, t.to(device)) for t in (q, k, v, g, beta)]
     want_o, want_s = gdn_chunk.chunk_gated_delta_padded(*padded, pool[slots].clone(), lay.first,
                                                         chunk=16)
     before = pool.clone()
@@ -258,10 +268,7 @@ def test_layer_prompt_rows_of_a_state_pool_run_in_place(monkeypatch, device):
     slots are untouched."""
     from ninfer_engine.kv.slots import StatePool
 
-    nk, nv, dk, dv, h = 1, 2, 16, 16, 32
-    config = {"hidden_size": h, "linear_num_key_heads": nk, "linear_num_value_heads": nv,
-              "linear_key_head_dim": dk, "linear_value_head_dim": dv,
-              "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6}
+    config, (_, _, h) = _small_gdn()
     gen = torch.Generator().manual_seed(3)
     weights = {}
 
@@ -269,8 +276,7 @@ def test_layer_prompt_rows_of_a_state_pool_run_in_place(monkeypatch, device):
         return weights.setdefault(name, (torch.randn(shape, generator=gen) * 0.3).to(device))
 
     layer = gdn.GatedDeltaNet(config, lambda n, s: params(n, s).bfloat16(), "layers/0/")
-    for module in (gdn, gdn_prompt, gdn_fused):
-        monkeypatch.setattr(module, "use_triton", lambda t: True)
+    calls = _spy_on_the_walk(monkeypatch)
     pool = StatePool(5, [layer.state_layout(torch.bfloat16)], device, gdn.GDNState)
     for t in pool.fields[0].values():
         t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
@@ -279,17 +285,10 @@ def test_layer_prompt_rows_of_a_state_pool_run_in_place(monkeypatch, device):
     apart = [gdn.GDNState(s.conv.clone(), s.ssm.clone()) for s in slots]
     lengths = [20, 9]
     x = torch.randn(sum(lengths), h, generator=gen).to(device).bfloat16()
-    calls = []
-    kernel = gdn_chunk.chunk_gated_delta_padded
-
-    def spy(*args, **kw):
-        calls.append(kw.get("slots") is not None)
-        return kernel(*args, **kw)
-
-    monkeypatch.setattr(gdn_chunk, "chunk_gated_delta_padded", spy)
     want = layer(x, apart, lengths)
     got = layer(x, slots, lengths)
-    assert calls == [False, True]  # held apart: stacked; pool slots: by index
+    # held apart: stacked; pool slots: by index
+    assert [kw.pop("slots", None) is not None for kw in calls] == [False, True]
     assert torch.equal(got, want)
     for s, a in zip(slots, apart):
         assert torch.equal(s.conv, a.conv) and torch.equal(s.ssm, a.ssm)
