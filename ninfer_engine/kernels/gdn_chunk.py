@@ -149,8 +149,8 @@ def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chun
           slots: torch.Tensor | None = None):
     """The chunk walk over `tiles` (`chunk_prep_triton`'s, n chunks) from `states` ([nv, dk,
     dv], or [R, nv, dk, dv] with `firsts`: row r's chunks are firsts[r] .. firsts[r+1]-1; with
-    `slots` too, a pool whose row slots[r] row r continues in place): (o [n·chunk, nv, dv]
-    fp32, the new states: `states` itself with `slots`)."""
+    `slots` too, a pool: row r continues its row slots[r] in place): (o [n·chunk, nv, dv] fp32,
+    the new states: `states` itself with `slots`)."""
     nv, dk, dv = states.shape[-3:]
     assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
     block_k = max(16, triton.next_power_of_2(dk))
@@ -185,7 +185,7 @@ def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
     padding), as `kernels.gdn_prompt` writes them; row i continues `states[i]` ([R, nv, dk,
     dv] fp32, not modified). The precompute runs over every chunk of every row at once, the
     chunk walk's programs are (row, head). Returns (o in that layout [P, nv, dv] fp32, new
-    states [R, nv, dk, dv]). With `slots` ([R] int32 on the device), `states` is a state pool
+    states [R, nv, dk, dv]). With `slots` ([R] int64 on the device), `states` is a state pool
     [S, nv, dk, dv] (fp32, contiguous): row i continues row slots[i] and overwrites it in place
     (vLLM's `state_indices`), and the pool is returned as the new states."""
     assert q.shape[0] % chunk == 0

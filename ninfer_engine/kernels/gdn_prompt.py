@@ -5,9 +5,9 @@ its host time launching them).
 `gdn_prompt_prep(qkv, b, a, conv, conv_w, a_log, dt_bias, nk, dk, layout, slots)` takes a
 step's rows (row i: `layout.lengths[i]` consecutive tokens of `qkv` [T, C] = q|k|v before the
 conv, `b` and `a` [T, nv]; the rows' conv states `conv` [R, K-1, C], oldest first, or with
-`slots` ([R] int32) rows slots[i] of a state pool's `conv` [S, K-1, C]) and returns, in the
-chunk-padded layout of `gdn_chunk.chunk_gated_delta_padded` (row i's token j at
-`layout.first[i]·chunk + j`, every padding position zero):
+`slots` ([R] int64 on the device) rows slots[i] of a state pool's `conv` [S, K-1, C]) and
+returns, in the chunk-padded layout of `gdn_chunk.chunk_gated_delta_padded` (row i's token j
+at `layout.first[i]·chunk + j`, every padding position zero):
 
 * q, k [P, nk, dk] = L2norm(SiLU(conv)) and v [P, nv, dv] = SiLU(conv), fp32, where conv is the
   causal depthwise conv over the row's state then its tokens; conv and SiLU are each rounded

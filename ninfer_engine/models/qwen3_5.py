@@ -148,12 +148,12 @@ class Qwen35Model:
         # set by the DFlash loader (`models.dflash`), whose drafter reads them
         self.feature_taps: tuple[int, ...] | None = None
 
-    def warm_up_kernels(self) -> None:
+    def warm_up_kernels(self) -> bool:
         """Compile what the engine's warm-up requests may not reach: the grouped expert
-        kernels' row tiles (`SparseMoE.warm_up`), once; the layers share their variants."""
-        for block in self.blocks:
-            if isinstance(block.ffn, SparseMoE) and block.ffn.warm_up(self.dtype, self.device):
-                return
+        kernels' row tiles (`SparseMoE.warm_up`), once; the layers share their variants.
+        False: no layer runs those kernels (nothing to compile)."""
+        return any(isinstance(b.ffn, SparseMoE) and b.ffn.warm_up(self.dtype, self.device)
+                   for b in self.blocks)
 
     @property
     def vocab_size(self) -> int:
