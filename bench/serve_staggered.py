@@ -10,7 +10,8 @@ at concurrency 8 against concurrency 1).
 
 Per request: time to first token and decode rate after it (streamed chat completions with
 `stream_options.include_usage`); aggregate: completion tokens / wall time from the first
-request's start to the last one's end. Only aiohttp.
+request's start to the last one's end; the gaps between streamed events after each request's
+first (p50, p99, max: what arriving prompts cost the streams already decoding). Only aiohttp.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ async def _stream(session, url, model, text, max_tokens) -> dict:
     body = {"model": model, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "messages": [{"role": "user", "content": text}]}
-    start, first, last, usage = time.perf_counter(), None, None, {}
+    start, stamps, usage = time.perf_counter(), [], {}
     async with session.post(url, json=body) as response:
         if response.status != 200:
             return {"error": f"HTTP {response.status}"}
@@ -59,14 +60,19 @@ async def _stream(session, url, model, text, max_tokens) -> dict:
             deltas = [c.get("delta") or {} for c in event.get("choices") or []]
             if any(d.get("content") or d.get("reasoning_content") or d.get("reasoning")
                    for d in deltas):
-                first = first or time.perf_counter()
-                last = time.perf_counter()
+                stamps.append(time.perf_counter())
     n = usage.get("completion_tokens", 0)
+    first, last = (stamps[0], stamps[-1]) if stamps else (None, None)
     result = {"ttft_s": first - start if first else None, "completion_tokens": n,
-              "prompt_tokens": usage.get("prompt_tokens"), "end": time.perf_counter()}
+              "prompt_tokens": usage.get("prompt_tokens"), "end": time.perf_counter(),
+              "gaps": [b - a for a, b in zip(stamps, stamps[1:])]}
     if first and last and last > first and n > 1:
         result["decode_tok_s"] = (n - 1) / (last - first)
     return result
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def _run(args) -> dict:
@@ -98,6 +104,9 @@ async def _run(args) -> dict:
     wall = max(r["end"] for r in ok) - t0 if ok else float("nan")
     ttfts = sorted(r["ttft_s"] for r in ok if r["ttft_s"] is not None)
     rates = [r["decode_tok_s"] for r in ok if "decode_tok_s" in r]  # none at --max-tokens 1
+    # the gaps between a stream's content events after its first: what a prompt arriving
+    # beside it costs the streams already decoding (one event a token, or a speculative run)
+    gaps = sorted(g for r in ok for g in r["gaps"])
     if not ttfts:
         return {"label": args.label, "concurrency": args.concurrency, "requests": len(results),
                 "ok": 0, "errors": sorted({r["error"] for r in results if "error" in r})}
@@ -106,7 +115,10 @@ async def _run(args) -> dict:
             "aggregate_tok_s": sum(r["completion_tokens"] for r in ok) / wall,
             "decode_tok_s_median": statistics.median(rates) if rates else None,
             "ttft_median_s": statistics.median(ttfts),
-            "ttft_p99_s": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
+            "ttft_p99_s": _percentile(ttfts, 0.99),
+            "gap_p50_s": _percentile(gaps, 0.5) if gaps else None,
+            "gap_p99_s": _percentile(gaps, 0.99) if gaps else None,
+            "gap_max_s": gaps[-1] if gaps else None,
             "prompt_tokens_median": statistics.median(r["prompt_tokens"] or 0 for r in ok),
             "errors": sorted({r["error"] for r in results if "error" in r})}
 

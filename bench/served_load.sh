@@ -16,8 +16,9 @@
 # LONG_LOAD (serve_load.py flags, e.g. 1K-token prompts: --prompt-chars 4300) runs each server
 # once more under that load, into served-$ARCH-<server>-long.json (TTFT with long prompts), and
 # measures TTFT p50/p99 of 1K-token prompts arriving one at a time and 8 together
-# (serve_staggered.py --burst, burst-$ARCH-<server>-c1|c8.json); LLAMA_LONG=0 skips both for
-# llama-server.
+# (serve_staggered.py --burst, burst-$ARCH-<server>-c1|c8.json) and, arriving spread in time,
+# the gaps between the decoding streams' tokens (staggered-$ARCH-<server>-long.json);
+# LLAMA_LONG=0 skips these for llama-server.
 # `serve` starts with the engine's own step on the same shape (`ninfer bench --sampling served`,
 # engine-$ARCH.json; ENGINE=0 skips it): first, so that its Triton compiles fill the disk cache
 # before any server starts (the first server on a fresh machine otherwise compiled what later
@@ -53,6 +54,10 @@ long_load() {  # url, label
 
 ttft_bursts() {  # url, label: TTFT p50/p99 of LONG_LOAD-sized prompts, one then 8 arriving together
   [ -n "${LONG_LOAD:-}" ] || return 0
+  # and arriving spread in time: what each long prompt's steps cost the streams decoding
+  python3 bench/serve_staggered.py "$1" bench --concurrency 8 --requests 32 --max-tokens 128 \
+    --prompt-chars 4300 --label "$2-staggered-long" \
+    --json "$OUT/staggered-$ARCH-$2-long.json" 2>&1 | tee -a "$OUT/served.log"
   for c in 1 8; do
     python3 bench/serve_staggered.py "$1" bench --burst --concurrency $c --requests 16 \
       --max-tokens 64 --prompt-chars 4300 --label "$2-burst$c" \

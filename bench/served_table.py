@@ -57,12 +57,17 @@ def main() -> None:
         lines += ["", "Staggered arrivals (`bench/serve_staggered.py`: stream i starts i/C of a "
                   "request's duration late, so prompts arrive while the others decode):", "",
                   "| server | concurrency | requests ok | aggregate tok/s | per-stream tok/s | "
-                  "TTFT median | TTFT p99 |", "|---|---:|---:|---:|---:|---:|---:|"]
+                  "TTFT median | TTFT p99 | gap between tokens p50 / p99 / max |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for run in staggered:
+            gaps = " / ".join(f"{run[k] * 1000:.1f}" for k in ("gap_p50_s", "gap_p99_s",
+                                                                "gap_max_s")) + " ms" \
+                if run.get("gap_p99_s") is not None else "—"  # runs before the gaps were kept
             lines.append(
                 f"| {run['label']} | {run['concurrency']} | {run['ok']}/{run['requests']} | "
                 f"{run['aggregate_tok_s']:.0f} | {run['decode_tok_s_median']:.0f} | "
-                f"{run['ttft_median_s'] * 1000:.0f} ms | {run['ttft_p99_s'] * 1000:.0f} ms |")
+                f"{run['ttft_median_s'] * 1000:.0f} ms | {run['ttft_p99_s'] * 1000:.0f} ms | "
+                f"{gaps} |")
     if bursts:
         alone = {b["label"].rsplit("-burst", 1)[0]: b["ttft_median_s"] for b in bursts
                  if b["concurrency"] == 1}
