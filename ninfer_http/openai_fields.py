@@ -97,6 +97,7 @@ def parse_chat_request(
         grammar_param=tools.param,
         logprobs=_logprobs(body),
         prompt_logprobs=_prompt_logprobs(body, stream),
+        ignore_eos=bool(get_bool(body, "ignore_eos")),
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
     )
     return request, options if stream else StreamOptions(n=n)

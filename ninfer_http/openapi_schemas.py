@@ -107,6 +107,7 @@ def _chat(model: Schema) -> dict[str, Schema]:
             "response_format": RESPONSE_FORMAT, "logprobs": BOOLEAN,
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "prompt_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+            "ignore_eos": BOOLEAN,  # vLLM's, for benchmarks: answers run to max_tokens
             "temperature": _number(0, 2), "top_p": _number(0, 1),
             "top_k": {"type": "integer", "minimum": 0, "maximum": 20}, "min_p": _number(0, 1),
             "presence_penalty": _number(-2, 2), "frequency_penalty": _number(-2, 2),

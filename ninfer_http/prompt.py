@@ -59,6 +59,7 @@ class ChatRequest:
     grammar_param: str = "response_format"  # the field that asked for it (error messages)
     logprobs: int | None = None  # alternatives per output token (0: chosen only); None: off
     prompt_logprobs: int | None = None  # vLLM's: alternatives per prompt token; None: off
+    ignore_eos: bool = False  # vLLM's: the end tokens do not end the answer (benchmarks)
     parallel_tool_calls: bool = True  # False: at most one tool call is returned
     session_key: str | None = None  # prefix-reuse hint (Responses' prompt_cache_key)
     # messages whose end is a reusable prefix (Anthropic cache_control); -1: the leading system
@@ -245,6 +246,7 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str,
         logprob_sink=None if request.logprobs is None else [],
         prompt_logprobs=request.prompt_logprobs,
         prompt_logprob_sink=None if request.prompt_logprobs is None else [],
+        ignore_eos=request.ignore_eos,
         media=media,
         **cap,
     )

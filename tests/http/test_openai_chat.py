@@ -440,3 +440,15 @@ def test_client_label_is_validated(live):
         reply = live.request("POST", "/v1/chat/completions", {}, headers={"X-Ninfer-Client": bad})
         assert reply.status == 400
         assert reply.json()["error"]["code"] == "invalid_client_label"
+
+
+def test_ignore_eos_as_vllm_reaches_the_engine(live):
+    """vLLM's `ignore_eos` (benchmarks: answers run to max_tokens, as the peers' load tools
+    send it for llama-server), honoured by Chat as by Completions; off by default."""
+    sdk(live).chat.completions.create(model="fake-model", max_tokens=4, extra_body={
+        "ignore_eos": True}, messages=[{"role": "user", "content": "hi"}])
+    sdk(live).chat.completions.create(model="fake-model", max_tokens=4,
+                                      messages=[{"role": "user", "content": "hi"}])
+    assert [r.ignore_eos for r in live.engine.submitted] == [True, False]
+    reply = live.chat(ignore_eos="yes")
+    assert reply.status == 400 and reply.json()["error"]["param"] == "ignore_eos"

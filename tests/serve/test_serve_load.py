@@ -69,7 +69,10 @@ def test_slots_and_queue_deadline_on_the_real_engine(launch):
 
     async def scenario():
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-            running = await open_chat(session, url, chat_body(LONG, 400))
+            # holds the one slot until the client goes away below: past both queue deadlines
+            # (~6 s) at any decode speed (400 tokens, free to stop early, once ended in time
+            # on a fast CI box and let the queued request in)
+            running = await open_chat(session, url, {**chat_body(LONG, 4000), "ignore_eos": True})
             started = await read_chat(running, until_content=True)
             sent = time.monotonic()
             queued = asyncio.create_task(chat(session, url, chat_body("Hi", 4)))
