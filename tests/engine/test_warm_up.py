@@ -68,6 +68,23 @@ def _compiles_while(run) -> list[str]:
     return compiled
 
 
+def _compiles_then_stop(engine, run) -> list[str]:
+    """`_compiles_while(run)`, the engine stopped after it."""
+    try:
+        return _compiles_while(run)
+    finally:
+        engine.stop()
+
+
+def _run_to_length(engine, requests: list[GenerationRequest], steps: int) -> None:
+    """Add `requests` and step until each has ended (at most `steps` steps): at its length."""
+    seqs = [engine.add(request, lambda event: None) for request in requests]
+    for _ in range(steps):  # bounded
+        if not engine.step() or all(s.finish_reason for s in seqs):
+            break
+    assert all(s.finish_reason == "length" for s in seqs)
+
+
 @CUDA
 @torch.inference_mode()
 def test_after_the_warm_up_a_long_context_decodes_without_compiling():
@@ -80,18 +97,10 @@ def test_after_the_warm_up_a_long_context_decodes_without_compiling():
     engine = engine_step.bench_engine(model, "tiny-moe", config, 1, 10240, prefill_chunk=2048)
     prompt = engine_step.random_prompts(1, 9000, config["vocab_size"], seed=3)[0]
 
-    def long_request():
-        seq = engine.add(GenerationRequest("long", prompt, SamplingParams(temperature=0.0),
-                                           max_tokens=4, ignore_eos=True), lambda e: None)
-        for _ in range(16):  # bounded: 5 prompt chunks and 4 tokens
-            if not engine.step() or seq.finish_reason:
-                break
-        assert seq.finish_reason == "length"
-    try:
-        compiled = _compiles_while(long_request)
-    finally:
-        engine.stop()
-    assert compiled == []
+    def long_request():  # bounded: 5 prompt chunks and 4 tokens
+        _run_to_length(engine, [GenerationRequest("long", prompt, SamplingParams(temperature=0.0),
+                                                  max_tokens=4, ignore_eos=True)], 16)
+    assert _compiles_then_stop(engine, long_request) == []
 
 
 @CUDA
@@ -109,18 +118,10 @@ def test_after_the_warm_up_prompts_arriving_together_compile_nothing():
         sampling = engine_step.served_sampling(engine)
         for n in range(1, 9):
             prompts = engine_step.random_prompts(n, 100 + 7 * n, config["vocab_size"], seed=n)
-            seqs = [engine.add(GenerationRequest(f"b{n}-{i}", p, sampling, max_tokens=4,
-                                                 ignore_eos=True), lambda e: None)
-                    for i, p in enumerate(prompts)]
-            for _ in range(64):  # bounded
-                if not engine.step() or all(s.finish_reason for s in seqs):
-                    break
-            assert all(s.finish_reason == "length" for s in seqs)
-    try:
-        compiled = _compiles_while(bursts)
-    finally:
-        engine.stop()
-    assert compiled == []
+            _run_to_length(engine, [GenerationRequest(f"b{n}-{i}", p, sampling, max_tokens=4,
+                                                      ignore_eos=True)
+                                    for i, p in enumerate(prompts)], 64)
+    assert _compiles_then_stop(engine, bursts) == []
 
 
 @CUDA
