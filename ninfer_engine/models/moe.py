@@ -264,7 +264,10 @@ class SparseMoE:
         and the first 8x120 burst compiled the 64-row ones: 1.1 s). False where those kernels
         do not run (nothing to compile)."""
         probe = torch.empty(0, dtype=dtype, device=device)
-        stacks = self.stacked_shared if self.router_score is not None else None
+        shared = self.stacked_shared if self.router_score is not None else None
+        # the stacks `__call__` takes: with the shared expert where they run grouped, else the
+        # routed experts alone
+        stacks = shared if shared is not None and self._fp8_grouped(probe, shared) else None
         if not self._fp8_grouped(probe, stacks):
             return False
         experts = (stacks or self.stacked)[0].w.shape[0]
