@@ -20,6 +20,7 @@ import os
 import psutil
 import torch
 
+from ..host_copy import to_device
 from .cache import KvStorage
 from .quant import as_bits
 from .slots import StatePool
@@ -116,7 +117,7 @@ class HostTier:
         order, runs = _host_runs(hosts)
         P = self.storage.page_tokens
         rows = (torch.tensor([pages[i] for i in order])[:, None] * P + torch.arange(P)).flatten()
-        return runs, rows.to(self.storage.device, non_blocking=True)
+        return runs, to_device(rows, self.storage.device)  # page-locked: no host wait
 
     def release_page(self, host: int) -> None:
         self._free.append(host)
