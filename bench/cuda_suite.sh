@@ -2,8 +2,8 @@
 # The test suite's GPU half on a device machine: every test folder whose tests take
 # NINFER_TEST_DEVICE=cuda (or are CUDA-only), 12 workers, the CPU-only folders left out (CI runs
 # them). Run from the repository root with OUT set; `.whl/` holds the wheels the machine lacks
-# (`bash scripts/device_wheels.sh` makes it). A fresh machine compiles every Triton kernel on first use: give the
-# call ≥ 300 s (175 s cut one off at 82 %).
+# (`bash scripts/device_wheels.sh` makes it). A fresh machine compiles every Triton kernel on
+# first use: give the call ≥ 300 s (175 s cut one off at 82 %).
 #   OUT=/tmp/o bash bench/cuda_suite.sh [pytest args, e.g. -k paged]
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   >/dev/null 2>&1 && export PYTHONPATH=$PWD:/tmp/site
