@@ -31,7 +31,7 @@ from .step.event_pump import EventPump, EventStream
 from .step.families import make_runner
 from .step.lookahead import InFlight, Lookahead
 from .step.postprocess import StepPostprocess
-from .step.sampling import Sampler, pick_rows
+from .step.sampling import Sampler, pick_rows, prefetch_masks
 from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Batch, Scheduler
 from .step.sequence import RequestError, Sequence
@@ -277,6 +277,9 @@ class Engine(StepPostprocess):
             return bool(ended)
         self._faults.check_step(self._step)
         self._step += 1
+        # a new request's first grammar mask fills during its prompt's forward, as the others'
+        # did during the last step's (the prefetch passes over rows already under way)
+        prefetch_masks([s.sampler for s in batch.sampled], self.model.device)
         logits = self.runner.forward(batch)
         if self._lookahead.holds(batch):  # its picks feed the next step before they are read
             self._in_flight = InFlight(batch, pick_rows(logits, [s.sampler for s in batch.decode]),

@@ -32,11 +32,16 @@ def _executor() -> llguidance.LLExecutor:
         return _EXECUTOR
 
 
-def new_buffer(rows: int, vocab: int, pin: bool = False) -> torch.Tensor:
-    """A zeroed host int32 bit buffer [rows, ceil(vocab / 32)]; `pin`: page-locked, so its
-    copy to a CUDA device is asynchronous (torch's pinned allocator keeps a freed buffer until
-    the copies that read it are done, so each step may take a fresh one)."""
-    return torch.zeros((rows, (vocab + 31) // 32), dtype=torch.int32, pin_memory=pin)
+def new_buffer(rows: int, vocab: int, pin: bool = False, zeroed: bool = True) -> torch.Tensor:
+    """A host int32 bit buffer [rows, ceil(vocab / 32)], zeroed unless `zeroed` is False (a
+    buffer `fill` writes whole: llguidance writes every word of a row, the bits past the
+    vocabulary too); `pin`: page-locked, so its copy to a CUDA device is asynchronous (torch's
+    pinned allocator keeps a freed buffer until the copies that read it are done, so each
+    step may take a fresh one)."""
+    shape = (rows, (vocab + 31) // 32)
+    if zeroed:
+        return torch.zeros(shape, dtype=torch.int32, pin_memory=pin)
+    return torch.empty(shape, dtype=torch.int32, pin_memory=pin)
 
 
 def fill(pairs: list[tuple[llguidance.LLMatcher, int]], bits: torch.Tensor) -> None:
@@ -60,7 +65,7 @@ def bitmasks(constraints: list[TokenConstraint], pin: bool = False) -> torch.Ten
     computed now (`prefetch.bitmasks` takes rows filled in the background)."""
     for constraint in constraints:
         constraint.check()
-    buffer = new_buffer(len(constraints), constraints[0].vocab, pin)
+    buffer = new_buffer(len(constraints), constraints[0].vocab, pin, zeroed=False)
     fill([(c.matcher, i) for i, c in enumerate(constraints)], buffer)
     return buffer
 

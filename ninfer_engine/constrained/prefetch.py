@@ -102,7 +102,7 @@ def start(constraints: list[TokenConstraint], pin: bool = False) -> None:
     rows = [c for c in rows if c.vocab == rows[0].vocab]  # one buffer: one row width
     pairs = [(c._matcher, i) for i, c in enumerate(rows)]  # built here: the worker needs no GIL
     try:
-        fill = _Fill(mask.new_buffer(len(rows), rows[0].vocab, pin))
+        fill = _Fill(mask.new_buffer(len(rows), rows[0].vocab, pin, zeroed=False))
         fill.future = _worker().submit(_run, pairs, fill.buffer)
     except Exception:  # no page-locked memory, a worker shut down: sampling fills them itself
         log.exception("cannot start a background grammar mask fill")
@@ -142,7 +142,7 @@ def bitmasks(constraints: list[TokenConstraint], pin: bool = False) -> torch.Ten
                     for i, t in enumerate(taken))):
         COUNTERS.prefetched_rows += len(constraints)
         return first[0]  # the usual case: the very rows of one fill, in its order
-    bits = mask.new_buffer(len(constraints), constraints[0].vocab, pin)
+    bits = mask.new_buffer(len(constraints), constraints[0].vocab, pin, zeroed=False)
     missing = []
     for i, t in enumerate(taken):
         if t is None:
