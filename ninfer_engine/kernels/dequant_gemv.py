@@ -319,8 +319,12 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
         kw = dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
         if accumulate:  # into `out`, a K split costs no zero fill or cast: it wins where N is
             # short (bench/results/h200-gemv-fusions.md: 35B-A3B gdn_out 7.9 -> 6.8 µs,
-            # router 3.9 -> 2.5)
-            kw["split"] = split_k(triton.cdiv(N, 16), K, min(kw["block_k"], K & -K), sms)
+            # router 3.9 -> 2.5), and at the 27B's N = 5120 with 256 K an iteration over about
+            # four waves (h200-gemv-splits.md, two leases: down 47.6 -> 43.0, 47.0 -> 44.1 µs)
+            waves = sms
+            if N >= 5120:
+                kw["block_k"], waves = 256, 2 * sms
+            kw["split"] = split_k(triton.cdiv(N, 16), K, min(kw["block_k"], K & -K), waves)
         return kw
     group = K // scale.shape[1] if scale.dim() == 2 else 0
     kw = {} if not group else {"group_k": min(max(group, 128), K & -K)}

@@ -125,12 +125,17 @@ def _to(t, device):
 
 def test_accumulating_one_bf16_row_splits_k_where_n_is_short():
     """Into `out` a K split is free (no zero fill, no cast): the launch splits where N leaves
-    SMs idle (the 35B-A3B's gdn_out and router, bench/results/h200-gemv-fusions.md)."""
+    SMs idle (the 35B-A3B's gdn_out and router, bench/results/h200-gemv-fusions.md) and
+    where more loads in flight win (the 27B's)."""
     w = torch.empty(0, dtype=torch.bfloat16)
     assert engine_launch(1, 2048, 4096, w, None)["split"] == 1
     assert engine_launch(1, 2048, 4096, w, None, accumulate=True)["split"] == 2
     assert engine_launch(1, 257, 2048, w, None, accumulate=True)["split"] == 4
     assert engine_launch(1, 34816, 5120, w, None, accumulate=True)["split"] == 1
+    # the 27B's down and gdn_out (h200-gemv-splits.md): 256 K an iteration, two splits
+    for K in (17408, 6144):
+        launch = engine_launch(1, 5120, K, w, None, accumulate=True)
+        assert (launch["block_k"], launch["split"]) == (256, 2)
     assert engine_launch(1, 16, 256, w, None, accumulate=True)["split"] == 1  # K < block_k
 
 
