@@ -2,9 +2,9 @@
 
 llguidance fills one bit per token for every constrained row in one call (its executor spreads
 the rows over threads, without the GIL) into a host int32 buffer; the buffer goes to the
-logits' device in one copy (asynchronous from page-locked memory) and is unpacked there, so a
-CUDA step adds no host round trip: the mask of the next step needs the sampled token, which the
-sampler copies to the host anyway. `prefetch.py` fills that next mask while the forward runs.
+logits' device in one copy (asynchronous from page-locked memory) and applied there in one
+kernel (`kernels.token_mask`), so a CUDA step adds no host round trip: the mask of the next
+step needs the sampled token, which the sampler copies to the host anyway. `prefetch.py` fills that next mask while the forward runs.
 """
 from __future__ import annotations
 
@@ -13,15 +13,11 @@ import threading
 import llguidance
 import torch
 
+from ..kernels.token_mask import allowed, masked_logits  # noqa: F401 (allowed: callers')
 from .matcher import TokenConstraint
 
 _EXECUTOR: llguidance.LLExecutor | None = None
 _LOCK = threading.Lock()
-# each byte ANDed with its 8 bit weights, lowest first: 1.4-2x faster on the CPU than a 256-entry
-# lookup table (no int64 index tensor), which was twice as fast as shifting every word 32 times.
-# The words are little-endian, so byte k of a row holds tokens 8k..8k+7.
-_WEIGHTS = (1 << torch.arange(8, dtype=torch.int16)).to(torch.uint8)
-_TABLES: dict[torch.device, torch.Tensor] = {}
 
 
 def _executor() -> llguidance.LLExecutor:
@@ -70,22 +66,6 @@ def bitmasks(constraints: list[TokenConstraint], pin: bool = False) -> torch.Ten
     return buffer
 
 
-def allowed(bits: torch.Tensor, columns: int, device: torch.device) -> torch.Tensor:
-    """Unpack int32 bit words [n, W] into a bool mask [n, columns] on `device` (bits past the
-    tokenizer's vocabulary, e.g. padded embedding rows, are not allowed)."""
-    weights = _TABLES.get(device)
-    if weights is None:
-        weights = _TABLES.setdefault(device, _WEIGHTS.to(device))
-    words = bits.to(device, non_blocking=True)
-    unpacked = words.view(torch.uint8).unsqueeze(-1).bitwise_and(weights).bool()
-    unpacked = unpacked.view(words.shape[0], -1)
-    if unpacked.shape[1] >= columns:
-        return unpacked[:, :columns]
-    pad = torch.zeros((words.shape[0], columns - unpacked.shape[1]), dtype=torch.bool,
-                      device=device)
-    return torch.cat([unpacked, pad], dim=1)
-
-
 def apply_constraints(logits: torch.Tensor, rows: list[int],
                       constraints: list[TokenConstraint],
                       bits: torch.Tensor | None = None) -> torch.Tensor:
@@ -94,9 +74,4 @@ def apply_constraints(logits: torch.Tensor, rows: list[int],
     filled (`prefetch.bitmasks`), else they are filled now."""
     if bits is None:
         bits = bitmasks(constraints, logits.device.type == "cuda")
-    mask = allowed(bits, logits.shape[1], logits.device)
-    if len(rows) == logits.shape[0]:
-        return torch.where(mask, logits, float("-inf"))
-    index = torch.tensor(rows, device=logits.device)
-    masked = torch.where(mask, logits.index_select(0, index), float("-inf"))
-    return logits.index_copy(0, index, masked)
+    return masked_logits(logits, bits, rows)

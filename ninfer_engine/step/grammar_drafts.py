@@ -74,8 +74,7 @@ def masked(sampler, drafts: list[int], logits: torch.Tensor) -> torch.Tensor:
         bits = held[2]
     else:
         bits = _fresh(constraint, drafts)
-    allowed = mask.allowed(bits, logits.shape[1], logits.device)
-    return torch.where(allowed, logits, float("-inf"))
+    return mask.masked_logits(logits, bits, list(range(logits.shape[0])))
 
 
 def _fresh(constraint, drafts: list[int]) -> torch.Tensor:
