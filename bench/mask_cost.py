@@ -239,18 +239,20 @@ def markdown(r: dict) -> str:
     lines += ["", "## (b) Mask time exposed in the engine step, stand-in forward", "",
               "| B | forward ms | grammar | fill exposed median ms | fill exposed mean ms | "
               "apply mean ms | step median ms | step mean ms | step mean over plain | "
+              "over plain / plain step | "
               "fill exposed mean / step mean | mean rows | prefetched rows | sync rows | "
               "forward overruns | other load, cores |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     plain = {(row["batch"], row["forward_ms"]): row["step"]["mean_ms"]
              for row in r["exposed"] if row["run"] == "plain"}
     for row in r["exposed"]:
         e, a, s = row["exposed"], row["apply"], row["step"]
         what = {"plain": "none", "off": "prefetch off", "on": "prefetch on"}[row["run"]]
-        over = s["mean_ms"] - plain.get((row["batch"], row["forward_ms"]), s["mean_ms"])
+        base = plain.get((row["batch"], row["forward_ms"]), s["mean_ms"])
+        over = s["mean_ms"] - base
         lines.append(f"| {row['batch']} | {row['forward_ms']:g} | {what} | {e['median_ms']:.3f} | "
                      f"{e['mean_ms']:.3f} | {a['mean_ms']:.3f} | {s['median_ms']:.3f} | "
-                     f"{s['mean_ms']:.3f} | {over:+.3f} ms | "
+                     f"{s['mean_ms']:.3f} | {over:+.3f} ms | {100 * over / base:+.1f} % | "
                      f"{100 * e['mean_ms'] / s['mean_ms']:.1f} % | {row['mean_rows']:.2f} | "
                      f"{row['prefetched_rows']} | {row['sync_rows']} | "
                      f"{row['forward_overruns']} | {load(row['foreign_load_cores'])} |")
@@ -258,7 +260,9 @@ def markdown(r: dict) -> str:
               "with the step time `ninfer bench` recorded (files named there), not measured in "
               "this run. (b): fill exposed = the engine thread's time in `prefetch.start` and "
               "`prefetch.bitmasks` per step (handing rows to the worker, waiting for its fill, "
-              "filling rows itself: each new request's first mask); apply = its time in `mask.apply_constraints` (the copy, "
+              "filling rows itself); over plain: the whole cost of the grammar in the step "
+              "(fill exposed, apply, the matchers' consume of each token, the constrained "
+              "rows' sampling path) against the step without one; apply = its time in `mask.apply_constraints` (the copy, "
               "unpack and -inf of the bits; on a GPU only the launches); the step includes the "
               "stand-in forward, and `engine.step`'s own work (scheduling, sampling 248K "
               "columns, events)."]
