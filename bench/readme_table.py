@@ -246,6 +246,43 @@ def _lookahead_rows() -> list[str]:
     return rows
 
 
+def _gemv_split_rows() -> list[str]:
+    """The 27B's batch-1 engine step before and after the residual GEMVs' K split, alternating
+    in one lease (`bench/profile_step.py`)."""
+    r = _load("h200-27b-gemv-split.json")
+    if not r:
+        return []
+    trees: dict[str, list[float]] = {}
+    for run in r["runs"]:
+        trees.setdefault(run["tree"], []).append(run["tok_s"])
+    (after, a), (before, b) = trees.items()
+    return [f"| H200, 27b shape, bf16, batch 1, engine step with the lookahead step, tree {after} "
+            f"| {max(a):.1f} tok/s | tree {before} {max(b):.1f} (alternating, one lease) "
+            f"| {max(a) / max(b):.3f}× |"]
+
+
+def _mask_rows() -> list[str]:
+    """Grammar mask time the engine step exposes at B = 8 (`bench/mask_cost.py`), this stop's
+    tree against the last in the same lease."""
+    r = _load("h200-mask-overlap-ab.json")
+    if not r:
+        return []
+
+    def share(result: dict, forward: float) -> float:
+        row = next(e for e in result["exposed"] if e["batch"] == 8 and e["run"] == "on"
+                   and e["forward_ms"] == forward)
+        return 100 * row["exposed"]["mean_ms"] / row["step"]["mean_ms"]
+
+    last = [run for run in r["runs"] if run["lease"] == r["runs"][-1]["lease"]]
+    before = next(run for run in last if run["note"] == "before this stop")
+    after = [run for run in last if run is not before]
+    return [f"| H200, json_schema grammar on 8 rows (Qwen3.5 vocabulary), mask fill exposed "
+            f"per decode step of {ms:g} ms, tree {after[0]['tree'].split()[0]} | "
+            + " / ".join(f"{share(run['result'], ms):.1f} %" for run in after)
+            + f" | tree {before['tree']} {share(before['result'], ms):.1f} % | target < 5 % |"
+            for ms in (5.0, 2.0)]
+
+
 def _agent_replay_rows() -> list[str]:
     """The prefix cache under an agent workload (`bench/agent_replay.py`), its three modes
     replayed in one run."""
@@ -278,7 +315,8 @@ def _host_tier_rows() -> list[str]:
 
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
-    return head + "\n".join(_cpu_rows() + _gpu_rows() + _lookahead_rows() + _step_row_rows()
+    return head + "\n".join(_cpu_rows() + _gpu_rows() + _lookahead_rows() + _gemv_split_rows()
+                             + _step_row_rows() + _mask_rows()
                              + _engine_process_rows() + _served_rows()
                              + _agent_replay_rows() + _host_tier_rows()) + "\n"
 
