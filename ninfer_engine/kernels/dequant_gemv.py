@@ -306,8 +306,8 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
     row-scaled, 1.4–2× in groups of 32, 86–104 % of the copy bandwidth on the 27B's MLP and
     head), 32 rows a program where N fills the GPU, else 64 with K split over atomics.
     One row of plain bf16: `fma`, 16 rows a program, 512 K an iteration where N ≤ 8192 (else
-    256), no K split (unless `accumulate`: adding into a caller's fp32 `out`, where the split
-    is free): 1.01–1.13× cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller
+    256; 32 rows and 128 K from N = 16384 to 65536 at K ≥ 5120), no K split (unless
+    `accumulate`: adding into a caller's fp32 `out`, where the split is free): 1.01–1.13× cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller
     ones. Several rows: the dot path; group-scaled weights take at least 128 K a loop iteration
     (a 32-wide group alone left the loop latency-bound: 1.1–1.25× on the 27B shapes), 256 at
     one row where N ≥ 6144 (bench/results/h200-q4-nibble-gemv.md, fp8_g64 rows). Adding into
@@ -317,6 +317,11 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
         if B != 1:
             return {}
         kw = dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
+        if 16384 <= N <= 65536 and K >= 5120 and not accumulate:  # the 27B's gate|up and
+            # GDN in-projection: 32 rows a program, 128 K an iteration (h200-bf16-gemv.md's
+            # best on both; the 27B's step 13.37 -> 13.13 ms, h200-27b-gemv-split.md). Not
+            # measured at smaller K (the llama family's 1B and 8B): unchanged there
+            kw.update(block_n=32, block_k=128)
         if accumulate:  # into `out`, a K split costs no zero fill or cast: it wins where N is
             # short (bench/results/h200-gemv-fusions.md: 35B-A3B gdn_out 7.9 -> 6.8 µs,
             # router 3.9 -> 2.5), and at the 27B's N = 5120 with 256 K an iteration over about

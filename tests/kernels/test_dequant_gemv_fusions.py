@@ -132,6 +132,12 @@ def test_accumulating_one_bf16_row_splits_k_where_n_is_short():
     assert engine_launch(1, 2048, 4096, w, None, accumulate=True)["split"] == 2
     assert engine_launch(1, 257, 2048, w, None, accumulate=True)["split"] == 4
     assert engine_launch(1, 34816, 5120, w, None, accumulate=True)["split"] == 1
+    # the 27B's gate|up and GDN in-projection: 32 rows a program, 128 K (h200-27b-gemv-split.md)
+    for N in (34816, 16480):
+        launch = engine_launch(1, N, 5120, w, None)
+        assert (launch["block_n"], launch["block_k"], launch["split"]) == (32, 128, 1)
+    assert engine_launch(1, 248320, 5120, w, None)["block_n"] == 16  # the head: unchanged
+    assert engine_launch(1, 24576, 4096, w, None)["block_n"] == 16  # not measured at K 4096
     # the 27B's down and gdn_out (h200-gemv-splits.md): 256 K an iteration, two splits
     for K in (17408, 6144):
         launch = engine_launch(1, 5120, K, w, None, accumulate=True)
