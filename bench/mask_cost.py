@@ -262,8 +262,9 @@ def markdown(r: dict) -> str:
               "`prefetch.bitmasks` per step (handing rows to the worker, waiting for its fill, "
               "filling rows itself); over plain: the whole cost of the grammar in the step "
               "(fill exposed, apply, the matchers' consume of each token, the constrained "
-              "rows' sampling path) against the step without one; apply = its time in `mask.apply_constraints` (the copy, "
-              "unpack and -inf of the bits; on a GPU only the launches); the step includes the "
+              "rows' sampling path) against the step without one; apply = its time in "
+              "`mask.apply_constraints` (the bits' copy and the masking: torch ops on the CPU, "
+              "one kernel on a GPU, whose launch alone is timed); the step includes the "
               "stand-in forward, and `engine.step`'s own work (scheduling, sampling 248K "
               "columns, events)."]
     return "\n".join(lines) + "\n"

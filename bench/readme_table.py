@@ -164,7 +164,8 @@ def _served_rows() -> list[str]:
                 a, b = ours[c][key], peer[c][key]
                 rows.append(f"| H200, {shape}, served over HTTP "
                             f"(`serve_load.py`, 256 tokens out), {what} | {a:.0f} tok/s "
-                            f"({ours_bits}) | llama-server {b:.0f} ({peer_bits}){where} | {a / b:.2f} |")
+                            f"({ours_bits}) | llama-server {b:.0f} ({peer_bits}){where} "
+                            f"| {a / b:.2f} |")
         # the same shape's engine step: measured in the same lease, or another one's
         engine = (r.get("engine") or [None])[0] or _load(name.replace("served", "ninfer-bench"))
         lease = "same lease" if r.get("engine") else "another machine lease"

@@ -4,7 +4,8 @@ llguidance fills one bit per token for every constrained row in one call (its ex
 the rows over threads, without the GIL) into a host int32 buffer; the buffer goes to the
 logits' device in one copy (asynchronous from page-locked memory) and applied there in one
 kernel (`kernels.token_mask`), so a CUDA step adds no host round trip: the mask of the next
-step needs the sampled token, which the sampler copies to the host anyway. `prefetch.py` fills that next mask while the forward runs.
+step needs the sampled token, which the sampler copies to the host anyway. `prefetch.py`
+fills that next mask while the forward runs.
 """
 from __future__ import annotations
 

@@ -307,12 +307,14 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
     head), 32 rows a program where N fills the GPU, else 64 with K split over atomics.
     One row of plain bf16: `fma`, 16 rows a program, 512 K an iteration where N ≤ 8192 (else
     256; 32 rows and 128 K from N = 16384 to 65536 at K ≥ 5120), no K split (unless
-    `accumulate`: adding into a caller's fp32 `out`, where the split is free): 1.01–1.13× cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller
-    ones. Several rows: the dot path; group-scaled weights take at least 128 K a loop iteration
-    (a 32-wide group alone left the loop latency-bound: 1.1–1.25× on the 27B shapes), 256 at
-    one row where N ≥ 6144 (bench/results/h200-q4-nibble-gemv.md, fp8_g64 rows). Adding into
-    a caller's fp32 `out` (`accumulate`), one row of e4m3 codes takes 32-row programs and K
-    splits for about four waves (bench/results/h200-gemv-splits.md)."""
+    `accumulate`: adding into a caller's fp32 `out`, where the split is free): 1.01–1.13×
+    cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller ones; adding into `out` at
+    N ≥ 5120, 256 K an iteration and about four waves of K splits. Several rows: the dot path;
+    group-scaled weights take at least 128 K a loop iteration (a 32-wide group alone left the
+    loop latency-bound: 1.1–1.25× on the 27B shapes), 256 at one row where N ≥ 6144
+    (bench/results/h200-q4-nibble-gemv.md, fp8_g64 rows). Adding into a caller's fp32 `out`
+    (`accumulate`), one row of e4m3 codes takes 32-row programs and K splits for about four
+    waves (bench/results/h200-gemv-splits.md)."""
     if scale is None:
         if B != 1:
             return {}

@@ -7,8 +7,9 @@ are. The result is a copy: the caller's logits stay as they were.
 
 The torch reference unpacks the bits to a bool [n, V] and selects, 5-8 ops (with an index
 select and copy when only some rows have a grammar); on a GPU each is a launch and a host
-dispatch, ~0.3 ms of host time a step at B = 8 on the H200 (bench/results/h200-mask-overlap.md,
-"apply"). The kernel is one launch, one program per row and block of columns.
+dispatch: 0.26-0.32 ms of host time a step at B = 8 on the H200, 0.15-0.22 ms with the kernel
+(bench/results/h200-mask-overlap-ab.md, "apply"). The kernel is one launch, one program per row
+and block of columns.
 """
 from __future__ import annotations
 
