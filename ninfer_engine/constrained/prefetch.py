@@ -11,8 +11,9 @@ current, filling any other row itself (`mask.fill`).
 A prefetched row is used only for the state it was filled at: it carries the constraint's
 `version` (the count of tokens it recorded), and a constraint advanced since (a forced token,
 a newly active grammar, several tokens of a verify row) is filled again, synchronously. A
-constraint that was not prefetched at all (a request's first token) is filled synchronously
-too. While a fill reads a matcher, every other use of it waits (`TokenConstraint.settle`).
+request's first mask is started by the engine when its prompt's step is launched (before the
+forward); a row no fill started for is filled synchronously too. While a fill reads a
+matcher, every other use of it waits (`TokenConstraint.settle`).
 
 `COUNTERS` says how the rows were served and how long the engine thread waited
 (`bench/mask_cost.py` reads it); `NINFER_MASK_PREFETCH=0` turns prefetching off (`ENABLED`),
