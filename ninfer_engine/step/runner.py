@@ -23,6 +23,11 @@ from .scheduler import Batch, Chunk
 from .sequence import Sequence
 
 
+# the longest prompt chunk the CPU step takes (in calls of 16 rows): past it the eager forward,
+# whose fixed cost is spread over enough tokens
+RAGGED_PROMPT_TOKENS = 48
+
+
 def _work(batch: Batch) -> list[tuple[Sequence, list[int], bool]]:
     """(sequence, tokens to compute, verify row?) in row order: each decode row's last token
     and its drafts, then the prompt chunks."""
@@ -73,6 +78,11 @@ class _ModelRunner:
         longest = max(map(len, drafts), default=0)
         self._verified_by_graph = False
         sink = self.hidden_sink
+        if (graphs is not None and not longest and sink is None and batch.chunks
+                and getattr(graphs.decoder, "ragged", False)):
+            logits = self._ragged(batch, sampled)
+            if logits is not None:
+                return logits
         tails = _graph_tails(batch, sampled) if graphs is not None and not longest else []
         rows = batch.decode + tails  # the graph step's rows
         if (graphs is None or not rows or not graphs.accepts(rows) or not graphs.verifies(drafts)
@@ -105,6 +115,55 @@ class _ModelRunner:
             rows + [c.seq for c in chunks if id(c.seq) in sampled])}
         order = [at[id(seq)] for seq in batch.sampled]
         return logits.index_select(0, to_device(order, logits.device, torch.long))
+
+    def _ragged(self, batch: Batch, sampled: set[int]) -> torch.Tensor | None:
+        """A step with prompt chunks on the CPU step (a `ragged` decoder: its rows are
+        positions): the decode rows, then the chunks' tokens as rows at consecutive positions
+        (as a verify row), in calls of at most its rows (16); chunks longer than
+        `RAGGED_PROMPT_TOKENS` go through the eager forward after them. The eager forward
+        streams the fp32 weights (~130 ms a step for SmolLM2-135M on the 2-core box, however
+        few its tokens); the CPU step multiplies 16 rows by the Q8 weights as stored: an
+        8-token chunk 28 against ~150 ms, 16 tokens 44-60 against ~150. None: no chunk goes
+        (the caller's path)."""
+        d = self.graphs.decoder
+        if batch.decode and not self.graphs.accepts(batch.decode):
+            return None
+        # the step feeds a row its prompt token (`input_token`); not a scored prompt (it wants
+        # the eager logits of every position) or one with media
+        inside = [c for c in batch.chunks
+                  if c.tokens <= RAGGED_PROMPT_TOKENS and not c.seq.output
+                  and c.seq.request.media is None and not prompt_logprobs.scores_prompt(c.seq)]
+        if not inside:
+            return None
+        # each call's rows: (sequence, tokens, a decode row?); a chunk's last piece ends it
+        calls, room = [[(seq, 1, True) for seq in batch.decode]], d.max_rows - len(batch.decode)
+        for c in inside:
+            left = c.tokens
+            while left:
+                if not room:
+                    calls.append([])
+                    room = d.max_rows
+                n = min(left, room)
+                calls[-1].append((c.seq, n, False))
+                room, left = room - n, left - n
+        kept: dict[int, torch.Tensor] = {}  # each sampled sequence's logits after its last row
+        for call in calls:
+            seqs = [seq for seq, _, _ in call]
+            d.load(seqs, [[] if decoding else list(seq.prompt[seq.cached + 1: seq.cached + n])
+                          for seq, n, decoding in call])
+            out = d.step(sum(n for _, n, _ in call))
+            end = 0
+            for seq, n, _ in call:
+                end += n
+                seq.cached += n
+                if id(seq) in sampled:  # a chunk's last piece comes last
+                    kept[id(seq)] = out[end - 1].clone()
+        taken = set(map(id, (c.seq for c in inside)))
+        rest = [c for c in batch.chunks if id(c.seq) not in taken]
+        eager = self._eager(_chunk_work(rest), sampled) if rest else None
+        at = {id(c.seq): i for i, c in enumerate(c for c in rest if id(c.seq) in sampled)}
+        return torch.stack([kept[id(seq)] if id(seq) in kept else eager[at[id(seq)]]
+                            for seq in batch.sampled])
 
     def continues(self, batch: Batch) -> bool:
         """This pure-decode batch's next step can replay its captured graph on the device's

@@ -203,7 +203,8 @@ class Q8Artifact(FakeArtifact):
 @torch.inference_mode()
 def test_the_engine_verifies_ngram_drafts_in_the_compiled_step(monkeypatch, device):
     """`--spec ngram` on the compiled CPU step: every verify step runs in the C step (the eager
-    forward only prefills), drafts are taken, and greedy output is the plain run's."""
+    forward, where it runs, only prefills), drafts are taken, and greedy output is the plain
+    run's."""
     if device.type != "cpu":
         pytest.skip("the compiled step serves the CPU only")
     from .test_speculation import off_and_ngram
@@ -218,4 +219,52 @@ def test_the_engine_verifies_ngram_drafts_in_the_compiled_step(monkeypatch, devi
     assert outputs[0] == outputs[1]
     counters = engines[1].speculator.counters
     assert counters.rounds > 0 and counters.accepted > 0
-    assert eager_rows and not any(eager_rows)  # prompt rows only
+    assert not any(eager_rows)  # no verify row (short prompts run in the C step too)
+
+
+@torch.inference_mode()
+def test_short_prompt_chunks_run_in_the_compiled_step(monkeypatch, device):
+    """Prompt chunks of at most `RAGGED_PROMPT_TOKENS` tokens run as rows of the C step at
+    consecutive positions (calls of its 16 rows, after the step's decode rows), a longer one
+    through the eager forward; every token of the greedy outputs is the all-eager prefill's
+    (the same stored weight values, another summation order: the prompt's last logits move
+    by the decode step's bound, the 12 tokens after it read the K/V the C step wrote). Three
+    rows at once, so chunks share steps with decode rows; no prefix reuse, so each prompt is
+    computed whole."""
+    if device.type != "cpu":
+        pytest.skip("the compiled step serves the CPU only")
+    from pathlib import Path
+
+    from ninfer_engine.config import EngineConfig
+    from ninfer_engine.engine import Engine
+    from ninfer_engine.step import runner
+    from ninfer_engine.types import GenerationRequest, SamplingParams
+
+    from .mask_helpers import drive, tokens
+
+    artifact = Q8Artifact(tiny_llama(seed=5))
+    gen = torch.Generator().manual_seed(3)
+    lengths = (5, 16, 23, 47, 60)  # one row short of a call, a call, two calls, three, eager
+    prompts = [tuple(torch.randint(0, 128, (n,), generator=gen).tolist()) for n in lengths]
+    eager_tokens = []
+    forward = Runner._eager
+    monkeypatch.setattr(Runner, "_eager", lambda self, work, sampled: (
+        eager_tokens.extend(len(ids) for _, ids, _ in work), forward(self, work, sampled))[1])
+    outputs = []
+    for cap in (0, runner.RAGGED_PROMPT_TOKENS):
+        monkeypatch.setattr(runner, "RAGGED_PROMPT_TOKENS", cap)
+        eager_tokens.clear()
+        engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=256,
+                                     max_concurrency=3, no_prefix_reuse=True), artifact)
+        assert isinstance(engine.runner.graphs.decoder, CpuDecoder)
+        requests = [GenerationRequest(f"r{i}", p, SamplingParams(temperature=0.0), 12,
+                                      ignore_eos=True) for i, p in enumerate(prompts)]
+        events = drive(engine, requests)
+        engine.stop()
+        outputs.append({rid: tokens(e) for rid, e in events.items()})
+        if cap:
+            assert eager_tokens == [60]  # the one prompt past the cap; nothing else
+        else:
+            assert sorted(eager_tokens) == sorted(lengths)
+    assert outputs[0] == outputs[1]
+    assert all(len(out) == 12 for out in outputs[1].values())
