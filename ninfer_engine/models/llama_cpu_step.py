@@ -2,7 +2,8 @@
 
 `CpuDecoder` has `StaticDecoder`'s interface (`load` the rows into fixed buffers, then `step`),
 so `step.decode_graphs.DecodeGraphs` drives it without capture; a `--spec` verify row is 1 + k
-of its rows at consecutive positions (`DecodeGraphs.verify_rows`). A step is one call of
+of its rows at consecutive positions (`DecodeGraphs.verify_rows`), and so is a short prompt
+chunk (`step.runner._ModelRunner._ragged`). A step is one call of
 `kernels/cpu_decode.c`: every layer (norms, Q8 GEMVs, RoPE, the K/V written into and read from
 the paged pool in place, attention, SwiGLU) and the head run inside one OpenMP region, with no
 Python between layers (the eager step spent ~14 ms of a 32 ms SmolLM2-135M step on ~1,500 small
@@ -12,8 +13,9 @@ The projections and the (tied) head multiply by the artifact's Q8 groups as stor
 codes, an fp16 scale per 32, rows tiled by 4 at load so a tile streams sequentially): ~1.06
 bytes a weight instead of fp32's 4, and the same values the eager fp32 path multiplies by (it
 dequantizes them exactly), so only the summation order differs. `activations` "int16" / "int8"
-(`--cpu-activations`) quantize each GEMV input per 32 for integer dot products instead. `cpu_decoder` builds one where the artifact stores every projection that way and the
-shapes fit the C file's vector tiling, else returns why not (the engine keeps the eager step).
+(`--cpu-activations`) quantize each GEMV input per 32 for integer dot products instead.
+`cpu_decoder` builds one where the artifact stores every projection that way and the shapes
+fit the C file's vector tiling, else returns why not (the engine keeps the eager step).
 """
 from __future__ import annotations
 
@@ -106,7 +108,8 @@ class CpuDecoder:
         self.model, self.storage = model, storage
         self.max_batch, self.max_context, self.max_q = max_batch, max_context, max_q
         # the step's rows, as far as the GEMV's tiles go: a batch of verify rows, or a short
-        # prompt chunk's tokens (`step.runner.Runner`: 3x the eager forward's speed at 8)
+        # prompt chunk's tokens (`step.runner._ModelRunner._ragged`: 2.8x the eager forward's
+        # speed at 8 tokens)
         self.max_rows = kernel.MAX_ROWS
         self._lib = kernel.decode_step_library()
         c = model.cfg

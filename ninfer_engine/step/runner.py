@@ -7,7 +7,9 @@ place (the same slot rows the graph step addresses by index: nothing to hand ove
 Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode rows through it (static
 buffers, Triton kernels, CUDA graphs), with them each prompt whose last token is all it has left
 (a decode row fed that token), and the step's other prompt chunks, if any, through the eager
-forward after them: decode rows keep the graph's rate while a prompt is prefilled.
+forward after them: decode rows keep the graph's rate while a prompt is prefilled. On the CPU
+the compiled llama step takes short prompt chunks too, as rows at consecutive positions
+(`_ModelRunner._ragged`).
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ from .sequence import Sequence
 
 
 # the longest prompt chunk the CPU step takes (in calls of 16 rows): past it the eager forward,
-# whose fixed cost is spread over enough tokens
-RAGGED_PROMPT_TOKENS = 48
+# whose fixed cost is spread over enough tokens (the C step's gain falls to 1.4x at 32 on the
+# 2-core box, bench/results/cpu-short-prompts.md; a run with the cap at 48 had them even there)
+RAGGED_PROMPT_TOKENS = 32
 
 
 def _work(batch: Batch) -> list[tuple[Sequence, list[int], bool]]:
@@ -44,9 +47,9 @@ def _graph_tails(batch: Batch, sampled: set[int]) -> list[Sequence]:
     """The sequences of `batch`'s one-token chunks that end their prompt and sample their first
     token (a hybrid prompt's last token runs one step after the rest: `SequenceMemory.
     chunk_tokens`): the decode graph computes such a token as a decode row (its input the
-    prompt's last token, `models.attention.input_token`), not the eager forward (~20 ms for one token
-    on the H200's 8-layer 35B-A3B shape, against a graph step's 1-3 ms). Not a row whose prompt
-    is scored (it wants the eager logits of every position) or that carries media."""
+    prompt's last token, `models.attention.input_token`), not the eager forward (~20 ms for one
+    token on the H200's 8-layer 35B-A3B shape, against a graph step's 1-3 ms). Not a row whose
+    prompt is scored (it wants the eager logits of every position) or that carries media."""
     return [c.seq for c in batch.chunks
             if c.tokens == 1 and c.seq.cached + 1 == len(c.seq.prompt) and id(c.seq) in sampled
             and not prompt_logprobs.scores_prompt(c.seq) and c.seq.request.media is None]
@@ -121,10 +124,10 @@ class _ModelRunner:
         positions): the decode rows, then the chunks' tokens as rows at consecutive positions
         (as a verify row), in calls of at most its rows (16); chunks longer than
         `RAGGED_PROMPT_TOKENS` go through the eager forward after them. The eager forward
-        streams the fp32 weights (~130 ms a step for SmolLM2-135M on the 2-core box, however
-        few its tokens); the CPU step multiplies 16 rows by the Q8 weights as stored: an
-        8-token chunk 28 against ~150 ms, 16 tokens 44-60 against ~150. None: no chunk goes
-        (the caller's path)."""
+        streams the fp32 weights (~100-200 ms a step for SmolLM2-135M on the 2-core box,
+        however few its tokens); the CPU step multiplies 16 rows by the Q8 weights as stored:
+        8 tokens 35 against 97 ms, 32 tokens 123 against 171 (bench/results/
+        cpu-short-prompts.md). None: no chunk goes (the caller's path)."""
         d = self.graphs.decoder
         if batch.decode and not self.graphs.accepts(batch.decode):
             return None
