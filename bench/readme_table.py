@@ -69,7 +69,7 @@ def _cpu_short_prompt_rows() -> list[str]:
     rows = []
     for row in r["rows"] if r else []:
         if row["tokens"] in (8, 32):
-            rows.append(f"| default model, 2-core CPU, the step of a {row['tokens']}-token prompt "
+            rows.append(f"| default model, 2-core CPU, the step of a prompt of {row['tokens']} tokens "
                         f"(a turn's new tokens after a prefix hit), compiled step | "
                         f"{row['c_step_ms']:.0f} ms | eager forward {row['eager_ms']:.0f} ms | "
                         f"{row['eager_ms'] / row['c_step_ms']:.2f}× |")
