@@ -94,26 +94,29 @@ def test_outputs_are_the_same_with_and_without_prefetch(artifact, monkeypatch, c
     assert outputs[0] == outputs[1]
 
 
-def test_a_fill_writes_every_word_of_its_rows(tmp_path):
+def test_a_fill_writes_every_word_of_its_rows(artifact):
     """Fills go into unzeroed buffers (`new_buffer(zeroed=False)`): llguidance must write every
-    word of a row, the bits past the vocabulary too. The Qwen3.5 tokenizer's 248,077 tokens
-    leave 13 bits of the last word in use; rows at the start and inside the document."""
-    from ninfer_engine.artifact.synth import write_synthetic
+    word of a row, the bits past the vocabulary too. The default model's tokenizer with its
+    vocabulary padded by 13 tokens (as Qwen3.5's 248,077 leave 13 bits of the last word in
+    use); rows at the start and inside the document."""
+    import llguidance
 
-    engine = Engine(EngineConfig(artifact=write_synthetic("tiny-dense", tmp_path / "t.ninfer"),
-                                 max_context=64))
-    grammar = json_schema_grammar(SCHEMA)
-    rows = [compile_constraint(engine.tokenizer, grammar) for _ in range(3)]
-    for token in engine.tokenizer.encode('{"n": 5, "c": "red", "xs": [true')[:6]:
-        rows[1].advance(token)
+    engine = engine_for(artifact)
+    tokenizer = engine.tokenizer
     engine.stop()
-    assert rows[0].vocab % 32
-    pairs = [(c.matcher, i) for i, c in enumerate(rows)]
-    zeroed = mask.new_buffer(3, rows[0].vocab)
+    vocab = tokenizer.vocab_size + 13
+    view = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab,
+                                  eos_token=list(tokenizer.eos_token_ids))
+    grammar = json_schema_grammar(SCHEMA)
+    rows = [llguidance.LLMatcher(view, grammar, log_level=0) for _ in range(3)]
+    for token in tokenizer.encode('{"n": 5, "c": "red", "xs": [true')[:6]:
+        assert rows[1].consume_token(token)
+    pairs = [(m, i) for i, m in enumerate(rows)]
+    zeroed = mask.new_buffer(3, vocab)
     mask.fill(pairs, zeroed)
     junk = torch.full_like(zeroed, -1)
     mask.fill(pairs, junk)
-    assert torch.equal(junk, zeroed) and zeroed.any()
+    assert torch.equal(junk, zeroed) and zeroed.any() and not (zeroed[:, -1] >> 13).any()
 
 
 def test_a_mask_prefetched_before_the_constraint_advanced_is_filled_again(artifact, counters):
