@@ -131,7 +131,7 @@ void ninfer_llama_decode_step(
                 const int64_t b = item / nq, pos = positions[b];
                 attend_head(qkv + b * W, item % nq, nq, nkv, D, pos, table + b * tw, page,
                             k_pool, v_pool, rope_cos + pos * half, rope_sin + pos * half,
-                            scale, scores + item * dims[SCORES_W], attn + item * D);
+                            scale, scores + me * dims[SCORES_W], attn + item * D);
             }
             project(q8, attn, xq, xd, B, nq * D, Q8_AT(p, O), x, H, ACCUMULATE);
             rms_norm_rows(x, (const float *)p[POST_NORM], h, B, H, eps);

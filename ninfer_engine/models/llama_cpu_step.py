@@ -143,7 +143,8 @@ class CpuDecoder:
         self.qkv = torch.zeros(B, (nq + 2 * nkv) * D)
         self.attn = torch.zeros(B, nq * D)
         self.act = torch.zeros(B, I)
-        self.scores = torch.zeros(B * nq, max_context)
+        # per thread (`_thread_buffers`): a thread scores one row's head at a time
+        self.scores = torch.zeros(0)
         self.logits = torch.zeros(B, c.vocab_size)
         self._pools: tuple | None = None
 
@@ -191,6 +192,7 @@ class CpuDecoder:
             self.h = torch.zeros(threads, *self.x.shape)
             self.xq = torch.zeros(threads, B, 2 * self.widest, dtype=torch.int8)  # int16 fits
             self.xd = torch.zeros(threads, B, self.widest // 32)
+            self.scores = torch.zeros(threads, self.max_context)
         return self.h, self.xq, self.xd
 
     def step(self, batch: int, bucket: int = 0, q_len: int = 1) -> torch.Tensor:
