@@ -135,16 +135,16 @@ class CpuDecoder:
         self.head = head
         B = R
         self.x = torch.zeros(B, H)
-        # per thread (`_thread_buffers`): a [B, H] normed copy, and the quantized GEMV input
-        # (int8 or int16 codes and fp32 scales of [B, max(H, I)])
+        # per thread (`_thread_buffers`): a [B, H] normed copy, the quantized GEMV input (int8
+        # or int16 codes and fp32 scales of [B, max(H, I)]), and the scores of the one row's
+        # head it attends at a time [max_context]
         self.h = torch.zeros(0)
         self.widest = max(H, I)
         self.xq, self.xd = torch.zeros(0, dtype=torch.int8), torch.zeros(0)
+        self.scores = torch.zeros(0)
         self.qkv = torch.zeros(B, (nq + 2 * nkv) * D)
         self.attn = torch.zeros(B, nq * D)
         self.act = torch.zeros(B, I)
-        # per thread (`_thread_buffers`): a thread scores one row's head at a time
-        self.scores = torch.zeros(0)
         self.logits = torch.zeros(B, c.vocab_size)
         self._pools: tuple | None = None
 
@@ -186,14 +186,14 @@ class CpuDecoder:
                            torch.tensor([v[0].data_ptr() for v in s.v]))
         return self._pools[1], self._pools[2]
 
-    def _thread_buffers(self, threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _thread_buffers(self, threads: int) -> tuple[torch.Tensor, ...]:
         if self.h.numel() < threads * self.x.numel():
             B = self.max_rows
             self.h = torch.zeros(threads, *self.x.shape)
             self.xq = torch.zeros(threads, B, 2 * self.widest, dtype=torch.int8)  # int16 fits
             self.xd = torch.zeros(threads, B, self.widest // 32)
             self.scores = torch.zeros(threads, self.max_context)
-        return self.h, self.xq, self.xd
+        return self.h, self.xq, self.xd, self.scores
 
     def step(self, batch: int, bucket: int = 0, q_len: int = 1) -> torch.Tensor:
         """Logits [batch, V] (fp32) of the first `batch` loaded rows (`bucket` and `q_len` are
@@ -205,14 +205,14 @@ class CpuDecoder:
         threads = torch.get_num_threads()
         c = m.cfg
         ptr = torch.Tensor.data_ptr
-        h, xq, xd = self._thread_buffers(threads)
+        h, xq, xd, scores = self._thread_buffers(threads)
         self._lib.ninfer_llama_decode_step(
             ptr(self.dims), c.rms_norm_eps, m.scale, threads, batch,
             ptr(tokens), ptr(positions), ptr(slots), ptr(self.table), ptr(m.embedding),
             ptr(m.rope.cos), ptr(m.rope.sin), ptr(self.layer_pointers), ptr(k_pools),
             ptr(v_pools), ptr(m.final_norm), ptr(self.head.codes), ptr(self.head.scales),
             ptr(self.x), ptr(h), ptr(self.qkv), ptr(self.attn), ptr(self.act),
-            ptr(self.scores), ptr(self.logits), ptr(xq), ptr(xd))
+            ptr(scores), ptr(self.logits), ptr(xq), ptr(xd))
         return self.logits[:batch]
 
 
