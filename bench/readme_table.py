@@ -69,8 +69,9 @@ def _cpu_short_prompt_rows() -> list[str]:
     rows = []
     for row in r["rows"] if r else []:
         if row["tokens"] in (8, 32):
-            rows.append(f"| default model, 2-core CPU, the step of a prompt of {row['tokens']} tokens "
-                        f"(a turn's new tokens after a prefix hit), compiled step | "
+            rows.append(f"| default model, 2-core CPU, the step of a prompt of "
+                        f"{row['tokens']} tokens (a turn's new tokens after a prefix hit), "
+                        "compiled step | "
                         f"{row['c_step_ms']:.0f} ms | eager forward {row['eager_ms']:.0f} ms | "
                         f"{row['eager_ms'] / row['c_step_ms']:.2f}× |")
     return rows
@@ -331,7 +332,8 @@ def _host_tier_rows() -> list[str]:
 
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
-    return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _gpu_rows() + _lookahead_rows() + _gemv_split_rows()
+    return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _gpu_rows()
+                             + _lookahead_rows() + _gemv_split_rows()
                              + _step_row_rows() + _mask_rows()
                              + _engine_process_rows() + _served_rows()
                              + _agent_replay_rows() + _host_tier_rows()) + "\n"

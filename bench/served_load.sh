@@ -6,8 +6,9 @@
 #                                artifact (`ninfer synth`) and the peer's GGUF, into /dev/shm
 #   bench/served_load.sh serve   each server in turn under the load; JSON per server in $OUT
 # Needs in the checkout (git-ignored; `bash scripts/device_wheels.sh` makes both): .peers/ =
-# ../shared/peers/{llamacpp,serve_load.py}; .whl/ = the wheels the H200 image lacks. OLD=DIR also serves an older tree
-# (ninfer_engine, ninfer_http, ninfer_tui from `git archive`) under the same load, as "before".
+# ../shared/peers/{llamacpp,serve_load.py}; .whl/ = the wheels the H200 image lacks. OLD=DIR
+# also serves an older tree (ninfer_engine, ninfer_http, ninfer_tui from `git archive`) under
+# the same load, as "before".
 # Each ninfer server also gets bench/serve_staggered.py (arrivals spread in time: prompts keep
 # arriving while the other streams decode). PEER=0 skips llama.cpp (build and serve).
 # SERVERS (default "after before llama") picks which servers `serve` runs, so a lease can split
