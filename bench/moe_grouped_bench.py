@@ -3,7 +3,8 @@
 kernels that read the codes in place, at a real layer's shape and several prompt sizes.
 
     python3 bench/moe_grouped_bench.py [--arch 35b-a3b] [--tokens 120,955,4096,7640]
-        [--block-m 16,64] [--tiles 64x64x64w4s3,128x128x64w8s3,...] [--json PATH]
+        [--block-m 16,64] [--tiles 64x64x64w4s3,128x128x64w8s3,...] [--fp8-tiles ...]
+        [--json PATH]
 
 Each variant runs the whole routed part of `SparseMoE.routed` (sort, experts, weights, slot
 sum) on random fp8-row stacks; CUDA events over 20 runs after 3 warm-ups. Also prints the
@@ -11,6 +12,8 @@ relative difference of the two outputs (both bf16; the kernels round each output
 old path each weight, gate, up, SiLU and product). `--tiles`: each kernel alone at each tile
 and launch size `BMxBNxBK` `wWARPS` `sSTAGES`, its µs and TFLOP/s, the fastest named per kernel
 and token count (a prompt burst's largest kernel time, h200-prompt-burst-35b-a3b-8l-fused.md).
+`fp8_act_us`: the kernels with e4m3 activations (`fp8_act`, the row quantization included),
+and their difference from the old path; `--fp8-tiles` sweeps their tiles.
 """
 from __future__ import annotations
 
@@ -57,8 +60,9 @@ def parse_tile(spec: str) -> dict:
     return dict(bm=bm, bn=bn, bk=bk, warps=int(warps), stages=int(stages))
 
 
-def sweep(specs, x, order, k, counts, weights, gate_up, down) -> dict:
-    """Each kernel alone at each tile size: µs, TFLOP/s (2 multiply-adds a weight a row)."""
+def sweep(specs, x, order, k, counts, weights, gate_up, down, fp8_act=False) -> dict:
+    """Each kernel alone at each tile size: µs, TFLOP/s (2 multiply-adds a weight a row);
+    `fp8_act`: the e4m3-activation kernels, their row quantization included."""
     T, H = x.shape
     S, I = order.shape[0], gate_up.w.shape[1] // 2
     act = moe_grouped_swiglu(x, order, k, tile_plan(counts, S), gate_up.w, gate_up.scale)
@@ -70,9 +74,9 @@ def sweep(specs, x, order, k, counts, weights, gate_up, down) -> dict:
         launch = dict(block_n=t["bn"], block_k=t["bk"], num_warps=t["warps"],
                       num_stages=t["stages"])
         runs = {"swiglu": lambda: moe_grouped_swiglu(x, order, k, tiles, gate_up.w,
-                                                     gate_up.scale, **launch),
+                                                     gate_up.scale, **launch, fp8_act=fp8_act),
                 "down": lambda: moe_grouped_down(act, order, weights.reshape(-1), tiles, down.w,
-                                                 down.scale, **launch)}
+                                                 down.scale, **launch, fp8_act=fp8_act)}
         for name, run in runs.items():
             try:
                 us = timed(run)
@@ -85,7 +89,8 @@ def sweep(specs, x, order, k, counts, weights, gate_up, down) -> dict:
         timed_points = [p for p in points if "us" in p]
         if timed_points:
             best = min(timed_points, key=lambda p: p["us"])
-            print(f"  {T} tokens, {name}: fastest {best['tile']} {best['us']} µs "
+            print(f"  {T} tokens, {name}{' fp8' if fp8_act else ''}: fastest {best['tile']} "
+                  f"{best['us']} µs "
                   f"({best['tflops']} TFLOP/s)", flush=True)
     return out
 
@@ -96,6 +101,8 @@ def main() -> None:
     ap.add_argument("--tokens", default="120,955,4096,7640")
     ap.add_argument("--block-m", default="16,64")
     ap.add_argument("--tiles", default="", help="comma-separated BMxBNxBKwWsS to sweep")
+    ap.add_argument("--fp8-tiles", default="",
+                    help="the same for the e4m3-activation kernels (fp8_act)")
     ap.add_argument("--json")
     args = ap.parse_args()
     c = synth_config(args.arch, 1)
@@ -122,11 +129,12 @@ def main() -> None:
                 slots[order] = ys
                 return slots.view(T, k, H).sum(1)
 
-            def after(bm):
+            def after(bm, fp8_act=False):
                 tiles = tile_plan(counts, T * k, bm)
-                act = moe_grouped_swiglu(x, order, k, tiles, gate_up.w, gate_up.scale)
+                act = moe_grouped_swiglu(x, order, k, tiles, gate_up.w, gate_up.scale,
+                                         fp8_act=fp8_act)
                 return moe_grouped_down(act, order, weights.reshape(-1), tiles, down.w,
-                                        down.scale).view(T, k, H).sum(1)
+                                        down.scale, fp8_act=fp8_act).view(T, k, H).sum(1)
 
             ref = before().float()
             row = {"tokens": T, "before_us": round(timed(before), 1)}
@@ -135,9 +143,15 @@ def main() -> None:
                 row[f"bm{bm}_us"] = round(timed(lambda: after(bm)), 1)
                 row[f"bm{bm}_rel_diff"] = ((out - ref).norm() / ref.norm()).item()
             row["auto_us"] = round(timed(lambda: after(None)), 1)
+            out = after(None, True).float()
+            row["fp8_act_us"] = round(timed(lambda: after(None, True)), 1)
+            row["fp8_act_rel_diff"] = ((out - ref).norm() / ref.norm()).item()
             if args.tiles:
                 row["tiles"] = sweep(args.tiles.split(","), x, order, k, counts, weights,
                                      gate_up, down)
+            if args.fp8_tiles:
+                row["fp8_tiles"] = sweep(args.fp8_tiles.split(","), x, order, k, counts,
+                                         weights, gate_up, down, fp8_act=True)
             rows.append(row)
             print(row, flush=True)
     if args.json:

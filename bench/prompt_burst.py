@@ -3,7 +3,7 @@ and any Triton kernel compiled during it.
 
     python3 bench/prompt_burst.py [--arch 35b-a3b] [--layers 8] [--weights fp8-row]
         [--bursts 1x120,8x120,8x120,1x955,8x955,8x955,3x955] [--served] [--prefix-reuse]
-        [--profile 8x120] [--syncs 8x120] [--json PATH]
+        [--profile 8x120] [--syncs 8x120] [--prefill-activations fp8|bf16] [--json PATH]
 
 Why (H200, 8-layer 35B-A3B shape, tree a50778c): served at concurrency 8, eight streams of equal
 length finish together and eight 120-token prompts arrive together each round; their first
@@ -42,6 +42,7 @@ from ninfer_engine.benchmark.engine_step import bench_engine, random_prompts  # 
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
 from ninfer_engine.kernels.compile_watch import variant  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
+from ninfer_engine.models.moe import FP8_ACTIVATIONS_KEY  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
 from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
@@ -150,6 +151,8 @@ def main() -> None:
                     help="that burst again under CUDA's sync debug mode: where the host waits")
     ap.add_argument("--prefill-chunk", type=int, default=None,
                     help="the step's prompt-token budget (default: the engine's, 4096 on CUDA)")
+    ap.add_argument("--prefill-activations", choices=("fp8", "bf16"), default="fp8",
+                    help="the engine's --prefill-activations (the experts' prompt GEMMs)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (tiny-moe, say)")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -159,6 +162,7 @@ def main() -> None:
     with torch.inference_mode():
         dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
         config, source = build_synthetic(args.arch, args.device, dtype, args.layers)
+        config[FP8_ACTIVATIONS_KEY] = args.prefill_activations == "fp8"
         if args.device == "cuda":
             source = packed_source(source, args.weights, "auto",
                                    bf16_fits(config, free_device_bytes("cuda")))

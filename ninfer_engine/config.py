@@ -117,6 +117,9 @@ class EngineConfig:
     cpu_activations: str = "fp32"
     cuda_dtype: str = "bf16"  # weights and activations on CUDA; "fp32" is the exact path
     cuda_weights: str = "auto"  # how packed projections are served on CUDA: auto|packed|dequant
+    # prompt steps' routed-expert GEMMs over fp8-row stacks on CUDA: e4m3 activations (fp8 × fp8
+    # MMA) or bf16 ones (`models.moe`)
+    prefill_activations: str = "fp8"
     cuda_sync: str = "spin"
     no_verify: bool = False  # skip checking the artifact's metadata.payload_sha256 at load
 

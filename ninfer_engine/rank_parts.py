@@ -17,6 +17,7 @@ from .config import EngineConfig
 from .memory_plan import auto_kv_capacity, build_memory
 from .models import build_model
 from .models.experts import check_prefill_scratch, free_device_bytes
+from .models.moe import FP8_ACTIVATIONS_KEY
 from .parallel import SINGLE, RankGroup, shard_for_rank
 from .step.decode_graphs import DecodeGraphs
 from .step.families import build_decode_graphs
@@ -43,7 +44,8 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
     rank's weight source: its share under tensor parallelism), then its memory
     sized once the weights are resident, and its decode graphs (`step_weights`: the artifact
     whose stored weights the compiled CPU step reads, `--cpu-step compiled`)."""
-    text_config = artifact.config("text")
+    text_config = {**artifact.config("text"),
+                   FP8_ACTIVATIONS_KEY: config.prefill_activations == "fp8"}
     if ranks.parallel and (config.expert_vram_mib is not None or config.expert_vram_auto):
         raise ValueError("--expert-vram-mib with --tp above 1 is not built yet")
     if ranks.parallel:  # (rank 0's prefix tree decides; its copies go with the plans)

@@ -192,6 +192,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--cpu-activations": ("cpu_activations", _choice("fp32", "int16", "int8"), None),
     "--cuda-dtype": ("cuda_dtype", _choice("bf16", "fp32"), None),
     "--cuda-weights": ("cuda_weights", _choice("auto", "packed", "dequant"), None),
+    "--prefill-activations": ("prefill_activations", _choice("fp8", "bf16"), None),
     "--no-verify": ("no_verify", None, True),
     "--expert-vram-mib": ("expert_vram_mib", _expert_vram, None),
     "--expert-miss": ("expert_miss", _choice("auto", "read", "copy", "cpu"), None),

@@ -25,6 +25,12 @@ scale the accumulator after the dot, a group scale each K tile's dot (a tile ins
 of ≥ 16 columns: `grouped_supports`). The fp8 stacks are read once, 1 byte a weight: no bf16
 copy of the routed experts is written first (the H200's 8-layer 35B-A3B shape spent 0.33 ms a
 layer on that copy and 0.34 ms on the GEMM at 8 prompts of 955 tokens).
+
+`fp8_act=True` (an fp8-row stack, K tiles ≥ 32): each GEMM's A operand is first rounded to
+e4m3 with one power-of-two scale a row (`act_quant.quantize_rows`: x's tokens, then the
+SwiGLU output's rows) and the dots multiply codes by codes in the fp8 tensor cores, the row
+scales of both sides multiplying the fp32 sums; launch sizes `LAUNCH_FP8` (swept at 64- and
+128-row tiles: `fp8_act_supported`). Under the interpreter the codes are fp32 operands.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ import triton
 import triton.language as tl
 
 from ._dispatch import dot_dtype, interpreting
+from .act_quant import quantize_rows
 from .moe_dequant import scale_layout
 from .moe_fused import _manual_rne, _round_bf16
 
@@ -79,10 +86,11 @@ def _tile_dot(acc, a, w_ptr, s_ptr, e, n, nmask, k0, kk, kmask, N, K, MODE: tl.c
 
 
 @triton.jit
-def _swiglu_kernel(x_ptr, order_ptr, tile_ends_ptr, starts_ptr, counts_ptr, w_ptr, s_ptr,
-                   out_ptr, top_k, I, H, E: tl.constexpr, EP: tl.constexpr,
+def _swiglu_kernel(x_ptr, xs_ptr, order_ptr, tile_ends_ptr, starts_ptr, counts_ptr, w_ptr,
+                   s_ptr, out_ptr, top_k, I, H, E: tl.constexpr, EP: tl.constexpr,
                    MODE: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK: tl.constexpr, DOT: tl.constexpr, MANUAL_RNE: tl.constexpr):
+                   BK: tl.constexpr, DOT: tl.constexpr, MANUAL_RNE: tl.constexpr,
+                   FP8_ACT: tl.constexpr):
     e, first, end, live = _expert_tile(tile_ends_ptr, starts_ptr, counts_ptr, E, EP, BM)
     if live:
         rows, rmask, n, nmask = _tile_rows(first, end, I, BM, BN)
@@ -98,6 +106,10 @@ def _swiglu_kernel(x_ptr, order_ptr, tile_ends_ptr, starts_ptr, counts_ptr, w_pt
                              MODE, G, DOT)
             up = _tile_dot(up, a, w_ptr, s_ptr, e, n + I, nmask, k0, kk, kmask, 2 * I, H,
                            MODE, G, DOT)
+        if FP8_ACT:  # x holds e4m3 codes: each token's scale multiplies its fp32 sums
+            x_scale = tl.load(xs_ptr + token, mask=rmask, other=0.0)[:, None]
+            gate *= x_scale
+            up *= x_scale
         if MODE == 1:
             row_scale = e.to(tl.int64) * 2 * I
             gate *= tl.load(s_ptr + row_scale + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
@@ -110,10 +122,11 @@ def _swiglu_kernel(x_ptr, order_ptr, tile_ends_ptr, starts_ptr, counts_ptr, w_pt
 
 
 @triton.jit
-def _down_kernel(act_ptr, order_ptr, weights_ptr, tile_ends_ptr, starts_ptr, counts_ptr, w_ptr,
-                 s_ptr, out_ptr, H, I, E: tl.constexpr, EP: tl.constexpr, MODE: tl.constexpr,
-                 G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 DOT: tl.constexpr, MANUAL_RNE: tl.constexpr):
+def _down_kernel(act_ptr, as_ptr, order_ptr, weights_ptr, tile_ends_ptr, starts_ptr, counts_ptr,
+                 w_ptr, s_ptr, out_ptr, H, I, E: tl.constexpr, EP: tl.constexpr,
+                 MODE: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, DOT: tl.constexpr, MANUAL_RNE: tl.constexpr,
+                 FP8_ACT: tl.constexpr):
     e, first, end, live = _expert_tile(tile_ends_ptr, starts_ptr, counts_ptr, E, EP, BM)
     if live:
         rows, rmask, n, nmask = _tile_rows(first, end, H, BM, BN)
@@ -125,6 +138,8 @@ def _down_kernel(act_ptr, order_ptr, weights_ptr, tile_ends_ptr, starts_ptr, cou
                         mask=rmask[:, None] & kmask[None, :], other=0.0).to(DOT)
             acc = _tile_dot(acc, a, w_ptr, s_ptr, e, n, nmask, k0, kk, kmask, H, I, MODE, G,
                             DOT)
+        if FP8_ACT:
+            acc *= tl.load(as_ptr + rows, mask=rmask, other=0.0)[:, None]
         if MODE == 1:
             acc *= tl.load(s_ptr + e.to(tl.int64) * H + n, mask=nmask,
                            other=0.0).to(tl.float32)[None, :]
@@ -177,11 +192,25 @@ def tile_plan(counts: torch.Tensor, rows: int, block_m: int | None = None) -> Ti
 # bench/results/h200-moe-grouped-tiles.md); 16-row tiles were not swept
 LAUNCH = {"swiglu": {16: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3)},
           "down": {16: (64, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 4, 4)}}
+# the same with e4m3 activations (`fp8_act`), `--fp8-tiles` (h200-moe-fp8-act.md): K tiles of
+# 128, the fp8 MMA's K being twice bf16's
+LAUNCH_FP8 = {"swiglu": {64: (64, 128, 4, 3), 128: (64, 128, 4, 3)},
+              "down": {64: (64, 128, 4, 3), 128: (64, 64, 4, 3)}}
+FP8_ACT_ROW_TILES = (64, 128)  # the row tiles swept with e4m3 activations
 
 
-def _launch(kernel: str, bm: int, block_n, block_k, num_warps, num_stages) -> tuple:
-    """The given sizes, each None taken from `LAUNCH` (a row tile it lacks: 64-row's)."""
-    table = LAUNCH[kernel].get(bm, LAUNCH[kernel][64])
+def fp8_act_supported(w: torch.Tensor, scale: torch.Tensor | None, bm: int) -> bool:
+    """Whether the kernels take e4m3 activations for this stack at row tile `bm`: an fp8-row
+    stack (row scales multiply whole sums) at a row tile whose launch sizes were swept."""
+    return scale_layout(w, scale)[0] == 1 and bm in FP8_ACT_ROW_TILES
+
+
+def _launch(kernel: str, bm: int, block_n, block_k, num_warps, num_stages,
+            fp8_act: bool = False) -> tuple:
+    """The given sizes, each None taken from `LAUNCH` (a row tile it lacks: 64-row's), or
+    `LAUNCH_FP8` with e4m3 activations."""
+    launch = LAUNCH_FP8 if fp8_act else LAUNCH
+    table = launch[kernel].get(bm, launch[kernel][64])
     return tuple(t if v is None else v
                  for v, t in zip((block_n, block_k, num_warps, num_stages), table))
 
@@ -201,11 +230,24 @@ def grouped_supports(scale: torch.Tensor | None, w: torch.Tensor) -> bool:
     return mode != 2 or G >= 16
 
 
+def _operand(a: torch.Tensor, fp8_act: bool, mode: int, block_k: int):
+    """(A operand, its row scales, dot dtype): e4m3 codes and scales with `fp8_act` (an
+    fp8-row stack's: row scales multiply whole sums; K tiles of ≥ 32, an fp8 MMA's least),
+    else `a` itself (the scales unused)."""
+    if not fp8_act:
+        return a, a, dot_dtype()
+    assert mode == 1, "fp8 activations need an fp8-row stack"
+    assert block_k >= 32, f"fp8 dots take K tiles of 32 or more, not {block_k}"
+    codes, scales = quantize_rows(a)
+    # the interpreter's dot of fp8 operands is not IEEE: the exact codes as fp32 there
+    return codes, scales, tl.float32 if interpreting() else tl.float8e4nv
+
+
 def moe_grouped_swiglu(x: torch.Tensor, order: torch.Tensor, top_k: int, tiles: Tiles,
                        w: torch.Tensor, scale: torch.Tensor | None = None,
                        block_n: int | None = None, block_k: int | None = None,
-                       num_warps: int | None = None, num_stages: int | None = None
-                       ) -> torch.Tensor:
+                       num_warps: int | None = None, num_stages: int | None = None,
+                       fp8_act: bool = False) -> torch.Tensor:
     """See the module docstring. x [T, H]; order [S] (flat routing rows, expert-sorted);
     `tiles` of its S rows; w [E', 2I, H] (E' ≥ E: a stack may hold the shared expert after the
     routed). The tile and launch sizes (None: `LAUNCH`'s) are `bench/moe_grouped_bench.py
@@ -216,21 +258,22 @@ def moe_grouped_swiglu(x: torch.Tensor, order: torch.Tensor, top_k: int, tiles: 
     if S == 0:
         return out
     block_n, block_k, num_warps, num_stages = _launch("swiglu", tiles.bm, block_n, block_k,
-                                                      num_warps, num_stages)
+                                                      num_warps, num_stages, fp8_act)
     mode, G, s, block_k = _stack(w, scale, block_k)
+    a, a_scale, dot = _operand(x.contiguous(), fp8_act, mode, block_k)
     _swiglu_kernel[(tiles.grid_m, triton.cdiv(I, block_n))](
-        x.contiguous(), order, tiles.tile_ends, tiles.starts, tiles.counts, w, s, out, top_k,
+        a, a_scale, order, tiles.tile_ends, tiles.starts, tiles.counts, w, s, out, top_k,
         I, H, E=E, EP=triton.next_power_of_2(E), MODE=mode, G=G, BM=tiles.bm, BN=block_n,
-        BK=block_k, DOT=dot_dtype(), MANUAL_RNE=_manual_rne(out.dtype), num_warps=num_warps,
-        num_stages=num_stages)
+        BK=block_k, DOT=dot, MANUAL_RNE=_manual_rne(out.dtype), FP8_ACT=fp8_act,
+        num_warps=num_warps, num_stages=num_stages)
     return out
 
 
 def moe_grouped_down(act: torch.Tensor, order: torch.Tensor, weights: torch.Tensor,
                      tiles: Tiles, w: torch.Tensor, scale: torch.Tensor | None = None,
                      block_n: int | None = None, block_k: int | None = None,
-                     num_warps: int | None = None, num_stages: int | None = None
-                     ) -> torch.Tensor:
+                     num_warps: int | None = None, num_stages: int | None = None,
+                     fp8_act: bool = False) -> torch.Tensor:
     """See the module docstring. act [S, I] (expert-sorted rows); order [S]; weights [S] (flat
     routing weights in (token, slot) order); `tiles` of the S rows; w [E', H, I] -> slots
     [S, H]."""
@@ -240,11 +283,12 @@ def moe_grouped_down(act: torch.Tensor, order: torch.Tensor, weights: torch.Tens
     if S == 0:
         return out
     block_n, block_k, num_warps, num_stages = _launch("down", tiles.bm, block_n, block_k,
-                                                      num_warps, num_stages)
+                                                      num_warps, num_stages, fp8_act)
     mode, G, s, block_k = _stack(w, scale, block_k)
+    a, a_scale, dot = _operand(act, fp8_act, mode, block_k)
     _down_kernel[(tiles.grid_m, triton.cdiv(H, block_n))](
-        act, order, weights.contiguous(), tiles.tile_ends, tiles.starts, tiles.counts, w, s,
-        out, H, I, E=E, EP=triton.next_power_of_2(E), MODE=mode, G=G, BM=tiles.bm, BN=block_n,
-        BK=block_k, DOT=dot_dtype(), MANUAL_RNE=_manual_rne(out.dtype), num_warps=num_warps,
-        num_stages=num_stages)
+        a, a_scale, order, weights.contiguous(), tiles.tile_ends, tiles.starts, tiles.counts,
+        w, s, out, H, I, E=E, EP=triton.next_power_of_2(E), MODE=mode, G=G, BM=tiles.bm,
+        BN=block_n, BK=block_k, DOT=dot, MANUAL_RNE=_manual_rne(out.dtype), FP8_ACT=fp8_act,
+        num_warps=num_warps, num_stages=num_stages)
     return out

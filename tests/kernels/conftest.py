@@ -30,21 +30,27 @@ def rel_err(out, ref):
 SILU_SLOPE = 1.1  # max |SiLU'(g)| = 1.0998: SiLU passes an absolute error of g on at most ×1.1
 
 
-def gate_up_exact(x, w, ids):
+def _acc_gamma(n: int, acc_unit: float | None) -> float:
+    """γ_n of the dots' accumulator: fp32's, or one of unit roundoff `acc_unit`."""
+    return gamma(F32, n) if acc_unit is None else n * acc_unit / (1 - n * acc_unit)
+
+
+def gate_up_exact(x, w, ids, acc_unit=None):
     """(SiLU(g)·u in fp64, the fp32 accumulation error bound of computing it): g and u are
-    length-H dots, each off by ≤ γ_H·Σ|xᵢwᵢ| (`tests.tolerance`); SiLU (an exp, an add, a
-    division) and the product add their roundings relative to |SiLU(g)·u|. `w` [S, 2I, H]."""
+    length-H dots, each off by ≤ γ_H·Σ|xᵢwᵢ| (`tests.tolerance`; `acc_unit`: the dots'
+    accumulator is coarser than fp32's); SiLU (an exp, an add, a division) and the product add
+    their roundings relative to |SiLU(g)·u|. `w` [S, 2I, H]."""
     S, H = w.shape[0], w.shape[-1]
     xs = x.double().repeat_interleave(S // x.shape[0], 0)
     g, u = torch.einsum("sk,snk->sn", xs, w).chunk(2, -1)
     ag, au = torch.einsum("sk,snk->sn", xs.abs(), w.abs()).chunk(2, -1)
     exact = F.silu(g) * u
-    noise = (gamma(F32, H) * (SILU_SLOPE * u.abs() * ag + F.silu(g).abs() * au)
+    noise = (_acc_gamma(H, acc_unit) * (SILU_SLOPE * u.abs() * ag + F.silu(g).abs() * au)
              + gamma(F32, TRANSCENDENTAL + 3) * exact.abs())
     return exact, noise
 
 
-def down_exact(act, w, weights, B, k):
+def down_exact(act, w, weights, B, k, acc_unit=None):
     """(Σ_slots weight · (act @ w) in fp64 as [B, k, H] per-slot terms, the fp32 accumulation
     error bound of their sum): each slot's length-I dot, its weight product and the k-slot sum
     count I + 1 + k roundings relative to Σ_slots |weight|·Σ|actᵢwᵢ|. `w` [S, H, I]."""
@@ -52,7 +58,7 @@ def down_exact(act, w, weights, B, k):
     down = torch.einsum("sk,snk->sn", act.double(), w).view(B, k, -1)
     absolute = torch.einsum("sk,snk->sn", act.double().abs(), w.abs()).view(B, k, -1)
     weights = weights.double()[..., None]
-    return down * weights, gamma(F32, I + 1 + k) * (absolute * weights.abs()).sum(1)
+    return down * weights, _acc_gamma(I + 1 + k, acc_unit) * (absolute * weights.abs()).sum(1)
 
 
 def attention_tol(q, keys, context):

@@ -216,16 +216,30 @@ def test_grouped_moe_on_cuda_never_waits_for_the_device():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("T", [1, 40, 1024])
-def test_fp8_stacks_run_the_grouped_kernels_and_match_the_loop(T):
+@pytest.mark.parametrize("T, fp8", [(1, True), (40, True), (1024, False), (1024, True)])
+def test_fp8_stacks_run_the_grouped_kernels_and_match_the_loop(T, fp8, monkeypatch):
     """fp8-row stacks on CUDA take `kernels.moe_grouped` (codes read in place); the loop runs
-    the same experts decoded to bf16 (each weight rounded once more, counted below)."""
+    the same experts decoded to bf16 (each weight rounded once more, counted below). With
+    `--prefill-activations fp8` a prompt-sized step (1,024 tokens: 128-row tiles) rounds its
+    activations to e4m3 too; smaller ones (16-row tiles) keep them bf16."""
     dev = torch.device("cuda")
     m = make(64, 8, True, torch.bfloat16, stacked=True, hidden=256, width=128, device=dev)
     _fp8_rows(m)
+    m.fp8_activations = fp8
     x = torch.randn(T, 256, device=dev).to(torch.bfloat16)
     assert m._fp8_grouped(x)
-    _close_to_the_loop(m, x, 256, 128)
+    taken = _record_fp8_act(monkeypatch)
+    _close_to_the_loop(m, x, 256, 128, fp8_act=fp8 and T == 1024)
+    assert taken == [fp8 and T == 1024]
+
+
+def _record_fp8_act(monkeypatch) -> list[bool]:
+    """Each grouped SwiGLU call's `fp8_act`, recorded."""
+    taken, swiglu = [], moe.moe_grouped_swiglu
+    monkeypatch.setattr(moe, "moe_grouped_swiglu",
+                        lambda *a, fp8_act=False, **kw: taken.append(fp8_act) or swiglu(
+                            *a, fp8_act=fp8_act, **kw))
+    return taken
 
 
 def _fp8_rows(m: SparseMoE) -> None:
@@ -242,14 +256,24 @@ def _fp8_rows(m: SparseMoE) -> None:
     m.stacked = tuple(stacks)
 
 
-def _close_to_the_loop(m: SparseMoE, x: torch.Tensor, H: int, width: int) -> None:
+# e4m3 activations (`kernels.act_quant`): half a code step, relative. Each element's rounding
+# is independent of the signs of the terms it meets, so norm-wise a stage's roundings add up
+# as one rounding of this unit (`tests.tolerance`'s √n argument with one term an element):
+# three stages, the tokens' through gate and through up, the SwiGLU output's through down
+E4M3_U, E4M3_STAGES = 2.0 ** -4, 3
+
+
+def _close_to_the_loop(m: SparseMoE, x: torch.Tensor, H: int, width: int,
+                       fp8_act: bool = False) -> None:
     """`m(x)` against the per-expert loop: the grouped chain (gate/up over H, SiLU, down over
-    the width, k slots) or the shared expert's (width 24), each value stored in bf16."""
+    the width, k slots) or the shared expert's (width 24), each value stored in bf16; with
+    `fp8_act` the activations' e4m3 roundings on top."""
     got, want, k = m(x), reference(m, x), m.top_k
     depth = max(H + TRANSCENDENTAL + 2 + width + 1 + k,
                 H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + 24 + 1) + 1
     err = (got.float() - want.float()).norm() / want.float().norm()
-    assert err <= bound(torch.bfloat16, depth, roundings=7 + k), err
+    limit = bound(torch.bfloat16, depth, roundings=7 + k) + E4M3_STAGES * E4M3_U * fp8_act
+    assert err <= limit, err
 
 
 @pytest.mark.parametrize("where, T", [("interpreter", 1), ("interpreter", 9), ("cuda", 1),
@@ -299,6 +323,7 @@ def test_a_stacked_shared_expert_runs_as_one_more_grouped_slot(where, T, monkeyp
     calls = []
     routed = m.routed
     m.routed = lambda *a: calls.append(a[2].shape) or routed(*a)
+    taken = _record_fp8_act(monkeypatch)
     got = m(x)
     assert calls == [(T, k + 1)]
     # the loop over the same routing (`kernels.moe_route`'s order among tied probabilities,
@@ -312,7 +337,11 @@ def test_a_stacked_shared_expert_runs_as_one_more_grouped_slot(where, T, monkeyp
     depth = max(H + TRANSCENDENTAL + 2 + width + 1 + k + 1,
                 H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + width + 1) + 1
     err = (got.float() - want.float()).norm() / want.float().norm()
-    assert err <= bound(torch.bfloat16, depth, roundings=7 + k + 1), err
+    # 1,024 tokens on CUDA take 128-row tiles: e4m3 activations (`--prefill-activations fp8`)
+    fp8_act = where == "cuda" and T == 1024
+    assert taken == [fp8_act]
+    assert err <= bound(torch.bfloat16, depth, roundings=7 + k + 1) + (
+        E4M3_STAGES * E4M3_U * fp8_act), err
 
 
 def test_a_shared_expert_outside_the_stacks_keeps_its_own_path(monkeypatch):
