@@ -319,6 +319,9 @@ def test_a_stacked_shared_expert_runs_as_one_more_grouped_slot(where, T, monkeyp
     m.stacked = tuple(ExpertStack(s.w[:E], s.scale[:E]) for s in fp8)
     m.stacked_shared = tuple(fp8)
     m.bind_fused(group)
+    # E + 1 rows padded with zero rows to whole 8s (aligned GEMM outputs, sliced back)
+    assert m.router_score.shape[0] == -(-(E + 1) // 8) * 8
+    assert not m.router_score[E + 1:].any()
     x = torch.randn(T, H, generator=gen).to(dev, torch.bfloat16)
     calls = []
     routed = m.routed
