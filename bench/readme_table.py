@@ -150,6 +150,11 @@ def _served_rows() -> list[str]:
     rows = []
     # (result, shape, our bits, the peer's, where the peer ran: None = the same run)
     for name, shape, ours_bits, peer_bits, peer_file in (
+            ("h200-served-35b-a3b-8l-fp8-act.json", "35B-A3B shape cut to 8 layers, "
+             "e4m3 prompt activations of f17209f (no peer in that lease)", "fp8-row", "Q8_0",
+             None),
+            ("h200-served-27b-16l-ratio.json", "27B shape cut to 16 layers, tree 6b53bbc "
+             "(no peer in that lease)", "bf16", "bf16", None),
             ("h200-served-35b-a3b-8l-peer.json", "35B-A3B shape cut to 8 layers, "
              "tree d4946b0", "fp8-row", "Q8_0", None),
             ("h200-served-35b-a3b-8l-fused-prompt.json", "35B-A3B shape cut to 8 layers, "
@@ -278,6 +283,23 @@ def _gemv_split_rows() -> list[str]:
             f"| {a:.1f} tok/s | tree {before} {b:.1f} (alternating, one lease) | {a / b:.3f}× |"]
 
 
+def _prompt_activation_rows() -> list[str]:
+    """The 7,632-token prompt step (eight 1K prompts) with e4m3 against bf16 activations in the
+    experts' GEMMs, processes in turn in one lease (`bench/prompt_burst.py`)."""
+    r = _load("h200-prompt-burst-fp8-act.json")
+    if not r:
+        return []
+    steps: dict[str, list[float]] = {}
+    for run, result in r["engine_fp8_vs_bf16"].items():
+        bursts = [b for b in result["bursts"] if len(b["first_token_ms"]) == 8][1:]
+        steps.setdefault(run.split("-")[0], []).extend(b["steps"][0]["ms"] for b in bursts)
+    fp8, bf16 = (sorted(steps[k])[len(steps[k]) // 2] for k in ("fp8", "bf16"))
+    return [f"| H200, 35B-A3B shape cut to 8 layers, fp8-row, eight 1K-token prompts as one "
+            f"7,632-token engine step, e4m3 activations in the experts' GEMMs (median of the "
+            f"steady bursts) | {fp8:.1f} ms | bf16 activations {bf16:.1f} ms (in turn, one "
+            f"lease) | {fp8 / bf16:.2f}× |"]
+
+
 def _mask_rows() -> list[str]:
     """Grammar mask time the engine step exposes at B = 8 (`bench/mask_cost.py`), this stop's
     tree against the last in the same lease."""
@@ -333,7 +355,7 @@ def _host_tier_rows() -> list[str]:
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _gpu_rows()
-                             + _lookahead_rows() + _gemv_split_rows()
+                             + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
                              + _step_row_rows() + _mask_rows()
                              + _engine_process_rows() + _served_rows()
                              + _agent_replay_rows() + _host_tier_rows()) + "\n"
