@@ -4,6 +4,7 @@
     python3 bench/profile_step.py --arch 35b-a3b --prefill 8192 [--layers N]
     python3 bench/profile_step.py --arch 27b --weights fp8-row [--cuda-weights auto|packed]
     python3 bench/profile_step.py --arch 35b-a3b --weights fp8-row --lookahead both [--host]
+    python3 bench/profile_step.py --arch 35b-a3b --weights fp8-row --spec 3 [--rate 3.67]
 
 `--prefill N` profiles the model's prefill forward instead: `Qwen35Model.forward` over an N-token
 prompt in 1024-token chunks, from an empty state.
@@ -17,12 +18,15 @@ sum of kernel time against the step time tells host-bound from kernel-bound, and
 names the kernels to fuse. It also replays the step's last decode graph alone, back to back (the
 step without its host work); `--lookahead both` times the step with the engine's lookahead step
 and then without it (`bench/results/h200-lookahead-step.md`); `--host` adds a cProfile of 200
-steps on the host.
+steps on the host. `--spec K` makes every step a verify step of K drafts from the benchmark's
+oracle drafter (`engine_step.OracleDrafter`, `--rate` tokens taken a round: random weights
+accept nothing), so the times and the table are a verify step's.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -31,12 +35,14 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
-from ninfer_engine.benchmark.engine_step import MARGIN, bench_engine, random_prompts  # noqa: E402
+from ninfer_engine.benchmark.engine_step import (  # noqa: E402
+    MARGIN, OracleDrafter, bench_engine, random_prompts)
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
 from ninfer_engine.benchmark.timing import time_ms  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
+from ninfer_engine.step.spec_policy import AlwaysSpeculate  # noqa: E402
 from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
 
 TIMED = 30
@@ -56,6 +62,9 @@ def main() -> None:
                     help="the engine's lookahead decode step (auto: on with CUDA graphs; "
                     "both: time the step with it, then without it)")
     ap.add_argument("--host", action="store_true", help="also cProfile 200 steps on the host")
+    ap.add_argument("--spec", type=int, default=0, metavar="K",
+                    help="every step verifies K oracle drafts")
+    ap.add_argument("--rate", type=float, default=3.67, help="--spec's tokens taken a round")
     args = ap.parse_args()
     with torch.inference_mode():
         config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers)
@@ -64,28 +73,44 @@ def main() -> None:
         model = Qwen35Model(config, params)
         if args.prefill:
             return profile_prefill(model, config, args.prefill)
-        total = args.context + 8 + 3 * TIMED + args.steps + (200 if args.host else 0)
+        total = (args.context + 8 + 3 * TIMED + args.steps + (200 if args.host else 0)) * (
+            1 + args.spec)
         engine = bench_engine(model, args.arch, config, args.batch, total + MARGIN,
-                              cuda_weights=args.cuda_weights,
+                              draft_tokens=args.spec, cuda_weights=args.cuda_weights,
                               lookahead={"on": True, "off": False}.get(args.lookahead))
-        for i, prompt in enumerate(random_prompts(args.batch, args.context, config["vocab_size"])):
-            engine.add(GenerationRequest(f"p{i}", prompt, SamplingParams(temperature=0.0),
-                                         max_tokens=total, ignore_eos=True), lambda e: None)
-        for _ in range(-(-args.batch * args.context // 1024) + 8):  # prompts, then warm-up
+        oracle = nullcontext()
+        if args.spec:
+            engine.speculator.drafter = OracleDrafter(args.rate, args.spec, config["vocab_size"])
+            engine.speculator.policy = AlwaysSpeculate()
+            oracle = engine.speculator.drafter.forced()
+        with oracle:
+            _profile(engine, args, config, total)
+
+
+def _profile(engine, args, config, total) -> None:
+    """Prompts in, then the step timed, replayed and profiled (see the module docstring)."""
+    for i, prompt in enumerate(random_prompts(args.batch, args.context, config["vocab_size"])):
+        engine.add(GenerationRequest(f"p{i}", prompt, SamplingParams(temperature=0.0),
+                                     max_tokens=total, ignore_eos=True), lambda e: None)
+    for _ in range(-(-args.batch * args.context // 1024) + 8):  # prompts, then warm-up
+        engine.step()
+    step = time_ms(engine.step, TIMED, warm_up=False)
+    if args.lookahead == "both":  # the same engine and rows, its lookahead switched off
+        engine._lookahead.enabled = False
+        engine.step()  # settles the step in flight
+        plain = time_ms(engine.step, TIMED, warm_up=False)
+        print(f"lookahead on: step {step:.3f} ms, off: {plain:.3f} ms")
+    replay = _replay_ms(engine)
+    host = _host_profile(engine) if args.host else None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
             engine.step()
-        step = time_ms(engine.step, TIMED, warm_up=False)
-        if args.lookahead == "both":  # the same engine and rows, its lookahead switched off
-            engine._lookahead.enabled = False
-            engine.step()  # settles the step in flight
-            plain = time_ms(engine.step, TIMED, warm_up=False)
-            print(f"lookahead on: step {step:.3f} ms, off: {plain:.3f} ms")
-        replay = _replay_ms(engine)
-        host = _host_profile(engine) if args.host else None
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.steps):
-                engine.step()
-            torch.cuda.synchronize()
-        engine.stop()
+        torch.cuda.synchronize()
+    if args.spec:
+        stats = engine.speculator.stats()
+        print(f"verify rounds {stats.rounds}, {1 + stats.accepted / max(1, stats.rounds):.2f} "
+              f"tokens a round")
+    engine.stop()
     events = prof.key_averages()
     kernel_ms = sum(e.device_time_total for e in events) / 1e3 / args.steps
     print(f"{args.arch} B={args.batch} ctx={args.context}: engine step {step:.2f} ms, "
