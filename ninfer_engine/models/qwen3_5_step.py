@@ -42,8 +42,8 @@ from .packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
 
 class FusedLinear:
     """`x Wᵀ`: one row of a dense weight on CUDA through the Triton FMA GEMV (faster than
-    cuBLAS at batch 1 on every H200 shape swept), several through cuBLAS, a `PackedMatrix`
-    through its packed kernels.
+    cuBLAS at batch 1 on every H200 shape swept), up to `gemv_rows` through its dot path,
+    more through cuBLAS, a `PackedMatrix` through its packed kernels.
 
     `gate`, `act`: the input is `x · act(gate)` (SwiGLU's `silu(g) · u`, the attention output
     gate), read by the GEMV itself or computed by one launch first (`dequant_gemv` picks);
@@ -52,15 +52,17 @@ class FusedLinear:
     formats) `acc` is left alone and the bf16 product returned (the RMSNorm after it takes
     either)."""
 
-    def __init__(self, w: torch.Tensor | PackedMatrix):
+    def __init__(self, w: torch.Tensor | PackedMatrix, gemv_rows: int = 1):
         self.w = w
-        self.fma_row = isinstance(w, torch.Tensor) and w.is_cuda and kernel_tiles(w.shape[1], None)
+        # rows up to which a plain weight takes the Triton GEMV (`gemv_rows`) rather than cuBLAS
+        self.gemv_rows = (gemv_rows if isinstance(w, torch.Tensor) and w.is_cuda
+                          and kernel_tiles(w.shape[1], None) else 0)
         fp8 = (isinstance(w, PackedMatrix) and len(w.blocks) == 1
                and w.blocks[0].fmt in (FP8_ROW, FP8_GROUPS))
         self.planes = w.blocks[0].planes if fp8 else None
 
     def __call__(self, x, gate=None, act=None, acc=None):
-        if self.fma_row and x.shape[0] == 1 and x.dtype == self.w.dtype:
+        if x.shape[0] <= self.gemv_rows and x.dtype == self.w.dtype:
             return dequant_gemv(x, self.w, None, gate=gate, act=act, out=acc)
         if self.planes is not None and x.shape[0] <= GEMV_MAX_ROWS:
             return dequant_gemv(x, *self.planes, gate=gate, act=act, out=acc)
@@ -93,7 +95,11 @@ class HybridWeights:
                 layer.update(moe=moe, shared_slot=shared_slot, tier=moe.tier,
                              experts_gu=params.fused[prefix + "moe/experts/gate_up"],
                              experts_down=params.fused[prefix + "moe/experts/down"],
-                             w_gu=FusedLinear(params.fused[prefix + "moe/"]))
+                             # a verify row's 4 rows of router|score (257 outputs) ran
+                             # as cuBLAS's sm75 split-K GEMM, its reduce and a cast:
+                             # ~13 µs a layer on the H200 (h200-verify-step.md)
+                             w_gu=FusedLinear(params.fused[prefix + "moe/"],
+                                              gemv_rows=GEMV_MAX_ROWS))
                 if not shared_slot:
                     layer["w_down"] = FusedLinear(moe.shared.down)
             else:
