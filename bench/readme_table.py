@@ -300,6 +300,25 @@ def _prompt_activation_rows() -> list[str]:
             f"lease) | {fp8 / bf16:.2f}× |"]
 
 
+def _verify_rows() -> list[str]:
+    """A B=1 verify step of 1 + 3 tokens against a decode step, each shape's own
+    (`bench/profile_step.py --spec 3`), the engine step and its CUDA graph alone."""
+    r = _load("h200-verify-step.json")
+    if not r:
+        return []
+    f, g = r["lease_F"], r["lease_G"]
+    rows = []
+    for shape, name, verify in (("35B-A3B", "35b-a3b", g["new"]), ("27B", "27b", f["27b-spec3"])):
+        decode = f[f"{name}-spec0"]
+        step, replay = (verify[k] / decode[k] for k in ("step_ms", "replay_ms"))
+        rows.append(f"| H200, {shape} shape, batch 1, a verify step of 1 + 3 tokens against a "
+                    f"decode step (engine step; the CUDA graph alone) | "
+                    f"{verify['step_ms']:.2f} ms; {verify['replay_ms']:.2f} ms | decode "
+                    f"{decode['step_ms']:.2f} ms; {decode['replay_ms']:.2f} ms | "
+                    f"{step:.2f}×; {replay:.2f}× |")
+    return rows
+
+
 def _mask_rows() -> list[str]:
     """Grammar mask time the engine step exposes at B = 8 (`bench/mask_cost.py`), this stop's
     tree against the last in the same lease."""
@@ -356,7 +375,7 @@ def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _gpu_rows()
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
-                             + _step_row_rows() + _mask_rows()
+                             + _step_row_rows() + _verify_rows() + _mask_rows()
                              + _engine_process_rows() + _served_rows()
                              + _agent_replay_rows() + _host_tier_rows()) + "\n"
 
