@@ -19,10 +19,9 @@ import triton.language as tl
 
 from ._dispatch import interpreting
 
-E4M3_MAX = 448.0
 MAX_COLUMNS = 16384
-_TINY = 2.0 ** -100  # the amax of an all-zero row: finite scales, codes 0
-_MANTISSA_1_75 = 0x600000  # fp32 mantissa bits of 1.75 (448 = 1.75 · 2⁸)
+_TINY = 2.0 ** -100  # the amax of an all-zero row: finite scales, codes 0 (the kernel's too)
+_MANTISSA_1_75 = 0x600000  # fp32 mantissa bits of 1.75: 448, e4m3's largest, is 1.75 · 2⁸
 
 
 @triton.jit
@@ -46,7 +45,7 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scale_ptr, C, stride, BLOCK: tl.constex
     amax = tl.maximum(tl.max(tl.abs(x), axis=0), 2.0 ** -100)
     bits = amax.to(tl.int32, bitcast=True)
     # amax = m · 2^e, m in [1, 2): the least k with amax · 2^-k ≤ 1.75 · 2^8
-    k = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    k = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # 1.75
     q = x * ((127 - k) << 23).to(tl.float32, bitcast=True)
     if MANUAL_RNE:
         q = _round_e4m3(q)

@@ -239,7 +239,8 @@ def _operand(a: torch.Tensor, fp8_act: bool, mode: int, block_k: int):
     assert mode == 1, "fp8 activations need an fp8-row stack"
     assert block_k >= 32, f"fp8 dots take K tiles of 32 or more, not {block_k}"
     codes, scales = quantize_rows(a)
-    # the interpreter's dot of fp8 operands is not IEEE: the exact codes as fp32 there
+    # under the interpreter the codes widen to fp32 operands, exactly (its dot of narrow
+    # floats is not to be trusted: `dot_dtype`)
     return codes, scales, tl.float32 if interpreting() else tl.float8e4nv
 
 

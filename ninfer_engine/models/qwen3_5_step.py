@@ -62,7 +62,7 @@ class FusedLinear:
         self.planes = w.blocks[0].planes if fp8 else None
 
     def __call__(self, x, gate=None, act=None, acc=None):
-        if x.shape[0] <= self.gemv_rows and x.dtype == self.w.dtype:
+        if 0 < x.shape[0] <= self.gemv_rows and x.dtype == self.w.dtype:
             return dequant_gemv(x, self.w, None, gate=gate, act=act, out=acc)
         if self.planes is not None and x.shape[0] <= GEMV_MAX_ROWS:
             return dequant_gemv(x, *self.planes, gate=gate, act=act, out=acc)
