@@ -43,6 +43,8 @@ Devices:   --tp 1|2  --devices A,B  --device N  --no-cuda-graph  --embedding-hos
            projections, int8 per row at load)
            --cuda-dtype bf16|fp32 (bf16; fp32 is the exact, slower path)
            --cuda-weights auto|packed|dequant (auto: each format in its fastest form)
+           --prefill-activations fp8|bf16 (fp8: prompt steps' fp8-row experts multiply e4m3
+           activations in fp8 MMAs; decode rows keep bf16)
 Experts:   --expert-vram-mib F|auto (device memory for routed experts; the rest in host RAM,
            cached in device slots; default: all on the device)
            --expert-miss auto|read|copy|cpu (read: the CUDA-graph step reads misses in place

@@ -84,6 +84,7 @@ def test_no_artifact_serves_the_default_model(tmp_path):
     (["m", "--cpu-matmul", "int4"], "--cpu-matmul: 'int4' is not one of fp32, bf16, int8"),
     (["m", "--cpu-step", "jit"], "--cpu-step: 'jit' is not one of compiled, eager"),
     (["m", "--cuda-dtype", "fp16"], "--cuda-dtype: 'fp16' is not one of bf16, fp32"),
+    (["m", "--prefill-activations", "int8"], "--prefill-activations: 'int8' is not one of fp8"),
     (["m", "--profile", "70b"], "--profile: '70b' is not one of"),
     (["m", "--profile"], "--profile: expected a value"),
     (["m", "--cors=yes"], "--cors takes no value"),
@@ -332,3 +333,37 @@ def test_cli_help_exits_0():
     out = run_cli("--help")
     assert out.returncode == 0
     assert out.stdout.startswith("usage: ninfer-serve") and "--profile flash-next" in out.stdout
+
+
+def test_prefill_activations_default_to_fp8_and_reach_the_models_moe(monkeypatch):
+    """`--prefill-activations` reaches the config, the loader puts it in the text config the
+    model is built from, and `SparseMoE` reads it there (absent: fp8)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ninfer_engine import rank_parts
+    from ninfer_engine.models.moe import FP8_ACTIVATIONS_KEY
+    from tests.models.test_moe_dispatch import make
+
+    assert parse("m").config.prefill_activations == "fp8"
+    assert parse("m", "--prefill-activations", "bf16").config.prefill_activations == "bf16"
+    built = []
+
+    class Built(Exception):
+        pass
+
+    def build(text_config, *args):
+        built.append(text_config)
+        raise Built
+
+    monkeypatch.setattr(rank_parts, "build_model", build)
+    artifact = SimpleNamespace(config=lambda component: {"num_experts": 4})
+    for value in ("fp8", "bf16"):
+        config = parse("m", "--prefill-activations", value).config
+        with pytest.raises(Built):
+            rank_parts.load_rank(config, artifact, torch.device("cpu"), torch.float32, None,
+                                 "dequant", 1024)
+    assert [c[FP8_ACTIVATIONS_KEY] for c in built] == [True, False]
+    assert built[0]["num_experts"] == 4 and artifact.config("text") == {"num_experts": 4}
+    assert make(4, 2, True, torch.float32).fp8_activations
