@@ -191,6 +191,9 @@ class HybridStep:
         self.conv, self.ssm = states  # per GDN layer, in layer order: [slots, ...]
         self.trail_conv = [t.new_empty(max_q - 1, max_batch, *t.shape[1:]) for t in self.conv]
         self.trail_ssm = [t.new_empty(max_q - 1, max_batch, *t.shape[1:]) for t in self.ssm]
+        # `keep`'s per-layer views: of the trail by (row, kept), of the states by slot
+        self._trail_views: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._slot_views: dict[int, list[torch.Tensor]] = {}
         # offloaded layers read in place: the step's routing, for the tiers between steps
         self.routing = RoutingLog(weights.layers, rows, dev)
 
@@ -258,13 +261,20 @@ class HybridStep:
         self.routing.record()
         return ranks.gather_vocab(self.w.head(y), self.c["vocab_size"])
 
-    def keep(self, row: int, kept: int) -> None:
-        """Take row `row` of the last verify step back to its GDN state after its first `kept`
-        tokens (1 ≤ kept < q_len; kept = q_len is the state the step left in the slot)."""
-        slot = self.slots[row: row + 1]
-        for pool, trail in ((self.conv, self.trail_conv), (self.ssm, self.trail_ssm)):
-            for state, saved in zip(pool, trail):
-                state.index_copy_(0, slot, saved[kept - 1, row: row + 1])
+    def keep(self, row: int, kept: int, slot: int) -> None:
+        """Take row `row` of the last verify step, in state slot `slot`, back to its GDN state
+        after its first `kept` tokens (1 ≤ kept < q_len; kept = q_len is the state the step
+        left in the slot). One multi-tensor copy over every layer's conv and SSM state: a copy
+        a tensor was 60 launches and their views on the 35B-A3B, ~0.9 ms of host time in a
+        verify step the GPU waited for (h200-verify-step.md)."""
+        saved = self._trail_views.get((row, kept))
+        if saved is None:
+            saved = self._trail_views[(row, kept)] = [
+                t[kept - 1, row] for t in (*self.trail_conv, *self.trail_ssm)]
+        states = self._slot_views.get(slot)
+        if states is None:
+            states = self._slot_views[slot] = [t[slot] for t in (*self.conv, *self.ssm)]
+        torch._foreach_copy_(states, saved)
 
     def _gdn(self, layer, i, y, B, T, acc):
         """Fused projection → conv/SiLU/gates (one kernel) → recurrence → gated norm (one);
@@ -348,6 +358,7 @@ class EngineHybridDecoder:
                                -(-max_context // PAGE), self._kv,
                                (states.field("conv"), states.field("ssm")), max_q, keep_hidden)
         self.tables = PageTables(self.core.table)
+        self._slots: list[int] = []  # the loaded rows' state slots
 
     @property
     def hidden(self) -> torch.Tensor | None:
@@ -382,7 +393,8 @@ class EngineHybridDecoder:
         meta[0] = torch.tensor([t for row in rows for t in row])
         meta[1] = torch.tensor([seq.cached + t for seq, row in zip(seqs, rows)
                                 for t in range(len(row))])
-        meta[2, : len(seqs)] = torch.tensor([seq.state.index for seq in seqs])
+        self._slots = [seq.state.index for seq in seqs]
+        meta[2, : len(seqs)] = torch.tensor(self._slots)
         meta[3] = torch.tensor([seq.rope_delta for seq, row in zip(seqs, rows) for _ in row])
         # not waiting for the work queued before (a lookahead step loads behind one in flight)
         c.meta[:, : meta.shape[1]].copy_(meta, non_blocking=True)
@@ -396,7 +408,7 @@ class EngineHybridDecoder:
         return self.core.step(batch, bucket, q_len).float()
 
     def keep(self, row: int, kept: int) -> None:
-        self.core.keep(row, kept)
+        self.core.keep(row, kept, self._slots[row])
 
     def after_launch(self) -> None:
         """The step is queued: the expert tiers' bookkeeping runs while it computes."""
