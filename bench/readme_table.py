@@ -308,11 +308,14 @@ def _verify_rows() -> list[str]:
         return []
     f, g = r["lease_F"], r["lease_G"]
     rows = []
-    for shape, name, verify in (("35B-A3B", "35b-a3b", g["new"]), ("27B", "27b", f["27b-spec3"])):
+    for shape, name, verify, where in (
+            ("35B-A3B", "35b-a3b", g["new"],
+             "verify: tree 3f428ef; decode: 6b53bbc, another lease"),
+            ("27B", "27b", f["27b-spec3"], "tree 6b53bbc, one lease")):
         decode = f[f"{name}-spec0"]
         step, replay = (verify[k] / decode[k] for k in ("step_ms", "replay_ms"))
         rows.append(f"| H200, {shape} shape, batch 1, a verify step of 1 + 3 tokens against a "
-                    f"decode step (engine step; the CUDA graph alone) | "
+                    f"decode step ({where}; engine step; the CUDA graph alone) | "
                     f"{verify['step_ms']:.2f} ms; {verify['replay_ms']:.2f} ms | decode "
                     f"{decode['step_ms']:.2f} ms; {decode['replay_ms']:.2f} ms | "
                     f"{step:.2f}×; {replay:.2f}× |")
