@@ -138,6 +138,7 @@ async def _load(url: str, jobs: list[Job], clients: int, capacity: int,
         # the server notices a disconnect), so a client that starts at once could meet 429.
         gate = asyncio.Semaphore(clients)
         most_running = 0
+        before = (await engine_state(session, url))["counters"]
 
         async def one(job: Job) -> ChatStream:
             async with gate:
@@ -157,12 +158,16 @@ async def _load(url: str, jobs: list[Job], clients: int, capacity: int,
         # Every lifetime slot came back: C + P requests at once are all accepted.
         full = await asyncio.gather(*(chat(session, url, chat_body("Hi", 2))
                                       for _ in range(capacity)))
-        return alone, together, most_running, idle, full
+        # rows beyond one a step: steps that carried two requests or more (single-request
+        # steps add as much to both counts, so the snapshots' lag does not matter)
+        shared = ((idle["counters"]["batch_rows"] - before["batch_rows"])
+                  - (idle["counters"]["steps"] - before["steps"]))
+        return alone, together, (most_running, shared), idle, full
 
 
 def _check_load(server: ServerProcess, jobs: list[Job], clients: int, concurrency: int,
                 pending: int, checkpoints: bool) -> None:
-    alone, together, most_running, idle, full = asyncio.run(asyncio.wait_for(
+    alone, together, (most_running, shared), idle, full = asyncio.run(asyncio.wait_for(
         _load(server.url, jobs, clients, concurrency + pending, checkpoints), 1200))
     completed = 0
     for job, got in zip(jobs, together):
@@ -173,7 +178,10 @@ def _check_load(server: ServerProcess, jobs: list[Job], clients: int, concurrenc
         assert (got.text, got.finish, got.done) == (want.text, want.finish, True), job
         completed += 1
     assert completed >= len(jobs) // 2 and any(got.cancelled for got in together)
-    assert 1 < most_running <= concurrency
+    # requests ran together: steps carried several (the polled queue, a stats snapshot
+    # published every few steps, missed the short overlaps of 8-token jobs on a loaded 2-core
+    # box), never more than the limit
+    assert shared > 0 and most_running <= concurrency
     assert idle["model_id"] == MODEL_ID
     assert all(got.status == 200 and got.done for got in full)
     assert "Traceback" not in server.log()
