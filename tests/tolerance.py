@@ -63,9 +63,19 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 def gamma(dtype: torch.dtype, n: float) -> float:
     """Worst-case relative error of n roundings in `dtype`: γ_n = n·u / (1 − n·u)."""
-    nu = n * unit_roundoff(dtype)
-    assert nu < 1, f"{n} roundings in {dtype} bound nothing: compare against a float64 reference"
+    return gamma_of(unit_roundoff(dtype), n)
+
+
+def gamma_of(u: float, n: float) -> float:
+    """γ_n for a unit roundoff `u` that is no dtype's (an accumulator coarser than fp32)."""
+    nu = n * u
+    assert nu < 1, f"{n} roundings of unit {u:.3g} bound nothing: compare against float64"
     return nu / (1 - nu)
+
+
+# e4m3 (3 mantissa bits): half a code step is 2⁻⁴ of |x| in the normal binades [2⁻⁶, 448] and
+# 2⁻¹⁰ (half the subnormal spacing 2⁻⁹) below them, both times the vector's scale
+E4M3_HALF_STEP, E4M3_HALF_STEP_SUBNORMAL = 2.0 ** -4, 2.0 ** -10
 
 
 def bound(dtype: torch.dtype, depth: float, *, roundings: float = 0, sides: int = 2,

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_engine.kernels._dispatch import HAVE_TRITON, interpreting
-from tests.tolerance import CAST, TRANSCENDENTAL, bound, gamma
+from tests.tolerance import CAST, TRANSCENDENTAL, bound, gamma, gamma_of, unit_roundoff
 
 F32 = torch.float32
 
@@ -30,11 +30,6 @@ def rel_err(out, ref):
 SILU_SLOPE = 1.1  # max |SiLU'(g)| = 1.0998: SiLU passes an absolute error of g on at most ×1.1
 
 
-def _acc_gamma(n: int, acc_unit: float | None) -> float:
-    """γ_n of the dots' accumulator: fp32's, or one of unit roundoff `acc_unit`."""
-    return gamma(F32, n) if acc_unit is None else n * acc_unit / (1 - n * acc_unit)
-
-
 def gate_up_exact(x, w, ids, acc_unit=None):
     """(SiLU(g)·u in fp64, the fp32 accumulation error bound of computing it): g and u are
     length-H dots, each off by ≤ γ_H·Σ|xᵢwᵢ| (`tests.tolerance`; `acc_unit`: the dots'
@@ -45,7 +40,8 @@ def gate_up_exact(x, w, ids, acc_unit=None):
     g, u = torch.einsum("sk,snk->sn", xs, w).chunk(2, -1)
     ag, au = torch.einsum("sk,snk->sn", xs.abs(), w.abs()).chunk(2, -1)
     exact = F.silu(g) * u
-    noise = (_acc_gamma(H, acc_unit) * (SILU_SLOPE * u.abs() * ag + F.silu(g).abs() * au)
+    dots = gamma_of(acc_unit or unit_roundoff(F32), H)
+    noise = (dots * (SILU_SLOPE * u.abs() * ag + F.silu(g).abs() * au)
              + gamma(F32, TRANSCENDENTAL + 3) * exact.abs())
     return exact, noise
 
@@ -58,7 +54,8 @@ def down_exact(act, w, weights, B, k, acc_unit=None):
     down = torch.einsum("sk,snk->sn", act.double(), w).view(B, k, -1)
     absolute = torch.einsum("sk,snk->sn", act.double().abs(), w.abs()).view(B, k, -1)
     weights = weights.double()[..., None]
-    return down * weights, _acc_gamma(I + 1 + k, acc_unit) * (absolute * weights.abs()).sum(1)
+    chain = gamma_of(acc_unit or unit_roundoff(F32), I + 1 + k)
+    return down * weights, chain * (absolute * weights.abs()).sum(1)
 
 
 def attention_tol(q, keys, context):

@@ -15,10 +15,7 @@ from ninfer_engine.kernels.moe_grouped import moe_grouped_down, moe_grouped_swig
 
 from .conftest import down_exact, gate_up_exact
 from .test_moe_grouped import _routing, _stack
-from tests.tolerance import assert_rounded_once
-
-HALF_STEP_NORMAL = 2.0 ** -4  # e4m3: 3 mantissa bits, half a step relative in [2⁻⁶, 448]
-HALF_STEP_SUBNORMAL = 2.0 ** -10  # below 2⁻⁶ the codes are 2⁻⁹ apart (times the row's scale)
+from tests.tolerance import E4M3_HALF_STEP, E4M3_HALF_STEP_SUBNORMAL, assert_rounded_once
 
 
 def _acc_unit(device) -> float | None:
@@ -48,8 +45,8 @@ def test_quantize_rows_matches_the_reference_within_half_a_step(device):
     top = x.double().abs().amax(-1) / scale.cpu().double()
     assert ((top > 224) & (top <= 448))[x.abs().amax(-1) > 0].all()
     deq, exact = codes.cpu().double() * scale.cpu().double()[:, None], x.double()
-    limit = torch.maximum(HALF_STEP_NORMAL * exact.abs(),
-                          HALF_STEP_SUBNORMAL * scale.cpu().double()[:, None])
+    limit = torch.maximum(E4M3_HALF_STEP * exact.abs(),
+                          E4M3_HALF_STEP_SUBNORMAL * scale.cpu().double()[:, None])
     assert ((deq - exact).abs() <= limit).all()
 
 

@@ -17,7 +17,8 @@ from tests.benchmark.tiny import tiny_config, tiny_source
 from tests.models.engine_run import greedy_tokens, started_engine
 from tests.models.qwen35_tiny import hybrid_depth
 from tests.models.test_moe_dispatch import _grouped_cpu_works, close, reference
-from tests.tolerance import assert_within, bound, gamma
+from tests.tolerance import (E4M3_HALF_STEP, E4M3_HALF_STEP_SUBNORMAL, assert_within, bound,
+                             gamma)
 
 Q4, Q5, Q6, Q8 = "q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16"
 
@@ -83,7 +84,8 @@ def test_stack_experts_mixed_forms_and_views():
     # step 2⁻⁹ · scale near 0; the decode's product one fp32 rounding
     scale = made[2, "up"].abs().amax(-1, keepdim=True) / 448 * (1 + 2 ** -8)
     assert_within(up.dequantize(torch.float32), made[2, "up"],
-                  (2 ** -4 + gamma(torch.float32, 1)) * made[2, "up"].abs() + 2 ** -10 * scale)
+                  (E4M3_HALF_STEP + gamma(torch.float32, 1)) * made[2, "up"].abs()
+                  + E4M3_HALF_STEP_SUBNORMAL * scale)
     assert torch.equal(down.member(1), made[1, "down"])
 
 

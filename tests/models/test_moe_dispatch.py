@@ -9,7 +9,7 @@ from ninfer_engine.kernels.moe_route import route_topk
 from ninfer_engine.models import moe
 from ninfer_engine.models.moe import SparseMoE, stacked_experts
 from ninfer_engine.models.packed import linear
-from tests.tolerance import TRANSCENDENTAL, bound
+from tests.tolerance import E4M3_HALF_STEP, TRANSCENDENTAL, bound
 
 
 def reference(m: SparseMoE, x: torch.Tensor) -> torch.Tensor:
@@ -256,11 +256,12 @@ def _fp8_rows(m: SparseMoE) -> None:
     m.stacked = tuple(stacks)
 
 
-# e4m3 activations (`kernels.act_quant`): half a code step, relative. Each element's rounding
-# is independent of the signs of the terms it meets, so norm-wise a stage's roundings add up
-# as one rounding of this unit (`tests.tolerance`'s √n argument with one term an element):
-# three stages, the tokens' through gate and through up, the SwiGLU output's through down
-E4M3_U, E4M3_STAGES = 2.0 ** -4, 3
+# e4m3 activations (`kernels.act_quant`): half a code step, `E4M3_HALF_STEP`. Each element's
+# rounding is independent of the signs of the terms it meets, so norm-wise a stage's roundings
+# add up as one rounding of this unit (`tests.tolerance`'s √n argument with one term an
+# element): three stages, the tokens' through gate and through up, the SwiGLU output's through
+# down
+E4M3_STAGES = 3
 
 
 def _close_to_the_loop(m: SparseMoE, x: torch.Tensor, H: int, width: int,
@@ -272,7 +273,8 @@ def _close_to_the_loop(m: SparseMoE, x: torch.Tensor, H: int, width: int,
     depth = max(H + TRANSCENDENTAL + 2 + width + 1 + k,
                 H + TRANSCENDENTAL + 1 + H + TRANSCENDENTAL + 2 + 24 + 1) + 1
     err = (got.float() - want.float()).norm() / want.float().norm()
-    limit = bound(torch.bfloat16, depth, roundings=7 + k) + E4M3_STAGES * E4M3_U * fp8_act
+    limit = bound(torch.bfloat16, depth, roundings=7 + k) + (
+        E4M3_STAGES * E4M3_HALF_STEP * fp8_act)
     assert err <= limit, err
 
 
@@ -344,7 +346,7 @@ def test_a_stacked_shared_expert_runs_as_one_more_grouped_slot(where, T, monkeyp
     fp8_act = where == "cuda" and T == 1024
     assert taken == [fp8_act]
     assert err <= bound(torch.bfloat16, depth, roundings=7 + k + 1) + (
-        E4M3_STAGES * E4M3_U * fp8_act), err
+        E4M3_STAGES * E4M3_HALF_STEP * fp8_act), err
 
 
 def test_a_shared_expert_outside_the_stacks_keeps_its_own_path(monkeypatch):
