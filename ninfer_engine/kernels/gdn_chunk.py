@@ -28,6 +28,8 @@ in bf16). `GatedDeltaNet` passes `tf32=True` only for bf16/fp16 activations, so 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -123,12 +125,13 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
 
 
 def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool = False,
-                      prep: str = "triton", block_v: int = 64, num_warps: int = 8,
+                      prep: str = "triton", block_v: int | None = None, num_warps: int = 4,
                       num_stages: int = 1):
     """Triton path of `kernels.gdn_ref.chunked_gated_delta` (see the module docstring).
 
     `block_v` value columns per program (capped at dv rounded up to a power of two, at least
-    16: `tl.dot` needs 16-wide operands), so the grid is nv × ⌈dv / block_v⌉."""
+    16: `tl.dot` needs 16-wide operands), so the grid is nv × ⌈dv / block_v⌉; by default
+    `walk_block_v`'s."""
     T, nk, dk = k.shape
     nv, dv = v.shape[1], v.shape[2]
     assert T >= 1 and q.shape == k.shape and v.shape[0] == T and nv % nk == 0
@@ -144,8 +147,23 @@ def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool
     return o[:T], s_out
 
 
+def walk_block_v(programs: int, dv: int, device: torch.device) -> int:
+    """The walk's value columns per program for `programs` (row, head) pairs: 32 while that
+    grid still fits one wave of the device's SMs, else 64 (an H200, bench/results/
+    h200-gdn-prompt-parts.md: one 8,192-token row of 32 heads 1.24 → 1.02 ms at 32; 48 heads,
+    two waves at 32, 1.29 → 1.67; eight rows of 32 heads best at 64)."""
+    if device.type != "cuda" or programs * triton.cdiv(dv, 32) > _sm_count(device):
+        return 64
+    return 32
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chunk: int,
-          tf32: bool, block_v: int, num_warps: int, num_stages: int,
+          tf32: bool, block_v: int | None, num_warps: int, num_stages: int,
           slots: torch.Tensor | None = None):
     """The chunk walk over `tiles` (`chunk_prep_triton`'s, n chunks) from `states` ([nv, dk,
     dv], or [R, nv, dk, dv] with `firsts`: row r's chunks are firsts[r] .. firsts[r+1]-1; with
@@ -154,6 +172,8 @@ def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chun
     nv, dk, dv = states.shape[-3:]
     assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
     block_k = max(16, triton.next_power_of_2(dk))
+    rows = 1 if firsts is None else firsts.numel() - 1
+    block_v = block_v or walk_block_v(rows * nv, dv, states.device)
     block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
     if slots is None:
         s_in = states.float().contiguous()
@@ -163,7 +183,6 @@ def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chun
         assert states.dtype == torch.float32 and states.is_contiguous(), "a pool, in place"
         s_in = s_out = states
     o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=s_in.device)
-    rows = 1 if firsts is None else firsts.numel() - 1
     first = s_in if firsts is None else firsts  # an unread pointer where the mode has none
     _gdn_chunk_kernel[(rows * nv, triton.cdiv(dv, block_v))](
         *tiles, s_in, s_out, o, n, first, first if slots is None else slots,
@@ -176,8 +195,8 @@ def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chun
 
 def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
                              chunk: int = CHUNK, *, slots: torch.Tensor | None = None,
-                             tf32: bool = False, block_v: int = 64, num_warps: int = 8,
-                             num_stages: int = 1):
+                             tf32: bool = False, block_v: int | None = None,
+                             num_warps: int = 4, num_stages: int = 1):
     """`chunk_gated_delta` of a step's rows in three launches, not two a row: q, k, v, g, beta
     [P, ...] hold row i's tokens from position firsts[i]·chunk (`firsts` int32 on the
     device; row i's chunks are firsts[i] .. firsts[i+1]-1), every padding position zero (it has

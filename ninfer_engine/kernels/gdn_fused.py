@@ -10,8 +10,9 @@ the causal depthwise conv + SiLU over q|k|v with the conv state shifted in place
   pool, or `conv_state[b]` without `index`), conv + SiLU into fp32 q [B, nk, dk], k [B, nk, dk],
   v [B, nv, dv] (each contiguous), `g = −e^{a_log}·softplus(a + dt_bias)` and
   `beta = sigmoid(b)` [B, nv] fp32; also returns z [B, nv·dv] as a view of proj.
-* `gdn_gated_norm(o, z, norm, eps)` — one launch: `o` [B, nv, dv] fp32 from the recurrence
-  → bf16 [B, nv·dv], `norm · rmsnorm(o) · silu(z)` per value head.
+* `gdn_gated_norm(o, z, norm, eps, at)` — one launch: `o` [B, nv, dv] fp32 from the recurrence
+  (or a prompt step's chunk-padded o, row b at `at[b]`) → bf16 [B, nv·dv],
+  `norm · rmsnorm(o) · silu(z)` per value head.
 
 Both round exactly where the torch code does (`*_ref` below is that code); the Triton paths
 differ from it only in the last ulp of exp / division / the reduction order of the norm.
@@ -56,9 +57,12 @@ def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index
     return (q.reshape(N, nk, dk), k.reshape(N, nk, dk), v.reshape(N, nv, dv), g, beta, z)
 
 
-def gdn_gated_norm_ref(o, z, norm, eps):
-    """Torch reference: `_gdn`'s gated RMSNorm. o [B, nv, dv] fp32, z [B, nv·dv] bf16 (any
-    view), norm [dv]. Returns bf16 [B, nv·dv]."""
+def gdn_gated_norm_ref(o, z, norm, eps, at=None):
+    """Torch reference: `_gdn`'s gated RMSNorm. o [B, nv, dv] fp32 (with `at` [B]: row b is
+    o[at[b]], o any number of rows), z [B, nv·dv] bf16 (any view), norm [dv]. Returns bf16
+    [B, nv·dv]."""
+    if at is not None:
+        o = o.index_select(0, at)
     B, nv, dv = o.shape
     o = o.to(torch.bfloat16).float()
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
@@ -220,46 +224,61 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, in
     return q, k, v, g, beta, proj[:, C: C + vg]
 
 
-@triton.jit
-def _gdn_gated_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, stride_zb, eps,
+# one variant for every row count: a decode graph's and a prompt step's
+@triton.jit(do_not_specialize=["n_rows"])
+def _gdn_gated_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, at_ptr, n_rows, stride_zb, eps,
                            NV: tl.constexpr, DV: tl.constexpr, BLOCK: tl.constexpr,
+                           ROWS: tl.constexpr, GATHER: tl.constexpr,
                            ROUND_PROD: tl.constexpr, LIBDEVICE: tl.constexpr,
                            PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
-    pid = tl.program_id(0)  # b * NV + j
-    b = pid // NV
-    j = pid % NV
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # b * NV + j
+    b = row // NV
+    j = row % NV
     d = tl.arange(0, BLOCK)
-    m = d < DV
-    o = tl.load(o_ptr + pid * DV + d, mask=m, other=0.0)
+    m = (row < n_rows)[:, None] & (d < DV)[None, :]
+    if GATHER:  # o row b is o[at[b]] (a prompt step's chunk-padded layout)
+        src = tl.load(at_ptr + b, mask=row < n_rows, other=0)
+    else:
+        src = b
+    o = tl.load(o_ptr + (src * NV + j)[:, None] * DV + d[None, :], mask=m, other=0.0)
     o = _round_bf16(o)
-    o = o * tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
+    o = o * tl.rsqrt(tl.sum(o * o, axis=1) / DV + eps)[:, None]
     # norm · o.to(bf16): a bf16 weight gives a bf16 product (ROUND_PROD), fp32 stays fp32
-    p = tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32) * _round_bf16(o)
+    w = tl.load(w_ptr + d, mask=d < DV, other=0.0).to(tl.float32)
+    p = w[None, :] * _round_bf16(o)
     if ROUND_PROD:  # exact in fp32 (8-bit × 8-bit significands), then one bf16 rounding
         p = _round_bf16(p)
-    z = tl.load(z_ptr + b * stride_zb + j * DV + d, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + pid * DV + d, _round_bf16(p * _silu(z, LIBDEVICE)).to(tl.bfloat16),
-             mask=m)
+    z = tl.load(z_ptr + b[:, None] * stride_zb + (j * DV)[:, None] + d[None, :], mask=m,
+                other=0.0).to(tl.float32)
+    tl.store(out_ptr + row[:, None] * DV + d[None, :],
+             _round_bf16(p * _silu(z, LIBDEVICE)).to(tl.bfloat16), mask=m)
 
 
-def gdn_gated_norm_triton(o, z, norm, eps):
-    """Triton path, one launch: one program per (sequence, value head). z may be any view
-    with unit inner stride (e.g. `gdn_prep`'s slice of proj)."""
-    B, nv, dv = o.shape
+def gdn_gated_norm_triton(o, z, norm, eps, at=None, rows_per_program: int | None = None):
+    """Triton path, one launch over the B·nv (sequence, value head) rows, `rows_per_program`
+    of them a program (default: one while they are few, as in a decode step, else 8). z may
+    be any view with unit inner stride (e.g. `gdn_prep`'s slice of proj); `at` as the
+    reference's."""
+    B = z.shape[0]
+    nv, dv = o.shape[1:]
     assert o.dtype == torch.float32 and o.is_contiguous()
+    assert at is None and o.shape[0] == B or at is not None and at.shape == (B,)
     assert z.shape == (B, nv * dv) and z.stride(1) == 1 and z.dtype == torch.bfloat16
     assert norm.shape == (dv,) and norm.is_contiguous()
     prod = torch.promote_types(norm.dtype, torch.bfloat16)
     assert prod in (torch.bfloat16, torch.float32), norm.dtype
     out = torch.empty(B, nv * dv, dtype=torch.bfloat16, device=o.device)
     block = triton.next_power_of_2(dv)
+    n_rows = B * nv
+    rows = rows_per_program or (1 if n_rows < 4096 else 8)
     if B > 0:
-        _gdn_gated_norm_kernel[(B * nv,)](
-            o, z, norm, out, z.stride(0), eps, NV=nv, DV=dv, BLOCK=block,
-            ROUND_PROD=prod == torch.bfloat16, LIBDEVICE=not interpreting(),
-            num_warps=max(1, min(4, block // 256)), **pdl_launch(o))
+        _gdn_gated_norm_kernel[(triton.cdiv(n_rows, rows),)](
+            o, z, norm, out, o if at is None else at, n_rows, z.stride(0), eps, NV=nv, DV=dv,
+            BLOCK=block, ROWS=rows, GATHER=at is not None, ROUND_PROD=prod == torch.bfloat16,
+            LIBDEVICE=not interpreting(),
+            num_warps=max(1, min(4, rows * block // 256)), **pdl_launch(o))
     return out
 
 
@@ -270,6 +289,6 @@ def gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=Non
     return fn(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index, trail)
 
 
-def gdn_gated_norm(o, z, norm, eps):
+def gdn_gated_norm(o, z, norm, eps, at=None):
     """Dispatching entry point; see the module docstring."""
-    return (gdn_gated_norm_triton if use_triton(o) else gdn_gated_norm_ref)(o, z, norm, eps)
+    return (gdn_gated_norm_triton if use_triton(o) else gdn_gated_norm_ref)(o, z, norm, eps, at)

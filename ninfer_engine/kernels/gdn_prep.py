@@ -1,4 +1,4 @@
-"""The chunked Gated DeltaNet precompute (`gdn_ref.chunk_prep`) as one Triton launch.
+"""The chunked Gated DeltaNet precompute (`gdn_ref.chunk_prep`) in two Triton launches.
 
 `chunk_prep_triton(q, k, v, g, beta, chunk=64, tf32=False)` returns what `gdn_ref.chunk_prep`
 returns — (w, u, qd, ke, p, cd), n — as contiguous fp32 tensors `[nv, n, C, ·]`, `[nv, n]`.
@@ -6,24 +6,21 @@ q and k may hold fewer heads than v (`[T, nk, dk]`, nv a multiple of nk: value h
 q/k head j // (nv / nk)), so the caller need not expand them. The last dim of q, k, v must be
 contiguous; other strides are free.
 
-One program per (chunk, value head) keeps the chunk in registers and writes each output once:
-the torch version's 25 launches moved its `[nv, n, C, C]` intermediates (100 MB each for the
-27B at 8K) through memory several times and spent most of its time in `solve_triangular`
-(77 % of the layer's GDN time: bench/results/h200-gdn-chunk.json). Per program:
+Two launches: `kernels.gdn_solve` writes each chunk's (I + A)⁻¹ in 16-row blocks, then one
+program per (chunk, value head) keeps the chunk in registers and writes each output once (the
+torch version's 25 launches moved its `[nv, n, C, C]` intermediates through memory several
+times and spent most of its time in `solve_triangular`: bench/results/h200-gdn-chunk.json).
+Per program:
 
 * in-chunk decays `e^{γ_i − γ_j}` from segment sums `Σ_{j<s≤i} g_s`, taken as one IEEE fp32
   dot of the masked g rows with a triangular ones matrix (differences of the two cumulative
   sums would lose the bits the reference keeps);
-* `A = (β K Kᵀ) ⊙ decay` below the diagonal; `(I + A)⁻¹` from its 16 × 16 diagonal blocks'
-  inverses (forward substitution, the four blocks at once: 15 steps of one dot each) and a
-  three-term series in the block-nilpotent rest (a series in A itself would overflow on repeated
-  keys, whose A is all ones below the diagonal), then
-  `U = (I+A)⁻¹ β V`, `W = (I+A)⁻¹ β e^γ K`, `P = (Q Kᵀ) ⊙ decay / √dk`, `Q e^γ / √dk`,
+* `U = (I+A)⁻¹ β V`, `W = (I+A)⁻¹ β e^γ K`, `P = (Q Kᵀ) ⊙ decay / √dk`, `Q e^γ / √dk`,
   `K e^{γ_C − γ}` and `e^{γ_C}`.
 
-`tf32=True` runs the K-contracting dots (A, P) and the two solves' dots in TF32, as
-`kernels.gdn_chunk` does its chunk walk; the decay dot is always IEEE (its operands are sums
-whose TF32 rounding would be an error in an exponent).
+`tf32=True` runs the K-contracting dots (P, and gdn_solve's) and the products with (I + A)⁻¹
+in TF32, as `kernels.gdn_chunk` does its chunk walk; the decay dots are always IEEE (their
+operands are sums whose TF32 rounding would be an error in an exponent).
 """
 
 from __future__ import annotations
@@ -31,6 +28,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .gdn_solve import chunk_inverse
 
 
 @triton.jit
@@ -44,8 +43,8 @@ def _dot(a, b, TF32: tl.constexpr):
 
 # one compile for every step shape: T and n would specialise on == 1 and % 16 == 0
 @triton.jit(do_not_specialize=["T", "n"])
-def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr,
-                     cd_ptr, T, n, sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, scale,
+def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, inv_ptr, w_ptr, u_ptr, qd_ptr, ke_ptr,
+                     p_ptr, cd_ptr, T, n, sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, scale,
                      GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, TF32: tl.constexpr):
     c = tl.program_id(0)
@@ -72,22 +71,10 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, qd_ptr, ke
     k = tl.load(k_ptr + t[:, None] * skt + hk * skh + rk[None, :], mask=kmask, other=0.0)
     q = tl.load(q_ptr + t[:, None] * sqt + hk * sqh + rk[None, :], mask=kmask, other=0.0)
     kb = k * beta[:, None]
-    a = tl.where(rc[:, None] > rc[None, :], _dot(kb, tl.trans(k), TF32) * decay, 0.0)
     p = _dot(q, tl.trans(k), TF32) * decay * scale
-
-    # (I + A)⁻¹ = (I + N)⁻¹ D⁻¹ with D the 16 × 16 diagonal blocks of I + A and N = D⁻¹ L, L the
-    # part below them: N is nilpotent of order 4, so (I + N)⁻¹ = (I − N)(I + N²), four dots
-    blk = rc // 16
-    same = blk[:, None] == blk[None, :]
-    inv = tl.where(rc[:, None] == rc[None, :], 1.0, 0.0)
-    a_d = tl.where(same, a, 0.0)
-    for s in range(1, 16):  # D⁻¹ by forward substitution, row s of every block at once
-        sel = (rc % 16) == s
-        r = _dot(tl.where(sel[:, None], a_d, 0.0), inv, TF32)
-        inv = tl.where(sel[:, None], inv - r, inv)
-    nil = _dot(inv, tl.where(same, 0.0, a), TF32)
-    z = inv + _dot(_dot(nil, nil, TF32), inv, TF32)
-    inv = z - _dot(nil, z, TF32)
+    # (I + A)⁻¹ from `kernels.gdn_solve`, which leaves the blocks above the diagonal unwritten
+    inv = tl.load(inv_ptr + ((h * n + c) * C + rc[:, None]) * C + rc[None, :],
+                  mask=rc[:, None] // 16 >= rc[None, :] // 16, other=0.0)
 
     out = h * n + c  # this program's [C, ·] tile in the [nv, n, C, ·] outputs
     ko = (out * C + rc[:, None]) * DK + rk[None, :]
@@ -104,7 +91,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, w_ptr, u_ptr, qd_ptr, ke
 
 
 def chunk_prep_triton(q, k, v, g, beta, chunk: int = 64, *, tf32: bool = False,
-                      num_warps: int = 8):
+                      num_warps: int = 4, solve_warps: int = 2):
     """Triton path of `gdn_ref.chunk_prep` (see the module docstring)."""
     T, nk, dk = k.shape
     nv, dv = v.shape[1], v.shape[2]
@@ -119,8 +106,9 @@ def chunk_prep_triton(q, k, v, g, beta, chunk: int = 64, *, tf32: bool = False,
     p = torch.empty(nv, n, chunk, chunk, device=dev)
     cd = torch.empty(nv, n, device=dev)
     assert p.numel() < 2**31 and w.numel() < 2**31 and u.numel() < 2**31, "int32 offsets"
+    inv = chunk_inverse(k, g, beta, chunk, tf32=tf32, num_warps=solve_warps)
     _gdn_prep_kernel[(n, nv)](
-        q, k, v, g, beta, w, u, qd, ke, p, cd, T, n, q.stride(0), q.stride(1), k.stride(0),
+        q, k, v, g, beta, inv, w, u, qd, ke, p, cd, T, n, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1), beta.stride(0),
         beta.stride(1), dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, C=chunk,
         BK=max(16, triton.next_power_of_2(dk)), BV=max(16, triton.next_power_of_2(dv)),

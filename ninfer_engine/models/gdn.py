@@ -196,7 +196,7 @@ class GatedDeltaNet:
                 tf32=True)
             torch._foreach_copy_([s.conv for s in states] + [s.ssm for s in states],
                                  [*conv.unbind(0), *ssm.unbind(0)])
-        o = gdn_gated_norm(o.index_select(0, layout.at), z, self.norm, self.eps)
+        o = gdn_gated_norm(o, z, self.norm, self.eps, layout.at)
         return self.out(o)
 
     def _recurrence(self, q, k, v, g, beta, state: GDNState, dtype,

@@ -184,7 +184,8 @@ def test_gdn_prep_walks_a_rows_tokens_and_keeps_the_windows(device):
     (32, 128, 1, torch.bfloat16),
     (48, 128, 1, torch.bfloat16),
 ])
-def test_gdn_gated_norm_matches_reference(device, nv, dv, B, norm_dtype):
+@pytest.mark.parametrize("rows", [None, 4, 16])
+def test_gdn_gated_norm_matches_reference(device, nv, dv, B, norm_dtype, rows):
     gen = torch.Generator().manual_seed(nv + dv + B)
     o = torch.randn(B, nv, dv, generator=gen) * 3
     # z as _gdn passes it: a strided slice of the projection output
@@ -194,12 +195,38 @@ def test_gdn_gated_norm_matches_reference(device, nv, dv, B, norm_dtype):
     eps = 1e-6
     ref = gdn_gated_norm_ref(o, z, norm, eps)
     zd = proj.to(device)[:, nv * dv + 5: 2 * nv * dv + 5]
-    out = gdn_gated_norm_triton(o.to(device), zd, norm.to(device), eps).cpu()
-    assert out.dtype == torch.bfloat16 and out.shape == (B, nv * dv) and out.is_contiguous()
-    # within one bf16 ulp everywhere (rounding ties after last-ulp fp32 differences)
-    torch.testing.assert_close(out.float(), ref.float(), rtol=2 ** -7, atol=1e-30)
-    assert rel_err(out, ref) < 2 ** -7  # implied by the elementwise bound
+    out = gdn_gated_norm_triton(o.to(device), zd, norm.to(device), eps,
+                                rows_per_program=rows).cpu()
+    _check_gated_norm(out, ref)
+
+
+def _check_gated_norm(out, ref):
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape and out.is_contiguous()
+    # the sum of squares' order differs (fp32, ~1e-5 relative), which can move the normed o's
+    # bf16 rounding to the next value (≤ 2⁻⁷ relative); the product's and the output's
+    # roundings can each add one more ulp: ≤ 3 · 2⁻⁷ elementwise
+    rtol = 3 * 2 ** -7
+    torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=1e-30)
+    assert rel_err(out, ref) < rtol  # implied by the elementwise bound
     assert (out == ref).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_gdn_gated_norm_gathers_padded_rows(device, rows):
+    # a prompt step's o in its chunk-padded layout: output row b reads o[at[b]], the padding
+    # rows (here filled with large values) are never read
+    gen = torch.Generator().manual_seed(7)
+    nv, dv, B = 4, 32, 11
+    padded = torch.full((24, nv, dv), 1e4)
+    at = torch.tensor([0, 1, 2, 3, 4, 16, 17, 18, 19, 20, 21])
+    padded[at] = torch.randn(B, nv, dv, generator=gen) * 3
+    z = (torch.randn(B, nv * dv, generator=gen) * 3).bfloat16()
+    norm = (1 + 0.1 * torch.randn(dv, generator=gen)).bfloat16()
+    ref = gdn_gated_norm_ref(padded[at], z, norm, 1e-6)
+    assert torch.equal(gdn_gated_norm_ref(padded, z, norm, 1e-6, at), ref)
+    out = gdn_gated_norm_triton(padded.to(device), z.to(device), norm.to(device), 1e-6,
+                                at.to(device), rows_per_program=rows).cpu()
+    _check_gated_norm(out, ref)
 
 
 def _torch_gdn_tail(m, proj, conv, ssm, eps):

@@ -66,7 +66,7 @@ def _check_prep(args, device, chunk):
         assert rel_err(a, b) < tol, (name, rel_err(a, b))
 
 
-@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("chunk", [16, 32, 64])
 @pytest.mark.parametrize("T", [1, 40, 64, 130])
 def test_prep_matches_torch(device, T, chunk):
     _check_prep(_inputs(T, 2, 2, 32, 16, seed=T), device, chunk)
