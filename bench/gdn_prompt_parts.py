@@ -50,7 +50,7 @@ SHAPES = [("35B-A3B 8x955", (955,) * 8, 16, 32, 128, 128),
           ("27B 1x8192", (8192,), 16, 48, 128, 128)]
 SMOKE = [("tiny 2x40", (40, 33), 1, 2, 16, 16)]
 PROMPT = dict(block_t=[16, 32])
-PREP = dict(num_warps=[4, 8], solve_warps=[2, 1, 4])
+PREP = dict(num_warps=[8, 4], solve_warps=[1, 2])
 WALK = dict(block_v=[None, 64, 32], num_warps=[4, 8])  # None: `gdn_chunk.walk_block_v`'s
 NORM_ROWS = [None, 8, 1, 4, 16]  # None: the default; 1: one row a program, as before
 

@@ -14,13 +14,14 @@ Per program:
 
 * in-chunk decays `e^{γ_i − γ_j}` from segment sums `Σ_{j<s≤i} g_s`, taken as one IEEE fp32
   dot of the masked g rows with a triangular ones matrix (differences of the two cumulative
-  sums would lose the bits the reference keeps);
+  sums would lose the bits the reference keeps), or with `tf32` as those differences (their
+  error is far below TF32's);
 * `U = (I+A)⁻¹ β V`, `W = (I+A)⁻¹ β e^γ K`, `P = (Q Kᵀ) ⊙ decay / √dk`, `Q e^γ / √dk`,
   `K e^{γ_C − γ}` and `e^{γ_C}`.
 
 `tf32=True` runs the K-contracting dots (P, and gdn_solve's) and the products with (I + A)⁻¹
-in TF32, as `kernels.gdn_chunk` does its chunk walk; the decay dots are always IEEE (their
-operands are sums whose TF32 rounding would be an error in an exponent).
+in TF32, as `kernels.gdn_chunk` does its chunk walk; decay dots are always IEEE (their operands
+are sums whose TF32 rounding would be an error in an exponent).
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, inv_ptr, w_ptr, u_ptr, q
     g = tl.load(g_ptr + t * sgt + h * sgh, mask=tmask, other=0.0)
     beta = tl.load(b_ptr + t * sbt + h * sbh, mask=tmask, other=0.0)
     below = rc[:, None] >= rc[None, :]  # j ≤ i
-    # seg[i, j] = Σ_{j<s≤i} g_s = Σ_s [s ≤ i] g_s · [s > j]
-    g_rows = tl.where(below, g[None, :], 0.0)
-    after = tl.where(rc[:, None] > rc[None, :], 1.0, 0.0)  # [s, j]: s > j
-    seg = tl.dot(g_rows, after, input_precision="ieee")
-    decay = tl.where(below, tl.exp(tl.where(below, seg, 0.0)), 0.0)
     gam = tl.cumsum(g, 0)
+    if TF32:  # γ_i − γ_j's fp32 error (|γ|·2⁻²⁴ in an exponent) is far below TF32's 2⁻¹¹
+        seg = gam[:, None] - gam[None, :]
+    else:  # seg[i, j] = Σ_{j<s≤i} g_s = Σ_s [s ≤ i] g_s · [s > j]
+        g_rows = tl.where(below, g[None, :], 0.0)
+        after = tl.where(rc[:, None] > rc[None, :], 1.0, 0.0)  # [s, j]: s > j
+        seg = tl.dot(g_rows, after, input_precision="ieee")
+    decay = tl.where(below, tl.exp(tl.where(below, seg, 0.0)), 0.0)
     eg = tl.exp(gam)
     tail = tl.cumsum(g, 0, reverse=True) - g  # γ_C − γ_j = Σ_{s>j} g_s
 
@@ -91,7 +94,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, inv_ptr, w_ptr, u_ptr, q
 
 
 def chunk_prep_triton(q, k, v, g, beta, chunk: int = 64, *, tf32: bool = False,
-                      num_warps: int = 4, solve_warps: int = 2):
+                      num_warps: int = 8, solve_warps: int = 1):
     """Triton path of `gdn_ref.chunk_prep` (see the module docstring)."""
     T, nk, dk = k.shape
     nv, dv = v.shape[1], v.shape[2]

@@ -154,7 +154,7 @@ def _gdn_solve_kernel(k_ptr, g_ptr, b_ptr, inv_ptr, T, n, skt, skh, sgt, sgh, sb
 
 
 def chunk_inverse(k, g, beta, chunk: int = 64, *, tf32: bool = False,
-                  num_warps: int = 2) -> torch.Tensor:
+                  num_warps: int = 1) -> torch.Tensor:
     """[nv, n, C, C] fp32, the blocks above the diagonal unwritten (see the module
     docstring). k fp32 with a contiguous last dim; g, beta fp32."""
     T, nk, dk = k.shape
