@@ -150,6 +150,8 @@ def _served_rows() -> list[str]:
     rows = []
     # (result, shape, our bits, the peer's, where the peer ran: None = the same run)
     for name, shape, ours_bits, peer_bits, peer_file in (
+            ("h200-served-35b-a3b-8l-peer-gdn.json", "35B-A3B shape cut to 8 layers, "
+             "tree 6a1a8a9", "fp8-row", "Q8_0", None),
             ("h200-served-35b-a3b-8l-fp8-act.json", "35B-A3B shape cut to 8 layers, "
              "e4m3 prompt activations of f17209f (no peer in that lease)", "fp8-row", "Q8_0",
              None),
@@ -300,6 +302,40 @@ def _prompt_activation_rows() -> list[str]:
             f"lease) | {fp8 / bf16:.2f}× |"]
 
 
+def _gdn_prompt_rows() -> list[str]:
+    """A prompt step's GDN launches, one layer, this stop's tree against the last
+    (`bench/gdn_prompt_parts.py`), and the 7,632-token engine step they sit in
+    (`bench/prompt_burst.py`, processes in turn in one lease)."""
+    r = _load("h200-gdn-prompt-parts.json")
+    if not r:
+        return []
+    first, last = r["parts"][0], r["parts"][-1]
+
+    def layer_ms(run: dict, shape: str) -> float:
+        parts = next(s for s in run["shapes"] if s["shape"] == shape)["parts"]
+        return sum(rows[0]["ms"] for rows in parts.values())
+
+    rows = []
+    for shape in ("35B-A3B 8x955", "27B 1x8192"):
+        a, b = layer_ms(last, shape), layer_ms(first, shape)
+        rows.append(f"| H200, {shape.replace('x', ' × ')}-token prompt step, one GDN layer's "
+                    f"launches (conv prep, chunk precompute, chunk walk, gated norm), tree "
+                    f"{last['tree']} | {a:.2f} ms | tree {first['tree'].split()[0]} {b:.2f} "
+                    f"(one lease each) | {a / b:.2f}× |")
+    steps: dict[str, list[float]] = {}
+    for run, bursts in r["engine_bursts_call_J"].items():
+        if run.startswith("burst-"):  # the 35B-A3B runs; burst27-* are the 27B's
+            big = [max(b["steps"], key=lambda s: s["prompt_tokens"])["ms"]
+                   for b in bursts if b["rows"] == 8][1:]
+            steps.setdefault(run.split("-")[1], []).extend(big)
+    new, old = (sorted(steps[k])[len(steps[k]) // 2] for k in ("new", "old"))
+    rows.append(f"| H200, 35B-A3B shape cut to 8 layers, fp8-row, eight 1K-token prompts as one "
+                f"7,632-token engine step (median of the steady bursts), tree d644a8b | "
+                f"{new:.1f} ms | tree 8dbc18e {old:.1f} (in turn, one lease) | "
+                f"{new / old:.2f}× |")
+    return rows
+
+
 def _verify_rows() -> list[str]:
     """A B=1 verify step of 1 + 3 tokens against a decode step, each shape's own
     (`bench/profile_step.py --spec 3`), the engine step and its CUDA graph alone."""
@@ -378,6 +414,7 @@ def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _gpu_rows()
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
+                             + _gdn_prompt_rows()
                              + _step_row_rows() + _verify_rows() + _mask_rows()
                              + _engine_process_rows() + _served_rows()
                              + _agent_replay_rows() + _host_tier_rows()) + "\n"
