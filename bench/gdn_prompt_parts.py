@@ -9,7 +9,7 @@ makes between its two GEMMs, on the inputs the one before produces:
 
 * `gdn_prompt_prep` (conv, SiLU, norms, gates) by `block_t`;
 * `chunk_prep_triton` (the chunks' precompute: `gdn_solve`'s (I + A)⁻¹, then the rest) by
-  the two launches' `num_warps`;
+  the column block of its loops over dk / dv and its `num_warps`;
 * the chunk walk (`gdn_chunk._walk`, state pool by slot) by `block_v` and `num_warps`;
 * `gdn_gated_norm` from the padded o (the gather inside) by `rows_per_program`.
 
@@ -50,7 +50,7 @@ SHAPES = [("35B-A3B 8x955", (955,) * 8, 16, 32, 128, 128),
           ("27B 1x8192", (8192,), 16, 48, 128, 128)]
 SMOKE = [("tiny 2x40", (40, 33), 1, 2, 16, 16)]
 PROMPT = dict(block_t=[16, 32])
-PREP = dict(num_warps=[8, 4], solve_warps=[1, 2])
+PREP = dict(block=[64, 32, 128], num_warps=[4, 8])
 WALK = dict(block_v=[None, 64, 32], num_warps=[4, 8])  # None: `gdn_chunk.walk_block_v`'s
 NORM_ROWS = [None, 8, 1, 4, 16]  # None: the default; 1: one row a program, as before
 
@@ -114,9 +114,9 @@ def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed):
     q, k, v, g, beta, _ = gdn_prompt_prep_triton(qkv, b, a, conv, conv_w, a_log, dt_bias, nk,
                                                  dk, layout, slots)
 
-    def prep(num_warps, solve_warps):
+    def prep(block, num_warps):
         tiles, _ = chunk_prep_triton(q, k, v, g, beta, 64, tf32=True, num_warps=num_warps,
-                                     solve_warps=solve_warps)
+                                     block=block)
         return torch.cat([x.reshape(-1) for x in tiles])
 
     parts["chunk_prep"] = sweep("chunk prep", PREP, prep, timed)

@@ -47,13 +47,12 @@ def _dot(a, b, TF32: tl.constexpr):
 def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, inv_ptr, w_ptr, u_ptr, qd_ptr, ke_ptr,
                      p_ptr, cd_ptr, T, n, sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, scale,
                      GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
-                     BK: tl.constexpr, BV: tl.constexpr, TF32: tl.constexpr):
+                     BK: tl.constexpr, BV: tl.constexpr, BLOCK: tl.constexpr,
+                     TF32: tl.constexpr):
     c = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // GROUP
     rc = tl.arange(0, C)
-    rk = tl.arange(0, BK)
-    rv = tl.arange(0, BV)
     t = c * C + rc
     tmask = t < T  # padded rows load as zeros: k = 0, β = 0, g = 0 leave the state alone
     g = tl.load(g_ptr + t * sgt + h * sgh, mask=tmask, other=0.0)
@@ -70,31 +69,36 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, inv_ptr, w_ptr, u_ptr, q
     eg = tl.exp(gam)
     tail = tl.cumsum(g, 0, reverse=True) - g  # γ_C − γ_j = Σ_{s>j} g_s
 
-    kmask = tmask[:, None] & (rk < DK)[None, :]
-    k = tl.load(k_ptr + t[:, None] * skt + hk * skh + rk[None, :], mask=kmask, other=0.0)
-    q = tl.load(q_ptr + t[:, None] * sqt + hk * sqh + rk[None, :], mask=kmask, other=0.0)
-    kb = k * beta[:, None]
-    p = _dot(q, tl.trans(k), TF32) * decay * scale
     # (I + A)⁻¹ from `kernels.gdn_solve`, which leaves the blocks above the diagonal unwritten
     inv = tl.load(inv_ptr + ((h * n + c) * C + rc[:, None]) * C + rc[None, :],
                   mask=rc[:, None] // 16 >= rc[None, :] // 16, other=0.0)
-
     out = h * n + c  # this program's [C, ·] tile in the [nv, n, C, ·] outputs
-    ko = (out * C + rc[:, None]) * DK + rk[None, :]
-    om = (rk < DK)[None, :]
-    tl.store(w_ptr + ko, _dot(inv, kb * eg[:, None], TF32), mask=om)
-    tl.store(qd_ptr + ko, q * (eg * scale)[:, None], mask=om)
-    tl.store(ke_ptr + ko, k * tl.exp(tail)[:, None], mask=om)
-    tl.store(p_ptr + (out * C + rc[:, None]) * C + rc[None, :], p)
-    vmask = tmask[:, None] & (rv < DV)[None, :]
-    v = tl.load(v_ptr + t[:, None] * svt + h * svh + rv[None, :], mask=vmask, other=0.0)
-    tl.store(u_ptr + (out * C + rc[:, None]) * DV + rv[None, :],
-             _dot(inv, v * beta[:, None], TF32), mask=(rv < DV)[None, :])
+    p = tl.zeros((C, C), dtype=tl.float32)
+    for d0 in tl.static_range(0, BK, BLOCK):  # dk in BLOCK-wide column blocks: fewer registers
+        rk = d0 + tl.arange(0, BLOCK)
+        km = (rk < DK)[None, :]
+        k = tl.load(k_ptr + t[:, None] * skt + hk * skh + rk[None, :], mask=tmask[:, None] & km,
+                    other=0.0)
+        q = tl.load(q_ptr + t[:, None] * sqt + hk * sqh + rk[None, :], mask=tmask[:, None] & km,
+                    other=0.0)
+        p += _dot(q, tl.trans(k), TF32)
+        ko = (out * C + rc[:, None]) * DK + rk[None, :]
+        tl.store(w_ptr + ko, _dot(inv, k * beta[:, None] * eg[:, None], TF32), mask=km)
+        tl.store(qd_ptr + ko, q * (eg * scale)[:, None], mask=km)
+        tl.store(ke_ptr + ko, k * tl.exp(tail)[:, None], mask=km)
+    tl.store(p_ptr + (out * C + rc[:, None]) * C + rc[None, :], p * decay * scale)
+    for d0 in tl.static_range(0, BV, BLOCK):
+        rv = d0 + tl.arange(0, BLOCK)
+        vm = (rv < DV)[None, :]
+        v = tl.load(v_ptr + t[:, None] * svt + h * svh + rv[None, :], mask=tmask[:, None] & vm,
+                    other=0.0)
+        tl.store(u_ptr + (out * C + rc[:, None]) * DV + rv[None, :],
+                 _dot(inv, v * beta[:, None], TF32), mask=vm)
     tl.store(cd_ptr + out, tl.sum(tl.where(rc == C - 1, eg, 0.0), 0))
 
 
 def chunk_prep_triton(q, k, v, g, beta, chunk: int = 64, *, tf32: bool = False,
-                      num_warps: int = 8, solve_warps: int = 1):
+                      num_warps: int = 4, solve_warps: int = 1, block: int = 64):
     """Triton path of `gdn_ref.chunk_prep` (see the module docstring)."""
     T, nk, dk = k.shape
     nv, dv = v.shape[1], v.shape[2]
@@ -110,10 +114,10 @@ def chunk_prep_triton(q, k, v, g, beta, chunk: int = 64, *, tf32: bool = False,
     cd = torch.empty(nv, n, device=dev)
     assert p.numel() < 2**31 and w.numel() < 2**31 and u.numel() < 2**31, "int32 offsets"
     inv = chunk_inverse(k, g, beta, chunk, tf32=tf32, num_warps=solve_warps)
+    bk, bv = (max(16, triton.next_power_of_2(d)) for d in (dk, dv))
     _gdn_prep_kernel[(n, nv)](
         q, k, v, g, beta, inv, w, u, qd, ke, p, cd, T, n, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1), beta.stride(0),
         beta.stride(1), dk**-0.5, GROUP=nv // nk, DK=dk, DV=dv, C=chunk,
-        BK=max(16, triton.next_power_of_2(dk)), BV=max(16, triton.next_power_of_2(dv)),
-        TF32=tf32, num_warps=num_warps)
+        BK=bk, BV=bv, BLOCK=min(block, bk, bv), TF32=tf32, num_warps=num_warps)
     return (w, u, qd, ke, p, cd), n
