@@ -311,9 +311,11 @@ def _gdn_prompt_rows() -> list[str]:
         return []
     first, last = r["parts"][0], r["parts"][-1]
 
-    def layer_ms(run: dict, shape: str) -> float:
+    def layer_ms(run: dict, shape: str) -> float:  # each launch's variant the engine runs
         parts = next(s for s in run["shapes"] if s["shape"] == shape)["parts"]
-        return sum(rows[0]["ms"] for rows in parts.values())
+        chosen = run.get("engine_variants", {})
+        return sum(next(r for r in rows if chosen.get(part, r).items() <= r.items())["ms"]
+                   for part, rows in parts.items())
 
     rows = []
     for shape in ("35B-A3B 8x955", "27B 1x8192"):
