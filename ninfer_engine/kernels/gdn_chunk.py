@@ -35,9 +35,9 @@ import triton
 import triton.language as tl
 
 from . import gdn_ref as reference
-from .gdn_prep import _dot, chunk_prep_triton
-
+from .gdn_prep import chunk_prep_triton
 from .gdn_ref import CHUNK
+from .gdn_solve import _dot
 
 
 def _span(x):

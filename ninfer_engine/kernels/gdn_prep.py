@@ -30,16 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gdn_solve import chunk_inverse
-
-
-@triton.jit
-def _dot(a, b, TF32: tl.constexpr):
-    if TF32:
-        c = tl.dot(a, b, input_precision="tf32")
-    else:
-        c = tl.dot(a, b, input_precision="ieee")
-    return c
+from .gdn_solve import _dot, chunk_inverse
 
 
 # one compile for every step shape: T and n would specialise on == 1 and % 16 == 0

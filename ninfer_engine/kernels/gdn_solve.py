@@ -29,7 +29,7 @@ B = tl.constexpr(16)  # rows of a block
 
 
 @triton.jit
-def _dot(a, b, TF32: tl.constexpr):
+def _dot(a, b, TF32: tl.constexpr):  # the GDN prefill kernels' dot: TF32 or IEEE fp32
     if TF32:
         c = tl.dot(a, b, input_precision="tf32")
     else:
