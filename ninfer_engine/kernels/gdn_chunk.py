@@ -6,11 +6,11 @@ head j reading q/k head j // (nv / nk), so nk = nv is the reference's expanded f
 `[T, nv, dv]` fp32, g / beta `[T, nv]` fp32, state `[nv, dk, dv]` fp32 (not modified); returns
 (o `[T, nv, dv]` fp32, new state `[nv, dk, dv]` fp32). Any T ≥ 1 (zero-padded inside).
 
-Two launches for the whole prompt:
+Three launches for the whole prompt:
 
-* `kernels.gdn_prep` (grid chunks × heads, every chunk in parallel): the precompute of
-  `kernels.gdn_ref.chunk_prep` — in-chunk decays, A, (I + A)⁻¹ applied for U and W, P = (Q Kᵀ) ⊙ decay,
-  Q e^γ, K e^{γ_C−γ}, e^{γ_C}. `prep="torch"` runs the torch version instead (the reference
+* `kernels.gdn_solve` then `kernels.gdn_prep` (grids chunks × heads, every chunk in parallel):
+  the precompute of `kernels.gdn_ref.chunk_prep` — in-chunk decays, A, (I + A)⁻¹ applied for U
+  and W, P = (Q Kᵀ) ⊙ decay, Q e^γ, K e^{γ_C−γ}, e^{γ_C}. `prep="torch"` runs the torch version instead (the reference
   the tests and `bench/gdn_chunk_bench.py` compare with).
 * `_gdn_chunk_kernel` (Triton, grid (nv, ⌈dv / BV⌉)): the one sequential part. Each program
   keeps its state tile S `[dk, BV]` in fp32 registers and walks the chunks in order:
