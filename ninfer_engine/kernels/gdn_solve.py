@@ -91,62 +91,69 @@ def _gdn_solve_kernel(k_ptr, g_ptr, b_ptr, inv_ptr, T, n, skt, skh, sgt, sgh, sb
     NB: tl.constexpr = C // B
     r = tl.arange(0, B)
     rk = tl.arange(0, BK)
-    # the chunk's four blocks of rows; blocks past C (C < 64) and rows past T load as zeros
+    # the chunk's blocks of rows (NB of them: a chunk of 16 or 32 rows computes only its own);
+    # rows past T load as zeros
     t0 = c * C + r
     t1, t2, t3 = t0 + B, t0 + 2 * B, t0 + 3 * B
-    m0, m1, m2, m3 = t0 < T, (t1 < T) & (NB > 1), (t2 < T) & (NB > 2), (t3 < T) & (NB > 3)
-    g0, b0, head0, tail0, s0 = _gates(g_ptr, b_ptr, t0, m0, h, sgt, sgh, sbt, sbh)
-    g1, b1, head1, tail1, s1 = _gates(g_ptr, b_ptr, t1, m1, h, sgt, sgh, sbt, sbh)
-    g2, b2, head2, tail2, s2 = _gates(g_ptr, b_ptr, t2, m2, h, sgt, sgh, sbt, sbh)
-    g3, b3, head3, tail3, s3 = _gates(g_ptr, b_ptr, t3, m3, h, sgt, sgh, sbt, sbh)
+    g0, b0, head0, tail0, s0 = _gates(g_ptr, b_ptr, t0, t0 < T, h, sgt, sgh, sbt, sbh)
+    if NB > 1:
+        g1, b1, head1, tail1, s1 = _gates(g_ptr, b_ptr, t1, t1 < T, h, sgt, sgh, sbt, sbh)
+    if NB > 2:
+        g2, b2, head2, tail2, s2 = _gates(g_ptr, b_ptr, t2, t2 < T, h, sgt, sgh, sbt, sbh)
+    if NB > 3:
+        g3, b3, head3, tail3, s3 = _gates(g_ptr, b_ptr, t3, t3 < T, h, sgt, sgh, sbt, sbh)
 
     z = tl.zeros((B, B), dtype=tl.float32)
     a00, a11, a22, a33, a10, a20, a21, a30, a31, a32 = z, z, z, z, z, z, z, z, z, z
-    for d0 in range(0, DK, BK):  # K Kᵀ's ten blocks on and below the diagonal
+    for d0 in range(0, DK, BK):  # K Kᵀ's blocks on and below the diagonal
         dm = (d0 + rk < DK)[None, :]
         kp = k_ptr + hk * skh + d0 + rk[None, :]
-        k0 = tl.load(kp + t0[:, None] * skt, mask=m0[:, None] & dm, other=0.0)
-        k1 = tl.load(kp + t1[:, None] * skt, mask=m1[:, None] & dm, other=0.0)
-        k2 = tl.load(kp + t2[:, None] * skt, mask=m2[:, None] & dm, other=0.0)
-        k3 = tl.load(kp + t3[:, None] * skt, mask=m3[:, None] & dm, other=0.0)
+        k0 = tl.load(kp + t0[:, None] * skt, mask=(t0 < T)[:, None] & dm, other=0.0)
         a00 += _dot(k0, tl.trans(k0), TF32)
-        a11 += _dot(k1, tl.trans(k1), TF32)
-        a22 += _dot(k2, tl.trans(k2), TF32)
-        a33 += _dot(k3, tl.trans(k3), TF32)
-        a10 += _dot(k1, tl.trans(k0), TF32)
-        a20 += _dot(k2, tl.trans(k0), TF32)
-        a21 += _dot(k2, tl.trans(k1), TF32)
-        a30 += _dot(k3, tl.trans(k0), TF32)
-        a31 += _dot(k3, tl.trans(k1), TF32)
-        a32 += _dot(k3, tl.trans(k2), TF32)
-    x00 = _inverse(_diagonal(a00, g0, b0))
-    x11 = _inverse(_diagonal(a11, g1, b1))
-    x22 = _inverse(_diagonal(a22, g2, b2))
-    x33 = _inverse(_diagonal(a33, g3, b3))
-    a10 = _below(a10, b1, head1, tail0, 0.0)
-    a20 = _below(a20, b2, head2, tail0, s1)
-    a21 = _below(a21, b2, head2, tail1, 0.0)
-    a30 = _below(a30, b3, head3, tail0, s1 + s2)
-    a31 = _below(a31, b3, head3, tail1, s2)
-    a32 = _below(a32, b3, head3, tail2, 0.0)
-    # block forward substitution: X_ij = −X_ii Σ_{j≤m<i} A_im X_mj
-    x10 = -_dot(_dot(x11, a10, TF32), x00, TF32)
-    x21 = -_dot(_dot(x22, a21, TF32), x11, TF32)
-    x32 = -_dot(_dot(x33, a32, TF32), x22, TF32)
-    x20 = -_dot(x22, _dot(a20, x00, TF32) + _dot(a21, x10, TF32), TF32)
-    x31 = -_dot(x33, _dot(a31, x11, TF32) + _dot(a32, x21, TF32), TF32)
-    x30 = -_dot(x33, _dot(a30, x00, TF32) + _dot(a31, x10, TF32) + _dot(a32, x20, TF32), TF32)
-
+        if NB > 1:
+            k1 = tl.load(kp + t1[:, None] * skt, mask=(t1 < T)[:, None] & dm, other=0.0)
+            a11 += _dot(k1, tl.trans(k1), TF32)
+            a10 += _dot(k1, tl.trans(k0), TF32)
+        if NB > 2:
+            k2 = tl.load(kp + t2[:, None] * skt, mask=(t2 < T)[:, None] & dm, other=0.0)
+            a22 += _dot(k2, tl.trans(k2), TF32)
+            a20 += _dot(k2, tl.trans(k0), TF32)
+            a21 += _dot(k2, tl.trans(k1), TF32)
+        if NB > 3:
+            k3 = tl.load(kp + t3[:, None] * skt, mask=(t3 < T)[:, None] & dm, other=0.0)
+            a33 += _dot(k3, tl.trans(k3), TF32)
+            a30 += _dot(k3, tl.trans(k0), TF32)
+            a31 += _dot(k3, tl.trans(k1), TF32)
+            a32 += _dot(k3, tl.trans(k2), TF32)
+    # each diagonal block's inverse, then the blocks below it by block forward substitution:
+    # X_ij = −X_ii Σ_{j≤m<i} A_im X_mj
     out = inv_ptr + (h * n + c) * C * C  # this program's [C, C] tile of [nv, n, C, C]
+    x00 = _inverse(_diagonal(a00, g0, b0))
     _store(out, x00, r, r, C)
     if NB > 1:
+        x11 = _inverse(_diagonal(a11, g1, b1))
+        a10 = _below(a10, b1, head1, tail0, 0.0)
+        x10 = -_dot(_dot(x11, a10, TF32), x00, TF32)
         _store(out, x10, r + B, r, C)
         _store(out, x11, r + B, r + B, C)
     if NB > 2:
+        x22 = _inverse(_diagonal(a22, g2, b2))
+        a20 = _below(a20, b2, head2, tail0, s1)
+        a21 = _below(a21, b2, head2, tail1, 0.0)
+        x21 = -_dot(_dot(x22, a21, TF32), x11, TF32)
+        x20 = -_dot(x22, _dot(a20, x00, TF32) + _dot(a21, x10, TF32), TF32)
         _store(out, x20, r + 2 * B, r, C)
         _store(out, x21, r + 2 * B, r + B, C)
         _store(out, x22, r + 2 * B, r + 2 * B, C)
     if NB > 3:
+        x33 = _inverse(_diagonal(a33, g3, b3))
+        a30 = _below(a30, b3, head3, tail0, s1 + s2)
+        a31 = _below(a31, b3, head3, tail1, s2)
+        a32 = _below(a32, b3, head3, tail2, 0.0)
+        x32 = -_dot(_dot(x33, a32, TF32), x22, TF32)
+        x31 = -_dot(x33, _dot(a31, x11, TF32) + _dot(a32, x21, TF32), TF32)
+        x30 = -_dot(x33, _dot(a30, x00, TF32) + _dot(a31, x10, TF32) + _dot(a32, x20, TF32),
+                    TF32)
         _store(out, x30, r + 3 * B, r, C)
         _store(out, x31, r + 3 * B, r + B, C)
         _store(out, x32, r + 3 * B, r + 2 * B, C)
