@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -295,7 +296,7 @@ def _prompt_activation_rows() -> list[str]:
     for run, result in r["engine_fp8_vs_bf16"].items():
         bursts = [b for b in result["bursts"] if len(b["first_token_ms"]) == 8][1:]
         steps.setdefault(run.split("-")[0], []).extend(b["steps"][0]["ms"] for b in bursts)
-    fp8, bf16 = (sorted(steps[k])[len(steps[k]) // 2] for k in ("fp8", "bf16"))
+    fp8, bf16 = (statistics.median_high(steps[k]) for k in ("fp8", "bf16"))
     return [f"| H200, 35B-A3B shape cut to 8 layers, fp8-row, eight 1K-token prompts as one "
             f"7,632-token engine step, e4m3 activations in the experts' GEMMs (median of the "
             f"steady bursts) | {fp8:.1f} ms | bf16 activations {bf16:.1f} ms (in turn, one "
@@ -330,7 +331,7 @@ def _gdn_prompt_rows() -> list[str]:
             big = [max(b["steps"], key=lambda s: s["prompt_tokens"])["ms"]
                    for b in bursts if b["rows"] == 8][1:]
             steps.setdefault(run.split("-")[1], []).extend(big)
-    new, old = (sorted(steps[k])[len(steps[k]) // 2] for k in ("new", "old"))
+    new, old = (statistics.median_high(steps[k]) for k in ("new", "old"))
     rows.append(f"| H200, 35B-A3B shape cut to 8 layers, fp8-row, eight 1K-token prompts as one "
                 f"7,632-token engine step (median of the steady bursts), tree d644a8b | "
                 f"{new:.1f} ms | tree 8dbc18e {old:.1f} (in turn, one lease) | "

@@ -20,8 +20,9 @@ import triton.language as tl
 from ._dispatch import interpreting
 
 MAX_COLUMNS = 16384
-_TINY = 2.0 ** -100  # the amax of an all-zero row: finite scales, codes 0 (the kernel's too)
-_MANTISSA_1_75 = 0x600000  # fp32 mantissa bits of 1.75: 448, e4m3's largest, is 1.75 · 2⁸
+# shared by the kernel and its reference
+_TINY = tl.constexpr(2.0 ** -100)  # the amax of an all-zero row: finite scales, codes 0
+_MANTISSA_1_75 = tl.constexpr(0x600000)  # fp32 mantissa bits of 1.75: 448 is 1.75 · 2⁸
 
 
 @triton.jit
@@ -42,10 +43,10 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scale_ptr, C, stride, BLOCK: tl.constex
     cols = tl.arange(0, BLOCK)
     mask = cols < C
     x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(x), axis=0), 2.0 ** -100)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=0), _TINY)
     bits = amax.to(tl.int32, bitcast=True)
     # amax = m · 2^e, m in [1, 2): the least k with amax · 2^-k ≤ 1.75 · 2^8
-    k = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # 1.75
+    k = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > _MANTISSA_1_75).to(tl.int32)
     q = x * ((127 - k) << 23).to(tl.float32, bitcast=True)
     if MANUAL_RNE:
         q = _round_e4m3(q)
@@ -56,8 +57,8 @@ def _quant_rows_kernel(x_ptr, codes_ptr, scale_ptr, C, stride, BLOCK: tl.constex
 def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch reference of `quantize_rows` (the same operations)."""
     xf = x.float()
-    bits = xf.abs().amax(-1).clamp_min(_TINY).view(torch.int32)
-    k = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > _MANTISSA_1_75).int()
+    bits = xf.abs().amax(-1).clamp_min(_TINY.value).view(torch.int32)
+    k = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > _MANTISSA_1_75.value).int()
     q = xf * ((127 - k) << 23).view(torch.float32)[:, None]
     return q.to(torch.float8_e4m3fn), ((127 + k) << 23).view(torch.float32)
 
