@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,8 +51,14 @@ def test_exhausted_pool_ends_with_length_and_admission_waits(elastic):
     running: list[int] = []
     pages: list[tuple] = []
     forward = engine.runner.forward
+    # the engine thread steps while requests are still being submitted: without this, a slow
+    # event loop (a loaded 2-core CI box) let `a` run alone into the second page before `b`
+    # and `c` arrived, and the roles below swapped
+    queued = threading.Event()
 
     def recording(batch):
+        if engine.scheduler.running:
+            assert queued.wait(10), "the three requests were not submitted"
         running.append(len(engine.scheduler.running))
         pages.append(engine.memory.stats(engine.scheduler.running).per_request)
         return forward(batch)
@@ -60,12 +67,14 @@ def test_exhausted_pool_ends_with_length_and_admission_waits(elastic):
     engine.start()
 
     async def three():
-        async def one(rid):
-            request = GenerationRequest(rid, PROMPT, SamplingParams(temperature=0.0), 100,
-                                        ignore_eos=True)
-            return [e async for e in engine.submit(request)][-1]
+        streams = [engine.submit(GenerationRequest(rid, PROMPT, SamplingParams(temperature=0.0),
+                                                   100, ignore_eos=True)) for rid in "abc"]
+        queued.set()
 
-        return await asyncio.gather(one("a"), one("b"), one("c"))
+        async def last(stream):
+            return [e async for e in stream][-1]
+
+        return await asyncio.gather(*map(last, streams))
 
     try:
         with torch.inference_mode():
