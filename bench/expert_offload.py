@@ -58,6 +58,7 @@ import torch
 from ninfer_engine.artifact.synth import build_synthetic
 from ninfer_engine.benchmark.engine_step import bench_engine, random_prompts
 from ninfer_engine.benchmark.footprint import packed_source
+from ninfer_engine.benchmark.timing import time_ms
 from ninfer_engine.benchmark.routing_skew import skewed_routers, top_share
 from ninfer_engine.experts import ExpertPlacement
 from ninfer_engine.experts.loading import served_expert_bytes
@@ -201,6 +202,38 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
                 prefetched_per_token=d["prefetched"] / tokens)
 
 
+def profiled(engine, tiers, vocab: int, steps: int = 12) -> dict:
+    """`--profile`: one B = 1 request's decode steps under torch.profiler: the engine step, the
+    kernel time a step (their difference: host time the GPU waited for), its decode graph
+    replayed alone back to back, and the kernels by time a step."""
+    from torch.profiler import ProfilerActivity, profile
+    request = GenerationRequest("profile", random_prompts(1, PROMPT, vocab, 7)[0],
+                                SamplingParams(temperature=0.0),
+                                max_tokens=2 * WARM + 2 * steps + 8, ignore_eos=True)
+    seq = engine.add(request, lambda event: None)
+    while not seq.prefill_done:
+        engine.step()
+    for _ in range(WARM):
+        engine.step()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        step_ms = 1e3 * (time.perf_counter() - start) / steps
+    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+    graph, _ = list(engine.runner.graphs._graphs.values())[-1]
+    replay_ms = time_ms(graph.replay, 30)
+    while engine.step():
+        pass
+    settle(engine)
+    return dict(step_ms=step_ms, replay_ms=replay_ms,
+                kernel_ms=sum(e.device_time_total for e in events) / 1e3 / steps,
+                kernels=[(e.key[:90], e.device_time_total / 1e3 / steps, e.count / steps)
+                         for e in events[:12]])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", choices=("flash-next", "35b-a3b"), default="flash-next")
@@ -218,6 +251,10 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=480,
                     help="start no configuration after this many seconds (one device call)")
     ap.add_argument("--smoke", action="store_true", help="tiny-moe on the CPU (orchestration)")
+    ap.add_argument("--profile", action="store_true",
+                    help="with each configuration, a B = 1 kernel table (CUDA only)")
+    ap.add_argument("--only", nargs="*", default=None, metavar="SHARE:TIER:ROUTING",
+                    help="run only these configurations (0.5:tier:skewed, 0:stacked:uniform)")
     args = ap.parse_args()
     began, skipped = time.perf_counter(), []
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
@@ -247,6 +284,9 @@ def main() -> int:
         configs += [(share, True, "copy") for share, tiered in CONFIGS if tiered]
     for share, tiered, miss in configs:
         for routing, skew in (("uniform", 0.0), ("skewed", SKEW)):
+            name = f"{share:g}:{'tier' if tiered else 'stacked'}:{routing}"
+            if args.only is not None and name not in args.only:
+                continue
             if time.perf_counter() - began > args.budget_s:
                 skipped.append(dict(routing=routing, host_share=share, tier=tiered, miss=miss))
                 result["not_measured"] = dict(reason=f"--budget-s {args.budget_s:.0f} spent",
@@ -279,6 +319,11 @@ def main() -> int:
                 log(f"  B={batch}: {row['tok_s']:.1f} tok/s, hit {row['hit_rate']}, "
                     f"cpu {row['cpu_share']:.2f}, {row['read_mb_per_token']:.1f} MB/token "
                     f"read, {row['copied_mb_per_token']:.1f} copied")
+            if args.profile and device.type == "cuda":
+                result["rows"][-2]["profile"] = profiled(engine, tiers, config["vocab_size"])
+                p = result["rows"][-2]["profile"]
+                log(f"  profile B=1: step {p['step_ms']:.3f} ms, kernels {p['kernel_ms']:.3f}"
+                    f" ms, graph alone {p['replay_ms']:.3f} ms")
             engine.stop()
             del engine, model, tiers
             gc.collect()
@@ -339,6 +384,19 @@ def report(r: dict) -> str:
               "layer). `settle ms/step`: the host's bookkeeping of the captured step's routing "
               "(counts, admissions, table push), run while the GPU computes the next step: "
               "where it nears the step time the host bounds the rate."]
+    profiled_rows = [row for row in r["rows"] if "profile" in row]
+    if profiled_rows:
+        lines += ["", "B = 1 under torch.profiler (`--profile`): the engine step, the kernel time "
+                  "a step (the difference is host time the GPU waited for), the decode graph "
+                  "replayed alone, the three costliest kernels (ms a step, launches a step).", "",
+                  "| routing | off device | path | step ms | kernels ms | graph alone ms "
+                  "| top kernels |", "|---|---|---|---|---|---|---|"]
+        for row in profiled_rows:
+            p = row["profile"]
+            top = "; ".join(f"`{n[:48]}` {ms:.3f} ({c:.0f})" for n, ms, c in p["kernels"][:3])
+            lines.append(f"| {row['routing']} | {row['host_share']:.0%} | {row['path']} "
+                         f"| {p['step_ms']:.3f} | {p['kernel_ms']:.3f} | {p['replay_ms']:.3f} "
+                         f"| {top} |")
     if "not_measured" in r:
         lines += ["", f"Not measured ({r['not_measured']['reason']}): "
                   + ", ".join(f"{c['routing']} {c['host_share']:.0%}"

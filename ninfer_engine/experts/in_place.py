@@ -11,9 +11,10 @@ bus, not a host round trip. The same bytes go through the same kernel either way
 arithmetic does not depend on where an expert lives (all-resident logits, bit for bit).
 
 The host works while the GPU runs the next step (`RoutingLog`): the step clears its routing
-log, the routers write it, and its last node copies it to page-locked memory; `take` reads
-that copy before the next step is launched and `settle` hands it to the tiers after the launch,
-so the bookkeeping overlaps the step. Each layer's routed ids are counted by the slot map and
+log and the routers write it; after the launch `record` queues its copy to page-locked memory
+(a ring of them); `take` reads the copies of the steps that are done before the next launch
+(without waiting for one in flight: the engine's lookahead step stays queued behind it) and
+`settle` hands them to the tiers after that launch, so the bookkeeping overlaps the step. Each layer's routed ids are counted by the slot map and
 its policy; up to `admit_per_step` misses a layer that the policy `prefers` to its victim are
 admitted, every effect queued behind the step just launched (which still reads the old table):
 the victim is unmapped by the next table push, the expert is copied into its slot on the tier's
@@ -25,21 +26,25 @@ steps' in-place reads: with uniform routing every admission is traffic for nothi
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import numpy as np
 import torch
 
 from ..kernels.moe_fused import Remap
 
+RING = 3  # page-locked copies of a step's routing log: the lookahead keeps one step ahead
+
 
 class Tables:
-    """Every in-place layer's table: `device [L, E]` and its page-locked host copy, pushed in
-    one copy queued on the compute stream (after the step just launched)."""
+    """Every in-place layer's table: `device [L, E + 1]` and its page-locked host copy, pushed
+    in one copy queued on the compute stream (after the step just launched). Column E is the
+    layer's shared expert (`LayerTier.hold_shared`): its row after the slots."""
 
     def __init__(self, layers: int, experts: int, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.device = torch.empty(layers, experts, dtype=torch.long, device=device)
-        self.host = torch.empty(layers, experts, dtype=torch.long, pin_memory=self.cuda)
+        self.device = torch.zeros(layers, experts + 1, dtype=torch.long, device=device)
+        self.host = torch.zeros(layers, experts + 1, dtype=torch.long, pin_memory=self.cuda)
         self.rows = self.host.numpy()  # the same memory: an element write costs ~0.1 µs
         self.pushed = None  # the last push's event: the host copy is read until it passes
         self.dirty = False
@@ -87,8 +92,9 @@ class InPlaceReads:
             return
         t._wait()  # copies in flight land before any later step reads their slots
         self.landing.clear()
-        self.tables.writable()[self.row] = [s if s >= 0 else -1 - e
-                                            for e, s in enumerate(t.map.slot_of)]
+        self.tables.writable()[self.row] = [*(s if s >= 0 else -1 - e
+                                              for e, s in enumerate(t.map.slot_of)),
+                                            t.shared_row or 0]
         self.tables.dirty = True
         self.seen = t.map.changes
 
@@ -157,15 +163,19 @@ class RoutingLog:
         tiered = [lay for lay in layers if getattr(lay.get("tier"), "in_place", None)]
         self.tiers = [lay["tier"] for lay in tiered]
         self.row = {id(t): i for i, t in enumerate(self.tiers)}
-        k = max((lay["moe"].top_k for lay in tiered), default=0)
-        self.ids = self.host = None
+        # + 1: the shared expert's column, where it is the slot after the routed ones
+        k = max((lay["moe"].top_k + 1 for lay in tiered), default=0)
+        self.ids = None
+        self._free: list[torch.Tensor] = []  # page-locked copies of the log, unused
+        self._landing: deque = deque()  # (event or None, copy): launched steps' logs
         self.taken: list[list[list[int]]] = []  # steps' routing read, not yet settled
         self.seconds = 0.0  # host time in `settle` (overlapping the step; the bench shows it)
         if tiered:
             device = torch.device(device)
             self.ids = torch.full((len(tiered), rows * k), -1, dtype=torch.long, device=device)
-            self.host = torch.full_like(self.ids, -1, device="cpu").pin_memory() if (
-                device.type == "cuda") else torch.full_like(self.ids, -1)
+            self._free = [torch.full_like(self.ids, -1, device="cpu").pin_memory()
+                          if device.type == "cuda" else torch.full_like(self.ids, -1)
+                          for _ in range(RING)]
 
     def out(self, tier, rows: int, k: int) -> torch.Tensor | None:
         """Where the step's router writes `tier`'s ids `[rows, k]`; None for other layers."""
@@ -179,22 +189,43 @@ class RoutingLog:
             self.ids.fill_(-1)
 
     def record(self) -> None:
-        """The step's last node: the log to page-locked memory (read by the next `take`)."""
-        if self.ids is not None:
-            self.host.copy_(self.ids, non_blocking=True)
-
-    def take(self) -> None:
-        """Before a launch: the last step's routing (its sync has passed), the tables brought
-        up to date where an eager path changed a slot map."""
+        """After a launch: the step's log copied behind it into a page-locked buffer (a ring
+        of them: with a step in flight, the host reads the one before's without waiting)."""
         if self.ids is None:
             return
-        if self.ids.is_cuda:  # the step's copy has landed (a no-op after the step's sync)
-            torch.cuda.current_stream(self.ids.device).synchronize()
-        self.taken.append(self.host.tolist())
-        self.host.fill_(-1)
+        if not self._free:
+            self._take(wait=True, most=1)
+        host = self._free.pop()
+        host.copy_(self.ids, non_blocking=True)
+        event = None
+        if self.ids.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._landing.append((event, host))
+
+    def take(self, wait: bool = False) -> None:
+        """Before a launch: the routing of the launched steps that are done (every one with
+        `wait`; the GPU is not waited for otherwise, so a step in flight keeps the next one
+        queued behind it), the tables brought up to date where an eager path changed a slot
+        map."""
+        if self.ids is None:
+            return
+        self._take(wait)
         for tier in self.tiers:
             tier.in_place.prepare()
         self._push()
+
+    def _take(self, wait: bool, most: int | None = None) -> None:
+        while self._landing and most != 0:
+            event, host = self._landing[0]
+            if event is not None and not wait and not event.query():
+                return
+            if event is not None:
+                event.synchronize()
+            self._landing.popleft()
+            self.taken.append(host.tolist())
+            self._free.append(host)
+            most = None if most is None else most - 1
 
     def settle(self) -> None:
         """After a launch: the routing taken, counted and admitted (see the module docstring);
@@ -202,7 +233,8 @@ class RoutingLog:
         start = time.perf_counter()
         for log in self.taken or [[[]] * len(self.tiers)]:
             for tier, row in zip(self.tiers, log):
-                tier.in_place.settle([e for e in row if e >= 0])
+                # -1: rows the step did not run; `experts`: the shared expert's slot
+                tier.in_place.settle([e for e in row if 0 <= e < tier.experts])
         self.taken.clear()
         self._push()
         self.seconds += time.perf_counter() - start
@@ -210,10 +242,3 @@ class RoutingLog:
     def _push(self) -> None:
         if self.tiers:
             self.tiers[0].in_place.tables.push()
-
-    def discard(self) -> None:
-        """Forget what a capture's warm-up run wrote (it is not a step of the engine)."""
-        if self.ids is not None:
-            if self.ids.is_cuda:
-                torch.cuda.synchronize(self.ids.device)
-            self.host.fill_(-1)

@@ -46,6 +46,25 @@ def empty_slots(like: ExpertStack, slots: int, device) -> ExpertStack:
     return ExpertStack(w, scale)
 
 
+def _copy_row(dst: ExpertStack, row: int, src: ExpertStack, at: int) -> None:
+    dst.w[row].copy_(src.w[at])
+    if src.scale is not None:
+        dst.scale[row].copy_(src.scale[at])
+
+
+def _same_form(a: ExpertStack, b: ExpertStack) -> bool:
+    """Whether a row of `a` goes into `b` as it is (same dtype, same scale layout)."""
+    if a.w.dtype != b.w.dtype or a.w.shape[1:] != b.w.shape[1:]:
+        return False
+    if a.scale is None or b.scale is None:
+        return a.scale is None and b.scale is None
+    return a.scale.dtype == b.scale.dtype and a.scale.shape[1:] == b.scale.shape[1:]
+
+
+def _to(t: torch.Tensor | None, device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
+
+
 def _dense(member, dtype) -> torch.Tensor:
     return member.dequantize(dtype) if isinstance(member, PackedMatrix) else member.to(dtype)
 
@@ -96,6 +115,9 @@ class LayerTier:
         self.prefetched = 0
         # the captured step's path (`in_place.InPlaceReads`), where `ExpertTiers` gives one
         self.in_place = None
+        # the layer's shared expert as one more row after the slots (`hold_shared`): the
+        # decode kernels then run it as routed slot k, as they do over a stacked layer
+        self.shared: tuple[ExpertStack, ExpertStack] | None = None
         for s in range(slots):
             self._copy_in(s, s)
         self._wait()
@@ -127,15 +149,32 @@ class LayerTier:
         """Grow or shrink the slot stacks (lending); kept experts move to their new slots."""
         self._wait()  # no copy into the old stacks is still in flight when they are freed
         old = self.map.resize(slots)
-        for name in ("slot_gu", "slot_down"):
+        for i, name in enumerate(("slot_gu", "slot_down")):
             prev = getattr(self, name)
-            new = empty_slots(prev, slots, self.device)
+            new = empty_slots(prev, slots + (self.shared is not None), self.device)
             for s, o in enumerate(old):
                 if o >= 0:
-                    new.w[s].copy_(prev.w[o])
-                    if prev.scale is not None:
-                        new.scale[s].copy_(prev.scale[o])
+                    _copy_row(new, s, prev, o)
+            if self.shared is not None:
+                _copy_row(new, slots, self.shared[i], 0)
             setattr(self, name, new)
+
+    def hold_shared(self, gu: ExpertStack, down: ExpertStack) -> bool:
+        """Keep the layer's shared expert (one-expert stacks `gu`, `down`) as the row after
+        the slots, where it is in the slots' form (else nothing changes: False). Its id in a
+        routing that includes it (`kernels.moe_route`, shared=True) is `experts`, which the
+        in-place table maps to that row (`in_place.InPlaceReads.prepare`)."""
+        if not all(_same_form(a, b) for a, b in ((gu, self.slot_gu), (down, self.slot_down))):
+            return False
+        self.shared = (ExpertStack(gu.w.to(self.device), _to(gu.scale, self.device)),
+                       ExpertStack(down.w.to(self.device), _to(down.scale, self.device)))
+        self.resize(self.map.slots)  # the same slots, one row more
+        return True
+
+    @property
+    def shared_row(self) -> int | None:
+        """The stacks' row of the shared expert (after the slots), None without one."""
+        return None if self.shared is None else self.map.slots
 
     # -- misses -----------------------------------------------------------------------------
 

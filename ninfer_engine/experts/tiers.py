@@ -144,5 +144,6 @@ class ExpertTiers:
 
     @property
     def device_bytes(self) -> int:
-        """Bytes of the device slots (lent ones included)."""
-        return sum(t.map.slots * t.expert_bytes for t in self.layers.values())
+        """Bytes of the device slots (lent ones included, and shared experts held as one)."""
+        return sum((t.map.slots + (t.shared is not None)) * t.expert_bytes
+                   for t in self.layers.values())

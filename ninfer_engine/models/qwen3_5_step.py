@@ -202,13 +202,16 @@ class HybridStep:
         self.routing.take()
 
     def after_launch(self) -> None:
-        """After a launch: that routing to the expert tiers, while the GPU runs the step."""
+        """After a launch: its routing queued for the host, the routing taken before it to
+        the expert tiers, while the GPU runs the step."""
+        self.routing.record()
         self.routing.settle()
 
     def settle(self) -> None:
-        """Both at once: the last step's routing counted now (a bench's window, a test)."""
-        self.before_step()
-        self.after_launch()
+        """Every launched step's routing counted now, waiting for them (a bench's window, a
+        test)."""
+        self.routing.take(wait=True)
+        self.routing.settle()
 
     def step(self, batch: int, kv_span: int, q_len: int = 1) -> torch.Tensor:
         """Logits [batch · q_len, V] of token rows 0..batch·q_len-1; `kv_span` ≥ every row's
@@ -258,7 +261,6 @@ class HybridStep:
             self.hidden[:n].copy_(y)
         if q_len == 1:
             self.pos[:batch] += 1
-        self.routing.record()
         return ranks.gather_vocab(self.w.head(y), self.c["vocab_size"])
 
     def keep(self, row: int, kept: int, slot: int) -> None:
@@ -315,7 +317,9 @@ class HybridStep:
         if shared_slot:
             out = layer["w_gu"](y, acc=router_acc)
             weights, ids = route_topk_triton(out, moe.top_k, moe.renormalise, shared=True,
-                                             round_bf16=out.dtype == torch.float32)
+                                             round_bf16=out.dtype == torch.float32,
+                                             ids_out=self.routing.out(layer["tier"], B,
+                                                                      moe.top_k + 1))
         else:
             out = layer["w_gu"](y)
             width = moe.shared.down.shape[1]
@@ -414,9 +418,6 @@ class EngineHybridDecoder:
         """The step is queued: the expert tiers' bookkeeping runs while it computes."""
         self.core.after_launch()
 
-    def discard_routing(self) -> None:
-        """A capture's warm-up ran the step: its routing is not a step's."""
-        self.core.routing.discard()
 
     @property
     def generation(self) -> int:

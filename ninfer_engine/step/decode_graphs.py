@@ -164,7 +164,6 @@ class DecodeGraphs:
         with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
             step()
         torch.cuda.current_stream().wait_stream(side)
-        getattr(d, "discard_routing", lambda: None)()  # the replay's routing is the step's
         graph = torch.cuda.CUDAGraph()
         # thread-local: another thread's CUDA call (a grammar mask's page-locked buffer, a
         # VRAM query) must not invalidate a capture that happens while requests run; no cyclic

@@ -12,8 +12,8 @@ from .helpers import FakeArtifact, default_resources
 class HybridArtifact(FakeArtifact):
     """Logical parameters of a tiny Qwen3.5-family HF model, with `FakeArtifact`'s resources."""
 
-    def __init__(self, family: str = "qwen3_5", seed: int = 0) -> None:
-        self.hf = hf_model(family, seed)
+    def __init__(self, family: str = "qwen3_5", seed: int = 0, config=None) -> None:
+        self.hf = hf_model(family, seed, config)  # `config`: another HF config of the family
         self.name = f"tiny-{family}"
         self._config = text_config_from_hf(self.hf.config)
         self._tensors = logical_params_from_hf(self.hf.state_dict(), self._config)
