@@ -37,32 +37,42 @@ RING = 3  # page-locked copies of a step's routing log: the lookahead keeps one 
 
 
 class Tables:
-    """Every in-place layer's table: `device [L, E + 1]` and its page-locked host copy, pushed
-    in one copy queued on the compute stream (after the step just launched). Column E is the
-    layer's shared expert (`LayerTier.hold_shared`): its row after the slots."""
+    """Every in-place layer's table: `device [L, E + 1]` and two page-locked host copies, one
+    written while a push queued behind a step in flight still reads the other, so the host
+    never waits for the GPU to write; a push is one copy queued on the compute stream (after
+    the step just launched). Column E is the layer's shared expert (`LayerTier.hold_shared`):
+    its row after the slots."""
 
     def __init__(self, layers: int, experts: int, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = torch.zeros(layers, experts + 1, dtype=torch.long, device=device)
-        self.host = torch.zeros(layers, experts + 1, dtype=torch.long, pin_memory=self.cuda)
-        self.rows = self.host.numpy()  # the same memory: an element write costs ~0.1 µs
-        self.pushed = None  # the last push's event: the host copy is read until it passes
+        self._hosts = [torch.zeros_like(self.device, device="cpu", pin_memory=self.cuda)
+                       for _ in range(2)]
+        self._rows = [h.numpy() for h in self._hosts]  # the same memory: a write is ~0.1 µs
+        self._pushed: list = [None, None]  # each copy's last push (it is read until then)
+        self._at = 0  # the copy written and pushed next
         self.dirty = False
 
     def writable(self) -> np.ndarray:
-        """The host copy, once the last push has read it."""
-        if self.pushed is not None:
-            self.pushed.synchronize()
-            self.pushed = None
-        return self.rows
+        """The host copy to write: the current one once its last push has read it, else the
+        other one, brought up to date (waited for only while it is read by a push too)."""
+        pushed = self._pushed[self._at]
+        if pushed is not None and not pushed.query():
+            other = 1 - self._at
+            if self._pushed[other] is not None:
+                self._pushed[other].synchronize()
+            self._hosts[other].copy_(self._hosts[self._at])
+            self._at = other
+        self._pushed[self._at] = None
+        return self._rows[self._at]
 
     def push(self) -> None:
         if not self.dirty:
             return
-        self.device.copy_(self.host, non_blocking=True)
+        self.device.copy_(self._hosts[self._at], non_blocking=True)
         if self.cuda:
-            self.pushed = torch.cuda.Event()
-            self.pushed.record()
+            self._pushed[self._at] = torch.cuda.Event()
+            self._pushed[self._at].record()
         self.dirty = False
 
 

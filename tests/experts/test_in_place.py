@@ -183,3 +183,34 @@ def test_the_shared_expert_stays_the_row_after_the_slots_through_resizes():
         for e, s in enumerate(tier.map.slot_of):  # the kept experts' bytes moved with them
             if s >= 0:
                 assert torch.equal(tier.slot_gu.w[s], host[0].w[e]) and reads.table[e] == s
+
+
+def test_a_table_push_in_flight_is_not_waited_for():
+    """While a push queued behind a step still reads one host copy of the tables, the host
+    writes the other, brought up to date first; it waits only when both are being read."""
+    from ninfer_engine.experts.in_place import Tables
+
+    class Push:  # a push event: done or not, and whether anyone waited for it
+        def __init__(self, done):
+            self.done, self.waited = done, False
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.waited = True
+
+    tables = Tables(2, 3, torch.device("cpu"))
+    tables.writable()[1, 2] = 7
+    first = Push(done=False)
+    tables._pushed[0] = first  # the copy just pushed is still being read
+    rows = tables.writable()
+    assert rows is tables._rows[1] and rows[1, 2] == 7 and not first.waited
+    rows[0, 0] = 5
+    tables.dirty = True
+    tables.push()
+    assert tables.device[0, 0] == 5 and tables.device[1, 2] == 7
+    second = Push(done=False)
+    tables._pushed[1] = second  # both copies read by pushes in flight: wait for the older
+    assert tables.writable() is tables._rows[0] and first.waited and not second.waited
+    assert tables._rows[0][0, 0] == 5
