@@ -413,6 +413,35 @@ def _host_tier_rows() -> list[str]:
             f"{tier['cold_ttft_s'] * 1000:.0f} ms | {tier['speedup_vs_cold']:.1f}× |"]
 
 
+def _expert_offload_rows() -> list[str]:
+    """Routed experts in host RAM, Flash-Next cut to 16 layers (`bench/expert_offload.py`):
+    B=1 at half the experts off the device against every expert on it, per routing; and
+    llama.cpp's `-ncmoe` beside ours in one call (`bench/offload_peer_table.py`)."""
+    r, peer = _load("h200-expert-offload.json"), _load("h200-expert-offload-peer.json")
+    rows = []
+    if r:
+        def rate(routing, share, stacked):
+            return next(row["tok_s"] for row in r["rows"] if row["routing"] == routing
+                        and row["host_share"] == share and row["batch"] == 1
+                        and row["path"].startswith("all stacked") == stacked)
+        for routing in ("skewed", "uniform"):
+            half, full = rate(routing, 0.5, False), rate(routing, 0.0, True)
+            rows.append(f"| H200, Flash-Next shape cut to {r['layers']} layers, fp8-row, batch 1, "
+                        f"half the routed experts in host RAM ({routing} routing) | "
+                        f"{half:.0f} tok/s | every expert on the device {full:.0f} | "
+                        f"{half / full:.2f}× |")
+    if peer:
+        for row in peer["rows"][1:]:
+            rows.append(f"| H200, Flash-Next shape cut to {peer['layers']} layers, batch 1, "
+                        f"{row['ours_share']:.0%} of the routed experts in host RAM (uniform; "
+                        f"skewed routing), ours fp8-row against llama.cpp Q8_0 `-ncmoe "
+                        f"{row['n_cpu_moe']}` (one call) | {row['ours_uniform_tok_s']:.0f}; "
+                        f"{row['ours_skewed_tok_s']:.0f} tok/s | llama.cpp "
+                        f"{row['llama_tok_s']:.0f} | {row['ratio_uniform']:.2f}×; "
+                        f"{row['ratio_skewed']:.2f}× |")
+    return rows
+
+
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _gpu_rows()
@@ -420,7 +449,8 @@ def table() -> str:
                              + _gdn_prompt_rows()
                              + _step_row_rows() + _verify_rows() + _mask_rows()
                              + _engine_process_rows() + _served_rows()
-                             + _agent_replay_rows() + _host_tier_rows()) + "\n"
+                             + _agent_replay_rows() + _host_tier_rows()
+                             + _expert_offload_rows()) + "\n"
 
 
 def main() -> int:
