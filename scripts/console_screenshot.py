@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import pty
+import re
 import shlex
 import shutil
 import signal
@@ -42,6 +43,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+TAIL_BYTES = 65536  # of the console's output kept for a failure's message
 SCRIPT = Path(sys.executable).with_name("ninfer-serve")
 # without the installed script (a GPU box running the checkout), the module it runs
 SERVE = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "ninfer_tui.cli"]
@@ -74,13 +76,20 @@ def get_json(url: str) -> dict | None:
         return None
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
+def wait_for(predicate, timeout: float, what: str, terminal=None) -> None:
+    """Poll `predicate` until it holds; stop at once if `terminal`'s console has exited, and
+    on either failure print the last of what the console wrote (pty) or showed (tmux)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
+        if terminal is not None and not terminal.alive():
+            raise SystemExit(f"console_screenshot: the console exited while waiting for {what}"
+                             f"\n{terminal.tail()}")
         time.sleep(0.5)
-    raise SystemExit(f"console_screenshot: timed out after {timeout:.0f} s waiting for {what}")
+    tail = f"\n{terminal.tail()}" if terminal is not None else ""
+    raise SystemExit(f"console_screenshot: timed out after {timeout:.0f} s waiting for "
+                     f"{what}{tail}")
 
 
 def tmux(*args: str) -> subprocess.CompletedProcess:
@@ -106,6 +115,9 @@ class TmuxTerminal:
     def alive(self) -> bool:
         return tmux("has-session", "-t", self.session).returncode == 0
 
+    def tail(self) -> str:
+        return tmux("capture-pane", "-p", "-t", self.session).stdout
+
     def kill(self) -> None:
         tmux("kill-session", "-t", self.session)
 
@@ -121,15 +133,24 @@ class PtyTerminal:
             os.chdir(cwd)
             os.execve(command[0], command, full_env)
         self.pid = pid
+        self.last = b""  # the end of what the console wrote (for a failure's message)
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:
         while True:
             try:
-                if not os.read(self.fd, 65536):
-                    return
+                data = os.read(self.fd, 65536)
             except OSError:
                 return
+            if not data:
+                return
+            self.last = (self.last + data)[-TAIL_BYTES:]
+
+    def tail(self) -> str:
+        """The console's last output as text, terminal escapes removed."""
+        text = re.sub(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[()][0-9A-B]|.)", "",
+                      self.last.decode(errors="replace"))
+        return "\n".join(line.rstrip() for line in text.splitlines() if line.strip())[-8000:]
 
     def resize(self, size) -> None:  # the kernel sends SIGWINCH to the console
         fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
@@ -224,6 +245,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--warm", type=float, default=90.0,
                         help="seconds of load before the first shot (90)")
+    parser.add_argument("--ready-timeout", type=float, default=600.0,
+                        help="seconds to wait for the engine to be ready (600); past it the "
+                        "console's last screen is printed (a load error shows there)")
     parser.add_argument("--fault", type=int, default=None,
                         help="NINFER_FAULT=step:N; shoot once the engine has FAILED")
     parser.add_argument("--terminal", choices=("tmux", "pty"),
@@ -244,8 +268,8 @@ def main() -> None:
     terminal = terminal_class(command, env, work, sizes[0])
     load = None
     try:
-        wait_for(lambda: (get_json(url + "/engine/state") or {}).get("state") == "ready", 600,
-                 "the engine to be ready")
+        wait_for(lambda: (get_json(url + "/engine/state") or {}).get("state") == "ready",
+                 args.ready_timeout, "the engine to be ready", terminal)
         model = get_json(url + "/v1/models")["data"][0]["id"]
         load = Load(url + "/v1", model, args.clients, args.max_tokens)
         load.start()
@@ -259,7 +283,7 @@ def main() -> None:
             return bool(state.get("queue", {}).get("running"))
 
         wait_for(shot_ready, 300, "the engine to be failed" if args.fault is not None
-                 else "requests running")
+                 else "requests running", terminal)
         time.sleep(1.0)  # the console polls every 250 ms: let it draw what the state said
         loaded_s = time.monotonic() - started
         with load.lock:
@@ -270,7 +294,8 @@ def main() -> None:
             time.sleep(1.5)
             before = set(work.glob("ninfer-console-*.svg"))
             terminal.send("s")
-            wait_for(lambda: set(work.glob("ninfer-console-*.svg")) - before, 20, "the SVG")
+            wait_for(lambda: set(work.glob("ninfer-console-*.svg")) - before, 20, "the SVG",
+                     terminal)
             time.sleep(0.5)  # written in one call; let it close
             (svg,) = set(work.glob("ninfer-console-*.svg")) - before
             args.out.mkdir(parents=True, exist_ok=True)

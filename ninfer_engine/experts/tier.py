@@ -27,12 +27,14 @@ is the bf16 kernels', so the two differ by the GPU side's bf16 rounding.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
+from ..kernels.cpu_experts import cpu_experts_unavailable, fp8_experts, takes
 from ..models.experts import ExpertStack
 from ..models.packed import FP8_GROUPS, FP8_ROW, PackedMatrix, linear
 from .cost_model import MissCosts
@@ -186,7 +188,28 @@ class LayerTier:
 
     def cpu_expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
         """Expert e over host rows `x` in fp32 from the host store."""
-        h = F.linear(x.float(), _host_fp32(self.host_gu.member(e)))
+        n = x.shape[0]
+        return self.cpu_sum(x, list(range(n)), [e] * n, [1.0] * n)
+
+    def cpu_sum(self, x: torch.Tensor, rows: list[int], experts: list[int],
+                  weights: list[float]) -> torch.Tensor:
+        """Σ weights[i] · expert experts[i] of host row x[rows[i]], per row of `x`, in fp32
+        from the host store: fp8-row stacks by the compiled kernel (`kernels.cpu_experts`,
+        the codes read where they are), any other form through torch."""
+        x = x.float().contiguous()
+        out = torch.zeros(x.shape[0], self.host_down.w.shape[1])
+        if self._compiled:
+            return fp8_experts(x, rows, experts, weights, self.host_gu, self.host_down, out)
+        for r, e, w in zip(rows, experts, weights):
+            out[r] += w * self._torch_expert(x[r: r + 1], e)[0]
+        return out
+
+    @functools.cached_property
+    def _compiled(self) -> bool:
+        return takes(self.host_gu, self.host_down) and cpu_experts_unavailable() is None
+
+    def _torch_expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        h = F.linear(x, _host_fp32(self.host_gu.member(e)))
         return F.linear(F.silu(h[:, : self.width]) * h[:, self.width:],
                         _host_fp32(self.host_down.member(e)))
 
@@ -262,14 +285,10 @@ class LayerTier:
         cpu_sum = None
         if on_cpu:
             keep = torch.tensor([e not in on_cpu for e in routed]).view(-1, k)
-            w_host = weights.float().cpu()
-            y_host = y.float().cpu()
-            total = torch.zeros(y.shape[0], y.shape[1])
-            for e in on_cpu:
-                pairs = [i for i, x in enumerate(routed) if x == e]
-                rows = torch.tensor([i // k for i in pairs])
-                part = self.cpu_expert(y_host[rows], e)
-                total.index_add_(0, rows, part * w_host.view(-1)[pairs][:, None])
+            w_host = weights.float().cpu().view(-1).tolist()
+            pairs = [i for i, e in enumerate(routed) if e in on_cpu]
+            total = self.cpu_sum(y.cpu(), [i // k for i in pairs], [routed[i] for i in pairs],
+                                   [w_host[i] for i in pairs])
             weights = weights * keep.to(weights.device, weights.dtype)
             cpu_sum = total.to(y.device)
         self.cpu_pairs += sum(e in on_cpu for e in routed)

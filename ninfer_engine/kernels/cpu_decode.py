@@ -72,36 +72,7 @@ def decode_step_library() -> ctypes.CDLL:
 @functools.cache
 def compiled_library(portable: bool) -> ctypes.CDLL:
     """The step built with the SIMD int8 dot or (`portable`) its plain-C form, cached."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        raise CpuDecodeUnavailable(f"the compiled CPU decode step is x86-64 only "
-                                   f"(this is {platform.machine()})")
-    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
-    if missing:
-        raise CpuDecodeUnavailable(f"the compiled CPU decode step needs {', '.join(missing)}")
-    cc = _compiler()
-    if cc is None:
-        raise CpuDecodeUnavailable("the compiled CPU decode step needs a C compiler (gcc)")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    flags = _flags(portable)
-    key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), version, *flags])
-                         .encode()).hexdigest()
-    target = _cache_dir() / f"cpu_decode-{key[:16]}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # built under a temporary name and renamed: servers starting together never load a
-        # half-written library
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"],
-                                  capture_output=True, text=True)
-            if done.returncode:
-                raise CpuDecodeUnavailable(f"compiling {SOURCE.name} failed: "
-                                           f"{done.stderr.strip()[-500:]}")
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    target = build_library(SOURCE, SOURCES, _flags(portable), "the compiled CPU decode step")
     lib = ctypes.CDLL(str(target))
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.ninfer_llama_decode_step.argtypes = [p, f32, f32, i64, i64, *[p] * 22]
@@ -112,6 +83,42 @@ def compiled_library(portable: bool) -> ctypes.CDLL:
     for name in ("ninfer_q8_block_sums", "ninfer_quantize_rows", "ninfer_project"):
         getattr(lib, name).restype = None
     return lib
+
+
+def build_library(source: Path, hashed: tuple[Path, ...], flags: tuple[str, ...],
+                  what: str) -> Path:
+    """`source` compiled into a shared library under `$NINFER_HOME/kernels/`, once per (the
+    `hashed` files, compiler, flags); raises `CpuDecodeUnavailable` naming `what` where this
+    machine cannot build or run it (not x86-64 with AVX2/FMA/F16C, no C compiler)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise CpuDecodeUnavailable(f"{what} is x86-64 only (this is {platform.machine()})")
+    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
+    if missing:
+        raise CpuDecodeUnavailable(f"{what} needs {', '.join(missing)}")
+    cc = _compiler()
+    if cc is None:
+        raise CpuDecodeUnavailable(f"{what} needs a C compiler (gcc)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([*(f.read_text() for f in hashed), version, *flags])
+                         .encode()).hexdigest()
+    target = _cache_dir() / f"{source.stem}-{key[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # built under a temporary name and renamed: servers starting together never load a
+        # half-written library
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run([cc, *flags, str(source), "-o", tmp, "-lm"],
+                                  capture_output=True, text=True)
+            if done.returncode:
+                raise CpuDecodeUnavailable(f"compiling {source.name} failed: "
+                                           f"{done.stderr.strip()[-500:]}")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return target
 
 
 def cpu_decode_unavailable() -> str | None:

@@ -106,11 +106,14 @@ def refused(model: Path, *flags: str) -> tuple[int, str, str]:
 
 
 def test_a_flipped_payload_byte_refuses_to_start_in_one_line(corrupt):
+    """The refusal is one line, the last; before it only the load's own INFO lines, which the
+    weights' load may print while the digest is computed beside it (a 2-core CI box printed
+    the CPU step's choice in the same millisecond as the refusal)."""
     code, out, err = refused(corrupt)
     assert code == 1
     lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert f"{corrupt}: payload digest does not match" in lines[0]
+    assert all("  INFO  " in line for line in lines[:-1]), err
+    assert f"{corrupt}: payload digest does not match" in lines[-1]
     assert "Traceback" not in err and "listening" not in out + err
 
 

@@ -1,0 +1,81 @@
+"""Routed experts on the host's cores from their stored fp8-row form (`cpu_experts.c`).
+
+`fp8_experts(x, rows, experts, weights, gate_up, down, out)` adds, for each pair i,
+`weights[i] · down_e(silu(gate_e x[rows[i]]) · up_e x[rows[i]])` with e = `experts[i]` to
+`out[rows[i]]`, in fp32, reading the e4m3 codes and bf16 row scales of the stacks where they
+are (an offloaded layer's page-locked host store: no decoded copy of an expert is made). Built
+by the system C compiler on first use like the CPU decode step (`cpu_decode.build_library`);
+`cpu_experts_unavailable()` says why it cannot run here. `fp8_experts_ref` is its float64
+reference.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from .cpu_decode import CpuDecodeUnavailable, build_library
+
+SOURCE = Path(__file__).with_name("cpu_experts.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build_library(SOURCE, (SOURCE,), FLAGS, "the CPU expert kernel")))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.ninfer_fp8_experts.argtypes = [p, i64, i64, i64, p, p, p, p, p, p, p, p, p, i64]
+    lib.ninfer_fp8_experts.restype = None
+    return lib
+
+
+def cpu_experts_unavailable() -> str | None:
+    """None when the kernel runs here, else why not."""
+    try:
+        _library()
+    except CpuDecodeUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def takes(gate_up, down) -> bool:
+    """Whether these `ExpertStack`s are fp8-row (e4m3 codes, one bf16 scale a row)."""
+    return all(s.w.dtype == torch.float8_e4m3fn and s.scale is not None and s.scale.dim() == 2
+               and s.scale.dtype == torch.bfloat16 and s.w.is_contiguous()
+               and s.scale.is_contiguous() for s in (gate_up, down))
+
+
+def fp8_experts(x: torch.Tensor, rows: list[int], experts: list[int], weights: list[float],
+                gate_up, down, out: torch.Tensor, threads: int = 0) -> torch.Tensor:
+    """See the module docstring: `x [B, H]` and `out [B, H]` fp32 host tensors; `gate_up`,
+    `down` fp8-row `ExpertStack`s on the host (`takes`); `threads` 0: OpenMP's default."""
+    assert takes(gate_up, down) and not x.is_cuda and not gate_up.w.is_cuda
+    assert x.dtype == out.dtype == torch.float32 and x.is_contiguous() and out.is_contiguous()
+    n = len(rows)
+    if not n:
+        return out
+    hidden, width = down.w.shape[1], down.w.shape[2]
+    assert x.shape[1] == hidden and max(experts) < gate_up.w.shape[0] and max(rows) < x.shape[0]
+    pairs_rows = torch.tensor(rows, dtype=torch.int64)
+    pairs_experts = torch.tensor(experts, dtype=torch.int64)
+    pairs_weights = torch.tensor(weights, dtype=torch.float32)
+    act = torch.empty(n, width, dtype=torch.float32)
+    _library().ninfer_fp8_experts(
+        x.data_ptr(), hidden, width, n, pairs_rows.data_ptr(), pairs_experts.data_ptr(),
+        pairs_weights.data_ptr(), gate_up.w.data_ptr(), gate_up.scale.data_ptr(),
+        down.w.data_ptr(), down.scale.data_ptr(), act.data_ptr(), out.data_ptr(), threads)
+    return out
+
+
+def fp8_experts_ref(x, rows, experts, weights, gate_up, down, out):
+    """`fp8_experts` in float64 over the decoded codes (the tests' reference)."""
+    width = down.w.shape[2]
+    for r, e, w in zip(rows, experts, weights):
+        gu = gate_up.w[e].double() * gate_up.scale[e].double()[:, None]
+        h = gu @ x[r].double()
+        a = torch.nn.functional.silu(h[:width]) * h[width:]
+        dn = down.w[e].double() * down.scale[e].double()[:, None]
+        out[r] += (w * (dn @ a)).to(out.dtype)
+    return out
