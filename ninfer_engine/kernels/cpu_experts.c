@@ -4,7 +4,7 @@
 // A stack holds E experts' e4m3 codes, gate|up [E, 2I, H] and down [E, H, I], with one bf16
 // scale per output row ([E, 2I], [E, H]). For each (row, expert, weight) pair:
 //     y[row] += weight * down_e(silu(gate_e x[row]) * up_e x[row])
-// in fp32: codes are decoded exactly through a 256-entry table (AVX2 gathers), each dot
+// in fp32: codes are decoded exactly (through fp16 and F16C, `decode16`), each dot
 // accumulates in fp32 and is multiplied by its row scale once. OpenMP over the pairs' gate|up
 // rows, then over y's columns (each thread owns its columns: no two threads add to one).
 #include <immintrin.h>
@@ -33,19 +33,34 @@ static inline float bf16(uint16_t h) {
     return f;
 }
 
+// 16 e4m3 codes as fp32 / 256, exactly and without a table: the code's 7 low bits shifted
+// into an fp16 (exponent field e, mantissa m << 7) are 2^(e-15)(1 + m/8), or for e = 0 the
+// fp16 subnormal m·2^-17, which F16C widens exactly: 2^-8 times the e4m3 value either way
+// (the caller's scale carries the 256). NaN codes (0x7f, 0xff) read as ±480; no encoder
+// writes them.
+static inline void decode16(const uint8_t *w, __m256 *lo, __m256 *hi) {
+    __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)w));
+    __m256i h = _mm256_or_si256(
+        _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7),
+        _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+// Σ e4m3(w_i) x_i / 256 in fp32
 static inline float dot_e4m3(const uint8_t *w, const float *x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m128i c = _mm_loadu_si128((const __m128i *)(w + i));
-        __m256i lo = _mm256_cvtepu8_epi32(c), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(c, 8));
-        a0 = _mm256_fmadd_ps(_mm256_i32gather_ps(E4M3, lo, 4), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_i32gather_ps(E4M3, hi, 4), _mm256_loadu_ps(x + i + 8), a1);
+        __m256 lo, hi;
+        decode16(w + i, &lo, &hi);
+        a0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i + 8), a1);
     }
     float t[8];
     _mm256_storeu_ps(t, _mm256_add_ps(a0, a1));
     float s = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-    for (; i < n; i++) s += E4M3[w[i]] * x[i];
+    for (; i < n; i++) s += E4M3[w[i]] / 256.0f * x[i];
     return s;
 }
 
@@ -63,8 +78,8 @@ void ninfer_fp8_experts(const float *x, int64_t H, int64_t I, int64_t pairs,
             for (int64_t i = 0; i < I; i++) {
                 const int64_t g = experts[p] * 2 * I + i, u = g + I;
                 const float *xr = x + rows[p] * H;
-                float a = dot_e4m3(gu + g * H, xr, H) * bf16(gu_scale[g]);
-                float b = dot_e4m3(gu + u * H, xr, H) * bf16(gu_scale[u]);
+                float a = dot_e4m3(gu + g * H, xr, H) * (256.0f * bf16(gu_scale[g]));
+                float b = dot_e4m3(gu + u * H, xr, H) * (256.0f * bf16(gu_scale[u]));
                 act[p * I + i] = a / (1.0f + expf(-a)) * b;
             }
         }
@@ -72,7 +87,7 @@ void ninfer_fp8_experts(const float *x, int64_t H, int64_t I, int64_t pairs,
         for (int64_t h = 0; h < H; h++) {
             for (int64_t p = 0; p < pairs; p++) {
                 const int64_t d = experts[p] * H + h;
-                y[rows[p] * H + h] += weights[p] * bf16(down_scale[d]) *
+                y[rows[p] * H + h] += weights[p] * (256.0f * bf16(down_scale[d])) *
                                       dot_e4m3(down + d * I, act + p * I, I);
             }
         }
