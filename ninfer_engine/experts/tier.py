@@ -22,8 +22,9 @@ the host store in fp32, by the measured `MissCosts` (`miss="auto"`) or always on
 - the captured step (`HybridStep._moe` with `in_place`, `experts.in_place`): no host sync;
   the kernels read misses in place from the host store, admissions happen between steps.
 
-CPU compute is the expert in fp32 (fp8 codes × scales decoded exactly into fp32); on the GPU it
-is the bf16 kernels', so the two differ by the GPU side's bf16 rounding.
+CPU compute is the expert in fp32 (fp8-row stacks by the compiled `kernels.cpu_experts`, other
+forms decoded exactly into fp32 for torch); on the GPU it is the bf16 kernels', so the two
+differ by the GPU side's bf16 rounding.
 """
 from __future__ import annotations
 
