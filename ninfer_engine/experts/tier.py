@@ -193,7 +193,7 @@ class LayerTier:
         return self.cpu_sum(x, list(range(n)), [e] * n, [1.0] * n)
 
     def cpu_sum(self, x: torch.Tensor, rows: list[int], experts: list[int],
-                  weights: list[float]) -> torch.Tensor:
+                weights: list[float]) -> torch.Tensor:
         """Σ weights[i] · expert experts[i] of host row x[rows[i]], per row of `x`, in fp32
         from the host store: fp8-row stacks by the compiled kernel (`kernels.cpu_experts`,
         the codes read where they are), any other form through torch."""
@@ -201,8 +201,11 @@ class LayerTier:
         out = torch.zeros(x.shape[0], self.host_down.w.shape[1])
         if self._compiled:
             return fp8_experts(x, rows, experts, weights, self.host_gu, self.host_down, out)
-        for r, e, w in zip(rows, experts, weights):
-            out[r] += w * self._torch_expert(x[r: r + 1], e)[0]
+        for e in dict.fromkeys(experts):  # each expert decoded once, over all its rows
+            at = [i for i, x_e in enumerate(experts) if x_e == e]
+            index = torch.tensor([rows[i] for i in at])
+            part = self._torch_expert(x[index], e)
+            out.index_add_(0, index, part * torch.tensor([weights[i] for i in at])[:, None])
         return out
 
     @functools.cached_property

@@ -418,7 +418,6 @@ class EngineHybridDecoder:
         """The step is queued: the expert tiers' bookkeeping runs while it computes."""
         self.core.after_launch()
 
-
     @property
     def generation(self) -> int:
         """Changes when lending reallocates the expert slot stacks (graphs read the old)."""
