@@ -15,8 +15,8 @@ weights and times `Engine.step`, in this order (the issue's targets first, so a 
 
 - every expert stacked on the device: the CUDA-graph step, the reference;
 - the tier with every expert in a slot (512 slots: all hits), the cost of the path alone;
-- 50 % and 80 % of the routed experts off the device (`round((1 − share) · 512)` slots a
-  layer, every expert in the host store); `--shares` adds others (25 % say).
+- 50 %, 80 % and 25 % of the routed experts off the device (`round((1 − share) · 512)` slots
+  a layer, every expert in the host store; the issue's shares); `--shares` adds others.
 
 Misses: `--miss auto` (default) is the captured step that reads misses in place from
 page-locked host memory and admits experts between steps (`experts.in_place`); `copy` / `cpu`
@@ -70,7 +70,7 @@ from ninfer_engine.types import GenerationRequest, SamplingParams
 
 # (share of the experts off the device, through the tier?) in the order run: the reference,
 # the tier's path alone (every expert in a slot), then the targets
-CONFIGS = ((0.0, False), (0.0, True), (0.5, True), (0.8, True))
+CONFIGS = ((0.0, False), (0.0, True), (0.5, True), (0.8, True), (0.25, True))
 SKEW = 0.3
 WARM, PROMPT = 8, 64
 MB = 1e6
