@@ -1,8 +1,9 @@
 """The captured decode step's path for offloaded experts: no host sync inside the step.
 
 `InPlaceReads` (one per `LayerTier` whose misses are `read`: `--expert-miss read`, and `auto`
-where the stacks are bf16 or fp8-row) owns one row of `Tables`, a device table `[E]` int64:
-expert e's slot, or -1 - e where it is not resident. The decode kernels take it as a
+where the stacks are bf16 or fp8-row) owns one row of `Tables`, a device table `[E + 1]`
+int64: expert e's slot, or -1 - e where it is not resident (column E: the layer's shared
+expert, the row after the slots where the tier holds it). The decode kernels take it as a
 `kernels.moe_fused.Remap` and read a resident expert from its slot and any other in place from
 the page-locked host store (under unified addressing the host pointer is a device pointer; the
 reads cross PCIe), so the whole step (routing, expert kernels, everything) stays one fixed
@@ -14,9 +15,11 @@ The host works while the GPU runs the next step (`RoutingLog`): the step clears 
 log and the routers write it; after the launch `record` queues its copy to page-locked memory
 (a ring of them); `take` reads the copies of the steps that are done before the next launch
 (without waiting for one in flight: the engine's lookahead step stays queued behind it) and
-`settle` hands them to the tiers after that launch, so the bookkeeping overlaps the step. Each layer's routed ids are counted by the slot map and
-its policy; up to `admit_per_step` misses a layer that the policy `prefers` to its victim are
-admitted, every effect queued behind the step just launched (which still reads the old table):
+`settle` hands them to the tiers after that launch, so the bookkeeping overlaps the step.
+Each layer's routed ids are counted by the slot map and its policy; up to `admit_per_step`
+misses a layer that the policy `prefers` to its victim are admitted, every effect queued
+behind the step just launched (which still reads the old table; an admission writes the host
+copy of the tables no queued push is reading):
 the victim is unmapped by the next table push, the expert is copied into its slot on the tier's
 side stream once that step is done, and mapped by a later push once the copy has landed. A
 slot map changed by an eager path (a prompt chunk admits and copies) is mirrored whole before
