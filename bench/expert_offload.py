@@ -58,7 +58,7 @@ import torch
 from ninfer_engine.artifact.synth import build_synthetic
 from ninfer_engine.benchmark.engine_step import bench_engine, random_prompts
 from ninfer_engine.benchmark.footprint import packed_source
-from ninfer_engine.benchmark.timing import time_ms
+from ninfer_engine.benchmark.timing import last_graph_ms
 from ninfer_engine.benchmark.routing_skew import skewed_routers, top_share
 from ninfer_engine.experts import ExpertPlacement
 from ninfer_engine.experts.loading import served_expert_bytes
@@ -223,8 +223,7 @@ def profiled(engine, tiers, vocab: int, steps: int = 12) -> dict:
         torch.cuda.synchronize()
         step_ms = 1e3 * (time.perf_counter() - start) / steps
     events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
-    graph, _ = list(engine.runner.graphs._graphs.values())[-1]
-    replay_ms = time_ms(graph.replay, 30)
+    replay_ms = last_graph_ms(engine)
     while engine.step():
         pass
     settle(engine)

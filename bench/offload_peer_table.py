@@ -94,12 +94,15 @@ def markdown(r: dict, ab: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _config(row: dict) -> tuple:
+    return row["routing"], row["host_share"], row["path"], row["batch"]
+
+
 def ab_rows(new: dict, old: dict) -> list[dict]:
-    key = lambda row: (row["routing"], row["host_share"], row["path"], row["batch"])  # noqa
-    before = {key(row): row["tok_s"] for row in old["rows"]}
+    before = {_config(row): row["tok_s"] for row in old["rows"]}
     return [dict(routing=row["routing"], host_share=row["host_share"], path=row["path"],
-                 batch=row["batch"], old=before[key(row)], new=row["tok_s"])
-            for row in new["rows"] if key(row) in before]
+                 batch=row["batch"], old=before[_config(row)], new=row["tok_s"])
+            for row in new["rows"] if _config(row) in before]
 
 
 def main() -> None:

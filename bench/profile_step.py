@@ -38,7 +38,7 @@ from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.engine_step import (  # noqa: E402
     MARGIN, OracleDrafter, bench_engine, random_prompts)
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
-from ninfer_engine.benchmark.timing import time_ms  # noqa: E402
+from ninfer_engine.benchmark.timing import last_graph_ms, time_ms  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
@@ -100,7 +100,7 @@ def _profile(engine, args, config, total) -> None:
         engine.step()  # settles the step in flight
         plain = time_ms(engine.step, TIMED, warm_up=False)
         print(f"lookahead on: step {step:.3f} ms, off: {plain:.3f} ms")
-    replay = _replay_ms(engine)
+    replay = last_graph_ms(engine, TIMED)
     host = _host_profile(engine) if args.host else None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
@@ -119,17 +119,6 @@ def _profile(engine, args, config, total) -> None:
     if host:
         print(host)
     print(events.table(sort_by="device_time_total", row_limit=25, max_name_column_width=70))
-
-
-def _replay_ms(engine) -> float:
-    """Mean ms of the last-used decode graph replayed back to back: the step without its host
-    work (its inputs stay as the last step loaded them; the recurrent state moves on, which
-    a benchmark of random weights does not mind)."""
-    graphs = engine.runner.graphs._graphs
-    if not graphs:
-        return float("nan")
-    graph, _ = list(graphs.values())[-1]
-    return time_ms(graph.replay, TIMED)
 
 
 def _host_profile(engine, steps: int = 200) -> str:

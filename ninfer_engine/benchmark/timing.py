@@ -22,6 +22,17 @@ def time_ms(fn: Callable[[], object], n: int, warm_up: bool = True) -> float:
     return start.elapsed_time(end) / n
 
 
+def last_graph_ms(engine, n: int = 30) -> float:
+    """Mean ms of `engine`'s last-used decode graph replayed back to back: its step without
+    the host's work (its inputs stay as the last step loaded them; the recurrent state moves
+    on, which a benchmark of random weights does not mind); NaN before any capture."""
+    graphs = engine.runner.graphs._graphs
+    if not graphs:
+        return float("nan")
+    graph, _ = list(graphs.values())[-1]
+    return time_ms(graph.replay, n)
+
+
 def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     """`fn` captured in a CUDA graph, after two warm-up calls on a side stream."""
     side = torch.cuda.Stream()

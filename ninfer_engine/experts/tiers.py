@@ -70,21 +70,17 @@ class ExpertTiers:
 
     # -- building the model -------------------------------------------------------------
 
-    def offloaded(self, moe_key: str) -> bool:
-        """Whether `text/layers/i/moe/`'s routed experts are in a tier."""
-        return int(moe_key.split("/")[2]) in self.layers
+    def tier(self, moe_key: str) -> LayerTier | None:
+        """The tier of `text/layers/i/moe/`'s routed experts, None where they are not in one."""
+        return self.layers.get(int(moe_key.split("/")[2]))
 
     def placeholders(self, source):
         """`source` with every routed expert of the tiers replaced by a meta tensor."""
         def get(name: str, shape: tuple[int, ...]):
-            if "/moe/experts/" in name and self.offloaded(name.split("experts/")[0]):
+            if "/moe/experts/" in name and self.tier(name.split("experts/")[0]) is not None:
                 return torch.empty(shape, device="meta")
             return source(name, shape)
         return get
-
-    def slot_stacks(self, moe_key: str):
-        tier = self.layers[int(moe_key.split("/")[2])]
-        return tier.slot_gu, tier.slot_down
 
     def install(self, model) -> None:
         """Give each offloaded `SparseMoE` its tier; the model keeps the tiers for the stats."""

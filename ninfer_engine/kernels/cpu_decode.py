@@ -2,7 +2,7 @@
 
 `decode_step_library()` compiles the C file once per (source, compiler, flags) into
 `$NINFER_HOME/kernels/` (about a second; later processes load the cached library) and returns
-the loaded `ctypes` library, or raises `CpuDecodeUnavailable` saying why it cannot run here: not
+the loaded `ctypes` library, or raises `CpuKernelUnavailable` saying why it cannot run here: not
 x86-64 with AVX2/FMA/F16C, or no C compiler. The library links the OpenMP runtime torch has
 already loaded (same `libgomp.so.1`), so its parallel regions use the engine thread's team.
 """
@@ -37,8 +37,8 @@ MAX_ROWS = 16
 MAX_HEAD_DIM = 512
 
 
-class CpuDecodeUnavailable(RuntimeError):
-    """The compiled CPU decode step cannot run on this machine (the message says why)."""
+class CpuKernelUnavailable(RuntimeError):
+    """A compiled CPU kernel (this step, `cpu_experts`) cannot run here (the message says why)."""
 
 
 def _cpu_flags() -> set[str]:
@@ -88,16 +88,16 @@ def compiled_library(portable: bool) -> ctypes.CDLL:
 def build_library(source: Path, hashed: tuple[Path, ...], flags: tuple[str, ...],
                   what: str) -> Path:
     """`source` compiled into a shared library under `$NINFER_HOME/kernels/`, once per (the
-    `hashed` files, compiler, flags); raises `CpuDecodeUnavailable` naming `what` where this
+    `hashed` files, compiler, flags); raises `CpuKernelUnavailable` naming `what` where this
     machine cannot build or run it (not x86-64 with AVX2/FMA/F16C, no C compiler)."""
     if platform.machine() not in ("x86_64", "AMD64"):
-        raise CpuDecodeUnavailable(f"{what} is x86-64 only (this is {platform.machine()})")
+        raise CpuKernelUnavailable(f"{what} is x86-64 only (this is {platform.machine()})")
     missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
     if missing:
-        raise CpuDecodeUnavailable(f"{what} needs {', '.join(missing)}")
+        raise CpuKernelUnavailable(f"{what} needs {', '.join(missing)}")
     cc = _compiler()
     if cc is None:
-        raise CpuDecodeUnavailable(f"{what} needs a C compiler (gcc)")
+        raise CpuKernelUnavailable(f"{what} needs a C compiler (gcc)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([*(f.read_text() for f in hashed), version, *flags])
                          .encode()).hexdigest()
@@ -112,7 +112,7 @@ def build_library(source: Path, hashed: tuple[Path, ...], flags: tuple[str, ...]
             done = subprocess.run([cc, *flags, str(source), "-o", tmp, "-lm"],
                                   capture_output=True, text=True)
             if done.returncode:
-                raise CpuDecodeUnavailable(f"compiling {source.name} failed: "
+                raise CpuKernelUnavailable(f"compiling {source.name} failed: "
                                            f"{done.stderr.strip()[-500:]}")
             os.replace(tmp, target)
         finally:
@@ -123,8 +123,13 @@ def build_library(source: Path, hashed: tuple[Path, ...], flags: tuple[str, ...]
 
 def cpu_decode_unavailable() -> str | None:
     """None when the compiled step runs here, else why not."""
+    return unavailable(decode_step_library)
+
+
+def unavailable(load) -> str | None:
+    """None when `load()` (a compiled CPU kernel's library) succeeds here, else why not."""
     try:
-        decode_step_library()
-    except CpuDecodeUnavailable as exc:
+        load()
+    except CpuKernelUnavailable as exc:
         return str(exc)
     return None

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import torch
 
-from .cpu_decode import CpuDecodeUnavailable, build_library
+from .cpu_decode import FLAGS, build_library, unavailable
 
 SOURCE = Path(__file__).with_name("cpu_experts.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 
 
 @functools.cache
@@ -33,11 +32,7 @@ def _library() -> ctypes.CDLL:
 
 def cpu_experts_unavailable() -> str | None:
     """None when the kernel runs here, else why not."""
-    try:
-        _library()
-    except CpuDecodeUnavailable as exc:
-        return str(exc)
-    return None
+    return unavailable(_library)
 
 
 def takes(gate_up, down) -> bool:

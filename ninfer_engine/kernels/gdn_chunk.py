@@ -10,8 +10,8 @@ Three launches for the whole prompt:
 
 * `kernels.gdn_solve` then `kernels.gdn_prep` (grids chunks × heads, every chunk in parallel):
   the precompute of `kernels.gdn_ref.chunk_prep` — in-chunk decays, A, (I + A)⁻¹ applied for U
-  and W, P = (Q Kᵀ) ⊙ decay, Q e^γ, K e^{γ_C−γ}, e^{γ_C}. `prep="torch"` runs the torch version instead (the reference
-  the tests and `bench/gdn_chunk_bench.py` compare with).
+  and W, P = (Q Kᵀ) ⊙ decay, Q e^γ, K e^{γ_C−γ}, e^{γ_C}. `prep="torch"` runs the torch
+  version instead (the reference the tests and `bench/gdn_chunk_bench.py` compare with).
 * `_gdn_chunk_kernel` (Triton, grid (nv, ⌈dv / BV⌉)): the one sequential part. Each program
   keeps its state tile S `[dk, BV]` in fp32 registers and walks the chunks in order:
   `V' = U − W S`, `O = (Q e^γ) S + P V'`, `S ← e^{γ_C} S + (K e^{γ_C−γ})ᵀ V'` (four `tl.dot`s a

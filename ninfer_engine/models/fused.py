@@ -59,7 +59,7 @@ class FusedParams:
                     self._stacks(key)  # decides whether the shared expert is in the stacks
                     if self.shared_in_stack(key):
                         members = members[:2]
-                        if member in SHARED and self._offloaded(key):
+                        if member in SHARED and self._tier(key) is not None:
                             return self.source(name, shape)  # the slot stacks hold a copy
                         if member in SHARED:
                             return self._expert(key, self._experts[1], member[7:])
@@ -76,8 +76,9 @@ class FusedParams:
     def shared_in_stack(self, moe_key: str) -> bool:
         """Whether layer `moe_key` (`text/layers/i/moe/`)'s shared expert is stacked as expert
         E of its routed-expert stacks (see the module docstring)."""
-        if self._offloaded(moe_key):  # the row after the slots, where the tier holds it
-            return self.tiers.layers[_layer(moe_key)].shared is not None
+        tier = self._tier(moe_key)
+        if tier is not None:  # the row after the slots, where the tier holds it
+            return tier.shared is not None
         first, end = self._experts
         return self.fused[moe_key + "experts/down"].w.shape[0] > end - first
 
@@ -90,30 +91,31 @@ class FusedParams:
         shared = None
         if self.c.get("shared_expert_intermediate_size") == width:
             shared = lambda m, shape: self.source(f"{key}shared/{m}", shape)  # noqa: E731
-        if self._offloaded(key):
-            tier = self.tiers.layers[_layer(key)]
+        tier = self._tier(key)
+        if tier is not None:
             # the captured step runs the shared expert as a slot (a host-synced step, or a
             # shared expert of another width or form, keeps it apart)
             if shared is not None and tier.in_place is not None:
                 tier.hold_shared(*stack_experts(lambda e, m, shape: shared(m, shape), 1, width,
                                                 self.c["hidden_size"]))
-            self.fused[key + "experts/gate_up"], self.fused[key + "experts/down"] = (
-                self.tiers.slot_stacks(key))
+            self.fused[key + "experts/gate_up"] = tier.slot_gu
+            self.fused[key + "experts/down"] = tier.slot_down
             return
         first, end = self._experts
         self.fused[key + "experts/gate_up"], self.fused[key + "experts/down"] = stack_experts(
             lambda x, m, shape: self.source(f"{key}experts/{first + x}/{m}", shape),
             end - first, width, self.c["hidden_size"], shared)
 
-    def _offloaded(self, moe_key: str) -> bool:
-        return self.tiers is not None and self.tiers.offloaded(moe_key)
+    def _tier(self, moe_key: str):
+        """The `experts.LayerTier` of an offloaded layer's routed experts, else None."""
+        return None if self.tiers is None else self.tiers.tier(moe_key)
 
     def _expert(self, key: str, e: int, member: str) -> torch.Tensor | PackedMatrix:
         """Expert e's gate/up rows of layer `key`'s gate|up `ExpertStack`, or its down: bf16
         views, or one-block `PackedMatrix` views of fp8 codes and scales
         (`models.experts`)."""
         self._stacks(key)
-        if self._offloaded(key):  # a meta placeholder
+        if self._tier(key) is not None:  # a meta placeholder
             return self.source(f"{key}experts/{e}/{member}", self.shapes[
                 f"{key}experts/{e}/{member}"])
         width, e = self.c["moe_intermediate_size"], e - self._experts[0]  # its stack row
@@ -121,8 +123,3 @@ class FusedParams:
             return self.fused[key + "experts/down"].member(e)
         start = 0 if member == "gate" else width
         return self.fused[key + "experts/gate_up"].member(e, start, start + width)
-
-
-def _layer(moe_key: str) -> int:
-    """The layer index of `text/layers/i/moe/`."""
-    return int(moe_key.split("/")[2])
