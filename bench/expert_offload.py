@@ -113,7 +113,7 @@ def memo(source):
     return params
 
 
-def build(config, source, share, tiered, skew, miss, prefetch, device):
+def build(config, source, share, tiered, skew, miss, prefetch, device, cpu_share=None):
     """The serving model over `source`: every expert stacked on the device, or a tier."""
     source = skewed_routers(source, skew)
     tiers = None
@@ -124,7 +124,8 @@ def build(config, source, share, tiered, skew, miss, prefetch, device):
         slots = max(1, round((1 - share) * config["num_experts"]))
         placement = ExpertPlacement(config["num_experts"], moe_layers(config), slots,
                                     expert_bytes)
-        tiers = ExpertTiers(config, placement, get, device, miss, prefetch=prefetch)
+        tiers = ExpertTiers(config, placement, get, device, miss, prefetch=prefetch,
+                            cpu_share=cpu_share)
         source = tiers.placeholders(source)
     params = FusedParams(config, source, tiers) if device.type == "cuda" else source
     model = Qwen35Model(config, params)
@@ -149,11 +150,21 @@ def counters(tiers) -> dict:
                 admitted=sum(r.admitted for r in reads))
 
 
+def _core(engine):
+    return getattr(getattr(engine.runner.graphs, "decoder", None), "core", None)
+
+
+def host_jobs(engine) -> tuple[int, int, float]:
+    """(pairs, jobs, seconds) the captured step's host jobs ran so far (`experts.host_jobs`)."""
+    core = _core(engine)
+    return (0, 0, 0.0) if core is None else core.host_jobs.totals()
+
+
 def settle(engine) -> float:
     """Hand the last decode step's routing to the tiers now (the captured step's tiers count a
     step after the next one is launched, `experts.in_place`); the host seconds spent settling
     so far (0 without a routing log)."""
-    core = getattr(getattr(engine.runner.graphs, "decoder", None), "core", None)
+    core = _core(engine)
     if core is None:
         return 0.0
     core.settle()
@@ -176,6 +187,7 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
         engine.step()
     settled = settle(engine)  # the warm-up's routing into the counters before the window
     before, emitted = counters(tiers), sum(len(s.output) for s in seqs)
+    jobs_before = host_jobs(engine)
     sync = torch.cuda.synchronize if engine.model.device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
@@ -185,6 +197,7 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
     seconds = time.perf_counter() - start
     tokens = sum(len(s.output) for s in seqs) - emitted
     settled = settle(engine) - settled  # the last timed step's routing
+    jobs = [b - a for a, b in zip(jobs_before, host_jobs(engine))]
     after = counters(tiers)
     d = {k: after[k] - before[k] for k in after}
     while engine.step():  # the requests run out
@@ -199,6 +212,8 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
                 admitted_per_token=d["admitted"] / tokens,
                 settle_ms_per_step=1e3 * settled / steps,  # host, overlapping the step
                 cpu_read_mb_per_token=d["cpu_experts"] * expert_bytes / tokens / MB,
+                host_job_pairs_per_token=jobs[0] / tokens,
+                host_job_ms_per_step=1e3 * jobs[2] / steps,  # inside the step, per step
                 prefetched_per_token=d["prefetched"] / tokens)
 
 
@@ -252,6 +267,9 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny-moe on the CPU (orchestration)")
     ap.add_argument("--profile", action="store_true",
                     help="with each configuration, a B = 1 kernel table (CUDA only)")
+    ap.add_argument("--cpu-shares", nargs="*", default=["auto"], metavar="F|auto",
+                    help="each tier configuration once per share of the experts computed on "
+                    "the host's cores while missed (auto: the cost model's; 0: none)")
     ap.add_argument("--only", nargs="*", default=None, metavar="SHARE:TIER:ROUTING",
                     help="run only these configurations (0.5:tier:skewed, 0:stacked:uniform)")
     args = ap.parse_args()
@@ -281,7 +299,10 @@ def main() -> int:
     configs += [(share, True, args.miss) for share in args.shares]
     if args.eager_too:  # the uncaptured step of before, beside the captured one
         configs += [(share, True, "copy") for share, tiered in CONFIGS if tiered]
-    for share, tiered, miss in configs:
+    cpu_shares = [None if c == "auto" else float(c) for c in args.cpu_shares]
+    configs = [(share, tiered, miss, c) for share, tiered, miss in configs
+               for c in (cpu_shares if tiered and share > 0 else [None])]
+    for share, tiered, miss, cpu_share in configs:
         for routing, skew in (("uniform", 0.0), ("skewed", SKEW)):
             name = f"{share:g}:{'tier' if tiered else 'stacked'}:{routing}"
             if args.only is not None and name not in args.only:
@@ -295,7 +316,7 @@ def main() -> int:
                 + (" (tier)" if tiered else ""))
             t = time.perf_counter()
             model, tiers = build(config, source, share, tiered, skew, miss, args.prefetch,
-                                 device)
+                                 device, cpu_share)
             engine = bench_engine(model, arch, config, 8, 1024)
             built = time.perf_counter() - t
             graphs = engine.runner.graphs
@@ -303,7 +324,9 @@ def main() -> int:
             for batch in (1, 8):
                 row = dict(routing=routing, host_share=share, build_s=built,
                            miss=miss if tiers else None,
-                           path=f"tier ({miss}), {step}" if tiers else f"all stacked, {step}",
+                           path=f"tier ({miss}, CPU {tiers.cpu_share:.2f}), {step}" if tiers
+                           else f"all stacked, {step}",
+                           cpu_share_marked=tiers.cpu_share if tiers else 0.0,
                            slots=tiers.placement.slots if tiers else config["num_experts"],
                            **decode(engine, tiers, batch, args.steps, config["vocab_size"],
                                     seed=batch))
@@ -355,8 +378,9 @@ def report(r: dict) -> str:
         "",
         "| routing | off device | path | slots | B | tok/s | × all-on-device | hit rate "
         "| CPU share | MB/token read in place | MB/token copied | MB/token CPU-read "
-        "| uniform need MB/token | bound tok/s | top-20 % share | settle ms/step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "| uniform need MB/token | bound tok/s | top-20 % share | settle ms/step "
+        "| host job ms/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ratio(row) -> str:
         all_on = base.get((row["routing"], row["batch"]))
@@ -375,14 +399,18 @@ def report(r: dict) -> str:
             f"| {row['copied_mb_per_token']:.1f} "
             f"| {row['cpu_read_mb_per_token']:.1f} | {need:.1f} "
             f"| {'' if bound is None else f'{bound:.1f}'} | {top} "
-            f"| {row.get('settle_ms_per_step', 0):.3f} |")
+            f"| {row.get('settle_ms_per_step', 0):.3f} "
+            f"| {row.get('host_job_ms_per_step', 0):.3f} |")
     lines += ["", "`bound tok/s`: host → device bandwidth / the uniform need (every missed "
               "expert crossing the bus once per token, nothing else in the step), per sequence "
               "at B = 1. `graph step`: the captured step (misses read in place from page-locked "
               "memory, admitted between steps); `eager step`: uncaptured (a host sync a MoE "
               "layer). `settle ms/step`: the host's bookkeeping of the captured step's routing "
               "(counts, admissions, table push), run while the GPU computes the next step: "
-              "where it nears the step time the host bounds the rate."]
+              "where it nears the step time the host bounds the rate. `CPU F`: the share of "
+              "the experts computed on the host's cores when missed (`experts.host_jobs`, "
+              "inside the captured step; `auto` picks it from the measured bus and core "
+              "rates); `host job ms/step`: the cores' time in those jobs a step."]
     profiled_rows = [row for row in r["rows"] if "profile" in row]
     if profiled_rows:
         lines += ["", "B = 1 under torch.profiler (`--profile`): the engine step, the kernel time "

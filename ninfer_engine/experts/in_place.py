@@ -88,10 +88,30 @@ class InPlaceReads:
         self.admit_per_step = admit_per_step
         self.landing: list[tuple[object, list[tuple[int, int]]]] = []  # (event, [(e, slot)])
         self.read_pairs = 0  # (token, expert) pairs the kernels read from host memory
+        # the experts computed on the host's cores while not resident (`mark_cpu`), or None
+        self.on_cpu: np.ndarray | None = None
         self.admitted = 0
         self.seen = -1  # the slot map's `changes` the table mirrors
         self.prepare()
         tables.push()
+
+    def mark_cpu(self, share: float, seed: int = 0) -> None:
+        """From now on, `round(share · E)` of the experts (a fixed random pick, the same for
+        every layer with the same seed) map to the tier's zero row while not resident: the
+        step's host job (`host_jobs`) computes them on the host's cores, the device kernels
+        add nothing for them; the others are still read in place. With uniform routing that
+        splits a step's misses between the bus and the cores by `share`, as with any routing
+        in expectation (the pick does not depend on popularity)."""
+        t = self.tier
+        order = torch.randperm(t.experts, generator=torch.Generator().manual_seed(seed))
+        self.on_cpu = np.zeros(t.experts, dtype=bool)
+        self.on_cpu[order[: round(share * t.experts)].numpy()] = True
+        t.hold_zero_row()
+        self.seen = -1  # mirrored whole by the next `prepare`
+
+    def _host(self, e: int) -> int:
+        """The table's entry for expert e while it is not resident."""
+        return self.tier.cpu_row if self.on_cpu is not None and self.on_cpu[e] else -1 - e
 
     def _set(self, e: int, value: int) -> None:
         self.tables.writable()[self.row, e] = value
@@ -105,7 +125,7 @@ class InPlaceReads:
             return
         t._wait()  # copies in flight land before any later step reads their slots
         self.landing.clear()
-        self.tables.writable()[self.row] = [*(s if s >= 0 else -1 - e
+        self.tables.writable()[self.row] = [*(s if s >= 0 else self._host(e)
                                               for e, s in enumerate(t.map.slot_of)),
                                             t.shared_row or 0]
         self.tables.dirty = True
@@ -137,8 +157,12 @@ class InPlaceReads:
             t.routed[e] += 1
         used = sorted(set(routed))
         missing = t.map.lookup(used)
-        t.device_pairs += len(routed)
-        self.read_pairs += sum(routed.count(e) for e in missing)
+        cpu = [e for e in missing if self.on_cpu is not None and self.on_cpu[e]]
+        cpu_pairs = sum(routed.count(e) for e in cpu)
+        t.cpu_pairs += cpu_pairs
+        t.cpu_experts += len(cpu)
+        t.device_pairs += len(routed) - cpu_pairs
+        self.read_pairs += sum(routed.count(e) for e in missing) - cpu_pairs
         admitted, keep = [], set(used)
         # the victim is searched once (O(slots)), again only after an admission took it
         taken = t.map.victim(keep) if missing and self.admit_per_step else None
@@ -150,7 +174,7 @@ class InPlaceReads:
                 continue
             t.map.admit(e, keep)
             if victim >= 0:
-                self._set(victim, -1 - victim)  # read in place from the next step on
+                self._set(victim, self._host(victim))  # not resident from the next step on
             admitted.append((e, slot))
             keep.add(e)  # not the next admission's victim
             taken = t.map.victim(keep) if len(admitted) < self.admit_per_step else None

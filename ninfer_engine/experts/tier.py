@@ -121,6 +121,7 @@ class LayerTier:
         # the layer's shared expert as one more row after the slots (`hold_shared`): the
         # decode kernels then run it as routed slot k, as they do over a stacked layer
         self.shared: tuple[ExpertStack, ExpertStack] | None = None
+        self.zero_row = False  # `hold_zero_row`
         for s in range(slots):
             self._copy_in(s, s)
         self._wait()
@@ -149,17 +150,22 @@ class LayerTier:
             self.pending = None
 
     def resize(self, slots: int) -> None:
-        """Grow or shrink the slot stacks (lending); kept experts move to their new slots."""
+        """Grow or shrink the slot stacks (lending); kept experts move to their new slots,
+        the shared expert and the zero row stay after them."""
         self._wait()  # no copy into the old stacks is still in flight when they are freed
         old = self.map.resize(slots)
         for i, name in enumerate(("slot_gu", "slot_down")):
             prev = getattr(self, name)
-            new = empty_slots(prev, slots + (self.shared is not None), self.device)
+            new = empty_slots(prev, slots + (self.shared is not None) + self.zero_row, self.device)
             for s, o in enumerate(old):
                 if o >= 0:
                     _copy_row(new, s, prev, o)
             if self.shared is not None:
                 _copy_row(new, slots, self.shared[i], 0)
+            if self.zero_row:
+                for plane in (new.w, new.scale):
+                    if plane is not None:
+                        plane[self.cpu_row].view(torch.uint8).zero_()
             setattr(self, name, new)
 
     def hold_shared(self, gu: ExpertStack, down: ExpertStack) -> bool:
@@ -178,6 +184,19 @@ class LayerTier:
     def shared_row(self) -> int | None:
         """The stacks' row of the shared expert (after the slots), None without one."""
         return None if self.shared is None else self.map.slots
+
+    def hold_zero_row(self) -> None:
+        """Keep an all-zero expert as the stacks' last row (`cpu_row`): the captured step's
+        table maps an expert computed on the host's cores there (`host_jobs`), so the device
+        kernels add nothing for it and read no host memory."""
+        if not self.zero_row:
+            self.zero_row = True
+            self.resize(self.map.slots)
+
+    @property
+    def cpu_row(self) -> int | None:
+        """The stacks' zero row (after the slots and the shared expert), None without one."""
+        return self.map.slots + (self.shared is not None) if self.zero_row else None
 
     # -- misses -----------------------------------------------------------------------------
 

@@ -37,7 +37,8 @@ class ExpertTiers:
     """See the module docstring."""
 
     def __init__(self, config: dict, placement: ExpertPlacement, get: ExpertGetter, device,
-                 miss: str = "auto", policy: str = "lfu", prefetch: bool = False) -> None:
+                 miss: str = "auto", policy: str = "lfu", prefetch: bool = False,
+                 cpu_share: float | None = None) -> None:
         self.placement = placement
         self.device = torch.device(device)
         width, hidden = config["moe_intermediate_size"], config["hidden_size"]
@@ -53,15 +54,35 @@ class ExpertTiers:
             tier.costs = self.costs
         # misses read in place by the captured step (`in_place`): every form but group scales
         # (Q4/Q5), whose kernels take no `Remap`; `auto` prefers it to a host sync a layer
+        self.cpu_share = 0.0
         if miss in ("read", "auto") and all(scale_layout(s.w, s.scale)[0] < 2
                                             for s in (first.host_gu, first.host_down)):
             tables = Tables(len(self.layers), E, self.device)
             for row, tier in enumerate(self.layers.values()):
                 tier.in_place = InPlaceReads(tier, tables, row)
+            self.cpu_share = self._cpu_share(cpu_share, miss, first)
+            if self.cpu_share > 0:
+                for tier in self.layers.values():
+                    tier.in_place.mark_cpu(self.cpu_share)
         self.prefetch = prefetch
         self.lent_pages = 0
         self.unit_pages = 0  # pages a lent slot (one in every MoE layer) takes
         self.generation = 0  # bumped when lending reallocates the slot stacks (recapture)
+
+    def _cpu_share(self, asked: float | None, miss: str, first: LayerTier) -> float:
+        """The share of the experts the captured step computes on the host's cores while
+        they are not resident (`InPlaceReads.mark_cpu`): `asked` where given; under `auto` on
+        CUDA with fp8-row experts (the compiled kernel's form) and some experts off the
+        device, the share that makes both ways take the same time per missed byte by the
+        measured rates, the bus's (host → slot copy) and the cores' (one expert, one row):
+        cpu / (cpu + bus); else none."""
+        if asked is not None:
+            return asked
+        if (miss != "auto" or self.device.type != "cuda" or not first._compiled
+                or self.placement.slots >= self.placement.experts):
+            return 0.0
+        cpu = first.expert_bytes / self.costs.cpu_time(1)
+        return cpu / (cpu + self.costs.copy_bytes_per_s)
 
     @property
     def capturable(self) -> bool:
@@ -141,5 +162,5 @@ class ExpertTiers:
     @property
     def device_bytes(self) -> int:
         """Bytes of the device slots (lent ones included, and shared experts held as one)."""
-        return sum((t.map.slots + (t.shared is not None)) * t.expert_bytes
+        return sum((t.map.slots + (t.shared is not None) + t.zero_row) * t.expert_bytes
                    for t in self.layers.values())

@@ -93,3 +93,58 @@ void ninfer_fp8_experts(const float *x, int64_t H, int64_t I, int64_t pairs,
         }
     }
 }
+
+// One offloaded MoE layer's CPU share of a step, run by the GPU's stream as a host function
+// (`experts.host_jobs`): the step copied its rows x, routed ids and weights and the layer's
+// expert table into page-locked memory; every pair whose table entry is `cpu_row` (the
+// device's zero row: the GPU kernels add nothing for it) is computed here into `out`, which
+// the stream then copies back and adds. No CUDA call is made (a host function may not).
+typedef struct {
+    const void *x;          // [rows, H] bf16, or fp32 where x_fp32
+    const int64_t *ids;     // [rows * k] routed expert ids (E: the shared expert's column)
+    const float *weights;   // [rows * k]
+    const int64_t *table;   // [E + 1]: expert -> device slot, -1 - e, or cpu_row
+    int64_t rows, k, H, I, E, x_fp32, cpu_row, threads;
+    const uint8_t *gu;
+    const uint16_t *gu_scale;
+    const uint8_t *down;
+    const uint16_t *down_scale;
+    float *xf;              // scratch [rows, H]
+    int64_t *pair_rows, *pair_experts;  // scratch [rows * k]
+    float *pair_weights;    // scratch [rows * k]
+    float *act;             // scratch [rows * k, I]
+    float *out;             // [rows, H], overwritten
+    int64_t pairs, calls;   // counters: pairs computed, jobs run
+    double seconds;         // time spent in jobs
+} ninfer_moe_job;
+
+void ninfer_cpu_moe_job(void *arg) {
+    ninfer_moe_job *j = (ninfer_moe_job *)arg;
+    double start = omp_get_wtime();
+    int64_t n = 0;
+    for (int64_t p = 0; p < j->rows * j->k; p++) {
+        int64_t e = j->ids[p];
+        if (e >= 0 && e <= j->E && j->table[e] == j->cpu_row) {
+            j->pair_rows[n] = p / j->k;
+            j->pair_experts[n] = e;
+            j->pair_weights[n++] = j->weights[p];
+        }
+    }
+    memset(j->out, 0, (size_t)(j->rows * j->H) * sizeof(float));
+    if (n) {
+        const float *x = (const float *)j->x;
+        if (!j->x_fp32) {
+            const uint16_t *h = (const uint16_t *)j->x;
+            for (int64_t i = 0; i < j->rows * j->H; i++) j->xf[i] = bf16(h[i]);
+            x = j->xf;
+        }
+        ninfer_fp8_experts(x, j->H, j->I, n, j->pair_rows, j->pair_experts, j->pair_weights,
+                           j->gu, j->gu_scale, j->down, j->down_scale, j->act, j->out,
+                           j->threads);
+    }
+    j->pairs += n;
+    j->calls += 1;
+    j->seconds += omp_get_wtime() - start;
+}
+
+int64_t ninfer_moe_job_size(void) { return (int64_t)sizeof(ninfer_moe_job); }

@@ -5,8 +5,9 @@
 `out[rows[i]]`, in fp32, reading the e4m3 codes and bf16 row scales of the stacks where they
 are (an offloaded layer's page-locked host store: no decoded copy of an expert is made). Built
 by the system C compiler on first use like the CPU decode step (`cpu_decode.build_library`);
-`cpu_experts_unavailable()` says why it cannot run here. `fp8_experts_ref` is its float64
-reference.
+`cpu_experts_unavailable()` says why it cannot run here. `job_function()` is the same sum as a
+CUDA host function over a step's staged routing (`experts.host_jobs`). `fp8_experts_ref` is
+its float64 reference.
 """
 from __future__ import annotations
 
@@ -27,7 +28,26 @@ def _library() -> ctypes.CDLL:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.ninfer_fp8_experts.argtypes = [p, i64, i64, i64, p, p, p, p, p, p, p, p, p, i64]
     lib.ninfer_fp8_experts.restype = None
+    lib.ninfer_cpu_moe_job.argtypes = [p]
+    lib.ninfer_cpu_moe_job.restype = None
+    lib.ninfer_moe_job_size.restype = i64
     return lib
+
+
+def job_function() -> int:
+    """The address of `ninfer_cpu_moe_job(void *)`, a CUDA host function
+    (`experts.host_jobs`)."""
+    return ctypes.cast(_library().ninfer_cpu_moe_job, ctypes.c_void_p).value
+
+
+def job_size() -> int:
+    """sizeof(ninfer_moe_job) as compiled (the tests check the ctypes record against it)."""
+    return _library().ninfer_moe_job_size()
+
+
+def run_job(job) -> None:
+    """`ninfer_cpu_moe_job(&job)` on this thread (the tests)."""
+    _library().ninfer_cpu_moe_job(ctypes.addressof(job))
 
 
 def cpu_experts_unavailable() -> str | None:

@@ -34,6 +34,7 @@ from ..kernels.qk_norm_rope import qk_norm_rope_triton
 from ..kernels.rmsnorm import rms_norm_triton
 from ..kv import KvStorage, PageTables, StatePool
 from ..kv.quant import PlainCodec
+from ..experts.host_jobs import HostJobs
 from ..experts.in_place import RoutingLog
 from .attention import input_token
 from .fused import FusedParams
@@ -196,6 +197,8 @@ class HybridStep:
         self._slot_views: dict[int, list[torch.Tensor]] = {}
         # offloaded layers read in place: the step's routing, for the tiers between steps
         self.routing = RoutingLog(weights.layers, rows, dev)
+        # and the misses they compute on the host's cores, inside the step (`host_jobs`)
+        self.host_jobs = HostJobs(weights.layers, rows, dev)
 
     def before_step(self) -> None:
         """Before a launch: the last step's expert routing read (`experts.in_place`)."""
@@ -345,6 +348,8 @@ class HybridStep:
                                          **down_split_launch(B, k, down.w, down.scale))
         if on_cpu is not None:
             routed = routed + on_cpu
+        if remap[0] is not None:  # the misses the layer computes on the host, added
+            self.host_jobs.add(tier, y, ids.view(B, k), weights, routed)
         return routed if shared_slot else routed + shared
 
 

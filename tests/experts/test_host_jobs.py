@@ -1,0 +1,171 @@
+"""The captured step's CPU share of missed experts (`experts.host_jobs`): experts marked for the
+host's cores map to the tier's zero row, the device kernels add nothing for them, and the host
+job adds their fp32 sum; on CUDA inside a CUDA graph (a host node between copies on a side
+stream). The compiled job itself (`ninfer_cpu_moe_job`) against its float64 reference."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from ninfer_engine.experts import plan_placement
+from ninfer_engine.experts.host_jobs import HostJobs, MoeJob
+from ninfer_engine.experts.tiers import ExpertTiers
+from ninfer_engine.kernels.cpu_experts import (cpu_experts_unavailable, fp8_experts_ref,
+                                               job_size, run_job)
+from ninfer_engine.kernels.moe_down import moe_down_combine_triton
+from ninfer_engine.kernels.moe_fused import moe_gate_up_silu_triton
+from ninfer_engine.models.experts import ExpertStack
+from ninfer_engine.models.packed import FP8_ROW, quantize_packed
+from tests.tolerance import CAST, TRANSCENDENTAL, assert_within, bound
+
+needs_kernel = pytest.mark.skipif(cpu_experts_unavailable() is not None,
+                                  reason=str(cpu_experts_unavailable()))
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+def _fp8_stacks(E, I, H, gen):
+    """fp8-row gate|up [E, 2I, H] and down [E, H, I] stacks (e4m3 codes, bf16 row scales)."""
+    def stack(shape):
+        packed = [quantize_packed(torch.randn(shape, generator=gen) / shape[1] ** 0.5, FP8_ROW)
+                  for _ in range(E)]
+        codes = torch.stack([p.blocks[0].planes[0] for p in packed])
+        scales = torch.stack([p.blocks[0].planes[1] for p in packed]).to(torch.bfloat16)
+        return ExpertStack(codes.contiguous(), scales.contiguous())
+    return stack((2 * I, H)), stack((H, I))
+
+
+@needs_kernel
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype):
+    """Pairs whose expert's table entry is `cpu_row` are summed (weights, rows) in fp32; others
+    (slots, host reads -1 - e, the shared expert's column E, unused ids -1) are not; `out` is
+    overwritten; counters count pairs and calls. Bound: both sides read the same codes; the
+    job's fp32 dots (H, then I) and SiLU against float64."""
+    gen = torch.Generator().manual_seed(0)
+    E, I, H, k, rows, cpu_row = 6, 32, 64, 3, 3, 9
+    gu, down = _fp8_stacks(E, I, H, gen)
+    table = torch.tensor([0, cpu_row, -3, cpu_row, 1, cpu_row, 2])  # E + 1: the shared column
+    ids = torch.tensor([1, 0, 6, 3, 5, 2, 4, -1, 1])
+    weights = torch.rand(rows * k, generator=gen)
+    x = torch.randn(rows, H, generator=gen).to(x_dtype)
+    out = torch.full((rows, H), 7.0)  # overwritten
+    scratch = dict(xf=torch.empty(rows, H), act=torch.empty(rows * k, I),
+                   pair_rows=torch.empty(rows * k, dtype=torch.int64),
+                   pair_experts=torch.empty(rows * k, dtype=torch.int64),
+                   pair_weights=torch.empty(rows * k))
+    job = MoeJob(x=x.data_ptr(), ids=ids.data_ptr(), weights=weights.data_ptr(),
+                 table=table.data_ptr(), rows=rows, k=k, H=H, I=I, E=E,
+                 x_fp32=int(x_dtype == torch.float32), cpu_row=cpu_row, threads=2,
+                 gu=gu.w.data_ptr(), gu_scale=gu.scale.data_ptr(), down=down.w.data_ptr(),
+                 down_scale=down.scale.data_ptr(), out=out.data_ptr(),
+                 **{n: t.data_ptr() for n, t in scratch.items()})
+    run_job(job)
+    pairs = [p for p in range(rows * k) if 0 <= ids[p] < E and table[ids[p]] == cpu_row]
+    assert len(pairs) == 4 and job.pairs == 4 and job.calls == 1
+    want = fp8_experts_ref(x.double(), [p // k for p in pairs], [int(ids[p]) for p in pairs],
+                           [float(weights[p]) for p in pairs], gu, down,
+                           torch.zeros(rows, H, dtype=torch.float64))
+    scale = want.abs().max()
+    assert_within(out.double(), want, bound(torch.float32, H + I + TRANSCENDENTAL + k,
+                                            sides=1) * scale)
+    assert torch.equal(out[1], torch.zeros(H)) or any(p // k == 1 for p in pairs)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
+    """One fp8-row layer, 3 slots of 8, half the experts marked for the host's cores: the
+    table sends a marked non-resident expert to the zero row (all zero), others to their slot
+    or -1 - e; the step's kernels (remapped reads) plus the host job equal the kernels over
+    every expert stacked, bit for bit on rows with no marked miss, within the kernels' bf16
+    act rounding and the job's fp32 elsewhere (for a marked pair the stacked kernels store
+    act in bf16, one cast: `CAST` roundings under the interpreter's truncation; both sides'
+    dots are fp32 of depth H then I, with SiLU and the sum over k). On CUDA the same launches
+    are captured into a CUDA graph (the job a host node) and replayed. Settling the routing
+    counts the marked misses as CPU pairs, not device reads."""
+    gen = torch.Generator().manual_seed(1)
+    E, I, H, k, B = 8, 32, 64, 3, 4
+    config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
+              "moe_intermediate_size": I}
+    expert = 2 * I * H + 2 * I * 2 + H * I + H * 2
+
+    def get(layer, e, member, shape):
+        return quantize_packed(torch.randn(shape, generator=gen) / shape[1] ** 0.5, FP8_ROW)
+    tiers = ExpertTiers(config, plan_placement(config, expert, 3 * expert), get, device,
+                        "read", cpu_share=0.5)
+    tier = tiers.layers[0]
+    reads = tier.in_place
+    assert tiers.cpu_share == 0.5 and reads.on_cpu.sum() == E // 2
+    assert torch.equal(tier.slot_gu.w[tier.cpu_row].view(torch.uint8),
+                       torch.zeros_like(tier.slot_gu.w[0].view(torch.uint8)))
+    reads.prepare()
+    reads.tables.push()
+    table = reads.table.tolist()
+    for e, s in enumerate(tier.map.slot_of):
+        want = s if s >= 0 else (tier.cpu_row if reads.on_cpu[e] else -1 - e)
+        assert table[e] == want
+    marked = [e for e in range(E) if reads.on_cpu[e] and tier.map.slot_of[e] < 0]
+    plain = [e for e in range(E) if not reads.on_cpu[e] and tier.map.slot_of[e] < 0]
+    held = [e for e in range(E) if tier.map.slot_of[e] >= 0]
+    assert marked and plain and held
+    # row 0: held and plain misses only; rows 1-3 each route a marked miss
+    routing = [[held[0], plain[0], held[1]], [marked[0], held[0], plain[-1]],
+               [plain[0], marked[-1], marked[0]], [held[-1], marked[-1], plain[0]]]
+    ids = torch.tensor(routing, device=device).view(-1)
+    weights = torch.rand(B, k, generator=gen).to(device)
+    y = torch.randn(B, H, generator=gen).to(torch.bfloat16).to(device)
+    host = tiers.host.stacks[0]
+    stacked = [s.w.to(device) for s in host] + [s.scale.to(device) for s in host]
+    jobs = HostJobs([dict(tier=tier, moe=type("Moe", (), {"top_k": k - 1}))], B, device)
+
+    def step(cpu=True):
+        remap = reads.remaps()
+        act = moe_gate_up_silu_triton(y, tier.slot_gu.w, ids, scale=tier.slot_gu.scale,
+                                      remap=remap[0])
+        out = torch.zeros(B, H, device=device)
+        moe_down_combine_triton(act, tier.slot_down.w, ids, weights, B, k,
+                                scale=tier.slot_down.scale, out=out, remap=remap[1])
+        if cpu:
+            jobs.add(tier, y, ids.view(B, k), weights, out)
+        return out
+
+    act = moe_gate_up_silu_triton(y, stacked[0], ids, scale=stacked[2])
+    want = torch.zeros(B, H, device=device)
+    moe_down_combine_triton(act, stacked[1], ids, weights, B, k, scale=stacked[3], out=want)
+    outs = [step()]
+    if device == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        for _ in range(2):
+            graph.replay()
+        torch.cuda.synchronize()
+        outs.append(captured)
+        assert jobs.totals()[0] > 0
+    scale = want.abs().max()
+    limit = bound(torch.bfloat16, H + I + k + TRANSCENDENTAL, roundings=CAST) * scale
+    for got in outs:
+        assert torch.equal(got[0], want[0])
+        assert_within(got.cpu(), want.cpu(), limit.cpu())
+    # without the job, the marked pairs are missing from rows 1-3 (the kernels add zeros)
+    assert (step(cpu=False) - want)[1:].abs().max() > limit
+    reads.settle(ids.tolist())
+    n_marked = sum(e in marked for e in ids.tolist())
+    assert tier.cpu_pairs == n_marked == 4 and tier.cpu_experts == len(set(marked) & set(
+        ids.tolist()))
+    assert reads.read_pairs == sum(e in plain for e in ids.tolist())
+    assert tier.device_pairs == B * k - n_marked
+
+
+def test_no_marks_no_jobs():
+    """A step over layers without CPU marks has no host jobs (nothing staged)."""
+    assert not HostJobs([dict(kind="gdn")], 4, "cpu").active
+
+
+
+@needs_kernel
+def test_the_job_record_has_the_c_layout():
+    assert ctypes.sizeof(MoeJob) == job_size()
