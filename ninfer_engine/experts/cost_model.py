@@ -65,6 +65,7 @@ def measure(host: tuple[ExpertStack, ExpertStack], slots: tuple[ExpertStack, Exp
     nbytes = sum(s.expert_bytes for s in host)
     rate = nbytes / best(copy)
     hidden = host[1].w.shape[1]
+    compute(torch.zeros(1, hidden), 0)  # warm: a first call also starts the threads' team
     cpu = tuple((rows, best(lambda rows=rows: compute(torch.zeros(rows, hidden), 0)))
                 for rows in ROWS)
     return MissCosts(rate, cpu)

@@ -10,6 +10,9 @@
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -94,17 +97,16 @@ void ninfer_fp8_experts(const float *x, int64_t H, int64_t I, int64_t pairs,
     }
 }
 
-// One offloaded MoE layer's CPU share of a step, run by the GPU's stream as a host function
-// (`experts.host_jobs`): the step copied its rows x, routed ids and weights and the layer's
-// expert table into page-locked memory; every pair whose table entry is `cpu_row` (the
-// device's zero row: the GPU kernels add nothing for it) is computed here into `out`, which
-// the stream then copies back and adds. No CUDA call is made (a host function may not).
+// One offloaded MoE layer's CPU share of a step (`experts.host_jobs`): the step staged its
+// rows x and, per routed pair, the expert id, weight and the layer's table entry in
+// page-locked memory; every pair whose entry is `cpu_row` (the device's zero row: the GPU
+// kernels add nothing for it) is computed here into `out`, which the step then adds.
 typedef struct {
     const void *x;          // [rows, H] bf16, or fp32 where x_fp32
-    const int64_t *ids;     // [rows * k] routed expert ids (E: the shared expert's column)
+    const int64_t *ids;     // [rows * k] routed expert ids
     const float *weights;   // [rows * k]
-    const int64_t *table;   // [E + 1]: expert -> device slot, -1 - e, or cpu_row
-    int64_t rows, k, H, I, E, x_fp32, cpu_row, threads;
+    const int64_t *entries; // [rows * k]: each pair's table entry (slot, -1 - e, or cpu_row)
+    int64_t rows, k, H, I, x_fp32, cpu_row, threads;
     const uint8_t *gu;
     const uint16_t *gu_scale;
     const uint8_t *down;
@@ -118,15 +120,13 @@ typedef struct {
     double seconds;         // time spent in jobs
 } ninfer_moe_job;
 
-void ninfer_cpu_moe_job(void *arg) {
-    ninfer_moe_job *j = (ninfer_moe_job *)arg;
+void ninfer_cpu_moe_job(ninfer_moe_job *j) {
     double start = omp_get_wtime();
     int64_t n = 0;
     for (int64_t p = 0; p < j->rows * j->k; p++) {
-        int64_t e = j->ids[p];
-        if (e >= 0 && e <= j->E && j->table[e] == j->cpu_row) {
+        if (j->entries[p] == j->cpu_row) {
             j->pair_rows[n] = p / j->k;
-            j->pair_experts[n] = e;
+            j->pair_experts[n] = j->ids[p];
             j->pair_weights[n++] = j->weights[p];
         }
     }
@@ -148,3 +148,50 @@ void ninfer_cpu_moe_job(void *arg) {
 }
 
 int64_t ninfer_moe_job_size(void) { return (int64_t)sizeof(ninfer_moe_job); }
+
+// The worker: a thread that runs the jobs the GPU posts (`kernels.host_handoff`). `ctrl` is
+// page-locked memory the step's kernels read and write through unified addressing: once a
+// job's inputs are staged, a kernel writes ctrl[POSTED] = sequence << 16 | the job's index in
+// ctrl[JOBS...] (one 8-byte store); the worker runs that job and writes ctrl[DONE] = the same
+// value, which a later kernel waits for before reading `out`. It spins while jobs come (a
+// decode step posts one a layer), then naps 100 us at a time after SPIN_S idle.
+enum { POSTED, DONE, STOP, JOBS = 4 };
+#define SPIN_S 0.02
+
+static void *worker(void *arg) {
+    volatile int64_t *ctrl = (volatile int64_t *)arg;
+    double idle_since = omp_get_wtime();
+    while (!ctrl[STOP]) {
+        int64_t posted = ctrl[POSTED];
+        if (posted != ctrl[DONE]) {
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);  // the staged inputs after the flag
+            ninfer_cpu_moe_job((ninfer_moe_job *)(intptr_t)ctrl[JOBS + (posted & 0xffff)]);
+            __atomic_thread_fence(__ATOMIC_RELEASE);  // `out` before the flag
+            ctrl[DONE] = posted;
+            idle_since = omp_get_wtime();
+        } else if (omp_get_wtime() - idle_since > SPIN_S) {
+            struct timespec nap = {0, 100000};
+            nanosleep(&nap, NULL);
+        } else {
+            _mm_pause();
+        }
+    }
+    return NULL;
+}
+
+// Start the worker on `ctrl` (zeroed by the caller); its handle for ninfer_jobs_stop.
+int64_t ninfer_jobs_start(int64_t *ctrl) {
+    pthread_t *t = malloc(sizeof *t);
+    if (!t || pthread_create(t, NULL, worker, ctrl)) {
+        free(t);
+        return 0;
+    }
+    return (int64_t)(intptr_t)t;
+}
+
+void ninfer_jobs_stop(int64_t *ctrl, int64_t handle) {
+    pthread_t *t = (pthread_t *)(intptr_t)handle;
+    ((volatile int64_t *)ctrl)[STOP] = 1;
+    pthread_join(*t, NULL);
+    free(t);
+}

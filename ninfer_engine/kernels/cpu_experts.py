@@ -5,9 +5,9 @@
 `out[rows[i]]`, in fp32, reading the e4m3 codes and bf16 row scales of the stacks where they
 are (an offloaded layer's page-locked host store: no decoded copy of an expert is made). Built
 by the system C compiler on first use like the CPU decode step (`cpu_decode.build_library`);
-`cpu_experts_unavailable()` says why it cannot run here. `job_function()` is the same sum as a
-CUDA host function over a step's staged routing (`experts.host_jobs`). `fp8_experts_ref` is
-its float64 reference.
+`cpu_experts_unavailable()` says why it cannot run here. `start_worker` runs the same sum over
+a step's staged routing on a thread the GPU posts jobs to (`experts.host_jobs`).
+`fp8_experts_ref` is its float64 reference.
 """
 from __future__ import annotations
 
@@ -31,13 +31,11 @@ def _library() -> ctypes.CDLL:
     lib.ninfer_cpu_moe_job.argtypes = [p]
     lib.ninfer_cpu_moe_job.restype = None
     lib.ninfer_moe_job_size.restype = i64
+    lib.ninfer_jobs_start.argtypes = [p]
+    lib.ninfer_jobs_start.restype = i64
+    lib.ninfer_jobs_stop.argtypes = [p, i64]
+    lib.ninfer_jobs_stop.restype = None
     return lib
-
-
-def job_function() -> int:
-    """The address of `ninfer_cpu_moe_job(void *)`, a CUDA host function
-    (`experts.host_jobs`)."""
-    return ctypes.cast(_library().ninfer_cpu_moe_job, ctypes.c_void_p).value
 
 
 def job_size() -> int:
@@ -48,6 +46,19 @@ def job_size() -> int:
 def run_job(job) -> None:
     """`ninfer_cpu_moe_job(&job)` on this thread (the tests)."""
     _library().ninfer_cpu_moe_job(ctypes.addressof(job))
+
+
+def start_worker(ctrl: torch.Tensor) -> int:
+    """A thread running the jobs posted through `ctrl` (int64 [4], zeroed; cpu_experts.c's
+    worker); its handle for `stop_worker`."""
+    handle = _library().ninfer_jobs_start(ctrl.data_ptr())
+    if not handle:
+        raise RuntimeError("could not start the CPU expert worker thread")
+    return handle
+
+
+def stop_worker(ctrl: torch.Tensor, handle: int) -> None:
+    _library().ninfer_jobs_stop(ctrl.data_ptr(), handle)
 
 
 def cpu_experts_unavailable() -> str | None:

@@ -201,7 +201,9 @@ class HybridStep:
         self.host_jobs = HostJobs(weights.layers, rows, dev)
 
     def before_step(self) -> None:
-        """Before a launch: the last step's expert routing read (`experts.in_place`)."""
+        """Before a launch: the last step's expert routing read (`experts.in_place`), and
+        any lost host job raised (`experts.host_jobs`)."""
+        self.host_jobs.check()
         self.routing.take()
 
     def after_launch(self) -> None:
@@ -339,6 +341,8 @@ class HybridStep:
             gu, down = tier.slot_gu, tier.slot_down  # lending resizes them
             if tier.in_place is not None:  # slots or host memory by a device table: no sync
                 remap = tier.in_place.remaps()
+                # its marked misses to the host's cores, while the kernels run the rest
+                self.host_jobs.post(tier, y, ids.view(B, k), weights)
             else:  # slots by the map, misses resolved on the host (a sync: uncaptured)
                 ids, weights, on_cpu = tier.decode(y, ids, weights, k)
         act = moe_gate_up_silu_triton(y, gu.w, ids, scale=gu.scale,  # slot s reads row s // k
@@ -348,8 +352,8 @@ class HybridStep:
                                          **down_split_launch(B, k, down.w, down.scale))
         if on_cpu is not None:
             routed = routed + on_cpu
-        if remap[0] is not None:  # the misses the layer computes on the host, added
-            self.host_jobs.add(tier, y, ids.view(B, k), weights, routed)
+        if remap[0] is not None:  # the host's sum of those misses, added
+            self.host_jobs.collect(tier, routed)
         return routed if shared_slot else routed + shared
 
 

@@ -1,7 +1,8 @@
 """The captured step's CPU share of missed experts (`experts.host_jobs`): experts marked for the
-host's cores map to the tier's zero row, the device kernels add nothing for them, and the host
-job adds their fp32 sum; on CUDA inside a CUDA graph (a host node between copies on a side
-stream). The compiled job itself (`ninfer_cpu_moe_job`) against its float64 reference."""
+host's cores map to the tier's zero row, the device kernels add nothing for them, and the
+worker thread's fp32 sum is added (posted and collected by kernels: under the interpreter on
+the CPU, inside a CUDA graph on CUDA). The compiled job itself (`ninfer_cpu_moe_job`) against
+its float64 reference."""
 from __future__ import annotations
 
 import ctypes
@@ -40,15 +41,16 @@ def _fp8_stacks(E, I, H, gen):
 @needs_kernel
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype):
-    """Pairs whose expert's table entry is `cpu_row` are summed (weights, rows) in fp32; others
-    (slots, host reads -1 - e, the shared expert's column E, unused ids -1) are not; `out` is
-    overwritten; counters count pairs and calls. Bound: both sides read the same codes; the
-    job's fp32 dots (H, then I) and SiLU against float64."""
+    """Pairs whose table entry is `cpu_row` are summed (weights, rows) in fp32; others (slots,
+    host reads -1 - e, the shared expert's row) are not; `out` is overwritten; counters count
+    pairs and calls. Bound: both sides read the same codes; the job's fp32 dots (H, then I)
+    and SiLU against float64."""
     gen = torch.Generator().manual_seed(0)
     E, I, H, k, rows, cpu_row = 6, 32, 64, 3, 3, 9
     gu, down = _fp8_stacks(E, I, H, gen)
-    table = torch.tensor([0, cpu_row, -3, cpu_row, 1, cpu_row, 2])  # E + 1: the shared column
-    ids = torch.tensor([1, 0, 6, 3, 5, 2, 4, -1, 1])
+    table = torch.tensor([0, cpu_row, -3, cpu_row, 1, cpu_row, 2])  # E + 1: the shared row
+    ids = torch.tensor([1, 0, 6, 3, 5, 2, 4, 6, 1])
+    entries = table[ids]
     weights = torch.rand(rows * k, generator=gen)
     x = torch.randn(rows, H, generator=gen).to(x_dtype)
     out = torch.full((rows, H), 7.0)  # overwritten
@@ -57,13 +59,13 @@ def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype
                    pair_experts=torch.empty(rows * k, dtype=torch.int64),
                    pair_weights=torch.empty(rows * k))
     job = MoeJob(x=x.data_ptr(), ids=ids.data_ptr(), weights=weights.data_ptr(),
-                 table=table.data_ptr(), rows=rows, k=k, H=H, I=I, E=E,
+                 entries=entries.data_ptr(), rows=rows, k=k, H=H, I=I,
                  x_fp32=int(x_dtype == torch.float32), cpu_row=cpu_row, threads=2,
                  gu=gu.w.data_ptr(), gu_scale=gu.scale.data_ptr(), down=down.w.data_ptr(),
                  down_scale=down.scale.data_ptr(), out=out.data_ptr(),
                  **{n: t.data_ptr() for n, t in scratch.items()})
     run_job(job)
-    pairs = [p for p in range(rows * k) if 0 <= ids[p] < E and table[ids[p]] == cpu_row]
+    pairs = [p for p in range(rows * k) if entries[p] == cpu_row]
     assert len(pairs) == 4 and job.pairs == 4 and job.calls == 1
     want = fp8_experts_ref(x.double(), [p // k for p in pairs], [int(ids[p]) for p in pairs],
                            [float(weights[p]) for p in pairs], gu, down,
@@ -123,13 +125,15 @@ def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
 
     def step(cpu=True):
         remap = reads.remaps()
+        if cpu:
+            jobs.post(tier, y, ids.view(B, k), weights)
         act = moe_gate_up_silu_triton(y, tier.slot_gu.w, ids, scale=tier.slot_gu.scale,
                                       remap=remap[0])
         out = torch.zeros(B, H, device=device)
         moe_down_combine_triton(act, tier.slot_down.w, ids, weights, B, k,
                                 scale=tier.slot_down.scale, out=out, remap=remap[1])
         if cpu:
-            jobs.add(tier, y, ids.view(B, k), weights, out)
+            jobs.collect(tier, out)
         return out
 
     act = moe_gate_up_silu_triton(y, stacked[0], ids, scale=stacked[2])
@@ -144,7 +148,8 @@ def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
             graph.replay()
         torch.cuda.synchronize()
         outs.append(captured)
-        assert jobs.totals()[0] > 0
+    assert jobs.totals()[0] > 0 and jobs.worker is not None
+    jobs.check()
     scale = want.abs().max()
     limit = bound(torch.bfloat16, H + I + k + TRANSCENDENTAL, roundings=CAST) * scale
     for got in outs:
@@ -161,8 +166,9 @@ def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
 
 
 def test_no_marks_no_jobs():
-    """A step over layers without CPU marks has no host jobs (nothing staged)."""
-    assert not HostJobs([dict(kind="gdn")], 4, "cpu").active
+    """A step over layers without CPU marks has no host jobs (no worker, nothing staged)."""
+    jobs = HostJobs([dict(kind="gdn")], 4, "cpu")
+    assert not jobs.active and jobs.worker is None
 
 
 
