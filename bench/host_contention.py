@@ -124,20 +124,22 @@ def main() -> None:
 
 def handoff_us(layers: int = 16, replays: int = 200) -> dict:
     """µs a layer's hand-off to the worker thread adds to a captured step (stage, post, wait,
-    add: `kernels.host_handoff`, a job with no pairs) and, for comparison, what a CUDA host
+    add: `kernels.host_handoff`, a job of 8 pairs whose expert is not there: the worker
+    wakes, scans and writes zeros) and, for comparison, what a CUDA host
     function does (a side-stream fork, `cuLaunchHostFunc` of the same job, a join)."""
     pin = dict(pin_memory=True)
     y = torch.randn(1, H, device="cuda").to(torch.bfloat16)
     ids = torch.zeros(K, dtype=torch.long, device="cuda")
     w = torch.rand(K, device="cuda")
-    table = torch.full((4,), -1, dtype=torch.long, device="cuda")
+    table = torch.full((4,), -99, dtype=torch.long, device="cuda")
     stage = [torch.empty(H, dtype=torch.bfloat16, **pin), torch.empty(K, dtype=torch.long, **pin),
              torch.empty(K, **pin), torch.empty(K, dtype=torch.long, **pin)]
     out = torch.zeros(1, H, **pin)
     ctrl = torch.zeros(8, dtype=torch.long, **pin)
     failed = torch.zeros(1, dtype=torch.int32, **pin)
+    need = torch.ones(1, dtype=torch.int32, device="cuda")  # the table sends pair 0 here
     job = MoeJob(x=stage[0].data_ptr(), ids=stage[1].data_ptr(), weights=stage[2].data_ptr(),
-                 entries=stage[3].data_ptr(), rows=1, k=K, H=H, I=I, cpu_row=-99, threads=1,
+                 entries=stage[3].data_ptr(), rows=1, k=K, H=H, I=I, cpu_row=-98, threads=1,
                  out=out.data_ptr())
     ctrl[JOBS] = ctypes.addressof(job)
     worker = start_worker(ctrl)
@@ -152,10 +154,10 @@ def handoff_us(layers: int = 16, replays: int = 200) -> dict:
         for _ in range(layers):
             acc.add_(1.0)
             if how == "handoff":
-                stage_pairs(y, ids, w, table, *stage)
-                post(ctrl, 0)
-                wait_done(ctrl, failed)
-                add_out(out, acc)
+                stage_pairs(y, ids, w, table, -99, stage, need)
+                post(ctrl, need, 0)
+                wait_done(ctrl, need, failed)
+                add_out(out, acc, need)
             elif how == "host function":
                 side.wait_stream(torch.cuda.current_stream())
                 driver.cuLaunchHostFunc(side.cuda_stream, run, ctypes.addressof(job))

@@ -45,10 +45,14 @@ class MoeJob(ctypes.Structure):
                 ("pairs", _i64), ("calls", _i64), ("seconds", ctypes.c_double)]
 
 
+THREADS_ENV = "NINFER_EXPERT_CPU_THREADS"
+
+
 def default_threads() -> int:
-    """The worker's OpenMP team: the cores this process may use, less two (the engine's own
-    thread and the worker's spinning)."""
-    return max(1, len(os.sched_getaffinity(0)) - 2)
+    """The worker's OpenMP team: $NINFER_EXPERT_CPU_THREADS, else half the cores this process
+    may use (the rest for the engine's own thread, which launches steps and settles their
+    routing, and for the worker's spinning)."""
+    return int(os.environ.get(THREADS_ENV, 0)) or max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 def marked_tiers(layers: list[dict]) -> list:
@@ -82,6 +86,7 @@ class HostJobs:
         self.out = torch.zeros(rows, H, dtype=torch.float32, **pin)
         self.ctrl = torch.zeros(host_handoff.JOBS + MAX_JOBS, dtype=torch.int64, **pin)
         self.failed = torch.zeros(1, dtype=torch.int32, **pin)
+        self.need = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.scratch = dict(xf=torch.empty(rows, H), act=torch.empty(rows * k, I),
                             pair_rows=torch.empty(rows * k, dtype=torch.int64),
                             pair_experts=torch.empty(rows * k, dtype=torch.int64),
@@ -119,8 +124,9 @@ class HostJobs:
         n = rows * y.shape[1]
         x = self.x[: n * y.element_size()].view(y.dtype)
         host_handoff.stage_pairs(y.contiguous(), ids.reshape(-1), weights.reshape(-1), table,
-                                 x, self.ids, self.weights, self.entries)
-        host_handoff.post(self.ctrl, index)
+                                 tier.cpu_row, (x, self.ids, self.weights, self.entries),
+                                 self.need)
+        host_handoff.post(self.ctrl, self.need, index)
 
     def collect(self, tier, acc: torch.Tensor) -> None:
         """Add the posted job's `out` to `acc [rows, H]` (fp32), once the worker is done."""
@@ -130,8 +136,8 @@ class HostJobs:
         if not self.compiled:
             acc.add_(self.out[:rows])
             return
-        host_handoff.wait_done(self.ctrl, self.failed)
-        host_handoff.add_out(self.out[:rows], acc)
+        host_handoff.wait_done(self.ctrl, self.need, self.failed)
+        host_handoff.add_out(self.out[:rows], acc, self.need)
 
     def check(self) -> None:
         """Raise where a job was not done in time (the step's sums then lack its pairs)."""

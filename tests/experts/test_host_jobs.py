@@ -23,8 +23,11 @@ from tests.tolerance import CAST, TRANSCENDENTAL, assert_within, bound
 
 needs_kernel = pytest.mark.skipif(cpu_experts_unavailable() is not None,
                                   reason=str(cpu_experts_unavailable()))
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA")])]
+# the CPU variant runs the hand-off kernels under the interpreter (not where CUDA is)
+DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the interpreter's CPU path")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
 def _fp8_stacks(E, I, H, gen):
@@ -87,7 +90,8 @@ def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
     act in bf16, one cast: `CAST` roundings under the interpreter's truncation; both sides'
     dots are fp32 of depth H then I, with SiLU and the sum over k). On CUDA the same launches
     are captured into a CUDA graph (the job a host node) and replayed. Settling the routing
-    counts the marked misses as CPU pairs, not device reads."""
+    counts the marked misses as CPU pairs, not device reads. A step whose pairs include no
+    marked miss hands nothing to the worker and equals the stacked kernels bit for bit."""
     gen = torch.Generator().manual_seed(1)
     E, I, H, k, B = 8, 32, 64, 3, 4
     config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
@@ -157,6 +161,19 @@ def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
         assert_within(got.cpu(), want.cpu(), limit.cpu())
     # without the job, the marked pairs are missing from rows 1-3 (the kernels add zeros)
     assert (step(cpu=False) - want)[1:].abs().max() > limit
+    pairs = jobs.totals()[0]
+    # a step with no marked pair skips the hand-off (the worker sees no job) and is exact
+    settled = ids.tolist()
+    ids.copy_(torch.tensor([held[0], plain[0], held[1]] * B, device=device))
+    act = moe_gate_up_silu_triton(y, stacked[0], ids, scale=stacked[2])
+    unmarked = torch.zeros(B, H, device=device)
+    moe_down_combine_triton(act, stacked[1], ids, weights, B, k, scale=stacked[3], out=unmarked)
+    if device == "cuda":
+        graph.replay()
+        torch.cuda.synchronize()
+    got = captured if device == "cuda" else step()
+    assert torch.equal(got, unmarked) and jobs.totals()[0] == pairs
+    ids.copy_(torch.tensor(settled, device=device))
     reads.settle(ids.tolist())
     n_marked = sum(e in marked for e in ids.tolist())
     assert tier.cpu_pairs == n_marked == 4 and tier.cpu_experts == len(set(marked) & set(
