@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from ..kernels.cpu_experts import takes
 from ..kernels.moe_dequant import scale_layout
 from ..stats import ExpertStats
 from .cost_model import measure
@@ -60,7 +61,7 @@ class ExpertTiers:
             tables = Tables(len(self.layers), E, self.device)
             for row, tier in enumerate(self.layers.values()):
                 tier.in_place = InPlaceReads(tier, tables, row)
-            self.cpu_share = self._cpu_share(cpu_share, miss, first)
+            self.cpu_share = self._cpu_share(cpu_share, first)
             if self.cpu_share > 0:
                 for tier in self.layers.values():
                     tier.in_place.mark_cpu(self.cpu_share)
@@ -69,20 +70,22 @@ class ExpertTiers:
         self.unit_pages = 0  # pages a lent slot (one in every MoE layer) takes
         self.generation = 0  # bumped when lending reallocates the slot stacks (recapture)
 
-    def _cpu_share(self, asked: float | None, miss: str, first: LayerTier) -> float:
+    def _cpu_share(self, asked: float | None, first: LayerTier) -> float:
         """The share of the experts the captured step computes on the host's cores while
-        they are not resident (`InPlaceReads.mark_cpu`): `asked` where given; under `auto` on
-        CUDA with fp8-row experts (the compiled kernel's form) and some experts off the
-        device, the share that makes both ways take the same time per missed byte by the
-        measured rates, the bus's (host → slot copy) and the cores' (one expert, one row):
-        cpu / (cpu + bus); else none."""
-        if asked is not None:
-            return asked
-        if (miss != "auto" or self.device.type != "cuda" or not first._compiled
-                or self.placement.slots >= self.placement.experts):
+        they are not resident (`InPlaceReads.mark_cpu`): none unless asked
+        (`--expert-cpu-share`). On the H200's 16-core host it lost to reading every miss over
+        the bus at every share tried (bench/results/h200-expert-offload-cpu.md): its cores'
+        kernel runs ~22 GB/s on a layer's 2-3 missed experts against the bus's ~45, and the
+        hand-off costs ~19 µs a layer. fp8-row experts only where the step runs on CUDA
+        (the compiled kernel's form)."""
+        if not asked:
             return 0.0
-        cpu = first.expert_bytes / self.costs.cpu_time(1)
-        return cpu / (cpu + self.costs.copy_bytes_per_s)
+        if not 0 < asked <= 1:
+            raise ValueError(f"--expert-cpu-share {asked}: a share of the experts, in (0, 1]")
+        if self.device.type == "cuda" and not takes(first.host_gu, first.host_down):
+            raise ValueError("--expert-cpu-share: the host's expert kernel takes fp8-row "
+                             "experts only (this artifact's routed experts are not)")
+        return asked
 
     @property
     def capturable(self) -> bool:
