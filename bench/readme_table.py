@@ -415,21 +415,26 @@ def _host_tier_rows() -> list[str]:
 
 def _expert_offload_rows() -> list[str]:
     """Routed experts in host RAM, Flash-Next cut to 16 layers (`bench/expert_offload.py`):
-    B=1 at half the experts off the device against every expert on it, per routing; and
-    llama.cpp's `-ncmoe` beside ours in one call (`bench/offload_peer_table.py`)."""
-    r, peer = _load("h200-expert-offload.json"), _load("h200-expert-offload-peer.json")
+    B=1 at a quarter and half the experts off the device against every expert on it (the
+    same call's), per routing; and llama.cpp's `-ncmoe` beside ours in one call
+    (`bench/offload_peer_table.py`)."""
+    peer = _load("h200-expert-offload-peer.json")
     rows = []
-    if r:
-        def rate(routing, share, stacked):
+    for name, share in (("h200-expert-offload-25.json", 0.25), ("h200-expert-offload.json", 0.5)):
+        r = _load(name)
+        if not r:
+            continue
+
+        def rate(routing, share, stacked, r=r):
             return next(row["tok_s"] for row in r["rows"] if row["routing"] == routing
                         and row["host_share"] == share and row["batch"] == 1
                         and row["path"].startswith("all stacked") == stacked)
         for routing in ("skewed", "uniform"):
-            half, full = rate(routing, 0.5, False), rate(routing, 0.0, True)
+            part, full = rate(routing, share, False), rate(routing, 0.0, True)
             rows.append(f"| H200, Flash-Next shape cut to {r['layers']} layers, fp8-row, batch 1, "
-                        f"half the routed experts in host RAM ({routing} routing) | "
-                        f"{half:.0f} tok/s | every expert on the device {full:.0f} | "
-                        f"{half / full:.2f}× |")
+                        f"{share:.0%} of the routed experts in host RAM ({routing} routing) | "
+                        f"{part:.0f} tok/s | every expert on the device {full:.0f} | "
+                        f"{part / full:.2f}× |")
     if peer:
         for row in peer["rows"][1:]:
             rows.append(f"| H200, Flash-Next shape cut to {peer['layers']} layers, batch 1, "

