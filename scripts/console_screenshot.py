@@ -270,8 +270,18 @@ def main() -> None:
     terminal = terminal_class(command, env, work, sizes[0])
     load = None
     try:
-        wait_for(lambda: (get_json(url + "/engine/state") or {}).get("state") == "ready",
-                 args.ready_timeout, "the engine to be ready", terminal)
+        try:
+            wait_for(lambda: (get_json(url + "/engine/state") or {}).get("state") == "ready",
+                     args.ready_timeout, "the engine to be ready", terminal)
+        except SystemExit as stop:  # the engine's log is in the console's log panel: show it
+            if not terminal.alive():
+                raise
+            terminal.send("l")
+            time.sleep(1.5)
+            state = get_json(url + "/engine/state") or {}
+            brief = {k: state.get(k) for k in ("state", "failure", "uptime_s")}
+            raise SystemExit(f"{stop}\n/engine/state: {brief}\nthe console's log panel:\n"
+                             f"{terminal.tail()}") from None
         model = get_json(url + "/v1/models")["data"][0]["id"]
         load = Load(url + "/v1", model, args.clients, args.max_tokens)
         load.start()
