@@ -46,6 +46,9 @@ class EngineConfig:
     expert_miss: str = "auto"
     expert_cache: str = "lfu"
     expert_prefetch: bool = False
+    # the share of the experts the captured step computes on the host's cores when missed
+    # (`experts.host_jobs`; None: none, every miss read over the bus)
+    expert_cpu_share: float | None = None
     # devices
     tp: int = 1
     devices: tuple[int, ...] = ()

@@ -198,6 +198,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--expert-miss": ("expert_miss", _choice("auto", "read", "copy", "cpu"), None),
     "--expert-cache": ("expert_cache", _choice("lfu", "lru"), None),
     "--expert-prefetch": ("expert_prefetch", None, True),
+    "--expert-cpu-share": ("expert_cpu_share", _float(0.0, 1.0, lo_open=True), None),
 }
 
 FLAG_NAMES = tuple(_FLAGS)
@@ -331,6 +332,10 @@ def _check_combinations(c: EngineConfig, given: frozenset[str]) -> None:
     need("--expert-miss", "--expert-vram-mib", offload)
     need("--expert-cache", "--expert-vram-mib", offload)
     need("--expert-prefetch", "--expert-vram-mib", offload)
+    need("--expert-cpu-share", "--expert-vram-mib", offload)
+    if c.expert_cpu_share is not None and c.expert_miss not in ("auto", "read"):
+        raise UsageError(f"--expert-cpu-share: the captured step's (--expert-miss auto|read), "
+                         f"not --expert-miss {c.expert_miss}")
     if c.spec == "mtp" and c.draft_tokens is not None and not 1 <= c.draft_tokens <= 5:
         raise UsageError(f"--draft-tokens: {c.draft_tokens} is out of range 1..5 for --spec mtp")
     if c.spec == "dflash2" and c.tp == 2 and not c.lm_head_draft:

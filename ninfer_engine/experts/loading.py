@@ -57,7 +57,7 @@ def expert_tiers_for(config: EngineConfig, text_config: dict, source, device,
              placement.host_bytes / GIB, "page-locked" if device.type == "cuda" else "plain",
              config.expert_miss, config.expert_cache)
     return ExpertTiers(text_config, placement, get, device, config.expert_miss,
-                       config.expert_cache, config.expert_prefetch)
+                       config.expert_cache, config.expert_prefetch, config.expert_cpu_share)
 
 
 def offloading(config: EngineConfig, text_config: dict) -> bool:

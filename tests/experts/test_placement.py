@@ -140,8 +140,16 @@ def test_the_expert_flags_parse_and_need_a_budget():
     assert (c.expert_vram_mib, c.expert_vram_auto, c.expert_miss, c.expert_cache,
             c.expert_prefetch) == (None, True, "copy", "lru", True)
     assert parse_args(["m.ninfer", "--expert-vram-mib", "1536.5"]).config.expert_vram_mib == 1536.5
+    c = parse_args(["m.ninfer", "--expert-vram-mib", "64", "--expert-cpu-share", "0.3"]).config
+    assert c.expert_cpu_share == 0.3
+    assert parse_args(["m.ninfer", "--expert-vram-mib", "64"]).config.expert_cpu_share is None
     for argv, reason in ((["--expert-miss", "cpu"], "--expert-miss requires --expert-vram-mib"),
                          (["--expert-vram-mib", "-1"], "out of range"),
-                         (["--expert-cache", "arc", "--expert-vram-mib", "1"], "not one of")):
+                         (["--expert-cache", "arc", "--expert-vram-mib", "1"], "not one of"),
+                         (["--expert-cpu-share", "0.5"], "requires --expert-vram-mib"),
+                         (["--expert-cpu-share", "0", "--expert-vram-mib", "1"], "out of range"),
+                         (["--expert-cpu-share", "1.5", "--expert-vram-mib", "1"], "out of range"),
+                         (["--expert-cpu-share", "0.5", "--expert-vram-mib", "1",
+                           "--expert-miss", "copy"], "captured step")):
         with pytest.raises(UsageError, match=reason):
             parse_args(["m.ninfer", *argv])
