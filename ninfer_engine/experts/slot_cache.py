@@ -53,13 +53,20 @@ class LruPolicy(SlotPolicy):
 
 
 class LfuAgingPolicy(LruPolicy):
-    """Counts with halving every `period` lookups; ties broken by recency."""
+    """Counts with halving every `period` lookups; ties broken by recency. An optional
+    admission (`prefers`) needs the miss to be hotter than its victim by more than `z`
+    standard deviations of the two counts' Poisson noise: under uniform routing the coldest
+    resident is always a little colder than a typical miss, and admitting on any difference
+    copied an expert into a slot for nothing most steps (a simulated 512-expert layer, top-10,
+    half resident: 0.75 admissions a step at z = 0, 0.02 at z = 2, the same hit rate; with
+    popularity ∝ rank^-0.8 0.27 → 0.01 and 80.7 → 80.4 % hits)."""
 
-    def __init__(self, experts: int, period: int | None = None) -> None:
+    def __init__(self, experts: int, period: int | None = None, z: float = 2.0) -> None:
         super().__init__(experts)
         self.count = np.zeros(experts)
         self.period = period or 16 * experts  # lookups between halvings
         self.since = 0
+        self.z = z
 
     def touch(self, experts: Iterable[int]) -> None:
         experts = list(experts)  # distinct (one step's lookups)
@@ -75,7 +82,8 @@ class LfuAgingPolicy(LruPolicy):
         return int(c[np.lexsort((self.last[c], self.count[c]))[0]])  # stable: first of equals
 
     def prefers(self, expert: int, victim: int) -> bool:
-        return bool(self.count[expert] > self.count[victim])  # TinyLFU's rule: strictly hotter
+        hot, cold = self.count[expert], self.count[victim]
+        return bool(hot - cold > self.z * (hot + cold) ** 0.5)  # z = 0: TinyLFU's rule
 
 
 POLICIES = {"lfu": LfuAgingPolicy, "lru": LruPolicy}

@@ -77,6 +77,8 @@ def _models(family: str, shared_width: int | None = None):
                             lambda l, e, m, s: source(expert_name(l, e, m), s), "cpu", miss)
         model = Qwen35Model(config, FusedParams(config, tiers.placeholders(source), tiers))
         tiers.install(model)
+        for tier in tiers.layers.values():  # admit on any difference: three steps admit
+            tier.map.policy.z = 0.0
         return model
     return Qwen35Model(config, FusedParams(config, source)), tiered("read"), tiered("copy")
 
@@ -140,7 +142,7 @@ def test_admissions_wait_for_the_step_and_prefer_hotter_experts():
     from ninfer_engine.models.experts import ExpertStack
     E, I, H = 6, 4, 8
     host = (ExpertStack(torch.randn(E, 2 * I, H)), ExpertStack(torch.randn(E, H, I)))
-    tier = LayerTier(host, 2, I, "cpu", LfuAgingPolicy(E), "read")
+    tier = LayerTier(host, 2, I, "cpu", LfuAgingPolicy(E, z=0.0), "read")
     reads = InPlaceReads(tier, Tables(1, E, torch.device("cpu")), 0)
     assert reads.table.tolist() == [0, 1, -3, -4, -5, -6, 0]  # E: no shared expert
     reads.settle([0, 5, 4, 5])  # misses 5 (twice) and 4: 5 admitted over cold expert 1
@@ -214,3 +216,18 @@ def test_a_table_push_in_flight_is_not_waited_for():
     tables._pushed[1] = second  # both copies read by pushes in flight: wait for the older
     assert tables.writable() is tables._rows[0] and first.waited and not second.waited
     assert tables._rows[0][0, 0] == 5
+
+
+def test_lfu_admits_only_a_significantly_hotter_miss():
+    """`prefers` at z = 2: a miss must beat its victim's count by more than two standard
+    deviations of their Poisson noise (2·sqrt(sum)); at z = 0 by anything (TinyLFU)."""
+    from ninfer_engine.experts.slot_cache import LfuAgingPolicy
+    policy = LfuAgingPolicy(5)
+    policy.count[:] = [16.0, 7.0, 40.0, 5.0, 4.0]
+    assert not policy.prefers(0, 1)  # 9 ≤ 2·sqrt(23) ≈ 9.6
+    assert policy.prefers(2, 1)  # 33 > 2·sqrt(47) ≈ 13.7
+    assert not policy.prefers(1, 0)
+    policy.count[1] = 0.0
+    assert policy.prefers(3, 1) and not policy.prefers(4, 1)  # 5 > sqrt(20) ≈ 4.47; 4 = 4
+    policy.z = 0.0
+    assert policy.prefers(0, 3) and not policy.prefers(1, 1)
