@@ -164,8 +164,10 @@ class InPlaceReads:
         t.device_pairs += len(routed) - cpu_pairs
         self.read_pairs += sum(routed.count(e) for e in missing) - cpu_pairs
         admitted, keep = [], set(used)
-        # the victim is searched once (O(slots)), again only after an admission took it
-        taken = t.map.victim(keep) if missing and self.admit_per_step else None
+        # the victim is searched once (O(slots)), again only after an admission took it, and
+        # not at all where the policy rules every admission out
+        taken = (t.map.victim(keep) if missing and self.admit_per_step
+                 and t.map.could_admit(missing) else None)
         for e in sorted(missing, key=routed.count, reverse=True):  # the step's busiest first
             if taken is None:
                 break

@@ -35,6 +35,11 @@ class SlotPolicy(ABC):
         the graph step reads a miss in place and need not admit it)."""
         return True
 
+    def admissible(self, experts: list[int], residents: np.ndarray) -> bool:
+        """False only where `prefers` holds for none of `experts` over any of `residents`: a
+        cheap test that spares the victim search (O(slots)) of a step that admits nothing."""
+        return True
+
 
 class LruPolicy(SlotPolicy):
     # numpy state: a victim is searched over every resident expert (256 on Flash-Next at half
@@ -82,7 +87,13 @@ class LfuAgingPolicy(LruPolicy):
         return int(c[np.lexsort((self.last[c], self.count[c]))[0]])  # stable: first of equals
 
     def prefers(self, expert: int, victim: int) -> bool:
-        hot, cold = self.count[expert], self.count[victim]
+        return self._hotter(self.count[expert], self.count[victim])
+
+    def admissible(self, experts: list[int], residents: np.ndarray) -> bool:
+        # the hottest candidate against the coldest resident bounds every pair
+        return self._hotter(self.count[experts].max(), self.count[residents].min())
+
+    def _hotter(self, hot: float, cold: float) -> bool:
         return bool(hot - cold > self.z * (hot + cold) ** 0.5)  # z = 0: TinyLFU's rule
 
 
@@ -114,14 +125,22 @@ class SlotMap:
         self.hits += len(experts) - len(missing)
         return missing
 
+    def could_admit(self, experts: list[int]) -> bool:
+        """Whether an admission of one of `experts` might happen (a free slot, or the policy
+        does not rule it out over the residents: `SlotPolicy.admissible`)."""
+        return -1 in self.held or self.policy.admissible(experts, self._held_array())
+
+    def _held_array(self) -> np.ndarray:
+        if self._array_at != self.changes:  # `held` as an array, rebuilt when it changed
+            self._array, self._array_at = np.array(self.held), self.changes
+        return self._array
+
     def victim(self, keep: set[int]) -> tuple[int, int] | None:
         """(slot, the expert it holds or -1) that an admission would take: a free slot, else
         the policy's victim among experts not in `keep`; None when every slot holds one."""
         if -1 in self.held:
             return self.held.index(-1), -1
-        if self._array_at != self.changes:  # `held` as an array, rebuilt when it changed
-            self._array, self._array_at = np.array(self.held), self.changes
-        candidates = self._array
+        candidates = self._held_array()
         if keep:
             mask = np.ones(len(candidates), dtype=bool)
             mask[[self.slot_of[e] for e in keep if self.slot_of[e] >= 0]] = False
