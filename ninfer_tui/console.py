@@ -13,6 +13,7 @@ import io
 import logging
 import signal
 from collections.abc import Mapping, Sequence
+from multiprocessing import resource_tracker
 
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.cli.flags import PROFILES
@@ -162,6 +163,11 @@ class ServingConsole(NinferConsole):
 
 
 def run_console(argv: list[str], config: EngineConfig) -> int:
+    # an engine in its own process (CUDA's default) is spawned through multiprocessing, whose
+    # resource tracker, started on first use, hands on sys.stderr's descriptor: under
+    # Textual's output capture that is -1 and the spawn fails ("bad value(s) in
+    # fds_to_keep"), so the tracker starts here, while stderr is still the terminal's
+    resource_tracker.ensure_running()
     ring = LogRing()
     configure_logging(config.log_level, stream=ring)
     supervisor = Supervisor(argv)

@@ -53,19 +53,21 @@ def wait_for(predicate, timeout: float) -> bool:
 
 @pytest.fixture()
 def tmux_console():
-    """`start(flags, fault=None)` runs `ninfer-serve --port P flags` in a new 160x50 tmux
-    session (with `NINFER_FAULT=fault` when given, else without one) and returns (session,
-    port); every session started is killed at the end."""
+    """`start(flags, fault=None, env_extra="")` runs `ninfer-serve --port P flags` in a new
+    160x50 tmux session (with `NINFER_FAULT=fault` when given, else without one; `env_extra`:
+    more `NAME=value`s) and returns (session, port); every session started is killed at the
+    end."""
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")
     if not default_artifact().is_file():
         pytest.skip(f"default model missing: {default_artifact()} (run ./install.sh)")
     sessions: list[str] = []
 
-    def start(flags: str, fault: str | None = None) -> tuple[str, int]:
+    def start(flags: str, fault: str | None = None, env_extra: str = "") -> tuple[str, int]:
         port, session = free_port(), f"ninfer-test-{free_port()}"
         # the tmux server's environment, not this process's, reaches the command: set it here
         env = f"env NINFER_FAULT={fault}" if fault else "env -u NINFER_FAULT"
+        env += f" {env_extra}" if env_extra else ""
         # one torch thread, as the headless tests' servers (`server_env`): on a shared 2-core
         # box a two-row step's multi-threaded GEMM waits for the busy core (~0.1 tok/s seen)
         env += " OMP_NUM_THREADS=1 MKL_NUM_THREADS=1"
@@ -216,3 +218,18 @@ def test_console_lives_through_requests_an_engine_failure_and_a_reload(console):
         subprocess.run(["tmux", "send-keys", "-t", session, "y"], timeout=10)
         assert running.result(timeout=400)["usage"]["completion_tokens"] > 0
     assert wait_for(lambda: not session_alive(session), 60)
+
+
+@pytest.mark.timeout(600)
+def test_the_console_loads_an_engine_in_its_own_process(tmux_console):
+    """The engine process (CUDA's default; `NINFER_ENGINE_PROCESS=1` here) spawned under the
+    console: multiprocessing's resource tracker must not take Textual's captured stderr (a
+    descriptor of -1 failed every such load with "bad value(s) in fds_to_keep", so the
+    console on a GPU never served). The engine reaches READY and answers a request."""
+    session, port = tmux_console("--max-concurrency 1", env_extra="NINFER_ENGINE_PROCESS=1")
+    assert wait_for(lambda: get_json(port, "/engine/state").get("state") in ("ready", "failed"),
+                    300), pane(session)
+    state = get_json(port, "/engine/state")
+    assert state["state"] == "ready", (state.get("failure"), pane(session))
+    assert chat(port, "Say hi.", 4)["usage"]["completion_tokens"] > 0
+    assert wait_for(lambda: "READY" in pane(session), 30), pane(session)
