@@ -267,9 +267,9 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny-moe on the CPU (orchestration)")
     ap.add_argument("--profile", action="store_true",
                     help="with each configuration, a B = 1 kernel table (CUDA only)")
-    ap.add_argument("--cpu-shares", nargs="*", default=["auto"], metavar="F|auto",
+    ap.add_argument("--cpu-shares", nargs="*", type=float, default=[0.0], metavar="F",
                     help="each tier configuration once per share of the experts computed on "
-                    "the host's cores while missed (auto: the cost model's; 0: none)")
+                    "the host's cores while missed (--expert-cpu-share; 0: none)")
     ap.add_argument("--only", nargs="*", default=None, metavar="SHARE:TIER:ROUTING",
                     help="run only these configurations (0.5:tier:skewed, 0:stacked:uniform)")
     args = ap.parse_args()
@@ -299,9 +299,8 @@ def main() -> int:
     configs += [(share, True, args.miss) for share in args.shares]
     if args.eager_too:  # the uncaptured step of before, beside the captured one
         configs += [(share, True, "copy") for share, tiered in CONFIGS if tiered]
-    cpu_shares = [None if c == "auto" else float(c) for c in args.cpu_shares]
     configs = [(share, tiered, miss, c) for share, tiered, miss in configs
-               for c in (cpu_shares if tiered and share > 0 else [None])]
+               for c in (args.cpu_shares if tiered and share > 0 else [0.0])]
     for share, tiered, miss, cpu_share in configs:
         for routing, skew in (("uniform", 0.0), ("skewed", SKEW)):
             name = f"{share:g}:{'tier' if tiered else 'stacked'}:{routing}"
@@ -409,8 +408,8 @@ def report(r: dict) -> str:
               "(counts, admissions, table push), run while the GPU computes the next step: "
               "where it nears the step time the host bounds the rate. `CPU F`: the share of "
               "the experts computed on the host's cores when missed (`experts.host_jobs`, "
-              "inside the captured step; `auto` picks it from the measured bus and core "
-              "rates); `host job ms/step`: the cores' time in those jobs a step."]
+              "inside the captured step, `--expert-cpu-share`); `host job ms/step`: the "
+              "cores' time in those jobs a step."]
     profiled_rows = [row for row in r["rows"] if "profile" in row]
     if profiled_rows:
         lines += ["", "B = 1 under torch.profiler (`--profile`): the engine step, the kernel time "
