@@ -27,3 +27,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def restore_log_config():
+    """What a test does to the `ninfer` and `aiohttp` loggers (an in-process server or console
+    runs `configure_logging`: its own handler on a stream that test owns, propagation off) is
+    undone after it, so a later test's caplog still sees their records."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("ninfer", "aiohttp")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate) in zip(loggers, saved):
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate
