@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 20's pending device evidence in one call (~6 minutes of a fresh H200): the expert-tier
+# GPU tests, the console on a 4-layer Flash-Next fp8-row artifact with half its experts in host
+# RAM (an SVG of the real expert panel under load), and the captured step at half and a
+# quarter of the experts off the device (16 layers) with the current admission rule. Run
+# from the repository root with OUT set; `.whl/` from `bash scripts/device_wheels.sh`.
+#   OUT=/tmp/o bash bench/expert_tier_device.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+  >/dev/null 2>&1 && export PYTHONPATH=$PWD:/tmp/site
+OUT=${OUT:-/tmp}
+export NINFER_HOME=${NINFER_HOME:-/tmp/ninfer-home}
+mkdir -p "$OUT/shots" "$OUT/r"
+NINFER_TEST_DEVICE=cuda timeout 170 python3 -m pytest -q -m "not slow" -p no:cacheprovider \
+  -rfE --tb=short tests/experts/test_host_jobs.py tests/experts/test_cuda_tiers.py \
+  > "$OUT/r/tier-tests.txt" 2>&1
+echo "tier tests: $(tail -1 "$OUT/r/tier-tests.txt")"
+python3 -c "
+from ninfer_engine.artifact.synth import write_synthetic
+write_synthetic('flash-next', '/dev/shm/fn4.ninfer', layers=4, recipe='fp8-row', device='cuda',
+                name='flash-next-4l-random')" 2>&1 | grep -v Warning | tail -2
+timeout 200 python3 -u scripts/console_screenshot.py --terminal pty --ready-timeout 120 \
+  --warm 30 --clients 8 --max-tokens 48 --name console_h200_experts --out "$OUT/shots" \
+  -- /dev/shm/fn4.ninfer --expert-vram-mib 3200 --elastic --max-concurrency 8 \
+  > "$OUT/r/console.txt" 2>&1
+echo "console: $(grep -c svg "$OUT/r/console.txt") shot(s); $(tail -4 "$OUT/r/console.txt")"
+rm -f /dev/shm/fn4.ninfer
+timeout 300 python3 -u bench/expert_offload.py --layers 16 --steps 256 --budget-s 270 \
+  --only 0:stacked:uniform 0:stacked:skewed 0.5:tier:uniform 0.5:tier:skewed \
+  0.25:tier:uniform 0.25:tier:skewed --out "$OUT/r/expert-offload" 2>&1 \
+  | grep -E "B=|routing" | tail -24
