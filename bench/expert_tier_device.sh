@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 20's pending device evidence in one call (~6 minutes of a fresh H200): the expert-tier
 # GPU tests, the console on a 4-layer Flash-Next fp8-row artifact with half its experts in host
-# RAM (an SVG of the real expert panel under load), and the captured step at half and a
+# RAM and KV room to lend (--max-context 65536 over the 8,192-token grow step: an SVG of the
+# real expert panel under load, lent pages included), and the captured step at half and a
 # quarter of the experts off the device (16 layers) with the current admission rule. Run
 # from the repository root with OUT set; `.whl/` from `bash scripts/device_wheels.sh`.
 #   OUT=/tmp/o bash bench/expert_tier_device.sh
@@ -20,7 +21,8 @@ write_synthetic('flash-next', '/dev/shm/fn4.ninfer', layers=4, recipe='fp8-row',
                 name='flash-next-4l-random')" 2>&1 | grep -v Warning | tail -2
 timeout 200 python3 -u scripts/console_screenshot.py --terminal pty --ready-timeout 120 \
   --warm 30 --clients 8 --max-tokens 48 --name console_h200_experts --out "$OUT/shots" \
-  -- /dev/shm/fn4.ninfer --expert-vram-mib 3200 --elastic --max-concurrency 8 \
+  -- /dev/shm/fn4.ninfer --expert-vram-mib 3200 --elastic --max-context 65536 \
+  --max-concurrency 8 \
   > "$OUT/r/console.txt" 2>&1
 echo "console: $(grep -c svg "$OUT/r/console.txt") shot(s); $(tail -4 "$OUT/r/console.txt")"
 rm -f /dev/shm/fn4.ninfer
