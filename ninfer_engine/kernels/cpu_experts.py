@@ -31,11 +31,19 @@ def _library() -> ctypes.CDLL:
     lib.ninfer_cpu_moe_job.argtypes = [p]
     lib.ninfer_cpu_moe_job.restype = None
     lib.ninfer_moe_job_size.restype = i64
+    lib.ninfer_experts_wide.argtypes = [i64]
+    lib.ninfer_experts_wide.restype = i64
     lib.ninfer_jobs_start.argtypes = [p]
     lib.ninfer_jobs_start.restype = i64
     lib.ninfer_jobs_stop.argtypes = [p, i64]
     lib.ninfer_jobs_stop.restype = None
     return lib
+
+
+def use_avx512(on: bool) -> bool:
+    """Whether the kernel's dots run on AVX-512 from now on: `on` where the CPU has it (the
+    default at load), else AVX2; the width in effect."""
+    return bool(_library().ninfer_experts_wide(int(on)))
 
 
 def job_size() -> int:

@@ -5,12 +5,22 @@ import pytest
 import torch
 
 from ninfer_engine.kernels.cpu_experts import (cpu_experts_unavailable, fp8_experts,
-                                               fp8_experts_ref, takes)
+                                               fp8_experts_ref, takes, use_avx512)
 from ninfer_engine.models.experts import ExpertStack
 
 pytestmark = pytest.mark.skipif(cpu_experts_unavailable() is not None,
                                 reason=str(cpu_experts_unavailable()))
 U = 2.0 ** -24  # fp32 unit roundoff
+
+
+@pytest.fixture(params=["avx512", "avx2"])
+def width(request):
+    """Each test on both dot products: AVX-512 (skipped where the CPU lacks it) and AVX2."""
+    wide = request.param == "avx512"
+    if use_avx512(wide) != wide:
+        pytest.skip("this CPU has no AVX-512")
+    yield request.param
+    use_avx512(True)  # back to the default: the widest the CPU has
 
 
 def gamma(n: int) -> float:
@@ -62,10 +72,11 @@ def _bound(x, rows, experts, weights, gu, dn):
 
 
 @pytest.mark.parametrize("E,I,H,codes", [(6, 40, 72, _codes), (4, 512, 2048, _normal_codes)])
-def test_the_kernel_is_within_its_fp32_error_of_the_float64_reference(E, I, H, codes):
+def test_the_kernel_is_within_its_fp32_error_of_the_float64_reference(E, I, H, codes, width):
     """Every code byte drawn (a small stack: each table entry read), and a Flash-Next-sized
     expert's normal weights (uniform bytes would cancel so much over 2,048 products that the
-    worst-case bound says little)."""
+    worst-case bound says little); AVX-512 and AVX2 dots (each its own summation order, the
+    same bound)."""
     gen = torch.Generator().manual_seed(E)
     gu, dn = _stacks(E, I, H, gen, codes)
     x = torch.randn(3, H, generator=gen)
@@ -92,7 +103,7 @@ def test_the_kernel_is_within_its_fp32_error_of_the_float64_reference(E, I, H, c
     assert (off[r, h] - want[r, h]).abs() > bound[r, h]
 
 
-def test_the_same_bits_at_any_thread_count():
+def test_the_same_bits_at_any_thread_count(width):
     gen = torch.Generator().manual_seed(7)
     gu, dn = _stacks(5, 64, 128, gen)
     x = torch.randn(2, 128, generator=gen)
