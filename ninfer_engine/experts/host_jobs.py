@@ -146,23 +146,25 @@ class HostJobs:
                                f"{host_handoff.MAX_POLLS} polls: offloaded experts' output lost")
 
     def _job(self, tier, rows: int, k: int, dtype: torch.dtype) -> tuple[int, MoeJob]:
+        """The job record of (`tier`, `rows`), made and registered with the worker once; only
+        its zero row is brought up to date (lending's resizes move it)."""
         key = (id(tier), rows)
         if key not in self.jobs:
             assert len(self.jobs) < MAX_JOBS
-            self.jobs[key] = (len(self.jobs), MoeJob())
+            assert dtype in (torch.bfloat16, torch.float32) and rows * k <= self.ids.numel()
+            gu, down = tier.host_gu, tier.host_down
+            H, I = down.w.shape[1:]
+            job = MoeJob(x=self.x.data_ptr(), ids=self.ids.data_ptr(),
+                         weights=self.weights.data_ptr(), entries=self.entries.data_ptr(),
+                         rows=rows, k=k, H=H, I=I, x_fp32=int(dtype == torch.float32),
+                         threads=self.threads, gu=gu.w.data_ptr(),
+                         gu_scale=gu.scale.data_ptr(), down=down.w.data_ptr(),
+                         down_scale=down.scale.data_ptr(), out=self.out.data_ptr(),
+                         **{name: t.data_ptr() for name, t in self.scratch.items()})
+            self.jobs[key] = (len(self.jobs), job)
+            self.ctrl[host_handoff.JOBS + len(self.jobs) - 1] = ctypes.addressof(job)
         index, job = self.jobs[key]
-        gu, down = tier.host_gu, tier.host_down
-        H, I = down.w.shape[1:]
-        assert dtype in (torch.bfloat16, torch.float32) and rows * k <= self.ids.numel()
-        ptr = {name: t.data_ptr() for name, t in self.scratch.items()}
-        for name, value in dict(
-                x=self.x.data_ptr(), ids=self.ids.data_ptr(), weights=self.weights.data_ptr(),
-                entries=self.entries.data_ptr(), rows=rows, k=k, H=H, I=I,
-                x_fp32=int(dtype == torch.float32), cpu_row=tier.cpu_row, threads=self.threads,
-                gu=gu.w.data_ptr(), gu_scale=gu.scale.data_ptr(), down=down.w.data_ptr(),
-                down_scale=down.scale.data_ptr(), out=self.out.data_ptr(), **ptr).items():
-            setattr(job, name, value)
-        self.ctrl[host_handoff.JOBS + index] = ctypes.addressof(job)
+        job.cpu_row = tier.cpu_row
         return index, job
 
     def totals(self) -> tuple[int, int, float]:

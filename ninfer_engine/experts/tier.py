@@ -156,7 +156,7 @@ class LayerTier:
         old = self.map.resize(slots)
         for i, name in enumerate(("slot_gu", "slot_down")):
             prev = getattr(self, name)
-            new = empty_slots(prev, slots + (self.shared is not None) + self.zero_row, self.device)
+            new = empty_slots(prev, self.rows, self.device)
             for s, o in enumerate(old):
                 if o >= 0:
                     _copy_row(new, s, prev, o)
@@ -197,6 +197,12 @@ class LayerTier:
     def cpu_row(self) -> int | None:
         """The stacks' zero row (after the slots and the shared expert), None without one."""
         return self.map.slots + (self.shared is not None) if self.zero_row else None
+
+    @property
+    def rows(self) -> int:
+        """Rows of the slot stacks: the slots, then the shared expert and the zero row where
+        held."""
+        return self.map.slots + (self.shared is not None) + self.zero_row
 
     # -- misses -----------------------------------------------------------------------------
 

@@ -165,5 +165,4 @@ class ExpertTiers:
     @property
     def device_bytes(self) -> int:
         """Bytes of the device slots (lent ones included, and shared experts held as one)."""
-        return sum((t.map.slots + (t.shared is not None) + t.zero_row) * t.expert_bytes
-                   for t in self.layers.values())
+        return sum(t.rows * t.expert_bytes for t in self.layers.values())

@@ -91,16 +91,13 @@ static float dot_e4m3_512(const uint8_t *w, const float *x, int64_t n) {
 // AVX-512 where the CPU has it (`ninfer_experts_wide` turns it off for the tests' A/B)
 static int WIDE;
 
-__attribute__((constructor)) static void pick_width(void) {
-    __builtin_cpu_init();
-    WIDE = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-}
-
 int64_t ninfer_experts_wide(int64_t on) {
     __builtin_cpu_init();
     WIDE = on && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     return WIDE;
 }
+
+__attribute__((constructor)) static void pick_width(void) { ninfer_experts_wide(1); }
 
 static inline float dot(const uint8_t *w, const float *x, int64_t n) {
     return WIDE ? dot_e4m3_512(w, x, n) : dot_e4m3(w, x, n);

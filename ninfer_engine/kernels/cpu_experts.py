@@ -57,8 +57,9 @@ def run_job(job) -> None:
 
 
 def start_worker(ctrl: torch.Tensor) -> int:
-    """A thread running the jobs posted through `ctrl` (int64 [4], zeroed; cpu_experts.c's
-    worker); its handle for `stop_worker`."""
+    """A thread running the jobs posted through `ctrl` (int64, zeroed: POSTED, DONE, STOP, a
+    spare, then the job records' addresses; `kernels.host_handoff`); its handle for
+    `stop_worker`."""
     handle = _library().ninfer_jobs_start(ctrl.data_ptr())
     if not handle:
         raise RuntimeError("could not start the CPU expert worker thread")

@@ -17,8 +17,8 @@ from ninfer_engine.kernels.cpu_experts import (cpu_experts_unavailable, fp8_expe
                                                job_size, run_job)
 from ninfer_engine.kernels.moe_down import moe_down_combine_triton
 from ninfer_engine.kernels.moe_fused import moe_gate_up_silu_triton
-from ninfer_engine.models.experts import ExpertStack
 from ninfer_engine.models.packed import FP8_ROW, quantize_packed
+from tests.kernels.test_cpu_experts import _normal_codes, _stacks
 from tests.tolerance import CAST, TRANSCENDENTAL, assert_within, bound
 
 needs_kernel = pytest.mark.skipif(cpu_experts_unavailable() is not None,
@@ -30,17 +30,6 @@ DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(
         not torch.cuda.is_available(), reason="needs CUDA")])]
 
 
-def _fp8_stacks(E, I, H, gen):
-    """fp8-row gate|up [E, 2I, H] and down [E, H, I] stacks (e4m3 codes, bf16 row scales)."""
-    def stack(shape):
-        packed = [quantize_packed(torch.randn(shape, generator=gen) / shape[1] ** 0.5, FP8_ROW)
-                  for _ in range(E)]
-        codes = torch.stack([p.blocks[0].planes[0] for p in packed])
-        scales = torch.stack([p.blocks[0].planes[1] for p in packed]).to(torch.bfloat16)
-        return ExpertStack(codes.contiguous(), scales.contiguous())
-    return stack((2 * I, H)), stack((H, I))
-
-
 @needs_kernel
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype):
@@ -50,7 +39,7 @@ def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype
     and SiLU against float64."""
     gen = torch.Generator().manual_seed(0)
     E, I, H, k, rows, cpu_row = 6, 32, 64, 3, 3, 9
-    gu, down = _fp8_stacks(E, I, H, gen)
+    gu, down = _stacks(E, I, H, gen, _normal_codes)
     table = torch.tensor([0, cpu_row, -3, cpu_row, 1, cpu_row, 2])  # E + 1: the shared row
     ids = torch.tensor([1, 0, 6, 3, 5, 2, 4, 6, 1])
     entries = table[ids]
