@@ -242,6 +242,8 @@ class SequenceMemory:
         a = self.allocator
         per_request = tuple((s.id, len(s.cache.pages)) for s in running if s.cache is not None)
         cached = self._idle_pages(bool(running)) if self.prefix is not None else 0
-        return KvStats(page_tokens=a.page_tokens, total=a.total, used=a.used - cached,
-                       free=a.free, lent=a.lent, dtype=self.kv_dtype, per_request=per_request,
-                       cached=cached)
+        # an elastic pool's room not grown into nor lent is free: the four counts sum to capacity
+        room = a.capacity - a.total - a.lent
+        return KvStats(page_tokens=a.page_tokens, total=a.capacity, used=a.used - cached,
+                       free=a.free + room, lent=a.lent, dtype=self.kv_dtype,
+                       per_request=per_request, cached=cached)
