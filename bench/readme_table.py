@@ -415,34 +415,43 @@ def _host_tier_rows() -> list[str]:
 
 def _expert_offload_rows() -> list[str]:
     """Routed experts in host RAM, Flash-Next cut to 16 layers (`bench/expert_offload.py`):
-    B=1 at a quarter and half the experts off the device against every expert on it (the
-    same call's), per routing; and llama.cpp's `-ncmoe` beside ours in one call
-    (`bench/offload_peer_table.py`)."""
-    peer = _load("h200-expert-offload-peer.json")
+    B=1 at a quarter, half and 80 % of the experts off the device against every expert on it
+    (the same call's), per routing; the CPU share's best uniform rows (a later call, against
+    the first run's uniform rate); and llama.cpp's `-ncmoe` beside ours in one call
+    (`bench/offload_peer_table.py`, an older tree of ours)."""
+    peer, r = _load("h200-expert-offload-peer.json"), _load("h200-expert-offload-all.json")
+    cpu = _load("h200-expert-offload-cpu-share.json")
     rows = []
-    for name, share in (("h200-expert-offload-25.json", 0.25), ("h200-expert-offload.json", 0.5)):
-        r = _load(name)
-        if not r:
-            continue
 
-        def rate(routing, share, stacked, r=r):
-            return next(row["tok_s"] for row in r["rows"] if row["routing"] == routing
-                        and row["host_share"] == share and row["batch"] == 1
-                        and row["path"].startswith("all stacked") == stacked)
-        for routing in ("skewed", "uniform"):
-            part, full = rate(routing, share, False), rate(routing, 0.0, True)
-            rows.append(f"| H200, Flash-Next shape cut to {r['layers']} layers, fp8-row, batch 1, "
-                        f"{share:.0%} of the routed experts in host RAM ({routing} routing) | "
-                        f"{part:.0f} tok/s | every expert on the device {full:.0f} | "
-                        f"{part / full:.2f}× |")
+    def rate(run, routing, share, stacked, cpu_share=0.0):
+        return next(row["tok_s"] for row in run["rows"] if row["routing"] == routing
+                    and row["host_share"] == share and row["batch"] == 1
+                    and row["path"].startswith("all stacked") == stacked
+                    and row.get("cpu_share_marked", 0.0) == cpu_share)
+    shape = "H200, Flash-Next shape cut to 16 layers"
+    if r:
+        for share in (0.25, 0.5, 0.8):
+            for routing in ("skewed", "uniform"):
+                part, full = rate(r, routing, share, False), rate(r, routing, 0.0, True)
+                rows.append(f"| {shape}, fp8-row, batch 1, {share:.0%} of the routed experts in "
+                            f"host RAM ({routing} routing) | {part:.0f} tok/s | every expert on "
+                            f"the device {full:.0f} | {part / full:.2f}× |")
+    if r and cpu:
+        for share in (0.5, 0.8):
+            best = max((row for row in cpu["rows"] if row["host_share"] == share
+                        and row["batch"] == 1), key=lambda row: row["tok_s"])
+            none = rate(r, "uniform", share, False)
+            rows.append(f"| {shape}, fp8-row, batch 1, {share:.0%} in host RAM (uniform), "
+                        f"`--expert-cpu-share {best['cpu_share_marked']:g}` (the host's cores "
+                        f"compute that share of the misses) | {best['tok_s']:.0f} tok/s | none "
+                        f"{none:.0f} (same call) | {best['tok_s'] / none:.2f}× |")
     if peer:
         for row in peer["rows"][1:]:
-            rows.append(f"| H200, Flash-Next shape cut to {peer['layers']} layers, batch 1, "
-                        f"{row['ours_share']:.0%} of the routed experts in host RAM (uniform; "
-                        f"skewed routing), ours fp8-row against llama.cpp Q8_0 `-ncmoe "
-                        f"{row['n_cpu_moe']}` (one call) | {row['ours_uniform_tok_s']:.0f}; "
-                        f"{row['ours_skewed_tok_s']:.0f} tok/s | llama.cpp "
-                        f"{row['llama_tok_s']:.0f} | {row['ratio_uniform']:.2f}×; "
+            rows.append(f"| {shape}, batch 1, {row['ours_share']:.0%} of the routed experts in "
+                        f"host RAM (uniform; skewed routing), ours fp8-row (stop 43's tree) "
+                        f"against llama.cpp Q8_0 `-ncmoe {row['n_cpu_moe']}` (one call) | "
+                        f"{row['ours_uniform_tok_s']:.0f}; {row['ours_skewed_tok_s']:.0f} tok/s "
+                        f"| llama.cpp {row['llama_tok_s']:.0f} | {row['ratio_uniform']:.2f}×; "
                         f"{row['ratio_skewed']:.2f}× |")
     return rows
 
