@@ -267,7 +267,8 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny-moe on the CPU (orchestration)")
     ap.add_argument("--profile", action="store_true",
                     help="with each configuration, a B = 1 kernel table (CUDA only)")
-    ap.add_argument("--cpu-shares", nargs="*", type=float, default=[0.0], metavar="F",
+    ap.add_argument("--cpu-shares", nargs="*", type=lambda v: v if v == "auto" else float(v),
+                    default=[0.0], metavar="F|auto",
                     help="each tier configuration once per share of the experts computed on "
                     "the host's cores while missed (--expert-cpu-share; 0: none)")
     ap.add_argument("--only", nargs="*", default=None, metavar="SHARE:TIER:ROUTING",
@@ -320,12 +321,14 @@ def main() -> int:
             built = time.perf_counter() - t
             graphs = engine.runner.graphs
             step = "graph step" if graphs is not None and graphs.capture else "eager step"
+            marks = "auto" if cpu_share == "auto" else f"{tiers.cpu_share:.2f}" if tiers else ""
             for batch in (1, 8):
                 row = dict(routing=routing, host_share=share, build_s=built,
                            miss=miss if tiers else None,
-                           path=f"tier ({miss}, CPU {tiers.cpu_share:.2f}), {step}" if tiers
+                           path=f"tier ({miss}, CPU {marks}), {step}" if tiers
                            else f"all stacked, {step}",
                            cpu_share_marked=tiers.cpu_share if tiers else 0.0,
+                           cpu_share_asked=cpu_share,
                            slots=tiers.placement.slots if tiers else config["num_experts"],
                            **decode(engine, tiers, batch, args.steps, config["vocab_size"],
                                     seed=batch))

@@ -47,8 +47,9 @@ class EngineConfig:
     expert_cache: str = "lfu"
     expert_prefetch: bool = False
     # the share of the experts the captured step computes on the host's cores when missed
-    # (`experts.host_jobs`; None: none, every miss read over the bus)
-    expert_cpu_share: float | None = None
+    # (`experts.host_jobs`; None: none, every miss read over the bus; "auto": switched per
+    # layer by its misses' rate, `experts.in_place.ADAPT_ON`)
+    expert_cpu_share: float | str | None = None
     # devices
     tp: int = 1
     devices: tuple[int, ...] = ()

@@ -52,8 +52,9 @@ Experts:   --expert-vram-mib F|auto (device memory for routed experts; the rest 
            or computes each miss on the CPU; auto: read where the experts' form allows, else by
            the cost measured at load)  --expert-cache lfu|lru (lfu)
            --expert-prefetch (copy the next MoE layer's guessed experts ahead)
-           --expert-cpu-share F (0 < F <= 1: that share of the experts is computed on the
-           host's cores when missed, inside the CUDA-graph step; fp8-row; default none)
+           --expert-cpu-share F|auto (0 < F <= 1: that share of the experts is computed on
+           the host's cores when missed, inside the CUDA-graph step; fp8-row; auto: 0.4, used
+           by each MoE layer while it misses 3+ experts a step; default none)
 Artifact:  --no-verify (skip the load-time check of the payload against the SHA-256 the
            artifact records in metadata.payload_sha256; a mismatch refuses to start)
 Speculation: --spec mtp|dflash|dflash2  --draft-tokens N  --lm-head-draft

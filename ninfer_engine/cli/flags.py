@@ -114,6 +114,10 @@ def _expert_vram(flag: str, raw: str) -> float | str:
     return "auto" if raw == "auto" else _float(0.0, float("inf"))(flag, raw)
 
 
+def _share_or_auto(flag: str, raw: str) -> float | str:
+    return "auto" if raw == "auto" else _float(0.0, 1.0, lo_open=True)(flag, raw)
+
+
 def _positive_float(flag: str, raw: str) -> float:
     return _float(0.0, float("inf"), lo_open=True)(flag, raw)
 
@@ -198,7 +202,7 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--expert-miss": ("expert_miss", _choice("auto", "read", "copy", "cpu"), None),
     "--expert-cache": ("expert_cache", _choice("lfu", "lru"), None),
     "--expert-prefetch": ("expert_prefetch", None, True),
-    "--expert-cpu-share": ("expert_cpu_share", _float(0.0, 1.0, lo_open=True), None),
+    "--expert-cpu-share": ("expert_cpu_share", _share_or_auto, None),
 }
 
 FLAG_NAMES = tuple(_FLAGS)

@@ -37,6 +37,11 @@ import torch
 from ..kernels.moe_fused import Remap
 
 RING = 3  # page-locked copies of a step's routing log: the lookahead keeps one step ahead
+# `mark_cpu(adaptive=True)`: a layer's marks count while its distinct misses a step average at
+# least ON (off again below OFF). On the H200 a share lost where a layer-step missed ~1 expert
+# (skewed routing, B = 1: the hand-off and a one-expert job outlast reading it over the bus)
+# and won from ~5 (uniform B = 1, skewed B = 8): bench/results/h200-expert-offload-cpu-share*
+ADAPT_ON, ADAPT_OFF, ADAPT_STEPS = 3.0, 2.0, 32  # the average spans ~ADAPT_STEPS steps
 
 
 class Tables:
@@ -88,30 +93,49 @@ class InPlaceReads:
         self.admit_per_step = admit_per_step
         self.landing: list[tuple[object, list[tuple[int, int]]]] = []  # (event, [(e, slot)])
         self.read_pairs = 0  # (token, expert) pairs the kernels read from host memory
-        # the experts computed on the host's cores while not resident (`mark_cpu`), or None
+        # the experts computed on the host's cores while not resident (`mark_cpu`), or None;
+        # `cpu_on`: whether the marks count now (`adaptive`: switched by the misses' rate)
         self.on_cpu: np.ndarray | None = None
+        self.cpu_on = False
+        self.adaptive = False
+        self.misses_per_step = 0.0  # distinct misses a step, averaged over ~ADAPT_STEPS
         self.admitted = 0
         self.seen = -1  # the slot map's `changes` the table mirrors
         self.prepare()
         tables.push()
 
-    def mark_cpu(self, share: float, seed: int = 0) -> None:
+    def mark_cpu(self, share: float, seed: int = 0, adaptive: bool = False) -> None:
         """From now on, `round(share · E)` of the experts (a fixed random pick, the same for
         every layer with the same seed) map to the tier's zero row while not resident: the
         step's host job (`host_jobs`) computes them on the host's cores, the device kernels
         add nothing for them; the others are still read in place. With uniform routing that
         splits a step's misses between the bus and the cores by `share`, as with any routing
-        in expectation (the pick does not depend on popularity)."""
+        in expectation (the pick does not depend on popularity). `adaptive`: the marks count
+        only while the layer's distinct misses a step average at least `ADAPT_ON` (until
+        they fall below `ADAPT_OFF`; `settle` switches them, starting off)."""
         t = self.tier
         order = torch.randperm(t.experts, generator=torch.Generator().manual_seed(seed))
         self.on_cpu = np.zeros(t.experts, dtype=bool)
         self.on_cpu[order[: round(share * t.experts)].numpy()] = True
+        self.adaptive, self.cpu_on = adaptive, not adaptive
         t.hold_zero_row()
         self.seen = -1  # mirrored whole by the next `prepare`
 
+    def _marked(self, e: int) -> bool:
+        return self.cpu_on and bool(self.on_cpu[e])
+
     def _host(self, e: int) -> int:
         """The table's entry for expert e while it is not resident."""
-        return self.tier.cpu_row if self.on_cpu is not None and self.on_cpu[e] else -1 - e
+        return self.tier.cpu_row if self._marked(e) else -1 - e
+
+    def _adapt(self, misses: int) -> None:
+        """Average the step's distinct misses; switch the marks where the average crosses."""
+        self.misses_per_step += (misses - self.misses_per_step) / ADAPT_STEPS
+        on = self.misses_per_step >= ADAPT_ON or (self.cpu_on
+                                                  and self.misses_per_step >= ADAPT_OFF)
+        if on != self.cpu_on:
+            self.cpu_on = on
+            self.seen = -1  # the table mirrored whole (with or without marks) before a launch
 
     def _set(self, e: int, value: int) -> None:
         self.tables.writable()[self.row, e] = value
@@ -157,7 +181,7 @@ class InPlaceReads:
             t.routed[e] += 1
         used = sorted(set(routed))
         missing = t.map.lookup(used)
-        cpu = [e for e in missing if self.on_cpu is not None and self.on_cpu[e]]
+        cpu = [e for e in missing if self.on_cpu is not None and self._marked(e)]
         cpu_pairs = sum(routed.count(e) for e in cpu)
         t.cpu_pairs += cpu_pairs
         t.cpu_experts += len(cpu)
@@ -185,7 +209,10 @@ class InPlaceReads:
                 t._copy_in(e, slot)  # after the compute stream's work: the step just launched
             self.landing.append((t.pending, admitted))
             self.admitted += len(admitted)
-            self.seen = t.map.changes
+            if self.seen >= 0:  # a whole mirror pending (`_adapt`) stays pending
+                self.seen = t.map.changes
+        if self.adaptive:
+            self._adapt(len(missing))
 
 
 def _elements(host: torch.Tensor, slots: torch.Tensor) -> int:

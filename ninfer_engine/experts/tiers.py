@@ -34,12 +34,15 @@ def expert_name(layer: int, e: int, member: str) -> str:
     return f"text/layers/{layer}/moe/experts/{e}/{member}"
 
 
+AUTO_SHARE = 0.4  # `--expert-cpu-share auto`'s marks: the best share measured on the H200
+
+
 class ExpertTiers:
     """See the module docstring."""
 
     def __init__(self, config: dict, placement: ExpertPlacement, get: ExpertGetter, device,
                  miss: str = "auto", policy: str = "lfu", prefetch: bool = False,
-                 cpu_share: float | None = None) -> None:
+                 cpu_share: float | str | None = None) -> None:
         self.placement = placement
         self.device = torch.device(device)
         width, hidden = config["moe_intermediate_size"], config["hidden_size"]
@@ -64,22 +67,26 @@ class ExpertTiers:
             self.cpu_share = self._cpu_share(cpu_share, first)
             if self.cpu_share > 0:
                 for tier in self.layers.values():
-                    tier.in_place.mark_cpu(self.cpu_share)
+                    tier.in_place.mark_cpu(self.cpu_share, adaptive=cpu_share == "auto")
         self.prefetch = prefetch
         self.lent_pages = 0
         self.unit_pages = 0  # pages a lent slot (one in every MoE layer) takes
         self.generation = 0  # bumped when lending reallocates the slot stacks (recapture)
 
-    def _cpu_share(self, asked: float | None, first: LayerTier) -> float:
+    def _cpu_share(self, asked: float | str | None, first: LayerTier) -> float:
         """The share of the experts the captured step computes on the host's cores while
         they are not resident (`InPlaceReads.mark_cpu`): none unless asked
-        (`--expert-cpu-share`). On the H200's 16-core host it lost to reading every miss over
-        the bus at every share tried (bench/results/h200-expert-offload-cpu.md): its cores'
-        kernel runs ~22 GB/s on a layer's 2-3 missed experts against the bus's ~45, and the
-        hand-off costs ~19 µs a layer. fp8-row experts only where the step runs on CUDA
-        (the compiled kernel's form)."""
+        (`--expert-cpu-share F|auto`). On the H200's 16-core host a share of 0.4 beat reading
+        every miss over the bus where a layer-step missed ~5 experts (uniform routing: 1.08x
+        at half the experts off the device, 1.14x at 80 %) and lost where it missed ~1
+        (skewed routing at B = 1: 0.81x), bench/results/h200-expert-offload-cpu-share*.md;
+        `auto` marks `AUTO_SHARE` and lets each layer switch the marks by its misses' rate
+        (`in_place.ADAPT_ON`). fp8-row experts only where the step runs on CUDA (the compiled
+        kernel's form)."""
         if not asked:
             return 0.0
+        if asked == "auto":
+            asked = AUTO_SHARE
         if not 0 < asked <= 1:
             raise ValueError(f"--expert-cpu-share {asked}: a share of the experts, in (0, 1]")
         if self.device.type == "cuda" and not takes(first.host_gu, first.host_down):

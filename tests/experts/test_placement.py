@@ -142,6 +142,8 @@ def test_the_expert_flags_parse_and_need_a_budget():
     assert parse_args(["m.ninfer", "--expert-vram-mib", "1536.5"]).config.expert_vram_mib == 1536.5
     c = parse_args(["m.ninfer", "--expert-vram-mib", "64", "--expert-cpu-share", "0.3"]).config
     assert c.expert_cpu_share == 0.3
+    c = parse_args(["m.ninfer", "--expert-vram-mib", "64", "--expert-cpu-share", "auto"]).config
+    assert c.expert_cpu_share == "auto"
     assert parse_args(["m.ninfer", "--expert-vram-mib", "64"]).config.expert_cpu_share is None
     for argv, reason in ((["--expert-miss", "cpu"], "--expert-miss requires --expert-vram-mib"),
                          (["--expert-vram-mib", "-1"], "out of range"),
