@@ -85,6 +85,29 @@ def profiled_turn(engine: Engine, prompt: tuple[int, ...], label: str) -> str:
             + table.table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
 
 
+def python_profiled_turn(engine: Engine, prompt: tuple[int, ...], label: str) -> str:
+    """A turn under cProfile (the host's Python, its waits on the device included): its
+    engine steps' times and the top functions by cumulative and by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    before = engine.memory.hit_tokens
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run = run_requests(engine, [prompt], 1)
+    torch.cuda.synchronize()
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(45)
+    stats.sort_stats("tottime").print_stats(30)
+    steps = ", ".join(f"{s * 1e3:.1f}" for s in run.step_s)
+    return (f"{label}: {run.first_token_s[0] * 1e3:.1f} ms to the first token, "
+            f"{engine.memory.hit_tokens - before} tokens reused, engine steps {steps} ms "
+            f"(under cProfile)\n\n{out.getvalue()}\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="35b-a3b")
@@ -94,6 +117,8 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--python-profile", action="store_true",
+                        help="a device hit's turn under cProfile after the passes (device only)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("host_tier_ttft: needs a CUDA device", file=sys.stderr)
@@ -119,6 +144,9 @@ def main() -> int:
             prompt = a + random_prompts(1, TURN, vocab, seed=99)[0] if not host else \
                 random_prompts(1, args.prompt, vocab, seed=98)[0]
             profiles.append(profiled_turn(engine, prompt, "device hit" if not host else "cold"))
+        if args.python_profile and not host:
+            prompt = a + random_prompts(1, TURN, vocab, seed=97)[0]
+            profiles.append(python_profiled_turn(engine, prompt, "device hit"))
         row["passes"] = [p[0] for p in passes]
         prefix = engine.snapshot().prefix
         rows[label] = dict(row, host_kv_mib=host_mib, first_pass=first[0],
@@ -149,7 +177,8 @@ def main() -> int:
                      f" | {r['speedup_vs_cold']:.1f}x |")
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     if profiles:
-        (args.out / f"{name}-profile.txt").write_text("\n".join(profiles))
+        suffix = "-python-profile" if args.python_profile and not args.profile else "-profile"
+        (args.out / f"{name}{suffix}.txt").write_text("\n".join(profiles))
     print("\n".join(lines))
     return 0
 
