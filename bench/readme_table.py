@@ -416,18 +416,18 @@ def _host_tier_rows() -> list[str]:
 def _expert_offload_rows() -> list[str]:
     """Routed experts in host RAM, Flash-Next cut to 16 layers (`bench/expert_offload.py`):
     B=1 at a quarter, half and 80 % of the experts off the device against every expert on it
-    (the same call's), per routing; the CPU share's best uniform rows (a later call, against
-    the first run's uniform rate); and llama.cpp's `-ncmoe` beside ours in one call
-    (`bench/offload_peer_table.py`, an older tree of ours)."""
+    (the same call's), per routing; `--expert-cpu-share auto` against none (one call); and
+    llama.cpp's `-ncmoe` beside ours in one call (`bench/offload_peer_table.py`, an older
+    tree of ours)."""
     peer, r = _load("h200-expert-offload-peer.json"), _load("h200-expert-offload-all.json")
-    cpu = _load("h200-expert-offload-cpu-share.json")
+    auto = _load("h200-expert-offload-cpu-auto.json")
     rows = []
 
-    def rate(run, routing, share, stacked, cpu_share=0.0):
+    def rate(run, routing, share, stacked, asked=0.0):
         return next(row["tok_s"] for row in run["rows"] if row["routing"] == routing
                     and row["host_share"] == share and row["batch"] == 1
                     and row["path"].startswith("all stacked") == stacked
-                    and row.get("cpu_share_marked", 0.0) == cpu_share)
+                    and row.get("cpu_share_asked", 0.0) == asked)
     shape = "H200, Flash-Next shape cut to 16 layers"
     if r:
         for share in (0.25, 0.5, 0.8):
@@ -436,15 +436,16 @@ def _expert_offload_rows() -> list[str]:
                 rows.append(f"| {shape}, fp8-row, batch 1, {share:.0%} of the routed experts in "
                             f"host RAM ({routing} routing) | {part:.0f} tok/s | every expert on "
                             f"the device {full:.0f} | {part / full:.2f}× |")
-    if r and cpu:
+    if auto:
         for share in (0.5, 0.8):
-            best = max((row for row in cpu["rows"] if row["host_share"] == share
-                        and row["batch"] == 1), key=lambda row: row["tok_s"])
-            none = rate(r, "uniform", share, False)
-            rows.append(f"| {shape}, fp8-row, batch 1, {share:.0%} in host RAM (uniform), "
-                        f"`--expert-cpu-share {best['cpu_share_marked']:g}` (the host's cores "
-                        f"compute that share of the misses) | {best['tok_s']:.0f} tok/s | none "
-                        f"{none:.0f} (same call) | {best['tok_s'] / none:.2f}× |")
+            got, none = ([rate(auto, routing, share, False, asked=asked)
+                          for routing in ("uniform", "skewed")] for asked in ("auto", 0.0))
+            rows.append(f"| {shape}, fp8-row, batch 1, {share:.0%} in host RAM (uniform; "
+                        f"skewed routing), `--expert-cpu-share auto` (each layer computes 0.4 "
+                        f"of its misses on the host's cores while it misses 3+ experts a "
+                        f"step) | {got[0]:.0f}; {got[1]:.0f} tok/s | none {none[0]:.0f}; "
+                        f"{none[1]:.0f} (same call) | {got[0] / none[0]:.2f}×; "
+                        f"{got[1] / none[1]:.2f}× |")
     if peer:
         for row in peer["rows"][1:]:
             rows.append(f"| {shape}, batch 1, {row['ours_share']:.0%} of the routed experts in "
