@@ -181,3 +181,14 @@ def test_no_marks_no_jobs():
 @needs_kernel
 def test_the_job_record_has_the_c_layout():
     assert ctypes.sizeof(MoeJob) == job_size()
+
+
+def test_the_worker_team_leaves_cores_for_the_engine(monkeypatch):
+    """Three quarters of the cores, at least 4 left (1 of 2); the environment overrides."""
+    from ninfer_engine.experts import host_jobs
+    monkeypatch.delenv(host_jobs.THREADS_ENV, raising=False)
+    for cores, team in ((1, 1), (2, 1), (8, 4), (16, 12), (64, 48)):
+        monkeypatch.setattr(host_jobs.os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
+        assert host_jobs.default_threads() == team
+    monkeypatch.setenv(host_jobs.THREADS_ENV, "3")
+    assert host_jobs.default_threads() == 3
