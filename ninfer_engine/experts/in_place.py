@@ -181,7 +181,7 @@ class InPlaceReads:
             t.routed[e] += 1
         used = sorted(set(routed))
         missing = t.map.lookup(used)
-        cpu = [e for e in missing if self.on_cpu is not None and self._marked(e)]
+        cpu = [e for e in missing if self._marked(e)]
         cpu_pairs = sum(routed.count(e) for e in cpu)
         t.cpu_pairs += cpu_pairs
         t.cpu_experts += len(cpu)
