@@ -35,7 +35,7 @@ from ..kernels.rmsnorm import rms_norm_triton
 from ..kv import KvStorage, PageTables, StatePool
 from ..kv.quant import PlainCodec
 from ..experts.host_jobs import HostJobs
-from ..experts.in_place import RoutingLog
+from ..experts.routing_log import RoutingLog
 from .attention import input_token
 from .fused import FusedParams
 from .packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
