@@ -94,7 +94,9 @@ class ExpertStats:
     (`ninfer_engine.experts`): `slots` over all MoE layers (lent ones included), `resident`
     routed experts on the device, `cached` of them in evictable slots, hits and misses per
     (step, layer, distinct expert), `cpu_share` of the routed (token, expert) pairs computed on
-    the CPU, `bytes_copied` host → slot since start."""
+    the CPU, `bytes_copied` host → slot since start, `cpu_layers` the MoE layers whose misses
+    the host's cores share now (`--expert-cpu-share`; under `auto` switched by each layer's
+    misses)."""
 
     slots: int = 0
     resident: int = 0
@@ -107,6 +109,7 @@ class ExpertStats:
     layers: int = 0
     cached: int = 0
     bytes_copied: int = 0
+    cpu_layers: int = 0
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def engine_state_document(stats: EngineStats) -> dict[str, Any]:
             "misses": experts.misses, "lent_pages": experts.lent_pages,
             "cpu_share": experts.cpu_share, "routed": experts.experts,
             "active": experts.active, "layers": experts.layers, "cached": experts.cached,
-            "bytes_copied": experts.bytes_copied,
+            "bytes_copied": experts.bytes_copied, "cpu_layers": experts.cpu_layers,
         },
         "spec": None if spec is None else {
             "backend": spec.backend, "draft_tokens": spec.window, "rounds": spec.rounds,

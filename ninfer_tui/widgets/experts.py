@@ -66,7 +66,10 @@ class ExpertPanel(Panel):
                 style="dim",
             ),
             row("CPU share", experts.cpu_share, "yellow3"),
-            Text(
-                f"{'':<{LABEL_WIDTH}}share of routed-expert work computed on the CPU", style="dim"
+            Text(  # the layers sharing now: `--expert-cpu-share auto` switches them
+                f"{'':<{LABEL_WIDTH}}"
+                + (f"routed-expert work on the CPU, now in {experts.cpu_layers} of "
+                   f"{experts.layers} layers" if experts.cpu_layers
+                   else "share of routed-expert work computed on the CPU"), style="dim"
             ),
         )

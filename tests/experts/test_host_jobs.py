@@ -18,6 +18,7 @@ from ninfer_engine.kernels.cpu_experts import (cpu_experts_unavailable, fp8_expe
 from ninfer_engine.kernels.moe_down import moe_down_combine_triton
 from ninfer_engine.kernels.moe_fused import moe_gate_up_silu_triton
 from ninfer_engine.models.packed import FP8_ROW, quantize_packed
+from ninfer_engine.stats import ExpertStats
 from tests.kernels.test_cpu_experts import _normal_codes, _stacks
 from tests.tolerance import CAST, TRANSCENDENTAL, assert_within, bound
 
@@ -94,6 +95,7 @@ def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
     tier = tiers.layers[0]
     reads = tier.in_place
     assert tiers.cpu_share == 0.5 and reads.on_cpu.sum() == E // 2
+    assert tiers.stats(ExpertStats()).cpu_layers == 1  # a fixed share: on from the start
     assert torch.equal(tier.slot_gu.w[tier.cpu_row].view(torch.uint8),
                        torch.zeros_like(tier.slot_gu.w[0].view(torch.uint8)))
     reads.prepare()

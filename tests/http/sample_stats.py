@@ -46,7 +46,7 @@ def busy_stats(state: str = "ready") -> EngineStats:
                            host_total=128, host_snapshots=5, host_snapshot_total=8,
                            host_restored_pages=33),
         experts=ExpertStats(slots=384, resident=371, lent_pages=50, hits=9000, misses=1000,
-                            cpu_share=0.18, cached=371, bytes_copied=3 * 2**30),
+                            cpu_share=0.18, cached=371, bytes_copied=3 * 2**30, cpu_layers=5),
         spec=SpecStats(backend="mtp", window=3, rounds=1000, drafted=3000, accepted=2040,
                        per_position=(0.84, 0.68, 0.52)),
         queue=QueueStats(

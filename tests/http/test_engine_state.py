@@ -26,7 +26,8 @@ def test_busy_snapshot_document(serve):
                                   "checkpoint_used": 3, "checkpoints": 3}
     assert doc["experts"] == {"slots": 384, "resident": 371, "hits": 9000, "misses": 1000,
                               "lent_pages": 50, "cpu_share": 0.18, "routed": 0, "active": 0,
-                              "layers": 0, "cached": 371, "bytes_copied": 3 * 2**30}
+                              "layers": 0, "cached": 371, "bytes_copied": 3 * 2**30,
+                              "cpu_layers": 5}
     assert doc["spec"] == {"backend": "mtp", "draft_tokens": 3, "rounds": 1000, "drafted": 3000,
                            "accepted": 2040, "accepted_per_position": [0.84, 0.68, 0.52],
                            "tokens_per_round": 3.04}

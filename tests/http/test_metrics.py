@@ -87,6 +87,7 @@ def test_snapshot_gauges_and_engine_totals(serve):
     assert value(samples, "ninfer:expert_cache_resident") == 371
     assert value(samples, "ninfer:expert_cache_lent_pages") == 50
     assert value(samples, "ninfer:expert_cpu_share") == 0.18
+    assert value(samples, "ninfer:expert_cpu_layers") == 5
     assert value(samples, "ninfer:expert_cache_hits_total") == 9000
     assert value(samples, "ninfer:expert_cache_misses_total") == 1000
     assert value(samples, "ninfer:expert_cache_cached") == 371

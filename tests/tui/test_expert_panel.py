@@ -32,3 +32,17 @@ async def test_the_panel_shows_the_slot_cache() -> None:
     assert "slots 96   resident 90   lent from KV 12 pages" in text
     assert "900 hits · 100 misses · 3.0 GiB copied in" in text
     assert "90.0%" in text and "25.0%" in text  # hit rate, CPU share
+    assert "share of routed-expert work computed on the CPU" in text  # no layer is counted
+
+
+async def test_the_panel_counts_the_layers_sharing_with_the_cpu() -> None:
+    experts = ExpertStats(slots=96, resident=90, cached=90, hits=900, misses=100, cpu_share=0.2,
+                          experts=512, active=10, layers=16, cpu_layers=5)
+    feed = FakeSupervisor("busy8", frames=1)
+    feed.frames = (replace(feed.frames[-1], experts=experts),)
+    app = NinferConsole(feed, title_info="test")
+    async with app.run_test(size=SIZE) as pilot:
+        app.poll_supervisor()
+        await pilot.pause()
+        text = "\n".join(shown(app.query_one(ExpertPanel)))
+    assert "routed-expert work on the CPU, now in 5 of 16 layers" in text
