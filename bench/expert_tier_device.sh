@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Issue 20's pending device evidence in one call (~6 minutes of a fresh H200): the expert-tier
+# Issue 20's pending device evidence in one call (~7 minutes of a fresh H200): the expert-tier
 # GPU tests, the console on a 4-layer Flash-Next fp8-row artifact with half its experts in host
-# RAM and KV room to lend (--max-context 65536 over the 8,192-token grow step: an SVG of the
-# real expert panel under load, lent pages included), and the captured step at half and a
-# quarter of the experts off the device (16 layers) with the current admission rule. Run
-# from the repository root with OUT set; `.whl/` from `bash scripts/device_wheels.sh`.
+# RAM, KV room to lend (--max-context 65536 over the 8,192-token grow step) and
+# `--expert-cpu-share auto` (an SVG of the real expert panel under load: lent pages, and the
+# layers sharing their misses with the host's cores), and the captured step at a quarter, half
+# and 80 % of the experts off the device (16 layers), without and with `auto`, at the worker's
+# default team size. Run from the repository root with OUT set; `.whl/` from
+# `bash scripts/device_wheels.sh`.
 #   OUT=/tmp/o bash bench/expert_tier_device.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   >/dev/null 2>&1 && export PYTHONPATH=$PWD:/tmp/site
@@ -22,11 +24,11 @@ write_synthetic('flash-next', '/dev/shm/fn4.ninfer', layers=4, recipe='fp8-row',
 timeout 200 python3 -u scripts/console_screenshot.py --terminal pty --ready-timeout 120 \
   --warm 30 --clients 8 --max-tokens 48 --name console_h200_experts --out "$OUT/shots" \
   -- /dev/shm/fn4.ninfer --expert-vram-mib 3200 --elastic --max-context 65536 \
-  --max-concurrency 8 \
+  --max-concurrency 8 --expert-cpu-share auto \
   > "$OUT/r/console.txt" 2>&1
 echo "console: $(grep -c svg "$OUT/r/console.txt") shot(s); $(tail -4 "$OUT/r/console.txt")"
 rm -f /dev/shm/fn4.ninfer
-timeout 300 python3 -u bench/expert_offload.py --layers 16 --steps 256 --budget-s 270 \
-  --only 0:stacked:uniform 0:stacked:skewed 0.5:tier:uniform 0.5:tier:skewed \
-  0.25:tier:uniform 0.25:tier:skewed --out "$OUT/r/expert-offload" 2>&1 \
-  | grep -E "B=|routing" | tail -24
+timeout 330 python3 -u bench/expert_offload.py --layers 16 --steps 128 --budget-s 300 \
+  --cpu-shares 0 auto --only 0:stacked:uniform 0:stacked:skewed 0.5:tier:uniform \
+  0.5:tier:skewed 0.8:tier:uniform 0.8:tier:skewed 0.25:tier:uniform 0.25:tier:skewed \
+  --out "$OUT/r/expert-offload" 2>&1 | grep -E "B=|routing" | tail -40

@@ -80,3 +80,15 @@ def test_kv_growth_takes_lent_pages_back_and_the_request_completes(artifact, res
     # 220 positions need 4 pages grown: at most the other 12 stay lent, in whole 3-page slots
     assert kv.lent == snap.experts.lent_pages <= 16 - 4 and kv.lent % 3 == 0
     assert snap.experts.slots == 4 * (2 + kv.lent // 3) < 4 * 7
+
+
+def test_auto_cpu_share_is_accepted_and_starts_with_every_layer_off(artifact, resident):
+    """`--expert-cpu-share auto` on the CPU engine: the tiers mark their experts and start with
+    the marks off (`cpu_layers` 0), so the tokens are the all-resident engine's. The switch
+    itself runs where the captured step settles its routing log (CUDA): `test_in_place.py`
+    tests it on its own."""
+    tokens, snap = run(artifact, 40, expert_vram_mib=2 * 4 * EXPERT_MIB, expert_miss="read",
+                       expert_cpu_share="auto")
+    assert tokens == resident[:40]
+    assert snap.experts.cpu_layers == 0 and snap.experts.cpu_share == 0.0
+    assert snap.experts.misses > 0
