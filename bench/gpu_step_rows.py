@@ -36,7 +36,7 @@ from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
 from ninfer_engine.benchmark.timing import time_ms  # noqa: E402
 from ninfer_engine.step.decode_graphs import DecodeGraphs  # noqa: E402
-from ninfer_engine.models.qwen3_5_step import EngineHybridDecoder  # noqa: E402
+from ninfer_engine.models.qwen3_5_engine_step import EngineHybridDecoder  # noqa: E402
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ninfer_engine.models.qwen3_5_step import HybridStep, HybridWeights, KvLayer
+from ninfer_engine.models.qwen3_5_step import HybridStep
+from ninfer_engine.models.qwen3_5_step_weights import HybridWeights, KvLayer
 from ninfer_engine.kernels.paged_attention import PAGE
 from ninfer_engine.models.fused import FusedParams
 

@@ -46,7 +46,7 @@ from ..models.experts import bf16_fits, free_device_bytes
 from ..models.fused import FusedParams
 from ..models.packed import DENSE
 from ..models.qwen3_5 import Qwen35Model
-from ..models.qwen3_5_step import HybridWeights
+from ..models.qwen3_5_step_weights import HybridWeights
 from ..step.spec_policy import AlwaysSpeculate, SpecPolicy
 from ..types import SamplingParams
 from . import roofline as rf

@@ -1,30 +1,23 @@
 """One decode step of B sequences of the hybrid family (Qwen3.5 / -MoE) on the ninfer kernels.
 
-`HybridWeights` takes a `Qwen35Model` built over `models.fused.FusedParams` and keeps, per
-layer, one matrix per decode GEMV group (GDN q|k|v|z|b|a, attention q|gate|k|v, MLP gate|up,
-MoE router|shared score(|shared gate|up)) plus the stacked routed experts (bf16 or fp8
-`models.experts.ExpertStack`s, holding the shared expert too where it is stored in their form):
-the Triton FMA GEMV for one bf16 row, cuBLAS for several, or the fused dequant GEMVs of
-`models.packed` where the weights are stored quantized.
+The weights it reads are `qwen3_5_step_weights.HybridWeights`.
 
 `HybridStep` runs one decode step over static buffers: next token, position and state slot per
 row (`tokens`, `pos`, `slots`), page tables (`table`), the GDN conv/SSM state pools (`conv[i]`,
 `ssm[i]`: one row per slot, read and written in place at each row's slot) and, per attention
 layer, a `KvLayer` (pages read in place by the paged-attention kernel, which dequantises every
 KV dtype itself). Nothing in the step syncs with the host, so it is capturable in a CUDA graph.
-The engine (`EngineHybridDecoder`) binds it to the shared KV pool and the running sequences'
-state pool (`kv.StatePool`); the benchmark binds it to pools of its own.
+The engine (`qwen3_5_engine_step.EngineHybridDecoder`) binds it to the shared KV pool and the
+running sequences' state pool (`kv.StatePool`); the benchmark binds it to pools of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..kernels.dequant_gemv import dequant_gemv, gated, kernel_tiles
 from ..kernels.gdn_decode import gdn_decode_triton
 from ..kernels.gdn_fused import gdn_gated_norm_triton, gdn_prep_triton
 from ..kernels.moe_down import down_split_launch, moe_down_combine_triton
@@ -32,111 +25,9 @@ from ..kernels.moe_fused import moe_gate_up_silu_triton, route_topk_triton
 from ..kernels.paged_attention import PAGE, paged_attention_triton
 from ..kernels.qk_norm_rope import qk_norm_rope_triton
 from ..kernels.rmsnorm import rms_norm_triton
-from ..kv import KvStorage, PageTables, StatePool
-from ..kv.quant import PlainCodec
 from ..experts.host_jobs import HostJobs
 from ..experts.routing_log import RoutingLog
-from .attention import input_token
-from .fused import FusedParams
-from .packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
-
-
-class FusedLinear:
-    """`x Wᵀ`: one row of a dense weight on CUDA through the Triton FMA GEMV (faster than
-    cuBLAS at batch 1 on every H200 shape swept), up to `gemv_rows` through its dot path,
-    more through cuBLAS, a `PackedMatrix` through its packed kernels.
-
-    `gate`, `act`: the input is `x · act(gate)` (SwiGLU's `silu(g) · u`, the attention output
-    gate), read by the GEMV itself or computed by one launch first (`dequant_gemv` picks);
-    `acc`: an fp32 `[B, N]` buffer the product is added into and returned, where the GEMV is
-    the dequant kernel (one bf16 row, or one fp8 block); elsewhere (cuBLAS, other packed
-    formats) `acc` is left alone and the bf16 product returned (the RMSNorm after it takes
-    either)."""
-
-    def __init__(self, w: torch.Tensor | PackedMatrix, gemv_rows: int = 1):
-        self.w = w
-        # rows up to which a plain weight takes the Triton GEMV (`gemv_rows`) rather than cuBLAS
-        self.gemv_rows = (gemv_rows if isinstance(w, torch.Tensor) and w.is_cuda
-                          and kernel_tiles(w.shape[1], None) else 0)
-        fp8 = (isinstance(w, PackedMatrix) and len(w.blocks) == 1
-               and w.blocks[0].fmt in (FP8_ROW, FP8_GROUPS))
-        self.planes = w.blocks[0].planes if fp8 else None
-
-    def __call__(self, x, gate=None, act=None, acc=None):
-        if 0 < x.shape[0] <= self.gemv_rows and x.dtype == self.w.dtype:
-            return dequant_gemv(x, self.w, None, gate=gate, act=act, out=acc)
-        if self.planes is not None and x.shape[0] <= GEMV_MAX_ROWS:
-            return dequant_gemv(x, *self.planes, gate=gate, act=act, out=acc)
-        return linear(x if gate is None else gated(x, gate, act), self.w)
-
-    def nbytes(self):
-        return self.w.nbytes
-
-
-class HybridWeights:
-    """The fused per-layer matrices of a `Qwen35Model` built over `FusedParams`."""
-
-    def __init__(self, model, params: FusedParams):
-        c = model.config
-        self.c, self.model, self.eps = c, model, c["rms_norm_eps"]
-        self.head = FusedLinear(model.head_projection.weight)  # a rank's rows at --tp 2
-        self.layers = []
-        for i, block in enumerate(model.blocks):
-            kind = c["layer_types"][i]
-            group = "gdn/" if kind == "linear_attention" else "attention/"
-            prefix = f"text/layers/{i}/"
-            m = block.mixer
-            layer = dict(kind=kind, block=block, mixer=m,
-                         w_in=FusedLinear(params.fused[prefix + group]),
-                         w_out=FusedLinear(m.w_out if group == "gdn/" else m.w_o))
-            if hasattr(block.ffn, "router"):
-                moe = block.ffn
-                shared_slot = params.shared_in_stack(prefix + "moe/")
-                # one GEMV for router | shared score (| shared gate|up), `models.fused`
-                layer.update(moe=moe, shared_slot=shared_slot, tier=moe.tier,
-                             experts_gu=params.fused[prefix + "moe/experts/gate_up"],
-                             experts_down=params.fused[prefix + "moe/experts/down"],
-                             # a verify row's 4 rows of router|score (257 outputs) ran
-                             # as cuBLAS's sm75 split-K GEMM, its reduce and a cast:
-                             # ~13 µs a layer on the H200 (h200-verify-step.md)
-                             w_gu=FusedLinear(params.fused[prefix + "moe/"],
-                                              gemv_rows=GEMV_MAX_ROWS))
-                if not shared_slot:
-                    layer["w_down"] = FusedLinear(moe.shared.down)
-            else:
-                layer.update(w_gu=FusedLinear(params.fused[prefix + "mlp/"]),
-                             w_down=FusedLinear(block.ffn.down))
-            self.layers.append(layer)
-
-    def weight_bytes(self) -> int:
-        """Bytes of every matrix and vector a batch-1 step reads (routed experts: top_k)."""
-        n = self.head.nbytes() + self.model.final_norm.numel() * 2
-        for layer in self.layers:
-            n += sum(layer[k].nbytes() for k in ("w_in", "w_gu", "w_down", "w_out")
-                     if k in layer)
-            if "moe" in layer:
-                # an expert's bytes as served: 2 a weight in bf16, 1 + scales in fp8
-                per_expert = layer["experts_gu"].expert_bytes + layer["experts_down"].expert_bytes
-                n += (layer["moe"].top_k + layer["shared_slot"]) * per_expert
-        return n
-
-
-@dataclass
-class KvLayer:
-    """One attention layer's paged K/V as the kernel reads it, and how new rows are stored.
-
-    `k`, `v`: bf16 rows `[pages, PAGE, kv_heads, D]`, or the tuple of a KV codec's component
-    page views (`KvStorage.page_view`: any KV dtype); `k_scale`, `v_scale`: the int8 group
-    scales of bare int8 codes, else None (see `kernels.paged_attention`). `rows`: where K and
-    V are plain rows in the activation dtype, those rows `[slots, kv_heads, D]`: the q/k
-    norm kernel then writes new K/V itself (`qk_norm_rope_triton(kv_rows=)`), not `write`."""
-
-    k: torch.Tensor | tuple[torch.Tensor, ...]
-    v: torch.Tensor | tuple[torch.Tensor, ...]
-    k_scale: torch.Tensor | None
-    v_scale: torch.Tensor | None
-    write: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (slots, k, v)
-    rows: tuple[torch.Tensor, torch.Tensor] | None = None
+from .qwen3_5_step_weights import HybridWeights, KvLayer
 
 
 class HybridStep:
@@ -355,93 +246,3 @@ class HybridStep:
         if remap[0] is not None:  # the host's sum of those misses, added
             self.host_jobs.collect(tier, routed)
         return routed if shared_slot else routed + shared
-
-
-class EngineHybridDecoder:
-    """`HybridStep` over the engine's shared KV pool and running-state pool, for
-    `decode_graphs.DecodeGraphs`: `load` writes each row's token, position, state slot and page
-    table into the step's buffers; the step updates every row's state in its slot in place, so
-    nothing is copied back."""
-
-    def __init__(self, model, storage: KvStorage, states: StatePool, max_batch: int,
-                 max_context: int, max_q: int = 1, keep_hidden: bool = False) -> None:
-        self.storage, self.max_batch, self.max_context = storage, max_batch, max_context
-        self.max_q = max_q
-        self.core = HybridStep(HybridWeights(model, model.params), max_batch,
-                               -(-max_context // PAGE), self._kv,
-                               (states.field("conv"), states.field("ssm")), max_q, keep_hidden)
-        self.tables = PageTables(self.core.table)
-        self._slots: list[int] = []  # the loaded rows' state slots
-
-    @property
-    def hidden(self) -> torch.Tensor | None:
-        """The last step's final-normed hidden per token row (row b · q_len + i), or with the
-        model's `feature_taps` its tap layers' residual outputs side by side, or None when the
-        step was built without them."""
-        return self.core.hidden
-
-    def _kv(self) -> list[KvLayer]:
-        s = self.storage
-
-        def writer(j):
-            def write(slots, k, v):
-                s.k_codec.write(s.k[j], slots, k)
-                s.v_codec.write(s.v[j], slots, v)
-            return write
-
-        dtype = self.core.w.model.embedding.dtype
-        plain = all(isinstance(c, PlainCodec) and c.dtype == dtype
-                    for c in (s.k_codec, s.v_codec))
-        return [KvLayer(s.page_view(k), s.page_view(v), None, None, writer(j),
-                        (k[0], v[0]) if plain else None)
-                for j, (k, v) in enumerate(zip(s.k, s.v))]
-
-    def load(self, seqs, drafts: list[list[int]] | None = None) -> None:
-        """Each row's tokens (its last output, then its drafts), their positions and rotary
-        shift, its state slot and page table; first, the last step's expert routing read."""
-        c = self.core
-        c.before_step()
-        rows = [[input_token(seq), *(drafts[b] if drafts else ())] for b, seq in enumerate(seqs)]
-        meta = torch.zeros(4, sum(map(len, rows)), dtype=torch.long)
-        meta[0] = torch.tensor([t for row in rows for t in row])
-        meta[1] = torch.tensor([seq.cached + t for seq, row in zip(seqs, rows)
-                                for t in range(len(row))])
-        self._slots = [seq.state.index for seq in seqs]
-        meta[2, : len(seqs)] = torch.tensor(self._slots)
-        meta[3] = torch.tensor([seq.rope_delta for seq, row in zip(seqs, rows) for _ in row])
-        # not waiting for the work queued before (a lookahead step loads behind one in flight)
-        c.meta[:, : meta.shape[1]].copy_(meta, non_blocking=True)
-        self.tables.fill([seq.cache for seq in seqs])
-
-    def feed(self, tokens: torch.Tensor) -> None:
-        """The loaded decode rows' input tokens from the device (the last step's picks)."""
-        self.core.meta[0, : tokens.shape[0]].copy_(tokens)
-
-    def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
-        return self.core.step(batch, bucket, q_len).float()
-
-    def keep(self, row: int, kept: int) -> None:
-        self.core.keep(row, kept, self._slots[row])
-
-    def after_launch(self) -> None:
-        """The step is queued: the expert tiers' bookkeeping runs while it computes."""
-        self.core.after_launch()
-
-    @property
-    def generation(self) -> int:
-        """Changes when lending reallocates the expert slot stacks (graphs read the old)."""
-        tiers = getattr(self.core.w.model, "expert_tiers", None)
-        return 0 if tiers is None else tiers.generation
-
-    def save_state(self, batch: int) -> Callable[[], None]:
-        """A copy of the loaded rows' GDN states; calling the result puts it back (around a
-        capture's warm-up, which advances them)."""
-        c = self.core
-        slots = c.slots[:batch]
-        pools = [*c.conv, *c.ssm]
-        copies = [t[slots] for t in pools]
-
-        def restore():
-            for t, saved in zip(pools, copies):
-                t.index_copy_(0, slots, saved)
-        return restore

@@ -8,7 +8,7 @@ the whole step is one fixed sequence of kernels: `DecodeGraphs` captures it once
 size, context bucket) and replays it, which removes the Python and launch cost of ~10 kernels
 per layer. The family's step lives with its forward in `models`: `llama_step.StaticDecoder`
 (off CUDA it runs eagerly through the kernels' torch references, which is how the CPU tests
-check it against the model's forward) and `qwen3_5_step.EngineHybridDecoder`;
+check it against the model's forward) and `qwen3_5_engine_step.EngineHybridDecoder`;
 `families.build_decode_graphs` picks the one the model's family has.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from ..kv import KV_DTYPES
 from ..kv.slots import StateSlot
 from ..models.llama_step import StaticDecoder
-from ..models.qwen3_5_step import EngineHybridDecoder
+from ..models.qwen3_5_engine_step import EngineHybridDecoder
 from .sequence import Sequence
 
 log = logging.getLogger("ninfer.engine")

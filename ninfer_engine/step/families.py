@@ -3,7 +3,7 @@
 A family is its model class (built by `models.build_model` from the artifact's architecture),
 its runner (how a step's rows become one forward: `runner.Runner` for the llama family,
 `runner.HybridRunner` for the Qwen3.5 hybrids) and its static decode step for the CUDA-graph
-path (`models.llama_step.StaticDecoder`, `models.qwen3_5_step.EngineHybridDecoder`).
+path (`models.llama_step.StaticDecoder`, `models.qwen3_5_engine_step.EngineHybridDecoder`).
 On the CPU the llama family's decode rows go through its compiled step instead
 (`models.llama_cpu_step.CpuDecoder`, no capture). `make_runner` and `build_decode_graphs`
 look the family up here instead of checking types.
@@ -23,7 +23,7 @@ from ..models import LlamaModel, Qwen35Model
 from ..models.fused import FusedParams
 from ..models.llama_cpu_step import cpu_decoder
 from ..models.llama_step import StaticDecoder
-from ..models.qwen3_5_step import EngineHybridDecoder
+from ..models.qwen3_5_engine_step import EngineHybridDecoder
 from .decode_graphs import GRAPH_CODECS, DecodeGraphs
 from .runner import HybridRunner, Runner
 

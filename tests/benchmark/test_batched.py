@@ -81,7 +81,7 @@ def test_batched_steps_match_reference(moe):
 def test_weight_bytes_count_the_union_of_experts():
     from ninfer_engine.benchmark import roofline as rf
     from ninfer_engine.models.fused import FusedParams
-    from ninfer_engine.models.qwen3_5_step import HybridWeights
+    from ninfer_engine.models.qwen3_5_step_weights import HybridWeights
 
     config = tiny_config(True)  # 8 experts, top-2
     params = FusedParams(config, tiny_source(config))
@@ -170,7 +170,7 @@ def test_fp8_expert_decode_matches_reference(recipe, mode, form):
 
 def test_weight_bytes_count_fp8_experts_at_one_byte_a_weight():
     from ninfer_engine.benchmark import roofline as rf
-    from ninfer_engine.models.qwen3_5_step import HybridWeights
+    from ninfer_engine.models.qwen3_5_step_weights import HybridWeights
 
     model, params = _fp8_expert_model("fp8-row", "auto", every_expert=False)  # top-2 of 8
     weights = HybridWeights(model, params)

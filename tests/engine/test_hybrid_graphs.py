@@ -1,4 +1,4 @@
-"""The engine's hybrid static decode step (`hybrid_decode.EngineHybridDecoder`) against the
+"""The engine's hybrid static decode step (`qwen3_5_engine_step.EngineHybridDecoder`) against the
 eager per-sequence forward (`HybridRunner`'s path) over the same paged pool layout.
 
 On the CPU the step runs the Triton kernels through the interpreter (tests/conftest.py), eagerly;
@@ -13,7 +13,7 @@ import torch
 
 from ninfer_engine.step.decode_graphs import DecodeGraphs
 from ninfer_engine.step.families import build_decode_graphs
-from ninfer_engine.models.qwen3_5_step import EngineHybridDecoder
+from ninfer_engine.models.qwen3_5_engine_step import EngineHybridDecoder
 from ninfer_engine.kv import KvStorage, LayerKv, PagePool, codecs_for
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model

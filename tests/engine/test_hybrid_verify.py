@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ninfer_engine.step.decode_graphs import DecodeGraphs
-from ninfer_engine.models.qwen3_5_step import EngineHybridDecoder
+from ninfer_engine.models.qwen3_5_engine_step import EngineHybridDecoder
 
 from .test_hybrid_graphs import _model, _prefilled, _rel, _storage, _tols
 

@@ -1,0 +1,105 @@
+"""`EngineHybridDecoder`: the hybrid family's decode step (`qwen3_5_step.HybridStep`) bound to
+the engine's shared KV pool and running-state pool, for `step.decode_graphs.DecodeGraphs`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..kernels.paged_attention import PAGE
+from ..kv import KvStorage, PageTables, StatePool
+from ..kv.quant import PlainCodec
+from .attention import input_token
+from .qwen3_5_step import HybridStep
+from .qwen3_5_step_weights import HybridWeights, KvLayer
+
+
+class EngineHybridDecoder:
+    """`HybridStep` over the engine's shared KV pool and running-state pool, for
+    `decode_graphs.DecodeGraphs`: `load` writes each row's token, position, state slot and page
+    table into the step's buffers; the step updates every row's state in its slot in place, so
+    nothing is copied back."""
+
+    def __init__(self, model, storage: KvStorage, states: StatePool, max_batch: int,
+                 max_context: int, max_q: int = 1, keep_hidden: bool = False) -> None:
+        self.storage, self.max_batch, self.max_context = storage, max_batch, max_context
+        self.max_q = max_q
+        self.core = HybridStep(HybridWeights(model, model.params), max_batch,
+                               -(-max_context // PAGE), self._kv,
+                               (states.field("conv"), states.field("ssm")), max_q, keep_hidden)
+        self.tables = PageTables(self.core.table)
+        self._slots: list[int] = []  # the loaded rows' state slots
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """The last step's final-normed hidden per token row (row b · q_len + i), or with the
+        model's `feature_taps` its tap layers' residual outputs side by side, or None when the
+        step was built without them."""
+        return self.core.hidden
+
+    def _kv(self) -> list[KvLayer]:
+        s = self.storage
+
+        def writer(j):
+            def write(slots, k, v):
+                s.k_codec.write(s.k[j], slots, k)
+                s.v_codec.write(s.v[j], slots, v)
+            return write
+
+        dtype = self.core.w.model.embedding.dtype
+        plain = all(isinstance(c, PlainCodec) and c.dtype == dtype
+                    for c in (s.k_codec, s.v_codec))
+        return [KvLayer(s.page_view(k), s.page_view(v), None, None, writer(j),
+                        (k[0], v[0]) if plain else None)
+                for j, (k, v) in enumerate(zip(s.k, s.v))]
+
+    def load(self, seqs, drafts: list[list[int]] | None = None) -> None:
+        """Each row's tokens (its last output, then its drafts), their positions and rotary
+        shift, its state slot and page table; first, the last step's expert routing read."""
+        c = self.core
+        c.before_step()
+        rows = [[input_token(seq), *(drafts[b] if drafts else ())] for b, seq in enumerate(seqs)]
+        meta = torch.zeros(4, sum(map(len, rows)), dtype=torch.long)
+        meta[0] = torch.tensor([t for row in rows for t in row])
+        meta[1] = torch.tensor([seq.cached + t for seq, row in zip(seqs, rows)
+                                for t in range(len(row))])
+        self._slots = [seq.state.index for seq in seqs]
+        meta[2, : len(seqs)] = torch.tensor(self._slots)
+        meta[3] = torch.tensor([seq.rope_delta for seq, row in zip(seqs, rows) for _ in row])
+        # not waiting for the work queued before (a lookahead step loads behind one in flight)
+        c.meta[:, : meta.shape[1]].copy_(meta, non_blocking=True)
+        self.tables.fill([seq.cache for seq in seqs])
+
+    def feed(self, tokens: torch.Tensor) -> None:
+        """The loaded decode rows' input tokens from the device (the last step's picks)."""
+        self.core.meta[0, : tokens.shape[0]].copy_(tokens)
+
+    def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
+        return self.core.step(batch, bucket, q_len).float()
+
+    def keep(self, row: int, kept: int) -> None:
+        self.core.keep(row, kept, self._slots[row])
+
+    def after_launch(self) -> None:
+        """The step is queued: the expert tiers' bookkeeping runs while it computes."""
+        self.core.after_launch()
+
+    @property
+    def generation(self) -> int:
+        """Changes when lending reallocates the expert slot stacks (graphs read the old)."""
+        tiers = getattr(self.core.w.model, "expert_tiers", None)
+        return 0 if tiers is None else tiers.generation
+
+    def save_state(self, batch: int) -> Callable[[], None]:
+        """A copy of the loaded rows' GDN states; calling the result puts it back (around a
+        capture's warm-up, which advances them)."""
+        c = self.core
+        slots = c.slots[:batch]
+        pools = [*c.conv, *c.ssm]
+        copies = [t[slots] for t in pools]
+
+        def restore():
+            for t, saved in zip(pools, copies):
+                t.index_copy_(0, slots, saved)
+        return restore
