@@ -1,6 +1,6 @@
 """The small element-wise work around a decode step's Gated DeltaNet recurrence, fused.
 
-`HybridStep._gdn` (hybrid_decode.py) runs, for B sequences, `proj = x W_inᵀ` (q|k|v|z|b|a),
+`HybridStep._gdn` (models/qwen3_5_step.py) runs, for B sequences, `proj = x W_inᵀ` (q|k|v|z|b|a),
 the causal depthwise conv + SiLU over q|k|v with the conv state shifted in place, the decay
 `g` and `beta`, the recurrence (`gdn_decode`), then the gated RMSNorm; in torch these are
 ~15 tiny launches per layer. Here:

@@ -1,6 +1,6 @@
 """The decode step's per-head q/k RMSNorm and rotary embedding, both head kinds in one launch.
 
-`HybridStep._attn` (hybrid_decode.py) normalizes q and k per head with zero-centred weights
+`HybridStep._attn` (models/qwen3_5_step.py) normalizes q and k per head with zero-centred weights
 (`x̂·(1+w)`, `kernels.rmsnorm`) and then rotates them (`kernels.rotary`): four launches per
 attention layer. `qk_norm_rope(qkv, nq, nkv, d, q_norm, k_norm, eps, positions, rd, theta)`
 does all four in one and returns new contiguous q [B, nq, d] and k [B, nkv, d] in qkv's dtype;
