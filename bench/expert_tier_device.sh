@@ -28,7 +28,8 @@ timeout 200 python3 -u scripts/console_screenshot.py --terminal pty --ready-time
   > "$OUT/r/console.txt" 2>&1
 echo "console: $(grep -c svg "$OUT/r/console.txt") shot(s); $(tail -4 "$OUT/r/console.txt")"
 rm -f /dev/shm/fn4.ninfer
-timeout 330 python3 -u bench/expert_offload.py --layers 16 --steps 128 --budget-s 300 \
+left=$((570 - SECONDS))  # the rest of a 600-second device call, whatever the steps above took
+timeout "$left" python3 -u bench/expert_offload.py --layers 16 --steps 128 --budget-s $((left - 40)) \
   --cpu-shares 0 auto --only 0:stacked:uniform 0:stacked:skewed 0.5:tier:uniform \
   0.5:tier:skewed 0.8:tier:uniform 0.8:tier:skewed 0.25:tier:uniform 0.25:tier:skewed \
   --out "$OUT/r/expert-offload" 2>&1 | grep -E "B=|routing" | tail -40
