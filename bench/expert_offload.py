@@ -409,8 +409,8 @@ def report(r: dict) -> str:
               "memory, admitted between steps); `eager step`: uncaptured (a host sync a MoE "
               "layer). `settle ms/step`: the host's bookkeeping of the captured step's routing "
               "(counts, admissions, table push), run while the GPU computes the next step: "
-              "where it nears the step time the host bounds the rate. `CPU F`: the share of "
-              "the experts computed on the host's cores when missed (`experts.host_jobs`, "
+              "where it nears the step time the host bounds the rate. `CPU` in the path: the "
+              "share of the experts computed on the host's cores when missed (`experts.host_jobs`, "
               "inside the captured step, `--expert-cpu-share`); `host job ms/step`: the "
               "cores' time in those jobs a step."]
     profiled_rows = [row for row in r["rows"] if "profile" in row]

@@ -23,14 +23,11 @@ def time_ms(fn: Callable[[], object], n: int, warm_up: bool = True) -> float:
 
 
 def last_graph_ms(engine, n: int = 30) -> float:
-    """Mean ms of `engine`'s last-used decode graph replayed back to back: its step without
+    """Mean ms of `engine`'s last-captured decode graph replayed back to back: its step without
     the host's work (its inputs stay as the last step loaded them; the recurrent state moves
     on, which a benchmark of random weights does not mind); NaN before any capture."""
-    graphs = engine.runner.graphs._graphs
-    if not graphs:
-        return float("nan")
-    graph, _ = list(graphs.values())[-1]
-    return time_ms(graph.replay, n)
+    graph = engine.runner.graphs.newest()
+    return float("nan") if graph is None else time_ms(graph.replay, n)
 
 
 def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:

@@ -25,6 +25,8 @@ steps' in-place reads: with uniform routing every admission is traffic for nothi
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import torch
 
@@ -170,22 +172,23 @@ class InPlaceReads:
         self._land()
         if not routed:
             return
-        for e in routed:
-            t.routed[e] += 1
-        used = sorted(set(routed))
+        pairs = Counter(routed)  # (token, expert) pairs per expert, counted once
+        for e, n in pairs.items():
+            t.routed[e] += n
+        used = sorted(pairs)
         missing = t.map.lookup(used)
         cpu = [e for e in missing if self._marked(e)]
-        cpu_pairs = sum(routed.count(e) for e in cpu)
+        cpu_pairs = sum(pairs[e] for e in cpu)
         t.cpu_pairs += cpu_pairs
         t.cpu_experts += len(cpu)
         t.device_pairs += len(routed) - cpu_pairs
-        self.read_pairs += sum(routed.count(e) for e in missing) - cpu_pairs
+        self.read_pairs += sum(pairs[e] for e in missing) - cpu_pairs
         admitted, keep = [], set(used)
         # the victim is searched once (O(slots)), again only after an admission took it, and
         # not at all where the policy rules every admission out
         taken = (t.map.victim(keep) if missing and self.admit_per_step
                  and t.map.could_admit(missing) else None)
-        for e in sorted(missing, key=routed.count, reverse=True):  # the step's busiest first
+        for e in sorted(missing, key=pairs.__getitem__, reverse=True):  # the busiest first
             if taken is None:
                 break
             slot, victim = taken

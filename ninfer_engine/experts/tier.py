@@ -196,7 +196,7 @@ class LayerTier:
     @property
     def cpu_row(self) -> int | None:
         """The stacks' zero row (after the slots and the shared expert), None without one."""
-        return self.map.slots + (self.shared is not None) if self.zero_row else None
+        return self.rows - 1 if self.zero_row else None
 
     @property
     def rows(self) -> int:

@@ -182,6 +182,10 @@ class DecodeGraphs:
                  batch, q_len, bucket)
         return graph, logits
 
+    def newest(self) -> torch.cuda.CUDAGraph | None:
+        """The graph captured last (a benchmark replays it alone), None before any capture."""
+        return next(reversed(self._graphs.values()))[0] if self._graphs else None
+
     def capture_at_start(self) -> None:
         """Capture the first context bucket for every batch size now (decode, and verify rows
         of `max_q` tokens where the decoder has them), on scratch sequences in state slots 0..
