@@ -7,7 +7,9 @@ For one attention layer of the 27B (24 query heads, 4 KV heads, head dim 256) an
 in shuffled order: the kernel reading the pages in place (bf16 and int8 KV) against the path it
 replaced (gather the pages into a contiguous tensor, then `F.scaled_dot_product_attention` with
 the bottom-right causal mask), both timed with CUDA events; the error is against the fp32
-reference `paged_prefill_ref`.
+reference `paged_prefill_ref`. Then short chunks (16 and 64 tokens, an agent's turn) at the end
+of a 32K context: the kernel with its pages split in runs (its default there) against one run
+(`splits=1`, the kernel before the split).
 """
 from __future__ import annotations
 
@@ -29,19 +31,21 @@ from ninfer_engine.kernels.paged_prefill import paged_prefill_ref, paged_prefill
 
 SHAPES = {"27b": (24, 4, 256), "35b-a3b": (16, 2, 256)}
 CHUNK = 1024
+SHORT = (16, 64)  # an agent turn's new tokens, at the end of a 32K context
+LONG_CONTEXT = 32768
 
 
 def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def run(name, nq, nkv, D, start, kv_dtype):
-    L = start + CHUNK
+def run(name, nq, nkv, D, start, kv_dtype, chunk=CHUNK):
+    L = start + chunk
     pages = -(-L // PAGE)
     k = torch.randn(pages, PAGE, nkv, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     table = torch.randperm(pages, device="cuda")
-    q = torch.randn(CHUNK, nq, D, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(chunk, nq, D, device="cuda", dtype=torch.bfloat16)
     scale = D**-0.5
     ks = vs = None
     if kv_dtype == "int8":
@@ -54,16 +58,22 @@ def run(name, nq, nkv, D, start, kv_dtype):
     def gather_sdpa():  # the bf16 path the kernel replaced (int8 would also dequantize)
         keys = k[table].flatten(0, 1)[:L].transpose(0, 1)
         values = v[table].flatten(0, 1)[:L].transpose(0, 1)
-        mask = torch.ones(CHUNK, L, dtype=torch.bool, device="cuda").tril(start)
+        mask = torch.ones(chunk, L, dtype=torch.bool, device="cuda").tril(start)
         return F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None],
                                               attn_mask=mask, scale=scale, enable_gqa=True)
 
-    row = dict(shape=name, nq=nq, nkv=nkv, D=D, start=start, chunk=CHUNK, kv=kv_dtype,
+    row = dict(shape=name, nq=nq, nkv=nkv, D=D, start=start, chunk=chunk, kv=kv_dtype,
                rel_err=_rel(kernel(), ref), kernel_ms=time_ms(kernel, 20))
-    if kv_dtype == "bf16":
+    if chunk < CHUNK:  # a short chunk: against the kernel's single run of pages
+        def one_run():
+            return paged_prefill_triton(q, k, v, table, start, scale, ks, vs, splits=1)
+        row["one_run_ms"] = time_ms(one_run, 20)
+        row["one_run_rel_err"] = _rel(one_run(), ref)
+        row["speedup"] = row["one_run_ms"] / row["kernel_ms"]
+    elif kv_dtype == "bf16":
         row["gather_sdpa_ms"] = time_ms(gather_sdpa, 20)
         row["speedup"] = row["gather_sdpa_ms"] / row["kernel_ms"]
-    flops = 4 * nq * D * CHUNK * (start + CHUNK / 2)  # QKᵀ and PV over the causal part
+    flops = 4 * nq * D * chunk * (start + chunk / 2)  # QKᵀ and PV over the causal part
     row["tflops"] = flops / row["kernel_ms"] / 1e9
     return row
 
@@ -77,6 +87,11 @@ def main():
         for start in (0, 7168):
             for kv in ("bf16", "int8"):
                 r = run(name, nq, nkv, D, start, kv)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+        for chunk in SHORT:
+            for kv in ("bf16", "int8"):
+                r = run(name, nq, nkv, D, LONG_CONTEXT - chunk, kv, chunk)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -58,18 +58,20 @@ def down_exact(act, w, weights, B, k, acc_unit=None):
     return down * weights, chain * (absolute * weights.abs()).sum(1)
 
 
-def attention_tol(q, keys, context):
+def attention_tol(q, keys, context, splits=1):
     """rel_err bound of a paged attention kernel against its fp32 reference over the same
     decoded K/V (`tests.tolerance`). fp32 chain: the length-D scores, whose absolute error
     γ_D·‖q‖·‖k‖/√D is a relative error of e^s (so D counts that many times), the exp, the
     context-term softmax sum and P·V, the division, and per 64-token page the online
     rescale's exp and multiply. bf16 queries: the interpreter's dots are fp32 and only the
     output is cast (CAST roundings); a GPU's dots take bf16 operands: K, V and P are rounded
-    to nearest, then the output (4). The reference rounds its output once."""
+    to nearest, then the output (4). The reference rounds its output once. A merge of
+    `splits` partial softmaxes adds, per split, its weight's exp, the product and the sum."""
     D = q.shape[-1]
     norm = keys.double().nan_to_num(0.0).norm(dim=-1).max() * q.double().norm(dim=-1).max()
     pages = -(-context // 64)
-    depth = D * max(1.0, norm.item() / D ** 0.5) + 2 * context + TRANSCENDENTAL * (pages + 1) + 3
+    depth = (D * max(1.0, norm.item() / D ** 0.5) + 2 * context + TRANSCENDENTAL * (pages + 1)
+             + (TRANSCENDENTAL + 2) * (splits - 1) + 3)
     if q.dtype == torch.float32:
         return bound(F32, depth)
     return bound(q.dtype, depth, roundings=CAST if interpreting() else 4)

@@ -7,6 +7,9 @@ import torch
 
 from ninfer_engine.kernels.paged_attention import PAGE, dequantize_kv_int8, quantize_kv_int8
 from ninfer_engine.kernels.paged_prefill import (
+    MIN_SPLIT_PAGES,
+    SMS,
+    _splits,
     paged_prefill_attention,
     paged_prefill_ref,
     paged_prefill_triton,
@@ -102,6 +105,47 @@ def test_paged_prefill_varlen_and_strided_q(device, quant):
         o = int(offsets[b])
         ref = paged_prefill_ref(q[o: o + t], k, v, tables[b], s, D**-0.5, ks, vs)
         assert rel_err(out[o: o + t], ref) < attention_tol(q, _keys(k, ks), s + t), b
+
+
+@pytest.mark.parametrize("quant", [False, True])
+@pytest.mark.parametrize("start,T,splits", [(100, 70, 2), (200, 7, 3), (130, 64, 5),
+                                            (0, 20, 2)])
+def test_split_pages_merge_to_the_reference(device, start, T, splits, quant):
+    """A chunk's pages folded in `splits` runs and merged (a short chunk over a long context):
+    runs a query sees nothing of (its keys all later) weigh zero, not NaN; more runs than
+    pages leave some empty."""
+    g = torch.Generator().manual_seed(17 * start + T + splits + quant)
+    nq, nkv, D = 4, 2, 16
+    n_seq_pages = -(-(start + T) // PAGE)
+    table = torch.randperm(n_seq_pages + 1, generator=g)[:n_seq_pages].int()
+    k, v, ks, vs = _pool(g, n_seq_pages + 1, nkv, D, table, start + T, quant)
+    q = torch.randn(T, nq, D, generator=g).bfloat16()
+    ref = paged_prefill_ref(q, k, v, table, start, D**-0.5, ks, vs)
+    dev = [None if t is None else t.to(device) for t in (q, k, v, table, ks, vs)]
+    out = paged_prefill_triton(*dev[:4], start, D**-0.5, *dev[4:], splits=splits)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < attention_tol(q, _keys(k, ks), start + T, splits)
+    # the varlen form: two chunks, the table padded past the shorter one's pages
+    tables = torch.stack([table, table.roll(1)])
+    starts = torch.tensor([start, max(start - 64, 0)], dtype=torch.int32)
+    lens = torch.tensor([T, T], dtype=torch.int32)
+    offsets = torch.tensor([0, T], dtype=torch.int32)
+    qq = torch.cat([q, q.flip(0)])
+    dev = [t.to(device) for t in (qq, tables, offsets, lens, starts)]
+    out = paged_prefill_varlen_triton(dev[0], *[None if t is None else t.to(device)
+                                                for t in (k, v)], *dev[1:], T, D**-0.5,
+                                      *[None if t is None else t.to(device) for t in (ks, vs)],
+                                      splits=splits)
+    assert rel_err(out[:T], ref) < attention_tol(q, _keys(k, ks), start + T, splits)
+
+
+def test_short_chunks_over_long_contexts_split_their_pages():
+    """The split rule: a launch of fewer programs than SMs splits into about two waves, each
+    run ≥ MIN_SPLIT_PAGES pages; a full launch or a short context does not split."""
+    assert _splits(16, 512) == -(-2 * SMS // 16)  # 64 queries of 16 heads over 32K keys
+    assert _splits(16, 8) == 8 // MIN_SPLIT_PAGES
+    assert _splits(16, MIN_SPLIT_PAGES - 1) == 1
+    assert _splits(SMS, 512) == 1
 
 
 def test_dispatch_takes_the_reference_on_cpu():
