@@ -5,7 +5,10 @@ sequence-major token rows: q, k `[B·T, nk, dk]` (raw; L2-normalised here), v `[
 g `[B·T, nv]` (log decay, α = e^g), beta `[B·T, nv]`, state `[S, nv, dk, dv]` fp32 updated in
 place: sequence b continues state row `index[b]` (a state-slot pool addressed by index, as
 vLLM's `state_indices`), or row b itself when `index` is None (S = B, T = 1). `trail`, where
-given, receives the state after each token of a row but the last.
+given, receives the state after each token of a row but the last. `valid` [B] int32, where
+given: row b's tokens from `valid[b]` on are padding (a prompt chunk's rows padded to the
+captured step's length): their outputs are computed (and never read), the state kept is the
+one after token `valid[b] - 1`.
 Value head j reads q/k head `j // (nv/nk)`. Returns o `[B·T, nv, dv]` fp32, o = Sᵀ q / √dk.
 """
 
@@ -20,9 +23,9 @@ from ._dispatch import use_triton
 from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
-def gdn_decode_ref(q, k, v, g, beta, state, index=None, trail=None):
+def gdn_decode_ref(q, k, v, g, beta, state, index=None, trail=None, valid=None):
     """Torch reference built on the model's `recurrent_gated_delta`; updates `state` (and
-    `trail`, as `gdn_decode_triton`)."""
+    `trail`, `valid` as `gdn_decode_triton`)."""
     r = v.shape[1] // q.shape[1]
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     slots = range(q.shape[0]) if index is None else index.tolist()
@@ -32,8 +35,10 @@ def gdn_decode_ref(q, k, v, g, beta, state, index=None, trail=None):
         qb = l2_normalize(q[tok].float()).repeat_interleave(r, 1)
         kb = l2_normalize(k[tok].float()).repeat_interleave(r, 1)
         after: list[torch.Tensor] = []
-        out[tok], state[slot] = recurrent_gated_delta(qb, kb, v[tok].float(), g[tok].float(),
-                                                      beta[tok].float(), state[slot], after)
+        out[tok], last = recurrent_gated_delta(qb, kb, v[tok].float(), g[tok].float(),
+                                               beta[tok].float(), state[slot], after)
+        n = T if valid is None else int(valid[b])
+        state[slot] = last if n == T else state[slot] if n == 0 else after[n - 1]
         if trail is not None:
             for t in range(T - 1):
                 trail[t, b] = after[t]
@@ -42,11 +47,11 @@ def gdn_decode_ref(q, k, v, g, beta, state, index=None, trail=None):
 
 @triton.jit
 def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_ptr, trail_ptr,
-                       scale, TRAIL_B,
+                       valid_ptr, scale, TRAIL_B,
                        NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
                        INDEXED: tl.constexpr, T: tl.constexpr, TRAIL: tl.constexpr,
-                       PDL: tl.constexpr = 0):
+                       VALID: tl.constexpr = 0, PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     pid = tl.program_id(0)  # b * NV + j
@@ -68,6 +73,8 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
         s = tl.load(sp)
     else:  # a dk that is not a power of two, or a dv tail (tiny test shapes)
         s = tl.load(sp, mask=smask, other=0.0)
+    n_valid = tl.load(valid_ptr + b) if VALID else T
+    kept = s  # the state after the row's last real token
     # the row's T tokens in order, the state held in registers between them
     for t in tl.static_range(T):
         row = b * T + t  # token row
@@ -92,6 +99,8 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
         u = beta * (v - tl.sum(s * k[:, None], axis=0))
         s = s + k[:, None] * u[None, :]
         o = tl.sum(s * q[:, None], axis=0)
+        if VALID:
+            kept = tl.where(t < n_valid, s, kept)
         op = o_ptr + (row * NV + j) * DV + dv
         if EVEN:
             tl.store(op, o)
@@ -103,13 +112,16 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
                 tl.store(tp, s)
             else:
                 tl.store(tp, s, mask=smask)
+    if not VALID:
+        kept = s
     if EVEN:
-        tl.store(sp, s)
+        tl.store(sp, kept)
     else:
-        tl.store(sp, s, mask=smask)
+        tl.store(sp, kept, mask=smask)
 
 
-def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=32):
+def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=32,
+                      valid=None):
     """Triton path: one program per (sequence, value head, block of `block_v` value dims).
 
     Rows of T > 1 tokens (`q` etc. hold B·T token rows, sequence-major; `index` has B
@@ -129,20 +141,23 @@ def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=3
     if trail is not None:
         assert trail.is_contiguous() and trail.shape[2:] == (nv, dk, dv)
         assert trail.shape[0] >= T - 1 and trail.shape[1] >= B
+    assert valid is None or (valid.dtype == torch.int32 and valid.shape[0] >= B)
     block_v = min(block_v, triton.next_power_of_2(dv))
     block_k = triton.next_power_of_2(dk)
     o = torch.empty(N, nv, dv, dtype=torch.float32, device=v.device)
     _gdn_decode_kernel[(B * nv, triton.cdiv(dv, block_v))](
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
         state, state if index is None else index, o, state if trail is None else trail,
-        dk**-0.5, 0 if trail is None else trail.shape[1], NK=nk, NV=nv, DK=dk, DV=dv,
+        state if valid is None else valid, dk**-0.5, 0 if trail is None else trail.shape[1], NK=nk, NV=nv, DK=dk, DV=dv,
         BK=block_k, BV=block_v, EVEN=block_k == dk and dv % block_v == 0,
-        INDEXED=index is not None, T=T, TRAIL=trail is not None, num_warps=4,
+        INDEXED=index is not None, T=T, TRAIL=trail is not None, VALID=valid is not None,
+        num_warps=4,
         **pdl_launch(state))
     return o
 
 
-def gdn_decode(q, k, v, g, beta, state, index=None, trail=None):
+def gdn_decode(q, k, v, g, beta, state, index=None, trail=None, valid=None):
     """Dispatching entry point; see the module docstring."""
-    fn = gdn_decode_triton if use_triton(q) else gdn_decode_ref
-    return fn(q, k, v, g, beta, state, index, trail)
+    if use_triton(q):
+        return gdn_decode_triton(q, k, v, g, beta, state, index, trail, valid=valid)
+    return gdn_decode_ref(q, k, v, g, beta, state, index, trail, valid)

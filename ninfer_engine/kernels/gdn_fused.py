@@ -31,12 +31,12 @@ from .pdl import pdl_launch, pdl_release, pdl_wait
 
 
 def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
-                 trail=None):
+                 trail=None, valid=None):
     """Torch reference: `_gdn`'s code between the input GEMV and the recurrence.
 
     proj [B·T, 2·nk·dk + 2·nv·dv + 2·nv] (q|k|v|z|b|a; T tokens a row, sequence-major),
     conv_state [S, K-1, C] updated in place at rows `index` [B] (default: rows 0..B-1, T = 1;
-    C = 2·nk·dk + nv·dv), conv_w [K, C], a_log / dt_bias [nv] fp32; `trail` as
+    C = 2·nk·dk + nv·dv), conv_w [K, C], a_log / dt_bias [nv] fp32; `trail`, `valid` as
     `gdn_prep_triton`'s. Returns (q [B·T, nk, dk], k [B·T, nk, dk], v [B·T, nv, dv],
     g [B·T, nv], beta [B·T, nv]) fp32 and z [B·T, nv·dv], a view of proj."""
     N = proj.shape[0]
@@ -45,9 +45,12 @@ def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index
     rows = torch.arange(N, device=proj.device) if index is None else index
     T = N // rows.shape[0]
     conv = torch.empty(N, 2 * kg + vg, dtype=torch.float32, device=proj.device)
+    live = (torch.full((rows.shape[0],), T, dtype=torch.int32) if valid is None
+            else valid[: rows.shape[0]].cpu())
     for t in range(T):
         window = torch.cat([conv_state[rows], qkv[t::T, None]], 1)  # [B, K, C]
-        conv_state[rows] = window[:, 1:]
+        keep = (live > t).to(conv_state.device)[:, None, None]  # a padding token shifts nothing
+        conv_state[rows] = torch.where(keep, window[:, 1:], conv_state[rows])
         if trail is not None and t < T - 1:
             trail[t, : rows.shape[0]] = window[:, 1:]
         conv[t::T] = F.silu((window.float() * conv_w.float()).sum(1))
@@ -110,11 +113,11 @@ def _softplus(x, LIBDEVICE: tl.constexpr):
 
 @triton.jit
 def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, trail_ptr,
-                     N, TRAIL_B, stride_pb, stride_cb, stride_ct,
+                     valid_ptr, N, TRAIL_B, stride_pb, stride_cb, stride_ct,
                      KG: tl.constexpr, VG: tl.constexpr, NV: tl.constexpr, K: tl.constexpr,
                      BLOCK_C: tl.constexpr, BLOCK_NV: tl.constexpr, EVEN: tl.constexpr,
                      LIBDEVICE: tl.constexpr, INDEXED: tl.constexpr, T: tl.constexpr,
-                     TRAIL: tl.constexpr, PDL: tl.constexpr = 0):
+                     TRAIL: tl.constexpr, VALID: tl.constexpr = 0, PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     b = tl.program_id(0)
@@ -127,8 +130,13 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
     else:
         conv_row = conv_ptr + b * stride_cb + c
     # the row's T tokens in order; each shifts the window (the program owns its channels
-    # across every tap and token, so the in-place shift has no race)
+    # across every tap and token, so the in-place shift has no race); a padding token
+    # (`valid`) reads the window without shifting it
     for tok in tl.static_range(T):
+        shift = mask
+        if VALID:
+            # (c < C) for a real token, nothing for a padding one
+            shift = c < tl.where(tl.load(valid_ptr + b) > tok, C, 0)
         bt = b * T + tok  # token row
         # window tap 0 (oldest), then taps 1..K-1; tap t is stored back as state row t-1
         if EVEN:
@@ -149,7 +157,7 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
                 x = tl.load(src, mask=mask, other=0.0)
                 w = tl.load(w_ptr + t * C + c, mask=mask, other=0.0).to(tl.float32)
             x = x.to(conv_ptr.dtype.element_ty)
-            tl.store(conv_row + (t - 1) * stride_ct, x, mask=mask)
+            tl.store(conv_row + (t - 1) * stride_ct, x, mask=shift)
             if TRAIL and tok < T - 1:  # the window after this token, for a rollback
                 tl.store(trail_ptr + ((tok * TRAIL_B + b) * (K - 1) + t - 1) * C + c, x,
                          mask=mask)
@@ -180,13 +188,15 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
 
 
 def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
-                    trail=None, block_c=512):
+                    trail=None, block_c=512, valid=None):
     """Triton path, one launch: grid (B, ⌈C / block_c⌉); the programs of channel block 0 also
     write g and beta. q, k, v, g, beta are views of one fp32 allocation, each contiguous.
 
     Rows of T > 1 tokens (`proj` holds B·T token rows, sequence-major; `index` B entries):
     each program walks its row's tokens in order, and where `trail` ([≥ T-1, ≥ B, K-1, C],
-    contiguous) is given stores the window after each token but the last there."""
+    contiguous) is given stores the window after each token but the last there. `valid` [B]
+    int32, where given: row b's tokens from `valid[b]` on are padding (a prompt chunk padded
+    to a captured step's length), convolved but never shifted into the state."""
     N, width = proj.shape
     kg, vg = nk * dk, nv * dv
     C = 2 * kg + vg
@@ -204,17 +214,19 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, in
     if trail is not None:
         assert trail.is_contiguous() and trail.shape[2:] == (K - 1, C)
         assert trail.shape[0] >= T - 1 and trail.shape[1] >= B
+    assert valid is None or (valid.dtype == torch.int32 and valid.shape[0] >= B)
     out = torch.empty(N * (C + 2 * nv), dtype=torch.float32, device=proj.device)
     block_c = min(block_c, triton.next_power_of_2(C))
     if B > 0:
         _gdn_prep_kernel[(B, triton.cdiv(C, block_c))](
             proj, conv_state, conv_state if index is None else index, conv_w, a_log, dt_bias,
-            out, conv_state if trail is None else trail, N,
+            out, conv_state if trail is None else trail, conv_state if valid is None else valid,
+            N,
             0 if trail is None else trail.shape[1],
             proj.stride(0), conv_state.stride(0), conv_state.stride(1),
             KG=kg, VG=vg, NV=nv, K=K, BLOCK_C=block_c, BLOCK_NV=triton.next_power_of_2(nv),
             EVEN=C % block_c == 0, LIBDEVICE=not interpreting(), INDEXED=index is not None,
-            T=T, TRAIL=trail is not None,
+            T=T, TRAIL=trail is not None, VALID=valid is not None,
             num_warps=max(1, min(4, block_c // 128)), **pdl_launch(proj))
     q = out[: N * kg].view(N, nk, dk)
     k = out[N * kg: 2 * N * kg].view(N, nk, dk)
@@ -283,10 +295,13 @@ def gdn_gated_norm_triton(o, z, norm, eps, at=None, rows_per_program: int | None
 
 
 def gdn_prep(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
-             trail=None):
+             trail=None, valid=None):
     """Dispatching entry point; see the module docstring."""
-    fn = gdn_prep_triton if use_triton(proj) else gdn_prep_ref
-    return fn(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index, trail)
+    if use_triton(proj):
+        return gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index,
+                               trail, valid=valid)
+    return gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index, trail,
+                        valid)
 
 
 def gdn_gated_norm(o, z, norm, eps, at=None):

@@ -103,3 +103,30 @@ def test_gdn_decode_walks_a_rows_tokens_and_keeps_the_trail(device):
     for t in range(T - 1):
         gdn_decode_ref(q[t::T], k[t::T], v[t::T], gate[t::T], beta[t::T], one, index)
         assert torch.allclose(one[index], trail_ref[t])
+
+
+def test_padding_tokens_past_valid_leave_the_state_of_the_real_ones(device):
+    # rows of 4 tokens in slots 2 and 0 whose first 1 and 3 are real (`valid`, a prompt chunk
+    # padded to a captured length): the state left and the real tokens' outputs are those of
+    # the rows cut to their real tokens; the reference's own `valid` agrees
+    g = torch.Generator().manual_seed(35)
+    nk, nv, dk, dv, T = 2, 4, 16, 32, 4
+    pool = torch.randn(3, nv, dk, dv, generator=g)
+    index, valid = torch.tensor([2, 0]), torch.tensor([1, 3], dtype=torch.int32)
+    q, k = torch.randn(2, 2 * T, nk, dk, generator=g).bfloat16()
+    v = torch.randn(2 * T, nv, dv, generator=g).bfloat16()
+    gate, beta = -torch.rand(2 * T, nv, generator=g), torch.rand(2 * T, nv, generator=g)
+    s_tri = pool.clone().to(device)
+    o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri,
+                          index.to(device), valid=valid.to(device))
+    s_ref = pool.clone()
+    o_ref = gdn_decode_ref(q, k, v, gate, beta, s_ref, index, valid=valid)
+    tol = _tol([gate[t] for t in range(2 * T)], dk)
+    for b, (slot, n) in enumerate(zip(index.tolist(), valid.tolist())):
+        real = slice(b * T, b * T + n)
+        cut = pool.clone()
+        o_cut = gdn_decode_ref(q[real], k[real], v[real], gate[real], beta[real], cut,
+                               torch.tensor([slot]))
+        assert rel_err(o[real], o_cut) < tol and rel_err(s_tri[slot], cut[slot]) < tol
+        assert torch.equal(o_ref[real], o_cut) and torch.equal(s_ref[slot], cut[slot])
+    assert torch.equal(s_tri[1].cpu(), pool[1])

@@ -118,6 +118,38 @@ def test_gdn_prep_two_steps_carry_conv_state(device):
         assert torch.equal(conv_tri.cpu(), conv_ref)
 
 
+def test_gdn_prep_padding_tokens_past_valid_shift_nothing(device):
+    # rows of 4 tokens in slots 3 and 1 whose first 1 and 3 are real (`valid`): the windows
+    # left and the real tokens' q, k, v are those of the rows cut to their real tokens
+    gen = torch.Generator().manual_seed(9)
+    nk, nv, dk, dv, T = 2, 4, 16, 32, 4
+    m = _layer(nk, nv, dk, dv, gen)
+    pool = torch.randn(4, K - 1, m.conv_dim, generator=gen).bfloat16()
+    index, valid = torch.tensor([3, 1]), torch.tensor([1, 3], dtype=torch.int32)
+    proj = _proj(2 * T, m, gen)
+    conv_tri = pool.clone().to(device)
+    out = gdn_prep_triton(proj.to(device), conv_tri, *_to((m.conv, m.a_log, m.dt_bias), device),
+                          nk, dk, nv, dv, index.to(device), valid=valid.to(device))
+    conv_ref = pool.clone()
+    ref = gdn_prep_ref(proj, conv_ref, m.conv, m.a_log, m.dt_bias, nk, dk, nv, dv, index,
+                       valid=valid)
+    for b, (slot, n) in enumerate(zip(index.tolist(), valid.tolist())):
+        real = slice(b * T, b * T + n)
+        cut = pool.clone()
+        want = gdn_prep_ref(proj[real], cut, m.conv, m.a_log, m.dt_bias, nk, dk, nv, dv,
+                            torch.tensor([slot]))
+        for o, r, w in zip(out[:3], ref[:3], want[:3]):
+            assert torch.equal(r[real], w)
+        # token t convolves rows t .. t+K-1 of [its slot's window; its row's tokens]
+        history = torch.cat([pool[slot], proj[real, : m.conv_dim]])
+        before = torch.stack([history[t: t + K - 1] for t in range(n)])
+        for o, w, bound_ in zip(out[:3], want[:3], _prep_bounds(proj[real], before, m)):
+            _assert_fp32_close(o[real], w, bound_)
+        assert torch.equal(conv_tri[slot].cpu(), cut[slot]) and torch.equal(conv_ref[slot],
+                                                                             cut[slot])
+    assert torch.equal(conv_tri[torch.tensor([0, 2])].cpu(), pool[torch.tensor([0, 2])])
+
+
 def test_gdn_prep_addresses_conv_slots_by_index(device):
     # rows 0, 1 shift slots 3 and 1 of a 4-slot pool: the same as rows holding those windows,
     # and the other slots are left alone
