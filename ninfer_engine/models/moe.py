@@ -281,6 +281,21 @@ class SparseMoE:
         slots[order] = ys  # back to (token, slot) order
         return slots.view(*ids.shape, x.shape[-1]).sum(1)  # deterministic, unlike a scatter-add
 
+    def capturable(self) -> bool:
+        """Whether `__call__` runs on CUDA without a host sync (a CUDA graph can hold it): the
+        grouped kernels over fp8 stacks, or `torch._grouped_mm` over bf16 ones; not an
+        offloaded layer or a rank's share (their dispatch reads counts on the host)."""
+        if self.tier is not None or self.local != (0, self.n_experts) or self.stacked is None:
+            return False
+        probe = torch.empty(0, dtype=torch.bfloat16, device=self.stacked[0].w.device)
+        if not probe.is_cuda:
+            return False
+        shared = self.stacked_shared if self.router_score is not None else None
+        if shared is not None and self._fp8_grouped(probe, shared):
+            return True
+        return self._fp8_grouped(probe) or (self.use_grouped(probe)
+                                            and self.stacked[0].scale is None)
+
     def warm_up(self, dtype: torch.dtype, device: torch.device) -> bool:
         """Run this layer once on random tokens at each row tile of the grouped kernels
         (`moe_grouped.ROW_TILES`), so every variant compiles before serving whatever prompt

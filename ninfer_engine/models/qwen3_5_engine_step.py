@@ -1,5 +1,7 @@
 """`EngineHybridDecoder`: the hybrid family's decode step (`qwen3_5_step.HybridStep`) bound to
-the engine's shared KV pool and running-state pool, for `step.decode_graphs.DecodeGraphs`."""
+the engine's shared KV pool and running-state pool, for `step.decode_graphs.DecodeGraphs`;
+`EngineHybridPrompt`: its short-prompt step (`qwen3_5_prompt_step.PromptStep`) bound the same
+way."""
 
 from __future__ import annotations
 
@@ -11,8 +13,39 @@ from ..kernels.paged_attention import PAGE
 from ..kv import KvStorage, PageTables, StatePool
 from ..kv.quant import PlainCodec
 from .attention import input_token
+from .qwen3_5_prompt_step import PromptStep
 from .qwen3_5_step import HybridStep
 from .qwen3_5_step_weights import HybridWeights, KvLayer
+
+
+def pool_layers(storage: KvStorage, dtype: torch.dtype) -> list[KvLayer]:
+    """Each attention layer of the engine's shared pool as the step's kernels read and write
+    it (where K and V are plain rows of the activation dtype, the q/k kernel stores them)."""
+    s = storage
+
+    def writer(j):
+        def write(slots, k, v):
+            s.k_codec.write(s.k[j], slots, k)
+            s.v_codec.write(s.v[j], slots, v)
+        return write
+
+    plain = all(isinstance(c, PlainCodec) and c.dtype == dtype for c in (s.k_codec, s.v_codec))
+    return [KvLayer(s.page_view(k), s.page_view(v), None, None, writer(j),
+                    (k[0], v[0]) if plain else None)
+            for j, (k, v) in enumerate(zip(s.k, s.v))]
+
+
+def save_slots(core: HybridStep, batch: int) -> Callable[[], None]:
+    """A copy of the GDN states in the step's first `batch` loaded slots; calling the result
+    puts it back (around a capture's warm-up, which advances them)."""
+    slots = core.slots[:batch]
+    pools = [*core.conv, *core.ssm]
+    copies = [t[slots] for t in pools]
+
+    def restore():
+        for t, saved in zip(pools, copies):
+            t.index_copy_(0, slots, saved)
+    return restore
 
 
 class EngineHybridDecoder:
@@ -39,20 +72,7 @@ class EngineHybridDecoder:
         return self.core.hidden
 
     def _kv(self) -> list[KvLayer]:
-        s = self.storage
-
-        def writer(j):
-            def write(slots, k, v):
-                s.k_codec.write(s.k[j], slots, k)
-                s.v_codec.write(s.v[j], slots, v)
-            return write
-
-        dtype = self.core.w.model.embedding.dtype
-        plain = all(isinstance(c, PlainCodec) and c.dtype == dtype
-                    for c in (s.k_codec, s.v_codec))
-        return [KvLayer(s.page_view(k), s.page_view(v), None, None, writer(j),
-                        (k[0], v[0]) if plain else None)
-                for j, (k, v) in enumerate(zip(s.k, s.v))]
+        return pool_layers(self.storage, self.core.w.model.embedding.dtype)
 
     def load(self, seqs, drafts: list[list[int]] | None = None) -> None:
         """Each row's tokens (its last output, then its drafts), their positions and rotary
@@ -94,12 +114,43 @@ class EngineHybridDecoder:
     def save_state(self, batch: int) -> Callable[[], None]:
         """A copy of the loaded rows' GDN states; calling the result puts it back (around a
         capture's warm-up, which advances them)."""
-        c = self.core
-        slots = c.slots[:batch]
-        pools = [*c.conv, *c.ssm]
-        copies = [t[slots] for t in pools]
+        return save_slots(self.core, batch)
 
-        def restore():
-            for t, saved in zip(pools, copies):
-                t.index_copy_(0, slots, saved)
-        return restore
+
+class EngineHybridPrompt:
+    """`PromptStep` over the engine's shared KV pool and running-state pool: `load` writes one
+    sequence's next prompt tokens (padded), positions, state slot and page table into the
+    step's buffers; `step(rows)` prefills them in the slot and the pages in place. Shares the
+    decoder's `HybridWeights`."""
+
+    def __init__(self, weights: HybridWeights, storage: KvStorage, states: StatePool,
+                 max_context: int, rows: int) -> None:
+        self.storage, self.rows = storage, rows
+        self.core = PromptStep(weights, -(-max_context // PAGE), self._kv,
+                               (states.field("conv"), states.field("ssm")), rows)
+        self.tables = PageTables(self.core.table)
+
+    def _kv(self) -> list[KvLayer]:
+        return pool_layers(self.storage, self.core.w.model.embedding.dtype)
+
+    def load(self, seq, tokens: list[int], rows: int) -> None:
+        """`tokens`, the prompt's next positions from `seq.cached`, padded to `rows` (its
+        lease must cover `seq.cached + rows` positions: the padding rows' K/V go there)."""
+        c, n = self.core, len(tokens)
+        assert 0 < n <= rows <= self.rows and seq.cache.capacity >= seq.cached + rows
+        meta = torch.zeros(4, rows, dtype=torch.long)
+        meta[0, :n] = torch.tensor(tokens)
+        meta[1] = torch.arange(seq.cached, seq.cached + rows)
+        meta[2, 0] = seq.state.index
+        meta[3] = seq.rope_delta
+        c.meta[:, :rows].copy_(meta, non_blocking=True)
+        c.chunk.copy_(torch.tensor([[0], [rows], [seq.cached], [n]], dtype=torch.int32),
+                      non_blocking=True)
+        c.last.fill_(n - 1)
+        self.tables.fill([seq.cache])
+
+    def step(self, rows: int) -> torch.Tensor:
+        return self.core.prefill(rows).float()
+
+    def save_state(self) -> Callable[[], None]:
+        return save_slots(self.core, 1)

@@ -45,7 +45,8 @@ class HybridStep:
     def __init__(self, weights: HybridWeights, max_batch: int, max_pages: int,
                  kv: Callable[[], list[KvLayer]],
                  states: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
-                 max_q: int = 1, keep_hidden: bool = False):
+                 max_q: int = 1, keep_hidden: bool = False, trail: bool = True,
+                 acc_rows: int | None = None):
         self.w, self.c, self.eps = weights, weights.c, weights.eps
         self.kv, self.max_batch, self.max_q = kv, max_batch, max_q
         dev = weights.model.embedding.device
@@ -58,14 +59,16 @@ class HybridStep:
         self.table = torch.zeros(max_batch, max_pages, dtype=torch.long, device=dev)
         self.rows = torch.arange(rows, device=dev)
         # per layer, the fp32 deltas its mixer and FFN add to the residual (`FusedLinear` acc),
-        # zeroed in one launch a step instead of a fill and a cast per projection
-        self.acc = torch.zeros(2 * len(weights.layers), rows, weights.c["hidden_size"],
+        # zeroed in one launch a step instead of a fill and a cast per projection (`acc_rows`:
+        # fewer, where only the GEMVs of that many rows take it, not the MoE's down kernel)
+        acc_rows = rows if acc_rows is None else min(rows, acc_rows)
+        self.acc = torch.zeros(2 * len(weights.layers), acc_rows, weights.c["hidden_size"],
                                device=dev)
         # the same for the router | shared-score GEMV of MoE layers whose shared expert is a
         # slot (a K split into fp32 is 1.6x faster there); the rest take bf16 (shared g|u)
         routers = [lay for lay in weights.layers if lay.get("shared_slot")]
         width = routers[0]["w_gu"].w.shape[0] if routers else 0
-        self.router_acc = torch.zeros(len(routers), rows, width, device=dev)
+        self.router_acc = torch.zeros(len(routers), acc_rows, width, device=dev)
         # each token row's final-normed hidden, for a drafter that reads it (`--spec mtp`), or
         # its tap layers' residual outputs side by side (`feature_taps`, `--spec dflash`)
         self.taps = tuple(getattr(weights.model, "feature_taps", None) or ())
@@ -81,8 +84,12 @@ class HybridStep:
                                                  dtype=torch.bfloat16))
                     states[1].append(torch.zeros(max_batch, m.nv, m.dk, m.dv, device=dev))
         self.conv, self.ssm = states  # per GDN layer, in layer order: [slots, ...]
-        self.trail_conv = [t.new_empty(max_q - 1, max_batch, *t.shape[1:]) for t in self.conv]
-        self.trail_ssm = [t.new_empty(max_q - 1, max_batch, *t.shape[1:]) for t in self.ssm]
+        # (`trail`: False for a step whose rows are never rolled back, a prompt's)
+        trail_rows = max_q - 1 if trail else 0
+        self.trail_conv = [t.new_empty(trail_rows, max_batch, *t.shape[1:]) for t in self.conv]
+        self.trail_ssm = [t.new_empty(trail_rows, max_batch, *t.shape[1:]) for t in self.ssm]
+        # each row's real-token count where rows carry padding (`PromptStep`), else None
+        self.valid: torch.Tensor | None = None
         # `keep`'s per-layer views: of the trail by (row, kept), of the states by slot
         self._trail_views: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._slot_views: dict[int, list[torch.Tensor]] = {}
@@ -115,6 +122,19 @@ class HybridStep:
         (q_len 1) advances `pos` of its rows by one."""
         n = batch * q_len
         self.routing.clear()
+        pos = self.pos[:n]
+        seq = self.rows[:n] // q_len if q_len > 1 else self.rows[:n]
+        table = self.table[seq] if q_len > 1 else self.table[:batch]
+        # where each token's new K/V goes: the same for every attention layer
+        slot = self.table[seq, pos // PAGE] * PAGE + pos % PAGE
+        y = self.layers(n, batch, q_len, table, kv_span, slot)
+        if q_len == 1:
+            self.pos[:batch] += 1
+        return self.w.model.ranks.gather_vocab(self.w.head(y), self.c["vocab_size"])
+
+    def layers(self, n, batch, q_len, table, kv_span, slot) -> torch.Tensor:
+        """Token rows 0..n-1 (`batch` rows of `q_len`) through every layer and the final norm:
+        [n, H]; `table`, `kv_span` and `slot` as the attention layers read them (`_attn`)."""
         x = F.embedding(self.tokens[:n], self.w.model.embedding)
         kv, gdn, attn, moe = self.kv(), 0, 0, 0
         ranks = self.w.model.ranks
@@ -122,10 +142,6 @@ class HybridStep:
         acc.zero_()
         router_acc.zero_()
         pos = self.pos[:n]
-        seq = self.rows[:n] // q_len if q_len > 1 else self.rows[:n]
-        table = self.table[seq] if q_len > 1 else self.table[:batch]
-        # where each token's new K/V goes: the same for every attention layer
-        slot = self.table[seq, pos // PAGE] * PAGE + pos % PAGE
         rope = pos + self.shift[:n]  # the rotary position; pages and lengths go by `pos`
         delta, h = x, None
         for j, layer in enumerate(self.w.layers):
@@ -155,9 +171,7 @@ class HybridStep:
         y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
         if self.hidden is not None and not self.taps:
             self.hidden[:n].copy_(y)
-        if q_len == 1:
-            self.pos[:batch] += 1
-        return ranks.gather_vocab(self.w.head(y), self.c["vocab_size"])
+        return y
 
     def keep(self, row: int, kept: int, slot: int) -> None:
         """Take row `row` of the last verify step, in state slot `slot`, back to its GDN state
@@ -179,14 +193,26 @@ class HybridStep:
         the conv and recurrence kernels walk a verify row's tokens in order and store the
         state after each but the last in the trail."""
         m, slots = layer["mixer"], self.slots[:B]
-        trail_conv, trail_ssm = (self.trail_conv[i], self.trail_ssm[i]) if T > 1 else (None, None)
+        kept = T > 1 and self.trail_conv[i].shape[0] > 0  # a verify row's (not a prompt's)
+        trail_conv, trail_ssm = (self.trail_conv[i], self.trail_ssm[i]) if kept else (None, None)
         q, k, v, g, beta, z = gdn_prep_triton(layer["w_in"](y), self.conv[i], m.conv, m.a_log,
                                               m.dt_bias, m.nk, m.dk, m.nv, m.dv, slots,
-                                              trail_conv)
-        o = gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots, trail_ssm)
+                                              trail_conv, valid=self.valid)
+        o = gdn_decode_triton(q, k, v, g, beta, self.ssm[i], slots, trail_ssm,
+                              valid=self.valid)
         return layer["w_out"](gdn_gated_norm_triton(o, z, m.norm, self.eps), acc=acc)
 
     def _attn(self, layer, kv: KvLayer, y, pos, rope, table, kv_span, slot, acc):
+        m, n = layer["mixer"], y.shape[0]
+        q, gate = self._qk(layer, kv, y, rope, slot)
+        # every token row attends over its sequence's pages up to its own position
+        a = paged_attention_triton(q, kv.k, kv.v, table, pos + 1, kv.k_scale, kv.v_scale,
+                                   max_seq_len=kv_span)
+        return layer["w_out"](a.reshape(n, m.nq * m.d), gate=gate, act="sigmoid", acc=acc)
+
+    def _qk(self, layer, kv: KvLayer, y, rope, slot):
+        """The attention layer's projection, q/k norms and rotary: (q [n, nq, d], the output
+        gate); the rows' new K/V stored at their pool slots `slot`."""
         m, n = layer["mixer"], y.shape[0]
         qd, kvd = m.nq * m.d, m.nkv * m.d
         qgkv = layer["w_in"](y)
@@ -196,10 +222,7 @@ class HybridStep:
                                    kv_rows=kv.rows, slots=slot)
         if kv.rows is None:
             kv.write(slot, k, v.reshape(n, m.nkv, m.d))
-        # every token row attends over its sequence's pages up to its own position
-        a = paged_attention_triton(q, kv.k, kv.v, table, pos + 1, kv.k_scale, kv.v_scale,
-                                   max_seq_len=kv_span)
-        return layer["w_out"](a.reshape(n, qd), gate=gate, act="sigmoid", acc=acc)
+        return q, gate
 
     def _moe(self, layer, y, B, router_acc, acc):
         """Shared expert plus top-k routed SwiGLU experts of every row. One GEMV gives the

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
@@ -22,13 +23,17 @@ import torch
 from ..kv import KV_DTYPES
 from ..kv.slots import StateSlot
 from ..models.llama_step import StaticDecoder
-from ..models.qwen3_5_engine_step import EngineHybridDecoder
+from ..models.qwen3_5_engine_step import EngineHybridDecoder, EngineHybridPrompt
 from .sequence import Sequence
 
 log = logging.getLogger("ninfer.engine")
 
 GRAPH_CODECS = KV_DTYPES  # the KV layouts the paged-attention kernel reads in place: all
 MIN_BUCKET = 1024  # smallest context bucket (tokens); buckets double up to the max context
+# the padded lengths of a short prompt chunk's step (`prefill`): an agent's turn over its
+# cached prefix, the tail of a longer prompt; past the last, the eager forward's fixed cost is
+# spread over enough tokens
+PROMPT_ROWS = (16, 32, 64)
 
 
 class DecodeGraphs:
@@ -42,12 +47,22 @@ class DecodeGraphs:
     so the replay computes the step exactly once; its K/V writes land where the replay's do.
     Graphs read the pool tensors they were captured with; when an elastic pool grows into new
     tensors, every graph is dropped and recaptured on demand.
+
+    With a `prompt` step (the hybrid family's `EngineHybridPrompt`), a short prompt chunk of
+    one sequence runs as one more graph (`prefill`), one per padded row count of `PROMPT_ROWS`,
+    whatever its context: the host's launch work of an eager forward (an agent turn's ~18 ms
+    on the H200's 8-layer 35B-A3B shape, for ~5 ms of kernels) becomes one replay.
     """
 
-    def __init__(self, decoder: StaticDecoder | EngineHybridDecoder, capture: bool) -> None:
+    def __init__(self, decoder: StaticDecoder | EngineHybridDecoder, capture: bool,
+                 prompt: EngineHybridPrompt | None = None) -> None:
         self.decoder = decoder
         self.capture = capture
+        # the short-prompt step (`prefill`), where the family has one and the model's layers
+        # run it without a host sync
+        self.prompt = prompt
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._prompt_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._bound_k = (decoder.storage.k, getattr(decoder, "generation", 0))
         self._q_len = 1  # tokens a row in the last step
@@ -120,6 +135,45 @@ class DecodeGraphs:
                 self.decoder.keep(row, n)
             seq.cached += n
 
+    def prefills(self, seq: Sequence, tokens: int) -> bool:
+        """Whether `prefill` takes `tokens` of `seq`'s prompt: a prompt step is built, the
+        chunk fits its rows, and `seq`'s lease covers the padded rows' positions."""
+        p = self.prompt
+        return (p is not None and 0 < tokens <= p.rows
+                and seq.cache.capacity >= seq.cached + prompt_rows(tokens, p.rows))
+
+    def prefill(self, seq: Sequence, tokens: list[int]) -> torch.Tensor:
+        """Logits [1, V] after `tokens`, `seq`'s prompt from `seq.cached` on (`prefills`
+        said so), through the prompt step (one graph per padded row count); advances
+        `cached`."""
+        p, rows = self.prompt, prompt_rows(len(tokens), self.prompt.rows)
+        p.load(seq, tokens, rows)
+        if not self.capture:
+            logits = p.step(rows)
+        else:
+            self._check_bound()
+            if rows not in self._prompt_graphs:  # the warm-up leaves the buffers as loaded
+                self._prompt_graphs[rows] = self._record(lambda: p.step(rows), p.save_state())
+                log.info("captured the prompt-step CUDA graph for %d rows", rows)
+            graph, logits = self._prompt_graphs[rows]
+            graph.replay()
+            logits = logits.clone()  # the next chunk of this row count replays into it
+        seq.cached += len(tokens)
+        return logits
+
+    def _check_bound(self) -> None:
+        """Drop every graph if the pool grew into new tensors, or lending moved the expert
+        slots, since they were captured."""
+        d = self.decoder
+        bound = (d.storage.k, getattr(d, "generation", 0))
+        if bound[0] is not self._bound_k[0] or bound[1] != self._bound_k[1]:
+            self._graphs.clear()
+            self._prompt_graphs.clear()
+            self._bound_k = bound
+            # a fresh private pool: capturing into the one whose graphs were just freed trips
+            # an internal assert of the caching allocator (torch 2.11, seen on the H200)
+            self._pool = torch.cuda.graph_pool_handle()
+
     def _run(self, seqs, drafts, q_len: int, tokens: torch.Tensor | None = None) -> torch.Tensor:
         d = self.decoder
 
@@ -135,30 +189,23 @@ class DecodeGraphs:
             logits = d.step(batch, bucket, q_len)
             after()
             return logits
-        bound = (d.storage.k, getattr(d, "generation", 0))
-        if bound[0] is not self._bound_k[0] or bound[1] != self._bound_k[1]:
-            # the pool grew into new tensors, or lending moved the expert slots
-            self._graphs.clear()
-            self._bound_k = bound
-            # a fresh private pool: capturing into the one whose graphs were just freed trips
-            # an internal assert of the caching allocator (torch 2.11, seen on the H200)
-            self._pool = torch.cuda.graph_pool_handle()
+        self._check_bound()
         key = (batch, bucket, q_len)
         if key not in self._graphs:
-            self._graphs[key] = self._record(batch, bucket, q_len)
+            self._graphs[key] = self._record(lambda: d.step(batch, bucket, q_len),
+                                             d.save_state(batch))
+            log.info("captured the decode CUDA graph for batch %d, %d token(s) a row, "
+                     "context ≤ %d", batch, q_len, bucket)
             load()  # the warm-up moved the positions in the buffers
         graph, logits = self._graphs[key]
         graph.replay()
         after()
         return logits
 
-    def _record(self, batch: int, bucket: int,
-                q_len: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        d = self.decoder
-
-        def step():
-            return d.step(batch, bucket, q_len)
-        saved = d.save_state(batch)
+    def _record(self, step: Callable[[], torch.Tensor],
+                saved: Callable[[], None]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """`step` captured on its loaded inputs, after one warm-up run (compiles its kernels)
+        whose state changes `saved()` undoes."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
@@ -178,12 +225,11 @@ class DecodeGraphs:
             if collecting:
                 gc.enable()
         saved()
-        log.info("captured the decode CUDA graph for batch %d, %d token(s) a row, context ≤ %d",
-                 batch, q_len, bucket)
         return graph, logits
 
     def newest(self) -> torch.cuda.CUDAGraph | None:
-        """The graph captured last (a benchmark replays it alone), None before any capture."""
+        """The decode graph captured last (a benchmark replays it alone), None before any
+        capture."""
         return next(reversed(self._graphs.values()))[0] if self._graphs else None
 
     def capture_at_start(self) -> None:
@@ -207,8 +253,19 @@ class DecodeGraphs:
                 self.forward(scratch[:batch])
                 if verify:
                     self.verify(scratch[:batch], [[0] * verify] * batch)
+            if self.prompt is not None and cache.reserve(self.prompt.rows):
+                for rows in PROMPT_ROWS:
+                    if rows <= self.prompt.rows:
+                        scratch[0].cached = 0
+                        self.prefill(scratch[0], [0] * rows)
         finally:
             cache.release()
+
+
+def prompt_rows(tokens: int, most: int) -> int:
+    """The padded row count of a `tokens`-token prompt chunk: the least of `PROMPT_ROWS` that
+    holds it (one captured graph each), at most `most`."""
+    return min(next((r for r in PROMPT_ROWS if r >= tokens), most), most)
 
 
 def context_bucket(length: int, max_context: int) -> int:

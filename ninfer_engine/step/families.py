@@ -23,8 +23,9 @@ from ..models import LlamaModel, Qwen35Model
 from ..models.fused import FusedParams
 from ..models.llama_cpu_step import cpu_decoder
 from ..models.llama_step import StaticDecoder
-from ..models.qwen3_5_engine_step import EngineHybridDecoder
-from .decode_graphs import GRAPH_CODECS, DecodeGraphs
+from ..models.qwen3_5_engine_step import EngineHybridDecoder, EngineHybridPrompt
+from ..models.qwen3_5_prompt_step import prompt_capturable
+from .decode_graphs import GRAPH_CODECS, PROMPT_ROWS, DecodeGraphs
 from .runner import HybridRunner, Runner
 
 # (model, memory, max_batch, max_context, max_q, keep_hidden) -> the family's static step, or
@@ -113,10 +114,21 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
     # CPU-computed misses sync at each MoE layer (`experts.tier`): that step runs uncaptured
     tiers = getattr(model, "expert_tiers", None)
     use_graphs = use_graphs and (tiers is None or tiers.capturable)
-    graphs = DecodeGraphs(decoder, capture=use_graphs)
+    prompt = prompt_step(model, memory, decoder, max_context) if use_graphs else None
+    graphs = DecodeGraphs(decoder, capture=use_graphs, prompt=prompt)
     if use_graphs:
         graphs.capture_at_start()
     return graphs
+
+
+def prompt_step(model, memory: SequenceMemory, decoder, max_context: int):
+    """The family's short-prompt step over the decoder's weights (`DecodeGraphs.prefill`), or
+    None: the llama family has none, and a model whose layers sync with the host (offloaded
+    experts, a rank's share of them, tensor parallelism) keeps the eager forward."""
+    if not isinstance(decoder, EngineHybridDecoder) or not prompt_capturable(model):
+        return None
+    return EngineHybridPrompt(decoder.core.w, memory.storage, memory.running_slots,
+                              max_context, PROMPT_ROWS[-1])
 
 
 def cpu_decode_steps(model, memory: SequenceMemory, max_batch: int, max_context: int,

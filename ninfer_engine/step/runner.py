@@ -6,8 +6,9 @@ read and write each row's pages, the GDN layers continue each row's recurrent-st
 place (the same slot rows the graph step addresses by index: nothing to hand over between them).
 Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode rows through it (static
 buffers, Triton kernels, CUDA graphs), with them each prompt whose last token is all it has left
-(a decode row fed that token), and the step's other prompt chunks, if any, through the eager
-forward after them: decode rows keep the graph's rate while a prompt is prefilled. On the CPU
+(a decode row fed that token), short prompt chunks through the graphs' prompt step (one
+replay each, `DecodeGraphs.prefill`), and the step's other prompt chunks, if any, through the
+eager forward after them: decode rows keep the graph's rate while a prompt is prefilled. On the CPU
 the compiled llama step takes short prompt chunks too, as rows at consecutive positions
 (`_ModelRunner._ragged`).
 """
@@ -77,6 +78,35 @@ class _ModelRunner:
 
     def forward(self, batch: Batch) -> torch.Tensor:
         sampled = set(map(id, batch.sampled))
+        prompted = self._prompted(batch)
+        if not prompted:
+            return self._forward(batch, sampled)
+        # each short chunk through the prompt step's graph, the rest of the step as before
+        taken = set(map(id, (c.seq for c in prompted)))
+        rest = Batch(batch.decode, [c for c in batch.chunks if id(c.seq) not in taken],
+                     [s for s in batch.sampled if id(s) not in taken], batch.drafts)
+        out = self._forward(rest, sampled - taken) if rest.decode or rest.chunks else None
+        after = {id(c.seq): self.graphs.prefill(c.seq, _chunk_work([c])[0][1])
+                 for c in prompted}
+        at = {id(s): i for i, s in enumerate(rest.sampled)}
+        rows = [after[id(s)] if id(s) in after else out[at[id(s)]: at[id(s)] + 1].float()
+                for s in batch.sampled]
+        return torch.cat(rows) if rows else next(iter(after.values()))[:0]
+
+    def _prompted(self, batch: Batch) -> list[Chunk]:
+        """The step's prompt chunks the graphs' prompt step takes (`DecodeGraphs.prefills`):
+        more than one token (a prompt's last token alone is a decode row, `_graph_tails`), no
+        media or scored prompt, in a step without drafts (a verify row's logits are several
+        rows) or hidden sink (the step keeps no hiddens)."""
+        graphs = self.graphs
+        if (graphs is None or graphs.prompt is None or self.hidden_sink is not None
+                or any(batch.drafts)):
+            return []
+        return [c for c in batch.chunks
+                if c.tokens > 1 and c.seq.request.media is None
+                and not prompt_logprobs.scores_prompt(c.seq) and graphs.prefills(c.seq, c.tokens)]
+
+    def _forward(self, batch: Batch, sampled: set[int]) -> torch.Tensor:
         graphs, drafts = self.graphs, [batch.drafts_of(i) for i in range(len(batch.decode))]
         longest = max(map(len, drafts), default=0)
         self._verified_by_graph = False
