@@ -75,8 +75,9 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
         s = tl.load(sp, mask=smask, other=0.0)
     n_valid = tl.load(valid_ptr + b) if VALID else T
     kept = s  # the state after the row's last real token
-    # the row's T tokens in order, the state held in registers between them
-    for t in tl.static_range(T):
+    # the row's T tokens in order, the state held in registers between them (a loop, not
+    # unrolled: a 64-token prompt row unrolled took minutes to compile on the H200)
+    for t in range(T):
         row = b * T + t  # token row
         kh = row * NK + j // (NV // NK)
         qp = q_ptr + kh * DK + dk

@@ -132,7 +132,7 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
     # the row's T tokens in order; each shifts the window (the program owns its channels
     # across every tap and token, so the in-place shift has no race); a padding token
     # (`valid`) reads the window without shifting it
-    for tok in tl.static_range(T):
+    for tok in range(T):  # a loop: a 64-token prompt row unrolled compiled for minutes
         shift = mask
         if VALID:
             # (c < C) for a real token, nothing for a padding one
