@@ -149,11 +149,10 @@ def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=3
     _gdn_decode_kernel[(B * nv, triton.cdiv(dv, block_v))](
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
         state, state if index is None else index, o, state if trail is None else trail,
-        state if valid is None else valid, dk**-0.5, 0 if trail is None else trail.shape[1], NK=nk, NV=nv, DK=dk, DV=dv,
-        BK=block_k, BV=block_v, EVEN=block_k == dk and dv % block_v == 0,
-        INDEXED=index is not None, T=T, TRAIL=trail is not None, VALID=valid is not None,
-        num_warps=4,
-        **pdl_launch(state))
+        state if valid is None else valid, dk**-0.5, 0 if trail is None else trail.shape[1],
+        NK=nk, NV=nv, DK=dk, DV=dv, BK=block_k, BV=block_v,
+        EVEN=block_k == dk and dv % block_v == 0, INDEXED=index is not None, T=T,
+        TRAIL=trail is not None, VALID=valid is not None, num_warps=4, **pdl_launch(state))
     return o
 
 

@@ -221,8 +221,7 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, in
         _gdn_prep_kernel[(B, triton.cdiv(C, block_c))](
             proj, conv_state, conv_state if index is None else index, conv_w, a_log, dt_bias,
             out, conv_state if trail is None else trail, conv_state if valid is None else valid,
-            N,
-            0 if trail is None else trail.shape[1],
+            N, 0 if trail is None else trail.shape[1],
             proj.stride(0), conv_state.stride(0), conv_state.stride(1),
             KG=kg, VG=vg, NV=nv, K=K, BLOCK_C=block_c, BLOCK_NV=triton.next_power_of_2(nv),
             EVEN=C % block_c == 0, LIBDEVICE=not interpreting(), INDEXED=index is not None,
