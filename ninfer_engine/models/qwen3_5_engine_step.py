@@ -121,13 +121,18 @@ class EngineHybridPrompt:
     """`PromptStep` over the engine's shared KV pool and running-state pool: `load` writes one
     sequence's next prompt tokens (padded), positions, state slot and page table into the
     step's buffers; `step(rows)` prefills them in the slot and the pages in place. Shares the
-    decoder's `HybridWeights`."""
+    decoder's `HybridWeights`; `hidden` as the decoder's (`keep_hidden`)."""
+
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """The last step's hidden per token row (the real rows first), or None."""
+        return self.core.hidden
 
     def __init__(self, weights: HybridWeights, storage: KvStorage, states: StatePool,
-                 max_context: int, rows: int) -> None:
+                 max_context: int, rows: int, keep_hidden: bool = False) -> None:
         self.storage, self.rows = storage, rows
         self.core = PromptStep(weights, -(-max_context // PAGE), self._kv,
-                               (states.field("conv"), states.field("ssm")), rows)
+                               (states.field("conv"), states.field("ssm")), rows, keep_hidden)
         self.tables = PageTables(self.core.table)
 
     def _kv(self) -> list[KvLayer]:

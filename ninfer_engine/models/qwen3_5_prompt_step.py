@@ -46,14 +46,16 @@ class PromptStep(HybridStep):
     """One sequence's prompt chunk of up to `rows` tokens (its state in slot `slots[0]`, its
     pages in `table[0]`): `load` fills `tokens`, `pos` (the chunk's positions, padding rows
     continuing them), `slots`, `shift` and `chunk`; `prefill(rows)` returns the logits [1, V]
-    after its last real token."""
+    after its last real token (and, built with `keep_hidden`, leaves each row's hidden in
+    `hidden`, as `HybridStep` does: a drafter's features)."""
 
     def __init__(self, weights: HybridWeights, max_pages: int, kv: Callable[[], list[KvLayer]],
-                 states: tuple[list[torch.Tensor], list[torch.Tensor]], rows: int):
+                 states: tuple[list[torch.Tensor], list[torch.Tensor]], rows: int,
+                 keep_hidden: bool = False):
         # the GEMVs' fp32 sums for up to GEMV_MAX_ROWS rows (more take cuBLAS; the MoE layers
-        # their own dispatch), no rollback trail
-        super().__init__(weights, 1, max_pages, kv, states, max_q=rows, trail=False,
-                         acc_rows=GEMV_MAX_ROWS)
+        # their own dispatch), no rollback trail; `hidden` as the decode step keeps it
+        super().__init__(weights, 1, max_pages, kv, states, max_q=rows,
+                         keep_hidden=keep_hidden, trail=False, acc_rows=GEMV_MAX_ROWS)
         dev = self.meta.device
         # int32 [4, 1]: the varlen attention's q offset (0), q length (the padded rows: every
         # row attends) and start (the chunk's first position); the real tokens (GDN `valid`)

@@ -86,25 +86,38 @@ class _ModelRunner:
         rest = Batch(batch.decode, [c for c in batch.chunks if id(c.seq) not in taken],
                      [s for s in batch.sampled if id(s) not in taken], batch.drafts)
         out = self._forward(rest, sampled - taken) if rest.decode or rest.chunks else None
-        after = {id(c.seq): self.graphs.prefill(c.seq, _chunk_work([c])[0][1])
-                 for c in prompted}
-        at = {id(s): i for i, s in enumerate(rest.sampled)}
-        rows = [after[id(s)] if id(s) in after else out[at[id(s)]: at[id(s)] + 1].float()
+        after = {id(c.seq): self._prefill(c) for c in prompted}
+        # the rest's logit rows by sequence: 1 + k for a decode row with k drafts, else 1
+        decode = {id(s): i for i, s in enumerate(rest.decode)}
+        spans, at = {}, 0
+        for s in rest.sampled:
+            n = 1 + len(rest.drafts_of(decode[id(s)])) if id(s) in decode else 1
+            spans[id(s)], at = (at, at + n), at + n
+        rows = [after[id(s)] if id(s) in after else out[slice(*spans[id(s)])].float()
                 for s in batch.sampled]
         return torch.cat(rows) if rows else next(iter(after.values()))[:0]
 
     def _prompted(self, batch: Batch) -> list[Chunk]:
         """The step's prompt chunks the graphs' prompt step takes (`DecodeGraphs.prefills`):
         more than one token (a prompt's last token alone is a decode row, `_graph_tails`), no
-        media or scored prompt, in a step without drafts (a verify row's logits are several
-        rows) or hidden sink (the step keeps no hiddens)."""
+        media or scored prompt; with a hidden sink, where the prompt step keeps hiddens."""
         graphs = self.graphs
-        if (graphs is None or graphs.prompt is None or self.hidden_sink is not None
-                or any(batch.drafts)):
+        if graphs is None or graphs.prompt is None or (self.hidden_sink is not None
+                                                       and graphs.prompt.hidden is None):
             return []
         return [c for c in batch.chunks
                 if c.tokens > 1 and c.seq.request.media is None
                 and not prompt_logprobs.scores_prompt(c.seq) and graphs.prefills(c.seq, c.tokens)]
+
+    def _prefill(self, chunk: Chunk) -> torch.Tensor:
+        """One chunk through the prompt step: its logits [1, V]; the hidden sink gets each of
+        its positions' hiddens, as from the eager forward."""
+        seq, ids = chunk.seq, _chunk_work([chunk])[0][1]
+        start = seq.cached
+        logits = self.graphs.prefill(seq, ids)
+        if self.hidden_sink is not None:  # the next replay rewrites the buffer: a copy
+            self.hidden_sink(seq, start, self.graphs.prompt.hidden[: len(ids)].clone())
+        return logits
 
     def _forward(self, batch: Batch, sampled: set[int]) -> torch.Tensor:
         graphs, drafts = self.graphs, [batch.drafts_of(i) for i in range(len(batch.decode))]

@@ -19,9 +19,10 @@ from .helpers import copy_pool, recorded_writes
 from .test_hybrid_graphs import _check_writes, _forward, _model, _prefilled, _rel, _storage, _tols
 
 
-def _graphs(model, storage, states, capture):
-    decoder = EngineHybridDecoder(model, storage, states, 2, 512)
-    prompt = EngineHybridPrompt(decoder.core.w, storage, states, 512, PROMPT_ROWS[-1])
+def _graphs(model, storage, states, capture, max_q=1, keep_hidden=False):
+    decoder = EngineHybridDecoder(model, storage, states, 2, 512, max_q, keep_hidden)
+    prompt = EngineHybridPrompt(decoder.core.w, storage, states, 512, PROMPT_ROWS[-1],
+                                keep_hidden)
     return DecodeGraphs(decoder, capture=capture, prompt=prompt)
 
 
@@ -131,3 +132,64 @@ def test_only_a_model_whose_layers_never_sync_gets_the_prompt_step(device):
     moe.local = (0, moe.n_experts // 2)
     assert not moe.capturable() and not prompt_capturable(model)
     assert prompt_capturable(_model(False, device))  # no MoE: nothing syncs
+
+
+def _spec_sides(model, device):
+    """A verify step (decode rows with 2 and 0 drafts) beside a 5-token chunk the prompt step
+    takes, then a decode step, through the graph runner (decode, verify and prompt graphs,
+    hiddens kept) and the eager runner: (logits of both steps, `cached`, the hidden sink's
+    records (row, position, hiddens)) for each."""
+    from ninfer_engine.step.runner import HybridRunner
+    from ninfer_engine.step.scheduler import Batch, Chunk
+
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (7, 62, 40)]
+    extra = torch.randint(0, 512, (5,), generator=gen).tolist()
+    drafts = torch.randint(0, 512, (2,), generator=gen).tolist()
+    sides = []
+    for graph in (True, False):
+        storage, states = _storage(model, "bf16"), model.state_pool(3)
+        seqs = [_prefilled(model, storage, states, p) for p in prompts]
+        chunk_seq = seqs[2]
+        chunk_seq.prompt = [0] * chunk_seq.cached + extra
+        chunk_seq.request = SimpleNamespace(media=None, prompt_logprobs=None)
+        for seq in seqs:
+            assert seq.cache.reserve(seq.cached + 64 + 8)
+        seen = []
+        graphs = _graphs(model, storage, states, device.type == "cuda", max_q=3,
+                         keep_hidden=True)
+        runner = HybridRunner(model, graphs if graph else None,
+                              lambda seq, at, h: seen.append((seqs.index(seq), at, h.clone())))
+        prefill = graphs.prefill  # noted: the chunk did take the prompt step
+        graphs.prefill = lambda seq, ids: seen.append("prompt step") or prefill(seq, ids)
+        batch = Batch(seqs[:2], [Chunk(chunk_seq, 5)], list(seqs), [drafts, []])
+        first = runner.forward(batch)
+        runner.keep(batch, [2, 1])
+        for seq, token in zip(seqs[:2], (5, 6)):
+            seq.output.append(token)
+        second = runner.forward(Batch(seqs[:2], [], seqs[:2]))
+        sides.append(((first, second), [s.cached for s in seqs], seen))
+    return sides
+
+
+@torch.inference_mode()
+def test_prompt_chunks_beside_verify_rows_and_a_hidden_sink(device):
+    """Speculation on (`--spec mtp|dflash` keep hiddens; a step may carry drafts): a short
+    chunk still takes the prompt step; the step's logits are the verify row's 1 + 2 rows, the
+    decode row's and the chunk's, and the drafter's sink sees the chunk's five positions, all
+    as from the eager runner."""
+    model = _model(False, device)
+    _, tol, _ = _tols(model, 62 + 4)
+    (got, cached, seen), (want, cached_ref, seen_ref) = _spec_sides(model, device)
+    assert got[0].shape[0] == want[0].shape[0] == 3 + 1 + 1
+    assert cached == cached_ref == [7 + 2 + 1, 62 + 1 + 1, 45]
+    for a, b in zip(got, want):
+        for row in range(a.shape[0]):
+            assert _rel(a[row], b[row]) < tol, row
+    assert seen.count("prompt step") == 1 and "prompt step" not in seen_ref
+    seen = [s for s in seen if s != "prompt step"]
+    where = [(i, at, len(h)) for i, at, h in seen]
+    assert where == [(i, at, len(h)) for i, at, h in seen_ref]
+    assert (2, 40, 5) in where  # the chunk's hiddens, from the prompt step on the graph side
+    for (_, _, a), (_, _, b) in zip(seen, seen_ref):
+        assert _rel(a, b) < tol
