@@ -118,44 +118,49 @@ class EngineHybridDecoder:
 
 
 class EngineHybridPrompt:
-    """`PromptStep` over the engine's shared KV pool and running-state pool: `load` writes one
-    sequence's next prompt tokens (padded), positions, state slot and page table into the
-    step's buffers; `step(rows)` prefills them in the slot and the pages in place. Shares the
-    decoder's `HybridWeights`; `hidden` as the decoder's (`keep_hidden`)."""
+    """`PromptStep` over the engine's shared KV pool and running-state pool: `load` writes up
+    to `max_batch` sequences' next prompt tokens (each chunk padded to one row count),
+    positions, state slots and page tables into the step's buffers; `step(batch, rows)`
+    prefills them in their slots and pages in place. Shares the decoder's `HybridWeights`;
+    `hidden` as the decoder's (`keep_hidden`)."""
+
+    def __init__(self, weights: HybridWeights, storage: KvStorage, states: StatePool,
+                 max_batch: int, max_context: int, rows: int, keep_hidden: bool = False) -> None:
+        self.storage, self.max_batch, self.rows = storage, max_batch, rows
+        self.core = PromptStep(weights, max_batch, -(-max_context // PAGE), self._kv,
+                               (states.field("conv"), states.field("ssm")), rows, keep_hidden)
+        self.tables = PageTables(self.core.table)
 
     @property
     def hidden(self) -> torch.Tensor | None:
-        """The last step's hidden per token row (the real rows first), or None."""
+        """The last step's hidden per token row (chunk b's from row b · rows), or None."""
         return self.core.hidden
-
-    def __init__(self, weights: HybridWeights, storage: KvStorage, states: StatePool,
-                 max_context: int, rows: int, keep_hidden: bool = False) -> None:
-        self.storage, self.rows = storage, rows
-        self.core = PromptStep(weights, -(-max_context // PAGE), self._kv,
-                               (states.field("conv"), states.field("ssm")), rows, keep_hidden)
-        self.tables = PageTables(self.core.table)
 
     def _kv(self) -> list[KvLayer]:
         return pool_layers(self.storage, self.core.w.model.embedding.dtype)
 
-    def load(self, seq, tokens: list[int], rows: int) -> None:
-        """`tokens`, the prompt's next positions from `seq.cached`, padded to `rows` (its
-        lease must cover `seq.cached + rows` positions: the padding rows' K/V go there)."""
-        c, n = self.core, len(tokens)
-        assert 0 < n <= rows <= self.rows and seq.cache.capacity >= seq.cached + rows
-        meta = torch.zeros(4, rows, dtype=torch.long)
-        meta[0, :n] = torch.tensor(tokens)
-        meta[1] = torch.arange(seq.cached, seq.cached + rows)
-        meta[2, 0] = seq.state.index
-        meta[3] = seq.rope_delta
-        c.meta[:, :rows].copy_(meta, non_blocking=True)
-        c.chunk.copy_(torch.tensor([[0], [rows], [seq.cached], [n]], dtype=torch.int32),
-                      non_blocking=True)
-        c.last.fill_(n - 1)
-        self.tables.fill([seq.cache])
+    def load(self, seqs, tokens: list[list[int]], rows: int) -> None:
+        """`tokens[b]`, sequence b's prompt from its `cached` on, padded to `rows` (each
+        lease must cover `cached + rows` positions: the padding rows' K/V go there)."""
+        c, B = self.core, len(seqs)
+        assert 0 < B <= self.max_batch and rows <= self.rows
+        meta = torch.zeros(4, B * rows, dtype=torch.long)
+        chunk = torch.zeros(4, B, dtype=torch.int32)
+        for b, (seq, ids) in enumerate(zip(seqs, tokens)):
+            n, at = len(ids), b * rows
+            assert 0 < n <= rows and seq.cache.capacity >= seq.cached + rows
+            meta[0, at: at + n] = torch.tensor(ids)
+            meta[1, at: at + rows] = torch.arange(seq.cached, seq.cached + rows)
+            meta[2, b] = seq.state.index
+            meta[3, at: at + rows] = seq.rope_delta
+            chunk[:, b] = torch.tensor([at, rows, seq.cached, n])
+        c.meta[:, : B * rows].copy_(meta, non_blocking=True)
+        c.chunk[:, :B].copy_(chunk, non_blocking=True)
+        c.last[:B].copy_(chunk[0].long() + chunk[3].long() - 1, non_blocking=True)
+        self.tables.fill([seq.cache for seq in seqs])
 
-    def step(self, rows: int) -> torch.Tensor:
-        return self.core.prefill(rows).float()
+    def step(self, batch: int, rows: int) -> torch.Tensor:
+        return self.core.prefill(batch, rows).float()
 
-    def save_state(self) -> Callable[[], None]:
-        return save_slots(self.core, 1)
+    def save_state(self, batch: int) -> Callable[[], None]:
+        return save_slots(self.core, batch)

@@ -1,10 +1,11 @@
-"""A short prompt chunk of one sequence as one step over static buffers, for CUDA graphs.
+"""Short prompt chunks of a few sequences as one step over static buffers, for CUDA graphs.
 
 An agent's turn over a cached prefix computes a few dozen new tokens over a long context: the
 eager forward spends ~18 ms of host time on the 8-layer 35B-A3B shape for ~5 ms of kernels
 (h200-host-tier-ttft-35b-a3b-python-profile.txt). `PromptStep` is `qwen3_5_step.HybridStep`'s
-layer loop over one sequence's chunk padded to a fixed row count (`rows`), so the whole step is
-one fixed sequence of kernels whatever the chunk's length (up to `rows`) and context:
+layer loop over B sequences' chunks, each padded to a fixed row count (`rows`), so the whole
+step is one fixed sequence of kernels whatever the chunks' lengths (up to `rows`) and contexts,
+and several agents' turns in one step read the weights once:
 
 - GDN layers walk the chunk's tokens in order in the state's slot (`kernels.gdn_decode`,
   `gdn_fused` with `valid`: the padding rows are convolved and walked, the slot keeps the state
@@ -15,7 +16,7 @@ one fixed sequence of kernels whatever the chunk's length (up to `rows`) and con
   `kernels.paged_prefill` kernel, its start read from the device (its pages split over the SMs);
 - MoE layers run the eager forward's sorted dispatch (`SparseMoE.__call__`: the grouped
   kernels, no host sync where `SparseMoE.capturable`);
-- the head reads the last real token's row only.
+- the head reads each chunk's last real row only.
 
 The engine binds it to the shared KV pool and state slots (`qwen3_5_engine_step.
 EngineHybridPrompt`); `step.decode_graphs.DecodeGraphs.prefill` captures and replays it.
@@ -43,40 +44,46 @@ def prompt_capturable(model) -> bool:
 
 
 class PromptStep(HybridStep):
-    """One sequence's prompt chunk of up to `rows` tokens (its state in slot `slots[0]`, its
-    pages in `table[0]`): `load` fills `tokens`, `pos` (the chunk's positions, padding rows
-    continuing them), `slots`, `shift` and `chunk`; `prefill(rows)` returns the logits [1, V]
-    after its last real token (and, built with `keep_hidden`, leaves each row's hidden in
-    `hidden`, as `HybridStep` does: a drafter's features)."""
+    """Up to `max_batch` sequences' prompt chunks, each of up to `rows` tokens, in one step
+    (sequence b's state in slot `slots[b]`, its pages in `table[b]`, its chunk padded to the
+    step's row count and its token rows starting at b · rows): `load` fills `tokens`, `pos`
+    (each chunk's positions, its padding rows continuing them), `slots`, `shift`, `chunk` and
+    `last`; `prefill(batch, chunk_rows)` returns the logits [batch, V] after each chunk's last real
+    token (and, built with `keep_hidden`, leaves each row's hidden in `hidden`, as
+    `HybridStep` does: a drafter's features)."""
 
-    def __init__(self, weights: HybridWeights, max_pages: int, kv: Callable[[], list[KvLayer]],
+    def __init__(self, weights: HybridWeights, max_batch: int, max_pages: int,
+                 kv: Callable[[], list[KvLayer]],
                  states: tuple[list[torch.Tensor], list[torch.Tensor]], rows: int,
                  keep_hidden: bool = False):
         # the GEMVs' fp32 sums for up to GEMV_MAX_ROWS rows (more take cuBLAS; the MoE layers
         # their own dispatch), no rollback trail; `hidden` as the decode step keeps it
-        super().__init__(weights, 1, max_pages, kv, states, max_q=rows,
+        super().__init__(weights, max_batch, max_pages, kv, states, max_q=rows,
                          keep_hidden=keep_hidden, trail=False, acc_rows=GEMV_MAX_ROWS)
         dev = self.meta.device
-        # int32 [4, 1]: the varlen attention's q offset (0), q length (the padded rows: every
-        # row attends) and start (the chunk's first position); the real tokens (GDN `valid`)
-        self.chunk = torch.zeros(4, 1, dtype=torch.int32, device=dev)
+        # int32 [4, max_batch], per chunk: the varlen attention's q offset (b · rows), q length
+        # (the padded rows: every row attends) and start (the chunk's first position); its
+        # real tokens (the GDN kernels' `valid`)
+        self.chunk = torch.zeros(4, max_batch, dtype=torch.int32, device=dev)
         self.valid = self.chunk[3]
-        self.last = torch.zeros(1, dtype=torch.long, device=dev)  # the last real token's row
+        self.last = torch.zeros(max_batch, dtype=torch.long, device=dev)  # each last real row
 
-    def prefill(self, rows: int) -> torch.Tensor:
-        """Logits [1, V] after the loaded chunk's last real token; its K/V and GDN state
-        stored. `rows` (≤ the step's) token rows run, the chunk padded to them."""
-        pos = self.pos[:rows]
-        slot = self.table[0, pos // PAGE] * PAGE + pos % PAGE
-        y = self.layers(rows, 1, rows, self.table[:1], None, slot)
-        return self.w.head(y.index_select(0, self.last))
+    def prefill(self, batch: int, chunk_rows: int) -> torch.Tensor:
+        """Logits [batch, V] after each loaded chunk's last real token; their K/V and GDN
+        states stored. `batch` chunks of `chunk_rows` (≤ the step's) token rows each run."""
+        n = batch * chunk_rows
+        pos = self.pos[:n]
+        seq = self.rows[:n] // chunk_rows  # each token row's chunk
+        slot = self.table[seq, pos // PAGE] * PAGE + pos % PAGE
+        y = self.layers(n, batch, chunk_rows, self.table[:batch], None, slot)
+        return self.w.head(y.index_select(0, self.last[:batch]))
 
     def _attn(self, layer, kv: KvLayer, y, pos, rope, table, kv_span, slot, acc):
         m, n = layer["mixer"], y.shape[0]
         q, gate = self._qk(layer, kv, y, rope, slot)
         offset, length, start, _ = self.chunk
-        a = paged_prefill_varlen_triton(q, kv.k, kv.v, table, offset, length, start, n,
-                                        m.d**-0.5, kv.k_scale, kv.v_scale)
+        a = paged_prefill_varlen_triton(q, kv.k, kv.v, table, offset, length, start,
+                                        n // table.shape[0], m.d**-0.5, kv.k_scale, kv.v_scale)
         return layer["w_out"](a.reshape(n, m.nq * m.d), gate=gate, act="sigmoid", acc=acc)
 
     def _moe(self, layer, y, n, router_acc, acc):

@@ -48,10 +48,11 @@ class DecodeGraphs:
     Graphs read the pool tensors they were captured with; when an elastic pool grows into new
     tensors, every graph is dropped and recaptured on demand.
 
-    With a `prompt` step (the hybrid family's `EngineHybridPrompt`), a short prompt chunk of
-    one sequence runs as one more graph (`prefill`), one per padded row count of `PROMPT_ROWS`,
-    whatever its context: the host's launch work of an eager forward (an agent turn's ~18 ms
-    on the H200's 8-layer 35B-A3B shape, for ~5 ms of kernels) becomes one replay.
+    With a `prompt` step (the hybrid family's `EngineHybridPrompt`), a step's short prompt
+    chunks run as one more graph (`prefill`), one per (chunks, padded row count of
+    `PROMPT_ROWS`), whatever their contexts: the host's launch work of an eager forward (an
+    agent turn's ~18 ms on the H200's 8-layer 35B-A3B shape, for ~5 ms of kernels) becomes one
+    replay.
     """
 
     def __init__(self, decoder: StaticDecoder | EngineHybridDecoder, capture: bool,
@@ -62,7 +63,7 @@ class DecodeGraphs:
         # run it without a host sync
         self.prompt = prompt
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._prompt_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._prompt_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._bound_k = (decoder.storage.k, getattr(decoder, "generation", 0))
         self._q_len = 1  # tokens a row in the last step
@@ -142,23 +143,29 @@ class DecodeGraphs:
         return (p is not None and 0 < tokens <= p.rows
                 and seq.cache.capacity >= seq.cached + prompt_rows(tokens, p.rows))
 
-    def prefill(self, seq: Sequence, tokens: list[int]) -> torch.Tensor:
-        """Logits [1, V] after `tokens`, `seq`'s prompt from `seq.cached` on (`prefills`
-        said so), through the prompt step (one graph per padded row count); advances
-        `cached`."""
-        p, rows = self.prompt, prompt_rows(len(tokens), self.prompt.rows)
-        p.load(seq, tokens, rows)
+    def prefill(self, seqs: list[Sequence], tokens: list[list[int]]) -> torch.Tensor:
+        """Logits [len(seqs), V] after `tokens[b]`, sequence b's prompt from its `cached` on
+        (`prefills` said so for each), through the prompt step: at most its `max_batch`
+        chunks, each padded to the row count of the longest (one graph per (chunks, row
+        count)); advances each `cached`."""
+        p, batch = self.prompt, len(seqs)
+        rows = prompt_rows(max(map(len, tokens)), p.rows)
+        p.load(seqs, tokens, rows)
         if not self.capture:
-            logits = p.step(rows)
+            logits = p.step(batch, rows)
         else:
             self._check_bound()
-            if rows not in self._prompt_graphs:  # the warm-up leaves the buffers as loaded
-                self._prompt_graphs[rows] = self._record(lambda: p.step(rows), p.save_state())
-                log.info("captured the prompt-step CUDA graph for %d rows", rows)
-            graph, logits = self._prompt_graphs[rows]
+            key = (batch, rows)
+            if key not in self._prompt_graphs:  # the warm-up leaves the buffers as loaded
+                self._prompt_graphs[key] = self._record(lambda: p.step(batch, rows),
+                                                        p.save_state(batch))
+                log.info("captured the prompt-step CUDA graph for %d chunk(s) of %d rows",
+                         batch, rows)
+            graph, logits = self._prompt_graphs[key]
             graph.replay()
-            logits = logits.clone()  # the next chunk of this row count replays into it
-        seq.cached += len(tokens)
+            logits = logits.clone()  # the next step of this shape replays into it
+        for seq, ids in zip(seqs, tokens):
+            seq.cached += len(ids)
         return logits
 
     def _check_bound(self) -> None:
@@ -254,10 +261,10 @@ class DecodeGraphs:
                 if verify:
                     self.verify(scratch[:batch], [[0] * verify] * batch)
             if self.prompt is not None and cache.reserve(self.prompt.rows):
-                for rows in PROMPT_ROWS:
+                for rows in PROMPT_ROWS:  # one chunk; more in one step capture when they come
                     if rows <= self.prompt.rows:
                         scratch[0].cached = 0
-                        self.prefill(scratch[0], [0] * rows)
+                        self.prefill(scratch[:1], [[0] * rows])
         finally:
             cache.release()
 

@@ -128,7 +128,8 @@ def prompt_step(model, memory: SequenceMemory, decoder, max_context: int):
     if not isinstance(decoder, EngineHybridDecoder) or not prompt_capturable(model):
         return None
     return EngineHybridPrompt(decoder.core.w, memory.storage, memory.running_slots,
-                              max_context, PROMPT_ROWS[-1], decoder.hidden is not None)
+                              decoder.max_batch, max_context, PROMPT_ROWS[-1],
+                              decoder.hidden is not None)
 
 
 def cpu_decode_steps(model, memory: SequenceMemory, max_batch: int, max_context: int,

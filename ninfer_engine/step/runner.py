@@ -21,7 +21,7 @@ from ..kv import LayerKv
 from ..models import Segment
 from ..models.attention import plan_segments
 from . import prompt_logprobs
-from .decode_graphs import DecodeGraphs
+from .decode_graphs import DecodeGraphs, prompt_rows
 from .scheduler import Batch, Chunk
 from .sequence import Sequence
 
@@ -86,7 +86,7 @@ class _ModelRunner:
         rest = Batch(batch.decode, [c for c in batch.chunks if id(c.seq) not in taken],
                      [s for s in batch.sampled if id(s) not in taken], batch.drafts)
         out = self._forward(rest, sampled - taken) if rest.decode or rest.chunks else None
-        after = {id(c.seq): self._prefill(c) for c in prompted}
+        after = self._prefill(prompted)
         # the rest's logit rows by sequence: 1 + k for a decode row with k drafts, else 1
         decode = {id(s): i for i, s in enumerate(rest.decode)}
         spans, at = {}, 0
@@ -109,15 +109,27 @@ class _ModelRunner:
                 if c.tokens > 1 and c.seq.request.media is None
                 and not prompt_logprobs.scores_prompt(c.seq) and graphs.prefills(c.seq, c.tokens)]
 
-    def _prefill(self, chunk: Chunk) -> torch.Tensor:
-        """One chunk through the prompt step: its logits [1, V]; the hidden sink gets each of
-        its positions' hiddens, as from the eager forward."""
-        seq, ids = chunk.seq, _chunk_work([chunk])[0][1]
-        start = seq.cached
-        logits = self.graphs.prefill(seq, ids)
-        if self.hidden_sink is not None:  # the next replay rewrites the buffer: a copy
-            self.hidden_sink(seq, start, self.graphs.prompt.hidden[: len(ids)].clone())
-        return logits
+    def _prefill(self, chunks: list[Chunk]) -> dict[int, torch.Tensor]:
+        """The chunks through the prompt step, those of one padded row count together (at
+        most its `max_batch` a replay): each one's logits [1, V] by its sequence's id; the
+        hidden sink gets each of their positions' hiddens, as from the eager forward."""
+        graphs, sink = self.graphs, self.hidden_sink
+        groups: dict[int, list[Chunk]] = {}
+        for c in chunks:
+            groups.setdefault(prompt_rows(c.tokens, graphs.prompt.rows), []).append(c)
+        out = {}
+        for rows, group in groups.items():
+            for first in range(0, len(group), graphs.prompt.max_batch):
+                part = group[first: first + graphs.prompt.max_batch]
+                starts = [c.seq.cached for c in part]
+                logits = graphs.prefill([c.seq for c in part],
+                                        [ids for _, ids, _ in _chunk_work(part)])
+                for b, (c, start) in enumerate(zip(part, starts)):
+                    out[id(c.seq)] = logits[b: b + 1]
+                    if sink is not None:  # the next replay rewrites the buffer: a copy
+                        at = b * rows
+                        sink(c.seq, start, graphs.prompt.hidden[at: at + c.tokens].clone())
+        return out
 
     def _forward(self, batch: Batch, sampled: set[int]) -> torch.Tensor:
         graphs, drafts = self.graphs, [batch.drafts_of(i) for i in range(len(batch.decode))]

@@ -21,7 +21,7 @@ from .test_hybrid_graphs import _check_writes, _forward, _model, _prefilled, _re
 
 def _graphs(model, storage, states, capture, max_q=1, keep_hidden=False):
     decoder = EngineHybridDecoder(model, storage, states, 2, 512, max_q, keep_hidden)
-    prompt = EngineHybridPrompt(decoder.core.w, storage, states, 512, PROMPT_ROWS[-1],
+    prompt = EngineHybridPrompt(decoder.core.w, storage, states, 2, 512, PROMPT_ROWS[-1],
                                 keep_hidden)
     return DecodeGraphs(decoder, capture=capture, prompt=prompt)
 
@@ -39,23 +39,29 @@ def test_a_padded_prompt_chunk_matches_the_eager_forward(moe, kv_dtype, device):
     ours = [_prefilled(model, ours_storage, ours_states, p) for p in prompts]
     ref = [_prefilled(model, ref_storage, ref_states, p) for p in prompts]
     graphs = _graphs(model, ours_storage, ours_states, device.type == "cuda")
-    # chunks of 2 (16 rows: 14 of padding), 16 (none) and 20 tokens (32 rows), each over the
-    # K/V and state the one before left (the 70-token prompt's first chunk crosses a page)
-    chunks = [(0, 2), (1, 16), (0, 20), (1, 2)]
-    kv_tol, tol, state_tol = _tols(model, 70 + 2 + 20 + 1)
-    for i, n in chunks:
-        tokens = torch.randint(0, 512, (n,), generator=gen).tolist()
-        assert ours[i].cache.reserve(ours[i].cached + prompt_rows(n, PROMPT_ROWS[-1]))
-        assert graphs.prefills(ours[i], n)
-        got = graphs.prefill(ours[i], tokens)
+    # steps of chunks: 2 tokens (16 rows: 14 of padding), 16 (none), 20 (32 rows), then two
+    # chunks in one step (3 and 14 tokens, both padded to 16 rows), each step over the K/V and
+    # states the ones before left (the 70-token prompt's first chunk crosses a page)
+    steps = [[(0, 2)], [(1, 16)], [(0, 20)], [(0, 3), (1, 14)]]
+    kv_tol, tol, state_tol = _tols(model, 70 + 2 + 20 + 3 + 1)
+    for step in steps:
+        seqs = [ours[i] for i, _ in step]
+        tokens = [torch.randint(0, 512, (n,), generator=gen).tolist() for _, n in step]
+        rows = prompt_rows(max(n for _, n in step), PROMPT_ROWS[-1])
+        for seq in seqs:
+            assert seq.cache.reserve(seq.cached + rows)
+            assert graphs.prefills(seq, rows)
+        got = graphs.prefill(seqs, tokens)
+        assert got.shape[0] == len(step)
         copy_pool(ours_storage, ref_storage)
-        with recorded_writes(ref_storage) as written:
-            want = _forward(model, ref[i], tokens)
-        _check_writes(written, ours_storage, ref_storage, kv_tol)
-        assert got.shape == (1, want.shape[-1]) and _rel(got[0], want) < tol, (i, n)
-        assert ours[i].cached == ref[i].cached
-        ours[i].output.append(int(want.argmax()))
-        ref[i].output.append(ours[i].output[-1])
+        for b, ((i, n), ids) in enumerate(zip(step, tokens)):
+            with recorded_writes(ref_storage) as written:
+                want = _forward(model, ref[i], ids)
+            _check_writes(written, ours_storage, ref_storage, kv_tol)
+            assert _rel(got[b], want) < tol, (step, i)
+            assert ours[i].cached == ref[i].cached
+            ours[i].output.append(int(want.argmax()))
+            ref[i].output.append(ours[i].output[-1])
     # a decode step after: it reads the chunks' K/V (not the padding's: its own position's
     # write replaced it) and continues the state the prompt step left
     for seq in ours:
@@ -86,8 +92,9 @@ def test_the_prompt_step_takes_short_chunks_its_lease_covers(device):
 
 @torch.inference_mode()
 def test_the_runner_sends_short_chunks_through_the_prompt_step(device):
-    """`HybridRunner` with a prompt step: a step of a decode row, a 5-token chunk (the prompt
-    step) and a 70-token chunk (past its rows: the eager forward) returns the sampled rows'
+    """`HybridRunner` with a prompt step: a step of a decode row, a 5- and a 9-token chunk
+    (one replay of the prompt step: both 16 rows, two chunks), a 20-token chunk (another: 32
+    rows) and a 70-token chunk (past its rows: the eager forward) returns the sampled rows'
     logits in the batch's order, as the eager runner does; a chunk that is not sampled still
     advances its sequence."""
     from ninfer_engine.step.runner import HybridRunner
@@ -95,12 +102,12 @@ def test_the_runner_sends_short_chunks_through_the_prompt_step(device):
 
     model = _model(True, device)
     gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (9, 40, 3)]
-    more = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (7, 70)]
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (9, 40, 3, 6, 11)]
+    more = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (7, 70, 9, 20)]
     _, tol, _ = _tols(model, 40 + 70 + 1)
     sides = []
     for graph in (True, False):
-        storage, states = _storage(model, "bf16"), model.state_pool(3)
+        storage, states = _storage(model, "bf16"), model.state_pool(5)
         seqs = [_prefilled(model, storage, states, p) for p in prompts]
         for seq, extra in zip(seqs[1:], more):  # their prompts go on (the request's view)
             seq.prompt = [0] * seq.cached + extra
@@ -108,16 +115,20 @@ def test_the_runner_sends_short_chunks_through_the_prompt_step(device):
             assert seq.cache.reserve(seq.cached + 64 + len(extra))
         assert seqs[0].cache.reserve(seqs[0].cached + 1)
         graphs = _graphs(model, storage, states, device.type == "cuda")
+        replays = []
+        prefill = graphs.prefill
+        graphs.prefill = lambda seqs_, ids: replays.append(len(ids)) or prefill(seqs_, ids)
         runner = HybridRunner(model, graphs if graph else None)
-        chunks = [Chunk(seqs[1], 5), Chunk(seqs[2], 70)]
+        chunks = [Chunk(seqs[1], 5), Chunk(seqs[2], 70), Chunk(seqs[3], 9), Chunk(seqs[4], 20)]
         logits = runner.forward(Batch([seqs[0]], chunks, list(seqs)))
-        assert logits.shape[0] == 3
+        assert logits.shape[0] == 5
+        assert sorted(replays) == ([1, 2] if graph else [])
         # a chunk nobody samples (its prompt goes on): no rows, its sequence advanced
         assert runner.forward(Batch([], [Chunk(seqs[1], 2)], [])).shape[0] == 0
         sides.append((logits, [s.cached for s in seqs]))
     (got, cached), (want, cached_ref) = sides
-    assert cached == cached_ref == [10, 47, 73]
-    for row in range(3):
+    assert cached == cached_ref == [10, 47, 73, 15, 31]
+    for row in range(5):
         assert _rel(got[row], want[row]) < tol, row
 
 
@@ -135,24 +146,24 @@ def test_only_a_model_whose_layers_never_sync_gets_the_prompt_step(device):
 
 
 def _spec_sides(model, device):
-    """A verify step (decode rows with 2 and 0 drafts) beside a 5-token chunk the prompt step
-    takes, then a decode step, through the graph runner (decode, verify and prompt graphs,
+    """A verify step (decode rows with 2 and 0 drafts) beside a 5- and a 4-token chunk the
+    prompt step takes in one replay, then a decode step, through the graph runner (decode, verify and prompt graphs,
     hiddens kept) and the eager runner: (logits of both steps, `cached`, the hidden sink's
     records (row, position, hiddens)) for each."""
     from ninfer_engine.step.runner import HybridRunner
     from ninfer_engine.step.scheduler import Batch, Chunk
 
     gen = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (7, 62, 40)]
-    extra = torch.randint(0, 512, (5,), generator=gen).tolist()
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (7, 62, 40, 30)]
+    extra = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (5, 4)]
     drafts = torch.randint(0, 512, (2,), generator=gen).tolist()
     sides = []
     for graph in (True, False):
-        storage, states = _storage(model, "bf16"), model.state_pool(3)
+        storage, states = _storage(model, "bf16"), model.state_pool(4)
         seqs = [_prefilled(model, storage, states, p) for p in prompts]
-        chunk_seq = seqs[2]
-        chunk_seq.prompt = [0] * chunk_seq.cached + extra
-        chunk_seq.request = SimpleNamespace(media=None, prompt_logprobs=None)
+        for seq, ids in zip(seqs[2:], extra):
+            seq.prompt = [0] * seq.cached + ids
+            seq.request = SimpleNamespace(media=None, prompt_logprobs=None)
         for seq in seqs:
             assert seq.cache.reserve(seq.cached + 64 + 8)
         seen = []
@@ -161,8 +172,9 @@ def _spec_sides(model, device):
         runner = HybridRunner(model, graphs if graph else None,
                               lambda seq, at, h: seen.append((seqs.index(seq), at, h.clone())))
         prefill = graphs.prefill  # noted: the chunk did take the prompt step
-        graphs.prefill = lambda seq, ids: seen.append("prompt step") or prefill(seq, ids)
-        batch = Batch(seqs[:2], [Chunk(chunk_seq, 5)], list(seqs), [drafts, []])
+        graphs.prefill = lambda seqs, ids: seen.append("prompt step") or prefill(seqs, ids)
+        batch = Batch(seqs[:2], [Chunk(seqs[2], 5), Chunk(seqs[3], 4)], list(seqs),
+                      [drafts, []])
         first = runner.forward(batch)
         runner.keep(batch, [2, 1])
         for seq, token in zip(seqs[:2], (5, 6)):
@@ -176,13 +188,13 @@ def _spec_sides(model, device):
 def test_prompt_chunks_beside_verify_rows_and_a_hidden_sink(device):
     """Speculation on (`--spec mtp|dflash` keep hiddens; a step may carry drafts): a short
     chunk still takes the prompt step; the step's logits are the verify row's 1 + 2 rows, the
-    decode row's and the chunk's, and the drafter's sink sees the chunk's five positions, all
-    as from the eager runner."""
+    decode row's and the chunks', and the drafter's sink sees the chunks' five and four
+    positions, all as from the eager runner."""
     model = _model(False, device)
     _, tol, _ = _tols(model, 62 + 4)
     (got, cached, seen), (want, cached_ref, seen_ref) = _spec_sides(model, device)
-    assert got[0].shape[0] == want[0].shape[0] == 3 + 1 + 1
-    assert cached == cached_ref == [7 + 2 + 1, 62 + 1 + 1, 45]
+    assert got[0].shape[0] == want[0].shape[0] == 3 + 1 + 1 + 1
+    assert cached == cached_ref == [7 + 2 + 1, 62 + 1 + 1, 45, 34]
     for a, b in zip(got, want):
         for row in range(a.shape[0]):
             assert _rel(a[row], b[row]) < tol, row
@@ -190,6 +202,7 @@ def test_prompt_chunks_beside_verify_rows_and_a_hidden_sink(device):
     seen = [s for s in seen if s != "prompt step"]
     where = [(i, at, len(h)) for i, at, h in seen]
     assert where == [(i, at, len(h)) for i, at, h in seen_ref]
-    assert (2, 40, 5) in where  # the chunk's hiddens, from the prompt step on the graph side
+    # the chunks' hiddens, from the prompt step's one replay on the graph side
+    assert (2, 40, 5) in where and (3, 30, 4) in where
     for (_, _, a), (_, _, b) in zip(seen, seen_ref):
         assert _rel(a, b) < tol
