@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The prompt step's pending device evidence in one call (~8 minutes of a fresh H200): the GPU
+# tests of the prompt step (several chunks in one replay, beside verify rows, hiddens for a
+# drafter) and of the steps around it; the host-tier turn (`host_tier_ttft.py`); an agent
+# replay whose turns are short tool results (48 new tokens: the prompt step's rows), four at a
+# time; the decode and verify steps at B=1. With OLD set to another tree's checkout (e.g.
+# `git worktree add /tmp/old <rev>`, carried under .peers/), the turn, the replay and the steps
+# run there too, in turn, in the same call. Run from the repository root with OUT set; `.whl/`
+# from `bash scripts/device_wheels.sh`.
+#   OUT=/tmp/o [OLD=.peers/old] bash bench/prompt_step_device.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+  >/dev/null 2>&1
+OUT=${OUT:-/tmp}
+export NINFER_HOME=${NINFER_HOME:-/tmp/ninfer-home}
+mkdir -p "$OUT/r"
+BUDGET=${BUDGET:-570}  # seconds of the 600-second call this script may use
+trees="new${OLD:+ old}"
+root() { if [ "$1" = old ]; then echo "$PWD/$OLD"; else echo "$PWD"; fi; }
+left() { echo $((BUDGET - SECONDS)); }
+
+PYTHONPATH=$PWD:/tmp/site NINFER_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -n 8 \
+  -o addopts="" -p no:cacheprovider -rfE --tb=short -m "not slow" \
+  tests/engine/test_prompt_graphs.py tests/engine/test_hybrid_graphs.py \
+  tests/engine/test_hybrid_verify.py tests/engine/test_dflash_graph_taps.py \
+  tests/engine/test_mtp_prefix_reuse.py tests/kernels/test_gdn_decode.py \
+  tests/kernels/test_gdn_fused.py tests/kernels/test_paged_prefill.py \
+  > "$OUT/r/tests.txt" 2>&1
+echo "tests: $(tail -1 "$OUT/r/tests.txt") at $SECONDS s"
+grep -E "^(FAILED|ERROR)" "$OUT/r/tests.txt" | head -12
+for tree in $trees; do
+  R=$(root $tree)
+  [ "$(left)" -gt 60 ] || break
+  PYTHONPATH=$R:/tmp/site timeout "$(left)" python3 -u "$R/bench/host_tier_ttft.py" --layers 8 \
+    --prompt 32768 --out "$OUT/r/ttft-$tree" > "$OUT/r/ttft-$tree.log" 2>&1
+  echo "host-tier turn, $tree:"; grep -E "^\| dev" "$OUT/r/ttft-$tree.log"
+done
+for tree in $trees; do
+  R=$(root $tree)
+  [ "$(left)" -gt 90 ] || break
+  PYTHONPATH=$R:/tmp/site timeout "$(left)" python3 -u "$R/bench/agent_replay.py" \
+    --arch 35b-a3b --layers 8 --weights fp8-row --agents 8 --turns 8 --system 8192 \
+    --user 48 --answer 32 --concurrency 4 --device-conversations 4 \
+    --out "$OUT/r/replay-$tree" > "$OUT/r/replay-$tree.log" 2>&1
+  echo "agent replay (48-token turns), $tree:"; grep -E "^\|" "$OUT/r/replay-$tree.log" | head -6
+done
+for tree in $trees; do
+  R=$(root $tree)
+  for spec in 0 3; do
+    [ "$(left)" -gt 40 ] || break 2
+    PYTHONPATH=$R:/tmp/site timeout "$(left)" python3 -u "$R/bench/profile_step.py" \
+      --arch 35b-a3b --weights fp8-row --layers 8 --spec $spec > "$OUT/r/step-$tree-$spec.log" 2>&1
+    echo "step $tree spec=$spec: $(grep -E 'engine step' "$OUT/r/step-$tree-$spec.log")"
+  done
+done
+echo "done at $SECONDS s"
