@@ -117,7 +117,13 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
     prompt = prompt_step(model, memory, decoder, max_context) if use_graphs else None
     graphs = DecodeGraphs(decoder, capture=use_graphs, prompt=prompt)
     if use_graphs:
+        # what the start-up graphs keep: their private pool holds each graph's intermediates
+        # (the prompt step's dequantized matrices too), outside the KV sizing's reserve
+        before = torch.cuda.memory_reserved(model.device)
         graphs.capture_at_start()
+        log.info("start-up CUDA graphs captured (decode%s): %.0f MiB reserved for them",
+                 " and prompt steps" if prompt is not None else "",
+                 (torch.cuda.memory_reserved(model.device) - before) / 2**20)
     return graphs
 
 
