@@ -3,9 +3,10 @@
 # tests of the prompt step (several chunks in one replay, beside verify rows, hiddens for a
 # drafter) and of the steps around it; the host-tier turn (`host_tier_ttft.py`); an agent
 # replay whose turns are short tool results (48 new tokens: the prompt step's rows), four at a
-# time; the decode and verify steps at B=1. With OLD set to another tree's checkout (e.g.
-# `git worktree add /tmp/old <rev>`, carried under .peers/), the turn, the replay and the steps
-# run there too, in turn, in the same call. Run from the repository root with OUT set; `.whl/`
+# time; the decode and verify steps at B=1; the host-tier turn on all 40 layers if time is
+# left. With OLD set to another tree's checkout (e.g. `git archive <rev> ninfer_engine bench`
+# unpacked under .peers/old, carried), the turn, the replay and the steps run there too, in
+# turn, in the same call. Run from the repository root with OUT set; `.whl/`
 # from `bash scripts/device_wheels.sh`.
 #   OUT=/tmp/o [OLD=.peers/old] bash bench/prompt_step_device.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
@@ -52,4 +53,9 @@ for tree in $trees; do
     echo "step $tree spec=$spec: $(grep -E 'engine step' "$OUT/r/step-$tree-$spec.log")"
   done
 done
+if [ "$(left)" -gt 150 ]; then  # the whole 35B-A3B shape, this tree only
+  PYTHONPATH=$PWD:/tmp/site timeout "$(left)" python3 -u bench/host_tier_ttft.py --prompt 32768 \
+    --out "$OUT/r/ttft-40l" > "$OUT/r/ttft-40l.log" 2>&1
+  echo "host-tier turn, all 40 layers:"; grep -E "^\| dev" "$OUT/r/ttft-40l.log"
+fi
 echo "done at $SECONDS s"
