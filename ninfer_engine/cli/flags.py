@@ -110,12 +110,9 @@ def _prefill_chunk(flag: str, raw: str) -> int | None:
     return None if raw == "auto" else _int(1)(flag, raw)
 
 
-def _expert_vram(flag: str, raw: str) -> float | str:
-    return "auto" if raw == "auto" else _float(0.0, float("inf"))(flag, raw)
-
-
-def _share_or_auto(flag: str, raw: str) -> float | str:
-    return "auto" if raw == "auto" else _float(0.0, 1.0, lo_open=True)(flag, raw)
+def _or_auto(parse: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    """`auto`, or what `parse` makes of the value."""
+    return lambda flag, raw: "auto" if raw == "auto" else parse(flag, raw)
 
 
 def _positive_float(flag: str, raw: str) -> float:
@@ -198,11 +195,11 @@ _FLAGS: dict[str, tuple[str, Callable[[str, str], Any] | None, Any]] = {
     "--cuda-weights": ("cuda_weights", _choice("auto", "packed", "dequant"), None),
     "--prefill-activations": ("prefill_activations", _choice("fp8", "bf16"), None),
     "--no-verify": ("no_verify", None, True),
-    "--expert-vram-mib": ("expert_vram_mib", _expert_vram, None),
+    "--expert-vram-mib": ("expert_vram_mib", _or_auto(_float(0.0, float("inf"))), None),
     "--expert-miss": ("expert_miss", _choice("auto", "read", "copy", "cpu"), None),
     "--expert-cache": ("expert_cache", _choice("lfu", "lru"), None),
     "--expert-prefetch": ("expert_prefetch", None, True),
-    "--expert-cpu-share": ("expert_cpu_share", _share_or_auto, None),
+    "--expert-cpu-share": ("expert_cpu_share", _or_auto(_float(0.0, 1.0, lo_open=True)), None),
 }
 
 FLAG_NAMES = tuple(_FLAGS)

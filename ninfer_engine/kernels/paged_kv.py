@@ -96,10 +96,13 @@ def _softmax_step(s, m, l):
     """One page of an online-softmax (flash) attention: masked scores s `[M, PAGE]` in log2
     units -> the new row max and denominator, the page's weights p and the factor alpha the
     running output is rescaled by (`acc * alpha + p @ v`, left to the caller so that the V
-    tile loads after the scores, as before)."""
+    tile loads after the scores, as before). A row that sees none of its keys yet (all
+    masked: a split of a prefill chunk's pages above its causal diagonal) keeps max -inf, and
+    the shift by 0 keeps its weights and rescale 0, not NaN."""
     m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - shift)
+    p = tl.exp2(s - shift[:, None])
     return m_new, l * alpha + tl.sum(p, axis=1), p, alpha
 
 

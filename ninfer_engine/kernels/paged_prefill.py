@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ._dispatch import dot_dtype, interpreting, use_triton
 from .paged_attention import MERGE_SPLITS, _paged_merge_kernel
-from .paged_kv import PAGE, _load_kv, gather_kv, kv_operand
+from .paged_kv import PAGE, _load_kv, _softmax_step, gather_kv, kv_operand
 
 SMS = 132  # the H200's SMs: a launch of fewer programs than this splits its pages (`_splits`)
 MIN_SPLIT_PAGES = 4  # pages a split folds at least (below, the merge costs more than it saves)
@@ -115,14 +115,8 @@ def _paged_prefill_kernel(q_ptr, k_ptr, ks_ptr, kv_ptr, v_ptr, vs_ptr, vv_ptr, t
             k = _load_kv(k_ptr, ks_ptr, kv_ptr, page, tok, kvh, kmask, NKV, D, KF, KG, DOT)
             s = tl.dot(q, tl.trans(k)) * qk_scale
             s = tl.where(key[None, :] <= q_pos[:, None], s, float("-inf"))
-            # a query may see none of a split's page yet (its keys all after it): its max
-            # stays -inf, and the shift by 0 keeps its weights and rescale 0, not NaN
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m - shift)
-            p = tl.exp2(s - shift[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            m = m_new
+            # a query may see none of a split's page yet (its keys all after it): weight 0
+            m, l, p, alpha = _softmax_step(s, m, l)
             v = _load_kv(v_ptr, vs_ptr, vv_ptr, page, tok, kvh, kmask, NKV, D, VF, VG, DOT)
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v)
         if SPLIT:  # the partial softmax, for the merge (`paged_attention._paged_merge_kernel`)

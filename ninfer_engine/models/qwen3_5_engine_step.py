@@ -156,7 +156,6 @@ class EngineHybridPrompt:
             chunk[:, b] = torch.tensor([at, rows, seq.cached, n])
         c.meta[:, : B * rows].copy_(meta, non_blocking=True)
         c.chunk[:, :B].copy_(chunk, non_blocking=True)
-        c.last[:B].copy_(chunk[0].long() + chunk[3].long() - 1, non_blocking=True)
         self.tables.fill([seq.cache for seq in seqs])
 
     def step(self, batch: int, rows: int) -> torch.Tensor:

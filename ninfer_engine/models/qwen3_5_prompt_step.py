@@ -47,8 +47,8 @@ class PromptStep(HybridStep):
     """Up to `max_batch` sequences' prompt chunks, each of up to `rows` tokens, in one step
     (sequence b's state in slot `slots[b]`, its pages in `table[b]`, its chunk padded to the
     step's row count and its token rows starting at b · rows): `load` fills `tokens`, `pos`
-    (each chunk's positions, its padding rows continuing them), `slots`, `shift`, `chunk` and
-    `last`; `prefill(batch, chunk_rows)` returns the logits [batch, V] after each chunk's last real
+    (each chunk's positions, its padding rows continuing them), `slots`, `shift` and `chunk`;
+    `prefill(batch, chunk_rows)` returns the logits [batch, V] after each chunk's last real
     token (and, built with `keep_hidden`, leaves each row's hidden in `hidden`, as
     `HybridStep` does: a drafter's features)."""
 
@@ -66,7 +66,6 @@ class PromptStep(HybridStep):
         # real tokens (the GDN kernels' `valid`)
         self.chunk = torch.zeros(4, max_batch, dtype=torch.int32, device=dev)
         self.valid = self.chunk[3]
-        self.last = torch.zeros(max_batch, dtype=torch.long, device=dev)  # each last real row
 
     def prefill(self, batch: int, chunk_rows: int) -> torch.Tensor:
         """Logits [batch, V] after each loaded chunk's last real token; their K/V and GDN
@@ -76,15 +75,16 @@ class PromptStep(HybridStep):
         seq = self.rows[:n] // chunk_rows  # each token row's chunk
         slot = self.table[seq, pos // PAGE] * PAGE + pos % PAGE
         y = self.layers(n, batch, chunk_rows, self.table[:batch], None, slot)
-        return self.w.head(y.index_select(0, self.last[:batch]))
+        last = (self.chunk[0, :batch] + self.valid[:batch] - 1).long()  # each last real row
+        return self.w.head(y.index_select(0, last))
 
-    def _attn(self, layer, kv: KvLayer, y, pos, rope, table, kv_span, slot, acc):
-        m, n = layer["mixer"], y.shape[0]
-        q, gate = self._qk(layer, kv, y, rope, slot)
+    def _attend(self, q, kv: KvLayer, pos, table, kv_span):
+        """Each chunk's rows over its pages up to their positions: the varlen prefill kernel,
+        its chunks' offsets, lengths and starts read from `chunk`."""
         offset, length, start, _ = self.chunk
-        a = paged_prefill_varlen_triton(q, kv.k, kv.v, table, offset, length, start,
-                                        n // table.shape[0], m.d**-0.5, kv.k_scale, kv.v_scale)
-        return layer["w_out"](a.reshape(n, m.nq * m.d), gate=gate, act="sigmoid", acc=acc)
+        return paged_prefill_varlen_triton(q, kv.k, kv.v, table, offset, length, start,
+                                           q.shape[0] // table.shape[0], q.shape[-1] ** -0.5,
+                                           kv.k_scale, kv.v_scale)
 
     def _moe(self, layer, y, n, router_acc, acc):
         return layer["moe"](y)

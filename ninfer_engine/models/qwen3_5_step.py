@@ -203,16 +203,8 @@ class HybridStep:
         return layer["w_out"](gdn_gated_norm_triton(o, z, m.norm, self.eps), acc=acc)
 
     def _attn(self, layer, kv: KvLayer, y, pos, rope, table, kv_span, slot, acc):
-        m, n = layer["mixer"], y.shape[0]
-        q, gate = self._qk(layer, kv, y, rope, slot)
-        # every token row attends over its sequence's pages up to its own position
-        a = paged_attention_triton(q, kv.k, kv.v, table, pos + 1, kv.k_scale, kv.v_scale,
-                                   max_seq_len=kv_span)
-        return layer["w_out"](a.reshape(n, m.nq * m.d), gate=gate, act="sigmoid", acc=acc)
-
-    def _qk(self, layer, kv: KvLayer, y, rope, slot):
-        """The attention layer's projection, q/k norms and rotary: (q [n, nq, d], the output
-        gate); the rows' new K/V stored at their pool slots `slot`."""
+        """Projection, q/k norms and rotary (the rows' new K/V stored at their pool slots
+        `slot`), the attention core (`_attend`), the gated output projection."""
         m, n = layer["mixer"], y.shape[0]
         qd, kvd = m.nq * m.d, m.nkv * m.d
         qgkv = layer["w_in"](y)
@@ -222,7 +214,13 @@ class HybridStep:
                                    kv_rows=kv.rows, slots=slot)
         if kv.rows is None:
             kv.write(slot, k, v.reshape(n, m.nkv, m.d))
-        return q, gate
+        a = self._attend(q, kv, pos, table, kv_span)
+        return layer["w_out"](a.reshape(n, qd), gate=gate, act="sigmoid", acc=acc)
+
+    def _attend(self, q, kv: KvLayer, pos, table, kv_span):
+        """Every token row attends over its sequence's pages up to its own position."""
+        return paged_attention_triton(q, kv.k, kv.v, table, pos + 1, kv.k_scale, kv.v_scale,
+                                      max_seq_len=kv_span)
 
     def _moe(self, layer, y, B, router_acc, acc):
         """Shared expert plus top-k routed SwiGLU experts of every row. One GEMV gives the
