@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ..artifact.dflash_names import (DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, mismatch,
                                      parameter_shapes)
+from ..host_copy import to_device
 from .layers import Linear, RotaryEmbedding, apply_rope
 from .moe import SwiGLU
 from .mtp import MtpKv
@@ -146,7 +147,7 @@ class DFlashModel:
 
     def _rope(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin at host `positions` (one copy to the device; no read back of a maximum)."""
-        return self.rope.tables(torch.tensor(positions, device=self.device), max(positions))
+        return self.rope.tables(to_device(positions, self.device, torch.long), max(positions))
 
     def extend(self, ctx: DFlashContext, features: torch.Tensor) -> None:
         """Append the tap features [T, n·H] of the next T committed positions to `ctx`."""
@@ -200,7 +201,7 @@ class DFlashModel:
         tokens, sizes = [], [1 + k for k in ks]
         for anchor, k in zip(anchors, ks):
             tokens += [anchor] + [c.mask_token] * k
-        x = self.target.embed(torch.tensor(tokens, device=dev))
+        x = self.target.embed(to_device(tokens, dev, torch.long))
         rope = self._rope([p for ctx, k in zip(contexts, ks)
                            for p in range(ctx.end, ctx.end + 1 + k)])
         for n, (layer, window) in enumerate(zip(self.layers, c.windows)):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..host_copy import to_device
 from ..kv.cache import keeps_rows
 from ..models.mtp import MtpHead, MtpKv
 
@@ -122,19 +123,24 @@ class MtpDrafter:
             return out
         h = self._run_pairs([(seq, row, last - row.done) for _, seq, row, last in work])
         active = list(range(len(work)))  # the rows of `work` still drafting
+        # each step's drafts stay on the device until the last: read once a round, the host
+        # queues the k head steps back to back instead of waiting for each one's argmax
+        steps: list[tuple[list[int], torch.Tensor]] = []
         for step in itertools.count():
             tokens = self._argmax(h)
-            for n, token in zip(active, tokens.tolist()):
-                out[work[n][0]].append(token)
+            steps.append((active, tokens))
             going = [j for j, n in enumerate(active) if ks[work[n][0]] > step + 1]
             if not going:
                 break
             active = [active[j] for j in going]
-            picked = torch.tensor(going, device=h.device)
+            picked = to_device(going, h.device)
             # the pair (previous MTP output, previous draft) at position L + step
-            positions = torch.tensor([work[n][3] + step for n in active], device=h.device)
+            positions = to_device([work[n][3] + step for n in active], h.device)
             h = self.head(tokens[picked], h[picked], [work[n][2].cache for n in active],
                           [1] * len(active), positions)
+        drafted = torch.cat([tokens for _, tokens in steps]).tolist()
+        for n, token in zip((n for rows, _ in steps for n in rows), drafted):
+            out[work[n][0]].append(token)
         for _, seq, row, _ in work:  # back to the committed pairs
             row.cache.truncate(seq.cached - row.start)
         return out
@@ -149,15 +155,15 @@ class MtpDrafter:
             positions += range(row.done, row.done + n)
             lengths.append(n)
         device = hidden[0].device
-        h = self.head(torch.tensor(tokens, device=device), torch.cat(hidden),
+        h = self.head(to_device(tokens, device, torch.long), torch.cat(hidden),
                       [row.cache for _, row, _ in work], lengths,
-                      torch.tensor(positions, device=device))
+                      to_device(positions, device, torch.long))
         for seq, row, n in work:
             if keeps_rows(seq):  # the pairs just run, with their hiddens, into the pages
                 self._store(seq, row, n)
         for _, row, n in work:  # (a copy: a view would keep the step's hiddens alive)
             row.pending = row.pending[n:].clone()
-        ends = torch.tensor(list(itertools.accumulate(lengths)), device=device) - 1
+        ends = to_device(list(itertools.accumulate(lengths)), device) - 1
         return h[ends]
 
     def _store(self, seq, row: _MtpRow, n: int) -> None:

@@ -54,8 +54,10 @@ class StepPostprocess:
             except Exception as exc:  # this request only: the batch and the loop are fine
                 self._fail_request(seq, exc)
         plain = [row for row in rows if id(batch.sampled[row]) not in verified]
-        tokens = (self._next_tokens(batch.sampled, plain, logits) if picked is None
-                  else [token_of[id(batch.sampled[row])] for row in plain])
+        if picked is not None:
+            tokens = [token_of[id(batch.sampled[row])] for row in plain]
+        else:  # (no plain row: nothing to sample, and `logits` is None)
+            tokens = self._next_tokens(batch.sampled, plain, logits) if plain else []
         for row, token in zip(plain, tokens):
             seq = batch.sampled[row]
             try:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..host_copy import to_device
 from ..kernels import sampling as kernels
 from ..kernels.penalties import lessen, penalize, penalty
 from ..types import GenerationRequest, SamplingParams, TokenLogprob
@@ -312,7 +313,7 @@ def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """The given rows, without a copy when they are all of them."""
     if len(rows) == logits.shape[0]:
         return logits
-    return logits.index_select(0, torch.tensor(rows, device=logits.device))
+    return logits.index_select(0, to_device(rows, logits.device))
 
 
 def _columns(samplers: list[Sampler], device: torch.device) -> list[torch.Tensor]:

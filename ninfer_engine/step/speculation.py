@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
+from ..host_copy import to_device
 from ..kernels import sampling as kernels
 from ..models.mtp import load_mtp
 from ..stats import SpecStats
@@ -243,7 +244,8 @@ def _eligible(seq) -> bool:
 def split_verify_rows(batch, logits: torch.Tensor):
     """(logits with one row per sampled sequence, {id(seq): (drafts, its [1 + k, V] rows)}
     for the verify rows) of a step's forward (`runner.forward`: a verify row's every position,
-    another row's last); a verify row's entry in the first is its first row (unused)."""
+    another row's last); a verify row's entry in the first is its first row (unused), and the
+    first is None when every sampled row verifies (no row samples plainly)."""
     if not batch.drafts or not any(batch.drafts):
         return logits, {}
     drafts = {id(seq): d for seq, d in zip(batch.decode, batch.drafts) if d}
@@ -254,7 +256,10 @@ def split_verify_rows(batch, logits: torch.Tensor):
         if n > 1:
             verified[id(seq)] = (drafts[id(seq)], logits[row: row + n])
         row += n
-    return logits[firsts], verified
+    if len(verified) == len(firsts):
+        return None, verified
+    # an index from page-locked memory: a list index copies it blocking, a stream sync
+    return logits.index_select(0, to_device(firsts, logits.device)), verified
 
 
 def accept(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[list[int]]:

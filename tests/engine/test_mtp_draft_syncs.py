@@ -1,0 +1,60 @@
+"""`--spec mtp` drafting on CUDA reads its drafts back once a round: the k head steps are queued
+back to back, none waiting on the host for the step before (each `torch.tensor(list,
+device=cuda)` or `.tolist()` between them was a stream sync that left the GPU idle while the
+host launched the next step's kernels)."""
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ninfer_engine.artifact.hf_names import mtp_params_from_hf
+from ninfer_engine.models.mtp import MtpHead
+from ninfer_engine.models.qwen3_5 import dict_params
+from ninfer_engine.step.mtp_drafter import MtpDrafter
+from tests.models.mtp_tiny import HfMtp
+from tests.models.qwen35_tiny import hf_model, ours
+
+def _seq(prompt: list[int], output: list[int]):
+    """What the drafter reads of a sequence: its tokens and how many are computed (no pages:
+    `keeps_rows` is false for it)."""
+    return SimpleNamespace(prompt=prompt, output=output, cached=len(prompt) + len(output) - 1,
+                           cache=None, request=SimpleNamespace(prompt_cache=False))
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+@torch.inference_mode()
+def test_a_round_of_mtp_drafts_syncs_once(family, device):
+    """On the CPU (where nothing syncs) the round's drafts only; on CUDA its syncs too."""
+    dev = device
+    target = ours(hf_model(family), dev)
+    head = MtpHead(target, dict_params({k: t.to(dev) for k, t in mtp_params_from_hf(
+        HfMtp(family).checkpoint(), target.config).items()}))
+    drafter = MtpDrafter(head, target.vocab_size)
+    gen = torch.Generator().manual_seed(2)
+    seqs = [_seq(torch.randint(0, target.vocab_size, (n,), generator=gen).tolist(), [7]) for n in (9, 5)]
+    for seq in seqs:  # the target computed every position but the last output's
+        drafter.observe(seq, 0, torch.randn(seq.cached, target.config["hidden_size"],
+                                            device=dev))
+    drafter.propose_rows(seqs, [3, 3])  # the kernels' first launches, outside the count
+    for seq, token in zip(seqs, (11, 12)):  # the target verified one more position
+        seq.output.append(token)
+        seq.cached += 1
+        drafter.observe(seq, seq.cached - 1,
+                        torch.randn(1, target.config["hidden_size"], device=dev))
+    if dev.type != "cuda":
+        assert [len(d) for d in drafter.propose_rows(seqs, [3, 2])] == [3, 2]
+        return
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            drafts = drafter.propose_rows(seqs, [3, 2])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in seen if "called a synchronizing" in str(w.message)]
+    assert [len(d) for d in drafts] == [3, 2]
+    assert len(syncs) == 1, syncs  # the round's drafts, read back together
