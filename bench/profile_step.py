@@ -5,6 +5,7 @@
     python3 bench/profile_step.py --arch 27b --weights fp8-row [--cuda-weights auto|packed]
     python3 bench/profile_step.py --arch 35b-a3b --weights fp8-row --lookahead both [--host]
     python3 bench/profile_step.py --arch 35b-a3b --weights fp8-row --spec 3 [--rate 3.67]
+        [--drafter oracle|mtp] [--timeline OUT.json]
 
 `--prefill N` profiles the model's prefill forward instead: `Qwen35Model.forward` over an N-token
 prompt in 1024-token chunks, from an empty state.
@@ -20,7 +21,11 @@ step without its host work); `--lookahead both` times the step with the engine's
 and then without it (`bench/results/h200-lookahead-step.md`); `--host` adds a cProfile of 200
 steps on the host. `--spec K` makes every step a verify step of K drafts from the benchmark's
 oracle drafter (`engine_step.OracleDrafter`, `--rate` tokens taken a round: random weights
-accept nothing), so the times and the table are a verify step's.
+accept nothing), so the times and the table are a verify step's; `--drafter mtp` drafts them
+with the model's (random) MTP head as `--spec mtp` serves, the count taken still forced
+(`engine_step.ForcedRounds`), so the step adds the drafting's cost. `--timeline OUT.json`
+writes a Chrome trace of a few steps (host ops and CUDA kernels) and prints the GPU's idle gaps
+within them with the host functions running meanwhile: where a step's host time goes.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.engine_step import (  # noqa: E402
-    MARGIN, OracleDrafter, bench_engine, random_prompts)
+    MARGIN, ForcedRounds, OracleDrafter, bench_engine, random_prompts)
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
 from ninfer_engine.benchmark.timing import last_graph_ms, time_ms  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
@@ -65,9 +70,15 @@ def main() -> None:
     ap.add_argument("--spec", type=int, default=0, metavar="K",
                     help="every step verifies K oracle drafts")
     ap.add_argument("--rate", type=float, default=3.67, help="--spec's tokens taken a round")
+    ap.add_argument("--drafter", choices=("oracle", "mtp"), default="oracle",
+                    help="--spec's drafts: random ids (no drafting cost) or the MTP head's")
+    ap.add_argument("--timeline", metavar="OUT.json",
+                    help="also write a Chrome trace of a few steps and print the GPU's gaps")
     args = ap.parse_args()
     with torch.inference_mode():
-        config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers)
+        mtp = args.spec and args.drafter == "mtp"
+        config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers,
+                                         mtp=bool(mtp))
         fits = bf16_fits(config, free_device_bytes("cuda"))
         params = FusedParams(config, packed_source(source, args.weights, args.cuda_weights, fits))
         model = Qwen35Model(config, params)
@@ -77,10 +88,13 @@ def main() -> None:
             1 + args.spec)
         engine = bench_engine(model, args.arch, config, args.batch, total + MARGIN,
                               draft_tokens=args.spec, cuda_weights=args.cuda_weights,
-                              lookahead={"on": True, "off": False}.get(args.lookahead))
+                              lookahead={"on": True, "off": False}.get(args.lookahead),
+                              mtp_params=source if mtp else None)
         oracle = nullcontext()
         if args.spec:
-            engine.speculator.drafter = OracleDrafter(args.rate, args.spec, config["vocab_size"])
+            engine.speculator.drafter = (
+                ForcedRounds(engine.speculator.drafter, args.rate, args.spec) if mtp
+                else OracleDrafter(args.rate, args.spec, config["vocab_size"]))
             engine.speculator.policy = AlwaysSpeculate()
             oracle = engine.speculator.drafter.forced()
         with oracle:
@@ -102,6 +116,8 @@ def _profile(engine, args, config, total) -> None:
         print(f"lookahead on: step {step:.3f} ms, off: {plain:.3f} ms")
     replay = last_graph_ms(engine, TIMED)
     host = _host_profile(engine) if args.host else None
+    if args.timeline:
+        _timeline(engine, args.timeline)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
             engine.step()
@@ -135,6 +151,40 @@ def _host_profile(engine, steps: int = 200) -> str:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
     return out.getvalue()
+
+
+def _timeline(engine, path: str, steps: int = 4) -> None:
+    """A Chrome trace of `steps` engine steps (host ops and their CUDA kernels) at `path`, and
+    the GPU's idle gaps over 20 µs between kernels, each with the host functions (our code's
+    frames, torch ops) begun while the GPU waited, by their time within the gap."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 with_stack=True) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    events = prof.events()
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
+                     if e.device_type.name == "CUDA")
+    host = [e for e in events if e.device_type.name == "CPU"]
+    print(f"timeline: {steps} steps, {len(kernels)} kernels, trace at {path}")
+    busy = sum(end - start for start, end in kernels)
+    span = kernels[-1][1] - kernels[0][0] if kernels else 0
+    print(f"GPU busy {busy / 1e3:.2f} ms of {span / 1e3:.2f} ms between the first kernel and "
+          f"the last")
+    for (_, end), (start, _) in zip(kernels, kernels[1:]):
+        if start - end < 20:
+            continue
+        during = {}  # our functions and torch ops the host began while the GPU waited
+        for e in host:
+            if end <= e.time_range.start < start and (
+                    "ninfer_engine/" in e.name or e.name.startswith("aten::")):
+                overlap = min(e.time_range.end, start) - e.time_range.start
+                during[e.name] = during.get(e.name, 0) + overlap
+        top = sorted(during.items(), key=lambda kv: -kv[1])[:6]
+        print(f"  gap {(start - end) / 1e3:.3f} ms: "
+              + "; ".join(f"{name[:60]} {us / 1e3:.3f}" for name, us in top))
 
 
 def profile_prefill(model, config, tokens: int, chunk: int = 1024) -> None:

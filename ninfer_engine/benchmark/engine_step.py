@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..artifact import qwen_resources
-from ..artifact.synth import ARCHS
+from ..artifact.synth import ARCHS, mtp_component
 from ..config import PAGE_TOKENS, EngineConfig
 from ..engine import Engine
 from ..step import postprocess
@@ -35,12 +35,18 @@ MARGIN = 2 * PAGE_TOKENS  # room past the longest row: its output, a verify row'
 
 class SyntheticResources:
     """The artifact face `Engine` reads besides the weights: the text config, the real Qwen
-    tokenizer and chat template of the architecture's vocabulary."""
+    tokenizer and chat template of the architecture's vocabulary; with `mtp_params` (a
+    `build_synthetic(..., mtp=True)` source), an `mtp` component whose head `--spec mtp`
+    builds from those random weights."""
 
-    def __init__(self, arch: str, config: dict) -> None:
+    def __init__(self, arch: str, config: dict, mtp_params=None) -> None:
         self.name = f"synth-{arch}"
         self._config = config
         self._resources = qwen_resources.resources(ARCHS[arch][1])
+        self._params = mtp_params
+        self.components = {"text": {"config": config}}
+        if mtp_params is not None:
+            self.components["mtp"] = mtp_component(config)
 
     def config(self, component: str) -> dict:
         assert component == "text", component
@@ -52,28 +58,37 @@ class SyntheticResources:
     def resource(self, role: str) -> bytes:
         return self._resources[role]
 
+    def has_parameter(self, name: str) -> bool:
+        return self._params is not None and name.startswith("mtp/")
+
+    def parameter(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return self._params(name, shape)
+
 
 def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: int,
                  draft_tokens: int = 0, cuda_weights: str = "auto",
                  prefill_chunk: int | None = None, kv_tokens: int | None = None,
                  vision=None, lookahead: bool | None = None,
-                 prefix_reuse: bool = False) -> Engine:
+                 prefix_reuse: bool = False, mtp_params=None) -> Engine:
     """`Engine` over `model` for up to `max_batch` rows of up to `max_context` tokens in a pool
     of `kv_tokens` (default: every row at `max_context`; `lookahead`: `EngineConfig`'s); with
     `draft_tokens`, verify rows of
     1 + that many tokens are captured too (`--spec`), their drafts from `speculator.drafter`;
     `vision`: a resident `VisionTower` serving media requests; `prefix_reuse`: keep the
-    prefix cache a served engine keeps (off: every prompt is computed whole)."""
+    prefix cache a served engine keeps (off: every prompt is computed whole); `mtp_params`
+    (with `draft_tokens`): the engine is `--spec mtp` over the random MTP head they draw, its
+    drafter left in place (`ForcedRounds` sets how many of its drafts a round takes)."""
     engine_config = EngineConfig(
         artifact=Path(f"synth-{arch}"), max_concurrency=max_batch, max_context=max_context,
         # whole pages per row: a lease is whole pages, so max_batch rows of max_context fit
         kv_capacity=kv_tokens or max_batch * -(-max_context // PAGE_TOKENS) * PAGE_TOKENS,
         max_pending_requests=max(16, max_batch), prefill_chunk=prefill_chunk,
         cuda_weights=cuda_weights, no_prefix_reuse=not prefix_reuse,
-        spec="ngram" if draft_tokens else None, draft_tokens=draft_tokens or None,
-        lookahead=lookahead)
-    engine = Engine(engine_config, SyntheticResources(arch, config), model=model, vision=vision)
-    if engine.speculator is not None:
+        spec=("mtp" if mtp_params is not None else "ngram") if draft_tokens else None,
+        draft_tokens=draft_tokens or None, lookahead=lookahead)
+    engine = Engine(engine_config, SyntheticResources(arch, config, mtp_params), model=model,
+                    vision=vision)
+    if engine.speculator is not None and mtp_params is None:
         engine.speculator.drafter = NoDrafts()  # until a run sets its oracle
     return engine
 
@@ -156,31 +171,22 @@ def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
     return run
 
 
-class OracleDrafter:
-    """The speculative benchmark mode: k drafts a round of which the first j are taken, j drawn
-    so that a round averages `tokens_per_round` = 1 + E[j]; `forced()` makes the engine's
-    acceptance take exactly those j and one token more. Random weights accept nothing, and a
-    continuation recorded by plain decoding does not survive verification: bf16 rounding of a
-    four-token verify row differs from a one-token step's, random logits have near-ties and
-    random routers flip experts (measured on the H200: 1.08 tokens a round on the 35B-A3B
-    shape at a 3.67 target). Forcing the count runs exactly the work of real acceptance — the
-    verify forward, the acceptance pass over its logits, the GDN/KV rollback to j — with
-    tokens that mean nothing, as every token of a random model."""
+class _ForcedAcceptance:
+    """How many drafts each round takes: j ∈ {⌊m⌋, ⌊m⌋ + 1} with mean m = `tokens_per_round`
+    − 1, drawn when the round's drafts are proposed (a list of exactly k: shorter rounds, cut
+    by the output limit, are not forced); `forced()` makes the engine's acceptance take them."""
 
-    def __init__(self, tokens_per_round: float, k: int, vocab: int, seed: int = 0) -> None:
+    def __init__(self, tokens_per_round: float, k: int, seed: int = 0) -> None:
         if not 1.0 <= tokens_per_round <= 1 + k:
             raise ValueError(f"tokens per round {tokens_per_round} is outside [1, {1 + k}]")
-        self.mean_correct, self.k, self.vocab = tokens_per_round - 1, k, vocab
+        self.mean_correct, self.k = tokens_per_round - 1, k
         self._rng = random.Random(seed)
         self._taken: dict[int, int] = {}  # id(drafts) -> drafts the round takes
 
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        if k < self.k:  # a round cut short by the output limit: plain decode, so every
-            return []   # verified round carries k drafts
-        low = int(self.mean_correct)  # j ∈ {low, low + 1}, with the chosen mean
-        drafts = [self._rng.randrange(self.vocab) for _ in range(k)]
-        self._taken[id(drafts)] = min(k, low + (self._rng.random() < self.mean_correct - low))
-        return drafts
+    def _take(self, drafts: list[int]) -> None:
+        low = int(self.mean_correct)
+        self._taken[id(drafts)] = min(self.k,
+                                      low + (self._rng.random() < self.mean_correct - low))
 
     @contextmanager
     def forced(self):
@@ -191,9 +197,55 @@ class OracleDrafter:
         def accept(rows):
             emitted = real(rows)
             return [(drafts + out[-1:])[: self._taken.pop(id(drafts)) + 1]
+                    if id(drafts) in self._taken else out  # a round not forced: as accepted
                     for (_, drafts, _), out in zip(rows, emitted)]
         postprocess.accept = accept
         try:
             yield
         finally:
             postprocess.accept = real
+
+
+class OracleDrafter(_ForcedAcceptance):
+    """The speculative benchmark mode: k drafts a round of which the first j are taken, j drawn
+    so that a round averages `tokens_per_round` = 1 + E[j]; `forced()` makes the engine's
+    acceptance take exactly those j and one token more. Random weights accept nothing, and a
+    continuation recorded by plain decoding does not survive verification: bf16 rounding of a
+    four-token verify row differs from a one-token step's, random logits have near-ties and
+    random routers flip experts (measured on the H200: 1.08 tokens a round on the 35B-A3B
+    shape at a 3.67 target). Forcing the count runs exactly the work of real acceptance — the
+    verify forward, the acceptance pass over its logits, the GDN/KV rollback to j — with
+    tokens that mean nothing, as every token of a random model. Its drafts are random ids:
+    drafting costs nothing here (`ForcedRounds` keeps a model drafter's work)."""
+
+    def __init__(self, tokens_per_round: float, k: int, vocab: int, seed: int = 0) -> None:
+        super().__init__(tokens_per_round, k, seed)
+        self.vocab = vocab
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        if k < self.k:  # a round cut short by the output limit: plain decode, so every
+            return []   # verified round carries k drafts
+        drafts = [self._rng.randrange(self.vocab) for _ in range(k)]
+        self._take(drafts)
+        return drafts
+
+
+class ForcedRounds(_ForcedAcceptance):
+    """A model drafter (`MtpDrafter`: `--spec mtp`) drafting as it serves — its head's forwards,
+    its KV, the hiddens it is handed — with the number of its drafts a round takes forced as
+    `OracleDrafter`'s: the round costs what a served one does at that acceptance. Everything
+    but `propose_rows` is the drafter's own."""
+
+    def __init__(self, drafter, tokens_per_round: float, k: int, seed: int = 0) -> None:
+        super().__init__(tokens_per_round, k, seed)
+        self.drafter = drafter
+
+    def __getattr__(self, name: str):
+        return getattr(self.drafter, name)
+
+    def propose_rows(self, seqs: list, ks: list[int]) -> list[list[int]]:
+        proposals = self.drafter.propose_rows(seqs, ks)
+        for drafts in proposals:
+            if len(drafts) == self.k:
+                self._take(drafts)
+        return proposals

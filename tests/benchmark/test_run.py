@@ -229,3 +229,42 @@ def test_a_failing_section_is_recorded_not_fatal(monkeypatch):
     assert result["not_measured"]["concurrency"].startswith("skipped")
     assert result["not_measured"]["peer"] == "skipped (--no-peer)"
     assert "failed" not in result
+
+
+@CPU_ONLY
+@torch.inference_mode()
+def test_forced_rounds_draft_with_the_mtp_head_and_take_the_chosen_count():
+    """`bench_engine(..., mtp_params=...)` serves `--spec mtp` over the random head the
+    synthetic source draws; `ForcedRounds` keeps the head's drafting and forces how many of
+    its drafts a round takes (random weights accept ~none), so rounds average the chosen
+    count as `OracleDrafter`'s do."""
+    from ninfer_engine.artifact.synth import build_synthetic
+    from ninfer_engine.models.qwen3_5 import Qwen35Model
+    from ninfer_engine.step.mtp_drafter import MtpDrafter
+    from ninfer_engine.step.spec_policy import AlwaysSpeculate
+
+    config, source = build_synthetic("tiny-moe", "cpu", torch.float32, mtp=True)
+    model = Qwen35Model(config, source)
+    engine = engine_step.bench_engine(model, "tiny-moe", config, 1, 256, draft_tokens=3,
+                                      mtp_params=source)
+    try:
+        head = engine.speculator.drafter
+        assert isinstance(head, MtpDrafter) and engine.speculator.reads_hidden
+        forced = engine_step.ForcedRounds(head, 3.5, 3, seed=2)  # two or three drafts taken
+        drafted = []
+        real = head.propose_rows
+        head.propose_rows = lambda seqs, ks: drafted.append(real(seqs, ks)) or drafted[-1]
+        engine.speculator.drafter, engine.speculator.policy = forced, AlwaysSpeculate()
+        with forced.forced():
+            run = engine_step.run_requests(
+                engine, engine_step.random_prompts(1, 40, config["vocab_size"]), 120)
+        stats = engine.speculator.stats()
+    finally:
+        engine.stop()
+    assert sum(run.emitted) == 120 and drafted and not forced._taken
+    full = sum(len(d) == 3 for rows in drafted for d in rows)  # the rounds forced
+    assert stats.rounds >= full > 20 and stats.accepted >= 2 * full
+    # forced rounds take 2 or 3 (mean 2.5, σ 0.5 / √full ≤ 0.11 for full > 20); the few rounds
+    # cut short by the output limit take what acceptance found (≈ 0 on random weights)
+    assert 2 * full <= stats.accepted <= 3 * full + 3 * (stats.rounds - full)
+    assert abs(stats.accepted / full - 2.5) < 0.45
