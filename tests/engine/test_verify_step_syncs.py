@@ -1,0 +1,62 @@
+"""A verify step on CUDA waits for the device once: acceptance reads the step's picks back
+(`speculation.accept_greedy`), and nothing else of the round — scheduling, drafting, the graph's
+inputs, the rollback of the rejected drafts, bookkeeping — makes the host wait for the GPU. A
+sync after the replay leaves the GPU idle while the host works; one before it serialises the
+host's launches with the work queued (the 35B-A3B verify step's engine time exceeded its graph's
+by 0.9-1.4 ms on the H200, h200-verify-step.md). The oracle drafter forces 2 or 3 of 3 drafts a
+round, so the rollback runs in most rounds."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from ninfer_engine import engine as engine_module
+from ninfer_engine.benchmark import engine_step
+from ninfer_engine.benchmark.engine_step import OracleDrafter, bench_engine
+from ninfer_engine.models.fused import FusedParams
+from ninfer_engine.models.qwen3_5 import Qwen35Model
+from ninfer_engine.step.spec_policy import AlwaysSpeculate
+from ninfer_engine.types import GenerationRequest, SamplingParams
+from tests.benchmark.tiny import tiny_config, tiny_source
+from tests.engine.helpers import default_resources
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("moe", [False, True])
+@torch.inference_mode()
+def test_a_verify_round_syncs_once(moe, monkeypatch):
+    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
+    monkeypatch.setattr(engine_module, "BUSY_PUBLISH_S", 1e9)  # no stats snapshot meanwhile
+    config = tiny_config(moe)
+    source = tiny_source(config)
+    model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).to("cuda")))
+    engine = bench_engine(model, "tiny-moe" if moe else "tiny-dense", config, 1, 512,
+                          draft_tokens=3)
+    oracle = OracleDrafter(3.5, 3, config["vocab_size"], seed=1)
+    engine.speculator.drafter, engine.speculator.policy = oracle, AlwaysSpeculate()
+    prompt = tuple(range(5, 45))
+    engine.add(GenerationRequest("r", prompt, SamplingParams(temperature=0.0), max_tokens=200,
+                                 ignore_eos=True), lambda e: None)
+    with oracle.forced():
+        for _ in range(12):  # the prompt, then verify rounds: the graphs captured, warm
+            engine.step()
+        torch.cuda.synchronize()
+        rounds = engine.speculator.stats().rounds
+        per_step = []
+        for _ in range(8):
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    engine.step()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            per_step.append([str(w.message) for w in seen
+                             if "called a synchronizing" in str(w.message)])
+    engine.stop()
+    assert engine.speculator.stats().rounds == rounds + 8  # every step counted verified
+    assert all(len(syncs) == 1 for syncs in per_step), per_step
