@@ -56,7 +56,9 @@ def markdown(result: dict) -> str:
                   + ", plus every sequence's GDN state and KV) and FLOPs (2 × active params × B "
                   "+ attention) over the measured matmul rate."]
     if result.get("speculative"):
-        lines += ["", "## Speculative decoding: verify rows with the oracle drafter", "",
+        mtp = result.get("spec_drafter") == "mtp"
+        lines += ["", "## Speculative decoding: verify rows with "
+                  + ("the MTP head's drafts" if mtp else "the oracle drafter"), "",
                   "| B | context | k | tokens/round (target → measured) | acceptance "
                   "| tok/s, verifying every step | plain tok/s | speed-up | tok/s under the "
                   "policy | speed-up |", "|---" * 10 + "|"]
@@ -66,8 +68,13 @@ def markdown(result: dict) -> str:
                 f"| {r['target_tokens_per_round']:.2f} → {r['tokens_per_round']:.2f} "
                 f"| {100 * r['acceptance']:.0f} % | {r['tok_s']:.1f} | {r['plain_tok_s']:.1f} "
                 f"| {r['speedup']:.2f}× | {r['policy_tok_s']:.1f} | {r['policy_speedup']:.2f}× |")
-        lines += ["", "Random weights accept nothing, so the oracle drafter's rounds take a "
-                  "chosen number of drafts (`engine_step.OracleDrafter`); the verify forward, "
+        lines += ["", "Random weights accept nothing, so " + (
+                  "the rounds take a chosen number of the random MTP head's drafts "
+                  "(`engine_step.ForcedRounds`): the drafting is `--spec mtp`'s own, and the "
+                  "plain rows keep each row's hidden for it, as a `--spec mtp` server does; "
+                  if mtp else "the oracle drafter's rounds take a chosen number of drafts "
+                  "(`engine_step.OracleDrafter`: random ids, drafting costs nothing); ")
+                  + "the verify forward, "
                   "the acceptance pass and the GDN/KV rollback are the engine's own. Under the "
                   "policy (`step/spec_policy.py`) a step verifies while verify steps of its "
                   "batch size have emitted tokens faster than plain ones."]

@@ -50,8 +50,8 @@ from ..models.qwen3_5_step_weights import HybridWeights
 from ..step.spec_policy import AlwaysSpeculate, SpecPolicy
 from ..types import SamplingParams
 from . import roofline as rf
-from .engine_step import (MARGIN, NoDrafts, OracleDrafter, bench_engine, random_prompts,
-                          run_requests, served_sampling)
+from .engine_step import (MARGIN, ForcedRounds, NoDrafts, OracleDrafter, bench_engine,
+                          random_prompts, run_requests, served_sampling)
 from .footprint import packed_source
 from .timing import copy_bandwidth_gbps, matmul_tflops
 
@@ -68,10 +68,13 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
                      peer: str | None = None, peer_prompt: int = 1024,
                      peer_steps: int = 16, on_partial=None, cuda_weights: str = "auto",
                      draft_tokens: int = 3, spec_rates: list[float] = (),
-                     spec_batches: list[int] = (1,), sampling: str = "greedy") -> dict:
+                     spec_batches: list[int] = (1,), sampling: str = "greedy",
+                     spec_drafter: str = "oracle") -> dict:
     """Build the model on the GPU, serve it from an `Engine`, time every requested section;
     the JSON-able result. `sampling` "served": the decode and concurrency requests sample as a
     served request sending only `temperature: 0` does (the model preset's penalties).
+    `spec_drafter` "mtp": the speculative section drafts with a random MTP head (`--spec mtp`'s
+    drafting, `engine_step.ForcedRounds`) instead of the oracle's free random ids.
 
     `on_partial(result)`, if given, receives our sections before the peer starts (so a run cut
     short while timing the peer still leaves them)."""
@@ -86,10 +89,11 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
                      python=platform.python_version(), copy_gbps=gbps, matmul_tflops=tflops),
         command=command, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         arch=arch, recipe=weights, cuda_weights=cuda_weights, batch=1, path=ENGINE_PATH,
-        sampling=sampling,
+        sampling=sampling, spec_drafter=spec_drafter if spec_rates else None,
         weights=f"random (synthetic, drawn on the {device})")
     plan = _Plan(contexts, list(concurrency), concurrency_context, prefill, draft_tokens,
-                 list(spec_rates), [b for b in spec_batches if b in concurrency], sampling)
+                 list(spec_rates), [b for b in spec_batches if b in concurrency], sampling,
+                 spec_drafter)
     result.update(_ours(arch, weights, cuda_weights, layers, device, plan, prefill_chunk,
                         gbps, tflops))
     gc.collect()  # every tensor of ours is gone before the peer is built
@@ -126,10 +130,12 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
 class _Plan:
     """The requests every section sends, and the engine's sizes that follow from them."""
 
-    def __init__(self, contexts, levels, cctx, prefill, k, rates, spec_batches, sampling):
+    def __init__(self, contexts, levels, cctx, prefill, k, rates, spec_batches, sampling,
+                 drafter="oracle"):
         self.contexts, self.levels, self.cctx, self.prefill = contexts, levels, cctx, prefill
         self.k, self.rates, self.spec_batches = k, rates, spec_batches
         self.sampling = sampling  # "greedy" or "served" (`engine_step.served_sampling`)
+        self.mtp = bool(rates) and drafter == "mtp"  # the speculative section drafts with MTP
         # output tokens a request asks for: enough for the timed steps at 1 + k tokens a step
         self.output_tokens = SKIP + (1 + k) * DECODE_STEPS + k if rates else SKIP + DECODE_STEPS
         self.max_batch = max([1, *levels])
@@ -143,7 +149,7 @@ def _ours(arch, weights, mode, layers, device, plan, chunk, gbps, tflops):
     """Every section measured on our model; its tensors are freed when this returns."""
     # bf16 on the GPU; the CPU (the orchestration test) runs the engine's exact fp32 path
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    config, source = build_synthetic(arch, device, dtype, layers)
+    config, source = build_synthetic(arch, device, dtype, layers, mtp=plan.mtp)
     fits = bf16_fits(config, free_device_bytes(device))
     params = FusedParams(config, packed_source(source, weights, mode, fits))
     model = Qwen35Model(config, params)
@@ -156,7 +162,13 @@ def _ours(arch, weights, mode, layers, device, plan, chunk, gbps, tflops):
     if forms:  # how the routed experts were served: dense (bf16) and/or the fp8 forms
         out["routed_experts"] = "+".join(sorted(forms))
     engine = bench_engine(model, arch, config, plan.max_batch, plan.max_context,
-                          plan.k if plan.rates else 0, mode, chunk, plan.kv_tokens())
+                          plan.k if plan.rates else 0, mode, chunk, plan.kv_tokens(),
+                          mtp_params=source if plan.mtp else None)
+    # the MTP head drafts in the speculative section only (its graphs keep every row's
+    # hidden throughout, as a `--spec mtp` server's)
+    head = engine.speculator.drafter if plan.mtp else None
+    if head is not None:
+        engine.speculator.drafter = NoDrafts()
     out["graphs"] = engine.runner.graphs is not None
     vocab = config["vocab_size"]
     failed = {}
@@ -170,7 +182,7 @@ def _ours(arch, weights, mode, layers, device, plan, chunk, gbps, tflops):
                 run = run_requests(engine, prompts, plan.output_tokens, _sampling(engine, plan))
                 rows.append(_concurrency_row(run, fused, config, B, plan.cctx, gbps, tflops))
                 if B in plan.spec_batches:
-                    spec += _speculative(engine, prompts, rows[-1], plan, vocab)
+                    spec += _speculative(engine, prompts, rows[-1], plan, vocab, head)
             out["concurrency"] = rows
             if spec:
                 out["speculative"] = spec
@@ -225,16 +237,18 @@ def _concurrency_row(run, fused, config, B, ctx, gbps, tflops) -> dict:
     return row
 
 
-def _speculative(engine, prompts, plain_row, plan, vocab) -> list[dict]:
-    """The same requests with verify rows of k oracle drafts at each tokens-per-round: every
-    step verifying (the verify cost curve), then under the engine's policy (`spec_policy`:
-    what serves, never meant to lose to plain decode)."""
+def _speculative(engine, prompts, plain_row, plan, vocab, head=None) -> list[dict]:
+    """The same requests with verify rows of k oracle drafts (or, with `head`, the MTP
+    drafter's, their count forced) at each tokens-per-round: every step verifying (the verify
+    cost curve), then under the engine's policy (`spec_policy`: what serves, never meant to
+    lose to plain decode)."""
     speculator, rows = engine.speculator, []
     for rate in plan.rates:
         row = dict(concurrency=len(prompts), context=plan.cctx, draft_tokens=plan.k,
                    target_tokens_per_round=rate, plain_tok_s=plain_row["tok_s"])
         for policy, key in ((AlwaysSpeculate(), "tok_s"), (SpecPolicy(), "policy_tok_s")):
-            oracle = OracleDrafter(rate, plan.k, vocab)
+            oracle = (ForcedRounds(head, rate, plan.k) if head is not None
+                      else OracleDrafter(rate, plan.k, vocab))
             before = speculator.stats()
             speculator.drafter, speculator.policy = oracle, policy
             try:

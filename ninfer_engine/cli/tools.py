@@ -134,6 +134,10 @@ def _parser() -> argparse.ArgumentParser:
                        "reference's MTP3 operating point and story text); none skips the section")
     bench.add_argument("--spec-batch", type=_levels, default=[1, 8], metavar="B,B",
                        help="concurrency levels (of --concurrency) that also run speculatively")
+    bench.add_argument("--spec-drafter", choices=("oracle", "mtp"), default="oracle",
+                       help="the speculative section's drafts: random ids (oracle, no drafting "
+                       "cost) or a random MTP head's, drafting as --spec mtp does; either way "
+                       "the tokens a round are --spec-rates'")
     bench.add_argument("--peer", choices=("transformers", "none"), default="transformers",
                        help="time the same shapes through transformers too (default)")
     bench.add_argument("--no-peer", dest="peer", action="store_const", const="none",
@@ -217,7 +221,8 @@ def _bench(args: argparse.Namespace) -> int:
                + f" --prefill {args.prefill} --prefill-chunk {args.prefill_chunk}"
                + (f" --draft-tokens {args.draft_tokens} --spec-rates "
                   f"{','.join(map(str, args.spec_rates))} --spec-batch "
-                  f"{','.join(map(str, args.spec_batch)) or 'none'}" if args.spec_rates
+                  f"{','.join(map(str, args.spec_batch)) or 'none'}"
+                  f" --spec-drafter {args.spec_drafter}" if args.spec_rates
                   else " --spec-rates none")
                + (f" --peer transformers --peer-prompt {args.peer_prompt}"
                   f" --peer-steps {args.peer_steps}" if args.peer == "transformers"
@@ -239,7 +244,8 @@ def _bench(args: argparse.Namespace) -> int:
         prefill=args.prefill, prefill_chunk=args.prefill_chunk,
         peer=args.peer, peer_prompt=args.peer_prompt, peer_steps=args.peer_steps,
         on_partial=save, cuda_weights=args.cuda_weights, draft_tokens=args.draft_tokens,
-        spec_rates=args.spec_rates, spec_batches=args.spec_batch, sampling=args.sampling)
+        spec_rates=args.spec_rates, spec_batches=args.spec_batch, sampling=args.sampling,
+        spec_drafter=args.spec_drafter)
     save(result)
     print(markdown(result), end="")
     return 0

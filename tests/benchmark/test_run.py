@@ -23,8 +23,8 @@ def _fake_rates(monkeypatch, moe: bool = False):
     monkeypatch.setattr(run, "copy_bandwidth_gbps", lambda: 4000.0)
     monkeypatch.setattr(run, "matmul_tflops", lambda: 800.0)
     config = tiny_config(moe)
-    source = tiny_source(config)
-    monkeypatch.setattr(run, "build_synthetic", lambda arch, device, dtype, layers: (
+    source = tiny_source(config, mtp=True)
+    monkeypatch.setattr(run, "build_synthetic", lambda arch, device, dtype, layers, mtp: (
         config, lambda name, shape: source(name, shape).to(device, dtype)))
     monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda vocab: default_resources())
     monkeypatch.setattr(run, "SKIP", 2)
@@ -213,6 +213,9 @@ def test_cli_passes_every_section_flag(monkeypatch, tmp_path, capsys):
                  "--prefill", "0"]) == 0
     assert seen["concurrency"] == [] and seen["peer"] == "transformers" and seen["prefill"] == 0
     assert main(["bench", "--arch", "27b", "--spec-rates", "5"]) == 1  # > 1 + 3 drafts
+    assert seen["spec_drafter"] == "oracle"
+    assert main(["bench", "--arch", "27b", "--spec-drafter", "mtp"]) == 0
+    assert seen["spec_drafter"] == "mtp" and "--spec-drafter mtp" in seen["command"]
 
 
 @CPU_ONLY
@@ -262,9 +265,22 @@ def test_forced_rounds_draft_with_the_mtp_head_and_take_the_chosen_count():
     finally:
         engine.stop()
     assert sum(run.emitted) == 120 and drafted and not forced._taken
-    full = sum(len(d) == 3 for rows in drafted for d in rows)  # the rounds forced
-    assert stats.rounds >= full > 20 and stats.accepted >= 2 * full
-    # forced rounds take 2 or 3 (mean 2.5, σ 0.5 / √full ≤ 0.11 for full > 20); the few rounds
-    # cut short by the output limit take what acceptance found (≈ 0 on random weights)
-    assert 2 * full <= stats.accepted <= 3 * full + 3 * (stats.rounds - full)
-    assert abs(stats.accepted / full - 2.5) < 0.45
+    full = sum(len(d) == 3 for rows in drafted for d in rows)  # the head's full rounds
+    # every full round is verified and forced (shorter ones decode plainly), taking 2 or 3
+    assert stats.rounds == full > 20 and 2 * full <= stats.accepted <= 3 * full
+    assert abs(stats.accepted / full - 2.5) < 0.45  # mean 2.5, σ 0.5 / √full ≤ 0.11
+
+
+@CPU_ONLY
+def test_the_speculative_section_drafts_with_the_mtp_head(monkeypatch):
+    """`--spec-drafter mtp`: the section's rounds are the MTP head's drafts, their count forced
+    (3 tokens a round at k = 3: two of three taken, every round), and the report says so."""
+    _fake_rates(monkeypatch, True)
+    result = run.run_decode_bench("tiny-moe", [60], command="ninfer bench", concurrency=[1],
+                                  concurrency_context=50, spec_rates=[3.0], spec_batches=[1],
+                                  spec_drafter="mtp")
+    (spec,) = result["speculative"]
+    assert result["spec_drafter"] == "mtp" and spec["tokens_per_round"] == 3.0
+    assert spec["acceptance"] == pytest.approx(2 / 3) and spec["policy_tok_s"] > 0
+    text = report.markdown(result)
+    assert "verify rows with the MTP head's drafts" in text and "ForcedRounds" in text

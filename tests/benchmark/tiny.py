@@ -25,8 +25,8 @@ def tiny_config(moe: bool) -> dict:
     return config
 
 
-def tiny_source(config: dict, dtype=torch.bfloat16, seed: int = 0):
-    shapes = parameter_shapes(config)
+def tiny_source(config: dict, dtype=torch.bfloat16, seed: int = 0, mtp: bool = False):
+    shapes = parameter_shapes(config, mtp)
 
     def params(name, shape):
         assert shapes[name] == tuple(shape), name
