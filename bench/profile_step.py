@@ -25,7 +25,8 @@ accept nothing), so the times and the table are a verify step's; `--drafter mtp`
 with the model's (random) MTP head as `--spec mtp` serves, the count taken still forced
 (`engine_step.ForcedRounds`), so the step adds the drafting's cost. `--timeline OUT.json`
 writes a Chrome trace of a few steps (host ops and CUDA kernels) and prints the GPU's idle gaps
-within them with the host functions running meanwhile: where a step's host time goes.
+within them with the host functions running meanwhile: where a step's host time goes (the
+profiler's Python tracing slows the host, so read the gaps' make-up, not their length).
 """
 from __future__ import annotations
 
