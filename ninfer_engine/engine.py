@@ -116,6 +116,7 @@ class Engine(StepPostprocess):
         self._thread: threading.Thread | None = None
         self._step = 0
         self._retired, self._published = False, 0.0  # `step` publishes by these
+        self._preparing = 0  # the front end's requests behind the last hand-over (`add`)
         if device.type == "cuda":  # the eager prompt steps' kernels compile now, not in traffic
             # within the pages free now: an elastic pool does not grow for it
             warm_up(self, prefill_chunk_for(config, device), min(
@@ -183,8 +184,9 @@ class Engine(StepPostprocess):
             return EventStream.of(unavailable)
         stream = EventStream()
         # queue wait and TTFT count from the HTTP arrival
+        arrival = current_arrival()
         seq = self.add(request, self._events.emitter(asyncio.get_running_loop(), stream),
-                       current_arrival().at)
+                       arrival.at, arrival.hand_over())
         if seq is None:
             return EventStream.of(unavailable)
         stream.on_close = lambda: self.cancel_sequence(seq)
@@ -196,8 +198,10 @@ class Engine(StepPostprocess):
         self._wake.set()
 
     def add(self, request: GenerationRequest, emit: Callable[[TokenEvent], None],
-            arrived: float | None = None) -> Sequence | None:
+            arrived: float | None = None, preparing: int = 0) -> Sequence | None:
         """Queue `request` for the next step; its events go to `emit` (on the engine thread).
+        `preparing`: requests the front end was still preparing as it handed this one over
+        (`arrival.Preparing`: a prompt step may wait for them, `Scheduler.arrival_wait`).
         None: the scheduler takes no more requests (the engine is stopping)."""
         seq = Sequence(
             request, emit, Sampler.for_request(request),
@@ -205,6 +209,7 @@ class Engine(StepPostprocess):
             frozenset() if request.ignore_eos else self._eos,
             arrived=time.monotonic() if arrived is None else arrived,
             spec_detail=self.config.log_speculation_detail)
+        self._preparing = preparing
         if not self.scheduler.add(seq):
             return None
         self._wake.set()
@@ -267,6 +272,7 @@ class Engine(StepPostprocess):
         """One step: schedule -> forward -> sample -> update. False when there was nothing to do."""
         if self._in_flight is not None:
             return self._continue()
+        self._gather()
         started = time.perf_counter()
         now = time.monotonic()
         batch, ended = self.scheduler.schedule(now)
@@ -308,6 +314,16 @@ class Engine(StepPostprocess):
         else:  # a row ended: the rest settle now, and the next step is scheduled afresh
             self._finish(batch, None, started, picked)
         return True
+
+    def _gather(self) -> None:
+        """Before scheduling: the wait `Scheduler.arrival_wait` allows for the requests the
+        front end is still preparing (each hand-over wakes the engine with the new count)."""
+        while not self._stopping.is_set():
+            wait = self.scheduler.arrival_wait(time.monotonic(), self._preparing)
+            if wait <= 0:
+                return
+            self._wake.wait(wait)
+            self._wake.clear()
 
     def _reserve(self, batch: Batch) -> Batch:
         """Grow each lease for this step; a request whose lease cannot grow ends with `length`."""

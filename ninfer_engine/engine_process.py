@@ -120,7 +120,8 @@ class EngineProcess:
                                   request.request_id)
             self._keys[request.request_id] = key
         stream.on_close = lambda: self._send(("cancel", key))
-        self._send(("submit", key, payload, current_arrival().at))  # queue wait from arrival
+        arrival = current_arrival()  # queue wait from arrival; the front end's requests behind
+        self._send(("submit", key, payload, arrival.at, arrival.hand_over()))
         return stream
 
     def cancel(self, request_id: str) -> bool:

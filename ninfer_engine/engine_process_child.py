@@ -159,7 +159,7 @@ def _serve(engine, pump: PipePump, pipe: _Pipe) -> None:
             return
         kind = message[0]
         if kind == "submit":
-            key, payload, arrived = message[1:]
+            key, payload, arrived, preparing = message[1:]
             try:  # a request that cannot be rebuilt here fails alone
                 request = pickle.loads(payload)
             except Exception as exc:
@@ -168,7 +168,7 @@ def _serve(engine, pump: PipePump, pipe: _Pipe) -> None:
                 pump.flush()
                 continue
             emit = pump.emitter(key, request)
-            seq = engine.add(request, emit, arrived)
+            seq = engine.add(request, emit, arrived, preparing)
             if seq is None:
                 emit(unavailable(f"the engine is {engine.state.value}"))
                 pump.flush()

@@ -301,6 +301,7 @@ class GatedStream:
     def __init__(self, supervisor: Supervisor, request: GenerationRequest) -> None:
         self._supervisor, self._request = supervisor, request
         self._arrival = current_arrival()
+        self._arrival.hand_over()  # prepared: waiting at the gate is not the front end's work
         self._events: EventStream | IteratorStream | None = None  # once past the gate
         self._recorded = False
         self._held: deque[TokenEvent] = deque()  # taken, not yet iterated

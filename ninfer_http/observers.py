@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from ninfer_engine.arrival import Arrival, reset_arrival, set_arrival
+from ninfer_engine.arrival import Arrival, Preparing, reset_arrival, set_arrival
 from ninfer_engine.stats import time_to_first_token
 from ninfer_engine.types import Timings, Usage
 
@@ -52,6 +52,7 @@ class Sinks:
 
 
 SINKS = web.AppKey("ninfer_observer_sinks", Sinks)
+PREPARING = web.AppKey("ninfer_preparing", Preparing)
 
 
 @dataclass
@@ -160,7 +161,9 @@ async def scope_middleware(
     scope = _Scope(request.app[SINKS], request[REQUEST_ID], request[DIALECT], time.monotonic(),
                    _label(request))
     token = _SCOPE.set(scope)
-    arrival = set_arrival(Arrival(scope.arrived_at, scope.client))
+    hold = (request.app[PREPARING].hold()
+            if request.method == "POST" and request.path in GENERATION_PATHS else None)
+    arrival = set_arrival(Arrival(scope.arrived_at, scope.client, hold))
     try:
         return await handler(request)
     except ApiError as error:
@@ -169,6 +172,8 @@ async def scope_middleware(
             _rejected_before_trace(scope, protocol, error)
         raise
     finally:
+        if hold is not None:  # a request that ended before its hand-over
+            hold.release()
         reset_arrival(arrival)
         _SCOPE.reset(token)
 
@@ -214,5 +219,6 @@ async def _request_log_context(app: web.Application) -> AsyncIterator[None]:
 def install(app: web.Application) -> None:
     """Wire request observation into `app`; call after `metrics.add_routes(app)`."""
     app[SINKS] = Sinks(app[METRICS], rejected=getattr(app[ENGINE], "record_rejection", None))
+    app[PREPARING] = Preparing()
     app.middlewares.append(scope_middleware)
     app.cleanup_ctx.append(_request_log_context)

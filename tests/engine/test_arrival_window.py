@@ -1,0 +1,85 @@
+"""A burst's prompts share one prompt step: the front end counts the generation requests it is
+still preparing (`arrival.Preparing`), each hand-over tells the engine how many are behind it,
+and a step with no decoding row waits for them within `ARRIVAL_WINDOW_S` of the oldest queued
+arrival (`Scheduler.arrival_wait`, `Engine._gather`)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ninfer_engine.arrival import Arrival, Preparing
+from ninfer_engine.step.scheduler import ARRIVAL_WINDOW_S, Scheduler
+from ninfer_engine.step.sequence import Sequence
+from ninfer_engine.types import GenerationRequest, SamplingParams
+
+from .helpers import FakeArtifact, tiny_llama
+from .test_speculation import _engine
+
+
+def _sequence(name: str, prompt_len: int, arrived: float) -> Sequence:
+    request = GenerationRequest(name, tuple(range(1, prompt_len + 1)),
+                                SamplingParams(temperature=0.0), max_tokens=4)
+    return Sequence(request, lambda event: None, None, None, frozenset(), arrived=arrived)
+
+
+def test_a_prompt_step_waits_only_for_announced_requests_within_the_window():
+    scheduler = Scheduler(4, 100, 60.0, admit=lambda seq: True)
+    assert scheduler.arrival_wait(0.0, 3) == 0.0  # nothing queued: nothing to hold back
+    scheduler.add(_sequence("a", 10, arrived=1.0))
+    assert scheduler.arrival_wait(1.002, 0) == 0.0  # nobody announced
+    assert scheduler.arrival_wait(1.002, 2) == pytest.approx(ARRIVAL_WINDOW_S - 0.002)
+    assert scheduler.arrival_wait(1.0 + ARRIVAL_WINDOW_S + 1e-6, 2) == 0.0  # window spent
+    scheduler.add(_sequence("b", 95, arrived=1.001))
+    assert scheduler.arrival_wait(1.002, 2) == 0.0  # the step's prompt budget is full
+    full, _ = scheduler.schedule(1.002)
+    for chunk in full.chunks:  # both prompts in: they decode next
+        chunk.seq.cached += chunk.tokens
+        chunk.seq.output.append(7)
+    scheduler.add(_sequence("c", 5, arrived=1.003))
+    assert scheduler.arrival_wait(1.004, 2) == 0.0  # decode rows are never held back
+
+
+def test_the_front_end_counts_each_request_until_its_hand_over_or_end():
+    preparing = Preparing()
+    first, second = Arrival(0.0, hold=preparing.hold()), Arrival(0.0, hold=preparing.hold())
+    assert preparing.count == 2
+    assert first.hand_over() == 1 and first.hand_over() == 1  # once: idempotent
+    assert second.hold.release() == 0 and second.hand_over() == 0  # ended before hand-over
+    assert preparing.count == 0 and Arrival(0.0).hand_over() == 0  # no hold: not counted
+
+
+def test_the_engine_gathers_a_burst_into_one_prompt_step():
+    """A request handed over while another is announced waits for it: both prompts are
+    computed in the first step; handed over with none behind it, a request starts at once."""
+    engine = _engine(FakeArtifact(tiny_llama(seed=5, vocab_size=259)), None, max_concurrency=4,
+                     prefill_chunk=256)
+    steps = []
+    forward = engine.runner.forward
+    engine.runner.forward = lambda batch: steps.append(
+        sorted(c.seq.id for c in batch.chunks)) or forward(batch)
+    try:
+        prompt = tuple(range(3, 40))
+        sampling = SamplingParams(temperature=0.0)
+        ended = []
+
+        def add(name: str, ids: tuple[int, ...], preparing: int) -> None:
+            engine.add(GenerationRequest(name, ids, sampling, max_tokens=2),
+                       lambda e: e.finish and ended.append(name), time.monotonic(), preparing)
+
+        def settle(count: int) -> None:
+            deadline = time.monotonic() + 30
+            while len(ended) < count and time.monotonic() < deadline:
+                time.sleep(0.002)
+
+        add("a", prompt, preparing=1)
+        time.sleep(ARRIVAL_WINDOW_S / 3)
+        add("b", prompt[1:], preparing=0)
+        settle(2)
+        assert steps[0] == ["a", "b"]
+        steps.clear()
+        add("c", prompt, preparing=0)
+        settle(3)
+        assert steps[0] == ["c"]
+    finally:
+        engine.stop()
