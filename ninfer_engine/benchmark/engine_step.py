@@ -173,8 +173,9 @@ def run_requests(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
 
 class _ForcedAcceptance:
     """How many drafts each round takes: j ∈ {⌊m⌋, ⌊m⌋ + 1} with mean m = `tokens_per_round`
-    − 1, drawn when the round's drafts are proposed (a list of exactly k: shorter rounds, cut
-    by the output limit, are not forced); `forced()` makes the engine's acceptance take them."""
+    − 1, drawn as the round's k drafts are proposed (a round the output limit cuts short
+    decodes plainly instead, so every verified round carries k); `forced()` makes the engine's
+    acceptance take them."""
 
     def __init__(self, tokens_per_round: float, k: int, seed: int = 0) -> None:
         if not 1.0 <= tokens_per_round <= 1 + k:

@@ -56,7 +56,7 @@ class StepPostprocess:
         plain = [row for row in rows if id(batch.sampled[row]) not in verified]
         if picked is not None:
             tokens = [token_of[id(batch.sampled[row])] for row in plain]
-        else:  # (no plain row: nothing to sample, and `logits` is None)
+        else:  # with every row verifying there is nothing to sample (and `logits` is None)
             tokens = self._next_tokens(batch.sampled, plain, logits) if plain else []
         for row, token in zip(plain, tokens):
             seq = batch.sampled[row]
