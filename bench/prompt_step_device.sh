@@ -9,25 +9,14 @@
 # turn, in the same call. Run from the repository root with OUT set; `.whl/`
 # from `bash scripts/device_wheels.sh`.
 #   OUT=/tmp/o [OLD=.peers/old] bash bench/prompt_step_device.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-  >/dev/null 2>&1
-OUT=${OUT:-/tmp}
-export NINFER_HOME=${NINFER_HOME:-/tmp/ninfer-home}
-mkdir -p "$OUT/r"
-BUDGET=${BUDGET:-570}  # seconds of the 600-second call this script may use
+source bench/device_env.sh
 trees="new${OLD:+ old}"
 root() { if [ "$1" = old ]; then echo "$PWD/$OLD"; else echo "$PWD"; fi; }
-left() { echo $((BUDGET - SECONDS)); }
 
-PYTHONPATH=$PWD:/tmp/site NINFER_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -n 8 \
-  -o addopts="" -p no:cacheprovider -rfE --tb=short -m "not slow" \
-  tests/engine/test_prompt_graphs.py tests/engine/test_hybrid_graphs.py \
+gpu_tests 150 tests/engine/test_prompt_graphs.py tests/engine/test_hybrid_graphs.py \
   tests/engine/test_hybrid_verify.py tests/engine/test_dflash_graph_taps.py \
   tests/engine/test_mtp_prefix_reuse.py tests/kernels/test_gdn_decode.py \
-  tests/kernels/test_gdn_fused.py tests/kernels/test_paged_prefill.py \
-  > "$OUT/r/tests.txt" 2>&1
-echo "tests: $(tail -1 "$OUT/r/tests.txt") at $SECONDS s"
-grep -E "^(FAILED|ERROR)" "$OUT/r/tests.txt" | head -12
+  tests/kernels/test_gdn_fused.py tests/kernels/test_paged_prefill.py
 for tree in $trees; do
   R=$(root $tree)
   [ "$(left)" -gt 60 ] || break
