@@ -26,9 +26,12 @@ from .errors import invalid_value
 
 @dataclass(frozen=True)
 class ForcedCall:
-    """A call the output must be: to one of `names` (None: any offered tool)."""
+    """A call the output must be: to one of `names` (None: any offered tool); `once`: exactly
+    one call whatever `parallel_tool_calls` says (OpenAI's named `tool_choice`, "call exactly
+    one specific function"; Anthropic's `tool` choice may still call it in parallel)."""
 
     names: frozenset[str] | None = None
+    once: bool = False
 
 
 def tool_specs(tools: list[dict[str, Any]] | None, strict: frozenset[str] = frozenset(),
@@ -57,7 +60,7 @@ def call_grammar(forced: ForcedCall, tools: list[dict[str, Any]] | None, paralle
         wanted = "a tool" if forced.names is None else f"tool {sorted(forced.names)[0]!r}"
         raise invalid_value(param, f"'{param}' requires {wanted}, but no such tool is offered.")
     try:
-        return tool_call_grammar(specs, parallel)
+        return tool_call_grammar(specs, parallel and not forced.once)
     except GrammarError as exc:
         raise invalid_value(param, f"Cannot force this tool call: {exc}") from None
 

@@ -205,7 +205,7 @@ def _choice(choice: Any) -> tuple[set[str] | None, ForcedCall | None]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise invalid_value("tool_choice.function.name", "A named tool_choice needs "
                                 "function.name.")
-        return None, ForcedCall(frozenset({function["name"]}))
+        return None, ForcedCall(frozenset({function["name"]}), once=True)
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         spec = choice.get("allowed_tools")
         if not isinstance(spec, dict):

@@ -165,7 +165,7 @@ def parse_tools(value: Any, choice: Any, parallel: bool, answer: str | None = No
         tools = [t for t in tools if t["function"]["name"] in names]
         forced = ForcedCall() if mode == "required" else None
     elif isinstance(choice, dict):
-        forced = ForcedCall(_choice_names(choice, "tool_choice"))
+        forced = ForcedCall(_choice_names(choice, "tool_choice"), once=True)
     elif choice not in (None, "auto"):
         raise invalid_value("tool_choice", "'tool_choice' must be 'auto', 'none', 'required', "
                             "a tool or allowed_tools.")

@@ -129,3 +129,21 @@ def test_objects_that_list_properties_are_closed(tokenizer):
                                       '\n</tool_call>')
     assert not follows(tokenizer, forced, '<tool_call>\n{"name": "f", "arguments": '
                                           '{"x": 1, "y": 2}}\n</tool_call>')
+
+
+def test_a_named_openai_choice_is_one_call_whatever_parallel_tool_calls_says(tokenizer, tools):
+    """OpenAI's named `tool_choice` is "exactly one specific function" (a second call, cut by
+    the token limit, came back as text beside the call: tests/serve/test_real_client_tools.py);
+    `required` and Anthropic's named `tool` choice keep `parallel_tool_calls`."""
+    from ninfer_http.forced_tools import ForcedCall, call_grammar
+
+    offered = [{"type": "function", "function": {"name": "shell", "parameters": {}}}]
+    grammars = {"shell": custom_input_grammar("lark", COMMAND)}
+    named = call_grammar(ForcedCall(frozenset({"shell"}), once=True), offered, True,
+                         frozenset(), "tool_choice", grammars)
+    anthropic = call_grammar(ForcedCall(frozenset({"shell"})), offered, True, frozenset(),
+                             "tool_choice", grammars)
+    required = call_grammar(ForcedCall(), offered, True, frozenset(), "tool_choice", grammars)
+    assert follows(tokenizer, named, SHELL) and not follows(tokenizer, named, SHELL + "\n" + SHELL)
+    for grammar in (anthropic, required):
+        assert follows(tokenizer, grammar, SHELL + "\n" + SHELL)
