@@ -1,15 +1,15 @@
 """`Engine`: loads an artifact and runs the step loop on one engine thread.
 
 Each step reads `schedule -> run -> postprocess`: the scheduler admits and batches
-(`step/scheduler.py`), the runner computes every row's logits in one forward (`step/runner.py`),
-and `StepPostprocess` (`step/postprocess.py`) samples the rows at once and streams each
-request's text back to the caller's event loop. `engine_load.load_engine` builds the parts;
+(`step/scheduler.py`; `StepPrepare`, `step/prepare.py`, waits for a burst's other prompts first,
+then grows the rows' leases, encodes media and drafts), the runner computes every row's logits
+in one forward (`step/runner.py`), and `StepPostprocess` (`step/postprocess.py`) samples the
+rows at once and streams each request's text back to the caller's event loop. `engine_load.load_engine` builds the parts;
 `snapshot()` returns the latest `EngineStats`.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import threading
@@ -31,9 +31,10 @@ from .step.event_pump import EventPump, EventStream
 from .step.families import make_runner
 from .step.lookahead import InFlight, Lookahead
 from .step.postprocess import StepPostprocess
+from .step.prepare import StepPrepare
 from .step.sampling import Sampler, pick_rows, prefetch_masks
 from .step.sampling_presets import default_max_tokens, sampling_defaults
-from .step.scheduler import Batch, Scheduler
+from .step.scheduler import Scheduler
 from .step.sequence import RequestError, Sequence
 from .step.stats_builder import StatsBuilder
 from .step.warm_up import warm_up
@@ -53,7 +54,7 @@ BUSY_PUBLISH_S = 0.05
 UNAVAILABLE = "service_unavailable"
 
 
-class Engine(StepPostprocess):
+class Engine(StepPrepare, StepPostprocess):
     """The `ServingEngine` (client.py) backed by our torch model."""
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
@@ -314,66 +315,6 @@ class Engine(StepPostprocess):
         else:  # a row ended: the rest settle now, and the next step is scheduled afresh
             self._finish(batch, None, started, picked)
         return True
-
-    def _gather(self) -> None:
-        """Before scheduling: the wait `Scheduler.arrival_wait` allows for the requests the
-        front end is still preparing (each hand-over wakes the engine with the new count)."""
-        while not self._stopping.is_set():
-            wait = self.scheduler.arrival_wait(time.monotonic(), self._preparing)
-            if wait <= 0:
-                return
-            self._wake.wait(wait)
-            self._wake.clear()
-
-    def _reserve(self, batch: Batch) -> Batch:
-        """Grow each lease for this step; a request whose lease cannot grow ends with `length`."""
-        failed = []
-        rows = [(seq, 1) for seq in batch.decode] + [(c.seq, c.tokens) for c in batch.chunks]
-        for seq, tokens in rows:
-            if not self.memory.grow(seq, seq.cached + tokens):
-                seq.finish("length")
-                failed.append(seq)
-        if not failed:
-            return batch
-        for seq in failed:
-            self._retire(seq)
-        return Batch([s for s in batch.decode if s not in failed],
-                     [c for c in batch.chunks if c.seq not in failed],
-                     [s for s in batch.sampled if s not in failed])
-
-    def _encode_media(self, batch: Batch) -> Batch:
-        """The media this step's prompt chunks need, encoded before the forward; a request
-        whose media fail to encode (out of memory, say) fails alone."""
-        if self.vision is None:
-            return batch
-        failed = []
-        for chunk in batch.chunks:
-            try:
-                self.vision.encode_chunk(chunk.seq, chunk.tokens)
-            except Exception as exc:
-                self._fail_request(chunk.seq, exc)
-                failed.append(chunk.seq)
-        for seq in failed:
-            self._retire(seq)
-        return batch if not failed else dataclasses.replace(
-            batch, chunks=[c for c in batch.chunks if c.seq not in failed],
-            sampled=[s for s in batch.sampled if s not in failed])
-
-    def _draft(self, batch: Batch) -> Batch:
-        """With `--spec`, each decode row's drafts (a verify row) where the speculator proposes
-        some and the row's lease grows to cover them; other rows stay plain decode rows."""
-        if self.speculator is None or not batch.decode:
-            return batch
-        cap = self._draft_cap(len(batch.decode))
-        rooms = [min(seq.request.max_tokens - len(seq.output) - 1,
-                     self.max_context - seq.cached - 2, self.speculator.k if cap is None else cap)
-                 for seq in batch.decode]
-        drafts = []
-        for seq, d in zip(batch.decode, self.speculator.draft_rows(batch.decode, rooms)):
-            if d and not self.memory.grow(seq, seq.cached + 1 + len(d)):
-                d = []  # no pages for the drafts: decode the row plainly
-            drafts.append(d)
-        return dataclasses.replace(batch, drafts=drafts) if any(drafts) else batch
 
     def _retire(self, seq: Sequence) -> None:
         self._retired = True
