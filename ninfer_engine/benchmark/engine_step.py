@@ -182,12 +182,14 @@ class _ForcedAcceptance:
             raise ValueError(f"tokens per round {tokens_per_round} is outside [1, {1 + k}]")
         self.mean_correct, self.k = tokens_per_round - 1, k
         self._rng = random.Random(seed)
-        self._taken: dict[int, int] = {}  # id(drafts) -> drafts the round takes
+        # id(drafts) -> (the drafts, how many the round takes): the list is held so that its
+        # id is not reused while the entry lasts (a round whose lease cannot grow drops it)
+        self._taken: dict[int, tuple[list[int], int]] = {}
 
     def _take(self, drafts: list[int]) -> None:
         low = int(self.mean_correct)
-        self._taken[id(drafts)] = min(self.k,
-                                      low + (self._rng.random() < self.mean_correct - low))
+        self._taken[id(drafts)] = (drafts, min(
+            self.k, low + (self._rng.random() < self.mean_correct - low)))
 
     @contextmanager
     def forced(self):
@@ -197,7 +199,7 @@ class _ForcedAcceptance:
 
         def accept(rows):
             emitted = real(rows)
-            return [(drafts + out[-1:])[: self._taken.pop(id(drafts)) + 1]
+            return [(drafts + out[-1:])[: self._taken.pop(id(drafts))[1] + 1]
                     if id(drafts) in self._taken else out  # a round not forced: as accepted
                     for (_, drafts, _), out in zip(rows, emitted)]
         postprocess.accept = accept
@@ -205,6 +207,7 @@ class _ForcedAcceptance:
             yield
         finally:
             postprocess.accept = real
+            self._taken.clear()  # rounds that never reached acceptance
 
 
 class OracleDrafter(_ForcedAcceptance):

@@ -138,8 +138,11 @@ def test_the_oracle_drafter_takes_the_chosen_drafts(monkeypatch):
             assert emitted[:-1] == drafts[: len(emitted) - 1] and emitted[-1] in drafts + [
                 drafts[0] + 1]
             seen.append(len(emitted))
+        assert not oracle._taken  # every round settled
+        oracle.propose([1, 2], 3)  # a round that never reaches acceptance ...
+    assert not oracle._taken  # ... is forgotten with the context
     assert set(seen) == {2, 3} and abs(sum(seen) / len(seen) - 2.5) < 0.1  # ~5σ of 400 draws
-    assert engine.accept is real and not oracle._taken  # restored; every round settled
+    assert engine.accept is real  # restored
     with pytest.raises(ValueError, match="outside"):
         OracleDrafter(4.5, 3, vocab=100)
 
@@ -261,10 +264,11 @@ def test_forced_rounds_draft_with_the_mtp_head_and_take_the_chosen_count():
         with forced.forced():
             run = engine_step.run_requests(
                 engine, engine_step.random_prompts(1, 40, config["vocab_size"]), 120)
+            assert not forced._taken  # every forced round reached acceptance
         stats = engine.speculator.stats()
     finally:
         engine.stop()
-    assert sum(run.emitted) == 120 and drafted and not forced._taken
+    assert sum(run.emitted) == 120 and drafted
     full = sum(len(d) == 3 for rows in drafted for d in rows)  # the head's full rounds
     # every full round is verified and forced (shorter ones decode plainly), taking 2 or 3
     assert stats.rounds == full > 20 and 2 * full <= stats.accepted <= 3 * full
