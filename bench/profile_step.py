@@ -156,8 +156,8 @@ def _host_profile(engine, steps: int = 200) -> str:
 
 def _timeline(engine, path: str, steps: int = 4) -> None:
     """A Chrome trace of `steps` engine steps (host ops and their CUDA kernels) at `path`, and
-    the GPU's idle gaps over 20 µs between kernels, each with the host functions (our code's
-    frames, torch ops) begun while the GPU waited, by their time within the gap."""
+    the GPU's idle gaps over 20 µs between kernels with what the host began in each
+    (`idle_gaps`)."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                  with_stack=True) as prof:
@@ -166,26 +166,37 @@ def _timeline(engine, path: str, steps: int = 4) -> None:
         torch.cuda.synchronize()
     prof.export_chrome_trace(path)
     events = prof.events()
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
-                     if e.device_type.name == "CUDA")
-    host = [e for e in events if e.device_type.name == "CPU"]
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
+    busy = sum(e.time_range.end - e.time_range.start for e in kernels)
+    span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)
+            if kernels else 0)
     print(f"timeline: {steps} steps, {len(kernels)} kernels, trace at {path}")
-    busy = sum(end - start for start, end in kernels)
-    span = kernels[-1][1] - kernels[0][0] if kernels else 0
     print(f"GPU busy {busy / 1e3:.2f} ms of {span / 1e3:.2f} ms between the first kernel and "
           f"the last")
-    for (_, end), (start, _) in zip(kernels, kernels[1:]):
-        if start - end < 20:
-            continue
-        during = {}  # our functions and torch ops the host began while the GPU waited
-        for e in host:
-            if end <= e.time_range.start < start and (
-                    "ninfer_engine/" in e.name or e.name.startswith("aten::")):
-                overlap = min(e.time_range.end, start) - e.time_range.start
-                during[e.name] = during.get(e.name, 0) + overlap
-        top = sorted(during.items(), key=lambda kv: -kv[1])[:6]
-        print(f"  gap {(start - end) / 1e3:.3f} ms: "
+    for gap, top in idle_gaps(events):
+        print(f"  gap {gap / 1e3:.3f} ms: "
               + "; ".join(f"{name[:60]} {us / 1e3:.3f}" for name, us in top))
+
+
+def idle_gaps(events, least_us: float = 20.0, most: int = 6) -> list[tuple[float, list]]:
+    """The GPU's idle gaps among profiler `events` (µs; a gap starts when every kernel begun
+    so far has ended), each with the host's own functions (`ninfer_engine/` frames) and torch
+    ops begun within it, by their time inside it, the longest `most`."""
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
+                     if e.device_type.name == "CUDA")
+    host = [e for e in events if e.device_type.name == "CPU"
+            and ("ninfer_engine/" in e.name or e.name.startswith("aten::"))]
+    out, ended = [], None
+    for start, end in kernels:
+        if ended is not None and start - ended >= least_us:
+            during: dict[str, float] = {}
+            for e in host:
+                if ended <= e.time_range.start < start:
+                    inside = min(e.time_range.end, start) - e.time_range.start
+                    during[e.name] = during.get(e.name, 0.0) + inside
+            out.append((start - ended, sorted(during.items(), key=lambda kv: -kv[1])[:most]))
+        ended = end if ended is None else max(ended, end)
+    return out
 
 
 def profile_prefill(model, config, tokens: int, chunk: int = 1024) -> None:
