@@ -8,7 +8,7 @@ all counted from the same instant, the one a client would measure from, wherever
 A generation request also holds a place in the front end's `Preparing` count from its arrival
 until `submit()` hands it over (or it ends first): the engine learns, with each hand-over, how
 many requests were still being prepared then, so a prompt step can wait briefly for the rest of
-a burst (`Engine._gather`).
+a burst (`StepPrepare._gather`).
 """
 from __future__ import annotations
 

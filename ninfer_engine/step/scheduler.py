@@ -15,10 +15,11 @@ from ..types import EngineError, TokenEvent, Usage
 from .sequence import RequestError, Sequence
 
 # a prompt step waits at most this long past its oldest queued request's arrival for requests
-# the front end is still preparing (~5 ms each in an 8-request burst on the H200's host: two
-# thirds of a 1K-prompt burst missed the first prompt step by ~1 ms and waited the whole step,
+# the front end is still preparing (~5 ms each in an 8-request burst on the H200's host: five
+# of a 1K-prompt burst's eight missed the first prompt step by ~1 ms and waited the whole step,
 # bench/results/h200-prompt-burst-fp8-act.md; eight prompts in one step take ~3x one's time)
 ARRIVAL_WINDOW_S = 0.010
+
 
 @dataclass(frozen=True)
 class Chunk:

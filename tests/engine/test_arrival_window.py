@@ -1,7 +1,7 @@
 """A burst's prompts share one prompt step: the front end counts the generation requests it is
 still preparing (`arrival.Preparing`), each hand-over tells the engine how many are behind it,
 and a step with no decoding row waits for them within `ARRIVAL_WINDOW_S` of the oldest queued
-arrival (`Scheduler.arrival_wait`, `Engine._gather`)."""
+arrival (`Scheduler.arrival_wait`, `StepPrepare._gather`)."""
 from __future__ import annotations
 
 import time
