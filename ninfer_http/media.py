@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from ninfer_engine.arrival import current_arrival
 from ninfer_engine.client import ServingEngine
 from ninfer_engine.vision.decode import MediaUnsupported, image_item, video_item
 from ninfer_engine.vision.preprocess import MediaError
@@ -72,6 +73,8 @@ async def load_media(app: web.Application, engine: ServingEngine,
                      refs: list[MediaRef]) -> list[MediaItem]:
     if not refs:
         return []
+    # fetching and decoding outlast the engine's arrival window: no prompt step waits for it
+    current_arrival().hand_over()
     if engine.media_planner is None:
         raise ApiError(400, "This server has no vision encoder enabled (start it with "
                        "--vision); media inputs are not accepted.", "vision_disabled",

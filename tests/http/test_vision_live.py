@@ -372,3 +372,23 @@ def test_media_decode_on_the_preprocess_threads(served, serve, monkeypatch):
     monkeypatch.setattr(media_module, "image_item", recording)
     assert _chat_with(live, engine, _data_url(IMAGES[0]), _data_url(IMAGES[1])).status == 200
     assert len(threads) == 2 and all(t.startswith("ninfer-media") for t in threads)
+
+
+def test_a_request_with_media_leaves_the_count_of_requests_being_prepared(served, serve,
+                                                                          monkeypatch):
+    """Fetching and decoding media take longer than the engine's arrival window: a request
+    gives back its place in the front end's `Preparing` count before loading them, so no
+    prompt step waits for it (`arrival.Preparing`, `Scheduler.arrival_wait`)."""
+    from ninfer_http.observers import PREPARING
+
+    engine, _ = served
+    live = serve(engine=engine)
+    counts = []
+    load = media_module._load
+
+    async def counting(app, engine, ref):
+        counts.append(app[PREPARING].count)
+        return await load(app, engine, ref)
+    monkeypatch.setattr(media_module, "_load", counting)
+    assert _chat_with(live, engine, _data_url(IMAGES[0])).status == 200
+    assert counts == [0] and live.server.runner.app[PREPARING].count == 0
