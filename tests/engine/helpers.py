@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -260,3 +261,18 @@ class FakeArtifact:
 
     def resource(self, role: str) -> bytes:
         return self._resources[role]
+
+
+@contextmanager
+def cuda_syncs():
+    """Within: torch's CUDA sync debug mode; the list it yields gets, on exit, the message of
+    every call that made the host wait for the device (a `.tolist()`, a blocking copy...)."""
+    found: list[str] = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    found += [str(w.message) for w in seen if "called a synchronizing" in str(w.message)]

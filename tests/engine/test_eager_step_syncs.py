@@ -3,8 +3,6 @@ to the host: a sync in a layer serialises the host's launches of the next layers
 GPU's work (the H200 served log showed ~30 ms for a prompt step of 120 tokens on 8 layers)."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -12,6 +10,7 @@ from ninfer_engine.kv import LayerKv
 from ninfer_engine.models import Segment
 from ninfer_engine.models.attention import plan_segments
 
+from .helpers import cuda_syncs
 from .test_hybrid_graphs import _model, _storage
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -39,12 +38,6 @@ def test_a_prompt_step_of_several_rows_never_waits_for_the_device(moe):
 
     step()()  # compiles the kernels, sets up cuBLAS
     run = step()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            run()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in seen if "called a synchronizing" in str(w.message)]
+    with cuda_syncs() as syncs:
+        run()
     assert syncs == []

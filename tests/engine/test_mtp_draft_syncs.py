@@ -4,7 +4,6 @@ device=cuda)` or `.tolist()` between them was a stream sync that left the GPU id
 host launched the next step's kernels)."""
 from __future__ import annotations
 
-import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +15,9 @@ from ninfer_engine.models.qwen3_5 import dict_params
 from ninfer_engine.step.mtp_drafter import MtpDrafter
 from tests.models.mtp_tiny import HfMtp
 from tests.models.qwen35_tiny import hf_model, ours
+
+from .helpers import cuda_syncs
+
 
 def _seq(prompt: list[int], output: list[int]):
     """What the drafter reads of a sequence: its tokens and how many are computed (no pages:
@@ -48,13 +50,7 @@ def test_a_round_of_mtp_drafts_syncs_once(family, device):
         assert [len(d) for d in drafter.propose_rows(seqs, [3, 2])] == [3, 2]
         return
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            drafts = drafter.propose_rows(seqs, [3, 2])
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message) for w in seen if "called a synchronizing" in str(w.message)]
+    with cuda_syncs() as syncs:
+        drafts = drafter.propose_rows(seqs, [3, 2])
     assert [len(d) for d in drafts] == [3, 2]
     assert len(syncs) == 1, syncs  # the round's drafts, read back together

@@ -7,7 +7,6 @@ by 0.9-1.4 ms on the H200, h200-verify-step.md). The oracle drafter forces 2 or 
 round, so the rollback runs in most rounds."""
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
 from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.benchmark.tiny import tiny_config, tiny_source
-from tests.engine.helpers import default_resources
+from tests.engine.helpers import cuda_syncs, default_resources
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -48,15 +47,9 @@ def test_a_verify_round_syncs_once(moe, monkeypatch):
         rounds = engine.speculator.stats().rounds
         per_step = []
         for _ in range(8):
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    engine.step()
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            per_step.append([str(w.message) for w in seen
-                             if "called a synchronizing" in str(w.message)])
+            with cuda_syncs() as syncs:
+                engine.step()
+            per_step.append(syncs)
     engine.stop()
     assert engine.speculator.stats().rounds == rounds + 8  # every step counted verified
     assert all(len(syncs) == 1 for syncs in per_step), per_step
