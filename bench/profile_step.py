@@ -77,9 +77,9 @@ def main() -> None:
                     help="also write a Chrome trace of a few steps and print the GPU's gaps")
     args = ap.parse_args()
     with torch.inference_mode():
-        mtp = args.spec and args.drafter == "mtp"
+        mtp = bool(args.spec) and args.drafter == "mtp"
         config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers,
-                                         mtp=bool(mtp))
+                                         mtp=mtp)
         fits = bf16_fits(config, free_device_bytes("cuda"))
         params = FusedParams(config, packed_source(source, args.weights, args.cuda_weights, fits))
         model = Qwen35Model(config, params)
