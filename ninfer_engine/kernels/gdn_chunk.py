@@ -126,17 +126,22 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
 
 def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool = False,
                       prep: str = "triton", block_v: int | None = None, num_warps: int = 4,
-                      num_stages: int = 1):
+                      num_stages: int = 1, split: bool = False):
     """Triton path of `kernels.gdn_ref.chunked_gated_delta` (see the module docstring).
 
     `block_v` value columns per program (capped at dv rounded up to a power of two, at least
     16: `tl.dot` needs 16-wide operands), so the grid is nv × ⌈dv / block_v⌉; by default
-    `walk_block_v`'s."""
+    `walk_block_v`'s. `split`: `kernels.gdn_split`'s walk (the state in order, the output in
+    parallel over the chunks)."""
     T, nk, dk = k.shape
     nv, dv = v.shape[1], v.shape[2]
     assert T >= 1 and q.shape == k.shape and v.shape[0] == T and nv % nk == 0
     assert g.shape == (T, nv) and beta.shape == (T, nv) and state.shape == (nv, dk, dv)
     assert chunk >= 16 and chunk & (chunk - 1) == 0, "chunk must be a power of two >= 16"
+    if split:
+        assert prep == "triton", "the split walk reads the Triton precompute's tiles"
+        o, s_out = _split(q, k, v, g, beta, state, None, chunk, tf32, block_v, num_warps, None)
+        return o[:T], s_out
     if prep == "triton":
         tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32)
     else:
@@ -196,7 +201,7 @@ def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chun
 def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
                              chunk: int = CHUNK, *, slots: torch.Tensor | None = None,
                              tf32: bool = False, block_v: int | None = None,
-                             num_warps: int = 4, num_stages: int = 1):
+                             num_warps: int = 4, num_stages: int = 1, split: bool = False):
     """`chunk_gated_delta` of a step's rows in three launches, not two a row: q, k, v, g, beta
     [P, ...] hold row i's tokens from position firsts[i]·chunk (`firsts` int32 on the
     device; row i's chunks are firsts[i] .. firsts[i+1]-1), every padding position zero (it has
@@ -206,8 +211,20 @@ def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
     chunk walk's programs are (row, head). Returns (o in that layout [P, nv, dv] fp32, new
     states [R, nv, dk, dv]). With `slots` ([R] int64 on the device), `states` is a state pool
     [S, nv, dk, dv] (fp32, contiguous): row i continues row slots[i] and overwrites it in place
-    (vLLM's `state_indices`), and the pool is returned as the new states."""
+    (vLLM's `state_indices`), and the pool is returned as the new states. `split` as in
+    `chunk_gated_delta`."""
     assert q.shape[0] % chunk == 0
     assert states.shape[0] == firsts.numel() - 1 or slots is not None
+    if split:
+        return _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots)
     tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32)
     return _walk(tiles, n, states, firsts, chunk, tf32, block_v, num_warps, num_stages, slots)
+
+
+def _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots):
+    from .gdn_split import split_walk  # it reads this module's walk helpers
+
+    tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32, walk=False)
+    q, k = (x.float() if x.stride(-1) == 1 else x.float().contiguous() for x in (q, k))
+    return split_walk(tiles, n, q, k, g.float(), states, firsts, chunk, tf32, block_v,
+                      num_warps, slots=slots)
