@@ -11,7 +11,12 @@ makes between its two GEMMs, on the inputs the one before produces:
 * `chunk_prep_triton` (the chunks' precompute: `gdn_solve`'s (I + A)⁻¹, then the rest) by
   the column block of its loops over dk / dv and its `num_warps`;
 * the chunk walk (`gdn_chunk._walk`, state pool by slot) by `block_v` and `num_warps`;
-* `gdn_gated_norm` from the padded o (the gather inside) by `rows_per_program`.
+* `gdn_gated_norm` from the padded o (the gather inside) by `rows_per_program`;
+
+and the split walk that would replace the precompute and the walk (`kernels.gdn_split`): the
+precompute of w and u alone, the state walk, the chunks' output, each by its variants, the
+output's error taken against the engine's walk. The table ends with each path's sum at its
+first variants and at its best ones.
 
 The first variant of each launch is what the engine runs; each variant's output is compared with
 it (rel. error, ‖·‖). CUDA
@@ -43,6 +48,7 @@ from ninfer_engine.kernels.gdn_fused import gdn_gated_norm_triton  # noqa: E402
 from ninfer_engine.kernels.gdn_prep import chunk_prep_triton  # noqa: E402
 from ninfer_engine.kernels.gdn_prompt import (gdn_prompt_prep_triton, prompt_layout,  # noqa: E402
                                               slot_indices)
+from ninfer_engine.kernels.gdn_split import chunk_output, state_walk  # noqa: E402
 
 # (name, rows' lengths, nk, nv, dk, dv)
 SHAPES = [("35B-A3B 8x955", (955,) * 8, 16, 32, 128, 128),
@@ -53,6 +59,10 @@ PROMPT = dict(block_t=[16, 32])
 PREP = dict(block=[64, 32, 128], num_warps=[4, 8])
 WALK = dict(block_v=[None, 64, 32], num_warps=[4, 8])  # None: `gdn_chunk.walk_block_v`'s
 NORM_ROWS = [None, 8, 1, 4, 16]  # None: the default; 1: one row a program, as before
+SPLIT_PREP = dict(block=[64, 32], num_warps=[4, 8])
+STATE_WALK = dict(block_v=[None, 32, 64, 16], num_warps=[4, 8])
+CHUNK_OUT = dict(block_v=[64, 32, 128], block=[32, 64], num_warps=[4, 8])
+ENGINE_PATH, SPLIT_PATH = ("chunk_prep", "walk"), ("split_prep", "state_walk", "chunk_output")
 
 
 def rel(got, ref):
@@ -131,6 +141,7 @@ def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed):
 
     parts["walk"] = sweep("walk", WALK, walk, timed)
     o, _ = gdn_chunk._walk(tiles, n, pool.clone(), layout.first, 64, True, None, 4, 1, slots)
+    parts.update(split_parts(q, k, v, g, beta, pool, layout, slots, o, timed))
 
     def gated_norm(rows):
         return gdn_gated_norm_triton(o, z, norm, 1e-6, layout.at, rows_per_program=rows)
@@ -138,6 +149,44 @@ def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed):
     parts["gated_norm"] = sweep("gated norm", dict(rows=NORM_ROWS), gated_norm, timed)
     return dict(shape=name, lengths=list(lengths), nk=nk, nv=nv, dk=dk, dv=dv, tokens=T,
                 parts=parts)
+
+
+def split_parts(q, k, v, g, beta, pool, layout, slots, engine_o, timed):
+    """The split walk's three launches, each by its variants (see the module docstring)."""
+    parts = {}
+
+    def prep(block, num_warps):
+        tiles, _ = chunk_prep_triton(q, k, v, g, beta, 64, tf32=True, num_warps=num_warps,
+                                     block=block, walk=False)
+        return torch.cat([x.reshape(-1) for x in tiles])
+
+    parts["split_prep"] = sweep("split prep", SPLIT_PREP, prep, timed)
+    tiles, n = chunk_prep_triton(q, k, v, g, beta, 64, tf32=True, walk=False)
+    states = pool.clone()
+
+    def walk(block_v, num_warps):
+        states.copy_(pool)
+        hs, vn, _ = state_walk(tiles, n, k, g, states, layout.first, 64, True, block_v,
+                               num_warps, slots=slots)
+        return torch.cat([hs.reshape(-1), vn.reshape(-1), states.reshape(-1)])
+
+    parts["state_walk"] = sweep("state walk", STATE_WALK, walk, timed)
+    hs, vn, _ = state_walk(tiles, n, k, g, pool.clone(), layout.first, 64, True, slots=slots)
+    real = layout.at.long()  # the padding rows' outputs are never read
+
+    def out(block_v, block, num_warps):
+        o = chunk_output(q, k, g, hs, vn, True, block_v=block_v, block=block,
+                         num_warps=num_warps)
+        return o.index_select(0, real)
+
+    parts["chunk_output"] = sweep("chunk out", CHUNK_OUT, out, timed,
+                                  base=engine_o.index_select(0, real))
+    return parts
+
+
+def path_ms(parts, names, pick):
+    rows = [pick(parts[name]) for name in names]
+    return None if any(r is None or "ms" not in r for r in rows) else sum(r["ms"] for r in rows)
 
 
 def best(rows):
@@ -159,6 +208,16 @@ def markdown(meta, shapes):
             lines.append(f"| {s['shape']} | {part} | {first['ms']:.3f} | {keys} | "
                          f"{top['ms']:.3f} | {top['ms'] / first['ms']:.2f} | "
                          f"{top['rel_err']:.1e} |")
+    lines += ["", "| shape | engine's precompute + walk, ms | split's three launches, first "
+              "variants, ms | split, best variants, ms | split best / engine |",
+              "|---|---:|---:|---:|---:|"]
+    for s in shapes:
+        engine = path_ms(s["parts"], ENGINE_PATH, lambda rows: rows[0])
+        first = path_ms(s["parts"], SPLIT_PATH, lambda rows: rows[0])
+        top = path_ms(s["parts"], SPLIT_PATH, best)
+        if None not in (engine, first, top):
+            lines.append(f"| {s['shape']} | {engine:.3f} | {first:.3f} | {top:.3f} | "
+                         f"{top / engine:.2f} |")
     return "\n".join(lines) + "\n"
 
 

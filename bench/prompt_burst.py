@@ -3,7 +3,8 @@ and any Triton kernel compiled during it.
 
     python3 bench/prompt_burst.py [--arch 35b-a3b] [--layers 8] [--weights fp8-row]
         [--bursts 1x120,8x120,8x120,1x955,8x955,8x955,3x955] [--served] [--prefix-reuse]
-        [--profile 8x120] [--syncs 8x120] [--prefill-activations fp8|bf16] [--json PATH]
+        [--profile 8x120] [--syncs 8x120] [--prefill-activations fp8|bf16]
+        [--gdn-walk chunk|split] [--json PATH]
 
 Why (H200, 8-layer 35B-A3B shape, tree a50778c): served at concurrency 8, eight streams of equal
 length finish together and eight 120-token prompts arrive together each round; their first
@@ -41,6 +42,7 @@ from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.engine_step import bench_engine, random_prompts  # noqa: E402
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
 from ninfer_engine.kernels.compile_watch import variant  # noqa: E402
+from ninfer_engine.models import gdn  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.moe import FP8_ACTIVATIONS_KEY  # noqa: E402
@@ -153,9 +155,12 @@ def main() -> None:
                     help="the step's prompt-token budget (default: the engine's, 4096 on CUDA)")
     ap.add_argument("--prefill-activations", choices=("fp8", "bf16"), default="fp8",
                     help="the engine's --prefill-activations (the experts' prompt GEMMs)")
+    ap.add_argument("--gdn-walk", choices=("chunk", "split"), default="chunk",
+                    help="the prompt rows' GDN walk: gdn_chunk's, or kernels.gdn_split's")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (tiny-moe, say)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    gdn.SPLIT_WALK = args.gdn_walk == "split"
     knobs.runtime.jit_cache_hook = _start
     knobs.runtime.jit_post_compile_hook = _end
     out = {"args": vars(args)}

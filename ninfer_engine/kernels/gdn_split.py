@@ -147,27 +147,35 @@ def _chunk_out_kernel(q_ptr, k_ptr, g_ptr, hs_ptr, vn_ptr, o_ptr, T, n_all, sqt,
 def split_walk(tiles, n: int, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
                states: torch.Tensor, firsts: torch.Tensor | None, chunk: int, tf32: bool,
                block_v: int | None = None, num_warps: int = 4, *,
-               slots: torch.Tensor | None = None, out_block_v: int = 64, out_block: int = 32,
-               out_warps: int = 4):
+               slots: torch.Tensor | None = None, **out_kw):
     """`gdn_chunk._walk`'s contract over (w, u) = `tiles` (`chunk_prep_triton(walk=False)`),
     with the q, k [T, nk, dk] and g [T, nv] the tiles were made from (fp32, last dim
-    contiguous; T ≤ n·chunk): (o [n·chunk, nv, dv] fp32, the new states). The walk's
-    `block_v` / `num_warps` as `gdn_chunk`'s; the output kernel's value columns, dk block and
-    warps: at 64 / 32 / 4 and at the walk's 32 / 4 or 64 / 8, neither spills a register at
-    dk = dv = 128 (sm_90, Triton 3.6: bench/kernel_resources.py)."""
+    contiguous; T ≤ n·chunk): (o [n·chunk, nv, dv] fp32, the new states). `state_walk`, then
+    `chunk_output` (`out_kw`: its launch variant)."""
+    hs, vn, s_out = state_walk(tiles, n, k, g, states, firsts, chunk, tf32, block_v,
+                               num_warps, slots=slots)
+    return chunk_output(q, k, g, hs, vn, tf32, **out_kw), s_out
+
+
+def state_walk(tiles, n: int, k: torch.Tensor, g: torch.Tensor, states: torch.Tensor,
+               firsts: torch.Tensor | None, chunk: int, tf32: bool, block_v: int | None = None,
+               num_warps: int = 4, *, slots: torch.Tensor | None = None):
+    """The recurrence (`_state_walk_kernel`): (the state each chunk found [nv, n, dk, dv],
+    V' [n·chunk, nv, dv], the new states), fp32. `block_v` / `num_warps` as `gdn_chunk`'s."""
     w, u = tiles
     nv, dk, dv = states.shape[-3:]
     T, nk = k.shape[0], k.shape[1]
     assert w.shape == (nv, n, chunk, dk) and u.shape == (nv, n, chunk, dv)
     assert w.is_contiguous() and u.is_contiguous()
-    assert q.shape == k.shape and g.shape == (T, nv) and T <= n * chunk and nv % nk == 0
-    assert q.dtype == k.dtype == g.dtype == torch.float32 and k.stride(-1) == q.stride(-1) == 1
+    assert g.shape == (T, nv) and T <= n * chunk and nv % nk == 0
+    assert k.dtype == g.dtype == torch.float32 and k.stride(-1) == 1
     assert n * chunk * nv * max(dk, dv) < 2**31 and nv * n * dk * dv < 2**31, "int32 offsets"
     block_k = max(16, triton.next_power_of_2(dk))
+    kb = min(64, block_k)  # the state's row blocks (two at dk = 128)
+    assert block_k <= 2 * kb, "dk ≤ 128: the walk holds its state in at most two row blocks"
     rows = 1 if firsts is None else firsts.numel() - 1
     block_v = block_v or walk_block_v(rows * nv, dv, states.device)
-    block_v, out_block_v = (max(16, min(b, triton.next_power_of_2(dv)))
-                            for b in (block_v, out_block_v))
+    block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
     if slots is None:
         s_in = states.float().contiguous()
         s_out = torch.empty_like(s_in)
@@ -175,22 +183,37 @@ def split_walk(tiles, n: int, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
         assert firsts is not None and slots.numel() == firsts.numel() - 1
         assert states.dtype == torch.float32 and states.is_contiguous(), "a pool, in place"
         s_in = s_out = states
-    dev = s_in.device
-    hs = torch.empty(nv, n, dk, dv, dtype=torch.float32, device=dev)  # S as each chunk found it
-    vn = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=dev)  # V'
+    hs = torch.empty(nv, n, dk, dv, dtype=torch.float32, device=s_in.device)
+    vn = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=s_in.device)
     first = s_in if firsts is None else firsts  # an unread pointer where the mode has none
-    common = dict(NV=nv, GROUP=nv // nk, DK=dk, DV=dv, C=chunk, TF32=tf32)
-    kb = min(64, block_k)  # the state's row blocks (two at dk = 128)
-    assert block_k <= 2 * kb, "dk ≤ 128: the walk holds its state in at most two row blocks"
     _state_walk_kernel[(rows * nv, triton.cdiv(dv, block_v))](
         w, u, k, g, s_in, s_out, hs, vn, n, T, first, first if slots is None else slots, n,
-        k.stride(0), k.stride(1), g.stride(0), g.stride(1), KB=kb, TWO=block_k > kb,
-        BV=block_v, EVEN=dk in (kb, 2 * kb) and dv % block_v == 0, ROWS=firsts is not None,
-        SLOTS=slots is not None, **common, num_warps=num_warps, num_stages=1)
-    o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=dev)
-    out_block = min(out_block, block_k)
-    _chunk_out_kernel[(n, nv, triton.cdiv(dv, out_block_v))](
+        k.stride(0), k.stride(1), g.stride(0), g.stride(1), NV=nv, GROUP=nv // nk, DK=dk,
+        DV=dv, C=chunk, KB=kb, TWO=block_k > kb, BV=block_v,
+        EVEN=dk in (kb, 2 * kb) and dv % block_v == 0, TF32=tf32, ROWS=firsts is not None,
+        SLOTS=slots is not None, num_warps=num_warps, num_stages=1)
+    return hs, vn, s_out
+
+
+def chunk_output(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, hs: torch.Tensor,
+                 vn: torch.Tensor, tf32: bool, *, block_v: int = 64, block: int = 32,
+                 num_warps: int = 4) -> torch.Tensor:
+    """Every chunk's output (`_chunk_out_kernel`) from `state_walk`'s states and V':
+    o [n·chunk, nv, dv] fp32. `block_v` value columns and `block` of dk a program: at
+    64 / 32 / 4 warps none of its registers spill at dk = dv = 128 (sm_90, Triton 3.6:
+    bench/results/sm90-gdn-kernel-resources.md)."""
+    nv, n, dk, dv = hs.shape
+    T, nk = k.shape[0], k.shape[1]
+    assert q.shape == k.shape and q.dtype == torch.float32 and q.stride(-1) == 1
+    assert vn.shape[1:] == (nv, dv) and vn.shape[0] % n == 0 and T <= vn.shape[0]
+    chunk = vn.shape[0] // n
+    block_k = max(16, triton.next_power_of_2(dk))
+    block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
+    block = min(block, block_k)
+    o = torch.empty_like(vn)
+    _chunk_out_kernel[(n, nv, triton.cdiv(dv, block_v))](
         q, k, g, hs, vn, o, T, n, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        g.stride(0), g.stride(1), dk**-0.5, BK=block_k, BV=out_block_v, BLOCK=out_block,
-        EVEN=dk % out_block == 0 and dv % out_block_v == 0, **common, num_warps=out_warps)
-    return o, s_out
+        g.stride(0), g.stride(1), dk**-0.5, NV=nv, GROUP=nv // nk, DK=dk, DV=dv, C=chunk,
+        BK=block_k, BV=block_v, BLOCK=block, EVEN=dk % block == 0 and dv % block_v == 0,
+        TF32=tf32, num_warps=num_warps)
+    return o

@@ -27,6 +27,11 @@ from ..kernels.gdn_prompt import gdn_prompt_prep, prompt_layout, slot_indices
 from ..kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
 from .layers import Linear
 
+# prompt rows walk their chunks with `kernels.gdn_split` (the state in order, the output in
+# parallel) instead of `gdn_chunk`'s walk: a benchmark's switch (bench/prompt_burst.py
+# --gdn-walk split) until the H200 has timed both in the engine
+SPLIT_WALK = False
+
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
 
@@ -185,7 +190,8 @@ class GatedDeltaNet:
                 qkv, b, a, pool["conv"], self.conv, self.a_log, self.dt_bias, self.nk, self.dk,
                 layout, slots)
             o, _ = gdn_chunk.chunk_gated_delta_padded(
-                q, k, v, g, beta, pool["ssm"], layout.first, slots=slots, tf32=True)
+                q, k, v, g, beta, pool["ssm"], layout.first, slots=slots, tf32=True,
+                split=SPLIT_WALK)
             pool["conv"].index_copy_(0, slots, conv)
         else:  # states held apart (tests, a bench's own): stacked, then copied back
             q, k, v, g, beta, conv = gdn_prompt_prep(
@@ -193,7 +199,7 @@ class GatedDeltaNet:
                 self.dt_bias, self.nk, self.dk, layout)
             o, ssm = gdn_chunk.chunk_gated_delta_padded(
                 q, k, v, g, beta, torch.stack([s.ssm for s in states]), layout.first,
-                tf32=True)
+                tf32=True, split=SPLIT_WALK)
             torch._foreach_copy_([s.conv for s in states] + [s.ssm for s in states],
                                  [*conv.unbind(0), *ssm.unbind(0)])
         o = gdn_gated_norm(o, z, self.norm, self.eps, layout.at)

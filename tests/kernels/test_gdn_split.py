@@ -5,12 +5,16 @@ import pytest
 import torch
 
 from ninfer_engine.kernels import gdn_chunk
+from ninfer_engine.kernels.gdn_ref import chunked_gated_delta
 from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
 from ninfer_engine.kernels.gdn_prep import chunk_prep_triton
 from ninfer_engine.kernels.gdn_split import split_walk
 
+from ninfer_engine.models import gdn
+from tests.tolerance import CAST, bound, gated_delta_depth, recurrence_length
+
 from .conftest import rel_err
-from .test_gdn_chunk import _check, _inputs, _padded_rows, _tol
+from .test_gdn_chunk import _check, _inputs, _padded_rows, _small_gdn, _spy_on_the_walk, _tol
 
 
 @pytest.mark.parametrize("chunk", [16, 64])
@@ -45,7 +49,7 @@ def test_split_output_over_column_blocks(device):
     want_o, want_s = chunk_gated_delta(*args, state.to(device), chunk=16)
     tiles, n = chunk_prep_triton(*args, 16, walk=False)
     o, s = split_walk(tiles, n, args[0], args[1], args[3], state.to(device), None, 16, False,
-                      out_block=16)
+                      block=16)
     tol = _tol((q, k, v, g, beta, state), 16)
     assert rel_err(o[:T], want_o) < tol and rel_err(s, want_s) < tol
 
@@ -76,6 +80,56 @@ def test_split_rows_of_a_pool_in_place(device, lengths):
     assert torch.equal(pool[others], before[others])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 dots exist only on the GPU")
+def test_split_tf32_stays_within_bf16_rounding():
+    """At the models' head size on the GPU, in TF32: the bound of `gdn_chunk`'s TF32 test
+    (test_gdn_chunk.py), the same six dot stages over the chunks the state carries."""
+    args = [t.cuda() for t in _inputs(1000, 4, 128, 128, seed=6)]
+    ref_o, ref_s = chunked_gated_delta(*args)
+    o, s = chunk_gated_delta(*args, tf32=True, split=True)
+    g, dk = args[3], args[0].shape[-1]
+    chunks = recurrence_length(g) / 64 + 1
+    depth = gated_delta_depth(g, dk, 64)
+    tol = bound(torch.float32, depth, sides=1) + bound(
+        torch.float16, depth, roundings=6 * CAST * chunks, sides=1)
+    assert rel_err(o, ref_o) < tol and rel_err(s, ref_s) < tol
+
+
+def test_layer_prompt_rows_take_the_split_walk(monkeypatch, device):
+    """With `gdn.SPLIT_WALK`, `GatedDeltaNet`'s prompt rows (bf16, a state pool's slots, the
+    Triton path forced: the interpreter runs it on CPU tensors) walk with the split kernels and
+    give the default walk's outputs and states: the two differ in fp32 sum order only, under
+    the bf16 stores of the layer (bound as in test_gdn_chunk's dispatch test)."""
+    from ninfer_engine.kv.slots import StatePool
+
+    config, (nv, dk, h) = _small_gdn()
+    gen = torch.Generator().manual_seed(4)
+    weights = {}
+
+    def params(name, shape):
+        return weights.setdefault(name, (torch.randn(shape, generator=gen) * 0.3).to(device))
+
+    layer = gdn.GatedDeltaNet(config, lambda n, s: params(n, s).bfloat16(), "layers/0/")
+    calls = _spy_on_the_walk(monkeypatch)
+    pool = StatePool(3, [layer.state_layout(torch.bfloat16)], device, gdn.GDNState)
+    for t in pool.fields[0].values():
+        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+    start = {n: t.clone() for n, t in pool.fields[0].items()}
+    slots = [pool.slot(i).layers[0] for i in (2, 0)]
+    x = torch.randn(29, h, generator=gen).to(device).bfloat16()
+    runs = []
+    for split in (False, True):
+        for name, t in pool.fields[0].items():
+            t.copy_(start[name])
+        monkeypatch.setattr(gdn, "SPLIT_WALK", split)
+        runs.append((layer(x, slots, [20, 9]), pool.fields[0]["ssm"][[2, 0]].clone()))
+    assert [kw.get("split") for kw in calls] == [False, True]
+    depth = gated_delta_depth(torch.full((20, nv), 0.0), dk, 64, normalize=True) + 3 * h
+    tol = bound(torch.bfloat16, depth, roundings=8 * CAST)
+    for got, want in zip(runs[1], runs[0]):
+        assert rel_err(got.float(), want.float()) < tol
+
+
 COMPILE = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -84,14 +138,17 @@ from triton.compiler import ASTSource
 from ninfer_engine.kernels.gdn_prep import _gdn_prep_kernel
 from ninfer_engine.kernels.gdn_split import _chunk_out_kernel, _state_walk_kernel
 
-shape = dict(DK=128, DV=128, C=64, BK=128)
-kernels = [
+head = dict(DK=128, DV=128, C=64)
+walk = dict(head, KB=64, TWO=True, NV=32, GROUP=2, EVEN=True, TF32=True, ROWS=True, SLOTS=True)
+kernels = [  # the defaults: the walk's 64 / 32 value columns, the output's 64 columns in 32s
     (_state_walk_kernel, ["*fp32"] * 8 + ["i32", "i32", "*i32", "*i64"] + ["i32"] * 5,
-     dict(DK=128, DV=128, C=64, KB=64, TWO=True, NV=32, GROUP=2, BV=64, EVEN=True, TF32=True, ROWS=True, SLOTS=True)),
+     dict(walk, BV=64)),
+    (_state_walk_kernel, ["*fp32"] * 8 + ["i32", "i32", "*i32", "*i64"] + ["i32"] * 5,
+     dict(walk, BV=32)),
     (_chunk_out_kernel, ["*fp32"] * 6 + ["i32"] * 8 + ["fp32"],
-     dict(shape, NV=32, GROUP=2, BV=64, BLOCK=64, EVEN=True, TF32=True)),
+     dict(head, BK=128, NV=32, GROUP=2, BV=64, BLOCK=32, EVEN=True, TF32=True)),
     (_gdn_prep_kernel, ["*fp32"] * 12 + ["i32"] * 12 + ["fp32"],
-     dict(shape, GROUP=2, BV=128, BLOCK=64, TF32=True, WALK=False)),
+     dict(head, BK=128, GROUP=2, BV=128, BLOCK=64, TF32=True, WALK=False)),
 ]
 for k, types, consts in kernels:
     assert len(types) + len(consts) == len(k.arg_names), k.arg_names

@@ -1,0 +1,144 @@
+"""Registers, spills and shared memory of the GDN prompt kernels compiled for an H200, no GPU.
+
+    python3 bench/kernel_resources.py [--out DIR]
+
+Each launch variant of a prompt step's Gated DeltaNet kernels at the models' head shape
+(dk = dv = 128, two value heads a q/k head, 64-token chunks, TF32 dots) is compiled by Triton
+for sm_90 and its cubin read with the `cuobjdump` Triton ships (`--dump-resource-usage`): the
+registers a thread uses (255 is the ceiling), the stack bytes a thread spills to local memory,
+and the shared memory a program asks for. This is static: a spill costs what the cache makes
+of it, and the H200 sweeps have seen a spilling variant beat a clean one
+(bench/results/h200-gdn-prompt-parts.md: the precompute at 4 warps), so it says where to
+look, not what is fast — `bench/gdn_prompt_parts.py` times them. Writes
+sm90-gdn-kernel-resources.{json,md}; the Triton version compiling decides the numbers. The
+device runs 3.6; to compile with it here:
+
+    pip install --target /tmp/t36 --no-deps triton==3.6.0
+    PYTHONPATH=/tmp/t36 python3 bench/kernel_resources.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ["TRITON_INTERPRET"] = "0"  # compile, not interpret
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from ninfer_engine.kernels.gdn_chunk import _gdn_chunk_kernel  # noqa: E402
+from ninfer_engine.kernels.gdn_prep import _gdn_prep_kernel  # noqa: E402
+from ninfer_engine.kernels.gdn_solve import _gdn_solve_kernel  # noqa: E402
+from ninfer_engine.kernels.gdn_split import _chunk_out_kernel, _state_walk_kernel  # noqa: E402
+
+HEAD = dict(DK=128, DV=128, C=64)
+P, I = "*fp32", "i32"
+# (launch, kernel, argument types, fixed constants, swept constants, warps, the engine's variant)
+LAUNCHES = [
+    ("solve", _gdn_solve_kernel, [P] * 4 + [I] * 8, dict(GROUP=2, DK=128, C=64, BK=64, TF32=True),
+     {}, [1, 2, 4], dict(warps=1)),
+    ("precompute (old walk's tiles)", _gdn_prep_kernel, [P] * 12 + [I] * 12 + ["fp32"],
+     dict(HEAD, GROUP=2, BK=128, BV=128, TF32=True, WALK=True), dict(BLOCK=[64, 32]), [4, 8],
+     dict(BLOCK=64, warps=4)),
+    # the engine's walk takes 64 value columns at 8 rows × 32 heads, 32 at one row
+    # (`gdn_chunk.walk_block_v`)
+    ("chunk walk (old)", _gdn_chunk_kernel, [P] * 9 + [I, "*i32", "*i64"] + [I] * 22,
+     dict(HEAD, NV=32, BK=128, EVEN=True, TF32=True, ROWS=True, SLOTS=True), dict(BV=[32, 64]),
+     [4, 8], dict(BV=64, warps=4)),
+    ("precompute (w, u only)", _gdn_prep_kernel, [P] * 12 + [I] * 12 + ["fp32"],
+     dict(HEAD, GROUP=2, BK=128, BV=128, TF32=True, WALK=False), dict(BLOCK=[64, 32]), [4, 8],
+     None),
+    ("split: state walk", _state_walk_kernel, [P] * 8 + [I, I, "*i32", "*i64"] + [I] * 5,
+     dict(HEAD, NV=32, GROUP=2, KB=64, TWO=True, EVEN=True, TF32=True, ROWS=True, SLOTS=True),
+     dict(BV=[16, 32, 64]), [4, 8], None),
+    ("split: chunk output", _chunk_out_kernel, [P] * 6 + [I] * 8 + ["fp32"],
+     dict(HEAD, NV=32, GROUP=2, BK=128, EVEN=True, TF32=True),
+     dict(BV=[32, 64, 128], BLOCK=[32, 64]), [4, 8], None),
+]
+
+
+def _cuobjdump() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+
+
+def resources(kernel, types, consts, warps) -> dict:
+    """The compiled variant's registers, spilled stack bytes (a thread) and shared bytes."""
+    assert len(types) + len(consts) == len(kernel.arg_names), kernel.arg_names
+    signature = {**dict(zip(kernel.arg_names, types)), **dict.fromkeys(consts, "constexpr")}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=consts),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": 1})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([_cuobjdump(), "--dump-resource-usage", f.name], check=True,
+                               capture_output=True, text=True).stdout
+    fields = dict(x.split(":", 1) for x in next(line for line in usage.splitlines()
+                                                  if "REG:" in line).split() if ":" in x)
+    return dict(registers=int(fields["REG"]), spill_bytes=int(fields["STACK"]),
+                shared_bytes=compiled.metadata.shared)
+
+
+def sweep():
+    rows = []
+    for launch, kernel, types, fixed, swept, warps, engine in LAUNCHES:
+        for values in itertools.product(*swept.values(), warps):
+            variant = dict(zip([*swept, "warps"], values))
+            consts = dict(fixed, **{k: v for k, v in variant.items() if k != "warps"})
+            row = dict(launch=launch, variant=variant, engine=variant == engine,
+                       **resources(kernel, types, consts, variant["warps"]))
+            print(row, flush=True)
+            rows.append(row)
+    return rows
+
+
+def markdown(meta, rows):
+    lines = [f"# {meta['title']}", "", f"- {meta['what']}", f"- Triton {meta['triton']}, "
+             f"target sm_90 (H200), compiled on {meta['host']}; {meta['date']}",
+             f"- command: `{meta['command']}`", "",
+             "| launch | variant | registers | spilled bytes / thread | shared KiB |",
+             "|---|---|---:|---:|---:|"]
+    for r in rows:
+        variant = ", ".join(f"{k} {v}" for k, v in r["variant"].items())
+        mark = " (engine)" if r["engine"] else ""
+        lines.append(f"| {r['launch']} | {variant}{mark} | {r['registers']} | "
+                     f"{r['spill_bytes']} | {r['shared_bytes'] / 1024:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    args = ap.parse_args()
+    rows = sweep()
+    meta = dict(title="GDN prompt kernels compiled for sm_90: registers and spills (static)",
+                what="dk = dv = 128, nv 32 (two value heads a q/k head), 64-token chunks, TF32 "
+                     "dots, one pipeline stage; static resource usage of each cubin "
+                     "(`cuobjdump --dump-resource-usage`), not a timing",
+                triton=triton.__version__, host=os.uname().nodename,
+                date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                command=" ".join([*(["PYTHONPATH=" + os.environ["PYTHONPATH"]]
+                                    if os.environ.get("PYTHONPATH") else []),
+                                  "python3", "bench/kernel_resources.py", *sys.argv[1:]]))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sm90-gdn-kernel-resources.json").write_text(json.dumps(dict(meta=meta, rows=rows),
+                                                                   indent=1))
+    (out / "sm90-gdn-kernel-resources.md").write_text(markdown(meta, rows))
+    print(markdown(meta, rows))
+
+
+if __name__ == "__main__":
+    main()
