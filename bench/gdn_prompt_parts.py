@@ -60,7 +60,7 @@ PREP = dict(block=[64, 32, 128], num_warps=[4, 8])
 WALK = dict(block_v=[None, 64, 32], num_warps=[4, 8])  # None: `gdn_chunk.walk_block_v`'s
 NORM_ROWS = [None, 8, 1, 4, 16]  # None: the default; 1: one row a program, as before
 SPLIT_PREP = dict(block=[64, 32], num_warps=[4, 8])
-STATE_WALK = dict(block_v=[None, 32, 64, 16], num_warps=[4, 8])
+STATE_WALK = dict(block_v=[None, 32, 64, 16], num_warps=[4, 8], num_stages=[1, 2])
 CHUNK_OUT = dict(block_v=[64, 32, 128], block=[32, 64], num_warps=[4, 8])
 ENGINE_PATH, SPLIT_PATH = ("chunk_prep", "walk"), ("split_prep", "state_walk", "chunk_output")
 
@@ -164,10 +164,10 @@ def split_parts(q, k, v, g, beta, pool, layout, slots, engine_o, timed):
     tiles, n = chunk_prep_triton(q, k, v, g, beta, 64, tf32=True, walk=False)
     states = pool.clone()
 
-    def walk(block_v, num_warps):
+    def walk(block_v, num_warps, num_stages):
         states.copy_(pool)
         hs, vn, _ = state_walk(tiles, n, k, g, states, layout.first, 64, True, block_v,
-                               num_warps, slots=slots)
+                               num_warps, slots=slots, num_stages=num_stages)
         return torch.cat([hs.reshape(-1), vn.reshape(-1), states.reshape(-1)])
 
     parts["state_walk"] = sweep("state walk", STATE_WALK, walk, timed)

@@ -44,7 +44,8 @@ from ninfer_engine.kernels.gdn_split import _chunk_out_kernel, _state_walk_kerne
 
 HEAD = dict(DK=128, DV=128, C=64)
 P, I = "*fp32", "i32"
-# (launch, kernel, argument types, fixed constants, swept constants, warps, the engine's variant)
+# (launch, kernel, argument types, fixed constants, swept constants, warps, the engine's
+# variant); "stages" is the launch's num_stages (1 where not swept)
 LAUNCHES = [
     ("solve", _gdn_solve_kernel, [P] * 4 + [I] * 8, dict(GROUP=2, DK=128, C=64, BK=64, TF32=True),
      {}, [1, 2, 4], dict(warps=1)),
@@ -61,7 +62,7 @@ LAUNCHES = [
      None),
     ("split: state walk", _state_walk_kernel, [P] * 8 + [I, I, "*i32", "*i64"] + [I] * 5,
      dict(HEAD, NV=32, GROUP=2, KB=64, TWO=True, EVEN=True, TF32=True, ROWS=True, SLOTS=True),
-     dict(BV=[16, 32, 64]), [4, 8], None),
+     dict(BV=[16, 32, 64], stages=[1, 2]), [4, 8], None),
     ("split: chunk output", _chunk_out_kernel, [P] * 6 + [I] * 8 + ["fp32"],
      dict(HEAD, NV=32, GROUP=2, BK=128, EVEN=True, TF32=True),
      dict(BV=[32, 64, 128], BLOCK=[32, 64]), [4, 8], None),
@@ -73,13 +74,13 @@ def _cuobjdump() -> str:
                         "cuobjdump")
 
 
-def resources(kernel, types, consts, warps) -> dict:
+def resources(kernel, types, consts, warps, stages) -> dict:
     """The compiled variant's registers, spilled stack bytes (a thread) and shared bytes."""
     assert len(types) + len(consts) == len(kernel.arg_names), kernel.arg_names
     signature = {**dict(zip(kernel.arg_names, types)), **dict.fromkeys(consts, "constexpr")}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=consts),
                               target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps, "num_stages": 1})
+                              options={"num_warps": warps, "num_stages": stages})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
@@ -96,9 +97,11 @@ def sweep():
     for launch, kernel, types, fixed, swept, warps, engine in LAUNCHES:
         for values in itertools.product(*swept.values(), warps):
             variant = dict(zip([*swept, "warps"], values))
-            consts = dict(fixed, **{k: v for k, v in variant.items() if k != "warps"})
+            consts = dict(fixed, **{k: v for k, v in variant.items()
+                                    if k not in ("warps", "stages")})
             row = dict(launch=launch, variant=variant, engine=variant == engine,
-                       **resources(kernel, types, consts, variant["warps"]))
+                       **resources(kernel, types, consts, variant["warps"],
+                                   variant.get("stages", 1)))
             print(row, flush=True)
             rows.append(row)
     return rows
@@ -125,7 +128,8 @@ def main():
     rows = sweep()
     meta = dict(title="GDN prompt kernels compiled for sm_90: registers and spills (static)",
                 what="dk = dv = 128, nv 32 (two value heads a q/k head), 64-token chunks, TF32 "
-                     "dots, one pipeline stage; static resource usage of each cubin "
+                     "dots, one pipeline stage unless `stages` says; static resource usage of "
+                     "each cubin "
                      "(`cuobjdump --dump-resource-usage`), not a timing",
                 triton=triton.__version__, host=os.uname().nodename,
                 date=datetime.now(timezone.utc).isoformat(timespec="seconds"),

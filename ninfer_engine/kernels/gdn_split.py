@@ -159,9 +159,11 @@ def split_walk(tiles, n: int, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
 
 def state_walk(tiles, n: int, k: torch.Tensor, g: torch.Tensor, states: torch.Tensor,
                firsts: torch.Tensor | None, chunk: int, tf32: bool, block_v: int | None = None,
-               num_warps: int = 4, *, slots: torch.Tensor | None = None):
+               num_warps: int = 4, *, slots: torch.Tensor | None = None, num_stages: int = 1):
     """The recurrence (`_state_walk_kernel`): (the state each chunk found [nv, n, dk, dv],
-    V' [n·chunk, nv, dv], the new states), fp32. `block_v` / `num_warps` as `gdn_chunk`'s."""
+    V' [n·chunk, nv, dv], the new states), fp32. `block_v` / `num_warps` as `gdn_chunk`'s;
+    `num_stages=2` loads the next chunk's w, u and k while this one's dots run (it fits in
+    shared memory here, 128-160 KiB at dk = dv = 128, where `gdn_chunk`'s walk did not)."""
     w, u = tiles
     nv, dk, dv = states.shape[-3:]
     T, nk = k.shape[0], k.shape[1]
@@ -191,7 +193,7 @@ def state_walk(tiles, n: int, k: torch.Tensor, g: torch.Tensor, states: torch.Te
         k.stride(0), k.stride(1), g.stride(0), g.stride(1), NV=nv, GROUP=nv // nk, DK=dk,
         DV=dv, C=chunk, KB=kb, TWO=block_k > kb, BV=block_v,
         EVEN=dk in (kb, 2 * kb) and dv % block_v == 0, TF32=tf32, ROWS=firsts is not None,
-        SLOTS=slots is not None, num_warps=num_warps, num_stages=1)
+        SLOTS=slots is not None, num_warps=num_warps, num_stages=num_stages)
     return hs, vn, s_out
 
 

@@ -140,21 +140,21 @@ from ninfer_engine.kernels.gdn_split import _chunk_out_kernel, _state_walk_kerne
 
 head = dict(DK=128, DV=128, C=64)
 walk = dict(head, KB=64, TWO=True, NV=32, GROUP=2, EVEN=True, TF32=True, ROWS=True, SLOTS=True)
-kernels = [  # the defaults: the walk's 64 / 32 value columns, the output's 64 columns in 32s
-    (_state_walk_kernel, ["*fp32"] * 8 + ["i32", "i32", "*i32", "*i64"] + ["i32"] * 5,
-     dict(walk, BV=64)),
-    (_state_walk_kernel, ["*fp32"] * 8 + ["i32", "i32", "*i32", "*i64"] + ["i32"] * 5,
-     dict(walk, BV=32)),
+walk_types = ["*fp32"] * 8 + ["i32", "i32", "*i32", "*i64"] + ["i32"] * 5
+kernels = [  # the defaults: the walk's 64 / 32 value columns (and two stages), the output's 64
+    (_state_walk_kernel, walk_types, dict(walk, BV=64), 1),
+    (_state_walk_kernel, walk_types, dict(walk, BV=32), 1),
+    (_state_walk_kernel, walk_types, dict(walk, BV=32), 2),
     (_chunk_out_kernel, ["*fp32"] * 6 + ["i32"] * 8 + ["fp32"],
-     dict(head, BK=128, NV=32, GROUP=2, BV=64, BLOCK=32, EVEN=True, TF32=True)),
+     dict(head, BK=128, NV=32, GROUP=2, BV=64, BLOCK=32, EVEN=True, TF32=True), 1),
     (_gdn_prep_kernel, ["*fp32"] * 12 + ["i32"] * 12 + ["fp32"],
-     dict(head, BK=128, GROUP=2, BV=128, BLOCK=64, TF32=True, WALK=False)),
+     dict(head, BK=128, GROUP=2, BV=128, BLOCK=64, TF32=True, WALK=False), 1),
 ]
-for k, types, consts in kernels:
+for k, types, consts, stages in kernels:
     assert len(types) + len(consts) == len(k.arg_names), k.arg_names
     signature = {**dict(zip(k.arg_names, types)), **dict.fromkeys(consts, "constexpr")}
     triton.compile(ASTSource(k, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": 4, "num_stages": 1})
+                   options={"num_warps": 4, "num_stages": stages})
 """
 
 
