@@ -165,7 +165,8 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
     run(torch.float32)
     assert calls == []  # fp32 activations: the torch rule
     got = run(torch.bfloat16)
-    assert calls == [{"tf32": True}]  # the 40-token prefill; the single token is recurrent
+    # the 40-token prefill (the default walk); the single token is recurrent
+    assert calls == [{"tf32": True, "split": False}]
     # bf16 activations both ways: the projections, the conv and the gated norm store their
     # outputs in bf16 (about 8 stores to the output, 6 to the state), the kernel's TF32 dots
     # round each operand to fp16 precision (2 per product term) over the chunked chain
