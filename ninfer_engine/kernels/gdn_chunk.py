@@ -167,16 +167,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chunk: int,
-          tf32: bool, block_v: int | None, num_warps: int, num_stages: int,
-          slots: torch.Tensor | None = None):
-    """The chunk walk over `tiles` (`chunk_prep_triton`'s, n chunks) from `states` ([nv, dk,
-    dv], or [R, nv, dk, dv] with `firsts`: row r's chunks are firsts[r] .. firsts[r+1]-1; with
-    `slots` too, a pool: row r continues its row slots[r] in place): (o [n·chunk, nv, dv] fp32,
-    the new states: `states` itself with `slots`)."""
-    nv, dk, dv = states.shape[-3:]
-    assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
-    block_k = max(16, triton.next_power_of_2(dk))
+def walk_setup(states: torch.Tensor, firsts: torch.Tensor | None, slots: torch.Tensor | None,
+               block_v: int | None):
+    """A walk's (rows, value columns a program, states read, states written, `firsts` or an
+    unread pointer where there are none) for `_walk`'s `states` / `firsts` / `slots`."""
+    nv, dv = states.shape[-3], states.shape[-1]
     rows = 1 if firsts is None else firsts.numel() - 1
     block_v = block_v or walk_block_v(rows * nv, dv, states.device)
     block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
@@ -187,8 +182,21 @@ def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chun
         assert firsts is not None and slots.numel() == firsts.numel() - 1
         assert states.dtype == torch.float32 and states.is_contiguous(), "a pool, in place"
         s_in = s_out = states
+    return rows, block_v, s_in, s_out, s_in if firsts is None else firsts
+
+
+def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chunk: int,
+          tf32: bool, block_v: int | None, num_warps: int, num_stages: int,
+          slots: torch.Tensor | None = None):
+    """The chunk walk over `tiles` (`chunk_prep_triton`'s, n chunks) from `states` ([nv, dk,
+    dv], or [R, nv, dk, dv] with `firsts`: row r's chunks are firsts[r] .. firsts[r+1]-1; with
+    `slots` too, a pool: row r continues its row slots[r] in place): (o [n·chunk, nv, dv] fp32,
+    the new states: `states` itself with `slots`)."""
+    nv, dk, dv = states.shape[-3:]
+    assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
+    block_k = max(16, triton.next_power_of_2(dk))
+    rows, block_v, s_in, s_out, first = walk_setup(states, firsts, slots, block_v)
     o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=s_in.device)
-    first = s_in if firsts is None else firsts  # an unread pointer where the mode has none
     _gdn_chunk_kernel[(rows * nv, triton.cdiv(dv, block_v))](
         *tiles, s_in, s_out, o, n, first, first if slots is None else slots,
         *(st for x in tiles for st in x.stride()),

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gdn_chunk import walk_block_v
+from .gdn_chunk import walk_setup
 from .gdn_prep import chunk_carry, chunk_decay
 from .gdn_solve import _dot
 
@@ -175,19 +175,9 @@ def state_walk(tiles, n: int, k: torch.Tensor, g: torch.Tensor, states: torch.Te
     block_k = max(16, triton.next_power_of_2(dk))
     kb = min(64, block_k)  # the state's row blocks (two at dk = 128)
     assert block_k <= 2 * kb, "dk ≤ 128: the walk holds its state in at most two row blocks"
-    rows = 1 if firsts is None else firsts.numel() - 1
-    block_v = block_v or walk_block_v(rows * nv, dv, states.device)
-    block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
-    if slots is None:
-        s_in = states.float().contiguous()
-        s_out = torch.empty_like(s_in)
-    else:
-        assert firsts is not None and slots.numel() == firsts.numel() - 1
-        assert states.dtype == torch.float32 and states.is_contiguous(), "a pool, in place"
-        s_in = s_out = states
+    rows, block_v, s_in, s_out, first = walk_setup(states, firsts, slots, block_v)
     hs = torch.empty(nv, n, dk, dv, dtype=torch.float32, device=s_in.device)
     vn = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=s_in.device)
-    first = s_in if firsts is None else firsts  # an unread pointer where the mode has none
     _state_walk_kernel[(rows * nv, triton.cdiv(dv, block_v))](
         w, u, k, g, s_in, s_out, hs, vn, n, T, first, first if slots is None else slots, n,
         k.stride(0), k.stride(1), g.stride(0), g.stride(1), NV=nv, GROUP=nv // nk, DK=dk,

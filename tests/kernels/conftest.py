@@ -1,5 +1,9 @@
 """Kernel tests run the Triton path on CUDA, or on the CPU through TRITON_INTERPRET=1."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +23,17 @@ def device():
     if interpreting():
         return "cpu"
     pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+
+
+def compile_in_child(script: str, *args: str) -> str:
+    """Runs `script` (a Triton compile for the GPU, no GPU needed) in a child process, not
+    under the interpreter this suite may run in (Triton's compiler checks what its interpreter
+    does not); asserts it succeeded and returns what it printed."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
 def rel_err(out, ref):

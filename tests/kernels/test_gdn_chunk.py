@@ -11,7 +11,7 @@ from ninfer_engine.models import gdn
 
 from tests.tolerance import CAST, bound, gated_delta_depth, recurrence_length
 
-from .conftest import rel_err
+from .conftest import compile_in_child, rel_err
 
 F32 = torch.float32
 
@@ -252,14 +252,7 @@ def test_the_walk_over_pool_slots_compiles_for_the_gpu():
     """The rows-by-slot walk compiled for an H200 (sm_90) at the 35B-A3B shape, no GPU needed
     (Triton's compiler checks what its interpreter does not); a child process, not under the
     interpreter."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    compile_in_child(COMPILE)
 
 
 def test_layer_prompt_rows_of_a_state_pool_run_in_place(monkeypatch, device):

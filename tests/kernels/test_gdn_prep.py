@@ -35,7 +35,7 @@ def _solve_condition(k, g, beta, chunk):
     """Skeel's condition number ‖|T⁻¹|·|T|‖∞ of the chunks' unit lower triangular
     T = I + tril(β·k·kᵀ ⊙ e^{γᵢ−γⱼ}, −1), in fp64: the triangular solve's forward error is
     γ_C times it (Higham Thm 8.5)."""
-    T, nv, dk = g.shape[0], g.shape[1], k.shape[-1]
+    T, nv = g.shape[0], g.shape[1]
     k = k.double().repeat_interleave(nv // k.shape[1], 1)
     worst = 1.0
     for c in range(0, T, chunk):

@@ -1,8 +1,5 @@
 """`kernels.gdn_prompt`: a prompt step's fused GDN prologue against float64, and its layout."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,7 +10,7 @@ from ninfer_engine.kernels.gdn_prompt import (gdn_prompt_prep_ref, gdn_prompt_pr
                                               prompt_layout)
 from tests.tolerance import TRANSCENDENTAL, assert_within, cast_roundings, gamma, unit_roundoff
 
-from .conftest import SILU_SLOPE
+from .conftest import SILU_SLOPE, compile_in_child
 
 K = 4
 F32, BF16 = torch.float32, torch.bfloat16
@@ -142,10 +139,7 @@ def test_the_kernel_compiles_for_the_gpu():
     """Compiled for an H200 (sm_90) at the 35B-A3B shape, no GPU needed: Triton's compiler
     checks what its interpreter does not (a name assigned in both branches of an `if` with
     two types failed on the device, not here). A child process: not under the interpreter."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    compile_in_child(COMPILE)
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])

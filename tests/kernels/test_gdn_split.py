@@ -13,7 +13,7 @@ from ninfer_engine.kernels.gdn_split import split_walk
 from ninfer_engine.models import gdn
 from tests.tolerance import CAST, bound, gated_delta_depth, recurrence_length
 
-from .conftest import rel_err
+from .conftest import compile_in_child, rel_err
 from .test_gdn_chunk import _check, _inputs, _padded_rows, _small_gdn, _spy_on_the_walk, _tol
 
 
@@ -162,11 +162,4 @@ def test_the_split_kernels_compile_for_the_gpu():
     """The split walk's kernels and the precompute without the old walk's tiles, compiled for
     an H200 (sm_90) at the 35B-A3B shape, no GPU needed (a child process, not under the
     interpreter)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    compile_in_child(COMPILE)

@@ -1,6 +1,3 @@
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,7 +11,7 @@ from ninfer_engine.kernels.paged_attention import (
     quantize_kv_int8,
 )
 
-from .conftest import attention_tol, rel_err
+from .conftest import attention_tol, compile_in_child, rel_err
 
 
 @pytest.mark.parametrize("quant", [False, True])
@@ -102,7 +99,4 @@ def test_the_merge_kernel_compiles_for_the_gpu():
     """The merge's running-max loop compiled for an H200 (sm_90), no GPU needed: Triton's
     compiler checks loop-carried types its interpreter does not. A child process: not under
     the interpreter."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    compile_in_child(COMPILE)

@@ -1,15 +1,13 @@
 """Programmatic dependent launch (`kernels.pdl`): when it is used, what it compiles to, and that
 a chain of PDL launches computes what the same chain computes without it (CUDA)."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from ninfer_engine.kernels import pdl
 from ninfer_engine.kernels._dispatch import HAVE_TRITON
+
+from .conftest import compile_in_child
 
 pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="Triton is not installed")
 
@@ -49,13 +47,7 @@ def test_gemv_kernel_compiles_to_grid_dependency_control():
     """Compiled for an H100/H200 (sm_90; no GPU needed, but not under the interpreter, hence
     a child process): with PDL=1 the GEMV waits for its predecessor before its first load and
     releases its dependents; with PDL=0 it does neither."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    ptx = {}
-    for flag in (0, 1):
-        done = subprocess.run([sys.executable, "-c", COMPILE, str(flag)], env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        ptx[flag] = done.stdout
+    ptx = {flag: compile_in_child(COMPILE, str(flag)) for flag in (0, 1)}
     assert "griddepcontrol.wait" in ptx[1] and "griddepcontrol.launch_dependents" in ptx[1]
     assert "griddepcontrol" not in ptx[0]
     body = ptx[1][ptx[1].index(".entry"):]

@@ -6,6 +6,8 @@ import torch
 
 from ninfer_engine.kernels.token_mask import BLOCK, masked_logits_ref, masked_logits_triton
 
+from .conftest import compile_in_child
+
 
 def _bits(rows: int, words: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
@@ -52,11 +54,4 @@ for logits in ("*fp32", "*bf16"):
 def test_the_kernel_compiles_for_the_gpu():
     """Both variants compiled for an H200 (sm_90), no GPU needed (Triton's compiler checks what
     its interpreter does not); a child process, not under the interpreter."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    compile_in_child(COMPILE)
