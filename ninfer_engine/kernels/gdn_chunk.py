@@ -54,6 +54,30 @@ def _load(ptr, mask, EVEN: tl.constexpr):
     return x
 
 
+@triton.jit
+def walk_program(first_ptr, slot_ptr, n, NV: tl.constexpr, ROWS: tl.constexpr,
+                 SLOTS: tl.constexpr):
+    """A walk program's (value head, first chunk, chunks, state row). ROWS: program (row,
+    head) walks the row's chunks first[r] .. first[r+1]-1 from its own state, row r of the
+    states or (SLOTS) row slot[r] of a state pool, read and overwritten in place (the program
+    reads its tile before it writes it; no other program touches it). Else: head
+    `program_id(0)` walks chunks 0 .. n-1 of state 0."""
+    h = tl.program_id(0)
+    if ROWS:
+        r = h // NV
+        h = h % NV
+        c0 = tl.load(first_ptr + r)
+        n = tl.load(first_ptr + r + 1) - c0
+        if SLOTS:
+            at = tl.load(slot_ptr + r)
+        else:
+            at = r
+    else:
+        c0 = 0
+        at = 0
+    return h, c0, n, at
+
+
 # one compile for every chunk count: n (and cd's row stride, also n) would specialise on
 # n == 1 and n % 16 == 0, and a step of 1K-token rows (16 chunks each) meets a variant the
 # start-up warm-up's short rows never compiled
@@ -67,23 +91,10 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
                       TF32: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr):
     # chunk tiles are [nv, n, C, ·] tensors read through their strides (the torch precompute's
     # outputs are permuted / column-major views; copying them contiguous would cost a pass each)
-    h = tl.program_id(0)
+    h, c0, n, at = walk_program(first_ptr, slot_ptr, n, NV, ROWS, SLOTS)
     vb = tl.program_id(1)
-    if ROWS:  # program (row, head): the row's chunks first[r] .. first[r+1]-1, its own state
-        r = h // NV
-        h = h % NV
-        c0 = tl.load(first_ptr + r)
-        n = tl.load(first_ptr + r + 1) - c0
-        # SLOTS: row r's state is row slot[r] of a state pool, read and overwritten in place
-        # (this program reads its tile before it writes it; no other program touches it)
-        if SLOTS:
-            at = tl.load(slot_ptr + r)
-        else:
-            at = r
-        s_ptr += at * NV * DK * DV
-        s_out_ptr += at * NV * DK * DV
-    else:
-        c0 = 0
+    s_ptr += at * NV * DK * DV
+    s_out_ptr += at * NV * DK * DV
     rc = tl.arange(0, C)
     rk = tl.arange(0, BK)
     rv = vb * BV + tl.arange(0, BV)

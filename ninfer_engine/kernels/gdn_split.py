@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gdn_chunk import walk_setup
+from .gdn_chunk import walk_program, walk_setup
 from .gdn_prep import chunk_carry, chunk_decay
 from .gdn_solve import _dot
 
@@ -63,21 +63,10 @@ def _state_walk_kernel(w_ptr, u_ptr, k_ptr, g_ptr, s_ptr, s_out_ptr, hs_ptr, vn_
     # tensors, and w / k are read in the same column halves (FLA's b_h1, b_h2), with every
     # offset from compile-time strides: fewer registers spilled
     # (bench/results/sm90-gdn-kernel-resources.md)
-    h = tl.program_id(0)
+    h, c0, n, at = walk_program(first_ptr, slot_ptr, n, NV, ROWS, SLOTS)
     vb = tl.program_id(1)
-    if ROWS:  # program (row, head): the row's chunks first[r] .. first[r+1]-1, its own state
-        r = h // NV
-        h = h % NV
-        c0 = tl.load(first_ptr + r)
-        n = tl.load(first_ptr + r + 1) - c0
-        if SLOTS:  # row r's state is row slot[r] of a pool, read and overwritten in place
-            at = tl.load(slot_ptr + r)
-        else:
-            at = r
-        s_ptr += at * NV * DK * DV
-        s_out_ptr += at * NV * DK * DV
-    else:
-        c0 = 0
+    s_ptr += at * NV * DK * DV
+    s_out_ptr += at * NV * DK * DV
     hk = h // GROUP
     rc = tl.arange(0, C)
     r0 = tl.arange(0, KB)

@@ -140,6 +140,26 @@ def _spy_on_the_walk(monkeypatch) -> list[dict]:
     return calls
 
 
+def _layer_on_a_pool(monkeypatch, device, slots: int, seed: int):
+    """A bf16 `_small_gdn` layer of random weights, a `StatePool` of `slots` random states
+    for it, the walk's calls recorded (`_spy_on_the_walk`): (layer, pool, calls, generator)."""
+    from ninfer_engine.kv.slots import StatePool
+
+    config, _ = _small_gdn()
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+
+    def params(name, shape):
+        return weights.setdefault(name, (torch.randn(shape, generator=gen) * 0.3).to(device))
+
+    layer = gdn.GatedDeltaNet(config, lambda n, s: params(n, s).bfloat16(), "layers/0/")
+    calls = _spy_on_the_walk(monkeypatch)
+    pool = StatePool(slots, [layer.state_layout(torch.bfloat16)], device, gdn.GDNState)
+    for t in pool.fields[0].values():
+        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+    return layer, pool, calls, gen
+
+
 def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
     """`GatedDeltaNet.__call__` takes the Triton kernels (the fused prologue, the chunk walk
     with TF32 dots, the gated norm) for a bf16 prefill where `use_triton` holds (forced here,
@@ -260,20 +280,8 @@ def test_layer_prompt_rows_of_a_state_pool_run_in_place(monkeypatch, device):
     running slots) addresses them by index in place; the outputs and states equal those of the
     same states held apart (stacked, then copied back), bit for bit, and the pool's other
     slots are untouched."""
-    from ninfer_engine.kv.slots import StatePool
-
-    config, (_, _, h) = _small_gdn()
-    gen = torch.Generator().manual_seed(3)
-    weights = {}
-
-    def params(name, shape):
-        return weights.setdefault(name, (torch.randn(shape, generator=gen) * 0.3).to(device))
-
-    layer = gdn.GatedDeltaNet(config, lambda n, s: params(n, s).bfloat16(), "layers/0/")
-    calls = _spy_on_the_walk(monkeypatch)
-    pool = StatePool(5, [layer.state_layout(torch.bfloat16)], device, gdn.GDNState)
-    for t in pool.fields[0].values():
-        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+    _, (_, _, h) = _small_gdn()
+    layer, pool, calls, gen = _layer_on_a_pool(monkeypatch, device, 5, seed=3)
     before = {n: t.clone() for n, t in pool.fields[0].items()}
     slots = [pool.slot(i).layers[0] for i in (3, 1)]
     apart = [gdn.GDNState(s.conv.clone(), s.ssm.clone()) for s in slots]

@@ -14,7 +14,7 @@ from ninfer_engine.models import gdn
 from tests.tolerance import CAST, bound, gated_delta_depth, recurrence_length
 
 from .conftest import compile_in_child, rel_err
-from .test_gdn_chunk import _check, _inputs, _padded_rows, _small_gdn, _spy_on_the_walk, _tol
+from .test_gdn_chunk import _check, _inputs, _layer_on_a_pool, _padded_rows, _small_gdn, _tol
 
 
 @pytest.mark.parametrize("chunk", [16, 64])
@@ -100,20 +100,8 @@ def test_layer_prompt_rows_take_the_split_walk(monkeypatch, device):
     Triton path forced: the interpreter runs it on CPU tensors) walk with the split kernels and
     give the default walk's outputs and states: the two differ in fp32 sum order only, under
     the bf16 stores of the layer (bound as in test_gdn_chunk's dispatch test)."""
-    from ninfer_engine.kv.slots import StatePool
-
-    config, (nv, dk, h) = _small_gdn()
-    gen = torch.Generator().manual_seed(4)
-    weights = {}
-
-    def params(name, shape):
-        return weights.setdefault(name, (torch.randn(shape, generator=gen) * 0.3).to(device))
-
-    layer = gdn.GatedDeltaNet(config, lambda n, s: params(n, s).bfloat16(), "layers/0/")
-    calls = _spy_on_the_walk(monkeypatch)
-    pool = StatePool(3, [layer.state_layout(torch.bfloat16)], device, gdn.GDNState)
-    for t in pool.fields[0].values():
-        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+    _, (nv, dk, h) = _small_gdn()
+    layer, pool, calls, gen = _layer_on_a_pool(monkeypatch, device, 3, seed=4)
     start = {n: t.clone() for n, t in pool.fields[0].items()}
     slots = [pool.slot(i).layers[0] for i in (2, 0)]
     x = torch.randn(29, h, generator=gen).to(device).bfloat16()
