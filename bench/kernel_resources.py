@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the GDN prompt kernels compiled for an H200, no GPU.
 
-    python3 bench/kernel_resources.py [--out DIR]
+    python3 bench/kernel_resources.py [--out DIR] [--only TEXT]
 
 Each launch variant of a prompt step's Gated DeltaNet kernels at the models' head shape
 (dk = dv = 128, two value heads a q/k head, 64-token chunks, TF32 dots) is compiled by Triton
@@ -92,9 +92,12 @@ def resources(kernel, types, consts, warps, stages) -> dict:
                 shared_bytes=compiled.metadata.shared)
 
 
-def sweep():
+def sweep(only: str = ""):
+    """Every variant of the launches whose name holds `only`."""
     rows = []
     for launch, kernel, types, fixed, swept, warps, engine in LAUNCHES:
+        if only not in launch:
+            continue
         for values in itertools.product(*swept.values(), warps):
             variant = dict(zip([*swept, "warps"], values))
             consts = dict(fixed, **{k: v for k, v in variant.items()
@@ -124,8 +127,9 @@ def markdown(meta, rows):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--only", default="", help="the launches whose name holds this text")
     args = ap.parse_args()
-    rows = sweep()
+    rows = sweep(args.only)
     meta = dict(title="GDN prompt kernels compiled for sm_90: registers and spills (static)",
                 what="dk = dv = 128, nv 32 (two value heads a q/k head), 64-token chunks, TF32 "
                      "dots, one pipeline stage unless `stages` says; static resource usage of "
