@@ -13,10 +13,10 @@ makes between its two GEMMs, on the inputs the one before produces:
 * the chunk walk (`gdn_chunk._walk`, state pool by slot) by `block_v` and `num_warps`;
 * `gdn_gated_norm` from the padded o (the gather inside) by `rows_per_program`;
 
-and the split walk that would replace the precompute and the walk (`kernels.gdn_split`): the
-precompute of w and u alone, the state walk, the chunks' output, each by its variants, the
-output's error taken against the engine's walk. The table ends with each path's sum at its
-first variants and at its best ones.
+and the split walk that would replace the precompute, the walk and the gated norm
+(`kernels.gdn_split`): the precompute of w and u alone, the state walk, the chunks' output
+with and without the gated norm, each by its variants, the output's error taken against the
+engine's. The table ends with each path's sum at its first variants and at its best ones.
 
 The first variant of each launch is what the engine runs; each variant's output is compared with
 it (rel. error, ‖·‖). CUDA
@@ -48,7 +48,7 @@ from ninfer_engine.kernels.gdn_fused import gdn_gated_norm_triton  # noqa: E402
 from ninfer_engine.kernels.gdn_prep import chunk_prep_triton  # noqa: E402
 from ninfer_engine.kernels.gdn_prompt import (gdn_prompt_prep_triton, prompt_layout,  # noqa: E402
                                               slot_indices)
-from ninfer_engine.kernels.gdn_split import chunk_output, state_walk  # noqa: E402
+from ninfer_engine.kernels.gdn_split import GatedNorm, chunk_output, state_walk  # noqa: E402
 
 # (name, rows' lengths, nk, nv, dk, dv)
 SHAPES = [("35B-A3B 8x955", (955,) * 8, 16, 32, 128, 128),
@@ -62,7 +62,10 @@ NORM_ROWS = [None, 8, 1, 4, 16]  # None: the default; 1: one row a program, as b
 SPLIT_PREP = dict(block=[64, 32], num_warps=[4, 8])
 STATE_WALK = dict(block_v=[None, 32, 64, 16], num_warps=[4, 8], num_stages=[1, 2])
 CHUNK_OUT = dict(block_v=[64, 32, 128], block=[32, 64], num_warps=[4, 8])
-ENGINE_PATH, SPLIT_PATH = ("chunk_prep", "walk"), ("split_prep", "state_walk", "chunk_output")
+CHUNK_OUT_NORMED = dict(block=[32, 64], num_warps=[8, 4])  # first: what the engine would run
+# what each path launches between the prompt prep and the output GEMM
+ENGINE_PATH = ("chunk_prep", "walk", "gated_norm")
+SPLIT_PATH = ("split_prep", "state_walk", "chunk_output_normed")
 
 
 def rel(got, ref):
@@ -141,18 +144,20 @@ def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed):
 
     parts["walk"] = sweep("walk", WALK, walk, timed)
     o, _ = gdn_chunk._walk(tiles, n, pool.clone(), layout.first, 64, True, None, 4, 1, slots)
-    parts.update(split_parts(q, k, v, g, beta, pool, layout, slots, o, timed))
 
     def gated_norm(rows):
         return gdn_gated_norm_triton(o, z, norm, 1e-6, layout.at, rows_per_program=rows)
 
     parts["gated_norm"] = sweep("gated norm", dict(rows=NORM_ROWS), gated_norm, timed)
+    parts.update(split_parts(q, k, v, g, beta, pool, layout, slots, o, gated_norm(None),
+                             GatedNorm(z, norm, 1e-6, layout.meta[: layout.padded]), timed))
     return dict(shape=name, lengths=list(lengths), nk=nk, nv=nv, dk=dk, dv=dv, tokens=T,
                 parts=parts)
 
 
-def split_parts(q, k, v, g, beta, pool, layout, slots, engine_o, timed):
-    """The split walk's three launches, each by its variants (see the module docstring)."""
+def split_parts(q, k, v, g, beta, pool, layout, slots, engine_o, engine_y, gate, timed):
+    """The split walk's three launches, each by its variants, the output with and without the
+    gated norm; errors against the engine's o and normed y (see the module docstring)."""
     parts = {}
 
     def prep(block, num_warps):
@@ -181,6 +186,13 @@ def split_parts(q, k, v, g, beta, pool, layout, slots, engine_o, timed):
 
     parts["chunk_output"] = sweep("chunk out", CHUNK_OUT, out, timed,
                                   base=engine_o.index_select(0, real))
+
+    def normed(block, num_warps):
+        return chunk_output(q, k, g, hs, vn, True, block=block, num_warps=num_warps,
+                            norm=gate).float()
+
+    parts["chunk_output_normed"] = sweep("out+norm", CHUNK_OUT_NORMED, normed, timed,
+                                         base=engine_y.float())
     return parts
 
 
@@ -208,8 +220,9 @@ def markdown(meta, shapes):
             lines.append(f"| {s['shape']} | {part} | {first['ms']:.3f} | {keys} | "
                          f"{top['ms']:.3f} | {top['ms'] / first['ms']:.2f} | "
                          f"{top['rel_err']:.1e} |")
-    lines += ["", "| shape | engine's precompute + walk, ms | split's three launches, first "
-              "variants, ms | split, best variants, ms | split best / engine |",
+    lines += ["", "| shape | engine's precompute + walk + gated norm, ms | split's three "
+              "launches (the norm in the output's), first variants, ms | split, best variants, "
+              "ms | split best / engine |",
               "|---|---:|---:|---:|---:|"]
     for s in shapes:
         engine = path_ms(s["parts"], ENGINE_PATH, lambda rows: rows[0])

@@ -44,6 +44,7 @@ from ninfer_engine.kernels.gdn_split import _chunk_out_kernel, _state_walk_kerne
 
 HEAD = dict(DK=128, DV=128, C=64)
 P, I = "*fp32", "i32"
+OUT_TYPES = [P] * 6 + ["*i32", "*bf16", "*bf16"] + [I] * 9 + ["fp32"] * 2  # _chunk_out_kernel
 # (launch, kernel, argument types, fixed constants, swept constants, warps, the engine's
 # variant); "stages" is the launch's num_stages (1 where not swept)
 LAUNCHES = [
@@ -63,9 +64,12 @@ LAUNCHES = [
     ("split: state walk", _state_walk_kernel, [P] * 8 + [I, I, "*i32", "*i64"] + [I] * 5,
      dict(HEAD, NV=32, GROUP=2, KB=64, TWO=True, EVEN=True, TF32=True, ROWS=True, SLOTS=True),
      dict(BV=[16, 32, 64], stages=[1, 2]), [4, 8], None),
-    ("split: chunk output", _chunk_out_kernel, [P] * 6 + [I] * 8 + ["fp32"],
-     dict(HEAD, NV=32, GROUP=2, BK=128, EVEN=True, TF32=True),
-     dict(BV=[32, 64, 128], BLOCK=[32, 64]), [4, 8], None),
+    ("split: chunk output", _chunk_out_kernel, OUT_TYPES,
+     dict(HEAD, NV=32, GROUP=2, EVEN=True, TF32=True, GATED=False, ROUND_PROD=True,
+          LIBDEVICE=True), dict(BV=[32, 64, 128], BLOCK=[32, 64]), [4, 8], None),
+    ("split: chunk output + gated norm", _chunk_out_kernel, OUT_TYPES,
+     dict(HEAD, NV=32, GROUP=2, BV=128, EVEN=True, TF32=True, GATED=True,
+          ROUND_PROD=True, LIBDEVICE=True), dict(BLOCK=[32, 64]), [4, 8], None),
 ]
 
 

@@ -220,7 +220,8 @@ def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chun
 def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
                              chunk: int = CHUNK, *, slots: torch.Tensor | None = None,
                              tf32: bool = False, block_v: int | None = None,
-                             num_warps: int = 4, num_stages: int = 1, split: bool = False):
+                             num_warps: int = 4, num_stages: int = 1, split: bool = False,
+                             norm=None):
     """`chunk_gated_delta` of a step's rows in three launches, not two a row: q, k, v, g, beta
     [P, ...] hold row i's tokens from position firsts[i]·chunk (`firsts` int32 on the
     device; row i's chunks are firsts[i] .. firsts[i+1]-1), every padding position zero (it has
@@ -231,19 +232,25 @@ def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
     states [R, nv, dk, dv]). With `slots` ([R] int64 on the device), `states` is a state pool
     [S, nv, dk, dv] (fp32, contiguous): row i continues row slots[i] and overwrites it in place
     (vLLM's `state_indices`), and the pool is returned as the new states. `split` as in
-    `chunk_gated_delta`."""
+    `chunk_gated_delta`; with it, `norm` (a `gdn_split.GatedNorm`) has the gated norm applied
+    in the output's launch: o is then `gdn_gated_norm`'s bf16 [T, nv·dv] in token order."""
     assert q.shape[0] % chunk == 0
     assert states.shape[0] == firsts.numel() - 1 or slots is not None
+    assert split or norm is None, "the gated norm goes with the split walk's output"
     if split:
-        return _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots)
+        return _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots,
+                      norm)
     tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32)
     return _walk(tiles, n, states, firsts, chunk, tf32, block_v, num_warps, num_stages, slots)
 
 
-def _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots):
+def _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots,
+           norm=None):
     from .gdn_split import split_walk  # it reads this module's walk helpers
 
     tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32, walk=False)
     q, k = (x.float() if x.stride(-1) == 1 else x.float().contiguous() for x in (q, k))
+    # with the norm a program takes a whole head: 8 warps spill nothing there (sm_90)
+    out = None if norm is None else dict(norm=norm, num_warps=8)
     return split_walk(tiles, n, q, k, g.float(), states, firsts, chunk, tf32, block_v,
-                      num_warps, slots=slots)
+                      num_warps, slots=slots, out=out)

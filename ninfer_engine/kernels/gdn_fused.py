@@ -254,17 +254,26 @@ def _gdn_gated_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, at_ptr, n_rows, stride_
     else:
         src = b
     o = tl.load(o_ptr + (src * NV + j)[:, None] * DV + d[None, :], mask=m, other=0.0)
-    o = _round_bf16(o)
-    o = o * tl.rsqrt(tl.sum(o * o, axis=1) / DV + eps)[:, None]
-    # norm · o.to(bf16): a bf16 weight gives a bf16 product (ROUND_PROD), fp32 stays fp32
     w = tl.load(w_ptr + d, mask=d < DV, other=0.0).to(tl.float32)
-    p = w[None, :] * _round_bf16(o)
-    if ROUND_PROD:  # exact in fp32 (8-bit × 8-bit significands), then one bf16 rounding
-        p = _round_bf16(p)
     z = tl.load(z_ptr + b[:, None] * stride_zb + (j * DV)[:, None] + d[None, :], mask=m,
                 other=0.0).to(tl.float32)
     tl.store(out_ptr + row[:, None] * DV + d[None, :],
-             _round_bf16(p * _silu(z, LIBDEVICE)).to(tl.bfloat16), mask=m)
+             gated_rms(o, w, z, eps, DV, ROUND_PROD, LIBDEVICE).to(tl.bfloat16), mask=m)
+
+
+@triton.jit
+def gated_rms(o, w, z, eps, DV: tl.constexpr, ROUND_PROD: tl.constexpr,
+              LIBDEVICE: tl.constexpr):
+    """`norm · rmsnorm(o) · silu(z)` of rows o [R, BLOCK] fp32 (columns past DV zero), the
+    weight w [BLOCK] and the gate z [R, BLOCK] as fp32, rounded where the reference rounds;
+    the bf16 values as fp32."""
+    o = _round_bf16(o)
+    o = o * tl.rsqrt(tl.sum(o * o, axis=1) / DV + eps)[:, None]
+    # norm · o.to(bf16): a bf16 weight gives a bf16 product (ROUND_PROD), fp32 stays fp32
+    p = w[None, :] * _round_bf16(o)
+    if ROUND_PROD:  # exact in fp32 (8-bit × 8-bit significands), then one bf16 rounding
+        p = _round_bf16(p)
+    return _round_bf16(p * _silu(z, LIBDEVICE))
 
 
 def gdn_gated_norm_triton(o, z, norm, eps, at=None, rows_per_program: int | None = None):

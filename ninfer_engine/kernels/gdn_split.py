@@ -22,11 +22,15 @@ V' [n·C, nv, dv] instead of qd, ke and p. The contracts are `gdn_chunk`'s: `spl
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
+from ._dispatch import interpreting
 from .gdn_chunk import walk_program, walk_setup
+from .gdn_fused import gated_rms
 from .gdn_prep import chunk_carry, chunk_decay
 from .gdn_solve import _dot
 
@@ -105,10 +109,14 @@ def _state_walk_kernel(w_ptr, u_ptr, k_ptr, g_ptr, s_ptr, s_out_ptr, hs_ptr, vn_
 
 
 @triton.jit(do_not_specialize=["T", "n_all"])
-def _chunk_out_kernel(q_ptr, k_ptr, g_ptr, hs_ptr, vn_ptr, o_ptr, T, n_all, sqt, sqh, skt, skh,
-                      sgt, sgh, scale, NV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
-                      DV: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                      BLOCK: tl.constexpr, EVEN: tl.constexpr, TF32: tl.constexpr):
+def _chunk_out_kernel(q_ptr, k_ptr, g_ptr, hs_ptr, vn_ptr, o_ptr, tok_ptr, z_ptr, w_ptr, T,
+                      n_all, sqt, sqh, skt, skh, sgt, sgh, szt, scale, eps,
+                      NV: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr,
+                      DV: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+                      BLOCK: tl.constexpr, EVEN: tl.constexpr, TF32: tl.constexpr,
+                      GATED: tl.constexpr, ROUND_PROD: tl.constexpr, LIBDEVICE: tl.constexpr):
+    # GATED (a whole head a program: BV ≥ DV): `gdn_fused.gdn_gated_norm` of the output
+    # rows too, stored in bf16 at their tokens (tok: each padded position's, −1 for padding)
     c = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -122,7 +130,7 @@ def _chunk_out_kernel(q_ptr, k_ptr, g_ptr, hs_ptr, vn_ptr, o_ptr, T, n_all, sqt,
     p = tl.zeros((C, C), dtype=tl.float32)
     o = tl.zeros((C, BV), dtype=tl.float32)
     hs_ptr += (h * n_all + c) * DK * DV  # the state chunk c found
-    for d0 in tl.static_range(0, BK, BLOCK):  # dk in BLOCK-wide column blocks: fewer registers
+    for d0 in tl.static_range(0, DK, BLOCK):  # dk in BLOCK-wide column blocks: fewer registers
         rk = d0 + tl.arange(0, BLOCK)
         q = _get(q_ptr + hk * sqh, t, rk, sqt, T, DK, False)
         k = _get(k_ptr + hk * skh, t, rk, skt, T, DK, False)
@@ -130,20 +138,30 @@ def _chunk_out_kernel(q_ptr, k_ptr, g_ptr, hs_ptr, vn_ptr, o_ptr, T, n_all, sqt,
         o += _dot(q * qs[:, None], _get(hs_ptr, rk, rv, DV, DK, DV, EVEN), TF32)
     vn = _get(vn_ptr + h * DV, t, rv, NV * DV, n_all * C, DV, EVEN)
     o += _dot(p * decay * scale, vn, TF32)
-    _put(o_ptr + h * DV, o, t, rv, NV * DV, n_all * C, DV, EVEN)
+    if GATED:
+        tok = tl.load(tok_ptr + t)
+        m = (tok >= 0)[:, None] & (rv < DV)[None, :]
+        z = tl.load(z_ptr + tok[:, None] * szt + h * DV + rv[None, :], mask=m,
+                    other=0.0).to(tl.float32)
+        y = gated_rms(o, tl.load(w_ptr + rv, mask=rv < DV, other=0.0).to(tl.float32), z, eps,
+                      DV, ROUND_PROD, LIBDEVICE)
+        tl.store(o_ptr + tok[:, None] * (NV * DV) + h * DV + rv[None, :], y.to(tl.bfloat16),
+                 mask=m)
+    else:
+        _put(o_ptr + h * DV, o, t, rv, NV * DV, n_all * C, DV, EVEN)
 
 
 def split_walk(tiles, n: int, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
                states: torch.Tensor, firsts: torch.Tensor | None, chunk: int, tf32: bool,
                block_v: int | None = None, num_warps: int = 4, *,
-               slots: torch.Tensor | None = None, **out_kw):
+               slots: torch.Tensor | None = None, out: dict | None = None):
     """`gdn_chunk._walk`'s contract over (w, u) = `tiles` (`chunk_prep_triton(walk=False)`),
     with the q, k [T, nk, dk] and g [T, nv] the tiles were made from (fp32, last dim
     contiguous; T ≤ n·chunk): (o [n·chunk, nv, dv] fp32, the new states). `state_walk`, then
-    `chunk_output` (`out_kw`: its launch variant)."""
+    `chunk_output` (`out`: its keyword arguments, the gated norm or a launch variant)."""
     hs, vn, s_out = state_walk(tiles, n, k, g, states, firsts, chunk, tf32, block_v,
                                num_warps, slots=slots)
-    return chunk_output(q, k, g, hs, vn, tf32, **out_kw), s_out
+    return chunk_output(q, k, g, hs, vn, tf32, **(out or {})), s_out
 
 
 def state_walk(tiles, n: int, k: torch.Tensor, g: torch.Tensor, states: torch.Tensor,
@@ -176,12 +194,26 @@ def state_walk(tiles, n: int, k: torch.Tensor, g: torch.Tensor, states: torch.Te
     return hs, vn, s_out
 
 
+class GatedNorm(NamedTuple):
+    """What `gdn_fused.gdn_gated_norm` would take after the walk, for `chunk_output` to apply
+    itself: the gate z [T, nv·dv] bf16 (unit inner stride), the norm's weight [dv], its eps,
+    and each padded position's token ([P] int32, −1 for padding: `PromptLayout.meta`'s
+    first P)."""
+
+    z: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    tokens: torch.Tensor
+
+
 def chunk_output(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, hs: torch.Tensor,
                  vn: torch.Tensor, tf32: bool, *, block_v: int = 64, block: int = 32,
-                 num_warps: int = 4) -> torch.Tensor:
+                 num_warps: int = 4, norm: GatedNorm | None = None) -> torch.Tensor:
     """Every chunk's output (`_chunk_out_kernel`) from `state_walk`'s states and V':
-    o [n·chunk, nv, dv] fp32. `block_v` value columns and `block` of dk a program: at
-    64 / 32 / 4 warps none of its registers spill at dk = dv = 128 (sm_90, Triton 3.6:
+    o [n·chunk, nv, dv] fp32; with `norm`, `gdn_gated_norm(o, ...)` in the same launch, bf16
+    [T, nv·dv] in token order (a whole head a program: `block_v` becomes dv's). `block_v`
+    value columns and `block` of dk a program: at 64 / 32 / 4 warps, and at 128 / 32 / 8,
+    none of its registers spill at dk = dv = 128 (sm_90, Triton 3.6:
     bench/results/sm90-gdn-kernel-resources.md)."""
     nv, n, dk, dv = hs.shape
     T, nk = k.shape[0], k.shape[1]
@@ -189,12 +221,24 @@ def chunk_output(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, hs: torch.Te
     assert vn.shape[1:] == (nv, dv) and vn.shape[0] % n == 0 and T <= vn.shape[0]
     chunk = vn.shape[0] // n
     block_k = max(16, triton.next_power_of_2(dk))
-    block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
+    block_v = max(16, triton.next_power_of_2(dv) if norm else min(block_v,
+                                                                triton.next_power_of_2(dv)))
     block = min(block, block_k)
-    o = torch.empty_like(vn)
+    if norm is None:
+        o = torch.empty_like(vn)
+        tokens = z = weight = o  # unread pointers
+        eps, round_prod = 0.0, False
+    else:
+        z, weight, eps, tokens = norm
+        assert T == vn.shape[0] == tokens.shape[0] and tokens.dtype == torch.int32, "padded rows"
+        assert z.shape[1] == nv * dv and z.stride(1) == 1 and z.dtype == torch.bfloat16
+        assert weight.shape == (dv,) and weight.is_contiguous()
+        round_prod = torch.promote_types(weight.dtype, torch.bfloat16) == torch.bfloat16
+        o = torch.empty(z.shape[0], nv * dv, dtype=torch.bfloat16, device=vn.device)
     _chunk_out_kernel[(n, nv, triton.cdiv(dv, block_v))](
-        q, k, g, hs, vn, o, T, n, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        g.stride(0), g.stride(1), dk**-0.5, NV=nv, GROUP=nv // nk, DK=dk, DV=dv, C=chunk,
-        BK=block_k, BV=block_v, BLOCK=block, EVEN=dk % block == 0 and dv % block_v == 0,
-        TF32=tf32, num_warps=num_warps)
+        q, k, g, hs, vn, o, tokens, z, weight, T, n, q.stride(0), q.stride(1), k.stride(0),
+        k.stride(1), g.stride(0), g.stride(1), z.stride(0), dk**-0.5, eps, NV=nv,
+        GROUP=nv // nk, DK=dk, DV=dv, C=chunk, BV=block_v, BLOCK=block,
+        EVEN=dk % block == 0 and dv % block_v == 0, TF32=tf32, GATED=norm is not None,
+        ROUND_PROD=round_prod, LIBDEVICE=not interpreting(), num_warps=num_warps)
     return o

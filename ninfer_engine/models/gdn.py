@@ -25,11 +25,12 @@ from ..kernels._dispatch import use_triton
 from ..kernels.gdn_fused import gdn_gated_norm
 from ..kernels.gdn_prompt import gdn_prompt_prep, prompt_layout, slot_indices
 from ..kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
+from ..kernels.gdn_split import GatedNorm
 from .layers import Linear
 
-# prompt rows walk their chunks with `kernels.gdn_split` (the state in order, the output in
-# parallel) instead of `gdn_chunk`'s walk: a benchmark's switch (bench/prompt_burst.py
-# --gdn-walk split) until the H200 has timed both in the engine
+# prompt rows walk their chunks with `kernels.gdn_split` (the state in order, the output and
+# its gated norm in parallel) instead of `gdn_chunk`'s walk: a benchmark's switch
+# (bench/prompt_burst.py --gdn-walk split) until the H200 has timed both in the engine
 SPLIT_WALK = False
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
@@ -181,6 +182,9 @@ class GatedDeltaNet:
             qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
             z, b, a = self.z(x), self.b(x), self.a(x)
         layout = prompt_layout(tuple(lengths), x.device)
+        # the split walk's output launch applies the gated norm itself
+        walk = dict(tf32=True, split=SPLIT_WALK, norm=GatedNorm(
+            z, self.norm, self.eps, layout.meta[: layout.padded]) if SPLIT_WALK else None)
         pool = states[0].pool
         if pool is not None and all(s.pool is pool for s in states):
             # rows of one state pool (the engine's running slots): read and written in place
@@ -190,19 +194,18 @@ class GatedDeltaNet:
                 qkv, b, a, pool["conv"], self.conv, self.a_log, self.dt_bias, self.nk, self.dk,
                 layout, slots)
             o, _ = gdn_chunk.chunk_gated_delta_padded(
-                q, k, v, g, beta, pool["ssm"], layout.first, slots=slots, tf32=True,
-                split=SPLIT_WALK)
+                q, k, v, g, beta, pool["ssm"], layout.first, slots=slots, **walk)
             pool["conv"].index_copy_(0, slots, conv)
         else:  # states held apart (tests, a bench's own): stacked, then copied back
             q, k, v, g, beta, conv = gdn_prompt_prep(
                 qkv, b, a, torch.stack([s.conv for s in states]), self.conv, self.a_log,
                 self.dt_bias, self.nk, self.dk, layout)
             o, ssm = gdn_chunk.chunk_gated_delta_padded(
-                q, k, v, g, beta, torch.stack([s.ssm for s in states]), layout.first,
-                tf32=True, split=SPLIT_WALK)
+                q, k, v, g, beta, torch.stack([s.ssm for s in states]), layout.first, **walk)
             torch._foreach_copy_([s.conv for s in states] + [s.ssm for s in states],
                                  [*conv.unbind(0), *ssm.unbind(0)])
-        o = gdn_gated_norm(o, z, self.norm, self.eps, layout.at)
+        if not SPLIT_WALK:
+            o = gdn_gated_norm(o, z, self.norm, self.eps, layout.at)
         return self.out(o)
 
     def _recurrence(self, q, k, v, g, beta, state: GDNState, dtype,

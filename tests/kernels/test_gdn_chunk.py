@@ -186,7 +186,7 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
     assert calls == []  # fp32 activations: the torch rule
     got = run(torch.bfloat16)
     # the 40-token prefill (the default walk); the single token is recurrent
-    assert calls == [{"tf32": True, "split": False}]
+    assert calls == [{"tf32": True, "split": False, "norm": None}]
     # bf16 activations both ways: the projections, the conv and the gated norm store their
     # outputs in bf16 (about 8 stores to the output, 6 to the state), the kernel's TF32 dots
     # round each operand to fp16 precision (2 per product term) over the chunked chain

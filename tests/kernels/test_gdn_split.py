@@ -8,10 +8,12 @@ from ninfer_engine.kernels import gdn_chunk
 from ninfer_engine.kernels.gdn_ref import chunked_gated_delta
 from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
 from ninfer_engine.kernels.gdn_prep import chunk_prep_triton
-from ninfer_engine.kernels.gdn_split import split_walk
+from ninfer_engine.kernels.gdn_fused import gdn_gated_norm_triton
+from ninfer_engine.kernels.gdn_split import GatedNorm, chunk_output, split_walk, state_walk
 
 from ninfer_engine.models import gdn
-from tests.tolerance import CAST, bound, gated_delta_depth, recurrence_length
+from tests.tolerance import (CAST, TRANSCENDENTAL, bound, cast_roundings, gated_delta_depth,
+                             recurrence_length)
 
 from .conftest import compile_in_child, rel_err
 from .test_gdn_chunk import _check, _inputs, _layer_on_a_pool, _padded_rows, _small_gdn, _tol
@@ -49,9 +51,33 @@ def test_split_output_over_column_blocks(device):
     want_o, want_s = chunk_gated_delta(*args, state.to(device), chunk=16)
     tiles, n = chunk_prep_triton(*args, 16, walk=False)
     o, s = split_walk(tiles, n, args[0], args[1], args[3], state.to(device), None, 16, False,
-                      block=16)
+                      out=dict(block=16))
     tol = _tol((q, k, v, g, beta, state), 16)
     assert rel_err(o[:T], want_o) < tol and rel_err(s, want_s) < tol
+
+
+def _nan_after(x: torch.Tensor) -> torch.Tensor:
+    """`x` copied into the front of a buffer whose rest is NaN (a read past it shows)."""
+    buffer = torch.full((x.numel() + 4096,), float("nan"), dtype=x.dtype, device=x.device)
+    return buffer[: x.numel()].view(x.shape).copy_(x)
+
+
+@pytest.mark.parametrize("dk", [96, 24])
+def test_chunk_output_reads_nothing_past_its_states(device, dk):
+    """dk = 96 runs the output's dk loop in three full 32-wide blocks (not to 128, the power of
+    two above: that read the next chunk's state rows and, for the last chunk, past the end),
+    dk = 24 in one masked block: with NaN right after the states and V' (and after w and u
+    for the state walk, whose row blocks of 64 are masked at both sizes), the outputs are
+    those of the plain tensors, bit for bit."""
+    T, nv, dv = 70, 2, 16
+    q, k, v, g, beta, state = (t.to(device) for t in _inputs(T, nv, dk, dv, seed=9))
+    tiles, n = chunk_prep_triton(q, k, v, g, beta, 16, walk=False)
+    hs, vn, s = state_walk(tiles, n, k, g, state, None, 16, False)
+    hs2, vn2, s2 = state_walk([_nan_after(x) for x in tiles], n, k, g, state, None, 16, False)
+    assert torch.equal(hs2, hs) and torch.equal(vn2, vn) and torch.equal(s2, s)
+    want = chunk_output(q, k, g, hs, vn, False, block=32)
+    got = chunk_output(q, k, g, _nan_after(hs), _nan_after(vn), False, block=32)
+    assert torch.isfinite(got[:T]).all() and torch.equal(got[:T], want[:T])
 
 
 @pytest.mark.parametrize("lengths", [[1, 70, 16], [64, 1, 33]])
@@ -78,6 +104,34 @@ def test_split_rows_of_a_pool_in_place(device, lengths):
     assert rel_err(pool[slots], want_pool[slots]) < tol
     others = [i for i in range(6) if i not in slots]
     assert torch.equal(pool[others], before[others])
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_split_output_applies_the_gated_norm(device, weight_dtype):
+    """With a `GatedNorm`, the output launch stores `gdn_gated_norm`'s bf16 rows at their
+    tokens (padding skipped, dv = 40 masked inside a 64-wide head tile). Against the split
+    output normed by `gdn_gated_norm_triton`: bit for bit under the interpreter (the same
+    arithmetic, the same sum order); on a GPU the two sums of squares may run in another
+    order, so a rounding to bf16 (o, the weighted product, the result: three a side) may
+    land one ulp apart."""
+    nv, nk, dk, dv, lengths = 4, 2, 24, 40, [1, 70, 16]
+    gen = torch.Generator().manual_seed(12)
+    _, lay, padded = _padded_rows(lengths, nv, nk, dk, dv, gen, device)
+    pool = torch.randn(3, nv, dk, dv, generator=gen).to(device)
+    z = torch.randn(sum(lengths), nv * dv, generator=gen).bfloat16().to(device)
+    weight = (1 + 0.1 * torch.randn(dv, generator=gen)).to(weight_dtype).to(device)
+    index = torch.arange(3, dtype=torch.int64, device=device)
+    run = dict(chunk=16, slots=index, split=True)
+    o, _ = gdn_chunk.chunk_gated_delta_padded(*padded, pool.clone(), lay.first, **run)
+    want = gdn_gated_norm_triton(o, z, weight, 1e-6, lay.at)
+    got, _ = gdn_chunk.chunk_gated_delta_padded(
+        *padded, pool.clone(), lay.first, **run,
+        norm=GatedNorm(z, weight, 1e-6, lay.meta[: lay.padded]))
+    assert got.shape == want.shape and got.dtype == torch.bfloat16
+    if device == "cpu":
+        assert torch.equal(got, want)
+    tol = bound(torch.bfloat16, dv + 2 * TRANSCENDENTAL, roundings=3 * cast_roundings())
+    assert rel_err(got.float(), want.float()) < tol
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 dots exist only on the GPU")
@@ -129,12 +183,16 @@ from ninfer_engine.kernels.gdn_split import _chunk_out_kernel, _state_walk_kerne
 head = dict(DK=128, DV=128, C=64)
 walk = dict(head, KB=64, TWO=True, NV=32, GROUP=2, EVEN=True, TF32=True, ROWS=True, SLOTS=True)
 walk_types = ["*fp32"] * 8 + ["i32", "i32", "*i32", "*i64"] + ["i32"] * 5
+out_types = ["*fp32"] * 6 + ["*i32", "*bf16", "*bf16"] + ["i32"] * 9 + ["fp32"] * 2
+out = dict(head, NV=32, GROUP=2, BLOCK=32, EVEN=True, TF32=True, ROUND_PROD=True,
+           LIBDEVICE=True)
 kernels = [  # the defaults: the walk's 64 / 32 value columns (and two stages), the output's 64
+    # (and a whole head, with the gated norm)
     (_state_walk_kernel, walk_types, dict(walk, BV=64), 1),
     (_state_walk_kernel, walk_types, dict(walk, BV=32), 1),
     (_state_walk_kernel, walk_types, dict(walk, BV=32), 2),
-    (_chunk_out_kernel, ["*fp32"] * 6 + ["i32"] * 8 + ["fp32"],
-     dict(head, BK=128, NV=32, GROUP=2, BV=64, BLOCK=32, EVEN=True, TF32=True), 1),
+    (_chunk_out_kernel, out_types, dict(out, BV=64, GATED=False), 1),
+    (_chunk_out_kernel, out_types, dict(out, BV=128, GATED=True), 1),
     (_gdn_prep_kernel, ["*fp32"] * 12 + ["i32"] * 12 + ["fp32"],
      dict(head, BK=128, GROUP=2, BV=128, BLOCK=64, TF32=True, WALK=False), 1),
 ]
