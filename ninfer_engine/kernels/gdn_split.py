@@ -11,13 +11,15 @@ wrote (w, u, qd, ke, p). Here:
   `V' = U − W S`, stored, and S as the chunk found it, stored, then
   `S ← e^{γ_C} S + (K e^{γ_C − γ})ᵀ V'` — two dots a chunk, the weights read from k and g;
 * `_chunk_out_kernel` (grid chunk × head × value block, every chunk at once):
-  `O = (Q e^γ / √dk) S_c + ((Q Kᵀ) ⊙ decay / √dk) V'`.
+  `O = (Q e^γ / √dk) S_c + ((Q Kᵀ) ⊙ decay / √dk) V'`; with a `GatedNorm` (a whole head a
+  program) also `gdn_fused.gdn_gated_norm`'s `norm · rmsnorm(O) · silu(z)`, stored in bf16 at
+  the rows' tokens, so neither the fp32 O nor the norm's launch remains.
 
 Same arithmetic as `gdn_chunk` (the same tiles, decays and weights, made by the same helpers);
 the output's sums are taken in another order (q·S and q·kᵀ over dk in `block`-wide column
 blocks). Costs: the stored states, fp32 [nv, n, dk, dv] (twice a chunk's k tile a head), and
 V' [n·C, nv, dv] instead of qd, ke and p. The contracts are `gdn_chunk`'s: `split_walk` is its
-`_walk` with q, k, g beside the tiles.
+`_walk` with q, k, g beside the tiles. Registers: bench/results/sm90-gdn-kernel-resources.md.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from .gdn_solve import _dot
 
 
 @triton.jit
-def _get(ptr, rows, cols, stride, NR: tl.constexpr, NC: tl.constexpr, EVEN: tl.constexpr):
+def _get(ptr, rows, cols, stride, NR, NC: tl.constexpr, EVEN: tl.constexpr):
     """The tile ptr[rows, cols] of rows `stride` apart (rows < NR, cols < NC; EVEN: all)."""
     if EVEN:
         x = tl.load(ptr + rows[:, None] * stride + cols[None, :])
@@ -47,7 +49,7 @@ def _get(ptr, rows, cols, stride, NR: tl.constexpr, NC: tl.constexpr, EVEN: tl.c
 
 
 @triton.jit
-def _put(ptr, x, rows, cols, stride, NR: tl.constexpr, NC: tl.constexpr, EVEN: tl.constexpr):
+def _put(ptr, x, rows, cols, stride, NR, NC: tl.constexpr, EVEN: tl.constexpr):
     if EVEN:
         tl.store(ptr + rows[:, None] * stride + cols[None, :], x)
     else:
