@@ -19,7 +19,7 @@ Same arithmetic as `gdn_chunk` (the same tiles, decays and weights, made by the 
 the output's sums are taken in another order (q·S and q·kᵀ over dk in `block`-wide column
 blocks). Costs: the stored states, fp32 [nv, n, dk, dv] (twice a chunk's k tile a head), and
 V' [n·C, nv, dv] instead of qd, ke and p. The contracts are `gdn_chunk`'s: `split_walk` is its
-`_walk` with q, k, g beside the tiles. Registers: bench/results/sm90-gdn-kernel-resources.md.
+`_walk` with q, k, g beside the tiles. Registers: bench/results/sm90-prompt-kernel-resources.md.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _state_walk_kernel(w_ptr, u_ptr, k_ptr, g_ptr, s_ptr, s_out_ptr, hs_ptr, vn_
     # the state tile [dk, BV] is held as rows 0..KB-1 and (TWO) KB..2KB-1, two register
     # tensors, and w / k are read in the same column halves (FLA's b_h1, b_h2), with every
     # offset from compile-time strides: fewer registers spilled
-    # (bench/results/sm90-gdn-kernel-resources.md)
+    # (bench/results/sm90-prompt-kernel-resources.md)
     h, c0, n, at = walk_program(first_ptr, slot_ptr, n, NV, ROWS, SLOTS)
     vb = tl.program_id(1)
     s_ptr += at * NV * DK * DV
@@ -216,7 +216,7 @@ def chunk_output(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, hs: torch.Te
     [T, nv·dv] in token order (a whole head a program: `block_v` becomes dv's). `block_v`
     value columns and `block` of dk a program: at 64 / 32 / 4 warps, and at 128 / 32 / 8,
     none of its registers spill at dk = dv = 128 (sm_90, Triton 3.6:
-    bench/results/sm90-gdn-kernel-resources.md)."""
+    bench/results/sm90-prompt-kernel-resources.md)."""
     nv, n, dk, dv = hs.shape
     T, nk = k.shape[0], k.shape[1]
     assert q.shape == k.shape and q.dtype == torch.float32 and q.stride(-1) == 1

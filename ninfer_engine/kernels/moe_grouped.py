@@ -85,9 +85,14 @@ def _tile_dot(acc, a, w_ptr, s_ptr, e, n, nmask, k0, kk, kmask, N, K, MODE: tl.c
     return acc + tl.dot(a, tl.trans(b))
 
 
+# the model's dims I and H are compile-time: every tile offset is then an immediate off a few
+# base registers (as runtime ints each tile element's address took registers: the fp8 SwiGLU
+# at 64-row tiles spilled 2,104 bytes a thread, 208 with them; one compile a model's stacks;
+# bench/results/sm90-prompt-kernel-resources.md)
 @triton.jit
 def _swiglu_kernel(x_ptr, xs_ptr, order_ptr, tile_ends_ptr, starts_ptr, counts_ptr, w_ptr,
-                   s_ptr, out_ptr, top_k, I, H, E: tl.constexpr, EP: tl.constexpr,
+                   s_ptr, out_ptr, top_k, I: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
+                   EP: tl.constexpr,
                    MODE: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    BK: tl.constexpr, DOT: tl.constexpr, MANUAL_RNE: tl.constexpr,
                    FP8_ACT: tl.constexpr):
@@ -121,9 +126,10 @@ def _swiglu_kernel(x_ptr, xs_ptr, order_ptr, tile_ends_ptr, starts_ptr, counts_p
                  act.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
 
 
-@triton.jit
+@triton.jit  # H and I compile-time, as the SwiGLU kernel's
 def _down_kernel(act_ptr, as_ptr, order_ptr, weights_ptr, tile_ends_ptr, starts_ptr, counts_ptr,
-                 w_ptr, s_ptr, out_ptr, H, I, E: tl.constexpr, EP: tl.constexpr,
+                 w_ptr, s_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
+                 EP: tl.constexpr,
                  MODE: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, DOT: tl.constexpr, MANUAL_RNE: tl.constexpr,
                  FP8_ACT: tl.constexpr):

@@ -15,10 +15,10 @@ def test_the_solve_launches_are_compiled_and_read(tmp_path):
                            "--out", str(tmp_path), "--only", "solve"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads((tmp_path / "sm90-gdn-kernel-resources.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "sm90-prompt-kernel-resources.json").read_text())["rows"]
     assert [r["variant"]["warps"] for r in rows] == [1, 2, 4]
     assert [r["engine"] for r in rows] == [True, False, False]
     for r in rows:
         assert 0 < r["registers"] <= 255 and r["spill_bytes"] >= 0 and r["shared_bytes"] > 0
-    table = (tmp_path / "sm90-gdn-kernel-resources.md").read_text()
+    table = (tmp_path / "sm90-prompt-kernel-resources.md").read_text()
     assert "| solve | warps 1 (engine) |" in table

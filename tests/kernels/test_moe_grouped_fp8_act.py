@@ -13,7 +13,7 @@ from ninfer_engine.kernels._dispatch import interpreting
 from ninfer_engine.kernels.act_quant import quantize_rows, quantize_rows_ref
 from ninfer_engine.kernels.moe_grouped import moe_grouped_down, moe_grouped_swiglu, tile_plan
 
-from .conftest import down_exact, gate_up_exact
+from .conftest import compile_in_child, down_exact, gate_up_exact
 from .test_moe_grouped import _routing, _stack
 from tests.tolerance import E4M3_HALF_STEP, E4M3_HALF_STEP_SUBNORMAL, assert_rounded_once
 
@@ -92,3 +92,34 @@ def test_fp8_activations_need_an_fp8_row_stack_and_32_wide_k_tiles(device):
             moe_grouped_swiglu(x, order, 1, tiles, w.to(device),
                                None if scale is None else scale.to(device), None, block_k,
                                fp8_act=True)
+
+
+COMPILE = """
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ninfer_engine.kernels.moe_grouped import LAUNCH_FP8, _down_kernel, _swiglu_kernel
+
+moe = dict(E=256, EP=256, MODE=1, G=128, DOT=tl.float8e4nv, MANUAL_RNE=False, FP8_ACT=True)
+types = {"swiglu": ["*fp8e4nv", "*fp32", "*i64", "*i32", "*i32", "*i64", "*fp8e4nv", "*fp32",
+                    "*bf16", "i32"],
+         "down": ["*fp8e4nv", "*fp32", "*i64", "*bf16", "*i32", "*i32", "*i64", "*fp8e4nv",
+                  "*fp32", "*bf16"]}
+for name, kernel in (("swiglu", _swiglu_kernel), ("down", _down_kernel)):
+    for bm, (bn, bk, warps, stages) in LAUNCH_FP8[name].items():
+        consts = dict(moe, I=512, H=2048, BM=bm, BN=bn, BK=bk)
+        assert len(types[name]) + len(consts) == len(kernel.arg_names), kernel.arg_names
+        signature = {**dict(zip(kernel.arg_names, types[name])),
+                     **dict.fromkeys(consts, "constexpr")}
+        triton.compile(ASTSource(kernel, signature, constexprs=consts),
+                       target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+"""
+
+
+def test_the_e4m3_launches_compile_for_the_gpu():
+    """Both GEMMs at each of `LAUNCH_FP8`'s row tiles, compiled for an H200 (sm_90) at the
+    35B-A3B shape with the model's dims compile-time, e4m3 dots; no GPU needed."""
+    compile_in_child(COMPILE)
