@@ -85,11 +85,14 @@ def tmux_console():
                            timeout=10)
 
 
-# before the failing request (greedy, so always the same lengths): at most 96 + 3 * 24 + 8
-# decode steps, fewer as the burst's pair shares steps, plus one prompt chunk each (< 180);
-# the failing request asks for 400, so the fault meets it
-FAULT_STEP = 180
-BURST, BURST_TOKENS = 3, 24
+# before the failing request (greedy, so always the same lengths): at most 96 + 3 * 128 + 8
+# decode steps, fewer as the burst's pair shares steps (≥ 96 + 2 * 128 + 8), plus one prompt
+# chunk each (< 500); the failing request asks for 400, so the fault meets it
+FAULT_STEP = 500
+# the burst's two running requests and one waiting must outlast the console's 0.25-s poll and
+# this test's 0.5-s look: at 24 tokens the pair ended within ~0.4 s on a quiet box and the pane
+# never showed both at once (a clean-clone CI run failed so); 128 hold it ~2 s
+BURST, BURST_TOKENS = 3, 128
 
 
 @pytest.fixture()
@@ -193,9 +196,10 @@ def test_console_lives_through_requests_an_engine_failure_and_a_reload(console):
                     and health(port) == 503, 30), get_json(port, "/engine/state")
     assert (f"injected engine fault at step {FAULT_STEP}"
             in get_json(port, "/engine/state")["failure"])
-    # the banner's half of the pane cuts the reason after "step 1"
-    assert wait_for(lambda: "ENGINE FAILED" in pane(session)
-                    and "injected engine fault at step 1" in pane(session), 10), pane(session)
+    # the banner's half of the pane cuts the reason after the step's first digit
+    cut = f"injected engine fault at step {str(FAULT_STEP)[0]}"
+    assert wait_for(lambda: "ENGINE FAILED" in pane(session) and cut in pane(session), 10), \
+        pane(session)
     assert "READY" not in pane(session)
 
     # r reloads at once after a failure (no question); the new engine has no fault
