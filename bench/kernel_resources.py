@@ -50,9 +50,10 @@ HEAD = dict(DK=128, DV=128, C=64)
 P, I = "*fp32", "i32"
 OUT_TYPES = [P] * 6 + ["*i32", "*bf16", "*bf16"] + [I] * 9 + ["fp32"] * 2  # _chunk_out_kernel
 MOE = dict(E=256, EP=256, MODE=1, G=128, DOT=tl.float8e4nv, MANUAL_RNE=False, FP8_ACT=True)
-# order, tile ends, starts, counts: int64 / int32 / int32 / int64 (moe_grouped.tile_plan's)
-SWIGLU_TYPES = ["*fp8e4nv", P, "*i64", "*i32", "*i32", "*i64", "*fp8e4nv", P, "*bf16", I]
-DOWN_TYPES = ["*fp8e4nv", P, "*i64", "*bf16", "*i32", "*i32", "*i64", "*fp8e4nv", P, "*bf16"]
+# order, tile ends, starts, counts: int64 / int32 / int32 / int64 (moe_grouped.tile_plan's);
+# an fp8-row stack's scales bf16
+SWIGLU_TYPES = ["*fp8e4nv", P, "*i64", "*i32", "*i32", "*i64", "*fp8e4nv", "*bf16", "*bf16", I]
+DOWN_TYPES = ["*fp8e4nv", P, "*i64", "*bf16", "*i32", "*i32", "*i64", "*fp8e4nv", "*bf16", "*bf16"]
 # (launch, kernel, argument types, fixed constants, swept constants, warps, the engine's
 # variants); "stages" is the launch's num_stages (1 where not swept)
 LAUNCHES = [

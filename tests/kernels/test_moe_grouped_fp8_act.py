@@ -103,10 +103,10 @@ from triton.compiler import ASTSource
 from ninfer_engine.kernels.moe_grouped import LAUNCH_FP8, _down_kernel, _swiglu_kernel
 
 moe = dict(E=256, EP=256, MODE=1, G=128, DOT=tl.float8e4nv, MANUAL_RNE=False, FP8_ACT=True)
-types = {"swiglu": ["*fp8e4nv", "*fp32", "*i64", "*i32", "*i32", "*i64", "*fp8e4nv", "*fp32",
+types = {"swiglu": ["*fp8e4nv", "*fp32", "*i64", "*i32", "*i32", "*i64", "*fp8e4nv", "*bf16",
                     "*bf16", "i32"],
          "down": ["*fp8e4nv", "*fp32", "*i64", "*bf16", "*i32", "*i32", "*i64", "*fp8e4nv",
-                  "*fp32", "*bf16"]}
+                  "*bf16", "*bf16"]}
 for name, kernel in (("swiglu", _swiglu_kernel), ("down", _down_kernel)):
     for bm, (bn, bk, warps, stages) in LAUNCH_FP8[name].items():
         consts = dict(moe, I=512, H=2048, BM=bm, BN=bn, BK=bk)
