@@ -1,6 +1,6 @@
 """A prompt step's Gated DeltaNet launches, one layer, each timed with its launch variants.
 
-    python3 bench/gdn_prompt_parts.py [--out DIR] [--reps N]
+    python3 bench/gdn_prompt_parts.py [--out DIR] [--reps N] [--engine-first]
     python3 bench/gdn_prompt_parts.py --smoke   # tiny shapes on the CPU interpreter (plumbing)
 
 Per step shape (a burst of 8 × 955-token rows and one 8,192-token row, 35B-A3B's heads: nk 16,
@@ -60,9 +60,12 @@ PREP = dict(block=[64, 32, 128], num_warps=[4, 8])
 WALK = dict(block_v=[None, 64, 32], num_warps=[4, 8])  # None: `gdn_chunk.walk_block_v`'s
 NORM_ROWS = [None, 8, 1, 4, 16]  # None: the default; 1: one row a program, as before
 SPLIT_PREP = dict(block=[64, 32], num_warps=[4, 8])
-STATE_WALK = dict(block_v=[None, 32, 64, 16], num_warps=[4, 8], num_stages=[1, 2])
-CHUNK_OUT = dict(block_v=[64, 32, 128], block=[32, 64], num_warps=[4, 8])
-CHUNK_OUT_NORMED = dict(block=[32, 64], num_warps=[8, 4])  # first: what the engine would run
+# each split variant compiles in the call, twice (two head counts), so the sweeps leave out
+# the output's 64-wide dk blocks (they spill at sm_90: bench/results/
+# sm90-prompt-kernel-resources.md) and the walk's 16 value columns (4x the programs of 64)
+STATE_WALK = dict(block_v=[None, 32, 64], num_warps=[4, 8], num_stages=[1, 2])
+CHUNK_OUT = dict(block_v=[64, 128], block=[32], num_warps=[4, 8])
+CHUNK_OUT_NORMED = dict(block=[32], num_warps=[8, 4])  # first: what the engine would run
 # what each path launches between the prompt prep and the output GEMM
 ENGINE_PATH = ("chunk_prep", "walk", "gated_norm")
 SPLIT_PATH = ("split_prep", "state_walk", "chunk_output_normed")
@@ -84,10 +87,12 @@ def timer(dev, reps):
     return lambda fn: time_ms(fn, reps)
 
 
-def sweep(name, grid, run, timed, base=None):
-    """Time `run(**variant)` for each point of `grid`; error against the first point."""
+def sweep(name, grid, run, timed, base=None, first_only=False):
+    """Time `run(**variant)` for each point of `grid` (`first_only`: its first); error against
+    the first point."""
     rows = []
-    for values in itertools.product(*grid.values()):
+    points = list(itertools.product(*grid.values()))
+    for values in points[:1] if first_only else points:
         kw = dict(zip(grid, values))
         try:
             out = run(**kw)
@@ -101,7 +106,7 @@ def sweep(name, grid, run, timed, base=None):
     return rows
 
 
-def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed):
+def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed, engine_first=False):
     gen = torch.Generator().manual_seed(0)
     T, R, C = sum(lengths), len(lengths), 2 * nk * dk + nv * dv
     rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
@@ -123,7 +128,7 @@ def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed):
                                      slots, block_t=block_t)
         return torch.cat([x.reshape(-1) for x in out[:5]])
 
-    parts["prompt_prep"] = sweep("prompt", PROMPT, prompt, timed)
+    parts["prompt_prep"] = sweep("prompt", PROMPT, prompt, timed, first_only=engine_first)
     q, k, v, g, beta, _ = gdn_prompt_prep_triton(qkv, b, a, conv, conv_w, a_log, dt_bias, nk,
                                                  dk, layout, slots)
 
@@ -132,7 +137,7 @@ def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed):
                                      block=block)
         return torch.cat([x.reshape(-1) for x in tiles])
 
-    parts["chunk_prep"] = sweep("chunk prep", PREP, prep, timed)
+    parts["chunk_prep"] = sweep("chunk prep", PREP, prep, timed, first_only=engine_first)
     tiles, n = chunk_prep_triton(q, k, v, g, beta, 64, tf32=True)
     states = pool.clone()
 
@@ -142,13 +147,14 @@ def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed):
                                1, slots)
         return torch.cat([o.reshape(-1), states.reshape(-1)])
 
-    parts["walk"] = sweep("walk", WALK, walk, timed)
+    parts["walk"] = sweep("walk", WALK, walk, timed, first_only=engine_first)
     o, _ = gdn_chunk._walk(tiles, n, pool.clone(), layout.first, 64, True, None, 4, 1, slots)
 
     def gated_norm(rows):
         return gdn_gated_norm_triton(o, z, norm, 1e-6, layout.at, rows_per_program=rows)
 
-    parts["gated_norm"] = sweep("gated norm", dict(rows=NORM_ROWS), gated_norm, timed)
+    parts["gated_norm"] = sweep("gated norm", dict(rows=NORM_ROWS), gated_norm, timed,
+                                first_only=engine_first)
     parts.update(split_parts(q, k, v, g, beta, pool, layout, slots, o, gated_norm(None),
                              GatedNorm(z, norm, 1e-6, layout.meta[: layout.padded]), timed))
     return dict(shape=name, lengths=list(lengths), nk=nk, nv=nv, dk=dk, dv=dv, tokens=T,
@@ -239,6 +245,8 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
+    ap.add_argument("--engine-first", action="store_true",
+                    help="the engine's own launches at their first (the engine's) variant only")
     args = ap.parse_args()
     dev = "cpu" if args.smoke else "cuda"
     assert dev == "cpu" or torch.cuda.is_available(), "CUDA only (or --smoke)"
@@ -246,9 +254,13 @@ def main():
     shapes = []
     for shape in SMOKE if args.smoke else SHAPES:
         print(f"{shape[0]}:", flush=True)
-        shapes.append(shape_parts(*shape, dev, timed))
+        shapes.append(shape_parts(*shape, dev, timed, args.engine_first))
         if dev == "cuda":
             torch.cuda.empty_cache()
+        write(args, dev, shapes)  # after each shape: a call cut short keeps what it measured
+
+
+def write(args, dev, shapes):
     meta = dict(title="A prompt step's GDN launches by launch variant (one layer)",
                 device=torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter)",
                 torch=torch.__version__, triton=triton.__version__,
@@ -261,7 +273,8 @@ def main():
     (out / "gdn-prompt-parts.json").write_text(json.dumps(dict(meta=meta, shapes=shapes),
                                                           indent=1))
     (out / "gdn-prompt-parts.md").write_text(markdown(meta, shapes))
-    print(markdown(meta, shapes))
+    if len(shapes) == len(SMOKE if args.smoke else SHAPES):
+        print(markdown(meta, shapes))
 
 
 if __name__ == "__main__":

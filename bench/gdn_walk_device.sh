@@ -17,7 +17,8 @@ gpu_tests 120 tests/kernels/test_gdn_split.py tests/kernels/test_gdn_chunk.py \
   tests/kernels/test_gdn_fused.py tests/kernels/test_gdn_prep.py tests/kernels/test_gdn_prompt.py \
   tests/models/test_gdn_rows.py tests/kernels/test_moe_grouped.py \
   tests/kernels/test_moe_grouped_fp8_act.py
-PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -u bench/gdn_prompt_parts.py --out "$OUT/r" \
+PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -u bench/gdn_prompt_parts.py --engine-first \
+  --out "$OUT/r" \
   > "$OUT/r/parts.log" 2>&1
 echo "parts at $SECONDS s:"; grep -E "^\|" "$OUT/r/parts.log" | tail -28
 # the expert GEMMs' e4m3 tiles again, now that H and I are compile-time (LAUNCH_FP8's first)
