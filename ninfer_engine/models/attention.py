@@ -27,6 +27,7 @@ from ..kernels._dispatch import use_triton
 from ..kernels.paged_attention import paged_attention_triton
 from ..kernels.paged_prefill import paged_prefill_varlen_triton, supported
 from ..kv.cache import KvStorage, PagedKvCache
+from .layers import trailing_causal_mask
 
 
 class SequenceKv(Protocol):
@@ -63,16 +64,14 @@ class _Plan:
     device: torch.device
 
     @cached_property
-    def mask(self) -> torch.Tensor | None:
+    def mask(self):
         """None: no mask (one query) or a square causal block (`is_causal`). Built on first
         use (then shared by every layer): the in-place paged path never needs it."""
         seg = self.segment
         if seg.length == 1 or self.is_causal:
             return None
         # chunked prefill: query i sees cache positions ≤ start + i (bottom-right causal)
-        q_pos = torch.arange(seg.start, seg.start + seg.length, device=self.device)
-        k_pos = torch.arange(seg.start + seg.length, device=self.device)
-        return k_pos[None, :] <= q_pos[:, None]
+        return trailing_causal_mask(seg.length, seg.start + seg.length, self.device)
 
 
 @dataclass(frozen=True)
@@ -183,3 +182,4 @@ def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         )
         outputs.append(out[0].transpose(0, 1).reshape(seg.length, -1))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+

@@ -23,7 +23,7 @@ from ..kernels.qk_norm_rope import qk_norm_rope_triton
 from ..kernels.rmsnorm import rms_norm_triton
 from ..kv.cache import LayerKv
 from .attention import attend_paged, paged_batch
-from .layers import Linear
+from .layers import Linear, trailing_causal_mask
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -234,8 +234,7 @@ class GatedAttention:
         keys, values = cache.extend(k, v)
         mask = None
         if past and T > 1:  # query t sees keys 0 .. past+t
-            L = keys.shape[1]
-            mask = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(past)
+            mask = trailing_causal_mask(T, keys.shape[1], q.device)
         a = F.scaled_dot_product_attention(
             q[None], keys[None], values[None], attn_mask=mask, is_causal=past == 0 and T > 1,
             scale=self.d**-0.5, enable_gqa=True)

@@ -1,8 +1,14 @@
-"""Small shared building blocks: RMSNorm, rotary embedding, and a layout-aware linear."""
+"""Small shared building blocks: RMSNorm, rotary embedding, a layout-aware linear, and the
+attention mask of queries that end a row."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
+from torch.nn.attention.bias import causal_lower_right
+
+# SDPA's backends but cuDNN's, for masks of other shapes (`sdpa_kernel(SDPA_NO_CUDNN)`)
+SDPA_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 from .int8_rows import Int8Rows
 from .packed import PackedMatrix
@@ -11,6 +17,19 @@ from .packed import PackedMatrix
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """Plain RMSNorm `x̂·w` over the last dimension."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def trailing_causal_mask(queries: int, keys: int, device: torch.device):
+    """SDPA's `attn_mask` for `queries` rows that end a sequence of `keys` positions (query t
+    sees keys 0 .. keys - queries + t). On CUDA torch's lower-right `CausalBias`, which runs
+    flash attention with GQA and builds no mask: a boolean mask there takes cuDNN's SDPA, which
+    built a new plan at every new length (49 ms a call in an MTP drafting round on the H200,
+    torch 2.11). Elsewhere the boolean mask."""
+    if torch.device(device).type == "cuda":
+        return causal_lower_right(queries, keys)
+    start = keys - queries
+    q_pos = torch.arange(start, keys, device=device)
+    return torch.arange(keys, device=device)[None, :] <= q_pos[:, None]
 
 
 NARROW_MAX_ROWS = 16  # a decode batch; longer inputs are prefill chunks

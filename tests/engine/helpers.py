@@ -266,7 +266,8 @@ class FakeArtifact:
 @contextmanager
 def cuda_syncs():
     """Within: torch's CUDA sync debug mode; the list it yields gets, on exit, the message of
-    every call that made the host wait for the device (a `.tolist()`, a blocking copy...)."""
+    every call that made the host wait for the device (a `.tolist()`, a blocking copy...), after
+    the Python line that made it."""
     found: list[str] = []
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -275,4 +276,5 @@ def cuda_syncs():
             yield found
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    found += [str(w.message) for w in seen if "called a synchronizing" in str(w.message)]
+    found += [f"{w.filename}:{w.lineno}: {w.message}" for w in seen
+              if "called a synchronizing" in str(w.message)]

@@ -80,3 +80,15 @@ def test_synth_asks_for_the_names_convert_hf_writes(family):
              if name.startswith("mtp/")}
     assert synth == {name: tuple(t.shape) for name, t in converted.items()}
     assert not any(name.startswith("mtp/") for name in parameter_shapes(config))
+
+
+def test_a_moe_head_holds_its_routed_experts_stacked():
+    """Stacked experts run as two grouped GEMMs on CUDA (`SparseMoE.use_grouped`); separate
+    ones would loop over the routed experts after a host sync in every draft step."""
+    target = ours(hf_model("qwen3_5_moe"))
+    ckpt = mtp_params_from_hf(HfMtp("qwen3_5_moe").checkpoint(), target.config)
+    moe = MtpHead(target, dict_params(ckpt)).block.ffn
+    gate_up, down = moe.stacked
+    assert gate_up.w.shape[0] >= moe.n_experts and down.w.shape[0] >= moe.n_experts
+    for e, expert in enumerate(moe.experts):  # each the checkpoint's expert e
+        assert torch.equal(expert.down, ckpt[f"mtp/layers/0/moe/experts/{e}/down"])
