@@ -139,6 +139,11 @@ class LlamaModel:
         """(attention layers, KV heads, head dim) of the paged KV pool."""
         return self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim
 
+    @property
+    def query_heads(self) -> int:
+        """Query heads of an attention layer (this rank's under tensor parallelism)."""
+        return self.cfg.num_heads
+
     def weight_bytes(self) -> int:
         """Bytes of every weight held, the `--cpu-matmul` decode copies included."""
         tensors = [self.embedding, self.final_norm, self.head.weight]

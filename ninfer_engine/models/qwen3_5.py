@@ -176,6 +176,11 @@ class Qwen35Model:
         c = self.config
         return len(self.attention_layers), c["num_key_value_heads"], c["head_dim"]
 
+    @property
+    def query_heads(self) -> int:
+        """Query heads of an attention layer (this rank's under tensor parallelism)."""
+        return self.config["num_attention_heads"]
+
     def new_recurrent_state(self) -> list[GDNState]:
         """Zero GDN states, one per linear-attention layer in layer order (one slot's worth)."""
         return [b.mixer.new_state(self.dtype, self.device) for b in self.blocks

@@ -10,7 +10,8 @@ kinds and steps them to the end before the engine serves. Two of them sample as 
 do (the model preset's penalties, greedy; the preset's sampling, seeded), so the sampling
 kernels a first request needs (penalties, top-k) compile here too: on the H200 the first served
 request took 2.5 s to its first token, the next 72 ms. Last, the model compiles what those
-requests' lengths may not reach (`warm_up_kernels`: the grouped expert kernels' row tiles).
+requests' lengths may not reach (`warm_up_kernels`: the grouped expert kernels' row tiles;
+`warm_up_paged_prefill`: the attention's launches with unsplit pages).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 
 import torch
 
+from ..models.attention import warm_up_paged_prefill
 from ..types import GenerationRequest, SamplingParams
 
 log = logging.getLogger("ninfer.engine")
@@ -71,6 +73,8 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     kernels = getattr(engine.model, "warm_up_kernels", None)
     if kernels is not None:  # what the requests' lengths may not reach (the MoE's row tiles)
         kernels()
+    # nor their short steps: the paged prefill's unsplit launches
+    warm_up_paged_prefill(engine.memory.storage, engine.model.query_heads)
     seconds = time.monotonic() - started
     log.info("warm-up: prompt steps of every kind run once in %.1f s", seconds)
     return seconds

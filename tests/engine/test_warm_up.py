@@ -126,6 +126,25 @@ def test_after_the_warm_up_prompts_arriving_together_compile_nothing():
 
 @CUDA
 @torch.inference_mode()
+def test_after_the_warm_up_long_prompts_arriving_together_compile_nothing():
+    """Eight prompts of 300 tokens in one step give the paged prefill kernel at least 5 query
+    tiles × 7 rows × 4 heads = 140 programs, an SM's worth each (`paged_prefill.SMS` = 132):
+    their pages are not split, a launch the warm-up's short steps never took (it compiled in
+    the H200's first burst of eight 1K prompts, 0.76 s) until `warm_up_paged_prefill` ran it."""
+    config, source = build_synthetic("tiny-moe", "cuda", torch.bfloat16, 4)
+    model = Qwen35Model(config, FusedParams(config, source))
+    engine = engine_step.bench_engine(model, "tiny-moe", config, 8, 2048)
+    prompts = engine_step.random_prompts(8, 300, config["vocab_size"], seed=8)
+
+    def burst():
+        _run_to_length(engine, [GenerationRequest(f"long-{i}", p, SamplingParams(temperature=0.0),
+                                                  max_tokens=2, ignore_eos=True)
+                                for i, p in enumerate(prompts)], 16)
+    assert _compiles_then_stop(engine, burst) == []
+
+
+@CUDA
+@torch.inference_mode()
 def test_after_the_kernel_warm_up_every_expert_row_tile_is_compiled():
     """`Qwen35Model.warm_up_kernels` runs the grouped expert kernels at each row tile
     (`moe_grouped.ROW_TILES`): a prompt step of any length then compiles none. On the H200's
