@@ -198,10 +198,11 @@ def tile_plan(counts: torch.Tensor, rows: int, block_m: int | None = None) -> Ti
 # bench/results/h200-moe-grouped-tiles.md); 16-row tiles were not swept
 LAUNCH = {"swiglu": {16: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (64, 64, 4, 3)},
           "down": {16: (64, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 4, 4)}}
-# the same with e4m3 activations (`fp8_act`), `--fp8-tiles` (h200-moe-fp8-act.md): K tiles of
-# 128, the fp8 MMA's K being twice bf16's
+# the same with e4m3 activations (`fp8_act`), `--fp8-tiles` (h200-moe-fp8-act.md; with H and
+# I compile-time, h200-moe-fp8-tiles-constexpr.md): K tiles of 128, the fp8 MMA's K being
+# twice bf16's
 LAUNCH_FP8 = {"swiglu": {64: (64, 128, 4, 3), 128: (64, 128, 4, 3)},
-              "down": {64: (64, 128, 4, 3), 128: (64, 64, 4, 3)}}
+              "down": {64: (64, 128, 4, 3), 128: (64, 128, 4, 3)}}
 FP8_ACT_ROW_TILES = (64, 128)  # the row tiles swept with e4m3 activations
 
 
