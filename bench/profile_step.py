@@ -48,7 +48,6 @@ from ninfer_engine.benchmark.timing import last_graph_ms, time_ms  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
-from ninfer_engine.step import decode_graphs  # noqa: E402
 from ninfer_engine.step.spec_policy import AlwaysSpeculate  # noqa: E402
 from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
 
@@ -76,12 +75,7 @@ def main() -> None:
                     help="--spec's drafts: random ids (no drafting cost) or the MTP head's")
     ap.add_argument("--timeline", metavar="OUT.json",
                     help="also write a Chrome trace of a few steps and print the GPU's gaps")
-    ap.add_argument("--layers-per-graph", type=int, metavar="N",
-                    help="a verify step's graph chain: N layers a graph (0: one graph; default: "
-                         "decode_graphs.VERIFY_LAYERS_PER_GRAPH)")
     args = ap.parse_args()
-    if args.layers_per_graph is not None:
-        decode_graphs.VERIFY_LAYERS_PER_GRAPH = args.layers_per_graph
     with torch.inference_mode():
         mtp = bool(args.spec) and args.drafter == "mtp"
         config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers,

@@ -91,10 +91,6 @@ class EngineHybridDecoder:
         c.meta[:, : meta.shape[1]].copy_(meta, non_blocking=True)
         self.tables.fill([seq.cache for seq in seqs])
 
-    def cut_after(self, hook: Callable[[int], None] | None) -> None:
-        """Call `hook(j)` after layer j of each step's forward, until set back to None."""
-        self.core.after_layer = hook
-
     def feed(self, tokens: torch.Tensor) -> None:
         """The loaded decode rows' input tokens from the device (the last step's picks)."""
         self.core.meta[0, : tokens.shape[0]].copy_(tokens)

@@ -71,9 +71,6 @@ class HybridStep:
         self.router_acc = torch.zeros(len(routers), acc_rows, width, device=dev)
         # each token row's final-normed hidden, for a drafter that reads it (`--spec mtp`), or
         # its tap layers' residual outputs side by side (`feature_taps`, `--spec dflash`)
-        # called after each layer j of the forward while set: a capture may end its graph there
-        # and begin the next (`step.decode_graphs.GraphChain`)
-        self.after_layer: Callable[[int], None] | None = None
         self.taps = tuple(getattr(weights.model, "feature_taps", None) or ())
         H = weights.c["hidden_size"]
         self.hidden = (torch.empty(rows, H * max(len(self.taps), 1), device=dev,
@@ -171,8 +168,6 @@ class HybridStep:
             if self.hidden is not None and j in self.taps:  # layer j's residual output
                 t = self.taps.index(j) * delta.shape[-1]
                 torch.add(h, delta, out=self.hidden[:n, t: t + delta.shape[-1]])
-            if self.after_layer is not None:
-                self.after_layer(j)
         y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
         if self.hidden is not None and not self.taps:
             self.hidden[:n].copy_(y)

@@ -34,23 +34,6 @@ MIN_BUCKET = 1024  # smallest context bucket (tokens); buckets double up to the 
 # cached prefix, the tail of a longer prompt; past the last, the eager forward's fixed cost is
 # spread over enough tokens
 PROMPT_ROWS = (16, 32, 64)
-# layers a verify step's graph holds before the next graph of its `GraphChain` begins (0: one
-# graph); decode steps keep one graph, launched behind the step in flight (lookahead)
-VERIFY_LAYERS_PER_GRAPH = 4
-
-
-class GraphChain:
-    """A step captured as consecutive CUDA graphs, a run of layers each, replayed in order on
-    one stream: the GPU runs the first while the host launches the rest. Launching a 35B-A3B
-    verify step's one graph of ~560 kernels held the host ~0.6 ms before any ran, with the GPU
-    idle (no lookahead behind a verify round: h200-verify-round.md)."""
-
-    def __init__(self, graphs: list[torch.cuda.CUDAGraph]) -> None:
-        self.graphs = graphs
-
-    def replay(self) -> None:
-        for graph in self.graphs:
-            graph.replay()
 
 
 class DecodeGraphs:
@@ -216,9 +199,8 @@ class DecodeGraphs:
         self._check_bound()
         key = (batch, bucket, q_len)
         if key not in self._graphs:
-            per_graph = VERIFY_LAYERS_PER_GRAPH if q_len > 1 else 0
             self._graphs[key] = self._record(lambda: d.step(batch, bucket, q_len),
-                                             d.save_state(batch), per_graph)
+                                             d.save_state(batch))
             log.info("captured the decode CUDA graph for batch %d, %d token(s) a row, "
                      "context ≤ %d", batch, q_len, bucket)
             load()  # the warm-up moved the positions in the buffers
@@ -227,54 +209,32 @@ class DecodeGraphs:
         after()
         return logits
 
-    def _record(self, step: Callable[[], torch.Tensor], saved: Callable[[], None],
-                layers_per_graph: int = 0) -> tuple[torch.cuda.CUDAGraph | GraphChain,
-                                                    torch.Tensor]:
+    def _record(self, step: Callable[[], torch.Tensor],
+                saved: Callable[[], None]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """`step` captured on its loaded inputs, after one warm-up run (compiles its kernels)
-        whose state changes `saved()` undoes; with `layers_per_graph` (a decoder that can cut
-        after a layer) as a `GraphChain` of that many layers a graph."""
+        whose state changes `saved()` undoes."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
             step()
         torch.cuda.current_stream().wait_stream(side)
-        cut_after = getattr(self.decoder, "cut_after", None) if layers_per_graph else None
-        graphs = [torch.cuda.CUDAGraph()]
-
-        def begin() -> None:
-            # thread-local: another thread's CUDA call (a grammar mask's page-locked buffer, a
-            # VRAM query) must not invalidate a capture that happens while requests run
-            graphs[-1].capture_begin(pool=self._pool, capture_error_mode="thread_local")
-
-        def cut(layer: int) -> None:  # one pool: the graphs replay in the order captured
-            if (layer + 1) % layers_per_graph == 0:
-                graphs[-1].capture_end()
-                graphs.append(torch.cuda.CUDAGraph())
-                begin()
-        # no cyclic GC inside a capture: a collected CUDAGraph (an earlier engine's) resets in
-        # this thread, which invalidated captures in the H200 suite ("operation not permitted
-        # ... (function reset)")
+        graph = torch.cuda.CUDAGraph()
+        # thread-local: another thread's CUDA call (a grammar mask's page-locked buffer, a
+        # VRAM query) must not invalidate a capture that happens while requests run; no cyclic
+        # GC inside it: a collected CUDAGraph (an earlier engine's) resets in this thread, which
+        # invalidated captures in the H200 suite ("operation not permitted ... (function reset)")
         collecting = gc.isenabled()
         gc.disable()
-        torch.cuda.synchronize()
         try:
-            with torch.cuda.stream(torch.cuda.Stream()):  # captures need a side stream
-                begin()
-                if cut_after is not None:
-                    cut_after(cut)
-                try:
-                    logits = step()
-                finally:
-                    if cut_after is not None:
-                        cut_after(None)
-                    graphs[-1].capture_end()
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                logits = step()
         finally:
             if collecting:
                 gc.enable()
         saved()
-        return (graphs[0] if len(graphs) == 1 else GraphChain(graphs)), logits
+        return graph, logits
 
-    def newest(self) -> torch.cuda.CUDAGraph | GraphChain | None:
+    def newest(self) -> torch.cuda.CUDAGraph | None:
         """The decode graph captured last (a benchmark replays it alone), None before any
         capture."""
         return next(reversed(self._graphs.values()))[0] if self._graphs else None

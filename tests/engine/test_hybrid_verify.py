@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer_engine.step import decode_graphs
 from ninfer_engine.step.decode_graphs import DecodeGraphs
 from ninfer_engine.models.qwen3_5_engine_step import EngineHybridDecoder
 
@@ -164,21 +163,3 @@ def test_start_up_capture_includes_the_verify_shape(device):
     graphs.capture_at_start()
     assert calls == [("decode", 1), ("verify", 1, 3), ("decode", 2), ("verify", 2, 3)]
     assert storage.allocator.free == free
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
-@torch.inference_mode()
-def test_a_verify_step_cut_into_a_graph_chain_computes_what_one_graph_does(monkeypatch):
-    """A layer a graph (`GraphChain`): the same kernels on the same inputs in the same order as
-    the one graph, so the same logits, bit for bit."""
-    model = _model(True, torch.device("cuda"))
-    logits, captured = [], []
-    for per_graph in (0, 1):
-        monkeypatch.setattr(decode_graphs, "VERIFY_LAYERS_PER_GRAPH", per_graph)
-        _, _, seqs, graphs, drafts = _setup(model, "bf16", 2, True)
-        logits.append(graphs.verify(seqs, drafts).clone())
-        captured.append(graphs.newest())
-    assert isinstance(captured[0], torch.cuda.CUDAGraph)
-    # one graph a layer, then the final norm and head's
-    assert len(captured[1].graphs) == len(model.blocks) + 1
-    assert torch.equal(logits[0], logits[1])
