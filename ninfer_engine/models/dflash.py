@@ -232,7 +232,6 @@ class DFlashModel:
             qpos = torch.arange(ctx.end, ctx.end + q.shape[0], device=q.device)
             kpos = torch.arange(ctx.first[n], ctx.end + q.shape[0], device=q.device)
             mask = (qpos[:, None] - kpos[None, :]).abs() < window
-        # a boolean mask with GQA took cuDNN's SDPA, which builds a plan at every new length
         with sdpa_kernel(SDPA_NO_CUDNN):
             out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values,
                                                  attn_mask=mask,

@@ -7,7 +7,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 from torch.nn.attention.bias import causal_lower_right
 
-# SDPA's backends but cuDNN's, for masks of other shapes (`sdpa_kernel(SDPA_NO_CUDNN)`)
+# SDPA's backends but cuDNN's (`sdpa_kernel(SDPA_NO_CUDNN)`): torch 2.11 picks cuDNN first on
+# the H200, which builds a plan for every new shape (38-50 ms a call); rows whose keys grow by
+# one a step (an MTP or DFlash draft step) never repeat one
 SDPA_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 from .int8_rows import Int8Rows

@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ninfer_engine.artifact.hf_names import mtp_params_from_hf
+from ninfer_engine.artifact.hf_names import (logical_params_from_hf, mtp_params_from_hf,
+                                             text_config_from_hf)
 from ninfer_engine.models.mtp import MtpHead
-from ninfer_engine.models.qwen3_5 import dict_params
+from ninfer_engine.models.qwen3_5 import Qwen35Model, dict_params
 from ninfer_engine.step.mtp_drafter import MtpDrafter
 from tests.models.mtp_tiny import HfMtp
-from tests.models.qwen35_tiny import hf_model, ours
+from tests.models.qwen35_tiny import hf_model
 
 from .helpers import cuda_syncs
 
@@ -31,21 +32,27 @@ def _seq(prompt: list[int], output: list[int]):
 def test_a_round_of_mtp_drafts_syncs_once(family, device):
     """On the CPU (where nothing syncs) the round's drafts only; on CUDA its syncs too."""
     dev = device
-    target = ours(hf_model(family), dev)
-    head = MtpHead(target, dict_params({k: t.to(dev) for k, t in mtp_params_from_hf(
+    # served weights are bf16 on CUDA: the MoE head's stacked experts run grouped GEMMs then
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    hf = hf_model(family)
+    config = text_config_from_hf(hf.config)
+    target = Qwen35Model(config, dict_params({k: t.to(dev, dtype) for k, t in
+                                              logical_params_from_hf(hf.state_dict(),
+                                                                     config).items()}))
+    head = MtpHead(target, dict_params({k: t.to(dev, dtype) for k, t in mtp_params_from_hf(
         HfMtp(family).checkpoint(), target.config).items()}))
     drafter = MtpDrafter(head, target.vocab_size)
     gen = torch.Generator().manual_seed(2)
     seqs = [_seq(torch.randint(0, target.vocab_size, (n,), generator=gen).tolist(), [7]) for n in (9, 5)]
     for seq in seqs:  # the target computed every position but the last output's
         drafter.observe(seq, 0, torch.randn(seq.cached, target.config["hidden_size"],
-                                            device=dev))
+                                            device=dev, dtype=dtype))
     drafter.propose_rows(seqs, [3, 3])  # the kernels' first launches, outside the count
     for seq, token in zip(seqs, (11, 12)):  # the target verified one more position
         seq.output.append(token)
         seq.cached += 1
         drafter.observe(seq, seq.cached - 1,
-                        torch.randn(1, target.config["hidden_size"], device=dev))
+                        torch.randn(1, config["hidden_size"], device=dev, dtype=dtype))
     if dev.type != "cuda":
         assert [len(d) for d in drafter.propose_rows(seqs, [3, 2])] == [3, 2]
         return
