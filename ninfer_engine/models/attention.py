@@ -194,7 +194,9 @@ def warm_up_paged_prefill(storage: KvStorage, heads: int) -> None:
     if storage.device.type != "cuda" or not storage.kernel_layout:
         return
     k_pages, v_pages = storage.page_view(storage.k[0]), storage.page_view(storage.v[0])
-    table = torch.zeros(1, 2, dtype=torch.int32, device=storage.device)  # page 0, twice
+    # page 0, twice; int64 and int32 metadata as `paged_batch` builds them (the signature
+    # is part of a variant: with an int32 table the H200 still compiled the burst's in traffic)
+    table = torch.zeros(1, 2, dtype=torch.int64, device=storage.device)
     for rows in (16, 64):
         q = torch.zeros(rows, heads, storage.dim, dtype=storage.dtype, device=storage.device)
         offset, length, start = torch.tensor([[0], [rows], [storage.page_tokens]],
