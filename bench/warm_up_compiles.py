@@ -31,7 +31,9 @@ def _hook(**kw):
     where = "?"
     if frames:
         where = f"{frames[-1].filename.split('ninfer_engine/')[1]}:{frames[-1].lineno}"
-    seen.append((kw["fn"].name, kw.get("repr", ""), where))
+    c = kw.get("compile") or {}  # Triton 3.6: the argument types, constants, attributes
+    spec = f"{c.get('signature')} constants {c.get('constants')} attrs {c.get('configs')}"
+    seen.append((kw["fn"].name, spec, where))
     return False
 
 
