@@ -7,13 +7,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 from torch.nn.attention.bias import causal_lower_right
 
+from .int8_rows import Int8Rows
+from .packed import PackedMatrix
+
 # SDPA's backends but cuDNN's (`sdpa_kernel(SDPA_NO_CUDNN)`): torch 2.11 picks cuDNN first on
 # the H200, which builds a plan for every new shape (38-50 ms a call); rows whose keys grow by
 # one a step (an MTP or DFlash draft step) never repeat one
 SDPA_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-from .int8_rows import Int8Rows
-from .packed import PackedMatrix
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -24,9 +24,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 def trailing_causal_mask(queries: int, keys: int, device: torch.device):
     """SDPA's `attn_mask` for `queries` rows that end a sequence of `keys` positions (query t
     sees keys 0 .. keys - queries + t). On CUDA torch's lower-right `CausalBias`, which runs
-    flash attention with GQA and builds no mask: a boolean mask there takes cuDNN's SDPA, which
-    built a new plan at every new length (49 ms a call in an MTP drafting round on the H200,
-    torch 2.11). Elsewhere the boolean mask."""
+    flash attention with GQA and builds no mask: with a boolean mask and GQA, SDPA took cuDNN
+    on the H200 (a new plan at every new length, 38-50 ms a call, torch 2.11) and, without
+    cuDNN, falls back to the math backend's [heads, queries, keys] scores. Elsewhere the
+    boolean mask."""
     if torch.device(device).type == "cuda":
         return causal_lower_right(queries, keys)
     start = keys - queries
