@@ -1,7 +1,12 @@
 """Test fixtures: tiny random HF models as weight sources, a byte tokenizer, a fake artifact."""
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import os
+import subprocess
+import sys
 import warnings
 from contextlib import contextmanager
 
@@ -278,3 +283,22 @@ def cuda_syncs():
             torch.cuda.set_sync_debug_mode("default")
     found += [f"{w.filename}:{w.lineno}: {w.message}" for w in seen
               if "called a synchronizing" in str(w.message)]
+
+
+FRESH_PROCESS = "NINFER_TEST_FRESH_PROCESS"
+
+
+def fresh_process(test):
+    """Run `test` (no fixtures) in a pytest process of its own and take its result: Triton
+    compiles a variant once a process, so in an xdist worker where an earlier test compiled it
+    a check that nothing compiles would pass by luck (the H200's warm-up checks did)."""
+    @functools.wraps(test)
+    def run():
+        if os.environ.get(FRESH_PROCESS):
+            return test()
+        node = f"{inspect.getfile(test)}::{test.__name__}"
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "-o", "addopts=", node], env={**os.environ, FRESH_PROCESS: "1"},
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-4000:]
+    return run

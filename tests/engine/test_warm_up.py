@@ -11,7 +11,7 @@ from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.step.warm_up import warm_up
 from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.benchmark.tiny import tiny_config, tiny_source
-from tests.engine.helpers import default_resources
+from tests.engine.helpers import default_resources, fresh_process
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton compiles on CUDA only")
 
@@ -86,6 +86,7 @@ def _run_to_length(engine, requests: list[GenerationRequest], steps: int) -> Non
 
 
 @CUDA
+@fresh_process
 @torch.inference_mode()
 def test_after_the_warm_up_a_long_context_decodes_without_compiling():
     """One prompt past 132 pages (the split count's cap at batch 1): its decode attention
@@ -104,6 +105,7 @@ def test_after_the_warm_up_a_long_context_decodes_without_compiling():
 
 
 @CUDA
+@fresh_process
 @torch.inference_mode()
 def test_after_the_warm_up_prompts_arriving_together_compile_nothing():
     """Bursts of 1..8 prompts (served sampling, prefix cache on) after the start-up warm-up:
@@ -125,6 +127,7 @@ def test_after_the_warm_up_prompts_arriving_together_compile_nothing():
 
 
 @CUDA
+@fresh_process
 @torch.inference_mode()
 def test_after_the_warm_up_long_prompts_arriving_together_compile_nothing():
     """Eight prompts of 300 tokens in one step give the paged prefill kernel at least 5 query
@@ -144,6 +147,7 @@ def test_after_the_warm_up_long_prompts_arriving_together_compile_nothing():
 
 
 @CUDA
+@fresh_process
 @torch.inference_mode()
 def test_after_the_kernel_warm_up_every_expert_row_tile_is_compiled():
     """`Qwen35Model.warm_up_kernels` runs the grouped expert kernels at each row tile
