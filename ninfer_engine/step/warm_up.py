@@ -26,7 +26,10 @@ from ..types import GenerationRequest, SamplingParams
 
 log = logging.getLogger("ninfer.engine")
 
-SHORT = (45, 77)  # odd lengths: kernels specialise integer arguments on divisibility by 16
+# odd lengths: kernels specialise integer arguments on divisibility by 16; both longer than the
+# prompt graph's rows (`decode_graphs.PROMPT_ROWS`), so they make an eager step of several
+# prompts, as a burst does (a GDN walk of several rows takes other launch sizes than one row's)
+SHORT = (77, 93)
 BESIDE_DECODE = 51  # a prompt that arrives while the others decode
 GREEDY_TOKENS = 3  # the greedy requests' output
 SERVED_TOKENS = 8  # the served-sampling requests' output: long enough for lookahead steps
