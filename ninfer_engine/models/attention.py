@@ -20,15 +20,13 @@ from typing import Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel
 
 from ..host_copy import to_device
 from ..kernels._dispatch import use_triton
 from ..kernels.paged_attention import paged_attention_triton
 from ..kernels.paged_prefill import paged_prefill_varlen_triton, supported
 from ..kv.cache import KvStorage, PagedKvCache
-from .layers import SDPA_NO_CUDNN, trailing_causal_mask
+from .layers import sdpa, trailing_causal_mask
 
 
 class SequenceKv(Protocol):
@@ -175,13 +173,9 @@ def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         end = seg.start + seg.length
         seg.cache.write(layer, seg.start, k[rows], v[rows])
         keys, values = seg.cache.read(layer, end)
-        with sdpa_kernel(SDPA_NO_CUDNN):
-            out = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1).unsqueeze(0),
-                keys.transpose(0, 1).unsqueeze(0),
-                values.transpose(0, 1).unsqueeze(0),
-                attn_mask=plan.mask, is_causal=plan.is_causal, scale=scale, enable_gqa=True,
-            )
+        out = sdpa(q[rows].transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
+                   values.transpose(0, 1).unsqueeze(0), attn_mask=plan.mask,
+                   is_causal=plan.is_causal, scale=scale, enable_gqa=True)
         outputs.append(out[0].transpose(0, 1).reshape(seg.length, -1))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 

@@ -22,13 +22,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel
 
 from ..artifact.dflash_names import (DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, mismatch,
                                      parameter_shapes)
 from ..host_copy import to_device
-from .layers import SDPA_NO_CUDNN, Linear, RotaryEmbedding, apply_rope
+from .layers import Linear, RotaryEmbedding, apply_rope, sdpa
 from .moe import SwiGLU
 from .mtp import MtpKv
 
@@ -232,11 +230,8 @@ class DFlashModel:
             qpos = torch.arange(ctx.end, ctx.end + q.shape[0], device=q.device)
             kpos = torch.arange(ctx.first[n], ctx.end + q.shape[0], device=q.device)
             mask = (qpos[:, None] - kpos[None, :]).abs() < window
-        with sdpa_kernel(SDPA_NO_CUDNN):
-            out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values,
-                                                 attn_mask=mask,
-                                                 scale=1.0 / math.sqrt(c.head_dim),
-                                                 enable_gqa=c.heads != c.kv_heads)
+        out = sdpa(q.transpose(0, 1), keys, values, attn_mask=mask,
+                   scale=1.0 / math.sqrt(c.head_dim), enable_gqa=c.heads != c.kv_heads)
         return out.transpose(0, 1).reshape(q.shape[0], -1)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

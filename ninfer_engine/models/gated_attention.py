@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import sdpa_kernel
 
 from ..kernels._dispatch import use_triton
 from ..kernels.paged_prefill import paged_prefill_triton, supported
@@ -24,7 +22,7 @@ from ..kernels.qk_norm_rope import qk_norm_rope_triton
 from ..kernels.rmsnorm import rms_norm_triton
 from ..kv.cache import LayerKv
 from .attention import attend_paged, paged_batch
-from .layers import SDPA_NO_CUDNN, Linear, trailing_causal_mask
+from .layers import Linear, sdpa, trailing_causal_mask
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -236,10 +234,8 @@ class GatedAttention:
         mask = None
         if past and T > 1:  # query t sees keys 0 .. past+t
             mask = trailing_causal_mask(T, keys.shape[1], q.device)
-        with sdpa_kernel(SDPA_NO_CUDNN):
-            a = F.scaled_dot_product_attention(
-                q[None], keys[None], values[None], attn_mask=mask,
-                is_causal=past == 0 and T > 1, scale=self.d**-0.5, enable_gqa=True)
+        a = sdpa(q[None], keys[None], values[None], attn_mask=mask,
+                 is_causal=past == 0 and T > 1, scale=self.d**-0.5, enable_gqa=True)
         return a[0].transpose(0, 1).reshape(T, self.nq * self.d)
 
     def _attend(self, q, k, v, past: int) -> torch.Tensor:

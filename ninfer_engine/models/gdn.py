@@ -30,7 +30,8 @@ from .layers import Linear
 
 # prompt rows walk their chunks with `kernels.gdn_split` (the state in order, the output and
 # its gated norm in parallel) instead of `gdn_chunk`'s walk: a benchmark's switch
-# (bench/prompt_burst.py --gdn-walk split) until the H200 has timed both in the engine
+# (bench/prompt_burst.py --gdn-walk split); off, as the H200 found it no faster in the
+# engine's prompt steps (bench/results/h200-gdn-split-walk.md)
 SPLIT_WALK = False
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from .int8_rows import Int8Rows
 from .packed import PackedMatrix
 
-# SDPA's backends but cuDNN's (`sdpa_kernel(SDPA_NO_CUDNN)`): torch 2.11 picks cuDNN first on
-# the H200, which builds a plan for every new shape (38-50 ms a call); rows whose keys grow by
-# one a step (an MTP or DFlash draft step) never repeat one
-SDPA_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# SDPA's backends but cuDNN's: torch 2.11 picks cuDNN first on the H200, which builds a plan
+# for every new shape (38-50 ms a call); rows whose keys grow by one a step (an MTP or DFlash
+# draft step) never repeat one
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(q, k, v, **kwargs)` without the cuDNN backend: the
+    models' eager attention (fallbacks and drafters; the engine's steps use the paged
+    kernels)."""
+    with sdpa_kernel(_NO_CUDNN):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -43,7 +43,8 @@ def test_a_round_of_mtp_drafts_syncs_once(family, device):
         HfMtp(family).checkpoint(), target.config).items()}))
     drafter = MtpDrafter(head, target.vocab_size)
     gen = torch.Generator().manual_seed(2)
-    seqs = [_seq(torch.randint(0, target.vocab_size, (n,), generator=gen).tolist(), [7]) for n in (9, 5)]
+    seqs = [_seq(torch.randint(0, target.vocab_size, (n,), generator=gen).tolist(), [7])
+            for n in (9, 5)]
     for seq in seqs:  # the target computed every position but the last output's
         drafter.observe(seq, 0, torch.randn(seq.cached, target.config["hidden_size"],
                                             device=dev, dtype=dtype))

@@ -7,7 +7,6 @@ by 0.9-1.4 ms on the H200, h200-verify-step.md). The oracle drafter forces 2 or 
 round, so the rollback runs in most rounds."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
