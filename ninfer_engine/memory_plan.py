@@ -23,14 +23,15 @@ log = logging.getLogger("ninfer.engine")
 
 
 def auto_kv_capacity(config: EngineConfig, model: Any, text_config: dict, device: torch.device,
-                     prefill_chunk: int, speculator: Any = None, page_rows: int = 0
-                     ) -> tuple[EngineConfig, int | None]:
+                     prefill_chunk: int, speculator: Any = None, page_rows: int = 0,
+                     drafter_layers: int = 0) -> tuple[EngineConfig, int | None]:
     """`--kv-capacity auto`: `config` with `kv_capacity` sized from the device memory free now
     that the weights are resident (`kv.sizing`), and the prefill-activation estimate (for
     chunks of `prefill_chunk` tokens) it kept free: the margin `check_prefill_scratch` then
     checks against. A `speculator`'s per-sequence drafter contexts are kept free too, and
-    `page_rows` (the drafter rows a KV slot holds, `build_memory`) count in a page's bytes.
-    Not auto: (config, None)."""
+    `page_rows` (the drafter rows a KV slot holds) and `drafter_layers` (the drafter's own
+    attention layers in the pool, `build_memory`) count in a page's bytes. Not auto:
+    (config, None)."""
     if not config.kv_capacity_auto:
         return config, None
     state_slots = config.max_concurrency + (
@@ -47,7 +48,7 @@ def auto_kv_capacity(config: EngineConfig, model: Any, text_config: dict, device
     if free is None:
         raise KvSizingError("--kv-capacity auto needs a CUDA device; this machine has none")
     layers, heads, dim = model.kv_layout()
-    page_bytes, tensors = kv_page_layout(layers, heads, dim,
+    page_bytes, tensors = kv_page_layout(layers + drafter_layers, heads, dim,
                                          codecs_for(config.kv_dtype, model.dtype), PAGE_TOKENS,
                                          page_rows * model.dtype.itemsize)
     activations = prefill_activation_bytes(text_config, prefill_chunk, model.dtype.itemsize)
@@ -85,12 +86,15 @@ def _checkpoint_slots(config: EngineConfig) -> int:
 
 
 def build_memory(config: EngineConfig, model: Any, prefill_chunk: int = SNAPSHOT_TOKENS,
-                 page_rows: int = 0) -> SequenceMemory:
+                 page_rows: int = 0, drafter_layers: int = 0) -> SequenceMemory:
     """The shared KV pool (`--kv-capacity`, `--kv-dtype`, `--elastic`, `--kv-grow`), state slots,
     the prefix tree and the per-request budget (`--kv-budget-gib`). A long hybrid prompt is
     snapshotted every `prefill_chunk` tokens, where its chunks end anyway. `page_rows`: the
-    width of a drafter row each KV slot keeps too (`kv.cache.KvStorage`)."""
+    width of a drafter row each KV slot keeps too (`kv.cache.KvStorage`); `drafter_layers`:
+    attention layers of a drafter's own after the model's (`--spec mtp`'s MTP layer), paged
+    like them."""
     layers, heads, dim = model.kv_layout()
+    layers += drafter_layers
     pages = config.kv_tokens // PAGE_TOKENS
     pool = (ElasticPagePool(pages, -(-config.kv_grow // PAGE_TOKENS)) if config.elastic
             else PagePool(pages))

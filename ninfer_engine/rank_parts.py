@@ -59,11 +59,13 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
     # collectives before the other ranks hear of the end
     rows = (0 if config.no_prefix_reuse or ranks.parallel
             else getattr(extra, "page_rows", 0))
+    # a drafter's own attention layer, paged with the model's (`--spec mtp`: the MTP layer)
+    drafter_layers = getattr(extra, "kv_layers", 0)
     sized, activations = auto_kv_capacity(config, built, text_config, device, prefill_chunk,
-                                          extra, rows)
+                                          extra, rows, drafter_layers)
     if ranks.parallel and sized.kv_capacity is not None:  # every rank the same pool: the least
         sized = dataclasses.replace(sized, kv_capacity=ranks.least(sized.kv_capacity))
-    memory = build_memory(sized, built, prefill_chunk, rows)
+    memory = build_memory(sized, built, prefill_chunk, rows, drafter_layers)
     if activations is None:
         check_prefill_scratch(built, free_device_bytes(device))
     else:  # auto kept its estimate of a chunk's activations free, not ~1 GiB

@@ -13,14 +13,24 @@ pairs alone. Rejected columns' hiddens are overwritten when their positions are 
 (a row that verified, then decodes without drafting, holds them until then). Drafts are the
 head's argmax over the tokenizer's ids (the head's padded rows are never proposed).
 
+The MTP layer's K/V live in the KV pool, as one more attention layer after the target's
+(`kv_layers`): pair j's K/V in the slot of position j, under the sequence's own page table, so
+the head's steps read them in place (the eager head through `kv.LayerKv`, the captured draft
+round through the paged-attention kernel) and nothing is truncated after a round: a draft
+step's K/V at L, L+1, ... are written again by the committed pairs before anything reads
+them. The engine leases a row's pages for its drafts before it drafts (`StepPrepare._draft`).
+
 Prefix reuse (model-math.md §4: a checkpoint holds the last hidden plus the MTP KV): pair j's
-MTP K/V depends on the tokens up to j+1 alone, so it is kept with the target's K/V, in the KV
-pool's drafter rows (`kv.cache.KvStorage`), beside h_j: a slot's row is [K | V | h]. A pair's
-row is written as it runs, and at `forget` the committed pairs still pending run first (the
-answer joins the prefix tree next); every sequence is observed (`keeps_rows`), drafting or not,
-and a row's pairs run at least every `SPILL` positions. A sequence that restored m positions
-takes the K/V of pairs 0..m-2 from its pages, and h_{m-1} as its pending hidden: pair m-1 needs
-x_m, which the prefix's first owner may not share.
+MTP K/V depends on the tokens up to j+1 alone, so the pages of a reused prefix bring them along
+with the target's; h_j is kept beside them in the KV pool's drafter rows (`kv.cache.KvStorage`).
+A pair's h row is written as it runs, and at `forget` the committed pairs still pending run
+first (the answer joins the prefix tree next); every sequence is observed (`keeps_rows`),
+drafting or not, and a row's pairs run at least every `SPILL` positions. A sequence that
+restored m positions holds the K/V of pairs 0..m-2 in its pages, and takes h_{m-1} as its
+pending hidden: pair m-1 needs x_m, which the prefix's first owner may not share. (Without the
+drafter rows, under tensor parallelism, a restored row starts its pairs at m, and its first
+draft steps attend over whatever MTP K/V the prefix's pages hold before m: drafts only, which
+verification checks.)
 """
 from __future__ import annotations
 
@@ -30,21 +40,17 @@ from dataclasses import dataclass
 import torch
 
 from ..host_copy import to_device
+from ..kv import LayerKv
 from ..kv.cache import keeps_rows
-from ..models.mtp import MtpHead, MtpKv
+from ..models.mtp import MtpHead
 
 SPILL = 32  # pending positions past which a row keeping page rows runs its committed pairs
 
 
 @dataclass
 class _MtpRow:
-    cache: MtpKv  # the MTP layer's keys and values of positions start .. done-1
-    start: int
+    done: int  # pairs whose MTP K/V the pages hold: those of positions .. done-1
     pending: torch.Tensor  # target hiddens of positions done .. done + len - 1
-
-    @property
-    def done(self) -> int:
-        return self.start + self.cache.length
 
 
 class MtpDrafter:
@@ -54,19 +60,11 @@ class MtpDrafter:
         self.head, self.vocab = head, vocab
         self.draft_head = draft_head  # `--lm-head-draft`'s shortlist (draft_head.py), or None
         self._rows: dict[int, _MtpRow] = {}
-        mixer = head.block.mixer
-        self._kv = mixer.nkv * mixer.d  # one of K, V of a position, flattened
-        # a KV slot's row: the pair's K and V, then h_j (`keeps_rows`)
-        self.page_rows = 2 * self._kv + head.target.config["hidden_size"]
+        self.kv_layers = 1  # the MTP layer's K/V: the pool's attention layer after the target's
+        self.layer = head.target.kv_layout()[0]  # its index there
+        self.page_rows = head.target.config["hidden_size"]  # a KV slot's row: h_j (`keeps_rows`)
 
     keeps_rows = staticmethod(keeps_rows)
-
-    def context_bytes(self, positions: int) -> int:
-        """The most device bytes one sequence's MTP KV of `positions` holds (`--kv-capacity
-        auto` keeps them free): K and V of each position, in a buffer that starts at 64
-        positions and doubles when full (`MtpKv.extend`)."""
-        itemsize = self.head.target.dtype.itemsize
-        return 2 * self._kv * itemsize * max(64, 2 * positions)
 
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The target computed positions `position ..` of `seq`, with final-normed `hidden`."""
@@ -75,7 +73,7 @@ class MtpDrafter:
             row = self._rows[id(seq)] = self._restore(seq, position, hidden)
         elif row is None or not row.done <= position <= row.done + len(row.pending):
             # a first sighting, or positions that do not continue the committed pairs
-            row = self._rows[id(seq)] = _MtpRow(self.head.new_cache(), position, hidden)
+            row = self._rows[id(seq)] = _MtpRow(position, hidden)
         else:  # what is held from `position` on came from rejected drafts' columns
             row.pending = torch.cat([row.pending[: position - row.done], hidden])
         # a prompt chunk's pairs whose next token is the prompt's run now, a chunk at a time
@@ -89,13 +87,9 @@ class MtpDrafter:
 
     def _restore(self, seq, position: int, hidden: torch.Tensor) -> _MtpRow:
         """The row of a sequence whose positions 0 .. position-1 came from the prefix tree:
-        the K/V of pairs 0 .. position-2 from its pages, h_{position-1} pending."""
-        rows, kv, cache = seq.cache.read_rows(position), self._kv, self.head.new_cache()
-        if position > 1:
-            pairs = rows[: position - 1, : 2 * kv].view(position - 1, 2, cache.k.shape[0], -1)
-            cache.extend(pairs[:, 0].transpose(0, 1), pairs[:, 1].transpose(0, 1))
-        last = rows[position - 1:, 2 * kv:].to(hidden.dtype)
-        return _MtpRow(cache, 0, torch.cat([last, hidden]))
+        the K/V of pairs 0 .. position-2 in its pages, h_{position-1} pending."""
+        last = seq.cache.read_rows(position)[position - 1:].to(hidden.dtype)
+        return _MtpRow(position - 1, torch.cat([last, hidden]))
 
     def forget(self, seq) -> None:
         """`seq` ended: its committed pairs still pending run into its pages first, and the
@@ -108,7 +102,7 @@ class MtpDrafter:
         if n > 0:
             self._run_pairs([(seq, row, n)])
         if row.done < seq.cached and len(row.pending):
-            seq.cache.write_rows(row.done, row.pending[:1], 2 * self._kv)
+            seq.cache.write_rows(row.done, row.pending[:1])
 
     def propose_rows(self, seqs: list, ks: list[int]) -> list[list[int]]:
         """Up to `ks[i]` drafts for decode row `seqs[i]` (0: none); [] where its hiddens up to
@@ -136,13 +130,12 @@ class MtpDrafter:
             picked = to_device(going, h.device)
             # the pair (previous MTP output, previous draft) at position L + step
             positions = to_device([work[n][3] + step for n in active], h.device)
-            h = self.head(tokens[picked], h[picked], [work[n][2].cache for n in active],
-                          [1] * len(active), positions)
+            h = self.head(tokens[picked], h[picked],
+                          [LayerKv(work[n][1].cache, self.layer, work[n][3] + step)
+                           for n in active], [1] * len(active), positions)
         drafted = torch.cat([tokens for _, tokens in steps]).tolist()
         for n, token in zip((n for rows, _ in steps for n in rows), drafted):
             out[work[n][0]].append(token)
-        for _, seq, row, _ in work:  # back to the committed pairs
-            row.cache.truncate(seq.cached - row.start)
         return out
 
     def _run_pairs(self, work: list) -> torch.Tensor:
@@ -156,10 +149,11 @@ class MtpDrafter:
             lengths.append(n)
         device = hidden[0].device
         h = self.head(to_device(tokens, device, torch.long), torch.cat(hidden),
-                      [row.cache for _, row, _ in work], lengths,
-                      to_device(positions, device, torch.long))
+                      [LayerKv(seq.cache, self.layer, row.done) for seq, row, _ in work],
+                      lengths, to_device(positions, device, torch.long))
         for seq, row, n in work:
-            if keeps_rows(seq):  # the pairs just run, with their hiddens, into the pages
+            row.done += n
+            if keeps_rows(seq):  # the hiddens of the pairs just run, into the pages
                 self._store(seq, row, n)
         for _, row, n in work:  # (a copy: a view would keep the step's hiddens alive)
             row.pending = row.pending[n:].clone()
@@ -167,11 +161,8 @@ class MtpDrafter:
         return h[ends]
 
     def _store(self, seq, row: _MtpRow, n: int) -> None:
-        """Writes the last `n` pairs of `row`'s KV, [K | V | h], into `seq`'s pages."""
-        end = row.cache.length
-        k, v = (t[:, end - n: end].transpose(0, 1).reshape(n, -1)
-                for t in (row.cache.k, row.cache.v))
-        seq.cache.write_rows(row.done - n, torch.cat([k, v, row.pending[:n].to(k.dtype)], -1))
+        """Writes the hiddens h_j of `row`'s last `n` pairs into `seq`'s drafter rows."""
+        seq.cache.write_rows(row.done - n, row.pending[:n].to(seq.cache.storage.dtype))
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
         if self.draft_head is not None:

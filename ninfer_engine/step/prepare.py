@@ -71,6 +71,9 @@ class StepPrepare:
         rooms = [min(seq.request.max_tokens - len(seq.output) - 1,
                      self.max_context - seq.cached - 2, self.speculator.k if cap is None else cap)
                  for seq in batch.decode]
+        if self.speculator.kv_layers:  # the drafter writes its K/V at the drafts' positions
+            rooms = [room if room <= 0 or self.memory.grow(seq, seq.cached + 1 + room) else 0
+                     for seq, room in zip(batch.decode, rooms)]
         drafts = []
         for seq, d in zip(batch.decode, self.speculator.draft_rows(batch.decode, rooms)):
             if d and not self.memory.grow(seq, seq.cached + 1 + len(d)):

@@ -169,6 +169,12 @@ class Speculator:
         """The width of the row a position's KV page slot keeps for the drafter (0: none)."""
         return getattr(self.drafter, "page_rows", 0)
 
+    @property
+    def kv_layers(self) -> int:
+        """Attention layers of the drafter's own in the KV pool, after the model's (`--spec
+        mtp`: 1); a row's lease covers its drafts before it drafts (they write there)."""
+        return getattr(self.drafter, "kv_layers", 0)
+
     def context_bytes(self, positions: int) -> int:
         """The most device bytes the drafter holds for one sequence of `positions`, beyond
         the KV pool (`--kv-capacity auto`)."""

@@ -11,6 +11,7 @@ import torch
 
 from ninfer_engine.artifact.hf_names import (logical_params_from_hf, mtp_params_from_hf,
                                              text_config_from_hf)
+from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models.mtp import MtpHead
 from ninfer_engine.models.qwen3_5 import Qwen35Model, dict_params
 from ninfer_engine.step.mtp_drafter import MtpDrafter
@@ -20,11 +21,13 @@ from tests.models.qwen35_tiny import hf_model
 from .helpers import cuda_syncs
 
 
-def _seq(prompt: list[int], output: list[int]):
-    """What the drafter reads of a sequence: its tokens and how many are computed (no pages:
-    `keeps_rows` is false for it)."""
+def _seq(storage: KvStorage, prompt: list[int], output: list[int]):
+    """What the drafter reads of a sequence: its tokens, how many are computed and its pages
+    (the MTP layer's K/V: the pool's last layer; no drafter rows: `keeps_rows` is false)."""
+    cache = storage.new_cache()
+    assert cache.reserve(len(prompt) + len(output) + 8)  # and the drafts of two rounds
     return SimpleNamespace(prompt=prompt, output=output, cached=len(prompt) + len(output) - 1,
-                           cache=None, request=SimpleNamespace(prompt_cache=False))
+                           cache=cache, request=SimpleNamespace(prompt_cache=False))
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
@@ -42,8 +45,11 @@ def test_a_round_of_mtp_drafts_syncs_once(family, device):
     head = MtpHead(target, dict_params({k: t.to(dev, dtype) for k, t in mtp_params_from_hf(
         HfMtp(family).checkpoint(), target.config).items()}))
     drafter = MtpDrafter(head, target.vocab_size)
+    layers, heads, dim = target.kv_layout()
+    storage = KvStorage(PagePool(4), layers + drafter.kv_layers, heads, dim,
+                        codecs_for("bf16", dtype), dtype, dev)
     gen = torch.Generator().manual_seed(2)
-    seqs = [_seq(torch.randint(0, target.vocab_size, (n,), generator=gen).tolist(), [7])
+    seqs = [_seq(storage, torch.randint(0, target.vocab_size, (n,), generator=gen).tolist(), [7])
             for n in (9, 5)]
     for seq in seqs:  # the target computed every position but the last output's
         drafter.observe(seq, 0, torch.randn(seq.cached, target.config["hidden_size"],

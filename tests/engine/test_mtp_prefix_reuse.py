@@ -1,5 +1,6 @@
-"""`--spec mtp` with prefix reuse: the MTP layer's K/V of each pair and the target's hidden live
-with the KV pages (`step.mtp_drafter`), so a restored prefix brings the MTP context along.
+"""`--spec mtp` with prefix reuse: the MTP layer's K/V of each pair (the pool's layer after the
+target's) and the target's hidden (a drafter row) live with the KV pages (`step.mtp_drafter`),
+so a restored prefix brings the MTP context along.
 
 Greedy output with MTP and reuse equals MTP without reuse and plain decoding for the same prompt
 twice, a shared system prompt and a conversation's second turn, also when the pages went
@@ -42,17 +43,17 @@ class _Recorder:
             self.pending[seq.id] = max(self.pending.get(seq.id, 0), held)
 
         def recording_store(seq, row, n):
-            end, kv = row.cache.length, self.kv.setdefault(seq.id, {})
-            for i in range(n):
-                kv[row.done - n + i] = (row.cache.k[:, end - n + i].clone(),
-                                        row.cache.v[:, end - n + i].clone())
+            kv = self.kv.setdefault(seq.id, {})
+            k, v = seq.cache.read(drafter.layer, row.done)  # the pool's MTP layer
+            for j in range(row.done - n, row.done):
+                kv[j] = (k[j].clone(), v[j].clone())
             store(seq, row, n)
 
         def recording_restore(seq, position, hidden):
             row = restore(seq, position, hidden)  # (as built: the request goes on with it)
-            c = row.cache
-            self.restored.append((position, c.k[:, : c.length].clone(),
-                                  c.v[:, : c.length].clone(), row.pending[0].clone()))
+            k, v = seq.cache.read(drafter.layer, row.done)
+            self.restored.append((position, k.transpose(0, 1).clone(), v.transpose(0, 1).clone(),
+                                  row.pending[0].clone()))
             return row
 
         def recording_propose(seqs, ks):
