@@ -75,4 +75,6 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
         not sized.no_cuda_graph, 1 + (sized.draft_tokens or 0) if sized.spec else 1,
         keep_hidden=sized.spec in ("mtp", "dflash"), weights=step_weights,
         cpu_activations=sized.cpu_activations)
+    if graphs is not None and hasattr(extra, "bind_step"):  # `--spec mtp`'s captured round
+        extra.bind_step(memory.storage, graphs)
     return RankParts(built, memory, graphs, sized, extra)

@@ -33,15 +33,15 @@ class FusedParams:
 
     Every tensor comes from `source(name, shape)`; members of a fused group are copied into the
     group's matrix on first use and returned as row views of it (the key is `prefix + group`,
-    e.g. `text/layers/3/mlp/`), routed experts into the `ExpertStack`s `prefix +
-    moe/experts/gate_up|down`.
+    e.g. `text/layers/3/mlp/`, or the MTP head's `mtp/layers/0/mlp/`), routed experts into the
+    `ExpertStack`s `prefix + moe/experts/gate_up|down`.
     """
 
     def __init__(self, config: dict, source: Callable[[str, tuple[int, ...]], torch.Tensor],
                  tiers=None):
         self.c, self.source = config, source
         self.tiers = tiers  # offloaded routed experts (`experts.ExpertTiers`): their slots
-        self.shapes = parameter_shapes(config)
+        self.shapes = parameter_shapes(config, mtp=True)  # (and the MTP head's layer)
         self.fused: dict = {}  # fused matrices and expert stacks
         # the routed experts this rank stacks: [start, end) under tensor parallelism by id
         self._experts = tuple(config.get("tp_local_experts", (0, config.get("num_experts", 0))))
@@ -53,7 +53,8 @@ class FusedParams:
             return self._expert(prefix + "/moe/", int(e), member)
         for group, members in FUSED.items():
             prefix, _, member = name.rpartition(group)
-            if prefix.startswith("text/layers/") and (member in members or member in SHARED):
+            if (prefix.startswith(("text/layers/", "mtp/layers/"))
+                    and (member in members or member in SHARED)):
                 key = prefix + group
                 if group == "moe/":
                     self._stacks(key)  # decides whether the shared expert is in the stacks

@@ -60,10 +60,10 @@ class MtpHead:
     def __init__(self, target: Qwen35Model, params: ParamSource,
                  matmul_dtype: torch.dtype | None = None) -> None:
         config = target.config
-        if config.get("num_experts", 0) > 0:
-            # the routed experts as views of [E, 2I, H] / [E, H, I] stacks: on CUDA two grouped
-            # GEMMs a draft step, where separate experts looped with a host sync (`SparseMoE`)
-            params = FusedParams(config, params)
+        # each GEMV group one matrix, the routed experts views of [E, 2I, H] / [E, H, I]
+        # stacks (on CUDA two grouped GEMMs a draft step, where separate experts looped with a
+        # host sync, `SparseMoE`): the layout the captured draft round reads (`mtp_step`)
+        self.params = params = FusedParams(config, params)
         h = config["hidden_size"]
         self.target, self.eps = target, config["rms_norm_eps"]
         self.embedding_norm = params("mtp/embedding_norm", (h,))

@@ -21,18 +21,21 @@ from .qwen3_5_step_weights import HybridWeights, KvLayer
 def pool_layers(storage: KvStorage, dtype: torch.dtype) -> list[KvLayer]:
     """Each attention layer of the engine's shared pool as the step's kernels read and write
     it (where K and V are plain rows of the activation dtype, the q/k kernel stores them)."""
-    s = storage
+    return [pool_layer(storage, dtype, j) for j in range(len(storage.k))]
 
-    def writer(j):
-        def write(slots, k, v):
-            s.k_codec.write(s.k[j], slots, k)
-            s.v_codec.write(s.v[j], slots, v)
-        return write
+
+def pool_layer(storage: KvStorage, dtype: torch.dtype, j: int) -> KvLayer:
+    """Attention layer `j` of the pool as `pool_layers` gives it."""
+    s = storage
+    k, v = s.k[j], s.v[j]
+
+    def write(slots, new_k, new_v):
+        s.k_codec.write(s.k[j], slots, new_k)
+        s.v_codec.write(s.v[j], slots, new_v)
 
     plain = all(isinstance(c, PlainCodec) and c.dtype == dtype for c in (s.k_codec, s.v_codec))
-    return [KvLayer(s.page_view(k), s.page_view(v), None, None, writer(j),
-                    (k[0], v[0]) if plain else None)
-            for j, (k, v) in enumerate(zip(s.k, s.v))]
+    return KvLayer(s.page_view(k), s.page_view(v), None, None, write,
+                   (k[0], v[0]) if plain else None)
 
 
 def save_slots(core: HybridStep, batch: int) -> Callable[[], None]:

@@ -136,6 +136,10 @@ class HybridStep:
         """Token rows 0..n-1 (`batch` rows of `q_len`) through every layer and the final norm:
         [n, H]; `table`, `kv_span` and `slot` as the attention layers read them (`_attn`)."""
         x = F.embedding(self.tokens[:n], self.w.model.embedding)
+        return self.blocks(x, n, batch, q_len, table, kv_span, slot, self.w.model.final_norm)
+
+    def blocks(self, x, n, batch, q_len, table, kv_span, slot, final_norm) -> torch.Tensor:
+        """`layers` from the first layer's input `x` [n, H] on, normed by `final_norm`."""
         kv, gdn, attn, moe = self.kv(), 0, 0, 0
         ranks = self.w.model.ranks
         acc, router_acc = self.acc[:, :n], self.router_acc[:, :n]
@@ -168,7 +172,7 @@ class HybridStep:
             if self.hidden is not None and j in self.taps:  # layer j's residual output
                 t = self.taps.index(j) * delta.shape[-1]
                 torch.add(h, delta, out=self.hidden[:n, t: t + delta.shape[-1]])
-        y, _ = rms_norm_triton(delta, self.w.model.final_norm, self.eps, h, True)
+        y, _ = rms_norm_triton(delta, final_norm, self.eps, h, True)
         if self.hidden is not None and not self.taps:
             self.hidden[:n].copy_(y)
         return y

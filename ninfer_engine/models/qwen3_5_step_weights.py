@@ -61,33 +61,8 @@ class HybridWeights:
         c = model.config
         self.c, self.model, self.eps = c, model, c["rms_norm_eps"]
         self.head = FusedLinear(model.head_projection.weight)  # a rank's rows at --tp 2
-        self.layers = []
-        for i, block in enumerate(model.blocks):
-            kind = c["layer_types"][i]
-            group = "gdn/" if kind == "linear_attention" else "attention/"
-            prefix = f"text/layers/{i}/"
-            m = block.mixer
-            layer = dict(kind=kind, block=block, mixer=m,
-                         w_in=FusedLinear(params.fused[prefix + group]),
-                         w_out=FusedLinear(m.w_out if group == "gdn/" else m.w_o))
-            if hasattr(block.ffn, "router"):
-                moe = block.ffn
-                shared_slot = params.shared_in_stack(prefix + "moe/")
-                # one GEMV for router | shared score (| shared gate|up), `models.fused`
-                layer.update(moe=moe, shared_slot=shared_slot, tier=moe.tier,
-                             experts_gu=params.fused[prefix + "moe/experts/gate_up"],
-                             experts_down=params.fused[prefix + "moe/experts/down"],
-                             # a verify row's 4 rows of router|score (257 outputs) ran
-                             # as cuBLAS's sm75 split-K GEMM, its reduce and a cast:
-                             # ~13 µs a layer on the H200 (h200-verify-step.md)
-                             w_gu=FusedLinear(params.fused[prefix + "moe/"],
-                                              gemv_rows=GEMV_MAX_ROWS))
-                if not shared_slot:
-                    layer["w_down"] = FusedLinear(moe.shared.down)
-            else:
-                layer.update(w_gu=FusedLinear(params.fused[prefix + "mlp/"]),
-                             w_down=FusedLinear(block.ffn.down))
-            self.layers.append(layer)
+        self.layers = [layer_weights(c["layer_types"][i], block, params, f"text/layers/{i}/")
+                       for i, block in enumerate(model.blocks)]
 
     def weight_bytes(self) -> int:
         """Bytes of every matrix and vector a batch-1 step reads (routed experts: top_k)."""
@@ -100,6 +75,33 @@ class HybridWeights:
                 per_expert = layer["experts_gu"].expert_bytes + layer["experts_down"].expert_bytes
                 n += (layer["moe"].top_k + layer["shared_slot"]) * per_expert
         return n
+
+
+def layer_weights(kind: str, block, params: FusedParams, prefix: str) -> dict:
+    """One decoder layer's step matrices (`block`: its module, built over `params`, whose
+    names start with `prefix`: `text/layers/i/`, or the MTP head's `mtp/layers/0/`)."""
+    group = "gdn/" if kind == "linear_attention" else "attention/"
+    m = block.mixer
+    layer = dict(kind=kind, block=block, mixer=m,
+                 w_in=FusedLinear(params.fused[prefix + group]),
+                 w_out=FusedLinear(m.w_out if group == "gdn/" else m.w_o))
+    if hasattr(block.ffn, "router"):
+        moe = block.ffn
+        shared_slot = params.shared_in_stack(prefix + "moe/")
+        # one GEMV for router | shared score (| shared gate|up), `models.fused`
+        layer.update(moe=moe, shared_slot=shared_slot, tier=moe.tier,
+                     experts_gu=params.fused[prefix + "moe/experts/gate_up"],
+                     experts_down=params.fused[prefix + "moe/experts/down"],
+                     # a verify row's 4 rows of router|score (257 outputs) ran as cuBLAS's
+                     # sm75 split-K GEMM, its reduce and a cast: ~13 µs a layer on the H200
+                     # (h200-verify-step.md)
+                     w_gu=FusedLinear(params.fused[prefix + "moe/"], gemv_rows=GEMV_MAX_ROWS))
+        if not shared_slot:
+            layer["w_down"] = FusedLinear(moe.shared.down)
+    else:
+        layer.update(w_gu=FusedLinear(params.fused[prefix + "mlp/"]),
+                     w_down=FusedLinear(block.ffn.down))
+    return layer
 
 
 @dataclass

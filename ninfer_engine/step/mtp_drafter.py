@@ -43,6 +43,7 @@ from ..host_copy import to_device
 from ..kv import LayerKv
 from ..kv.cache import keeps_rows
 from ..models.mtp import MtpHead
+from .mtp_round import MtpRound
 
 SPILL = 32  # pending positions past which a row keeping page rows runs its committed pairs
 
@@ -63,8 +64,22 @@ class MtpDrafter:
         self.kv_layers = 1  # the MTP layer's K/V: the pool's attention layer after the target's
         self.layer = head.target.kv_layout()[0]  # its index there
         self.page_rows = head.target.config["hidden_size"]  # a KV slot's row: h_j (`keeps_rows`)
+        self.round: MtpRound | None = None  # the captured draft round (`bind_step`)
 
     keeps_rows = staticmethod(keeps_rows)
+
+    def bind_step(self, storage, graphs) -> None:
+        """With the hybrid family's captured decode step (`graphs`: `DecodeGraphs` over
+        `storage`), draft rounds replay a CUDA graph too (`mtp_round`); not for a shortlist
+        head (`--lm-head-draft`) or a rank of a tensor-parallel group."""
+        decoder = getattr(graphs, "decoder", None)
+        core = getattr(decoder, "core", None)
+        if (core is None or not graphs.capture or self.draft_head is not None
+                or self.head.target.ranks.parallel or decoder.max_q < 2):
+            return
+        self.round = MtpRound(self.head, core.w.head, storage, self.layer, decoder.max_batch,
+                              decoder.max_context, decoder.max_q - 1, self.vocab, capture=True)
+        self.round.capture_at_start()
 
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The target computed positions `position ..` of `seq`, with final-normed `hidden`."""
@@ -115,6 +130,9 @@ class MtpDrafter:
                 work.append((i, seq, row, last))
         if not work:
             return out
+        if self.round is not None and self.round.takes([w[1] for w in work],
+                                                       [w[3] for w in work]):
+            return self._propose_round(work, ks, out)
         h = self._run_pairs([(seq, row, last - row.done) for _, seq, row, last in work])
         active = list(range(len(work)))  # the rows of `work` still drafting
         # each step's drafts stay on the device until the last: read once a round, the host
@@ -136,6 +154,26 @@ class MtpDrafter:
         drafted = torch.cat([tokens for _, tokens in steps]).tolist()
         for n, token in zip((n for rows, _ in steps for n in rows), drafted):
             out[work[n][0]].append(token)
+        return out
+
+    def _propose_round(self, work: list, ks: list[int], out: list[list[int]]
+                       ) -> list[list[int]]:
+        """`propose_rows` through the captured round: each row's last `q` committed pairs go
+        in (any before them run eagerly first), its first `ks[i]` of the k drafts come out."""
+        q = self.round.q
+        behind = [(seq, row, last - row.done - q) for _, seq, row, last in work
+                  if last - row.done > q]
+        if behind:
+            self._run_pairs(behind)
+        drafts = self.round.propose([seq for _, seq, _, _ in work], [
+            (_tokens(seq, row.done + 1, last + 1), row.pending[: last - row.done], row.done)
+            for _, seq, row, last in work])
+        for (i, seq, row, last), d in zip(work, drafts):
+            n, row.done = last - row.done, last
+            if keeps_rows(seq):
+                self._store(seq, row, n)
+            row.pending = row.pending[n:].clone()
+            out[i] = d[: ks[i]]
         return out
 
     def _run_pairs(self, work: list) -> torch.Tensor:

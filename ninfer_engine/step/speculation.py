@@ -169,6 +169,13 @@ class Speculator:
         """The width of the row a position's KV page slot keeps for the drafter (0: none)."""
         return getattr(self.drafter, "page_rows", 0)
 
+    def bind_step(self, storage, graphs) -> None:
+        """The pool and the decode graphs, once built, to a drafter that runs a step of its
+        own on them (`MtpDrafter.bind_step`)."""
+        bind = getattr(self.drafter, "bind_step", None)
+        if bind is not None:
+            bind(storage, graphs)
+
     @property
     def kv_layers(self) -> int:
         """Attention layers of the drafter's own in the KV pool, after the model's (`--spec

@@ -1,0 +1,102 @@
+"""`MtpStep`: a whole MTP draft round for up to B rows over static buffers, capturable in one
+CUDA graph (`step.mtp_drafter` replays it), on the decode step's kernels.
+
+A round is what `MtpDrafter.propose_rows` does eagerly (model-math.md §3.2): first the rows'
+committed pairs (h_j, x_{j+1}), `q` token rows a row (row b's pair t is token row b·q + t,
+padded past its `n_b` real pairs), through the head into the MTP layer's pages; the output of
+each row's last real pair gives draft 1 (argmax of the target's head over the tokenizer's ids);
+then each draft with the MTP output before it, at positions L, L+1, ..., gives the next. The
+head's layer runs as one layer of `HybridStep` (`blocks`): its attention reads and writes the
+KV pool's MTP layer in place (`mtp_drafter`: pair j's K/V in position j's slot), so nothing of
+a row's context is copied into the round. A padding pair writes K/V at a position ≥ L, which
+a draft step or a later committed pair writes again before anything reads it; the engine leases
+a row's pages through L + k before the round.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.paged_attention import PAGE
+from ..kernels.rmsnorm import rms_norm_triton
+from .qwen3_5_step import HybridStep
+from .qwen3_5_step_weights import FusedLinear, KvLayer, layer_weights
+
+
+class MtpStep(HybridStep):
+    """Draft rounds of up to `max_batch` rows of `q` committed pairs and `k` drafts each, for
+    `head` (`models.mtp.MtpHead`) over the target's head matrix `head_matrix` (the decode
+    step's `HybridWeights.head`); `kv()` returns the pool's MTP layer (`KvLayer`); drafts are
+    argmaxes over the first `vocab` ids."""
+
+    def __init__(self, head, head_matrix: FusedLinear, max_batch: int, max_pages: int,
+                 kv: Callable[[], KvLayer], q: int, k: int, vocab: int) -> None:
+        target = head.target
+        layer = layer_weights("full_attention", head.block, head.params, "mtp/layers/0/")
+        weights = SimpleNamespace(c=target.config, model=target, eps=head.eps,
+                                  head=head_matrix, layers=[layer])
+        super().__init__(weights, max_batch, max_pages, lambda: [kv()], max_q=q, trail=False)
+        self.mtp, self.q, self.k, self.vocab = head, q, k, vocab
+        self.fc = FusedLinear(head.fc.weight)
+        dev, H = target.embedding.device, target.config["hidden_size"]
+        # per token row: the target's hidden h_j of its pair (`tokens` holds x_{j+1})
+        self.hidden_in = torch.zeros(max_batch * q, H, dtype=target.embedding.dtype,
+                                     device=dev)
+        # per row: its last real pair's token row, its first draft position L
+        self.ends = torch.zeros(2, max_batch, dtype=torch.long, device=dev)
+        self.drafts = torch.zeros(max_batch, k, dtype=torch.long, device=dev)
+        self.outputs = torch.zeros(k, max_batch, H, dtype=target.embedding.dtype, device=dev)
+
+    def load(self, rows: list[tuple[list[int], torch.Tensor, int]]) -> None:
+        """Each row's committed pairs: (their tokens x_{j+1}, their hiddens h_j [n, H], the
+        position of the first), at most `q` each (the caller fills `table`). One host copy,
+        and a device copy a row."""
+        q = self.q
+        meta = torch.zeros(2, len(rows) * q, dtype=torch.long)
+        ends = torch.zeros(2, len(rows), dtype=torch.long)
+        for b, (tokens, hidden, first) in enumerate(rows):
+            n, at = len(tokens), b * q
+            assert 0 < n <= q
+            meta[0, at: at + n] = torch.tensor(tokens)
+            meta[1, at: at + q] = torch.arange(first, first + q)  # padding pairs continue
+            ends[:, b] = torch.tensor([at + n - 1, first + n])
+            self.hidden_in[at: at + n].copy_(hidden, non_blocking=True)
+        self.meta[:2, : meta.shape[1]].copy_(meta, non_blocking=True)
+        self.ends[:, : len(rows)].copy_(ends, non_blocking=True)
+
+    def round(self, batch: int, kv_span: int) -> torch.Tensor:
+        """The loaded rows' `k` drafts each, [batch, k] on the device; `kv_span` ≥ every
+        position the round reaches + 1 (the attention kernel's split grid)."""
+        q, last, base = self.q, self.ends[0, :batch], self.ends[1, :batch]
+        out = self.outputs[:, :batch]  # each draft's MTP output ĥ (kept: a test reads them)
+        out[0] = self._pass(batch * q, batch, q, kv_span)[last]
+        for s in range(self.k):
+            self.drafts[:batch, s] = draft = self._argmax(out[s])
+            if s + 1 == self.k:
+                break
+            # the pair (previous MTP output, previous draft) at position L + s
+            self.tokens[:batch] = draft
+            self.hidden_in[:batch] = out[s]
+            torch.add(base, s, out=self.pos[:batch])
+            out[s + 1] = self._pass(batch, batch, 1, kv_span)
+        return self.drafts[:batch]
+
+    def _pass(self, n: int, batch: int, q_len: int, kv_span: int) -> torch.Tensor:
+        """Token rows 0..n-1 (`batch` rows of `q_len` pairs) through the head: ĥ [n, H]."""
+        m, eps = self.mtp, self.eps
+        pos = self.pos[:n]
+        seq = self.rows[:n] // q_len if q_len > 1 else self.rows[:n]
+        table = self.table[seq] if q_len > 1 else self.table[:batch]
+        slot = self.table[seq, pos // PAGE] * PAGE + pos % PAGE
+        e, _ = rms_norm_triton(F.embedding(self.tokens[:n], self.w.model.embedding),
+                               m.embedding_norm, eps, None, True)
+        h, _ = rms_norm_triton(self.hidden_in[:n], m.hidden_norm, eps, None, True)
+        u = self.fc(torch.cat([e, h], -1))
+        return self.blocks(u, n, batch, q_len, table, kv_span, slot, m.final_norm)
+
+    def _argmax(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.w.model.ranks.gather_vocab(self.w.head(h), self.c["vocab_size"])
+        return logits[:, : self.vocab].argmax(-1)

@@ -1,0 +1,94 @@
+"""`MtpRound`: `--spec mtp`'s draft rounds replayed as CUDA graphs (`models.mtp_step.MtpStep`).
+
+Drafting eagerly, a round of k = 3 drafts launched the head's kernels one by one: 13.2 ms a
+verify step on the H200's 35B-A3B against 5.7 ms of kernels (h200-verify-round.md), which made
+`--spec mtp` slower than plain decoding there. One graph per (batch size, context bucket),
+captured at load for the first bucket (`capture_at_start`) and otherwise the first time that
+shape runs; graphs read the pool tensors they were captured with, so when an elastic pool grows
+into new tensors they are dropped and captured again.
+"""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import torch
+
+from ..kernels.paged_attention import PAGE
+from ..kv import KvStorage, PageTables
+from ..models.mtp_step import MtpStep
+from ..models.qwen3_5_engine_step import pool_layer
+from .decode_graphs import context_bucket, record_graph
+
+log = logging.getLogger("ninfer.engine")
+
+
+class MtpRound:
+    """Draft rounds of `k` drafts for up to `max_batch` rows of `head` (`models.mtp.MtpHead`),
+    whose MTP layer is attention layer `layer` of `storage` (`mtp_drafter`)."""
+
+    def __init__(self, head, head_matrix, storage: KvStorage, layer: int, max_batch: int,
+                 max_context: int, k: int, vocab: int, capture: bool) -> None:
+        self.storage, self.layer, self.k = storage, layer, k
+        self.max_batch, self.max_context, self.capture = max_batch, max_context, capture
+        self.step = MtpStep(head, head_matrix, max_batch, -(-max_context // PAGE), self._kv,
+                            k + 1, k, vocab)
+        self.q = self.step.q  # committed pairs a row: after a verify row, 1 .. k + 1
+        self.tables = PageTables(self.step.table)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._bound = storage.k[layer]
+
+    def _kv(self):
+        return pool_layer(self.storage, self.step.w.model.embedding.dtype, self.layer)
+
+    def takes(self, seqs: list, lasts: list[int]) -> bool:
+        """Whether the round can draft for these rows, each at its first draft position
+        `lasts[i]`: few enough rows, and each one's pages leased through L + k (the round
+        writes K/V up to position L + k - 1)."""
+        return 0 < len(seqs) <= self.max_batch and all(
+            seq.cache.capacity >= last + self.k for seq, last in zip(seqs, lasts))
+
+    def propose(self, seqs: list, pairs: list[tuple[list[int], torch.Tensor, int]]
+                ) -> list[list[int]]:
+        """`k` drafts for each row of `seqs` from its committed `pairs` (tokens x_{j+1},
+        hiddens h_j, first position j: at most `q`, ending at position L - 1)."""
+        s = self.step
+
+        def load():
+            s.load(pairs)
+            self.tables.fill([seq.cache for seq in seqs])
+        load()
+        batch = len(seqs)
+        reach = max(first + max(self.q, len(tokens) + self.k) for tokens, _, first in pairs)
+        bucket = context_bucket(reach, self.max_context)
+        if not self.capture:
+            return s.round(batch, bucket).tolist()
+        if self.storage.k[self.layer] is not self._bound:  # an elastic pool grew
+            self._graphs.clear()
+            self._pool = torch.cuda.graph_pool_handle()
+            self._bound = self.storage.k[self.layer]
+        key = (batch, bucket)
+        if key not in self._graphs:
+            self._graphs[key] = record_graph(lambda: s.round(batch, bucket), self._pool)
+            log.info("captured the MTP draft round's CUDA graph for batch %d, context ≤ %d",
+                     batch, bucket)
+            load()  # the warm-up's draft steps rewrote the first rows' inputs
+        graph, drafts = self._graphs[key]
+        graph.replay()
+        return drafts.tolist()
+
+    def capture_at_start(self) -> None:
+        """Capture the first context bucket for every batch size now, on scratch rows of
+        one pool page that goes back after (their K/V writes are garbage nobody reads)."""
+        cache = self.storage.new_cache()
+        try:
+            if not cache.reserve(self.q + self.k):
+                return
+            H = self.step.hidden_in.shape[1]
+            hidden = self.step.hidden_in.new_zeros(self.q, H)
+            for batch in range(1, self.max_batch + 1):
+                seqs = [SimpleNamespace(cache=cache)] * batch
+                self.propose(seqs, [([0] * self.q, hidden, 0)] * batch)
+        finally:
+            cache.release()

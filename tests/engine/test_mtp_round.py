@@ -1,0 +1,168 @@
+"""`--spec mtp`'s static draft round (`models.mtp_step.MtpStep` through `step.mtp_round`)
+against the eager MTP head (`models.mtp.MtpHead`, as `MtpDrafter` runs it) over the same KV
+pool, whose last attention layer is the MTP layer's (`step.mtp_drafter`).
+
+Two rows: one whose four committed pairs (a verify row that kept all three drafts) cross a page,
+one with a single pair (a row that kept none), each over MTP K/V of earlier pairs already in its
+pages. The round's K/V writes at the real pairs' and the drafts' positions and each draft's MTP
+output are compared with the eager head fed the round's own drafts, and each draft with the
+argmax of the eager head's logits over that output. On the
+CPU the step runs the Triton kernels through the interpreter; on CUDA it replays a captured
+graph.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ninfer_engine.kernels.paged_attention import PAGE
+from ninfer_engine.kv import KvStorage, LayerKv, PagePool, codecs_for
+from ninfer_engine.models.fused import FusedParams
+from ninfer_engine.models.mtp import MtpHead
+from ninfer_engine.models.qwen3_5 import Qwen35Model
+from ninfer_engine.models.qwen3_5_step_weights import HybridWeights
+from ninfer_engine.step.mtp_round import MtpRound
+from tests import tolerance
+from tests.benchmark.tiny import tiny_config, tiny_source
+
+from .helpers import stored_rows
+
+BF16 = torch.bfloat16
+K = 3
+# bf16 stores on each side up to a pair's K/V: the embedding's and the hidden's norms, the
+# input projection, the layer's input norm, its q|gate|k|v projection, the k norm and RoPE (7);
+# up to a draft step's input (the MTP output before it): those, the attention's dot operands K,
+# V and P, its output, gate and product, the output projection, the residual, the norm, the
+# FFN's four stores (or the experts' weights and sum), the residual and the final norm (22),
+# twice (the pairs' pass, then a draft step's); `cast_roundings()` each
+KV_STORES, OUTPUT_STORES = 7, 2 * 22
+
+
+def _model(moe: bool, device):
+    config = tiny_config(moe)
+    if moe:  # every expert routed: bf16 noise would flip the near-uniform router's top-k
+        config["num_experts_per_tok"] = config["num_experts"]
+    source = tiny_source(config, mtp=True)
+    model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).to(device)))
+    return model, MtpHead(model, lambda n, s: source(n, s).to(device))
+
+
+def _tols(model, context: int) -> tuple[float, float, float]:
+    """(K/V write, MTP output, head logits) bounds: each side's fp32 chain, stored in bf16 as
+    above. The outputs' worst case over 44 stores (~1.05 interpreted) bounds nothing, so they
+    take the probabilistic bound λ·√n·u per side (Higham & Mary 2019; λ = 6, as
+    tests/kernels/test_decode_stack.py): ≈ 0.44 interpreted, where a wrong row, position or
+    page is ~1 off. The head: one length-H dot and one store."""
+    c = model.config
+    H, D = c["hidden_size"], c["head_dim"]
+    width = c.get("moe_intermediate_size") or c["intermediate_size"]
+    kv_depth = 3 * H + 2 * H + D + 2 * tolerance.TRANSCENDENTAL
+    layer = (kv_depth + D * math.sqrt(D) + 2 * context + c["num_attention_heads"] * D
+             + 2 * H + width + c.get("num_experts", 0) + H + tolerance.TRANSCENDENTAL)
+    cast = tolerance.cast_roundings()
+    return (tolerance.bound(BF16, kv_depth, roundings=KV_STORES * cast),
+            tolerance.bound(BF16, 2 * layer, roundings=OUTPUT_STORES * cast, probabilistic=6),
+            tolerance.bound(BF16, H, roundings=cast))
+
+
+def _history(head, layer, seq, done: int, gen, device) -> None:
+    """The MTP K/V of pairs 0..done-1 of random hiddens and tokens, as the eager head runs
+    them into `seq`'s pages."""
+    H = head.target.config["hidden_size"]
+    tokens = torch.randint(0, 512, (done,), generator=gen).to(device)
+    hidden = torch.randn(done, H, generator=gen).to(device, BF16)
+    head(tokens, hidden, [LayerKv(seq.cache, layer, 0)], [done],
+         torch.arange(done, device=device))
+
+
+@pytest.mark.parametrize("moe", [False, True])
+@torch.inference_mode()
+def test_the_static_draft_round_matches_the_eager_head(moe, device):
+    model, head = _model(moe, device)
+    layers, heads, dim = model.kv_layout()
+    storage = KvStorage(PagePool(8, PAGE), layers + 1, heads, dim,
+                        codecs_for("bf16", model.dtype), model.dtype, device)
+    layer, H, V = layers, model.config["hidden_size"], 500  # drafts among the first 500 ids
+    gen = torch.Generator().manual_seed(11)
+    rows = []
+    for done, n in ((61, 4), (5, 1)):  # pairs 61..64 cross the first page
+        seq = SimpleNamespace(cache=storage.new_cache())
+        assert seq.cache.reserve(done + n + K)  # through L + k, as the engine leases it
+        _history(head, layer, seq, done, gen, device)
+        rows.append((seq, torch.randint(0, 512, (n,), generator=gen).tolist(),
+                     torch.randn(n, H, generator=gen).to(device, BF16), done))
+    steps = MtpRound(head, HybridWeights(model, model.params).head, storage, layer, 2, 512, K,
+                     V, capture=device.type == "cuda")
+    assert steps.takes([r[0] for r in rows], [done + len(t) for _, t, _, done in rows])
+    before = [t.clone() for t in (storage.k[layer][0], storage.v[layer][0])]
+    drafts = steps.propose([r[0] for r in rows], [r[1:] for r in rows])
+    ours = [t.clone() for t in (storage.k[layer][0], storage.v[layer][0])]
+    outputs = steps.step.outputs[:, :2].clone()  # each draft's MTP output
+    for stored, saved in zip((storage.k[layer][0], storage.v[layer][0]), before):
+        stored.copy_(saved)
+    kv_tol, out_tol, head_tol = _tols(model, 64 + 4 + K)
+    checked = 0
+    for b, (seq, tokens, hidden, done) in enumerate(rows):
+        n, last = len(tokens), done + len(tokens)
+        h = head(torch.tensor(tokens, device=device), hidden, [LayerKv(seq.cache, layer, done)],
+                 [n], torch.arange(done, last, device=device))[-1:]
+        for s in range(K):
+            want = h[0].double()
+            error = (outputs[s, b].double() - want).abs().max() / want.abs().max()
+            assert error <= out_tol, (b, s, float(error), out_tol)
+            # the draft is the argmax of the head over its own output, where the margin
+            # exceeds what the eager head and the round's GEMV may differ by
+            logits = head.logits(outputs[s, b: b + 1])[0, :V].float()
+            top2 = logits.topk(2).values
+            if top2[0] - top2[1] > 2 * head_tol * logits.abs().max():
+                assert drafts[b][s] == int(logits.argmax()), (b, s)
+                checked += 1
+            if s + 1 < K:  # the eager chain goes on from the round's own draft
+                h = head(torch.tensor(drafts[b][s: s + 1], device=device), h,
+                         [LayerKv(seq.cache, layer, last + s)], [1],
+                         torch.tensor([last + s], device=device))
+        # the K/V each side stored at the real pairs' and the draft steps' positions
+        slots = seq.cache._slots(done, last + K - 1)
+        for is_k, mine in ((True, ours[0]), (False, ours[1])):
+            want = stored_rows(storage, layer, is_k, slots)
+            got = mine.index_select(0, slots).double()
+            assert ((got - want).abs() <= kv_tol * want.abs().amax()).all(), (b, is_k)
+    assert [len(d) for d in drafts] == [K, K] and checked >= 2
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_the_engine_drafts_through_the_captured_round_on_cuda(family, device):
+    """Served bf16 on CUDA, `--spec mtp` drafts through `MtpRound`, captured at load for every
+    batch size; the same requests with the eager drafter (no round) draft the same tokens
+    (the round's drafts are the eager head's, above), so they make the same rounds and the
+    same greedy output."""
+    if device.type != "cuda":
+        pytest.skip("the captured round needs the CUDA graph step")
+    from .test_mtp_speculation import MtpArtifact
+    from .test_speculation import _engine as engine_with, _prompts, _run
+
+    artifact, prompts, runs = MtpArtifact(family), _prompts(120), []
+    for captured in (True, False):
+        engine = engine_with(artifact, "mtp", max_concurrency=2, prefill_chunk=16,
+                             cuda_dtype="bf16")
+        drafter = engine.speculator.drafter
+        try:
+            assert drafter.round is not None and len(drafter.round._graphs) == 2
+            calls = []
+            if captured:
+                propose = drafter.round.propose
+                drafter.round.propose = lambda seqs, pairs: calls.append(len(seqs)) or propose(
+                    seqs, pairs)
+            else:
+                drafter.round = None
+            tokens = _run(engine, prompts, 32)
+        finally:
+            engine.stop()
+        c = engine.speculator.counters
+        runs.append((tokens, c.rounds, c.drafted, c.accepted))
+        # (a row near its end, whose pages stop short of L + k, drafts eagerly)
+        assert not captured or 0 < sum(calls) <= c.rounds
+    assert runs[0] == runs[1]
