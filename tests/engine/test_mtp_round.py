@@ -166,3 +166,57 @@ def test_the_engine_drafts_through_the_captured_round_on_cuda(family, device):
         # (a row near its end, whose pages stop short of L + k, drafts eagerly)
         assert not captured or 0 < sum(calls) <= c.rounds
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("moe", [False, True])
+@torch.inference_mode()
+def test_the_drafter_keeps_its_pairs_the_same_with_and_without_the_round(moe, device):
+    """`MtpDrafter` through the round (uncaptured off CUDA) against the eager drafter, fed the
+    same hiddens round after round: after a verify row that kept all drafts, one that kept
+    none, and a stretch of plain decode steps longer than a round's `q` pairs (caught up
+    eagerly first), each committed pair's MTP K/V in the pool is the eager one's, and the
+    drafters hold the same pending hiddens."""
+    from ninfer_engine.step.mtp_drafter import MtpDrafter
+
+    model, head = _model(moe, device)
+    layers, heads, dim = model.kv_layout()
+    H, V = model.config["hidden_size"], 500
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, V, (40,), generator=gen).tolist()
+    sides = []
+    for with_round in (True, False):
+        storage = KvStorage(PagePool(4, PAGE), layers + 1, heads, dim,
+                            codecs_for("bf16", model.dtype), model.dtype, device)
+        drafter = MtpDrafter(head, V)
+        if with_round:
+            drafter.round = MtpRound(head, HybridWeights(model, model.params).head, storage,
+                                     drafter.layer, 1, 256, K, V, capture=device.type == "cuda")
+        seq = SimpleNamespace(prompt=prompt, output=[], cached=0, cache=storage.new_cache(),
+                              request=SimpleNamespace(prompt_cache=False))
+        assert seq.cache.reserve(128)
+        sides.append((drafter, seq))
+    hiddens = torch.randn(80, H, generator=gen).to(device, BF16)
+    tokens = torch.randint(0, V, (40,), generator=gen).tolist()
+
+    def compute(seq, drafter, n):  # the target computed n more positions
+        drafter.observe(seq, seq.cached, hiddens[seq.cached: seq.cached + n])
+        seq.cached += n
+
+    for drafter, seq in sides:
+        compute(seq, drafter, len(prompt))
+        seq.output.append(tokens[0])
+    kv_tol, _, _ = _tols(model, 64)
+    # kept 3 drafts + the bonus (4 pairs), kept none (1 pair), 6 plain steps (6 pairs > q)
+    for kept in (None, 4, 1, 6):
+        for drafter, seq in sides:
+            if kept is not None:  # as many tokens kept as positions computed
+                seq.output.extend(tokens[len(seq.output): len(seq.output) + kept])
+                compute(seq, drafter, kept)
+            assert len(drafter.propose_rows([seq], [K])[0]) == K
+        (a, sa), (b, sb) = sides
+        ra, rb = a._rows[id(sa)], b._rows[id(sb)]
+        assert ra.done == rb.done == sa.cached and torch.equal(ra.pending, rb.pending)
+        for is_k in (True, False):
+            got = stored_rows(sa.cache.storage, a.layer, is_k, sa.cache._slots(0, ra.done))
+            want = stored_rows(sb.cache.storage, b.layer, is_k, sb.cache._slots(0, rb.done))
+            assert ((got - want).abs() <= kv_tol * want.abs().amax()).all(), (kept, is_k)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `--spec mtp` with its draft round captured as a CUDA graph (`step.mtp_round`), in one call of
+# a fresh H200: the CUDA tests of the round, MTP drafting and the warm-up; then the 35B-A3B
+# fp8-row engine step at B=1 with MTP drafts (13.2 ms eager, h200-verify-round.md), oracle
+# drafts and plain decode side by side; then what the warm-up leaves to compile and the first
+# bursts on a cold cache (the rest of mtp_round_device.sh).
+#   OUT=/tmp/o bash bench/mtp_graph_device.sh
+source bench/device_env.sh
+gpu_tests 150 tests/engine/test_mtp_round.py tests/engine/test_mtp_draft_syncs.py \
+  tests/engine/test_mtp_speculation.py tests/engine/test_mtp_prefix_reuse.py \
+  tests/engine/test_hybrid_verify.py tests/engine/test_warm_up.py tests/models/test_mtp.py
+step() {  # name, profile_step arguments...
+  local name=$1
+  shift
+  PYTHONPATH=$PWD:/tmp/site timeout "$(left)" python3 -u bench/profile_step.py --arch 35b-a3b \
+    --weights fp8-row "$@" > "$OUT/r/step-$name.log" 2>&1
+  echo "$name: $(grep -E 'engine step|tokens a round|graph alone' "$OUT/r/step-$name.log" \
+    | tr '\n' ' ')"
+  grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
+}
+step mtp --spec 3 --drafter mtp
+step oracle --spec 3
+step decode
+PYTHONPATH=$PWD:/tmp/site timeout 90 python3 -u bench/warm_up_compiles.py \
+  > "$OUT/r/compiles.log" 2>&1
+grep -vE "^(WARNING|Triton compiled)" "$OUT/r/compiles.log" | cut -c1-400 | head -20
+[ "$(left)" -gt 60 ] && PYTHONPATH=$PWD:/tmp/site timeout "$(left)" python3 -u \
+  bench/prompt_burst.py --layers 8 --bursts 1x955,8x955,8x955 --json "$OUT/r/burst.json" \
+  > "$OUT/r/burst.log" 2>&1
+grep -E "^[0-9]+x|compiles after" "$OUT/r/burst.log"; grep -A4 "compiles after" "$OUT/r/burst.log" | cut -c1-120
+echo "done at $SECONDS s"
