@@ -28,7 +28,7 @@ from ninfer_engine.step.mtp_round import MtpRound
 from tests import tolerance
 from tests.benchmark.tiny import tiny_config, tiny_source
 
-from .helpers import stored_rows
+from .helpers import cuda_syncs, stored_rows
 
 BF16 = torch.bfloat16
 K = 3
@@ -131,6 +131,10 @@ def test_the_static_draft_round_matches_the_eager_head(moe, device):
             got = mine.index_select(0, slots).double()
             assert ((got - want).abs() <= kv_tol * want.abs().amax()).all(), (b, is_k)
     assert [len(d) for d in drafts] == [K, K] and checked >= 2
+    if device.type == "cuda":  # a replay's drafts are read back once; nothing else waits
+        with cuda_syncs() as syncs:
+            steps.propose([r[0] for r in rows], [r[1:] for r in rows])
+        assert len(syncs) == 1, syncs
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
