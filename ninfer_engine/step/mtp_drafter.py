@@ -1,24 +1,24 @@
 """`--spec mtp`: drafts from the model's MTP head on the reference schedule (model-math.md §3.2).
 
 The runner hands over the target's final-normed hidden of every position it computes
-(`observe`). A sequence's MTP-layer KV holds the pairs (h_j, x_{j+1}) at positions
-`start <= j < done`; hiddens of positions `done..` wait in `pending` until their next token is
-known. A prompt's pairs run as its chunks are computed. When a row drafts at L = `seq.cached`
-(its last token x_L not computed yet), the pairs `done..L-1` run through the head first: the
-prompt's last, and after a verify row the hiddens of the columns it kept, so the MTP KV only
-ever holds committed outputs with the target's own hiddens (never a draft's). The last of them
-drafts d₁; d₂..d_k feed the previous draft with the previous MTP output at L, L+1, ...,
-extending the KV, which is cut back to L right after, so the next round starts from committed
-pairs alone. Rejected columns' hiddens are overwritten when their positions are computed again
-(a row that verified, then decodes without drafting, holds them until then). Drafts are the
-head's argmax over the tokenizer's ids (the head's padded rows are never proposed).
+(`observe`). A sequence's MTP-layer KV holds the pairs (h_j, x_{j+1}) at positions j < `done`;
+hiddens of positions `done..` wait in `pending` until their next token is known. A prompt's
+pairs run as its chunks are computed. When a row drafts at L = `seq.cached` (its last token x_L
+not computed yet), the pairs `done..L-1` run through the head first: the prompt's last, and
+after a verify row the hiddens of the columns it kept, so the committed pairs are only ever
+committed outputs with the target's own hiddens (never a draft's). The last of them drafts d₁;
+d₂..d_k feed the previous draft with the previous MTP output at L, L+1, .... Rejected columns'
+hiddens are overwritten when their positions are computed again (a row that verified, then
+decodes without drafting, holds them until then). Drafts are the head's argmax over the
+tokenizer's ids (the head's padded rows are never proposed).
 
 The MTP layer's K/V live in the KV pool, as one more attention layer after the target's
 (`kv_layers`): pair j's K/V in the slot of position j, under the sequence's own page table, so
 the head's steps read them in place (the eager head through `kv.LayerKv`, the captured draft
-round through the paged-attention kernel) and nothing is truncated after a round: a draft
-step's K/V at L, L+1, ... are written again by the committed pairs before anything reads
-them. The engine leases a row's pages for its drafts before it drafts (`StepPrepare._draft`).
+round, `mtp_round`, through the paged-attention kernel) and nothing is cut back after a round:
+a draft step's K/V at L, L+1, ... are written again by the committed pairs before anything
+reads them. The engine leases a row's pages for its drafts before it drafts
+(`StepPrepare._draft`).
 
 Prefix reuse (model-math.md §4: a checkpoint holds the last hidden plus the MTP KV): pair j's
 MTP K/V depends on the tokens up to j+1 alone, so the pages of a reused prefix bring them along
