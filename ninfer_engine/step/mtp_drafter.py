@@ -35,6 +35,7 @@ verification checks.)
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,8 @@ from ..kv import LayerKv
 from ..kv.cache import keeps_rows
 from ..models.mtp import MtpHead
 from .mtp_round import MtpRound
+
+log = logging.getLogger("ninfer.engine")
 
 SPILL = 32  # pending positions past which a row keeping page rows runs its committed pairs
 
@@ -77,9 +80,15 @@ class MtpDrafter:
         if (core is None or not graphs.capture or self.draft_head is not None
                 or self.head.target.ranks.parallel or decoder.max_q < 2):
             return
-        self.round = MtpRound(self.head, core.w.head, storage, self.layer, decoder.max_batch,
-                              decoder.max_context, decoder.max_q - 1, self.vocab, capture=True)
-        self.round.capture_at_start()
+        try:
+            self.round = MtpRound(self.head, core.w.head, storage, self.layer,
+                                  decoder.max_batch, decoder.max_context, decoder.max_q - 1,
+                                  self.vocab, capture=True)
+            self.round.capture_at_start()
+        except Exception:  # drafting still works eagerly: serve, and say why it is slower
+            log.exception("--spec mtp: the draft round's CUDA graph could not be built; "
+                          "drafting eagerly")
+            self.round = None
 
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The target computed positions `position ..` of `seq`, with final-normed `hidden`."""
@@ -132,7 +141,12 @@ class MtpDrafter:
             return out
         if self.round is not None and self.round.takes([w[1] for w in work],
                                                        [w[3] for w in work]):
-            return self._propose_round(work, ks, out)
+            try:
+                return self._propose_round(work, ks, out)
+            except Exception:  # the eager head runs the same pairs again (their K/V too)
+                log.exception("--spec mtp: the captured draft round failed; drafting eagerly "
+                              "from now on")
+                self.round = None
         h = self._run_pairs([(seq, row, last - row.done) for _, seq, row, last in work])
         active = list(range(len(work)))  # the rows of `work` still drafting
         # each step's drafts stay on the device until the last: read once a round, the host

@@ -224,3 +224,31 @@ def test_the_drafter_keeps_its_pairs_the_same_with_and_without_the_round(moe, de
             got = stored_rows(sa.cache.storage, a.layer, is_k, sa.cache._slots(0, ra.done))
             want = stored_rows(sb.cache.storage, b.layer, is_k, sb.cache._slots(0, rb.done))
             assert ((got - want).abs() <= kv_tol * want.abs().amax()).all(), (kept, is_k)
+
+
+@torch.inference_mode()
+def test_a_round_that_fails_leaves_the_drafter_drafting_eagerly(device, caplog):
+    """A failure inside the round (here: raised by its replay) is logged once; that call and
+    the later ones draft through the eager head, from the same committed pairs."""
+    from ninfer_engine.step.mtp_drafter import MtpDrafter
+
+    model, head = _model(False, device)
+    layers, heads, dim = model.kv_layout()
+    storage = KvStorage(PagePool(2, PAGE), layers + 1, heads, dim,
+                        codecs_for("bf16", model.dtype), model.dtype, device)
+    drafter = MtpDrafter(head, 500)
+    drafter.round = MtpRound(head, HybridWeights(model, model.params).head, storage,
+                             drafter.layer, 1, 128, K, 500, capture=False)
+
+    def broken(seqs, pairs):
+        raise RuntimeError("replay failed")
+    drafter.round.propose = broken
+    seq = SimpleNamespace(prompt=list(range(20)), output=[7], cached=20,
+                          cache=storage.new_cache(), request=SimpleNamespace(prompt_cache=False))
+    assert seq.cache.reserve(64)
+    gen = torch.Generator().manual_seed(4)
+    drafter.observe(seq, 0, torch.randn(20, model.config["hidden_size"], generator=gen)
+                    .to(device, BF16))
+    assert len(drafter.propose_rows([seq], [K])[0]) == K
+    assert drafter.round is None and drafter._rows[id(seq)].done == 20
+    assert "drafting eagerly" in caplog.text
