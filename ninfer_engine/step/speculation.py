@@ -290,7 +290,11 @@ def accept(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[list[int
 
 def _position_views(sampler: Sampler, drafts: list[int], positions: int) -> list:
     """Stand-ins for `sampler` at each position of a verify row, as the sampler's filters read
-    them: the same settings, counts that include the drafts before that position."""
+    them: the same settings, counts that include the drafts before that position. Without
+    presence or frequency penalties nothing reads the counts: the sampler itself (a copy of its
+    counts a position was ~4 dict copies of every distinct token so far, each round, a row)."""
+    if sampler.params.presence_penalty == 0.0 and sampler.params.frequency_penalty == 0.0:
+        return [sampler] * positions
     views, counts = [], dict(sampler.counts)
     for i in range(positions):
         views.append(SimpleNamespace(params=sampler.params, counts=dict(counts)))
