@@ -105,7 +105,7 @@ class StepPostprocess:
             if seq.finish_reason is not None:
                 kept[id(seq)] = 1
                 continue
-            drafts, appended, tokens = verified[id(seq)][0], 0, next(taken)
+            drafts, tokens, before = verified[id(seq)][0], next(taken), len(seq.output)
             # the drafts the target verified (its own token ends the row), counted before the
             # tokens go out: a request that ends in this round reports it in its final event
             accepted = len(tokens) - 1
@@ -114,15 +114,10 @@ class StepPostprocess:
             seq.draft_rounds.append(accepted)
             self.speculator.record(seq, len(drafts), accepted)
             try:
-                for token in tokens:
-                    seq.sampler.record(token)
-                    seq.append(token, now)
-                    appended += 1
-                    if seq.finish_reason is not None:
-                        break
+                seq.extend(tokens, now)
             except Exception as exc:
                 self._fail_request(seq, exc)
-            kept[id(seq)] = max(appended, 1)
+            kept[id(seq)] = max(len(seq.output) - before, 1)
         self.runner.keep(batch, [kept.get(id(seq), 1) for seq in batch.decode])
 
     def _next_tokens(self, sampled: list[Sequence], rows: list[int],
