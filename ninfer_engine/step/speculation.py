@@ -364,7 +364,7 @@ def accept_greedy(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[l
              for sampler, drafts, logits in rows]
     if not picks:
         return []
-    best = kernels.argmax(torch.cat(picks)).tolist()
+    best = kernels.argmax(torch.cat(picks) if len(picks) > 1 else picks[0]).tolist()
     out, start = [], 0
     for (_, drafts, logits), n in zip(rows, [p.shape[0] for p in picks]):
         choice = best[start: start + n]
