@@ -86,8 +86,9 @@ def _other_weight_bytes(text_config: dict) -> int:
 
 
 def _kv_floor_bytes(config: EngineConfig, text_config: dict, dtype: torch.dtype) -> int:
-    """KV bytes of --max-context tokens."""
-    attention = text_config["layer_types"].count("full_attention")
+    """KV bytes of --max-context tokens (`--spec mtp`: the MTP layer's too, a layer of the
+    pool)."""
+    attention = text_config["layer_types"].count("full_attention") + (config.spec == "mtp")
     page_bytes, _ = kv_page_layout(attention, text_config["num_key_value_heads"],
                                    text_config["head_dim"], codecs_for(config.kv_dtype, dtype),
                                    PAGE_TOKENS)
