@@ -80,7 +80,8 @@ class MtpHead:
                             reduce=target.ranks.all_reduce)
 
     def new_cache(self) -> MtpKv:
-        """An empty MTP-layer KV for one sequence."""
+        """An empty contiguous MTP-layer KV for one sequence: a one-off run of the head (the
+        tests' reference); the engine keeps the layer's K/V in its KV pool (`mtp_drafter`)."""
         mixer = self.block.mixer
         return MtpKv(mixer.nkv, mixer.d, self.target.dtype, self.target.device)
 

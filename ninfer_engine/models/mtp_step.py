@@ -1,5 +1,5 @@
 """`MtpStep`: a whole MTP draft round for up to B rows over static buffers, capturable in one
-CUDA graph (`step.mtp_drafter` replays it), on the decode step's kernels.
+CUDA graph (`step.mtp_round` replays it), on the decode step's kernels.
 
 A round is what `MtpDrafter.propose_rows` does eagerly (model-math.md §3.2): first the rows'
 committed pairs (h_j, x_{j+1}), `q` token rows a row (row b's pair t is token row b·q + t,
