@@ -135,31 +135,19 @@ class Sequence:
 
     def append(self, token: int, now: float) -> None:
         """Record a generated token and stream its text; finishes on EOS, stop string or limit."""
-        self.output.append(token)
-        self._unsent.append(token)
-        if self.thinking_cap is not None:
-            self.thinking_cap.observe(self.output)
-        self.first_token = self.first_token or now
-        self.last_token = now
-        if token in self.eos_token_ids:
-            self.finish("stop")
-            return
-        text, stop = self.stop_filter.push(self.detokenizer.add([token]))
-        if stop is not None:
-            self._final(text, "stop", stop)
-        elif len(self.output) >= self.request.max_tokens:
-            self.finish("length", text)
-        elif text:
-            self._send(TokenEvent(text=text, token_ids=tuple(self._unsent),
-                                  timings=self.timings()))
+        self._take([token], now, record=False)
 
     def extend(self, tokens: list[int], now: float) -> None:
         """`append` of a verify row's tokens, each recorded by the sampler first, with the
         text of them all in one event (an event a token was ~2.6 more events a round, each
         with its timings, for one instant's tokens); it stops at the one it finishes on."""
+        self._take(tokens, now, record=True)
+
+    def _take(self, tokens: list[int], now: float, record: bool) -> None:
         text = ""
         for token in tokens:
-            self.sampler.record(token)
+            if record:
+                self.sampler.record(token)
             self.output.append(token)
             self._unsent.append(token)
             if self.thinking_cap is not None:
