@@ -54,18 +54,19 @@ class MtpStep(HybridStep):
         """Each row's committed pairs: (their tokens x_{j+1}, their hiddens h_j [n, H], the
         position of the first), at most `q` each (the caller fills `table`). One host copy,
         and a device copy a row."""
-        q = self.q
-        meta = torch.zeros(2, len(rows) * q, dtype=torch.long)
-        ends = torch.zeros(2, len(rows), dtype=torch.long)
-        for b, (tokens, hidden, first) in enumerate(rows):
-            n, at = len(tokens), b * q
+        q, B = self.q, len(rows)
+        tokens, positions, lasts, bases = [0] * (B * q), [], [], []
+        for b, (ids, hidden, first) in enumerate(rows):
+            n, at = len(ids), b * q
             assert 0 < n <= q
-            meta[0, at: at + n] = torch.tensor(tokens)
-            meta[1, at: at + q] = torch.arange(first, first + q)  # padding pairs continue
-            ends[:, b] = torch.tensor([at + n - 1, first + n])
+            tokens[at: at + n] = ids
+            positions += range(first, first + q)  # padding pairs continue
+            lasts.append(at + n - 1)
+            bases.append(first + n)
             self.hidden_in[at: at + n].copy_(hidden, non_blocking=True)
-        self.meta[:2, : meta.shape[1]].copy_(meta, non_blocking=True)
-        self.ends[:, : len(rows)].copy_(ends, non_blocking=True)
+        # (lists, one tensor each: a tensor a row's part was ~4 host calls a row a round)
+        self.meta[:2, : B * q].copy_(torch.tensor([tokens, positions]), non_blocking=True)
+        self.ends[:, :B].copy_(torch.tensor([lasts, bases]), non_blocking=True)
 
     def round(self, batch: int, kv_span: int) -> torch.Tensor:
         """The loaded rows' `k` drafts each, [batch, k] on the device; `kv_span` ≥ every

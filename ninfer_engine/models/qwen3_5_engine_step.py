@@ -83,13 +83,14 @@ class EngineHybridDecoder:
         c = self.core
         c.before_step()
         rows = [[input_token(seq), *(drafts[b] if drafts else ())] for b, seq in enumerate(seqs)]
-        meta = torch.zeros(4, sum(map(len, rows)), dtype=torch.long)
-        meta[0] = torch.tensor([t for row in rows for t in row])
-        meta[1] = torch.tensor([seq.cached + t for seq, row in zip(seqs, rows)
-                                for t in range(len(row))])
+        tokens = [t for row in rows for t in row]
         self._slots = [seq.state.index for seq in seqs]
-        meta[2, : len(seqs)] = torch.tensor(self._slots)
-        meta[3] = torch.tensor([seq.rope_delta for seq, row in zip(seqs, rows) for _ in row])
+        # one tensor of four lists (a tensor a row of it was five host calls a step)
+        meta = torch.tensor([
+            tokens,
+            [seq.cached + t for seq, row in zip(seqs, rows) for t in range(len(row))],
+            self._slots + [0] * (len(tokens) - len(seqs)),
+            [seq.rope_delta for seq, row in zip(seqs, rows) for _ in row]])
         # not waiting for the work queued before (a lookahead step loads behind one in flight)
         c.meta[:, : meta.shape[1]].copy_(meta, non_blocking=True)
         self.tables.fill([seq.cache for seq in seqs])
