@@ -20,15 +20,14 @@ import torch
 
 from ninfer_engine.kernels.paged_attention import PAGE
 from ninfer_engine.kv import KvStorage, LayerKv, PagePool, codecs_for
-from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.mtp import MtpHead
-from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.models.qwen3_5_step_weights import HybridWeights
 from ninfer_engine.step.mtp_round import MtpRound
 from tests import tolerance
-from tests.benchmark.tiny import tiny_config, tiny_source
+from tests.benchmark.tiny import tiny_source
 
 from .helpers import cuda_syncs, stored_rows
+from .test_hybrid_graphs import _model as hybrid_model
 
 BF16 = torch.bfloat16
 K = 3
@@ -42,11 +41,9 @@ KV_STORES, OUTPUT_STORES = 7, 2 * 22
 
 
 def _model(moe: bool, device):
-    config = tiny_config(moe)
-    if moe:  # every expert routed: bf16 noise would flip the near-uniform router's top-k
-        config["num_experts_per_tok"] = config["num_experts"]
-    source = tiny_source(config, mtp=True)
-    model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).to(device)))
+    """`test_hybrid_graphs`' tiny model (every expert routed) and an MTP head over it."""
+    model = hybrid_model(moe, device)
+    source = tiny_source(model.config, mtp=True)
     return model, MtpHead(model, lambda n, s: source(n, s).to(device))
 
 
