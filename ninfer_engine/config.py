@@ -112,6 +112,9 @@ class EngineConfig:
     # the lookahead decode step (`step.lookahead`); None: where the decode graphs are captured
     # (the GPU: on the CPU a step is synchronous and there is nothing to overlap)
     lookahead: bool | None = None
+    # `--spec mtp`'s verify rounds accepted and drafted on the device (`step.verify_chain`),
+    # where the graphs and the rows allow; off: the host accepts (a benchmark's A/B)
+    verify_chain: bool = True
     # the engine in a process of its own (`engine_process`); None: on CUDA without --vision
     # (`supervisor._in_own_process`, which NINFER_ENGINE_PROCESS overrides)
     engine_process: bool | None = None

@@ -30,6 +30,7 @@ from .stats import EngineStats
 from .step.event_pump import EventPump, EventStream
 from .step.families import make_runner
 from .step.lookahead import InFlight, Lookahead
+from .step.verify_chain import verify_chain
 from .step.postprocess import StepPostprocess
 from .step.prepare import StepPrepare
 from .step.sampling import Sampler, pick_rows, prefetch_masks
@@ -91,6 +92,8 @@ class Engine(StepPrepare, StepPostprocess):
         self.runner = make_runner(self.model, graphs, self.speculator.observe
                                   if self.speculator and self.speculator.reads_hidden else None,
                                   self.vision)
+        if config.verify_chain and not ranks.parallel:
+            self.runner.chain = verify_chain(graphs, self.speculator)
         if ranks.parallel:  # each step's plan goes to the other ranks before it runs here
             spec = self.speculator
             self.runner = Leader(self.runner, ranks, self.memory,

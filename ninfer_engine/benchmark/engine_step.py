@@ -69,7 +69,8 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
                  draft_tokens: int = 0, cuda_weights: str = "auto",
                  prefill_chunk: int | None = None, kv_tokens: int | None = None,
                  vision=None, lookahead: bool | None = None,
-                 prefix_reuse: bool = False, mtp_params=None) -> Engine:
+                 prefix_reuse: bool = False, mtp_params=None,
+                 verify_chain: bool = True) -> Engine:
     """`Engine` over `model` for up to `max_batch` rows of up to `max_context` tokens in a pool
     of `kv_tokens` (default: every row at `max_context`; `lookahead`: `EngineConfig`'s); with
     `draft_tokens`, verify rows of
@@ -77,7 +78,8 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
     `vision`: a resident `VisionTower` serving media requests; `prefix_reuse`: keep the
     prefix cache a served engine keeps (off: every prompt is computed whole); `mtp_params`
     (with `draft_tokens`): the engine is `--spec mtp` over the random MTP head they draw, its
-    drafter left in place (`ForcedRounds` sets how many of its drafts a round takes)."""
+    drafter left in place (`ForcedRounds` sets how many of its drafts a round takes);
+    `verify_chain`: `EngineConfig`'s (off: the host accepts)."""
     engine_config = EngineConfig(
         artifact=Path(f"synth-{arch}"), max_concurrency=max_batch, max_context=max_context,
         # whole pages per row: a lease is whole pages, so max_batch rows of max_context fit
@@ -85,7 +87,7 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
         max_pending_requests=max(16, max_batch), prefill_chunk=prefill_chunk,
         cuda_weights=cuda_weights, no_prefix_reuse=not prefix_reuse,
         spec=("mtp" if mtp_params is not None else "ngram") if draft_tokens else None,
-        draft_tokens=draft_tokens or None, lookahead=lookahead)
+        draft_tokens=draft_tokens or None, lookahead=lookahead, verify_chain=verify_chain)
     engine = Engine(engine_config, SyntheticResources(arch, config, mtp_params), model=model,
                     vision=vision)
     if engine.speculator is not None and mtp_params is None:
@@ -246,6 +248,11 @@ class ForcedRounds(_ForcedAcceptance):
 
     def __getattr__(self, name: str):
         return getattr(self.drafter, name)
+
+    def forced_counts(self, drafts: list[list[int]]) -> list[int | None]:
+        """How many of each row's `drafts` its round takes, for acceptance on the device
+        (`step.verify_chain`, which `forced()` does not reach); None: a round not forced."""
+        return [self._taken.pop(id(d), (None, None))[1] for d in drafts]
 
     def propose_rows(self, seqs: list, ks: list[int]) -> list[list[int]]:
         # fewer than k (a round cut short by the output limit): plain decode, as the oracle's

@@ -39,8 +39,16 @@ class StatePool:
     def __init__(self, total: int, layout: StateLayout, device: torch.device | str,
                  view: Callable[..., Any]) -> None:
         self.total = total
-        self.fields = [{name: torch.zeros(total, *shape, dtype=dtype, device=device)
-                        for name, (shape, dtype) in layer.items()} for layer in layout]
+        # a field alike in every layer is one [layers, total, ...] tensor, each layer's a view
+        # of it: a step can then address every layer's rows of a slot at once (`stack`)
+        self._stacks = {name: torch.zeros(len(layout), total, *shape, dtype=dtype,
+                                          device=device)
+                        for name, (shape, dtype) in (layout[0].items() if layout else ())
+                        if all(layer.get(name) == (shape, dtype) for layer in layout)}
+        self.fields = [{name: self._stacks[name][i] if name in self._stacks
+                        else torch.zeros(total, *shape, dtype=dtype, device=device)
+                        for name, (shape, dtype) in layer.items()}
+                       for i, layer in enumerate(layout)]
         self._view = view
         self._free = list(range(total - 1, -1, -1))  # pop() hands out slot 0 first
         # records the copies for tensor-parallel followers (`parallel.mirror`); None: off
@@ -53,6 +61,11 @@ class StatePool:
     def field(self, name: str) -> list[torch.Tensor]:
         """The `[total, ...]` tensor of field `name`, one per layer: what the step indexes."""
         return [layer[name] for layer in self.fields]
+
+    def stack(self, name: str) -> torch.Tensor | None:
+        """Field `name` of every layer as one `[layers, total, ...]` tensor (the `field`
+        tensors are its views), or None where the layers' shapes differ."""
+        return self._stacks.get(name)
 
     def slot(self, index: int) -> StateSlot:
         """Slot `index` as a `StateSlot` (views; no ownership check). Each layer's state also
@@ -81,8 +94,10 @@ class StatePool:
                   for layer in self.fields]
         pool = StatePool(total, layout, "cpu", self._view)
         if pinned:
-            pool.fields = [{name: t.pin_memory() for name, t in layer.items()}
-                           for layer in pool.fields]
+            pool._stacks = {name: t.pin_memory() for name, t in pool._stacks.items()}
+            pool.fields = [{name: pool._stacks[name][i] if name in pool._stacks
+                            else t.pin_memory() for name, t in layer.items()}
+                           for i, layer in enumerate(pool.fields)]
         return pool
 
 

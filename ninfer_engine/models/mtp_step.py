@@ -68,6 +68,24 @@ class MtpStep(HybridStep):
         self.meta[:2, : B * q].copy_(torch.tensor([tokens, positions]), non_blocking=True)
         self.ends[:, :B].copy_(torch.tensor([lasts, bases]), non_blocking=True)
 
+    def load_from_verify(self, verify: HybridStep, accepted: torch.Tensor, bonus: torch.Tensor,
+                         batch: int) -> None:
+        """`load` on the device, from rows 0..batch-1 of `verify`'s last step (rows of `q`
+        tokens at positions L..L+q-1, hiddens kept) that accepted `accepted` [batch] drafts,
+        then picked `bonus` [batch]: row b's pair t is (h_{L+t}, x_{L+t+1}), the verify row's
+        input shifted by one with the bonus at t = j_b, its real pairs t ≤ j_b (the rest
+        padding); the same page tables."""
+        q, n = self.q, batch * self.q
+        pairs = torch.cat([verify.tokens[:n].view(batch, q)[:, 1:], bonus[:, None]], 1)
+        pairs.scatter_(1, accepted[:, None], bonus[:, None])
+        self.tokens[:n].copy_(pairs.view(n))
+        self.pos[:n].copy_(verify.pos[:n])
+        self.hidden_in[:n].copy_(verify.hidden[:n])
+        self.table[:batch].copy_(verify.table[:batch])
+        first = self.rows[:batch] * q
+        torch.add(first, accepted, out=self.ends[0, :batch])
+        torch.add(verify.pos[first], accepted + 1, out=self.ends[1, :batch])
+
     def round(self, batch: int, kv_span: int) -> torch.Tensor:
         """The loaded rows' `k` drafts each, [batch, k] on the device; `kv_span` ≥ every
         position the round reaches + 1 (the attention kernel's split grid)."""

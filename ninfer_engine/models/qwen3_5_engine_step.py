@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 from ..kernels.paged_attention import PAGE
+from ..kernels.sampling import argmax
 from ..kv import KvStorage, PageTables, StatePool
 from ..kv.quant import PlainCodec
 from .attention import input_token
@@ -66,6 +67,13 @@ class EngineHybridDecoder:
                                (states.field("conv"), states.field("ssm")), max_q, keep_hidden)
         self.tables = PageTables(self.core.table)
         self._slots: list[int] = []  # the loaded rows' state slots
+        # every layer's state rows at once, for a rollback by device index (`keep_on_device`)
+        self.core.state_stacks = (states.stack("conv"), states.stack("ssm"))
+        # a verify step's argmax of each token row, where the rows may be accepted on the
+        # device (`step.verify_chain`; the same argmax the host's acceptance takes)
+        self.picks = (torch.zeros(max_batch * max_q, dtype=torch.long,
+                                  device=model.embedding.device)
+                      if max_q > 1 and keep_hidden else None)
 
     @property
     def hidden(self) -> torch.Tensor | None:
@@ -100,7 +108,10 @@ class EngineHybridDecoder:
         self.core.meta[0, : tokens.shape[0]].copy_(tokens)
 
     def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
-        return self.core.step(batch, bucket, q_len).float()
+        logits = self.core.step(batch, bucket, q_len).float()
+        if q_len > 1 and self.picks is not None:
+            self.picks[: batch * q_len].copy_(argmax(logits))
+        return logits
 
     def keep(self, row: int, kept: int) -> None:
         self.core.keep(row, kept, self._slots[row])

@@ -86,8 +86,15 @@ class HybridStep:
         self.conv, self.ssm = states  # per GDN layer, in layer order: [slots, ...]
         # (`trail`: False for a step whose rows are never rolled back, a prompt's)
         trail_rows = max_q - 1 if trail else 0
-        self.trail_conv = [t.new_empty(trail_rows, max_batch, *t.shape[1:]) for t in self.conv]
-        self.trail_ssm = [t.new_empty(trail_rows, max_batch, *t.shape[1:]) for t in self.ssm]
+        # each field's trail one [layers, max_q - 1, max_batch, ...] tensor (the GDN kernels
+        # take a layer's view of it), so a rollback by device index is one op a field
+        self.trails = tuple(ts[0].new_empty(len(ts), trail_rows, max_batch, *ts[0].shape[1:])
+                            if ts else None for ts in (self.conv, self.ssm))
+        self.trail_conv, self.trail_ssm = (list(t) if t is not None else []
+                                           for t in self.trails)
+        # the same pools as [layers, slots, ...] stacks, where a rollback by device index
+        # takes them (`keep_on_device`; `EngineHybridDecoder` sets them)
+        self.state_stacks: tuple[torch.Tensor, torch.Tensor] | None = None
         # each row's real-token count where rows carry padding (`PromptStep`), else None
         self.valid: torch.Tensor | None = None
         # `keep`'s per-layer views: of the trail by (row, kept), of the states by slot
@@ -191,6 +198,21 @@ class HybridStep:
         if states is None:
             states = self._slot_views[slot] = [t[slot] for t in (*self.conv, *self.ssm)]
         torch._foreach_copy_(states, saved)
+
+    def keep_on_device(self, kept: torch.Tensor, batch: int) -> None:
+        """`keep` for rows 0..batch-1 of the last verify step (of `max_q` tokens) at once, by
+        device counts `kept` [batch] (1 ≤ kept ≤ max_q): each row's slot takes its state
+        after its first kept tokens, every layer in one op a field (`state_stacks`: the slot
+        pools as [layers, slots, ...] stacks). No host value is read: a graph can hold it."""
+        rows, slots = self.rows[:batch], self.slots[:batch]
+        last = self.max_q - 1  # a row that kept every token keeps what its slot holds
+        back = kept <= last
+        at = (kept - 1).clamp(max=last - 1)
+        for state, trail in zip(self.state_stacks, self.trails):
+            now = state.index_select(1, slots)
+            then = trail[:, at, rows]
+            mask = back.view(1, batch, *[1] * (now.dim() - 2))
+            state.index_copy_(1, slots, torch.where(mask, then, now))
 
     def _gdn(self, layer, i, y, B, T, acc):
         """Fused projection → conv/SiLU/gates (one kernel) → recurrence → gated norm (one);

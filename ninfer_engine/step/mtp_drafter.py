@@ -55,6 +55,9 @@ SPILL = 32  # pending positions past which a row keeping page rows runs its comm
 class _MtpRow:
     done: int  # pairs whose MTP K/V the pages hold: those of positions .. done-1
     pending: torch.Tensor  # target hiddens of positions done .. done + len - 1
+    # drafts for the row's next step, drafted on the device by the verify chain
+    # (`step.verify_chain`) from pairs through done - 1; None once anything else is computed
+    drafted: list[int] | None = None
 
 
 class MtpDrafter:
@@ -93,6 +96,8 @@ class MtpDrafter:
     def observe(self, seq, position: int, hidden: torch.Tensor) -> None:
         """The target computed positions `position ..` of `seq`, with final-normed `hidden`."""
         row = self._rows.get(id(seq))
+        if row is not None:
+            row.drafted = None
         if row is None and position > 0 and keeps_rows(seq):  # a restored prefix's rows
             row = self._rows[id(seq)] = self._restore(seq, position, hidden)
         elif row is None or not row.done <= position <= row.done + len(row.pending):
@@ -135,7 +140,9 @@ class MtpDrafter:
         work = []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
             row, last = self._rows.get(id(seq)), seq.cached
-            if k > 0 and row is not None and row.done < last <= row.done + len(row.pending):
+            if k > 0 and row is not None and row.drafted is not None and row.done == last:
+                out[i], row.drafted = row.drafted[:k], None  # the verify chain's
+            elif k > 0 and row is not None and row.done < last <= row.done + len(row.pending):
                 work.append((i, seq, row, last))
         if not work:
             return out
@@ -189,6 +196,27 @@ class MtpDrafter:
             row.pending = row.pending[n:].clone()
             out[i] = d[: ks[i]]
         return out
+
+    def ready(self, seq) -> bool:
+        """Whether `seq`'s pairs have run up to its last computed position (as after drafting
+        its step): a verify chain can run the next ones from the verify step alone."""
+        row = self._rows.get(id(seq))
+        return row is not None and row.done == seq.cached
+
+    def chained(self, seq, drafts: list[int] | None) -> None:
+        """A verify chain ran `seq`'s pairs up to its new last position (`cached`, its
+        acceptance settled) and drafted `drafts` after them (None: the row ended inside the
+        round, what the device drafted is not its)."""
+        row = self._rows.get(id(seq))
+        if row is not None:
+            row.done, row.drafted = seq.cached, drafts
+            row.pending = row.pending.new_empty(0, row.pending.shape[-1])
+
+    def store_rows(self, seq, position: int, hidden: torch.Tensor) -> None:
+        """The target's hiddens of `seq` from `position` on into its drafter rows, where its
+        pages keep them (prefix reuse)."""
+        if keeps_rows(seq):
+            seq.cache.write_rows(position, hidden.to(seq.cache.storage.dtype))
 
     def _run_pairs(self, work: list) -> torch.Tensor:
         """Runs the next `n` pending pairs (h_j, x_{j+1}) of each (seq, row, n) of `work`

@@ -93,9 +93,10 @@ class StepPostprocess:
         tokens it emitted and rolls back the rest (`runner.keep`)."""
         rows = [seq for seq in batch.decode if id(seq) in verified]
         emitted = []
+        live = [seq for seq in rows if seq.finish_reason is None]
         try:
-            emitted = accept([(seq.sampler, *verified[id(seq)]) for seq in rows
-                              if seq.finish_reason is None])
+            emitted = self.runner.accepted(live) or accept(
+                [(seq.sampler, *verified[id(seq)]) for seq in live])
         except Exception as exc:  # these requests only
             for seq in rows:
                 self._fail_request(seq, exc)

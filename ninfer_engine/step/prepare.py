@@ -74,6 +74,10 @@ class StepPrepare:
         if self.speculator.kv_layers:  # the drafter writes its K/V at the drafts' positions
             rooms = [room if room <= 0 or self.memory.grow(seq, seq.cached + 1 + room) else 0
                      for seq, room in zip(batch.decode, rooms)]
+            if getattr(self.runner, "chain", None) is not None:  # where pages allow, through
+                for seq, room in zip(batch.decode, rooms):      # L + 2k: the round after a
+                    if room > 0:                                 # verify chain writes there
+                        self.memory.grow(seq, min(seq.cached + 1 + 2 * room, self.max_context))
         drafts = []
         for seq, d in zip(batch.decode, self.speculator.draft_rows(batch.decode, rooms)):
             if d and not self.memory.grow(seq, seq.cached + 1 + len(d)):

@@ -14,6 +14,8 @@ the compiled llama step takes short prompt chunks too, as rows at consecutive po
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..host_copy import to_device
@@ -25,6 +27,8 @@ from .decode_graphs import DecodeGraphs, prompt_rows
 from .scheduler import Batch, Chunk
 from .sequence import Sequence
 
+
+log = logging.getLogger("ninfer.engine")
 
 # the longest prompt chunk the CPU step takes (in calls of 16 rows): past it the eager forward,
 # whose fixed cost is spread over enough tokens (the C step's gain falls to 1.4x at 32 on the
@@ -74,7 +78,10 @@ class _ModelRunner:
         # `hidden_sink(seq, position, hidden)`: each row's final-normed hiddens, from the
         # eager forward or a graph step that keeps them (`--spec mtp` drafts from them)
         self.hidden_sink = hidden_sink
+        # `--spec mtp`'s acceptance and next drafts on the device (`verify_chain`), or None
+        self.chain = None
         self._verified_by_graph = False
+        self._chained = False  # the last step's verify rows went through `chain`
 
     def forward(self, batch: Batch) -> torch.Tensor:
         sampled = set(map(id, batch.sampled))
@@ -134,7 +141,7 @@ class _ModelRunner:
     def _forward(self, batch: Batch, sampled: set[int]) -> torch.Tensor:
         graphs, drafts = self.graphs, [batch.drafts_of(i) for i in range(len(batch.decode))]
         longest = max(map(len, drafts), default=0)
-        self._verified_by_graph = False
+        self._verified_by_graph = self._chained = False
         sink = self.hidden_sink
         if (graphs is not None and not longest and sink is None and batch.chunks
                 and getattr(graphs.decoder, "ragged", False)):
@@ -160,7 +167,9 @@ class _ModelRunner:
             out = graphs.verify(rows, [d + [0] * (q - 1 - len(d)) for d in drafts])
             logits = torch.cat([out[i, : 1 + len(d)] for i, d in enumerate(drafts)])
             self._verified_by_graph = True
-            if sink is not None:  # `cached` waits for `keep`: the row's first position
+            # (a chained step's hiddens go to the drafter through the chain)
+            if not self._chain(rows, drafts) and sink is not None:
+                # `cached` waits for `keep`: the row's first position
                 for i, (seq, d) in enumerate(zip(rows, drafts)):
                     sink(seq, seq.cached, graphs.decoder.hidden[i * q: i * q + 1 + len(d)])
         tailed = set(map(id, tails))
@@ -236,8 +245,33 @@ class _ModelRunner:
         last step's device picks, in row order); `continues(batch)` said it can."""
         return self.graphs.forward_from(batch.decode, tokens)
 
+    def _chain(self, rows: list[Sequence], drafts: list[list[int]]) -> bool:
+        """The verify step's device tail (`verify_chain`) queued for `rows`, where it takes
+        them; a chain that fails is logged and the host accepts from then on."""
+        chain = self.chain
+        if chain is None or not chain.takes(rows, drafts):
+            return False
+        try:
+            chain.launch(rows, drafts)
+        except Exception:  # the host path is exact from here (the trail is as the step left it)
+            log.exception("--spec mtp: the verify chain failed; accepting on the host from "
+                          "now on")
+            self.chain = None
+            return False
+        self._chained = True
+        return True
+
+    def accepted(self, seqs: list[Sequence]) -> list[list[int]] | None:
+        """The tokens the last step's verify rows `seqs` emit, where the device accepted them
+        (`verify_chain`); None: the host accepts (`speculation.accept`)."""
+        return self.chain.accepted(seqs) if self._chained else None
+
     def keep(self, batch: Batch, kept: list[int]) -> None:
         """After a step with verify rows: decode row i keeps its first `kept[i]` tokens."""
+        if self._chained:
+            self._chained = False
+            self.chain.settle(batch.decode, kept)
+            return
         if self._verified_by_graph:
             self.graphs.keep(batch.decode, kept)
             return

@@ -12,7 +12,7 @@ import torch
 
 from ninfer_engine import engine as engine_module
 from ninfer_engine.benchmark import engine_step
-from ninfer_engine.benchmark.engine_step import OracleDrafter, bench_engine
+from ninfer_engine.benchmark.engine_step import ForcedRounds, OracleDrafter, bench_engine
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
@@ -24,22 +24,23 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.mark.parametrize("moe", [False, True])
-@torch.inference_mode()
-def test_a_verify_round_syncs_once(moe, monkeypatch):
-    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
-    monkeypatch.setattr(engine_module, "BUSY_PUBLISH_S", 1e9)  # no stats snapshot meanwhile
+def _engine(moe: bool, mtp: bool):
+    """The tiny model served with 3-draft verify rounds (`mtp`: from its random MTP head)."""
     config = tiny_config(moe)
-    source = tiny_source(config)
+    source = tiny_source(config, mtp=mtp)
     model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).to("cuda")))
-    engine = bench_engine(model, "tiny-moe" if moe else "tiny-dense", config, 1, 512,
-                          draft_tokens=3)
-    oracle = OracleDrafter(3.5, 3, config["vocab_size"], seed=1)
-    engine.speculator.drafter, engine.speculator.policy = oracle, AlwaysSpeculate()
+    return bench_engine(model, "tiny-moe" if moe else "tiny-dense", config, 1, 512,
+                        draft_tokens=3,
+                        mtp_params=(lambda n, s: source(n, s).to("cuda")) if mtp else None)
+
+
+def _syncs_a_round(engine, drafter) -> list[list[str]]:
+    """Each of 8 warm verify rounds' syncs, `drafter` forcing 2 or 3 of 3 drafts a round."""
+    engine.speculator.drafter, engine.speculator.policy = drafter, AlwaysSpeculate()
     prompt = tuple(range(5, 45))
     engine.add(GenerationRequest("r", prompt, SamplingParams(temperature=0.0), max_tokens=200,
                                  ignore_eos=True), lambda e: None)
-    with oracle.forced():
+    with drafter.forced():
         for _ in range(12):  # the prompt, then verify rounds: the graphs captured, warm
             engine.step()
         torch.cuda.synchronize()
@@ -51,4 +52,28 @@ def test_a_verify_round_syncs_once(moe, monkeypatch):
             per_step.append(syncs)
     engine.stop()
     assert engine.speculator.stats().rounds == rounds + 8  # every step counted verified
+    return per_step
+
+
+@pytest.mark.parametrize("moe", [False, True])
+@torch.inference_mode()
+def test_a_verify_round_syncs_once(moe, monkeypatch):
+    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
+    monkeypatch.setattr(engine_module, "BUSY_PUBLISH_S", 1e9)  # no stats snapshot meanwhile
+    engine = _engine(moe, mtp=False)
+    per_step = _syncs_a_round(engine, OracleDrafter(3.5, 3, engine.model.vocab_size, seed=1))
+    assert all(len(syncs) == 1 for syncs in per_step), per_step
+
+
+@pytest.mark.parametrize("moe", [False, True])
+@torch.inference_mode()
+def test_a_chained_mtp_round_syncs_once(moe, monkeypatch):
+    """`--spec mtp` through the verify chain (`step.verify_chain`): the one wait is the
+    chain's read-back of (j, bonus, next drafts); drafting, the verify step's inputs, the
+    rollback and the drafter's bookkeeping wait for nothing."""
+    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
+    monkeypatch.setattr(engine_module, "BUSY_PUBLISH_S", 1e9)
+    engine = _engine(moe, mtp=True)
+    assert engine.runner.chain is not None
+    per_step = _syncs_a_round(engine, ForcedRounds(engine.speculator.drafter, 3.5, 3, seed=1))
     assert all(len(syncs) == 1 for syncs in per_step), per_step

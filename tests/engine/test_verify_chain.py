@@ -1,0 +1,248 @@
+"""`--spec mtp`'s verify chain (`step.verify_chain`): acceptance, GDN rollback and the next MTP
+drafts on the device, against the host's acceptance, `keep` and drafter.
+
+The chain and the host path run the same kernels on the same inputs (the verify step's logits,
+its trail, the MTP round's pairs), so they agree exactly: tokens, drafts, GDN states and the
+MTP layer's committed K/V bit for bit. On the CPU the steps run uncaptured through the Triton
+interpreter; on CUDA they replay captured graphs.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ninfer_engine.kernels.paged_attention import PAGE
+from ninfer_engine.kv import KvStorage, PagePool, codecs_for
+from ninfer_engine.models.qwen3_5_engine_step import EngineHybridDecoder
+from ninfer_engine.models.qwen3_5_step_weights import HybridWeights
+from ninfer_engine.step.decode_graphs import DecodeGraphs
+from ninfer_engine.step.mtp_drafter import MtpDrafter
+from ninfer_engine.step.mtp_round import MtpRound
+from ninfer_engine.step.runner import HybridRunner
+from ninfer_engine.step.sampling import Sampler
+from ninfer_engine.step.scheduler import Batch, Chunk
+from ninfer_engine.step.speculation import Speculator, accept, split_verify_rows
+from ninfer_engine.step.verify_chain import VerifyChain, chainable
+from ninfer_engine.types import SamplingParams
+
+from .helpers import stored_rows
+from .test_hybrid_verify import _setup
+from .test_mtp_round import _model as mtp_model
+from .test_hybrid_graphs import _model
+
+K, V = 3, 500  # drafts a row; the drafts' vocabulary
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+@torch.inference_mode()
+def test_rollback_by_device_counts_is_keep_row_by_row(moe, device):
+    """`HybridStep.keep_on_device` with every pair of kept counts (1 .. k + 1, both rows) leaves
+    each slot exactly as the host's `keep` of that row does."""
+    model = _model(moe, device)
+    _, _, seqs, graphs, drafts = _setup(model, "bf16", K, device.type == "cuda")
+    graphs.verify(seqs, drafts)
+    core, decoder = graphs.decoder.core, graphs.decoder
+    after = [[t.clone() for t in seq.state.tensors()] for seq in seqs]
+    moved = 0
+    for kept in [(a, b) for a in range(1, K + 2) for b in range(1, K + 2)]:
+        want = []
+        for b, n in enumerate(kept):
+            for seq, saved in zip(seqs, after):
+                torch._foreach_copy_(seq.state.tensors(), saved)
+            if n <= K:
+                decoder.keep(b, n)
+            want.append([t.clone() for t in seqs[b].state.tensors()])
+        for seq, saved in zip(seqs, after):
+            torch._foreach_copy_(seq.state.tensors(), saved)
+        core.keep_on_device(torch.tensor(kept, device=device), len(seqs))
+        for seq, expected, saved in zip(seqs, want, after):
+            got = seq.state.tensors()
+            assert all(torch.equal(x, y) for x, y in zip(got, expected)), kept
+            moved += not all(torch.equal(x, y) for x, y in zip(got, saved))
+    assert moved  # some count did take a row back
+
+
+def _row(storage, states, prompt: list[int]):
+    return SimpleNamespace(
+        prompt=prompt, output=[], cached=0, cache=storage.new_cache(), state=states.acquire(),
+        rope_delta=0, sampler=Sampler(GREEDY), thinking_cap=None, draft_fallback=0,
+        request=SimpleNamespace(media=None, prompt_logprobs=None, prompt_cache=False))
+
+
+class _Forced:
+    """The drafter with a chosen count of drafts taken per round (random weights accept
+    nothing): `forced_counts` for the chain; the host side applies the same `plan`."""
+
+    def __init__(self, drafter, plan) -> None:
+        self.drafter, self.plan = drafter, plan
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def forced_counts(self, drafts):
+        return next(self.plan)
+
+
+def _rig(moe: bool, chained: bool, forced, prompts: tuple[int, ...], seed: int, device,
+         rows: bool = False):
+    """Two greedy rows of random prompts of these lengths, prefilled through the eager forward
+    (which hands the drafter their hiddens), on a runner with the graph step, the MTP round and
+    (`chained`) the verify chain, the drafter's counts `forced`; (storage, drafter, speculator,
+    runner, rows). `rows`: the pool keeps drafter rows (prefix reuse)."""
+    model, head = mtp_model(moe, device)
+    layers, heads, dim = model.kv_layout()
+    storage = KvStorage(PagePool(16, PAGE), layers + 1, heads, dim,
+                        codecs_for("bf16", model.dtype), model.dtype, device,
+                        row_width=model.config["hidden_size"] if rows else 0)
+    states = model.state_pool(3)
+    capture = device.type == "cuda"
+    graphs = DecodeGraphs(EngineHybridDecoder(model, storage, states, 2, 512, max_q=K + 1,
+                                              keep_hidden=True), capture)
+    drafter = MtpDrafter(head, V)
+    drafter.round = MtpRound(head, HybridWeights(model, model.params).head, storage,
+                             drafter.layer, 2, 512, K, V, capture)
+    speculator = Speculator("mtp", K, drafter)
+    runner = HybridRunner(model, graphs, speculator.observe)
+    if chained:
+        speculator.drafter = _Forced(drafter, forced)
+        runner.chain = VerifyChain(graphs, speculator, capture)
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [_row(storage, states, torch.randint(0, V, (n,), generator=gen).tolist())
+            for n in prompts]
+    for seq in seqs:
+        assert seq.cache.reserve(len(seq.prompt))
+        logits = runner.forward(Batch([], [Chunk(seq, len(seq.prompt))], [seq]))
+        seq.output.append(int(logits[0].argmax()))
+    return storage, drafter, speculator, runner, seqs
+
+
+def _serve(moe: bool, chained: bool, plan: list, device, rows: bool):
+    """Two greedy rows through prompt, then verify rounds of `plan`'s forced counts (None:
+    acceptance by agreement), the host's `accept` and `keep` or the chain; (tokens, the drafts
+    of every round, GDN states, committed MTP K/V, pending hiddens)."""
+    forced = iter([[None] * 2 if c is None else c for c in plan])
+    storage, drafter, speculator, runner, seqs = _rig(moe, chained, forced, (9, 60), 8, device,
+                                                      rows)
+    proposed = []
+    for forced in plan:
+        for seq in seqs:
+            assert seq.cache.reserve(seq.cached + 2 * K + 1)
+        drafts = speculator.draft_rows(seqs, [K, K])
+        proposed.append(drafts)
+        batch = Batch(seqs, [], list(seqs), drafts)
+        logits = runner.forward(batch)
+        assert runner._chained == chained
+        _, verified = split_verify_rows(batch, logits)
+        emitted = runner.accepted(seqs)
+        if emitted is None:
+            emitted = accept([(s.sampler, *verified[id(s)]) for s in seqs])
+            if forced is not None:  # the chain's rule: j drafts, then the target's pick there
+                emitted = [[*d[:j], int(verified[id(s)][1][j].argmax())]
+                           for s, d, j in zip(seqs, drafts, forced)]
+        for seq, tokens in zip(seqs, emitted):
+            seq.output.extend(tokens)
+        runner.keep(batch, [len(t) for t in emitted])
+    # the next round's drafts: the host path runs the last round's pairs now (the chain did)
+    proposed.append(speculator.draft_rows(seqs, [K, K]))
+    mtp = [stored_rows(storage, drafter.layer, is_k, seq.cache._slots(0, seq.cached))
+           for seq in seqs for is_k in (True, False)]
+    held = [storage.rows[seq.cache._slots(0, seq.cached)].clone() for seq in seqs] if rows \
+        else []
+    return ([s.output for s in seqs], proposed, [t.clone() for s in seqs for t in
+                                                 s.state.tensors()], mtp, held)
+
+
+# the MoE head interpreted: ~200 s on the 2-core box, run with -m slow
+@pytest.mark.parametrize("moe", [False, pytest.param(True, marks=pytest.mark.slow)])
+@torch.inference_mode()
+def test_the_chain_serves_exactly_what_the_host_path_does(moe, device):
+    """Rounds that keep 4 and 1, then 2 and 3, then by agreement, then 1 and 4 tokens: the
+    chain's rows emit the host path's tokens, verify the host path's drafts each round, and
+    leave the same GDN states and committed MTP K/V and drafter rows."""
+    plan = [(3, 0), (1, 2), None, (0, 3)]
+    host = _serve(moe, False, plan, device, rows=True)
+    chain = _serve(moe, True, plan, device, rows=True)
+    assert chain[0] == host[0] and chain[1] == host[1]
+    assert all(len(d) == K for step in host[1] for d in step)
+    assert [len(o) for o in host[0]] == [1 + 4 + 2 + 1 + 1, 1 + 1 + 3 + 1 + 4]
+    for name, a, b in zip(("states", "MTP K/V", "drafter rows"), chain[2:], host[2:]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), name
+
+
+@torch.inference_mode()
+def test_a_row_the_host_ends_inside_the_round_keeps_its_own_count(device):
+    """The host keeps fewer tokens than the device accepted (an end token among the drafts):
+    `settle` takes that row's state back to them from the trail, and its drafter row holds no
+    drafts of the device's; the other row goes on with the chain's."""
+    sides = []
+    for chained in (False, True):
+        _, drafter, speculator, runner, seqs = _rig(False, chained, iter([[3, 3]]), (12, 20), 2,
+                                                    device)
+        for seq in seqs:
+            assert seq.cache.reserve(seq.cached + 2 * K + 1)
+        drafts = speculator.draft_rows(seqs, [K, K])
+        batch = Batch(seqs, [], list(seqs), drafts)
+        logits = runner.forward(batch)
+        emitted = runner.accepted(seqs) if chained else [
+            [*d, int(rows[K].argmax())] for d, rows in
+            (split_verify_rows(batch, logits)[1][id(s)] for s in seqs)]
+        emitted[0] = emitted[0][:2]  # row 0 ends at its second token
+        runner.keep(batch, [len(t) for t in emitted])
+        row = drafter._rows[id(seqs[0])]
+        assert [s.cached for s in seqs] == [12 + 2, 20 + K + 1]
+        assert row.done == (14 if chained else 12)  # the host path's pairs run at its next draft
+        assert not chained or (row.drafted is None
+                               and len(drafter._rows[id(seqs[1])].drafted) == K)
+        sides.append([t.clone() for s in seqs for t in s.state.tensors()])
+    assert all(torch.equal(x, y) for x, y in zip(*sides))
+
+
+def test_chainable_rows_are_greedy_without_penalties_grammar_or_logprobs():
+    def row(**kw):
+        return SimpleNamespace(sampler=Sampler(SamplingParams(**kw)), thinking_cap=None)
+    assert chainable(row(temperature=0.0))
+    assert not chainable(row(temperature=0.7))
+    assert not chainable(row(temperature=0.0, presence_penalty=1.5))
+    assert not chainable(row(temperature=0.0, frequency_penalty=0.1))
+    logged = row(temperature=0.0)
+    logged.sampler = Sampler(GREEDY, logprobs=2, logprob_sink=[])
+    assert not chainable(logged)
+    capped = row(temperature=0.0)
+    capped.thinking_cap = object()
+    assert not chainable(capped)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_the_engine_serves_the_same_with_and_without_the_chain_on_cuda(family, device):
+    """Served bf16 on CUDA, `--spec mtp` verify rounds go through the captured chain (its
+    graphs captured at load for every batch size); the same requests accepted on the host
+    make the same rounds, drafts and greedy output (contexts within one graph bucket: the
+    chain sizes its draft round's attention grid for j = k, the host's for the j it read)."""
+    if device.type != "cuda":
+        pytest.skip("the chain's engine path needs the CUDA graph step")
+    from .test_mtp_speculation import MtpArtifact
+    from .test_speculation import _engine as engine_with, _prompts, _run
+
+    artifact, prompts, runs = MtpArtifact(family), _prompts(120), []
+    for chained in (True, False):
+        engine = engine_with(artifact, "mtp", max_concurrency=2, prefill_chunk=16,
+                             cuda_dtype="bf16", verify_chain=chained)
+        try:
+            chain = engine.runner.chain
+            assert (chain is not None) == chained
+            launched = []
+            if chained:
+                assert len(chain._graphs) == 2  # batch sizes 1 and 2, captured at load
+                launch = chain.launch
+                chain.launch = lambda seqs, drafts: launched.append(len(seqs)) or launch(
+                    seqs, drafts)
+            tokens = _run(engine, prompts, 32)
+        finally:
+            engine.stop()
+        c = engine.speculator.counters
+        runs.append((tokens, c.rounds, c.drafted, c.accepted))
+        assert not chained or 0 < sum(launched) <= c.rounds
+    assert runs[0] == runs[1]
