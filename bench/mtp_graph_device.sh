@@ -3,12 +3,14 @@
 # a fresh H200: the CUDA tests of the round, MTP drafting and the warm-up; then the 35B-A3B
 # fp8-row engine step at B=1 with MTP drafts (13.2 ms eager, h200-verify-round.md), oracle
 # drafts and plain decode side by side; then what the warm-up leaves to compile and the first
-# bursts on a cold cache (the rest of mtp_round_device.sh).
+# bursts on a cold cache (the rest of mtp_round_device.sh). The MTP step runs twice: with the
+# verify chain (acceptance and the next drafts on the device, `step.verify_chain`) and without.
 #   OUT=/tmp/o bash bench/mtp_graph_device.sh
 source bench/device_env.sh
 gpu_tests 150 tests/engine/test_mtp_round.py tests/engine/test_mtp_draft_syncs.py \
   tests/engine/test_mtp_speculation.py tests/engine/test_mtp_prefix_reuse.py \
-  tests/engine/test_hybrid_verify.py tests/engine/test_warm_up.py tests/models/test_mtp.py
+  tests/engine/test_hybrid_verify.py tests/engine/test_verify_chain.py \
+  tests/engine/test_warm_up.py tests/models/test_mtp.py
 step() {  # name, profile_step arguments...
   local name=$1
   shift
@@ -18,7 +20,8 @@ step() {  # name, profile_step arguments...
     | tr '\n' ' ')"
   grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
 }
-step mtp --spec 3 --drafter mtp
+step mtp-chain --spec 3 --drafter mtp
+step mtp-host --spec 3 --drafter mtp --verify-chain off
 step oracle --spec 3
 step decode
 PYTHONPATH=$PWD:/tmp/site timeout 90 python3 -u bench/warm_up_compiles.py \
