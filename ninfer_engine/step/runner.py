@@ -165,7 +165,9 @@ class _ModelRunner:
             # padding drafts are never accepted (`keep`)
             q = graphs.decoder.max_q
             out = graphs.verify(rows, [d + [0] * (q - 1 - len(d)) for d in drafts])
-            logits = torch.cat([out[i, : 1 + len(d)] for i, d in enumerate(drafts)])
+            # rows all of max_q tokens are the output as it lies (no copy of [B·q, V] floats)
+            logits = (out.view(-1, out.shape[-1]) if all(len(d) == q - 1 for d in drafts)
+                      else torch.cat([out[i, : 1 + len(d)] for i, d in enumerate(drafts)]))
             self._verified_by_graph = True
             # (a chained step's hiddens go to the drafter through the chain)
             if not self._chain(rows, drafts) and sink is not None:
