@@ -246,3 +246,90 @@ def test_the_engine_serves_the_same_with_and_without_the_chain_on_cuda(family, d
         runs.append((tokens, c.rounds, c.drafted, c.accepted))
         assert not chained or 0 < sum(launched) <= c.rounds
     assert runs[0] == runs[1]
+
+
+def _cpu_graph_engine(monkeypatch, artifact, chained: bool):
+    """An engine on the CPU whose decode and verify rows take the hybrid graph step uncaptured
+    (the Triton kernels interpreted), with its MTP round and (`chained`) the verify chain: what
+    CUDA serves, but for capture. The model is the artifact's in bf16 over `FusedParams`. One
+    request at a time: the MTP round's projections round differently at another batch size,
+    which would move drafts at near-ties between the two paths."""
+    from pathlib import Path
+
+    from ninfer_engine import rank_parts
+    from ninfer_engine.config import EngineConfig
+    from ninfer_engine.engine import Engine
+    from ninfer_engine.models.fused import FusedParams
+    from ninfer_engine.models.qwen3_5 import Qwen35Model
+    from ninfer_engine.step.spec_policy import AlwaysSpeculate
+
+    def graphs(model, memory, kv_dtype, max_batch, max_context, use_graphs, max_q=1,
+               keep_hidden=False, **_):
+        return DecodeGraphs(EngineHybridDecoder(model, memory.storage, memory.running_slots,
+                                                max_batch, max_context, max_q, keep_hidden),
+                            capture=False)
+
+    def bind(drafter, storage, graphs):
+        d = graphs.decoder
+        drafter.round = MtpRound(drafter.head, d.core.w.head, storage, drafter.layer,
+                                 d.max_batch, d.max_context, d.max_q - 1, drafter.vocab, False)
+
+    def source(name, shape):
+        t = artifact.parameter(name, shape)
+        return t if name.endswith(("a_log", "dt_bias")) else t.to(torch.bfloat16)
+
+    monkeypatch.setattr(rank_parts, "build_decode_graphs", graphs)
+    monkeypatch.setattr(MtpDrafter, "bind_step", bind)
+    config = artifact.config("text")
+    engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=512, prefill_chunk=16,
+                                 max_concurrency=1, spec="mtp", draft_tokens=K,
+                                 verify_chain=chained),
+                    artifact, model=Qwen35Model(config, FusedParams(config, source)))
+    engine.speculator.policy = AlwaysSpeculate()
+    engine.start()
+    return engine
+
+
+def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monkeypatch):
+    """The engine's whole round — drafting, leases, the verify step, acceptance, `keep`, the
+    drafter's bookkeeping, rows cut by their output limit inside a round — through the chain
+    and through the host's acceptance, each taking the same drawn count of drafts a round
+    (random weights accept none): the same drafts every round and the same tokens (CPU, the
+    graph step uncaptured)."""
+    import random
+
+    from ninfer_engine.step import postprocess
+    from .test_mtp_speculation import MtpArtifact
+    from .test_speculation import _prompts, _run
+
+    artifact, prompts, runs = MtpArtifact("qwen3_5"), _prompts(40)[:2], []
+    for chained in (True, False):
+        engine = _cpu_graph_engine(monkeypatch, artifact, chained)
+        draws = random.Random(5)
+
+        def counts(n):
+            return [draws.randint(0, K) for _ in range(n)]
+        try:
+            spec, drafted, launched = engine.speculator, [], []
+            draft_rows = spec.draft_rows
+            spec.draft_rows = lambda seqs, rooms: drafted.append(draft_rows(seqs, rooms)) or (
+                drafted[-1])
+            # steps the host accepts (all of them unchained; rows the chain does not take:
+            # drafts cut short near the output limit) take the chain's rule: j drafts, then
+            # the target's pick after them
+            monkeypatch.setattr(postprocess, "accept", lambda rows: [
+                [*d[:j], int(rows_[j].argmax())]
+                for (_, d, rows_), j in zip(rows, counts(len(rows)))])
+            if chained:
+                chain = engine.runner.chain
+                launch = chain.launch
+                chain.launch = lambda seqs, d: launched.append(len(seqs)) or launch(seqs, d)
+                spec.drafter = _Forced(spec.drafter, None)
+                spec.drafter.forced_counts = lambda d: counts(len(d))
+            tokens = _run(engine, prompts, 12)
+        finally:
+            engine.stop()
+        runs.append((tokens, drafted, spec.counters.rounds, spec.counters.accepted))
+        assert not chained or 0 < sum(launched) <= spec.counters.rounds
+    assert runs[0] == runs[1]
+    assert runs[0][3] > 0  # drafts were taken
