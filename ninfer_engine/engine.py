@@ -29,6 +29,7 @@ from .serving import prefill_chunk_for
 from .stats import EngineStats
 from .step.event_pump import EventPump, EventStream
 from .step.families import make_runner
+from .step.chain_ahead import ChainAhead, ChainFlight, StepChainAhead
 from .step.lookahead import InFlight, Lookahead
 from .step.verify_chain import verify_chain
 from .step.postprocess import StepPostprocess
@@ -55,7 +56,7 @@ BUSY_PUBLISH_S = 0.05
 UNAVAILABLE = "service_unavailable"
 
 
-class Engine(StepPrepare, StepPostprocess):
+class Engine(StepPrepare, StepPostprocess, StepChainAhead):
     """The `ServingEngine` (client.py) backed by our torch model."""
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
@@ -93,7 +94,7 @@ class Engine(StepPrepare, StepPostprocess):
                                   if self.speculator and self.speculator.reads_hidden else None,
                                   self.vision)
         if config.verify_chain and not ranks.parallel:
-            self.runner.chain = verify_chain(graphs, self.speculator)
+            self.runner.chain = verify_chain(graphs, self.speculator, self._eos)
         if ranks.parallel:  # each step's plan goes to the other ranks before it runs here
             spec = self.speculator
             self.runner = Leader(self.runner, ranks, self.memory,
@@ -109,6 +110,10 @@ class Engine(StepPrepare, StepPostprocess):
             config.lookahead if config.lookahead is not None
             else graphs is not None and graphs.capture))
         self._in_flight: InFlight | None = None  # a lookahead step the host has not read
+        # `--spec mtp`: a chained verify round whose next may launch before it is read
+        self._chain_ahead = ChainAhead(self.runner, self.speculator, self.memory,
+                                       self.max_context)
+        self._chain_flight: ChainFlight | None = None
         # the CPU step verifies as many rows as it holds: drafts past them would send the
         # step to the eager forward, several times its cost
         self._draft_cap = graphs.draft_cap if graphs is not None else lambda batch: None
@@ -276,6 +281,8 @@ class Engine(StepPrepare, StepPostprocess):
         """One step: schedule -> forward -> sample -> update. False when there was nothing to do."""
         if self._in_flight is not None:
             return self._continue()
+        if self._chain_flight is not None:
+            return self._continue_chain()
         self._gather()
         started = time.perf_counter()
         now = time.monotonic()
@@ -294,6 +301,9 @@ class Engine(StepPrepare, StepPostprocess):
         if self._lookahead.holds(batch):  # its picks feed the next step before they are read
             self._in_flight = InFlight(batch, pick_rows(logits, [s.sampler for s in batch.decode]),
                                        started)
+            return True
+        if self._chain_ahead.holds(batch):  # its next round may launch before it is read
+            self._chain_flight = ChainFlight(batch, logits, started)
             return True
         self._finish(batch, logits, started)
         return True
@@ -324,7 +334,7 @@ class Engine(StepPrepare, StepPostprocess):
         if self.speculator is not None:
             self.speculator.forget(seq)
         self.runner.forget(seq)
-        if seq.finish_reason in ("stop", "length"):
+        if seq.finish_reason in ("stop", "length") and seq.state_exact:
             self.memory.checkpoint(seq)  # the conversation frontier, for the next turn
         self.memory.release(seq)
         self.scheduler.remove(seq)

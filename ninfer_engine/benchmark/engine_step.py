@@ -189,9 +189,11 @@ class _ForcedAcceptance:
         self._taken: dict[int, tuple[list[int], int]] = {}
 
     def _take(self, drafts: list[int]) -> None:
+        self._taken[id(drafts)] = (drafts, self._draw())
+
+    def _draw(self) -> int:
         low = int(self.mean_correct)
-        self._taken[id(drafts)] = (drafts, min(
-            self.k, low + (self._rng.random() < self.mean_correct - low)))
+        return min(self.k, low + (self._rng.random() < self.mean_correct - low))
 
     @contextmanager
     def forced(self):
@@ -249,10 +251,12 @@ class ForcedRounds(_ForcedAcceptance):
     def __getattr__(self, name: str):
         return getattr(self.drafter, name)
 
-    def forced_counts(self, drafts: list[list[int]]) -> list[int | None]:
+    def forced_counts(self, drafts: list[list[int] | None]) -> list[int | None]:
         """How many of each row's `drafts` its round takes, for acceptance on the device
-        (`step.verify_chain`, which `forced()` does not reach); None: a round not forced."""
-        return [self._taken.pop(id(d), (None, None))[1] for d in drafts]
+        (`step.verify_chain`, which `forced()` does not reach); None: a round not forced. A
+        round the chain launched from its device drafts (None) draws its count now."""
+        return [self._draw() if d is None else self._taken.pop(id(d), (None, None))[1]
+                for d in drafts]
 
     def propose_rows(self, seqs: list, ks: list[int]) -> list[list[int]]:
         # fewer than k (a round cut short by the output limit): plain decode, as the oracle's

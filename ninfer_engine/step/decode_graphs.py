@@ -81,7 +81,7 @@ class DecodeGraphs:
     def forward_from(self, seqs: list[Sequence], tokens: torch.Tensor) -> torch.Tensor:
         """`forward` whose rows' input tokens are `tokens` (device [len(seqs)]: the last step's
         picks, not yet read by the host) instead of each sequence's last output."""
-        logits = self._run(seqs, None, 1, tokens)
+        logits = self._run(seqs, None, 1, lambda: self.decoder.feed(tokens))
         for seq in seqs:
             seq.cached += 1
         return logits
@@ -101,6 +101,14 @@ class DecodeGraphs:
         q_len = 1 + len(drafts[0])
         assert all(len(d) == q_len - 1 for d in drafts) and q_len <= self.decoder.max_q
         return self._run(seqs, drafts, q_len).view(len(seqs), q_len, -1)
+
+    def verify_fed(self, seqs: list[Sequence], q_len: int, feed: Callable[[], None],
+                   ahead: int) -> torch.Tensor:
+        """`verify` of rows whose tokens and positions `feed()` writes into the loaded buffers
+        on the device (a verify chain's next round: `verify_chain`), each row up to `ahead`
+        positions past its `cached` (the round in flight the host has not settled)."""
+        return self._run(seqs, [[0] * (q_len - 1)] * len(seqs), q_len, feed, ahead).view(
+            len(seqs), q_len, -1)
 
     def verifies(self, drafts: list[list[int]]) -> bool:
         """Whether a step of rows with these drafts runs here: each row within `max_q`, and
@@ -181,16 +189,19 @@ class DecodeGraphs:
             # an internal assert of the caching allocator (torch 2.11, seen on the H200)
             self._pool = torch.cuda.graph_pool_handle()
 
-    def _run(self, seqs, drafts, q_len: int, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def _run(self, seqs, drafts, q_len: int, feed: Callable[[], None] | None = None,
+             ahead: int = 0) -> torch.Tensor:
+        """The step of `seqs` loaded (then `feed()`: inputs from the device), replayed;
+        `ahead`: positions the rows may be past their `cached` (the context bucket's)."""
         d = self.decoder
 
         def load():
             d.load(seqs, drafts)
-            if tokens is not None:
-                d.feed(tokens)
+            if feed is not None:
+                feed()
         load()
         batch, self._q_len = len(seqs), q_len
-        bucket = context_bucket(max(seq.cached + q_len for seq in seqs), d.max_context)
+        bucket = context_bucket(max(seq.cached + ahead + q_len for seq in seqs), d.max_context)
         after = getattr(d, "after_launch", lambda: None)  # host work while the step runs
         if not self.capture:
             logits = d.step(batch, bucket, q_len)

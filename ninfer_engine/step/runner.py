@@ -81,7 +81,6 @@ class _ModelRunner:
         # `--spec mtp`'s acceptance and next drafts on the device (`verify_chain`), or None
         self.chain = None
         self._verified_by_graph = False
-        self._chained = False  # the last step's verify rows went through `chain`
 
     def forward(self, batch: Batch) -> torch.Tensor:
         sampled = set(map(id, batch.sampled))
@@ -141,7 +140,7 @@ class _ModelRunner:
     def _forward(self, batch: Batch, sampled: set[int]) -> torch.Tensor:
         graphs, drafts = self.graphs, [batch.drafts_of(i) for i in range(len(batch.decode))]
         longest = max(map(len, drafts), default=0)
-        self._verified_by_graph = self._chained = False
+        self._verified_by_graph = False
         sink = self.hidden_sink
         if (graphs is not None and not longest and sink is None and batch.chunks
                 and getattr(graphs.decoder, "ragged", False)):
@@ -260,19 +259,25 @@ class _ModelRunner:
                           "now on")
             self.chain = None
             return False
-        self._chained = True
         return True
 
+    def forward_ahead(self, batch: Batch) -> torch.Tensor:
+        """The next verify round of `batch`'s rows (every one chained last step, none settled
+        yet: `ChainAhead.holds`) from the chain's device outputs; its logits as `forward`'s."""
+        out = self.chain.launch_ahead(batch.decode)
+        return out.view(-1, out.shape[-1])
+
     def accepted(self, seqs: list[Sequence]) -> list[list[int]] | None:
-        """The tokens the last step's verify rows `seqs` emit, where the device accepted them
-        (`verify_chain`); None: the host accepts (`speculation.accept`)."""
-        return self.chain.accepted(seqs) if self._chained else None
+        """The tokens the verify rows `seqs` of the step being finished emit, where the device
+        accepted them (`verify_chain`); None: the host accepts (`speculation.accept`)."""
+        chain = self.chain
+        return chain.accepted(seqs) if chain is not None and chain.owns(seqs) else None
 
     def keep(self, batch: Batch, kept: list[int]) -> None:
         """After a step with verify rows: decode row i keeps its first `kept[i]` tokens."""
-        if self._chained:
-            self._chained = False
-            self.chain.settle(batch.decode, kept)
+        chain = self.chain
+        if chain is not None and batch.decode and chain.owns(batch.decode):
+            chain.settle(batch.decode, kept)
             return
         if self._verified_by_graph:
             self.graphs.keep(batch.decode, kept)

@@ -78,6 +78,9 @@ class Sequence:
     spec_detail: bool = False  # --log-speculation-detail: its final timings measure overlap
     media_rows: dict = field(default_factory=dict)  # media item -> encoder rows, until prefilled
     vision_s: float = 0.0  # time the vision tower spent on this request's media
+    # its K/V and recurrent state are those of its first `cached` tokens (False: a verify
+    # round launched ahead moved them past where it ended: no checkpoint, `verify_chain`)
+    state_exact: bool = True
     _unsent: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:

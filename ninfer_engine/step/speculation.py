@@ -145,6 +145,13 @@ class Speculator:
             return 0
         return k
 
+    def goes_on(self, seqs: list) -> bool:
+        """Whether these decode rows would all draft their next step (a verify chain's round
+        launched ahead of this one's drafting: `chain_ahead`): the policy drafts at their batch
+        size, none is paused for low acceptance."""
+        return self.policy.speculate(len(seqs)) and all(
+            not self._rows.get(id(seq), RowState()).paused for seq in seqs)
+
     def record_step(self, batch: int, verified: bool, tokens: int, seconds: float) -> None:
         """A pure decode step of `batch` rows (`verified`: some verified drafts) emitted
         `tokens` in `seconds`, drafting included."""

@@ -14,20 +14,31 @@ over the same logits, the same rule.
 A step chains when acceptance needs nothing of the host (`takes`): every row greedy without
 penalties or grammar (`chainable`), carrying the full k drafts, its drafter's pairs run up to
 its last token (`MtpDrafter.ready`) and its pages leased through L + 2k (the round after
-j = k writes K/V there). A row the host ends inside the round (an end token among the drafts, a
-stop string, the output limit) keeps fewer tokens than the device did: `settle` takes its GDN
-state back from the verify step's trail, which the chain leaves as it was. Every op of the chain
-is idempotent on its inputs, so the warm-up run before a capture changes nothing the replay does
-not set again.
+j = k writes K/V there). An end token among a row's drafts ends its acceptance there (it goes
+out as the bonus: the same tokens as the host's, whose row stops at it), so the device keeps
+what the host emits. A row the host ends inside the round anyway (a stop string, the output
+limit) keeps fewer tokens than the device did: `settle` takes its GDN state back from the
+verify step's trail, which the chain leaves as it was.
+
+The chain also stages the next round's inputs (each row's bonus and drafts at its next
+positions, `next`), so the engine may queue that round before reading this one
+(`launch_ahead`, where `chain_ahead.ChainAhead` holds); rounds are settled oldest first. Every
+op of the chain is idempotent on its inputs, so the warm-up run before a capture changes nothing
+the replay does not set again. Drafts can differ from the host path's where the two size the
+draft round's attention grid into different context buckets (the chain for j = k); tokens
+cannot.
 """
 from __future__ import annotations
 
 import logging
+from collections import deque
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
 
 from ..kv.slots import StateSlot
+from ..types import EngineError
 from .decode_graphs import DecodeGraphs, context_bucket, record_graph
 
 log = logging.getLogger("ninfer.engine")
@@ -42,28 +53,58 @@ def chainable(seq) -> bool:
             and s.constraint is None and s.logprobs is None and seq.thinking_cap is None)
 
 
+@dataclass
+class _Round:
+    """A launched chain the host has not settled: its rows by sequence, the drafts they verify
+    (None for a round launched ahead, until its predecessor's are read), its results' host
+    copy; `ahead`: the next round was launched on this one's device outputs."""
+
+    rows: dict[int, int]
+    drafts: list[list[int] | None]
+    host: torch.Tensor
+    event: torch.cuda.Event | None
+    ahead: bool = False
+    read: list[list[int]] | None = None
+
+    def results(self) -> list[list[int]]:
+        """[j, bonus, draft 1, .., draft k] of each row: waits for the round's copy."""
+        if self.read is None:
+            if self.event is not None:
+                self.event.synchronize()
+            self.read = self.host[: len(self.rows)].tolist()
+        return self.read
+
+
 class VerifyChain:
     """The device tail of verify steps through `graphs` (a hybrid `DecodeGraphs` that keeps
     hiddens and picks) for `speculator`'s MTP drafter (its `round`, `models.mtp_step.MtpStep`
-    over the pool's MTP layer); one graph per (batch size, context bucket) when `capture`."""
+    over the pool's MTP layer); one graph per (batch size, context bucket) when `capture`.
+    `eos`: the end tokens that end a row (and its acceptance, `_chain`)."""
 
-    def __init__(self, graphs: DecodeGraphs, speculator, capture: bool) -> None:
+    def __init__(self, graphs: DecodeGraphs, speculator, capture: bool,
+                 eos: frozenset[int] = frozenset()) -> None:
         d = graphs.decoder
         self.graphs, self.speculator, self.capture = graphs, speculator, capture
         self.core, self.picks, self.k = d.core, d.picks, d.max_q - 1
         self.max_batch, self.max_context = d.max_batch, d.max_context
         dev = self.picks.device
         self.forced = torch.full((self.max_batch,), -1, dtype=torch.long, device=dev)
+        self.eos = torch.tensor(sorted(eos) or [-1], dtype=torch.long, device=dev)
+        self.stops = torch.zeros(self.max_batch, dtype=torch.bool, device=dev)  # ends at eos
         # per row: accepted drafts j, the bonus token, the next round's k drafts
         self.out = torch.zeros(self.max_batch, 2 + self.k, dtype=torch.long, device=dev)
-        self.host = torch.zeros(self.out.shape, dtype=torch.long,
-                                pin_memory=dev.type == "cuda")
-        self.event = torch.cuda.Event() if dev.type == "cuda" else None
+        # the next round's inputs: [bonus, drafts] and their positions, a row each
+        self.next = torch.zeros(2, self.max_batch * (self.k + 1), dtype=torch.long, device=dev)
+        # two rounds may be unsettled (one launched ahead of the other): a host copy each
+        self._copies = [(torch.zeros(self.out.shape, dtype=torch.long,
+                                     pin_memory=dev.type == "cuda"),
+                         torch.cuda.Event() if dev.type == "cuda" else None)
+                        for _ in range(2)]
+        self._rounds: deque[_Round] = deque()
+        self._turn = 0  # the host copy the next round takes
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._bound = None  # the MTP layer's K tensor the graphs read (an elastic pool grows)
-        self._launched: dict[int, tuple[int, list[int]]] = {}  # id(seq): (row, its drafts)
-        self._read: list[list[int]] | None = None
 
     @property
     def drafter(self):
@@ -72,7 +113,8 @@ class VerifyChain:
     def takes(self, seqs: list, drafts: list[list[int]]) -> bool:
         """Whether the verify step of `seqs` with `drafts` chains (see the module docstring)."""
         drafter = self.drafter
-        if getattr(drafter, "round", None) is None or not 0 < len(seqs) <= self.max_batch:
+        if (getattr(drafter, "round", None) is None or self._rounds
+                or not 0 < len(seqs) <= self.max_batch):
             return False
         return all(len(d) == self.k and chainable(seq) and drafter.ready(seq)
                    and seq.cache.capacity > seq.cached + 2 * self.k
@@ -81,43 +123,87 @@ class VerifyChain:
     def launch(self, seqs: list, drafts: list[list[int]]) -> None:
         """After `graphs.verify(seqs, drafts)` (`takes` said so): the chain queued, its results
         copied to the host behind it; `seqs`' drafter rows get the verify step's hiddens."""
-        batch, q = len(seqs), self.k + 1
-        counts = getattr(self.drafter, "forced_counts", lambda _: [None] * batch)(drafts)
-        self.forced[:batch].copy_(torch.tensor([-1 if c is None else c for c in counts]),
-                                  non_blocking=True)
-        out = self._run(batch, context_bucket(max(s.cached for s in seqs) + 2 * self.k + 1,
-                                              self.max_context))
-        self.host[:batch].copy_(out[:batch], non_blocking=True)
-        if self.event is not None:
-            self.event.record()
+        self.stops[: len(seqs)].copy_(torch.tensor([bool(s.eos_token_ids) for s in seqs]),
+                                      non_blocking=True)
+        self._queue(seqs, drafts, max(s.cached for s in seqs))
+        q = self.k + 1
         for b, seq in enumerate(seqs):  # h of positions L..L+k, for prefix reuse
             self.drafter.store_rows(seq, seq.cached, self.core.hidden[b * q: (b + 1) * q])
-        self._launched = {id(seq): (b, d) for b, (seq, d) in enumerate(zip(seqs, drafts))}
-        self._read = None
+
+    def launch_ahead(self, seqs: list) -> torch.Tensor:
+        """The next round of the one launched last (the same rows, none settled yet), its
+        verify step fed the chain's device outputs (each row's bonus and drafts at its next
+        positions) and its chain behind it; its logits [len(seqs), 1 + k, V]."""
+        batch, q = len(seqs), self.k + 1
+        n = batch * q
+        out = self.graphs.verify_fed(
+            seqs, q, lambda: self.core.meta[:2, :n].copy_(self.next[:, :n]), ahead=q)
+        before = self._rounds[-1]
+        self._queue(seqs, [None] * batch, max(s.cached for s in seqs) + q)
+        before.ahead = True
+        return out
+
+    def ahead_drafts(self) -> list[list[int]]:
+        """The drafts the round launched ahead verifies, a row each (read with the round
+        before it: `settle`)."""
+        return list(self._rounds[-1].drafts)
+
+    def discard(self) -> None:
+        """The oldest round unsettled for good: every row of it ended with the round before."""
+        self._rounds.popleft()
+
+    def alone(self, seqs: list) -> bool:
+        """Whether the one unsettled round is of exactly `seqs` (in order): its next may go
+        ahead (`chain_ahead`)."""
+        return len(self._rounds) == 1 and list(self._rounds[0].rows) == list(map(id, seqs))
+
+    def owns(self, seqs: list) -> bool:
+        """Whether `seqs` are rows of the oldest unsettled round (the step being finished)."""
+        return bool(self._rounds) and all(id(s) in self._rounds[0].rows for s in seqs)
 
     def accepted(self, seqs: list) -> list[list[int]]:
-        """The tokens each of `seqs` (rows of the launched chain) emits: its first j drafts
-        and the bonus. Waits for the chain (the round's one read-back)."""
-        results, out = self._results(), []
+        """The tokens each of `seqs` (rows of the oldest round) emits: its first j drafts and
+        the bonus. Waits for that round (its one read-back)."""
+        r = self._rounds[0]
+        results, out = r.results(), []
         for seq in seqs:
-            b, d = self._launched[id(seq)]
+            b = r.rows[id(seq)]
             j, bonus = results[b][:2]
-            out.append([*d[:j], bonus])
+            out.append([*r.drafts[b][:j], bonus])
         return out
 
     def settle(self, seqs: list, kept: list[int]) -> None:
-        """After the host's acceptance: row i of the launched chain keeps `kept[i]` tokens
-        (its GDN state back to them where the device kept more), `cached` advances, and its
-        drafter row holds the next round's drafts where it kept what the device did."""
-        results = self._results()
+        """After the host's acceptance of the oldest round: row i keeps `kept[i]` tokens and
+        `cached` advances. Where the device kept more (the host ended the row), its GDN state
+        goes back to them from the trail. Where the next round is already under way, the
+        rows going on hand it their drafts; a row that ended on its bonus is taken to its
+        state after that token (the next round's first: `cached` covers it, as a lookahead
+        step's row); one the host ended inside the round has no exact state left (no
+        checkpoint: `Sequence.state_exact`)."""
+        r = self._rounds.popleft()
+        nxt = self._rounds[0] if r.ahead else None
+        results, q = r.results(), self.k + 1
         for seq, n in zip(seqs, kept):
-            b = self._launched[id(seq)][0]
+            b = r.rows[id(seq)]
             j, _, *drafts = results[b]
-            if n != j + 1:
-                self.graphs.decoder.keep(b, n)
+            if nxt is None:
+                if n != j + 1:
+                    self.graphs.decoder.keep(b, n)
+                seq.cached += n
+                self.drafter.chained(seq, drafts if n == j + 1 else None)
+                continue
+            nxt.drafts[b] = drafts
             seq.cached += n
-            self.drafter.chained(seq, drafts if n == j + 1 else None)
-        self._launched = {}
+            self.drafter.chained(seq, None)  # its drafts are being verified already
+            if n != j + 1:
+                seq.state_exact = False
+                if seq.finish_reason is None:  # not a row `ChainAhead` lets go ahead
+                    seq.fail(EngineError("the verify chain lost this request's state"))
+            elif seq.finish_reason is not None:
+                self.graphs.decoder.keep(b, 1)
+                seq.cached += 1
+            else:  # h of the next round's positions, for prefix reuse
+                self.drafter.store_rows(seq, seq.cached, self.core.hidden[b * q: (b + 1) * q])
 
     def capture_at_start(self) -> None:
         """Capture the first context bucket for every batch size now, behind a verify step of
@@ -134,6 +220,22 @@ class VerifyChain:
                 self._run(batch, context_bucket(2 * self.k + 1, self.max_context))
         finally:
             cache.release()
+
+    def _queue(self, seqs: list, drafts: list, longest: int) -> None:
+        """The chain of the verify step just queued for `seqs` (`longest`: the furthest
+        `cached` among them, counting rounds in flight), then its results' copy."""
+        batch = len(seqs)
+        counts = getattr(self.drafter, "forced_counts", lambda _: [None] * batch)(drafts)
+        self.forced[:batch].copy_(torch.tensor([-1 if c is None else c for c in counts]),
+                                  non_blocking=True)
+        out = self._run(batch, context_bucket(longest + 2 * self.k + 1, self.max_context))
+        host, event = self._copies[self._turn]
+        self._turn ^= 1
+        host[:batch].copy_(out[:batch], non_blocking=True)
+        if event is not None:
+            event.record()
+        self._rounds.append(_Round({id(seq): b for b, seq in enumerate(seqs)}, list(drafts),
+                                   host, event))
 
     def _run(self, batch: int, bucket: int) -> torch.Tensor:
         step = self.drafter.round.step
@@ -155,38 +257,53 @@ class VerifyChain:
         return out
 
     def _chain(self, step, batch: int, bucket: int) -> torch.Tensor:
-        """The device ops: acceptance, rollback, the MTP round; `out` [max_batch, 2 + k]."""
-        q, k = self.k + 1, self.k
-        picks = self.picks[: batch * q].view(batch, q)
+        """The device ops: acceptance (an end token among the drafts ends it: it goes out as
+        the bonus, so the row keeps what the host emits), rollback, the MTP round, the next
+        round's inputs; `out` [max_batch, 2 + k]."""
+        q = self.k + 1
         drafts = self.core.tokens[: batch * q].view(batch, q)[:, 1:]
-        agree = (drafts == picks[:, :k]).long().cumprod(1).sum(1)
-        forced = self.forced[:batch]
-        accepted = torch.where(forced >= 0, forced, agree)
-        bonus = picks.gather(1, accepted[:, None])[:, 0]
+        first = self.core.pos[: batch * q].view(batch, q)[:, 0]
+        ends = (drafts[:, :, None] == self.eos).any(-1) & self.stops[:batch, None]
+        accepted, bonus = accept_on_device(drafts, self.picks[: batch * q].view(batch, q),
+                                           self.forced[:batch], ends)
         self.core.keep_on_device(accepted + 1, batch)
         step.load_from_verify(self.core, accepted, bonus, batch)
         out = self.out[:batch]
         out[:, 0], out[:, 1] = accepted, bonus
         out[:, 2:] = step.round(batch, bucket)
+        n = batch * q
+        tokens, positions = self.next[0, :n].view(batch, q), self.next[1, :n].view(batch, q)
+        tokens[:, 0], tokens[:, 1:] = bonus, out[:, 2:]
+        torch.add((first + accepted + 1)[:, None], torch.arange(q, device=drafts.device),
+                  out=positions)
         return self.out
 
-    def _results(self) -> list[list[int]]:
-        """[j, bonus, draft 1, .., draft k] of each launched row."""
-        if self._read is None:
-            if self.event is not None:
-                self.event.synchronize()
-            self._read = self.host[: len(self._launched)].tolist()
-        return self._read
+
+def accept_on_device(drafts: torch.Tensor, picks: torch.Tensor, forced: torch.Tensor,
+                     ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance of verify rows on the device: `drafts` [B, k], the target's `picks`
+    after each of the row's tokens [B, k + 1], `forced` [B] (a benchmark's count of drafts
+    taken, -1: by agreement), `ends` [B, k] (the draft is an end token of a row that stops at
+    one). (accepted drafts j [B], the bonus picks[j] [B]): j is the longest agreeing prefix (or
+    the forced count), cut before the first end token, which then goes out as the bonus."""
+    k = drafts.shape[1]
+    agree = (drafts == picks[:, :k]).long().cumprod(1).sum(1)
+    accepted = torch.where(forced >= 0, forced, agree)
+    index = torch.arange(k, device=drafts.device)
+    accepted = torch.minimum(accepted, torch.where(ends, index, k).amin(1))
+    return accepted, picks.gather(1, accepted[:, None])[:, 0]
 
 
-def verify_chain(graphs: DecodeGraphs | None, speculator) -> VerifyChain | None:
+def verify_chain(graphs: DecodeGraphs | None, speculator,
+                 eos: frozenset[int] = frozenset()) -> VerifyChain | None:
     """The chain for an engine whose `--spec mtp` drafter drafts through a captured round
     over `graphs`' verify step, captured at start; else None."""
     if (graphs is None or speculator is None
             or getattr(speculator.drafter, "round", None) is None
             or getattr(graphs.decoder, "picks", None) is None):
         return None
-    chain = VerifyChain(graphs, speculator, graphs.capture)
+    chain = VerifyChain(graphs, speculator, graphs.capture, eos)
     if graphs.capture:
         chain.capture_at_start()
+    log.info("--spec mtp: greedy verify rounds accepted and drafted on the device")
     return chain

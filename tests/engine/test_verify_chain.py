@@ -24,7 +24,7 @@ from ninfer_engine.step.runner import HybridRunner
 from ninfer_engine.step.sampling import Sampler
 from ninfer_engine.step.scheduler import Batch, Chunk
 from ninfer_engine.step.speculation import Speculator, accept, split_verify_rows
-from ninfer_engine.step.verify_chain import VerifyChain, chainable
+from ninfer_engine.step.verify_chain import VerifyChain, accept_on_device, chainable
 from ninfer_engine.types import SamplingParams
 
 from .helpers import stored_rows
@@ -69,6 +69,7 @@ def _row(storage, states, prompt: list[int]):
     return SimpleNamespace(
         prompt=prompt, output=[], cached=0, cache=storage.new_cache(), state=states.acquire(),
         rope_delta=0, sampler=Sampler(GREEDY), thinking_cap=None, draft_fallback=0,
+        eos_token_ids=frozenset(), finish_reason=None, state_exact=True,
         request=SimpleNamespace(media=None, prompt_logprobs=None, prompt_cache=False))
 
 
@@ -134,7 +135,7 @@ def _serve(moe: bool, chained: bool, plan: list, device, rows: bool):
         proposed.append(drafts)
         batch = Batch(seqs, [], list(seqs), drafts)
         logits = runner.forward(batch)
-        assert runner._chained == chained
+        assert (runner.chain is not None and runner.chain.owns(seqs)) == chained
         _, verified = split_verify_rows(batch, logits)
         emitted = runner.accepted(seqs)
         if emitted is None:
@@ -198,6 +199,90 @@ def test_a_row_the_host_ends_inside_the_round_keeps_its_own_count(device):
                                and len(drafter._rows[id(seqs[1])].drafted) == K)
         sides.append([t.clone() for s in seqs for t in s.state.tensors()])
     assert all(torch.equal(x, y) for x, y in zip(*sides))
+
+
+@torch.inference_mode()
+def test_a_round_launched_ahead_settles_as_the_host_path(device):
+    """Round 1 chained, round 2 launched from its device outputs before round 1 is read
+    (`launch_ahead`); then round 1 settles with row 0 ended on its bonus (as on an end token)
+    and row 1 going on, then round 2 for row 1. Against two host rounds of both rows (row 0's
+    second keeping 1 token): row 1's tokens, drafts and state are the host path's, and row 0's
+    state and `cached` cover its bonus (as a lookahead row's last token)."""
+    plan = [(2, 1), (0, 2)]  # the host's; the device takes 2 of row 0's in round 2
+    sides = []
+    for chained in (False, True):
+        storage, drafter, speculator, runner, seqs = _rig(False, chained,
+                                                          iter([plan[0], (2, 2)]), (11, 30),
+                                                          4, device)
+        for seq in seqs:
+            assert seq.cache.reserve(seq.cached + 4 * K + 4)
+        drafts = speculator.draft_rows(seqs, [K, K])
+        batch = Batch(seqs, [], list(seqs), drafts)
+        logits = runner.forward(batch)
+        verified = split_verify_rows(batch, logits)[1]
+        if chained:
+            ahead = runner.forward_ahead(batch)
+            emitted = runner.accepted(seqs)
+        else:
+            emitted = [[*d[:j], int(verified[id(s)][1][j].argmax())]
+                       for s, d, j in zip(seqs, drafts, plan[0])]
+        for seq, tokens in zip(seqs, emitted):
+            seq.output.extend(tokens)
+        seqs[0].finish_reason = "stop" if chained else None
+        runner.keep(batch, [len(t) for t in emitted])
+        if chained:  # round 2's drafts came with round 1's results; row 0 ended
+            second = Batch(seqs, [], list(seqs), runner.chain.ahead_drafts())
+            emitted = runner.accepted(seqs[1:])
+            seqs[1].output.extend(emitted[0])
+            runner.keep(Batch(seqs[1:], [], seqs[1:], second.drafts[1:]), [len(emitted[0])])
+            assert ahead.shape[0] == 2 * (K + 1) and seqs[0].state_exact
+        else:
+            second = Batch(seqs, [], list(seqs), speculator.draft_rows(seqs, [K, K]))
+            logits = runner.forward(second)
+            verified = split_verify_rows(second, logits)[1]
+            emitted = [[*d[:j], int(verified[id(s)][1][j].argmax())]
+                       for s, d, j in zip(seqs, second.drafts, plan[1])]
+            for seq, tokens in zip(seqs, emitted):
+                seq.output.extend(tokens)
+            runner.keep(second, [1, len(emitted[1])])
+            seqs[0].output = seqs[0].output[:-1]  # row 0 ended on round 1's bonus
+        sides.append(([s.output for s in seqs], [s.cached for s in seqs], second.drafts,
+                      [t.clone() for s in seqs for t in s.state.tensors()]))
+    (out, cached, drafts, states), (out2, cached2, drafts2, states2) = sides
+    assert out2 == out and cached2 == cached and drafts2 == drafts
+    assert all(torch.equal(x, y) for x, y in zip(states, states2))
+
+
+def test_acceptance_on_the_device_is_the_hosts_rule():
+    """Every pattern of agreement over k = 3 drafts, against `accept_greedy`'s rule (the
+    longest agreeing prefix, then the pick after it); an end token among the accepted drafts
+    cuts acceptance before it and goes out as the bonus (the tokens the host emits, stopping
+    there); a forced count is taken as it is."""
+    from itertools import product
+
+    from ninfer_engine.step.sampling import Sampler as HostSampler
+    from ninfer_engine.step.speculation import accept_greedy
+
+    picks = torch.tensor([[5, 6, 7, 8]])
+    for agree in product([True, False], repeat=K):
+        drafts = torch.tensor([[p if a else 9 for p, a in zip([5, 6, 7], agree)]])
+        logits = torch.full((K + 1, 10), -1.0)
+        logits[torch.arange(K + 1), picks[0]] = 1.0
+        [want] = accept_greedy([(HostSampler(GREEDY), drafts[0].tolist(), logits)])
+        none = torch.zeros(1, K, dtype=torch.bool)
+        j, bonus = accept_on_device(drafts, picks, torch.tensor([-1]), none)
+        assert [*drafts[0, : int(j)].tolist(), int(bonus)] == want, agree
+        for end in range(K):  # draft `end` is an end token
+            ends = none.clone()
+            ends[0, end] = True
+            j, bonus = accept_on_device(drafts, picks, torch.tensor([-1]), ends)
+            tokens = [*drafts[0, : int(j)].tolist(), int(bonus)]
+            stop = next((i for i, t in enumerate(want) if i == end and i < len(want) - 1),
+                        None)  # the host stops at the end token where it was accepted
+            assert tokens == (want if stop is None else want[: stop + 1]), (agree, end)
+    j, bonus = accept_on_device(torch.tensor([[9, 9, 9]]), picks, torch.tensor([2]),
+                                torch.zeros(1, K, dtype=torch.bool))
+    assert (int(j), int(bonus)) == (2, 7)
 
 
 def test_chainable_rows_are_greedy_without_penalties_grammar_or_logprobs():
@@ -292,10 +377,10 @@ def _cpu_graph_engine(monkeypatch, artifact, chained: bool):
 
 def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monkeypatch):
     """The engine's whole round — drafting, leases, the verify step, acceptance, `keep`, the
-    drafter's bookkeeping, rows cut by their output limit inside a round — through the chain
-    and through the host's acceptance, each taking the same drawn count of drafts a round
-    (random weights accept none): the same drafts every round and the same tokens (CPU, the
-    graph step uncaptured)."""
+    drafter's bookkeeping, rounds launched ahead of the one before, rows cut by their output
+    limit inside a round — through the chain and through the host's acceptance, each taking
+    the same drawn count of drafts a round (random weights accept none): the same drafts every
+    round and the same tokens (CPU, the graph step uncaptured)."""
     import random
 
     from ninfer_engine.step import postprocess
@@ -310,10 +395,10 @@ def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monk
         def counts(n):
             return [draws.randint(0, K) for _ in range(n)]
         try:
-            spec, drafted, launched = engine.speculator, [], []
-            draft_rows = spec.draft_rows
-            spec.draft_rows = lambda seqs, rooms: drafted.append(draft_rows(seqs, rooms)) or (
-                drafted[-1])
+            spec, runner, drafted, launched = engine.speculator, engine.runner, [], []
+            keep = runner.keep  # each verify step's drafts, as it settles
+            runner.keep = lambda batch, kept: drafted.append(
+                [list(d) for d in batch.drafts]) or keep(batch, kept)
             # steps the host accepts (all of them unchained; rows the chain does not take:
             # drafts cut short near the output limit) take the chain's rule: j drafts, then
             # the target's pick after them
@@ -322,14 +407,17 @@ def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monk
                 for (_, d, rows_), j in zip(rows, counts(len(rows)))])
             if chained:
                 chain = engine.runner.chain
-                launch = chain.launch
+                launch, ahead = chain.launch, chain.launch_ahead
                 chain.launch = lambda seqs, d: launched.append(len(seqs)) or launch(seqs, d)
+                chain.launch_ahead = lambda seqs: launched.append(-len(seqs)) or ahead(seqs)
                 spec.drafter = _Forced(spec.drafter, None)
                 spec.drafter.forced_counts = lambda d: counts(len(d))
             tokens = _run(engine, prompts, 12)
         finally:
             engine.stop()
         runs.append((tokens, drafted, spec.counters.rounds, spec.counters.accepted))
-        assert not chained or 0 < sum(launched) <= spec.counters.rounds
+        # rounds chained, and some launched ahead of the one before (`chain_ahead`)
+        assert not chained or (0 < len(launched) <= spec.counters.rounds
+                               and min(launched) < 0 < max(launched))
     assert runs[0] == runs[1]
     assert runs[0][3] > 0  # drafts were taken
