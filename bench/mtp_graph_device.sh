@@ -4,12 +4,14 @@
 # fp8-row engine step at B=1 with MTP drafts (13.2 ms eager, h200-verify-round.md), oracle
 # drafts and plain decode side by side; then what the warm-up leaves to compile and the first
 # bursts on a cold cache (the rest of mtp_round_device.sh). The MTP step runs twice: with the
-# verify chain (acceptance and the next drafts on the device, `step.verify_chain`) and without.
+# verify chain (acceptance and the next drafts on the device, `step.verify_chain`), each round
+# launched before the one before is read (`step.chain_ahead`) and not, and without the chain.
 #   OUT=/tmp/o bash bench/mtp_graph_device.sh
 source bench/device_env.sh
 gpu_tests 150 tests/engine/test_mtp_round.py tests/engine/test_mtp_draft_syncs.py \
   tests/engine/test_mtp_speculation.py tests/engine/test_mtp_prefix_reuse.py \
   tests/engine/test_hybrid_verify.py tests/engine/test_verify_chain.py \
+  tests/engine/test_verify_step_syncs.py \
   tests/engine/test_warm_up.py tests/models/test_mtp.py
 step() {  # name, profile_step arguments...
   local name=$1
@@ -20,7 +22,8 @@ step() {  # name, profile_step arguments...
     | tr '\n' ' ')"
   grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
 }
-step mtp-chain --spec 3 --drafter mtp
+step mtp-ahead --spec 3 --drafter mtp
+step mtp-chain --spec 3 --drafter mtp --verify-chain on
 step mtp-host --spec 3 --drafter mtp --verify-chain off
 step oracle --spec 3
 step decode

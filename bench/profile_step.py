@@ -5,7 +5,7 @@
     python3 bench/profile_step.py --arch 27b --weights fp8-row [--cuda-weights auto|packed]
     python3 bench/profile_step.py --arch 35b-a3b --weights fp8-row --lookahead both [--host]
     python3 bench/profile_step.py --arch 35b-a3b --weights fp8-row --spec 3 [--rate 3.67]
-        [--drafter oracle|mtp] [--verify-chain on|off] [--timeline OUT.json]
+        [--drafter oracle|mtp] [--verify-chain ahead|on|off] [--timeline OUT.json]
 
 `--prefill N` profiles the model's prefill forward instead: `Qwen35Model.forward` over an N-token
 prompt in 1024-token chunks, from an empty state.
@@ -23,8 +23,9 @@ steps on the host. `--spec K` makes every step a verify step of K drafts from th
 oracle drafter (`engine_step.OracleDrafter`, `--rate` tokens taken a round: random weights
 accept nothing), so the times and the table are a verify step's; `--drafter mtp` drafts them
 with the model's (random) MTP head as `--spec mtp` serves, the count taken still forced
-(`engine_step.ForcedRounds`), so the step adds the drafting's cost (`--verify-chain off`: accepted
-and drafted from the host, not on the device, `step.verify_chain`). `--timeline OUT.json`
+(`engine_step.ForcedRounds`), so the step adds the drafting's cost (`--verify-chain`: on the
+device, each round launched before the one before is read, `ahead`; not ahead, `on`; or from
+the host, `off`: `step.verify_chain`, `step.chain_ahead`). `--timeline OUT.json`
 writes a Chrome trace of a few steps (host ops and CUDA kernels) and prints the GPU's idle gaps
 within them with the host functions running meanwhile: where a step's host time goes (the
 profiler's Python tracing slows the host, so read the gaps' make-up, not their length).
@@ -74,9 +75,10 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=3.67, help="--spec's tokens taken a round")
     ap.add_argument("--drafter", choices=("oracle", "mtp"), default="oracle",
                     help="--spec's drafts: random ids (no drafting cost) or the MTP head's")
-    ap.add_argument("--verify-chain", choices=("on", "off"), default="on",
+    ap.add_argument("--verify-chain", choices=("ahead", "on", "off"), default="ahead",
                     help="--drafter mtp: rounds accepted and drafted on the device "
-                    "(`step.verify_chain`), or on the host")
+                    "(`step.verify_chain`), each launched before the one before is read "
+                    "(ahead, the default) or not (on), or accepted on the host (off)")
     ap.add_argument("--timeline", metavar="OUT.json",
                     help="also write a Chrome trace of a few steps and print the GPU's gaps")
     args = ap.parse_args()
@@ -95,7 +97,7 @@ def main() -> None:
                               draft_tokens=args.spec, cuda_weights=args.cuda_weights,
                               lookahead={"on": True, "off": False}.get(args.lookahead),
                               mtp_params=source if mtp else None,
-                              verify_chain=args.verify_chain == "on")
+                              verify_chain=args.verify_chain)
         oracle = nullcontext()
         if args.spec:
             engine.speculator.drafter = (

@@ -115,6 +115,8 @@ class EngineConfig:
     # `--spec mtp`'s verify rounds accepted and drafted on the device (`step.verify_chain`),
     # where the graphs and the rows allow; off: the host accepts (a benchmark's A/B)
     verify_chain: bool = True
+    # ... and the next such round launched before this one is read (`step.chain_ahead`)
+    chain_ahead: bool = True
     # the engine in a process of its own (`engine_process`); None: on CUDA without --vision
     # (`supervisor._in_own_process`, which NINFER_ENGINE_PROCESS overrides)
     engine_process: bool | None = None

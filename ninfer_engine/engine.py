@@ -112,7 +112,7 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
         self._in_flight: InFlight | None = None  # a lookahead step the host has not read
         # `--spec mtp`: a chained verify round whose next may launch before it is read
         self._chain_ahead = ChainAhead(self.runner, self.speculator, self.memory,
-                                       self.max_context)
+                                       self.max_context, config.chain_ahead)
         self._chain_flight: ChainFlight | None = None
         # the CPU step verifies as many rows as it holds: drafts past them would send the
         # step to the eager forward, several times its cost

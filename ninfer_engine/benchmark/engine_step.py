@@ -70,7 +70,7 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
                  prefill_chunk: int | None = None, kv_tokens: int | None = None,
                  vision=None, lookahead: bool | None = None,
                  prefix_reuse: bool = False, mtp_params=None,
-                 verify_chain: bool = True) -> Engine:
+                 verify_chain: str = "ahead") -> Engine:
     """`Engine` over `model` for up to `max_batch` rows of up to `max_context` tokens in a pool
     of `kv_tokens` (default: every row at `max_context`; `lookahead`: `EngineConfig`'s); with
     `draft_tokens`, verify rows of
@@ -79,7 +79,9 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
     prefix cache a served engine keeps (off: every prompt is computed whole); `mtp_params`
     (with `draft_tokens`): the engine is `--spec mtp` over the random MTP head they draw, its
     drafter left in place (`ForcedRounds` sets how many of its drafts a round takes);
-    `verify_chain`: `EngineConfig`'s (off: the host accepts)."""
+    `verify_chain`: ahead (`EngineConfig`'s default: rounds accepted on the device, each
+    launched before the one before is read), on (not launched ahead) or off (the host
+    accepts)."""
     engine_config = EngineConfig(
         artifact=Path(f"synth-{arch}"), max_concurrency=max_batch, max_context=max_context,
         # whole pages per row: a lease is whole pages, so max_batch rows of max_context fit
@@ -87,7 +89,8 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
         max_pending_requests=max(16, max_batch), prefill_chunk=prefill_chunk,
         cuda_weights=cuda_weights, no_prefix_reuse=not prefix_reuse,
         spec=("mtp" if mtp_params is not None else "ngram") if draft_tokens else None,
-        draft_tokens=draft_tokens or None, lookahead=lookahead, verify_chain=verify_chain)
+        draft_tokens=draft_tokens or None, lookahead=lookahead,
+        verify_chain=verify_chain != "off", chain_ahead=verify_chain == "ahead")
     engine = Engine(engine_config, SyntheticResources(arch, config, mtp_params), model=model,
                     vision=vision)
     if engine.speculator is not None and mtp_params is None:

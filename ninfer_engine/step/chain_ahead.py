@@ -48,14 +48,15 @@ class ChainFlight:
 class ChainAhead:
     """Decides whether a chained verify batch's next round may launch before it settles."""
 
-    def __init__(self, runner, speculator, memory, max_context: int) -> None:
+    def __init__(self, runner, speculator, memory, max_context: int,
+                 enabled: bool = True) -> None:
         self.runner, self.speculator, self.memory = runner, speculator, memory
-        self.max_context = max_context
+        self.max_context, self.enabled = max_context, enabled
 
     def holds(self, batch: Batch) -> bool:
         """`batch`'s rows may verify their next round from the device's outputs of this one."""
         chain = getattr(self.runner, "chain", None)
-        return (chain is not None and bool(batch.decode) and not batch.chunks
+        return (self.enabled and chain is not None and bool(batch.decode) and not batch.chunks
                 and len(batch.sampled) == len(batch.decode) and chain.alone(batch.decode)
                 and self.speculator.goes_on(batch.decode)
                 and all(self._row_holds(seq, chain.k) for seq in batch.decode))

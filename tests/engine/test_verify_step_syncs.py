@@ -67,13 +67,24 @@ def test_a_verify_round_syncs_once(moe, monkeypatch):
 
 @pytest.mark.parametrize("moe", [False, True])
 @torch.inference_mode()
-def test_a_chained_mtp_round_syncs_once(moe, monkeypatch):
-    """`--spec mtp` through the verify chain (`step.verify_chain`): the one wait is the
-    chain's read-back of (j, bonus, next drafts); drafting, the verify step's inputs, the
-    rollback and the drafter's bookkeeping wait for nothing."""
+def test_a_chained_mtp_round_waits_once(moe, monkeypatch):
+    """`--spec mtp` through the verify chain (`step.verify_chain`, rounds launched ahead by
+    `chain_ahead`): a step's one wait is for a round's results (j, bonus, next drafts), on
+    their copy's event, which torch's sync check does not see, so it must see none: drafting,
+    the verify inputs, the rollback and the bookkeeping make the host wait for nothing."""
+    from ninfer_engine.step import verify_chain
+
     monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
     monkeypatch.setattr(engine_module, "BUSY_PUBLISH_S", 1e9)
+    waits = []
+    results = verify_chain._Round.results
+    monkeypatch.setattr(verify_chain._Round, "results", lambda r: waits.append(
+        r.read is None) or results(r))
     engine = _engine(moe, mtp=True)
     assert engine.runner.chain is not None
+    step = engine.step
+    counted = []
+    engine.step = lambda: (waits.clear(), step(), counted.append(sum(waits)))[1]
     per_step = _syncs_a_round(engine, ForcedRounds(engine.speculator.drafter, 3.5, 3, seed=1))
-    assert all(len(syncs) == 1 for syncs in per_step), per_step
+    assert all(not syncs for syncs in per_step), per_step
+    assert counted[-8:] == [1] * 8, counted
