@@ -18,7 +18,8 @@ step() {  # name, profile_step arguments...
   shift
   PYTHONPATH=$PWD:/tmp/site timeout "$(left)" python3 -u bench/profile_step.py --arch 35b-a3b \
     --weights fp8-row "$@" > "$OUT/r/step-$name.log" 2>&1
-  echo "$name: $(grep -E 'engine step|tokens a round|graph alone' "$OUT/r/step-$name.log" \
+  echo "$name: $(grep -E 'engine step|tokens a round|graph alone|chained rounds' \
+    "$OUT/r/step-$name.log" \
     | tr '\n' ' ')"
   grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
 }

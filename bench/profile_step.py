@@ -134,6 +134,9 @@ def _profile(engine, args, config, total) -> None:
         stats = engine.speculator.stats()
         print(f"verify rounds {stats.rounds}, {1 + stats.accepted / max(1, stats.rounds):.2f} "
               f"tokens a round")
+        chain = engine.runner.chain
+        if chain is not None:  # how many went through the verify chain, and ahead
+            print(f"chained rounds {chain.rounds}, launched ahead {chain.ahead}")
     engine.stop()
     events = prof.key_averages()
     kernel_ms = sum(e.device_time_total for e in events) / 1e3 / args.steps

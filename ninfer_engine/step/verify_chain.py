@@ -102,6 +102,7 @@ class VerifyChain:
                         for _ in range(2)]
         self._rounds: deque[_Round] = deque()
         self._turn = 0  # the host copy the next round takes
+        self.rounds = self.ahead = 0  # rounds chained, and of them launched ahead (a bench's)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._bound = None  # the MTP layer's K tensor the graphs read (an elastic pool grows)
@@ -141,6 +142,7 @@ class VerifyChain:
         before = self._rounds[-1]
         self._queue(seqs, [None] * batch, max(s.cached for s in seqs) + q)
         before.ahead = True
+        self.ahead += 1
         return out
 
     def ahead_drafts(self) -> list[list[int]]:
@@ -236,6 +238,7 @@ class VerifyChain:
             event.record()
         self._rounds.append(_Round({id(seq): b for b, seq in enumerate(seqs)}, list(drafts),
                                    host, event))
+        self.rounds += 1
 
     def _run(self, batch: int, bucket: int) -> torch.Tensor:
         step = self.drafter.round.step
