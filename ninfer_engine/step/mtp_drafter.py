@@ -31,6 +31,9 @@ pending hidden: pair m-1 needs x_m, which the prefix's first owner may not share
 drafter rows, under tensor parallelism, a restored row starts its pairs at m, and its first
 draft steps attend over whatever MTP K/V the prefix's pages hold before m: drafts only, which
 verification checks.)
+
+Under the verify chain (`verify_chain`) a greedy round's pairs run on the device, right after
+its verify step: the chain hands the drafter its drafts and the new `done` (`chained`).
 """
 from __future__ import annotations
 
@@ -205,8 +208,9 @@ class MtpDrafter:
 
     def chained(self, seq, drafts: list[int] | None) -> None:
         """A verify chain ran `seq`'s pairs up to its new last position (`cached`, its
-        acceptance settled) and drafted `drafts` after them (None: the row ended inside the
-        round, what the device drafted is not its)."""
+        acceptance settled) and drafted `drafts` after them, for its next step to verify (None:
+        none to hand on: the row ended inside the round, or its next round, launched ahead,
+        verifies them already)."""
         row = self._rows.get(id(seq))
         if row is not None:
             row.done, row.drafted = seq.cached, drafts
