@@ -37,16 +37,18 @@ class StatePool:
     the caller overwrites them."""
 
     def __init__(self, total: int, layout: StateLayout, device: torch.device | str,
-                 view: Callable[..., Any]) -> None:
+                 view: Callable[..., Any], pinned: bool = False) -> None:
         self.total = total
+
+        def zeros(*shape, dtype):  # (`pinned`: page-locked host memory, the host tier's)
+            return torch.zeros(*shape, dtype=dtype, device=device, pin_memory=pinned)
         # a field alike in every layer is one [layers, total, ...] tensor, each layer's a view
         # of it: a step can then address every layer's rows of a slot at once (`stack`)
-        self._stacks = {name: torch.zeros(len(layout), total, *shape, dtype=dtype,
-                                          device=device)
+        self._stacks = {name: zeros(len(layout), total, *shape, dtype=dtype)
                         for name, (shape, dtype) in (layout[0].items() if layout else ())
                         if all(layer.get(name) == (shape, dtype) for layer in layout)}
         self.fields = [{name: self._stacks[name][i] if name in self._stacks
-                        else torch.zeros(total, *shape, dtype=dtype, device=device)
+                        else zeros(total, *shape, dtype=dtype)
                         for name, (shape, dtype) in layer.items()}
                        for i, layer in enumerate(layout)]
         self._view = view
@@ -92,13 +94,7 @@ class StatePool:
         `pinned`): the host state tier (`kv.host_tier`)."""
         layout = [{name: (tuple(t.shape[1:]), t.dtype) for name, t in layer.items()}
                   for layer in self.fields]
-        pool = StatePool(total, layout, "cpu", self._view)
-        if pinned:
-            pool._stacks = {name: t.pin_memory() for name, t in pool._stacks.items()}
-            pool.fields = [{name: pool._stacks[name][i] if name in pool._stacks
-                            else t.pin_memory() for name, t in layer.items()}
-                           for i, layer in enumerate(pool.fields)]
-        return pool
+        return StatePool(total, layout, "cpu", self._view, pinned)
 
 
 def copy_state(src: StateSlot, dst: StateSlot) -> None:

@@ -70,10 +70,11 @@ class EngineHybridDecoder:
         # every layer's state rows at once, for a rollback by device index (`keep_on_device`)
         self.core.state_stacks = (states.stack("conv"), states.stack("ssm"))
         # a verify step's argmax of each token row, where the rows may be accepted on the
-        # device (`step.verify_chain`; the same argmax the host's acceptance takes)
+        # device (`step.verify_chain`, `--spec mtp`: final-normed hiddens kept, no tap layers'
+        # as `--spec dflash` keeps; the same argmax the host's acceptance takes)
         self.picks = (torch.zeros(max_batch * max_q, dtype=torch.long,
                                   device=model.embedding.device)
-                      if max_q > 1 and keep_hidden else None)
+                      if max_q > 1 and keep_hidden and not self.core.taps else None)
 
     @property
     def hidden(self) -> torch.Tensor | None:

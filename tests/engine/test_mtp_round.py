@@ -134,39 +134,54 @@ def test_the_static_draft_round_matches_the_eager_head(moe, device):
         assert len(syncs) == 1, syncs
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
-def test_the_engine_drafts_through_the_captured_round_on_cuda(family, device):
-    """Served bf16 on CUDA, `--spec mtp` drafts through `MtpRound`, captured at load for every
-    batch size; the same requests with the eager drafter (no round) draft the same tokens
-    (the round's drafts are the eager head's, above), so they make the same rounds and the
-    same greedy output."""
-    if device.type != "cuda":
-        pytest.skip("the captured round needs the CUDA graph step")
+def served_both_ways(family: str, config, arrange) -> None:
+    """The same prompts served bf16 on CUDA by two `--spec mtp` engines, the first with
+    `config(True)` and `arrange(engine, True)`, the second with `(False)`; `arrange` returns
+    the calls it counts (`counting`): the same greedy output and counters, and the first
+    side's counted path taken, in at most every round."""
     from .test_mtp_speculation import MtpArtifact
     from .test_speculation import _engine as engine_with, _prompts, _run
 
     artifact, prompts, runs = MtpArtifact(family), _prompts(120), []
-    for captured in (True, False):
+    for on in (True, False):
         engine = engine_with(artifact, "mtp", max_concurrency=2, prefill_chunk=16,
-                             cuda_dtype="bf16")
-        drafter = engine.speculator.drafter
+                             cuda_dtype="bf16", **config(on))
         try:
-            assert drafter.round is not None and len(drafter.round._graphs) == 2
-            calls = []
-            if captured:
-                propose = drafter.round.propose
-                drafter.round.propose = lambda seqs, pairs: calls.append(len(seqs)) or propose(
-                    seqs, pairs)
-            else:
-                drafter.round = None
+            calls = arrange(engine, on)
             tokens = _run(engine, prompts, 32)
         finally:
             engine.stop()
         c = engine.speculator.counters
         runs.append((tokens, c.rounds, c.drafted, c.accepted))
-        # (a row near its end, whose pages stop short of L + k, drafts eagerly)
-        assert not captured or 0 < sum(calls) <= c.rounds
+        assert not on or 0 < sum(calls) <= c.rounds
     assert runs[0] == runs[1]
+
+
+def counting(owner, name: str) -> list[int]:
+    """`owner.name` wrapped to note the row count (its first argument's length) of each call."""
+    calls, method = [], getattr(owner, name)
+    setattr(owner, name, lambda seqs, *rest: calls.append(len(seqs)) or method(seqs, *rest))
+    return calls
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_the_engine_drafts_through_the_captured_round_on_cuda(family, device):
+    """Served bf16 on CUDA, `--spec mtp` drafts through `MtpRound`, captured at load for every
+    batch size; the same requests with the eager drafter (no round) draft the same tokens
+    (the round's drafts are the eager head's, above), so they make the same rounds and the
+    same greedy output. (A row near its end, whose pages stop short of L + k, drafts
+    eagerly.)"""
+    if device.type != "cuda":
+        pytest.skip("the captured round needs the CUDA graph step")
+
+    def arrange(engine, captured):
+        drafter = engine.speculator.drafter
+        assert drafter.round is not None and len(drafter.round._graphs) == 2
+        if captured:
+            return counting(drafter.round, "propose")
+        drafter.round = None
+        return []
+    served_both_ways(family, lambda captured: {}, arrange)
 
 
 @pytest.mark.parametrize("moe", [False, True])

@@ -29,7 +29,7 @@ from ninfer_engine.types import SamplingParams
 
 from .helpers import stored_rows
 from .test_hybrid_verify import _setup
-from .test_mtp_round import _model as mtp_model
+from .test_mtp_round import _model as mtp_model, counting, served_both_ways
 from .test_hybrid_graphs import _model
 
 K, V = 3, 500  # drafts a row; the drafts' vocabulary
@@ -308,29 +308,15 @@ def test_the_engine_serves_the_same_with_and_without_the_chain_on_cuda(family, d
     chain sizes its draft round's attention grid for j = k, the host's for the j it read)."""
     if device.type != "cuda":
         pytest.skip("the chain's engine path needs the CUDA graph step")
-    from .test_mtp_speculation import MtpArtifact
-    from .test_speculation import _engine as engine_with, _prompts, _run
 
-    artifact, prompts, runs = MtpArtifact(family), _prompts(120), []
-    for chained in (True, False):
-        engine = engine_with(artifact, "mtp", max_concurrency=2, prefill_chunk=16,
-                             cuda_dtype="bf16", verify_chain=chained)
-        try:
-            chain = engine.runner.chain
-            assert (chain is not None) == chained
-            launched = []
-            if chained:
-                assert len(chain._graphs) == 2  # batch sizes 1 and 2, captured at load
-                launch = chain.launch
-                chain.launch = lambda seqs, drafts: launched.append(len(seqs)) or launch(
-                    seqs, drafts)
-            tokens = _run(engine, prompts, 32)
-        finally:
-            engine.stop()
-        c = engine.speculator.counters
-        runs.append((tokens, c.rounds, c.drafted, c.accepted))
-        assert not chained or 0 < sum(launched) <= c.rounds
-    assert runs[0] == runs[1]
+    def arrange(engine, chained):
+        chain = engine.runner.chain
+        assert (chain is not None) == chained
+        if not chained:
+            return []
+        assert len(chain._graphs) == 2  # batch sizes 1 and 2, captured at load
+        return counting(chain, "launch")
+    served_both_ways(family, lambda chained: {"verify_chain": chained}, arrange)
 
 
 def _cpu_graph_engine(monkeypatch, artifact, chained: bool):
@@ -398,7 +384,7 @@ def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monk
         def counts(n):
             return [draws.randint(0, K) for _ in range(n)]
         try:
-            spec, runner, drafted, launched = engine.speculator, engine.runner, [], []
+            spec, runner, drafted, launched, ahead = engine.speculator, engine.runner, [], [], []
             keep = runner.keep  # each verify step's drafts, as it settles
             runner.keep = lambda batch, kept: drafted.append(
                 [list(d) for d in batch.drafts]) or keep(batch, kept)
@@ -409,10 +395,8 @@ def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monk
                 [*d[:j], int(rows_[j].argmax())]
                 for (_, d, rows_), j in zip(rows, counts(len(rows)))])
             if chained:
-                chain = engine.runner.chain
-                launch, ahead = chain.launch, chain.launch_ahead
-                chain.launch = lambda seqs, d: launched.append(len(seqs)) or launch(seqs, d)
-                chain.launch_ahead = lambda seqs: launched.append(-len(seqs)) or ahead(seqs)
+                launched = counting(engine.runner.chain, "launch")
+                ahead = counting(engine.runner.chain, "launch_ahead")
                 spec.drafter = _Forced(spec.drafter, None)
                 spec.drafter.forced_counts = lambda d: counts(len(d))
             tokens = _run(engine, prompts, 12)
@@ -420,7 +404,7 @@ def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monk
             engine.stop()
         runs.append((tokens, drafted, spec.counters.rounds, spec.counters.accepted))
         # rounds chained, and some launched ahead of the one before (`chain_ahead`)
-        assert not chained or (0 < len(launched) <= spec.counters.rounds
-                               and min(launched) < 0 < max(launched))
+        assert not chained or (launched and ahead
+                               and len(launched) + len(ahead) <= spec.counters.rounds)
     assert runs[0] == runs[1]
     assert runs[0][3] > 0  # drafts were taken
