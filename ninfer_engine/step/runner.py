@@ -169,7 +169,7 @@ class _ModelRunner:
                       else torch.cat([out[i, : 1 + len(d)] for i, d in enumerate(drafts)]))
             self._verified_by_graph = True
             # (a chained step's hiddens go to the drafter through the chain)
-            if not self._chain(rows, drafts) and sink is not None:
+            if not self._chain(rows, drafts, out) and sink is not None:
                 # `cached` waits for `keep`: the row's first position
                 for i, (seq, d) in enumerate(zip(rows, drafts)):
                     sink(seq, seq.cached, graphs.decoder.hidden[i * q: i * q + 1 + len(d)])
@@ -246,14 +246,15 @@ class _ModelRunner:
         last step's device picks, in row order); `continues(batch)` said it can."""
         return self.graphs.forward_from(batch.decode, tokens)
 
-    def _chain(self, rows: list[Sequence], drafts: list[list[int]]) -> bool:
-        """The verify step's device tail (`verify_chain`) queued for `rows`, where it takes
-        them; a chain that fails is logged and the host accepts from then on."""
+    def _chain(self, rows: list[Sequence], drafts: list[list[int]], logits: torch.Tensor) -> bool:
+        """The verify step's device tail (`verify_chain`) queued for `rows` (`logits`: the
+        step's output), where it takes them; a chain that fails is logged and the host accepts
+        from then on."""
         chain = self.chain
         if chain is None or not chain.takes(rows, drafts):
             return False
         try:
-            chain.launch(rows, drafts)
+            chain.launch(rows, drafts, logits)
         except Exception:  # the host path is exact from here (the trail is as the step left it)
             log.exception("--spec mtp: the verify chain failed; accepting on the host from "
                           "now on")

@@ -12,7 +12,8 @@ the drafts it read (`MtpDrafter.propose_rows`). The tokens are the host path's: 
 over the same logits, the same rule.
 
 A step chains when acceptance needs nothing of the host (`takes`): every row greedy without
-penalties or grammar (`chainable`), carrying the full k drafts, its drafter's pairs run up to
+grammar (`chainable`; presence and frequency penalties are applied on the device as the host
+applies them, `chain_penalties`), carrying the full k drafts, its drafter's pairs run up to
 its last token (`MtpDrafter.ready`) and its pages leased through L + 2k (the round after
 j = k writes K/V there). An end token among a row's drafts ends its acceptance there (it goes
 out as the bonus: the same tokens as the host's, whose row stops at it), so the device keeps
@@ -39,18 +40,19 @@ import torch
 
 from ..kv.slots import StateSlot
 from ..types import EngineError
+from .chain_penalties import ChainPenalties, penalized
 from .decode_graphs import DecodeGraphs, context_bucket, record_graph
 
 log = logging.getLogger("ninfer.engine")
 
 
 def chainable(seq) -> bool:
-    """A row the device can accept for: greedy, no penalties, grammar, log-probabilities or
-    forced thinking close (its token is the plain argmax of the verify step's logits)."""
+    """A row the device can accept for: greedy, without grammar, log-probabilities or forced
+    thinking close (its token is the argmax of the verify step's logits, less its presence
+    and frequency penalties: `chain_penalties`)."""
     s = seq.sampler
-    p = s.params
-    return (p.greedy and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-            and s.constraint is None and s.logprobs is None and seq.thinking_cap is None)
+    return (s.params.greedy and s.constraint is None and s.logprobs is None
+            and seq.thinking_cap is None)
 
 
 @dataclass
@@ -103,7 +105,9 @@ class VerifyChain:
         self._rounds: deque[_Round] = deque()
         self._turn = 0  # the host copy the next round takes
         self.rounds = self.ahead = 0  # rounds chained, and of them launched ahead (a bench's)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, bool],
+                           tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.penalties: ChainPenalties | None = None  # with the first logits (their width)
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._bound = None  # the MTP layer's K tensor the graphs read (an elastic pool grows)
 
@@ -121,12 +125,15 @@ class VerifyChain:
                    and seq.cache.capacity > seq.cached + 2 * self.k
                    for seq, d in zip(seqs, drafts))
 
-    def launch(self, seqs: list, drafts: list[list[int]]) -> None:
-        """After `graphs.verify(seqs, drafts)` (`takes` said so): the chain queued, its results
-        copied to the host behind it; `seqs`' drafter rows get the verify step's hiddens."""
+    def launch(self, seqs: list, drafts: list[list[int]], logits: torch.Tensor) -> None:
+        """After `logits = graphs.verify(seqs, drafts)` (`takes` said so): the chain queued,
+        its results copied to the host behind it; `seqs`' drafter rows get the verify step's
+        hiddens."""
         self.stops[: len(seqs)].copy_(torch.tensor([bool(s.eos_token_ids) for s in seqs]),
                                       non_blocking=True)
-        self._queue(seqs, drafts, max(s.cached for s in seqs))
+        if any(penalized(s.sampler.params) for s in seqs):
+            self._penalties(logits.shape[-1]).load(seqs)
+        self._queue(seqs, drafts, max(s.cached for s in seqs), logits)
         q = self.k + 1
         for b, seq in enumerate(seqs):  # h of positions L..L+k, for prefix reuse
             self.drafter.store_rows(seq, seq.cached, self.core.hidden[b * q: (b + 1) * q])
@@ -140,7 +147,7 @@ class VerifyChain:
         out = self.graphs.verify_fed(
             seqs, q, lambda: self.core.meta[:2, :n].copy_(self.next[:, :n]), ahead=q)
         before = self._rounds[-1]
-        self._queue(seqs, [None] * batch, max(s.cached for s in seqs) + q)
+        self._queue(seqs, [None] * batch, max(s.cached for s in seqs) + q, out)
         before.ahead = True
         self.ahead += 1
         return out
@@ -210,7 +217,8 @@ class VerifyChain:
     def capture_at_start(self) -> None:
         """Capture the first context bucket for every batch size now, behind a verify step of
         scratch rows in state slots 0.. on one pool page that goes back after (nobody holds a
-        slot or reads those K/V yet), as `DecodeGraphs.capture_at_start` does."""
+        slot or reads those K/V yet), as `DecodeGraphs.capture_at_start` does; with and
+        without penalties."""
         cache = self.graphs.decoder.storage.new_cache()
         try:
             if not cache.reserve(2 * self.k + 2):
@@ -218,19 +226,32 @@ class VerifyChain:
             scratch = [SimpleNamespace(cache=cache, cached=0, output=[0], rope_delta=0,
                                        state=StateSlot(i, [])) for i in range(self.max_batch)]
             for batch in range(1, self.max_batch + 1):
-                self.graphs.verify(scratch[:batch], [[0] * self.k] * batch)
-                self._run(batch, context_bucket(2 * self.k + 1, self.max_context))
+                logits = self.graphs.verify(scratch[:batch], [[0] * self.k] * batch)
+                self._penalties(logits.shape[-1])
+                for with_penalties in (False, True):  # a served Qwen request has them
+                    self._run(batch, context_bucket(2 * self.k + 1, self.max_context),
+                              with_penalties)
         finally:
             cache.release()
 
-    def _queue(self, seqs: list, drafts: list, longest: int) -> None:
+    def _penalties(self, vocab: int) -> ChainPenalties:
+        if self.penalties is None:
+            self.penalties = ChainPenalties(self.max_batch, self.k + 1, vocab, self.picks.device)
+        return self.penalties
+
+    def _queue(self, seqs: list, drafts: list, longest: int, logits: torch.Tensor) -> None:
         """The chain of the verify step just queued for `seqs` (`longest`: the furthest
-        `cached` among them, counting rounds in flight), then its results' copy."""
+        `cached` among them, counting rounds in flight; `logits`: its output), then its
+        results' copy."""
         batch = len(seqs)
         counts = getattr(self.drafter, "forced_counts", lambda _: [None] * batch)(drafts)
         self.forced[:batch].copy_(torch.tensor([-1 if c is None else c for c in counts]),
                                   non_blocking=True)
-        out = self._run(batch, context_bucket(longest + 2 * self.k + 1, self.max_context))
+        with_penalties = any(penalized(s.sampler.params) for s in seqs)
+        if with_penalties:
+            self.penalties.take(logits)
+        out = self._run(batch, context_bucket(longest + 2 * self.k + 1, self.max_context),
+                        with_penalties)
         host, event = self._copies[self._turn]
         self._turn ^= 1
         host[:batch].copy_(out[:batch], non_blocking=True)
@@ -240,35 +261,39 @@ class VerifyChain:
                                    host, event))
         self.rounds += 1
 
-    def _run(self, batch: int, bucket: int) -> torch.Tensor:
+    def _run(self, batch: int, bucket: int, with_penalties: bool) -> torch.Tensor:
         step = self.drafter.round.step
         if not self.capture:
-            return self._chain(step, batch, bucket)
+            return self._chain(step, batch, bucket, with_penalties)
         bound = self.drafter.round.storage.k[self.drafter.round.layer]
         if bound is not self._bound:  # an elastic pool grew: the graphs read the old tensors
             self._graphs.clear()
             self._pool = torch.cuda.graph_pool_handle()
             self._bound = bound
-        key = (batch, bucket)
+        key = (batch, bucket, with_penalties)
         if key not in self._graphs:
-            self._graphs[key] = record_graph(lambda: self._chain(step, batch, bucket),
-                                             self._pool)
-            log.info("captured the verify chain's CUDA graph for batch %d, context ≤ %d",
-                     batch, bucket)
+            self._graphs[key] = record_graph(
+                lambda: self._chain(step, batch, bucket, with_penalties), self._pool)
+            log.info("captured the verify chain's CUDA graph for batch %d, context ≤ %d%s",
+                     batch, bucket, ", with penalties" if with_penalties else "")
         graph, out = self._graphs[key]
         graph.replay()
         return out
 
-    def _chain(self, step, batch: int, bucket: int) -> torch.Tensor:
+    def _chain(self, step, batch: int, bucket: int, with_penalties: bool) -> torch.Tensor:
         """The device ops: acceptance (an end token among the drafts ends it: it goes out as
         the bonus, so the row keeps what the host emits), rollback, the MTP round, the next
-        round's inputs; `out` [max_batch, 2 + k]."""
+        round's inputs; `out` [max_batch, 2 + k]. `with_penalties`: the picks are the
+        penalized logits' and the round's tokens are counted for the next."""
         q = self.k + 1
         drafts = self.core.tokens[: batch * q].view(batch, q)[:, 1:]
         first = self.core.pos[: batch * q].view(batch, q)[:, 0]
         ends = (drafts[:, :, None] == self.eos).any(-1) & self.stops[:batch, None]
-        accepted, bonus = accept_on_device(drafts, self.picks[: batch * q].view(batch, q),
-                                           self.forced[:batch], ends)
+        picks = (self.penalties.picks(drafts) if with_penalties
+                 else self.picks[: batch * q].view(batch, q))
+        accepted, bonus = accept_on_device(drafts, picks, self.forced[:batch], ends)
+        if with_penalties:
+            self.penalties.count(drafts, accepted, bonus)
         self.core.keep_on_device(accepted + 1, batch)
         step.load_from_verify(self.core, accepted, bonus, batch)
         out = self.out[:batch]

@@ -65,10 +65,15 @@ def test_rollback_by_device_counts_is_keep_row_by_row(moe, device):
     assert moved  # some count did take a row back
 
 
-def _row(storage, states, prompt: list[int]):
+# a row of the rigs has penalties: the random models' logits spread ~0.3 at the top and never
+# repeat a token, so a negative presence (counted tokens lead) is what makes them choose
+PENALIZED = SamplingParams(temperature=0.0, presence_penalty=-1.0, frequency_penalty=0.3)
+
+
+def _row(storage, states, prompt: list[int], params: SamplingParams = GREEDY):
     return SimpleNamespace(
         prompt=prompt, output=[], cached=0, cache=storage.new_cache(), state=states.acquire(),
-        rope_delta=0, sampler=Sampler(GREEDY), thinking_cap=None, draft_fallback=0,
+        rope_delta=0, sampler=Sampler(params), thinking_cap=None, draft_fallback=0,
         eos_token_ids=frozenset(), finish_reason=None, state_exact=True,
         request=SimpleNamespace(media=None, prompt_logprobs=None, prompt_cache=False))
 
@@ -88,11 +93,12 @@ class _Forced:
 
 
 def _rig(moe: bool, chained: bool, forced, prompts: tuple[int, ...], seed: int, device,
-         rows: bool = False):
+         rows: bool = False, penalized: int = 0):
     """Two greedy rows of random prompts of these lengths, prefilled through the eager forward
     (which hands the drafter their hiddens), on a runner with the graph step, the MTP round and
     (`chained`) the verify chain, the drafter's counts `forced`; (storage, drafter, speculator,
-    runner, rows). `rows`: the pool keeps drafter rows (prefix reuse)."""
+    runner, rows). `rows`: the pool keeps drafter rows (prefix reuse); row `penalized` has
+    presence and frequency penalties."""
     model, head = mtp_model(moe, device)
     layers, heads, dim = model.kv_layout()
     storage = KvStorage(PagePool(16, PAGE), layers + 1, heads, dim,
@@ -111,13 +117,30 @@ def _rig(moe: bool, chained: bool, forced, prompts: tuple[int, ...], seed: int, 
         speculator.drafter = _Forced(drafter, forced)
         runner.chain = VerifyChain(graphs, speculator, capture)
     gen = torch.Generator().manual_seed(seed)
-    seqs = [_row(storage, states, torch.randint(0, V, (n,), generator=gen).tolist())
-            for n in prompts]
+    seqs = [_row(storage, states, torch.randint(0, V, (n,), generator=gen).tolist(),
+                 PENALIZED if b == penalized else GREEDY) for b, n in enumerate(prompts)]
     for seq in seqs:
         assert seq.cache.reserve(len(seq.prompt))
         logits = runner.forward(Batch([], [Chunk(seq, len(seq.prompt))], [seq]))
-        seq.output.append(int(logits[0].argmax()))
+        _emit(seq, [int(logits[0].argmax())])
     return storage, drafter, speculator, runner, seqs
+
+
+def _emit(seq, tokens: list[int]) -> None:
+    """Tokens out, counted for the penalties (postprocess's part)."""
+    seq.output.extend(tokens)
+    for t in tokens:
+        seq.sampler.record(t)
+
+
+def _host_picks(seq, drafts: list[int], logits: torch.Tensor) -> list[int]:
+    """The host's greedy choice at each position of a verify row, penalties with the drafts
+    before it counted (`accept_greedy`'s)."""
+    from ninfer_engine.step.sampling import _penalized
+    from ninfer_engine.step.speculation import _position_views, masked
+
+    views = _position_views(seq.sampler, drafts, logits.shape[0])
+    return masked(seq.sampler, drafts, _penalized(logits, views)).argmax(-1).tolist()
 
 
 def _serve(moe: bool, chained: bool, plan: list, device, rows: bool):
@@ -127,7 +150,7 @@ def _serve(moe: bool, chained: bool, plan: list, device, rows: bool):
     forced = iter([[None] * 2 if c is None else c for c in plan])
     storage, drafter, speculator, runner, seqs = _rig(moe, chained, forced, (9, 60), 8, device,
                                                       rows)
-    proposed = []
+    proposed, moved = [], 0  # moved: host rounds where the penalties changed a pick
     for forced in plan:
         for seq in seqs:
             assert seq.cache.reserve(seq.cached + 2 * K + 1)
@@ -141,10 +164,13 @@ def _serve(moe: bool, chained: bool, plan: list, device, rows: bool):
         if emitted is None:
             emitted = accept([(s.sampler, *verified[id(s)]) for s in seqs])
             if forced is not None:  # the chain's rule: j drafts, then the target's pick there
-                emitted = [[*d[:j], int(verified[id(s)][1][j].argmax())]
+                emitted = [[*d[:j], _host_picks(s, d, verified[id(s)][1])[j]]
                            for s, d, j in zip(seqs, drafts, forced)]
+            moved += any(p != int(a) for p, a in zip(_host_picks(seqs[0], drafts[0],
+                                                                 verified[id(seqs[0])][1]),
+                                                     verified[id(seqs[0])][1].argmax(-1)))
         for seq, tokens in zip(seqs, emitted):
-            seq.output.extend(tokens)
+            _emit(seq, tokens)
         runner.keep(batch, [len(t) for t in emitted])
     # the next round's drafts: the host path runs the last round's pairs now (the chain did)
     proposed.append(speculator.draft_rows(seqs, [K, K]))
@@ -153,7 +179,7 @@ def _serve(moe: bool, chained: bool, plan: list, device, rows: bool):
     held = [storage.rows[seq.cache._slots(0, seq.cached)].clone() for seq in seqs] if rows \
         else []
     return ([s.output for s in seqs], proposed, [t.clone() for s in seqs for t in
-                                                 s.state.tensors()], mtp, held)
+                                                 s.state.tensors()], mtp, held, moved)
 
 
 # the MoE head interpreted: ~200 s on the 2-core box, run with -m slow
@@ -162,14 +188,16 @@ def _serve(moe: bool, chained: bool, plan: list, device, rows: bool):
 def test_the_chain_serves_exactly_what_the_host_path_does(moe, device):
     """Rounds that keep 4 and 1, then 2 and 3, then by agreement, then 1 and 4 tokens: the
     chain's rows emit the host path's tokens, verify the host path's drafts each round, and
-    leave the same GDN states and committed MTP K/V and drafter rows."""
+    leave the same GDN states and committed MTP K/V and drafter rows. Row 0 has presence and
+    frequency penalties (which change some of the host's picks), row 1 none."""
     plan = [(3, 0), (1, 2), None, (0, 3)]
     host = _serve(moe, False, plan, device, rows=True)
     chain = _serve(moe, True, plan, device, rows=True)
     assert chain[0] == host[0] and chain[1] == host[1]
     assert all(len(d) == K for step in host[1] for d in step)
     assert [len(o) for o in host[0]] == [1 + 4 + 2 + 1 + 1, 1 + 1 + 3 + 1 + 4]
-    for name, a, b in zip(("states", "MTP K/V", "drafter rows"), chain[2:], host[2:]):
+    assert host[5] > 0  # the penalties did change the host's choice somewhere
+    for name, a, b in zip(("states", "MTP K/V", "drafter rows"), chain[2:5], host[2:5]):
         assert all(torch.equal(x, y) for x, y in zip(a, b)), name
 
 
@@ -188,8 +216,8 @@ def test_a_row_the_host_ends_inside_the_round_keeps_its_own_count(device):
         batch = Batch(seqs, [], list(seqs), drafts)
         logits = runner.forward(batch)
         emitted = runner.accepted(seqs) if chained else [
-            [*d, int(rows[K].argmax())] for d, rows in
-            (split_verify_rows(batch, logits)[1][id(s)] for s in seqs)]
+            [*d, _host_picks(s, d, rows)[K]] for s, (d, rows) in
+            ((s, split_verify_rows(batch, logits)[1][id(s)]) for s in seqs)]
         emitted[0] = emitted[0][:2]  # row 0 ends at its second token
         runner.keep(batch, [len(t) for t in emitted])
         row = drafter._rows[id(seqs[0])]
@@ -207,13 +235,16 @@ def test_a_round_launched_ahead_settles_as_the_host_path(device):
     (`launch_ahead`); then round 1 settles with row 0 ended on its bonus (as on an end token)
     and row 1 going on, then round 2 for row 1. Against two host rounds of both rows (row 0's
     second keeping 1 token): row 1's tokens, drafts and state are the host path's, and row 0's
-    state and `cached` cover its bonus (as a lookahead row's last token)."""
-    plan = [(2, 1), (0, 2)]  # the host's; the device takes 2 of row 0's in round 2
+    state and `cached` cover its bonus (as a lookahead row's last token). Row 1 has penalties:
+    round 2's count round 1's tokens on the device, before the host has recorded them."""
+    # the host's; the device takes 2 of row 0's in round 2. Row 1 takes every draft, then
+    # none: its round-2 token is its pick after round 1's, penalized by their counts
+    plan = [(2, 3), (0, 0)]
     sides = []
     for chained in (False, True):
         storage, drafter, speculator, runner, seqs = _rig(False, chained,
-                                                          iter([plan[0], (2, 2)]), (11, 30),
-                                                          4, device)
+                                                          iter([plan[0], (2, 0)]), (11, 30),
+                                                          4, device, penalized=1)
         for seq in seqs:
             assert seq.cache.reserve(seq.cached + 4 * K + 4)
         drafts = speculator.draft_rows(seqs, [K, K])
@@ -224,26 +255,26 @@ def test_a_round_launched_ahead_settles_as_the_host_path(device):
             ahead = runner.forward_ahead(batch)
             emitted = runner.accepted(seqs)
         else:
-            emitted = [[*d[:j], int(verified[id(s)][1][j].argmax())]
+            emitted = [[*d[:j], _host_picks(s, d, verified[id(s)][1])[j]]
                        for s, d, j in zip(seqs, drafts, plan[0])]
         for seq, tokens in zip(seqs, emitted):
-            seq.output.extend(tokens)
+            _emit(seq, tokens)
         seqs[0].finish_reason = "stop" if chained else None
         runner.keep(batch, [len(t) for t in emitted])
         if chained:  # round 2's drafts came with round 1's results; row 0 ended
             second = Batch(seqs, [], list(seqs), runner.chain.ahead_drafts())
             emitted = runner.accepted(seqs[1:])
-            seqs[1].output.extend(emitted[0])
+            _emit(seqs[1], emitted[0])
             runner.keep(Batch(seqs[1:], [], seqs[1:], second.drafts[1:]), [len(emitted[0])])
             assert ahead.shape[0] == 2 * (K + 1) and seqs[0].state_exact
         else:
             second = Batch(seqs, [], list(seqs), speculator.draft_rows(seqs, [K, K]))
             logits = runner.forward(second)
             verified = split_verify_rows(second, logits)[1]
-            emitted = [[*d[:j], int(verified[id(s)][1][j].argmax())]
+            emitted = [[*d[:j], _host_picks(s, d, verified[id(s)][1])[j]]
                        for s, d, j in zip(seqs, second.drafts, plan[1])]
             for seq, tokens in zip(seqs, emitted):
-                seq.output.extend(tokens)
+                _emit(seq, tokens)
             runner.keep(second, [1, len(emitted[1])])
             seqs[0].output = seqs[0].output[:-1]  # row 0 ended on round 1's bonus
         sides.append(([s.output for s in seqs], [s.cached for s in seqs], second.drafts,
@@ -285,13 +316,46 @@ def test_acceptance_on_the_device_is_the_hosts_rule():
     assert (int(j), int(bonus)) == (2, 7)
 
 
-def test_chainable_rows_are_greedy_without_penalties_grammar_or_logprobs():
+def test_penalized_picks_on_the_device_are_the_hosts():
+    """`ChainPenalties.picks` against `accept_greedy`'s choice at each position (penalties over
+    the generated tokens and the drafts before the position): rows with presence, frequency,
+    negative and no penalties, drafts repeated and drafts already counted. The counted tokens
+    and drafts lead the logits, so the penalties move picks (checked)."""
+    from ninfer_engine.step.chain_penalties import ChainPenalties
+
+    gen = torch.Generator().manual_seed(3)
+    vocab, settings = 40, [(1.5, 0.0), (0.5, 0.7), (-0.4, 0.3), (0.0, 0.0)]
+    seqs, drafts = [], []
+    for presence, frequency in settings:
+        sampler = Sampler(SamplingParams(temperature=0.0, presence_penalty=presence,
+                                         frequency_penalty=frequency))
+        for t in torch.randint(0, 6, (7,), generator=gen).tolist():  # repeats among 0..5
+            sampler.record(t)
+        seqs.append(SimpleNamespace(sampler=sampler, thinking_cap=None))
+        drafts.append(torch.randint(3, 9, (K,), generator=gen).tolist())
+    logits = torch.randn(len(seqs), K + 1, vocab, generator=gen)
+    logits[:, :, :9] += 2.5  # the counted tokens and drafts lead
+    penalties = ChainPenalties(len(seqs), K + 1, vocab, torch.device("cpu"))
+    penalties.load(seqs)
+    penalties.take(logits)
+    got = penalties.picks(torch.tensor(drafts))
+    want = [_host_picks(seq, d, row) for seq, d, row in zip(seqs, drafts, logits)]
+    assert got.tolist() == want
+    assert got[:3].ne(logits[:3].argmax(-1)).any()  # penalties changed some picks
+    assert got[3].equal(logits[3].argmax(-1))  # and none without them
+    # a round's tokens counted: the next round's position 0 sees them
+    before = penalties.counts.clone()
+    penalties.count(torch.tensor(drafts), torch.tensor([0, 1, 3, 2]), torch.tensor([9] * 4))
+    added = penalties.counts - before
+    assert added.sum(1).tolist() == [1, 2, 4, 3] and added[:, 9].tolist() == [1] * 4
+
+
+def test_chainable_rows_are_greedy_without_grammar_or_logprobs():
     def row(**kw):
         return SimpleNamespace(sampler=Sampler(SamplingParams(**kw)), thinking_cap=None)
     assert chainable(row(temperature=0.0))
     assert not chainable(row(temperature=0.7))
-    assert not chainable(row(temperature=0.0, presence_penalty=1.5))
-    assert not chainable(row(temperature=0.0, frequency_penalty=0.1))
+    assert chainable(row(temperature=0.0, presence_penalty=1.5, frequency_penalty=0.1))
     logged = row(temperature=0.0)
     logged.sampler = Sampler(GREEDY, logprobs=2, logprob_sink=[])
     assert not chainable(logged)
@@ -314,7 +378,8 @@ def test_the_engine_serves_the_same_with_and_without_the_chain_on_cuda(family, d
         assert (chain is not None) == chained
         if not chained:
             return []
-        assert len(chain._graphs) == 2  # batch sizes 1 and 2, captured at load
+        # batch sizes 1 and 2, with and without penalties, captured at load
+        assert len(chain._graphs) == 4
         return counting(chain, "launch")
     served_both_ways(family, lambda chained: {"verify_chain": chained}, arrange)
 
