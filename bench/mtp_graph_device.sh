@@ -5,7 +5,8 @@
 # drafts and plain decode side by side; then what the warm-up leaves to compile and the first
 # bursts on a cold cache (the rest of mtp_round_device.sh). The MTP step runs twice: with the
 # verify chain (acceptance and the next drafts on the device, `step.verify_chain`), each round
-# launched before the one before is read (`step.chain_ahead`) and not, and without the chain.
+# launched before the one before is read (`step.chain_ahead`) and not, and without the chain;
+# and ahead with the served preset's penalties (`step.chain_penalties`).
 #   OUT=/tmp/o bash bench/mtp_graph_device.sh
 source bench/device_env.sh
 gpu_tests 150 tests/engine/test_mtp_round.py tests/engine/test_mtp_draft_syncs.py \
@@ -24,6 +25,7 @@ step() {  # name, profile_step arguments...
   grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
 }
 step mtp-ahead --spec 3 --drafter mtp
+step mtp-served --spec 3 --drafter mtp --sampling served
 step mtp-chain --spec 3 --drafter mtp --verify-chain on
 step mtp-host --spec 3 --drafter mtp --verify-chain off
 step oracle --spec 3

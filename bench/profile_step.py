@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.engine_step import (  # noqa: E402
-    MARGIN, ForcedRounds, OracleDrafter, bench_engine, random_prompts)
+    MARGIN, ForcedRounds, OracleDrafter, bench_engine, random_prompts, served_sampling)
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
 from ninfer_engine.benchmark.timing import last_graph_ms, time_ms  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
@@ -75,6 +75,9 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=3.67, help="--spec's tokens taken a round")
     ap.add_argument("--drafter", choices=("oracle", "mtp"), default="oracle",
                     help="--spec's drafts: random ids (no drafting cost) or the MTP head's")
+    ap.add_argument("--sampling", choices=("greedy", "served"), default="greedy",
+                    help="served: greedy with the preset's other settings (Qwen3.5: presence "
+                         "penalty 1.5), as a request sending only temperature 0")
     ap.add_argument("--verify-chain", choices=("ahead", "on", "off"), default="ahead",
                     help="--drafter mtp: rounds accepted and drafted on the device "
                     "(`step.verify_chain`), each launched before the one before is read "
@@ -111,8 +114,10 @@ def main() -> None:
 
 def _profile(engine, args, config, total) -> None:
     """Prompts in, then the step timed, replayed and profiled (see the module docstring)."""
+    sampling = (served_sampling(engine) if args.sampling == "served"
+                else SamplingParams(temperature=0.0))
     for i, prompt in enumerate(random_prompts(args.batch, args.context, config["vocab_size"])):
-        engine.add(GenerationRequest(f"p{i}", prompt, SamplingParams(temperature=0.0),
+        engine.add(GenerationRequest(f"p{i}", prompt, sampling,
                                      max_tokens=total, ignore_eos=True), lambda e: None)
     for _ in range(-(-args.batch * args.context // 1024) + 8):  # prompts, then warm-up
         engine.step()
