@@ -105,10 +105,10 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)
         self.stats = StatsBuilder(self.model_id, config, self.model, self.memory)
-        # a drafting step decides its rows on the host: speculation and lookahead exclude
-        self._lookahead = Lookahead(self.runner, self.max_context, self.speculator is None and (
-            config.lookahead if config.lookahead is not None
-            else graphs is not None and graphs.capture))
+        # under `--spec`, the plain steps the policy chooses (`Speculator.plain_next`)
+        self._lookahead = Lookahead(self.runner, self.max_context,
+                                    config.lookahead if config.lookahead is not None
+                                    else graphs is not None and graphs.capture)
         self._in_flight: InFlight | None = None  # a lookahead step the host has not read
         # `--spec mtp`: a chained verify round whose next may launch before it is read
         self._chain_ahead = ChainAhead(self.runner, self.speculator, self.memory,
@@ -314,7 +314,8 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
         flight, self._in_flight = self._in_flight, None
         batch = flight.batch
         if (self.scheduler.may_admit(time.monotonic()) or self._stopping.is_set()
-                or not self._lookahead.holds(batch)):
+                or not self._lookahead.holds(batch)
+                or (self.speculator is not None and not self.speculator.plain_next(batch.decode))):
             self._finish(batch, None, flight.started, flight.picked)
             return True
         started = time.perf_counter()

@@ -15,7 +15,10 @@ flight on the device), far from its length limits and inside its lease. A row th
 step n+1 too: its pick is dropped, and its K/V and recurrent state already cover its last
 token — which is what `cached` then says, so a checkpoint of it stays consistent. Everything
 else (a new arrival, a cancel, a row near its end) settles the step in flight first and takes
-the ordinary path, so those steps decode exactly as without lookahead.
+the ordinary path, so those steps decode exactly as without lookahead. Under `--spec` the plain
+steps go ahead while the policy keeps choosing plain decode (`Speculator.plain_next`): it then
+compares verify rounds with the plain steps a `--spec` off engine runs; a drafter reading the
+target's hiddens gets each step's as it launches (`HybridRunner.forward_from`).
 """
 from __future__ import annotations
 

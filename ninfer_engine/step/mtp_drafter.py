@@ -105,15 +105,17 @@ class MtpDrafter:
             row = self._rows[id(seq)] = self._restore(seq, position, hidden)
         elif row is None or not row.done <= position <= row.done + len(row.pending):
             # a first sighting, or positions that do not continue the committed pairs
-            row = self._rows[id(seq)] = _MtpRow(position, hidden)
+            # (a copy: the graph step hands over a view of its static buffer)
+            row = self._rows[id(seq)] = _MtpRow(position, hidden.clone())
         else:  # what is held from `position` on came from rejected drafts' columns
             row.pending = torch.cat([row.pending[: position - row.done], hidden])
         # a prompt chunk's pairs whose next token is the prompt's run now, a chunk at a time
         # (as the target's prefill), not all at the first draft
         upto = min(row.done + len(row.pending), len(seq.prompt) - 1)
         if position - row.done > SPILL and keeps_rows(seq):  # a row not drafting: its
-            upto = max(upto, position)  # committed pairs (x_position: this step's input) go
-                                        # into its pages
+            # committed pairs (x_position: this step's input, unless a lookahead step's,
+            # still on the device) go into its pages
+            upto = max(upto, min(position, len(seq.prompt) + len(seq.output) - 1))
         if upto > row.done:
             self._run_pairs([(seq, row, upto - row.done)])
 

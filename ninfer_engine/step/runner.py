@@ -237,14 +237,20 @@ class _ModelRunner:
         """This pure-decode batch's next step can replay its captured graph on the device's
         picks of this one (the engine's lookahead step): nothing in it reads the host's copy."""
         graphs = self.graphs
-        return (graphs is not None and self.hidden_sink is None and not batch.chunks
-                and not any(batch.drafts) and graphs.accepts(batch.decode)
-                and graphs.ready(batch.decode))
+        return (graphs is not None and not batch.chunks and not any(batch.drafts)
+                and (self.hidden_sink is None
+                     or getattr(graphs.decoder, "hidden", None) is not None)
+                and graphs.accepts(batch.decode) and graphs.ready(batch.decode))
 
     def forward_from(self, batch: Batch, tokens: torch.Tensor) -> torch.Tensor:
         """The logits of the pure-decode `batch` whose rows' input tokens are `tokens` (the
-        last step's device picks, in row order); `continues(batch)` said it can."""
-        return self.graphs.forward_from(batch.decode, tokens)
+        last step's device picks, in row order); `continues(batch)` said it can. A drafter
+        that reads hiddens gets them as from `forward` (its input token not yet on the host)."""
+        logits = self.graphs.forward_from(batch.decode, tokens)
+        if self.hidden_sink is not None:
+            for i, seq in enumerate(batch.decode):
+                self.hidden_sink(seq, seq.cached - 1, self.graphs.decoder.hidden[i: i + 1])
+        return logits
 
     def _chain(self, rows: list[Sequence], drafts: list[list[int]], logits: torch.Tensor) -> bool:
         """The verify step's device tail (`verify_chain`) queued for `rows` (`logits`: the

@@ -104,6 +104,7 @@ class Speculator:
         self.counters = SpecCounters(per_position=[0] * self.k)
         self.policy = SpecPolicy()
         self._rows: dict[int, RowState] = {}
+        self._decided: int | None = None  # a batch size the policy said drafts (`plain_next`)
 
     def drafts(self, seq, room: int) -> list[int]:
         """Drafts for `seq`'s next decode row ([] = a plain decode row); `room`: how many
@@ -113,7 +114,8 @@ class Speculator:
     def draft_rows(self, seqs: list, rooms: list[int]) -> list[list[int]]:
         """`drafts` for each of a step's decode rows, a model drafter's in one batch; none
         while plain decode steps of this batch size have been the faster (`spec_policy`)."""
-        if not self.policy.speculate(len(seqs)):
+        decided, self._decided = self._decided, None
+        if decided != len(seqs) and not self.policy.speculate(len(seqs)):
             self._fall_back(seqs)
             return [[] for _ in seqs]
         ks = [self._window(seq, room) for seq, room in zip(seqs, rooms)]
@@ -144,6 +146,21 @@ class Speculator:
             self._fall_back([seq])
             return 0
         return k
+
+    def plain_next(self, seqs: list) -> bool:
+        """Whether these decode rows' next step decodes plainly (a lookahead step, launched
+        before this one is read: `step.lookahead`), asking the policy as `draft_rows` would. A
+        step the policy wants drafted (a row not paused for low acceptance) goes through the
+        scheduler, and its `draft_rows` takes this answer instead of asking again."""
+        if self.policy.speculate(len(seqs)):
+            paused = [self._rows.get(id(seq), RowState()).paused for seq in seqs]
+            if not all(paused):
+                self._decided = len(seqs)
+                return False
+            for seq in seqs:  # none would draft: a step each of their pause
+                self._rows[id(seq)].paused -= 1
+        self._fall_back(seqs)
+        return True
 
     def goes_on(self, seqs: list) -> bool:
         """Whether these decode rows would all draft their next step (a verify chain's round

@@ -32,12 +32,12 @@ QUESTIONS = ["Name three colours.", "What is 2 + 2? Answer briefly.", "Say hi.",
              "List the days of the week.", "Write one word: yes."]
 
 
-def _engine(lookahead: bool):
+def _engine(lookahead: bool, **config):
     from ninfer_engine.artifact import open_artifact
     from ninfer_engine.engine import Engine
 
     engine = Engine(EngineConfig(artifact=MODEL, max_context=1024, max_concurrency=4,
-                                 lookahead=lookahead), open_artifact(MODEL))
+                                 lookahead=lookahead, **config), open_artifact(MODEL))
     launched = engine.runner.forward_from
     engine.lookahead_steps = 0
 
@@ -68,9 +68,10 @@ async def _one(engine, rid, prompt, sampling, max_tokens, delay=0.0, cancel_afte
     return tokens, reason
 
 
-def _run(lookahead: bool, scenario):
-    engine = _engine(lookahead)
+def _run(lookahead: bool, scenario, arrange=lambda engine: None, **config):
+    engine = _engine(lookahead, **config)
     engine.start()
+    arrange(engine)
     try:
         with torch.inference_mode():
             return asyncio.run(scenario(engine)), engine.lookahead_steps
@@ -157,3 +158,46 @@ def test_penalized_rows_count_the_pick_in_flight():
     assert plain == ahead
     # the penalties changed the answer: the test compares penalized tokens, not plain ones
     assert plain[0][0] != plain[3][0] and plain[1][0] != plain[3][0]
+
+
+class _EveryThird:
+    """A speculation policy that drafts on every third decision (the measured one follows
+    step times, which differ between the runs compared)."""
+
+    def __init__(self) -> None:
+        self.asked = self.yes = 0
+
+    def speculate(self, batch: int) -> bool:
+        self.asked += 1
+        self.yes += self.asked % 3 == 0
+        return self.asked % 3 == 0
+
+    def record(self, *args) -> None:
+        pass
+
+
+def test_plain_steps_under_spec_go_ahead_and_the_policy_still_drafts():
+    """`--spec ngram`: the steps the policy decodes plainly go ahead (`plain_next` asks it
+    before each), and a step it wants drafted leaves the lookahead for a verify round; the
+    tokens are those of the engine without lookahead, the drafts were verified, and the
+    policy was asked once a step either way."""
+    policies = []
+
+    def arrange(engine):
+        engine.speculator.policy = _EveryThird()
+        policies.append(engine.speculator)
+
+    async def scenario(engine):
+        greedy = SamplingParams(temperature=0.0)
+        text = "Copy this list twice: apple, pear, plum, fig, lime, kiwi, date, apple, pear."
+        return await asyncio.gather(*[_one(engine, f"r{i}", _prompt(engine, q), greedy, 40)
+                                      for i, q in enumerate([text, QUESTIONS[3]])])
+
+    config = {"spec": "ngram", "draft_tokens": 3}
+    (plain, none), (ahead, steps) = (_run(False, scenario, arrange, **config),
+                                     _run(True, scenario, arrange, **config))
+    assert none == 0 and steps > 5
+    assert plain == ahead
+    for spec in policies:  # rounds verified in both runs, a third of the decisions drafting
+        assert spec.counters.rounds > 0 and spec.policy.yes == spec.policy.asked // 3
+    assert policies[0].policy.asked == policies[1].policy.asked

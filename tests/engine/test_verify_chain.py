@@ -384,7 +384,7 @@ def test_the_engine_serves_the_same_with_and_without_the_chain_on_cuda(family, d
     served_both_ways(family, lambda chained: {"verify_chain": chained}, arrange)
 
 
-def _cpu_graph_engine(monkeypatch, artifact, chained: bool):
+def _cpu_graph_engine(monkeypatch, artifact, chained: bool, lookahead: bool = False):
     """An engine on the CPU whose decode and verify rows take the hybrid graph step uncaptured
     (the Triton kernels interpreted), with its MTP round and (`chained`) the verify chain: what
     CUDA serves, but for capture. The model is the artifact's in bf16 over `FusedParams`. One
@@ -419,7 +419,7 @@ def _cpu_graph_engine(monkeypatch, artifact, chained: bool):
     config = artifact.config("text")
     engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=512, prefill_chunk=16,
                                  max_concurrency=1, spec="mtp", draft_tokens=K,
-                                 verify_chain=chained),
+                                 verify_chain=chained, lookahead=lookahead),
                     artifact, model=Qwen35Model(config, FusedParams(config, source)))
     engine.speculator.policy = AlwaysSpeculate()
     engine.start()
@@ -473,3 +473,40 @@ def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monk
                                and len(launched) + len(ahead) <= spec.counters.rounds)
     assert runs[0] == runs[1]
     assert runs[0][3] > 0  # drafts were taken
+
+
+def test_mtp_plain_steps_go_ahead_and_hand_the_drafter_their_hiddens(monkeypatch):
+    """`--spec mtp` with the lookahead step (CPU, the graph step uncaptured): the steps the
+    policy decodes plainly go ahead, the first 34 in a row (a row keeping page rows then
+    runs its committed pairs while the step in flight's input token is still on the device),
+    then every third drafts; each plain step's hiddens reach the drafter as it launches. The
+    same tokens as without the lookahead, rounds verified in both."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only: the kernels on CPU tensors need the interpreter (conftest)")
+    from .test_mtp_speculation import MtpArtifact
+    from .test_speculation import _prompts, _run
+
+    class Late:
+        asked = 0
+
+        def speculate(self, batch):
+            self.asked += 1
+            return self.asked > 34 and self.asked % 3 == 0
+
+        def record(self, *args):
+            pass
+
+    artifact, runs = MtpArtifact("qwen3_5"), []
+    for lookahead in (False, True):
+        engine = _cpu_graph_engine(monkeypatch, artifact, True, lookahead)
+        engine.speculator.policy = Late()
+        ahead, launch = [], engine.runner.forward_from
+        engine.runner.forward_from = lambda batch, t: ahead.append(1) or launch(batch, t)
+        try:
+            tokens = _run(engine, _prompts(40)[:1], 42)
+        finally:
+            engine.stop()
+        runs.append((tokens, engine.speculator.counters.rounds, len(ahead)))
+    (plain, rounds, none), (tokens, rounds2, ahead) = runs
+    assert tokens == plain and rounds > 0 and rounds2 > 0
+    assert none == 0 and ahead > 30
