@@ -4,8 +4,9 @@ The host's acceptance penalizes position i of a verify row with the request's ge
 tokens and drafts 1..i counted (`speculation._position_views`), then takes the argmax. On the
 device the counts live in a table of one row of the vocabulary per batch row: the host writes
 it when a round starts from its samplers' counts (`load`), and the chain adds each round's
-emitted tokens (`count`) so that a round launched ahead, before the host has read and recorded
-the one before, sees them too. `picks` gives the host's choices bit for bit: the same
+emitted tokens (`count`, into a second table that `advance` makes current) so that a round
+launched ahead, before the host has read and recorded the one before, sees them too. (Every op
+of a chain must give the same result run twice: a capture runs it once before it replays.) `picks` gives the host's choices bit for bit: the same
 `frequency·c + presence` in fp32, subtracted from the same fp32 logits, the same argmax kernel.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ class ChainPenalties:
         self.q = q
         self.logits = torch.zeros(max_batch * q, vocab, dtype=torch.float32, device=device)
         self.counts = torch.zeros(max_batch, vocab, dtype=torch.float32, device=device)
+        self.after = torch.zeros_like(self.counts)  # with the round's tokens (`count`)
         self.presence = torch.zeros(max_batch, dtype=torch.float32, device=device)
         self.frequency = torch.zeros(max_batch, dtype=torch.float32, device=device)
         k = q - 1  # position i (1..k) counts drafts m = 1..i once more: the pairs (i, m)
@@ -66,12 +68,18 @@ class ChainPenalties:
                                self.frequency[:batch], self._at)
 
     def count(self, drafts: torch.Tensor, accepted: torch.Tensor, bonus: torch.Tensor) -> None:
-        """A round's emitted tokens (its first `accepted` drafts and the bonus) counted."""
+        """The counts after a round's emitted tokens (its first `accepted` drafts and the
+        bonus), for the round after it (`advance`)."""
         batch = drafts.shape[0]
         taken = (torch.arange(self._k, device=drafts.device) < accepted[:, None]).float()
-        counts = self.counts[:batch]
-        counts.scatter_add_(1, drafts, taken)
-        counts.scatter_add_(1, bonus[:, None], torch.ones_like(taken[:, :1]))
+        after = self.after[:batch]
+        after.copy_(self.counts[:batch])
+        after.scatter_add_(1, drafts, taken)
+        after.scatter_add_(1, bonus[:, None], torch.ones_like(taken[:, :1]))
+
+    def advance(self, batch: int) -> None:
+        """A round launched ahead: the counts after the round before it are current."""
+        self.counts[:batch].copy_(self.after[:batch])
 
 
 def penalized_picks(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tensor,

@@ -249,6 +249,8 @@ class VerifyChain:
                                   non_blocking=True)
         with_penalties = any(penalized(s.sampler.params) for s in seqs)
         if with_penalties:
+            if drafts[0] is None:  # launched ahead: the counts after the round before
+                self.penalties.advance(batch)
             self.penalties.take(logits)
         out = self._run(batch, context_bucket(longest + 2 * self.k + 1, self.max_context),
                         with_penalties)

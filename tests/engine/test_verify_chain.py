@@ -343,9 +343,13 @@ def test_penalized_picks_on_the_device_are_the_hosts():
     assert got.tolist() == want
     assert got[:3].ne(logits[:3].argmax(-1)).any()  # penalties changed some picks
     assert got[3].equal(logits[3].argmax(-1))  # and none without them
-    # a round's tokens counted: the next round's position 0 sees them
+    # a round's tokens counted (twice, as a capture's warm-up and its replay): the next
+    # round's counts have them once
     before = penalties.counts.clone()
-    penalties.count(torch.tensor(drafts), torch.tensor([0, 1, 3, 2]), torch.tensor([9] * 4))
+    for _ in range(2):
+        penalties.count(torch.tensor(drafts), torch.tensor([0, 1, 3, 2]), torch.tensor([9] * 4))
+    assert penalties.counts.equal(before)
+    penalties.advance(4)
     added = penalties.counts - before
     assert added.sum(1).tolist() == [1, 2, 4, 3] and added[:, 9].tolist() == [1] * 4
 
