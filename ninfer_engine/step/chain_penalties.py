@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..host_copy import to_device
 from ..kernels.sampling import argmax
 
 
@@ -45,10 +46,12 @@ class ChainPenalties:
                  (torch.zeros(0, dtype=torch.long), torch.zeros(0)) for seq in seqs]
         rows = torch.repeat_interleave(torch.arange(batch), torch.tensor([len(p[0])
                                                                           for p in parts]))
-        ints = torch.cat([rows, *(p[0] for p in parts)]).to(self.counts.device)
-        floats = torch.cat([torch.tensor([s.sampler.params.presence_penalty for s in seqs]),
-                            torch.tensor([s.sampler.params.frequency_penalty for s in seqs]),
-                            *(p[1] for p in parts)]).float().to(self.counts.device)
+        # (page-locked and asynchronous: a blocking copy would wait for the verify step)
+        ints = to_device(torch.cat([rows, *(p[0] for p in parts)]), self.counts.device)
+        floats = to_device(torch.cat([
+            torch.tensor([s.sampler.params.presence_penalty for s in seqs]),
+            torch.tensor([s.sampler.params.frequency_penalty for s in seqs]),
+            *(p[1] for p in parts)]).float(), self.counts.device)
         n = len(rows)
         self.counts[:batch].zero_()
         self.counts[:batch].index_put_((ints[:n], ints[n:]), floats[2 * batch:])

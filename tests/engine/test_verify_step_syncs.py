@@ -34,12 +34,13 @@ def _engine(moe: bool, mtp: bool):
                         mtp_params=(lambda n, s: source(n, s).to("cuda")) if mtp else None)
 
 
-def _syncs_a_round(engine, drafter) -> list[list[str]]:
+def _syncs_a_round(engine, drafter, sampling=SamplingParams(temperature=0.0)
+                   ) -> list[list[str]]:
     """Each of 8 warm verify rounds' syncs, `drafter` forcing 2 or 3 of 3 drafts a round."""
     engine.speculator.drafter, engine.speculator.policy = drafter, AlwaysSpeculate()
     prompt = tuple(range(5, 45))
-    engine.add(GenerationRequest("r", prompt, SamplingParams(temperature=0.0), max_tokens=200,
-                                 ignore_eos=True), lambda e: None)
+    engine.add(GenerationRequest("r", prompt, sampling, max_tokens=200, ignore_eos=True),
+               lambda e: None)
     with drafter.forced():
         for _ in range(12):  # the prompt, then verify rounds: the graphs captured, warm
             engine.step()
@@ -65,13 +66,14 @@ def test_a_verify_round_syncs_once(moe, monkeypatch):
     assert all(len(syncs) == 1 for syncs in per_step), per_step
 
 
-@pytest.mark.parametrize("moe", [False, True])
+@pytest.mark.parametrize("moe,penalties", [(False, False), (True, False), (False, True)])
 @torch.inference_mode()
-def test_a_chained_mtp_round_waits_once(moe, monkeypatch):
+def test_a_chained_mtp_round_waits_once(moe, penalties, monkeypatch):
     """`--spec mtp` through the verify chain (`step.verify_chain`, rounds launched ahead by
     `chain_ahead`): a step's one wait is for a round's results (j, bonus, next drafts), on
     their copy's event, which torch's sync check does not see, so it must see none: drafting,
-    the verify inputs, the rollback and the bookkeeping make the host wait for nothing."""
+    the verify inputs, the rollback, the penalties' counts (`chain_penalties`) and the
+    bookkeeping make the host wait for nothing."""
     from ninfer_engine.step import verify_chain
 
     monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
@@ -85,6 +87,8 @@ def test_a_chained_mtp_round_waits_once(moe, monkeypatch):
     step = engine.step
     counted = []
     engine.step = lambda: (waits.clear(), step(), counted.append(sum(waits)))[1]
-    per_step = _syncs_a_round(engine, ForcedRounds(engine.speculator.drafter, 3.5, 3, seed=1))
+    sampling = SamplingParams(temperature=0.0, presence_penalty=1.5 if penalties else 0.0)
+    per_step = _syncs_a_round(engine, ForcedRounds(engine.speculator.drafter, 3.5, 3, seed=1),
+                              sampling)
     assert all(not syncs for syncs in per_step), per_step
     assert counted[-8:] == [1] * 8, counted
