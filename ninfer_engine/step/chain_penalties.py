@@ -5,9 +5,10 @@ tokens and drafts 1..i counted (`speculation._position_views`), then takes the a
 device the counts live in a table of one row of the vocabulary per batch row: the host writes
 it when a round starts from its samplers' counts (`load`), and the chain adds each round's
 emitted tokens (`count`, into a second table that `advance` makes current) so that a round
-launched ahead, before the host has read and recorded the one before, sees them too. (Every op
-of a chain must give the same result run twice: a capture runs it once before it replays.) `picks` gives the host's choices bit for bit: the same
-`frequency·c + presence` in fp32, subtracted from the same fp32 logits, the same argmax kernel.
+launched ahead, before the host has read and recorded the one before, sees them too (every op
+of a chain must give the same result run twice: a capture runs it once before it replays).
+`picks` gives the host's choices bit for bit: the same `frequency·c + presence` in fp32,
+subtracted from the same fp32 logits, the same argmax kernel.
 """
 from __future__ import annotations
 
