@@ -180,6 +180,8 @@ def test_console_lives_through_requests_an_engine_failure_and_a_reload(console):
 
     # paused: a new request waits, listed as paused; resumed: it runs and ends
     subprocess.run(["tmux", "send-keys", "-t", session, "a"], timeout=10)
+    # the console takes the key in its own time: a request sent before that is admitted
+    assert wait_for(lambda: get_json(port, "/engine/state").get("admission") == "paused", 30)
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(chat, port, "Say hi.", 8)
         assert wait_for(lambda: "waiting (1) · admission paused" in pane(session)
