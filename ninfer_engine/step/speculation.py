@@ -102,7 +102,8 @@ class Speculator:
         """Counters, policy timings and row records from zero (after the load's warm-up, whose
         steps compile kernels and are no traffic's)."""
         self.counters = SpecCounters(per_position=[0] * self.k)
-        self.policy = SpecPolicy()
+        # a fresh one of the policy set (a benchmark's or a test's `AlwaysSpeculate` stays)
+        self.policy = type(getattr(self, "policy", SpecPolicy()))()
         self._rows: dict[int, RowState] = {}
         self._decided: int | None = None  # a batch size the policy said drafts (`plain_next`)
 

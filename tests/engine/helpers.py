@@ -296,7 +296,8 @@ def fresh_process(test):
     def run():
         if os.environ.get(FRESH_PROCESS):
             return test()
-        node = f"{inspect.getfile(test)}::{test.__name__}"
+        # (unwrapped: a decorator's wrapper, torch.inference_mode's, has torch's file)
+        node = f"{inspect.getfile(inspect.unwrap(test))}::{test.__name__}"
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                "-o", "addopts=", node], env={**os.environ, FRESH_PROCESS: "1"},
                               capture_output=True, text=True, timeout=900)

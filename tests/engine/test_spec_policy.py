@@ -41,3 +41,20 @@ def test_the_choice_follows_acceptance_as_it_changes():
     late = _run(policy, 4, plain_rate=1000, verify_rate=1500, steps=8 * PROBE)
     # at most PROBE steps until that probe, then a plain probe in every PROBE steps
     assert late >= 8 * PROBE - PROBE - 8 - 1
+
+
+def test_a_speculators_reset_keeps_the_kind_of_policy_it_was_given():
+    """The engine resets its speculator after the load's warm-up (CUDA): a policy a benchmark
+    or a test set before (`AlwaysSpeculate`) stays that kind, its timings from zero; on CUDA
+    the served-twice tests drafted by step timings until then, so their rounds differed."""
+    from ninfer_engine.step.spec_policy import AlwaysSpeculate
+    from ninfer_engine.step.speculation import Speculator
+
+    spec = Speculator("ngram", 3)
+    assert type(spec.policy) is SpecPolicy
+    spec.policy.record(1, False, 1, 1.0)
+    spec.reset()
+    assert type(spec.policy) is SpecPolicy and spec.policy.rates(1) == (None, None)
+    spec.policy = AlwaysSpeculate()
+    spec.reset()
+    assert type(spec.policy) is AlwaysSpeculate
