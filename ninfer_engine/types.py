@@ -34,6 +34,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether presence or frequency penalties change the logits."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

@@ -18,10 +18,6 @@ from ..host_copy import to_device
 from ..kernels.sampling import argmax
 
 
-def penalized(params) -> bool:
-    return params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-
-
 class ChainPenalties:
     """Static buffers a captured chain reads: `logits` [max_batch · q, V] (the verify step's,
     copied in: each verify graph has its own output), `counts` [max_batch, V] fp32, each row's
@@ -43,7 +39,7 @@ class ChainPenalties:
         """Each row's counted tokens and settings from its sampler (a round the host starts:
         every token before its first is recorded)."""
         batch = len(seqs)
-        parts = [seq.sampler.counted() if penalized(seq.sampler.params) else
+        parts = [seq.sampler.counted() if seq.sampler.params.penalized else
                  (torch.zeros(0, dtype=torch.long), torch.zeros(0)) for seq in seqs]
         rows = torch.repeat_interleave(torch.arange(batch), torch.tensor([len(p[0])
                                                                           for p in parts]))

@@ -236,7 +236,7 @@ def _penalized(logits: torch.Tensor, samplers: list[Sampler],
     `pending` [B] (on the device): each row's pick of the step in flight, which its sampler
     has not recorded yet, counted as recorded (the lookahead step)."""
     rows = [i for i, s in enumerate(samplers) if (s.counts or pending is not None)
-            and (s.params.presence_penalty != 0.0 or s.params.frequency_penalty != 0.0)]
+            and s.params.penalized]
     if not rows:
         return logits
     # each row's counted tokens as host arrays (`Sampler.record` keeps them), packed with the

@@ -318,7 +318,7 @@ def _position_views(sampler: Sampler, drafts: list[int], positions: int) -> list
     them: the same settings, counts that include the drafts before that position. Without
     presence or frequency penalties nothing reads the counts: the sampler itself (a copy of its
     counts a position was ~4 dict copies of every distinct token so far, each round, a row)."""
-    if sampler.params.presence_penalty == 0.0 and sampler.params.frequency_penalty == 0.0:
+    if not sampler.params.penalized:
         return [sampler] * positions
     views, counts = [], dict(sampler.counts)
     for i in range(positions):

@@ -40,7 +40,7 @@ import torch
 
 from ..kv.slots import StateSlot
 from ..types import EngineError
-from .chain_penalties import ChainPenalties, penalized
+from .chain_penalties import ChainPenalties
 from .decode_graphs import DecodeGraphs, context_bucket, record_graph
 
 log = logging.getLogger("ninfer.engine")
@@ -67,6 +67,7 @@ class _Round:
     event: torch.cuda.Event | None
     ahead: bool = False
     read: list[list[int]] | None = None
+    penalized: bool = False  # some row has penalties (`chain_penalties`)
 
     def results(self) -> list[list[int]]:
         """[j, bonus, draft 1, .., draft k] of each row: waits for the round's copy."""
@@ -131,9 +132,10 @@ class VerifyChain:
         hiddens."""
         self.stops[: len(seqs)].copy_(torch.tensor([bool(s.eos_token_ids) for s in seqs]),
                                       non_blocking=True)
-        if any(penalized(s.sampler.params) for s in seqs):
+        penalized = any(s.sampler.params.penalized for s in seqs)
+        if penalized:
             self._penalties(logits.shape[-1]).load(seqs)
-        self._queue(seqs, drafts, max(s.cached for s in seqs), logits)
+        self._queue(seqs, drafts, max(s.cached for s in seqs), logits, penalized)
         q = self.k + 1
         for b, seq in enumerate(seqs):  # h of positions L..L+k, for prefix reuse
             self.drafter.store_rows(seq, seq.cached, self.core.hidden[b * q: (b + 1) * q])
@@ -147,7 +149,7 @@ class VerifyChain:
         out = self.graphs.verify_fed(
             seqs, q, lambda: self.core.meta[:2, :n].copy_(self.next[:, :n]), ahead=q)
         before = self._rounds[-1]
-        self._queue(seqs, [None] * batch, max(s.cached for s in seqs) + q, out)
+        self._queue(seqs, [None] * batch, max(s.cached for s in seqs) + q, out, before.penalized)
         before.ahead = True
         self.ahead += 1
         return out
@@ -239,28 +241,28 @@ class VerifyChain:
             self.penalties = ChainPenalties(self.max_batch, self.k + 1, vocab, self.picks.device)
         return self.penalties
 
-    def _queue(self, seqs: list, drafts: list, longest: int, logits: torch.Tensor) -> None:
+    def _queue(self, seqs: list, drafts: list, longest: int, logits: torch.Tensor,
+               penalized: bool) -> None:
         """The chain of the verify step just queued for `seqs` (`longest`: the furthest
-        `cached` among them, counting rounds in flight; `logits`: its output), then its
-        results' copy."""
+        `cached` among them, counting rounds in flight; `logits`: its output; `penalized`:
+        some row has penalties), then its results' copy."""
         batch = len(seqs)
         counts = getattr(self.drafter, "forced_counts", lambda _: [None] * batch)(drafts)
         self.forced[:batch].copy_(torch.tensor([-1 if c is None else c for c in counts]),
                                   non_blocking=True)
-        with_penalties = any(penalized(s.sampler.params) for s in seqs)
-        if with_penalties:
+        if penalized:
             if drafts[0] is None:  # launched ahead: the counts after the round before
                 self.penalties.advance(batch)
             self.penalties.take(logits)
         out = self._run(batch, context_bucket(longest + 2 * self.k + 1, self.max_context),
-                        with_penalties)
+                        penalized)
         host, event = self._copies[self._turn]
         self._turn ^= 1
         host[:batch].copy_(out[:batch], non_blocking=True)
         if event is not None:
             event.record()
         self._rounds.append(_Round({id(seq): b for b, seq in enumerate(seqs)}, list(drafts),
-                                   host, event))
+                                   host, event, penalized=penalized))
         self.rounds += 1
 
     def _run(self, batch: int, bucket: int, with_penalties: bool) -> torch.Tensor:
