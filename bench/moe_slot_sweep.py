@@ -3,8 +3,9 @@
     python3 bench/moe_slot_sweep.py --out bench/results/h200-moe-slots.json [--budget 400]
     python3 bench/moe_slot_sweep.py --list   # the variants it would time (no CUDA needed)
 
-Shapes: 35B-A3B (E = 256 + the shared expert, top-8 + 1 slot, H 2048, I 512, bf16) and the
-80B-A3B Flash-Next class (E = 512 + 1, top-10 + 1, fp8-row). Unlike bench/moe_fused_sweep.py,
+Shapes: 35B-A3B (E = 256 + the shared expert, top-8 + 1 slot, H 2048, I 512, bf16 or fp8-row)
+and the 80B-A3B Flash-Next class (E = 512 + 1, top-10 + 1, fp8-row); `--shapes` and
+`--batches` pick some (B = 4: a verify row of 1 + 3 tokens at B = 1). Unlike bench/moe_fused_sweep.py,
 whose calls re-read one layer's experts from the L2, every timed call here reads another
 layer's stack (`--layers` copies, > the 50 MB L2 in all) with its own random top-k, as a decode
 step does; each call is timed inside one CUDA graph of back-to-back calls over the copies.
@@ -42,6 +43,7 @@ from ninfer_engine.kernels.moe_down import moe_down_combine_triton  # noqa: E402
 from ninfer_engine.kernels.moe_fused import moe_gate_up_silu_triton  # noqa: E402
 
 SHAPES = {"35b-a3b": dict(E=257, k=9, H=2048, I=512, fp8=False),
+          "35b-a3b-fp8": dict(E=257, k=9, H=2048, I=512, fp8=True),
           "flash-next-fp8": dict(E=513, k=11, H=2048, I=512, fp8=True)}
 GATE_UP_GRID = dict(block_i=(8, 16, 32), block_k=(256, 512), num_warps=(4, 8))
 DOWN_GRID = dict(block_h=(4, 8, 16, 32), block_k=(256, 512), num_warps=(2, 4, 8))
@@ -125,14 +127,20 @@ def main() -> None:
                     help="seconds; the variants left when it runs out are skipped")
     ap.add_argument("--kernels", default=",".join(KERNELS),
                     help=f"comma-separated subset of {','.join(KERNELS)}")
+    ap.add_argument("--shapes", default=",".join(SHAPES),
+                    help=f"comma-separated subset of {','.join(SHAPES)}")
+    ap.add_argument("--batches", default="1,4", help="comma-separated subset of 1,4")
     ap.add_argument("--list", action="store_true",
                     help="print the variants each (shape, kernel, B) would time and exit")
     args = ap.parse_args()
     kernels = [kn for kn in args.kernels.split(",") if kn]
     assert kernels and set(kernels) <= set(KERNELS), kernels
+    shapes = {n: SHAPES[n] for n in args.shapes.split(",") if n}
+    batches = [int(b) for b in args.batches.split(",") if b]
+    assert shapes and set(batches) <= {1, 4}, (args.shapes, batches)
     if args.list:
-        for name, s in SHAPES.items():
-            for B in (1, 4):
+        for name, s in shapes.items():
+            for B in batches:
                 for kernel in kernels:
                     if B in BATCHES[kernel]:
                         vs = variants(kernel, s)
@@ -143,10 +151,10 @@ def main() -> None:
         ap.error("--out is required (unless --list)")
     t0, rows, zero_us = time.time(), [], {}
     gbps = copy_bandwidth_gbps()
-    for name, s in SHAPES.items():
+    for name, s in shapes.items():
         E, k, H, I, fp8 = s["E"], s["k"], s["H"], s["I"], s["fp8"]
         elem = 1 if fp8 else 2
-        for B in (1, 4):
+        for B in batches:
             todo = [kn for kn in kernels if B in BATCHES[kn]]
             if not todo:
                 continue

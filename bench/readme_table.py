@@ -361,6 +361,21 @@ def _verify_rows() -> list[str]:
     return rows
 
 
+def _mtp_rows() -> list[str]:
+    """`--spec mtp` at B=1 as served (drafts by the MTP head, the graphed draft round, the
+    verify chain, rounds launched ahead), against plain decode in the same call."""
+    r = _load("h200-mtp-graph-round.json")
+    if not r:
+        return []
+    runs = {run["name"]: run for run in r["runs"]}
+    mtp, plain = runs["mtp-ahead"], runs["decode"]
+    return [f"| H200, 35B-A3B shape, batch 1, `--spec mtp` decode at "
+            f"{mtp['tokens_per_round']:.2f} tokens a round (acceptance forced; engine step, "
+            f"tree {r['meta']['tree']}) | {mtp['tok_s']:.0f} tok/s ({mtp['engine_step_ms']:.2f} ms"
+            f" a round) | `--spec off` {plain['tok_s']:.0f} tok/s | "
+            f"{mtp['tok_s'] / plain['tok_s']:.2f}× |"]
+
+
 def _mask_rows() -> list[str]:
     """Grammar mask time the engine step exposes at B = 8 (`bench/mask_cost.py`), this stop's
     tree against the last in the same lease."""
@@ -462,7 +477,7 @@ def table() -> str:
     return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _gpu_rows()
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
                              + _gdn_prompt_rows()
-                             + _step_row_rows() + _verify_rows() + _mask_rows()
+                             + _step_row_rows() + _verify_rows() + _mtp_rows() + _mask_rows()
                              + _engine_process_rows() + _served_rows()
                              + _agent_replay_rows() + _host_tier_rows()
                              + _expert_offload_rows()) + "\n"
