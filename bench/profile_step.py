@@ -82,6 +82,9 @@ def main() -> None:
                     help="--drafter mtp: rounds accepted and drafted on the device "
                     "(`step.verify_chain`), each launched before the one before is read "
                     "(ahead, the default) or not (on), or accepted on the host (off)")
+    ap.add_argument("--lm-head-draft", type=int, default=0, metavar="ROWS",
+                    help="--drafter mtp: drafts over a proposal of the head's first ROWS rows, "
+                    "as --lm-head-draft serves (the real artifacts': 131072)")
     ap.add_argument("--timeline", metavar="OUT.json",
                     help="also write a Chrome trace of a few steps and print the GPU's gaps")
     args = ap.parse_args()
@@ -100,7 +103,8 @@ def main() -> None:
                               draft_tokens=args.spec, cuda_weights=args.cuda_weights,
                               lookahead={"on": True, "off": False}.get(args.lookahead),
                               mtp_params=source if mtp else None,
-                              verify_chain=args.verify_chain)
+                              verify_chain=args.verify_chain,
+                              lm_head_draft=args.lm_head_draft if mtp else 0)
         oracle = nullcontext()
         if args.spec:
             engine.speculator.drafter = (

@@ -37,9 +37,10 @@ class SyntheticResources:
     """The artifact face `Engine` reads besides the weights: the text config, the real Qwen
     tokenizer and chat template of the architecture's vocabulary; with `mtp_params` (a
     `build_synthetic(..., mtp=True)` source), an `mtp` component whose head `--spec mtp`
-    builds from those random weights."""
+    builds from those random weights; with `proposal_rows` too, an indexed proposal of the
+    head's first that many rows (`--lm-head-draft`; the real artifacts' is 131,072 rows)."""
 
-    def __init__(self, arch: str, config: dict, mtp_params=None) -> None:
+    def __init__(self, arch: str, config: dict, mtp_params=None, proposal_rows: int = 0) -> None:
         self.name = f"synth-{arch}"
         self._config = config
         self._resources = qwen_resources.resources(ARCHS[arch][1])
@@ -47,6 +48,8 @@ class SyntheticResources:
         self.components = {"text": {"config": config}}
         if mtp_params is not None:
             self.components["mtp"] = mtp_component(config)
+        if proposal_rows:
+            self.components["text"]["proposal"] = {"domain": "indexed", "rows": proposal_rows}
 
     def config(self, component: str) -> dict:
         assert component == "text", component
@@ -59,9 +62,16 @@ class SyntheticResources:
         return self._resources[role]
 
     def has_parameter(self, name: str) -> bool:
-        return self._params is not None and name.startswith("mtp/")
+        return self._params is not None and (name.startswith("mtp/") or (
+            "proposal" in self.components["text"] and name.startswith("proposal/")))
 
-    def parameter(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def parameter(self, name: str, shape: tuple[int, ...], dtype=None) -> torch.Tensor:
+        if name == "proposal/token_ids":
+            return torch.arange(shape[0])
+        if name == "proposal/head":
+            c = self._config
+            head = "text/token_embedding" if c["tie_word_embeddings"] else "text/output_head"
+            return self._params(head, (c["vocab_size"], shape[1]))[: shape[0]]
         return self._params(name, shape)
 
 
@@ -70,7 +80,7 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
                  prefill_chunk: int | None = None, kv_tokens: int | None = None,
                  vision=None, lookahead: bool | None = None,
                  prefix_reuse: bool = False, mtp_params=None,
-                 verify_chain: str = "ahead") -> Engine:
+                 verify_chain: str = "ahead", lm_head_draft: int = 0) -> Engine:
     """`Engine` over `model` for up to `max_batch` rows of up to `max_context` tokens in a pool
     of `kv_tokens` (default: every row at `max_context`; `lookahead`: `EngineConfig`'s); with
     `draft_tokens`, verify rows of
@@ -81,7 +91,8 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
     drafter left in place (`ForcedRounds` sets how many of its drafts a round takes);
     `verify_chain`: ahead (`EngineConfig`'s default: rounds accepted on the device, each
     launched before the one before is read), on (not launched ahead) or off (the host
-    accepts)."""
+    accepts); `lm_head_draft` (rows, with `mtp_params`): `--lm-head-draft` over a proposal of
+    the head's first that many rows."""
     engine_config = EngineConfig(
         artifact=Path(f"synth-{arch}"), max_concurrency=max_batch, max_context=max_context,
         # whole pages per row: a lease is whole pages, so max_batch rows of max_context fit
@@ -90,9 +101,10 @@ def bench_engine(model, arch: str, config: dict, max_batch: int, max_context: in
         cuda_weights=cuda_weights, no_prefix_reuse=not prefix_reuse,
         spec=("mtp" if mtp_params is not None else "ngram") if draft_tokens else None,
         draft_tokens=draft_tokens or None, lookahead=lookahead,
-        verify_chain=verify_chain != "off", chain_ahead=verify_chain == "ahead")
-    engine = Engine(engine_config, SyntheticResources(arch, config, mtp_params), model=model,
-                    vision=vision)
+        verify_chain=verify_chain != "off", chain_ahead=verify_chain == "ahead",
+        lm_head_draft=bool(lm_head_draft))
+    engine = Engine(engine_config, SyntheticResources(arch, config, mtp_params, lm_head_draft),
+                    model=model, vision=vision)
     if engine.speculator is not None and mtp_params is None:
         engine.speculator.drafter = NoDrafts()  # until a run sets its oracle
     return engine

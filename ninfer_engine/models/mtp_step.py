@@ -30,16 +30,19 @@ class MtpStep(HybridStep):
     """Draft rounds of up to `max_batch` rows of `q` committed pairs and `k` drafts each, for
     `head` (`models.mtp.MtpHead`) over the target's head matrix `head_matrix` (the decode
     step's `HybridWeights.head`); `kv()` returns the pool's MTP layer (`KvLayer`); drafts are
-    argmaxes over the first `vocab` ids."""
+    argmaxes over the first `vocab` ids, or `draft_head.argmax` (`--lm-head-draft`'s
+    shortlist, `step.draft_head`: it reads rows / vocabulary of the head's bytes)."""
 
     def __init__(self, head, head_matrix: FusedLinear, max_batch: int, max_pages: int,
-                 kv: Callable[[], KvLayer], q: int, k: int, vocab: int) -> None:
+                 kv: Callable[[], KvLayer], q: int, k: int, vocab: int,
+                 draft_head=None) -> None:
         target = head.target
         layer = layer_weights("full_attention", head.block, head.params, "mtp/layers/0/")
         weights = SimpleNamespace(c=target.config, model=target, eps=head.eps,
                                   head=head_matrix, layers=[layer])
         super().__init__(weights, max_batch, max_pages, lambda: [kv()], max_q=q, trail=False)
         self.mtp, self.q, self.k, self.vocab = head, q, k, vocab
+        self.draft_head = draft_head
         self.fc = FusedLinear(head.fc.weight)
         dev, H = target.embedding.device, target.config["hidden_size"]
         # per token row: the target's hidden h_j of its pair (`tokens` holds x_{j+1})
@@ -117,5 +120,7 @@ class MtpStep(HybridStep):
         return self.blocks(u, n, batch, q_len, table, kv_span, slot, m.final_norm)
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
+        if self.draft_head is not None:
+            return self.draft_head.argmax(h)
         logits = self.w.model.ranks.gather_vocab(self.w.head(h), self.c["vocab_size"])
         return logits[:, : self.vocab].argmax(-1)

@@ -11,17 +11,20 @@ from __future__ import annotations
 import torch
 
 from ..models.mtp import MtpMissing
+from ..models.qwen3_5_step_weights import FusedLinear
 
 
 class IndexedDraftHead:
-    """Argmax over a shortlist of the head's rows, returned as token ids."""
+    """Argmax over a shortlist of the head's rows, returned as token ids, on the device with
+    no host sync (the captured draft round, `mtp_round`, runs it too)."""
 
     def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor) -> None:
         self.weight, self.token_ids = weight, token_ids
+        self.matrix = FusedLinear(weight)  # the decode step's GEMV for one row, as the head's
 
     def argmax(self, h: torch.Tensor) -> torch.Tensor:
         """[T, H] MTP outputs -> [T] drafted token ids."""
-        return self.token_ids[(h.to(self.weight.dtype) @ self.weight.T).argmax(-1)]
+        return self.token_ids[self.matrix(h.to(self.weight.dtype)).argmax(-1)]
 
 
 def load_draft_head(artifact, hidden: int, vocab: int, device: torch.device,

@@ -79,17 +79,17 @@ class MtpDrafter:
 
     def bind_step(self, storage, graphs) -> None:
         """With the hybrid family's captured decode step (`graphs`: `DecodeGraphs` over
-        `storage`), draft rounds replay a CUDA graph too (`mtp_round`); not for a shortlist
-        head (`--lm-head-draft`) or a rank of a tensor-parallel group."""
+        `storage`), draft rounds replay a CUDA graph too (`mtp_round`, over the shortlist of
+        `--lm-head-draft` where given); not on a rank of a tensor-parallel group."""
         decoder = getattr(graphs, "decoder", None)
         core = getattr(decoder, "core", None)
-        if (core is None or not graphs.capture or self.draft_head is not None
-                or self.head.target.ranks.parallel or decoder.max_q < 2):
+        if (core is None or not graphs.capture or self.head.target.ranks.parallel
+                or decoder.max_q < 2):
             return
         try:
             self.round = MtpRound(self.head, core.w.head, storage, self.layer,
                                   decoder.max_batch, decoder.max_context, decoder.max_q - 1,
-                                  self.vocab, capture=True)
+                                  self.vocab, capture=True, draft_head=self.draft_head)
             self.round.capture_at_start()
         except Exception:  # drafting still works eagerly: serve, and say why it is slower
             log.exception("--spec mtp: the draft round's CUDA graph could not be built; "

@@ -25,14 +25,16 @@ log = logging.getLogger("ninfer.engine")
 
 class MtpRound:
     """Draft rounds of `k` drafts for up to `max_batch` rows of `head` (`models.mtp.MtpHead`),
-    whose MTP layer is attention layer `layer` of `storage` (`mtp_drafter`)."""
+    whose MTP layer is attention layer `layer` of `storage` (`mtp_drafter`), drafting over
+    `draft_head`'s shortlist where given (`--lm-head-draft`)."""
 
     def __init__(self, head, head_matrix, storage: KvStorage, layer: int, max_batch: int,
-                 max_context: int, k: int, vocab: int, capture: bool) -> None:
+                 max_context: int, k: int, vocab: int, capture: bool,
+                 draft_head=None) -> None:
         self.storage, self.layer, self.k = storage, layer, k
         self.max_batch, self.max_context, self.capture = max_batch, max_context, capture
         self.step = MtpStep(head, head_matrix, max_batch, -(-max_context // PAGE), self._kv,
-                            k + 1, k, vocab)
+                            k + 1, k, vocab, draft_head)
         self.q = self.step.q  # committed pairs a row: after a verify row, 1 .. k + 1
         self.tables = PageTables(self.step.table)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
