@@ -8,7 +8,8 @@ and the 80B-A3B Flash-Next class (E = 512 + 1, top-10 + 1, fp8-row); `--shapes` 
 `--batches` pick some (B = 4: a verify row of 1 + 3 tokens at B = 1). Unlike
 bench/moe_fused_sweep.py, whose calls re-read one layer's experts from the L2, every timed call
 here reads another layer's stack (`--layers` copies, > the 50 MB L2 in all) with its own random
-top-k, as a decode step does; each call is timed inside one CUDA graph of back-to-back calls over the copies.
+top-k, as a decode step does; each call is timed inside one CUDA graph of back-to-back calls
+over the copies.
 For gate|up + SiLU (`moe_gate_up_silu_triton`) and down + combine (`moe_down_combine_triton`)
 at B = 1 and 4: every (block, BK, warps) of the grid, the engine's default, the bytes of the
 distinct experts read and the TB/s; all rows go to `--out`, the best per (shape, kernel, B)
