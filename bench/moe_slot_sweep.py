@@ -15,7 +15,7 @@ at B = 1 and 4: every (block, BK, warps) of the grid, the engine's default, the 
 distinct experts read and the TB/s; all rows go to `--out`, the best per (shape, kernel, B)
 beside the default tile to the `.md` beside it (and stdout).
 
-`down_split` (B = 1 only): down + combine with `slot_split` S groups of slots (S in 1, 3, k)
+`down_split` (B = 1 and 4): down + combine with `slot_split` S groups of slots (S in 1, 3, k)
 and `k_split` chunks of I (1, or 2 where 2·BK ≤ I), each program atomically adding its fp32
 partial sums into `out`, an fp32 [B, H] buffer per layer copy, zeroed once before the graph
 is captured and never inside the timed loop: the engine's case, which zeroes every layer's
@@ -52,7 +52,7 @@ DOWN_GRID = dict(block_h=(4, 8, 16, 32), block_k=(256, 512), num_warps=(2, 4, 8)
 DOWN_SPLIT_GRID = dict(slot_split=(1, 3, "k"), block_h=(8, 16, 32, 64), block_k=(256, 512),
                        num_warps=(4, 8), k_split=(1, 2))
 KERNELS = ("gate_up", "down", "down_split")
-BATCHES = {"gate_up": (1, 4), "down": (1, 4), "down_split": (1,)}
+BATCHES = {"gate_up": (1, 4), "down": (1, 4), "down_split": (1, 4)}
 ZERO_LAYERS = 48  # the per-step zero fill is timed over this many layers' [B, H] buffers
 
 
