@@ -41,6 +41,10 @@ MIN_NGRAM, MAX_NGRAM = 2, 4
 # a request stops drafting while its recent acceptance is below this (drafts that are mostly
 # rejected cost a verify step's extra tokens for nothing); it retries after `RETRY` rounds
 MIN_ACCEPTANCE, RETRY = 0.2, 16
+# n-gram lookup finding nothing pauses the row 1, 2, 4, ... steps (at most this many) before
+# it looks again: its plain steps can then go ahead (`plain_next`), which a row asked every
+# step never does on text that does not repeat
+MAX_EMPTY_PAUSE = 8
 
 
 class NgramDrafter:
@@ -77,6 +81,7 @@ class RowState:
 
     acceptance: float = 1.0
     paused: int = 0  # rounds left before it drafts again
+    empty: int = 0  # n-gram lookups in a row that found nothing (`MAX_EMPTY_PAUSE`)
 
 
 @dataclass
@@ -127,7 +132,19 @@ class Speculator:
                          for seq, k in zip(seqs, ks)]
         proposals = cut(seqs, proposals)  # constrained rows: what their grammar accepts
         self._fall_back([seq for seq, k, p in zip(seqs, ks, proposals) if k and not p])
+        if self.backend == "ngram":
+            self._back_off(seqs, ks, proposals)
         return proposals
+
+    def _back_off(self, seqs: list, ks: list[int], proposals: list[list[int]]) -> None:
+        """A row whose lookup found nothing pauses 2^(n-1) steps after its n-th empty one in a
+        row (at most `MAX_EMPTY_PAUSE`); one that found drafts starts over."""
+        for seq, k, drafts in zip(seqs, ks, proposals):
+            if k:
+                row = self._rows[id(seq)]
+                row.empty = 0 if drafts else row.empty + 1
+                if row.empty:
+                    row.paused = min(1 << (row.empty - 1), MAX_EMPTY_PAUSE)
 
     def _fall_back(self, seqs: list) -> None:
         """`seqs` decode plainly this step while speculation is on: counted engine-wide and

@@ -176,11 +176,15 @@ class _EveryThird:
         pass
 
 
-def test_plain_steps_under_spec_go_ahead_and_the_policy_still_drafts():
+def test_plain_steps_under_spec_go_ahead_and_the_policy_still_drafts(monkeypatch):
     """`--spec ngram`: the steps the policy decodes plainly go ahead (`plain_next` asks it
     before each), and a step it wants drafted leaves the lookahead for a verify round; the
     tokens are those of the engine without lookahead, the drafts were verified, and the
-    policy was asked once a step either way."""
+    policy was asked once a step either way (every such step looks up: no pause after an
+    empty lookup, the next test's)."""
+    from ninfer_engine.step import speculation
+
+    monkeypatch.setattr(speculation, "MAX_EMPTY_PAUSE", 0)
     policies = []
 
     def arrange(engine):
@@ -201,3 +205,25 @@ def test_plain_steps_under_spec_go_ahead_and_the_policy_still_drafts():
     for spec in policies:  # rounds verified in both runs, a third of the decisions drafting
         assert spec.counters.rounds > 0 and spec.policy.yes == spec.policy.asked // 3
     assert policies[0].policy.asked == policies[1].policy.asked
+
+
+def test_ngram_rows_that_find_nothing_pause_and_their_plain_steps_go_ahead():
+    """`--spec ngram` drafting every step it can (`AlwaysSpeculate`) on answers that hardly
+    repeat: a row whose lookup found nothing pauses before looking again, so its plain steps
+    go ahead (without the pause no step would: each one asks the drafter first); the tokens
+    are the engine's without lookahead."""
+    from ninfer_engine.step.spec_policy import AlwaysSpeculate
+
+    def arrange(engine):
+        engine.speculator.policy = AlwaysSpeculate()
+
+    async def scenario(engine):
+        greedy = SamplingParams(temperature=0.0)
+        return await asyncio.gather(*[_one(engine, f"r{i}", _prompt(engine, q), greedy, 32)
+                                      for i, q in enumerate(QUESTIONS[:2])])
+
+    config = {"spec": "ngram", "draft_tokens": 3}
+    (plain, none), (ahead, steps) = (_run(False, scenario, arrange, **config),
+                                     _run(True, scenario, arrange, **config))
+    assert none == 0 and steps > 5
+    assert plain == ahead

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
+from ninfer_engine.step import speculation
 from ninfer_engine.step.sampling import Sampler, sample_rows
 from ninfer_engine.step.spec_overlap import prompt_ngram_overlap
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
@@ -127,8 +129,39 @@ def _prompts(vocab):
     return [tuple(base * 3), tuple(base[:7] * 4 + [2])]
 
 
+def test_a_row_whose_lookups_find_nothing_looks_again_after_a_growing_pause():
+    """`--spec ngram`: the n-th empty lookup in a row pauses the row 2^(n-1) steps (at most
+    `MAX_EMPTY_PAUSE`), plain decode rows that go ahead (`plain_next` says so once every row
+    is paused); a lookup that finds drafts ends the streak, and the row looks every step."""
+    spec = Speculator("ngram", 3)
+    spec.policy = AlwaysSpeculate()
+    looked = []
+    propose = spec.drafter.propose
+    spec.drafter.propose = lambda tokens, k: looked.append(len(tokens)) or propose(tokens, k)
+    seq = SimpleNamespace(prompt=list(range(10, 30)), output=[], thinking_cap=None,
+                          draft_fallback=0,
+                          sampler=SimpleNamespace(logprobs=None, constraint=None))
+    asks, ahead = [], 0
+    for step in range(40):  # new tokens every step: nothing repeats
+        if spec.plain_next([seq]):
+            ahead += 1
+        else:
+            asks.append(step) if spec.draft_rows([seq], [3]) == [[]] else None
+        seq.output.append(100 + step)
+    gaps = [b - a - 1 for a, b in zip(asks, asks[1:])]
+    assert gaps == [1, 2, 4, 8, 8, 8], asks  # paused 1, 2, 4, then 8 steps after each
+    assert ahead == 40 - len(asks) and len(looked) == len(asks)
+    seq.output += seq.output[-6:]  # now the text repeats itself: drafts, and no pause
+    while spec.plain_next([seq]):
+        seq.output.append(seq.output[-6])
+    assert spec.draft_rows([seq], [3]) != [[]]
+    assert not spec.plain_next([seq])
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
-def test_greedy_output_is_the_same_with_and_without_ngram_drafts(family):
+def test_greedy_output_is_the_same_with_and_without_ngram_drafts(family, monkeypatch):
+    # every step looks up (no pause after an empty lookup), so that some drafts are rejected
+    monkeypatch.setattr(speculation, "MAX_EMPTY_PAUSE", 0)
     artifact = (FakeArtifact(tiny_llama(seed=5, vocab_size=259)) if family == "llama"
                 else HybridArtifact("qwen3_5"))
     outputs, engines = off_and_ngram(artifact)
