@@ -1,0 +1,74 @@
+"""A verify row's plain-bf16 GEMVs of several rows without an fp32 `out`, CUDA only.
+
+    python3 bench/verify_gemv_split.py [--rows 4,8] [--out FILE.json]
+
+At several rows the dequant GEMV takes its dot path with 64-row programs, and `split_k` splits
+K so that about two waves cover the SMs; without an fp32 `out` to add into, a split writes fp32
+partial sums that a torch `sum(0)` and a cast reduce: two more launches. On the H200's 35B-A3B
+verify step that was 40 reduce and 40 cast kernels a step (~4.8 µs a layer by the profiler,
+h200-verify-step.json), from the GDN and attention in-projections (N = 12,352 and 9,216 at
+K = 2,048: 193 and 144 programs of 64 rows, split 2). This times, per shape and row count, in a
+CUDA graph of back-to-back calls over weight copies larger than the L2: the engine's call
+(`dequant_gemv`), programs of 16, 32 and 64 rows with K split 1 or 2 (the reduction included,
+as the engine pays it), and cuBLAS (`F.linear`); each output checked against the first's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
+from ninfer_engine.kernels.dequant_gemv import dequant_gemv, dequant_gemv_triton  # noqa: E402
+
+# 35B-A3B: GDN q|k|v|z|b|a, attention q|gate|k|v, both from H = 2048
+SHAPES = {"gdn_in": (12352, 2048), "attn_in": (9216, 2048)}
+COPIES = 8  # > the 50 MB L2 in all
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="4,8")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    gbps, rows = copy_bandwidth_gbps(), []
+    for name, (N, K) in SHAPES.items():
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
+              for _ in range(COPIES)]
+        for B in (int(b) for b in args.rows.split(",")):
+            x = torch.randn(B, K, device="cuda", dtype=torch.bfloat16)
+            variants = {"engine": lambda w: dequant_gemv(x, w, None),
+                        "cublas": lambda w: F.linear(x, w)}
+            for bn in (16, 32, 64):
+                for split in (1, 2):
+                    variants[f"bn{bn} split{split}"] = (
+                        lambda w, bn=bn, split=split: dequant_gemv_triton(
+                            x, w, None, block_n=bn, split=split))
+            ref = None
+            for label, call in variants.items():
+                out = call(ws[0]).float()
+                ref = out if ref is None else ref
+                err = ((out - ref).norm() / ref.norm()).item()
+                graph = graph_of(lambda call=call: [call(w) for w in ws])
+                us = time_ms(graph.replay, 20) * 1e3 / COPIES
+                row = dict(shape=name, N=N, K=K, B=B, variant=label, us=round(us, 2),
+                           tbps=round(N * K * 2 / us / 1e6, 3), rel_err=err)
+                rows.append(row)
+                print(f"{name} B={B} {label:16s} {us:7.2f} µs  {row['tbps']:.2f} TB/s  "
+                      f"err {err:.1e}", flush=True)
+    if args.out:
+        meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                    copy_gbps=gbps, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    command=" ".join(["python3", "bench/verify_gemv_split.py", *sys.argv[1:]]))
+        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
