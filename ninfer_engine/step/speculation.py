@@ -351,33 +351,41 @@ def accept_sampled(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[
     request's sampling distribution there (temperature, top-k/p, min-p, penalties counting the
     drafts before it, its grammar's mask after them); at the first rejection the token is drawn
     from p_i without d_i, renormalised; with every draft taken, one more token is drawn from
-    p_k. Each emitted token is distributed exactly as plain sampling's; the uniforms come from
-    the request's seeded generator, one per test and one per draw, so a seed reproduces its
-    run."""
+    p_k. Each emitted token is distributed exactly as plain sampling's. The uniforms come from
+    the request's seeded generator, k + 1 a round whatever the round takes (`round_uniforms`:
+    the test of draft i reads the i-th, the draw the last), so a seed reproduces its run and a
+    round accepted on the device draws the same ones."""
     out = []
     for sampler, drafts, logits in rows:
         views = _position_views(sampler, drafts, logits.shape[0])
         logits = masked(sampler, drafts, _penalized(logits, views))
         probs, ids = _CANDIDATES[_path(sampler.params)](logits, views)
         probs, ids = probs.double().cpu(), None if ids is None else ids.cpu()
+        u = round_uniforms(sampler, len(drafts))
         tokens: list[int] = []
         for i in range(logits.shape[0]):
             p = probs[i] / probs[i].sum()
             if i == len(drafts):  # every draft taken: the next token from p_k
-                tokens.append(_inverse_cdf(p, ids, i, sampler.uniform()))
+                tokens.append(_inverse_cdf(p, ids, i, u[-1]))
                 break
             column = _column(ids, i, drafts[i])
-            taken = column is not None and sampler.uniform() < float(p[column])
+            taken = column is not None and u[i] < float(p[column])
             if taken:
                 tokens.append(drafts[i])
                 continue
             if column is not None:
                 p = p.clone()
                 p[column] = 0.0
-            tokens.append(_inverse_cdf(p, ids, i, sampler.uniform()))
+            tokens.append(_inverse_cdf(p, ids, i, u[-1]))
             break
         out.append(tokens)
     return out
+
+
+def round_uniforms(sampler: Sampler, k: int) -> list[float]:
+    """A verify round's uniforms from the request's stream: one per draft's test, then the
+    draw's."""
+    return [sampler.uniform() for _ in range(k + 1)]
 
 
 def _column(ids: torch.Tensor | None, row: int, token: int) -> int | None:
