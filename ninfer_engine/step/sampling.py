@@ -355,10 +355,21 @@ def _greedy(logits: torch.Tensor, samplers: list[Sampler]) -> tuple[torch.Tensor
 def _top_k_candidates(logits: torch.Tensor,
                       samplers: list[Sampler]) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows with 1 <= top_k <= TOPK_CAP: (filtered probs, ids) of the top-k candidates [n, k]."""
-    temperature, top_k, top_p, min_p = _columns(samplers, logits.device)
-    biggest = max(s.params.top_k for s in samplers)
-    # a power of two bounds how many kernel variants (k is a constexpr) ever compile
-    k = min(1 << (biggest - 1).bit_length(), logits.shape[-1])
+    k = candidate_count(max(s.params.top_k for s in samplers), logits.shape[-1])
+    return top_k_candidates(logits, k, *_columns(samplers, logits.device))
+
+
+def candidate_count(top_k: int, vocab: int) -> int:
+    """The candidates the top-k path takes for rows of at most `top_k`: a power of two bounds
+    how many kernel variants (k is a constexpr) ever compile."""
+    return min(1 << (top_k - 1).bit_length(), vocab)
+
+
+def top_k_candidates(logits: torch.Tensor, k: int, temperature: torch.Tensor,
+                     top_k: torch.Tensor, top_p: torch.Tensor,
+                     min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(filtered probs, ids) [n, k] of rows of `logits` [n, V] whose top_k ≤ k, their settings
+    as fp32 [n, 1] columns on the device (a captured graph's buffers: no host work)."""
     values, ids = kernels.topk(logits, k)  # fp32, descending; temperature keeps the order
     # ties by lowest id (Triton does so already; torch.topk does not promise an order), so a
     # row's candidate order does not depend on the batch's k
