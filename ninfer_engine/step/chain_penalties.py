@@ -8,7 +8,8 @@ emitted tokens (`count`, into a second table that `advance` makes current) so th
 launched ahead, before the host has read and recorded the one before, sees them too (every op
 of a chain must give the same result run twice: a capture runs it once before it replays).
 `picks` gives the host's choices bit for bit: the same `frequency·c + presence` in fp32,
-subtracted from the same fp32 logits, the same argmax kernel.
+subtracted from the same fp32 logits, the same argmax kernel; `logits_of` gives those logits,
+from which a sampled row draws (`chain_accept`).
 """
 from __future__ import annotations
 
@@ -63,9 +64,17 @@ class ChainPenalties:
         """The host's greedy choice at each position of the verify rows of `drafts` [B, k]
         under their penalties: [B, q]."""
         batch, q = drafts.shape[0], self.q
-        return penalized_picks(self.logits[: batch * q].view(batch, q, -1), drafts,
-                               self.counts[:batch], self.presence[:batch],
-                               self.frequency[:batch], self._at)
+        return argmax(self.logits_of(drafts, True).view(batch * q, -1)).view(batch, q)
+
+    def logits_of(self, drafts: torch.Tensor, penalized: bool) -> torch.Tensor:
+        """The verify rows' logits [B, q, V] fp32 as the host's acceptance sees them: less
+        each position's penalties (`penalized`), else as taken."""
+        batch, q = drafts.shape[0], self.q
+        logits = self.logits[: batch * q].view(batch, q, -1)
+        if not penalized:
+            return logits
+        return penalized_logits(logits, drafts, self.counts[:batch], self.presence[:batch],
+                                self.frequency[:batch], self._at)
 
     def count(self, drafts: torch.Tensor, accepted: torch.Tensor, bonus: torch.Tensor) -> None:
         """The counts after a round's emitted tokens (its first `accepted` drafts and the
@@ -82,12 +91,12 @@ class ChainPenalties:
         self.counts[:batch].copy_(self.after[:batch])
 
 
-def penalized_picks(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tensor,
-                    presence: torch.Tensor, frequency: torch.Tensor,
-                    at: torch.Tensor) -> torch.Tensor:
+def penalized_logits(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tensor,
+                     presence: torch.Tensor, frequency: torch.Tensor,
+                     at: torch.Tensor) -> torch.Tensor:
     """`logits` [B, q, V] fp32, `drafts` [B, q - 1], each row's `counts` [B, V] and settings
-    [B]; `at` [2, P]: the pairs (position i, draft m ≤ i). The argmax of each position with
-    the penalties of its counts, plus drafts 1..i at position i: [B, q]."""
+    [B]; `at` [2, P]: the pairs (position i, draft m ≤ i). Each position's logits less the
+    penalties of its counts, plus drafts 1..i at position i: [B, q, V]."""
     batch, q, vocab = logits.shape
     front = frequency[:, None] * counts + presence[:, None]  # the host's `penalty`, unfused
     out = logits - torch.where(counts > 0, front, 0.0)[:, None, :]
@@ -99,4 +108,4 @@ def penalized_picks(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Te
         row = torch.arange(batch, device=logits.device)[:, None]
         value = logits[row, i, token] - (frequency[:, None] * times + presence[:, None])
         out[row, i, token] = value  # a token drafted twice: the same value both times
-    return argmax(out.view(batch * q, vocab)).view(batch, q)
+    return out

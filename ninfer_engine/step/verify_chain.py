@@ -9,11 +9,13 @@ layer's rollback to j + 1 tokens (`HybridStep.keep_on_device`), the MTP round's 
 from the verify step's inputs and hiddens (`MtpStep.load_from_verify`) and its k drafts; the host
 reads (j, bonus, drafts) in one copy, emits d_1..d_j and the bonus, and the next step verifies
 the drafts it read (`MtpDrafter.propose_rows`). The tokens are the host path's: the same argmax
-over the same logits, the same rule.
+over the same logits, the same rule (`chain_accept`); a sampled row's, the same rejection test
+and draw over the same candidates with the same uniforms, drawn at launch.
 
-A step chains when acceptance needs nothing of the host (`takes`): every row greedy without
-grammar (`chainable`; presence and frequency penalties are applied on the device as the host
-applies them, `chain_penalties`), carrying the full k drafts, its drafter's pairs run up to
+A step chains when acceptance needs nothing of the host (`takes`): every row greedy or
+sampled through the top-k path, without grammar (`chainable`; presence and frequency penalties
+are applied on the device as the host applies them, `chain_penalties`), carrying the full k
+drafts, its drafter's pairs run up to
 its last token (`MtpDrafter.ready`) and its pages leased through L + 2k (the round after
 j = k writes K/V there). An end token among a row's drafts ends its acceptance there (it goes
 out as the bonus: the same tokens as the host's, whose row stops at it), so the device keeps
@@ -38,21 +40,24 @@ from types import SimpleNamespace
 
 import torch
 
+from ..kernels.sampling import argmax
 from ..kv.slots import StateSlot
 from ..types import EngineError
+from .chain_accept import ChainSampling, accept_on_device, samples_on_device
 from .chain_penalties import ChainPenalties
 from .decode_graphs import DecodeGraphs, context_bucket, record_graph
+from .sampling import candidate_count
 
 log = logging.getLogger("ninfer.engine")
 
 
 def chainable(seq) -> bool:
-    """A row the device can accept for: greedy, without grammar, log-probabilities or forced
-    thinking close (its token is the argmax of the verify step's logits, less its presence
-    and frequency penalties: `chain_penalties`)."""
+    """A row the device can accept for: greedy, or sampled through the top-k path
+    (`chain_accept.samples_on_device`), without grammar, log-probabilities or forced thinking
+    close (its logits less its presence and frequency penalties: `chain_penalties`)."""
     s = seq.sampler
-    return (s.params.greedy and s.constraint is None and s.logprobs is None
-            and seq.thinking_cap is None)
+    return ((s.params.greedy or samples_on_device(s.params)) and s.constraint is None
+            and s.logprobs is None and seq.thinking_cap is None)
 
 
 @dataclass
@@ -68,6 +73,7 @@ class _Round:
     ahead: bool = False
     read: list[list[int]] | None = None
     penalized: bool = False  # some row has penalties (`chain_penalties`)
+    candidates: int = 0  # some row samples, over this many candidates (`chain_accept`)
 
     def results(self) -> list[list[int]]:
         """[j, bonus, draft 1, .., draft k] of each row: waits for the round's copy."""
@@ -106,9 +112,10 @@ class VerifyChain:
         self._rounds: deque[_Round] = deque()
         self._turn = 0  # the host copy the next round takes
         self.rounds = self.ahead = 0  # rounds chained, and of them launched ahead (a bench's)
-        self._graphs: dict[tuple[int, int, bool],
+        self._graphs: dict[tuple[int, int, bool, int],
                            tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.penalties: ChainPenalties | None = None  # with the first logits (their width)
+        self.sampling = ChainSampling(self.max_batch, self.k, dev)
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._bound = None  # the MTP layer's K tensor the graphs read (an elastic pool grows)
 
@@ -133,9 +140,12 @@ class VerifyChain:
         self.stops[: len(seqs)].copy_(torch.tensor([bool(s.eos_token_ids) for s in seqs]),
                                       non_blocking=True)
         penalized = any(s.sampler.params.penalized for s in seqs)
-        if penalized:
+        candidates = ChainSampling.candidates(seqs, logits.shape[-1])
+        if penalized or candidates:
             self._penalties(logits.shape[-1]).load(seqs)
-        self._queue(seqs, drafts, max(s.cached for s in seqs), logits, penalized)
+        if candidates:
+            self.sampling.load(seqs)
+        self._queue(seqs, drafts, max(s.cached for s in seqs), logits, penalized, candidates)
         q = self.k + 1
         for b, seq in enumerate(seqs):  # h of positions L..L+k, for prefix reuse
             self.drafter.store_rows(seq, seq.cached, self.core.hidden[b * q: (b + 1) * q])
@@ -149,7 +159,10 @@ class VerifyChain:
         out = self.graphs.verify_fed(
             seqs, q, lambda: self.core.meta[:2, :n].copy_(self.next[:, :n]), ahead=q)
         before = self._rounds[-1]
-        self._queue(seqs, [None] * batch, max(s.cached for s in seqs) + q, out, before.penalized)
+        if before.candidates:  # its own uniforms (the stream's next after the round before)
+            self.sampling.load(seqs)
+        self._queue(seqs, [None] * batch, max(s.cached for s in seqs) + q, out, before.penalized,
+                    before.candidates)
         before.ahead = True
         self.ahead += 1
         return out
@@ -220,7 +233,7 @@ class VerifyChain:
         """Capture the first context bucket for every batch size now, behind a verify step of
         scratch rows in state slots 0.. on one pool page that goes back after (nobody holds a
         slot or reads those K/V yet), as `DecodeGraphs.capture_at_start` does; with and
-        without penalties."""
+        without penalties, and sampled as the Qwen presets sample (top_k 20, presence)."""
         cache = self.graphs.decoder.storage.new_cache()
         try:
             if not cache.reserve(2 * self.k + 2):
@@ -230,9 +243,10 @@ class VerifyChain:
             for batch in range(1, self.max_batch + 1):
                 logits = self.graphs.verify(scratch[:batch], [[0] * self.k] * batch)
                 self._penalties(logits.shape[-1])
+                bucket = context_bucket(2 * self.k + 1, self.max_context)
                 for with_penalties in (False, True):  # a served Qwen request has them
-                    self._run(batch, context_bucket(2 * self.k + 1, self.max_context),
-                              with_penalties)
+                    self._run(batch, bucket, with_penalties, 0)
+                self._run(batch, bucket, True, candidate_count(20, logits.shape[-1]))
         finally:
             cache.release()
 
@@ -242,60 +256,71 @@ class VerifyChain:
         return self.penalties
 
     def _queue(self, seqs: list, drafts: list, longest: int, logits: torch.Tensor,
-               penalized: bool) -> None:
+               penalized: bool, candidates: int) -> None:
         """The chain of the verify step just queued for `seqs` (`longest`: the furthest
         `cached` among them, counting rounds in flight; `logits`: its output; `penalized`:
-        some row has penalties), then its results' copy."""
+        some row has penalties; `candidates`: some row samples, over that many), then its
+        results' copy."""
         batch = len(seqs)
         counts = getattr(self.drafter, "forced_counts", lambda _: [None] * batch)(drafts)
         self.forced[:batch].copy_(torch.tensor([-1 if c is None else c for c in counts]),
                                   non_blocking=True)
-        if penalized:
-            if drafts[0] is None:  # launched ahead: the counts after the round before
-                self.penalties.advance(batch)
+        if penalized and drafts[0] is None:  # launched ahead: the counts after the round before
+            self.penalties.advance(batch)
+        if penalized or candidates:
             self.penalties.take(logits)
         out = self._run(batch, context_bucket(longest + 2 * self.k + 1, self.max_context),
-                        penalized)
+                        penalized, candidates)
         host, event = self._copies[self._turn]
         self._turn ^= 1
         host[:batch].copy_(out[:batch], non_blocking=True)
         if event is not None:
             event.record()
         self._rounds.append(_Round({id(seq): b for b, seq in enumerate(seqs)}, list(drafts),
-                                   host, event, penalized=penalized))
+                                   host, event, penalized=penalized, candidates=candidates))
         self.rounds += 1
 
-    def _run(self, batch: int, bucket: int, with_penalties: bool) -> torch.Tensor:
+    def _run(self, batch: int, bucket: int, with_penalties: bool,
+             candidates: int) -> torch.Tensor:
         step = self.drafter.round.step
         if not self.capture:
-            return self._chain(step, batch, bucket, with_penalties)
+            return self._chain(step, batch, bucket, with_penalties, candidates)
         bound = self.drafter.round.storage.k[self.drafter.round.layer]
         if bound is not self._bound:  # an elastic pool grew: the graphs read the old tensors
             self._graphs.clear()
             self._pool = torch.cuda.graph_pool_handle()
             self._bound = bound
-        key = (batch, bucket, with_penalties)
+        key = (batch, bucket, with_penalties, candidates)
         if key not in self._graphs:
             self._graphs[key] = record_graph(
-                lambda: self._chain(step, batch, bucket, with_penalties), self._pool)
-            log.info("captured the verify chain's CUDA graph for batch %d, context ≤ %d%s",
-                     batch, bucket, ", with penalties" if with_penalties else "")
+                lambda: self._chain(step, batch, bucket, with_penalties, candidates), self._pool)
+            log.info("captured the verify chain's CUDA graph for batch %d, context ≤ %d%s%s",
+                     batch, bucket, ", with penalties" if with_penalties else "",
+                     f", sampling over {candidates} candidates" if candidates else "")
         graph, out = self._graphs[key]
         graph.replay()
         return out
 
-    def _chain(self, step, batch: int, bucket: int, with_penalties: bool) -> torch.Tensor:
+    def _chain(self, step, batch: int, bucket: int, with_penalties: bool,
+               candidates: int) -> torch.Tensor:
         """The device ops: acceptance (an end token among the drafts ends it: it goes out as
         the bonus, so the row keeps what the host emits), rollback, the MTP round, the next
         round's inputs; `out` [max_batch, 2 + k]. `with_penalties`: the picks are the
-        penalized logits' and the round's tokens are counted for the next."""
+        penalized logits' and the round's tokens are counted for the next; `candidates`:
+        sampled rows draw over that many (`chain_accept.ChainSampling`)."""
         q = self.k + 1
         drafts = self.core.tokens[: batch * q].view(batch, q)[:, 1:]
         first = self.core.pos[: batch * q].view(batch, q)[:, 0]
         ends = (drafts[:, :, None] == self.eos).any(-1) & self.stops[:batch, None]
-        picks = (self.penalties.picks(drafts) if with_penalties
-                 else self.picks[: batch * q].view(batch, q))
-        accepted, bonus = accept_on_device(drafts, picks, self.forced[:batch], ends)
+        if candidates:
+            logits = self.penalties.logits_of(drafts, with_penalties)
+            picks = argmax(logits.view(batch * q, -1)).view(batch, q)
+            accepted, bonus = self.sampling.accept(logits, picks, drafts, self.forced[:batch],
+                                                   ends, candidates)
+        else:
+            picks = (self.penalties.picks(drafts) if with_penalties
+                     else self.picks[: batch * q].view(batch, q))
+            accepted, bonus = accept_on_device(drafts, picks, self.forced[:batch], ends)
         if with_penalties:
             self.penalties.count(drafts, accepted, bonus)
         self.core.keep_on_device(accepted + 1, batch)
@@ -309,21 +334,6 @@ class VerifyChain:
         torch.add((first + accepted + 1)[:, None], torch.arange(q, device=drafts.device),
                   out=positions)
         return self.out
-
-
-def accept_on_device(drafts: torch.Tensor, picks: torch.Tensor, forced: torch.Tensor,
-                     ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy acceptance of verify rows on the device: `drafts` [B, k], the target's `picks`
-    after each of the row's tokens [B, k + 1], `forced` [B] (a benchmark's count of drafts
-    taken, -1: by agreement), `ends` [B, k] (the draft is an end token of a row that stops at
-    one). (accepted drafts j [B], the bonus picks[j] [B]): j is the longest agreeing prefix (or
-    the forced count), cut before the first end token, which then goes out as the bonus."""
-    k = drafts.shape[1]
-    agree = (drafts == picks[:, :k]).long().cumprod(1).sum(1)
-    accepted = torch.where(forced >= 0, forced, agree)
-    index = torch.arange(k, device=drafts.device)
-    accepted = torch.minimum(accepted, torch.where(ends, index, k).amin(1))
-    return accepted, picks.gather(1, accepted[:, None])[:, 0]
 
 
 def verify_chain(graphs: DecodeGraphs | None, speculator,

@@ -8,6 +8,7 @@ interpreter; on CUDA they replay captured graphs.
 """
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -24,7 +25,8 @@ from ninfer_engine.step.runner import HybridRunner
 from ninfer_engine.step.sampling import Sampler
 from ninfer_engine.step.scheduler import Batch, Chunk
 from ninfer_engine.step.speculation import Speculator, accept, split_verify_rows
-from ninfer_engine.step.verify_chain import VerifyChain, accept_on_device, chainable
+from ninfer_engine.step.chain_accept import accept_on_device
+from ninfer_engine.step.verify_chain import VerifyChain, chainable
 from ninfer_engine.types import SamplingParams
 
 from .helpers import stored_rows
@@ -70,10 +72,22 @@ def test_rollback_by_device_counts_is_keep_row_by_row(moe, device):
 PENALIZED = SamplingParams(temperature=0.0, presence_penalty=-1.0, frequency_penalty=0.3)
 
 
-def _row(storage, states, prompt: list[int], params: SamplingParams = GREEDY):
+class _Scripted(Sampler):
+    """A sampler whose uniforms repeat `values` (small ones take any draft among the
+    candidates: random weights would take almost none)."""
+
+    def __init__(self, params: SamplingParams, values: list[float]) -> None:
+        super().__init__(params)
+        self._values = itertools.cycle(values)
+
+    def uniform(self) -> float:
+        return next(self._values)
+
+
+def _row(storage, states, prompt: list[int], sampler: Sampler):
     return SimpleNamespace(
         prompt=prompt, output=[], cached=0, cache=storage.new_cache(), state=states.acquire(),
-        rope_delta=0, sampler=Sampler(params), thinking_cap=None, draft_fallback=0,
+        rope_delta=0, sampler=sampler, thinking_cap=None, draft_fallback=0,
         eos_token_ids=frozenset(), finish_reason=None, state_exact=True,
         request=SimpleNamespace(media=None, prompt_logprobs=None, prompt_cache=False))
 
@@ -93,12 +107,12 @@ class _Forced:
 
 
 def _rig(moe: bool, chained: bool, forced, prompts: tuple[int, ...], seed: int, device,
-         rows: bool = False, penalized: int = 0):
+         rows: bool = False, penalized: int = 0, samplers=None):
     """Two greedy rows of random prompts of these lengths, prefilled through the eager forward
     (which hands the drafter their hiddens), on a runner with the graph step, the MTP round and
     (`chained`) the verify chain, the drafter's counts `forced`; (storage, drafter, speculator,
     runner, rows). `rows`: the pool keeps drafter rows (prefix reuse); row `penalized` has
-    presence and frequency penalties."""
+    presence and frequency penalties; `samplers()`: the rows' samplers instead."""
     model, head = mtp_model(moe, device)
     layers, heads, dim = model.kv_layout()
     storage = KvStorage(PagePool(16, PAGE), layers + 1, heads, dim,
@@ -117,8 +131,10 @@ def _rig(moe: bool, chained: bool, forced, prompts: tuple[int, ...], seed: int, 
         speculator.drafter = _Forced(drafter, forced)
         runner.chain = VerifyChain(graphs, speculator, capture)
     gen = torch.Generator().manual_seed(seed)
-    seqs = [_row(storage, states, torch.randint(0, V, (n,), generator=gen).tolist(),
-                 PENALIZED if b == penalized else GREEDY) for b, n in enumerate(prompts)]
+    given = samplers() if samplers else [Sampler(PENALIZED if b == penalized else GREEDY)
+                                         for b in range(len(prompts))]
+    seqs = [_row(storage, states, torch.randint(0, V, (n,), generator=gen).tolist(), sampler)
+            for n, sampler in zip(prompts, given)]
     for seq in seqs:
         assert seq.cache.reserve(len(seq.prompt))
         logits = runner.forward(Batch([], [Chunk(seq, len(seq.prompt))], [seq]))
@@ -143,13 +159,14 @@ def _host_picks(seq, drafts: list[int], logits: torch.Tensor) -> list[int]:
     return masked(seq.sampler, drafts, _penalized(logits, views)).argmax(-1).tolist()
 
 
-def _serve(moe: bool, chained: bool, plan: list, device, rows: bool):
-    """Two greedy rows through prompt, then verify rounds of `plan`'s forced counts (None:
-    acceptance by agreement), the host's `accept` and `keep` or the chain; (tokens, the drafts
-    of every round, GDN states, committed MTP K/V, pending hiddens)."""
+def _serve(moe: bool, chained: bool, plan: list, device, rows: bool, samplers=None):
+    """Two rows (greedy, or `samplers()`') through prompt, then verify rounds of `plan`'s
+    forced counts (None: acceptance by agreement), the host's `accept` and `keep` or the
+    chain; (tokens, the drafts of every round, GDN states, committed MTP K/V, pending
+    hiddens)."""
     forced = iter([[None] * 2 if c is None else c for c in plan])
     storage, drafter, speculator, runner, seqs = _rig(moe, chained, forced, (9, 60), 8, device,
-                                                      rows)
+                                                      rows, samplers=samplers)
     proposed, moved = [], 0  # moved: host rounds where the penalties changed a pick
     for forced in plan:
         for seq in seqs:
@@ -198,6 +215,25 @@ def test_the_chain_serves_exactly_what_the_host_path_does(moe, device):
     assert [len(o) for o in host[0]] == [1 + 4 + 2 + 1 + 1, 1 + 1 + 3 + 1 + 4]
     assert host[5] > 0  # the penalties did change the host's choice somewhere
     for name, a, b in zip(("states", "MTP K/V", "drafter rows"), chain[2:5], host[2:5]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), name
+
+
+@torch.inference_mode()
+def test_a_sampled_row_through_the_chain_is_served_as_the_host_path_serves_it(device):
+    """A row sampling through the top-k path (with a presence penalty, as the Qwen presets)
+    beside a greedy row, rounds by the rejection test and by agreement: the chain draws the
+    same uniforms at launch that the host's acceptance draws after the step, and emits the
+    same tokens and drafts, leaving the same states. Its uniforms are scripted small for two
+    tests a round (a draft among the candidates is taken) and larger after."""
+    def samplers():
+        return [_Scripted(SamplingParams(temperature=1.0, top_k=256, presence_penalty=0.5,
+                                         seed=4), [0.0, 0.0, 0.7, 0.4]), Sampler(GREEDY)]
+    plan = [None] * 4
+    host = _serve(False, False, plan, device, rows=False, samplers=samplers)
+    chain = _serve(False, True, plan, device, rows=False, samplers=samplers)
+    assert chain[0] == host[0] and chain[1] == host[1]
+    assert len(host[0][0]) > 1 + len(plan)  # the sampled row took drafts
+    for name, a, b in zip(("states", "MTP K/V"), chain[2:4], host[2:4]):
         assert all(torch.equal(x, y) for x, y in zip(a, b)), name
 
 
@@ -354,11 +390,69 @@ def test_penalized_picks_on_the_device_are_the_hosts():
     assert added.sum(1).tolist() == [1, 2, 4, 3] and added[:, 9].tolist() == [1] * 4
 
 
-def test_chainable_rows_are_greedy_without_grammar_or_logprobs():
+def test_sampled_acceptance_on_the_device_is_the_hosts():
+    """`ChainSampling.accept` against `accept_sampled` on the same logits, drafts and seeded
+    uniforms (the device side's samplers draw the round's at load, from the same seeds): rows
+    of the top-k path with top-p, min-p, a temperature, presence and frequency penalties, and
+    none of them; a greedy row beside them; drafts among each position's likeliest tokens (so
+    that many are taken) or not; an end token among one row's drafts. Every round emits the
+    host's tokens."""
+    from ninfer_engine.step.chain_accept import ChainSampling
+    from ninfer_engine.step.chain_penalties import ChainPenalties
+    from ninfer_engine.step.speculation import accept
+
+    gen = torch.Generator().manual_seed(5)
+    vocab = 64
+    settings = [dict(temperature=0.8, top_k=20, top_p=0.9, presence_penalty=1.5, seed=1),
+                dict(temperature=1.3, top_k=40, min_p=0.05, seed=2),
+                dict(temperature=0.6, top_k=5, frequency_penalty=0.4, seed=3),
+                dict(temperature=0.0, presence_penalty=0.5)]
+    host = [Sampler(SamplingParams(**kw)) for kw in settings]
+    chain = [Sampler(SamplingParams(**kw)) for kw in settings]
+    device = torch.device("cpu")
+    penalties = ChainPenalties(len(host), K + 1, vocab, device)
+    sampling = ChainSampling(len(host), K, device)
+    taken = drawn = 0
+    for _ in range(150):
+        logits = torch.randn(len(host), K + 1, vocab, generator=gen) * 4.0
+        top = logits.topk(2, -1).indices
+        drafts = [[int(top[b, i, int(torch.rand((), generator=gen) < 0.2)])
+                   if torch.rand((), generator=gen) < 0.9 else
+                   int(torch.randint(0, vocab, (), generator=gen)) for i in range(K)]
+                  for b in range(len(host))]
+        want = accept([(s, d, row) for s, d, row in zip(host, drafts, logits)])
+        seqs = [SimpleNamespace(sampler=s) for s in chain]
+        penalties.load(seqs)
+        penalties.take(logits)
+        sampling.load(seqs)
+        d = torch.tensor(drafts)
+        ends = torch.zeros(len(host), K, dtype=torch.bool)
+        ends[1] = d[1] == drafts[1][1]  # row 1 stops at its second draft's token
+        penalized = penalties.logits_of(d, True)
+        picks = penalized.argmax(-1)
+        j, bonus = sampling.accept(penalized, picks, d, torch.full((len(host),), -1), ends,
+                                   ChainSampling.candidates(seqs, vocab))
+        for b, tokens in enumerate(want):
+            got = [*drafts[b][: int(j[b])], int(bonus[b])]
+            stop = next((i for i, t in enumerate(tokens) if ends[b, i % K] and i < K
+                         and i < len(tokens) - 1), None)
+            assert got == (tokens if stop is None else tokens[: stop + 1]), (b, tokens, got)
+            taken += len(tokens) - 1
+            drawn += 1
+        for s, h, tokens in zip(chain, host, want):  # both record what the round emitted
+            for t in tokens:
+                s.record(t)
+                h.record(t)
+    assert drawn / 2 < taken < K * drawn  # drafts taken and drafts rejected, many of each
+
+
+def test_chainable_rows_are_greedy_or_top_k_sampled_without_grammar_or_logprobs():
     def row(**kw):
         return SimpleNamespace(sampler=Sampler(SamplingParams(**kw)), thinking_cap=None)
     assert chainable(row(temperature=0.0))
-    assert not chainable(row(temperature=0.7))
+    assert chainable(row(temperature=0.7, top_k=20, top_p=0.95))
+    assert not chainable(row(temperature=0.7))  # the full-vocabulary paths stay on the host
+    assert not chainable(row(temperature=0.7, top_p=0.9))
     assert chainable(row(temperature=0.0, presence_penalty=1.5, frequency_penalty=0.1))
     logged = row(temperature=0.0)
     logged.sampler = Sampler(GREEDY, logprobs=2, logprob_sink=[])
@@ -382,8 +476,9 @@ def test_the_engine_serves_the_same_with_and_without_the_chain_on_cuda(family, d
         assert (chain is not None) == chained
         if not chained:
             return []
-        # batch sizes 1 and 2, with and without penalties, captured at load
-        assert len(chain._graphs) == 4
+        # batch sizes 1 and 2; greedy with and without penalties, sampled as the presets
+        # (top_k 20, a presence penalty): captured at load
+        assert len(chain._graphs) == 6
         return counting(chain, "launch")
     served_both_ways(family, lambda chained: {"verify_chain": chained}, arrange)
 
