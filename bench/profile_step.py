@@ -75,9 +75,10 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=3.67, help="--spec's tokens taken a round")
     ap.add_argument("--drafter", choices=("oracle", "mtp"), default="oracle",
                     help="--spec's drafts: random ids (no drafting cost) or the MTP head's")
-    ap.add_argument("--sampling", choices=("greedy", "served"), default="greedy",
+    ap.add_argument("--sampling", choices=("greedy", "served", "preset"), default="greedy",
                     help="served: greedy with the preset's other settings (Qwen3.5: presence "
-                         "penalty 1.5), as a request sending only temperature 0")
+                         "penalty 1.5), as a request sending only temperature 0; preset: the "
+                         "model preset's sampling (Qwen3.5: top_k 20), as a request sending none")
     ap.add_argument("--verify-chain", choices=("ahead", "on", "off"), default="ahead",
                     help="--drafter mtp: rounds accepted and drafted on the device "
                     "(`step.verify_chain`), each launched before the one before is read "
@@ -118,8 +119,9 @@ def main() -> None:
 
 def _profile(engine, args, config, total) -> None:
     """Prompts in, then the step timed, replayed and profiled (see the module docstring)."""
-    sampling = (served_sampling(engine) if args.sampling == "served"
-                else SamplingParams(temperature=0.0))
+    sampling = {"served": served_sampling(engine), "preset": engine.sampling_defaults}.get(
+        args.sampling, SamplingParams(temperature=0.0))
+    print(f"sampling: {sampling}")
     for i, prompt in enumerate(random_prompts(args.batch, args.context, config["vocab_size"])):
         engine.add(GenerationRequest(f"p{i}", prompt, sampling,
                                      max_tokens=total, ignore_eos=True), lambda e: None)
