@@ -1,38 +1,30 @@
 #!/usr/bin/env bash
-# `--spec` with the lookahead step under it, in one call of a fresh H200: the CUDA tests of the
-# graphed MTP round, the verify chain and the warm-up (each warm-up check in a fresh process),
-# what the warm-up leaves to compile, the B=1 MTP step with the whole head and with
-# --lm-head-draft's shortlist (131,072 rows, the real artifacts'), then `ninfer bench`'s
-# speculative section on the whole 35B-A3B fp8-row shape (B=1 and 8, context 1024) with MTP drafts and with oracle drafts: the
-# "under the policy" column is the served path (plain steps go ahead, the policy drafts when
-# verify steps have been faster).
+# One call of a fresh H200 for what stops 51-52 built: the CUDA tests of the graphed MTP round
+# (with --lm-head-draft's shortlist), the verify chain (greedy, penalized and sampled rows),
+# the lookahead step and the warm-up (each warm-up check in a fresh process); issue 18's TTFT
+# of 1K-token prompts one at a time and eight together (bench/ttft_burst_device.sh); then the
+# 35B-A3B fp8-row step at B=1 with MTP drafts (3.67 tokens a round forced): greedy, sampled as
+# the preset samples (top_k 20) through the chain and through the host's acceptance, and
+# greedy over --lm-head-draft's shortlist (131,072 rows, the real artifacts').
 #   OUT=/tmp/o bash bench/spec_lookahead_device.sh
 source bench/device_env.sh
 gpu_tests 170 tests/engine/test_mtp_round.py tests/engine/test_verify_chain.py \
   tests/engine/test_warm_up.py tests/engine/test_fresh_process.py \
   tests/engine/test_lookahead_gpu.py tests/engine/test_verify_step_syncs.py
-PYTHONPATH=$PWD:/tmp/site timeout 90 python3 -u bench/warm_up_compiles.py \
-  > "$OUT/r/compiles.log" 2>&1
-grep -vE "^(WARNING|Triton compiled)" "$OUT/r/compiles.log" | cut -c1-300 | head -12
-step() {  # name, profile_step arguments...: the MTP round at B=1, its head whole or a shortlist
+timeout 240 bash bench/ttft_burst_device.sh
+pkill -9 -f ninfer_tui.cli 2>/dev/null  # a server the timeout left behind
+step() {  # name, profile_step arguments...
   local name=$1
   shift
-  [ "$(left)" -gt 120 ] || return 0
+  [ "$(left)" -gt 50 ] || return 0
   PYTHONPATH=$PWD:/tmp/site timeout "$(left)" python3 -u bench/profile_step.py --arch 35b-a3b \
     --weights fp8-row --spec 3 --drafter mtp "$@" > "$OUT/r/step-$name.log" 2>&1
-  echo "$name: $(grep -E 'engine step|tokens a round|graph alone' "$OUT/r/step-$name.log" \
-    | tr '\n' ' ')"
+  echo "$name: $(grep -E 'engine step|tokens a round|graph alone|chained rounds|^sampling' \
+    "$OUT/r/step-$name.log" | tr '\n' ' ' | cut -c1-600)"
   grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
 }
 step mtp-ahead
+step mtp-preset --sampling preset
 step mtp-shortlist --lm-head-draft 131072
-for drafter in mtp oracle; do
-  [ "$(left)" -gt 90 ] || break
-  PYTHONPATH=$PWD:/tmp/site timeout "$(left)" python3 -u -m ninfer_engine.cli.tools bench \
-    --arch 35b-a3b --weights fp8-row --context 1024 --concurrency 1,8 --prefill 0 \
-    --draft-tokens 3 --spec-rates 3.67,2.4 --spec-batch 1,8 --spec-drafter $drafter --no-peer \
-    --out "$OUT/r/bench-$drafter.json" > "$OUT/r/bench-$drafter.log" 2>&1
-  echo "$drafter:"; grep -E "^\| [18] \| 1024 \| 3 " "$OUT/r/bench-$drafter.log" \
-    || tail -5 "$OUT/r/bench-$drafter.log"
-done
+step mtp-preset-host --sampling preset --verify-chain off
 echo "done at $SECONDS s"
