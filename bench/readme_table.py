@@ -78,6 +78,20 @@ def _cpu_short_prompt_rows() -> list[str]:
     return rows
 
 
+def _cpu_ngram_rows() -> list[str]:
+    """`--spec ngram` on the default model against `--spec` off, prompts whose answers repeat
+    their context (`bench/cpu_spec_ngram.py`)."""
+    r = _load("cpu-spec-ngram.json")
+    if not r:
+        return []
+    names = list(r["speedup"])
+    return [f"| default model, 2-core CPU, `--spec ngram` decode on answers that repeat their "
+            f"context ({', '.join(names)}) | "
+            + " / ".join(f"{r['ngram'][n]['decode_tok_s']:.0f}" for n in names) + " tok/s | "
+            + "`--spec off` " + " / ".join(f"{r['off'][n]['decode_tok_s']:.0f}" for n in names)
+            + " | " + " / ".join(f"{r['speedup'][n]:.2f}×" for n in names) + " |"]
+
+
 def _gpu_rows() -> list[str]:
     rows = []
     for name, label in (("h200-ninfer-bench-27b.json", "27B dense shape, bf16"),
@@ -474,7 +488,7 @@ def _expert_offload_rows() -> list[str]:
 
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
-    return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _gpu_rows()
+    return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _cpu_ngram_rows() + _gpu_rows()
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
                              + _gdn_prompt_rows()
                              + _step_row_rows() + _verify_rows() + _mtp_rows() + _mask_rows()
