@@ -31,15 +31,13 @@ def samples_on_device(params) -> bool:
 
 
 class ChainSampling:
-    """Static buffers a captured chain reads: each row's `settings` [max_batch, 4] fp32
-    (temperature, top_k, top_p, min_p), whether it `sampled`, and its round's `uniforms`
-    [max_batch, k + 1] fp64."""
+    """The static buffer a captured chain reads, `rows` [max_batch, 5 + k + 1] fp64: each
+    row's settings (temperature, top_k, top_p, min_p), whether it samples (1) or not (0),
+    then its round's k + 1 uniforms; loaded by one copy a round."""
 
     def __init__(self, max_batch: int, k: int, device: torch.device) -> None:
         self.k = k
-        self.settings = torch.zeros(max_batch, 4, dtype=torch.float32, device=device)
-        self.sampled = torch.zeros(max_batch, dtype=torch.bool, device=device)
-        self.uniforms = torch.zeros(max_batch, k + 1, dtype=torch.float64, device=device)
+        self.rows = torch.zeros(max_batch, 5 + k + 1, dtype=torch.float64, device=device)
 
     @staticmethod
     def candidates(seqs: list, vocab: int) -> int:
@@ -49,22 +47,15 @@ class ChainSampling:
 
     def load(self, seqs: list) -> None:
         """The rows' settings and a round's uniforms, drawn now from each sampled row's
-        stream (one asynchronous copy each)."""
-        batch, table, uniforms = len(seqs), [], []
+        stream (one asynchronous copy)."""
+        table = []
         for seq in seqs:
             p = seq.sampler.params
-            sampled = not p.greedy
-            table.append((p.temperature, p.top_k, p.top_p, p.min_p) if sampled
-                         else _GREEDY_SETTINGS)
-            uniforms.append(round_uniforms(seq.sampler, self.k) if sampled
-                            else [0.0] * (self.k + 1))
-        device = self.settings.device
-        self.settings[:batch].copy_(to_device(torch.tensor(table, dtype=torch.float32),
-                                              device))
-        self.sampled[:batch].copy_(to_device(torch.tensor([not s.sampler.params.greedy
-                                                           for s in seqs]), device))
-        self.uniforms[:batch].copy_(to_device(torch.tensor(uniforms, dtype=torch.float64),
-                                              device))
+            table.append([*_GREEDY_SETTINGS, 0.0, *[0.0] * (self.k + 1)] if p.greedy else
+                         [p.temperature, p.top_k, p.top_p, p.min_p, 1.0,
+                          *round_uniforms(seq.sampler, self.k)])
+        self.rows[: len(seqs)].copy_(to_device(torch.tensor(table, dtype=torch.float64),
+                                               self.rows.device))
 
     def accept(self, logits: torch.Tensor, picks: torch.Tensor, drafts: torch.Tensor,
                forced: torch.Tensor, ends: torch.Tensor, n: int
@@ -74,10 +65,11 @@ class ChainSampling:
         agreement, sampled ones by the rejection test, over `n` candidates a position;
         `forced`, `ends` as `verify_chain.accept_on_device`'s."""
         batch, q, vocab = logits.shape
-        columns = self.settings[:batch].repeat_interleave(q, 0).unsqueeze(-1).unbind(1)
+        rows = self.rows[:batch]
+        # fp32 settings, as the host's `sampling._columns` rounds its Python floats
+        columns = rows[:, :4].float().repeat_interleave(q, 0).unsqueeze(-1).unbind(1)
         probs, ids = top_k_candidates(logits.view(batch * q, vocab), n, *columns)
-        sampled = self.sampled[:batch]
-        u = self.uniforms[:batch]
+        sampled, u = rows[:, 4] > 0, rows[:, 5:]
         probs, ids = probs.view(batch, q, n), ids.view(batch, q, n)
         k = drafts.shape[1]
         greedy = (drafts == picks[:, :k]).long().cumprod(1).sum(1)

@@ -141,8 +141,10 @@ class VerifyChain:
                                       non_blocking=True)
         penalized = any(s.sampler.params.penalized for s in seqs)
         candidates = ChainSampling.candidates(seqs, logits.shape[-1])
-        if penalized or candidates:
-            self._penalties(logits.shape[-1]).load(seqs)
+        if penalized or candidates:  # the logits' static copy (`take`); counts if penalized
+            penalties = self._penalties(logits.shape[-1])
+            if penalized:
+                penalties.load(seqs)
         if candidates:
             self.sampling.load(seqs)
         self._queue(seqs, drafts, max(s.cached for s in seqs), logits, penalized, candidates)
