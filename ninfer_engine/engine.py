@@ -94,7 +94,9 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
                                   if self.speculator and self.speculator.reads_hidden else None,
                                   self.vision)
         if config.verify_chain and not ranks.parallel:
-            self.runner.chain = verify_chain(graphs, self.speculator, self._eos)
+            self.runner.chain = verify_chain(
+                graphs, self.speculator, self._eos,
+                (self.sampling_defaults, self.thinking_sampling_defaults))
         if ranks.parallel:  # each step's plan goes to the other ranks before it runs here
             spec = self.speculator
             self.runner = Leader(self.runner, ranks, self.memory,

@@ -60,6 +60,13 @@ def chainable(seq) -> bool:
             and s.logprobs is None and seq.thinking_cap is None)
 
 
+def start_keys(served, vocab: int) -> list[tuple[bool, int]]:
+    """The (penalized, candidates) chains captured at start: greedy with and without
+    penalties, and each of `served`'s settings the device samples."""
+    return sorted({(False, 0), (True, 0)} | {(p.penalized, candidate_count(p.top_k, vocab))
+                                             for p in served if samples_on_device(p)})
+
+
 @dataclass
 class _Round:
     """A launched chain the host has not settled: its rows by sequence, the drafts they verify
@@ -231,11 +238,12 @@ class VerifyChain:
             else:  # h of the next round's positions, for prefix reuse
                 self.drafter.store_rows(seq, seq.cached, self.core.hidden[b * q: (b + 1) * q])
 
-    def capture_at_start(self) -> None:
+    def capture_at_start(self, served: tuple = ()) -> None:
         """Capture the first context bucket for every batch size now, behind a verify step of
         scratch rows in state slots 0.. on one pool page that goes back after (nobody holds a
-        slot or reads those K/V yet), as `DecodeGraphs.capture_at_start` does; with and
-        without penalties, and sampled as the Qwen presets sample (top_k 20, presence)."""
+        slot or reads those K/V yet), as `DecodeGraphs.capture_at_start` does: greedy with and
+        without penalties, and each of `served`'s sampling settings (the model's presets, what
+        a request that sends none samples with) the device can sample."""
         cache = self.graphs.decoder.storage.new_cache()
         try:
             if not cache.reserve(2 * self.k + 2):
@@ -246,9 +254,8 @@ class VerifyChain:
                 logits = self.graphs.verify(scratch[:batch], [[0] * self.k] * batch)
                 self._penalties(logits.shape[-1])
                 bucket = context_bucket(2 * self.k + 1, self.max_context)
-                for with_penalties in (False, True):  # a served Qwen request has them
-                    self._run(batch, bucket, with_penalties, 0)
-                self._run(batch, bucket, True, candidate_count(20, logits.shape[-1]))
+                for with_penalties, candidates in start_keys(served, logits.shape[-1]):
+                    self._run(batch, bucket, with_penalties, candidates)
         finally:
             cache.release()
 
@@ -338,16 +345,17 @@ class VerifyChain:
         return self.out
 
 
-def verify_chain(graphs: DecodeGraphs | None, speculator,
-                 eos: frozenset[int] = frozenset()) -> VerifyChain | None:
+def verify_chain(graphs: DecodeGraphs | None, speculator, eos: frozenset[int] = frozenset(),
+                 served: tuple = ()) -> VerifyChain | None:
     """The chain for an engine whose `--spec mtp` drafter drafts through a captured round
-    over `graphs`' verify step, captured at start; else None."""
+    over `graphs`' verify step, captured at start (greedy, and `served`'s sampling
+    settings); else None."""
     if (graphs is None or speculator is None
             or getattr(speculator.drafter, "round", None) is None
             or getattr(graphs.decoder, "picks", None) is None):
         return None
     chain = VerifyChain(graphs, speculator, graphs.capture, eos)
     if graphs.capture:
-        chain.capture_at_start()
+        chain.capture_at_start(served)
     log.info("--spec mtp: greedy verify rounds accepted and drafted on the device")
     return chain

@@ -26,7 +26,8 @@ from ninfer_engine.step.sampling import Sampler
 from ninfer_engine.step.scheduler import Batch, Chunk
 from ninfer_engine.step.speculation import Speculator, accept, split_verify_rows
 from ninfer_engine.step.chain_accept import accept_on_device
-from ninfer_engine.step.verify_chain import VerifyChain, chainable
+from ninfer_engine.step.sampling_presets import qwen_preset
+from ninfer_engine.step.verify_chain import VerifyChain, chainable, start_keys
 from ninfer_engine.types import SamplingParams
 
 from .helpers import stored_rows
@@ -446,6 +447,23 @@ def test_sampled_acceptance_on_the_device_is_the_hosts():
     assert drawn / 2 < taken < K * drawn  # drafts taken and drafts rejected, many of each
 
 
+def test_the_chains_captured_at_start_are_greedy_and_the_served_presets():
+    def preset(hidden, experts, thinking):
+        arch = "Qwen3_5MoeForCausalLM" if experts else "Qwen3_5ForCausalLM"
+        values = qwen_preset({"architectures": [arch], "hidden_size": hidden,
+                              "num_experts": experts}, thinking)
+        return SamplingParams(**values)
+    vocab = 248_320
+    dense = [preset(5120, None, t) for t in (True, False)]  # presence 0 thinking, 1.5 not
+    assert start_keys(dense, vocab) == [(False, 0), (False, 32), (True, 0), (True, 32)]
+    moe = [preset(2048, 256, t) for t in (True, False)]
+    assert start_keys(moe, vocab) == [(False, 0), (True, 0), (True, 32)]
+    neutral = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)]
+    assert start_keys(neutral, vocab) == [(False, 0), (True, 0)]
+    assert start_keys([SamplingParams(temperature=0.5, top_k=5)], 16) == [
+        (False, 0), (False, 8), (True, 0)]
+
+
 def test_chainable_rows_are_greedy_or_top_k_sampled_without_grammar_or_logprobs():
     def row(**kw):
         return SimpleNamespace(sampler=Sampler(SamplingParams(**kw)), thinking_cap=None)
@@ -476,11 +494,13 @@ def test_the_engine_serves_the_same_with_and_without_the_chain_on_cuda(family, d
         assert (chain is not None) == chained
         if not chained:
             return []
-        # batch sizes 1 and 2; greedy with and without penalties, sampled as the presets
-        # (top_k 20, a presence penalty): captured at load
+        # batch sizes 1 and 2; greedy with and without penalties, and sampled as the
+        # defaults below (top_k 20, a presence penalty): captured at load
         assert len(chain._graphs) == 6
         return counting(chain, "launch")
-    served_both_ways(family, lambda chained: {"verify_chain": chained}, arrange)
+    # process defaults as the 35B-A3B preset's (the requests themselves are greedy)
+    served_both_ways(family, lambda chained: {"verify_chain": chained, "temperature": 0.7,
+                                              "top_k": 20, "presence_penalty": 1.5}, arrange)
 
 
 def _cpu_graph_engine(monkeypatch, artifact, chained: bool, lookahead: bool = False):
