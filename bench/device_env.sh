@@ -1,7 +1,7 @@
 # Sourced by the one-call device scripts (bench/*_device.sh), from the repository root: the
 # wheels the H200 image lacks into /tmp/site (`.whl/` from `bash scripts/device_wheels.sh`;
 # each command puts its tree and /tmp/site on PYTHONPATH), OUT and NINFER_HOME, the seconds
-# left of the call (`left`), and the GPU tests (`gpu_tests`).
+# left of the call (`left`), the GPU tests (`gpu_tests`) and the engine step (`profile_step`).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   >/dev/null 2>&1
 OUT=${OUT:-/tmp}
@@ -18,4 +18,17 @@ gpu_tests() {  # seconds, test files...: on CUDA (gpu-marked tests too) into $OU
     > "$OUT/r/tests.txt" 2>&1
   echo "tests: $(tail -1 "$OUT/r/tests.txt") at $SECONDS s"
   grep -E "^(FAILED|ERROR)|synchronizing" "$OUT/r/tests.txt" | head -20
+}
+
+profile_step() {  # name, bench/profile_step.py arguments...: the 35B-A3B fp8-row engine step
+  # into $OUT/r/step-NAME.log, its summary lines echoed; TREE=dir runs another (carried) tree's
+  local name=$1 root=${TREE:-$PWD}
+  shift
+  [ "$(left)" -gt 50 ] || return 1
+  PYTHONPATH=$root:/tmp/site timeout "$(left)" python3 -u "$root/bench/profile_step.py" \
+    --arch 35b-a3b --weights fp8-row "$@" > "$OUT/r/step-$name.log" 2>&1
+  echo "$name: $(grep -E 'engine step|tokens a round|graph alone|chained rounds|^sampling' \
+    "$OUT/r/step-$name.log" | tr '\n' ' ' | cut -c1-600)"
+  grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
+  return 0
 }

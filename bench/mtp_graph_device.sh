@@ -14,24 +14,13 @@ gpu_tests 150 tests/engine/test_mtp_round.py tests/engine/test_mtp_draft_syncs.p
   tests/engine/test_hybrid_verify.py tests/engine/test_verify_chain.py \
   tests/engine/test_verify_step_syncs.py \
   tests/engine/test_warm_up.py tests/models/test_mtp.py
-step() {  # name, profile_step arguments...
-  local name=$1
-  [ "$(left)" -gt 30 ] || return 0
-  shift
-  PYTHONPATH=$PWD:/tmp/site timeout "$(left)" python3 -u bench/profile_step.py --arch 35b-a3b \
-    --weights fp8-row "$@" > "$OUT/r/step-$name.log" 2>&1
-  echo "$name: $(grep -E 'engine step|tokens a round|graph alone|chained rounds' \
-    "$OUT/r/step-$name.log" \
-    | tr '\n' ' ')"
-  grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
-}
 # most wanted first: a short call (BUDGET) cuts the last
-step mtp-ahead --spec 3 --drafter mtp
-step mtp-host --spec 3 --drafter mtp --verify-chain off
-step mtp-served --spec 3 --drafter mtp --sampling served
-step decode
-step oracle --spec 3
-step mtp-chain --spec 3 --drafter mtp --verify-chain on
+profile_step mtp-ahead --spec 3 --drafter mtp
+profile_step mtp-host --spec 3 --drafter mtp --verify-chain off
+profile_step mtp-served --spec 3 --drafter mtp --sampling served
+profile_step decode
+profile_step oracle --spec 3
+profile_step mtp-chain --spec 3 --drafter mtp --verify-chain on
 PYTHONPATH=$PWD:/tmp/site timeout 90 python3 -u bench/warm_up_compiles.py \
   > "$OUT/r/compiles.log" 2>&1
 grep -vE "^(WARNING|Triton compiled)" "$OUT/r/compiles.log" | cut -c1-400 | head -20

@@ -13,18 +13,9 @@ gpu_tests 170 tests/engine/test_mtp_round.py tests/engine/test_verify_chain.py \
   tests/engine/test_lookahead_gpu.py tests/engine/test_verify_step_syncs.py
 timeout 240 bash bench/ttft_burst_device.sh
 pkill -9 -f ninfer_tui.cli 2>/dev/null  # a server the timeout left behind
-step() {  # name, profile_step arguments...
-  local name=$1
-  shift
-  [ "$(left)" -gt 50 ] || return 0
-  PYTHONPATH=$PWD:/tmp/site timeout "$(left)" python3 -u bench/profile_step.py --arch 35b-a3b \
-    --weights fp8-row --spec 3 --drafter mtp "$@" > "$OUT/r/step-$name.log" 2>&1
-  echo "$name: $(grep -E 'engine step|tokens a round|graph alone|chained rounds|^sampling' \
-    "$OUT/r/step-$name.log" | tr '\n' ' ' | cut -c1-600)"
-  grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
-}
-step mtp-ahead
-step mtp-preset --sampling preset
-step mtp-shortlist --lm-head-draft 131072
-step mtp-preset-host --sampling preset --verify-chain off
+mtp() { profile_step "$1" --spec 3 --drafter mtp "${@:2}"; }
+mtp mtp-ahead
+mtp mtp-preset --sampling preset
+mtp mtp-shortlist --lm-head-draft 131072
+mtp mtp-preset-host --sampling preset --verify-chain off
 echo "done at $SECONDS s"

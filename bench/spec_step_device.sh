@@ -15,18 +15,10 @@ gpu_tests 150 tests/engine/test_verify_step_syncs.py tests/engine/test_mtp_draft
   tests/engine/test_lookahead_gpu.py tests/kernels/test_gdn_decode.py \
   tests/kernels/test_paged_prefill.py
 
-step() {  # name, tree root, profile_step arguments
-  local name=$1 R=$2
-  shift 2
-  [ "$(left)" -gt 60 ] || return 1
-  PYTHONPATH=$R:/tmp/site timeout "$(left)" python3 -u "$R/bench/profile_step.py" \
-    --arch 35b-a3b --weights fp8-row "$@" > "$OUT/r/step-$name.log" 2>&1
-  echo "$name: $(grep -E 'engine step' "$OUT/r/step-$name.log")"
-}
-step decode "$PWD" --spec 0
-step verify "$PWD" --spec 3 --timeline "$OUT/r/verify-trace.json" \
+profile_step decode --spec 0
+profile_step verify --spec 3 --timeline "$OUT/r/verify-trace.json" \
   && grep -E "^(timeline|GPU busy|  gap)" "$OUT/r/step-verify.log" | head -30
-step verify-mtp "$PWD" --spec 3 --drafter mtp --timeline "$OUT/r/verify-mtp-trace.json" \
+profile_step verify-mtp --spec 3 --drafter mtp --timeline "$OUT/r/verify-mtp-trace.json" \
   && grep -E "^(timeline|GPU busy|  gap)" "$OUT/r/step-verify-mtp.log" | head -30
-[ -n "$OLD" ] && step verify-old "$PWD/$OLD" --spec 3
+[ -n "$OLD" ] && TREE=$PWD/$OLD profile_step verify-old --spec 3
 echo "done at $SECONDS s"
