@@ -41,6 +41,7 @@ MIN_NGRAM, MAX_NGRAM = 2, 4
 # a request stops drafting while its recent acceptance is below this (drafts that are mostly
 # rejected cost a verify step's extra tokens for nothing); it retries after `RETRY` rounds
 MIN_ACCEPTANCE, RETRY = 0.2, 16
+KEPT = 0.7  # the acceptance average's weight on its past (1 - KEPT on the newest round)
 # n-gram lookup finding nothing pauses the row 1, 2, 4, ... steps (at most this many) before
 # it looks again: its plain steps can then go ahead (`plain_next`), which a row asked every
 # step never does on text that does not repeat
@@ -181,11 +182,15 @@ class Speculator:
         return True
 
     def goes_on(self, seqs: list) -> bool:
-        """Whether these decode rows would all draft their next step (a verify chain's round
-        launched ahead of this one's drafting: `chain_ahead`): the policy drafts at their batch
-        size, none is paused for low acceptance."""
+        """Whether these decode rows will all draft their next step, whatever the round in
+        flight accepts (a verify chain's round launched ahead of it: `chain_ahead`): the policy
+        drafts at their batch size, none is paused, and none would pause for low acceptance
+        were that round to take nothing (an ahead round there verifies what the host path
+        would have decoded plainly)."""
+        def sure(row: RowState) -> bool:
+            return not row.paused and KEPT * row.acceptance >= MIN_ACCEPTANCE
         return self.policy.speculate(len(seqs)) and all(
-            not self._rows.get(id(seq), RowState()).paused for seq in seqs)
+            sure(self._rows.get(id(seq), RowState())) for seq in seqs)
 
     def record_step(self, batch: int, verified: bool, tokens: int, seconds: float) -> None:
         """A pure decode step of `batch` rows (`verified`: some verified drafts) emitted
@@ -245,7 +250,7 @@ class Speculator:
         for i in range(accepted):
             c.per_position[i] += 1
         row = self._rows.setdefault(id(seq), RowState())
-        row.acceptance = 0.7 * row.acceptance + 0.3 * (accepted / drafted)
+        row.acceptance = KEPT * row.acceptance + (1 - KEPT) * (accepted / drafted)
         if row.acceptance < MIN_ACCEPTANCE:
             row.paused, row.acceptance = RETRY, MIN_ACCEPTANCE  # retry from the threshold
 

@@ -129,6 +129,24 @@ def _prompts(vocab):
     return [tuple(base * 3), tuple(base[:7] * 4 + [2])]
 
 
+def test_a_round_goes_ahead_only_where_no_outcome_of_the_one_in_flight_pauses_its_row():
+    """`goes_on` (a verify chain's next round launched before this one is read) holds exactly
+    while a round accepting nothing would leave the row drafting: the round it refuses is the
+    one after which the row pauses, so an ahead round never verifies what the host path would
+    have decoded plainly."""
+    spec, seq = Speculator("ngram", 3), SimpleNamespace()
+    spec.policy = AlwaysSpeculate()
+    sure = []
+    for _ in range(20):  # bounded: the average halves in about two rounds
+        sure.append(spec.goes_on([seq]))
+        spec.record(seq, 3, 0)
+        if spec._rows[id(seq)].paused:
+            break
+    assert spec._rows[id(seq)].paused
+    assert sure[-1] is False and all(sure[:-1]) and len(sure) > 2
+    assert not spec.goes_on([seq])  # paused
+
+
 def test_a_row_whose_lookups_find_nothing_looks_again_after_a_growing_pause():
     """`--spec ngram`: the n-th empty lookup in a row pauses the row 2^(n-1) steps (at most
     `MAX_EMPTY_PAUSE`), plain decode rows that go ahead (`plain_next` says so once every row
