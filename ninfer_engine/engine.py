@@ -112,6 +112,7 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
                                     config.lookahead if config.lookahead is not None
                                     else graphs is not None and graphs.capture)
         self._in_flight: InFlight | None = None  # a lookahead step the host has not read
+        self._settled = 0.0  # perf_counter when the last step settled (`StepPostprocess`)
         # `--spec mtp`: a chained verify round whose next may launch before it is read
         self._chain_ahead = ChainAhead(self.runner, self.speculator, self.memory,
                                        self.max_context, config.chain_ahead)

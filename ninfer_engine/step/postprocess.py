@@ -4,8 +4,8 @@ their requests; verify rows accepted and the rest of their drafts rolled back; t
 the finished retired.
 
 `StepPostprocess` is that half of `Engine`: it reads the engine's `memory`, `runner`,
-`speculator`, `stats`, `model`, `max_context` and `_faults`, and hands ended requests to its
-`_retire`. A failure here ends the one request it belongs to, never the step.
+`speculator`, `stats`, `model`, `max_context`, `_faults` and `_settled`, and hands ended
+requests to its `_retire`. A failure here ends the one request it belongs to, never the step.
 """
 from __future__ import annotations
 
@@ -68,10 +68,12 @@ class StepPostprocess:
         if verified:
             self._accept(batch, verified, now)
         if self.speculator is not None and batch.decode and not batch.chunks:
-            # pure decode steps, plain or verifying: what `spec_policy` compares
+            # pure decode steps, plain or verifying: what `spec_policy` compares; a step
+            # launched before the one before settled (lookahead, a chain round ahead) costs
+            # from that settling on, not from its launch, which overlapped that step's time
             self.speculator.record_step(len(batch.decode), bool(verified),
                                         sum(len(seq.output) for seq in batch.decode) - emitted,
-                                        time.perf_counter() - started)
+                                        time.perf_counter() - max(started, self._settled))
         for seq in batch.sampled:
             if seq.finish_reason is None and seq.cached + 1 >= self.max_context:
                 seq.finish("length")
@@ -87,6 +89,7 @@ class StepPostprocess:
         for seq in [*batch.decode, *prompted]:
             if seq.finish_reason is not None:
                 self._retire(seq)
+        self._settled = time.perf_counter()
 
     def _accept(self, batch: Batch, verified: dict, now: float) -> None:
         """Acceptance of the step's verify rows (`speculation.accept`); each row keeps the

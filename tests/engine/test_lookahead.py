@@ -207,6 +207,59 @@ def test_plain_steps_under_spec_go_ahead_and_the_policy_still_drafts(monkeypatch
     assert policies[0].policy.asked == policies[1].policy.asked
 
 
+class _NeverRecording:
+    """A speculation policy that never drafts and keeps the step times it is given."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def speculate(self, batch: int) -> bool:
+        return False
+
+    def record(self, batch: int, verified: bool, tokens: int, seconds: float) -> None:
+        self.seconds.append(seconds)
+
+
+def test_the_policy_times_a_step_gone_ahead_from_the_one_before_settling():
+    """Plain steps under `--spec` go ahead (each launched before the one before is read), and
+    the policy is given each one's own time, from the step before it settled to its own
+    settling, not from its launch (which would count the step before as well: ~2x, and make
+    verify steps look the faster). Each forward is slowed to `SLOW` seconds so a step's time
+    is about one forward's."""
+    import time
+
+    SLOW = 0.08
+    policies, forwards = [], []
+
+    def slowed(method):
+        def run(*args):
+            begun = time.perf_counter()
+            time.sleep(SLOW)
+            out = method(*args)
+            forwards.append(time.perf_counter() - begun)
+            return out
+        return run
+
+    def arrange(engine):
+        engine.speculator.policy = _NeverRecording()
+        policies.append(engine.speculator.policy)
+        engine.runner.forward = slowed(engine.runner.forward)
+        engine.runner.forward_from = slowed(engine.runner.forward_from)
+
+    async def scenario(engine):
+        greedy = SamplingParams(temperature=0.0)
+        return await _one(engine, "r", _prompt(engine, QUESTIONS[2]), greedy, 10)
+
+    _, steps = _run(True, scenario, arrange, spec="ngram", draft_tokens=3)
+    assert steps >= 6  # plain steps went ahead
+    # each step settles one forward (plus host work) after the one before: under 1.5x, where
+    # timing from the launch gives ~2x (the first one's launch, after the prompt's step, ran
+    # its forward there: on the CPU a launch computes, so it pays the next launch's too)
+    assert len(policies[0].seconds) >= 6
+    decode = forwards[1:]  # the first is the prompt's
+    assert max(policies[0].seconds[1:]) < 1.5 * max(decode)
+
+
 def test_ngram_rows_that_find_nothing_pause_and_their_plain_steps_go_ahead():
     """`--spec ngram` drafting every step it can (`AlwaysSpeculate`) on answers that hardly
     repeat: a row whose lookup found nothing pauses before looking again, so its plain steps
