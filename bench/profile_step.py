@@ -145,6 +145,12 @@ def _profile(engine, args, config, total) -> None:
         stats = engine.speculator.stats()
         print(f"verify rounds {stats.rounds}, {1 + stats.accepted / max(1, stats.rounds):.2f} "
               f"tokens a round")
+        drafter = engine.speculator.drafter
+        round_ = getattr(drafter, "round", None)
+        if round_ is not None:  # what the captured draft round argmaxes over
+            head = round_.step.draft_head
+            print("draft round over " + (f"the shortlist's {head.weight.shape[0]} rows"
+                                         if head is not None else "the full head"))
         chain = engine.runner.chain
         if chain is not None:  # how many went through the verify chain, and ahead
             print(f"chained rounds {chain.rounds}, launched ahead {chain.ahead}")

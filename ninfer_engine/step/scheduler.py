@@ -14,11 +14,15 @@ from typing import Callable
 from ..types import EngineError, TokenEvent, Usage
 from .sequence import RequestError, Sequence
 
-# a prompt step waits at most this long past its oldest queued request's arrival for requests
-# the front end is still preparing (~5 ms each in an 8-request burst on the H200's host: five
-# of a 1K-prompt burst's eight missed the first prompt step by ~1 ms and waited the whole step,
-# bench/results/h200-prompt-burst-fp8-act.md; eight prompts in one step take ~3x one's time)
+# a prompt step waits this long past its newest queued request's arrival for requests the
+# front end is still preparing (~5 ms each in an 8-request burst on the H200's host: five of a
+# 1K-prompt burst's eight missed the first prompt step by ~1 ms and waited the whole step,
+# bench/results/h200-prompt-burst-fp8-act.md; eight prompts in one step take ~3x one's time),
+# and never more than `GATHER_LIMIT_S` past the oldest's (the H100's bursts: seven of eight
+# reached the engine 5-7 ms after the first and missed a window counted from it by a few ms,
+# bench/results/h100-ttft-burst.md)
 ARRIVAL_WINDOW_S = 0.010
+GATHER_LIMIT_S = 0.030
 
 
 @dataclass(frozen=True)
@@ -128,18 +132,19 @@ class Scheduler:
         from the front end (as of its last hand-over), so that a burst's prompts share one
         prompt step: only while a request is queued, no running sequence decodes (nobody's
         next token is held up), the queued prompts leave room in the step's prompt budget, and
-        until `ARRIVAL_WINDOW_S` past the oldest queued request's arrival. 0: schedule now."""
+        until `ARRIVAL_WINDOW_S` past the newest queued request's arrival, at most
+        `GATHER_LIMIT_S` past the oldest's. 0: schedule now."""
         if preparing <= 0 or any(seq.prefill_done for seq in self.running):
             return 0.0
         with self._lock:
             if not self.pending:
                 return 0.0
-            oldest = min(seq.arrived for seq in self.pending)
+            arrived = [seq.arrived for seq in self.pending]
             queued = sum(len(seq.prompt) for seq in self.pending)
         queued += sum(len(seq.prompt) - seq.cached for seq in self.running)
         if queued >= self.prefill_chunk:
             return 0.0
-        return max(0.0, oldest + ARRIVAL_WINDOW_S - now)
+        return max(0.0, min(max(arrived) + ARRIVAL_WINDOW_S, min(arrived) + GATHER_LIMIT_S) - now)
 
     def may_admit(self, now: float) -> bool:
         """A schedule now could change the queue: a request is queued, a running place is

@@ -1,7 +1,8 @@
 """A burst's prompts share one prompt step: the front end counts the generation requests it is
 still preparing (`arrival.Preparing`), each hand-over tells the engine how many are behind it,
-and a step with no decoding row waits for them within `ARRIVAL_WINDOW_S` of the oldest queued
-arrival (`Scheduler.arrival_wait`, `StepPrepare._gather`)."""
+and a step with no decoding row waits for them within `ARRIVAL_WINDOW_S` of the newest queued
+arrival, at most `GATHER_LIMIT_S` past the oldest (`Scheduler.arrival_wait`,
+`StepPrepare._gather`)."""
 from __future__ import annotations
 
 import time
@@ -9,7 +10,7 @@ import time
 import pytest
 
 from ninfer_engine.arrival import Arrival, Preparing
-from ninfer_engine.step.scheduler import ARRIVAL_WINDOW_S, Scheduler
+from ninfer_engine.step.scheduler import ARRIVAL_WINDOW_S, GATHER_LIMIT_S, Scheduler
 from ninfer_engine.step.sequence import Sequence
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
@@ -40,6 +41,22 @@ def test_a_prompt_step_waits_only_for_announced_requests_within_the_window():
     assert scheduler.arrival_wait(1.004, 2) == 0.0  # decode rows are never held back
 
 
+def test_each_arrival_of_a_burst_extends_the_wait_up_to_the_limit():
+    """A burst whose requests reach the engine one by one, each while others are still being
+    prepared, keeps waiting a window past its newest arrival, never past the limit counted
+    from its oldest."""
+    scheduler = Scheduler(8, 1000, 60.0, admit=lambda seq: True)
+    scheduler.add(_sequence("a", 10, arrived=1.0))
+    later = 1.0 + 0.8 * ARRIVAL_WINDOW_S
+    scheduler.add(_sequence("b", 10, arrived=later))
+    now = 1.0 + ARRIVAL_WINDOW_S + 1e-4  # the oldest's window is spent, the newest's is not
+    assert scheduler.arrival_wait(now, 3) == pytest.approx(later + ARRIVAL_WINDOW_S - now)
+    last = 1.0 + GATHER_LIMIT_S - 0.2 * ARRIVAL_WINDOW_S
+    scheduler.add(_sequence("c", 10, arrived=last))
+    assert scheduler.arrival_wait(last, 2) == pytest.approx(1.0 + GATHER_LIMIT_S - last)
+    assert scheduler.arrival_wait(1.0 + GATHER_LIMIT_S + 1e-6, 2) == 0.0  # the limit
+
+
 def test_the_front_end_counts_each_request_until_its_hand_over_or_end():
     preparing = Preparing()
     first, second = Arrival(0.0, hold=preparing.hold()), Arrival(0.0, hold=preparing.hold())
@@ -56,6 +73,7 @@ def test_the_engine_gathers_a_burst_into_one_prompt_step(monkeypatch):
     from ninfer_engine.step import scheduler
 
     monkeypatch.setattr(scheduler, "ARRIVAL_WINDOW_S", 5.0)
+    monkeypatch.setattr(scheduler, "GATHER_LIMIT_S", 15.0)
     engine = _engine(FakeArtifact(tiny_llama(seed=5, vocab_size=259)), None, max_concurrency=4,
                      prefill_chunk=256)
     steps = []
