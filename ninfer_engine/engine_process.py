@@ -44,7 +44,9 @@ class EngineProcess:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
-            target=child_main, args=(config, child, logging.getLogger().getEffectiveLevel()),
+            # the server sets the level of `ninfer` (`configure_logging`), not the root's
+            target=child_main, args=(config, child,
+                                     logging.getLogger("ninfer").getEffectiveLevel()),
             name="ninfer-engine", daemon=True)  # daemonic: it ends with this process
         self._process.start()
         child.close()

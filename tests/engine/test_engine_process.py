@@ -7,6 +7,8 @@ against the in-process engine or the contract of `ServingEngine.submit`."""
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 import os
 import signal
 import subprocess
@@ -78,9 +80,22 @@ async def _batch(engine):
 
 @pytest.fixture(scope="module")
 def child():
-    engine = spawn()
-    yield engine
-    engine.stop()
+    # the server's logging: `ninfer` at info (the root logger stays at warning)
+    from ninfer_http.logs import configure_logging
+    handler = configure_logging("info", io.StringIO())
+    try:
+        engine = spawn()
+        engine.load_log = handler.stream.getvalue()
+        yield engine
+        engine.stop()
+    finally:
+        logging.getLogger("ninfer").removeHandler(handler)
+
+
+def test_the_childs_info_lines_reach_the_servers_log(child):
+    """The engine's load lines, logged in the child at info, come out of the server's handler
+    (the child once took the root logger's level, warning, and dropped them)."""
+    assert "CPU decode:" in child.load_log or "payload digest verified" in child.load_log
 
 
 def test_the_same_tokens_as_the_engine_in_this_process(child):
