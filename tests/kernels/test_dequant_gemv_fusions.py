@@ -123,29 +123,6 @@ def _to(t, device):
     return None if t is None else t.to(device)
 
 
-def test_several_bf16_rows_take_whole_k_programs_where_they_fill_the_sms(device):
-    """A verify row's plain-bf16 projections (several rows, no `out`): 32-row programs over
-    the whole K where they fill the SMs (no fp32 partials, reduce or cast), as sums of the
-    same products as the split launch's (h100-verify-gemv-split.md); into `out`, or with
-    fewer programs than SMs, the split launch stays."""
-    w = torch.empty(0, dtype=torch.bfloat16)
-    for N in (12352, 9216):  # the 35B-A3B's GDN and attention in-projections
-        assert engine_launch(4, N, 2048, w, None) == {"block_n": 32, "split": 1}
-    assert engine_launch(4, 2048, 2048, w, None, sms=132) == {}  # 64 programs
-    assert engine_launch(4, 12352, 2048, w, None, accumulate=True) == {}
-    gen, k = torch.Generator().manual_seed(3), 2 * K  # two K tiles: the split has one each
-    codes = (torch.randn(160, k, generator=gen) / k ** 0.5).bfloat16()
-    x = torch.randn(4, k, generator=gen).bfloat16()
-    want = dequant_gemv_ref(x, codes, None)
-    kw = engine_launch(4, 160, k, codes, None, sms=4)
-    assert kw == {"block_n": 32, "split": 1}
-    got = dequant_gemv_triton(x.to(device), codes.to(device), None, **kw)
-    split = dequant_gemv_triton(x.to(device), codes.to(device), None, split=2)
-    # fp32 sums of k bf16 products, the output's cast to bf16 each side
-    tol = bound(BF16, k, roundings=CAST)
-    assert rel_err(got, want) < tol and rel_err(got, split) < tol
-
-
 def test_accumulating_one_bf16_row_splits_k_where_n_is_short():
     """Into `out` a K split is free (no zero fill, no cast): the launch splits where N leaves
     SMs idle (the 35B-A3B's gdn_out and router, bench/results/h200-gemv-fusions.md) and
