@@ -1,6 +1,6 @@
 """A verify row's plain-bf16 GEMVs of several rows without an fp32 `out`, CUDA only.
 
-    python3 bench/verify_gemv_split.py [--rows 4,8] [--out FILE.json]
+    python3 bench/verify_gemv_split.py [--rows 4,8] [--shapes gdn_in,attn_in,router] [--out F]
 
 At several rows the dequant GEMV takes its dot path with 64-row programs, and `split_k` splits
 K so that about two waves cover the SMs; without an fp32 `out` to add into, a split writes fp32
@@ -28,36 +28,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
 from ninfer_engine.kernels.dequant_gemv import dequant_gemv, dequant_gemv_triton  # noqa: E402
 
-# 35B-A3B: GDN q|k|v|z|b|a, attention q|gate|k|v, both from H = 2048
-SHAPES = {"gdn_in": (12352, 2048), "attn_in": (9216, 2048)}
-COPIES = 8  # > the 50 MB L2 in all
+# 35B-A3B: GDN q|k|v|z|b|a, attention q|gate|k|v, both from H = 2048; the MoE's router|shared
+# score (256 + 1 outputs), the one several-row plain GEMV the step runs through this kernel
+SHAPES = {"gdn_in": (12352, 2048), "attn_in": (9216, 2048), "router": (257, 2048)}
+SPLITS = {"router": (1, 2, 4, 8)}  # few programs: the engine's call splits K 8 ways
+OVER_L2 = 100 * 2**20  # each shape's weight copies add up past the 50 MB L2
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="4,8")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--out")
     args = ap.parse_args()
     gbps, rows = copy_bandwidth_gbps(), []
-    for name, (N, K) in SHAPES.items():
+    for name in args.shapes.split(","):
+        N, K = SHAPES[name]
+        copies = max(8, -(-OVER_L2 // (N * K * 2)))
         ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
-              for _ in range(COPIES)]
+              for _ in range(copies)]
         for B in (int(b) for b in args.rows.split(",")):
             x = torch.randn(B, K, device="cuda", dtype=torch.bfloat16)
             variants = {"engine": lambda w: dequant_gemv(x, w, None),
                         "cublas": lambda w: F.linear(x, w)}
             for bn in (16, 32, 64):
-                for split in (1, 2):
+                for split in SPLITS.get(name, (1, 2)):
                     variants[f"bn{bn} split{split}"] = (
                         lambda w, bn=bn, split=split: dequant_gemv_triton(
                             x, w, None, block_n=bn, split=split))
+                    if split > 1:  # atomics into a zeroed fp32 buffer, then the cast
+                        variants[f"bn{bn} split{split} atomic"] = (
+                            lambda w, bn=bn, split=split: dequant_gemv_triton(
+                                x, w, None, block_n=bn, split=split, atomic=True))
             ref = None
             for label, call in variants.items():
                 out = call(ws[0]).float()
                 ref = out if ref is None else ref
                 err = ((out - ref).norm() / ref.norm()).item()
                 graph = graph_of(lambda call=call: [call(w) for w in ws])
-                us = time_ms(graph.replay, 20) * 1e3 / COPIES
+                us = time_ms(graph.replay, 20) * 1e3 / copies
                 row = dict(shape=name, N=N, K=K, B=B, variant=label, us=round(us, 2),
                            tbps=round(N * K * 2 / us / 1e6, 3), rel_err=err)
                 rows.append(row)
