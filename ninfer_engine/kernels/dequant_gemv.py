@@ -309,15 +309,19 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
     256; 32 rows and 128 K from N = 16384 to 65536 at K ≥ 5120), no K split (unless
     `accumulate`: adding into a caller's fp32 `out`, where the split is free): 1.01–1.13×
     cuBLAS on the 27B's GEMVs, 1.1–2.9× on the 35B-A3B's smaller ones; adding into `out` at
-    N ≥ 5120, 256 K an iteration and about four waves of K splits. Several rows: the dot path;
+    N ≥ 5120, 256 K an iteration and about four waves of K splits. Several rows: the dot path
+    (plain bf16 of N ≤ 512 without `out`: 16-row programs, no K split);
     group-scaled weights take at least 128 K a loop iteration (a 32-wide group alone left the
     loop latency-bound: 1.1–1.25× on the 27B shapes), 256 at one row where N ≥ 6144
     (bench/results/h200-q4-nibble-gemv.md, fp8_g64 rows). Adding into a caller's fp32 `out`
     (`accumulate`), one row of e4m3 codes takes 32-row programs and K splits for about four
     waves (bench/results/h200-gemv-splits.md)."""
     if scale is None:
-        if B != 1:
-            return {}
+        if B != 1:  # the MoE's router|score at a verify row's or a batch's rows: 16-row
+            # programs over the whole K, one launch, against 64-row ones split 8 ways then a
+            # reduce and a cast (H100, N = 257 at K = 2,048: 7.4 -> 5.7 µs at 4 and 8 rows,
+            # bench/results/h100-router-gemv.md). Larger N was not measured here: unchanged
+            return dict(block_n=16, split=1) if N <= 512 and not accumulate else {}
         kw = dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
         if 16384 <= N <= 65536 and K >= 5120 and not accumulate:  # the 27B's gate|up and
             # GDN in-projection: 32 rows a program, 128 K an iteration (h200-bf16-gemv.md's

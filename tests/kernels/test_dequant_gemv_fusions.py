@@ -123,6 +123,25 @@ def _to(t, device):
     return None if t is None else t.to(device)
 
 
+def test_a_short_bf16_gemv_of_several_rows_is_one_launch_without_a_k_split(device):
+    """The router|score GEMV at several rows (N = 257 on the 35B-A3B): 16-row programs over
+    the whole K, no fp32 partials, reduce or cast (h100-router-gemv.md); the same sums as the
+    split launch's, within the output's rounding; longer N and `out` keep the split launch."""
+    w = torch.empty(0, dtype=torch.bfloat16)
+    assert engine_launch(4, 257, 2048, w, None) == {"block_n": 16, "split": 1}
+    assert engine_launch(8, 257, 2048, w, None, accumulate=True) == {}
+    assert engine_launch(4, 12352, 2048, w, None) == {}  # not measured: unchanged
+    gen, k = torch.Generator().manual_seed(3), 2 * K  # two K tiles: the split has one each
+    codes = (torch.randn(40, k, generator=gen) / k ** 0.5).bfloat16()
+    x = torch.randn(4, k, generator=gen).bfloat16()
+    want = dequant_gemv_ref(x, codes, None)
+    kw = engine_launch(4, 40, k, codes, None)
+    got = dequant_gemv_triton(x.to(device), codes.to(device), None, **kw)
+    split = dequant_gemv_triton(x.to(device), codes.to(device), None, split=2)
+    tol = bound(BF16, k, roundings=CAST)  # fp32 sums of k products, a bf16 output each side
+    assert rel_err(got, want) < tol and rel_err(got, split) < tol
+
+
 def test_accumulating_one_bf16_row_splits_k_where_n_is_short():
     """Into `out` a K split is free (no zero fill, no cast): the launch splits where N leaves
     SMs idle (the 35B-A3B's gdn_out and router, bench/results/h200-gemv-fusions.md) and
