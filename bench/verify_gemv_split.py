@@ -39,6 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="4,8")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--fp8", action="store_true",
+                    help="fp8-row weights (e4m3 codes, a bf16 scale a row), as the fp8-row recipe")
     ap.add_argument("--out")
     args = ap.parse_args()
     gbps, rows = copy_bandwidth_gbps(), []
@@ -47,19 +49,25 @@ def main() -> None:
         copies = max(8, -(-OVER_L2 // (N * K * 2)))
         ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
               for _ in range(copies)]
+        if args.fp8:  # (codes, row scale) pairs; cuBLAS gets the bf16 weight it would need
+            ws = [(w.to(torch.float8_e4m3fn), torch.rand(N, device="cuda").to(torch.bfloat16))
+                  for w in ws]
         for B in (int(b) for b in args.rows.split(",")):
             x = torch.randn(B, K, device="cuda", dtype=torch.bfloat16)
-            variants = {"engine": lambda w: dequant_gemv(x, w, None),
-                        "cublas": lambda w: F.linear(x, w)}
+            def plain(w):  # (weight, scale): the weight alone where plain
+                return (w, None) if not args.fp8 else w
+            variants = {"engine": lambda w: dequant_gemv(x, *plain(w))}
+            if not args.fp8:  # cuBLAS has no fp8-row GEMV to compare
+                variants["cublas"] = lambda w: F.linear(x, w)
             for bn in (16, 32, 64):
                 for split in SPLITS.get(name, (1, 2)):
                     variants[f"bn{bn} split{split}"] = (
                         lambda w, bn=bn, split=split: dequant_gemv_triton(
-                            x, w, None, block_n=bn, split=split))
+                            x, *plain(w), block_n=bn, split=split))
                     if split > 1:  # atomics into a zeroed fp32 buffer, then the cast
                         variants[f"bn{bn} split{split} atomic"] = (
                             lambda w, bn=bn, split=split: dequant_gemv_triton(
-                                x, w, None, block_n=bn, split=split, atomic=True))
+                                x, *plain(w), block_n=bn, split=split, atomic=True))
             ref = None
             for label, call in variants.items():
                 out = call(ws[0]).float()
@@ -67,8 +75,8 @@ def main() -> None:
                 err = ((out - ref).norm() / ref.norm()).item()
                 graph = graph_of(lambda call=call: [call(w) for w in ws])
                 us = time_ms(graph.replay, 20) * 1e3 / copies
-                row = dict(shape=name, N=N, K=K, B=B, variant=label, us=round(us, 2),
-                           tbps=round(N * K * 2 / us / 1e6, 3), rel_err=err)
+                row = dict(shape=name, N=N, K=K, B=B, fp8=args.fp8, variant=label, us=round(us, 2),
+                           tbps=round(N * K * (1 if args.fp8 else 2) / us / 1e6, 3), rel_err=err)
                 rows.append(row)
                 print(f"{name} B={B} {label:16s} {us:7.2f} µs  {row['tbps']:.2f} TB/s  "
                       f"err {err:.1e}", flush=True)
