@@ -339,8 +339,19 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
         return kw
     group = K // scale.shape[1] if scale.dim() == 2 else 0
     kw = {} if not group else {"group_k": min(max(group, 128), K & -K)}
-    if B != 1 or codes.dtype != torch.float8_e4m3fn:  # int8 codes were not swept
+    if codes.dtype != torch.float8_e4m3fn:  # int8 codes were not swept
         return kw
+    if B != 1:  # several rows of fp8-row codes (a verify row, a batch) without `out`: whole-K
+        # programs, one launch, no split's fp32 partials, reduce and cast (H100, K = 2,048 at 4
+        # and 8 rows, bench/results/h100-verify-gemv-split.md: the 35B-A3B's GDN in-projection
+        # N = 12,352 16.7 -> 11.5 µs and attention's N = 9,216 14.8 -> 10.0 with 32-row
+        # programs; its router|score N = 257 7.7 -> 5.0 with 16-row ones). Group scales and
+        # other N were not measured: unchanged
+        if group or accumulate:
+            return kw
+        if N <= 512:
+            return dict(block_n=16, split=1)
+        return dict(block_n=32, split=1) if triton.cdiv(N, 32) >= sms else kw
     # into `out` 32-row programs over ~4 waves of K splits win at N = 5120 too
     # (bench/results/h200-gemv-splits.md: 27B fp8-group down 34.0 -> 27.8 µs)
     block_n = 32 if N >= 6144 or accumulate else 64

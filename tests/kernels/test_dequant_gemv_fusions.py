@@ -123,23 +123,30 @@ def _to(t, device):
     return None if t is None else t.to(device)
 
 
-def test_a_short_bf16_gemv_of_several_rows_is_one_launch_without_a_k_split(device):
-    """The router|score GEMV at several rows (N = 257 on the 35B-A3B): 16-row programs over
-    the whole K, no fp32 partials, reduce or cast (h100-router-gemv.md); the same sums as the
-    split launch's, within the output's rounding; longer N and `out` keep the split launch."""
-    w = torch.empty(0, dtype=torch.bfloat16)
-    assert engine_launch(4, 257, 2048, w, None) == {"block_n": 16, "split": 1}
-    assert engine_launch(8, 257, 2048, w, None, accumulate=True) == {}
-    assert engine_launch(4, 12352, 2048, w, None) == {}  # not measured: unchanged
-    gen, k = torch.Generator().manual_seed(3), 2 * K  # two K tiles: the split has one each
-    codes = (torch.randn(40, k, generator=gen) / k ** 0.5).bfloat16()
-    x = torch.randn(4, k, generator=gen).bfloat16()
-    want = dequant_gemv_ref(x, codes, None)
-    kw = engine_launch(4, 40, k, codes, None)
-    got = dequant_gemv_triton(x.to(device), codes.to(device), None, **kw)
-    split = dequant_gemv_triton(x.to(device), codes.to(device), None, split=2)
-    tol = bound(BF16, k, roundings=CAST)  # fp32 sums of k products, a bf16 output each side
-    assert rel_err(got, want) < tol and rel_err(got, split) < tol
+@pytest.mark.parametrize("form", ["bf16", "fp8_row"])
+def test_several_rows_without_out_take_whole_k_programs_where_measured(device, form):
+    """Several rows of fp8-row codes (a verify row's projections on the fp8-row recipe) and
+    a short plain matrix (the router|score): whole-K programs, one launch, no K split's fp32
+    partials, reduce and cast (h100-verify-gemv-split.md, h100-router-gemv.md), as the split
+    launch sums the same products; group scales, `out` and unmeasured shapes keep the split."""
+    gen = torch.Generator().manual_seed(11)
+    w8, s8 = _weights(40, "fp8_row", gen)
+    _, g64 = _weights(40, "fp8_g64", gen)
+    assert engine_launch(4, 12352, 2048, w8, s8) == {"block_n": 32, "split": 1}
+    assert engine_launch(8, 9216, 2048, w8, s8) == {"block_n": 32, "split": 1}
+    assert engine_launch(4, 257, 2048, w8, s8) == {"block_n": 16, "split": 1}
+    assert engine_launch(4, 2048, 2048, w8, s8, sms=132) == {}  # 64 programs < the SMs
+    assert "split" not in engine_launch(4, 257, 2048, w8, g64)  # group scales: unchanged
+    assert "split" not in engine_launch(4, 257, 2048, w8, s8, accumulate=True)
+    assert engine_launch(4, 12352, 2048, torch.empty(0, dtype=BF16), None) == {}  # cuBLAS's
+    codes, scale = _weights(40, form, gen)
+    x = torch.randn(4, K, generator=gen).bfloat16()
+    kw = engine_launch(4, 40, K, codes, scale)
+    assert kw == {"block_n": 16, "split": 1}
+    want = dequant_gemv_ref(x, codes, scale)
+    got = dequant_gemv_triton(x.to(device), codes.to(device), _to(scale, device), **kw)
+    # fp32 sums of K products (an fp8 code times its scale rounds once more), a bf16 output
+    assert rel_err(got, want) < bound(BF16, K + 1, roundings=CAST)
 
 
 def test_accumulating_one_bf16_row_splits_k_where_n_is_short():
