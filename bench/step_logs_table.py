@@ -63,7 +63,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['name']} | " + " | ".join(cell(r[k]) for k in (
             "engine_step_ms", "graph_alone_ms", "kernel_ms_per_step", "tokens_per_round",
             "tok_s", "chained_rounds", "launched_ahead")) + " |")
-    sampled = [r for r in result["runs"] if r.get("sampling")]
+    sampled = [r for r in result["runs"]  # greedy rows go without saying
+               if r.get("sampling") and "temperature=0.0" not in r["sampling"]]
     if sampled:
         lines += ["", *(f"- {r['name']} sampled with `{r['sampling']}`" for r in sampled)]
     if m.get("notes"):

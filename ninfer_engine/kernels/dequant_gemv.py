@@ -320,7 +320,7 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
         if B != 1:  # the MoE's router|score at a verify row's or a batch's rows: 16-row
             # programs over the whole K, one launch, against 64-row ones split 8 ways then a
             # reduce and a cast (H100, N = 257 at K = 2,048: 7.4 -> 5.7 µs at 4 and 8 rows,
-            # bench/results/h100-router-gemv.md). Larger N was not measured here: unchanged
+            # bench/results/h100-verify-gemv-split.md). Larger N was not measured here: unchanged
             return dict(block_n=16, split=1) if N <= 512 and not accumulate else {}
         kw = dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
         if 16384 <= N <= 65536 and K >= 5120 and not accumulate:  # the 27B's gate|up and
