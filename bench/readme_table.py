@@ -372,7 +372,29 @@ def _verify_rows() -> list[str]:
                     f"{verify['step_ms']:.2f} ms; {verify['replay_ms']:.2f} ms | decode "
                     f"{decode['step_ms']:.2f} ms; {decode['replay_ms']:.2f} ms | "
                     f"{step:.2f}×; {replay:.2f}× |")
+    r = _load("h100-verify-gemv-step.json")
+    if r:  # the same 35B-A3B pair on the H100, in one call (C), after the GEMV launch change
+        runs = {run["name"]: run for run in r["runs"]}
+        verify, decode = runs["C-verify-tree-be5756d"], runs["C-decode-tree-be5756d"]
+        rows.append(f"| H100, 35B-A3B shape, batch 1, a verify step of 1 + 3 tokens against a "
+                    f"decode step (tree be5756d, one call; engine step; the CUDA graph alone) | "
+                    f"{verify['engine_step_ms']:.2f} ms; {verify['graph_alone_ms']:.2f} ms | "
+                    f"decode {decode['engine_step_ms']:.2f} ms; {decode['graph_alone_ms']:.2f} ms "
+                    f"| {verify['engine_step_ms'] / decode['engine_step_ms']:.2f}×; "
+                    f"{verify['graph_alone_ms'] / decode['graph_alone_ms']:.2f}× |")
     return rows
+
+
+def _policy_rows() -> list[str]:
+    """`ninfer bench`'s speculative section under the engine's policy (oracle drafts at a
+    forced rate), against plain decode in the same run."""
+    r = _load("h100-spec-policy-lookahead.json")
+    if not r:
+        return []
+    return [f"| H100, 35B-A3B shape, batch {a['concurrency']}, oracle drafts at "
+            f"{a['target_tokens_per_round']} tokens a round, under the speculation policy "
+            f"(`ninfer bench`) | {a['policy_tok_s']:.0f} tok/s | `--spec off` "
+            f"{a['plain_tok_s']:.0f} tok/s | {a['policy_speedup']:.2f}× |" for a in r["after"]]
 
 
 def _mtp_rows() -> list[str]:
@@ -491,7 +513,8 @@ def table() -> str:
     return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _cpu_ngram_rows() + _gpu_rows()
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
                              + _gdn_prompt_rows()
-                             + _step_row_rows() + _verify_rows() + _mtp_rows() + _mask_rows()
+                             + _step_row_rows() + _verify_rows() + _policy_rows() + _mtp_rows()
+                             + _mask_rows()
                              + _engine_process_rows() + _served_rows()
                              + _agent_replay_rows() + _host_tier_rows()
                              + _expert_offload_rows()) + "\n"
