@@ -320,8 +320,8 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
         if B != 1:  # the MoE's router|score at a verify row's or a batch's rows: 16-row
             # programs over the whole K, one launch, against 64-row ones split 8 ways then a
             # reduce and a cast (H100, N = 257 at K = 2,048: 7.4 -> 5.7 µs at 4 and 8 rows,
-            # bench/results/h100-verify-gemv-split.md). Larger N was not measured here: unchanged
-            return dict(block_n=16, split=1) if N <= 512 and not accumulate else {}
+            # bench/results/h100-verify-gemv-split.md). Larger N and K were not measured: unchanged
+            return dict(block_n=16, split=1) if N <= 512 and K <= 2048 and not accumulate else {}
         kw = dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
         if 16384 <= N <= 65536 and K >= 5120 and not accumulate:  # the 27B's gate|up and
             # GDN in-projection: 32 rows a program, 128 K an iteration (h200-bf16-gemv.md's
@@ -346,8 +346,8 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
         # and 8 rows, bench/results/h100-verify-gemv-split.md: the 35B-A3B's GDN in-projection
         # N = 12,352 16.7 -> 11.5 µs and attention's N = 9,216 14.8 -> 10.0 with 32-row
         # programs; its router|score N = 257 7.7 -> 5.0 with 16-row ones). Group scales and
-        # other N were not measured: unchanged
-        if group or accumulate:
+        # longer K (the 27B's 5,120) were not measured: unchanged
+        if group or accumulate or K > 2048:
             return kw
         if N <= 512:
             return dict(block_n=16, split=1)

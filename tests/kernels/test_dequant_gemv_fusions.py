@@ -136,6 +136,7 @@ def test_several_rows_without_out_take_whole_k_programs_where_measured(device, f
     assert engine_launch(8, 9216, 2048, w8, s8) == {"block_n": 32, "split": 1}
     assert engine_launch(4, 257, 2048, w8, s8) == {"block_n": 16, "split": 1}
     assert engine_launch(4, 2048, 2048, w8, s8, sms=132) == {}  # 64 programs < the SMs
+    assert engine_launch(4, 16480, 5120, w8, s8) == {}  # the 27B's K: not measured
     assert "split" not in engine_launch(4, 257, 2048, w8, g64)  # group scales: unchanged
     assert "split" not in engine_launch(4, 257, 2048, w8, s8, accumulate=True)
     assert engine_launch(4, 12352, 2048, torch.empty(0, dtype=BF16), None) == {}  # cuBLAS's
