@@ -24,7 +24,7 @@ import torch
 from ..host_copy import to_device
 from ..kernels._dispatch import use_triton
 from ..kernels.paged_attention import paged_attention_triton
-from ..kernels.paged_prefill import paged_prefill_varlen_triton, supported
+from ..kernels.paged_prefill import paged_prefill_triton, paged_prefill_varlen_triton, supported
 from ..kv.cache import KvStorage, PagedKvCache
 from .layers import sdpa, trailing_causal_mask
 
@@ -182,9 +182,11 @@ def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def warm_up_paged_prefill(storage: KvStorage, heads: int) -> None:
     """Compile the paged prefill kernel's variants a prompt step can take whatever its rows'
-    lengths: 16- and 64-query tiles, each with its pages split over the SMs and not. The
+    lengths: 16- and 64-query tiles, each with its pages split over the SMs and not, for
+    several chunks (varlen) and for one (a sequence's own attention, `gated_attention`). The
     warm-up's short steps all split; a burst of eight 1K prompts then compiled the unsplit
-    64-row variant in traffic (0.76 s on the H200). Reads two pages of layer 0, writes none."""
+    64-row variant in traffic (0.76 s on the H200), and the H100's compiled the one-chunk
+    unsplit 64-row one. Reads two pages of layer 0, writes none."""
     if storage.device.type != "cuda" or not storage.kernel_layout:
         return
     k_pages, v_pages = storage.page_view(storage.k[0]), storage.page_view(storage.v[0])
@@ -198,3 +200,5 @@ def warm_up_paged_prefill(storage: KvStorage, heads: int) -> None:
         for splits in (1, 2):
             paged_prefill_varlen_triton(q, k_pages, v_pages, table, offset, length, start, rows,
                                         storage.dim ** -0.5, splits=splits)
+            paged_prefill_triton(q, k_pages, v_pages, table[0], storage.page_tokens,
+                                 storage.dim ** -0.5, splits=splits)
