@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One call for what stop 53 left unmeasured: the warm-up checks (each in a fresh process: the
+# paged prefill's one-chunk launches now warmed) and the chain's engine tests; issue 18's TTFT
+# burst with the gather window counted from the newest arrival (bench/ttft_burst_device.sh; the
+# engine process's log lines now reach serve.log: warm-up, captures, compiles in traffic); the
+# 35B-A3B fp8-row step at B=1: decode, the oracle verify step (issue 18's ratio), the MTP
+# round greedy and over --lm-head-draft's shortlist (profile_step now says which head the
+# captured round argmaxes over).
+#   OUT=/tmp/o bash bench/burst_warm_device.sh
+source bench/device_env.sh
+gpu_tests 150 tests/engine/test_warm_up.py tests/engine/test_fresh_process.py \
+  tests/engine/test_verify_chain.py tests/engine/test_mtp_round.py
+timeout 240 bash bench/ttft_burst_device.sh
+pkill -9 -f ninfer_tui.cli 2>/dev/null  # a server the timeout left behind
+profile_step decode --spec 0
+profile_step verify --spec 3
+profile_step mtp-ahead --spec 3 --drafter mtp
+profile_step mtp-shortlist --spec 3 --drafter mtp --lm-head-draft 131072
+grep -h "draft round over" "$OUT"/r/step-mtp-*.log
+echo "done at $SECONDS s"
