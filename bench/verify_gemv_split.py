@@ -1,16 +1,18 @@
-"""A verify row's plain-bf16 GEMVs of several rows without an fp32 `out`, CUDA only.
+"""A verify row's GEMVs of several rows without an fp32 `out`: whole K or K split, CUDA only.
 
-    python3 bench/verify_gemv_split.py [--rows 4,8] [--shapes gdn_in,attn_in,router] [--out F]
+    python3 bench/verify_gemv_split.py [--rows 4,8] [--shapes gdn_in,attn_in,router] [--fp8]
+                                       [--out F]
 
-At several rows the dequant GEMV takes its dot path with 64-row programs, and `split_k` splits
-K so that about two waves cover the SMs; without an fp32 `out` to add into, a split writes fp32
-partial sums that a torch `sum(0)` and a cast reduce: two more launches. On the H200's 35B-A3B
-verify step that was 40 reduce and 40 cast kernels a step (~4.8 µs a layer by the profiler,
-h200-verify-step.json), from the GDN and attention in-projections (N = 12,352 and 9,216 at
-K = 2,048: 193 and 144 programs of 64 rows, split 2). This times, per shape and row count, in a
-CUDA graph of back-to-back calls over weight copies larger than the L2: the engine's call
-(`dequant_gemv`), programs of 16, 32 and 64 rows with K split 1 or 2 (the reduction included,
-as the engine pays it), and cuBLAS (`F.linear`); each output checked against the first's.
+At several rows the dequant GEMV took its dot path with 64-row programs, and `split_k` split K
+so that about two waves cover the SMs; without an fp32 `out` to add into, a split writes fp32
+partial sums that a torch `sum(0)` and a cast reduce: two more launches. On the 35B-A3B's
+fp8-row verify step those were 40 reduce and 40 cast kernels a step, from the GDN and attention
+in-projections (N = 12,352 and 9,216 at K = 2,048; bench/results/h100-verify-gemv-split.md).
+This times, per shape and row count, in a CUDA graph of back-to-back calls over weight copies
+past the L2: the engine's call (`dequant_gemv`), programs of 16, 32 and 64 rows with K whole
+or split (the reduction included, as the engine pays it; `atomic`: into a zeroed fp32 buffer),
+and for bf16 weights cuBLAS (`F.linear`); each output checked against the first's. `--fp8`:
+the fp8-row recipe's weights (e4m3 codes, a bf16 scale a row).
 """
 from __future__ import annotations
 
@@ -49,25 +51,25 @@ def main() -> None:
         copies = max(8, -(-OVER_L2 // (N * K * 2)))
         ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
               for _ in range(copies)]
-        if args.fp8:  # (codes, row scale) pairs; cuBLAS gets the bf16 weight it would need
+        if args.fp8:  # (codes, row scale) pairs
             ws = [(w.to(torch.float8_e4m3fn), torch.rand(N, device="cuda").to(torch.bfloat16))
                   for w in ws]
         for B in (int(b) for b in args.rows.split(",")):
             x = torch.randn(B, K, device="cuda", dtype=torch.bfloat16)
-            def plain(w):  # (weight, scale): the weight alone where plain
+            def operands(w):  # (weight, scale) as dequant_gemv takes them
                 return (w, None) if not args.fp8 else w
-            variants = {"engine": lambda w: dequant_gemv(x, *plain(w))}
+            variants = {"engine": lambda w: dequant_gemv(x, *operands(w))}
             if not args.fp8:  # cuBLAS has no fp8-row GEMV to compare
                 variants["cublas"] = lambda w: F.linear(x, w)
             for bn in (16, 32, 64):
                 for split in SPLITS.get(name, (1, 2)):
                     variants[f"bn{bn} split{split}"] = (
                         lambda w, bn=bn, split=split: dequant_gemv_triton(
-                            x, *plain(w), block_n=bn, split=split))
+                            x, *operands(w), block_n=bn, split=split))
                     if split > 1:  # atomics into a zeroed fp32 buffer, then the cast
                         variants[f"bn{bn} split{split} atomic"] = (
                             lambda w, bn=bn, split=split: dequant_gemv_triton(
-                                x, *plain(w), block_n=bn, split=split, atomic=True))
+                                x, *operands(w), block_n=bn, split=split, atomic=True))
             ref = None
             for label, call in variants.items():
                 out = call(ws[0]).float()
