@@ -80,16 +80,20 @@ async def _batch(engine):
 
 @pytest.fixture(scope="module")
 def child():
-    # the server's logging: `ninfer` at info (the root logger stays at warning)
-    from ninfer_http.logs import configure_logging
-    handler = configure_logging("info", io.StringIO())
+    # as the server logs (`configure_logging`): `ninfer` at info, the root logger at warning;
+    # put back after, for the tests that read records through the root (caplog)
+    ninfer, text = logging.getLogger("ninfer"), io.StringIO()
+    handler, level = logging.StreamHandler(text), ninfer.level
+    ninfer.addHandler(handler)
+    ninfer.setLevel(logging.INFO)
     try:
         engine = spawn()
-        engine.load_log = handler.stream.getvalue()
+        engine.load_log = text.getvalue()
         yield engine
         engine.stop()
     finally:
-        logging.getLogger("ninfer").removeHandler(handler)
+        ninfer.removeHandler(handler)
+        ninfer.setLevel(level)
 
 
 def test_the_childs_info_lines_reach_the_servers_log(child):
