@@ -9,7 +9,8 @@
 #   OUT=/tmp/o bash bench/burst_warm_device.sh
 source bench/device_env.sh
 gpu_tests 150 tests/engine/test_warm_up.py tests/engine/test_fresh_process.py \
-  tests/engine/test_verify_chain.py tests/engine/test_mtp_round.py
+  tests/engine/test_verify_chain.py \
+  tests/engine/test_verify_chain_engine.py tests/engine/test_mtp_round.py
 timeout 240 bash bench/ttft_burst_device.sh
 pkill -9 -f ninfer_tui.cli 2>/dev/null  # a server the timeout left behind
 profile_step decode --spec 0

@@ -12,6 +12,7 @@ source bench/device_env.sh
 gpu_tests 150 tests/engine/test_mtp_round.py tests/engine/test_mtp_draft_syncs.py \
   tests/engine/test_mtp_speculation.py tests/engine/test_mtp_prefix_reuse.py \
   tests/engine/test_hybrid_verify.py tests/engine/test_verify_chain.py \
+  tests/engine/test_verify_chain_engine.py \
   tests/engine/test_verify_step_syncs.py \
   tests/engine/test_warm_up.py tests/models/test_mtp.py
 # most wanted first: a short call (BUDGET) cuts the last

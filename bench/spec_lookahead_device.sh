@@ -9,6 +9,7 @@
 #   OUT=/tmp/o bash bench/spec_lookahead_device.sh
 source bench/device_env.sh
 gpu_tests 170 tests/engine/test_mtp_round.py tests/engine/test_verify_chain.py \
+  tests/engine/test_verify_chain_engine.py \
   tests/engine/test_warm_up.py tests/engine/test_fresh_process.py \
   tests/engine/test_lookahead_gpu.py tests/engine/test_verify_step_syncs.py
 timeout 240 bash bench/ttft_burst_device.sh

@@ -8,6 +8,7 @@
 #   OUT=/tmp/o OLD=.peers/old53 bash bench/verify_gemv_device.sh
 source bench/device_env.sh
 gpu_tests 150 tests/engine/test_mtp_round.py tests/engine/test_verify_chain.py \
+  tests/engine/test_verify_chain_engine.py \
   tests/kernels/test_dequant_gemv_fusions.py tests/kernels/test_dequant_gemv.py \
   tests/engine/test_verify_step_syncs.py
 profile_step verify --spec 3
