@@ -48,6 +48,11 @@ KEPT = 0.7  # the acceptance average's weight on its past (1 - KEPT on the newes
 MAX_EMPTY_PAUSE = 8
 
 
+def averaged(acceptance: float, rate: float) -> float:
+    """A row's acceptance average after a round that took `rate` of its drafts."""
+    return KEPT * acceptance + (1 - KEPT) * rate
+
+
 class NgramDrafter:
     """Prompt-lookup drafts: the longest n-gram (MAX_NGRAM .. MIN_NGRAM tokens) that ends the
     tokens and occurred before; the k tokens after its latest earlier occurrence. A
@@ -188,7 +193,7 @@ class Speculator:
         were that round to take nothing (an ahead round there verifies what the host path
         would have decoded plainly)."""
         def sure(row: RowState) -> bool:
-            return not row.paused and KEPT * row.acceptance >= MIN_ACCEPTANCE
+            return not row.paused and averaged(row.acceptance, 0.0) >= MIN_ACCEPTANCE
         return self.policy.speculate(len(seqs)) and all(
             sure(self._rows.get(id(seq), RowState())) for seq in seqs)
 
@@ -250,7 +255,7 @@ class Speculator:
         for i in range(accepted):
             c.per_position[i] += 1
         row = self._rows.setdefault(id(seq), RowState())
-        row.acceptance = KEPT * row.acceptance + (1 - KEPT) * (accepted / drafted)
+        row.acceptance = averaged(row.acceptance, accepted / drafted)
         if row.acceptance < MIN_ACCEPTANCE:
             row.paused, row.acceptance = RETRY, MIN_ACCEPTANCE  # retry from the threshold
 

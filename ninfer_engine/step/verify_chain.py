@@ -357,5 +357,6 @@ def verify_chain(graphs: DecodeGraphs | None, speculator, eos: frozenset[int] = 
     chain = VerifyChain(graphs, speculator, graphs.capture, eos)
     if graphs.capture:
         chain.capture_at_start(served)
-    log.info("--spec mtp: greedy verify rounds accepted and drafted on the device")
+    log.info("--spec mtp: verify rounds of greedy and top-k-sampled rows accepted and drafted "
+             "on the device")
     return chain
