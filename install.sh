@@ -32,15 +32,15 @@ step() { printf '\n==> %s\n' "$*"; }
 # A fresh machine downloads about 1 GB from PyPI; a connection dropped mid-wheel (CI once lost
 # triton's 286 MB wheel at 136 MB six times in one pip run) must cost a retry, not the install.
 # pip resumes within a run (PIP_RESUME_RETRIES; older pips ignore it) and retried() starts the
-# command over, three tries 15 s then 60 s apart (NINFER_INSTALL_RETRY_S: the 15).
+# command over: four tries, 15, 60 and 135 s apart (NINFER_INSTALL_RETRY_S: the 15).
 export PIP_RESUME_RETRIES="${PIP_RESUME_RETRIES:-10}"
 retry_s="${NINFER_INSTALL_RETRY_S:-15}"
 retried() {
   local try
-  for try in 1 2 3; do
+  for try in 1 2 3 4; do
     "$@" && return 0
-    [ "$try" = 3 ] && break
-    echo "install.sh: pip ${*:5} failed (try $try of 3); trying again in" \
+    [ "$try" = 4 ] && break
+    echo "install.sh: pip ${*:5} failed (try $try of 4); trying again in" \
          "$((retry_s * try * try)) s" >&2
     sleep $((retry_s * try * try))
   done

@@ -98,16 +98,16 @@ def test_install_is_idempotent_and_leaves_another_installs_release_link_alone(sa
     assert f"points to another install ({other})" in note and "--release-dir" in note
 
 
-def test_a_dropped_download_is_tried_again_and_three_fail_the_install(sandbox, tmp_path):
+def test_a_dropped_download_is_tried_again_and_four_fail_the_install(sandbox, tmp_path):
     run, _ = sandbox
     drops = tmp_path / "drops"
-    drops.write_text("2")  # the pip upgrade's first two tries drop: its third goes through
+    drops.write_text("3")  # the pip upgrade's first three tries drop: its fourth goes through
     out = run(PIP_DROPS=str(drops), NINFER_INSTALL_RETRY_S="0")
     assert out.returncode == 0, out.stderr + out.stdout
     retries = [line for line in out.stderr.splitlines() if "failed (try" in line]
-    assert [line.split("(try ")[1][:6] for line in retries] == ["1 of 3", "2 of 3"]
+    assert [line.split("(try ")[1][:6] for line in retries] == ["1 of 4", "2 of 4", "3 of 4"]
     assert "pip install -q --upgrade pip" in retries[0]
-    drops.write_text("3")  # three in a row: the install stops there, saying so
+    drops.write_text("4")  # four in a row: the install stops there, saying so
     out = run(PIP_DROPS=str(drops), NINFER_INSTALL_RETRY_S="0")
     assert out.returncode == 1
     assert "virtualenv at" in out.stdout and "installing ninfer" not in out.stdout
