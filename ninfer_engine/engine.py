@@ -286,15 +286,15 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
             return self._continue()
         if self._chain_flight is not None:
             return self._continue_chain()
-        self._gather()
+        admit = self._gather()
         started = time.perf_counter()
         now = time.monotonic()
-        batch, ended = self.scheduler.schedule(now)
+        batch, ended = self.scheduler.schedule(now, admit)
         for seq in ended:
             self._retire(seq)
         batch = self._encode_media(self._draft(self._reserve(batch)))
-        if batch.empty:
-            return bool(ended)
+        if batch.empty:  # held back while rows decoded, and they ended: schedule again now
+            return bool(ended) or not admit
         self._faults.check_step(self._step)
         self._step += 1
         # a new request's first grammar mask fills during its prompt's forward, as the others'
@@ -316,7 +316,8 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
         nothing waits to be admitted, then settle the one in flight while the next runs."""
         flight, self._in_flight = self._in_flight, None
         batch = flight.batch
-        if (self.scheduler.may_admit(time.monotonic()) or self._stopping.is_set()
+        if (self.scheduler.may_admit(time.monotonic(), self._preparing)
+                or self._stopping.is_set()
                 or not self._lookahead.holds(batch)
                 or (self.speculator is not None and not self.speculator.plain_next(batch.decode))):
             self._finish(batch, None, flight.started, flight.picked)

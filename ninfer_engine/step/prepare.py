@@ -18,15 +18,20 @@ from .scheduler import Batch
 class StepPrepare:
     """The preparation methods of `Engine` (see the module docstring)."""
 
-    def _gather(self) -> None:
+    def _gather(self) -> bool:
         """Before scheduling: the wait `Scheduler.arrival_wait` allows for the requests the
-        front end is still preparing (each hand-over wakes the engine with the new count)."""
+        front end is still preparing (each hand-over wakes the engine with the new count).
+        While rows decode, nothing waits: they take their steps, and the queued requests are
+        admitted once the wait is over (False: not this step)."""
         while not self._stopping.is_set():
             wait = self.scheduler.arrival_wait(time.monotonic(), self._preparing)
             if wait <= 0:
-                return
+                return True
+            if self.scheduler.decoding:
+                return False
             self._wake.wait(wait)
             self._wake.clear()
+        return True
 
     def _reserve(self, batch: Batch) -> Batch:
         """Grow each lease for this step; a request whose lease cannot grow ends with `length`."""

@@ -88,15 +88,21 @@ class Scheduler:
             self.pending.append(seq)
             return True
 
-    def schedule(self, now: float) -> tuple[Batch, list[Sequence]]:
-        """The step's batch, and the sequences that ended without running (already finished)."""
+    @property
+    def decoding(self) -> bool:
+        """A running sequence has its prompt in: the next step decodes it."""
+        return any(seq.prefill_done for seq in self.running)
+
+    def schedule(self, now: float, admit: bool = True) -> tuple[Batch, list[Sequence]]:
+        """The step's batch, and the sequences that ended without running (already finished).
+        `admit` False: queued requests stay queued this step (a burst still arriving)."""
         ended = [s for s in self.running if s.cancelled]
         self.running = [s for s in self.running if not s.cancelled]
         with self._lock:
             for seq in [s for s in self.pending if s.cancelled or self._expired(s, now)]:
                 self.pending.remove(seq)
                 ended.append(seq)
-            while self.pending and len(self.running) < self.max_running:
+            while admit and self.pending and len(self.running) < self.max_running:
                 seq = self.pending[0]
                 outcome = self._try_admit(seq, now)
                 if outcome is None:
@@ -128,13 +134,13 @@ class Scheduler:
         return Batch(decode, chunks, sampled), ended
 
     def arrival_wait(self, now: float, preparing: int) -> float:
-        """Seconds the next schedule should wait for `preparing` requests still on their way
+        """Seconds the queued requests should wait for `preparing` requests still on their way
         from the front end (as of its last hand-over), so that a burst's prompts share one
-        prompt step: only while a request is queued, no running sequence decodes (nobody's
-        next token is held up), the queued prompts leave room in the step's prompt budget, and
-        until `ARRIVAL_WINDOW_S` past the newest queued request's arrival, at most
-        `GATHER_LIMIT_S` past the oldest's. 0: schedule now."""
-        if preparing <= 0 or any(seq.prefill_done for seq in self.running):
+        prompt step: only while a request is queued, the queued prompts leave room in the
+        step's prompt budget, and until `ARRIVAL_WINDOW_S` past the newest queued request's
+        arrival, at most `GATHER_LIMIT_S` past the oldest's. 0: admit them now. (Decoding rows
+        are not held up: their steps run meanwhile, `StepPrepare._gather`.)"""
+        if preparing <= 0:
             return 0.0
         with self._lock:
             if not self.pending:
@@ -146,17 +152,20 @@ class Scheduler:
             return 0.0
         return max(0.0, min(max(arrived) + ARRIVAL_WINDOW_S, min(arrived) + GATHER_LIMIT_S) - now)
 
-    def may_admit(self, now: float) -> bool:
+    def may_admit(self, now: float, preparing: int = 0) -> bool:
         """A schedule now could change the queue: a request is queued, a running place is
-        free, and the head is not the one that waited for pages at the last schedule (pages
-        come back when a request ends, and the step that retires it schedules again) — or the
-        head was cancelled or waited past its timeout."""
+        free, the head is not the one that waited for pages at the last schedule (pages come
+        back when a request ends, and the step that retires it schedules again) and its burst
+        is not still arriving (`arrival_wait`) — or the head was cancelled or waited past its
+        timeout."""
         pending = self.pending
         if not pending:
             return False
         head = pending[0]
-        return ((len(self.running) < self.max_running and head is not self._waiting)
-                or head.cancelled or self._expired(head, now))
+        if head.cancelled or self._expired(head, now):
+            return True
+        return (len(self.running) < self.max_running and head is not self._waiting
+                and self.arrival_wait(now, preparing) <= 0)
 
     def _expired(self, seq: Sequence, now: float) -> bool:
         return now - seq.arrived > self.pending_timeout_s

@@ -1,8 +1,8 @@
 """A burst's prompts share one prompt step: the front end counts the generation requests it is
 still preparing (`arrival.Preparing`), each hand-over tells the engine how many are behind it,
-and a step with no decoding row waits for them within `ARRIVAL_WINDOW_S` of the newest queued
-arrival, at most `GATHER_LIMIT_S` past the oldest (`Scheduler.arrival_wait`,
-`StepPrepare._gather`)."""
+and the queued requests wait for them within `ARRIVAL_WINDOW_S` of the newest queued arrival,
+at most `GATHER_LIMIT_S` past the oldest (`Scheduler.arrival_wait`, `StepPrepare._gather`): the
+engine sleeps when nothing decodes, and runs decode-only steps meanwhile when rows decode."""
 from __future__ import annotations
 
 import time
@@ -38,7 +38,19 @@ def test_a_prompt_step_waits_only_for_announced_requests_within_the_window():
         chunk.seq.cached += chunk.tokens
         chunk.seq.output.append(7)
     scheduler.add(_sequence("c", 5, arrived=1.003))
-    assert scheduler.arrival_wait(1.004, 2) == 0.0  # decode rows are never held back
+    assert scheduler.decoding
+    assert scheduler.arrival_wait(1.004, 2) == pytest.approx(ARRIVAL_WINDOW_S - 0.001)
+    assert not scheduler.may_admit(1.004, 2)  # a step ahead may go on decoding
+    held, _ = scheduler.schedule(1.004, admit=False)  # "c" stays queued; the rest run
+    assert [s.id for s in held.decode] == ["a"]  # "b" got 90 of its 95 tokens in the budget
+    assert [(c.seq.id, c.tokens) for c in held.chunks] == [("b", 5)]
+    assert [s.id for s in scheduler.queued()] == ["c"]
+    assert scheduler.may_admit(1.003 + ARRIVAL_WINDOW_S + 1e-6, 2)  # its window is spent
+    cancelled = _sequence("d", 5, arrived=1.004)
+    scheduler.add(cancelled)
+    scheduler.pending.rotate(1)  # "d" at the head
+    cancelled.cancelled = True
+    assert scheduler.may_admit(1.005, 2)  # a cancelled head is taken out at once
 
 
 def test_each_arrival_of_a_burst_extends_the_wait_up_to_the_limit():
@@ -104,5 +116,52 @@ def test_the_engine_gathers_a_burst_into_one_prompt_step(monkeypatch):
         add("c", prompt, preparing=0)
         settle(3)
         assert steps[0] == ["c"] and time.monotonic() - started < 2.5  # not the 5-s window
+    finally:
+        engine.stop()
+
+
+def test_rows_decode_while_a_burst_arriving_beside_them_is_gathered(monkeypatch):
+    """With a row decoding, a request handed over while another is announced neither holds the
+    row up nor starts alone: decode-only steps run until the announced one is handed over, and
+    both prompts are computed in one step."""
+    from ninfer_engine.step import scheduler
+
+    monkeypatch.setattr(scheduler, "ARRIVAL_WINDOW_S", 5.0)
+    monkeypatch.setattr(scheduler, "GATHER_LIMIT_S", 15.0)
+    engine = _engine(FakeArtifact(tiny_llama(seed=5, vocab_size=259)), None, max_concurrency=4,
+                     prefill_chunk=256)
+    steps = []
+    forward = engine.runner.forward
+    engine.runner.forward = lambda batch: steps.append(
+        sorted(c.seq.id for c in batch.chunks)) or forward(batch)
+    try:
+        prompt = tuple(range(3, 40))
+        ended, tokens = [], []
+
+        def add(name: str, max_tokens: int, preparing: int) -> None:
+            def emit(event) -> None:
+                if name == "a":
+                    tokens.extend(event.token_ids)
+                if event.finish:
+                    ended.append(name)
+            request = GenerationRequest(name, prompt, SamplingParams(temperature=0.0),
+                                        max_tokens=max_tokens, ignore_eos=True)
+            engine.add(request, emit, time.monotonic(), preparing)
+
+        def until(done, what: str) -> None:
+            deadline = time.monotonic() + 30
+            while not done() and time.monotonic() < deadline:
+                time.sleep(0.002)
+            assert done(), what
+
+        add("a", 300, preparing=0)  # with b and c, within the pool of the 512-token context
+        until(lambda: len(tokens) >= 2, "a decodes")
+        add("b", 2, preparing=1)
+        before = len(tokens)
+        until(lambda: len(tokens) >= before + 5, "a decodes while b waits")  # not held up
+        add("c", 2, preparing=0)
+        until(lambda: {"b", "c"} <= set(ended), "b and c end")
+        assert [chunks for chunks in steps if chunks] == [["a"], ["b", "c"]]  # b not alone
+        assert "a" not in ended  # it decoded all along
     finally:
         engine.stop()
