@@ -5,32 +5,57 @@ An `indexed` proposal is a shortlist of the head: `proposal/head [rows, H]` and 
 each row, `proposal/token_ids [rows]`; a draft is the token of the best row, so drafting reads
 rows / vocabulary of the head's bytes. Verification still uses the whole head, so outputs are
 unchanged; only which tokens can be drafted narrows. A `full` proposal is the head itself.
+
+The shortlist is read in the head's width: where the head is served packed (fp8-row, or Q4/Q5
+as fp8 groups: a byte a weight), its rows are fp8-row codes too. In bf16 the real artifacts'
+131,072 rows (0.54 GB at H 2,048) read more bytes than the whole fp8-row head (248,320 rows,
+0.51 GB): on the H100 the shortlist saved nothing a round (h100-mtp-sampled-chain.md).
 """
 from __future__ import annotations
 
 import torch
 
 from ..models.mtp import MtpMissing
+from ..kernels.dequant_gemv import quantize_fp8_row
+from ..models.packed import FP8_ROW, PackedBlock, PackedMatrix
 from ..models.qwen3_5_step_weights import FusedLinear
+
+ENCODE_ROWS = 8192
 
 
 class IndexedDraftHead:
-    """Argmax over a shortlist of the head's rows, returned as token ids, on the device with
-    no host sync (the captured draft round, `mtp_round`, runs it too)."""
+    """Argmax over a shortlist of the head's rows (`weight`: dense, or a `PackedMatrix`),
+    returned as token ids, on the device with no host sync (the captured draft round,
+    `mtp_round`, runs it too); `dtype`: the MTP outputs' (the model's) dtype."""
 
-    def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor) -> None:
-        self.weight, self.token_ids = weight, token_ids
+    def __init__(self, weight: torch.Tensor | PackedMatrix, token_ids: torch.Tensor,
+                 dtype: torch.dtype) -> None:
+        self.weight, self.token_ids, self.dtype = weight, token_ids, dtype
         self.matrix = FusedLinear(weight)  # the decode step's GEMV for one row, as the head's
 
     def argmax(self, h: torch.Tensor) -> torch.Tensor:
         """[T, H] MTP outputs -> [T] drafted token ids."""
-        return self.token_ids[self.matrix(h.to(self.weight.dtype)).argmax(-1)]
+        return self.token_ids[self.matrix(h.to(self.dtype)).argmax(-1)]
 
 
-def load_draft_head(artifact, hidden: int, vocab: int, device: torch.device,
-                    dtype: torch.dtype) -> IndexedDraftHead | None:
-    """The proposal head of `artifact` (None: its proposal is the full head); `MtpMissing`
-    naming what is absent or out of range."""
+def shortlist_form(rows: torch.Tensor, head: torch.Tensor | PackedMatrix
+                   ) -> torch.Tensor | PackedMatrix:
+    """The shortlist `rows` in no more bytes a weight than `head` is served in: fp8-row codes
+    where the head is packed (a proposal stored fp8-row gets its stored codes back: decoding
+    and encoding again is exact), else as they are."""
+    if not isinstance(head, PackedMatrix):
+        return rows
+    # a block of rows at a time: the encoder's fp32 temporaries stay small beside the weights
+    parts = [quantize_fp8_row(rows[r: r + ENCODE_ROWS]) for r in range(0, len(rows), ENCODE_ROWS)]
+    planes = tuple(torch.cat(plane) for plane in zip(*parts))
+    return PackedMatrix([PackedBlock(FP8_ROW, rows.shape[0], rows.shape[1], planes)])
+
+
+def load_draft_head(artifact, head: torch.Tensor | PackedMatrix, vocab: int,
+                    device: torch.device, dtype: torch.dtype) -> IndexedDraftHead | None:
+    """The proposal head of `artifact` over the model's `head` weight (None: its proposal is
+    the full head); `MtpMissing` naming what is absent or out of range."""
+    hidden = head.shape[1]
     where = getattr(artifact, "path", None) or getattr(artifact, "name", None) or "the artifact"
     components = getattr(artifact, "components", None) or {}
     proposal = components.get("text", {}).get("proposal")
@@ -49,4 +74,4 @@ def load_draft_head(artifact, hidden: int, vocab: int, device: torch.device,
     if int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab:
         raise MtpMissing(f"the proposal of {where} names token ids outside the vocabulary "
                          f"(0..{vocab - 1})")
-    return IndexedDraftHead(weight, token_ids)
+    return IndexedDraftHead(shortlist_form(weight, head), token_ids, dtype)

@@ -293,7 +293,7 @@ def mtp_drafter(artifact, model, vocab: int, matmul_dtype: torch.dtype | None = 
     rank builds one, `parallel.follower`, with the same `--lm-head-draft`)."""
     head = load_mtp(artifact, model, model.device, model.dtype, matmul_dtype)
     vocab = min(vocab, model.vocab_size)
-    shortlist = (load_draft_head(artifact, model.config["hidden_size"], vocab, model.device,
+    shortlist = (load_draft_head(artifact, model.head_projection.weight, vocab, model.device,
                                  model.dtype) if lm_head_draft else None)
     return MtpDrafter(head, vocab, shortlist)
 

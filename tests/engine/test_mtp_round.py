@@ -95,7 +95,7 @@ def test_the_static_draft_round_matches_the_eager_head(moe, shortlist, device):
         rows.append((seq, torch.randint(0, 512, (n,), generator=gen).tolist(),
                      torch.randn(n, H, generator=gen).to(device, BF16), done))
     ids = torch.randperm(V, generator=gen)[:200].to(device) if shortlist else torch.arange(V)
-    draft_head = (IndexedDraftHead(model.head_projection.weight[ids].contiguous(), ids)
+    draft_head = (IndexedDraftHead(model.head_projection.weight[ids].contiguous(), ids, BF16)
                   if shortlist else None)
     steps = MtpRound(head, HybridWeights(model, model.params).head, storage, layer, 2, 512, K,
                      V, capture=device.type == "cuda", draft_head=draft_head)

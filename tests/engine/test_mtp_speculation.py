@@ -210,6 +210,73 @@ def test_a_draft_head_of_every_row_drafts_as_the_whole_head():
     assert counters[0] == counters[1] and counters[0][1] > 0
 
 
+def test_the_shortlist_of_a_packed_head_is_read_as_fp8_row_codes(monkeypatch):
+    """Where the head is served packed (a byte a weight), the shortlist is fp8-row codes too,
+    not bf16 rows that read more bytes than the whole head; its drafts are the argmax of those
+    codes' logits. Over a dense head it stays dense, as before."""
+    from ninfer_engine.kernels.dequant_gemv import quantize_fp8_row
+    from ninfer_engine.models.packed import FP8_ROW, PackedMatrix, quantize_packed
+    from ninfer_engine.step import draft_head
+    from ninfer_engine.step.draft_head import load_draft_head
+
+    monkeypatch.setattr(draft_head, "ENCODE_ROWS", 7)  # encoded in blocks, the last one short
+
+    shortlist = torch.arange(1, 120, 2).flip(0)
+    artifact = _with_proposal(MtpArtifact("qwen3_5"), shortlist)
+    head = artifact._tensors["text/output_head"]
+    dense = load_draft_head(artifact, head, 128, torch.device("cpu"), torch.bfloat16)
+    assert isinstance(dense.weight, torch.Tensor) and dense.weight.dtype == torch.bfloat16
+    packed = load_draft_head(artifact, quantize_packed(head, FP8_ROW), 128, torch.device("cpu"),
+                             torch.bfloat16)
+    assert isinstance(packed.weight, PackedMatrix)
+    (block,) = packed.weight.blocks
+    assert block.fmt == FP8_ROW and block.planes[0].dtype == torch.float8_e4m3fn
+    assert block.rows == len(shortlist)
+    h = torch.randn(5, head.shape[1], generator=torch.Generator().manual_seed(3)).bfloat16()
+    codes, scale = quantize_fp8_row(head[shortlist].bfloat16())
+    logits = h.double() @ (codes.double() * scale.double()[:, None]).t()  # float64 reference
+    picked = packed.argmax(h)
+    assert set(picked.tolist()) <= set(shortlist.tolist())
+    # the GEMV accumulates H exact products (bf16 × e4m3·bf16) in fp32 and rounds the logits
+    # to bf16: two logits are each within (H·2^-24 + 2^-9)·Σ|terms| of float64, so a pick may
+    # trail the float64 maximum by twice that (a near-tie), no more
+    rows = {t: i for i, t in enumerate(shortlist.tolist())}
+    H = head.shape[1]
+    terms = h.double().abs() @ (codes.double() * scale.double()[:, None]).abs().t()
+    bound = terms * 2 * (H * 2.0**-24 + 2.0**-9)
+    for r, token in enumerate(picked.tolist()):
+        assert logits[r, rows[token]] >= logits[r].max() - bound[r].max()
+
+
+def test_a_shortlist_stored_as_fp8_row_codes_is_served_as_stored(tmp_path):
+    """Beside a packed head, a proposal stored fp8-row is served as its stored codes and
+    scales (read back from a file: decoded, then encoded again, exactly)."""
+    from ninfer_engine.artifact import encodings, open_artifact, planes
+    from ninfer_engine.artifact.writer import ArtifactWriter
+    from ninfer_engine.models.packed import FP8_ROW, quantize_packed
+    from ninfer_engine.step.draft_head import load_draft_head
+
+    gen = torch.Generator().manual_seed(5)
+    rows, H, vocab = 48, 64, 128
+    proposal = torch.randn(rows, H, generator=gen)
+    token_ids = torch.randperm(vocab, generator=gen)[:rows].to(torch.int32)
+    text = {"config": {"model_type": "qwen3_5"}, "proposal": {"domain": "indexed", "rows": rows}}
+    with ArtifactWriter(tmp_path / "p.ninfer", metadata={"name": "p"},
+                        components={"text": text}) as writer:
+        writer.add_tensor("proposal/head", proposal, FP8_ROW)
+        writer.add_tensor("proposal/token_ids", token_ids, "int32")
+    head = quantize_packed(torch.randn(vocab, H, generator=gen), FP8_ROW)
+    with open_artifact(tmp_path / "p.ninfer") as artifact:
+        draft = load_draft_head(artifact, head, vocab, torch.device("cpu"), torch.bfloat16)
+    (block,) = draft.weight.blocks
+    raw = torch.frombuffer(bytearray(encodings.encode(FP8_ROW, proposal)), dtype=torch.uint8)
+    codes, scale = planes.fp8_row_planes(raw, (rows, H))  # the writer's encoding, as stored
+    assert block.fmt == FP8_ROW
+    assert torch.equal(block.planes[0].view(torch.uint8), codes.view(torch.uint8))
+    assert torch.equal(block.planes[1], scale)
+    assert torch.equal(draft.token_ids, token_ids.long())
+
+
 def test_the_draft_head_flag_names_a_missing_proposal():
     with pytest.raises(EngineLoadError, match="--lm-head-draft needs the artifact's proposal"):
         engine_with(MtpArtifact("qwen3_5"), "mtp", lm_head_draft=True)
