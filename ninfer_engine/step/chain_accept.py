@@ -1,11 +1,11 @@
 """Verify rows accepted on the device (`verify_chain`): greedy rows by the host's rule
 (`accept_on_device`), sampled rows by the host's rejection sampling
-(`speculation.accept_sampled`) on the same candidates with the same uniforms (`ChainSampling`).
+(`acceptance.accept_sampled`) on the same candidates with the same uniforms (`ChainSampling`).
 
 A sampled row qualifies where its draws take the top-k path (1 ≤ top_k ≤ `TOPK_CAP`: the
 candidates are a fixed count, `candidate_count`, so a captured graph has one shape; the Qwen
 presets' top_k is 20). When a round launches, the host draws its k + 1 uniforms from each
-sampled row's stream (`speculation.round_uniforms`, as the host's acceptance would after the
+sampled row's stream (`acceptance.round_uniforms`, as the host's acceptance would after the
 step) and copies them and the rows' settings into static buffers. The chain computes each
 position's candidates from the (penalized) logits as `sampling.top_k_candidates` does, tests
 each draft against its probability with the row's uniforms, and draws the bonus from the
@@ -19,7 +19,7 @@ import torch
 
 from ..host_copy import to_device
 from .sampling import _path, candidate_count, top_k_candidates
-from .speculation import round_uniforms
+from .acceptance import round_uniforms
 
 # a greedy row's settings in a sampled graph: any finite distribution (its draws are unused)
 _GREEDY_SETTINGS = (1.0, 1, 1.0, 0.0)
@@ -119,7 +119,7 @@ def _residual_draw(p: torch.Tensor, ids: torch.Tensor, column: torch.Tensor,
                    present: torch.Tensor, at: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The token drawn at position `at` [B] with uniform `u` [B]: from p_at without its draft
     where a draft was rejected there (at < k), from p_k after every draft was taken; the first
-    candidate whose cumulative mass exceeds u · total (`speculation._inverse_cdf`)."""
+    candidate whose cumulative mass exceeds u · total (`acceptance._inverse_cdf`)."""
     batch, _, n = p.shape
     k = column.shape[1]
     row = torch.arange(batch, device=p.device)

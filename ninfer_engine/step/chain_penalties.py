@@ -1,7 +1,7 @@
 """Presence and frequency penalties of greedy rows accepted on the device (`verify_chain`).
 
 The host's acceptance penalizes position i of a verify row with the request's generated
-tokens and drafts 1..i counted (`speculation._position_views`), then takes the argmax. On the
+tokens and drafts 1..i counted (`acceptance._position_views`), then takes the argmax. On the
 device the counts live in a table of one row of the vocabulary per batch row: the host writes
 it when a round starts from its samplers' counts (`load`), and the chain adds each round's
 emitted tokens (`count`, into a second table that `advance` makes current) so that a round

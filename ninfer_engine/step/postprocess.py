@@ -20,7 +20,7 @@ from .lookahead import picked_tokens
 from .sampling import Picked, prefetch_masks
 from .scheduler import Batch
 from .sequence import Sequence, next_tokens
-from .speculation import accept, split_verify_rows
+from .acceptance import accept, split_verify_rows
 
 log = logging.getLogger("ninfer.engine")
 
@@ -92,7 +92,7 @@ class StepPostprocess:
         self._settled = time.perf_counter()
 
     def _accept(self, batch: Batch, verified: dict, now: float) -> None:
-        """Acceptance of the step's verify rows (`speculation.accept`); each row keeps the
+        """Acceptance of the step's verify rows (`acceptance.accept`); each row keeps the
         tokens it emitted and rolls back the rest (`runner.keep`)."""
         rows = [seq for seq in batch.decode if id(seq) in verified]
         emitted = []

@@ -276,7 +276,7 @@ class _ModelRunner:
 
     def accepted(self, seqs: list[Sequence]) -> list[list[int]] | None:
         """The tokens the verify rows `seqs` of the step being finished emit, where the device
-        accepted them (`verify_chain`); None: the host accepts (`speculation.accept`)."""
+        accepted them (`verify_chain`); None: the host accepts (`acceptance.accept`)."""
         chain = self.chain
         return chain.accepted(seqs) if chain is not None and chain.owns(seqs) else None
 

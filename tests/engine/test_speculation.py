@@ -16,8 +16,8 @@ from ninfer_engine.step import speculation
 from ninfer_engine.step.sampling import Sampler, sample_rows
 from ninfer_engine.step.spec_overlap import prompt_ngram_overlap
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
-from ninfer_engine.step.speculation import (MAX_NGRAM, MIN_NGRAM, NgramDrafter, Speculator,
-                                            accept_greedy, accept_sampled)
+from ninfer_engine.step.acceptance import accept_greedy, accept_sampled
+from ninfer_engine.step.speculation import MAX_NGRAM, MIN_NGRAM, NgramDrafter, Speculator
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from .helpers import FakeArtifact, tiny_llama

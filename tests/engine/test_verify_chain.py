@@ -24,7 +24,8 @@ from ninfer_engine.step.mtp_round import MtpRound
 from ninfer_engine.step.runner import HybridRunner
 from ninfer_engine.step.sampling import Sampler
 from ninfer_engine.step.scheduler import Batch, Chunk
-from ninfer_engine.step.speculation import Speculator, accept, split_verify_rows
+from ninfer_engine.step.acceptance import accept, split_verify_rows
+from ninfer_engine.step.speculation import Speculator
 from ninfer_engine.step.chain_accept import accept_on_device
 from ninfer_engine.step.sampling_presets import qwen_preset
 from ninfer_engine.step.verify_chain import VerifyChain, chainable, start_keys
@@ -154,7 +155,8 @@ def _host_picks(seq, drafts: list[int], logits: torch.Tensor) -> list[int]:
     """The host's greedy choice at each position of a verify row, penalties with the drafts
     before it counted (`accept_greedy`'s)."""
     from ninfer_engine.step.sampling import _penalized
-    from ninfer_engine.step.speculation import _position_views, masked
+    from ninfer_engine.step.acceptance import _position_views
+    from ninfer_engine.step.grammar_drafts import masked
 
     views = _position_views(seq.sampler, drafts, logits.shape[0])
     return masked(seq.sampler, drafts, _penalized(logits, views)).argmax(-1).tolist()
@@ -329,7 +331,7 @@ def test_acceptance_on_the_device_is_the_hosts_rule():
     from itertools import product
 
     from ninfer_engine.step.sampling import Sampler as HostSampler
-    from ninfer_engine.step.speculation import accept_greedy
+    from ninfer_engine.step.acceptance import accept_greedy
 
     picks = torch.tensor([[5, 6, 7, 8]])
     for agree in product([True, False], repeat=K):
@@ -400,7 +402,7 @@ def test_sampled_acceptance_on_the_device_is_the_hosts():
     host's tokens."""
     from ninfer_engine.step.chain_accept import ChainSampling
     from ninfer_engine.step.chain_penalties import ChainPenalties
-    from ninfer_engine.step.speculation import accept
+    from ninfer_engine.step.acceptance import accept
 
     gen = torch.Generator().manual_seed(5)
     vocab = 64

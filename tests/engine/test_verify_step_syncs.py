@@ -1,5 +1,5 @@
 """A verify step on CUDA waits for the device once: acceptance reads the step's picks back
-(`speculation.accept_greedy`), and nothing else of the round — scheduling, drafting, the graph's
+(`acceptance.accept_greedy`), and nothing else of the round — scheduling, drafting, the graph's
 inputs, the rollback of the rejected drafts, bookkeeping — makes the host wait for the GPU. A
 sync after the replay leaves the GPU idle while the host works; one before it serialises the
 host's launches with the work queued (the 35B-A3B verify step's engine time exceeded its graph's
