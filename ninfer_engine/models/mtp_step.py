@@ -10,7 +10,9 @@ head's layer runs as one layer of `HybridStep` (`blocks`): its attention reads a
 KV pool's MTP layer in place (`mtp_drafter`: pair j's K/V in position j's slot), so nothing of
 a row's context is copied into the round. A padding pair writes K/V at a position ≥ L, which
 a draft step or a later committed pair writes again before anything reads it; the engine leases
-a row's pages through L + k before the round.
+a row's pages through L + k before the round. Rotary positions are the target's (model-math.md
+§3.1: the pair of h_t at p_t): position + a row's shift (a media prompt's p_t - t, flat on the
+three MRoPE axes: `step.mtp_round` drafts eagerly where a pair lies inside a media span).
 """
 from __future__ import annotations
 
@@ -48,16 +50,20 @@ class MtpStep(HybridStep):
         # per token row: the target's hidden h_j of its pair (`tokens` holds x_{j+1})
         self.hidden_in = torch.zeros(max_batch * q, H, dtype=target.embedding.dtype,
                                      device=dev)
-        # per row: its last real pair's token row, its first draft position L
-        self.ends = torch.zeros(2, max_batch, dtype=torch.long, device=dev)
+        # per row: its last real pair's token row, its first draft position L, its drafts'
+        # rotary shift (a media prompt's rope delta)
+        self.ends = torch.zeros(3, max_batch, dtype=torch.long, device=dev)
         self.drafts = torch.zeros(max_batch, k, dtype=torch.long, device=dev)
         self.outputs = torch.zeros(k, max_batch, H, dtype=target.embedding.dtype, device=dev)
 
-    def load(self, rows: list[tuple[list[int], torch.Tensor, int]]) -> None:
+    def load(self, rows: list[tuple[list[int], torch.Tensor, int]],
+             shifts: list[tuple[list[int], int]] | None = None) -> None:
         """Each row's committed pairs: (their tokens x_{j+1}, their hiddens h_j [n, H], the
-        position of the first), at most `q` each (the caller fills `table`). One host copy,
-        and a device copy a row."""
+        position of the first), at most `q` each (the caller fills `table`); `shifts`: each
+        row's rotary shifts of its `q` pair rows and of its drafts (None: none). One host
+        copy, and a device copy a row."""
         q, B = self.q, len(rows)
+        shifts = shifts or [([0] * q, 0)] * B
         tokens, positions, lasts, bases = [0] * (B * q), [], [], []
         for b, (ids, hidden, first) in enumerate(rows):
             n, at = len(ids), b * q
@@ -67,9 +73,12 @@ class MtpStep(HybridStep):
             lasts.append(at + n - 1)
             bases.append(first + n)
             self.hidden_in[at: at + n].copy_(hidden, non_blocking=True)
+        pair_shifts = [t for row, _ in shifts for t in row]
         # (lists, one tensor each: a tensor a row's part was ~4 host calls a row a round)
         self.meta[:2, : B * q].copy_(torch.tensor([tokens, positions]), non_blocking=True)
-        self.ends[:, :B].copy_(torch.tensor([lasts, bases]), non_blocking=True)
+        self.shift[: B * q].copy_(torch.tensor(pair_shifts), non_blocking=True)
+        self.ends[:, :B].copy_(torch.tensor([lasts, bases, [d for _, d in shifts]]),
+                               non_blocking=True)
 
     def load_from_verify(self, verify: HybridStep, accepted: torch.Tensor, bonus: torch.Tensor,
                          batch: int) -> None:
@@ -83,11 +92,13 @@ class MtpStep(HybridStep):
         pairs.scatter_(1, accepted[:, None], bonus[:, None])
         self.tokens[:n].copy_(pairs.view(n))
         self.pos[:n].copy_(verify.pos[:n])
+        self.shift[:n].copy_(verify.shift[:n])  # a verify row's: its rope delta throughout
         self.hidden_in[:n].copy_(verify.hidden[:n])
         self.table[:batch].copy_(verify.table[:batch])
         first = self.rows[:batch] * q
         torch.add(first, accepted, out=self.ends[0, :batch])
         torch.add(verify.pos[first], accepted + 1, out=self.ends[1, :batch])
+        self.ends[2, :batch].copy_(verify.shift[first])
 
     def round(self, batch: int, kv_span: int) -> torch.Tensor:
         """The loaded rows' `k` drafts each, [batch, k] on the device; `kv_span` ≥ every
@@ -95,6 +106,7 @@ class MtpStep(HybridStep):
         q, last, base = self.q, self.ends[0, :batch], self.ends[1, :batch]
         out = self.outputs[:, :batch]  # each draft's MTP output ĥ (kept: a test reads them)
         out[0] = self._pass(batch * q, batch, q, kv_span)[last]
+        self.shift[:batch].copy_(self.ends[2, :batch])  # the draft steps' rows: one a row
         for s in range(self.k):
             self.drafts[:batch, s] = draft = self._argmax(out[s])
             if s + 1 == self.k:

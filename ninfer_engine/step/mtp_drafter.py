@@ -34,6 +34,9 @@ verification checks.)
 
 Under the verify chain (`verify_chain`) a greedy round's pairs run on the device, right after
 its verify step: the chain hands the drafter its drafts and the new `done` (`chained`).
+
+A pair (h_t, x_{t+1}) runs at the target's rotary position p_t (model-math.md §3.1): for a media
+prompt its MRoPE positions, past the prompt t + rope delta on every axis (`pair_positions`).
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ from ..host_copy import to_device
 from ..kv import LayerKv
 from ..kv.cache import keeps_rows
 from ..models.mtp import MtpHead
-from .mtp_round import MtpRound
+from .mtp_round import MtpRound, pair_positions
 
 log = logging.getLogger("ninfer.engine")
 
@@ -172,8 +175,10 @@ class MtpDrafter:
                 break
             active = [active[j] for j in going]
             picked = to_device(going, h.device)
-            # the pair (previous MTP output, previous draft) at position L + step
-            positions = to_device([work[n][3] + step for n in active], h.device)
+            # the pair (previous MTP output, previous draft) at position L + step (past the
+            # prompt: rotary position L + step + rope delta on every axis)
+            positions = to_device([work[n][3] + step + _rope_delta(work[n][1]) for n in active],
+                                  h.device)
             h = self.head(tokens[picked], h[picked],
                           [LayerKv(work[n][1].cache, self.layer, work[n][3] + step)
                            for n in active], [1] * len(active), positions)
@@ -234,9 +239,15 @@ class MtpDrafter:
             positions += range(row.done, row.done + n)
             lengths.append(n)
         device = hidden[0].device
+        rope = [pair_positions(seq, row.done, n) for seq, row, n in work]
+        if any(p is not None for p in rope):  # a media prompt's: MRoPE positions, [3, T]
+            at = torch.cat([torch.arange(row.done, row.done + n).expand(3, -1) if p is None
+                            else p for p, (_, row, n) in zip(rope, work)], 1).to(device)
+        else:
+            at = to_device(positions, device, torch.long)
         h = self.head(to_device(tokens, device, torch.long), torch.cat(hidden),
                       [LayerKv(seq.cache, self.layer, row.done) for seq, row, _ in work],
-                      lengths, to_device(positions, device, torch.long))
+                      lengths, at)
         for seq, row, n in work:
             row.done += n
             if keeps_rows(seq):  # the hiddens of the pairs just run, into the pages
@@ -254,6 +265,11 @@ class MtpDrafter:
         if self.draft_head is not None:
             return self.draft_head.argmax(h)
         return self.head.logits(h)[:, : self.vocab].argmax(-1)
+
+
+def _rope_delta(seq) -> int:
+    """What past its prompt `seq`'s rotary positions add to the position (media: its delta)."""
+    return getattr(seq, "rope_delta", 0)
 
 
 def _tokens(seq, begin: int, end: int) -> list[int]:

@@ -6,6 +6,10 @@ verify step on the H200's 35B-A3B against 5.7 ms of kernels (h200-verify-round.m
 captured at load for the first bucket (`capture_at_start`) and otherwise the first time that
 shape runs; graphs read the pool tensors they were captured with, so when an elastic pool grows
 into new tensors they are dropped and captured again.
+
+A pair runs at the target's rotary position (`pair_positions`: a media prompt's MRoPE positions,
+model-math.md §3.1); the round adds a shift to each position, so it takes rows whose pairs have
+one position on all three axes (text: all but a media span's own tokens).
 """
 from __future__ import annotations
 
@@ -21,6 +25,25 @@ from ..models.qwen3_5_engine_step import pool_layer
 from .decode_graphs import context_bucket, record_graph
 
 log = logging.getLogger("ninfer.engine")
+
+
+def pair_positions(seq, start: int, n: int) -> torch.Tensor | None:
+    """The target's rotary positions of `seq`'s positions start .. start+n-1, [3, n] (a media
+    prompt's MRoPE positions; past its prompt, position + rope delta on every axis), or None
+    where the request has no media (position t itself)."""
+    media = getattr(getattr(seq, "request", None), "media", None)
+    return None if media is None else media.positions_for(start, n)
+
+
+def pair_shifts(seq, start: int, n: int) -> list[int] | None:
+    """`pair_positions` as shifts of positions start .. start+n-1 (zeros without media), or
+    None where one lies inside a media span (its three axes differ)."""
+    positions = pair_positions(seq, start, n)
+    if positions is None:
+        return [0] * n
+    if not bool((positions == positions[0]).all()):
+        return None
+    return (positions[0] - torch.arange(start, start + n)).tolist()
 
 
 class MtpRound:
@@ -46,19 +69,25 @@ class MtpRound:
 
     def takes(self, seqs: list, lasts: list[int]) -> bool:
         """Whether the round can draft for these rows, each at its first draft position
-        `lasts[i]`: few enough rows, and each one's pages leased through L + k (the round
-        writes K/V up to position L + k - 1)."""
+        `lasts[i]`: few enough rows, each one's pages leased through L + k (the round writes
+        K/V up to position L + k - 1), and its last `q` pairs and the padding after them
+        outside any media span."""
         return 0 < len(seqs) <= self.max_batch and all(
-            seq.cache.capacity >= last + self.k for seq, last in zip(seqs, lasts))
+            seq.cache.capacity >= last + self.k
+            and pair_shifts(seq, max(last - self.q, 0), min(last, self.q) + self.q) is not None
+            for seq, last in zip(seqs, lasts))
 
     def propose(self, seqs: list, pairs: list[tuple[list[int], torch.Tensor, int]]
                 ) -> list[list[int]]:
         """`k` drafts for each row of `seqs` from its committed `pairs` (tokens x_{j+1},
         hiddens h_j, first position j: at most `q`, ending at position L - 1)."""
         s = self.step
+        # each row's rotary shifts: its q pair rows' (padding continues), then its drafts'
+        shifts = [(pair_shifts(seq, first, self.q), getattr(seq, "rope_delta", 0))
+                  for seq, (_, _, first) in zip(seqs, pairs)]
 
         def load():
-            s.load(pairs)
+            s.load(pairs, shifts)
             self.tables.fill([seq.cache for seq in seqs])
         load()
         batch = len(seqs)

@@ -4,7 +4,8 @@ pool, whose last attention layer is the MTP layer's (`step.mtp_drafter`).
 
 Two rows: one whose four committed pairs (a verify row that kept all three drafts) cross a page,
 one with a single pair (a row that kept none), each over MTP K/V of earlier pairs already in its
-pages. The round's K/V writes at the real pairs' and the drafts' positions and each draft's MTP
+pages. The first is a media prompt's: past its prompt its rotary positions are shifted by its
+rope delta, which the eager head is given as positions and the round as shifts. The round's K/V writes at the real pairs' and the drafts' positions and each draft's MTP
 output are compared with the eager head fed the round's own drafts, and each draft with the
 argmax of the eager head's logits over that output. On the
 CPU the step runs the Triton kernels through the interpreter; on CUDA it replays a captured
@@ -65,6 +66,19 @@ def _tols(model, context: int) -> tuple[float, float, float]:
             tolerance.bound(BF16, H, roundings=cast))
 
 
+def _media_prompt(length: int):
+    """A media prompt of `length` tokens whose 16 image tokens (8..23) take the positions of
+    their 4 × 4 grid (8..11 on the height and width axes), so the text after them goes on from
+    12: past the image a position t rotates as t - 12 on every axis (its rope delta)."""
+    from ninfer_engine.vision.prompt import MediaPrompt
+
+    positions = torch.arange(length).expand(3, -1).clone()
+    positions[:, 8:24] = torch.stack([torch.full((16,), 8), torch.arange(16) // 4 + 8,
+                                      torch.arange(16) % 4 + 8])
+    positions[:, 24:] -= 12
+    return MediaPrompt((), (), positions, -12)
+
+
 def _history(head, layer, seq, done: int, gen, device) -> None:
     """The MTP K/V of pairs 0..done-1 of random hiddens and tokens, as the eager head runs
     them into `seq`'s pages."""
@@ -88,8 +102,10 @@ def test_the_static_draft_round_matches_the_eager_head(moe, shortlist, device):
     layer, H, V = layers, model.config["hidden_size"], 500  # drafts among the first 500 ids
     gen = torch.Generator().manual_seed(11)
     rows = []
-    for done, n in ((61, 4), (5, 1)):  # pairs 61..64 cross the first page
-        seq = SimpleNamespace(cache=storage.new_cache())
+    media = _media_prompt(40)
+    for done, n, prompt in ((61, 4, media), (5, 1, None)):  # pairs 61..64 cross the first page
+        seq = SimpleNamespace(cache=storage.new_cache(), request=SimpleNamespace(media=prompt),
+                              rope_delta=0 if prompt is None else prompt.rope_delta)
         assert seq.cache.reserve(done + n + K)  # through L + k, as the engine leases it
         _history(head, layer, seq, done, gen, device)
         rows.append((seq, torch.randint(0, 512, (n,), generator=gen).tolist(),
@@ -109,9 +125,9 @@ def test_the_static_draft_round_matches_the_eager_head(moe, shortlist, device):
     kv_tol, out_tol, head_tol = _tols(model, 64 + 4 + K)
     checked = 0
     for b, (seq, tokens, hidden, done) in enumerate(rows):
-        n, last = len(tokens), done + len(tokens)
+        n, last, delta = len(tokens), done + len(tokens), seq.rope_delta
         h = head(torch.tensor(tokens, device=device), hidden, [LayerKv(seq.cache, layer, done)],
-                 [n], torch.arange(done, last, device=device))[-1:]
+                 [n], torch.arange(done + delta, last + delta, device=device))[-1:]
         for s in range(K):
             want = h[0].double()
             error = (outputs[s, b].double() - want).abs().max() / want.abs().max()
@@ -126,7 +142,7 @@ def test_the_static_draft_round_matches_the_eager_head(moe, shortlist, device):
             if s + 1 < K:  # the eager chain goes on from the round's own draft
                 h = head(torch.tensor(drafts[b][s: s + 1], device=device), h,
                          [LayerKv(seq.cache, layer, last + s)], [1],
-                         torch.tensor([last + s], device=device))
+                         torch.tensor([last + s + delta], device=device))
         # the K/V each side stored at the real pairs' and the draft steps' positions
         slots = seq.cache._slots(done, last + K - 1)
         for is_k, mine in ((True, ours[0]), (False, ours[1])):
@@ -270,3 +286,42 @@ def test_a_round_that_fails_leaves_the_drafter_drafting_eagerly(device, caplog):
     assert len(drafter.propose_rows([seq], [K])[0]) == K
     assert drafter.round is None and drafter._rows[id(seq)].done == 20
     assert "drafting eagerly" in caplog.text
+
+
+@torch.inference_mode()
+def test_the_eager_drafter_runs_a_media_prompts_pairs_at_the_targets_positions():
+    """A media prompt's pairs run at its MRoPE positions ([3, n]: the image's grid inside its
+    span), its draft steps at L + s + rope delta; a prompt without media at its positions."""
+    from ninfer_engine.step.mtp_drafter import MtpDrafter
+
+    model, head = _model(False, torch.device("cpu"))
+    layers, heads, dim = model.kv_layout()
+    storage = KvStorage(PagePool(8, PAGE), layers + 1, heads, dim,
+                        codecs_for("bf16", model.dtype), model.dtype, torch.device("cpu"))
+    drafter, calls = MtpDrafter(head, 500), []
+
+    class Noting:  # the head, noting each call's positions
+        def __call__(self, *args):
+            calls.append(args[-1].clone())
+            return head(*args)
+
+        def __getattr__(self, name):
+            return getattr(head, name)
+    drafter.head = Noting()
+    gen, H, P = torch.Generator().manual_seed(3), model.config["hidden_size"], 40
+    media = _media_prompt(P)
+    seqs = [SimpleNamespace(cache=storage.new_cache(), prompt=tuple(range(5, 5 + P)),
+                            output=[7], cached=P, request=SimpleNamespace(media=m),
+                            rope_delta=0 if m is None else m.rope_delta) for m in (media, None)]
+    for seq in seqs:
+        assert seq.cache.reserve(P + K)
+        drafter.observe(seq, 0, torch.randn(P, H, generator=gen).to(BF16))  # pairs 0..38
+    drafts = drafter.propose_rows(seqs, [K, K])  # pairs 39 of both rows, then the drafts
+    assert [len(d) for d in drafts] == [K, K]
+    assert torch.equal(calls[0], media.positions_for(0, P - 1))
+    assert torch.equal(calls[1], torch.arange(P - 1))
+    both = torch.stack([media.positions_for(P - 1, 1)[:, 0], torch.full((3,), P - 1)], 1)
+    assert torch.equal(calls[2], both)
+    for s, positions in enumerate(calls[3:]):  # past the prompt: L + s (+ the delta)
+        assert positions.tolist() == [P + s - 12, P + s]
+    assert len(calls) == 2 + K
