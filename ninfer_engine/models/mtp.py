@@ -87,10 +87,16 @@ class MtpHead:
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, caches: list[MtpKv],
-                 lengths: list[int], positions: torch.Tensor) -> torch.Tensor:
+                 lengths: list[int], positions: torch.Tensor,
+                 media: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """ĥ [T, H] for T pairs (token `tokens[i]` = x_{t+1}, target hidden `hidden[i]` = h_t,
-        at `positions[i]` = t), rows of `lengths` pairs each continuing its `caches` entry."""
-        e = zero_centred_rms_norm(self.target.embed(tokens), self.embedding_norm, self.eps)
+        at rotary `positions` of t: [T], or [3, T] MRoPE), rows of `lengths` pairs each
+        continuing its `caches` entry; `media`: (pair rows, encoder rows) whose x_{t+1} is a
+        media placeholder, embedded by its vision row as the target's input is (§3.1)."""
+        x = self.target.embed(tokens)
+        if media is not None:
+            x = x.index_copy(0, media[0], media[1].to(x.dtype))
+        e = zero_centred_rms_norm(x, self.embedding_norm, self.eps)
         h = zero_centred_rms_norm(hidden, self.hidden_norm, self.eps)
         u = self.fc(torch.cat([e, h], -1))
         u = self.block(u, caches, lengths, positions)

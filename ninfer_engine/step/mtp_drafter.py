@@ -36,7 +36,8 @@ Under the verify chain (`verify_chain`) a greedy round's pairs run on the device
 its verify step: the chain hands the drafter its drafts and the new `done` (`chained`).
 
 A pair (h_t, x_{t+1}) runs at the target's rotary position p_t (model-math.md §3.1): for a media
-prompt its MRoPE positions, past the prompt t + rope delta on every axis (`pair_positions`).
+prompt its MRoPE positions, past the prompt t + rope delta on every axis (`pair_positions`); a
+media placeholder x_{t+1} is embedded by its vision row, as in the target's input.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ from ..host_copy import to_device
 from ..kv import LayerKv
 from ..kv.cache import keeps_rows
 from ..models.mtp import MtpHead
-from .mtp_round import MtpRound, pair_positions
+from .mtp_round import MtpRound, media_of, pair_positions
 
 log = logging.getLogger("ninfer.engine")
 
@@ -113,8 +114,11 @@ class MtpDrafter:
         else:  # what is held from `position` on came from rejected drafts' columns
             row.pending = torch.cat([row.pending[: position - row.done], hidden])
         # a prompt chunk's pairs whose next token is the prompt's run now, a chunk at a time
-        # (as the target's prefill), not all at the first draft
+        # (as the target's prefill), not all at the first draft; one whose next token is a
+        # media pad not encoded yet (the next chunk's) waits for that chunk
         upto = min(row.done + len(row.pending), len(seq.prompt) - 1)
+        if upto > row.done and not _embeddable(seq, upto):
+            upto -= 1
         if position - row.done > SPILL and keeps_rows(seq):  # a row not drafting: its
             # committed pairs (x_position: this step's input, unless a lookahead step's,
             # still on the device) go into its pages
@@ -247,7 +251,7 @@ class MtpDrafter:
             at = to_device(positions, device, torch.long)
         h = self.head(to_device(tokens, device, torch.long), torch.cat(hidden),
                       [LayerKv(seq.cache, self.layer, row.done) for seq, row, _ in work],
-                      lengths, at)
+                      lengths, at, _pair_media(work, device))
         for seq, row, n in work:
             row.done += n
             if keeps_rows(seq):  # the hiddens of the pairs just run, into the pages
@@ -265,6 +269,34 @@ class MtpDrafter:
         if self.draft_head is not None:
             return self.draft_head.argmax(h)
         return self.head.logits(h)[:, : self.vocab].argmax(-1)
+
+
+def _pair_media(work: list, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(pair rows, vision rows) of the pairs of `work` ((seq, row, n): its next `n` pairs)
+    whose token x_{t+1} is a media placeholder, or None. The rows are the request's encoded
+    items (`seq.media_rows`), at hand while its prompt's chunks run."""
+    rows, embeds, at = [], [], 0
+    for seq, row, n in work:
+        media = media_of(seq)
+        for span, lo, hi in media.spans_in(row.done + 1, n) if media is not None else ():
+            encoded = seq.media_rows.get(span.item)
+            if encoded is not None:  # (always, for a prompt's pairs: `observe`)
+                first = span.row + lo - span.start
+                rows.append(torch.arange(at + lo - row.done - 1, at + hi - row.done - 1))
+                embeds.append(encoded[first: first + hi - lo])
+        at += n
+    if not rows:
+        return None
+    return torch.cat(rows).to(device), torch.cat(embeds).to(device)
+
+
+def _embeddable(seq, position: int) -> bool:
+    """Whether the token at `position` of `seq` can be embedded now: text, or a media pad
+    whose item's encoder rows are at hand (`seq.media_rows`, kept while the prompt runs)."""
+    media = media_of(seq)
+    spans = media.spans_in(position, 1) if media is not None else ()
+    return all(span.item in seq.media_rows for span, _, _ in spans)
 
 
 def _rope_delta(seq) -> int:

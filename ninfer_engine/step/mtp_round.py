@@ -9,7 +9,8 @@ into new tensors they are dropped and captured again.
 
 A pair runs at the target's rotary position (`pair_positions`: a media prompt's MRoPE positions,
 model-math.md §3.1); the round adds a shift to each position, so it takes rows whose pairs have
-one position on all three axes (text: all but a media span's own tokens).
+no media placeholder among their positions and tokens (so one position on every axis, and
+token embeddings).
 """
 from __future__ import annotations
 
@@ -27,23 +28,28 @@ from .decode_graphs import context_bucket, record_graph
 log = logging.getLogger("ninfer.engine")
 
 
+def media_of(seq):
+    """`seq`'s media layout (`vision.prompt.MediaPrompt`), or None (a text request)."""
+    return getattr(getattr(seq, "request", None), "media", None)
+
+
 def pair_positions(seq, start: int, n: int) -> torch.Tensor | None:
     """The target's rotary positions of `seq`'s positions start .. start+n-1, [3, n] (a media
     prompt's MRoPE positions; past its prompt, position + rope delta on every axis), or None
     where the request has no media (position t itself)."""
-    media = getattr(getattr(seq, "request", None), "media", None)
+    media = media_of(seq)
     return None if media is None else media.positions_for(start, n)
 
 
 def pair_shifts(seq, start: int, n: int) -> list[int] | None:
     """`pair_positions` as shifts of positions start .. start+n-1 (zeros without media), or
-    None where one lies inside a media span (its three axes differ)."""
-    positions = pair_positions(seq, start, n)
-    if positions is None:
+    None where one is a media placeholder's (its own MRoPE position and vision embedding)."""
+    media = media_of(seq)
+    if media is None:
         return [0] * n
-    if not bool((positions == positions[0]).all()):
+    if media.spans_in(start, n):
         return None
-    return (positions[0] - torch.arange(start, start + n)).tolist()
+    return (media.positions_for(start, n)[0] - torch.arange(start, start + n)).tolist()
 
 
 class MtpRound:
@@ -70,12 +76,12 @@ class MtpRound:
     def takes(self, seqs: list, lasts: list[int]) -> bool:
         """Whether the round can draft for these rows, each at its first draft position
         `lasts[i]`: few enough rows, each one's pages leased through L + k (the round writes
-        K/V up to position L + k - 1), and its last `q` pairs and the padding after them
-        outside any media span."""
+        K/V up to position L + k - 1), and no media placeholder among the positions and
+        tokens of its last `q` pairs and the padding after them."""
         return 0 < len(seqs) <= self.max_batch and all(
             seq.cache.capacity >= last + self.k
-            and pair_shifts(seq, max(last - self.q, 0), min(last, self.q) + self.q) is not None
-            for seq, last in zip(seqs, lasts))
+            and pair_shifts(seq, max(last - self.q, 0), min(last, self.q) + self.q + 1)
+            is not None for seq, last in zip(seqs, lasts))
 
     def propose(self, seqs: list, pairs: list[tuple[list[int], torch.Tensor, int]]
                 ) -> list[list[int]]:

@@ -378,10 +378,12 @@ class HybridRunner(_ModelRunner):
              id(work[i][0]) in sampled) for i in rows])
         start = 0
         for seq, ids, _ in work:
-            if sink is not None:
+            if sink is not None:  # (the MTP drafter embeds media pads by their encoder rows)
                 sink(seq, seq.cached, hidden[start: start + len(ids)])
             start += len(ids)
             seq.cached += len(ids)
+            if getattr(seq, "media_rows", None) and seq.cached >= len(seq.prompt):
+                seq.media_rows.clear()  # prefilled: the encoder rows are not needed again
         return logits
 
     def _rollback(self, seq, kept, q_len):

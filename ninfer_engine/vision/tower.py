@@ -177,8 +177,6 @@ def step_media(work: list[tuple[Any, list[int], bool]], device: torch.device,
                 first = span.row + lo - span.start
                 rows.append(torch.arange(at + lo - start, at + hi - start))
                 embeds.append(rows_of(seq, span.item)[first: first + hi - lo])
-            if start + n >= len(seq.prompt):
-                seq.media_rows.clear()  # prefilled: the encoder rows are not needed again
         at += n
     media_rows = None
     if rows:

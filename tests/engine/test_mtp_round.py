@@ -5,11 +5,11 @@ pool, whose last attention layer is the MTP layer's (`step.mtp_drafter`).
 Two rows: one whose four committed pairs (a verify row that kept all three drafts) cross a page,
 one with a single pair (a row that kept none), each over MTP K/V of earlier pairs already in its
 pages. The first is a media prompt's: past its prompt its rotary positions are shifted by its
-rope delta, which the eager head is given as positions and the round as shifts. The round's K/V writes at the real pairs' and the drafts' positions and each draft's MTP
-output are compared with the eager head fed the round's own drafts, and each draft with the
-argmax of the eager head's logits over that output. On the
-CPU the step runs the Triton kernels through the interpreter; on CUDA it replays a captured
-graph.
+rope delta, which the eager head is given as positions and the round as shifts. The round's
+K/V writes at the real pairs' and the drafts' positions and each draft's MTP output are
+compared with the eager head fed the round's own drafts, and each draft with the argmax of the
+eager head's logits over that output. On the CPU the step runs the Triton kernels through the
+interpreter; on CUDA it replays a captured graph.
 """
 from __future__ import annotations
 
@@ -67,16 +67,16 @@ def _tols(model, context: int) -> tuple[float, float, float]:
 
 
 def _media_prompt(length: int):
-    """A media prompt of `length` tokens whose 16 image tokens (8..23) take the positions of
-    their 4 × 4 grid (8..11 on the height and width axes), so the text after them goes on from
-    12: past the image a position t rotates as t - 12 on every axis (its rope delta)."""
-    from ninfer_engine.vision.prompt import MediaPrompt
+    """A media prompt of `length` tokens whose 16 image tokens (16..31) take the positions of
+    their 4 × 4 grid (16..19 on the height and width axes), so the text after them goes on
+    from 20: past the image a position t rotates as t - 12 on every axis (its rope delta)."""
+    from ninfer_engine.vision.prompt import MediaPrompt, Span
 
     positions = torch.arange(length).expand(3, -1).clone()
-    positions[:, 8:24] = torch.stack([torch.full((16,), 8), torch.arange(16) // 4 + 8,
-                                      torch.arange(16) % 4 + 8])
-    positions[:, 24:] -= 12
-    return MediaPrompt((), (), positions, -12)
+    positions[:, 16:32] = torch.stack([torch.full((16,), 16), torch.arange(16) // 4 + 16,
+                                       torch.arange(16) % 4 + 16])
+    positions[:, 32:] -= 12
+    return MediaPrompt((), (Span(0, 16, 16, 0),), positions, -12)
 
 
 def _history(head, layer, seq, done: int, gen, device) -> None:
@@ -289,9 +289,12 @@ def test_a_round_that_fails_leaves_the_drafter_drafting_eagerly(device, caplog):
 
 
 @torch.inference_mode()
-def test_the_eager_drafter_runs_a_media_prompts_pairs_at_the_targets_positions():
+def test_the_eager_drafter_runs_a_media_prompts_pairs_as_the_target_ran_its_tokens():
     """A media prompt's pairs run at its MRoPE positions ([3, n]: the image's grid inside its
-    span), its draft steps at L + s + rope delta; a prompt without media at its positions."""
+    span) with its image pads embedded by their encoder rows; a chunk's pairs run as it is
+    computed, the one whose next token is the next chunk's first, an image pad not encoded
+    yet, with the next chunk. Its draft steps run at L + s + rope delta. A prompt without
+    media runs at its positions with its tokens' embeddings."""
     from ninfer_engine.step.mtp_drafter import MtpDrafter
 
     model, head = _model(False, torch.device("cpu"))
@@ -300,28 +303,42 @@ def test_the_eager_drafter_runs_a_media_prompts_pairs_at_the_targets_positions()
                         codecs_for("bf16", model.dtype), model.dtype, torch.device("cpu"))
     drafter, calls = MtpDrafter(head, 500), []
 
-    class Noting:  # the head, noting each call's positions
+    class Noting:  # the head, noting each call's positions and media rows
         def __call__(self, *args):
-            calls.append(args[-1].clone())
+            calls.append((args[4].clone(), args[5] if len(args) > 5 else None))
             return head(*args)
 
         def __getattr__(self, name):
             return getattr(head, name)
     drafter.head = Noting()
     gen, H, P = torch.Generator().manual_seed(3), model.config["hidden_size"], 40
-    media = _media_prompt(P)
+    media, image = _media_prompt(P), torch.randn(16, H, generator=gen).to(BF16)
     seqs = [SimpleNamespace(cache=storage.new_cache(), prompt=tuple(range(5, 5 + P)),
                             output=[7], cached=P, request=SimpleNamespace(media=m),
-                            rope_delta=0 if m is None else m.rope_delta) for m in (media, None)]
-    for seq in seqs:
+                            media_rows={}, rope_delta=0 if m is None else m.rope_delta)
+            for m in (media, None)]
+    for seq in seqs:  # the prompt in chunks of 16, 16 and 8 positions
         assert seq.cache.reserve(P + K)
-        drafter.observe(seq, 0, torch.randn(P, H, generator=gen).to(BF16))  # pairs 0..38
+        hidden = torch.randn(P, H, generator=gen).to(BF16)
+        for start in (0, 16, 32):
+            if seq.request.media is not None and start == 16:  # its chunk encodes the image
+                seq.media_rows[0] = image
+            drafter.observe(seq, start, hidden[start: start + 16])
     drafts = drafter.propose_rows(seqs, [K, K])  # pairs 39 of both rows, then the drafts
     assert [len(d) for d in drafts] == [K, K]
-    assert torch.equal(calls[0], media.positions_for(0, P - 1))
-    assert torch.equal(calls[1], torch.arange(P - 1))
+    # the media row's chunks: pairs 0..14 (tokens 1..15: token 16, a pad, is not encoded
+    # yet), 15..31 (tokens 16..32), 32..38 (tokens 33..39)
+    for (positions, pads), (start, end) in zip(calls[:3], ((0, 15), (15, 32), (32, 39))):
+        assert torch.equal(positions, media.positions_for(start, end - start))
+        if start == 15:  # pairs 15..30: the image's pads 16..31, in order
+            assert pads[0].tolist() == list(range(16)) and torch.equal(pads[1], image)
+        else:
+            assert pads is None
+    for positions, pads in calls[3:6]:  # the text row's chunks
+        assert positions.dim() == 1 and pads is None
+    positions, pads = calls[6]  # pair 39 of both rows together
     both = torch.stack([media.positions_for(P - 1, 1)[:, 0], torch.full((3,), P - 1)], 1)
-    assert torch.equal(calls[2], both)
-    for s, positions in enumerate(calls[3:]):  # past the prompt: L + s (+ the delta)
+    assert torch.equal(positions, both) and pads is None
+    for s, (positions, _) in enumerate(calls[7:]):  # past the prompt: L + s (+ the delta)
         assert positions.tolist() == [P + s - 12, P + s]
-    assert len(calls) == 2 + K
+    assert len(calls) == 6 + K

@@ -41,13 +41,17 @@ class HfMtp:
 
     @torch.no_grad()
     def reference(self, target_hf, tokens: torch.Tensor, hidden: torch.Tensor,
-                  positions: torch.Tensor) -> torch.Tensor:
+                  positions: torch.Tensor, media=None) -> torch.Tensor:
         """ĥ of §3.1 in float64 for one sequence's pairs (token x_{t+1}, target hidden h_t at
-        position t), all at once under the causal mask: the output at each pair."""
+        position t: [T], or [3, T] MRoPE), all at once under the causal mask: the output at
+        each pair; `media`: (pair rows, vision rows) replacing those pairs' embeddings."""
         inner = copy.deepcopy(self.inner).double()  # .double() converts a module in place
-        embed = target_hf.get_input_embeddings().weight.double()
-        e = copy.deepcopy(self.norm_embedding).double()(embed[tokens])
+        embed = target_hf.get_input_embeddings().weight.double()[tokens]
+        if media is not None:
+            embed[media[0]] = media[1].double()
+        e = copy.deepcopy(self.norm_embedding).double()(embed)
         h = copy.deepcopy(self.norm_hidden).double()(hidden.double())
         u = torch.cat([e, h], -1) @ self.fc.double().t()
-        out = inner.model(inputs_embeds=u[None], position_ids=positions[None], use_cache=False)
+        ids = positions[None] if positions.dim() == 1 else positions[:, None]  # [3, 1, T]
+        out = inner.model(inputs_embeds=u[None], position_ids=ids, use_cache=False)
         return out.last_hidden_state[0]

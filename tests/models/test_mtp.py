@@ -71,6 +71,32 @@ def test_mtp_head_matches_transformers_blocks_in_float64(family):
     assert [c.length for c in caches] == [n + steps for n in lengths]
 
 
+def test_a_media_prompts_pairs_match_transformers_blocks_in_float64():
+    """Pairs at MRoPE positions ([3, T]: an image's grid, then text at t + rope delta), the
+    image pads' pairs embedded by their vision rows (model-math.md §3.1), against the float64
+    reference given the same positions and rows."""
+    family = "qwen3_5"
+    target_hf = hf_model(family)
+    target, mtp = ours(target_hf), HfMtp(family)
+    head = MtpHead(target, dict_params(mtp_params_from_hf(mtp.checkpoint(), target.config)))
+    gen = torch.Generator().manual_seed(6)
+    T, H = 14, target.config["hidden_size"]
+    tokens = torch.randint(0, target.vocab_size, (T,), generator=gen)
+    hidden = torch.randn(T, H, generator=gen)
+    positions = torch.arange(T).expand(3, -1).clone()  # pads 3..6: a 2 × 2 grid
+    positions[:, 3:7] = torch.stack([torch.full((4,), 3), torch.arange(4) // 2 + 3,
+                                     torch.arange(4) % 2 + 3])
+    positions[:, 7:] -= 2  # the text after the grid goes on from 5: rope delta -2
+    media = (torch.arange(2, 6), torch.randn(4, H, generator=gen))  # pairs whose x_{t+1} is a pad
+    got = head(tokens, hidden, [head.new_cache()], [T], positions, media)
+    want = mtp.reference(target_hf, tokens, hidden, positions, media)
+    depth = _depth(target.config, T)
+    tol = bound(torch.float32, depth, sides=1) * want.abs().max()
+    plain = mtp.reference(target_hf, tokens, hidden, torch.arange(T))  # what it ran at before
+    assert_within(got, want, tol)
+    assert (plain - want).abs().max() > 100 * tol  # the positions and rows make a difference
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_synth_asks_for_the_names_convert_hf_writes(family):
     target_hf = hf_model(family)
