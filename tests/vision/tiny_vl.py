@@ -89,12 +89,18 @@ def vl_resources() -> dict[str, bytes]:
             "video_preprocessor_config.json": json.dumps(VIDEO_PREPROCESSOR).encode()}
 
 
-def write_vl_artifact(model, folder: Path, *extra: str) -> Path:
-    """`ninfer convert hf --recipe fp32 [extra]` of the saved model with `vl_resources`."""
+def write_vl_artifact(model, folder: Path, *extra: str, mtp: dict | None = None) -> Path:
+    """`ninfer convert hf --recipe fp32 [extra]` of the saved model with `vl_resources` (and
+    `mtp`'s tensors, without their `mtp.` prefix, as the checkpoint's MTP head)."""
+    from safetensors.torch import save_file
+
     from ninfer_engine.cli.tools import main
 
     checkpoint = folder / "checkpoint"
     model.save_pretrained(checkpoint, safe_serialization=True)
+    if mtp is not None:
+        save_file({f"mtp.{k}": v.contiguous() for k, v in mtp.items()},
+                  checkpoint / "mtp.safetensors")
     for role, data in vl_resources().items():
         (checkpoint / role).write_bytes(data)
     out = folder / "vl.ninfer"
