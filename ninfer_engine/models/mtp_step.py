@@ -11,8 +11,9 @@ KV pool's MTP layer in place (`mtp_drafter`: pair j's K/V in position j's slot),
 a row's context is copied into the round. A padding pair writes K/V at a position ≥ L, which
 a draft step or a later committed pair writes again before anything reads it; the engine leases
 a row's pages through L + k before the round. Rotary positions are the target's (model-math.md
-§3.1: the pair of h_t at p_t): position + a row's shift (a media prompt's p_t - t, flat on the
-three MRoPE axes: `step.mtp_round` drafts eagerly where a pair lies inside a media span).
+§3.1: the pair of h_t at p_t): position + a row's shift (a media prompt's p_t - t, the same on
+the three MRoPE axes past its media: `step.mtp_round` drafts eagerly where a media placeholder
+is among a row's pairs).
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ from ..host_copy import to_device
 from ..kv import LayerKv
 from ..kv.cache import keeps_rows
 from ..models.mtp import MtpHead
-from .mtp_round import MtpRound, media_of, pair_positions
+from .mtp_round import MtpRound, media_of, pair_positions, rope_delta_of
 
 log = logging.getLogger("ninfer.engine")
 
@@ -181,7 +181,7 @@ class MtpDrafter:
             picked = to_device(going, h.device)
             # the pair (previous MTP output, previous draft) at position L + step (past the
             # prompt: rotary position L + step + rope delta on every axis)
-            positions = to_device([work[n][3] + step + _rope_delta(work[n][1]) for n in active],
+            positions = to_device([work[n][3] + step + rope_delta_of(work[n][1]) for n in active],
                                   h.device)
             h = self.head(tokens[picked], h[picked],
                           [LayerKv(work[n][1].cache, self.layer, work[n][3] + step)
@@ -297,11 +297,6 @@ def _embeddable(seq, position: int) -> bool:
     media = media_of(seq)
     spans = media.spans_in(position, 1) if media is not None else ()
     return all(span.item in seq.media_rows for span, _, _ in spans)
-
-
-def _rope_delta(seq) -> int:
-    """What past its prompt `seq`'s rotary positions add to the position (media: its delta)."""
-    return getattr(seq, "rope_delta", 0)
 
 
 def _tokens(seq, begin: int, end: int) -> list[int]:

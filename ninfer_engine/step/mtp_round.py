@@ -33,6 +33,11 @@ def media_of(seq):
     return getattr(getattr(seq, "request", None), "media", None)
 
 
+def rope_delta_of(seq) -> int:
+    """What past its prompt `seq`'s rotary positions add to the position (media: its delta)."""
+    return getattr(seq, "rope_delta", 0)
+
+
 def pair_positions(seq, start: int, n: int) -> torch.Tensor | None:
     """The target's rotary positions of `seq`'s positions start .. start+n-1, [3, n] (a media
     prompt's MRoPE positions; past its prompt, position + rope delta on every axis), or None
@@ -89,7 +94,7 @@ class MtpRound:
         hiddens h_j, first position j: at most `q`, ending at position L - 1)."""
         s = self.step
         # each row's rotary shifts: its q pair rows' (padding continues), then its drafts'
-        shifts = [(pair_shifts(seq, first, self.q), getattr(seq, "rope_delta", 0))
+        shifts = [(pair_shifts(seq, first, self.q), rope_delta_of(seq))
                   for seq, (_, _, first) in zip(seqs, pairs)]
 
         def load():
