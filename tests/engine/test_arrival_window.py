@@ -78,10 +78,10 @@ def test_the_front_end_counts_each_request_until_its_hand_over_or_end():
     assert preparing.count == 0 and Arrival(0.0).hand_over() == 0  # no hold: not counted
 
 
-def test_the_engine_gathers_a_burst_into_one_prompt_step(monkeypatch):
-    """A request handed over while another is announced waits for it: both prompts are
-    computed in the first step; handed over with none behind it, a request starts at once.
-    (A window of seconds: on a loaded machine the test thread may sleep past 10 ms.)"""
+@pytest.fixture
+def gathering(monkeypatch):
+    """(an engine whose window is seconds wide, the prompt ids each step computes): on a loaded
+    machine the test thread may sleep past 10 ms."""
     from ninfer_engine.step import scheduler
 
     monkeypatch.setattr(scheduler, "ARRIVAL_WINDOW_S", 5.0)
@@ -93,75 +93,70 @@ def test_the_engine_gathers_a_burst_into_one_prompt_step(monkeypatch):
     engine.runner.forward = lambda batch: steps.append(
         sorted(c.seq.id for c in batch.chunks)) or forward(batch)
     try:
-        prompt = tuple(range(3, 40))
-        sampling = SamplingParams(temperature=0.0)
-        ended = []
-
-        def add(name: str, ids: tuple[int, ...], preparing: int) -> None:
-            engine.add(GenerationRequest(name, ids, sampling, max_tokens=2),
-                       lambda e: e.finish and ended.append(name), time.monotonic(), preparing)
-
-        def settle(count: int) -> None:
-            deadline = time.monotonic() + 30
-            while len(ended) < count and time.monotonic() < deadline:
-                time.sleep(0.002)
-
-        add("a", prompt, preparing=1)
-        time.sleep(0.05)
-        add("b", prompt[1:], preparing=0)
-        settle(2)
-        assert steps[0] == ["a", "b"]
-        steps.clear()
-        started = time.monotonic()
-        add("c", prompt, preparing=0)
-        settle(3)
-        assert steps[0] == ["c"] and time.monotonic() - started < 2.5  # not the 5-s window
+        yield engine, steps
     finally:
         engine.stop()
 
 
-def test_rows_decode_while_a_burst_arriving_beside_them_is_gathered(monkeypatch):
+def test_the_engine_gathers_a_burst_into_one_prompt_step(gathering):
+    """A request handed over while another is announced waits for it: both prompts are
+    computed in the first step; handed over with none behind it, a request starts at once."""
+    engine, steps = gathering
+    prompt = tuple(range(3, 40))
+    sampling = SamplingParams(temperature=0.0)
+    ended = []
+
+    def add(name: str, ids: tuple[int, ...], preparing: int) -> None:
+        engine.add(GenerationRequest(name, ids, sampling, max_tokens=2),
+                   lambda e: e.finish and ended.append(name), time.monotonic(), preparing)
+
+    def settle(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(ended) < count and time.monotonic() < deadline:
+            time.sleep(0.002)
+
+    add("a", prompt, preparing=1)
+    time.sleep(0.05)
+    add("b", prompt[1:], preparing=0)
+    settle(2)
+    assert steps[0] == ["a", "b"]
+    steps.clear()
+    started = time.monotonic()
+    add("c", prompt, preparing=0)
+    settle(3)
+    assert steps[0] == ["c"] and time.monotonic() - started < 2.5  # not the 5-s window
+
+
+def test_rows_decode_while_a_burst_arriving_beside_them_is_gathered(gathering):
     """With a row decoding, a request handed over while another is announced neither holds the
     row up nor starts alone: decode-only steps run until the announced one is handed over, and
     both prompts are computed in one step."""
-    from ninfer_engine.step import scheduler
+    engine, steps = gathering
+    prompt = tuple(range(3, 40))
+    ended, tokens = [], []
 
-    monkeypatch.setattr(scheduler, "ARRIVAL_WINDOW_S", 5.0)
-    monkeypatch.setattr(scheduler, "GATHER_LIMIT_S", 15.0)
-    engine = _engine(FakeArtifact(tiny_llama(seed=5, vocab_size=259)), None, max_concurrency=4,
-                     prefill_chunk=256)
-    steps = []
-    forward = engine.runner.forward
-    engine.runner.forward = lambda batch: steps.append(
-        sorted(c.seq.id for c in batch.chunks)) or forward(batch)
-    try:
-        prompt = tuple(range(3, 40))
-        ended, tokens = [], []
+    def add(name: str, max_tokens: int, preparing: int) -> None:
+        def emit(event) -> None:
+            if name == "a":
+                tokens.extend(event.token_ids)
+            if event.finish:
+                ended.append(name)
+        request = GenerationRequest(name, prompt, SamplingParams(temperature=0.0),
+                                    max_tokens=max_tokens, ignore_eos=True)
+        engine.add(request, emit, time.monotonic(), preparing)
 
-        def add(name: str, max_tokens: int, preparing: int) -> None:
-            def emit(event) -> None:
-                if name == "a":
-                    tokens.extend(event.token_ids)
-                if event.finish:
-                    ended.append(name)
-            request = GenerationRequest(name, prompt, SamplingParams(temperature=0.0),
-                                        max_tokens=max_tokens, ignore_eos=True)
-            engine.add(request, emit, time.monotonic(), preparing)
+    def until(done, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert done(), what
 
-        def until(done, what: str) -> None:
-            deadline = time.monotonic() + 30
-            while not done() and time.monotonic() < deadline:
-                time.sleep(0.002)
-            assert done(), what
-
-        add("a", 300, preparing=0)  # with b and c, within the pool of the 512-token context
-        until(lambda: len(tokens) >= 2, "a decodes")
-        add("b", 2, preparing=1)
-        before = len(tokens)
-        until(lambda: len(tokens) >= before + 5, "a decodes while b waits")  # not held up
-        add("c", 2, preparing=0)
-        until(lambda: {"b", "c"} <= set(ended), "b and c end")
-        assert [chunks for chunks in steps if chunks] == [["a"], ["b", "c"]]  # b not alone
-        assert "a" not in ended  # it decoded all along
-    finally:
-        engine.stop()
+    add("a", 300, preparing=0)  # with b and c, within the pool of the 512-token context
+    until(lambda: len(tokens) >= 2, "a decodes")
+    add("b", 2, preparing=1)
+    before = len(tokens)
+    until(lambda: len(tokens) >= before + 5, "a decodes while b waits")  # not held up
+    add("c", 2, preparing=0)
+    until(lambda: {"b", "c"} <= set(ended), "b and c end")
+    assert [chunks for chunks in steps if chunks] == [["a"], ["b", "c"]]  # b not alone
+    assert "a" not in ended  # it decoded all along
