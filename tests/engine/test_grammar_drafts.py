@@ -19,7 +19,7 @@ from ninfer_engine.engine import Engine
 from ninfer_engine.step import grammar_drafts
 from ninfer_engine.step.sampling import Sampler
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
-from ninfer_engine.step.speculation import accept_sampled
+from ninfer_engine.step.acceptance import accept_sampled
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
 from .mask_helpers import MODEL, SCHEMA, drive, prompt, tokenizer_artifact, tokens
