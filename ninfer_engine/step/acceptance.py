@@ -17,7 +17,8 @@ import torch
 from ..host_copy import to_device
 from ..kernels import sampling as kernels
 from .grammar_drafts import masked
-from .sampling import _CANDIDATES, Sampler, _path, _penalized
+from .sampling import Sampler, _penalized
+from .sampling_paths import CANDIDATES, path_of
 
 
 def split_verify_rows(batch, logits: torch.Tensor):
@@ -83,7 +84,7 @@ def accept_sampled(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[
     for sampler, drafts, logits in rows:
         views = _position_views(sampler, drafts, logits.shape[0])
         logits = masked(sampler, drafts, _penalized(logits, views))
-        probs, ids = _CANDIDATES[_path(sampler.params)](logits, views)
+        probs, ids = CANDIDATES[path_of(sampler.params)](logits, views)
         probs, ids = probs.double().cpu(), None if ids is None else ids.cpu()
         u = round_uniforms(sampler, len(drafts))
         tokens: list[int] = []

@@ -2,12 +2,12 @@
 (`accept_on_device`), sampled rows by the host's rejection sampling
 (`acceptance.accept_sampled`) on the same candidates with the same uniforms (`ChainSampling`).
 
-A sampled row qualifies where its draws take the top-k path (1 ≤ top_k ≤ `TOPK_CAP`: the
-candidates are a fixed count, `candidate_count`, so a captured graph has one shape; the Qwen
-presets' top_k is 20). When a round launches, the host draws its k + 1 uniforms from each
+A sampled row qualifies where its draws take the top-k path (1 ≤ top_k ≤ `TOPK_CAP`,
+`sampling_paths`: the candidates are a fixed count, `candidate_count`, so a captured graph has
+one shape; the Qwen presets' top_k is 20). When a round launches, the host draws its k + 1 uniforms from each
 sampled row's stream (`acceptance.round_uniforms`, as the host's acceptance would after the
 step) and copies them and the rows' settings into static buffers. The chain computes each
-position's candidates from the (penalized) logits as `sampling.top_k_candidates` does, tests
+position's candidates from the (penalized) logits as `sampling_paths.top_k_candidates` does, tests
 each draft against its probability with the row's uniforms, and draws the bonus from the
 first rejected position's distribution without its draft (or from the last position's), all
 in fp64 as the host does on its copy. The host and the device then emit the same tokens,
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..host_copy import to_device
-from .sampling import _path, candidate_count, top_k_candidates
+from .sampling_paths import candidate_count, path_of, top_k_candidates
 from .acceptance import round_uniforms
 
 # a greedy row's settings in a sampled graph: any finite distribution (its draws are unused)
@@ -27,7 +27,7 @@ _GREEDY_SETTINGS = (1.0, 1, 1.0, 0.0)
 
 def samples_on_device(params) -> bool:
     """A sampled row whose draws the chain can make: the top-k path's."""
-    return not params.greedy and _path(params) == "top_k"
+    return not params.greedy and path_of(params) == "top_k"
 
 
 class ChainSampling:
@@ -66,7 +66,7 @@ class ChainSampling:
         `forced`, `ends` as `verify_chain.accept_on_device`'s."""
         batch, q, vocab = logits.shape
         rows = self.rows[:batch]
-        # fp32 settings, as the host's `sampling._columns` rounds its Python floats
+        # fp32 settings, as the host's `sampling_paths._columns` rounds its Python floats
         columns = rows[:, :4].float().repeat_interleave(q, 0).unsqueeze(-1).unbind(1)
         probs, ids = top_k_candidates(logits.view(batch * q, vocab), n, *columns)
         sampled, u = rows[:, 4] > 0, rows[:, 5:]

@@ -1,13 +1,9 @@
 """Token sampling: penalties -> temperature -> top-k -> top-p -> min-p -> draw.
 
 `sample_rows` picks the tokens of a whole step, one per row of logits [B, V], and copies them to
-the host with a single `.tolist()` (one device->host sync per step, not one per request):
-
-* greedy rows (temperature 0) go through one `kernels.sampling.argmax` (lowest id on ties);
-* sampled rows with 1 <= top_k <= TOPK_CAP filter and draw among the `kernels.sampling.topk`
-  candidates (the chunked Triton kernel on CUDA reads the vocabulary once, no full sort);
-* other rows that filter (top-p, min-p, a larger top-k) keep the exact full-vocabulary sort;
-* rows that do not filter draw from the softmax over the vocabulary, unsorted.
+the host with a single `.tolist()` (one device->host sync per step, not one per request). Rows
+are grouped by their path (`sampling_paths`: greedy rows take one `kernels.sampling.argmax`,
+lowest id on ties; sampled rows draw among their path's candidates).
 
 The filtering rules and their order are `filter_logits`'s. The draw is inverse-CDF sampling, exact
 categorical sampling: one uniform from the request's own seeded generator per sampled token is
@@ -29,14 +25,11 @@ from typing import Any
 import torch
 
 from ..host_copy import to_device
-from ..kernels import sampling as kernels
 from ..kernels.penalties import lessen, penalize, penalty
 from ..types import GenerationRequest, SamplingParams, TokenLogprob
+from .sampling_paths import CANDIDATES, path_of, staged
 
-# The top-k kernel takes k max-and-mask rounds over each 4096-column chunk and then sorts
-# n_chunks·k candidates per row: past a few hundred rounds that costs about a full sort, while
-# real presets use top_k 20–100. Larger top_k keeps the exact full-vocabulary path.
-TOPK_CAP = 256
+
 
 
 def apply_penalties(logits: torch.Tensor, counts: dict[int, int], presence: float,
@@ -51,8 +44,8 @@ def apply_penalties(logits: torch.Tensor, counts: dict[int, int], presence: floa
 def sparse_counts(counts: dict[int, int], device: torch.device
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """`counts` as (token ids, fp32 counts) on `device`."""
-    return (_to(torch.tensor(list(counts), dtype=torch.long), device),
-            _to(torch.tensor(list(counts.values()), dtype=torch.float32), device))
+    return (staged(torch.tensor(list(counts), dtype=torch.long), device),
+            staged(torch.tensor(list(counts.values()), dtype=torch.float32), device))
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
@@ -179,22 +172,22 @@ def pick_rows(logits: torch.Tensor, samplers: list[Sampler],
     back: penalties, masks, filters and draws are queued behind the forward. `pending` [B]:
     the picks of the step in flight, not recorded by the samplers yet (penalties count them)."""
     logits = _constrained(_penalized(logits, samplers, pending), samplers)
-    groups: dict[str, list[int]] = {path: [] for path in _CANDIDATES}
+    groups: dict[str, list[int]] = {path: [] for path in CANDIDATES}
     for i, s in enumerate(samplers):
-        groups[_path(s.params)].append(i)
+        groups[path_of(s.params)].append(i)
     order, parts = [], []
     for path, rows in groups.items():
         if not rows:
             continue
         order += rows
         group = [samplers[i] for i in rows]
-        probs, ids = _CANDIDATES[path](_rows(logits, rows), group)
+        probs, ids = CANDIDATES[path](_rows(logits, rows), group)
         pick = probs if path == "greedy" else _draw(probs, group)  # greedy comes back picked
         parts.append((pick if ids is None else ids.gather(1, pick))[:, 0])
     tokens = torch.cat(parts) if len(parts) > 1 else parts[0]
     if order != sorted(order):  # back to row order
         inverse = sorted(range(len(order)), key=order.__getitem__)
-        tokens = tokens[_to(torch.tensor(inverse), logits.device)]
+        tokens = tokens[staged(torch.tensor(inverse), logits.device)]
     return Picked(tokens)
 
 
@@ -215,21 +208,6 @@ def settles_on_device(sampler: Sampler) -> bool:
     return sampler.constraint is None and sampler.logprobs is None
 
 
-def _to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor on `device` without waiting for the work queued there (a pageable
-    source is staged at once, so the temporary may go)."""
-    return host.to(device, non_blocking=True)
-
-
-def _path(p: SamplingParams) -> str:
-    """A row's path depends on its own settings only, so its draws do not depend on the batch."""
-    if p.greedy:
-        return "greedy"
-    if 0 < p.top_k <= TOPK_CAP:
-        return "top_k"
-    return "sorted" if p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 else "plain"
-
-
 def _penalized(logits: torch.Tensor, samplers: list[Sampler],
                pending: torch.Tensor | None = None) -> torch.Tensor:
     """Penalties on the rows whose request has them and has generated tokens; others untouched.
@@ -244,9 +222,9 @@ def _penalized(logits: torch.Tensor, samplers: list[Sampler],
     parts = [_counts_of(samplers[i]) for i in rows]
     sizes = torch.tensor([0] + [len(p[0]) for p in parts], dtype=torch.long)
     count = len(rows)
-    ints = _to(torch.cat([sizes.cumsum(0), torch.tensor(rows, dtype=torch.long),
+    ints = staged(torch.cat([sizes.cumsum(0), torch.tensor(rows, dtype=torch.long),
                           *(p[0] for p in parts)]), logits.device)
-    floats = _to(torch.cat([
+    floats = staged(torch.cat([
         torch.tensor([samplers[i].params.presence_penalty for i in rows], dtype=torch.float32),
         torch.tensor([samplers[i].params.frequency_penalty for i in rows], dtype=torch.float32),
         *(p[1] for p in parts)]), logits.device)
@@ -316,83 +294,12 @@ def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return logits.index_select(0, to_device(rows, logits.device))
 
 
-def _columns(samplers: list[Sampler], device: torch.device) -> list[torch.Tensor]:
-    """Per-row temperature, top_k (0 = all), top_p, min_p as fp32 [n, 1] columns (one copy);
-    fp32 because torch applies `filter_logits`' Python scalars to its fp32 logits in fp32."""
-    table = [[s.params.temperature, s.params.top_k, s.params.top_p, s.params.min_p]
-             for s in samplers]
-    return list(_to(torch.tensor(table, dtype=torch.float32), device).unsqueeze(-1).unbind(1))
-
-
-def _filter_sorted(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                   min_p: torch.Tensor) -> torch.Tensor:
-    """`filter_logits` on rows sorted descending [n, N]: the probabilities of the kept
-    tokens (renormalised implicitly by the draw), 0 elsewhere."""
-    pos = torch.arange(values.shape[-1], device=values.device)
-    in_k = (pos < top_k) | (top_k <= 0)
-    # top-p and min-p see the softmax over the top-k survivors, as in filter_logits
-    probs = values.masked_fill(~in_k, float("-inf")).softmax(-1)
-    # top_p = 1 must keep everything even where the fp32 cumsum rounds past 1
-    keep = in_k & (((probs.cumsum(-1) - probs) < top_p) | (top_p >= 1.0))
-    keep &= probs >= min_p * probs[:, :1]
-    return probs.masked_fill(~keep, 0.0)
-
-
 def _draw(probs: torch.Tensor, samplers: list[Sampler]) -> torch.Tensor:
     """Inverse CDF: per row, the first column whose cumulative mass exceeds u·total. [n, 1]."""
     cdf = probs.double().cumsum(-1)  # fp64: 250K-term sums stay exact enough for the tail
-    u = _to(torch.tensor([s.uniform() for s in samplers], dtype=torch.float64), probs.device)
+    u = staged(torch.tensor([s.uniform() for s in samplers], dtype=torch.float64), probs.device)
     # a zero-probability column never wins: its cdf equals the previous one
     pick = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)
     return pick.clamp_(max=probs.shape[-1] - 1)
 
 
-def _greedy(logits: torch.Tensor, samplers: list[Sampler]) -> tuple[torch.Tensor, None]:
-    """Greedy rows: the argmax [n, 1] (lowest id on ties), no draw."""
-    return kernels.argmax(logits)[:, None], None
-
-
-def _top_k_candidates(logits: torch.Tensor,
-                      samplers: list[Sampler]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows with 1 <= top_k <= TOPK_CAP: (filtered probs, ids) of the top-k candidates [n, k]."""
-    k = candidate_count(max(s.params.top_k for s in samplers), logits.shape[-1])
-    return top_k_candidates(logits, k, *_columns(samplers, logits.device))
-
-
-def candidate_count(top_k: int, vocab: int) -> int:
-    """The candidates the top-k path takes for rows of at most `top_k`: a power of two bounds
-    how many kernel variants (k is a constexpr) ever compile."""
-    return min(1 << (top_k - 1).bit_length(), vocab)
-
-
-def top_k_candidates(logits: torch.Tensor, k: int, temperature: torch.Tensor,
-                     top_k: torch.Tensor, top_p: torch.Tensor,
-                     min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(filtered probs, ids) [n, k] of rows of `logits` [n, V] whose top_k ≤ k, their settings
-    as fp32 [n, 1] columns on the device (a captured graph's buffers: no host work)."""
-    values, ids = kernels.topk(logits, k)  # fp32, descending; temperature keeps the order
-    # ties by lowest id (Triton does so already; torch.topk does not promise an order), so a
-    # row's candidate order does not depend on the batch's k
-    ids, by_id = ids.sort(dim=-1, stable=True)
-    values, by_value = values.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
-    ids = ids.gather(1, by_value)
-    return _filter_sorted(values / temperature, top_k, top_p, min_p), ids
-
-
-def _sorted_candidates(logits: torch.Tensor,
-                       samplers: list[Sampler]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact full-vocabulary path for rows that filter: (filtered probs, ids) [n, V]."""
-    temperature, top_k, top_p, min_p = _columns(samplers, logits.device)
-    # stable: ties in id order whatever the batch, so the same uniform picks the same token
-    values, ids = (logits.float() / temperature).sort(dim=-1, descending=True, stable=True)
-    return _filter_sorted(values, top_k, top_p, min_p), ids
-
-
-def _plain_candidates(logits: torch.Tensor, samplers: list[Sampler]) -> tuple[torch.Tensor, None]:
-    """Rows that do not filter: the softmax over the vocabulary in id order, no sort."""
-    temperature = _columns(samplers, logits.device)[0]
-    return (logits.float() / temperature).softmax(-1), None
-
-
-_CANDIDATES = {"greedy": _greedy, "top_k": _top_k_candidates, "sorted": _sorted_candidates,
-               "plain": _plain_candidates}

@@ -46,7 +46,7 @@ from ..types import EngineError
 from .chain_accept import ChainSampling, accept_on_device, samples_on_device
 from .chain_penalties import ChainPenalties
 from .decode_graphs import DecodeGraphs, context_bucket, record_graph
-from .sampling import candidate_count
+from .sampling_paths import candidate_count
 
 log = logging.getLogger("ninfer.engine")
 

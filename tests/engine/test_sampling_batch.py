@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from ninfer_engine.step import sampling
+from ninfer_engine.step import sampling, sampling_paths
 from ninfer_engine.kernels import sampling as kernels
 from ninfer_engine.kernels._dispatch import HAVE_TRITON, interpreting
 from ninfer_engine.step.sampling import Sampler, apply_penalties, filter_logits, sample_rows
@@ -45,9 +45,9 @@ def _probs_rtol(row: torch.Tensor, p: SamplingParams) -> float:
 def _batched_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """The batched path's filtered distribution over the vocabulary [B, V] (one path for all)."""
     samplers = [Sampler(p) for p in params]
-    paths = {sampling._path(p) for p in params}
+    paths = {sampling_paths.path_of(p) for p in params}
     assert len(paths) == 1 and paths != {"greedy"}
-    probs, ids = sampling._CANDIDATES[paths.pop()](logits, samplers)
+    probs, ids = sampling_paths.CANDIDATES[paths.pop()](logits, samplers)
     out = torch.zeros_like(logits, dtype=torch.float32)
     out.scatter_(1, ids if ids is not None else torch.arange(logits.shape[1]).expand_as(out),
                  probs)

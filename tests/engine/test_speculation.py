@@ -264,9 +264,10 @@ def _target(logits: torch.Tensor, params: SamplingParams, counts: dict[int, int]
     sampler's own filters (penalties, temperature, top-k/p)."""
     from types import SimpleNamespace
 
-    from ninfer_engine.step.sampling import _CANDIDATES, _path, _penalized
+    from ninfer_engine.step.sampling import _penalized
+    from ninfer_engine.step.sampling_paths import CANDIDATES, path_of
     view = SimpleNamespace(params=params, counts=counts)
-    probs, ids = _CANDIDATES[_path(params)](_penalized(logits[None], [view]), [view])
+    probs, ids = CANDIDATES[path_of(params)](_penalized(logits[None], [view]), [view])
     probs = probs[0].double() / probs[0].sum()
     vocab = torch.zeros(logits.shape[-1], dtype=torch.float64)
     return probs if ids is None else vocab.index_add_(0, ids[0], probs)
