@@ -4,22 +4,22 @@
 
 A sampled row qualifies where its draws take the top-k path (1 ≤ top_k ≤ `TOPK_CAP`,
 `sampling_paths`: the candidates are a fixed count, `candidate_count`, so a captured graph has
-one shape; the Qwen presets' top_k is 20). When a round launches, the host draws its k + 1 uniforms from each
-sampled row's stream (`acceptance.round_uniforms`, as the host's acceptance would after the
-step) and copies them and the rows' settings into static buffers. The chain computes each
-position's candidates from the (penalized) logits as `sampling_paths.top_k_candidates` does, tests
-each draft against its probability with the row's uniforms, and draws the bonus from the
-first rejected position's distribution without its draft (or from the last position's), all
-in fp64 as the host does on its copy. The host and the device then emit the same tokens,
-up to the order of fp64 sums (a uniform within ~1e-16 of a boundary).
+one shape; the Qwen presets' top_k is 20). When a round launches, the host draws its k + 1
+uniforms from each sampled row's stream (`acceptance.round_uniforms`, as the host's acceptance
+would after the step) and copies them and the rows' settings into static buffers. The chain
+computes each position's candidates from the (penalized) logits as
+`sampling_paths.top_k_candidates` does, tests each draft against its probability with the row's
+uniforms, and draws the bonus from the first rejected position's distribution without its draft
+(or from the last position's), all in fp64 as the host does on its copy. The host and the device
+then emit the same tokens, up to the order of fp64 sums (a uniform within ~1e-16 of a boundary).
 """
 from __future__ import annotations
 
 import torch
 
 from ..host_copy import to_device
-from .sampling_paths import candidate_count, path_of, top_k_candidates
 from .acceptance import round_uniforms
+from .sampling_paths import candidate_count, path_of, top_k_candidates
 
 # a greedy row's settings in a sampled graph: any finite distribution (its draws are unused)
 _GREEDY_SETTINGS = (1.0, 1, 1.0, 0.0)
