@@ -48,7 +48,8 @@ def main() -> None:
     gbps, rows = copy_bandwidth_gbps(), []
     for name in args.shapes.split(","):
         N, K = SHAPES[name]
-        copies = max(8, -(-OVER_L2 // (N * K * 2)))
+        width = 1 if args.fp8 else 2  # bytes a weight
+        copies = max(8, -(-OVER_L2 // (N * K * width)))
         ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
               for _ in range(copies)]
         if args.fp8:  # (codes, row scale) pairs
@@ -78,7 +79,7 @@ def main() -> None:
                 graph = graph_of(lambda call=call: [call(w) for w in ws])
                 us = time_ms(graph.replay, 20) * 1e3 / copies
                 row = dict(shape=name, N=N, K=K, B=B, fp8=args.fp8, variant=label, us=round(us, 2),
-                           tbps=round(N * K * (1 if args.fp8 else 2) / us / 1e6, 3), rel_err=err)
+                           tbps=round(N * K * width / us / 1e6, 3), rel_err=err)
                 rows.append(row)
                 print(f"{name} B={B} {label:16s} {us:7.2f} µs  {row['tbps']:.2f} TB/s  "
                       f"err {err:.1e}", flush=True)

@@ -298,6 +298,18 @@ def dequant_gemv_triton(x, codes, scale, block_n=64, block_k=256, num_warps=4, n
     return y[0] if split == 1 else y.sum(0).to(x.dtype)
 
 
+def _whole_k_rows(N, K, sms, accumulate, wide):
+    """Several rows without an fp32 `out`, at K ≤ 2,048 (what was measured,
+    bench/results/h100-verify-gemv-split.md): whole-K programs in one launch, where the split
+    launch wrote fp32 partials that a reduce and a cast then summed; 16 rows a program at
+    N ≤ 512, and (`wide`) 32 where those fill the SMs. None: the split launch."""
+    if accumulate or K > 2048:
+        return None
+    if N <= 512:
+        return dict(block_n=16, split=1)
+    return dict(block_n=32, split=1) if wide and triton.cdiv(N, 32) >= sms else None
+
+
 def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
     """The launch the engine uses, from the H200 sweeps (bench/results/h200-fp8-gemv.md,
     h200-bf16-gemv.md).
@@ -317,11 +329,10 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
     (`accumulate`), one row of e4m3 codes takes 32-row programs and K splits for about four
     waves (bench/results/h200-gemv-splits.md)."""
     if scale is None:
-        if B != 1:  # the MoE's router|score at a verify row's or a batch's rows: 16-row
-            # programs over the whole K, one launch, against 64-row ones split 8 ways then a
-            # reduce and a cast (H100, N = 257 at K = 2,048: 7.4 -> 5.7 µs at 4 and 8 rows,
-            # bench/results/h100-verify-gemv-split.md). Larger N and K were not measured: unchanged
-            return dict(block_n=16, split=1) if N <= 512 and K <= 2048 and not accumulate else {}
+        if B != 1:  # the MoE's router|score at a verify row's or a batch's rows (H100, N = 257
+            # at K = 2,048: 7.4 -> 5.7 µs at 4 and 8 rows); larger bf16 in-projections go through
+            # cuBLAS (`FusedLinear`), the 32-row rule was not measured for them
+            return _whole_k_rows(N, K, sms, accumulate, wide=False) or {}
         kw = dict(fma=True, block_n=16, block_k=512 if N <= 8192 else 256, split=1)
         if 16384 <= N <= 65536 and K >= 5120 and not accumulate:  # the 27B's gate|up and
             # GDN in-projection: 32 rows a program, 128 K an iteration (h200-bf16-gemv.md's
@@ -341,17 +352,11 @@ def engine_launch(B, N, K, codes, scale, sms=132, accumulate=False):
     kw = {} if not group else {"group_k": min(max(group, 128), K & -K)}
     if codes.dtype != torch.float8_e4m3fn:  # int8 codes were not swept
         return kw
-    if B != 1:  # several rows of fp8-row codes (a verify row, a batch) without `out`: whole-K
-        # programs, one launch, no split's fp32 partials, reduce and cast (H100, K = 2,048 at 4
-        # and 8 rows, bench/results/h100-verify-gemv-split.md: the 35B-A3B's GDN in-projection
-        # N = 12,352 16.7 -> 11.5 µs and attention's N = 9,216 14.8 -> 10.0 with 32-row
-        # programs; its router|score N = 257 7.7 -> 5.0 with 16-row ones). Group scales and
-        # longer K (the 27B's 5,120) were not measured: unchanged
-        if group or accumulate or K > 2048:
-            return kw
-        if N <= 512:
-            return dict(block_n=16, split=1)
-        return dict(block_n=32, split=1) if triton.cdiv(N, 32) >= sms else kw
+    if B != 1:  # several rows of fp8-row codes (a verify row, a batch; H100, K = 2,048 at 4
+        # and 8 rows: the 35B-A3B's GDN in-projection N = 12,352 16.7 -> 11.5 µs and attention's
+        # N = 9,216 14.8 -> 10.0 with 32-row programs; its router|score N = 257 7.7 -> 5.0 with
+        # 16-row ones). Group scales were not measured: unchanged
+        return (None if group else _whole_k_rows(N, K, sms, accumulate, wide=True)) or kw
     # into `out` 32-row programs over ~4 waves of K splits win at N = 5120 too
     # (bench/results/h200-gemv-splits.md: 27B fp8-group down 34.0 -> 27.8 µs)
     block_n = 32 if N >= 6144 or accumulate else 64

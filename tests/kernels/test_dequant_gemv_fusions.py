@@ -127,7 +127,7 @@ def _to(t, device):
 def test_several_rows_without_out_take_whole_k_programs_where_measured(device, form):
     """Several rows of fp8-row codes (a verify row's projections on the fp8-row recipe) and
     a short plain matrix (the router|score): whole-K programs, one launch, no K split's fp32
-    partials, reduce and cast (h100-verify-gemv-split.md, h100-verify-gemv-split.md), as the split
+    partials, reduce and cast (bench/results/h100-verify-gemv-split.md), as the split
     launch sums the same products; group scales, `out` and unmeasured shapes keep the split."""
     gen = torch.Generator().manual_seed(11)
     w8, s8 = _weights(40, "fp8_row", gen)
