@@ -28,7 +28,7 @@ from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.config import EngineConfig  # noqa: E402
 from ninfer_engine.memory_plan import build_memory  # noqa: E402
 from ninfer_engine.models import Qwen35Model  # noqa: E402
-from ninfer_engine.step.runner import HybridRunner  # noqa: E402
+from ninfer_engine.step.family_runners import HybridRunner  # noqa: E402
 from ninfer_engine.step.scheduler import Batch, Chunk  # noqa: E402
 
 PROMPT_TOKENS = 128

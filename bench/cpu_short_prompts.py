@@ -6,7 +6,7 @@
 The default model (SmolLM2-135M, Q8 as stored) in the serving engine on this machine's CPU:
 per prompt length, the time from adding a greedy one-token request to its end (one prompt
 step, its sampling and bookkeeping), with the prompt's tokens run as rows of the C step
-(`step.runner.RAGGED_PROMPT_TOKENS` as shipped) and with every prompt through the eager forward
+(`step.ragged_rows.RAGGED_PROMPT_TOKENS` as shipped) and with every prompt through the eager forward
 (the cap at 0), alternating, `--rounds` times each, fresh random prompts each time and prefix
 reuse off (a turn that hits the prefix cache computes only its new tokens: these lengths). The
 figures are medians; `ForeignLoad` records what other processes used meanwhile.
@@ -28,7 +28,7 @@ from bench.report import ForeignLoad, cpu_machine, write_report  # noqa: E402
 from ninfer_engine.cli.flags import default_artifact  # noqa: E402
 from ninfer_engine.config import EngineConfig  # noqa: E402
 from ninfer_engine.engine import Engine  # noqa: E402
-from ninfer_engine.step import runner  # noqa: E402
+from ninfer_engine.step import ragged_rows  # noqa: E402
 from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    cap = runner.RAGGED_PROMPT_TOKENS
+    cap = ragged_rows.RAGGED_PROMPT_TOKENS
     engine = Engine(EngineConfig(artifact=default_artifact(), max_context=2048,
                                  no_prefix_reuse=True))
     rng = random.Random(0)
@@ -74,10 +74,10 @@ def main() -> None:
             times: dict[int, list[float]] = {cap: [], 0: []}
             for i in range(args.rounds):
                 for use in (cap, 0):
-                    runner.RAGGED_PROMPT_TOKENS = use
+                    ragged_rows.RAGGED_PROMPT_TOKENS = use
                     prompt = [rng.randrange(1000, 40000) for _ in range(n)]
                     times[use].append(prompt_step_ms(engine, prompt, f"n{n}-{use}-{i}"))
-            runner.RAGGED_PROMPT_TOKENS = cap
+            ragged_rows.RAGGED_PROMPT_TOKENS = cap
             rows.append({"tokens": n, "c_step_ms": statistics.median(times[cap]),
                          "eager_ms": statistics.median(times[0]), "c_step_all": times[cap],
                          "eager_all": times[0]})

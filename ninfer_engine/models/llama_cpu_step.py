@@ -3,7 +3,7 @@
 `CpuDecoder` has `StaticDecoder`'s interface (`load` the rows into fixed buffers, then `step`),
 so `step.decode_graphs.DecodeGraphs` drives it without capture; a `--spec` verify row is 1 + k
 of its rows at consecutive positions (`DecodeGraphs.verify_rows`), and so is a short prompt
-chunk (`step.runner._ModelRunner._ragged`). A step is one call of
+chunk (`step.ragged_rows`). A step is one call of
 `kernels/cpu_decode.c`: every layer (norms, Q8 GEMVs, RoPE, the K/V written into and read from
 the paged pool in place, attention, SwiGLU) and the head run inside one OpenMP region, with no
 Python between layers (the eager step spent ~14 ms of a 32 ms SmolLM2-135M step on ~1,500 small
@@ -108,7 +108,7 @@ class CpuDecoder:
         self.model, self.storage = model, storage
         self.max_batch, self.max_context, self.max_q = max_batch, max_context, max_q
         # the step's rows, as far as the GEMV's tiles go: a batch of verify rows, or a short
-        # prompt chunk's tokens (`step.runner._ModelRunner._ragged`: 2.8x the eager forward's
+        # prompt chunk's tokens (`step.ragged_rows`: 2.8x the eager forward's
         # speed at 8 tokens)
         self.max_rows = kernel.MAX_ROWS
         self._lib = kernel.decode_step_library()

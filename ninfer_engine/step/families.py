@@ -1,9 +1,10 @@
 """The model families the step serves, chosen in one place.
 
 A family is its model class (built by `models.build_model` from the artifact's architecture),
-its runner (how a step's rows become one forward: `runner.Runner` for the llama family,
-`runner.HybridRunner` for the Qwen3.5 hybrids) and its static decode step for the CUDA-graph
-path (`models.llama_step.StaticDecoder`, `models.qwen3_5_engine_step.EngineHybridDecoder`).
+its runner (how a step's rows become one forward: `family_runners.Runner` for the llama
+family, `family_runners.HybridRunner` for the Qwen3.5 hybrids) and its static decode step for
+the CUDA-graph path (`models.llama_step.StaticDecoder`,
+`models.qwen3_5_engine_step.EngineHybridDecoder`).
 On the CPU the llama family's decode rows go through its compiled step instead
 (`models.llama_cpu_step.CpuDecoder`, no capture). `make_runner` and `build_decode_graphs`
 look the family up here instead of checking types.
@@ -26,7 +27,7 @@ from ..models.llama_step import StaticDecoder
 from ..models.qwen3_5_engine_step import EngineHybridDecoder, EngineHybridPrompt
 from ..models.qwen3_5_prompt_step import prompt_capturable
 from .decode_graphs import GRAPH_CODECS, PROMPT_ROWS, DecodeGraphs
-from .runner import HybridRunner, Runner
+from .family_runners import HybridRunner, Runner
 
 # (model, memory, max_batch, max_context, max_q, keep_hidden) -> the family's static step, or
 # None where the model's weights are in a form it does not serve (or hiddens are asked of a

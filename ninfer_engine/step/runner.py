@@ -1,16 +1,15 @@
 """The runners: turn a scheduled `Batch` into model forwards and return the sampled rows' logits.
 
-`Runner` (llama family) packs every row into one flat forward over the paged KV pool.
-`HybridRunner` (Qwen3.5 family) runs every row through one forward too: the attention layers
-read and write each row's pages, the GDN layers continue each row's recurrent-state slot in
-place (the same slot rows the graph step addresses by index: nothing to hand over between them).
-Where `DecodeGraphs` was built (CUDA, bf16) both send a step's decode rows through it (static
-buffers, Triton kernels, CUDA graphs), with them each prompt whose last token is all it has left
-(a decode row fed that token), short prompt chunks through the graphs' prompt step (one
-replay each, `DecodeGraphs.prefill`), and the step's other prompt chunks, if any, through the
-eager forward after them: decode rows keep the graph's rate while a prompt is prefilled. On the CPU
-the compiled llama step takes short prompt chunks too, as rows at consecutive positions
-(`_ModelRunner._ragged`).
+Each family's runner (`family_runners`: `Runner` for the llama family, `HybridRunner` for the
+Qwen3.5 hybrids) runs every row of a step through one eager forward; its GDN layers continue
+each row's recurrent-state slot in place (the same slot rows the graph step addresses by index:
+nothing to hand over between them). Where `DecodeGraphs` was built (CUDA, bf16) both send a
+step's decode rows through it (static buffers, Triton kernels, CUDA graphs), with them each
+prompt whose last token is all it has left (a decode row fed that token), short prompt chunks
+through the graphs' prompt step (one replay each, `DecodeGraphs.prefill`), and the step's other
+prompt chunks, if any, through the eager forward after them: decode rows keep the graph's rate
+while a prompt is prefilled. On the CPU the compiled llama step takes short prompt chunks too,
+as rows at consecutive positions (`ragged_rows`).
 """
 from __future__ import annotations
 
@@ -19,21 +18,14 @@ import logging
 import torch
 
 from ..host_copy import to_device
-from ..kv import LayerKv
-from ..models import Segment
-from ..models.attention import plan_segments
 from . import prompt_logprobs
 from .decode_graphs import DecodeGraphs, prompt_rows
+from .ragged_rows import ragged_forward
 from .scheduler import Batch, Chunk
 from .sequence import Sequence
 
 
 log = logging.getLogger("ninfer.engine")
-
-# the longest prompt chunk the CPU step takes (in calls of 16 rows): past it the eager forward,
-# whose fixed cost is spread over enough tokens (the C step's gain falls to 1.4x at 32 on the
-# 2-core box, bench/results/cpu-short-prompts.md; a run with the cap at 48 had them even there)
-RAGGED_PROMPT_TOKENS = 32
 
 
 def _work(batch: Batch) -> list[tuple[Sequence, list[int], bool]]:
@@ -144,7 +136,8 @@ class _ModelRunner:
         sink = self.hidden_sink
         if (graphs is not None and not longest and sink is None and batch.chunks
                 and getattr(graphs.decoder, "ragged", False)):
-            logits = self._ragged(batch, sampled)
+            logits = ragged_forward(graphs, batch, sampled,
+                                    lambda chunks: self._eager(_chunk_work(chunks), sampled))
             if logits is not None:
                 return logits
         tails = _graph_tails(batch, sampled) if graphs is not None and not longest else []
@@ -183,55 +176,6 @@ class _ModelRunner:
             rows + [c.seq for c in chunks if id(c.seq) in sampled])}
         order = [at[id(seq)] for seq in batch.sampled]
         return logits.index_select(0, to_device(order, logits.device, torch.long))
-
-    def _ragged(self, batch: Batch, sampled: set[int]) -> torch.Tensor | None:
-        """A step with prompt chunks on the CPU step (a `ragged` decoder: its rows are
-        positions): the decode rows, then the chunks' tokens as rows at consecutive positions
-        (as a verify row), in calls of at most its rows (16); chunks longer than
-        `RAGGED_PROMPT_TOKENS` go through the eager forward after them. The eager forward
-        streams the fp32 weights (~100-200 ms a step for SmolLM2-135M on the 2-core box,
-        however few its tokens); the CPU step multiplies 16 rows by the Q8 weights as stored:
-        8 tokens 35 against 97 ms, 32 tokens 123 against 171 (bench/results/
-        cpu-short-prompts.md). None: no chunk goes (the caller's path)."""
-        d = self.graphs.decoder
-        if batch.decode and not self.graphs.accepts(batch.decode):
-            return None
-        # the step feeds a row its prompt token (`input_token`); not a scored prompt (it wants
-        # the eager logits of every position) or one with media
-        inside = [c for c in batch.chunks
-                  if c.tokens <= RAGGED_PROMPT_TOKENS and not c.seq.output
-                  and c.seq.request.media is None and not prompt_logprobs.scores_prompt(c.seq)]
-        if not inside:
-            return None
-        # each call's rows: (sequence, tokens, a decode row?); a chunk's last piece ends it
-        calls, room = [[(seq, 1, True) for seq in batch.decode]], d.max_rows - len(batch.decode)
-        for c in inside:
-            left = c.tokens
-            while left:
-                if not room:
-                    calls.append([])
-                    room = d.max_rows
-                n = min(left, room)
-                calls[-1].append((c.seq, n, False))
-                room, left = room - n, left - n
-        kept: dict[int, torch.Tensor] = {}  # each sampled sequence's logits after its last row
-        for call in calls:
-            seqs = [seq for seq, _, _ in call]
-            d.load(seqs, [[] if decoding else list(seq.prompt[seq.cached + 1: seq.cached + n])
-                          for seq, n, decoding in call])
-            out = d.step(sum(n for _, n, _ in call))
-            end = 0
-            for seq, n, _ in call:
-                end += n
-                seq.cached += n
-                if id(seq) in sampled:  # a chunk's last piece comes last
-                    kept[id(seq)] = out[end - 1].clone()
-        taken = set(map(id, (c.seq for c in inside)))
-        rest = [c for c in batch.chunks if id(c.seq) not in taken]
-        eager = self._eager(_chunk_work(rest), sampled) if rest else None
-        at = {id(c.seq): i for i, c in enumerate(c for c in rest if id(c.seq) in sampled)}
-        return torch.stack([kept[id(seq)] if id(seq) in kept else eager[at[id(seq)]]
-                            for seq in batch.sampled])
 
     def continues(self, batch: Batch) -> bool:
         """This pure-decode batch's next step can replay its captured graph on the device's
@@ -313,82 +257,3 @@ class _ModelRunner:
         """Logits of the rows of `work` whose sequence is in `sampled` (ids), in row order: a
         verify row's every position, another row's last."""
         raise NotImplementedError
-
-
-class Runner(_ModelRunner):
-    """Owns the llama-family model; builds the flat token batch."""
-
-    def _eager(self, work, sampled):
-        tokens: list[int] = []
-        positions: list[int] = []
-        segments: list[Segment] = []
-        logit_rows: list[int] = []
-        rows = []  # (sequence, first position, logit rows, sampled?) for `prompt_logprobs.split`
-        for seq, ids, verify in work:
-            tokens.extend(ids)
-            positions.extend(range(seq.cached, seq.cached + len(ids)))
-            segments.append(Segment(seq.cache, seq.cached, len(ids)))
-            end, every = len(tokens), verify or prompt_logprobs.scores_prompt(seq)
-            if id(seq) in sampled or every:
-                logit_rows.extend(range(end - len(ids), end) if every else [end - 1])
-                rows.append((seq, seq.cached, len(ids) if every else 1, id(seq) in sampled))
-        logits = self.model.forward(
-            to_device(tokens, self.device),
-            to_device(positions, self.device),
-            segments,
-            to_device(logit_rows, self.device, torch.long),
-        )
-        logits = prompt_logprobs.split(logits, rows)
-        for seq, ids, _ in work:
-            seq.cached += len(ids)
-        return logits
-
-
-class HybridRunner(_ModelRunner):
-    """Owns the hybrid model; every row of a step in one forward, each row's attention layers
-    over its paged KV and its GDN layers continuing its recurrent-state slot (a verify row
-    keeping the state after each of its tokens, for `keep`)."""
-
-    def _eager(self, work, sampled):
-        tokens: list[int] = []
-        states, lengths = [], []
-        # several rows on CUDA: planned together, their attention is one launch a layer
-        plans = plan_segments([Segment(seq.cache, seq.cached, len(ids)) for seq, ids, _ in work],
-                              self.device) if len(work) > 1 and self.device.type == "cuda" else None
-        for seq, ids, _ in work:
-            views = [LayerKv(seq.cache, layer, seq.cached, plans)
-                     for layer in range(len(self.model.attention_layers))]
-            states.append(self.model.bind_state(views, seq.state.layers, seq.cached))
-            tokens.extend(ids)
-            lengths.append(len(ids))
-        scored = frozenset(i for i, (seq, _, _) in enumerate(work)
-                           if prompt_logprobs.scores_prompt(seq))
-        rows = [i for i, (seq, _, _) in enumerate(work) if id(seq) in sampled or i in scored]
-        verify = frozenset(i for i, (_, _, v) in enumerate(work) if v)
-        sink = self.hidden_sink
-        positions = media = None
-        if self.vision is not None and any(seq.request.media is not None for seq, _, _ in work):
-            positions, media = self.vision.step_inputs(work, self.device)
-        out = self.model.forward_rows(to_device(tokens, self.device), states,
-                                      lengths, rows, verify, keep_hidden=sink is not None,
-                                      positions=positions, media=media, every=scored)
-        logits, hidden = out if sink is not None else (out, None)
-        logits = prompt_logprobs.split(logits, [
-            (work[i][0], work[i][0].cached, lengths[i] if i in verify | scored else 1,
-             id(work[i][0]) in sampled) for i in rows])
-        start = 0
-        for seq, ids, _ in work:
-            if sink is not None:  # (the MTP drafter embeds media pads by their encoder rows)
-                sink(seq, seq.cached, hidden[start: start + len(ids)])
-            start += len(ids)
-            seq.cached += len(ids)
-            if getattr(seq, "media_rows", None) and seq.cached >= len(seq.prompt):
-                seq.media_rows.clear()  # prefilled: the encoder rows are not needed again
-        return logits
-
-    def _rollback(self, seq, kept, q_len):
-        for layer in seq.state.layers:
-            if kept < q_len:
-                layer.rollback(kept)
-            else:
-                layer.trail = None

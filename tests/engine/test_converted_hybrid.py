@@ -26,7 +26,7 @@ from ninfer_engine.engine import Engine
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Qwen35Model, build_model
 from ninfer_engine.step.families import make_runner
-from ninfer_engine.step.runner import HybridRunner
+from ninfer_engine.step.family_runners import HybridRunner
 from ninfer_engine.step.scheduler import Batch, Chunk
 from ninfer_engine.cli.tools import main
 from ninfer_engine.types import GenerationRequest, SamplingParams

@@ -12,7 +12,7 @@ from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
 from ninfer_engine.models.llama_cpu_step import Q8, CpuDecoder, cpu_decoder
 from ninfer_engine.step.decode_graphs import DecodeGraphs
-from ninfer_engine.step.runner import Runner
+from ninfer_engine.step.family_runners import Runner
 
 from tests import tolerance
 
@@ -237,7 +237,7 @@ def test_short_prompt_chunks_run_in_the_compiled_step(monkeypatch, device):
 
     from ninfer_engine.config import EngineConfig
     from ninfer_engine.engine import Engine
-    from ninfer_engine.step import runner
+    from ninfer_engine.step import ragged_rows
     from ninfer_engine.types import GenerationRequest, SamplingParams
 
     from .mask_helpers import drive, tokens
@@ -251,8 +251,8 @@ def test_short_prompt_chunks_run_in_the_compiled_step(monkeypatch, device):
     monkeypatch.setattr(Runner, "_eager", lambda self, work, sampled: (
         eager_tokens.extend(len(ids) for _, ids, _ in work), forward(self, work, sampled))[1])
     outputs = []
-    for cap in (0, runner.RAGGED_PROMPT_TOKENS):
-        monkeypatch.setattr(runner, "RAGGED_PROMPT_TOKENS", cap)
+    for cap in (0, ragged_rows.RAGGED_PROMPT_TOKENS):
+        monkeypatch.setattr(ragged_rows, "RAGGED_PROMPT_TOKENS", cap)
         eager_tokens.clear()
         engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=256,
                                      max_concurrency=3, no_prefix_reuse=True), artifact)

@@ -85,7 +85,7 @@ def test_runner_verifies_through_the_graph_step_with_padded_rows(device):
     """`HybridRunner` with graphs: a batch whose rows carry 2 and 0 drafts replays one
     q_len-3 verify graph (the second row padded), returns 3 + 1 logit rows, and `keep` settles
     each row: the same logits and states as the eager runner's verify rows."""
-    from ninfer_engine.step.runner import HybridRunner
+    from ninfer_engine.step.family_runners import HybridRunner
     from ninfer_engine.step.scheduler import Batch
 
     model = _model(False, device)
@@ -112,7 +112,7 @@ def sink_sides(model) -> tuple[list, list]:
     """What the hidden sink saw, graph runner then eager runner, over the same two steps:
     a verify step (rows with 2 and 0 drafts, keeping 2 and 1) and a decode step; each entry
     (row, position, the hiddens of its tokens)."""
-    from ninfer_engine.step.runner import HybridRunner
+    from ninfer_engine.step.family_runners import HybridRunner
     from ninfer_engine.step.scheduler import Batch
 
     sides = []

@@ -97,7 +97,7 @@ def test_the_runner_sends_short_chunks_through_the_prompt_step(device):
     rows) and a 70-token chunk (past its rows: the eager forward) returns the sampled rows'
     logits in the batch's order, as the eager runner does; a chunk that is not sampled still
     advances its sequence."""
-    from ninfer_engine.step.runner import HybridRunner
+    from ninfer_engine.step.family_runners import HybridRunner
     from ninfer_engine.step.scheduler import Batch, Chunk
 
     model = _model(True, device)
@@ -150,7 +150,7 @@ def _spec_sides(model, device):
     prompt step takes in one replay, then a decode step, through the graph runner (decode, verify and prompt graphs,
     hiddens kept) and the eager runner: (logits of both steps, `cached`, the hidden sink's
     records (row, position, hiddens)) for each."""
-    from ninfer_engine.step.runner import HybridRunner
+    from ninfer_engine.step.family_runners import HybridRunner
     from ninfer_engine.step.scheduler import Batch, Chunk
 
     gen = torch.Generator().manual_seed(4)

@@ -11,7 +11,7 @@ from ninfer_engine.models.llama_step import StaticDecoder
 from ninfer_engine.step.decode_graphs import DecodeGraphs
 from ninfer_engine.kv import ElasticPagePool, KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
-from ninfer_engine.step.runner import Runner
+from ninfer_engine.step.family_runners import Runner
 from ninfer_engine.step.scheduler import Batch, Chunk, Scheduler
 from ninfer_engine.step.sequence import Sequence
 from ninfer_engine.types import GenerationRequest, SamplingParams

@@ -21,7 +21,7 @@ from ninfer_engine.models.qwen3_5_step_weights import HybridWeights
 from ninfer_engine.step.decode_graphs import DecodeGraphs
 from ninfer_engine.step.mtp_drafter import MtpDrafter
 from ninfer_engine.step.mtp_round import MtpRound
-from ninfer_engine.step.runner import HybridRunner
+from ninfer_engine.step.family_runners import HybridRunner
 from ninfer_engine.step.sampling import Sampler
 from ninfer_engine.step.scheduler import Batch, Chunk
 from ninfer_engine.step.acceptance import accept, split_verify_rows
