@@ -4,8 +4,10 @@ Each step reads `schedule -> run -> postprocess`: the scheduler admits and batch
 (`step/scheduler.py`; `StepPrepare`, `step/prepare.py`, waits for a burst's other prompts first,
 then grows the rows' leases, encodes media and drafts), the runner computes every row's logits
 in one forward (`step/runner.py`), and `StepPostprocess` (`step/postprocess.py`) samples the
-rows at once and streams each request's text back to the caller's event loop. `engine_load.load_engine` builds the parts;
-`snapshot()` returns the latest `EngineStats`.
+rows at once and streams each request's text back to the caller's event loop. A pure-decode
+step may launch before the one before it is read (`StepLookahead`, `step/lookahead.py`), a
+chained verify round likewise (`StepChainAhead`, `step/chain_ahead.py`). `engine_load` builds
+the parts; `snapshot()` returns the latest `EngineStats`.
 """
 from __future__ import annotations
 
@@ -20,24 +22,23 @@ import torch
 
 from .arrival import current_arrival
 from .config import EngineConfig
-from .engine_load import EngineLoadError, load_engine
+from .engine_load import EngineLoadError, engine_runner, load_engine
 from .faults import Faults
 from .kernels import compile_watch
 from .parallel import SINGLE, RankGroup
-from .parallel.lockstep import Leader, LeaderDrafter
+from .parallel.lockstep import Leader
 from .serving import prefill_chunk_for
 from .stats import EngineStats
-from .step.event_pump import EventPump, EventStream
-from .step.families import make_runner
+from .step.admission import check_admissible
 from .step.chain_ahead import ChainAhead, ChainFlight, StepChainAhead
-from .step.lookahead import InFlight, Lookahead
-from .step.verify_chain import verify_chain
+from .step.event_pump import EventPump, EventStream
+from .step.lookahead import InFlight, Lookahead, StepLookahead
 from .step.postprocess import StepPostprocess
 from .step.prepare import StepPrepare
 from .step.sampling import Sampler, pick_rows, prefetch_masks
 from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Scheduler
-from .step.sequence import RequestError, Sequence
+from .step.sequence import Sequence
 from .step.stats_builder import StatsBuilder
 from .step.warm_up import warm_up
 from .tokenizer import IncrementalDetokenizer
@@ -56,7 +57,7 @@ BUSY_PUBLISH_S = 0.05
 UNAVAILABLE = "service_unavailable"
 
 
-class Engine(StepPrepare, StepPostprocess, StepChainAhead):
+class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead):
     """The `ServingEngine` (client.py) backed by our torch model."""
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
@@ -89,20 +90,8 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
         self.sampling_defaults = sampling_defaults(artifact, config, thinking=False)
         self.thinking_sampling_defaults = sampling_defaults(artifact, config, thinking=True)
         self._eos = frozenset(self.tokenizer.eos_token_ids)
-        # hiddens go to a drafter that reads them (MTP); without one the graph step keeps none
-        self.runner = make_runner(self.model, graphs, self.speculator.observe
-                                  if self.speculator and self.speculator.reads_hidden else None,
-                                  self.vision)
-        if config.verify_chain and not ranks.parallel:
-            self.runner.chain = verify_chain(
-                graphs, self.speculator, self._eos,
-                (self.sampling_defaults, self.thinking_sampling_defaults))
-        if ranks.parallel:  # each step's plan goes to the other ranks before it runs here
-            spec = self.speculator
-            self.runner = Leader(self.runner, ranks, self.memory,
-                                 spec.observes if spec else None)
-            if spec and hasattr(spec.drafter, "propose_rows"):  # the other ranks draft too
-                spec.drafter = LeaderDrafter(spec.drafter, self.runner)
+        self.runner = engine_runner(loaded, ranks, self._eos,
+                                    (self.sampling_defaults, self.thinking_sampling_defaults))
         self.scheduler = Scheduler(config.max_concurrency, prefill_chunk_for(config, device),
                                    config.pending_timeout_ms / 1000, self._admit,
                                    self.memory.chunk_tokens)
@@ -238,24 +227,8 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
 
     def _admit(self, seq: Sequence) -> bool:
         """Request-level checks at admission, then a KV lease; False: wait for pages."""
-        prompt = seq.prompt
-        if not prompt:
-            raise RequestError("the prompt is empty")
-        if len(prompt) + 1 > self.max_context:
-            raise RequestError(
-                f"prompt of {len(prompt)} tokens does not fit max context {self.max_context}",
-                "context_length_exceeded")
-        budget = self.memory.budget_tokens
-        if budget is not None and len(prompt) + 1 > budget:
-            raise RequestError(
-                f"prompt of {len(prompt)} tokens does not fit the per-request KV budget of "
-                f"{budget} tokens (--kv-budget-gib)", "context_length_exceeded")
-        if seq.request.prompt_logprobs is not None and isinstance(self.runner, Leader):
-            raise RequestError("prompt log-probabilities are not built for --tp > 1 "
-                               "(the other ranks do not score prompt positions)")
-        for what, ids in (("prompt", prompt), ("thinking close", seq.request.thinking_close_ids)):
-            if ids and (max(ids) >= self.model.vocab_size or min(ids) < 0):
-                raise RequestError(f"the {what} contains token ids outside the vocabulary")
+        check_admissible(seq, self.max_context, self.memory.budget_tokens,
+                         self.model.vocab_size, isinstance(self.runner, Leader))
         return self.memory.admit(seq)
 
     def _run(self) -> None:
@@ -309,29 +282,6 @@ class Engine(StepPrepare, StepPostprocess, StepChainAhead):
             self._chain_flight = ChainFlight(batch, logits, started)
             return True
         self._finish(batch, logits, started)
-        return True
-
-    def _continue(self) -> bool:
-        """With a step in flight: launch the next one on its picks where `Lookahead` holds and
-        nothing waits to be admitted, then settle the one in flight while the next runs."""
-        flight, self._in_flight = self._in_flight, None
-        batch = flight.batch
-        if (self.scheduler.may_admit(time.monotonic(), self._preparing)
-                or self._stopping.is_set()
-                or not self._lookahead.holds(batch)
-                or (self.speculator is not None and not self.speculator.plain_next(batch.decode))):
-            self._finish(batch, None, flight.started, flight.picked)
-            return True
-        started = time.perf_counter()
-        self._faults.check_step(self._step)
-        self._step += 1
-        logits = self.runner.forward_from(batch, flight.picked.tokens)
-        picked = pick_rows(logits, [s.sampler for s in batch.decode], flight.picked.tokens)
-        self._finish(batch, None, flight.started, flight.picked)
-        if all(seq.finish_reason is None for seq in batch.decode):
-            self._in_flight = InFlight(batch, picked, started)
-        else:  # a row ended: the rest settle now, and the next step is scheduled afresh
-            self._finish(batch, None, started, picked)
         return True
 
     def _retire(self, seq: Sequence) -> None:

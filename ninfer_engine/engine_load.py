@@ -1,5 +1,6 @@
 """`load_engine`: an artifact turned into the parts a serving `Engine` runs (tokenizer, chat
-template, this rank's model and memory, its captured graphs, speculator and vision tower).
+template, this rank's model and memory, its captured graphs, speculator and vision tower);
+`engine_runner`: the runner over them.
 
 Any failure becomes one `EngineLoadError` that names the artifact (startup exit 1); when the
 payload digest check fails too, its mismatch is the reason given.
@@ -15,10 +16,13 @@ from .config import EngineConfig
 from .cpu_threads import run_on_own_thread
 from .experts import expert_tiers_for, offloading
 from .parallel import RankGroup
+from .parallel.lockstep import Leader, LeaderDrafter
 from .rank_parts import load_rank
 from .serving import (cpu_compiled, prefill_chunk_for, serving_device, serving_dtypes,
                       weights_mode)
+from .step.families import make_runner
 from .step.speculation import build_speculator
+from .step.verify_chain import verify_chain
 from .tokenizer import Tokenizer
 from .vision.tower import VisionTower, load_vision
 
@@ -102,3 +106,23 @@ def load_engine(config: EngineConfig, artifact: Any, model: Any, ranks: RankGrou
         raise EngineLoadError(message) from exc
     return LoadedEngine(artifact, text_config, tokenizer, chat_template, parts.config,
                         device, parts.model, parts.memory, parts.graphs, parts.extra, towers[0])
+
+
+def engine_runner(loaded: LoadedEngine, ranks: RankGroup, eos: frozenset[int],
+                  served: tuple) -> Any:
+    """The family's runner over `loaded`'s model and graphs; under `--spec mtp` with its verify
+    chain (`served`: the sampling presets a request that sends none samples with, whose chains
+    are captured at start); under tensor parallelism wrapped by the `Leader` that sends each
+    step's plan to the other ranks before it runs here."""
+    spec = loaded.speculator
+    # hiddens go to a drafter that reads them (MTP); without one the graph step keeps none
+    runner = make_runner(loaded.model, loaded.graphs,
+                         spec.observe if spec and spec.reads_hidden else None, loaded.vision)
+    if not ranks.parallel:
+        if loaded.config.verify_chain:
+            runner.chain = verify_chain(loaded.graphs, spec, eos, served)
+        return runner
+    runner = Leader(runner, ranks, loaded.memory, spec.observes if spec else None)
+    if spec and hasattr(spec.drafter, "propose_rows"):  # the other ranks draft too
+        spec.drafter = LeaderDrafter(spec.drafter, runner)
+    return runner

@@ -11,9 +11,10 @@ host reads step n's tokens and does its bookkeeping while n+1 runs.
 Only steps whose outcome does not depend on the host between them go ahead (`Lookahead.holds`):
 the same rows as the step before, every one plain decode on a captured graph, sampled without
 host state (no grammar, log-probabilities or forced thinking close; penalties count the pick in
-flight on the device), far from its length limits and inside its lease. A row that ends at step n (EOS, a stop string) has computed
-step n+1 too: its pick is dropped, and its K/V and recurrent state already cover its last
-token — which is what `cached` then says, so a checkpoint of it stays consistent. Everything
+flight on the device), far from its length limits and inside its lease. A row that ends at
+step n (EOS, a stop string) has computed step n+1 too: its pick is dropped, and its K/V and
+recurrent state already cover its last token — which is what `cached` then says, so a
+checkpoint of it stays consistent. Everything
 else (a new arrival, a cancel, a row near its end) settles the step in flight first and takes
 the ordinary path, so those steps decode exactly as without lookahead. Under `--spec` the plain
 steps go ahead while the policy keeps choosing plain decode (`Speculator.plain_next`): it then
@@ -22,9 +23,10 @@ target's hiddens gets each step's as it launches (`HybridRunner.forward_from`).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from .sampling import Picked, settles_on_device
+from .sampling import Picked, pick_rows, settles_on_device
 from .scheduler import Batch
 from .sequence import Sequence
 
@@ -60,8 +62,8 @@ class Lookahead:
         cap = seq.thinking_cap
         return (seq.finish_reason is None and not seq.cancelled
                 and settles_on_device(seq.sampler)
-                and (cap is None or (not cap.forced and (not cap.reasoning
-                                                         or cap.spent + MARGIN_TOKENS < cap.budget)))
+                and (cap is None or (not cap.forced and (
+                    not cap.reasoning or cap.spent + MARGIN_TOKENS < cap.budget)))
                 and seq.request.max_tokens - len(seq.output) >= MARGIN_TOKENS
                 and seq.cached + MARGIN_TOKENS < self.max_context
                 and seq.cached + MARGIN_TOKENS <= seq.cache.capacity)
@@ -80,3 +82,30 @@ def picked_tokens(seqs: list[Sequence], picked: Picked) -> list[int | None]:
             seq.sampler.record(token)
             tokens.append(token)
     return tokens
+
+
+class StepLookahead:
+    """The lookahead continuation of `Engine` (see the module docstring)."""
+
+    def _continue(self) -> bool:
+        """With a step in flight: launch the next one on its picks where `Lookahead` holds and
+        nothing waits to be admitted, then settle the one in flight while the next runs."""
+        flight, self._in_flight = self._in_flight, None
+        batch = flight.batch
+        if (self.scheduler.may_admit(time.monotonic(), self._preparing)
+                or self._stopping.is_set()
+                or not self._lookahead.holds(batch)
+                or (self.speculator is not None and not self.speculator.plain_next(batch.decode))):
+            self._finish(batch, None, flight.started, flight.picked)
+            return True
+        started = time.perf_counter()
+        self._faults.check_step(self._step)
+        self._step += 1
+        logits = self.runner.forward_from(batch, flight.picked.tokens)
+        picked = pick_rows(logits, [s.sampler for s in batch.decode], flight.picked.tokens)
+        self._finish(batch, None, flight.started, flight.picked)
+        if all(seq.finish_reason is None for seq in batch.decode):
+            self._in_flight = InFlight(batch, picked, started)
+        else:  # a row ended: the rest settle now, and the next step is scheduled afresh
+            self._finish(batch, None, started, picked)
+        return True
