@@ -13,7 +13,8 @@ from ninfer_engine.config import DEFAULT_MAX_TOKENS, EngineConfig
 from ninfer_engine.cli.flags import parse_args
 from ninfer_engine.step.sampling_presets import default_max_tokens, sampling_defaults
 from ninfer_engine.supervisor import Supervisor
-from ninfer_engine.cli.tools import _parser, _sampling
+from ninfer_engine.cli.tools import _parser
+from ninfer_engine.cli.tools_convert import _sampling
 from ninfer_engine.types import SamplingParams
 from ninfer_http.prompt import ChatRequest, prepare
 
