@@ -9,6 +9,8 @@
 #                verify graphs (max_q 1): does the decode step pay for the verify trail?
 #   27b-16l-b8   the 27B cut to 16 layers at concurrency 8, the shape `served_load.sh` serves
 #                (served aggregate against the engine's own figure)
+#   27b-spec     bf16 at 1K, B = 1 and 8, the speculative section drafting with a random MTP
+#                head (`--spec-drafter mtp`): issue 19's 27B figure at 3.67 tokens a round
 #   27b-fp8      `--weights fp8-row`: decode and concurrency (no prefill, no peer)
 #   27b-q4       `--weights qwen3_6_27b` (the official Q4/Q5 mix, head Q6) served as the engine's
 #                default `--cuda-weights auto` does (Q4/Q5 repacked into fp8 groups): the same
@@ -74,6 +76,8 @@ for which in "${@:-27b 35b-a3b 35b-a3b-fp8 27b-fp8 27b-q4 27b-q4-packed flash-ne
                             --spec-rates none --prefill 0 --no-peer ;;
       27b-16l-b8) run h200-ninfer-bench-27b-16l 90 --arch 27b --layers 16 --context 1024 \
                     --concurrency 8 --spec-rates none --prefill 0 --no-peer ;;
+      27b-spec) run h200-ninfer-bench-27b-spec 200 --arch 27b --weights bf16 --context 1024 \
+                  --concurrency 1,8 --spec-drafter mtp --prefill 0 --no-peer ;;
       27b-fp8) run h200-ninfer-bench-27b-fp8 95 --arch 27b --weights fp8-row "${ALL[@]}" \
                  --prefill 0 --no-peer ;;
       27b-q4) run h200-ninfer-bench-27b-q4 95 --arch 27b --weights qwen3_6_27b "${ALL[@]}" \
