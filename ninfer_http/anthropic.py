@@ -17,7 +17,8 @@ from ninfer_engine.types import TokenEvent, Usage
 
 from . import sse
 from .admission import SLOTS
-from .anthropic_messages import SIGNATURE_PREFIX, parse_messages_request
+from .anthropic_conversation import SIGNATURE_PREFIX
+from .anthropic_messages import parse_messages_request
 from .context import CONFIG, client_label, ready_engine, request_id
 from .errors import ApiError
 from .generation import Generation, OutputDelta, is_failure, start_generation

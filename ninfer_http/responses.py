@@ -1,8 +1,8 @@
 """OpenAI Responses (core subset): create (JSON or semantic SSE), input_tokens, retrieve, delete,
 input_items, cancel and compact (contract §6).
 
-Parsing (`responses_request`, `responses_items`) ends in a `ChatRequest` over the stored
-conversation of `previous_response_id` plus this request's items; `prompt.prepare()` and
+`responses_turn.parse_turn` makes a request's `ChatRequest` over the stored conversation of
+`previous_response_id` plus this request's items; `prompt.prepare()` and
 `generation.Generation` do the rest, and `responses_stream.OutputBuilder` turns the generation's
 channels into output items and events. Errors raised while preparing name `input` where the
 shared code says `messages`. After the SSE headers a failure is `response.failed`.
@@ -12,13 +12,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterator
 
 from aiohttp import web
 
 from ninfer_engine.client import ServingEngine
-from ninfer_engine.config import EngineConfig
 from ninfer_engine.types import TokenEvent
 
 from . import sse
@@ -29,19 +27,15 @@ from .generation import Generation, start_generation
 from .logprobs import LogprobReader
 from .logs import RequestTrace
 from .media import count_prompt_tokens, prepare_with_media
-from .prompt import ChatRequest
 from .reasoning_seal import ReasoningSeal
-from .responses_items import Conversation
 from .responses_pages import check_query, input_items_page
-from .responses_request import ResponsesRequest, check_model, parse_create
-from .responses_shapes import item_id, output_message
+from .responses_shapes import output_message
 from .responses_store import ResponseStore, StoredResponse, json_size
 from .responses_stream import Event, OutputBuilder
+from .responses_turn import PROTOCOL, Turn, parse_turn
 from .streaming import serve_stream
 from .usage import responses_usage
-from .validate import parse_json_object
 
-PROTOCOL = "openai-responses"
 STORE = web.AppKey("ninfer_response_store", ResponseStore)
 SEAL = web.AppKey("ninfer_reasoning_seal", ReasoningSeal)  # this process's encrypted_content key
 _RETRIEVE_QUERY = frozenset({"include", "include[]", "stream", "starting_after",
@@ -75,82 +69,12 @@ def _input_param() -> Iterator[None]:
         raise
 
 
-@dataclass(frozen=True)
-class _Turn:
-    """One parsed request: its fields, its conversation and what it inherits."""
-
-    id: str
-    parsed: ResponsesRequest
-    conversation: Conversation
-    chat: ChatRequest
-    session_key: str
-    preserve_thinking: bool | None  # the root's, stored for later continuations
-    history: list[dict[str, Any]]  # the earlier turns' input and output items (input_items)
-
-    @property
-    def input_items(self) -> list[dict[str, Any]]:
-        """Every item used to generate this response: earlier turns', then this request's."""
-        return [*self.history, *self.conversation.items]
-
-
-def _with_instructions(instructions: str | None, messages: list[dict[str, Any]]
-                       ) -> list[dict[str, Any]]:
-    # Instructions belong to this request only; they join a leading system message if any.
-    if not instructions:
-        return messages
-    if messages and messages[0]["role"] == "system":
-        first = {"role": "system", "content": f"{instructions}\n\n{messages[0]['content']}"}
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": instructions}, *messages]
-
-
-def _turn(raw: bytes, engine: ServingEngine, config: EngineConfig, store: ResponseStore,
-          seal: ReasoningSeal, model_required: bool) -> _Turn:
-    body = parse_json_object(raw)
-    parsed = parse_create(body, config)
-    check_model(parsed.model, engine.model_id, model_required)
-    previous = None
-    if parsed.previous_response_id is not None:
-        previous = store.get(parsed.previous_response_id, param="previous_response_id")
-    conversation = Conversation(previous.conversation if previous else (), seal.open)
-    conversation.add_all(parsed.input)
-    kwargs = dict(parsed.template_kwargs)
-    preserve = kwargs.get("preserve_thinking")
-    if previous is not None and not parsed.preserve_thinking_set:
-        preserve = previous.preserve_thinking
-        kwargs.pop("preserve_thinking", None)
-        if preserve is not None:
-            kwargs["preserve_thinking"] = preserve
-    response_id = item_id("resp_")
-    # a chain shares its root's key; Codex names its thread with prompt_cache_key instead
-    session_key = parsed.prompt_cache_key or (previous.session_key if previous else response_id)
-    chat = ChatRequest(
-        protocol=PROTOCOL,
-        messages=_with_instructions(parsed.instructions, conversation.messages),
-        tools=parsed.tools.template,
-        max_tokens=parsed.max_output_tokens,
-        sampling=parsed.sampling,
-        template_kwargs=kwargs,
-        stream=parsed.stream,
-        thinking=parsed.thinking,
-        thinking_budget=config.default_thinking_budget,
-        grammar=parsed.grammar,
-        grammar_param=parsed.tools.param,
-        parallel_tool_calls=parsed.parallel_tool_calls,
-        session_key=session_key,
-        logprobs=parsed.logprobs,
-    )
-    history = [*previous.input_items, *previous.response["output"]] if previous else []
-    return _Turn(response_id, parsed, conversation, chat, session_key,
-                 previous.preserve_thinking if previous else preserve, history)
-
-
 async def create_response(request: web.Request) -> web.StreamResponse:
     engine = ready_engine(request)
     label = client_label(request)
     store = request.app[STORE]
-    turn = _turn(await request.read(), engine, request.app[CONFIG], store, request.app[SEAL],
-                 model_required=True)
+    turn = parse_turn(await request.read(), engine, request.app[CONFIG], store,
+                      request.app[SEAL], model_required=True)
     with _input_param():
         prepared = await prepare_with_media(request, engine, turn.chat)
     if turn.parsed.store:
@@ -168,7 +92,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 class _Reply:
     """Turns one generation's events into a Response object or its semantic event stream."""
 
-    def __init__(self, turn: _Turn, generation: Generation, engine: ServingEngine,
+    def __init__(self, turn: Turn, generation: Generation, engine: ServingEngine,
                  store: ResponseStore, seal: Callable[[str], str] | None) -> None:
         self.turn = turn
         self.generation = generation
@@ -280,8 +204,8 @@ async def _write_all(write: Callable[[Event], Awaitable[None]], events: list[Eve
 
 async def count_input_tokens(request: web.Request) -> web.Response:
     engine = ready_engine(request)
-    turn = _turn(await request.read(), engine, request.app[CONFIG], request.app[STORE],
-                 request.app[SEAL], model_required=False)
+    turn = parse_turn(await request.read(), engine, request.app[CONFIG], request.app[STORE],
+                      request.app[SEAL], model_required=False)
     with _input_param():
         count = await count_prompt_tokens(request, engine, turn.chat)
     return web.json_response({"object": "response.input_tokens", "input_tokens": count})
