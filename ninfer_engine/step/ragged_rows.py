@@ -64,6 +64,7 @@ def ragged_forward(graphs, batch: Batch, sampled: set[int],
     rest = [c for c in batch.chunks if id(c.seq) not in taken]
     eager = eager_chunks(rest) if rest else None
     at = {id(c.seq): i for i, c in enumerate(c for c in rest if id(c.seq) in sampled)}
-    return torch.stack([kept[id(seq)] if id(seq) in kept else eager[at[id(seq)]]
-                        for seq in batch.sampled])
+    rows = [kept[id(seq)] if id(seq) in kept else eager[at[id(seq)]] for seq in batch.sampled]
+    # none sampled: a step of prompts that sample nothing yet (or ever: `max_tokens` 0)
+    return torch.stack(rows) if rows else out[:0]
 

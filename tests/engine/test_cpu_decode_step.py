@@ -268,3 +268,31 @@ def test_short_prompt_chunks_run_in_the_compiled_step(monkeypatch, device):
             assert sorted(eager_tokens) == sorted(lengths)
     assert outputs[0] == outputs[1]
     assert all(len(out) == 12 for out in outputs[1].values())
+
+
+def test_a_step_whose_short_prompts_sample_nothing_runs_in_the_compiled_step(device):
+    """A request with `max_tokens` 0 (the prompt computed, nothing sampled) whose chunk goes
+    through the C step alone: the step has no sampled row. It ends with no tokens; the engine
+    stays ready and serves the next request (before, `ragged_forward` stacked an empty list
+    and the engine failed for every request, found by fuzzing the HTTP server)."""
+    if device.type != "cpu":
+        pytest.skip("the compiled step serves the CPU only")
+    from pathlib import Path
+
+    from ninfer_engine.config import EngineConfig
+    from ninfer_engine.engine import Engine
+    from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
+
+    from .mask_helpers import drive, tokens
+
+    engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=256,
+                                 no_prefix_reuse=True), Q8Artifact(tiny_llama(seed=5)))
+    assert isinstance(engine.runner.graphs.decoder, CpuDecoder)
+    greedy = SamplingParams(temperature=0.0)
+    nothing = drive(engine, [GenerationRequest("r0", tuple(range(3, 13)), greedy, 0)])["r0"]
+    assert tokens(nothing) == [] and nothing[-1].finish == "length"
+    assert engine.state is EngineState.READY
+    after = drive(engine, [GenerationRequest("r1", tuple(range(5, 17)), greedy, 4,
+                                             ignore_eos=True)])["r1"]
+    engine.stop()
+    assert len(tokens(after)) == 4
