@@ -118,7 +118,7 @@ class EngineConfig:
     # ... and the next such round launched before this one is read (`step.chain_ahead`)
     chain_ahead: bool = True
     # the engine in a process of its own (`engine_process`); None: on CUDA without --vision
-    # (`supervisor._in_own_process`, which NINFER_ENGINE_PROCESS overrides)
+    # (`engine_factory._in_own_process`, which NINFER_ENGINE_PROCESS overrides)
     engine_process: bool | None = None
     # the compiled step's GEMV inputs: fp32 (the exact product of the stored weights), or
     # quantized per 32 to int16 or int8 (llama.cpp's Q8_0 x Q8_0) for integer dot products:

@@ -3,7 +3,8 @@
 It is also the `ServingEngine` the HTTP layer holds: it forwards to the current engine, so a
 reload swaps engines under a server that keeps listening and answers 503 meanwhile. Every
 request passes its `AdmissionGate` (pause, drain) and ends in its `RequestLedger` (latency,
-reasons, recent requests), both of which outlive reloads.
+reasons, recent requests), both of which outlive reloads. The stream `submit` returns is
+`gated_stream.GatedStream`; the engine is built by an `engine_factory.EngineFactory`.
 """
 from __future__ import annotations
 
@@ -12,50 +13,20 @@ import gc
 import os
 import threading
 import time
-from collections import deque
 from dataclasses import replace
 from typing import Callable
 
 from .admission_gate import AdmissionGate
-from .arrival import current_arrival
 from .cli.capabilities import Machine, check_features, probe_machine
 from .config import EngineConfig
 from .cli.flags import parse_args
+from .engine_factory import EngineFactory, _default_factory
+from .gated_stream import GatedStream
 from .request_ledger import RequestLedger, ended_view, with_client
-from .step.event_pump import EventStream, IteratorStream, as_event_stream
 from .stats import EngineStats, QueueStats, Throughput
-from .types import EngineState, GenerationRequest, SamplingParams, TokenEvent, Timings, Usage
+from .types import EngineState, GenerationRequest, SamplingParams, TokenEvent
 
 DRAIN_POLL_S = 0.05
-EngineFactory = Callable[[EngineConfig], object]
-
-
-def _default_factory(config: EngineConfig):
-    if config.tp > 1:  # one process per rank (`parallel.launch`)
-        from .parallel.launch import tensor_parallel_engine
-
-        return tensor_parallel_engine(config)
-    if _in_own_process(config):
-        from .engine_process import EngineProcess
-
-        return EngineProcess(config)
-    from .engine import Engine  # torch is imported only when an engine is really built
-
-    return Engine(config)
-
-
-def _in_own_process(config: EngineConfig) -> bool:
-    """The engine in a process of its own (`engine_process`) where a step's host work limits
-    serving: on CUDA, or as `NINFER_ENGINE_PROCESS=0|1` says. The CPU engine stays in this one
-    by default (its step needs every core)."""
-    chosen = os.environ.get("NINFER_ENGINE_PROCESS", "")
-    if chosen:
-        return chosen.lower() in ("1", "true", "on")
-    if config.engine_process is not None:
-        return config.engine_process
-    import torch
-
-    return torch.cuda.is_available()
 
 
 class Supervisor:
@@ -291,75 +262,6 @@ class Supervisor:
         elif self._stopping and view.phase == "error":
             self.cut_off += 1
         self.ledger.record(view)
-
-
-class GatedStream:
-    """`Supervisor.submit`'s event stream: the first read waits at the admission gate, then
-    reads the current engine's stream (`EventStream`'s `wait`, `take`, `aclose`, and async
-    iteration); the finishing event, or an early close, is recorded in the ledger."""
-
-    def __init__(self, supervisor: Supervisor, request: GenerationRequest) -> None:
-        self._supervisor, self._request = supervisor, request
-        self._arrival = current_arrival()
-        self._arrival.hand_over()  # prepared: waiting at the gate is not the front end's work
-        self._events: EventStream | IteratorStream | None = None  # once past the gate
-        self._recorded = False
-        self._held: deque[TokenEvent] = deque()  # taken, not yet iterated
-        self._read_last = False
-
-    async def _enter(self) -> EventStream | IteratorStream:
-        if self._events is None:
-            sup, arrival, rid = self._supervisor, self._arrival, self._request.request_id
-            prompt = len(self._request.prompt_ids)
-            deadline = arrival.at + sup.config.pending_timeout_ms / 1000
-            refused = await sup.gate.enter(rid, prompt, arrival.at, arrival.client, deadline)
-            if refused is not None:
-                last = TokenEvent(finish="error", error=refused, usage=Usage(prompt, 0),
-                                  timings=Timings(queue_s=time.monotonic() - arrival.at))
-                self._recorded = True  # the gate's refusal: no client, no cut-off
-                sup.ledger.record(ended_view(rid, prompt, arrival.at, arrival.client, last,
-                                             time.monotonic()))
-                self._events = EventStream.of(last)
-            else:
-                sup._clients[rid] = arrival.client
-                self._events = as_event_stream(sup._current().submit(self._request))
-        return self._events
-
-    async def wait(self, timeout: float | None = None) -> bool:
-        """The first call also waits at the gate (without the timeout)."""
-        return await (await self._enter()).wait(timeout)
-
-    def take(self) -> list[TokenEvent]:
-        events = [] if self._events is None else self._events.take()
-        if events and events[-1].finish is not None:
-            self._end(events[-1])
-        return events
-
-    def __aiter__(self) -> GatedStream:
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        while not self._held:
-            if self._read_last:
-                raise StopAsyncIteration
-            await self.wait()
-            self._held.extend(self.take())
-        event = self._held.popleft()
-        self._read_last = event.finish is not None
-        return event
-
-    async def aclose(self) -> None:
-        """An early close reaches the engine now, so it cancels at the next step."""
-        if self._events is not None:
-            self._end(None)
-            await self._events.aclose()
-
-    def _end(self, last: TokenEvent | None) -> None:
-        if not self._recorded:
-            self._recorded = True
-            sup, arrival, rid = self._supervisor, self._arrival, self._request.request_id
-            sup._clients.pop(rid, None)
-            sup._record(rid, len(self._request.prompt_ids), arrival.at, arrival.client, last)
 
 
 def _release_memory() -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import sys
 
 from ninfer_engine.cli.capabilities import FeatureUnavailable, check_features, probe_machine
-from ninfer_engine.cli.flags import USAGE, UsageError, parse_args
+from ninfer_engine.cli.flag_table import USAGE
+from ninfer_engine.cli.flag_values import UsageError
+from ninfer_engine.cli.flags import parse_args
 
 HELP = f"""{USAGE}
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from multiprocessing import resource_tracker
 
 from ninfer_engine.config import EngineConfig
-from ninfer_engine.cli.flags import PROFILES
+from ninfer_engine.cli.flag_table import PROFILES
 from ninfer_engine.stats import EngineStats
 from ninfer_engine.supervisor import Supervisor
 from ninfer_http.app import create_app

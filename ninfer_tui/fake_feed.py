@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ninfer_engine.cli.flags import PROFILES
+from ninfer_engine.cli.flag_table import PROFILES
 from ninfer_engine.stats import (
     Counters,
     DeviceMemory,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config import EngineConfig
-from .flags import PROFILES, flag_field
+from .flag_table import PROFILES, flag_field
 
 
 class FeatureUnavailable(Exception):

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from ninfer_engine.cli.capabilities import FeatureUnavailable, Machine, check_features
-from ninfer_engine.cli.flags import PROFILES, UsageError, expand_profile, parse_args
+from ninfer_engine.cli.flag_table import PROFILES
+from ninfer_engine.cli.flag_values import UsageError
+from ninfer_engine.cli.flags import expand_profile, parse_args
 
 CPU = Machine(cuda_devices=0)
 TWO_GPUS = Machine(cuda_devices=2)

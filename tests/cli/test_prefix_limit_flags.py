@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ninfer_engine.cli.capabilities import Machine, check_features
-from ninfer_engine.cli.flags import UsageError, parse_args
+from ninfer_engine.cli.flag_values import UsageError
+from ninfer_engine.cli.flags import parse_args
 from ninfer_engine.kv.snapshot_policy import SnapshotLimits
 from ninfer_engine.memory_plan import snapshot_limits
 

@@ -243,7 +243,7 @@ def test_a_load_error_comes_back_as_one_line(tmp_path):
 def test_where_the_engine_runs(monkeypatch, env, config, expected):
     import torch
 
-    from ninfer_engine.supervisor import _in_own_process
+    from ninfer_engine.engine_factory import _in_own_process
 
     monkeypatch.setenv("NINFER_ENGINE_PROCESS", env)
     chosen = _in_own_process(EngineConfig(artifact=MODEL, **config))

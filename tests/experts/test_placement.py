@@ -133,7 +133,8 @@ def test_an_expert_budget_for_a_dense_model_is_an_error():
 
 
 def test_the_expert_flags_parse_and_need_a_budget():
-    from ninfer_engine.cli.flags import UsageError, parse_args
+    from ninfer_engine.cli.flag_values import UsageError
+    from ninfer_engine.cli.flags import parse_args
 
     c = parse_args(["m.ninfer", "--expert-vram-mib", "auto", "--expert-miss", "copy",
                     "--expert-cache", "lru", "--expert-prefetch"]).config
