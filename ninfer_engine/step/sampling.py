@@ -61,8 +61,10 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
     keep = torch.ones_like(values, dtype=torch.bool)
     if top_p < 1.0:
         probs = values.softmax(-1)
-        # keep a token while the mass before it is below top_p (the first always stays)
+        # keep a token while the mass before it is below top_p; the first always stays
+        # (top_p = 0 keeps it alone)
         keep &= (probs.cumsum(-1) - probs) < top_p
+        keep[0] = True
     if min_p > 0.0:
         probs = values.softmax(-1)
         keep &= probs >= min_p * probs[0]

@@ -53,8 +53,9 @@ def _filter_sorted(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
     in_k = (pos < top_k) | (top_k <= 0)
     # top-p and min-p see the softmax over the top-k survivors, as in filter_logits
     probs = values.masked_fill(~in_k, float("-inf")).softmax(-1)
-    # top_p = 1 must keep everything even where the fp32 cumsum rounds past 1
-    keep = in_k & (((probs.cumsum(-1) - probs) < top_p) | (top_p >= 1.0))
+    # top_p = 1 must keep everything even where the fp32 cumsum rounds past 1; the likeliest
+    # token always stays (top_p = 0 keeps it alone, not nothing)
+    keep = in_k & (((probs.cumsum(-1) - probs) < top_p) | (top_p >= 1.0) | (pos == 0))
     keep &= probs >= min_p * probs[:, :1]
     return probs.masked_fill(~keep, 0.0)
 

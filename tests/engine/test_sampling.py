@@ -31,6 +31,7 @@ def test_top_p_mask_keeps_smallest_nucleus():
     assert _kept(filter_logits(_logits(), top_p=0.5)) == {3, 0}
     assert _kept(filter_logits(_logits(), top_p=0.4)) == {3}
     assert _kept(filter_logits(_logits(), top_p=0.75)) == {3, 0, 2}
+    assert _kept(filter_logits(_logits(), top_p=0.0)) == {3}  # the likeliest always stays
 
 
 def test_min_p_mask_relative_to_top():

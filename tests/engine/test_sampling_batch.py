@@ -119,6 +119,11 @@ def test_top_p_one_keeps_the_tail_and_top_k_one_is_argmax():
         assert int((got > 0).sum()) == min(params[0].top_k or V, V)
     samplers = [Sampler(SamplingParams(top_k=1, seed=s)) for s in range(3)]
     assert sample_rows(_logits(3), samplers) == _logits(3).argmax(-1).tolist()
+    # top_p 0 keeps the likeliest token alone on both paths (it kept none: the draw then took
+    # a token of probability 0, one a grammar had masked: found by fuzzing the server)
+    for top_k in (0, 20):
+        samplers = [Sampler(SamplingParams(top_k=top_k, top_p=0.0, seed=s)) for s in range(3)]
+        assert sample_rows(_logits(3), samplers) == _logits(3).argmax(-1).tolist(), top_k
 
 
 # --- seeded determinism ----------------------------------------------------------------------
