@@ -149,10 +149,15 @@ def encode_fragment(engine: ServingEngine, text: str) -> tuple[int, ...]:
     return tuple(engine.tokenizer.encode(text)[len(lead):])
 
 
-def thinking_cap(engine: ServingEngine, budget: int, max_tokens: int) -> dict[str, Any]:
+def thinking_cap(engine: ServingEngine, budget: int, max_tokens: int,
+                 constrained: bool = False) -> dict[str, Any]:
     """The engine's cap fields; 400 when the budget, the close and one answer token cannot fit
-    the effective output limit."""
-    close_ids = encode_fragment(engine, THINKING_CLOSE)
+    the effective output limit. A `constrained` answer's grammar applies right after
+    `</think>`: its close stops there (the blank line after it is not the grammar's)."""
+    close = THINKING_CLOSE
+    if constrained:
+        close = close[: close.rindex(THINK_END) + len(THINK_END)]
+    close_ids = encode_fragment(engine, close)
     if budget + len(close_ids) + 1 > max_tokens:
         raise ApiError(
             400,
@@ -228,7 +233,7 @@ def prepare(engine: ServingEngine, request: ChatRequest, request_id: str,
         grammar = None
     cap: dict[str, Any] = {}
     if thinks and request.thinking_budget is not None:
-        cap = thinking_cap(engine, request.thinking_budget, max_tokens)
+        cap = thinking_cap(engine, request.thinking_budget, max_tokens, grammar is not None)
     generation = GenerationRequest(
         request_id=request_id,
         prompt_ids=tuple(prompt_ids),

@@ -20,6 +20,14 @@ import llguidance
 
 CALL_TAG = "<tool_call>"
 OPEN, CLOSE = CALL_TAG + "\n", "\n</tool_call>"
+# The rules that spell the call tags, as text (any tokenizer) and as the special tokens a
+# tokenizer may hold them as (Qwen3.5's `<tool_call>` is one added token): llguidance's mask
+# for a tag spelled as text allows the tag's token, which its matcher then refuses, so such a
+# tokenizer's grammar names the tokens instead (`with_tag_tokens`, at compile time)
+TEXT_TAGS = ('call_open: "<tool_call>\\n"', 'call_close: "\\n</tool_call>"',
+             'call_start[lazy]: TEXT "<tool_call>"')
+TOKEN_TAGS = ('call_open: <tool_call> "\\n"', 'call_close: "\\n" </tool_call>',
+              "call_start: TEXT <tool_call>")
 CUSTOM_INPUT = "input"  # a custom tool's one string argument, as the template shows it
 CUSTOM_END = "\n</parameter>\n</function>"
 # Fixed separators and no free whitespace: a small model sampled at temperature 1 can otherwise
@@ -194,8 +202,8 @@ def tool_call_grammar(tools: list[ToolSpec], parallel: bool) -> str:
         raise GrammarError("a tool call is required but no tool is offered")
     body, side = _call_rules(tools)
     calls = 'call ("\\n" call)*' if parallel else "call"
-    lark = "\n".join([f"start: {calls}",
-                      f"call: {json.dumps(OPEN)} call_body {json.dumps(CLOSE)}", *body]) + "\n"
+    lark = "\n".join([f"start: {calls}", "call: call_open call_body call_close", *TEXT_TAGS[:2],
+                      *body]) + "\n"
     return _compiled(lark, side, "tool call grammar")
 
 
@@ -217,15 +225,28 @@ def optional_call_grammar(tools: list[ToolSpec], parallel: bool,
     if answer is None:
         start = [f"start: TEXT | first_call{more}",
                  f"first_call: call_start {json.dumps(OPEN[len(CALL_TAG):])} call_body "
-                 f"{json.dumps(CLOSE)}",
-                 f"call_start[lazy]: TEXT {json.dumps(CALL_TAG)}"]
+                 "call_close", TEXT_TAGS[2]]
     else:  # the answer is the format's JSON, or calls without text before them
         start = [f"start: @answer | call{more}"]
         side.append(_side(answer, "answer"))
-    lark = "\n".join(["%llguidance {}", *start,
-                      f"call: {json.dumps(OPEN)} call_body {json.dumps(CLOSE)}", *body,
-                      "TEXT: /(.|\\n)*/"]) + "\n"
+    lark = "\n".join(["%llguidance {}", *start, "call: call_open call_body call_close",
+                      *TEXT_TAGS[:2], *body, "TEXT: /(.|\\n)*/"]) + "\n"
     return _compiled(lark, side, "tool call grammar")
+
+
+def with_tag_tokens(grammar: str) -> str:
+    """`grammar` (a builder's: Lark text, or llguidance's JSON of several) with the call tags'
+    rules naming the tags' special tokens (`TOKEN_TAGS`) instead of spelling them."""
+    def swapped(lark: str) -> str:
+        tags = dict(zip(TEXT_TAGS, TOKEN_TAGS))
+        return "\n".join(tags.get(line, line) for line in lark.split("\n"))
+    if not grammar.lstrip().startswith("{"):
+        return swapped(grammar)
+    parsed = json.loads(grammar)
+    for one in parsed.get("grammars", []):
+        if "lark_grammar" in one:
+            one["lark_grammar"] = swapped(one["lark_grammar"])
+    return json.dumps(parsed)
 
 
 def custom_input_grammar(syntax: str, definition: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import llguidance
 
-from .grammar import GrammarError
+from .grammar import CALL_TAG, GrammarError, with_tag_tokens
 
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -112,11 +112,21 @@ class TokenConstraint:
             raise RuntimeError(f"the output left its grammar: {self.matcher.get_error()}")
 
 
+def holds_tag_tokens(view: llguidance.LLTokenizer) -> bool:
+    """Whether the tokenizer holds the tool-call tags as special tokens (one each)."""
+    def special(text: str) -> bool:
+        ids = view.tokenize_bytes(text.encode())
+        return len(ids) == 1 and view.is_special_token(ids[0])
+    return special(CALL_TAG) and special(CALL_TAG.replace("<", "</"))
+
+
 def compile_constraint(tokenizer: Any, grammar: str,
                        start_after: Sequence[int] = ()) -> TokenConstraint:
-    """A fresh constraint for `grammar` (from grammar.py) over the engine's tokenizer."""
+    """A fresh constraint for `grammar` (from grammar.py) over the engine's tokenizer; the
+    call tags name its special tokens where it holds them so (`grammar.with_tag_tokens`)."""
     view = llg_tokenizer(tokenizer)
-    matcher = llguidance.LLMatcher(view, grammar, log_level=0)
+    matcher = llguidance.LLMatcher(
+        view, with_tag_tokens(grammar) if holds_tag_tokens(view) else grammar, log_level=0)
     if matcher.is_error():
         raise GrammarError(matcher.get_error())
     return TokenConstraint(matcher, view.vocab_size, start_after, grammar)

@@ -3,6 +3,8 @@ prepared it): `tool_choice: auto` with strict tools or custom tools with a Lark 
 grammar (free text, or calls whose input the grammar holds), and forced custom-tool calls."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ninfer_engine.chat.tool_calls import ToolCall, ToolCallParser
@@ -147,3 +149,29 @@ def test_a_named_openai_choice_is_one_call_whatever_parallel_tool_calls_says(tok
     assert follows(tokenizer, named, SHELL) and not follows(tokenizer, named, SHELL + "\n" + SHELL)
     for grammar in (anthropic, required):
         assert follows(tokenizer, grammar, SHELL + "\n" + SHELL)
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer():
+    """The real Qwen3.5 tokenizer (synth's), whose `<tool_call>` and `</tool_call>` are single
+    added tokens."""
+    from ninfer_engine.artifact import qwen_resources
+    from ninfer_engine.tokenizer import Tokenizer
+
+    resources = qwen_resources.resources("qwen3_5")
+    return Tokenizer.from_json(resources["tokenizer.json"],
+                               json.loads(resources["tokenizer_config.json"]))
+
+
+def test_call_tags_that_are_tokens_are_named_as_tokens(qwen_tokenizer, tools):
+    """Spelled as text, the tags got a mask that allowed only the `<tool_call>` token, which
+    the matcher then refused (every forced call on a Qwen model failed): compiled for such a
+    tokenizer, the grammar names the tokens, so a call written as the model writes it (the
+    tokens) follows; the default model's tokenizer keeps the text (the tests above)."""
+    assert len(qwen_tokenizer.encode("<tool_call>")) == 1
+    assert follows(qwen_tokenizer, tool_call_grammar(tools[:1], parallel=False), CALL)
+    assert follows(qwen_tokenizer, optional_call_grammar(tools, parallel=False),
+                   "Let me check. " + CALL)
+    assert follows(qwen_tokenizer, optional_call_grammar(tools, parallel=False), "Just text.")
+    assert not follows(qwen_tokenizer, tool_call_grammar(tools[:1], parallel=False),
+                       CALL.replace("5", "500"))
