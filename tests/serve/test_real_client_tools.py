@@ -11,7 +11,6 @@ import math
 import re
 from typing import Literal
 
-import openai
 import pytest
 from pydantic import BaseModel, Field
 

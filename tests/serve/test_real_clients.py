@@ -1,6 +1,7 @@
 """Real clients against a real `ninfer-serve` of the default model (issue 21): Codex's and
 Claude Code's request bodies (the latter through the `anthropic` SDK's beta messages, as
-Claude Code calls them, forced tool choice included), structured outputs through `chat.completions.parse`, forced tool calls, logprobs and
+Claude Code calls them, forced tool choice included), structured outputs through
+`chat.completions.parse`, forced tool calls, logprobs and
 `/v1/completions` through the official SDK. One server for the session (`server`, `client` and
 `claude` in conftest.py; loading takes a while on the small CPU); the 100-seed structured-output
 run is marked slow."""
