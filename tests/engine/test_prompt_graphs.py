@@ -147,9 +147,9 @@ def test_only_a_model_whose_layers_never_sync_gets_the_prompt_step(device):
 
 def _spec_sides(model, device):
     """A verify step (decode rows with 2 and 0 drafts) beside a 5- and a 4-token chunk the
-    prompt step takes in one replay, then a decode step, through the graph runner (decode, verify and prompt graphs,
-    hiddens kept) and the eager runner: (logits of both steps, `cached`, the hidden sink's
-    records (row, position, hiddens)) for each."""
+    prompt step takes in one replay, then a decode step, through the graph runner (decode,
+    verify and prompt graphs, hiddens kept) and the eager runner: (logits of both steps,
+    `cached`, the hidden sink's records (row, position, hiddens)) for each."""
     from ninfer_engine.step.family_runners import HybridRunner
     from ninfer_engine.step.scheduler import Batch, Chunk
 

@@ -9,22 +9,18 @@ drafter's hiddens of its mask rows) must be the reference's within both sides' f
 and its output the same as without `--spec`."""
 from __future__ import annotations
 
-import asyncio
 
 import torch
 
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
-from ninfer_engine.types import GenerationRequest, SamplingParams
-from ninfer_engine.vision.decode import image_item
 from tests.artifact.test_convert_dflash import _zlab
 from tests.models.qwen35_tiny import hybrid_depth, rel_err
 from tests.models.test_dflash import _depth
 from tests.tolerance import bound
-from tests.vision.media_samples import png
 from tests.vision.tiny_vl import IMAGE_PAD, VISION_END, VISION_START, VOCAB, hf_vl_model, \
-    tower_depth, write_vl_artifact
+    serve_image_prompt, tower_depth, write_vl_artifact
 
 K = 4
 TAPS = [0, 2]
@@ -54,15 +50,8 @@ def _serve(path, spec: str | None, ids: list[int]):
             lambda *a: rounds.append(propose(*a)) or rounds[-1])
     engine.start()
     try:
-        pre = engine.vision.preprocessor
-        expanded, media = engine.vision.planner.prepare(
-            ids, [image_item(png(40, 56, 3), pre)], engine.tokenizer.encode)
-        request = GenerationRequest("m", expanded, SamplingParams(temperature=0.0),
-                                    max_tokens=10, ignore_eos=True, media=media)
-
-        async def run():
-            return [t for e in [e async for e in engine.submit(request)] for t in e.token_ids]
-        return asyncio.run(run()), rounds, expanded, media, pre
+        out, expanded, media = serve_image_prompt(engine, ids, 10)
+        return out, rounds, expanded, media, engine.vision.preprocessor
     finally:
         engine.stop()
 

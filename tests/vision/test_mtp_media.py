@@ -8,19 +8,15 @@ t + rope delta. (Drafts that ran at text positions over the pad token's embeddin
 differ: checked below.)"""
 from __future__ import annotations
 
-import asyncio
 
 import torch
 
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
-from ninfer_engine.types import GenerationRequest, SamplingParams
-from ninfer_engine.vision.decode import image_item
 from tests.models.mtp_tiny import HfMtp
-from tests.vision.media_samples import png
 from tests.vision.tiny_vl import IMAGE_PAD, VISION_END, VISION_START, hf_vl_model, \
-    write_vl_artifact
+    serve_image_prompt, write_vl_artifact
 
 K = 3
 
@@ -61,16 +57,9 @@ def test_the_first_drafts_on_a_media_prompt_are_the_references(tmp_path):
     engine.start()
     try:
         pre = engine.vision.preprocessor
-        text = [ord(c) for c in "Look at "]
-        ids = [*text, VISION_START, IMAGE_PAD, VISION_END, *[ord(c) for c in " now"]]
-        expanded, media = engine.vision.planner.prepare(
-            ids, [image_item(png(40, 56, 3), pre)], engine.tokenizer.encode)
-        request = GenerationRequest("m", expanded, SamplingParams(temperature=0.0),
-                                    max_tokens=8, ignore_eos=True, media=media)
-
-        async def run():
-            return [t for e in [e async for e in engine.submit(request)] for t in e.token_ids]
-        first = asyncio.run(run())[0]
+        ids = [*map(ord, "Look at "), VISION_START, IMAGE_PAD, VISION_END, *map(ord, " now")]
+        out, expanded, media = serve_image_prompt(engine, ids, 8)
+        first = out[0]
     finally:
         engine.stop()
     assert media.media_tokens > 16  # the image crosses chunk boundaries

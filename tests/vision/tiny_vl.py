@@ -107,3 +107,22 @@ def write_vl_artifact(model, folder: Path, *extra: str, mtp: dict | None = None)
     assert main(["convert", "hf", str(checkpoint), "-o", str(out), "--recipe", "fp32",
                  *extra]) == 0
     return out
+
+
+def serve_image_prompt(engine, ids: list[int], max_tokens: int):
+    """(greedy output tokens, the expanded prompt, its media) of one request: `ids` with a
+    40x56 image at its pad, through `engine` (started)."""
+    import asyncio
+
+    from ninfer_engine.types import GenerationRequest, SamplingParams
+    from ninfer_engine.vision.decode import image_item
+    from tests.vision.media_samples import png
+
+    expanded, media = engine.vision.planner.prepare(
+        ids, [image_item(png(40, 56, 3), engine.vision.preprocessor)], engine.tokenizer.encode)
+    request = GenerationRequest("m", expanded, SamplingParams(temperature=0.0),
+                                max_tokens=max_tokens, ignore_eos=True, media=media)
+
+    async def run():
+        return [t for e in [e async for e in engine.submit(request)] for t in e.token_ids]
+    return asyncio.run(run()), expanded, media
