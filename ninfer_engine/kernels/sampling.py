@@ -1,10 +1,9 @@
-"""Fused argmax and top-k over a large vocabulary, and top-k / top-p sampling on top of them.
+"""Fused argmax and top-k over a large vocabulary (the sampler's candidates: `step.sampling`).
 
 Stage 1 (Triton) streams each row of logits `[B, V]` once in chunks of `CHUNK` columns: every
 program keeps its chunk in registers and emits the chunk's maximum (argmax) or its k largest
 values with their ids (top-k, by k rounds of max-and-mask). Stage 2 reduces the few candidates
-per row with torch. Sampling draws from the top-k candidates after temperature and top-p
-filtering with the Gumbel-max trick, which is exact categorical sampling.
+per row with torch.
 """
 
 from __future__ import annotations
@@ -87,19 +86,3 @@ def topk(logits, k):
 def argmax(logits):
     """Dispatching argmax; see the module docstring."""
     return (argmax_triton if use_triton(logits) else argmax_ref)(logits)
-
-
-def sample_top_k_top_p(logits, k, p, temperature, generator=None):
-    """Sample one id per row of [B, V] logits from the top-k, top-p renormalised distribution.
-
-    `temperature` 0 means greedy. Candidates come from `topk`, so the vocabulary is read once.
-    """
-    if temperature == 0:
-        return argmax(logits)
-    vals, ids = topk(logits, k)
-    probs = torch.softmax(vals / temperature, -1)
-    # keep the smallest prefix whose mass reaches p (the first candidate always survives)
-    keep = probs.cumsum(-1) - probs < p
-    u = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(1e-20, 1.0)
-    score = torch.where(keep, probs.log() - (-u.log()).log(), float("-inf"))
-    return ids.gather(1, score.argmax(-1, keepdim=True))[:, 0]
