@@ -24,10 +24,11 @@ OPEN, CLOSE = CALL_TAG + "\n", "\n</tool_call>"
 # tokenizer may hold them as (Qwen3.5's `<tool_call>` is one added token): llguidance's mask
 # for a tag spelled as text allows the tag's token, which its matcher then refuses, so such a
 # tokenizer's grammar names the tokens instead (`with_tag_tokens`, at compile time)
-TEXT_TAGS = ('call_open: "<tool_call>\\n"', 'call_close: "\\n</tool_call>"',
-             'call_start[lazy]: TEXT "<tool_call>"')
+TEXT_TAGS = (f"call_open: {json.dumps(OPEN)}", f"call_close: {json.dumps(CLOSE)}",
+             f"call_start[lazy]: TEXT {json.dumps(CALL_TAG)}")
 TOKEN_TAGS = ('call_open: <tool_call> "\\n"', 'call_close: "\\n" </tool_call>',
               "call_start: TEXT <tool_call>")
+_TOKEN_TAG_OF = dict(zip(TEXT_TAGS, TOKEN_TAGS))
 CUSTOM_INPUT = "input"  # a custom tool's one string argument, as the template shows it
 CUSTOM_END = "\n</parameter>\n</function>"
 # Fixed separators and no free whitespace: a small model sampled at temperature 1 can otherwise
@@ -238,8 +239,7 @@ def with_tag_tokens(grammar: str) -> str:
     """`grammar` (a builder's: Lark text, or llguidance's JSON of several) with the call tags'
     rules naming the tags' special tokens (`TOKEN_TAGS`) instead of spelling them."""
     def swapped(lark: str) -> str:
-        tags = dict(zip(TEXT_TAGS, TOKEN_TAGS))
-        return "\n".join(tags.get(line, line) for line in lark.split("\n"))
+        return "\n".join(_TOKEN_TAG_OF.get(line, line) for line in lark.split("\n"))
     if not grammar.lstrip().startswith("{"):
         return swapped(grammar)
     parsed = json.loads(grammar)

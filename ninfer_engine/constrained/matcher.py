@@ -16,7 +16,9 @@ import llguidance
 
 from .grammar import CALL_TAG, GrammarError, with_tag_tokens
 
-_TOKENIZERS: weakref.WeakKeyDictionary[Any, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+# an engine tokenizer's llguidance view, and whether it holds the call tags as special tokens
+_TOKENIZERS: weakref.WeakKeyDictionary[Any, tuple[llguidance.LLTokenizer, bool]] = (
+    weakref.WeakKeyDictionary())
 _LOCK = threading.Lock()
 _ENGINE_TOKENIZER: list[Any] = []  # an engine process's tokenizer (`use_engine_tokenizer`)
 
@@ -27,16 +29,29 @@ class ConstraintUnavailable(RuntimeError):
 
 def llg_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
     """The llguidance tokenizer of an engine `Tokenizer` (its Hugging Face `tokenizer.json`)."""
+    return _view(tokenizer)[0]
+
+
+def _view(tokenizer: Any) -> tuple[llguidance.LLTokenizer, bool]:
+    """(`llg_tokenizer`, whether it holds the call tags as special tokens), built once."""
     backend = getattr(tokenizer, "backend", None)
     if backend is None or not hasattr(backend, "to_str"):
         raise ConstraintUnavailable("this engine's tokenizer cannot drive constrained decoding")
     with _LOCK:
         cached = _TOKENIZERS.get(tokenizer)
         if cached is None:
-            cached = llguidance.LLTokenizer(backend.to_str(), n_vocab=tokenizer.vocab_size,
-                                            eos_token=list(tokenizer.eos_token_ids))
-            _TOKENIZERS[tokenizer] = cached
+            view = llguidance.LLTokenizer(backend.to_str(), n_vocab=tokenizer.vocab_size,
+                                          eos_token=list(tokenizer.eos_token_ids))
+            cached = _TOKENIZERS[tokenizer] = (view, _holds_tag_tokens(view))
         return cached
+
+
+def _holds_tag_tokens(view: llguidance.LLTokenizer) -> bool:
+    """Whether the tokenizer holds the tool-call tags as special tokens (one each)."""
+    def special(text: str) -> bool:
+        ids = view.tokenize_bytes(text.encode())
+        return len(ids) == 1 and view.is_special_token(ids[0])
+    return special(CALL_TAG) and special(CALL_TAG.replace("<", "</"))
 
 
 class TokenConstraint:
@@ -112,21 +127,13 @@ class TokenConstraint:
             raise RuntimeError(f"the output left its grammar: {self.matcher.get_error()}")
 
 
-def holds_tag_tokens(view: llguidance.LLTokenizer) -> bool:
-    """Whether the tokenizer holds the tool-call tags as special tokens (one each)."""
-    def special(text: str) -> bool:
-        ids = view.tokenize_bytes(text.encode())
-        return len(ids) == 1 and view.is_special_token(ids[0])
-    return special(CALL_TAG) and special(CALL_TAG.replace("<", "</"))
-
-
 def compile_constraint(tokenizer: Any, grammar: str,
                        start_after: Sequence[int] = ()) -> TokenConstraint:
     """A fresh constraint for `grammar` (from grammar.py) over the engine's tokenizer; the
     call tags name its special tokens where it holds them so (`grammar.with_tag_tokens`)."""
-    view = llg_tokenizer(tokenizer)
+    view, tag_tokens = _view(tokenizer)
     matcher = llguidance.LLMatcher(
-        view, with_tag_tokens(grammar) if holds_tag_tokens(view) else grammar, log_level=0)
+        view, with_tag_tokens(grammar) if tag_tokens else grammar, log_level=0)
     if matcher.is_error():
         raise GrammarError(matcher.get_error())
     return TokenConstraint(matcher, view.vocab_size, start_after, grammar)
