@@ -37,9 +37,10 @@ from .step.postprocess import StepPostprocess
 from .step.prepare import StepPrepare
 from .step.sampling import Sampler, pick_rows, prefetch_masks
 from .step.sampling_presets import default_max_tokens, sampling_defaults
-from .step.scheduler import Scheduler
+from .step.scheduler import Batch, Scheduler
 from .step.sequence import Sequence
 from .step.stats_builder import StatsBuilder
+from .step.step_failure import StepFailure
 from .step.warm_up import warm_up
 from .tokenizer import IncrementalDetokenizer
 from .types import EngineError, EngineState, GenerationRequest, TokenEvent
@@ -57,7 +58,7 @@ BUSY_PUBLISH_S = 0.05
 UNAVAILABLE = "service_unavailable"
 
 
-class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead):
+class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead, StepFailure):
     """The `ServingEngine` (client.py) backed by our torch model."""
 
     def __init__(self, config: EngineConfig, artifact: Any = None,
@@ -116,6 +117,8 @@ class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead):
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._step = 0
+        self._carried: Batch | None = None  # the step under way's rows (`StepFailure`)
+        self._step_failed = False  # the last busy step raised and ended its rows
         self._retired, self._published = False, 0.0  # `step` publishes by these
         self._preparing = 0  # the front end's requests behind the last hand-over (`add`)
         if device.type == "cuda":  # the eager prompt steps' kernels compile now, not in traffic
@@ -247,7 +250,13 @@ class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead):
     def step(self) -> bool:
         """One turn of the engine loop: a step, its events handed over, the stats published.
         The engine thread runs it; `ninfer bench` times it. False: there was nothing to do."""
-        busy = self._step_once()
+        self._carried = None
+        try:
+            busy = self._step_once()
+            self._step_failed = self._step_failed and not busy
+        except Exception as exc:  # its rows end, or the engine does (`step_failure`)
+            self._end_carried(exc, lockstep=isinstance(self.runner, Leader))
+            busy = True
         if busy and (self._retired or time.monotonic() - self._published >= BUSY_PUBLISH_S):
             self._publish()  # before the events: a reader of a request's end sees it retired
         self._events.flush()
@@ -263,6 +272,7 @@ class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead):
         started = time.perf_counter()
         now = time.monotonic()
         batch, ended = self.scheduler.schedule(now, admit)
+        self._carried = batch
         for seq in ended:
             self._retire(seq)
         batch = self._encode_media(self._draft(self._reserve(batch)))

@@ -82,6 +82,7 @@ class StepChainAhead:
         while the next runs."""
         flight, self._chain_flight = self._chain_flight, None
         batch, chain = flight.batch, self.runner.chain
+        self._carried = batch
         if (self.scheduler.may_admit(time.monotonic(), self._preparing)
                 or self._stopping.is_set()
                 or not self._chain_ahead.holds(batch) or not self._chain_ahead.lease(batch)):

@@ -91,7 +91,7 @@ class StepLookahead:
         """With a step in flight: launch the next one on its picks where `Lookahead` holds and
         nothing waits to be admitted, then settle the one in flight while the next runs."""
         flight, self._in_flight = self._in_flight, None
-        batch = flight.batch
+        batch = self._carried = flight.batch
         if (self.scheduler.may_admit(time.monotonic(), self._preparing)
                 or self._stopping.is_set()
                 or not self._lookahead.holds(batch)

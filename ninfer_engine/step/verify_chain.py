@@ -185,6 +185,11 @@ class VerifyChain:
         """The oldest round unsettled for good: every row of it ended with the round before."""
         self._rounds.popleft()
 
+    def drop(self) -> None:
+        """Every unsettled round forgotten: the step that carried its rows failed, and they
+        ended with it (`step_failure`)."""
+        self._rounds.clear()
+
     def alone(self, seqs: list) -> bool:
         """Whether the one unsettled round is of exactly `seqs` (in order): its next may go
         ahead (`chain_ahead`)."""

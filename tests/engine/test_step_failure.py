@@ -1,0 +1,150 @@
+"""A step that raises ends the requests it carried, and the engine serves on (`step_failure`).
+
+The fault is raised after the runner's real forward, so the failed rows' K/V and recurrent state
+slots were written past their `cached` (the worst case: the next step can't tell). Afterwards
+the engine is READY, a new request and one reusing a failed request's prompt from the prefix tree
+give HF's greedy tokens exactly, and every page and state slot is back. A fault that outlives
+the rows it carried, or a device error, fails the engine instead.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.engine import Engine
+from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
+
+from .hybrid_helpers import HybridArtifact, hf_greedy
+
+pytest.importorskip("transformers.models.qwen3_5_moe")
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class Broken:
+    """Wraps the runner's forward: runs it, then raises `error` at the steps `when` picks."""
+
+    def __init__(self, engine: Engine, when, error: Exception) -> None:
+        self.when, self.error, self.raised = when, error, 0
+        self.carried: set[str] = set()  # the ids of the requests the broken step carried
+        self._forward = engine.runner.forward
+        engine.runner.forward = self
+
+    def __call__(self, batch):
+        logits = self._forward(batch)
+        if self.when(batch):
+            self.raised += 1
+            self.carried |= {seq.id for seq in [*batch.decode, *(c.seq for c in batch.chunks)]}
+            raise self.error
+        return logits
+
+
+def _prompt(n: int, seed: int) -> tuple[int, ...]:
+    return tuple(torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed))
+                 .tolist())
+
+
+def _engine(artifact) -> Engine:
+    config = EngineConfig(artifact=Path("tiny.ninfer"), prefill_chunk=64, max_context=1024,
+                          cuda_dtype="fp32", max_concurrency=3, kv_capacity=640,
+                          device_state_slots=4)
+    engine = Engine(config, artifact)
+    engine.start()
+    return engine
+
+
+async def _run(engine: Engine, *requests: GenerationRequest):
+    async def one(request):
+        return [event async for event in engine.submit(request)]
+    return await asyncio.gather(*(one(r) for r in requests))
+
+
+def _tokens(events) -> list[int]:
+    return [i for e in events for i in e.token_ids]
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return HybridArtifact("qwen3_5")
+
+
+# where the step breaks (once): both requests decoding, their prompts in the tree; or a prompt's
+# chunk after its first (the chunks before it in the tree), beside the other's rows
+BREAKS = {"decode": lambda batch: len(batch.decode) == 2,
+          "later-chunk": lambda batch: any(chunk.seq.cached > 0 for chunk in batch.chunks)}
+
+
+@pytest.mark.parametrize("where", BREAKS)
+def test_a_step_that_raises_ends_its_rows_and_the_engine_serves_on(dense, where):
+    engine = _engine(dense)
+    memory = engine.memory
+    pages, slots = memory.allocator.free, memory.free_state_slots
+    a, b, c = _prompt(150, 1), _prompt(45, 2), _prompt(30, 3)
+    broken = Broken(engine, lambda batch: BREAKS[where](batch) and not broken.raised,
+                    RuntimeError("a kernel broke"))
+    try:
+        failed = asyncio.run(_run(engine, GenerationRequest("a", a, GREEDY, 20),
+                                  GenerationRequest("b", b, GREEDY, 20)))
+        state_after_failure = engine.state
+        # a new prompt, and the failed `a`'s prompt again (restored from the prefix tree)
+        served = asyncio.run(_run(engine, GenerationRequest("c", c, GREEDY, 12),
+                                  GenerationRequest("a2", a, GREEDY, 12)))
+        snapshot = engine.snapshot()
+        engine.stop()
+        held = memory.prefix.held_pages()
+        in_use = memory.allocator.used
+        memory.prefix.clear()
+    finally:
+        engine.stop()
+    assert broken.raised == 1 and "a" in broken.carried
+    for rid, events in zip("ab", failed):  # the step's requests failed, any other finished
+        last = events[-1]
+        if rid in broken.carried:
+            assert last.finish == "error" and last.error.status == 500, last
+            assert "RuntimeError: a kernel broke" in last.error.message
+        else:
+            assert last.finish == "length" and _tokens(events) == hf_greedy(dense.hf, list(b), 20)
+    assert state_after_failure is EngineState.READY
+    assert [e[-1].finish for e in served] == ["length", "length"]
+    assert _tokens(served[0]) == hf_greedy(dense.hf, list(c), 12)
+    assert _tokens(served[1]) == hf_greedy(dense.hf, list(a), 12)
+    if where == "decode":  # `a`'s whole prompt came back from the tree
+        assert served[1][-1].usage.cached_tokens > 0
+    counters = snapshot.counters
+    assert (counters.requests_failed, counters.requests_done) == (
+        len(broken.carried), 4 - len(broken.carried))
+    assert in_use == len(held)  # only the prefix tree holds pages
+    assert memory.allocator.free == pages and memory.free_state_slots == slots
+
+
+def test_a_fault_that_outlives_its_rows_fails_the_engine(dense):
+    """Every step raises: the first ends its request only, the next (no step between went
+    well) fails the engine, and the request it carried ends with the engine's 503."""
+    engine = _engine(dense)
+    Broken(engine, lambda batch: True, RuntimeError("the pool is gone"))
+    try:
+        first = asyncio.run(_run(engine, GenerationRequest("e", _prompt(20, 4), GREEDY, 8)))[0]
+        state_between = engine.state
+        second = asyncio.run(_run(engine, GenerationRequest("f", _prompt(20, 5), GREEDY, 8)))[0]
+    finally:
+        engine.stop()
+    assert (first[-1].finish, first[-1].error.status) == ("error", 500)
+    assert state_between is EngineState.READY
+    assert (second[-1].finish, second[-1].error.status) == ("error", 503)
+    assert "the pool is gone" in second[-1].error.message
+    assert engine.state is EngineState.FAILED
+
+
+def test_a_device_error_fails_the_engine_at_once(dense):
+    engine = _engine(dense)
+    Broken(engine, lambda batch: True, torch.AcceleratorError("an illegal memory access"))
+    try:
+        events = asyncio.run(_run(engine, GenerationRequest("g", _prompt(20, 6), GREEDY, 8)))[0]
+    finally:
+        engine.stop()
+    assert (events[-1].finish, events[-1].error.status) == ("error", 503)
+    assert engine.state is EngineState.FAILED
