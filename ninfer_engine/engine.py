@@ -40,7 +40,7 @@ from .step.sampling_presets import default_max_tokens, sampling_defaults
 from .step.scheduler import Batch, Scheduler
 from .step.sequence import Sequence
 from .step.stats_builder import StatsBuilder
-from .step.step_failure import StepFailure
+from .step.step_failure import UNAVAILABLE, StepFailure
 from .step.warm_up import warm_up
 from .tokenizer import IncrementalDetokenizer
 from .types import EngineError, EngineState, GenerationRequest, TokenEvent
@@ -55,7 +55,6 @@ IDLE_PUBLISH_S = 0.25
 # engine thread's time, which a step of ~2 ms would otherwise pay every step (a request's end
 # publishes at once)
 BUSY_PUBLISH_S = 0.05
-UNAVAILABLE = "service_unavailable"
 
 
 class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead, StepFailure):
@@ -148,17 +147,6 @@ class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead, StepFa
 
     def snapshot(self) -> EngineStats:
         return self._snapshot
-
-    def add_failure_listener(self, listener: Callable[[str], None]) -> None:
-        """Called once, on the engine thread, with the reason when the engine becomes FAILED."""
-        self._failure_listeners.append(listener)
-
-    def rank_failed(self, reason: str) -> None:
-        """Another tensor-parallel rank is gone (`parallel.launch` watches the processes):
-        FAILED now, not when a collective notices (NCCL waits out its timeout)."""
-        if self._state is EngineState.READY:
-            self._fail_engine(RuntimeError(reason))
-            self._events.flush()
 
     def start(self) -> None:
         """Start the engine thread (once)."""
@@ -310,18 +298,3 @@ class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead, StepFa
         self._snapshot = self.stats.build(self._state.value, self._failure, self.scheduler,
                                           self.speculator and self.speculator.stats(),
                                           self.vision and self.vision.stats())
-
-    def _fail_engine(self, exc: BaseException) -> None:
-        log.exception("engine loop failed", exc_info=exc)
-        self._failure = f"{type(exc).__name__}: {exc}"
-        self._state = EngineState.FAILED
-        self._fail_all(f"the engine failed: {self._failure}")
-        self._publish()
-        for listener in self._failure_listeners:
-            listener(self._failure)
-
-    def _fail_all(self, message: str) -> None:
-        for seq in self.scheduler.drain():
-            if seq.finish_reason is None:
-                seq.fail(EngineError(message, UNAVAILABLE, 503))
-            self._retire(seq)

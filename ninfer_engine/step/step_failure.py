@@ -1,4 +1,5 @@
-"""A step that raises: the requests it carried fail, and the engine goes on where it safely can.
+"""A step that raises: the requests it carried fail, and the engine goes on where it safely can;
+else the engine's own failure (`_fail_engine`: every request ends with a 503, FAILED).
 
 Per-request failures are caught where they happen (a grammar, a sampler, acceptance, a
 detokenizer: `postprocess`, `prepare`). Anything else a step raises — its forward, a draft, a
@@ -19,22 +20,25 @@ the fault cannot be pinned on the rows (`engine_wide`):
 - the step before failed too: a fault that outlives the rows it carried is the engine's.
 
 `StepFailure` is that part of `Engine` (as `StepPostprocess` is another): it reads the engine's
-`_carried`, `_step_failed`, `scheduler`, `runner`, `_in_flight` and `_chain_flight`, and hands
-the rows to `_retire`.
+`_carried`, `_step_failed`, `scheduler`, `runner`, `_in_flight`, `_chain_flight` and
+`_events`, sets its `_state` and `_failure`, tells its `_failure_listeners`, and hands the rows
+to `_retire`.
 """
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import torch
 
 from ..faults import EngineFault
-from ..types import EngineError
+from ..types import EngineError, EngineState
 from .scheduler import Batch
 from .sequence import Sequence
 
 log = logging.getLogger("ninfer.engine")
 
+UNAVAILABLE = "service_unavailable"
 DEVICE_ERRORS = tuple(t for t in (getattr(torch, "AcceleratorError", None),) if t is not None)
 
 
@@ -64,7 +68,7 @@ def engine_wide(exc: Exception, rows: list[Sequence], failed_before: bool,
 
 
 class StepFailure:
-    """The containment method of `Engine` (see the module docstring)."""
+    """The failure methods of `Engine` (see the module docstring)."""
 
     def _end_carried(self, exc: Exception, lockstep: bool) -> None:
         """The step that raised `exc` ends the requests it carried, or re-raises `exc` where
@@ -86,4 +90,31 @@ class StepFailure:
         for seq in rows:
             if seq.finish_reason is None:
                 seq.fail(error)
+            self._retire(seq)
+
+    def add_failure_listener(self, listener: Callable[[str], None]) -> None:
+        """Called once, on the engine thread, with the reason when the engine becomes FAILED."""
+        self._failure_listeners.append(listener)
+
+    def rank_failed(self, reason: str) -> None:
+        """Another tensor-parallel rank is gone (`parallel.launch` watches the processes):
+        FAILED now, not when a collective notices (NCCL waits out its timeout)."""
+        if self._state is EngineState.READY:
+            self._fail_engine(RuntimeError(reason))
+            self._events.flush()
+
+    def _fail_engine(self, exc: BaseException) -> None:
+        log.exception("engine loop failed", exc_info=exc)
+        self._failure = f"{type(exc).__name__}: {exc}"
+        self._state = EngineState.FAILED
+        self._fail_all(f"the engine failed: {self._failure}")
+        self._publish()
+        for listener in self._failure_listeners:
+            listener(self._failure)
+
+    def _fail_all(self, message: str) -> None:
+        """Every queued and running request ends with a 503 (engine failure or shutdown)."""
+        for seq in self.scheduler.drain():
+            if seq.finish_reason is None:
+                seq.fail(EngineError(message, UNAVAILABLE, 503))
             self._retire(seq)
