@@ -61,6 +61,7 @@ import triton  # noqa: E402
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
 from ninfer_engine.artifact.synth import parameter_shapes, synth_config  # noqa: E402
 from ninfer_engine.kernels import dequant_gemv as dg  # noqa: E402
+from ninfer_engine.kernels import dequant_gemv_kernels as dgk  # noqa: E402
 from ninfer_engine.models.fused import FUSED  # noqa: E402
 
 
@@ -160,9 +161,9 @@ def launch(n, k, fmt, kw):
     """(programs along N, K split, atomic) of the call, as dequant_gemv_triton computes them."""
     group = FORMATS[fmt]
     scale = torch.empty(0, k // group) if group else None if group == 0 else torch.empty(0)
-    bk, _ = dg._tiles(k, scale, kw.get("block_k", 256), kw.get("group_k"))
+    bk, _ = dgk._tiles(k, scale, kw.get("block_k", 256), kw.get("group_k"))
     n_blocks = triton.cdiv(n, kw.get("block_n", 64))
-    split = kw.get("split") or dg.split_k(n_blocks, k, bk)
+    split = kw.get("split") or dgk.split_k(n_blocks, k, bk)
     return n_blocks, split, bool(kw.get("atomic")) and split > 1
 
 
@@ -208,7 +209,7 @@ def _compile_chunk(tasks):
             x = torch.zeros(B, k, device=DEV, dtype=torch.bfloat16)
             held = ((n, k, B, fmt), (x, *empty_weights(n, k, fmt)))
         try:
-            dg.dequant_gemv_triton(*held[1], **kw)
+            dgk.dequant_gemv_triton(*held[1], **kw)
             if DEV == "cuda":
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 (reported by the timing pass)
@@ -297,14 +298,14 @@ class Case:
         x = self.x[B]
         try:
             t0 = time.perf_counter()
-            out = dg.dequant_gemv_triton(x, *self.copies[0], **kw).float()
+            out = dgk.dequant_gemv_triton(x, *self.copies[0], **kw).float()
             wall_us = (time.perf_counter() - t0) * 1e6
             ref = self.ref[B]
             row["rel_err"] = ((out - ref).norm() / ref.norm()).item()
             row["max_err"] = ((out - ref).abs().max() / ref.abs().max()).item()
             row["wrong"] = not (row["rel_err"] <= WRONG)  # NaN counts as wrong
             row["us"] = wall_us if DEV != "cuda" else time_us(
-                [lambda c=c: dg.dequant_gemv_triton(x, *c, **kw) for c in self.copies])
+                [lambda c=c: dgk.dequant_gemv_triton(x, *c, **kw) for c in self.copies])
         except Exception as exc:  # noqa: BLE001 (a configuration that does not compile or run)
             row["error"] = repr(exc)[:300]
             return row

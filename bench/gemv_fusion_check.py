@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.benchmark.timing import graph_of, time_ms  # noqa: E402
 from ninfer_engine.kernels.dequant_gemv import (  # noqa: E402
-    dequant_gemv_ref, dequant_gemv_triton, engine_launch, gated_ref, gated_triton,
-    quantize_fp8_groups, quantize_fp8_row)
+    dequant_gemv_ref, engine_launch, gated_ref, quantize_fp8_groups, quantize_fp8_row)
+from ninfer_engine.kernels.dequant_gemv_kernels import (  # noqa: E402
+    dequant_gemv_triton, gated_triton)
 
 SHAPES = {"down": ((5120, 17408), "silu"), "o": ((5120, 6144), "sigmoid")}
 SPLIT_SHAPES = {"a3b.gdn_out": (2048, 4096), "a3b.router": (257, 2048),

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ninfer_engine.kernels import dequant_gemv as dq  # noqa: E402
+from ninfer_engine.kernels import dequant_gemv_kernels as dqk  # noqa: E402
 from ninfer_engine.kernels import gdn_decode as gd  # noqa: E402
 from ninfer_engine.kernels import moe_gemv as mg  # noqa: E402
 from ninfer_engine.kernels import paged_attention as pa  # noqa: E402
@@ -186,7 +187,7 @@ def sweep_gemv(bw):
             times = {}
             for bn, bk, nw, ns in GEMV_CONFIGS:
                 def fn():
-                    return dq.dequant_gemv_triton(x, codes, scale, bn, bk, nw, ns)
+                    return dqk.dequant_gemv_triton(x, codes, scale, bn, bk, nw, ns)
                 times[(bn, bk, nw, ns)] = bench_ms(fn)
             best = min(times, key=times.get)
             ROWS.append(dict(kernel=f"gemv {enc} sweep", shape=f"{name} {N}x{K} B 1",
@@ -209,8 +210,8 @@ def bench_gemv(bw):
                 nbytes = sum(t.numel() * t.element_size() for t in (codes, scale))
                 # the torch path it replaces: cuBLAS bf16 over the unquantised weight
                 record(f"gemv {enc}", f"{name} {N}x{K} B {B}",
-                       dq.dequant_gemv_triton(x, codes, scale), ref,
-                       lambda: dq.dequant_gemv_triton(x, codes, scale),
+                       dqk.dequant_gemv_triton(x, codes, scale), ref,
+                       lambda: dqk.dequant_gemv_triton(x, codes, scale),
                        lambda: F.linear(x, w), nbytes, bw, "cuBLAS bf16 F.linear")
 
 

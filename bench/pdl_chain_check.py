@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.benchmark.timing import graph_of, time_ms  # noqa: E402
 from ninfer_engine.kernels.dequant_gemv import (  # noqa: E402
-    dequant_gemv_triton,
     engine_launch,
     quantize_fp8_row,
 )
+from ninfer_engine.kernels.dequant_gemv_kernels import dequant_gemv_triton  # noqa: E402
 from ninfer_engine.kernels.pdl import set_pdl  # noqa: E402
 
 # (N, K, weight form): 27B GDN out / down (fp8-row), 35B-A3B gdn_out (bf16), 27B gate|up (fp8)

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
-from ninfer_engine.kernels.dequant_gemv import dequant_gemv, dequant_gemv_triton  # noqa: E402
+from ninfer_engine.kernels.dequant_gemv import dequant_gemv  # noqa: E402
+from ninfer_engine.kernels.dequant_gemv_kernels import dequant_gemv_triton  # noqa: E402
 
 # 35B-A3B: GDN q|k|v|z|b|a, attention q|gate|k|v, both from H = 2048; the MoE's router|shared
 # score (256 + 1 outputs), the one several-row plain GEMV the step runs through this kernel

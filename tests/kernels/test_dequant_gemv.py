@@ -5,11 +5,11 @@ import torch.nn.functional as F
 from ninfer_engine.kernels.dequant_gemv import (
     dequant_gemv,
     dequant_gemv_ref,
-    dequant_gemv_triton,
     kernel_tiles,
     quantize_fp8_row,
     quantize_q8_g32,
 )
+from ninfer_engine.kernels.dequant_gemv_kernels import dequant_gemv_triton
 
 from .conftest import gemv_tol, rel_err
 

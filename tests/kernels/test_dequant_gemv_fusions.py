@@ -9,13 +9,13 @@ from ninfer_engine.kernels._dispatch import interpreting
 from ninfer_engine.kernels.dequant_gemv import (
     dequant_gemv,
     dequant_gemv_ref,
-    dequant_gemv_triton,
     dequantize,
     engine_launch,
     gated_ref,
     quantize_fp8_groups,
     quantize_fp8_row,
 )
+from ninfer_engine.kernels.dequant_gemv_kernels import dequant_gemv_triton
 
 from tests.tolerance import CAST, TRANSCENDENTAL, assert_within, bound, gamma, unit_roundoff
 
@@ -176,7 +176,7 @@ def test_accumulating_one_bf16_row_splits_k_where_n_is_short():
 def test_gated_kernel_rounds_as_the_torch_ops(device, act):
     """`gated_triton` (one launch, row-strided halves of a gate|up output) against `gated_ref`
     (two torch ops): equal on a GPU; the interpreter truncates bf16 casts, so close there."""
-    from ninfer_engine.kernels.dequant_gemv import gated_triton
+    from ninfer_engine.kernels.dequant_gemv_kernels import gated_triton
 
     gu = (torch.randn(3, 2 * 3000, generator=torch.Generator().manual_seed(2)) * 4).bfloat16()
     dev = gu.to(device)

@@ -8,10 +8,10 @@ import torch
 from ninfer_engine.kernels._dispatch import interpreting
 from ninfer_engine.kernels.dequant_gemv import (
     dequant_gemv_ref,
-    dequant_gemv_triton,
     dequantize,
     engine_launch,
 )
+from ninfer_engine.kernels.dequant_gemv_kernels import dequant_gemv_triton
 
 from .conftest import gemv_tol, rel_err
 

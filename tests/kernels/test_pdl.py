@@ -30,7 +30,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ninfer_engine.kernels.dequant_gemv import _dequant_gemv_kernel
+from ninfer_engine.kernels.dequant_gemv_kernels import _dequant_gemv_kernel
 
 names = ("x_ptr", "g_ptr", "w_ptr", "s_ptr", "y_ptr", "B", "N", "K", "k_per_split", "SXB")
 types = ("*bf16", "*bf16", "*fp8e4nv", "*bf16", "*fp32", "i32", "i32", "i32", "i32", "i32")
@@ -60,7 +60,8 @@ def test_pdl_chain_equals_plain_chain(pdl_on):
     """RMSNorm -> one-row GEMV -> routing, captured in a CUDA graph with and without PDL (the
     engine's decode step replays such graphs): the same bits out."""
     from ninfer_engine.benchmark.timing import graph_of
-    from ninfer_engine.kernels.dequant_gemv import dequant_gemv_triton, engine_launch
+    from ninfer_engine.kernels.dequant_gemv import engine_launch
+    from ninfer_engine.kernels.dequant_gemv_kernels import dequant_gemv_triton
     from ninfer_engine.kernels.moe_route import route_topk_triton
     from ninfer_engine.kernels.rmsnorm import rms_norm_triton
 
