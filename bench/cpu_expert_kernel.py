@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ninfer_engine.experts.tier import _host_fp32  # noqa: E402
+from ninfer_engine.experts.host_compute import _host_fp32  # noqa: E402
 from ninfer_engine.kernels.cpu_experts import fp8_experts, use_avx512  # noqa: E402
 from ninfer_engine.models.experts import ExpertStack  # noqa: E402
 

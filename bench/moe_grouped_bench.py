@@ -30,7 +30,7 @@ from ninfer_engine.artifact.synth import synth_config  # noqa: E402
 from ninfer_engine.kernels.moe_grouped import (  # noqa: E402
     moe_grouped_down, moe_grouped_swiglu, tile_plan)
 from ninfer_engine.models.experts import ExpertStack  # noqa: E402
-from ninfer_engine.models.moe import grouped_experts  # noqa: E402
+from ninfer_engine.models.swiglu import grouped_experts  # noqa: E402
 
 
 def fp8_rows(E, N, K, gen):

@@ -22,23 +22,22 @@ the host store in fp32, by the measured `MissCosts` (`miss="auto"`) or always on
 - the captured step (`HybridStep._moe` with `in_place`, `experts.in_place`): no host sync;
   the kernels read misses in place from the host store, admissions happen between steps.
 
-CPU compute is the expert in fp32 (fp8-row stacks by the compiled `kernels.cpu_experts`, other
-forms decoded exactly into fp32 for torch); on the GPU it is the bf16 kernels', so the two
-differ by the GPU side's bf16 rounding.
+CPU compute (`cpu_expert`, `cpu_sum`) is the expert in fp32, from the base class
+`host_compute.HostCompute`; on the GPU it is the bf16 kernels', so the two differ by the GPU
+side's bf16 rounding.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
-from ..kernels.cpu_experts import cpu_experts_unavailable, fp8_experts, takes
 from ..models.experts import ExpertStack
-from ..models.packed import FP8_GROUPS, FP8_ROW, PackedMatrix, linear
+from ..models.packed import linear
 from .cost_model import MissCosts
+from .host_compute import HostCompute
 from .slot_cache import SlotMap, SlotPolicy
 
 def empty_slots(like: ExpertStack, slots: int, device) -> ExpertStack:
@@ -68,32 +67,7 @@ def _to(t: torch.Tensor | None, device) -> torch.Tensor | None:
     return None if t is None else t.to(device)
 
 
-def _dense(member, dtype) -> torch.Tensor:
-    return member.dequantize(dtype) if isinstance(member, PackedMatrix) else member.to(dtype)
-
-
-# every e4m3 code's value: a table gather decodes codes ~2x faster than torch's fp8 cast on
-# the host (a Flash-Next gate|up, 2 M codes: 17 vs 33 ms on one core of the test box)
-_E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-
-
-def _host_fp32(member) -> torch.Tensor:
-    """A host-store member as fp32, fp8 codes through `_E4M3` times their row or group scales
-    (the values `fp8_dequant` gives, bit for bit); any other form dequantized."""
-    block = member.blocks[0] if isinstance(member, PackedMatrix) and len(
-        member.blocks) == 1 else None
-    if block is None or block.fmt not in (FP8_ROW, FP8_GROUPS):
-        return _dense(member, torch.float32)
-    codes, scale = block.planes
-    n, k = codes.shape
-    w = torch.index_select(_E4M3, 0, codes.reshape(-1).view(torch.uint8).int()).view(n, k)
-    if scale.dim() == 1:
-        return w.mul_(scale.float()[:, None])
-    w.view(n, scale.shape[1], -1).mul_(scale.float()[..., None])
-    return w
-
-
-class LayerTier:
+class LayerTier(HostCompute):
     """See the module docstring; `width` is the experts' intermediate size I."""
 
     def __init__(self, host: tuple[ExpertStack, ExpertStack], slots: int, width: int, device,
@@ -211,36 +185,6 @@ class LayerTier:
             return self.miss == "cpu"
         return self.costs is not None and self.costs.prefer_cpu(rows, self.expert_bytes,
                                                                  4 * hidden)
-
-    def cpu_expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        """Expert e over host rows `x` in fp32 from the host store."""
-        n = x.shape[0]
-        return self.cpu_sum(x, list(range(n)), [e] * n, [1.0] * n)
-
-    def cpu_sum(self, x: torch.Tensor, rows: list[int], experts: list[int],
-                weights: list[float]) -> torch.Tensor:
-        """Σ weights[i] · expert experts[i] of host row x[rows[i]], per row of `x`, in fp32
-        from the host store: fp8-row stacks by the compiled kernel (`kernels.cpu_experts`,
-        the codes read where they are), any other form through torch."""
-        x = x.float().contiguous()
-        out = torch.zeros(x.shape[0], self.host_down.w.shape[1])
-        if self._compiled:
-            return fp8_experts(x, rows, experts, weights, self.host_gu, self.host_down, out)
-        for e in dict.fromkeys(experts):  # each expert decoded once, over all its rows
-            at = [i for i, x_e in enumerate(experts) if x_e == e]
-            index = torch.tensor([rows[i] for i in at])
-            part = self._torch_expert(x[index], e)
-            out.index_add_(0, index, part * torch.tensor([weights[i] for i in at])[:, None])
-        return out
-
-    @functools.cached_property
-    def _compiled(self) -> bool:
-        return takes(self.host_gu, self.host_down) and cpu_experts_unavailable() is None
-
-    def _torch_expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        h = F.linear(x, _host_fp32(self.host_gu.member(e)))
-        return F.linear(F.silu(h[:, : self.width]) * h[:, self.width:],
-                        _host_fp32(self.host_down.member(e)))
 
     def _slot_expert(self, x: torch.Tensor, s: int) -> torch.Tensor:
         gate = linear(x, self.slot_gu.member(s, 0, self.width))

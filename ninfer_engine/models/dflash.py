@@ -27,8 +27,8 @@ from ..artifact.dflash_names import (DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, 
                                      parameter_shapes)
 from ..host_copy import to_device
 from .layers import Linear, RotaryEmbedding, apply_rope, sdpa
-from .moe import SwiGLU
 from .mtp import MtpKv
+from .swiglu import SwiGLU
 
 
 class DFlashMissing(ValueError):

@@ -1,4 +1,4 @@
-"""SwiGLU MLP and the sparse MoE FFN of Qwen3-Next / Qwen3.5-MoE (model-math.md §2.3, §2.4).
+"""The sparse MoE FFN of Qwen3-Next / Qwen3.5-MoE (model-math.md §2.4); its SwiGLU: `swiglu`.
 
 Torch reference path over [T, H] activations.
 
@@ -7,9 +7,10 @@ Routed experts are dispatched by sorting: the T·k (token, slot) pairs are sorte
 its contiguous slice, and the weighted outputs are put back into (token, slot) order and summed
 over the k slots. Three ways to run the experts on the sorted rows:
 
-* `grouped_experts`: `torch._grouped_mm` over the stacked `[E, 2I, H]` / `[E, H, I]` expert
-  tensors (two launches, no host sync). Used on CUDA in bf16 when the experts are row views
-  of stacked tensors (as `models.fused.FusedParams` hands them out, found by `stacked_experts`).
+* `swiglu.grouped_experts`: `torch._grouped_mm` over the stacked `[E, 2I, H]` / `[E, H, I]`
+  expert tensors (two launches, no host sync). Used on CUDA in bf16 when the experts are row
+  views of stacked tensors (as `models.fused.FusedParams` hands them out, found by
+  `swiglu.stacked_experts`).
   An fp8 stack here (a rank-split layer's) is first decoded to bf16, its routed experts only.
 * `kernels.moe_grouped` for fp8 stacks on CUDA: two Triton grouped GEMMs that read the codes
   in place (no bf16 copy of the routed experts), gather each sorted row's token themselves and
@@ -30,22 +31,18 @@ launch (`kernels.moe_route`, the decode step's).
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..kernels._dispatch import use_triton
 from ..kernels.moe_grouped import (ROW_TILES, fp8_act_supported, grouped_supports,
                                    moe_grouped_down, moe_grouped_swiglu, tile_plan)
 from ..kernels.moe_route import route_topk
-from .experts import ExpertStack, fp8_block
-from .layers import Linear
 from .packed import linear
+from .swiglu import ParamSource, SwiGLU, grouped_experts, stacked_experts
 
 # text-config key of `--prefill-activations` (absent: fp8), set by the engine's loader
 FP8_ACTIVATIONS_KEY = "ninfer_prefill_fp8_activations"
-ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 log = logging.getLogger(__name__)
 _GROUPED_MM = {"ok": hasattr(torch, "_grouped_mm")}  # flips to False after the first failure
 
@@ -59,97 +56,8 @@ def _rows_to_multiple(matrix, multiple: int):
     return torch.cat([matrix, pad])
 
 
-class SwiGLU:
-    """`down(SiLU(gate·h) ⊙ up·h)` bound to `{prefix}{gate,up,down}`."""
-
-    def __init__(self, params: ParamSource, prefix: str, hidden: int, width: int,
-                 matmul_dtype: torch.dtype | None = None):
-        self.gate = params(prefix + "gate", (width, hidden))
-        self.up = params(prefix + "up", (width, hidden))
-        self.down = params(prefix + "down", (hidden, width))
-        # the projections as called, few-row (decode) calls through `matmul_dtype` copies
-        self.projections = tuple(Linear(w, matmul_dtype, relayout=False)
-                                 for w in (self.gate, self.up, self.down))
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up, down = self.projections
-        return down(F.silu(gate(x)) * up(x))
-
-
 def _meta(w) -> bool:
     return isinstance(w, torch.Tensor) and w.is_meta
-
-
-def _same_view(t: torch.Tensor, ref: torch.Tensor) -> bool:
-    return (t.data_ptr() == ref.data_ptr() and t.shape == ref.shape
-            and t.stride() == ref.stride())
-
-
-def _planes(w) -> tuple[torch.Tensor, ...] | None:
-    """A member's tensors: the bf16 matrix, or an fp8 one-block `PackedMatrix`'s codes and
-    scales; None for anything else."""
-    if isinstance(w, torch.Tensor):
-        return (w,)
-    block = fp8_block(w)
-    return None if block is None else block.planes
-
-
-def stacked_experts(experts: list[SwiGLU]) -> tuple[ExpertStack, ExpertStack] | None:
-    """The stacked `(gate_up [E, 2I, H], down [E, H, I])` the experts are views of, else None.
-
-    Expert e must be `gate = gate_up[e, :I]`, `up = gate_up[e, I:]`, `down = down[e]` (the
-    layout of `FusedParams`), plane by plane for fp8 experts (codes, then row or group scales;
-    each of the two stacks bf16 or fp8 on its own).
-    The stacks are rebuilt over expert 0's storage and every expert checked against them, not
-    found through `Tensor._base`, which views made under `torch.inference_mode` do not keep.
-    """
-    width, hidden, n = experts[0].gate.shape[0], experts[0].down.shape[0], len(experts)
-    members = [[_planes(getattr(x, m)) for m in ("gate", "up", "down")] for x in experts]
-    if any(p is None for ps in members for p in ps):
-        return None
-
-    def stack(view, rows):  # [n, rows, ...] from expert 0's view, if it fits the storage
-        if not view.is_contiguous():
-            return None
-        inner = view[0].numel() if view.dim() > 1 else 1
-        size = view.untyped_storage().nbytes() // view.element_size()
-        if view.storage_offset() + n * rows * inner > size:
-            return None
-        return view.as_strided((n, rows, *view.shape[1:]), (rows * inner, *view.stride()))
-
-    gate0, _, down0 = members[0]  # gate|up and down may differ (Q4 gate|up, Q6 down)
-    gate_up = [stack(p, 2 * width) for p in gate0]
-    down = [stack(p, hidden) for p in down0]
-    if any(s is None for s in (*gate_up, *down)):
-        return None
-    for (gate, up, dn) in members:
-        if len(gate) != len(gate_up) or len(up) != len(gate_up) or len(dn) != len(down):
-            return None
-    for e, (gate, up, dn) in enumerate(members):
-        if not (all(_same_view(p, s[e, :width]) for p, s in zip(gate, gate_up))
-                and all(_same_view(p, s[e, width:]) for p, s in zip(up, gate_up))
-                and all(_same_view(p, s[e]) for p, s in zip(dn, down))):
-            return None
-    return ExpertStack(*gate_up), ExpertStack(*down)
-
-
-def grouped_experts(xs: torch.Tensor, gate_up: ExpertStack, down: ExpertStack,
-                    offs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """SwiGLU experts over expert-sorted rows `xs [S, H]` with two `torch._grouped_mm` launches.
-
-    Rows `offs[e-1]:offs[e]` (int32 cumulative counts, `offs[-1] == S`; `counts[e]` rows) go
-    through expert e. fp8 stacks are decoded to xs's dtype first, the routed experts only
-    (`ExpertStack.weights_for`; unrouted experts have no rows, so their garbage is not read);
-    the decoded gate|up buffer is released before the down one is made.
-    """
-    w = gate_up.weights_for(counts, xs.dtype)
-    gu = torch._grouped_mm(xs, w.transpose(-2, -1), offs=offs)  # [S, 2I]
-    del w
-    gate, up = gu.chunk(2, -1)
-    act = F.silu(gate) * up
-    del gu, gate, up
-    return torch._grouped_mm(act, down.weights_for(counts, xs.dtype).transpose(-2, -1),
-                             offs=offs)
 
 
 class SparseMoE:

@@ -26,7 +26,8 @@ from .gated_attention import (GatedAttention, KVCache, PartialRope, add_zero_cen
                               zero_centred_rms_norm)
 from .gdn import GatedDeltaNet, GDNState
 from .layers import Linear
-from .moe import SparseMoE, SwiGLU
+from .moe import SparseMoE
+from .swiglu import SwiGLU
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 

@@ -166,7 +166,7 @@ def test_prefetch_copies_the_next_layers_guess_ahead():
 def test_host_fp8_decode_equals_the_dequant_kernels_reference(groups):
     """The CPU path's table decode of fp8 members (every one of the 256 codes, row or group
     scales) gives `fp8_dequant`'s fp32 values bit for bit (NaN codes stay NaN)."""
-    from ninfer_engine.experts.tier import _host_fp32
+    from ninfer_engine.experts.host_compute import _host_fp32
     from ninfer_engine.kernels.fp8_dequant import fp8_dequant_ref
     from ninfer_engine.models.packed import FP8_GROUPS, PackedBlock, PackedMatrix
     codes = torch.arange(256, dtype=torch.uint8).repeat(16).view(32, 128)

@@ -16,7 +16,7 @@ from ninfer_engine.models import build_model
 from ninfer_engine.models.gdn import GatedDeltaNet
 from ninfer_engine.models.int8_rows import Int8Rows
 from ninfer_engine.models.layers import NARROW_MAX_ROWS
-from ninfer_engine.models.moe import SwiGLU
+from ninfer_engine.models.swiglu import SwiGLU
 from tests.engine.hybrid_helpers import HybridArtifact
 from tests.models.engine_run import greedy_events
 

@@ -7,8 +7,9 @@ import torch
 
 from ninfer_engine.kernels.moe_route import route_topk
 from ninfer_engine.models import moe
-from ninfer_engine.models.moe import SparseMoE, stacked_experts
+from ninfer_engine.models.moe import SparseMoE
 from ninfer_engine.models.packed import linear
+from ninfer_engine.models.swiglu import stacked_experts
 from tests.tolerance import E4M3_HALF_STEP, TRANSCENDENTAL, bound
 
 
