@@ -7,7 +7,7 @@ transformers' own encoder, and the served engine's time to first token with that
 1. Encoder. The Qwen3.5-27B tower (model-math.md §6, ninfer-format.md §3.1: depth 27, width
    1152, 16 heads, MLP 4304, patch 16, temporal 2, merge 2, 2304 positions, output 5120) drawn
    by transformers (`Qwen3_5VisionModel`, bf16, SDPA) and mapped to our `vision/...` names
-   (`artifact.hf_names`): both encode the same patch rows (the image preprocessed once, timed on
+   (`artifact.hf_vision_names`): both encode the same patch rows (the image preprocessed once, timed on
    its own) of a 64×64 patch grid, 1024 merged tokens. Median of `--runs` after two warm-ups;
    the largest |ours − theirs| relative to max |theirs| says they computed the same thing.
 2. TTFT. `ninfer bench`'s engine over the 27B-shape text model drawn on the device (synth
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import write_report  # noqa: E402
-from ninfer_engine.artifact.hf_names import (  # noqa: E402
+from ninfer_engine.artifact.hf_vision_names import (  # noqa: E402
     vision_block_from_hf, vision_globals_from_hf, vision_shapes,
 )
 from ninfer_engine.models.qwen3_5 import dict_params  # noqa: E402

@@ -18,7 +18,7 @@ from typing import Self
 import torch
 
 from . import directory, encodings, framing, legacy
-from .directory import Directory, FileRecord, Part, ResourceObject, TensorObject
+from .directory_records import Directory, FileRecord, Part, ResourceObject, TensorObject
 from .errors import ArtifactError
 from .writer import ArtifactWriter
 

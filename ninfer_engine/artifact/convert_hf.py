@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from . import dflash_names, hf_names
+from . import dflash_names, hf_names, hf_vision_names
 from . import recipes
 from .errors import ArtifactError
 from .hf_checkpoint import VISION_RESOURCE_FILES, HfCheckpoint, LazyTensors
@@ -183,21 +183,21 @@ def _vision_config(hf_config: dict, tensors: dict) -> dict | None:
     if not hf_config.get("vision_config"):
         raise ArtifactError("the checkpoint has a vision tower but config.json has no "
                             "vision_config; pass --skip-vision to convert text (and MTP) only")
-    return hf_names.vision_config_from_hf(hf_config)
+    return hf_vision_names.vision_config_from_hf(hf_config)
 
 
 def _vision(checkpoint, writer, config: dict, tensors: dict, choose, progress) -> None:
     """The vision tower block by block, then its embeddings and merger, shape-checked."""
-    shapes = hf_names.vision_shapes(config)
+    shapes = hf_vision_names.vision_shapes(config)
     blocks = dict(tensors["blocks"])
     for b in range(config["depth"]):
         lazy = LazyTensors(checkpoint, blocks.pop(b, {}))
-        _write(writer, hf_names.vision_block_from_hf(lazy, b), choose, lazy, shapes)
+        _write(writer, hf_vision_names.vision_block_from_hf(lazy, b), choose, lazy, shapes)
         progress(f"vision block {b}")
     if blocks:
         raise ArtifactError(f"tensors of vision blocks beyond {config['depth']}: {sorted(blocks)}")
     lazy = LazyTensors(checkpoint, tensors["top"])
-    _write(writer, hf_names.vision_globals_from_hf(lazy), choose, lazy, shapes)
+    _write(writer, hf_vision_names.vision_globals_from_hf(lazy), choose, lazy, shapes)
     progress("vision embeddings and merger")
 
 

@@ -5,7 +5,7 @@
 (`tensor`) or in row blocks (`row_blocks`) through `safetensors.safe_open`. Each read opens and
 closes its file, so the pages it touched are unmapped again (a handle kept open would keep
 every page read so far resident). `LazyTensors` is a pop-on-demand mapping the per-layer name
-transforms of `models.hf_names` can consume, so a converter holds at most one layer's tensors.
+transforms of `artifact.hf_names` can consume, so a converter holds at most one layer's tensors.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ template (the file's own ``frontend/chat_template.jinja`` is used).
 
 from __future__ import annotations
 
-from .directory import RAW_BYTES, loads
+from .directory_records import RAW_BYTES, loads
 from .errors import ArtifactError
 from .legacy_names import NameMapper
 

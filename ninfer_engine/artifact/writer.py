@@ -27,6 +27,7 @@ from typing import Self
 import torch
 
 from . import directory, encodings, framing
+from .directory_records import RAW_BYTES, TENSOR_ALIGNMENT, ResourceObject, TensorObject, dumps
 from .errors import ArtifactError
 from .verify import DIGEST_KEY
 
@@ -55,7 +56,7 @@ class ArtifactWriter:
                 f"file payload cap must be at least {framing.PAYLOAD_ALIGNMENT} bytes"
             )
         self._objects: dict[str, dict] = {}
-        self._records: dict[str, directory.TensorObject | directory.ResourceObject] = {}
+        self._records: dict[str, TensorObject | ResourceObject] = {}
         self._bindings: dict[str, dict] = {}
         self._size = 0
         self._tensor_count = 0
@@ -78,7 +79,7 @@ class ArtifactWriter:
         self._check_free(name)
         data = encodings.encode(format, tensor)
         oid = f"weight/{self._tensor_count:06d}"
-        offset = self._append(data, alignment=directory.TENSOR_ALIGNMENT)
+        offset = self._append(data, alignment=TENSOR_ALIGNMENT)
         self._record(
             {
                 "id": oid,
@@ -118,7 +119,7 @@ class ArtifactWriter:
             {
                 "id": oid,
                 "kind": "resource",
-                "encoding": directory.RAW_BYTES,
+                "encoding": RAW_BYTES,
                 "offset": offset,
                 "bytes": len(data),
             }
@@ -190,7 +191,7 @@ class ArtifactWriter:
         sizes = [
             min(self._cap, self._size - start) for start in range(0, max(self._size, 1), self._cap)
         ]
-        text = directory.dumps(self._root(sizes))
+        text = dumps(self._root(sizes))
         directory.parse(text)
         text += b" " * (framing.payload_start(len(text)) - framing.HEADER.size - len(text))
         raw_id = uuid.uuid4().bytes

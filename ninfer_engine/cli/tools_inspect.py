@@ -8,7 +8,7 @@ from collections import Counter
 
 from ..artifact import verify
 from ..artifact.container import Artifact, open_artifact
-from ..artifact.directory import TensorObject
+from ..artifact.directory_records import TensorObject
 from ..artifact.errors import ArtifactError
 
 

@@ -15,9 +15,8 @@ import torch.nn.functional as F
 
 from ninfer_engine.artifact import open_artifact
 from ninfer_engine.artifact.recipes import RECIPES
-from ninfer_engine.artifact.hf_names import (
-    logical_params_from_hf, text_config_from_hf, vision_config_from_hf,
-)
+from ninfer_engine.artifact.hf_names import logical_params_from_hf, text_config_from_hf
+from ninfer_engine.artifact.hf_vision_names import vision_config_from_hf
 from ninfer_engine.cli.tools import main
 from tests.models.qwen35_tiny import hf_config, rel_err
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Tokenizer
 
-from ninfer_engine.artifact.hf_names import (
+from ninfer_engine.artifact.hf_vision_names import (
     vision_block_from_hf, vision_config_from_hf, vision_globals_from_hf,
 )
 from ninfer_engine.models.qwen3_5 import dict_params
@@ -50,7 +50,7 @@ def hf_vl_model(family: str, seed: int = 0):
 
 
 def vision_tensors(model) -> dict[str, torch.Tensor]:
-    """Our `vision/...` tensors of an HF multimodal model (through hf_names)."""
+    """Our `vision/...` tensors of an HF multimodal model (through hf_vision_names)."""
     state = {k[len("model.visual."):]: t for k, t in model.state_dict().items()
              if k.startswith("model.visual.")}
     out = vision_globals_from_hf(state)
