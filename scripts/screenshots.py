@@ -1,6 +1,6 @@
 """Regenerate `screenshots/*.svg` (and `*.png` when `rsvg-convert` is installed) of the console.
 
-Every scenario of `ninfer_tui.fake_feed` is rendered at 140x44, plus the profile picker and the
+Every scenario of `ninfer_tui.fake_scenarios` is rendered at 140x44, plus the profile picker and the
 key help. Run from the repository root: `python scripts/screenshots.py [--out screenshots]`.
 PNGs need librsvg (`apt-get install librsvg2-bin`); without it only the SVGs are written.
 """
@@ -18,7 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_tui.app import NinferConsole  # noqa: E402
-from ninfer_tui.fake_feed import SCENARIOS, FakeSupervisor, play_all  # noqa: E402
+from ninfer_tui.fake_feed import FakeSupervisor, play_all  # noqa: E402
+from ninfer_tui.fake_scenarios import SCENARIOS  # noqa: E402
 
 SIZE = (140, 44)
 # (file name, scenario, keys pressed before the picture)

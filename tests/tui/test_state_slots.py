@@ -11,7 +11,8 @@ from textual.widget import Widget
 
 from ninfer_engine.stats import StateSlotStats
 from ninfer_tui.app import NinferConsole
-from ninfer_tui.fake_feed import SCENARIOS, FakeSupervisor, play_all
+from ninfer_tui.fake_feed import FakeSupervisor, play_all
+from ninfer_tui.fake_scenarios import SCENARIOS
 from ninfer_tui.widgets.experts import ExpertPanel
 from ninfer_tui.widgets.kv import KvPanel
 from ninfer_tui.widgets.memory import MemoryPanel
