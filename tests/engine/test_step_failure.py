@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from ninfer_engine.artifact import open_artifact
+from ninfer_engine.cli.flags import default_artifact
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
+from ninfer_engine.kernels.cpu_decode import cpu_decode_unavailable
 from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
 
 from .hybrid_helpers import HybridArtifact, hf_greedy
@@ -26,16 +29,17 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 class Broken:
-    """Wraps the runner's forward: runs it, then raises `error` at the steps `when` picks."""
+    """Wraps the runner's `method` (`forward`, or `forward_from`: a lookahead step): runs it,
+    then raises `error` at the steps `when` picks."""
 
-    def __init__(self, engine: Engine, when, error: Exception) -> None:
+    def __init__(self, engine: Engine, when, error: Exception, method: str = "forward") -> None:
         self.when, self.error, self.raised = when, error, 0
         self.carried: set[str] = set()  # the ids of the requests the broken step carried
-        self._forward = engine.runner.forward
-        engine.runner.forward = self
+        self._forward = getattr(engine.runner, method)
+        setattr(engine.runner, method, self)
 
-    def __call__(self, batch):
-        logits = self._forward(batch)
+    def __call__(self, batch, *tokens):
+        logits = self._forward(batch, *tokens)
         if self.when(batch):
             self.raised += 1
             self.carried |= {seq.id for seq in [*batch.decode, *(c.seq for c in batch.chunks)]}
@@ -148,3 +152,45 @@ def test_a_device_error_fails_the_engine_at_once(dense):
         engine.stop()
     assert (events[-1].finish, events[-1].error.status) == ("error", 503)
     assert engine.state is EngineState.FAILED
+
+
+DEFAULT_MODEL = default_artifact()
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason=f"not prepared: {DEFAULT_MODEL}")
+@pytest.mark.skipif(cpu_decode_unavailable() is not None, reason=f"{cpu_decode_unavailable()}")
+def test_a_lookahead_step_that_raises_ends_its_rows():
+    """The default model with the lookahead step forced on: a step launched on the one before's
+    picks (`forward_from`) raises with two rows in flight; they end with an error, and the same
+    two prompts then give the tokens a fresh engine gives them."""
+    def engine_of():
+        engine = Engine(EngineConfig(artifact=DEFAULT_MODEL, max_context=1024,
+                                     max_concurrency=2, lookahead=True),
+                        open_artifact(DEFAULT_MODEL))
+        engine.start()
+        return engine
+
+    def requests(engine, tag):
+        prompts = [tuple(engine.tokenizer.encode(engine.chat_template.render(
+            [{"role": "user", "content": q}]))) for q in ("Name three colours.", "Say hi.")]
+        return [GenerationRequest(f"{tag}{i}", p, GREEDY, 16) for i, p in enumerate(prompts)]
+
+    fresh = engine_of()
+    try:
+        expected = [_tokens(e) for e in asyncio.run(_run(fresh, *requests(fresh, "x")))]
+    finally:
+        fresh.stop()
+    engine = engine_of()
+    broken = Broken(engine, lambda batch: len(batch.decode) == 2 and not broken.raised,
+                    RuntimeError("a lookahead step broke"), method="forward_from")
+    try:
+        failed = asyncio.run(_run(engine, *requests(engine, "a")))
+        again = asyncio.run(_run(engine, *requests(engine, "b")))
+        state = engine.state
+    finally:
+        engine.stop()
+    assert broken.raised == 1 and broken.carried == {"a0", "a1"}
+    assert [(e[-1].finish, e[-1].error.status) for e in failed] == [("error", 500)] * 2
+    assert state is EngineState.READY
+    assert [_tokens(e) for e in again] == expected
