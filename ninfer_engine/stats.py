@@ -199,6 +199,7 @@ class Counters:
     prefill_tokens: int = 0
     steps: int = 0
     batch_rows: int = 0  # rows of every step (decode rows + one per prefill step)
+    steps_failed: int = 0  # raised, and ended only the requests they carried (`step_failure`)
 
 
 @dataclass(frozen=True)

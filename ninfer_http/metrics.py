@@ -147,6 +147,8 @@ class SnapshotCollector(Collector):
         yield _counter("prefix_host_restored_pages",
                        "Host-tier pages copied back to the device for a hit.",
                        tree.host_restored_pages)
+        yield _counter("steps_failed", "Engine steps that raised: the requests each carried "
+                       "ended with an error, and the engine went on.", stats.counters.steps_failed)
         yield from _expert_metrics(stats)
         yield from _spec_metrics(stats)
         yield from _vision_metrics(stats)

@@ -63,6 +63,9 @@ class StatsBuilder:
                                 prefill_tokens=c.prefill_tokens + prefill_tokens,
                                 steps=c.steps + 1, batch_rows=c.batch_rows + rows)
 
+    def record_step_failed(self) -> None:
+        self.counters = replace(self.counters, steps_failed=self.counters.steps_failed + 1)
+
     def record_finished(self, seq: Sequence) -> None:
         c, reason = self.counters, seq.finish_reason
         # token totals over the requests that finished, as /metrics and the request log count

@@ -21,8 +21,9 @@ the fault cannot be pinned on the rows (`engine_wide`):
 
 `StepFailure` is that part of `Engine` (as `StepPostprocess` is another): it reads the engine's
 `_carried`, `_step_failed`, `scheduler`, `runner`, `_in_flight`, `_chain_flight` and
-`_events`, sets its `_state` and `_failure`, tells its `_failure_listeners`, and hands the rows
-to `_retire`.
+`_events`, counts in its `stats`, sets its `_state` and `_failure`, tells its
+`_failure_listeners`, and hands the rows to `_retire`. `/metrics` counts the steps it contained
+(`ninfer:steps_failed_total`).
 """
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ class StepFailure:
         log.exception("a step failed: its %d request(s) end with an error, the engine goes on",
                       len(rows), exc_info=exc)
         self._step_failed = True
+        self.stats.record_step_failed()
         self._in_flight = self._chain_flight = None
         chain = getattr(self.runner, "chain", None)
         if chain is not None:

@@ -121,6 +121,7 @@ def test_a_step_that_raises_ends_its_rows_and_the_engine_serves_on(dense, where)
     counters = snapshot.counters
     assert (counters.requests_failed, counters.requests_done) == (
         len(broken.carried), 4 - len(broken.carried))
+    assert counters.steps_failed == 1
     assert in_use == len(held)  # only the prefix tree holds pages
     assert memory.allocator.free == pages and memory.free_state_slots == slots
 

@@ -50,3 +50,4 @@ def test_a_failed_step_ends_its_stream_and_the_server_serves_on(launch):
     assert health == 200
     assert "a step failed: its 1 request(s) end with an error, the engine goes on" in server.log()
     assert 'ninfer:requests_window{outcome="internal_error"} 1.0' in metrics.splitlines()
+    assert "ninfer:steps_failed_total 1.0" in metrics.splitlines()
