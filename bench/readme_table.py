@@ -57,9 +57,18 @@ def _cpu_rows() -> list[str]:
                     f"serial {c['serial']['decode_tok_s']:.1f} | "
                     f"{top['ratio_to_serial_decode']:.2f} |")
     z = _load("cpu-0.8b.json")
-    if z:
-        rows.append(f"| synthetic Qwen3.5-0.8B shape, CPU decode ({z['ninfer']['dtype']}) | "
-                    f"{z['ninfer']['decode_tok_s']:.1f} tok/s | — | — |")
+    runs = z["ninfer"] if z else []
+    peer = z.get("peer") if z else None
+    if runs and peer and "roofline_decode_tok_s" in runs[0]:
+        rows.append("| synthetic Qwen3.5-0.8B shape, 2-core CPU, batch-1 decode, the engine's step "
+                    "(`--cpu-matmul` " + " / ".join(x["cpu_matmul"] for x in runs) + ") | "
+                    + " / ".join(f"{x['decode_tok_s']:.1f}" for x in runs) + " tok/s | "
+                    f"transformers {peer['decode_tok_s']:.1f} ({runs[0]['dtype']}); roofline "
+                    + " / ".join(f"{x['roofline_decode_tok_s']:.1f}" for x in runs) + " | "
+                    + " / ".join(f"{x['decode_tok_s'] / peer['decode_tok_s']:.2f}" for x in runs)
+                    + "× transformers; "
+                    + " / ".join(f"{x['decode_tok_s'] / x['roofline_decode_tok_s']:.0%}"
+                                 for x in runs) + " of roofline |")
     return rows
 
 
