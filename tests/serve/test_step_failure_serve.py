@@ -1,12 +1,14 @@
 """A step that raises, in the real `ninfer-serve --no-tui` (`NINFER_FAULT=rows:N`): the stream it
 carried ends with an in-band 500 error (no `[DONE]`), the server stays healthy, and the same
-greedy request gives the same answer after the failure as before it.
+greedy request gives the same answer after the failure as before it; with the engine in the
+HTTP process and in one of its own.
 """
 from __future__ import annotations
 
 import asyncio
 
 import aiohttp
+import pytest
 from server_process import NEEDS_MODEL, chat_body, server_env
 from sse_client import chat
 
@@ -24,8 +26,11 @@ async def _plain(session: aiohttp.ClientSession, url: str, content: str, max_tok
         return response.status, await response.json()
 
 
-def test_a_failed_step_ends_its_stream_and_the_server_serves_on(launch):
-    server = launch(env=server_env(NINFER_FAULT=f"rows:{FAULT_STEP}")).wait_ready()
+# the engine in the HTTP process (the CPU's default) or in a process of its own (CUDA's)
+@pytest.mark.parametrize("engine_process", ["0", "1"])
+def test_a_failed_step_ends_its_stream_and_the_server_serves_on(launch, engine_process):
+    server = launch(env=server_env(NINFER_FAULT=f"rows:{FAULT_STEP}",
+                                   NINFER_ENGINE_PROCESS=engine_process)).wait_ready()
     url = server.url
 
     async def scenario():
