@@ -40,7 +40,6 @@ from .sequence import Sequence
 log = logging.getLogger("ninfer.engine")
 
 UNAVAILABLE = "service_unavailable"
-DEVICE_ERRORS = tuple(t for t in (getattr(torch, "AcceleratorError", None),) if t is not None)
 
 
 def carried_rows(batch: Batch | None, running: list[Sequence]) -> list[Sequence]:
@@ -55,7 +54,7 @@ def carried_rows(batch: Batch | None, running: list[Sequence]) -> list[Sequence]
 def engine_wide(exc: Exception, rows: list[Sequence], failed_before: bool,
                 lockstep: bool) -> str | None:
     """Why `exc` must fail the whole engine (see the module docstring), or None: only `rows`."""
-    if isinstance(exc, DEVICE_ERRORS):
+    if isinstance(exc, torch.AcceleratorError):  # torch >= 2.8: a CUDA error
         return "a device error"
     if isinstance(exc, EngineFault):
         return "an engine fault"
