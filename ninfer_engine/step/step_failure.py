@@ -12,8 +12,8 @@ the engine with any step that raises.)
 
 The engine fails instead (`Engine._fail_engine`; ninfer-serve exits 2 for its supervisor) where
 the fault cannot be pinned on the rows (`engine_wide`):
-- a device error (`torch.AcceleratorError`: after an illegal address or a failed launch the
-  CUDA context is unusable);
+- a device error (`torch.AcceleratorError`, or a Triton or library error naming CUDA: after
+  an illegal address or a failed launch the CUDA context is unusable);
 - tensor parallelism: the followers run each step in lockstep with the leader's collectives;
 - an injected engine fault (`faults.EngineFault`);
 - a step that carried no rows (it failed while scheduling);
@@ -40,6 +40,9 @@ from .sequence import Sequence
 log = logging.getLogger("ninfer.engine")
 
 UNAVAILABLE = "service_unavailable"
+# a CUDA error torch did not raise as `torch.AcceleratorError` (a Triton launch's, a library's);
+# "CUDA out of memory" is none of these: the pool is intact, only the step's rows end
+DEVICE_MESSAGES = ("CUDA error", "Triton Error [CUDA]", "CUBLAS_STATUS_", "CUDNN_STATUS_")
 
 
 def carried_rows(batch: Batch | None, running: list[Sequence]) -> list[Sequence]:
@@ -54,7 +57,7 @@ def carried_rows(batch: Batch | None, running: list[Sequence]) -> list[Sequence]
 def engine_wide(exc: Exception, rows: list[Sequence], failed_before: bool,
                 lockstep: bool) -> str | None:
     """Why `exc` must fail the whole engine (see the module docstring), or None: only `rows`."""
-    if isinstance(exc, torch.AcceleratorError):  # torch >= 2.8: a CUDA error
+    if isinstance(exc, torch.AcceleratorError) or any(m in str(exc) for m in DEVICE_MESSAGES):
         return "a device error"
     if isinstance(exc, EngineFault):
         return "an engine fault"

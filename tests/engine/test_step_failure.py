@@ -19,6 +19,7 @@ from ninfer_engine.cli.flags import default_artifact
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.kernels.cpu_decode import cpu_decode_unavailable
+from ninfer_engine.step.step_failure import engine_wide
 from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
 
 from .hybrid_helpers import HybridArtifact, hf_greedy
@@ -144,9 +145,12 @@ def test_a_fault_that_outlives_its_rows_fails_the_engine(dense):
     assert engine.state is EngineState.FAILED
 
 
-def test_a_device_error_fails_the_engine_at_once(dense):
+@pytest.mark.parametrize("error", [
+    torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+    RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")])
+def test_a_device_error_fails_the_engine_at_once(dense, error):
     engine = _engine(dense)
-    Broken(engine, lambda batch: True, torch.AcceleratorError("an illegal memory access"))
+    Broken(engine, lambda batch: True, error)
     try:
         events = asyncio.run(_run(engine, GenerationRequest("g", _prompt(20, 6), GREEDY, 8)))[0]
     finally:
@@ -195,3 +199,11 @@ def test_a_lookahead_step_that_raises_ends_its_rows():
     assert [(e[-1].finish, e[-1].error.status) for e in failed] == [("error", 500)] * 2
     assert state is EngineState.READY
     assert [_tokens(e) for e in again] == expected
+
+
+def test_out_of_memory_ends_the_rows_not_the_engine():
+    """A step that ran out of device memory leaves the pool intact: only its rows end."""
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    row = object()
+    assert engine_wide(oom, [row], failed_before=False, lockstep=False) is None
+    assert engine_wide(oom, [row], failed_before=True, lockstep=False) is not None
