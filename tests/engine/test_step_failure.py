@@ -3,8 +3,9 @@
 The fault is raised after the runner's real forward, so the failed rows' K/V and recurrent state
 slots were written past their `cached` (the worst case: the next step can't tell). Afterwards
 the engine is READY, a new request and one reusing a failed request's prompt from the prefix tree
-give HF's greedy tokens exactly, and every page and state slot is back. A fault that outlives
-the rows it carried, or a device error, fails the engine instead.
+give HF's greedy tokens exactly, and every page and state slot is back; likewise for a lookahead
+step (the default model). A fault that outlives the rows it carried, or a device error, fails
+the engine instead; running out of memory does not.
 """
 from __future__ import annotations
 
