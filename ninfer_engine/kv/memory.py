@@ -102,12 +102,19 @@ class SequenceMemory:
             if not self._lease(cache, tokens):
                 cache.release()
                 return False
-        state = self.running_slots.acquire() if self.running_slots is not None else None
-        if hit.copy is not None:  # the request writes the rest of this page: its own copy
-            page, slots = hit.copy
-            self.storage.copy_slots(page, cache.pages[len(hit.pages)], slots)
-        if hit.snapshot is not None:
-            copy_state(hit.snapshot, state)
+        state = None
+        try:  # a copy that fails (out of memory, say) gives the lease back with the error
+            state = self.running_slots.acquire() if self.running_slots is not None else None
+            if hit.copy is not None:  # the request writes the rest of this page: its own copy
+                page, slots = hit.copy
+                self.storage.copy_slots(page, cache.pages[len(hit.pages)], slots)
+            if hit.snapshot is not None:
+                copy_state(hit.snapshot, state)
+        except BaseException:
+            cache.release()
+            if state is not None:
+                self.running_slots.release(state)
+            raise
         if self.prefix is not None:
             self.queries += 1
             self.hits += hit.tokens > 0

@@ -189,6 +189,9 @@ class Scheduler:
         except (MemoryError, RuntimeError) as exc:  # no memory for its cache: this request only
             seq.fail(EngineError(f"cannot admit the request: {exc}", "kv_exhausted", 503))
             return False
+        except Exception as exc:  # a fault of this request's admission: not the engine's
+            seq.fail(EngineError(f"cannot admit the request: {type(exc).__name__}: {exc}"))
+            return False
         seq.admitted = now
         # An empty event marks admission: the HTTP layer sends SSE headers now, not at token 1.
         seq.emit(TokenEvent(usage=Usage(len(seq.prompt), 0, min(seq.cached, len(seq.prompt)))))

@@ -5,7 +5,8 @@ slots were written past their `cached` (the worst case: the next step can't tell
 the engine is READY, a new request and one reusing a failed request's prompt from the prefix tree
 give HF's greedy tokens exactly, and every page and state slot is back; likewise for a lookahead
 step (the default model). A fault that outlives the rows it carried, or a device error, fails
-the engine instead; running out of memory does not.
+the engine instead; running out of memory does not. A fault while admitting a request ends
+that request and gives its lease back.
 """
 from __future__ import annotations
 
@@ -208,3 +209,29 @@ def test_out_of_memory_ends_the_rows_not_the_engine():
     row = object()
     assert engine_wide(oom, [row], failed_before=False, lockstep=False) is None
     assert engine_wide(oom, [row], failed_before=True, lockstep=False) is not None
+
+
+def test_a_fault_while_admitting_ends_that_request_and_gives_its_lease_back(dense):
+    """Admission raises after the request leased its pages (its state slot's acquisition
+    fails): that request ends with a 500, its pages go back, and the next one is served."""
+    engine = _engine(dense)
+    memory = engine.memory
+    pages = memory.allocator.free
+    acquire = memory.running_slots.acquire
+
+    def broken_acquire(*args, **kwargs):
+        memory.running_slots.acquire = acquire  # once
+        raise TypeError("a slot broke")
+    memory.running_slots.acquire = broken_acquire
+    try:
+        failed = asyncio.run(_run(engine, GenerationRequest("h", _prompt(30, 7), GREEDY, 4)))[0]
+        free_after = memory.allocator.free
+        served = asyncio.run(_run(engine, GenerationRequest("i", _prompt(30, 8), GREEDY, 4)))[0]
+        state = engine.state
+    finally:
+        engine.stop()
+    assert (failed[-1].finish, failed[-1].error.status) == ("error", 500)
+    assert "TypeError: a slot broke" in failed[-1].error.message
+    assert free_after == pages
+    assert state is EngineState.READY and served[-1].finish == "length"
+    assert _tokens(served) == hf_greedy(dense.hf, list(_prompt(30, 8)), 4)
