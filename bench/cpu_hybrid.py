@@ -30,34 +30,11 @@ from bench.report import cpu_machine, write_report  # noqa: E402
 from ninfer_engine.artifact.synth import build_synthetic, synth_config  # noqa: E402
 from ninfer_engine.benchmark.engine_step import (  # noqa: E402
     bench_engine, random_prompts, run_requests)
-from ninfer_engine.benchmark.peer import hf_decode, hf_prefill, random_hf_model  # noqa: E402
+from ninfer_engine.benchmark.peer import run_peer  # noqa: E402
 from ninfer_engine.models import Qwen35Model  # noqa: E402
-from ninfer_engine.models.layers import Linear  # noqa: E402
 from ninfer_engine.serving import MATMUL_DTYPES  # noqa: E402
 
 PROMPT_TOKENS = 128
-
-
-def decode_bytes(model) -> int:
-    """Bytes a decode step streams: every projection's and the head's matrix (its `--cpu-matmul`
-    copy where it has one), found by walking the model's objects; the rest is ~0.1 %."""
-    seen, total = set(), 0
-
-    def walk(obj, depth: int) -> None:
-        nonlocal total
-        if id(obj) in seen or depth > 8 or isinstance(obj, (torch.Tensor, type, str)):
-            return
-        seen.add(id(obj))
-        if isinstance(obj, Linear):
-            total += obj.narrow_bytes or obj.weight.nbytes
-        elif isinstance(obj, (list, tuple, dict)):
-            for item in obj.values() if isinstance(obj, dict) else obj:
-                walk(item, depth + 1)
-        elif hasattr(obj, "__dict__"):
-            for item in vars(obj).values():
-                walk(item, depth + 1)
-    walk(model, 0)
-    return total
 
 
 def run(args: argparse.Namespace, cpu_matmul: str) -> dict:
@@ -80,33 +57,12 @@ def run(args: argparse.Namespace, cpu_matmul: str) -> dict:
         "dtype": args.dtype, "cpu_matmul": cpu_matmul, "batch": args.batch,
         "prompt_tokens": PROMPT_TOKENS, "decode_steps": len(measured), "warmup_steps": args.warmup,
         "weights_gib": model.weight_bytes() / 2**30, "build_s": load_s,
-        "decode_step_bytes": decode_bytes(model),
+        # every projection's and the head's matrix, or its copy; the rest is ~0.1 %
+        "decode_step_bytes": sum(p.narrow_bytes or p.weight.nbytes for p in model.projections),
         "prefill_tok_s": args.batch * PROMPT_TOKENS / prefill_s,
         "decode_tok_s": tokens / decode_s,
         "decode_step_ms_median": sorted(measured)[len(measured) // 2] * 1000,
     }
-
-
-def transformers_peer(args: argparse.Namespace) -> dict:
-    """transformers' own greedy loop over the same shape (its HF model with random weights in
-    `--dtype`, its cache), batch 1: the prompt's prefill, then `--steps` decode steps (after
-    `--warmup` steps of another prompt)."""
-    import transformers
-
-    config = synth_config("0.8b")
-    model = random_hf_model(config, "cpu", getattr(torch, args.dtype))
-    warm, ids = (torch.tensor([p]) for p in random_prompts(2, PROMPT_TOKENS,
-                                                           config["vocab_size"], seed=1))
-    with torch.inference_mode():
-        hf_decode(model, *hf_prefill(model, warm), args.warmup)
-        start = time.perf_counter()
-        token, cache = hf_prefill(model, ids)
-        prefill_s = time.perf_counter() - start
-        start = time.perf_counter()
-        hf_decode(model, token, cache, args.steps)
-        decode_s = time.perf_counter() - start
-    return {"library": "transformers", "version": transformers.__version__,
-            "prefill_tok_s": PROMPT_TOKENS / prefill_s, "decode_tok_s": args.steps / decode_s}
 
 
 def main() -> int:
@@ -126,7 +82,9 @@ def main() -> int:
     bandwidth = memory_bandwidth(args.threads)
     for x in runs:
         x["roofline_decode_tok_s"] = bandwidth / x["decode_step_bytes"]
-    peer = transformers_peer(args) if args.batch == 1 else None
+    # transformers' own greedy loop and cache over the same shape, batch 1
+    peer = (run_peer(synth_config("0.8b"), PROMPT_TOKENS, args.steps, device="cpu",
+                     dtype=getattr(torch, args.dtype)) if args.batch == 1 else None)
     result = {
         "benchmark": "cpu-0.8b",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -169,7 +127,7 @@ def markdown(r: dict) -> str:
         + (f"| transformers {p['version']} (its own greedy loop and cache, {n['dtype']}) | | "
            f"{p['prefill_tok_s']:.1f} | {p['decode_tok_s']:.2f} | "
            f"{1e3 / p['decode_tok_s']:.0f} ms | {p['decode_tok_s'] / base:.2f}× | | |\n"
-           if (p := r.get("peer")) else "")
+           if "decode_tok_s" in (p := r.get("peer") or {}) else "")
     )
 
 

@@ -59,7 +59,7 @@ def _cpu_rows() -> list[str]:
     z = _load("cpu-0.8b.json")
     runs = z["ninfer"] if z else []
     peer = z.get("peer") if z else None
-    if runs and peer and "roofline_decode_tok_s" in runs[0]:
+    if runs and peer and "decode_tok_s" in peer:
         rows.append("| synthetic Qwen3.5-0.8B shape, 2-core CPU, batch-1 decode, the engine's step "
                     "(`--cpu-matmul` " + " / ".join(x["cpu_matmul"] for x in runs) + ") | "
                     + " / ".join(f"{x['decode_tok_s']:.1f}" for x in runs) + " tok/s | "

@@ -7,8 +7,8 @@ created on the meta device, materialised with `to_empty` on the target device an
 (matrices N(0, 1/fan_in), embedding N(0, 0.02²), norms 0 for `(1+w)` or 1 for plain ones, the
 gated GDN norm 1, `A_log = log U(1, 16)`, `dt_bias` 1); a tied head is tied again and the
 rotary buffers are recomputed. `run_peer` times a prompt prefill and greedy decode steps with
-the model's own cache, by CUDA events, and never raises: a missing or failing transformers
-becomes a `skipped` / `error` entry of the result.
+the model's own cache, by CUDA events (by the host clock on the CPU), and never raises: a
+missing or failing transformers becomes a `skipped` / `error` entry of the result.
 """
 
 from __future__ import annotations
@@ -134,8 +134,31 @@ def _available(name: str) -> bool:
         return False
 
 
-def run_peer(config: dict, prompt: int, steps: int, seed: int = 0) -> dict:
-    """transformers' batch-1 prefill and greedy decode of random `config` weights on the GPU."""
+class _Marks:
+    """Points in a timed region and the milliseconds between them: CUDA events on the GPU
+    (the device's time), the host clock on the CPU."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda, self.points = device == "cuda", []
+
+    def mark(self) -> None:
+        if self.cuda:
+            self.points.append(torch.cuda.Event(enable_timing=True))
+            self.points[-1].record()
+        else:
+            self.points.append(time.perf_counter())
+
+    def spans_ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.points, self.points[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.points, self.points[1:])]
+
+
+def run_peer(config: dict, prompt: int, steps: int, seed: int = 0, device: str = "cuda",
+             dtype: torch.dtype = torch.bfloat16) -> dict:
+    """transformers' batch-1 prefill and greedy decode of random `config` weights on `device`
+    (the GPU by default) in `dtype`."""
     out = dict(library="transformers", prompt_tokens=prompt, decode_steps=steps)
     try:
         import transformers
@@ -147,10 +170,11 @@ def run_peer(config: dict, prompt: int, steps: int, seed: int = 0) -> dict:
         return out
     out.update(fla=_available("fla"), causal_conv1d=_available("causal_conv1d"))
     model = None
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
     try:
         t0 = time.perf_counter()
-        model = random_hf_model(config, "cuda", torch.bfloat16, seed)
-        torch.cuda.synchronize()
+        model = random_hf_model(config, device, dtype, seed)
+        sync()
         out["build_s"] = time.perf_counter() - t0
         out["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
         if "num_experts" in config:
@@ -160,19 +184,18 @@ def run_peer(config: dict, prompt: int, steps: int, seed: int = 0) -> dict:
              f"(fla {out['fla']}, causal_conv1d {out['causal_conv1d']})")
         gen = torch.Generator().manual_seed(seed)
         V = config["vocab_size"]
-        warm = torch.randint(0, V, (1, 64), generator=gen).cuda()
+        warm = torch.randint(0, V, (1, 64), generator=gen).to(device)
         hf_decode(model, *hf_prefill(model, warm), 2)  # kernels, cuBLAS heuristics, allocator
-        ids = torch.randint(0, V, (1, prompt), generator=gen).cuda()
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-        torch.cuda.synchronize()
-        events[0].record()
+        ids = torch.randint(0, V, (1, prompt), generator=gen).to(device)
+        marks = _Marks(device)
+        sync()
+        marks.mark()
         token, cache = hf_prefill(model, ids)
-        events[1].record()
+        marks.mark()
         hf_decode(model, token, cache, steps)
-        events[2].record()
-        torch.cuda.synchronize()
-        prefill_ms = events[0].elapsed_time(events[1])
-        step_ms = events[1].elapsed_time(events[2]) / steps
+        marks.mark()
+        prefill_ms, decode_ms = marks.spans_ms()
+        step_ms = decode_ms / steps
         out.update(prefill_ms=prefill_ms, prefill_tok_s=prompt * 1e3 / prefill_ms,
                    decode_step_ms=step_ms, decode_tok_s=1e3 / step_ms)
         _log(f"peer: prefill {out['prefill_tok_s']:.0f} tok/s, decode "
@@ -183,7 +206,7 @@ def run_peer(config: dict, prompt: int, steps: int, seed: int = 0) -> dict:
     finally:
         del model
         gc.collect()
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # a no-op where CUDA never started
     return out
 
 

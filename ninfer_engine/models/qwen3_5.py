@@ -135,13 +135,14 @@ class Qwen35Model:
                 b.mixer.bind_fused(groups[key])
             if isinstance(b.ffn, SparseMoE) and f"text/layers/{i}/moe/" in groups:
                 b.ffn.bind_fused(groups[f"text/layers/{i}/moe/"])
-        projections = [self.head_projection]
+        # every `Linear` a step multiplies by, the head first
+        self.projections = [self.head_projection]
         for b in self.blocks:
-            projections += [*b.mixer.projections, *b.ffn.projections]
+            self.projections += [*b.mixer.projections, *b.ffn.projections]
         # the `--cpu-matmul` decode copies are held beside the weights they narrow
         self._weight_bytes = (sum({t.data_ptr(): t.nbytes for t in loaded.values()
                                    if not getattr(t, "is_meta", False)}.values())
-                              + sum(proj.narrow_bytes for proj in projections))
+                              + sum(proj.narrow_bytes for proj in self.projections))
         self.attention_layers = [i for i, b in enumerate(self.blocks)
                                  if isinstance(b.mixer, GatedAttention)]
         # layers whose residual outputs (HF `hidden_states[l+1]`), concatenated, are the

@@ -93,14 +93,11 @@ class StepChainAhead:
         self._step += 1
         try:
             logits = self.runner.forward_ahead(batch)
-        except Exception as exc:  # the round in flight is past exact recovery: its rows end
-            log.exception("--spec mtp: a verify round launched ahead failed; the host accepts "
-                          "from now on")
+        except Exception:  # past exact recovery: its rows end with the step (`step_failure`)
+            log.error("--spec mtp: a verify round launched ahead failed; the host accepts "
+                      "from now on")
             self.runner.chain = None
-            for seq in batch.decode:
-                self._fail_request(seq, exc)
-                self._retire(seq)
-            return True
+            raise
         self._finish(batch, flight.logits, flight.started)  # its next round's drafts read
         drafts = chain.ahead_drafts()
         live = [b for b, seq in enumerate(batch.decode) if seq.finish_reason is None]

@@ -50,8 +50,7 @@ def carried_rows(batch: Batch | None, running: list[Sequence]) -> list[Sequence]
     if batch is None:
         return []
     ids = {id(seq) for seq in running}
-    rows = [*batch.decode, *(chunk.seq for chunk in batch.chunks)]
-    return list({id(seq): seq for seq in rows if id(seq) in ids}.values())
+    return [seq for seq in (*batch.decode, *(c.seq for c in batch.chunks)) if id(seq) in ids]
 
 
 def engine_wide(exc: Exception, rows: list[Sequence], failed_before: bool,

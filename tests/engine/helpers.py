@@ -31,6 +31,12 @@ _LAYER_NAMES = {
 }
 
 
+def seeded_prompt(n: int, seed: int) -> tuple[int, ...]:
+    """`n` token ids below 128 (a tiny model's vocabulary), the same for the same `seed`."""
+    return tuple(torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed))
+                 .tolist())
+
+
 def hf_name(name: str) -> str:
     """Our `text/...` parameter name -> the HF `LlamaForCausalLM` state-dict key."""
     rest = name.removeprefix("text/")

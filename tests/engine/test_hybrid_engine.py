@@ -13,16 +13,12 @@ from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
+from .helpers import seeded_prompt
 from .hybrid_helpers import HybridArtifact, hf_greedy
 
 pytest.importorskip("transformers.models.qwen3_5_moe")
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def _prompt(n: int, seed: int) -> tuple[int, ...]:
-    return tuple(torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed))
-                 .tolist())
 
 
 def _engine(artifact, **overrides) -> Engine:
@@ -63,7 +59,7 @@ def dense():
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_greedy_equals_hf_after_chunked_prefill(family, dense):
     artifact = dense if family == "qwen3_5" else HybridArtifact(family)
-    prompt = _prompt(200, seed=2)
+    prompt = seeded_prompt(200, seed=2)
     engine = _engine(artifact)  # 200 tokens prefill as chunks of 64, 64, 64, 8
     try:
         ours, final = _generate(engine, prompt, 64)
@@ -81,7 +77,7 @@ def test_cuda_bf16_decode_goes_through_graphs_and_repeats_exactly(family, dense)
     greedy request twice gives the same tokens (the second reuses the first's graphs and a
     recycled state slot); the step's numerics are checked in test_hybrid_graphs.py."""
     artifact = dense if family == "qwen3_5" else HybridArtifact(family)
-    prompt = _prompt(100, seed=7)
+    prompt = seeded_prompt(100, seed=7)
     engine = _engine(artifact, cuda_dtype="bf16")
     try:
         first, final = _generate(engine, prompt, 24, "a")
@@ -95,8 +91,8 @@ def test_cuda_bf16_decode_goes_through_graphs_and_repeats_exactly(family, dense)
 
 
 def test_second_turn_computes_only_new_tokens(dense):
-    shared = _prompt(150, seed=3)  # not page-aligned: the partial page is copied
-    turn2 = shared + _prompt(30, seed=4)
+    shared = seeded_prompt(150, seed=3)  # not page-aligned: the partial page is copied
+    turn2 = shared + seeded_prompt(30, seed=4)
     engine = _engine(dense, device_state_slots=4)  # the prompt's and the answer's ends
     plain = _engine(dense, no_prefix_reuse=True)
     try:
@@ -105,7 +101,7 @@ def test_second_turn_computes_only_new_tokens(dense):
         out2, final2 = _generate(engine, turn2, 12, "t2")
         computed2 = counter.computed
         # the next turn of the conversation continues from the end of turn 1's answer
-        turn3 = shared + tuple(out1) + _prompt(20, seed=5)
+        turn3 = shared + tuple(out1) + seeded_prompt(20, seed=5)
         counter.computed = 0
         out3, final3 = _generate(engine, turn3, 12, "t3")
         computed3 = counter.computed
@@ -132,11 +128,11 @@ def test_no_leaks_after_random_requests(dense):
                      device_state_slots=4)
     memory = engine.memory
     pages, slots = memory.allocator.free, memory.free_state_slots
-    bases = [_prompt(96, seed=10 + i) for i in range(3)]
+    bases = [seeded_prompt(96, seed=10 + i) for i in range(3)]
 
     async def one(i: int):
         n = rng.randint(1, 90)
-        prompt = bases[i % 3][:n] if rng.random() < 0.5 else _prompt(n, seed=100 + i)
+        prompt = bases[i % 3][:n] if rng.random() < 0.5 else seeded_prompt(n, seed=100 + i)
         request = GenerationRequest(f"r{i}", prompt, SamplingParams(seed=i),
                                     rng.randint(1, 10))
         if rng.random() < 0.25:  # the client goes away after its first event
@@ -172,7 +168,7 @@ def test_snapshot_counts_state_slots_and_checkpoints(dense):
     engine = _engine(dense, max_concurrency=2, device_state_slots=4)
     try:
         before = engine.snapshot().state_slots
-        _generate(engine, _prompt(70, seed=9), 6)
+        _generate(engine, seeded_prompt(70, seed=9), 6)
         # the last token reaches the caller before the engine retires the request and
         # publishes the next snapshot: wait (bounded) for that snapshot
         deadline = time.monotonic() + 10

@@ -15,7 +15,7 @@ from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
 from ninfer_engine.types import GenerationRequest, SamplingParams
 
-from .helpers import FakeArtifact, tiny_llama
+from .helpers import FakeArtifact, seeded_prompt, tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0)
 TOP = 3
@@ -33,11 +33,6 @@ def family(request):
     return FakeArtifact(hf), hf
 
 
-def _prompt(n: int, seed: int) -> tuple[int, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randint(0, 128, (n,), generator=gen).tolist())
-
-
 def _request(rid, prompt, max_tokens, scored):
     return GenerationRequest(rid, prompt, GREEDY, max_tokens, ignore_eos=True,
                              prompt_logprobs=TOP if scored else None,
@@ -52,7 +47,7 @@ async def _together(engine, requests):
 
 def test_prompt_logprobs_are_log_softmax_of_the_reference_logits(family):
     artifact, hf = family
-    prompt = _prompt(150, 1)  # three chunks: 64, 64, 22
+    prompt = seeded_prompt(150, 1)  # three chunks: 64, 64, 22
     with torch.inference_mode():
         reference = hf(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
     engine = Engine(EngineConfig(artifact=Path("tiny.ninfer"), prefill_chunk=64,
@@ -63,7 +58,7 @@ def test_prompt_logprobs_are_log_softmax_of_the_reference_logits(family):
         with torch.inference_mode():
             [warm] = asyncio.run(_together(engine, [_request("warm", prompt, 4, False)]))
             scored, plain, empty = _request("s", prompt, 4, True), \
-                _request("p", _prompt(90, 2), 4, False), _request("z", prompt, 0, True)
+                _request("p", seeded_prompt(90, 2), 4, False), _request("z", prompt, 0, True)
             got = asyncio.run(_together(engine, [scored, plain, empty]))
     finally:
         engine.stop()

@@ -24,6 +24,7 @@ from ninfer_engine.kernels.cpu_decode import cpu_decode_unavailable
 from ninfer_engine.step.step_failure import engine_wide
 from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
 
+from .helpers import seeded_prompt
 from .hybrid_helpers import HybridArtifact, hf_greedy
 
 pytest.importorskip("transformers.models.qwen3_5_moe")
@@ -50,11 +51,6 @@ class Broken:
         return logits
 
 
-def _prompt(n: int, seed: int) -> tuple[int, ...]:
-    return tuple(torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed))
-                 .tolist())
-
-
 def _engine(artifact) -> Engine:
     config = EngineConfig(artifact=Path("tiny.ninfer"), prefill_chunk=64, max_context=1024,
                           cuda_dtype="fp32", max_concurrency=3, kv_capacity=640,
@@ -68,6 +64,11 @@ async def _run(engine: Engine, *requests: GenerationRequest):
     async def one(request):
         return [event async for event in engine.submit(request)]
     return await asyncio.gather(*(one(r) for r in requests))
+
+
+def _one(engine: Engine, rid: str, prompt: tuple[int, ...], max_tokens: int):
+    """The events of one greedy request, run to its end."""
+    return asyncio.run(_run(engine, GenerationRequest(rid, prompt, GREEDY, max_tokens)))[0]
 
 
 def _tokens(events) -> list[int]:
@@ -90,7 +91,7 @@ def test_a_step_that_raises_ends_its_rows_and_the_engine_serves_on(dense, where)
     engine = _engine(dense)
     memory = engine.memory
     pages, slots = memory.allocator.free, memory.free_state_slots
-    a, b, c = _prompt(150, 1), _prompt(45, 2), _prompt(30, 3)
+    a, b, c = seeded_prompt(150, 1), seeded_prompt(45, 2), seeded_prompt(30, 3)
     broken = Broken(engine, lambda batch: BREAKS[where](batch) and not broken.raised,
                     RuntimeError("a kernel broke"))
     try:
@@ -135,9 +136,9 @@ def test_a_fault_that_outlives_its_rows_fails_the_engine(dense):
     engine = _engine(dense)
     Broken(engine, lambda batch: True, RuntimeError("the pool is gone"))
     try:
-        first = asyncio.run(_run(engine, GenerationRequest("e", _prompt(20, 4), GREEDY, 8)))[0]
+        first = _one(engine, "e", seeded_prompt(20, 4), 8)
         state_between = engine.state
-        second = asyncio.run(_run(engine, GenerationRequest("f", _prompt(20, 5), GREEDY, 8)))[0]
+        second = _one(engine, "f", seeded_prompt(20, 5), 8)
     finally:
         engine.stop()
     assert (first[-1].finish, first[-1].error.status) == ("error", 500)
@@ -154,7 +155,7 @@ def test_a_device_error_fails_the_engine_at_once(dense, error):
     engine = _engine(dense)
     Broken(engine, lambda batch: True, error)
     try:
-        events = asyncio.run(_run(engine, GenerationRequest("g", _prompt(20, 6), GREEDY, 8)))[0]
+        events = _one(engine, "g", seeded_prompt(20, 6), 8)
     finally:
         engine.stop()
     assert (events[-1].finish, events[-1].error.status) == ("error", 503)
@@ -224,9 +225,9 @@ def test_a_fault_while_admitting_ends_that_request_and_gives_its_lease_back(dens
         raise TypeError("a slot broke")
     memory.running_slots.acquire = broken_acquire
     try:
-        failed = asyncio.run(_run(engine, GenerationRequest("h", _prompt(30, 7), GREEDY, 4)))[0]
+        failed = _one(engine, "h", seeded_prompt(30, 7), 4)
         free_after = memory.allocator.free
-        served = asyncio.run(_run(engine, GenerationRequest("i", _prompt(30, 8), GREEDY, 4)))[0]
+        served = _one(engine, "i", seeded_prompt(30, 8), 4)
         state = engine.state
     finally:
         engine.stop()
@@ -234,4 +235,4 @@ def test_a_fault_while_admitting_ends_that_request_and_gives_its_lease_back(dens
     assert "TypeError: a slot broke" in failed[-1].error.message
     assert free_after == pages
     assert state is EngineState.READY and served[-1].finish == "length"
-    assert _tokens(served) == hf_greedy(dense.hf, list(_prompt(30, 8)), 4)
+    assert _tokens(served) == hf_greedy(dense.hf, list(seeded_prompt(30, 8)), 4)
