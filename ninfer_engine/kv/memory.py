@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import torch
+
 from ..stats import KvStats, PrefixStats, StateSlotStats
 from .cache import KvStorage
 from .host_tier import HostTier
@@ -110,10 +112,12 @@ class SequenceMemory:
                 self.storage.copy_slots(page, cache.pages[len(hit.pages)], slots)
             if hit.snapshot is not None:
                 copy_state(hit.snapshot, state)
-        except BaseException:
+        except BaseException as exc:
             cache.release()
             if state is not None:
                 self.running_slots.release(state)
+            if isinstance(exc, torch.OutOfMemoryError):  # the scheduler's memory signal
+                raise MemoryError(str(exc)) from exc
             raise
         if self.prefix is not None:
             self.queries += 1

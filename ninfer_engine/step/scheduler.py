@@ -186,7 +186,7 @@ class Scheduler:
         except RequestError as exc:
             seq.fail(exc.error)
             return False
-        except (MemoryError, RuntimeError) as exc:  # no memory for its cache: this request only
+        except MemoryError as exc:  # no memory for its cache: this request only
             seq.fail(EngineError(f"cannot admit the request: {exc}", "kv_exhausted", 503))
             return False
         except Exception as exc:  # a fault of this request's admission: not the engine's

@@ -212,9 +212,19 @@ def test_out_of_memory_ends_the_rows_not_the_engine():
     assert engine_wide(oom, [row], failed_before=True, lockstep=False) is not None
 
 
-def test_a_fault_while_admitting_ends_that_request_and_gives_its_lease_back(dense):
+# a fault while admitting: (raised, status, code); out of memory is the pool's, 503
+ADMISSION_FAULTS = {
+    "type-error": (TypeError("a slot broke"), 500, "internal_error"),
+    "runtime-error": (RuntimeError("a slot broke"), 500, "internal_error"),
+    "out-of-memory": (torch.OutOfMemoryError("no room for a slot"), 503, "kv_exhausted")}
+
+
+@pytest.mark.parametrize("fault", ADMISSION_FAULTS)
+def test_a_fault_while_admitting_ends_that_request_and_gives_its_lease_back(dense, fault):
     """Admission raises after the request leased its pages (its state slot's acquisition
-    fails): that request ends with a 500, its pages go back, and the next one is served."""
+    fails): that request ends (503 `kv_exhausted` only when the device ran out of memory, 500
+    otherwise), its pages go back, and the next one is served."""
+    error, status, code = ADMISSION_FAULTS[fault]
     engine = _engine(dense)
     memory = engine.memory
     pages = memory.allocator.free
@@ -222,7 +232,7 @@ def test_a_fault_while_admitting_ends_that_request_and_gives_its_lease_back(dens
 
     def broken_acquire(*args, **kwargs):
         memory.running_slots.acquire = acquire  # once
-        raise TypeError("a slot broke")
+        raise error
     memory.running_slots.acquire = broken_acquire
     try:
         failed = _one(engine, "h", seeded_prompt(30, 7), 4)
@@ -231,8 +241,9 @@ def test_a_fault_while_admitting_ends_that_request_and_gives_its_lease_back(dens
         state = engine.state
     finally:
         engine.stop()
-    assert (failed[-1].finish, failed[-1].error.status) == ("error", 500)
-    assert "TypeError: a slot broke" in failed[-1].error.message
+    assert failed[-1].finish == "error"
+    assert (failed[-1].error.status, failed[-1].error.code) == (status, code)
+    assert str(error) in failed[-1].error.message
     assert free_after == pages
     assert state is EngineState.READY and served[-1].finish == "length"
     assert _tokens(served) == hf_greedy(dense.hf, list(seeded_prompt(30, 8)), 4)
