@@ -16,6 +16,7 @@ the causal depthwise conv + SiLU over q|k|v with the conv state shifted in place
 
 Both round exactly where the torch code does (`*_ref` below is that code); the Triton paths
 differ from it only in the last ulp of exp / division / the reduction order of the norm.
+The kernels they launch and their device functions are in `kernels.gdn_fused_kernels`.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
-from triton.language.extra import libdevice
 
 from ._dispatch import interpreting, use_triton
-from .pdl import pdl_launch, pdl_release, pdl_wait
+from .gdn_fused_kernels import _gdn_gated_norm_kernel, _gdn_prep_kernel
+from .pdl import pdl_launch
 
 
 def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
@@ -71,120 +71,6 @@ def gdn_gated_norm_ref(o, z, norm, eps, at=None):
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
     o = (norm * o.to(torch.bfloat16) * F.silu(z.reshape(B, nv, dv).float()))
     return o.to(torch.bfloat16).reshape(B, nv * dv)
-
-
-@triton.jit
-def _exp(x, LIBDEVICE: tl.constexpr):
-    # libdevice's expf is what torch's CUDA kernels call; tl.exp is ex2.approx on GPUs.
-    # The interpreter has no extern calls: it takes tl.exp (numpy's exp).
-    if LIBDEVICE:
-        y = libdevice.exp(x)
-    else:
-        y = tl.exp(x)
-    return y
-
-
-@triton.jit
-def _round_bf16(x):
-    # fp32 -> the nearest bf16 (ties to even), kept in fp32. Not `.to(tl.bfloat16)`: the
-    # interpreter truncates there (Triton 3.9), and this path is the one the tests check.
-    bits = x.to(tl.int32, bitcast=True)
-    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _silu(x, LIBDEVICE: tl.constexpr):
-    # torch: x / (1 + exp(-x)), IEEE division
-    return tl.math.div_rn(x, 1.0 + _exp(-x, LIBDEVICE))
-
-
-@triton.jit
-def _softplus(x, LIBDEVICE: tl.constexpr):
-    # torch (beta 1, threshold 20): x > 20 ? x : log1p(exp(x))
-    e = _exp(tl.minimum(x, 20.0), LIBDEVICE)
-    if LIBDEVICE:
-        lp = libdevice.log1p(e)
-    else:  # log1p from log: exact to a few ulps (Goldberg); e < 2^-24 leaves u == 1
-        u = 1.0 + e
-        lp = tl.where(u == 1.0, e, tl.log(u) * tl.math.div_rn(e, tl.where(u == 1.0, 1.0, u - 1.0)))
-    return tl.where(x > 20.0, x, lp)
-
-
-@triton.jit
-def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, trail_ptr,
-                     valid_ptr, N, TRAIL_B, stride_pb, stride_cb, stride_ct,
-                     KG: tl.constexpr, VG: tl.constexpr, NV: tl.constexpr, K: tl.constexpr,
-                     BLOCK_C: tl.constexpr, BLOCK_NV: tl.constexpr, EVEN: tl.constexpr,
-                     LIBDEVICE: tl.constexpr, INDEXED: tl.constexpr, T: tl.constexpr,
-                     TRAIL: tl.constexpr, VALID: tl.constexpr = 0, PDL: tl.constexpr = 0):
-    pdl_wait(PDL)  # `kernels.pdl`
-    pdl_release(PDL)
-    b = tl.program_id(0)
-    cb = tl.program_id(1)
-    C: tl.constexpr = 2 * KG + VG
-    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = c < C
-    if INDEXED:  # the row's state slot
-        conv_row = conv_ptr + tl.load(idx_ptr + b).to(tl.int64) * stride_cb + c
-    else:
-        conv_row = conv_ptr + b * stride_cb + c
-    # the row's T tokens in order; each shifts the window (the program owns its channels
-    # across every tap and token, so the in-place shift has no race); a padding token
-    # (`valid`) reads the window without shifting it
-    for tok in range(T):  # a loop: a 64-token prompt row unrolled compiled for minutes
-        shift = mask
-        if VALID:
-            # (c < C) for a real token, nothing for a padding one
-            shift = c < tl.where(tl.load(valid_ptr + b) > tok, C, 0)
-        bt = b * T + tok  # token row
-        # window tap 0 (oldest), then taps 1..K-1; tap t is stored back as state row t-1
-        if EVEN:
-            x = tl.load(conv_row)
-            acc = x.to(tl.float32) * tl.load(w_ptr + c).to(tl.float32)
-        else:
-            x = tl.load(conv_row, mask=mask, other=0.0)
-            acc = x.to(tl.float32) * tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
-        for t in tl.static_range(1, K):
-            if t < K - 1:
-                src = conv_row + t * stride_ct
-            else:
-                src = proj_ptr + bt * stride_pb + c  # this token's q|k|v row
-            if EVEN:
-                x = tl.load(src)
-                w = tl.load(w_ptr + t * C + c).to(tl.float32)
-            else:
-                x = tl.load(src, mask=mask, other=0.0)
-                w = tl.load(w_ptr + t * C + c, mask=mask, other=0.0).to(tl.float32)
-            x = x.to(conv_ptr.dtype.element_ty)
-            tl.store(conv_row + (t - 1) * stride_ct, x, mask=shift)
-            if TRAIL and tok < T - 1:  # the window after this token, for a rollback
-                tl.store(trail_ptr + ((tok * TRAIL_B + b) * (K - 1) + t - 1) * C + c, x,
-                         mask=mask)
-            # the window is the state's dtype (torch.cat of state and row), product and sum fp32
-            acc = acc + x.to(tl.float32) * w
-        y = _silu(acc, LIBDEVICE)
-        # out = q [N, KG] | k [N, KG] | v [N, VG] | g [N, NV] | beta [N, NV], fp32
-        off = tl.where(c < KG, bt * KG + c,
-                       tl.where(c < 2 * KG, N * KG + bt * KG + (c - KG),
-                                2 * N * KG + bt * VG + (c - 2 * KG)))
-        if EVEN:
-            tl.store(out_ptr + off, y)
-        else:
-            tl.store(out_ptr + off, y, mask=mask)
-        if cb == 0:
-            j = tl.arange(0, BLOCK_NV)
-            jm = j < NV
-            row = proj_ptr + bt * stride_pb + C + VG  # b, then a
-            bb = tl.load(row + j, mask=jm, other=0.0).to(tl.float32)
-            a = tl.load(row + NV + j, mask=jm, other=0.0).to(tl.float32)
-            a = a + tl.load(dtb_ptr + j, mask=jm, other=0.0)
-            g = -_exp(tl.load(alog_ptr + j, mask=jm, other=0.0), LIBDEVICE) * _softplus(
-                a, LIBDEVICE)
-            beta = tl.math.div_rn(1.0, 1.0 + _exp(-bb, LIBDEVICE))
-            base = out_ptr + N * C + bt * NV + j
-            tl.store(base, g, mask=jm)
-            tl.store(base + N * NV, beta, mask=jm)
 
 
 def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
@@ -233,47 +119,6 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, in
     g = out[N * C: N * (C + nv)].view(N, nv)
     beta = out[N * (C + nv):].view(N, nv)
     return q, k, v, g, beta, proj[:, C: C + vg]
-
-
-# one variant for every row count: a decode graph's and a prompt step's
-@triton.jit(do_not_specialize=["n_rows"])
-def _gdn_gated_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, at_ptr, n_rows, stride_zb, eps,
-                           NV: tl.constexpr, DV: tl.constexpr, BLOCK: tl.constexpr,
-                           ROWS: tl.constexpr, GATHER: tl.constexpr,
-                           ROUND_PROD: tl.constexpr, LIBDEVICE: tl.constexpr,
-                           PDL: tl.constexpr = 0):
-    pdl_wait(PDL)  # `kernels.pdl`
-    pdl_release(PDL)
-    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # b * NV + j
-    b = row // NV
-    j = row % NV
-    d = tl.arange(0, BLOCK)
-    m = (row < n_rows)[:, None] & (d < DV)[None, :]
-    if GATHER:  # o row b is o[at[b]] (a prompt step's chunk-padded layout)
-        src = tl.load(at_ptr + b, mask=row < n_rows, other=0)
-    else:
-        src = b
-    o = tl.load(o_ptr + (src * NV + j)[:, None] * DV + d[None, :], mask=m, other=0.0)
-    w = tl.load(w_ptr + d, mask=d < DV, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + b[:, None] * stride_zb + (j * DV)[:, None] + d[None, :], mask=m,
-                other=0.0).to(tl.float32)
-    tl.store(out_ptr + row[:, None] * DV + d[None, :],
-             gated_rms(o, w, z, eps, DV, ROUND_PROD, LIBDEVICE).to(tl.bfloat16), mask=m)
-
-
-@triton.jit
-def gated_rms(o, w, z, eps, DV: tl.constexpr, ROUND_PROD: tl.constexpr,
-              LIBDEVICE: tl.constexpr):
-    """`norm · rmsnorm(o) · silu(z)` of rows o [R, BLOCK] fp32 (columns past DV zero), the
-    weight w [BLOCK] and the gate z [R, BLOCK] as fp32, rounded where the reference rounds;
-    the bf16 values as fp32."""
-    o = _round_bf16(o)
-    o = o * tl.rsqrt(tl.sum(o * o, axis=1) / DV + eps)[:, None]
-    # norm · o.to(bf16): a bf16 weight gives a bf16 product (ROUND_PROD), fp32 stays fp32
-    p = w[None, :] * _round_bf16(o)
-    if ROUND_PROD:  # exact in fp32 (8-bit × 8-bit significands), then one bf16 rounding
-        p = _round_bf16(p)
-    return _round_bf16(p * _silu(z, LIBDEVICE))
 
 
 def gdn_gated_norm_triton(o, z, norm, eps, at=None, rows_per_program: int | None = None):

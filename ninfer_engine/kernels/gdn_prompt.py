@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ..host_copy import to_device
 from ._dispatch import interpreting, use_triton
-from .gdn_fused import _exp, _round_bf16, _silu, _softplus
+from .gdn_fused_kernels import _exp, _round_bf16, _silu, _softplus
 from .gdn_ref import CHUNK, l2_normalize
 
 

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ._dispatch import interpreting
 from .gdn_chunk import walk_program, walk_setup
-from .gdn_fused import gated_rms
+from .gdn_fused_kernels import gated_rms
 from .gdn_prep import chunk_carry, chunk_decay
 from .gdn_solve import _dot
 

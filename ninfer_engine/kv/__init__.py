@@ -3,7 +3,8 @@ from .cache import KvStorage, LayerKv, PagedKvCache, PageTables, kv_page_layout
 from .memory import SequenceMemory
 from .pages import ElasticPagePool, PageAllocator, PagePool, pages_for
 from .quant import KV_DTYPES, KvCodec, codecs_for
-from .radix import Match, PrefixTree
+from .radix import PrefixTree
+from .radix_nodes import Match
 from .slots import StatePool
 
 __all__ = ["KV_DTYPES", "ElasticPagePool", "KvCodec", "KvStorage", "LayerKv", "Match",

@@ -25,7 +25,8 @@ from ..stats import KvStats, PrefixStats, StateSlotStats
 from .cache import KvStorage
 from .host_tier import HostTier
 from .pages import pages_for
-from .radix import Match, PrefixTree
+from .radix import PrefixTree
+from .radix_nodes import Match
 from .slots import StatePool, copy_state
 from .snapshot_policy import ENDPOINT, LONG_ANCHOR, REPLAY, STABLE, SnapshotLimits
 

@@ -74,13 +74,13 @@ def test_a_chained_mtp_round_waits_once(moe, penalties, monkeypatch):
     their copy's event, which torch's sync check does not see, so it must see none: drafting,
     the verify inputs, the rollback, the penalties' counts (`chain_penalties`) and the
     bookkeeping make the host wait for nothing."""
-    from ninfer_engine.step import verify_chain
+    from ninfer_engine.step import chain_rounds
 
     monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
     monkeypatch.setattr(engine_module, "BUSY_PUBLISH_S", 1e9)
     waits = []
-    results = verify_chain._Round.results
-    monkeypatch.setattr(verify_chain._Round, "results", lambda r: waits.append(
+    results = chain_rounds._Round.results
+    monkeypatch.setattr(chain_rounds._Round, "results", lambda r: waits.append(
         r.read is None) or results(r))
     engine = _engine(moe, mtp=True)
     assert engine.runner.chain is not None
