@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.dequant_gemv import dequant_gemv, gated, kernel_tiles
+from ..kernels.dequant_gemv_kernels import PLAIN
 from .fused import FusedParams
 from .packed import FP8_GROUPS, FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear
 
@@ -36,9 +37,10 @@ class FusedLinear:
 
     def __init__(self, w: torch.Tensor | PackedMatrix, gemv_rows: int = 1):
         self.w = w
-        # rows up to which a plain weight takes the Triton GEMV (`gemv_rows`) rather than cuBLAS
+        # rows up to which a plain weight takes the Triton GEMV (`gemv_rows`) rather than cuBLAS;
+        # an fp32 weight (`--cuda-dtype fp32`, the exact path) always takes cuBLAS
         self.gemv_rows = (gemv_rows if isinstance(w, torch.Tensor) and w.is_cuda
-                          and kernel_tiles(w.shape[1], None) else 0)
+                          and w.dtype in PLAIN and kernel_tiles(w.shape[1], None) else 0)
         fp8 = (isinstance(w, PackedMatrix) and len(w.blocks) == 1
                and w.blocks[0].fmt in (FP8_ROW, FP8_GROUPS))
         self.planes = w.blocks[0].planes if fp8 else None
