@@ -23,6 +23,7 @@ import torch
 
 from ..models.attention import warm_up_paged_prefill
 from ..types import GenerationRequest, SamplingParams
+from .decode_graphs import PROMPT_ROWS
 
 log = logging.getLogger("ninfer.engine")
 
@@ -30,7 +31,10 @@ log = logging.getLogger("ninfer.engine")
 # prompt graph's rows (`decode_graphs.PROMPT_ROWS`), so they make an eager step of several
 # prompts, as a burst does (a GDN walk of several rows takes other launch sizes than one row's)
 SHORT = (77, 93)
-BESIDE_DECODE = 51  # a prompt that arrives while the others decode
+# a prompt that arrives while the others decode: past the prompt graph's rows too, so its chunk
+# is an eager step of few rows (the gated GDN norm's small-launch variant, which a lone prompt
+# of 65-127 tokens compiled in traffic: the steps above are thousands of rows)
+BESIDE_DECODE = max(PROMPT_ROWS) + 3
 GREEDY_TOKENS = 3  # the greedy requests' output
 SERVED_TOKENS = 8  # the served-sampling requests' output: long enough for lookahead steps
 PAGE_ROUNDING = 64  # a request's lease is whole pages

@@ -8,6 +8,7 @@ from ninfer_engine.artifact.synth import build_synthetic
 from ninfer_engine.benchmark import engine_step
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
+from ninfer_engine.step.decode_graphs import PROMPT_ROWS
 from ninfer_engine.step.warm_up import warm_up
 from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.benchmark.tiny import tiny_config, tiny_source
@@ -21,13 +22,15 @@ def test_warm_up_runs_each_prompt_step_kind(monkeypatch):
     config = tiny_config(False)
     source = tiny_source(config)
     model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).float()))
-    engine = engine_step.bench_engine(model, "tiny-dense", config, 4, 512, prefill_chunk=64)
+    # the CUDA engine's chunk: its steps of thousands of rows, not a toy chunk's small ones
+    engine = engine_step.bench_engine(model, "tiny-dense", config, 4, 8192, prefill_chunk=4096)
     kinds = []
     forward = engine.runner.forward
 
     def seen(batch):
         kinds.append(dict(prompts=len(batch.chunks), decode=len(batch.decode),
-                          over_earlier=any(c.seq.cached > 0 for c in batch.chunks)))
+                          over_earlier=any(c.seq.cached > 0 for c in batch.chunks),
+                          tokens=sum(c.tokens for c in batch.chunks)))
         return forward(batch)
 
     engine.runner.forward = seen
@@ -37,10 +40,11 @@ def test_warm_up_runs_each_prompt_step_kind(monkeypatch):
     added = []
     add = engine.add
     engine.add = lambda request, emit: added.append(request.sampling) or add(request, emit)
-    warm_up(engine, 64, 512)
+    warm_up(engine, 4096, 8192)
     assert any(k["prompts"] >= 2 for k in kinds)  # several prompts in one step
     assert any(k["over_earlier"] for k in kinds)  # a chunk over the prompt's first chunk
-    assert any(k["prompts"] and k["decode"] for k in kinds)  # a chunk beside decode rows
+    # a chunk beside decode rows, of more rows than a prompt graph's: an eager step of a few
+    assert any(k["prompts"] and k["decode"] and k["tokens"] > max(PROMPT_ROWS) for k in kinds)
     # as served requests sample: the preset's penalties made greedy, the preset's sampling
     preset = engine.sampling_defaults
     assert any(p.temperature == 0 and (p.presence_penalty, p.frequency_penalty) == (
