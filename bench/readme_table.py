@@ -114,10 +114,12 @@ def _gpu_rows() -> list[str]:
                         ("h200-ninfer-bench-35b-a3b.json", "35B-A3B shape, bf16"),
                         ("h200-ninfer-bench-35b-a3b-fp8.json", "35B-A3B shape, fp8-row weights"),
                         ("h200-ninfer-bench-flash-next-fp8.json",
-                         "80B-A3B (Flash-Next) shape, fp8-row weights")):
+                         "80B-A3B (Flash-Next) shape, fp8-row weights"),
+                        ("h100-ninfer-bench-27b-spec.json", "27B dense shape, bf16")):
         r = _load(name)
         if not r:
             continue
+        gpu = name.split("-")[0].upper()  # the file's machine: h200-… or h100-…
         d = r["decode"][0]
         peer = r.get("peer") or {}
         reference = f"roofline {d['roofline_tok_s']:.0f}"
@@ -125,12 +127,12 @@ def _gpu_rows() -> list[str]:
             reference += f"; transformers {peer['decode_tok_s']:.1f}"
         how = ("`ninfer bench`: the engine's step" if r.get("path") else
                "`ninfer bench` of an earlier tree: the CUDA-graph replay alone")
-        rows.append(f"| H200, {label}, batch-1 decode, {d['context'] // 1024}K context "
+        rows.append(f"| {gpu}, {label}, batch-1 decode, {d['context'] // 1024}K context "
                     f"({how}) | {d['tok_s']:.1f} tok/s | {reference} | "
                     f"{100 * d['fraction_of_roofline']:.0f} % of roofline |")
         top = max(r.get("concurrency") or [{}], key=lambda c: c.get("concurrency", 0))
         if top:
-            rows.append(f"| H200, {label}, aggregate decode at concurrency {top['concurrency']} "
+            rows.append(f"| {gpu}, {label}, aggregate decode at concurrency {top['concurrency']} "
                         f"| {top['tok_s']:.0f} tok/s | roofline {top['roofline_tok_s']:.0f} | "
                         f"{100 * top['fraction_of_roofline']:.0f} % |")
         spec_rows = r.get("speculative") or []
@@ -138,8 +140,10 @@ def _gpu_rows() -> list[str]:
         for spec in spec_rows:  # the reference's MTP3 operating point (the .md has the others)
             if spec["target_tokens_per_round"] != top_rate:
                 continue
-            rows.append(f"| H200, {label}, speculative decode at {spec['tokens_per_round']:.2f} "
-                        f"tokens a round (k={spec['draft_tokens']}, oracle drafter), batch "
+            drafter = ("the MTP head's drafts, acceptance forced"
+                       if r.get("spec_drafter") == "mtp" else "oracle drafter")
+            rows.append(f"| {gpu}, {label}, speculative decode at {spec['tokens_per_round']:.2f} "
+                        f"tokens a round (k={spec['draft_tokens']}, {drafter}), batch "
                         f"{spec['concurrency']} | {spec['tok_s']:.0f} tok/s | plain decode "
                         f"{spec['plain_tok_s']:.0f} | {spec['speedup']:.2f} |")
         # a later prefill-only run of the same shape (`*-prefill.json`) supersedes the row
@@ -147,7 +151,7 @@ def _gpu_rows() -> list[str]:
         run = later if later.get("prefill") else r
         p = run.get("prefill")
         if p:
-            rows.append(f"| H200, {label}, prefill of a {p['tokens'] // 1024}K prompt "
+            rows.append(f"| {gpu}, {label}, prefill of a {p['tokens'] // 1024}K prompt "
                         f"({p['chunk']}-token chunks) | {p['tok_s']:.0f} tok/s | "
                         f"{p['achieved_tflops']:.0f} TFLOP/s of "
                         f"{run['machine']['matmul_tflops']:.0f} measured | "

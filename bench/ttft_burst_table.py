@@ -1,0 +1,79 @@
+"""Issue 18's TTFT ratio from one `bench/ttft_burst_device.sh` call: its `burst-c{1,8}-{round}`
+JSON files (bench/serve_staggered.py --burst) into one results JSON and a markdown table, with
+each round's TTFT p99 at concurrency 8 over TTFT at concurrency 1 (the median and the p99).
+
+    python3 bench/ttft_burst_table.py RUN_DIR --machine "NVIDIA H100 80GB HBM3, ..." \
+        --tree 6df9dd2 --out bench/results/h100-ttft-burst-2
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+COMMAND = ("OUT=$OUT bash bench/ttft_burst_device.sh (ninfer-serve --max-concurrency 8 "
+           "--max-context 8192 --kv-capacity 65536; bench/serve_staggered.py --burst "
+           "--concurrency 1|8 --requests 16 --max-tokens 64 --prompt-chars 4300, twice each)")
+TITLE = ("TTFT of 1K-token prompts one at a time and eight together ({gpu}, 35B-A3B shape cut "
+         "to 8 layers, fp8-row, served over HTTP)")
+
+
+def ratios(bursts: dict[str, dict]) -> dict[str, dict]:
+    """Per round: TTFT p99 at concurrency 8 over the median and over the p99 at 1."""
+    out = {}
+    for r in sorted({label.rsplit("-", 1)[1] for label in bursts}):
+        one, eight = bursts.get(f"burst1-{r}"), bursts.get(f"burst8-{r}")
+        if one and eight:
+            p99 = eight["ttft_p99_s"]
+            out[f"round {r}"] = dict(p99_c8_over_median_c1=round(p99 / one["ttft_median_s"], 2),
+                                     p99_c8_over_p99_c1=round(p99 / one["ttft_p99_s"], 2))
+    return out
+
+
+def markdown(result: dict) -> str:
+    meta = result["meta"]
+    lines = [f"# {meta['title']}", "", f"- machine: {meta['machine']}", f"- date: {meta['date']}",
+             f"- tree: {meta['tree']}", f"- command: {meta['command']}", "",
+             "| run | concurrency | requests | TTFT median ms | TTFT p99 ms "
+             "| per-stream decode tok/s (median) | aggregate tok/s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for b in result["bursts"]:
+        lines.append(f"| {b['label']} | {b['concurrency']} | {b['ok']}/{b['requests']} "
+                     f"| {b['ttft_median_s'] * 1e3:.1f} | {b['ttft_p99_s'] * 1e3:.1f} "
+                     f"| {b['decode_tok_s_median']:.0f} | {b['aggregate_tok_s']:.0f} |")
+    lines += ["", "| round | p99 at 8 / median at 1 | p99 at 8 / p99 at 1 |", "|---|---:|---:|"]
+    for name, r in result["ratios"].items():
+        lines.append(f"| {name} | {r['p99_c8_over_median_c1']:.2f} "
+                     f"| {r['p99_c8_over_p99_c1']:.2f} |")
+    lines += ["", "Issue 18's target: TTFT p99 at concurrency 8 ≤ 2 × TTFT at concurrency 1."]
+    if result.get("note"):
+        lines += ["", result["note"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path, help="the call's r/ folder (burst-c*-*.json)")
+    ap.add_argument("--machine", required=True)
+    ap.add_argument("--gpu", default="H100", help="the GPU's short name, for the title")
+    ap.add_argument("--tree", required=True, help="the commit the call ran")
+    ap.add_argument("--date", default=datetime.date.today().isoformat())
+    ap.add_argument("--out", type=Path, required=True, help="path without .json/.md")
+    ap.add_argument("--note", type=Path, help="a markdown file of what the server's log showed")
+    args = ap.parse_args()
+    bursts = [json.loads(p.read_text()) for p in sorted(args.run_dir.glob("burst-c*-*.json"),
+                                                          key=lambda p: p.stem[-1] + p.stem)]
+    if not bursts:
+        raise SystemExit(f"no burst-c*-*.json in {args.run_dir}")
+    result = dict(meta=dict(title=TITLE.format(gpu=args.gpu), machine=args.machine,
+                            date=args.date, tree=args.tree, command=COMMAND),
+                  bursts=bursts, ratios=ratios({b["label"]: b for b in bursts}),
+                  note=args.note.read_text().strip() if args.note else None)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
