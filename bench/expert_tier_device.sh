@@ -32,4 +32,6 @@ left=$((570 - SECONDS))  # the rest of a 600-second device call, whatever the st
 timeout "$left" python3 -u bench/expert_offload.py --layers 16 --steps 128 --budget-s $((left - 40)) \
   --cpu-shares 0 auto --only 0:stacked:uniform 0:stacked:skewed 0.5:tier:uniform \
   0.5:tier:skewed 0.8:tier:uniform 0.8:tier:skewed 0.25:tier:uniform 0.25:tier:skewed \
-  --out "$OUT/r/expert-offload" 2>&1 | grep -E "B=|routing" | tail -40
+  --out "$OUT/r/expert-offload" > "$OUT/r/expert-offload.log" 2>&1
+grep -E "B=|routing" "$OUT/r/expert-offload.log" | tail -40
+grep -q Traceback "$OUT/r/expert-offload.log" && tail -6 "$OUT/r/expert-offload.log"  # why it stopped
