@@ -6,10 +6,13 @@ each row, `proposal/token_ids [rows]`; a draft is the token of the best row, so 
 rows / vocabulary of the head's bytes. Verification still uses the whole head, so outputs are
 unchanged; only which tokens can be drafted narrows. A `full` proposal is the head itself.
 
-The shortlist is read in the head's width: where the head is served packed (fp8-row, or Q4/Q5
-as fp8 groups: a byte a weight), its rows are fp8-row codes too. In bf16 the real artifacts'
-131,072 rows (0.54 GB at H 2,048) read more bytes than the whole fp8-row head (248,320 rows,
-0.51 GB): on the H100 the shortlist saved nothing a round (h100-mtp-sampled-chain.md).
+The shortlist is read at a byte a weight: fp8-row codes where the head is served packed
+(fp8-row, or Q4/Q5 as fp8 groups), and on CUDA where it is served in bf16/fp16 too (a draft
+only needs the argmax; the 27B's 131,072 rows are 0.67 GB so instead of 1.34, read k times a
+round). In bf16 the real artifacts' 131,072 rows (0.54 GB at H 2,048) read more bytes than the
+whole fp8-row head (248,320 rows, 0.51 GB): on the H100 the shortlist saved nothing a round
+(h100-mtp-sampled-chain.md). On the CPU a dense head's shortlist stays dense: the CPU
+dequantizes a packed matrix whole before its matmul.
 """
 from __future__ import annotations
 
@@ -40,10 +43,11 @@ class IndexedDraftHead:
 
 def shortlist_form(rows: torch.Tensor, head: torch.Tensor | PackedMatrix
                    ) -> torch.Tensor | PackedMatrix:
-    """The shortlist `rows` in no more bytes a weight than `head` is served in: fp8-row codes
-    where the head is packed (a proposal stored fp8-row gets its stored codes back: decoding
-    and encoding again is exact), else as they are."""
-    if not isinstance(head, PackedMatrix):
+    """The shortlist `rows` as the draft reads them: fp8-row codes where the head is packed or
+    the rows are bf16/fp16 on CUDA (a proposal stored fp8-row gets its stored codes back:
+    decoding and encoding again is exact), else as they are."""
+    dense_cuda = rows.is_cuda and rows.dtype in (torch.bfloat16, torch.float16)
+    if not isinstance(head, PackedMatrix) and not dense_cuda:
         return rows
     # a block of rows at a time: the encoder's fp32 temporaries stay small beside the weights
     parts = [quantize_fp8_row(rows[r: r + ENCODE_ROWS]) for r in range(0, len(rows), ENCODE_ROWS)]

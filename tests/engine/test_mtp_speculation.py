@@ -210,15 +210,25 @@ def test_a_draft_head_of_every_row_drafts_as_the_whole_head():
     assert counters[0] == counters[1] and counters[0][1] > 0
 
 
-def test_the_shortlist_of_a_packed_head_is_read_as_fp8_row_codes(monkeypatch):
-    """Where the head is served packed (a byte a weight), the shortlist is fp8-row codes too,
-    not bf16 rows that read more bytes than the whole head; its drafts are the argmax of those
-    codes' logits. Over a dense head it stays dense, as before."""
+# where the head is served: (packed, device); a dense bf16 head on CUDA is narrowed too
+NARROWED = {"packed head": (True, "cpu"),
+            "dense head on CUDA": pytest.param((False, "cuda"), marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])}
+
+
+@pytest.mark.parametrize("placement", NARROWED.values(), ids=NARROWED.keys())
+def test_the_shortlist_is_read_as_fp8_row_codes(monkeypatch, placement):
+    """Where the head is served packed (a byte a weight), or in bf16 on CUDA, the shortlist is
+    fp8-row codes, not bf16 rows that read twice the bytes a draft; its drafts are the argmax
+    of those codes' logits. Over a dense head on the CPU it stays dense, as before."""
     from ninfer_engine.kernels.dequant_gemv import quantize_fp8_row
     from ninfer_engine.models.packed import FP8_ROW, PackedMatrix, quantize_packed
     from ninfer_engine.step import draft_head
     from ninfer_engine.step.draft_head import load_draft_head
 
+    packed, where = placement
+    device = torch.device(where)
     monkeypatch.setattr(draft_head, "ENCODE_ROWS", 7)  # encoded in blocks, the last one short
 
     shortlist = torch.arange(1, 120, 2).flip(0)
@@ -226,16 +236,16 @@ def test_the_shortlist_of_a_packed_head_is_read_as_fp8_row_codes(monkeypatch):
     head = artifact._tensors["text/output_head"]
     dense = load_draft_head(artifact, head, 128, torch.device("cpu"), torch.bfloat16)
     assert isinstance(dense.weight, torch.Tensor) and dense.weight.dtype == torch.bfloat16
-    packed = load_draft_head(artifact, quantize_packed(head, FP8_ROW), 128, torch.device("cpu"),
-                             torch.bfloat16)
-    assert isinstance(packed.weight, PackedMatrix)
-    (block,) = packed.weight.blocks
+    served = quantize_packed(head, FP8_ROW) if packed else head.to(device, torch.bfloat16)
+    narrowed = load_draft_head(artifact, served, 128, device, torch.bfloat16)
+    assert isinstance(narrowed.weight, PackedMatrix)
+    (block,) = narrowed.weight.blocks
     assert block.fmt == FP8_ROW and block.planes[0].dtype == torch.float8_e4m3fn
     assert block.rows == len(shortlist)
     h = torch.randn(5, head.shape[1], generator=torch.Generator().manual_seed(3)).bfloat16()
     codes, scale = quantize_fp8_row(head[shortlist].bfloat16())
     logits = h.double() @ (codes.double() * scale.double()[:, None]).t()  # float64 reference
-    picked = packed.argmax(h)
+    picked = narrowed.argmax(h.to(device)).cpu()
     assert set(picked.tolist()) <= set(shortlist.tolist())
     # the GEMV accumulates H exact products (bf16 × e4m3·bf16) in fp32 and rounds the logits
     # to bf16: two logits are each within (H·2^-24 + 2^-9)·Σ|terms| of float64, so a pick may
