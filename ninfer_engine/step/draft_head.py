@@ -6,13 +6,15 @@ each row, `proposal/token_ids [rows]`; a draft is the token of the best row, so 
 rows / vocabulary of the head's bytes. Verification still uses the whole head, so outputs are
 unchanged; only which tokens can be drafted narrows. A `full` proposal is the head itself.
 
-The shortlist is read at a byte a weight: fp8-row codes where the head is served packed
-(fp8-row, or Q4/Q5 as fp8 groups), and on CUDA where it is served in bf16/fp16 too (a draft
-only needs the argmax; the 27B's 131,072 rows are 0.67 GB so instead of 1.34, read k times a
-round). In bf16 the real artifacts' 131,072 rows (0.54 GB at H 2,048) read more bytes than the
-whole fp8-row head (248,320 rows, 0.51 GB): on the H100 the shortlist saved nothing a round
-(h100-mtp-sampled-chain.md). On the CPU a dense head's shortlist stays dense: the CPU
-dequantizes a packed matrix whole before its matmul.
+The shortlist is read at a byte a weight, as fp8-row codes:
+- where the head is served packed (fp8-row, or Q4/Q5 as fp8 groups). In bf16 the real
+  artifacts' 131,072 rows (0.54 GB at H 2,048) read more bytes than the whole fp8-row head
+  (248,320 rows, 0.51 GB): on the H100 such a shortlist saved nothing a round
+  (h100-mtp-sampled-chain.md);
+- on CUDA where the head is served in bf16/fp16 too: a draft needs only the argmax, and the
+  27B's 131,072 rows read 0.67 GB a draft instead of 1.34.
+On the CPU a dense head's shortlist stays dense: the CPU dequantizes a packed matrix whole
+before its matmul.
 """
 from __future__ import annotations
 
