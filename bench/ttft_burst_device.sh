@@ -3,7 +3,7 @@
 # weights, `ninfer synth`), one ninfer-serve (the settings of bench/served_load.sh), TTFT
 # p50/p99 of 1K-token prompts arriving one at a time, then 8 together, twice each
 # (bench/serve_staggered.py --burst), with the start-up log's warm-up and capture lines.
-#   OUT=/tmp/o bash bench/ttft_burst_device.sh
+#   OUT=/tmp/o bash bench/ttft_burst_device.sh   (then bench/ttft_burst_table.py OUT/r: the table)
 source bench/device_env.sh
 MODEL=/dev/shm/ninfer-35b-a3b-8-fp8-row.ninfer
 export PYTHONPATH=$PWD:/tmp/site

@@ -2,7 +2,7 @@
 JSON files (bench/serve_staggered.py --burst) into one results JSON and a markdown table, with
 each round's TTFT p99 at concurrency 8 over TTFT at concurrency 1 (the median and the p99).
 
-    python3 bench/ttft_burst_table.py RUN_DIR --machine "NVIDIA H100 80GB HBM3, ..." \
+    python3 bench/ttft_burst_table.py RUN_DIR --gpu H100 --machine "NVIDIA H100 80GB HBM3, ..." \
         --tree 6df9dd2 --out bench/results/h100-ttft-burst-2
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path, help="the call's r/ folder (burst-c*-*.json)")
     ap.add_argument("--machine", required=True)
-    ap.add_argument("--gpu", default="H100", help="the GPU's short name, for the title")
+    ap.add_argument("--gpu", required=True, help="the GPU's short name for the title: H100, H200")
     ap.add_argument("--tree", required=True, help="the commit the call ran")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--out", type=Path, required=True, help="path without .json/.md")
