@@ -410,19 +410,30 @@ def _policy_rows() -> list[str]:
             f"{a['plain_tok_s']:.0f} tok/s | {a['policy_speedup']:.2f}× |" for a in r["after"]]
 
 
+# `--spec mtp` step runs (bench/step_logs_table.py files): file, machine and shape, the run
+# with drafts, the plain run, what drafts over
+MTP_RUNS = (("h200-mtp-graph-round.json", "H200, 35B-A3B shape", "mtp-ahead", "decode",
+             "the whole fp8-row head"),
+            ("h100-27b-mtp-draft-head.json", "H100, 27B dense shape, bf16", "27b-mtp-shortlist",
+             "27b-decode", "`--lm-head-draft`'s 131,072-row shortlist as fp8-row codes"))
+
+
 def _mtp_rows() -> list[str]:
     """`--spec mtp` at B=1 as served (drafts by the MTP head, the graphed draft round, the
     verify chain, rounds launched ahead), against plain decode in the same call."""
-    r = _load("h200-mtp-graph-round.json")
-    if not r:
-        return []
-    runs = {run["name"]: run for run in r["runs"]}
-    mtp, plain = runs["mtp-ahead"], runs["decode"]
-    return [f"| H200, 35B-A3B shape, batch 1, `--spec mtp` decode at "
-            f"{mtp['tokens_per_round']:.2f} tokens a round (acceptance forced; engine step, "
-            f"tree {r['meta']['tree']}) | {mtp['tok_s']:.0f} tok/s ({mtp['engine_step_ms']:.2f} ms"
-            f" a round) | `--spec off` {plain['tok_s']:.0f} tok/s | "
-            f"{mtp['tok_s'] / plain['tok_s']:.2f}× |"]
+    rows = []
+    for name, what, drafted, plain_run, over in MTP_RUNS:
+        r = _load(name)
+        if not r:
+            continue
+        runs = {run["name"]: run for run in r["runs"]}
+        mtp, plain = runs[drafted], runs[plain_run]
+        rows.append(f"| {what}, batch 1, `--spec mtp` decode at {mtp['tokens_per_round']:.2f} "
+                    f"tokens a round, drafting over {over} (acceptance forced; engine step, "
+                    f"tree {r['meta']['tree']}) | {mtp['tok_s']:.0f} tok/s "
+                    f"({mtp['engine_step_ms']:.2f} ms a round) | `--spec off` "
+                    f"{plain['tok_s']:.0f} tok/s | {mtp['tok_s'] / plain['tok_s']:.2f}× |")
+    return rows
 
 
 def _mask_rows() -> list[str]:
