@@ -44,7 +44,7 @@ from ninfer_engine.kernels.gdn_chunk import _gdn_chunk_kernel  # noqa: E402
 from ninfer_engine.kernels.gdn_prep import _gdn_prep_kernel  # noqa: E402
 from ninfer_engine.kernels.gdn_solve import _gdn_solve_kernel  # noqa: E402
 from ninfer_engine.kernels.gdn_split import _chunk_out_kernel, _state_walk_kernel  # noqa: E402
-from ninfer_engine.kernels.moe_grouped import _down_kernel, _swiglu_kernel  # noqa: E402
+from ninfer_engine.kernels.moe_grouped_kernels import _down_kernel, _swiglu_kernel  # noqa: E402
 
 HEAD = dict(DK=128, DV=128, C=64)
 P, I = "*fp32", "i32"

@@ -17,8 +17,9 @@ import torch
 from ..host_copy import to_device
 from ..kernels import sampling as kernels
 from .grammar_drafts import masked
-from .sampling import Sampler, _penalized
+from .sampling import Sampler
 from .sampling_paths import CANDIDATES, path_of
+from .sampling_penalties import _penalized
 
 
 def split_verify_rows(batch, logits: torch.Tensor):

@@ -13,7 +13,6 @@ check it against the model's forward) and `qwen3_5_engine_step.EngineHybridDecod
 """
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from ..kv import KV_DTYPES
 from ..kv.slots import StateSlot
 from ..models.llama_step import StaticDecoder
 from ..models.qwen3_5_engine_step import EngineHybridDecoder, EngineHybridPrompt
+from .graph_capture import record_graph
 from .sequence import Sequence
 
 log = logging.getLogger("ninfer.engine")
@@ -261,32 +261,6 @@ class DecodeGraphs:
                         self.prefill(scratch[:1], [[0] * rows])
         finally:
             cache.release()
-
-
-def record_graph(step: Callable[[], torch.Tensor],
-                 pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """`step` captured into the private memory `pool` on its loaded inputs, after one warm-up
-    run on a side stream (compiles its kernels; the caller undoes what it changed); the graph
-    and the output it replays into."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    # thread-local: another thread's CUDA call (a grammar mask's page-locked buffer, a VRAM
-    # query) must not invalidate a capture that happens while requests run; no cyclic GC
-    # inside it: a collected CUDAGraph (an earlier engine's) resets in this thread, which
-    # invalidated captures in the H200 suite ("operation not permitted ... (function reset)")
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            out = step()
-    finally:
-        if collecting:
-            gc.enable()
-    return graph, out
 
 
 def prompt_rows(tokens: int, most: int) -> int:

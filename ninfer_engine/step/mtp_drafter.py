@@ -37,7 +37,8 @@ its verify step: the chain hands the drafter its drafts and the new `done` (`cha
 
 A pair (h_t, x_{t+1}) runs at the target's rotary position p_t (model-math.md §3.1): for a media
 prompt its MRoPE positions, past the prompt t + rope delta on every axis (`pair_positions`); a
-media placeholder x_{t+1} is embedded by its vision row, as in the target's input.
+media placeholder x_{t+1} is embedded by its vision row, as in the target's input (a pair's
+tokens and vision rows are read from its sequence by `mtp_pair_inputs`).
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ from ..host_copy import to_device
 from ..kv import LayerKv
 from ..kv.cache import keeps_rows
 from ..models.mtp import MtpHead
-from .mtp_round import MtpRound, media_of, pair_positions, rope_delta_of
+from .mtp_pair_inputs import _embeddable, _pair_media, _tokens
+from .mtp_round import MtpRound, pair_positions, rope_delta_of
 
 log = logging.getLogger("ninfer.engine")
 
@@ -269,37 +271,3 @@ class MtpDrafter:
         if self.draft_head is not None:
             return self.draft_head.argmax(h)
         return self.head.logits(h)[:, : self.vocab].argmax(-1)
-
-
-def _pair_media(work: list, device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(pair rows, vision rows) of the pairs of `work` ((seq, row, n): its next `n` pairs)
-    whose token x_{t+1} is a media placeholder, or None. The rows are the request's encoded
-    items (`seq.media_rows`), at hand while its prompt's chunks run."""
-    rows, embeds, at = [], [], 0
-    for seq, row, n in work:
-        media = media_of(seq)
-        for span, lo, hi in media.spans_in(row.done + 1, n) if media is not None else ():
-            encoded = seq.media_rows.get(span.item)
-            if encoded is not None:  # (always, for a prompt's pairs: `observe`)
-                first = span.row + lo - span.start
-                rows.append(torch.arange(at + lo - row.done - 1, at + hi - row.done - 1))
-                embeds.append(encoded[first: first + hi - lo])
-        at += n
-    if not rows:
-        return None
-    return torch.cat(rows).to(device), torch.cat(embeds).to(device)
-
-
-def _embeddable(seq, position: int) -> bool:
-    """Whether the token at `position` of `seq` can be embedded now: text, or a media pad
-    whose item's encoder rows are at hand (`seq.media_rows`, kept while the prompt runs)."""
-    media = media_of(seq)
-    spans = media.spans_in(position, 1) if media is not None else ()
-    return all(span.item in seq.media_rows for span, _, _ in spans)
-
-
-def _tokens(seq, begin: int, end: int) -> list[int]:
-    """The tokens at positions begin .. end-1 of `seq`'s prompt followed by its output."""
-    p = len(seq.prompt)
-    return [*seq.prompt[begin:end], *seq.output[max(begin - p, 0): max(end - p, 0)]]

@@ -23,7 +23,8 @@ from ..kernels.paged_attention import PAGE
 from ..kv import KvStorage, PageTables
 from ..models.mtp_step import MtpStep
 from ..models.qwen3_5_engine_step import pool_layer
-from .decode_graphs import context_bucket, record_graph
+from .decode_graphs import context_bucket
+from .graph_capture import record_graph
 
 log = logging.getLogger("ninfer.engine")
 

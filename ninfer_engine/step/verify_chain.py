@@ -44,7 +44,8 @@ from ..kv.slots import StateSlot
 from .chain_accept import ChainSampling, accept_on_device, samples_on_device
 from .chain_penalties import ChainPenalties
 from .chain_rounds import ChainRounds, _Round
-from .decode_graphs import DecodeGraphs, context_bucket, record_graph
+from .decode_graphs import DecodeGraphs, context_bucket
+from .graph_capture import record_graph
 from .sampling_paths import candidate_count
 
 log = logging.getLogger("ninfer.engine")

@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from ninfer_engine.step.sampling import Sampler, apply_penalties, filter_logits
+from ninfer_engine.step.sampling import Sampler, filter_logits
+from ninfer_engine.step.sampling_penalties import apply_penalties
 from ninfer_engine.types import SamplingParams
 
 

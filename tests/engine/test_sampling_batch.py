@@ -8,10 +8,11 @@ import functools
 import pytest
 import torch
 
-from ninfer_engine.step import sampling, sampling_paths
+from ninfer_engine.step import sampling_paths, sampling_penalties
 from ninfer_engine.kernels import sampling as kernels
 from ninfer_engine.kernels._dispatch import HAVE_TRITON, interpreting
-from ninfer_engine.step.sampling import Sampler, apply_penalties, filter_logits, sample_rows
+from ninfer_engine.step.sampling import Sampler, filter_logits, sample_rows
+from ninfer_engine.step.sampling_penalties import apply_penalties
 from ninfer_engine.step.sequence import Sequence, next_tokens
 from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.tolerance import TRANSCENDENTAL, bound
@@ -212,13 +213,13 @@ def test_penalised_sampled_rows_use_the_penalised_distribution():
     logits = _logits(2, seed=6)
     counts = {int(logits[0].argmax()): 3, 5: 1}
     p = SamplingParams(temperature=0.9, top_k=10, presence_penalty=0.5, frequency_penalty=2.0)
-    penalised = sampling._penalized(logits, [Sampler(p), Sampler(p)])
+    penalised = sampling_penalties._penalized(logits, [Sampler(p), Sampler(p)])
     assert torch.equal(penalised, logits)  # no counts yet: untouched
     sampler = Sampler(p)
     for token, n in counts.items():
         for _ in range(n):
             sampler.record(token)
-    penalised = sampling._penalized(logits, [sampler, Sampler(p)])
+    penalised = sampling_penalties._penalized(logits, [sampler, Sampler(p)])
     assert torch.equal(penalised[0], apply_penalties(logits[0], counts, 0.5, 2.0))
     assert torch.equal(penalised[1], logits[1])
     got = _batched_probs(penalised, [p, p])
@@ -252,8 +253,8 @@ def test_a_pending_pick_counts_as_if_recorded(dtype):
                 sampler.record(token)
             out.append(sampler)
         return out
-    ahead = sampling._penalized(logits, samplers(False), pending)
-    assert torch.equal(ahead, sampling._penalized(logits, samplers(True)))
+    ahead = sampling_penalties._penalized(logits, samplers(False), pending)
+    assert torch.equal(ahead, sampling_penalties._penalized(logits, samplers(True)))
     assert torch.equal(ahead[3], logits[3]) and not torch.equal(ahead[4], logits[4])
 
 

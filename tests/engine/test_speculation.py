@@ -264,8 +264,8 @@ def _target(logits: torch.Tensor, params: SamplingParams, counts: dict[int, int]
     sampler's own filters (penalties, temperature, top-k/p)."""
     from types import SimpleNamespace
 
-    from ninfer_engine.step.sampling import _penalized
     from ninfer_engine.step.sampling_paths import CANDIDATES, path_of
+    from ninfer_engine.step.sampling_penalties import _penalized
     view = SimpleNamespace(params=params, counts=counts)
     probs, ids = CANDIDATES[path_of(params)](_penalized(logits[None], [view]), [view])
     probs = probs[0].double() / probs[0].sum()

@@ -154,8 +154,8 @@ def _emit(seq, tokens: list[int]) -> None:
 def _host_picks(seq, drafts: list[int], logits: torch.Tensor) -> list[int]:
     """The host's greedy choice at each position of a verify row, penalties with the drafts
     before it counted (`accept_greedy`'s)."""
-    from ninfer_engine.step.sampling import _penalized
     from ninfer_engine.step.acceptance import _position_views
+    from ninfer_engine.step.sampling_penalties import _penalized
     from ninfer_engine.step.grammar_drafts import masked
 
     views = _position_views(seq.sampler, drafts, logits.shape[0])

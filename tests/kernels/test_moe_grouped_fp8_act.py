@@ -100,7 +100,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ninfer_engine.kernels.moe_grouped import LAUNCH_FP8, _down_kernel, _swiglu_kernel
+from ninfer_engine.kernels.moe_grouped import LAUNCH_FP8
+from ninfer_engine.kernels.moe_grouped_kernels import _down_kernel, _swiglu_kernel
 
 moe = dict(E=256, EP=256, MODE=1, G=128, DOT=tl.float8e4nv, MANUAL_RNE=False, FP8_ACT=True)
 types = {"swiglu": ["*fp8e4nv", "*fp32", "*i64", "*i32", "*i32", "*i64", "*fp8e4nv", "*bf16",

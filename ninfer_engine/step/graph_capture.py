@@ -1,0 +1,41 @@
+"""`record_graph`: a step captured into a CUDA graph, the one capture routine of the graphs
+the engine replays (`decode_graphs.DecodeGraphs`' decode and prompt steps, `mtp_round`'s draft
+rounds, `verify_chain`'s chained rounds).
+
+The step runs once first on a side stream (its Triton kernels compile there, on the same
+inputs), then is captured into a private memory pool in thread-local mode with the cyclic GC
+off (the reasons are at the capture). The caller undoes what the warm-up changed (a
+recurrent state it advanced, positions it moved) and replays the graph into its output.
+"""
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+
+import torch
+
+
+def record_graph(step: Callable[[], torch.Tensor],
+                 pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`step` captured into the private memory `pool` on its loaded inputs, after one warm-up
+    run on a side stream (compiles its kernels; the caller undoes what it changed); the graph
+    and the output it replays into."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles the Triton kernels, same inputs
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread-local: another thread's CUDA call (a grammar mask's page-locked buffer, a VRAM
+    # query) must not invalidate a capture that happens while requests run; no cyclic GC
+    # inside it: a collected CUDAGraph (an earlier engine's) resets in this thread, which
+    # invalidated captures in the H200 suite ("operation not permitted ... (function reset)")
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            out = step()
+    finally:
+        if collecting:
+            gc.enable()
+    return graph, out
