@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `ninfer bench` on one H200 for the committed result files (bench/results/h200-ninfer-bench-*):
+# `ninfer bench` on one H200 for the committed result files (bench/results/h200-ninfer-bench-*;
+# on an H100 they are named h100-ninfer-bench-*):
 # Every figure is the serving engine's own step (`Engine.step`), speculative verify rows included
 # (the oracle drafter at 3.67 and 2.4 tokens a round, k = 3, at B = 1 and 8).
 #   27b          bf16: decode at 1K/8K/32K, concurrency 1/2/4/8, 8K prefill, transformers peer
@@ -41,10 +42,15 @@ fi
 "$PY" -c 'import sys, transformers as t; print("transformers", t.__version__, file=sys.stderr)' \
     || log "transformers is not importable: the peer sections will record the reason"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader >&2 || true
+# the result files are named for the machine that ran them: h200-…, or h100-… on an H100
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+  *H100*) MACHINE=h100 ;;
+  *) MACHINE=h200 ;;
+esac
 
 # run NAME BUDGET_S ARGS...: bench/results/NAME.{json,md} (+ .log), copied to $OUT
 run() {
-    local name=$1 budget=$2
+    local name=${1/#h200-/$MACHINE-} budget=$2
     shift 2
     log "start $name (budget ${budget}s): ninfer bench $*"
     touch "$OUT/.start-$name"  # only files written after this are copied (not stale ones)
