@@ -10,7 +10,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from report import write_report  # noqa: E402
 
 COMMAND = ("OUT=$OUT bash bench/ttft_burst_device.sh (ninfer-serve --max-concurrency 8 "
            "--max-context 8192 --kv-capacity 65536; bench/serve_staggered.py --burst "
@@ -70,8 +75,7 @@ def main() -> int:
                             date=args.date, tree=args.tree, command=COMMAND),
                   bursts=bursts, ratios=ratios({b["label"]: b for b in bursts}),
                   note=args.note.read_text().strip() if args.note else None)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
+    write_report(args.out, result, markdown)
     return 0
 
 
