@@ -12,6 +12,8 @@
 #                (served aggregate against the engine's own figure)
 #   27b-spec     bf16 at 1K, B = 1 and 8, the speculative section drafting with a random MTP
 #                head (`--spec-drafter mtp`): issue 19's 27B figure at 3.67 tokens a round
+#   27b-spec-shortlist  the same, the drafts' argmax over the head's first 131,072 rows
+#                (`--lm-head-draft`, as a `--spec mtp --lm-head-draft` server drafts)
 #   27b-fp8      `--weights fp8-row`: decode and concurrency (no prefill, no peer)
 #   27b-q4       `--weights qwen3_6_27b` (the official Q4/Q5 mix, head Q6) served as the engine's
 #                default `--cuda-weights auto` does (Q4/Q5 repacked into fp8 groups): the same
@@ -84,6 +86,9 @@ for which in "${@:-27b 35b-a3b 35b-a3b-fp8 27b-fp8 27b-q4 27b-q4-packed flash-ne
                     --concurrency 8 --spec-rates none --prefill 0 --no-peer ;;
       27b-spec) run h200-ninfer-bench-27b-spec 200 --arch 27b --weights bf16 --context 1024 \
                   --concurrency 1,8 --spec-drafter mtp --prefill 0 --no-peer ;;
+      27b-spec-shortlist) run h200-ninfer-bench-27b-spec-shortlist 200 --arch 27b --weights bf16 \
+                  --context 1024 --concurrency 1,8 --spec-drafter mtp --lm-head-draft 131072 \
+                  --prefill 0 --no-peer ;;
       27b-fp8) run h200-ninfer-bench-27b-fp8 95 --arch 27b --weights fp8-row "${ALL[@]}" \
                  --prefill 0 --no-peer ;;
       27b-q4) run h200-ninfer-bench-27b-q4 95 --arch 27b --weights qwen3_6_27b "${ALL[@]}" \

@@ -115,11 +115,13 @@ def _gpu_rows() -> list[str]:
                         ("h200-ninfer-bench-35b-a3b-fp8.json", "35B-A3B shape, fp8-row weights"),
                         ("h200-ninfer-bench-flash-next-fp8.json",
                          "80B-A3B (Flash-Next) shape, fp8-row weights"),
-                        ("h100-ninfer-bench-27b-spec.json", "27B dense shape, bf16")):
+                        ("h100-ninfer-bench-27b-spec.json", "27B dense shape, bf16"),
+                        ("h100-ninfer-bench-27b-spec-shortlist.json", "27B dense shape, bf16")):
         r = _load(name)
         if not r:
             continue
         gpu = name.split("-")[0].upper()  # the file's machine: h200-… or h100-…
+        shortlist = r.get("lm_head_draft")  # a run of the drafting: its speculative row only
         d = r["decode"][0]
         peer = r.get("peer") or {}
         reference = f"roofline {d['roofline_tok_s']:.0f}"
@@ -127,10 +129,12 @@ def _gpu_rows() -> list[str]:
             reference += f"; transformers {peer['decode_tok_s']:.1f}"
         how = ("`ninfer bench`: the engine's step" if r.get("path") else
                "`ninfer bench` of an earlier tree: the CUDA-graph replay alone")
-        rows.append(f"| {gpu}, {label}, batch-1 decode, {d['context'] // 1024}K context "
-                    f"({how}) | {d['tok_s']:.1f} tok/s | {reference} | "
-                    f"{100 * d['fraction_of_roofline']:.0f} % of roofline |")
-        top = max(r.get("concurrency") or [{}], key=lambda c: c.get("concurrency", 0))
+        if not shortlist:
+            rows.append(f"| {gpu}, {label}, batch-1 decode, {d['context'] // 1024}K context "
+                        f"({how}) | {d['tok_s']:.1f} tok/s | {reference} | "
+                        f"{100 * d['fraction_of_roofline']:.0f} % of roofline |")
+        top = not shortlist and max(r.get("concurrency") or [{}],
+                                    key=lambda c: c.get("concurrency", 0))
         if top:
             rows.append(f"| {gpu}, {label}, aggregate decode at concurrency {top['concurrency']} "
                         f"| {top['tok_s']:.0f} tok/s | roofline {top['roofline_tok_s']:.0f} | "
@@ -142,6 +146,8 @@ def _gpu_rows() -> list[str]:
                 continue
             drafter = ("the MTP head's drafts, acceptance forced"
                        if r.get("spec_drafter") == "mtp" else "oracle drafter")
+            if shortlist:
+                drafter += f", `--lm-head-draft` over the head's first {shortlist:,} rows"
             rows.append(f"| {gpu}, {label}, speculative decode at {spec['tokens_per_round']:.2f} "
                         f"tokens a round (k={spec['draft_tokens']}, {drafter}), batch "
                         f"{spec['concurrency']} | {spec['tok_s']:.0f} tok/s | plain decode "

@@ -2,26 +2,32 @@
 # Issue 18's TTFT ratio in one short call: the served 8-layer 35B-A3B fp8-row shape (random
 # weights, `ninfer synth`), one ninfer-serve (the settings of bench/served_load.sh), TTFT
 # p50/p99 of 1K-token prompts arriving one at a time, then 8 together, twice each
-# (bench/serve_staggered.py --burst), with the start-up log's warm-up and capture lines.
-#   OUT=/tmp/o bash bench/ttft_burst_device.sh   (then bench/ttft_burst_table.py OUT/r: the table)
+# (bench/serve_staggered.py --burst), with the start-up log's warm-up and capture lines; one
+# server per --prefill-chunk in CHUNKS (default: the server's own, 4096 on CUDA).
+#   OUT=/tmp/o [CHUNKS="4096 8192"] bash bench/ttft_burst_device.sh
+#   (then bench/ttft_burst_table.py OUT/r: the table)
 source bench/device_env.sh
 MODEL=/dev/shm/ninfer-35b-a3b-8-fp8-row.ninfer
 export PYTHONPATH=$PWD:/tmp/site
 python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers 8 --recipe fp8-row \
   --device cuda -o "$MODEL" > "$OUT/r/synth.log" 2>&1 || tail -5 "$OUT/r/synth.log"
-setsid python3 -P -m ninfer_tui.cli "$MODEL" --no-tui --host 127.0.0.1 --port 18080 \
-  --model-id bench --max-concurrency 8 --max-context 8192 --kv-capacity 65536 \
-  --log-stats-interval-ms 1000 > "$OUT/r/serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 300); do curl -sf http://127.0.0.1:18080/health >/dev/null && break; sleep 1; done
-echo "healthy at $SECONDS s"
-for round in 1 2; do
-  for c in 1 8; do
-    timeout 120 python3 bench/serve_staggered.py http://127.0.0.1:18080 bench --burst \
-      --concurrency $c --requests 16 --max-tokens 64 --prompt-chars 4300 \
-      --label "burst$c-$round" --json "$OUT/r/burst-c$c-$round.json" 2>&1 | tail -2
+for chunk in ${CHUNKS:-auto}; do
+  flag=() tag=""
+  [ "$chunk" = auto ] || { flag=(--prefill-chunk "$chunk"); tag="-p$chunk"; }
+  setsid python3 -P -m ninfer_tui.cli "$MODEL" --no-tui --host 127.0.0.1 --port 18080 \
+    --model-id bench --max-concurrency 8 --max-context 8192 --kv-capacity 65536 "${flag[@]}" \
+    --log-stats-interval-ms 1000 > "$OUT/r/serve$tag.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do curl -sf http://127.0.0.1:18080/health >/dev/null && break; sleep 1; done
+  echo "prefill chunk $chunk: healthy at $SECONDS s"
+  for round in 1 2; do
+    for c in 1 8; do
+      timeout 120 python3 bench/serve_staggered.py http://127.0.0.1:18080 bench --burst \
+        --concurrency $c --requests 16 --max-tokens 64 --prompt-chars 4300 \
+        --label "burst$c-$round$tag" --json "$OUT/r/burst-c$c-$round$tag.json" 2>&1 | tail -2
+    done
   done
+  kill -INT $pid; sleep 3; kill -9 $pid 2>/dev/null
+  grep -iE "warm|captured|compil" "$OUT/r/serve$tag.log" | cut -c1-200 | head -20
 done
-kill -INT $pid; sleep 3; kill -9 $pid 2>/dev/null
-grep -iE "warm|captured|compil" "$OUT/r/serve.log" | cut -c1-200 | head -20
 echo "done at $SECONDS s"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -17,22 +18,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import write_report  # noqa: E402
 
-COMMAND = ("OUT=$OUT bash bench/ttft_burst_device.sh (ninfer-serve --max-concurrency 8 "
-           "--max-context 8192 --kv-capacity 65536; bench/serve_staggered.py --burst "
-           "--concurrency 1|8 --requests 16 --max-tokens 64 --prompt-chars 4300, twice each)")
+COMMAND = ("OUT=$OUT [CHUNKS=...] bash bench/ttft_burst_device.sh (ninfer-serve "
+           "--max-concurrency 8 --max-context 8192 --kv-capacity 65536 [--prefill-chunk N]; "
+           "bench/serve_staggered.py --burst --concurrency 1|8 --requests 16 --max-tokens 64 "
+           "--prompt-chars 4300, twice each)")
 TITLE = ("TTFT of 1K-token prompts one at a time and eight together ({gpu}, 35B-A3B shape cut "
          "to 8 layers, fp8-row, served over HTTP)")
 
 
+LABEL = re.compile(r"burst(\d+)-(\d+)(-.+)?$")  # burstC-ROUND[-SERVER], as the script names
+
+
+def _run_key(label: str) -> tuple:
+    """(server, round, concurrency): the table's order."""
+    c, r, server = LABEL.match(label).groups()
+    return server or "", int(r), int(c)
+
+
 def ratios(bursts: dict[str, dict]) -> dict[str, dict]:
-    """Per round: TTFT p99 at concurrency 8 over the median and over the p99 at 1."""
+    """Per server and round: TTFT p99 at concurrency 8 over the median and the p99 at 1."""
     out = {}
-    for r in sorted({label.rsplit("-", 1)[1] for label in bursts}):
-        one, eight = bursts.get(f"burst1-{r}"), bursts.get(f"burst8-{r}")
+    for server, r in sorted({_run_key(label)[:2] for label in bursts}):
+        one, eight = bursts.get(f"burst1-{r}{server}"), bursts.get(f"burst8-{r}{server}")
         if one and eight:
             p99 = eight["ttft_p99_s"]
-            out[f"round {r}"] = dict(p99_c8_over_median_c1=round(p99 / one["ttft_median_s"], 2),
-                                     p99_c8_over_p99_c1=round(p99 / one["ttft_p99_s"], 2))
+            name = f"round {r}" + (f" ({server[1:]})" if server else "")
+            out[name] = dict(p99_c8_over_median_c1=round(p99 / one["ttft_median_s"], 2),
+                             p99_c8_over_p99_c1=round(p99 / one["ttft_p99_s"], 2))
     return out
 
 
@@ -67,8 +79,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True, help="path without .json/.md")
     ap.add_argument("--note", type=Path, help="a markdown file of what the server's log showed")
     args = ap.parse_args()
-    bursts = [json.loads(p.read_text()) for p in sorted(args.run_dir.glob("burst-c*-*.json"),
-                                                          key=lambda p: p.stem[-1] + p.stem)]
+    bursts = sorted((json.loads(p.read_text()) for p in args.run_dir.glob("burst-c*-*.json")),
+                    key=lambda b: _run_key(b["label"]))
     if not bursts:
         raise SystemExit(f"no burst-c*-*.json in {args.run_dir}")
     result = dict(meta=dict(title=TITLE.format(gpu=args.gpu), machine=args.machine,

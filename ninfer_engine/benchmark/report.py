@@ -58,7 +58,9 @@ def markdown(result: dict) -> str:
     if result.get("speculative"):
         mtp = result.get("spec_drafter") == "mtp"
         lines += ["", "## Speculative decoding: verify rows with "
-                  + ("the MTP head's drafts" if mtp else "the oracle drafter"), "",
+                  + ("the MTP head's drafts" if mtp else "the oracle drafter")
+                  + (f" (`--lm-head-draft`: the argmax over its first {result['lm_head_draft']}"
+                     " rows)" if result.get("lm_head_draft") else ""), "",
                   "| B | context | k | tokens/round (target → measured) | acceptance "
                   "| tok/s, verifying every step | plain tok/s | speed-up | tok/s under the "
                   "policy | speed-up |", "|---" * 10 + "|"]

@@ -69,12 +69,14 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
                      peer_steps: int = 16, on_partial=None, cuda_weights: str = "auto",
                      draft_tokens: int = 3, spec_rates: list[float] = (),
                      spec_batches: list[int] = (1,), sampling: str = "greedy",
-                     spec_drafter: str = "oracle") -> dict:
+                     spec_drafter: str = "oracle", lm_head_draft: int = 0) -> dict:
     """Build the model on the GPU, serve it from an `Engine`, time every requested section;
     the JSON-able result. `sampling` "served": the decode and concurrency requests sample as a
     served request sending only `temperature: 0` does (the model preset's penalties).
     `spec_drafter` "mtp": the speculative section drafts with a random MTP head (`--spec mtp`'s
-    drafting, `engine_step.ForcedRounds`) instead of the oracle's free random ids.
+    drafting, `engine_step.ForcedRounds`) instead of the oracle's free random ids;
+    `lm_head_draft` (rows, with "mtp"): the head's drafts take the argmax over a proposal of
+    its first that many rows (`--lm-head-draft`).
 
     `on_partial(result)`, if given, receives our sections before the peer starts (so a run cut
     short while timing the peer still leaves them)."""
@@ -90,10 +92,11 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
         command=command, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         arch=arch, recipe=weights, cuda_weights=cuda_weights, batch=1, path=ENGINE_PATH,
         sampling=sampling, spec_drafter=spec_drafter if spec_rates else None,
+        lm_head_draft=lm_head_draft if spec_rates and spec_drafter == "mtp" else 0,
         weights=f"random (synthetic, drawn on the {device})")
     plan = _Plan(contexts, list(concurrency), concurrency_context, prefill, draft_tokens,
                  list(spec_rates), [b for b in spec_batches if b in concurrency], sampling,
-                 spec_drafter)
+                 spec_drafter, lm_head_draft)
     result.update(_ours(arch, weights, cuda_weights, layers, device, plan, prefill_chunk,
                         gbps, tflops))
     gc.collect()  # every tensor of ours is gone before the peer is built
@@ -131,11 +134,12 @@ class _Plan:
     """The requests every section sends, and the engine's sizes that follow from them."""
 
     def __init__(self, contexts, levels, cctx, prefill, k, rates, spec_batches, sampling,
-                 drafter="oracle"):
+                 drafter="oracle", lm_head_draft=0):
         self.contexts, self.levels, self.cctx, self.prefill = contexts, levels, cctx, prefill
         self.k, self.rates, self.spec_batches = k, rates, spec_batches
         self.sampling = sampling  # "greedy" or "served" (`engine_step.served_sampling`)
         self.mtp = bool(rates) and drafter == "mtp"  # the speculative section drafts with MTP
+        self.lm_head_draft = lm_head_draft if self.mtp else 0  # its proposal rows (0: all)
         # output tokens a request asks for: enough for the timed steps at 1 + k tokens a step
         self.output_tokens = SKIP + (1 + k) * DECODE_STEPS + k if rates else SKIP + DECODE_STEPS
         self.max_batch = max([1, *levels])
@@ -163,7 +167,8 @@ def _ours(arch, weights, mode, layers, device, plan, chunk, gbps, tflops):
         out["routed_experts"] = "+".join(sorted(forms))
     engine = bench_engine(model, arch, config, plan.max_batch, plan.max_context,
                           plan.k if plan.rates else 0, mode, chunk, plan.kv_tokens(),
-                          mtp_params=source if plan.mtp else None)
+                          mtp_params=source if plan.mtp else None,
+                          lm_head_draft=plan.lm_head_draft)
     # the MTP head drafts in the speculative section only (its graphs keep every row's
     # hidden throughout, as a `--spec mtp` server's)
     head = engine.speculator.drafter if plan.mtp else None

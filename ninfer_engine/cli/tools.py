@@ -130,6 +130,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="the speculative section's drafts: random ids (oracle, no drafting "
                        "cost) or a random MTP head's, drafting as --spec mtp does; either way "
                        "the tokens a round are --spec-rates'")
+    bench.add_argument("--lm-head-draft", type=int, default=0, metavar="ROWS",
+                       help="with --spec-drafter mtp: the drafts' argmax over a proposal of the "
+                       "head's first ROWS rows, as the server's --lm-head-draft (default 0: "
+                       "the whole head)")
     bench.add_argument("--peer", choices=("transformers", "none"), default="transformers",
                        help="time the same shapes through transformers too (default)")
     bench.add_argument("--no-peer", dest="peer", action="store_const", const="none",

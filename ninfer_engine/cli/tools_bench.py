@@ -58,6 +58,8 @@ def _bench(args: argparse.Namespace) -> int:
     if min(args.prefill, args.concurrency_context) < 0 \
             or min(args.prefill_chunk, args.peer_steps, args.peer_prompt, args.draft_tokens) < 1:
         return _fail("negative lengths, or fewer than 1 chunk/step/prompt/draft token")
+    if args.lm_head_draft and (args.spec_drafter != "mtp" or args.lm_head_draft < 0):
+        return _fail("--lm-head-draft takes a positive row count, with --spec-drafter mtp")
     if any(not 1 <= r <= 1 + args.draft_tokens for r in args.spec_rates):
         return _fail(f"--spec-rates must lie in [1, {1 + args.draft_tokens}] "
                      "(1 + --draft-tokens tokens a round at most)")
@@ -75,7 +77,9 @@ def _bench(args: argparse.Namespace) -> int:
                + (f" --draft-tokens {args.draft_tokens} --spec-rates "
                   f"{','.join(map(str, args.spec_rates))} --spec-batch "
                   f"{','.join(map(str, args.spec_batch)) or 'none'}"
-                  f" --spec-drafter {args.spec_drafter}" if args.spec_rates
+                  f" --spec-drafter {args.spec_drafter}"
+                  + (f" --lm-head-draft {args.lm_head_draft}" if args.lm_head_draft else "")
+                  if args.spec_rates
                   else " --spec-rates none")
                + (f" --peer transformers --peer-prompt {args.peer_prompt}"
                   f" --peer-steps {args.peer_steps}" if args.peer == "transformers"
@@ -98,7 +102,7 @@ def _bench(args: argparse.Namespace) -> int:
         peer=args.peer, peer_prompt=args.peer_prompt, peer_steps=args.peer_steps,
         on_partial=save, cuda_weights=args.cuda_weights, draft_tokens=args.draft_tokens,
         spec_rates=args.spec_rates, spec_batches=args.spec_batch, sampling=args.sampling,
-        spec_drafter=args.spec_drafter)
+        spec_drafter=args.spec_drafter, lm_head_draft=args.lm_head_draft)
     save(result)
     print(markdown(result), end="")
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -219,6 +218,11 @@ def test_cli_passes_every_section_flag(monkeypatch, tmp_path, capsys):
     assert seen["spec_drafter"] == "oracle"
     assert main(["bench", "--arch", "27b", "--spec-drafter", "mtp"]) == 0
     assert seen["spec_drafter"] == "mtp" and "--spec-drafter mtp" in seen["command"]
+    assert seen["lm_head_draft"] == 0 and "--lm-head-draft" not in seen["command"]
+    assert main(["bench", "--arch", "27b", "--spec-drafter", "mtp", "--lm-head-draft",
+                 "131072"]) == 0
+    assert seen["lm_head_draft"] == 131072 and "--lm-head-draft 131072" in seen["command"]
+    assert main(["bench", "--arch", "27b", "--lm-head-draft", "64"]) == 1  # not the oracle's
 
 
 @CPU_ONLY
@@ -288,3 +292,21 @@ def test_the_speculative_section_drafts_with_the_mtp_head(monkeypatch):
     assert spec["acceptance"] == pytest.approx(2 / 3) and spec["policy_tok_s"] > 0
     text = report.markdown(result)
     assert "verify rows with the MTP head's drafts" in text and "ForcedRounds" in text
+    assert result["lm_head_draft"] == 0 and "--lm-head-draft" not in text
+
+
+@CPU_ONLY
+def test_the_mtp_section_drafts_over_a_proposal_of_the_head(monkeypatch):
+    """`--lm-head-draft ROWS`: the engine the section drafts with is `--lm-head-draft` over
+    the head's first ROWS rows, and the report names it."""
+    _fake_rates(monkeypatch, True)
+    built = []
+    real = run.bench_engine
+    monkeypatch.setattr(run, "bench_engine", lambda *a, **kw: built.append(kw) or real(*a, **kw))
+    result = run.run_decode_bench("tiny-moe", [60], command="ninfer bench", concurrency=[1],
+                                  concurrency_context=50, spec_rates=[3.0], spec_batches=[1],
+                                  spec_drafter="mtp", lm_head_draft=96)
+    (spec,) = result["speculative"]
+    assert built[0]["lm_head_draft"] == 96 and built[0]["mtp_params"] is not None
+    assert result["lm_head_draft"] == 96 and spec["tokens_per_round"] == 3.0
+    assert "the argmax over its first 96 rows" in report.markdown(result)
