@@ -45,7 +45,7 @@ from ninfer_engine.kernels.compile_watch import variant  # noqa: E402
 from ninfer_engine.models import gdn  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
-from ninfer_engine.models.moe import FP8_ACTIVATIONS_KEY  # noqa: E402
+from ninfer_engine.models.packed import FP8_ACTIVATIONS_KEY  # noqa: E402
 from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
 from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
 

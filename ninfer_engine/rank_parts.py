@@ -17,7 +17,7 @@ from .config import EngineConfig
 from .memory_plan import auto_kv_capacity, build_memory
 from .models import build_model
 from .models.experts import check_prefill_scratch, free_device_bytes
-from .models.moe import FP8_ACTIVATIONS_KEY
+from .models.packed import FP8_ACTIVATIONS_KEY
 from .parallel import SINGLE, RankGroup, shard_for_rank
 from .step.decode_graphs import DecodeGraphs
 from .step.families import build_decode_graphs

@@ -23,6 +23,7 @@ from ..kernels.rmsnorm import rms_norm_triton
 from ..kv.cache import LayerKv
 from .attention import attend_paged, paged_batch
 from .layers import Linear, sdpa, trailing_causal_mask
+from .packed import FP8_ACTIVATIONS_KEY
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -126,9 +127,11 @@ class GatedAttention:
         self.w_k = params(p + "key", (self.nkv * self.d, h))
         self.w_v = params(p + "value", (self.nkv * self.d, h))
         self.w_o = params(p + "output", (h, self.nq * self.d))
+        # `--prefill-activations`: e4m3 prompt rows through fp8-row projections
+        self.fp8_act = config.get(FP8_ACTIVATIONS_KEY, True)
         # the projections as called, few-row (decode) calls through `matmul_dtype` copies
-        self.projections = tuple(Linear(w, matmul_dtype, relayout=False) for w in (
-            self.w_q, self.w_gate, self.w_k, self.w_v, self.w_o))
+        self.projections = tuple(Linear(w, matmul_dtype, relayout=False, fp8_act=self.fp8_act)
+                                 for w in (self.w_q, self.w_gate, self.w_k, self.w_v, self.w_o))
         self.q, self.gate, self.k, self.v, self.o = self.projections
         self.in_proj: Linear | None = None  # q|gate|k|v as one matrix (`bind_fused`)
         self.q_norm = params(p + "query_norm", (self.d,))
@@ -141,7 +144,7 @@ class GatedAttention:
         rotated dims in powers of two; other shapes keep the separate projections)."""
         half = self.rope.rd // 2
         if self.d & (self.d - 1) == 0 and half & (half - 1) == 0:
-            self.in_proj = Linear(matrix, relayout=False)
+            self.in_proj = Linear(matrix, relayout=False, fp8_act=self.fp8_act)
 
     def new_state(self, dtype: torch.dtype, device: torch.device) -> KVCache:
         empty = torch.zeros(self.nkv, 0, self.d, dtype=dtype, device=device)

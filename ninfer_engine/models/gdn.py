@@ -27,6 +27,7 @@ from ..kernels.gdn_prompt import gdn_prompt_prep, prompt_layout, slot_indices
 from ..kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
 from ..kernels.gdn_split import GatedNorm
 from .layers import Linear
+from .packed import FP8_ACTIVATIONS_KEY
 
 # prompt rows walk their chunks with `kernels.gdn_split` (the state in order, the output and
 # its gated norm in parallel) instead of `gdn_chunk`'s walk: a benchmark's switch
@@ -77,9 +78,12 @@ class GatedDeltaNet:
         self.w_a = params(p + "a_projection", (self.nv, h))
         self.w_b = params(p + "b_projection", (self.nv, h))
         self.w_out = params(p + "output", (h, vg))
+        # `--prefill-activations`: e4m3 prompt rows through fp8-row projections
+        self.fp8_act = config.get(FP8_ACTIVATIONS_KEY, True)
         # the projections as called, few-row (decode) calls through `matmul_dtype` copies
-        self.projections = tuple(Linear(w, matmul_dtype, relayout=False) for w in (
-            self.w_q, self.w_k, self.w_v, self.w_z, self.w_a, self.w_b, self.w_out))
+        self.projections = tuple(Linear(w, matmul_dtype, relayout=False, fp8_act=self.fp8_act)
+                                 for w in (self.w_q, self.w_k, self.w_v, self.w_z, self.w_a,
+                                           self.w_b, self.w_out))
         self.q, self.k, self.v, self.z, self.a, self.b, self.out = self.projections
         # q|k|v|z|b|a as one matrix, where the parameter source fused them (`bind_fused`)
         self.in_proj: Linear | None = None
@@ -91,7 +95,7 @@ class GatedDeltaNet:
     def bind_fused(self, matrix) -> None:
         """Multiply prompt chunks by `matrix`, this layer's q|k|v|z|b|a rows in one matrix
         (`models.fused.FusedParams`; its members are this layer's projections' views)."""
-        self.in_proj = Linear(matrix, relayout=False)
+        self.in_proj = Linear(matrix, relayout=False, fp8_act=self.fp8_act)
 
     def state_layout(self, dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """`GDNState`'s fields: name -> (shape, dtype), for a state pool's rows."""

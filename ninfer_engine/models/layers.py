@@ -55,9 +55,12 @@ class Linear:
     """
 
     def __init__(self, weight: torch.Tensor | PackedMatrix,
-                 compute_dtype: torch.dtype | None = None, relayout: bool = True) -> None:
+                 compute_dtype: torch.dtype | None = None, relayout: bool = True,
+                 fp8_act: bool = False) -> None:
+        """`fp8_act`: a packed fp8-row weight multiplies many-row inputs as e4m3 codes
+        (`PackedMatrix.linear`)."""
         out_features, in_features = weight.shape
-        self.k_major, self.weight = False, weight
+        self.k_major, self.weight, self.fp8_act = False, weight, fp8_act
         self.narrow: torch.Tensor | Int8Rows | None = None
         if isinstance(weight, PackedMatrix):  # quantized on CUDA: its own kernels
             return
@@ -82,7 +85,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self.weight, PackedMatrix):
-            return self.weight.linear(x)
+            return self.weight.linear(x, self.fp8_act)
         if self.narrow is not None and x.shape[0] <= NARROW_MAX_ROWS:
             if isinstance(self.narrow, Int8Rows):
                 return self.narrow(x)

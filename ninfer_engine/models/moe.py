@@ -38,11 +38,9 @@ from ..kernels._dispatch import use_triton
 from ..kernels.moe_grouped import (ROW_TILES, fp8_act_supported, grouped_supports,
                                    moe_grouped_down, moe_grouped_swiglu, tile_plan)
 from ..kernels.moe_route import route_topk
-from .packed import linear
+from .packed import FP8_ACTIVATIONS_KEY, linear
 from .swiglu import ParamSource, SwiGLU, grouped_experts, stacked_experts
 
-# text-config key of `--prefill-activations` (absent: fp8), set by the engine's loader
-FP8_ACTIVATIONS_KEY = "ninfer_prefill_fp8_activations"
 log = logging.getLogger(__name__)
 _GROUPED_MM = {"ok": hasattr(torch, "_grouped_mm")}  # flips to False after the first failure
 
@@ -83,7 +81,7 @@ class SparseMoE:
         self.experts = [SwiGLU(params, f"{p}experts/{e}/", h, width, matmul_dtype)
                         for e in range(*self.local)]
         self.shared = SwiGLU(params, p + "shared/", h, config["shared_expert_intermediate_size"],
-                             matmul_dtype)
+                             matmul_dtype, self.fp8_activations)
         # the router and the shared score stay exact: they pick and weigh the experts;
         # offloaded experts are meta placeholders (`ninfer_engine.experts`), not weights held
         self.projections = tuple(proj for m in (*self.experts, self.shared)

@@ -10,10 +10,12 @@ and v/z in Q5) are one matrix of several blocks; neighbours in one encoding merg
 `load_projection` is `--cuda-weights`: "packed" keeps a projection as stored, "auto" serves
 each block in its fastest measured form (`serving_form`), "dequant" decodes it to bf16.
 
-`linear(x, w)`: with few rows (a decode batch) each block runs its fused dequant GEMV into its
-column range of one output, so the weights are read once in their stored width; with more rows
-(a prefill chunk) the matrix is dequantized to the activation dtype and multiplied by cuBLAS,
-where the extra pass is small against the matmul.
+`linear(x, w, fp8_act)`: with few rows (a decode batch) each block runs its fused dequant GEMV
+into its column range of one output, so the weights are read once in their stored width; with
+more rows (a prefill chunk) the matrix is dequantized to the activation dtype and multiplied by
+cuBLAS, where the extra pass is small against the matmul — or, with `fp8_act`
+(`--prefill-activations fp8`) for one fp8-row block, as e4m3 rows times its codes in the fp8
+tensor cores (`kernels.fp8_rows_matmul`, as the grouped expert GEMMs' activations).
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ import torch.nn.functional as F
 from ..artifact import planes as stored, rowsplit
 from ..kernels import dequant_gemv as fp8
 from ..kernels import quant_gemv as qg
+from ..kernels import fp8_rows_matmul as fp8_rows
 from ..kernels.fp8_dequant import fp8_dequant
 
 GEMV_MAX_ROWS = 16  # the fused GEMV kernels tile at most 16 rows
+# text-config key of `--prefill-activations` (absent: fp8), set by the engine's loader: e4m3
+# activations in a prompt step's fp8-row GEMMs (these projections', the grouped experts')
+FP8_ACTIVATIONS_KEY = "ninfer_prefill_fp8_activations"
 ROW_SPLIT = rowsplit.FORMATS  # q4_g64_fp16, q5_g64_fp16, q6_g64_fp16, q8_g32_fp16
 NVFP4, FP8_ROW, DENSE = "nvfp4", "fp8_e4m3fn_row_bf16", "dense"
 FP8_GROUPS = "fp8_groups"  # ours, not a file format: Q4/Q5 codes as e4m3 + their group scales
@@ -96,6 +102,7 @@ class PackedMatrix:
         cols = {b.cols for b in self.blocks}
         assert len(cols) == 1, f"blocks of one matrix must share K, got {sorted(cols)}"
         self.shape = (sum(b.rows for b in self.blocks), cols.pop())
+        self._scales: torch.Tensor | None = None  # one fp8-row block's as [1, N] fp32
 
     @classmethod
     def dense(cls, w: torch.Tensor) -> PackedMatrix:
@@ -151,11 +158,15 @@ class PackedMatrix:
             at += b.rows
         return out
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """`x Wᵀ` for x `[..., K]`, in x's dtype."""
+    def linear(self, x: torch.Tensor, fp8_act: bool = False) -> torch.Tensor:
+        """`x Wᵀ` for x `[..., K]`, in x's dtype (`fp8_act`: see the module docstring)."""
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
         if x2.shape[0] > GEMV_MAX_ROWS:
+            if (fp8_act and len(self.blocks) == 1 and self.blocks[0].fmt == FP8_ROW
+                    and fp8_rows.takes(x2, *self.shape)):
+                y = fp8_rows.fp8_rows_matmul(x2, self.blocks[0].planes[0], self._fp32_scales())
+                return y.reshape(*lead, self.shape[0])
             return F.linear(x, self.dequantize(x.dtype))
         if len(self.blocks) == 1:
             return self.blocks[0].gemv(x2).reshape(*lead, self.shape[0])
@@ -166,10 +177,22 @@ class PackedMatrix:
             at += b.rows
         return out.reshape(*lead, self.shape[0])
 
+    def _fp32_scales(self) -> torch.Tensor:
+        """The fp8-row block's scales as `torch._scaled_mm` takes them, [1, N] fp32: made on
+        first use outside a CUDA graph's capture (there a kernel is recorded, not run) and
+        kept, so a prompt step does not convert them again."""
+        if self._scales is not None:
+            return self._scales
+        scales = self.blocks[0].planes[1].float()[None, :]
+        if not (scales.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._scales = scales
+        return scales
 
-def linear(x: torch.Tensor, w: torch.Tensor | PackedMatrix) -> torch.Tensor:
-    """`F.linear(x, w)` for a dense weight, the packed kernels for a `PackedMatrix`."""
-    return w.linear(x) if isinstance(w, PackedMatrix) else F.linear(x, w)
+
+def linear(x: torch.Tensor, w: torch.Tensor | PackedMatrix, fp8_act: bool = False) -> torch.Tensor:
+    """`F.linear(x, w)` for a dense weight, the packed kernels for a `PackedMatrix`
+    (`fp8_act`: `PackedMatrix.linear`'s)."""
+    return w.linear(x, fp8_act) if isinstance(w, PackedMatrix) else F.linear(x, w)
 
 
 def cat_rows(parts: list) -> torch.Tensor | PackedMatrix:

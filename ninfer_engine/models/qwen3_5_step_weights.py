@@ -35,8 +35,9 @@ class FusedLinear:
     formats) `acc` is left alone and the bf16 product returned (the RMSNorm after it takes
     either)."""
 
-    def __init__(self, w: torch.Tensor | PackedMatrix, gemv_rows: int = 1):
-        self.w = w
+    def __init__(self, w: torch.Tensor | PackedMatrix, gemv_rows: int = 1,
+                 fp8_act: bool = False):
+        self.w, self.fp8_act = w, fp8_act  # `fp8_act`: `PackedMatrix.linear`'s, past the GEMVs
         # rows up to which a plain weight takes the Triton GEMV (`gemv_rows`) rather than cuBLAS;
         # an fp32 weight (`--cuda-dtype fp32`, the exact path) always takes cuBLAS
         self.gemv_rows = (gemv_rows if isinstance(w, torch.Tensor) and w.is_cuda
@@ -50,7 +51,7 @@ class FusedLinear:
             return dequant_gemv(x, self.w, None, gate=gate, act=act, out=acc)
         if self.planes is not None and x.shape[0] <= GEMV_MAX_ROWS:
             return dequant_gemv(x, *self.planes, gate=gate, act=act, out=acc)
-        return linear(x if gate is None else gated(x, gate, act), self.w)
+        return linear(x if gate is None else gated(x, gate, act), self.w, self.fp8_act)
 
     def nbytes(self):
         return self.w.nbytes
@@ -84,9 +85,10 @@ def layer_weights(kind: str, block, params: FusedParams, prefix: str) -> dict:
     names start with `prefix`: `text/layers/i/`, or the MTP head's `mtp/layers/0/`)."""
     group = "gdn/" if kind == "linear_attention" else "attention/"
     m = block.mixer
+    act = m.fp8_act  # `--prefill-activations`, for every many-row product of the layer
     layer = dict(kind=kind, block=block, mixer=m,
-                 w_in=FusedLinear(params.fused[prefix + group]),
-                 w_out=FusedLinear(m.w_out if group == "gdn/" else m.w_o))
+                 w_in=FusedLinear(params.fused[prefix + group], fp8_act=act),
+                 w_out=FusedLinear(m.w_out if group == "gdn/" else m.w_o, fp8_act=act))
     if hasattr(block.ffn, "router"):
         moe = block.ffn
         shared_slot = params.shared_in_stack(prefix + "moe/")
@@ -96,13 +98,13 @@ def layer_weights(kind: str, block, params: FusedParams, prefix: str) -> dict:
                      experts_down=params.fused[prefix + "moe/experts/down"],
                      # a verify row's 4 rows of router|score (257 outputs) ran as cuBLAS's
                      # sm75 split-K GEMM, its reduce and a cast: ~13 µs a layer on the H200
-                     # (h200-verify-step.md)
+                     # (h200-verify-step.md); the router's rows keep bf16 activations
                      w_gu=FusedLinear(params.fused[prefix + "moe/"], gemv_rows=GEMV_MAX_ROWS))
         if not shared_slot:
-            layer["w_down"] = FusedLinear(moe.shared.down)
+            layer["w_down"] = FusedLinear(moe.shared.down, fp8_act=act)
     else:
-        layer.update(w_gu=FusedLinear(params.fused[prefix + "mlp/"]),
-                     w_down=FusedLinear(block.ffn.down))
+        layer.update(w_gu=FusedLinear(params.fused[prefix + "mlp/"], fp8_act=act),
+                     w_down=FusedLinear(block.ffn.down, fp8_act=act))
     return layer
 
 

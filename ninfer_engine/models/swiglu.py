@@ -26,12 +26,14 @@ class SwiGLU:
     """`down(SiLU(gate·h) ⊙ up·h)` bound to `{prefix}{gate,up,down}`."""
 
     def __init__(self, params: ParamSource, prefix: str, hidden: int, width: int,
-                 matmul_dtype: torch.dtype | None = None):
+                 matmul_dtype: torch.dtype | None = None, fp8_act: bool = False):
+        """`fp8_act`: e4m3 prompt rows through fp8-row projections (`PackedMatrix.linear`)."""
+        self.fp8_act = fp8_act
         self.gate = params(prefix + "gate", (width, hidden))
         self.up = params(prefix + "up", (width, hidden))
         self.down = params(prefix + "down", (hidden, width))
         # the projections as called, few-row (decode) calls through `matmul_dtype` copies
-        self.projections = tuple(Linear(w, matmul_dtype, relayout=False)
+        self.projections = tuple(Linear(w, matmul_dtype, relayout=False, fp8_act=fp8_act)
                                  for w in (self.gate, self.up, self.down))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

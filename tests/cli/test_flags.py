@@ -346,7 +346,7 @@ def test_prefill_activations_default_to_fp8_and_reach_the_models_moe(monkeypatch
     import torch
 
     from ninfer_engine import rank_parts
-    from ninfer_engine.models.moe import FP8_ACTIVATIONS_KEY
+    from ninfer_engine.models.packed import FP8_ACTIVATIONS_KEY
     from tests.models.test_moe_dispatch import make
 
     assert parse("m").config.prefill_activations == "fp8"

@@ -13,11 +13,13 @@ import torch
 from ninfer_engine.artifact import open_artifact
 from ninfer_engine.artifact.synth import parameter_shapes, write_synthetic
 from ninfer_engine.models import build_model, is_projection
-from ninfer_engine.models.packed import (PackedMatrix, linear, load_packed, quantize_packed,
-                                          serving_form)
+from ninfer_engine.kernels._dispatch import interpreting
+from ninfer_engine.kernels.act_quant import quantize_rows_ref
+from ninfer_engine.models.packed import (FP8_ROW, GEMV_MAX_ROWS, PackedMatrix, linear, load_packed,
+                                          quantize_packed, serving_form)
 from tests.models.engine_run import greedy_tokens, started_engine
 from tests.models.qwen35_tiny import hybrid_depth
-from tests.tolerance import assert_within, bound, gamma
+from tests.tolerance import assert_rounded_once, assert_within, bound, gamma, gamma_of
 
 F32 = torch.float32
 
@@ -94,6 +96,61 @@ def test_mixed_blocks_multiply_like_the_dense_matrix():
     # step of the group's absmax, ≤ the tensor's
     err = (dense[:8] - parts[0]).abs().max() / parts[0].abs().max()
     assert 0 < err < (1 + 2 ** -11) / 14 + gamma(F32, 2)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
+                    reason="the row quantizer is a Triton kernel: CUDA or TRITON_INTERPRET=1")
+def test_fp8_row_prompt_rows_multiply_as_e4m3_codes():
+    """`fp8_act` (`--prefill-activations fp8`): more than GEMV_MAX_ROWS bf16 rows through an
+    fp8-row matrix are multiplied as e4m3 codes with power-of-two row scales (the reference
+    quantizer's, bit for bit) times the stored codes: each output is that exact product up to
+    the sums' rounding (γ_K: fp32 under the interpreter; on a GPU the fp8 tensor cores'
+    accumulation, ~14 bits between promotions, unit 2⁻¹³ as in test_moe_grouped_fp8_act) and
+    one rounding to bf16, far tighter than the activations' own rounding (2⁻⁴ of each
+    element), so the bf16 path (x unrounded) would not pass it; fewer rows, fp32 rows or the
+    flag off keep their paths."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(48, 64, generator=gen)
+    (block,) = quantize_packed(w, FP8_ROW).blocks
+    packed = PackedMatrix([block.to(device)])
+    weight = packed.dequantize(torch.float32).double().cpu()  # codes × bf16 scales: exact
+    x = (torch.randn(GEMV_MAX_ROWS + 24, 64, generator=gen) * 3).bfloat16()
+    got = packed.linear(x.to(device), fp8_act=True)
+    assert got.dtype == torch.bfloat16 and got.shape == (40, 48)
+    codes, scale = quantize_rows_ref(x)
+    x_hat = codes.double() * scale.double()[:, None]
+    K = x.shape[1]
+    acc = gamma_of(2.0 ** -13, K) if device == "cuda" else gamma(F32, K)
+    assert_rounded_once(got, x_hat @ weight.t(), acc * (x_hat.abs() @ weight.abs().t()))
+    bf16_path = packed.linear(x.to(device), fp8_act=False)  # dequantized, x as given
+    assert not torch.equal(bf16_path, got)
+    _assert_matmul(packed.linear(x.float().to(device), fp8_act=True).cpu(), x.float(),
+                   weight.float())  # fp32 rows: the dequantize path, fp32 exact
+    few = x[:GEMV_MAX_ROWS].to(device)
+    torch.testing.assert_close(packed.linear(few, fp8_act=True), packed.linear(few),
+                               rtol=0, atol=0)  # the GEMV's rows
+
+
+def test_prefill_activations_reach_every_mixer_and_mlp_projection():
+    """The text config's `FP8_ACTIVATIONS_KEY` (absent: on) sets `fp8_act` on the GDN and
+    attention projections (and their fused q|k|v…), the MLPs' and the MoE's shared expert; the
+    router and the head stay exact."""
+    from ninfer_engine.artifact.synth import build_synthetic
+    from ninfer_engine.models.packed import FP8_ACTIVATIONS_KEY
+    from ninfer_engine.models.qwen3_5 import Qwen35Model
+
+    for arch, key in (("tiny-moe", None), ("tiny-dense", False)):
+        config, source = build_synthetic(arch, "cpu", torch.float32)
+        if key is not None:
+            config = {**config, FP8_ACTIVATIONS_KEY: key}
+        model = Qwen35Model(config, source)
+        want = key is None
+        for block in model.blocks:
+            ffn = getattr(block.ffn, "shared", block.ffn)
+            linears = [*block.mixer.projections, *ffn.projections]
+            assert {lin.fp8_act for lin in linears} == {want} and block.mixer.fp8_act == want
+        assert not model.head_projection.fp8_act
 
 
 def test_auto_serving_form_repacks_q4_q5_exactly_and_dequantizes_the_rest():
