@@ -32,3 +32,10 @@ profile_step() {  # name, bench/profile_step.py arguments...: the 35B-A3B fp8-ro
   grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
   return 0
 }
+
+pack_results() {  # a call returns at most 8 files from $OUT: past that, $OUT/r as one tarball
+  if [ "$(find "$OUT/r" -type f | wc -l)" -gt 7 ]; then
+    tar czf "$OUT/r.tar.gz" -C "$OUT" r && rm -rf "$OUT/r"
+    echo "results packed: r.tar.gz"
+  fi
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# What e4m3 prompt activations in the fp8-row projections (`kernels.fp8_rows_matmul`) buy, in one
+# call: each projection alone at the real shapes (bench/fp8_dense_bench.py), then the engine's 8K
+# prefill (`ninfer bench --prefill 8192`, 4096-token chunks) of the 27B and 35B-A3B fp8-row
+# shapes with `--prefill-activations`'s engine default against the tree before the change
+# (OLD=dir: that tree's ninfer_engine/ and bench/, carried; skipped without it), in turn.
+#   git archive eafdb61 ninfer_engine bench | tar -x -C .old   (ignored; carry .old)
+#   OUT=/tmp/o OLD=.old bash bench/prefill_fp8_device.sh
+source bench/device_env.sh
+python3 bench/fp8_dense_bench.py --json "$OUT/r/fp8-dense.json" > "$OUT/r/fp8-dense.log" 2>&1
+echo "projections: $(grep -c T= "$OUT/r/fp8-dense.log") rows at $SECONDS s"
+prefill() {  # tag tree arch
+  local tag=$1 tree=$2 arch=$3
+  [ "$(left)" -gt 120 ] || { echo "$tag $arch: no time left"; return; }
+  PYTHONPATH=$tree:/tmp/site timeout "$(( $(left) - 30 ))" python3 -m ninfer_engine.cli.tools \
+    bench --arch "$arch" --weights fp8-row --context 1024 --concurrency none --spec-rates none \
+    --prefill 8192 --no-peer --out "$OUT/r/prefill-$arch-$tag.json" \
+    > /dev/null 2> "$OUT/r/prefill-$arch-$tag.log"
+  echo "$tag $arch: $(grep -E '^prefill' "$OUT/r/prefill-$arch-$tag.log" | tail -1) at $SECONDS s"
+}
+for arch in 27b 35b-a3b; do
+  prefill new "$PWD" $arch
+  [ -n "${OLD:-}" ] && prefill old "$(cd "$OLD" && pwd)" $arch
+done
+pack_results
