@@ -1,17 +1,19 @@
-"""A prompt step's dense projections of fp8-row weights on one GPU: the serving path (the codes
-decoded to bf16, then cuBLAS bf16: `PackedMatrix.linear` past `GEMV_MAX_ROWS`) against e4m3
-activations (`act_quant.quantize_rows`, one power-of-two scale a row) times the codes in the fp8
-tensor cores (`torch._scaled_mm`, row-wise scales), at the real shapes and prompt sizes.
+"""A prompt step's dense projections of fp8-row weights on one GPU: the codes decoded to bf16,
+then cuBLAS bf16 (`PackedMatrix.linear` past `GEMV_MAX_ROWS` under `--prefill-activations bf16`)
+against the served path, e4m3 activations (`act_quant.quantize_rows`, one power-of-two scale a
+row) times the codes in the fp8 tensor cores (`kernels.fp8_rows_matmul`: `torch._scaled_mm`,
+row-wise scales), and the same with cuBLAS's fast accumulation, at the real shapes and prompt
+sizes.
 
     python3 bench/fp8_dense_bench.py [--tokens 955,4096,7632] [--json PATH]
     python3 bench/fp8_dense_bench.py --render RUN.json --out bench/results/NAME [--note MD]
         (RUN.json's table as bench/results/NAME.{json,md}, through bench/report.write_report)
 
-Each variant: CUDA-event mean of 20 calls after 3 warm-ups, its TFLOP/s, and its largest error
+Each variant: CUDA-event mean of 20 calls after one warm-up, its TFLOP/s, and its largest error
 against a float64 product of the same operands (the activations as given, the weights as their
 codes times scales), over the RMS of that product: the bf16 path's error is its output
-rounding and bf16 sums, the fp8 path's adds the activations' e4m3 rounding (2⁻⁴ of each
-element at most, so about 2⁻⁴/√3 of the RMS for random signs).
+rounding, the fp8 path's adds the activations' e4m3 rounding (each element within 2⁻⁴ of
+itself).
 """
 from __future__ import annotations
 
