@@ -23,3 +23,4 @@ profile_step mtp-ahead --spec 3 --drafter mtp
 profile_step mtp-shortlist --spec 3 --drafter mtp --lm-head-draft 131072
 grep -h "draft round over" "$OUT"/r/step-mtp-*.log
 echo "done at $SECONDS s"
+pack_results

@@ -35,3 +35,7 @@ timeout "$left" python3 -u bench/expert_offload.py --layers 16 --steps 128 --bud
   --out "$OUT/r/expert-offload" > "$OUT/r/expert-offload.log" 2>&1
 grep -E "B=|routing" "$OUT/r/expert-offload.log" | tail -40
 grep -q Traceback "$OUT/r/expert-offload.log" && tail -6 "$OUT/r/expert-offload.log"  # why it stopped
+# a call returns at most 8 files from $OUT: past that, r/ and shots/ as one tarball
+if [ "$(find "$OUT/r" "$OUT/shots" -type f | wc -l)" -gt 7 ]; then
+  tar czf "$OUT/results.tar.gz" -C "$OUT" r shots && rm -rf "$OUT/r" "$OUT/shots"
+fi

@@ -42,3 +42,4 @@ for round in 1 2; do
   done
 done
 echo "done at $SECONDS s"
+pack_results

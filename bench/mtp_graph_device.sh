@@ -30,3 +30,4 @@ grep -vE "^(WARNING|Triton compiled)" "$OUT/r/compiles.log" | cut -c1-400 | head
   > "$OUT/r/burst.log" 2>&1
 grep -E "^[0-9]+x|compiles after" "$OUT/r/burst.log"; grep -A4 "compiles after" "$OUT/r/burst.log" | cut -c1-120
 echo "done at $SECONDS s"
+pack_results

@@ -22,3 +22,4 @@ echo "mtp: $(grep -E 'engine step|tokens a round' "$OUT/r/step-mtp.log")"
   > "$OUT/r/burst.log" 2>&1
 grep -E "^[0-9]+x|compiles after" "$OUT/r/burst.log"; grep -A4 "compiles after" "$OUT/r/burst.log" | cut -c1-120
 echo "done at $SECONDS s"
+pack_results

@@ -48,3 +48,4 @@ if [ "$(left)" -gt 150 ]; then  # the whole 35B-A3B shape, this tree only
   echo "host-tier turn, all 40 layers:"; grep -E "^\| dev" "$OUT/r/ttft-40l.log"
 fi
 echo "done at $SECONDS s"
+pack_results

@@ -20,3 +20,4 @@ mtp mtp-preset --sampling preset
 mtp mtp-shortlist --lm-head-draft 131072
 mtp mtp-preset-host --sampling preset --verify-chain off
 echo "done at $SECONDS s"
+pack_results

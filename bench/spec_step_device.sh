@@ -22,3 +22,4 @@ profile_step verify-mtp --spec 3 --drafter mtp --timeline "$OUT/r/verify-mtp-tra
   && grep -E "^(timeline|GPU busy|  gap)" "$OUT/r/step-verify-mtp.log" | head -30
 [ -n "$OLD" ] && TREE=$PWD/$OLD profile_step verify-old --spec 3
 echo "done at $SECONDS s"
+pack_results

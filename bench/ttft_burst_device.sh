@@ -31,3 +31,4 @@ for chunk in ${CHUNKS:-auto}; do
   grep -iE "warm|captured|compil" "$OUT/r/serve$tag.log" | cut -c1-200 | head -20
 done
 echo "done at $SECONDS s"
+pack_results

@@ -20,3 +20,4 @@ profile_step mtp-ahead --spec 3 --drafter mtp
   --no-peer --out "$OUT/r/bench-spec.json" > "$OUT/r/bench-spec.log" 2>&1
 grep -E "^\| [18] \| 1024 \|" "$OUT/r/bench-spec.log" || tail -5 "$OUT/r/bench-spec.log"
 echo "done at $SECONDS s"
+pack_results

@@ -19,3 +19,4 @@ grep -E "^\| [18] \| 1024 \|" "$OUT/r/bench-spec.log" || tail -5 "$OUT/r/bench-s
   bench/moe_slot_sweep.py --shapes 35b-a3b-fp8 --batches 4 --kernels gate_up,down,down_split \
   --budget $(($(left) - 40)) --out "$OUT/r/moe-slots-35b-fp8-b4.json" 2>&1 | tail -25
 echo "done at $SECONDS s"
+pack_results
