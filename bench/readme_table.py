@@ -336,6 +336,26 @@ def _prompt_activation_rows() -> list[str]:
             f"lease) | {fp8 / bf16:.2f}× |"]
 
 
+def _prompt_fp8_dense_rows() -> list[str]:
+    """The fp8-row projections of a prompt step as e4m3 rows × codes against dequantized bf16:
+    one 27B projection alone, and the 7,632-token engine step (`bench/fp8_dense_bench.py`,
+    `bench/prompt_burst.py`, trees in turn in the same calls)."""
+    r = _load("h100-prompt-fp8-dense.json")
+    if not r:
+        return []
+    gu = next(x for x in r["microbench"] if x["projection"] == "mlp gate-up"
+              and x["tokens"] == 7632)
+    old, new = (statistics.median_high([ms for s in r["prompt_steps"] if s["tree"] == tree
+                                        for ms in s["step_ms_7632"]]) for tree in ("old", "new"))
+    bf16, fp8 = gu["dequant+bf16"]["us"], gu["fp8 scaled_mm"]["us"]
+    return [f"| H100, 27B MLP gate\\|up projection (34,816 × 5,120), 7,632 prompt rows, e4m3 rows "
+            f"× the fp8-row codes (`torch._scaled_mm`) | {fp8:,.0f} µs | dequantized to bf16 + "
+            f"cuBLAS {bf16:,.0f} µs | {bf16 / fp8:.2f}× |",
+            f"| H100, 35B-A3B shape cut to 8 layers, fp8-row, eight 1K-token prompts as one "
+            f"7,632-token engine step, e4m3 rows in the projections too (median) | {new:.1f} ms "
+            f"| projections in bf16 {old:.1f} ms (in turn, same calls) | {old / new:.2f}× |"]
+
+
 def _gdn_prompt_rows() -> list[str]:
     """A prompt step's GDN launches, one layer, this stop's tree against the last
     (`bench/gdn_prompt_parts.py`), and the 7,632-token engine step they sit in
@@ -542,6 +562,7 @@ def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _cpu_ngram_rows() + _gpu_rows()
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
+                             + _prompt_fp8_dense_rows()
                              + _gdn_prompt_rows()
                              + _step_row_rows() + _verify_rows() + _policy_rows() + _mtp_rows()
                              + _mask_rows()
