@@ -5,14 +5,24 @@
 (`act_quant.quantize_rows`: each element within 2⁻⁴ of itself) and `torch._scaled_mm` multiplies
 them by the weight's codes, both row scales applied to its fp32 sums, one rounding to bf16; no
 bf16 copy of the weight is written (1.6–1.9× dequantize-then-cuBLAS on the 27B shapes,
-bench/results/h100-prompt-fp8-dense.md). `takes(x, n, k)`: whether it runs here.
+bench/results/h100-prompt-fp8-dense.md). `takes(x, n, k)`: whether it runs here — on a GPU
+where a row-wise `torch._scaled_mm` runs: PyTorch's row-wise kernel is Hopper's (TMA), and
+builds refuse it elsewhere ("Rowwise scaling is not currently supported on your device": sm89
+and sm120 cards, pytorch#130359), so each device is asked once with a 16 × 16 product, outside
+any CUDA graph's capture (the engine's loader asks before it captures), and keeps the bf16
+path if it refuses.
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from ._dispatch import interpreting, use_triton
 from .act_quant import MAX_COLUMNS, quantize_rows
+
+log = logging.getLogger("ninfer.engine")
+_ROWWISE: dict[int, bool] = {}  # CUDA device index -> a row-wise `_scaled_mm` runs there
 
 
 def takes(x: torch.Tensor, n: int, k: int) -> bool:
@@ -22,8 +32,37 @@ def takes(x: torch.Tensor, n: int, k: int) -> bool:
     if x.dtype != torch.bfloat16 or n % 16 or k % 16 or k > MAX_COLUMNS:
         return False
     if use_triton(x):
-        return torch.cuda.get_device_capability(x.device) >= (8, 9)
+        return rowwise_runs(x.device)
     return x.device.type == "cpu" and interpreting()
+
+
+def rowwise_runs(device: torch.device) -> bool:
+    """Whether a row-wise `torch._scaled_mm` runs on this CUDA device (asked once; during a
+    capture an unasked device answers no without asking)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    known = _ROWWISE.get(index)
+    if known is not None:
+        return known
+    if torch.cuda.get_device_capability(index) < (8, 9):  # no fp8 tensor cores
+        _ROWWISE[index] = False
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    try:
+        _probe(torch.device("cuda", index))
+        _ROWWISE[index] = True
+    except RuntimeError as error:
+        log.info("prompt projections keep bf16 activations on cuda:%d: torch._scaled_mm with "
+                 "row-wise scales does not run there (%s)", index, str(error).splitlines()[0])
+        _ROWWISE[index] = False
+    return _ROWWISE[index]
+
+
+def _probe(device: torch.device) -> None:
+    """A 16 × 16 row-wise scaled product on `device`; raises where it does not run."""
+    codes = torch.zeros(16, 16, dtype=torch.float8_e4m3fn, device=device)
+    ones = torch.ones(16, 1, dtype=torch.float32, device=device)
+    torch._scaled_mm(codes, codes.t(), scale_a=ones, scale_b=ones.t(), out_dtype=torch.bfloat16)
 
 
 def fp8_rows_matmul(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -209,3 +209,33 @@ def test_cuda_engine_serves_fp8_rows_packed_by_default(tmp_path):
             "fp8_e4m3fn_row_bf16"}
         first, again = greedy_tokens(engine, "a"), greedy_tokens(engine, "b")
     assert len(first) == 24 and again == first
+
+
+@pytest.mark.parametrize("capability, runs", [((9, 0), True), ((8, 9), False), ((12, 0), False),
+                                              ((8, 6), None)])
+def test_fp8_prompt_projections_ask_the_device_once(monkeypatch, capability, runs):
+    """A row-wise `torch._scaled_mm` is Hopper's in PyTorch builds (sm89 and sm120 cards refuse
+    it): each device is asked once with a tiny product and keeps the bf16 path if refused;
+    below sm89 (no fp8 tensor cores) it is not asked; during a CUDA graph's capture an unasked
+    device answers no without asking (the probe would be recorded, not run)."""
+    from ninfer_engine.kernels import fp8_rows_matmul as fp8_rows
+
+    asked = []
+
+    def probe(device):
+        asked.append(device)
+        if not runs:
+            raise RuntimeError("Rowwise scaling is not currently supported on your device\n…")
+
+    monkeypatch.setattr(fp8_rows, "_ROWWISE", {})
+    monkeypatch.setattr(fp8_rows, "_probe", probe)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cuda0 = torch.device("cuda", 0)
+    if runs is not None:  # sm89+: not asked while capturing, nothing kept
+        assert fp8_rows.rowwise_runs(cuda0) is False and asked == [] and fp8_rows._ROWWISE == {}
+    capturing[0] = False
+    assert fp8_rows.rowwise_runs(cuda0) is bool(runs)
+    assert fp8_rows.rowwise_runs(cuda0) is bool(runs)  # kept: asked at most once
+    assert asked == ([] if runs is None else [cuda0])
