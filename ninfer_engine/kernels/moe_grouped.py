@@ -100,8 +100,11 @@ FP8_ACT_ROW_TILES = (64, 128)  # the row tiles swept with e4m3 activations
 
 def fp8_act_supported(w: torch.Tensor, scale: torch.Tensor | None, bm: int) -> bool:
     """Whether the kernels take e4m3 activations for this stack at row tile `bm`: an fp8-row
-    stack (row scales multiply whole sums) at a row tile whose launch sizes were swept."""
-    return scale_layout(w, scale)[0] == 1 and bm in FP8_ACT_ROW_TILES
+    stack (row scales multiply whole sums) at a row tile whose launch sizes were swept, on a
+    GPU whose tensor cores multiply e4m3 (sm89+: Triton compiles no fp8 dot below; the
+    interpreter's codes are fp32 operands)."""
+    return (scale_layout(w, scale)[0] == 1 and bm in FP8_ACT_ROW_TILES
+            and (not w.is_cuda or torch.cuda.get_device_capability(w.device) >= (8, 9)))
 
 
 def _launch(kernel: str, bm: int, block_n, block_k, num_warps, num_stages,

@@ -79,6 +79,24 @@ def test_fp8_activation_gemms_match_float64(device, T, k, E, I, H, blocks):
     assert_rounded_once(slots.cpu(), terms[:, 0], noise)
 
 
+def test_fp8_activations_need_e4m3_tensor_cores(monkeypatch):
+    """`fp8_act_supported`: an fp8-row stack at a swept row tile, and on CUDA an sm89+ device
+    (below it Triton compiles no fp8 dot: an Ampere card keeps bf16 activations)."""
+    from types import SimpleNamespace
+
+    from ninfer_engine.kernels import moe_grouped
+
+    gen = torch.Generator().manual_seed(0)
+    w, scale, _ = _stack("row", 3, 8, 64, gen)
+    assert moe_grouped.fp8_act_supported(w, scale, 64)
+    assert not moe_grouped.fp8_act_supported(w, scale, 16)  # a row tile not swept
+    on_cuda = SimpleNamespace(is_cuda=True, device="cuda:0", dtype=w.dtype, shape=w.shape)
+    monkeypatch.setattr(moe_grouped, "scale_layout", lambda w, s: (1, 0, None))
+    for capability, takes in (((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+        assert moe_grouped.fp8_act_supported(on_cuda, scale, 128) is takes
+
+
 def test_fp8_activations_need_an_fp8_row_stack_and_32_wide_k_tiles(device):
     gen = torch.Generator().manual_seed(0)
     counts = torch.tensor([1, 0, 0], device=device)
