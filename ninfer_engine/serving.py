@@ -3,9 +3,13 @@ the weight forms and the CPU step; read by the engine (rank 0) and by tensor-par
 followers alike."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from .config import EngineConfig
+
+log = logging.getLogger("ninfer.engine")
 
 # `--cpu-matmul`: the decode copy of each projection (int8: `models.int8_rows.Int8Rows`)
 MATMUL_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "int8": torch.int8}
@@ -45,7 +49,13 @@ def cpu_compiled(config: EngineConfig) -> bool:
 
 def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
     """`--cuda-weights`, or "dequant" off CUDA and on the exact fp32 path (the packed kernels
-    compute in bf16)."""
+    compute in bf16), and for "auto" below sm89: the forms "auto" serves (fp8-row, Q4/Q5 as
+    fp8 groups, fp8 expert stacks) are e4m3 codes, which Triton compiles nothing for there
+    ("fp8e4nv data type is not supported on CUDA arch < 89")."""
     if device.type != "cuda" or dtype != torch.bfloat16:
+        return "dequant"
+    if config.cuda_weights == "auto" and torch.cuda.get_device_capability(device) < (8, 9):
+        log.info("--cuda-weights auto: weights decoded to bf16 at load on this sm%d%d GPU (the "
+                 "fp8 forms need sm89+)", *torch.cuda.get_device_capability(device))
         return "dequant"
     return config.cuda_weights

@@ -42,6 +42,23 @@ def test_prefill_chunk_auto_depends_on_the_device():
     assert prefill_chunk_for(fixed, torch.device("cuda", 0)) == 256
 
 
+@pytest.mark.parametrize("capability, auto", [((9, 0), "auto"), ((8, 9), "auto"),
+                                               ((8, 6), "dequant"), ((8, 0), "dequant")])
+def test_cuda_weights_auto_decodes_to_bf16_below_sm89(monkeypatch, capability, auto):
+    """`--cuda-weights auto` serves e4m3 forms (fp8-row, Q4/Q5 as fp8 groups, fp8 expert
+    stacks), which Triton compiles nothing for below sm89: there it decodes to bf16 at load;
+    an explicit `packed` or `dequant` is kept, and off CUDA or in fp32 it is always dequant."""
+    from ninfer_engine.serving import weights_mode
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cuda = torch.device("cuda", 0)
+    for flag, want in (("auto", auto), ("packed", "packed"), ("dequant", "dequant")):
+        config = parse("m.ninfer", "--cuda-weights", flag).config
+        assert weights_mode(config, cuda, torch.bfloat16) == want
+        assert weights_mode(config, cuda, torch.float32) == "dequant"
+        assert weights_mode(config, torch.device("cpu"), torch.bfloat16) == "dequant"
+
+
 def test_no_artifact_serves_the_default_model(tmp_path):
     c = parse("--port", "9000", env={"NINFER_HOME": str(tmp_path)}).config
     assert c.artifact == tmp_path / "models" / "smollm2-135m-instruct.ninfer"
