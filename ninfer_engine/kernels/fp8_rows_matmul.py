@@ -27,8 +27,8 @@ _ROWWISE: dict[int, bool] = {}  # CUDA device index -> a row-wise `_scaled_mm` r
 
 def takes(x: torch.Tensor, n: int, k: int) -> bool:
     """bf16 rows the quantizer holds (K ≤ its `MAX_COLUMNS`), dims `torch._scaled_mm` tiles
-    (multiples of 16), on an sm89+ GPU with Triton, or the CPU under the interpreter (the
-    tests': the quantizer interpreted, torch's CPU `_scaled_mm`)."""
+    (multiples of 16), on a GPU where a row-wise `_scaled_mm` runs (`rowwise_runs`), or the
+    CPU under the interpreter (the tests': the quantizer interpreted, torch's CPU one)."""
     if x.dtype != torch.bfloat16 or n % 16 or k % 16 or k > MAX_COLUMNS:
         return False
     if use_triton(x):
