@@ -20,6 +20,7 @@ class FeatureUnavailable(Exception):
 @dataclass(frozen=True)
 class Machine:
     cuda_devices: int
+    capability: tuple[tuple[int, int], ...] = ()  # each CUDA device's (major, minor), if known
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,18 @@ def _device_exists(c: EngineConfig, m: Machine) -> str | None:
     return f"CUDA device {c.device} does not exist (this machine has {m.cuda_devices})"
 
 
+def _e4m3_kv(c: EngineConfig, m: Machine) -> str | None:
+    """fp8 and nvfp4 KV pages hold e4m3 codes (values, or nvfp4's block scales), which the
+    attention kernels convert in hardware: sm89 and newer (Triton compiles no e4m3 below);
+    the CPU's torch path decodes them anywhere."""
+    for device in (c.devices if c.tp == 2 else (c.device,)):
+        if device < len(m.capability) and m.capability[device] < (8, 9):
+            major, minor = m.capability[device]
+            return (f"{c.kv_dtype} KV holds e4m3 codes, which need an sm89+ GPU; CUDA device "
+                    f"{device} is sm{major}{minor} (int8, k8v4 and bf16 KV run there)")
+    return None
+
+
 def _vision_device(c: EngineConfig, m: Machine) -> str | None:
     """The encoder's CUDA device, or device 0 meaning the CPU on a machine without CUDA."""
     if c.vision_device < m.cuda_devices or (m.cuda_devices == 0 and c.vision_device == 0):
@@ -98,6 +111,7 @@ _GATES: tuple[_Gate, ...] = (
     _Gate(("--log-speculation-detail",), lambda c: c.spec is None,
           lambda c, m: "per-round speculation detail needs --spec"),
     _Gate(("--vision-device",), lambda c: True, _vision_device),
+    _Gate(("--kv-dtype",), lambda c: c.kv_dtype in ("fp8", "nvfp4"), _e4m3_kv),
     _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
           _runs_on_cuda("automatic KV sizing")),  # `kv.sizing`
     _Gate(("--context-cost-presets",), lambda c: True, _not_built("context cost presets")),
@@ -134,6 +148,7 @@ def probe_machine() -> Machine:
     try:
         import torch
 
-        return Machine(cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return Machine(count, tuple(torch.cuda.get_device_capability(i) for i in range(count)))
     except Exception:  # a broken CUDA install counts as no device
         return Machine(cuda_devices=0)

@@ -59,6 +59,27 @@ def test_cuda_weights_auto_decodes_to_bf16_below_sm89(monkeypatch, capability, a
         assert weights_mode(config, torch.device("cpu"), torch.bfloat16) == "dequant"
 
 
+def test_e4m3_kv_needs_sm89_on_the_serving_devices():
+    """`--kv-dtype fp8|nvfp4` keep e4m3 codes the attention kernels convert in hardware: a
+    serving device below sm89 stops startup with one line naming the flag, the device and what
+    runs there; the CPU (no CUDA device) and sm89+ devices run them, other KV dtypes anywhere."""
+    ampere = Machine(cuda_devices=2, capability=((8, 6), (9, 0)))
+    for kv in ("fp8", "nvfp4"):
+        parsed = parse("m", "--kv-dtype", kv)
+        with pytest.raises(FeatureUnavailable, match=rf"`--kv-dtype {kv}`: {kv} KV holds e4m3 "
+                           r"codes, which need an sm89\+ GPU; CUDA device 0 is sm86 \(int8"):
+            check_features(parsed.config, parsed.explicit, ampere)
+        check_features(parsed.config, parsed.explicit, CPU)
+        on_hopper = parse("m", "--kv-dtype", kv, "--device", "1")
+        check_features(on_hopper.config, on_hopper.explicit, ampere)
+        both = parse("m", "--kv-dtype", kv, "--tp", "2", "--devices", "1,0")
+        with pytest.raises(FeatureUnavailable, match="CUDA device 0 is sm86"):
+            check_features(both.config, both.explicit, ampere)
+    for kv in ("int8", "k8v4", "bf16"):
+        parsed = parse("m", "--kv-dtype", kv)
+        check_features(parsed.config, parsed.explicit, ampere)
+
+
 def test_no_artifact_serves_the_default_model(tmp_path):
     c = parse("--port", "9000", env={"NINFER_HOME": str(tmp_path)}).config
     assert c.artifact == tmp_path / "models" / "smollm2-135m-instruct.ninfer"
