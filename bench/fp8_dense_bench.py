@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ninfer_engine.benchmark.timing import time_ms  # noqa: E402
 from report import write_report  # noqa: E402
 from ninfer_engine.kernels.act_quant import MAX_COLUMNS, quantize_rows  # noqa: E402
+from ninfer_engine.kernels.dequant_gemv import quantize_fp8_row  # noqa: E402
 from ninfer_engine.kernels.fp8_dequant import fp8_dequant  # noqa: E402
 from ninfer_engine.kernels.fp8_rows_matmul import fp8_rows_matmul  # noqa: E402
 
@@ -44,9 +45,7 @@ SHAPES = (("35b-a3b", "gdn in_proj (qkv|z|b|a)", 12352, 2048),
 
 
 def fp8_row_weight(n: int, k: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
-    w = torch.randn(n, k, generator=gen, device="cuda") / k ** 0.5
-    scale = (w.abs().amax(-1) / 448).bfloat16()
-    return (w / scale.float()[:, None]).to(torch.float8_e4m3fn), scale
+    return quantize_fp8_row(torch.randn(n, k, generator=gen, device="cuda") / k ** 0.5)
 
 
 def variants(codes, scale):

@@ -8,6 +8,7 @@ import logging
 import torch
 
 from .config import EngineConfig
+from .kernels._dispatch import has_e4m3
 
 log = logging.getLogger("ninfer.engine")
 
@@ -54,7 +55,7 @@ def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype)
     ("fp8e4nv data type is not supported on CUDA arch < 89")."""
     if device.type != "cuda" or dtype != torch.bfloat16:
         return "dequant"
-    if config.cuda_weights == "auto" and torch.cuda.get_device_capability(device) < (8, 9):
+    if config.cuda_weights == "auto" and not has_e4m3(device):
         log.info("--cuda-weights auto: weights decoded to bf16 at load on this sm%d%d GPU (the "
                  "fp8 forms need sm89+)", *torch.cuda.get_device_capability(device))
         return "dequant"

@@ -16,6 +16,12 @@ def use_triton(tensor: torch.Tensor) -> bool:
     return HAVE_TRITON and tensor.is_cuda
 
 
+def has_e4m3(device) -> bool:
+    """Whether a CUDA device converts and multiplies e4m3 in hardware: sm89 and newer (Triton
+    compiles no fp8e4nv code below, triton#4319)."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def interpreting() -> bool:
     """True under `TRITON_INTERPRET=1` (kernels run on the CPU through the interpreter)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -18,7 +18,7 @@ import logging
 
 import torch
 
-from ._dispatch import interpreting, use_triton
+from ._dispatch import has_e4m3, interpreting, use_triton
 from .act_quant import MAX_COLUMNS, quantize_rows
 
 log = logging.getLogger("ninfer.engine")
@@ -43,7 +43,7 @@ def rowwise_runs(device: torch.device) -> bool:
     known = _ROWWISE.get(index)
     if known is not None:
         return known
-    if torch.cuda.get_device_capability(index) < (8, 9):  # no fp8 tensor cores
+    if not has_e4m3(index):  # no fp8 tensor cores
         _ROWWISE[index] = False
         return False
     if torch.cuda.is_current_stream_capturing():

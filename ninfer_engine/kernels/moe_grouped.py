@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import dot_dtype, interpreting
+from ._dispatch import dot_dtype, has_e4m3, interpreting
 from .act_quant import quantize_rows
 from .moe_dequant import scale_layout
 from .moe_fused import _manual_rne
@@ -104,7 +104,7 @@ def fp8_act_supported(w: torch.Tensor, scale: torch.Tensor | None, bm: int) -> b
     GPU whose tensor cores multiply e4m3 (sm89+: Triton compiles no fp8 dot below; the
     interpreter's codes are fp32 operands)."""
     return (scale_layout(w, scale)[0] == 1 and bm in FP8_ACT_ROW_TILES
-            and (not w.is_cuda or torch.cuda.get_device_capability(w.device) >= (8, 9)))
+            and (not w.is_cuda or has_e4m3(w.device)))
 
 
 def _launch(kernel: str, bm: int, block_n, block_k, num_warps, num_stages,

@@ -23,7 +23,7 @@ from ..kernels.rmsnorm import rms_norm_triton
 from ..kv.cache import LayerKv
 from .attention import attend_paged, paged_batch
 from .layers import Linear, sdpa, trailing_causal_mask
-from .packed import FP8_ACTIVATIONS_KEY
+from .packed import prefill_fp8
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -128,7 +128,7 @@ class GatedAttention:
         self.w_v = params(p + "value", (self.nkv * self.d, h))
         self.w_o = params(p + "output", (h, self.nq * self.d))
         # `--prefill-activations`: e4m3 prompt rows through fp8-row projections
-        self.fp8_act = config.get(FP8_ACTIVATIONS_KEY, True)
+        self.fp8_act = prefill_fp8(config)
         # the projections as called, few-row (decode) calls through `matmul_dtype` copies
         self.projections = tuple(Linear(w, matmul_dtype, relayout=False, fp8_act=self.fp8_act)
                                  for w in (self.w_q, self.w_gate, self.w_k, self.w_v, self.w_o))

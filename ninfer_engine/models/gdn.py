@@ -27,7 +27,7 @@ from ..kernels.gdn_prompt import gdn_prompt_prep, prompt_layout, slot_indices
 from ..kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
 from ..kernels.gdn_split import GatedNorm
 from .layers import Linear
-from .packed import FP8_ACTIVATIONS_KEY
+from .packed import prefill_fp8
 
 # prompt rows walk their chunks with `kernels.gdn_split` (the state in order, the output and
 # its gated norm in parallel) instead of `gdn_chunk`'s walk: a benchmark's switch
@@ -79,7 +79,7 @@ class GatedDeltaNet:
         self.w_b = params(p + "b_projection", (self.nv, h))
         self.w_out = params(p + "output", (h, vg))
         # `--prefill-activations`: e4m3 prompt rows through fp8-row projections
-        self.fp8_act = config.get(FP8_ACTIVATIONS_KEY, True)
+        self.fp8_act = prefill_fp8(config)
         # the projections as called, few-row (decode) calls through `matmul_dtype` copies
         self.projections = tuple(Linear(w, matmul_dtype, relayout=False, fp8_act=self.fp8_act)
                                  for w in (self.w_q, self.w_k, self.w_v, self.w_z, self.w_a,

@@ -38,7 +38,7 @@ from ..kernels._dispatch import use_triton
 from ..kernels.moe_grouped import (ROW_TILES, fp8_act_supported, grouped_supports,
                                    moe_grouped_down, moe_grouped_swiglu, tile_plan)
 from ..kernels.moe_route import route_topk
-from .packed import FP8_ACTIVATIONS_KEY, linear
+from .packed import linear, prefill_fp8
 from .swiglu import ParamSource, SwiGLU, grouped_experts, stacked_experts
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class SparseMoE:
         # under tensor parallelism by expert id a rank holds experts [start, end) only
         self.local = tuple(config.get("tp_local_experts", (0, self.n_experts)))
         # `--prefill-activations`: e4m3 activations in the grouped GEMMs of fp8-row stacks
-        self.fp8_activations = config.get(FP8_ACTIVATIONS_KEY, True)
+        self.fp8_activations = prefill_fp8(config)
         self.experts = [SwiGLU(params, f"{p}experts/{e}/", h, width, matmul_dtype)
                         for e in range(*self.local)]
         self.shared = SwiGLU(params, p + "shared/", h, config["shared_expert_intermediate_size"],

@@ -27,7 +27,7 @@ from .gated_attention import (GatedAttention, KVCache, PartialRope, add_zero_cen
 from .gdn import GatedDeltaNet, GDNState
 from .layers import Linear
 from .moe import SparseMoE
-from .packed import FP8_ACTIVATIONS_KEY
+from .packed import prefill_fp8
 from .swiglu import SwiGLU
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
@@ -73,7 +73,7 @@ class _Block:
             self.ffn = SparseMoE(config, params, prefix, matmul_dtype)
         else:
             self.ffn = SwiGLU(params, prefix + "mlp/", h, config["intermediate_size"],
-                              matmul_dtype, config.get(FP8_ACTIVATIONS_KEY, True))
+                              matmul_dtype, prefill_fp8(config))
 
     def __call__(self, x, layer_states, lengths, positions, verify=frozenset()):
         """x [T, H]: rows of `lengths` tokens, each continuing its entry of `layer_states`;
