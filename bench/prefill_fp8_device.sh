@@ -17,7 +17,7 @@ echo "projections: $(grep -c T= "$OUT/r/fp8-dense.log") rows at $SECONDS s"
 prefill() {  # tag tree arch
   local tag=$1 tree=$2 arch=$3
   [ "$(left)" -gt 120 ] || { echo "$tag $arch: no time left"; return; }
-  PYTHONPATH=$tree:/tmp/site timeout "$(( $(left) - 30 ))" python3 -m ninfer_engine.cli.tools \
+  PYTHONPATH=$tree:/tmp/site timeout "$(( $(left) - 30 ))" python3 -P -m ninfer_engine.cli.tools \
     bench --arch "$arch" --weights fp8-row --context 1024 --concurrency none --spec-rates none \
     --prefill 8192 --no-peer --out "$OUT/r/prefill-$arch-$tag.json" \
     > /dev/null 2> "$OUT/r/prefill-$arch-$tag.log"

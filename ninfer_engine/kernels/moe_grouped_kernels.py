@@ -22,8 +22,8 @@ from .moe_fused import _round_bf16
 def _expert_tile(tile_ends_ptr, starts_ptr, counts_ptr, E: tl.constexpr, EP: tl.constexpr,
                  BM: tl.constexpr):
     """(expert, the tile's first sorted row, the expert's row end, live?) of this program's
-    row tile."""
-    pid = tl.program_id(0)
+    row tile (the grid's slow axis: the column tiles of one row tile run side by side)."""
+    pid = tl.program_id(1)
     ids = tl.arange(0, EP)
     ends = tl.load(tile_ends_ptr + ids, mask=ids < E, other=2147483647)
     e = tl.sum((ends <= pid).to(tl.int32), axis=0)  # the first expert whose tiles end past pid
@@ -39,7 +39,7 @@ def _expert_tile(tile_ends_ptr, starts_ptr, counts_ptr, E: tl.constexpr, EP: tl.
 def _tile_rows(first, end, n_out, BM: tl.constexpr, BN: tl.constexpr):
     """This program's sorted rows and output columns, with their masks."""
     rows = first + tl.arange(0, BM)
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
     return rows, rows < end, n, n < n_out
 
 
