@@ -115,6 +115,7 @@ def _gpu_rows() -> list[str]:
                         ("h200-ninfer-bench-35b-a3b-fp8.json", "35B-A3B shape, fp8-row weights"),
                         ("h200-ninfer-bench-flash-next-fp8.json",
                          "80B-A3B (Flash-Next) shape, fp8-row weights"),
+                        ("h200-ninfer-bench-27b-spec-shortlist.json", "27B dense shape, bf16"),
                         ("h100-ninfer-bench-27b-spec.json", "27B dense shape, bf16"),
                         ("h100-ninfer-bench-27b-spec-shortlist.json", "27B dense shape, bf16")):
         r = _load(name)
