@@ -10,7 +10,8 @@ makes between its two GEMMs, on the inputs the one before produces:
 * `gdn_prompt_prep` (conv, SiLU, norms, gates) by `block_t`;
 * `chunk_prep_triton` (the chunks' precompute: `gdn_solve`'s (I + A)⁻¹, then the rest) by
   the column block of its loops over dk / dv and its `num_warps`;
-* the chunk walk (`gdn_chunk._walk`, state pool by slot) by `block_v` and `num_warps`;
+* the chunk walk (`gdn_chunk._walk`, state pool by slot) by `block_v`, `num_warps` and
+  `num_stages`;
 * `gdn_gated_norm` from the padded o (the gather inside) by `rows_per_program`;
 
 and the split walk that would replace the precompute, the walk and the gated norm
@@ -57,7 +58,8 @@ SHAPES = [("35B-A3B 8x955", (955,) * 8, 16, 32, 128, 128),
 SMOKE = [("tiny 2x40", (40, 33), 1, 2, 16, 16)]
 PROMPT = dict(block_t=[16, 32])
 PREP = dict(block=[64, 32, 128], num_warps=[4, 8])
-WALK = dict(block_v=[None, 64, 32], num_warps=[4, 8])  # None: `gdn_chunk.walk_block_v`'s
+# None: `gdn_chunk.walk_block_v`'s; 2 stages: the next chunk's tiles loaded during this one's dots
+WALK = dict(block_v=[None, 64, 32], num_warps=[4, 8], num_stages=[1, 2])
 NORM_ROWS = [None, 8, 1, 4, 16]  # None: the default; 1: one row a program, as before
 SPLIT_PREP = dict(block=[64, 32], num_warps=[4, 8])
 # each split variant compiles in the call, twice (two head counts), so the sweeps leave out
@@ -141,10 +143,10 @@ def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed, engine_first=False):
     tiles, n = chunk_prep_triton(q, k, v, g, beta, 64, tf32=True)
     states = pool.clone()
 
-    def walk(block_v, num_warps):
+    def walk(block_v, num_warps, num_stages):
         states.copy_(pool)
         o, _ = gdn_chunk._walk(tiles, n, states, layout.first, 64, True, block_v, num_warps,
-                               1, slots)
+                               num_stages, slots)
         return torch.cat([o.reshape(-1), states.reshape(-1)])
 
     parts["walk"] = sweep("walk", WALK, walk, timed, first_only=engine_first)
