@@ -11,22 +11,28 @@ at concurrency 8 against concurrency 1).
 Per request: time to first token and decode rate after it (streamed chat completions with
 `stream_options.include_usage`); aggregate: completion tokens / wall time from the first
 request's start to the last one's end; the gaps between streamed events after each request's
-first (p50, p99, max: what arriving prompts cost the streams already decoding). Only aiohttp.
+first (p50, p99, max: what arriving prompts cost the streams already decoding); the prompt
+tokens the server took from its prefix cache (`cached_prompt_tokens`). Every prompt starts with
+this run's nonce (`--nonce`, default random), so no prompt repeats one of an earlier run on the
+same server: the c=1 and c=8 runs of `ttft_burst_device.sh` drew the same prompts, and 3 of
+each c=8 run's 16 found 99.9 % of their tokens cached (2026-12-06, h200-ttft-burst-chunk.md).
+Only aiohttp.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import secrets
 import statistics
 import time
 
 import aiohttp
 
 
-def _prompt(chars: int, salt: int) -> str:
+def _prompt(chars: int, salt: int, nonce: str) -> str:
     words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
-    out = [f"[{salt}]"]
+    out = [f"[{nonce}-{salt}]"]
     length = len(out[0]) + 1  # kept as it grows: re-summing the list made a 4K prompt ~10 ms
     while length < chars:
         out.append(words[(salt * 7 + len(out) * 13) % len(words)])
@@ -65,6 +71,7 @@ async def _stream(session, url, model, text, max_tokens) -> dict:
     first, last = (stamps[0], stamps[-1]) if stamps else (None, None)
     result = {"ttft_s": first - start if first else None, "completion_tokens": n,
               "prompt_tokens": usage.get("prompt_tokens"), "end": time.perf_counter(),
+              "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
               "gaps": [b - a for a, b in zip(stamps, stamps[1:])]}
     if first and last and last > first and n > 1:
         result["decode_tok_s"] = (n - 1) / (last - first)
@@ -80,7 +87,7 @@ async def _run(args) -> dict:
     per_stream = -(-args.requests // args.concurrency)
     timeout = aiohttp.ClientTimeout(total=args.timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        probe = await _one(session, url, args.model, _prompt(args.prompt_chars, 10**6),
+        probe = await _one(session, url, args.model, _prompt(args.prompt_chars, 10**6, args.nonce),
                            args.max_tokens)  # warm-up, and the duration to stagger by
         duration = args.max_tokens / probe.get("decode_tok_s", args.max_tokens) + (
             probe.get("ttft_s") or 0)
@@ -89,7 +96,8 @@ async def _run(args) -> dict:
 
         # built before the clock starts: building one while other streams are in flight
         # blocked this loop and delayed reading their first tokens (their TTFT)
-        prompts = [[_prompt(args.prompt_chars, i * per_stream + j) for j in range(per_stream)]
+        prompts = [[_prompt(args.prompt_chars, i * per_stream + j, args.nonce)
+                    for j in range(per_stream)]
                    for i in range(args.concurrency)]
 
         async def stream(i):
@@ -120,6 +128,8 @@ async def _run(args) -> dict:
             "gap_p99_s": _percentile(gaps, 0.99) if gaps else None,
             "gap_max_s": gaps[-1] if gaps else None,
             "prompt_tokens_median": statistics.median(r["prompt_tokens"] or 0 for r in ok),
+            "nonce": args.nonce,
+            "cached_prompt_tokens": sum(r["cached_tokens"] or 0 for r in ok),
             "errors": sorted({r["error"] for r in results if "error" in r})}
 
 
@@ -134,6 +144,8 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=300)
     ap.add_argument("--burst", action="store_true", help="every stream starts at once")
     ap.add_argument("--label", default="")
+    ap.add_argument("--nonce", default=secrets.token_hex(4),
+                    help="the prompts' prefix (default random: no prompt of an earlier run)")
     ap.add_argument("--json")
     args = ap.parse_args()
     result = asyncio.run(_run(args))

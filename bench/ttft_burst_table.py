@@ -53,12 +53,14 @@ def markdown(result: dict) -> str:
     lines = [f"# {meta['title']}", "", f"- machine: {meta['machine']}", f"- date: {meta['date']}",
              f"- tree: {meta['tree']}", f"- command: {meta['command']}", "",
              "| run | concurrency | requests | TTFT median ms | TTFT p99 ms "
-             "| per-stream decode tok/s (median) | aggregate tok/s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for b in result["bursts"]:
+             "| per-stream decode tok/s (median) | aggregate tok/s | prompt tokens cached |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for b in result["bursts"]:  # runs before serve_staggered reported the cache: "—"
+        cached = b.get("cached_prompt_tokens")
         lines.append(f"| {b['label']} | {b['concurrency']} | {b['ok']}/{b['requests']} "
                      f"| {b['ttft_median_s'] * 1e3:.1f} | {b['ttft_p99_s'] * 1e3:.1f} "
-                     f"| {b['decode_tok_s_median']:.0f} | {b['aggregate_tok_s']:.0f} |")
+                     f"| {b['decode_tok_s_median']:.0f} | {b['aggregate_tok_s']:.0f} "
+                     f"| {'—' if cached is None else f'{cached:,}'} |")
     lines += ["", "| round | p99 at 8 / median at 1 | p99 at 8 / p99 at 1 |", "|---|---:|---:|"]
     for name, r in result["ratios"].items():
         lines.append(f"| {name} | {r['p99_c8_over_median_c1']:.2f} "
