@@ -58,8 +58,10 @@ SHAPES = [("35B-A3B 8x955", (955,) * 8, 16, 32, 128, 128),
 SMOKE = [("tiny 2x40", (40, 33), 1, 2, 16, 16)]
 PROMPT = dict(block_t=[16, 32])
 PREP = dict(block=[64, 32, 128], num_warps=[4, 8])
-# None: `gdn_chunk.walk_block_v`'s; 2 stages: the next chunk's tiles loaded during this one's dots
-WALK = dict(block_v=[None, 64, 32], num_warps=[4, 8], num_stages=[1, 2])
+# None: `gdn_chunk.walk_block_v`'s; 128: each (row, head) reads its chunks' fp32 tiles (~112 KB
+# of a chunk's 128 KB shared by the value blocks) once; 2 stages: the next chunk's tiles loaded
+# during this one's dots
+WALK = dict(block_v=[None, 64, 32, 128], num_warps=[4, 8], num_stages=[1, 2])
 NORM_ROWS = [None, 8, 1, 4, 16]  # None: the default; 1: one row a program, as before
 SPLIT_PREP = dict(block=[64, 32], num_warps=[4, 8])
 # each split variant compiles in the call, twice (two head counts), so the sweeps leave out
