@@ -57,11 +57,13 @@ SHAPES = [("35B-A3B 8x955", (955,) * 8, 16, 32, 128, 128),
           ("27B 1x8192", (8192,), 16, 48, 128, 128)]
 SMOKE = [("tiny 2x40", (40, 33), 1, 2, 16, 16)]
 PROMPT = dict(block_t=[16, 32])
-PREP = dict(block=[64, 32, 128], num_warps=[4, 8])
-# None: `gdn_chunk.walk_block_v`'s; 128: each (row, head) reads its chunks' fp32 tiles (~112 KB
-# of a chunk's 128 KB shared by the value blocks) once; 2 stages: the next chunk's tiles loaded
-# during this one's dots
-WALK = dict(block_v=[None, 64, 32, 128], num_warps=[4, 8], num_stages=[1, 2])
+# tiles: the precompute's storage (`chunk_prep_triton(tiles_dtype=)`), bf16 halving its writes
+PREP = dict(block=[64, 32, 128], num_warps=[4, 8], tiles=["fp32", "bf16"])
+TILES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# None: `gdn_chunk.walk_block_v`'s (32 or 64, both swept before: h200-gdn-prompt-parts.md);
+# 128: each (row, head) reads its chunks' tiles (~112 KB of a chunk's 128 KB in fp32, shared by
+# the value blocks) once; 2 stages: the next chunk's tiles loaded during this one's dots
+WALK = dict(block_v=[None, 128], num_warps=[4, 8], num_stages=[1, 2], tiles=["fp32", "bf16"])
 NORM_ROWS = [None, 8, 1, 4, 16]  # None: the default; 1: one row a program, as before
 SPLIT_PREP = dict(block=[64, 32], num_warps=[4, 8])
 # each split variant compiles in the call, twice (two head counts), so the sweeps leave out
@@ -136,19 +138,21 @@ def shape_parts(name, lengths, nk, nv, dk, dv, dev, timed, engine_first=False):
     q, k, v, g, beta, _ = gdn_prompt_prep_triton(qkv, b, a, conv, conv_w, a_log, dt_bias, nk,
                                                  dk, layout, slots)
 
-    def prep(block, num_warps):
-        tiles, _ = chunk_prep_triton(q, k, v, g, beta, 64, tf32=True, num_warps=num_warps,
-                                     block=block)
-        return torch.cat([x.reshape(-1) for x in tiles])
+    def prep(block, num_warps, tiles):
+        out, _ = chunk_prep_triton(q, k, v, g, beta, 64, tf32=True, num_warps=num_warps,
+                                   block=block, tiles_dtype=TILES[tiles])
+        return torch.cat([x.reshape(-1).float() for x in out])
 
     parts["chunk_prep"] = sweep("chunk prep", PREP, prep, timed, first_only=engine_first)
     tiles, n = chunk_prep_triton(q, k, v, g, beta, 64, tf32=True)
+    by_dtype = {"fp32": tiles, "bf16": chunk_prep_triton(q, k, v, g, beta, 64, tf32=True,
+                                                         tiles_dtype=torch.bfloat16)[0]}
     states = pool.clone()
 
-    def walk(block_v, num_warps, num_stages):
+    def walk(block_v, num_warps, num_stages, tiles):
         states.copy_(pool)
-        o, _ = gdn_chunk._walk(tiles, n, states, layout.first, 64, True, block_v, num_warps,
-                               num_stages, slots)
+        o, _ = gdn_chunk._walk(by_dtype[tiles], n, states, layout.first, 64, True, block_v,
+                               num_warps, num_stages, slots)
         return torch.cat([o.reshape(-1), states.reshape(-1)])
 
     parts["walk"] = sweep("walk", WALK, walk, timed, first_only=engine_first)

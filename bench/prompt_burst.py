@@ -4,7 +4,7 @@ and any Triton kernel compiled during it.
     python3 bench/prompt_burst.py [--arch 35b-a3b] [--layers 8] [--weights fp8-row]
         [--bursts 1x120,8x120,8x120,1x955,8x955,8x955,3x955] [--served] [--prefix-reuse]
         [--profile 8x120] [--syncs 8x120] [--prefill-activations fp8|bf16]
-        [--gdn-walk chunk|split] [--json PATH]
+        [--gdn-walk chunk|split] [--gdn-tiles fp32|bf16] [--json PATH]
 
 Why (H200, 8-layer 35B-A3B shape, tree a50778c): served at concurrency 8, eight streams of equal
 length finish together and eight 120-token prompts arrive together each round; their first
@@ -157,10 +157,13 @@ def main() -> None:
                     help="the engine's --prefill-activations (the experts' prompt GEMMs)")
     ap.add_argument("--gdn-walk", choices=("chunk", "split"), default="chunk",
                     help="the prompt rows' GDN walk: gdn_chunk's, or kernels.gdn_split's")
+    ap.add_argument("--gdn-tiles", choices=("fp32", "bf16"), default="fp32",
+                    help="the chunk walk's precompute tiles (gdn_chunk's tiles_dtype)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (tiny-moe, say)")
     ap.add_argument("--json")
     args = ap.parse_args()
     gdn.SPLIT_WALK = args.gdn_walk == "split"
+    gdn.BF16_TILES = args.gdn_tiles == "bf16"
     knobs.runtime.jit_cache_hook = _start
     knobs.runtime.jit_post_compile_hook = _end
     out = {"args": vars(args)}

@@ -24,6 +24,10 @@ the state (simulated with truncated operands: 8e-4 at T = 1000, 1e-3 at T = 4096
 below the bf16 rounding (2⁻⁹) the serving path applies to o anyway (FLA's kernel does these dots
 in bf16). `GatedDeltaNet` passes `tf32=True` only for bf16/fp16 activations, so the fp32 path
 (and its HF-parity tests) stays IEEE. The interpreter computes in fp32 either way.
+`tiles_dtype=torch.bfloat16` stores the precompute's five tiles (w, u, qd, ke, p) in bf16, each
+rounded once (u = 2⁻⁸), and the walk widens them back to fp32: half the bytes of the two launches
+that are bound by them (~1 GB a layer at 8 × 955 tokens), FLA's storage precision. The engine
+keeps fp32 tiles until `bench/gdn_prompt_parts.py` has timed both on a GPU.
 """
 
 from __future__ import annotations
@@ -116,17 +120,18 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
     o_ptrs = o_ptr + (c0 * C + rc[:, None]) * (NV * DV) + h * DV + rv[None, :]
     cd_ptr += c0 * scn
     for i in range(n):  # int32 offsets suffice: every tensor spans < 2^31 elements (asserted)
-        w = _load(w_ptrs + i * swn, ck_mask, EVEN)
-        u = _load(u_ptrs + i * sun, cv_mask, EVEN)
+        # tiles stored in bf16 (`tiles_dtype`) widen exactly to the fp32 the dots take
+        w = _load(w_ptrs + i * swn, ck_mask, EVEN).to(tl.float32)
+        u = _load(u_ptrs + i * sun, cv_mask, EVEN).to(tl.float32)
         v_corr = u - _dot(w, s, TF32)  # [C, BV]
-        qd = _load(qd_ptrs + i * sqn, ck_mask, EVEN)
-        p = tl.load(p_ptrs + i * spn)
+        qd = _load(qd_ptrs + i * sqn, ck_mask, EVEN).to(tl.float32)
+        p = tl.load(p_ptrs + i * spn).to(tl.float32)
         o = _dot(qd, s, TF32) + _dot(p, v_corr, TF32)
         if EVEN:
             tl.store(o_ptrs + i * C * NV * DV, o)
         else:
             tl.store(o_ptrs + i * C * NV * DV, o, mask=cv_mask)
-        ke_t = _load(ke_ptrs + i * skn, kmask[:, None], EVEN)  # (K e^{γ_C−γ})ᵀ
+        ke_t = _load(ke_ptrs + i * skn, kmask[:, None], EVEN).to(tl.float32)  # (K e^{γ_C-γ})ᵀ
         cd = tl.load(cd_ptr + h * sch + i * scn)
         s = s * cd + _dot(ke_t, v_corr, TF32)
     if EVEN:
@@ -137,24 +142,26 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
 
 def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool = False,
                       prep: str = "triton", block_v: int | None = None, num_warps: int = 4,
-                      num_stages: int = 1, split: bool = False):
+                      num_stages: int = 1, split: bool = False,
+                      tiles_dtype: torch.dtype = torch.float32):
     """Triton path of `kernels.gdn_ref.chunked_gated_delta` (see the module docstring).
 
     `block_v` value columns per program (capped at dv rounded up to a power of two, at least
     16: `tl.dot` needs 16-wide operands), so the grid is nv × ⌈dv / block_v⌉; by default
     `walk_block_v`'s. `split`: `kernels.gdn_split`'s walk (the state in order, the output in
-    parallel over the chunks)."""
+    parallel over the chunks). `tiles_dtype`: `chunk_prep_triton`'s (the Triton precompute)."""
     T, nk, dk = k.shape
     nv, dv = v.shape[1], v.shape[2]
     assert T >= 1 and q.shape == k.shape and v.shape[0] == T and nv % nk == 0
     assert g.shape == (T, nv) and beta.shape == (T, nv) and state.shape == (nv, dk, dv)
     assert chunk >= 16 and chunk & (chunk - 1) == 0, "chunk must be a power of two >= 16"
+    assert not split or tiles_dtype == torch.float32, "the split walk reads fp32 tiles"
     if split:
         assert prep == "triton", "the split walk reads the Triton precompute's tiles"
         o, s_out = _split(q, k, v, g, beta, state, None, chunk, tf32, block_v, num_warps, None)
         return o[:T], s_out
     if prep == "triton":
-        tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32)
+        tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32, tiles_dtype=tiles_dtype)
     else:
         r = nv // nk
         q, k = q.float().repeat_interleave(r, 1), k.float().repeat_interleave(r, 1)
@@ -221,7 +228,7 @@ def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
                              chunk: int = CHUNK, *, slots: torch.Tensor | None = None,
                              tf32: bool = False, block_v: int | None = None,
                              num_warps: int = 4, num_stages: int = 1, split: bool = False,
-                             norm=None):
+                             norm=None, tiles_dtype: torch.dtype = torch.float32):
     """`chunk_gated_delta` of a step's rows in three launches, not two a row: q, k, v, g, beta
     [P, ...] hold row i's tokens from position firsts[i]·chunk (`firsts` int32 on the
     device; row i's chunks are firsts[i] .. firsts[i+1]-1), every padding position zero (it has
@@ -233,14 +240,16 @@ def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
     [S, nv, dk, dv] (fp32, contiguous): row i continues row slots[i] and overwrites it in place
     (vLLM's `state_indices`), and the pool is returned as the new states. `split` as in
     `chunk_gated_delta`; with it, `norm` (a `gdn_split.GatedNorm`) has the gated norm applied
-    in the output's launch: o is then `gdn_gated_norm`'s bf16 [T, nv·dv] in token order."""
+    in the output's launch: o is then `gdn_gated_norm`'s bf16 [T, nv·dv] in token order.
+    `tiles_dtype`: the precompute's tiles (`chunk_prep_triton`; the split walk's are fp32)."""
     assert q.shape[0] % chunk == 0
     assert states.shape[0] == firsts.numel() - 1 or slots is not None
     assert split or norm is None, "the gated norm goes with the split walk's output"
+    assert not split or tiles_dtype == torch.float32, "the split walk reads fp32 tiles"
     if split:
         return _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots,
                       norm)
-    tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32)
+    tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32, tiles_dtype=tiles_dtype)
     return _walk(tiles, n, states, firsts, chunk, tf32, block_v, num_warps, num_stages, slots)
 
 

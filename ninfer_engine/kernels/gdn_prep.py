@@ -1,7 +1,8 @@
 """The chunked Gated DeltaNet precompute (`gdn_ref.chunk_prep`) in two Triton launches.
 
 `chunk_prep_triton(q, k, v, g, beta, chunk=64, tf32=False)` returns what `gdn_ref.chunk_prep`
-returns — (w, u, qd, ke, p, cd), n — as contiguous fp32 tensors `[nv, n, C, ·]`, `[nv, n]`.
+returns — (w, u, qd, ke, p, cd), n — as contiguous fp32 tensors `[nv, n, C, ·]`, `[nv, n]`
+(`tiles_dtype=torch.bfloat16`: the first five in bf16).
 q and k may hold fewer heads than v (`[T, nk, dk]`, nv a multiple of nk: value head j reads
 q/k head j // (nv / nk)), so the caller need not expand them. The last dim of q, k, v must be
 contiguous; other strides are free.
@@ -92,15 +93,18 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, inv_ptr, w_ptr, u_ptr, q
         k = tl.load(k_ptr + t[:, None] * skt + hk * skh + rk[None, :], mask=tmask[:, None] & km,
                     other=0.0)
         ko = (out * C + rc[:, None]) * DK + rk[None, :]
-        tl.store(w_ptr + ko, _dot(inv, k * beta[:, None] * eg[:, None], TF32), mask=km)
+        tl.store(w_ptr + ko, _dot(inv, k * beta[:, None] * eg[:, None], TF32).to(
+            w_ptr.dtype.element_ty), mask=km)
         if WALK:
             q = tl.load(q_ptr + t[:, None] * sqt + hk * sqh + rk[None, :],
                         mask=tmask[:, None] & km, other=0.0)
             p += _dot(q, tl.trans(k), TF32)
-            tl.store(qd_ptr + ko, q * (eg * scale)[:, None], mask=km)
-            tl.store(ke_ptr + ko, k * carry[:, None], mask=km)
+            tl.store(qd_ptr + ko, (q * (eg * scale)[:, None]).to(qd_ptr.dtype.element_ty),
+                     mask=km)
+            tl.store(ke_ptr + ko, (k * carry[:, None]).to(ke_ptr.dtype.element_ty), mask=km)
     if WALK:
-        tl.store(p_ptr + (out * C + rc[:, None]) * C + rc[None, :], p * decay * scale)
+        tl.store(p_ptr + (out * C + rc[:, None]) * C + rc[None, :],
+                 (p * decay * scale).to(p_ptr.dtype.element_ty))
         tl.store(cd_ptr + out, last)
     for d0 in tl.static_range(0, BV, BLOCK):
         rv = d0 + tl.arange(0, BLOCK)
@@ -108,14 +112,17 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, inv_ptr, w_ptr, u_ptr, q
         v = tl.load(v_ptr + t[:, None] * svt + h * svh + rv[None, :], mask=tmask[:, None] & vm,
                     other=0.0)
         tl.store(u_ptr + (out * C + rc[:, None]) * DV + rv[None, :],
-                 _dot(inv, v * beta[:, None], TF32), mask=vm)
+                 _dot(inv, v * beta[:, None], TF32).to(u_ptr.dtype.element_ty), mask=vm)
 
 
 def chunk_prep_triton(q, k, v, g, beta, chunk: int = 64, *, tf32: bool = False,
                       num_warps: int = 4, solve_warps: int = 1, block: int = 64,
-                      walk: bool = True):
+                      walk: bool = True, tiles_dtype: torch.dtype = torch.float32):
     """Triton path of `gdn_ref.chunk_prep` (see the module docstring). `walk=False`: only
-    (w, u), n — what `kernels.gdn_split`'s walk reads."""
+    (w, u), n — what `kernels.gdn_split`'s walk reads. `tiles_dtype` torch.bfloat16: w, u, qd,
+    ke and p stored in bf16 (each rounded once from its fp32 value; cd stays fp32), half the
+    bytes this launch writes and `gdn_chunk`'s walk reads, as FLA stores them."""
+    assert walk or tiles_dtype == torch.float32, "the split walk reads fp32 tiles"
     T, nk, dk = k.shape
     nv, dv = v.shape[1], v.shape[2]
     assert q.shape == k.shape and v.shape[0] == T and nv % nk == 0
@@ -124,12 +131,12 @@ def chunk_prep_triton(q, k, v, g, beta, chunk: int = 64, *, tf32: bool = False,
     g, beta = g.float(), beta.float()
     n = triton.cdiv(T, chunk)
     dev = v.device
-    w = torch.empty(nv, n, chunk, dk, device=dev)
-    u = torch.empty(nv, n, chunk, dv, device=dev)
+    w = torch.empty(nv, n, chunk, dk, dtype=tiles_dtype, device=dev)
+    u = torch.empty(nv, n, chunk, dv, dtype=tiles_dtype, device=dev)
     if walk:
         qd, ke = torch.empty_like(w), torch.empty_like(w)
-        p = torch.empty(nv, n, chunk, chunk, device=dev)
-        cd = torch.empty(nv, n, device=dev)
+        p = torch.empty(nv, n, chunk, chunk, dtype=tiles_dtype, device=dev)
+        cd = torch.empty(nv, n, dtype=torch.float32, device=dev)
     else:  # unread pointers
         qd = ke = p = cd = w
     assert p.numel() < 2**31 and w.numel() < 2**31 and u.numel() < 2**31, "int32 offsets"

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from ninfer_engine.kernels import gdn_chunk, gdn_fused, gdn_prompt
+from ninfer_engine.kernels import gdn_chunk, gdn_fused, gdn_prep, gdn_prompt
 from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
 from ninfer_engine.kernels.gdn_prompt import prompt_layout
 from ninfer_engine.kernels.gdn_ref import chunked_gated_delta, l2_normalize, recurrent_gated_delta
 from ninfer_engine.models import gdn
 
-from tests.tolerance import CAST, bound, gated_delta_depth, recurrence_length
+from tests.tolerance import CAST, bound, cast_roundings, gated_delta_depth, recurrence_length
 
 from .conftest import compile_in_child, rel_err
 
@@ -116,6 +116,32 @@ def test_chunk_tf32_stays_within_bf16_rounding():
     assert rel_err(o, ref_o) < tol and rel_err(s, ref_s) < tol
 
 
+def test_walk_widens_bf16_tiles_exactly(device):
+    # the walk over bf16 tiles is the walk over those values widened to fp32: the same dots,
+    # so equal up to their fp32 sum order (bit-equal under the interpreter)
+    q, k, v, g, b, state = [t.to(device) for t in _inputs(130, 3, 32, 32, seed=7)]
+    tiles, n = gdn_prep.chunk_prep_triton(q, k, v, g, b, 64, tiles_dtype=torch.bfloat16)
+    widened = tuple(t.float() for t in tiles)
+    o, s = gdn_chunk._walk(tiles, n, state, None, 64, False, None, 4, 1)
+    o32, s32 = gdn_chunk._walk(widened, n, state, None, 64, False, None, 4, 1)
+    tol = bound(F32, gated_delta_depth(g.cpu(), 32, 64))
+    assert rel_err(o, o32) <= tol and rel_err(s, s32) <= tol
+
+
+@pytest.mark.parametrize("T", [64, 300])
+def test_chunk_bf16_tiles_within_their_rounding(device, T):
+    args = _inputs(T, 2, 32, 32, seed=8)
+    ref_o, ref_s = chunked_gated_delta(*args)
+    o, s = chunk_gated_delta(*[t.to(device) for t in args], tiles_dtype=torch.bfloat16)
+    # each of a chunk's five tiles (w, u, qd, ke, p) rounded once to bf16, counted on the
+    # chain once per chunk the state carries; on top of the fp32 chain of both sides
+    g = args[3]
+    chunks = recurrence_length(g) / 64 + 1
+    tol = bound(F32, gated_delta_depth(g, 32, 64)) + bound(
+        torch.bfloat16, 0, roundings=5 * cast_roundings() * chunks, sides=1)
+    assert rel_err(o, ref_o) < tol and rel_err(s, ref_s) < tol
+
+
 def _small_gdn():
     """A GDN layer's config at test size, and its (nv, dk, hidden)."""
     nk, nv, dk, dv, h = 1, 2, 16, 16, 32
@@ -186,7 +212,10 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
     assert calls == []  # fp32 activations: the torch rule
     got = run(torch.bfloat16)
     # the 40-token prefill (the default walk); the single token is recurrent
-    assert calls == [{"tf32": True, "split": False, "norm": None}]
+    assert calls == [{"tf32": True, "split": False, "norm": None, "tiles_dtype": torch.float32}]
+    monkeypatch.setattr(gdn, "BF16_TILES", True)  # the benchmark's switch reaches the walk
+    run(torch.bfloat16)
+    assert calls[-1]["tiles_dtype"] == torch.bfloat16
     # bf16 activations both ways: the projections, the conv and the gated norm store their
     # outputs in bf16 (about 8 stores to the output, 6 to the state), the kernel's TF32 dots
     # round each operand to fp16 precision (2 per product term) over the chunked chain

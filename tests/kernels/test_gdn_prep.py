@@ -9,7 +9,8 @@ from ninfer_engine.kernels.gdn_chunk import chunk_gated_delta
 from ninfer_engine.kernels.gdn_prep import chunk_prep_triton
 from ninfer_engine.kernels.gdn_ref import chunk_prep, chunked_gated_delta, l2_normalize
 
-from tests.tolerance import bound, gated_delta_depth
+from tests.tolerance import (assert_within, bound, cast_roundings, gated_delta_depth,
+                             unit_roundoff)
 
 from .conftest import rel_err
 
@@ -105,3 +106,20 @@ def test_chunk_rule_reads_grouped_heads(device):
     o, s = chunk_gated_delta(*[t.to(device) for t in (q, k, v, g, beta, state)], chunk=16)
     tol = bound(torch.float32, gated_delta_depth(g, 16, 16))  # fp32 chunked chain, both sides
     assert rel_err(o, ref_o) < tol and rel_err(s, ref_s) < tol
+
+
+def test_prep_stores_bf16_tiles_rounded_once(device):
+    # `tiles_dtype=torch.bfloat16`: each of w, u, qd, ke, p is the fp32 launch's value rounded
+    # once to bf16 (to nearest on a GPU; the interpreter truncates: one ulp), cd unchanged
+    args = [t.to(device) for t in _inputs(130, 2, 4, 32, 32, seed=6)]
+    want, n = chunk_prep_triton(*args, 64)
+    got, n_bf16 = chunk_prep_triton(*args, 64, tiles_dtype=torch.bfloat16)
+    assert n_bf16 == n
+    ulp = cast_roundings() * unit_roundoff(torch.bfloat16)
+    for name, g, w in zip(NAMES, got, want):
+        if name == "cd":
+            assert g.dtype == torch.float32 and torch.equal(g, w)
+            continue
+        assert g.dtype == torch.bfloat16, name
+        # below bf16's smallest normal its spacing is absolute
+        assert_within(g, w, ulp * w.double().abs().cpu() + torch.finfo(torch.bfloat16).tiny)
