@@ -1,7 +1,8 @@
 # Sourced by the one-call device scripts (bench/*_device.sh), from the repository root: the
 # wheels the H200 image lacks into /tmp/site (`.whl/` from `bash scripts/device_wheels.sh`;
 # each command puts its tree and /tmp/site on PYTHONPATH), OUT and NINFER_HOME, the seconds
-# left of the call (`left`), the GPU tests (`gpu_tests`) and the engine step (`profile_step`).
+# left of the call (`left`), the GPU tests (`gpu_tests`), the engine step (`profile_step`), a
+# tree's 8K prefill (`prefill_bench`) and the results packed for the way back (`pack_results`).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   >/dev/null 2>&1
 OUT=${OUT:-/tmp}
@@ -31,6 +32,18 @@ profile_step() {  # name, bench/profile_step.py arguments...: the 35B-A3B fp8-ro
     "$OUT/r/step-$name.log" | tr '\n' ' ' | cut -c1-600)"
   grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
   return 0
+}
+
+prefill_bench() {  # tag tree arch: `ninfer bench --prefill 8192` of the fp8-row shape ARCH run
+  # from TREE (a carried tree: -P keeps the working directory's off sys.path) into
+  # $OUT/r/prefill-ARCH-TAG.{json,log}, its prefill line echoed
+  local tag=$1 tree=$2 arch=$3
+  [ "$(left)" -gt 90 ] || { echo "$tag $arch: no time left"; return; }
+  PYTHONPATH=$tree:/tmp/site timeout "$(( $(left) - 20 ))" python3 -P -m ninfer_engine.cli.tools \
+    bench --arch "$arch" --weights fp8-row --context 1024 --concurrency none --spec-rates none \
+    --prefill 8192 --no-peer --out "$OUT/r/prefill-$arch-$tag.json" \
+    > /dev/null 2> "$OUT/r/prefill-$arch-$tag.log"
+  echo "$tag $arch: $(grep -E '^prefill' "$OUT/r/prefill-$arch-$tag.log" | tail -1) at $SECONDS s"
 }
 
 pack_results() {  # a call returns at most 8 files from $OUT: past that, $OUT/r as one tarball

@@ -28,21 +28,12 @@ for tag in $trees; do
     --json "$OUT/r/burst-$tag.json" > "$OUT/r/burst-$tag.log" 2>&1
   echo "burst $tag:"; grep -E "^[0-9]+x|kernel" "$OUT/r/burst-$tag.log" | head -8
 done
-prefill() {  # tag tree arch
-  local tag=$1 tree=$2 arch=$3
-  [ "$(left)" -gt 90 ] || { echo "$tag $arch: no time left"; return; }
-  PYTHONPATH=$tree:/tmp/site timeout "$(( $(left) - 20 ))" python3 -P -m ninfer_engine.cli.tools \
-    bench --arch "$arch" --weights fp8-row --context 1024 --concurrency none --spec-rates none \
-    --prefill 8192 --no-peer --out "$OUT/r/prefill-$arch-$tag.json" \
-    > /dev/null 2> "$OUT/r/prefill-$arch-$tag.log"
-  echo "$tag $arch: $(grep -E '^prefill' "$OUT/r/prefill-$arch-$tag.log" | tail -1) at $SECONDS s"
-}
 # FP8_OLD=dir (carried): the tree before `--prefill-activations fp8` reached the projections
 # (eafdb61), whose 8K prefill the last call ran as this tree by mistake (`python3 -m` put the
 # working directory's tree first on sys.path: -P now keeps it off)
-prefill new "$PWD" 35b-a3b
-[ -n "${OLD:-}" ] && prefill old "$(cd "$OLD" && pwd)" 35b-a3b
-prefill new "$PWD" 27b
-[ -n "${FP8_OLD:-}" ] && prefill pre-fp8 "$(cd "$FP8_OLD" && pwd)" 27b
-[ -n "${FP8_OLD:-}" ] && prefill pre-fp8 "$(cd "$FP8_OLD" && pwd)" 35b-a3b
+prefill_bench new "$PWD" 35b-a3b
+[ -n "${OLD:-}" ] && prefill_bench old "$(cd "$OLD" && pwd)" 35b-a3b
+prefill_bench new "$PWD" 27b
+[ -n "${FP8_OLD:-}" ] && prefill_bench pre-fp8 "$(cd "$FP8_OLD" && pwd)" 27b
+[ -n "${FP8_OLD:-}" ] && prefill_bench pre-fp8 "$(cd "$FP8_OLD" && pwd)" 35b-a3b
 pack_results

@@ -14,17 +14,8 @@ gpu_tests 150 tests/models/test_packed.py tests/kernels/test_moe_grouped_fp8_act
   tests/engine/test_prompt_graphs.py tests/engine/test_warm_up.py tests/cli/test_flags.py
 python3 bench/fp8_dense_bench.py --json "$OUT/r/fp8-dense.json" > "$OUT/r/fp8-dense.log" 2>&1
 echo "projections: $(grep -c T= "$OUT/r/fp8-dense.log") rows at $SECONDS s"
-prefill() {  # tag tree arch
-  local tag=$1 tree=$2 arch=$3
-  [ "$(left)" -gt 120 ] || { echo "$tag $arch: no time left"; return; }
-  PYTHONPATH=$tree:/tmp/site timeout "$(( $(left) - 30 ))" python3 -P -m ninfer_engine.cli.tools \
-    bench --arch "$arch" --weights fp8-row --context 1024 --concurrency none --spec-rates none \
-    --prefill 8192 --no-peer --out "$OUT/r/prefill-$arch-$tag.json" \
-    > /dev/null 2> "$OUT/r/prefill-$arch-$tag.log"
-  echo "$tag $arch: $(grep -E '^prefill' "$OUT/r/prefill-$arch-$tag.log" | tail -1) at $SECONDS s"
-}
 for arch in 27b 35b-a3b; do
-  prefill new "$PWD" $arch
-  [ -n "${OLD:-}" ] && prefill old "$(cd "$OLD" && pwd)" $arch
+  prefill_bench new "$PWD" $arch
+  [ -n "${OLD:-}" ] && prefill_bench old "$(cd "$OLD" && pwd)" $arch
 done
 pack_results
