@@ -1,6 +1,6 @@
 """`SpecPolicy`: speculation follows the measured step rates of each batch-size bucket."""
 
-from ninfer_engine.step.spec_policy import PROBE, SpecPolicy, bucket
+from ninfer_engine.step.spec_policy import PROBE, PROBE_MAX, SpecPolicy, bucket
 
 
 def _run(policy, batch, plain_rate, verify_rate, steps):
@@ -36,11 +36,24 @@ def test_a_losing_side_is_only_probed():
 
 def test_the_choice_follows_acceptance_as_it_changes():
     policy = SpecPolicy()
-    _run(policy, 4, plain_rate=1000, verify_rate=600, steps=100)  # drafts mostly rejected
-    # acceptance recovers: the next probe sees it and verify steps take over
+    # drafts mostly rejected: verify measured at step 1, probed at steps 2 + PROBE = 34 and
+    # 34 + 2·PROBE = 98, both losing, so the next probe waits 4·PROBE (step 226)
+    _run(policy, 4, plain_rate=1000, verify_rate=600, steps=100)
+    # acceptance recovers: that probe sees it and verify steps take over
     late = _run(policy, 4, plain_rate=1000, verify_rate=1500, steps=8 * PROBE)
-    # at most PROBE steps until that probe, then a plain probe in every PROBE steps
-    assert late >= 8 * PROBE - PROBE - 8 - 1
+    # 126 steps until that probe, then a plain probe every PROBE steps (the wait reset)
+    assert late >= 8 * PROBE - (226 - 100) - 8
+
+
+def test_probes_back_off_while_the_loser_keeps_losing():
+    # batch 8 at 2.4 tokens a round, a verify step 0.64x a plain one: probes at waits of
+    # PROBE, 2·PROBE, ... doubling up to PROBE_MAX (32 + 64 + ... + 512 = 992 steps), then
+    # one every PROBE_MAX; against one every PROBE, 4,000 steps probe 10 times, not 125
+    policy = SpecPolicy()
+    verified = _run(policy, 8, plain_rate=1470, verify_rate=940, steps=4000)
+    doubling = (PROBE_MAX // PROBE).bit_length()  # 5 probes until the wait is PROBE_MAX
+    assert verified <= 1 + doubling + (4000 - 992) // PROBE_MAX + 1
+    assert verified * (1 - 940 / 1470) / 4000 < 0.001  # what the probes cost: under 0.1 %
 
 
 def test_a_speculators_reset_keeps_the_kind_of_policy_it_was_given():
