@@ -81,7 +81,7 @@ def load_engine(config: EngineConfig, artifact: Any, model: Any, ranks: RankGrou
 
         def load():
             return load_rank(config, artifact, device, dtype, matmul,
-                             weights_mode(config, device, dtype),
+                             weights_mode(config, device, dtype, artifact),
                              prefill_chunk_for(config, device), ranks, model,
                              expert_tiers=lambda text, source: expert_tiers_for(
                                  config, text, source, device, dtype),

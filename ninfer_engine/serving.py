@@ -9,6 +9,7 @@ import torch
 
 from .config import EngineConfig
 from .kernels._dispatch import has_e4m3
+from .models.packed import FP8_ROW, NVFP4, REPACK_FP8
 
 log = logging.getLogger("ninfer.engine")
 
@@ -48,15 +49,36 @@ def cpu_compiled(config: EngineConfig) -> bool:
     return config.cpu_step == "compiled" and config.cpu_matmul == "fp32"
 
 
-def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
+def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype,
+                 artifact=None) -> str:
     """`--cuda-weights`, or "dequant" off CUDA and on the exact fp32 path (the packed kernels
     compute in bf16), and for "auto" below sm89: the forms "auto" serves (fp8-row, Q4/Q5 as
     fp8 groups, fp8 expert stacks) are e4m3 codes, which Triton compiles nothing for there
-    ("fp8e4nv data type is not supported on CUDA arch < 89")."""
+    ("fp8e4nv data type is not supported on CUDA arch < 89"). An explicit "packed" below sm89
+    over an `artifact` that stores such codes raises ValueError (one line for the load's
+    error), where it failed at the first request's compile."""
     if device.type != "cuda" or dtype != torch.bfloat16:
         return "dequant"
-    if config.cuda_weights == "auto" and not has_e4m3(device):
-        log.info("--cuda-weights auto: weights decoded to bf16 at load on this sm%d%d GPU (the "
-                 "fp8 forms need sm89+)", *torch.cuda.get_device_capability(device))
-        return "dequant"
+    if not has_e4m3(device):
+        capability = "sm%d%d" % torch.cuda.get_device_capability(device)
+        if config.cuda_weights == "auto":
+            log.info("--cuda-weights auto: weights decoded to bf16 at load on this %s GPU (the "
+                     "fp8 forms need sm89+)", capability)
+            return "dequant"
+        found = _e4m3_formats(artifact) if config.cuda_weights == "packed" else ()
+        if found:
+            raise ValueError(f"--cuda-weights packed keeps this artifact's {', '.join(found)} "
+                             f"codes as stored, which need an sm89+ GPU (e4m3); {device} is "
+                             f"{capability}: --cuda-weights auto or dequant decode them to bf16")
     return config.cuda_weights
+
+
+def _e4m3_formats(artifact) -> list[str]:
+    """The stored formats "packed" serves as e4m3 codes: fp8-row, nvfp4 (its block scales),
+    and in a MoE model Q4/Q5 (its routed experts become fp8 groups, `experts.expert_form`)."""
+    objects = getattr(artifact, "objects", None)  # None: a benchmark's or a test's weights
+    if objects is None:
+        return []
+    stored = {o.format for o in objects.values() if o.kind == "tensor"}
+    e4m3 = {FP8_ROW, NVFP4} | (REPACK_FP8 if "num_experts" in artifact.config("text") else set())
+    return sorted(stored & e4m3)

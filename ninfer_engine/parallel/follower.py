@@ -49,7 +49,8 @@ class Follower:
                                matmul, config.lm_head_draft)
 
         parts = load_rank(config, artifact, device, dtype, matmul,
-                          weights_mode(config, device, dtype), prefill_chunk_for(config, device),
+                          weights_mode(config, device, dtype, artifact),
+                          prefill_chunk_for(config, device),
                           ranks, model, with_model=with_model)
         self.drafter = parts.extra
         sink = None if self.drafter is None else self._observe

@@ -59,6 +59,39 @@ def test_cuda_weights_auto_decodes_to_bf16_below_sm89(monkeypatch, capability, a
         assert weights_mode(config, torch.device("cpu"), torch.bfloat16) == "dequant"
 
 
+@pytest.mark.parametrize("formats, moe, found", [
+    ({"fp8_e4m3fn_row_bf16", "bf16"}, False, "fp8_e4m3fn_row_bf16"),
+    ({"nvfp4", "q4_g64_fp16"}, False, "nvfp4"),
+    ({"q4_g64_fp16", "q6_g64_fp16"}, True, "q4_g64_fp16"),  # experts as fp8 groups
+    ({"q4_g64_fp16", "q6_g64_fp16"}, False, None),  # dense: int-code GEMVs
+    ({"bf16"}, True, None)])
+def test_cuda_weights_packed_below_sm89_names_the_e4m3_formats(monkeypatch, formats, moe, found):
+    """An explicit `--cuda-weights packed` keeps e4m3 codes as stored (fp8-row, nvfp4's block
+    scales, a MoE model's Q4/Q5 experts as fp8 groups), which Triton compiles nothing for below
+    sm89: the load stops with one line naming them and the device, not a compile error at the
+    first request; stores without them stay packed there."""
+    from types import SimpleNamespace
+
+    from ninfer_engine import serving
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
+    objects = {f"o{i}": SimpleNamespace(format=f, kind="tensor") for i, f in enumerate(formats)}
+    objects["tokenizer"] = SimpleNamespace(format="json", kind="resource")
+    artifact = SimpleNamespace(objects=objects, config=lambda component: (
+        {"num_experts": 8} if moe else {}))
+    config = parse("m.ninfer", "--cuda-weights", "packed").config
+    cuda = torch.device("cuda", 0)
+    if found is None:
+        assert serving.weights_mode(config, cuda, torch.bfloat16, artifact) == "packed"
+        return
+    with pytest.raises(ValueError, match=rf"^--cuda-weights packed keeps this artifact's "
+                       rf"{found} codes as stored, which need an sm89\+ GPU \(e4m3\); cuda:0 "
+                       r"is sm86: --cuda-weights auto or dequant decode them to bf16$"):
+        serving.weights_mode(config, cuda, torch.bfloat16, artifact)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    assert serving.weights_mode(config, cuda, torch.bfloat16, artifact) == "packed"
+
+
 def test_e4m3_kv_needs_sm89_on_the_serving_devices():
     """`--kv-dtype fp8|nvfp4` keep e4m3 codes the attention kernels convert in hardware: a
     serving device below sm89 stops startup with one line naming the flag, the device and what
