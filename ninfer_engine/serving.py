@@ -9,7 +9,7 @@ import torch
 
 from .config import EngineConfig
 from .kernels._dispatch import has_e4m3
-from .models.packed import FP8_ROW, NVFP4, REPACK_FP8
+from .models.packed import FP8_ROW, REPACK_FP8
 
 log = logging.getLogger("ninfer.engine")
 
@@ -74,11 +74,12 @@ def weights_mode(config: EngineConfig, device: torch.device, dtype: torch.dtype,
 
 
 def _e4m3_formats(artifact) -> list[str]:
-    """The stored formats "packed" serves as e4m3 codes: fp8-row, nvfp4 (its block scales),
-    and in a MoE model Q4/Q5 (its routed experts become fp8 groups, `experts.expert_form`)."""
+    """The stored formats "packed" serves as e4m3 codes: fp8-row, and in a MoE model Q4/Q5
+    (its routed experts become fp8 groups, `experts.expert_form`). nvfp4's kernels build its
+    e4m3 block scales from their bits (`quant_gemv_kernels`): they compile anywhere."""
     objects = getattr(artifact, "objects", None)  # None: a benchmark's or a test's weights
     if objects is None:
         return []
     stored = {o.format for o in objects.values() if o.kind == "tensor"}
-    e4m3 = {FP8_ROW, NVFP4} | (REPACK_FP8 if "num_experts" in artifact.config("text") else set())
+    e4m3 = {FP8_ROW} | (REPACK_FP8 if "num_experts" in artifact.config("text") else set())
     return sorted(stored & e4m3)

@@ -61,15 +61,16 @@ def test_cuda_weights_auto_decodes_to_bf16_below_sm89(monkeypatch, capability, a
 
 @pytest.mark.parametrize("formats, moe, found", [
     ({"fp8_e4m3fn_row_bf16", "bf16"}, False, "fp8_e4m3fn_row_bf16"),
-    ({"nvfp4", "q4_g64_fp16"}, False, "nvfp4"),
+    ({"nvfp4", "fp8_e4m3fn_row_bf16"}, False, "fp8_e4m3fn_row_bf16"),
+    ({"nvfp4", "q4_g64_fp16"}, False, None),  # nvfp4's scales decoded from their bits
     ({"q4_g64_fp16", "q6_g64_fp16"}, True, "q4_g64_fp16"),  # experts as fp8 groups
     ({"q4_g64_fp16", "q6_g64_fp16"}, False, None),  # dense: int-code GEMVs
     ({"bf16"}, True, None)])
 def test_cuda_weights_packed_below_sm89_names_the_e4m3_formats(monkeypatch, formats, moe, found):
-    """An explicit `--cuda-weights packed` keeps e4m3 codes as stored (fp8-row, nvfp4's block
-    scales, a MoE model's Q4/Q5 experts as fp8 groups), which Triton compiles nothing for below
-    sm89: the load stops with one line naming them and the device, not a compile error at the
-    first request; stores without them stay packed there."""
+    """An explicit `--cuda-weights packed` keeps e4m3 codes as stored (fp8-row, a MoE model's
+    Q4/Q5 experts as fp8 groups), which Triton compiles nothing for below sm89: the load stops
+    with one line naming them and the device, not a compile error at the first request; stores
+    without them (nvfp4, whose scales the kernels decode from their bits) stay packed there."""
     from types import SimpleNamespace
 
     from ninfer_engine import serving
