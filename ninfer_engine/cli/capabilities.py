@@ -84,14 +84,15 @@ def _device_exists(c: EngineConfig, m: Machine) -> str | None:
 
 
 def _e4m3_kv(c: EngineConfig, m: Machine) -> str | None:
-    """fp8 and nvfp4 KV pages hold e4m3 codes (values, or nvfp4's block scales), which the
-    attention kernels convert in hardware: sm89 and newer (Triton compiles no e4m3 below);
-    the CPU's torch path decodes them anywhere."""
+    """fp8 KV pages hold e4m3 codes, which the attention kernels convert in hardware
+    (`kernels.paged_kv`): sm89 and newer (Triton compiles no e4m3 below); the CPU's torch path
+    decodes them anywhere. nvfp4's e4m3 block scales are decoded from their bits (fp16 bit
+    arithmetic) and encoded by torch, so it is not gated."""
     for device in (c.devices if c.tp == 2 else (c.device,)):
         if device < len(m.capability) and m.capability[device] < (8, 9):
             major, minor = m.capability[device]
-            return (f"{c.kv_dtype} KV holds e4m3 codes, which need an sm89+ GPU; CUDA device "
-                    f"{device} is sm{major}{minor} (int8, k8v4 and bf16 KV run there)")
+            return (f"fp8 KV holds e4m3 codes, which need an sm89+ GPU; CUDA device {device} "
+                    f"is sm{major}{minor} (int8, k8v4, nvfp4 and bf16 KV decode without them)")
     return None
 
 
@@ -111,7 +112,7 @@ _GATES: tuple[_Gate, ...] = (
     _Gate(("--log-speculation-detail",), lambda c: c.spec is None,
           lambda c, m: "per-round speculation detail needs --spec"),
     _Gate(("--vision-device",), lambda c: True, _vision_device),
-    _Gate(("--kv-dtype",), lambda c: c.kv_dtype in ("fp8", "nvfp4"), _e4m3_kv),
+    _Gate(("--kv-dtype",), lambda c: c.kv_dtype == "fp8", _e4m3_kv),
     _Gate(("--kv-capacity", "--vram-headroom-mib"), lambda c: c.kv_capacity_auto,
           _runs_on_cuda("automatic KV sizing")),  # `kv.sizing`
     _Gate(("--context-cost-presets",), lambda c: True, _not_built("context cost presets")),
