@@ -23,7 +23,7 @@
 #                decode, concurrency and the 8K prefill, no peer (it would not fit in bf16)
 # Arguments pick some of these by name (default: all). Run from the repository root with OUT
 # set to the output folder; no network needed. The
-# transformers wheel in .whl/ is installed --no-deps into a private folder on PYTHONPATH (its
+# wheels in .whl/ are installed --no-deps into a private folder on PYTHONPATH (their
 # dependencies must already be importable; if not, the peer sections record why).
 # Each run has a time budget (about 12 minutes in all); a run stopped while timing the peer still
 # leaves its JSON (the peer then listed under not_measured). Progress goes to stderr.
@@ -34,11 +34,12 @@ mkdir -p "$OUT" bench/results
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 log() { echo "[$(date +%T) +${SECONDS}s] $*" >&2; }
 
-WHEEL=.whl/transformers-5.24.0-py3-none-any.whl
+# every wheel of .whl/ (the engine's own dependencies the device image lacks, llguidance
+# among them, and transformers for the peer) into a private folder on PYTHONPATH
 PEERLIB=${TMPDIR:-/tmp}/ninfer-peer-lib
-if [ -f "$WHEEL" ]; then
-    "$PY" -m pip install --quiet --no-deps --no-index --target "$PEERLIB" "$WHEEL" >&2 \
-        || log "installing $WHEEL failed"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    "$PY" -m pip install --quiet --no-deps --no-index --target "$PEERLIB" .whl/*.whl >&2 \
+        || log "installing .whl/ failed"
     export PYTHONPATH="$PEERLIB${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$PY" -c 'import sys, transformers as t; print("transformers", t.__version__, file=sys.stderr)' \
