@@ -46,9 +46,11 @@ prefill_bench() {  # tag tree arch: `ninfer bench --prefill 8192` of the fp8-row
   echo "$tag $arch: $(grep -E '^prefill' "$OUT/r/prefill-$arch-$tag.log" | tail -1) at $SECONDS s"
 }
 
-pack_results() {  # a call returns at most 8 files from $OUT: past that, $OUT/r as one tarball
-  if [ "$(find "$OUT/r" -type f | wc -l)" -gt 7 ]; then
-    tar czf "$OUT/r.tar.gz" -C "$OUT" r && rm -rf "$OUT/r"
+pack_results() {  # [folders of $OUT, default r]: a call returns at most 8 files from $OUT:
+  # past that, those folders as one tarball, $OUT/r.tar.gz
+  local dirs=("${@:-r}")
+  if [ "$(cd "$OUT" && find "${dirs[@]}" -type f | wc -l)" -gt 7 ]; then
+    tar czf "$OUT/r.tar.gz" -C "$OUT" "${dirs[@]}" && (cd "$OUT" && rm -rf "${dirs[@]}")
     echo "results packed: r.tar.gz"
   fi
 }

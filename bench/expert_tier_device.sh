@@ -8,11 +8,9 @@
 # default team size. Run from the repository root with OUT set; `.whl/` from
 # `bash scripts/device_wheels.sh`.
 #   OUT=/tmp/o bash bench/expert_tier_device.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-  >/dev/null 2>&1 && export PYTHONPATH=$PWD:/tmp/site
-OUT=${OUT:-/tmp}
-export NINFER_HOME=${NINFER_HOME:-/tmp/ninfer-home}
-mkdir -p "$OUT/shots" "$OUT/r"
+source bench/device_env.sh
+export PYTHONPATH=$PWD:/tmp/site
+mkdir -p "$OUT/shots"
 NINFER_TEST_DEVICE=cuda timeout 170 python3 -m pytest -q -m "not slow" -p no:cacheprovider \
   -rfE --tb=short tests/experts/test_host_jobs.py tests/experts/test_cuda_tiers.py \
   > "$OUT/r/tier-tests.txt" 2>&1
@@ -28,14 +26,11 @@ timeout 200 python3 -u scripts/console_screenshot.py --terminal pty --ready-time
   > "$OUT/r/console.txt" 2>&1
 echo "console: $(grep -c svg "$OUT/r/console.txt") shot(s); $(tail -4 "$OUT/r/console.txt")"
 rm -f /dev/shm/fn4.ninfer
-left=$((570 - SECONDS))  # the rest of a 600-second device call, whatever the steps above took
-timeout "$left" python3 -u bench/expert_offload.py --layers 16 --steps 128 --budget-s $((left - 40)) \
+rest=$(left)  # the rest of a 600-second device call, whatever the steps above took
+timeout "$rest" python3 -u bench/expert_offload.py --layers 16 --steps 128 --budget-s $((rest - 40)) \
   --cpu-shares 0 auto --only 0:stacked:uniform 0:stacked:skewed 0.5:tier:uniform \
   0.5:tier:skewed 0.8:tier:uniform 0.8:tier:skewed 0.25:tier:uniform 0.25:tier:skewed \
   --out "$OUT/r/expert-offload" > "$OUT/r/expert-offload.log" 2>&1
 grep -E "B=|routing" "$OUT/r/expert-offload.log" | tail -40
 grep -q Traceback "$OUT/r/expert-offload.log" && tail -6 "$OUT/r/expert-offload.log"  # why it stopped
-# a call returns at most 8 files from $OUT: past that, r/ and shots/ as one tarball
-if [ "$(find "$OUT/r" "$OUT/shots" -type f | wc -l)" -gt 7 ]; then
-  tar czf "$OUT/results.tar.gz" -C "$OUT" r shots && rm -rf "$OUT/r" "$OUT/shots"
-fi
+pack_results r shots

@@ -9,7 +9,7 @@
 #   git archive eafdb61 ninfer_engine bench | tar -x -C .old   (ignored; carry .old)
 #   OUT=/tmp/o OLD=.old bash bench/prefill_fp8_device.sh
 source bench/device_env.sh
-# first the CUDA tests of the fp8 paths (the loader's row-wise probe runs in every engine built)
+# first the CUDA tests of the fp8 paths (the row-wise probe runs at the first prompt step)
 gpu_tests 150 tests/models/test_packed.py tests/kernels/test_moe_grouped_fp8_act.py \
   tests/engine/test_prompt_graphs.py tests/engine/test_warm_up.py tests/cli/test_flags.py
 python3 bench/fp8_dense_bench.py --json "$OUT/r/fp8-dense.json" > "$OUT/r/fp8-dense.log" 2>&1

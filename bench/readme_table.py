@@ -357,6 +357,30 @@ def _prompt_fp8_dense_rows() -> list[str]:
             f"| projections in bf16 {old:.1f} ms (in turn, same calls) | {old / new:.2f}× |"]
 
 
+def _moe_order_rows() -> list[str]:
+    """The grouped expert GEMMs' launch order (a row tile's column tiles side by side) in the
+    engine's 7,640-token prompt step on the H200, trees alternated in one call, and the 27B 8K
+    prefill with the fp8 projections against the tree before them on the H100."""
+    rows = []
+    r = _load("h200-moe-grouped-order.json")
+    if r:  # the warm bursts: each process's first is the slower one
+        new, old = (statistics.median_high([b[0] for run in r["prompt_burst"][tree]
+                                            for b in run["eight_955_steps_ms"][1:]])
+                    for tree in ("new", "old"))
+        rows.append(f"| H200, 35B-A3B shape cut to 8 layers, fp8-row, eight 1K-token prompts as "
+                    f"one 7,640-token engine step, grouped expert GEMMs launched a row tile's "
+                    f"columns side by side (median) | {new:.1f} ms | row tiles first {old:.1f} ms "
+                    f"(trees alternated, one call) | {old / new:.2f}× |")
+    r = _load("h100-moe-grouped-order.json")
+    if r:
+        p = r["prefill_8192"]["27b"]
+        rows.append(f"| H100, 27B dense shape, fp8-row, prefill of an 8K prompt (4096-token "
+                    f"chunks), e4m3 rows in the projections | {p['new']['ms']:.0f} ms | bf16 "
+                    f"projections (tree before) {p['pre-fp8']['ms']:.0f} ms, same call | "
+                    f"{p['pre-fp8']['ms'] / p['new']['ms']:.2f}× |")
+    return rows
+
+
 def _gdn_prompt_rows() -> list[str]:
     """A prompt step's GDN launches, one layer, this stop's tree against the last
     (`bench/gdn_prompt_parts.py`), and the 7,632-token engine step they sit in
@@ -563,7 +587,7 @@ def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _cpu_ngram_rows() + _gpu_rows()
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
-                             + _prompt_fp8_dense_rows()
+                             + _prompt_fp8_dense_rows() + _moe_order_rows()
                              + _gdn_prompt_rows()
                              + _step_row_rows() + _verify_rows() + _policy_rows() + _mtp_rows()
                              + _mask_rows()

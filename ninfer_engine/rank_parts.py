@@ -14,7 +14,6 @@ from typing import Any, Callable
 import torch
 
 from .config import EngineConfig
-from .kernels.fp8_rows_matmul import rowwise_runs
 from .memory_plan import auto_kv_capacity, build_memory
 from .models import build_model
 from .models.experts import check_prefill_scratch, free_device_bytes
@@ -53,8 +52,6 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
         text_config, artifact = shard_for_rank(text_config, artifact, ranks, config.tp_experts)
     built = model or build_model(text_config, artifact, device, dtype, matmul, weights_mode,
                                  expert_tiers, ranks)
-    if device.type == "cuda" and config.prefill_activations == "fp8":
-        rowwise_runs(device)  # asked before any graph's capture, which could not ask it
     extra = with_model(built, artifact)
     # `--kv-capacity auto`: sized now the weights are resident (`kv.sizing`)
     # a drafter's rows kept with the pages (`--spec dflash`, `--spec mtp`) serve only a reused

@@ -8,9 +8,9 @@ bf16 copy of the weight is written (1.6–1.9× dequantize-then-cuBLAS on the 27
 bench/results/h100-prompt-fp8-dense.md). `takes(x, n, k)`: whether it runs here — on a GPU
 where a row-wise `torch._scaled_mm` runs: PyTorch's row-wise kernel is Hopper's (TMA), and
 builds refuse it elsewhere ("Rowwise scaling is not currently supported on your device": sm89
-and sm120 cards, pytorch#130359), so each device is asked once with a 16 × 16 product, outside
-any CUDA graph's capture (the engine's loader asks before it captures), and keeps the bf16
-path if it refuses.
+and sm120 cards, pytorch#130359), so each device is asked once with a 16 × 16 product at its
+first many-row product outside a CUDA graph's capture (`step.graph_capture.record_graph` runs
+every step once eagerly before it captures it), and keeps the bf16 path if it refuses.
 """
 from __future__ import annotations
 

@@ -155,10 +155,10 @@ def chunk_gated_delta(q, k, v, g, beta, state, chunk: int = CHUNK, *, tf32: bool
     assert T >= 1 and q.shape == k.shape and v.shape[0] == T and nv % nk == 0
     assert g.shape == (T, nv) and beta.shape == (T, nv) and state.shape == (nv, dk, dv)
     assert chunk >= 16 and chunk & (chunk - 1) == 0, "chunk must be a power of two >= 16"
-    assert not split or tiles_dtype == torch.float32, "the split walk reads fp32 tiles"
     if split:
         assert prep == "triton", "the split walk reads the Triton precompute's tiles"
-        o, s_out = _split(q, k, v, g, beta, state, None, chunk, tf32, block_v, num_warps, None)
+        o, s_out = _split(q, k, v, g, beta, state, None, chunk, tf32, block_v, num_warps, None,
+                          tiles_dtype=tiles_dtype)
         return o[:T], s_out
     if prep == "triton":
         tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32, tiles_dtype=tiles_dtype)
@@ -245,19 +245,20 @@ def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
     assert q.shape[0] % chunk == 0
     assert states.shape[0] == firsts.numel() - 1 or slots is not None
     assert split or norm is None, "the gated norm goes with the split walk's output"
-    assert not split or tiles_dtype == torch.float32, "the split walk reads fp32 tiles"
     if split:
         return _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots,
-                      norm)
+                      norm, tiles_dtype)
     tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32, tiles_dtype=tiles_dtype)
     return _walk(tiles, n, states, firsts, chunk, tf32, block_v, num_warps, num_stages, slots)
 
 
 def _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots,
-           norm=None):
+           norm=None, tiles_dtype=torch.float32):
     from .gdn_split import split_walk  # it reads this module's walk helpers
 
-    tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32, walk=False)
+    # (`chunk_prep_triton` refuses bf16 tiles here: the split walk reads fp32 ones)
+    tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32, walk=False,
+                                 tiles_dtype=tiles_dtype)
     q, k = (x.float() if x.stride(-1) == 1 else x.float().contiguous() for x in (q, k))
     # with the norm a program takes a whole head: 8 warps spill nothing there (sm_90)
     out = None if norm is None else dict(norm=norm, num_warps=8)

@@ -35,11 +35,6 @@ GEMV_MAX_ROWS = 16  # the fused GEMV kernels tile at most 16 rows
 # text-config key of `--prefill-activations` (absent: fp8), set by the engine's loader: e4m3
 # activations in a prompt step's fp8-row GEMMs (these projections', the grouped experts')
 FP8_ACTIVATIONS_KEY = "ninfer_prefill_fp8_activations"
-
-
-def prefill_fp8(config: dict) -> bool:
-    """The text config's `--prefill-activations` (absent: fp8)."""
-    return config.get(FP8_ACTIVATIONS_KEY, True)
 ROW_SPLIT = rowsplit.FORMATS  # q4_g64_fp16, q5_g64_fp16, q6_g64_fp16, q8_g32_fp16
 NVFP4, FP8_ROW, DENSE = "nvfp4", "fp8_e4m3fn_row_bf16", "dense"
 FP8_GROUPS = "fp8_groups"  # ours, not a file format: Q4/Q5 codes as e4m3 + their group scales
@@ -49,6 +44,11 @@ PACKED_FORMATS = frozenset(ROW_SPLIT) | {NVFP4, FP8_ROW}
 # (27B decode, fp8-row: 93 tok/s against 67), where their own GEMVs ran at 0.25-0.9x cuBLAS
 # bf16 (bench/results/h200-quant-gemv.md).
 REPACK_FP8 = frozenset({"q4_g64_fp16", "q5_g64_fp16"})
+
+
+def prefill_fp8(config: dict) -> bool:
+    """The text config's `--prefill-activations` (absent: fp8)."""
+    return config.get(FP8_ACTIVATIONS_KEY, True)
 
 
 @dataclass(frozen=True)
