@@ -152,12 +152,13 @@ def main() -> None:
     ap.add_argument("--syncs", metavar="COUNTxLENGTH",
                     help="that burst again under CUDA's sync debug mode: where the host waits")
     ap.add_argument("--prefill-chunk", type=int, default=None,
-                    help="the step's prompt-token budget (default: the engine's, 4096 on CUDA)")
+                    help="the step's prompt-token budget (default: the engine's auto, 8192 on "
+                    "a CUDA device of >= 70 GiB)")
     ap.add_argument("--prefill-activations", choices=("fp8", "bf16"), default="fp8",
                     help="the engine's --prefill-activations (the experts' prompt GEMMs)")
     ap.add_argument("--gdn-walk", choices=("chunk", "split"), default="chunk",
                     help="the prompt rows' GDN walk: gdn_chunk's, or kernels.gdn_split's")
-    ap.add_argument("--gdn-tiles", choices=("fp32", "bf16"), default="fp32",
+    ap.add_argument("--gdn-tiles", choices=("fp32", "bf16"), default="bf16",
                     help="the chunk walk's precompute tiles (gdn_chunk's tiles_dtype)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (tiny-moe, say)")
     ap.add_argument("--json")

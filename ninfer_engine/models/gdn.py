@@ -34,9 +34,11 @@ from .packed import prefill_fp8
 # (bench/prompt_burst.py --gdn-walk split); off, as the H200 found it no faster in the
 # engine's prompt steps (bench/results/h200-gdn-split-walk.md)
 SPLIT_WALK = False
-# the chunk walk's precompute tiles in bf16 (`gdn_chunk`'s `tiles_dtype`): a benchmark's switch
-# (bench/prompt_burst.py --gdn-tiles bf16) until a GPU has timed it against fp32
-BF16_TILES = False
+# the chunk walk's precompute tiles in bf16 (`gdn_chunk`'s `tiles_dtype`): half the bytes the
+# precompute writes and the walk reads; the H100's 8-layer 35B-A3B 7,640-token prompt step 23.2
+# against 25.9 ms in fp32 (bench/results/h100-gdn-bf16-tiles.md); bench/prompt_burst.py
+# --gdn-tiles fp32 switches it off
+BF16_TILES = True
 
 ParamSource = Callable[[str, tuple[int, ...]], torch.Tensor]
 
@@ -193,7 +195,7 @@ class GatedDeltaNet:
         # the split walk's output launch applies the gated norm itself
         walk = dict(tf32=True, split=SPLIT_WALK, norm=GatedNorm(
             z, self.norm, self.eps, layout.meta[: layout.padded]) if SPLIT_WALK else None,
-            tiles_dtype=torch.bfloat16 if BF16_TILES else torch.float32)
+            tiles_dtype=torch.bfloat16 if BF16_TILES and not SPLIT_WALK else torch.float32)
         pool = states[0].pool
         if pool is not None and all(s.pool is pool for s in states):
             # rows of one state pool (the engine's running slots): read and written in place

@@ -73,7 +73,8 @@ def test_a_steps_prompt_chunks_run_as_each_row_alone(monkeypatch):
             qkv[rows], b[rows], a[rows], state.conv[None], layer.conv, layer.a_log,
             layer.dt_bias, layer.nk, layer.dk, lay)
         o, ssm = gdn_chunk.chunk_gated_delta_padded(q, k, v, g, beta, state.ssm[None],
-                                                    lay.first, tf32=True)
+                                                    lay.first, tf32=True,
+                                                    tiles_dtype=torch.bfloat16)
         state.conv.copy_(conv[0])
         state.ssm.copy_(ssm[0])
         outs.append(o[:n])
