@@ -583,12 +583,43 @@ def _expert_offload_rows() -> list[str]:
     return rows
 
 
+def _gdn_tiles_and_burst_rows() -> list[str]:
+    """The GDN prompt tiles in bf16 against fp32 in the engine's 7,640-token prompt step, and
+    the served TTFT of eight 1K-token prompts arriving together against one alone, both on the
+    H100 (`bench/gdn_tiles_device.sh`, `bench/ttft_burst_device.sh`)."""
+    rows = []
+    r = _load("h100-gdn-bf16-tiles.json")
+    if r:  # the warm bursts: each process's first is the slower one
+        bf16, fp32 = (statistics.median([b["steps_ms"][0] for run, bursts in
+                                         r["prompt_burst"].items() if run.endswith(tiles)
+                                         for b in [x for x in bursts if x["burst"] == 8][1:]])
+                      for tiles in ("bf16", "fp32"))
+        rows.append(f"| H100, 35B-A3B shape cut to 8 layers, fp8-row, eight 1K-token prompts as "
+                    f"one 7,640-token engine step, GDN precompute tiles in bf16 (median) | "
+                    f"{bf16:.1f} ms | fp32 tiles {fp32:.1f} ms (in turn, one call) | "
+                    f"{fp32 / bf16:.2f}× |")
+    r = _load("h100-ttft-burst-handover.json")
+    if r:
+        runs = {b["label"]: b for b in r["bursts"]}
+        c8 = [b["ttft_p99_s"] * 1e3 for k, b in runs.items() if k.startswith("burst8-")
+              and k.endswith("-p8192")]
+        c1 = [b["ttft_median_s"] * 1e3 for k, b in runs.items() if k.startswith("burst1-")
+              and k.endswith("-p8192")]
+        each = [v["p99_c8_over_median_c1"] for k, v in r["ratios"].items() if "p8192" in k]
+        rows.append(f"| H100, 35B-A3B shape cut to 8 layers, fp8-row, served: TTFT p99 of eight "
+                    f"1K-token prompts arriving together (`--prefill-chunk` auto, 8192 here; "
+                    f"{len(c8)} rounds) | {min(c8):.1f}-{max(c8):.1f} ms | one at a time, "
+                    f"median {min(c1):.1f}-{max(c1):.1f} ms | {min(each):.2f}-{max(each):.2f}× "
+                    f"by round (issue 18: ≤ 2) |")
+    return rows
+
+
 def table() -> str:
     head = "| what | ninfer | reference (same run) | ratio |\n|---|---:|---:|---:|\n"
     return head + "\n".join(_cpu_rows() + _cpu_short_prompt_rows() + _cpu_ngram_rows() + _gpu_rows()
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
                              + _prompt_fp8_dense_rows() + _moe_order_rows()
-                             + _gdn_prompt_rows()
+                             + _gdn_prompt_rows() + _gdn_tiles_and_burst_rows()
                              + _step_row_rows() + _verify_rows() + _policy_rows() + _mtp_rows()
                              + _mask_rows()
                              + _engine_process_rows() + _served_rows()

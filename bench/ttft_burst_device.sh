@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 18's TTFT ratio in one short call: the served 8-layer 35B-A3B fp8-row shape (random
 # weights, `ninfer synth`), one ninfer-serve (the settings of bench/served_load.sh), TTFT
-# p50/p99 of 1K-token prompts arriving one at a time, then 8 together, twice each
-# (bench/serve_staggered.py --burst), with the start-up log's warm-up and capture lines; one
+# p50/p99 of 1K-token prompts arriving one at a time, then 8 together, ROUNDS times each
+# (default 2; bench/serve_staggered.py --burst), with the start-up log's warm-up and capture lines; one
 # server per --prefill-chunk in CHUNKS (default: the server's own, 4096 on CUDA).
-#   OUT=/tmp/o [CHUNKS="4096 8192"] bash bench/ttft_burst_device.sh
+#   OUT=/tmp/o [CHUNKS="4096 8192"] [ROUNDS=4] bash bench/ttft_burst_device.sh
 #   (then bench/ttft_burst_table.py OUT/r: the table)
 source bench/device_env.sh
 MODEL=/dev/shm/ninfer-35b-a3b-8-fp8-row.ninfer
@@ -20,7 +20,7 @@ for chunk in ${CHUNKS:-auto}; do
   pid=$!
   for _ in $(seq 300); do curl -sf http://127.0.0.1:18080/health >/dev/null && break; sleep 1; done
   echo "prefill chunk $chunk: healthy at $SECONDS s"
-  for round in 1 2; do
+  for round in $(seq "${ROUNDS:-2}"); do
     for c in 1 8; do
       timeout 120 python3 bench/serve_staggered.py http://127.0.0.1:18080 bench --burst \
         --concurrency $c --requests 16 --max-tokens 64 --prompt-chars 4300 \

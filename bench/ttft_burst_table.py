@@ -21,7 +21,7 @@ from report import write_report  # noqa: E402
 COMMAND = ("OUT=$OUT [CHUNKS=...] bash bench/ttft_burst_device.sh (ninfer-serve "
            "--max-concurrency 8 --max-context 8192 --kv-capacity 65536 [--prefill-chunk N]; "
            "bench/serve_staggered.py --burst --concurrency 1|8 --requests 16 --max-tokens 64 "
-           "--prompt-chars 4300, twice each)")
+           "--prompt-chars 4300, ROUNDS times each: 2 unless the file says)")
 TITLE = ("TTFT of 1K-token prompts one at a time and eight together ({gpu}, 35B-A3B shape cut "
          "to 8 layers, fp8-row, served over HTTP)")
 

@@ -199,7 +199,7 @@ class Engine(StepPrepare, StepPostprocess, StepLookahead, StepChainAhead, StepFa
             request, emit, Sampler.for_request(request),
             IncrementalDetokenizer(self.tokenizer, request.prompt_ids),
             frozenset() if request.ignore_eos else self._eos,
-            arrived=time.monotonic() if arrived is None else arrived,
+            arrived=time.monotonic() if arrived is None else arrived, handed=time.monotonic(),
             spec_detail=self.config.log_speculation_detail)
         self._preparing = preparing
         if not self.scheduler.add(seq):

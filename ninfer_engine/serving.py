@@ -32,14 +32,24 @@ def serving_dtypes(config: EngineConfig,
     return CUDA_DTYPES[config.cuda_dtype], None
 
 
+BIG_DEVICE_BYTES = 70 * 2**30  # the device memory from which the auto prefill chunk is 8192
+
+
 def prefill_chunk_for(config: EngineConfig, device: torch.device) -> int:
-    """`--prefill-chunk`, or its auto value: 4096 tokens on CUDA, where a chunk's matmuls need
+    """`--prefill-chunk`, or its auto value. On CUDA 4096 tokens, where a chunk's matmuls need
     rows (H200, 8K prompt: 35B-A3B 8.2 K tok/s at 1024, 21 K at 4096, as its grouped expert GEMMs
-    get ~128 rows per expert instead of ~32; 27B 7.2 K → 8.1 K), 1024 on the CPU, whose matmuls
-    are full at that size and where a long chunk stalls concurrent decodes for seconds."""
+    get ~128 rows per expert instead of ~32; 27B 7.2 K → 8.1 K), and 8192 on a device of
+    ≥ 70 GiB (vLLM's API-server default there too): eight 1K-token prompts arriving together
+    then share one prompt step, where 4096 split them into two or three (H100, 8-layer
+    35B-A3B: their TTFT p99 35-37 ms against 51-65, bench/results/h100-ttft-burst-handover.md).
+    1024 on the CPU, whose matmuls are full at that size and where a long chunk stalls
+    concurrent decodes for seconds."""
     if config.prefill_chunk is not None:
         return config.prefill_chunk
-    return 4096 if device.type == "cuda" else 1024
+    if device.type != "cuda":
+        return 1024
+    return 8192 if torch.cuda.get_device_properties(device).total_memory >= BIG_DEVICE_BYTES \
+        else 4096
 
 
 def cpu_compiled(config: EngineConfig) -> bool:

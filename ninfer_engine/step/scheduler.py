@@ -14,13 +14,15 @@ from typing import Callable
 from ..types import EngineError, TokenEvent, Usage
 from .sequence import RequestError, Sequence
 
-# a prompt step waits this long past its newest queued request's arrival for requests the
+# a prompt step waits this long past its newest queued request's hand-over for requests the
 # front end is still preparing (~5 ms each in an 8-request burst on the H200's host: five of a
 # 1K-prompt burst's eight missed the first prompt step by ~1 ms and waited the whole step,
 # bench/results/h200-prompt-burst-fp8-act.md; eight prompts in one step take ~3x one's time),
-# and never more than `GATHER_LIMIT_S` past the oldest's (the H100's bursts: seven of eight
-# reached the engine 5-7 ms after the first and missed a window counted from it by a few ms,
-# bench/results/h100-ttft-burst.md)
+# and never more than `GATHER_LIMIT_S` past the oldest's arrival (the H100's bursts: seven of
+# eight reached the engine 5-7 ms after the first and missed a window counted from it by a few
+# ms, bench/results/h100-ttft-burst.md). From the hand-over, not the arrival: a burst arriving
+# as the last one's streams end waited ~17 ms in the busy front end, past a window counted from
+# its arrival, and split into two prompt steps (bench/results/h100-ttft-burst-handover.md)
 ARRIVAL_WINDOW_S = 0.010
 GATHER_LIMIT_S = 0.030
 
@@ -138,19 +140,22 @@ class Scheduler:
         from the front end (as of its last hand-over), so that a burst's prompts share one
         prompt step: only while a request is queued, the queued prompts leave room in the
         step's prompt budget, and until `ARRIVAL_WINDOW_S` past the newest queued request's
-        arrival, at most `GATHER_LIMIT_S` past the oldest's. 0: admit them now. (Decoding rows
-        are not held up: their steps run meanwhile, `StepPrepare._gather`.)"""
+        hand-over (`Sequence.handed`, else its arrival), at most `GATHER_LIMIT_S` past the
+        oldest's arrival. 0: admit them now. (Decoding rows are not held up: their steps run
+        meanwhile, `StepPrepare._gather`.)"""
         if preparing <= 0:
             return 0.0
         with self._lock:
             if not self.pending:
                 return 0.0
-            arrived = [seq.arrived for seq in self.pending]
+            oldest = min(seq.arrived for seq in self.pending)
+            newest = max(seq.arrived if seq.handed is None else seq.handed
+                         for seq in self.pending)
             queued = sum(len(seq.prompt) for seq in self.pending)
         queued += sum(len(seq.prompt) - seq.cached for seq in self.running)
         if queued >= self.prefill_chunk:
             return 0.0
-        return max(0.0, min(max(arrived) + ARRIVAL_WINDOW_S, min(arrived) + GATHER_LIMIT_S) - now)
+        return max(0.0, min(newest + ARRIVAL_WINDOW_S, oldest + GATHER_LIMIT_S) - now)
 
     def may_admit(self, now: float, preparing: int = 0) -> bool:
         """A schedule now could change the queue: a request is queued, a running place is

@@ -60,6 +60,7 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     eos_token_ids: frozenset[int]
     arrived: float = field(default_factory=time.monotonic)
+    handed: float | None = None  # when the front end handed it to the engine (`Engine.add`)
     cache: PagedKvCache | None = None
     state: Any = None  # recurrent-state slot (hybrid family)
     cached: int = 0  # tokens whose K/V is in the cache

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,14 +30,16 @@ def test_defaults_follow_the_manual_page():
     assert c.kv_tokens == 8192 and c.spec is None and not c.vision
 
 
-def test_prefill_chunk_auto_depends_on_the_device():
-    import torch
-
+@pytest.mark.parametrize("gib, cuda_chunk", [(80, 8192), (141, 8192), (48, 4096), (16, 4096)])
+def test_prefill_chunk_auto_depends_on_the_device(monkeypatch, gib, cuda_chunk):
     from ninfer_engine.serving import prefill_chunk_for
 
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=gib * 2**30 - 2**28))
     auto = parse("m.ninfer", "--prefill-chunk", "auto").config
     assert auto.prefill_chunk is None
-    assert prefill_chunk_for(auto, torch.device("cuda", 0)) == 4096
+    # (an "80 GB" H100 reports 79.1 GiB; the threshold is 70)
+    assert prefill_chunk_for(auto, torch.device("cuda", 0)) == cuda_chunk
     assert prefill_chunk_for(auto, torch.device("cpu")) == 1024
     fixed = parse("m.ninfer", "--prefill-chunk", "256").config
     assert prefill_chunk_for(fixed, torch.device("cuda", 0)) == 256
@@ -71,7 +74,6 @@ def test_cuda_weights_packed_below_sm89_names_the_e4m3_formats(monkeypatch, form
     Q4/Q5 experts as fp8 groups), which Triton compiles nothing for below sm89: the load stops
     with one line naming them and the device, not a compile error at the first request; stores
     without them (nvfp4, whose scales the kernels decode from their bits) stay packed there."""
-    from types import SimpleNamespace
 
     from ninfer_engine import serving
 
@@ -414,7 +416,6 @@ def test_cli_help_exits_0():
 def test_prefill_activations_default_to_fp8_and_reach_the_models_moe(monkeypatch):
     """`--prefill-activations` reaches the config, the loader puts it in the text config the
     model is built from, and `SparseMoE` reads it there (absent: fp8)."""
-    from types import SimpleNamespace
 
     import torch
 

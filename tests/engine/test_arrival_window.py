@@ -1,8 +1,9 @@
 """A burst's prompts share one prompt step: the front end counts the generation requests it is
 still preparing (`arrival.Preparing`), each hand-over tells the engine how many are behind it,
-and the queued requests wait for them within `ARRIVAL_WINDOW_S` of the newest queued arrival,
-at most `GATHER_LIMIT_S` past the oldest (`Scheduler.arrival_wait`, `StepPrepare._gather`): the
-engine sleeps when nothing decodes, and runs decode-only steps meanwhile when rows decode."""
+and the queued requests wait for them within `ARRIVAL_WINDOW_S` of the newest queued
+hand-over, at most `GATHER_LIMIT_S` past the oldest arrival (`Scheduler.arrival_wait`,
+`StepPrepare._gather`): the engine sleeps when nothing decodes, and runs decode-only steps
+meanwhile when rows decode."""
 from __future__ import annotations
 
 import time
@@ -18,10 +19,12 @@ from .helpers import FakeArtifact, tiny_llama
 from .test_speculation import _engine
 
 
-def _sequence(name: str, prompt_len: int, arrived: float) -> Sequence:
+def _sequence(name: str, prompt_len: int, arrived: float, handed: float | None = None
+              ) -> Sequence:
     request = GenerationRequest(name, tuple(range(1, prompt_len + 1)),
                                 SamplingParams(temperature=0.0), max_tokens=4)
-    return Sequence(request, lambda event: None, None, None, frozenset(), arrived=arrived)
+    return Sequence(request, lambda event: None, None, None, frozenset(), arrived=arrived,
+                    handed=handed)
 
 
 def test_a_prompt_step_waits_only_for_announced_requests_within_the_window():
@@ -67,6 +70,20 @@ def test_each_arrival_of_a_burst_extends_the_wait_up_to_the_limit():
     scheduler.add(_sequence("c", 10, arrived=last))
     assert scheduler.arrival_wait(last, 2) == pytest.approx(1.0 + GATHER_LIMIT_S - last)
     assert scheduler.arrival_wait(1.0 + GATHER_LIMIT_S + 1e-6, 2) == 0.0  # the limit
+
+
+def test_the_window_runs_from_the_hand_over_of_a_request_the_front_end_held():
+    """A burst that arrived while the front end was busy (its last streams ending) reaches the
+    engine late: the window counts from the newest hand-over, still never past the limit from
+    the oldest arrival."""
+    scheduler = Scheduler(8, 1000, 60.0, admit=lambda seq: True)
+    handed = 1.0 + 1.5 * ARRIVAL_WINDOW_S  # prepared past a window counted from its arrival
+    scheduler.add(_sequence("a", 10, arrived=1.0, handed=handed))
+    assert scheduler.arrival_wait(handed, 7) == pytest.approx(ARRIVAL_WINDOW_S)
+    assert scheduler.arrival_wait(handed + ARRIVAL_WINDOW_S + 1e-6, 7) == 0.0
+    late = 1.0 + GATHER_LIMIT_S - 0.5 * ARRIVAL_WINDOW_S
+    scheduler.add(_sequence("b", 10, arrived=1.0, handed=late))
+    assert scheduler.arrival_wait(late, 6) == pytest.approx(1.0 + GATHER_LIMIT_S - late)
 
 
 def test_the_front_end_counts_each_request_until_its_hand_over_or_end():
