@@ -127,7 +127,13 @@ def _attention_sensitivity(monkeypatch):
 
     def recorded_sdpa(q, k, v, *args, scale=None, **kw):
         record(q, k, q.shape[-1] ** -0.5 if scale is None else scale)
-        return sdpa(q, k, v, *args, scale=scale, **kw)
+        # torch's CausalBias (the CUDA mask) takes the call only while F's attribute is the
+        # real SDPA: it checks `func is F.scaled_dot_product_attention`
+        F.scaled_dot_product_attention = sdpa
+        try:
+            return sdpa(q, k, v, *args, scale=scale, **kw)
+        finally:  # (the monkeypatch's undo puts the real one back at the end)
+            F.scaled_dot_product_attention = recorded_sdpa
 
     def recorded_attend(self, q, k, v, past):
         record(q, k, self.d ** -0.5)

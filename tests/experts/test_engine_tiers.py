@@ -8,9 +8,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
+import torch
 
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine
+from ninfer_engine.engine_load import EngineLoadError
 from ninfer_engine.types import GenerationRequest, SamplingParams
 from tests.engine.hybrid_helpers import HybridArtifact
 
@@ -82,6 +84,7 @@ def test_kv_growth_takes_lent_pages_back_and_the_request_completes(artifact, res
     assert snap.experts.slots == 4 * (2 + kv.lent // 3) < 4 * 7
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the engine runs on CUDA here")
 def test_auto_cpu_share_is_accepted_and_starts_with_every_layer_off(artifact, resident):
     """`--expert-cpu-share auto` on the CPU engine: the tiers mark their experts and start with
     the marks off (`cpu_layers` 0), so the tokens are the all-resident engine's. The switch
@@ -92,3 +95,12 @@ def test_auto_cpu_share_is_accepted_and_starts_with_every_layer_off(artifact, re
     assert tokens == resident[:40]
     assert snap.experts.cpu_layers == 0 and snap.experts.cpu_share == 0.0
     assert snap.experts.misses > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cpu_share_on_cuda_refuses_experts_the_host_kernel_cannot_read(artifact):
+    """On CUDA the host's share of the experts runs the compiled fp8-row kernel: this
+    artifact's fp32 experts stop the load with one line naming the flag."""
+    with pytest.raises(EngineLoadError, match="--expert-cpu-share: .*fp8-row experts only"):
+        run(artifact, 4, expert_vram_mib=2 * 4 * EXPERT_MIB, expert_miss="read",
+            expert_cpu_share="auto")
