@@ -2,8 +2,9 @@
 # Issue 18's TTFT ratio in one short call: the served 8-layer 35B-A3B fp8-row shape (random
 # weights, `ninfer synth`), one ninfer-serve (the settings of bench/served_load.sh), TTFT
 # p50/p99 of 1K-token prompts arriving one at a time, then 8 together, ROUNDS times each
-# (default 2; bench/serve_staggered.py --burst), with the start-up log's warm-up and capture lines; one
-# server per --prefill-chunk in CHUNKS (default: the server's own, 4096 on CUDA).
+# (default 2; bench/serve_staggered.py --burst), with the start-up log's warm-up and capture
+# lines; one server per --prefill-chunk in CHUNKS (default: the server's own auto, 8192 on a
+# device of >= 70 GiB).
 #   OUT=/tmp/o [CHUNKS="4096 8192"] [ROUNDS=4] bash bench/ttft_burst_device.sh
 #   (then bench/ttft_burst_table.py OUT/r: the table)
 source bench/device_env.sh
