@@ -266,10 +266,11 @@ class ForcedRounds(_ForcedAcceptance):
     def __getattr__(self, name: str):
         return getattr(self.drafter, name)
 
-    def forced_counts(self, drafts: list[list[int] | None]) -> list[int | None]:
+    def forced_counts(self, drafts: list[list[int] | None], seqs: list) -> list[int | None]:
         """How many of each row's `drafts` its round takes, for acceptance on the device
-        (`step.verify_chain`, which `forced()` does not reach); None: a round not forced. A
-        round the chain launched from its device drafts (None) draws its count now."""
+        (`step.verify_chain`, which `forced()` does not reach; `seqs`: the rows' sequences,
+        unused here); None: a round not forced. A round the chain launched from its device
+        drafts (None) draws its count now."""
         return [self._draw() if d is None else self._taken.pop(id(d), (None, None))[1]
                 for d in drafts]
 

@@ -185,7 +185,7 @@ class VerifyChain(ChainRounds):
         some row has penalties; `candidates`: some row samples, over that many), then its
         results' copy."""
         batch = len(seqs)
-        counts = getattr(self.drafter, "forced_counts", lambda _: [None] * batch)(drafts)
+        counts = getattr(self.drafter, "forced_counts", lambda *_: [None] * batch)(drafts, seqs)
         self.forced[:batch].copy_(torch.tensor([-1 if c is None else c for c in counts]),
                                   non_blocking=True)
         if penalized and drafts[0] is None:  # launched ahead: the counts after the round before

@@ -104,7 +104,7 @@ class _Forced:
     def __getattr__(self, name):
         return getattr(self.drafter, name)
 
-    def forced_counts(self, drafts):
+    def forced_counts(self, drafts, seqs):
         return next(self.plan)
 
 

@@ -100,10 +100,17 @@ def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monk
     artifact, prompts, runs = MtpArtifact("qwen3_5"), _prompts(40)[:2], []
     for chained in (True, False):
         engine = _cpu_graph_engine(monkeypatch, artifact, chained)
-        draws = random.Random(5)
+        rounds: dict[str, int] = {}
 
-        def counts(n):
-            return [draws.randint(0, K) for _ in range(n)]
+        def count(seq) -> int:
+            """A request's n-th round takes the same drawn count in both runs, whichever side
+            (the chain at launch, the host at acceptance) asks and in whatever order."""
+            n = rounds[seq.id] = rounds.get(seq.id, -1) + 1
+            return random.Random(f"5/{seq.id}/{n}").randint(0, K)
+
+        def counts(samplers):  # the host's rows name their request by its sampler
+            by_sampler = {id(seq.sampler): seq for seq in engine.scheduler.running}
+            return [count(by_sampler[id(sampler)]) for sampler in samplers]
         try:
             spec, runner, drafted, launched, ahead = engine.speculator, engine.runner, [], [], []
             keep = runner.keep  # each verify step's drafts, as it settles
@@ -115,13 +122,13 @@ def test_the_engine_serves_the_same_through_the_chain_on_the_cpu_graph_step(monk
             # then the target's pick after them
             monkeypatch.setattr(postprocess, "accept", lambda rows: [
                 [*d[:j], int(rows_[j].argmax())]
-                for (_, d, rows_), j in zip(rows, map(min, counts(len(rows)),
+                for (_, d, rows_), j in zip(rows, map(min, counts([r[0] for r in rows]),
                                                        [len(d) for _, d, _ in rows]))])
             if chained:
                 launched = counting(engine.runner.chain, "launch")
                 ahead = counting(engine.runner.chain, "launch_ahead")
                 spec.drafter = _Forced(spec.drafter, None)
-                spec.drafter.forced_counts = lambda d: counts(len(d))
+                spec.drafter.forced_counts = lambda d, seqs: [count(seq) for seq in seqs]
             tokens = _run(engine, prompts, 12)
         finally:
             engine.stop()
