@@ -35,13 +35,14 @@ profile_step() {  # name, bench/profile_step.py arguments...: the 35B-A3B fp8-ro
 }
 
 prefill_bench() {  # tag tree arch: `ninfer bench --prefill 8192` of the fp8-row shape ARCH run
-  # from TREE (a carried tree: -P keeps the working directory's off sys.path) into
+  # from TREE (a carried tree: -P keeps the working directory's off sys.path), in 4096-token
+  # chunks whatever the tree's default (an older tree's was 4096, the auto value now 8192), into
   # $OUT/r/prefill-ARCH-TAG.{json,log}, its prefill line echoed
   local tag=$1 tree=$2 arch=$3
   [ "$(left)" -gt 90 ] || { echo "$tag $arch: no time left"; return; }
   PYTHONPATH=$tree:/tmp/site timeout "$(( $(left) - 20 ))" python3 -P -m ninfer_engine.cli.tools \
     bench --arch "$arch" --weights fp8-row --context 1024 --concurrency none --spec-rates none \
-    --prefill 8192 --no-peer --out "$OUT/r/prefill-$arch-$tag.json" \
+    --prefill 8192 --prefill-chunk 4096 --no-peer --out "$OUT/r/prefill-$arch-$tag.json" \
     > /dev/null 2> "$OUT/r/prefill-$arch-$tag.log"
   echo "$tag $arch: $(grep -E '^prefill' "$OUT/r/prefill-$arch-$tag.log" | tail -1) at $SECONDS s"
 }

@@ -44,8 +44,11 @@ def prefill_chunk_for(config: EngineConfig, device: torch.device) -> int:
     35B-A3B: their TTFT p99 35-37 ms against 51-65, bench/results/h100-ttft-burst-handover.md).
     1024 on the CPU, whose matmuls are full at that size and where a long chunk stalls
     concurrent decodes for seconds."""
-    if config.prefill_chunk is not None:
-        return config.prefill_chunk
+    return auto_prefill_chunk(device) if config.prefill_chunk is None else config.prefill_chunk
+
+
+def auto_prefill_chunk(device: torch.device) -> int:
+    """`--prefill-chunk auto` on `device` (`prefill_chunk_for`; `ninfer bench`'s default)."""
     if device.type != "cuda":
         return 1024
     return 8192 if torch.cuda.get_device_properties(device).total_memory >= BIG_DEVICE_BYTES \

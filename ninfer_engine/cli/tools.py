@@ -116,9 +116,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="context of every sequence in the aggregate decode (default 1024)")
     bench.add_argument("--prefill", type=int, default=8192, metavar="TOKENS",
                        help="prompt length of the timed prefill (default 8192; 0 skips)")
-    bench.add_argument("--prefill-chunk", type=int, default=4096, metavar="N",
-                       help="prefill chunk, as the engine's --prefill-chunk (default 4096, its "
-                            "auto value on CUDA devices under 70 GiB; 8192 above)")
+    bench.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                       help="prefill chunk, as the engine's --prefill-chunk (default: its auto "
+                            "value, 8192 on a device of >= 70 GiB, 4096 below)")
     bench.add_argument("--draft-tokens", type=int, default=3, metavar="K",
                        help="drafts a verify row carries in the speculative section (default 3)")
     bench.add_argument("--spec-rates", type=_rates, default=[3.67, 2.4], metavar="R,R",

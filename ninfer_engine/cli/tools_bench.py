@@ -55,6 +55,10 @@ def _bench(args: argparse.Namespace) -> int:
     if too_big:
         return _fail(too_big)
 
+    if args.prefill_chunk is None:  # the served engine's own budget: the bench measures it
+        from ..serving import auto_prefill_chunk
+
+        args.prefill_chunk = auto_prefill_chunk(torch.device("cuda"))
     if min(args.prefill, args.concurrency_context) < 0 \
             or min(args.prefill_chunk, args.peer_steps, args.peer_prompt, args.draft_tokens) < 1:
         return _fail("negative lengths, or fewer than 1 chunk/step/prompt/draft token")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -110,8 +111,6 @@ def test_served_sampling_times_the_presets_penalties(monkeypatch):
 
 
 def test_served_sampling_is_the_preset_made_greedy():
-    from types import SimpleNamespace
-
     from ninfer_engine.types import SamplingParams
 
     engine = SimpleNamespace(sampling_defaults=SamplingParams(
@@ -200,6 +199,8 @@ def test_cli_passes_every_section_flag(monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (int(141e9), int(150e9)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=int(150e9)))
     monkeypatch.setattr(run, "run_decode_bench", fake)
     out, md = tmp_path / "r.json", tmp_path / "r.md"
     assert main(["bench", "--arch", "27b", "--context", "1024", "--concurrency", "1,2",
@@ -207,7 +208,9 @@ def test_cli_passes_every_section_flag(monkeypatch, tmp_path, capsys):
     assert seen["concurrency"] == [1, 2] and seen["prefill"] == 4096 and seen["peer"] == "none"
     assert seen["spec_rates"] == [3.67, 2.4] and seen["spec_batches"] == [1, 8]
     assert seen["draft_tokens"] == 3 and "--spec-rates 3.67,2.4" in seen["command"]
-    assert seen["prefill_chunk"] == 4096 and seen["concurrency_context"] == 1024
+    # the chunk is the engine's auto value on this (141-GB) device, and the command says so
+    assert seen["prefill_chunk"] == 8192 and seen["concurrency_context"] == 1024
+    assert "--prefill-chunk 8192" in seen["command"]
     assert "--concurrency 1,2" in seen["command"] and "--no-peer" in seen["command"]
     assert json.loads(out.read_text())["arch"] == "35b-a3b"
     assert md.read_text() == capsys.readouterr().out
