@@ -42,6 +42,9 @@ def prefill_chunk_for(config: EngineConfig, device: torch.device) -> int:
     ≥ 70 GiB (vLLM's API-server default there too): eight 1K-token prompts arriving together
     then share one prompt step, where 4096 split them into two or three (H100, 8-layer
     35B-A3B: their TTFT p99 35-37 ms against 51-65, bench/results/h100-ttft-burst-handover.md).
+    The chunk is also a hybrid prompt's snapshot spacing (`build_memory`): at 8192 a shared
+    prefix is found up to 8191 tokens short of its end, where 4096 found it up to 4095 short
+    (not measured on a served replay; `--prefill-chunk 4096` keeps the finer spacing).
     1024 on the CPU, whose matmuls are full at that size and where a long chunk stalls
     concurrent decodes for seconds."""
     return auto_prefill_chunk(device) if config.prefill_chunk is None else config.prefill_chunk
