@@ -14,6 +14,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from ttft_burst_table import ratios, run_key  # this folder: the script's own on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 README = ROOT / "README.md"
@@ -599,20 +601,18 @@ def _gdn_tiles_and_burst_rows() -> list[str]:
                     f"{bf16:.1f} ms | fp32 tiles {fp32:.1f} ms (in turn, one call) | "
                     f"{fp32 / bf16:.2f}× |")
     # (file, the server's runs in it, what the row says of them)
-    for name, server, how in (("h100-ttft-burst-handover.json", "p8192", "`--prefill-chunk "
+    for name, server, how in (("h100-ttft-burst-handover.json", "-p8192", "`--prefill-chunk "
                                "8192`, the auto value there"),
                               ("h100-ttft-burst-auto.json", "", "auto chunk, another lease, "
                                "slower host")):
         r = _load(name)
         if not r:
             continue
-        # labels burstC-ROUND[-SERVER], ratio keys "round R[ (SERVER)]" (ttft_burst_table.py)
-        ours = [b for b in r["bursts"] if b["label"].partition("-")[2].partition("-")[2]
-                == server]
-        c8 = [b["ttft_p99_s"] * 1e3 for b in ours if b["label"].startswith("burst8-")]
-        c1 = [b["ttft_median_s"] * 1e3 for b in ours if b["label"].startswith("burst1-")]
-        each = [v["p99_c8_over_median_c1"] for k, v in r["ratios"].items()
-                if k.partition(" (")[2].rstrip(")") == server]
+        ours = [b for b in r["bursts"] if run_key(b["label"])[0] == server]
+        c8 = [b["ttft_p99_s"] * 1e3 for b in ours if b["concurrency"] == 8]
+        c1 = [b["ttft_median_s"] * 1e3 for b in ours if b["concurrency"] == 1]
+        each = [v["p99_c8_over_median_c1"]
+                for v in ratios({b["label"]: b for b in ours}).values()]
         rows.append(f"| H100, 35B-A3B shape cut to 8 layers, fp8-row, served: TTFT p99 of eight "
                     f"1K-token prompts arriving together ({how}; {len(c8)} rounds) | "
                     f"{min(c8):.1f}-{max(c8):.1f} ms | one at a time, median "

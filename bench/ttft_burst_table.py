@@ -14,14 +14,10 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from report import write_report  # noqa: E402
-
-COMMAND = ("OUT=$OUT [CHUNKS=...] bash bench/ttft_burst_device.sh (ninfer-serve "
+COMMAND = ("OUT=$OUT [CHUNKS=...] ROUNDS={rounds} bash bench/ttft_burst_device.sh (ninfer-serve "
            "--max-concurrency 8 --max-context 8192 --kv-capacity 65536 [--prefill-chunk N]; "
            "bench/serve_staggered.py --burst --concurrency 1|8 --requests 16 --max-tokens 64 "
-           "--prompt-chars 4300, ROUNDS times each: 2 unless the file says)")
+           "--prompt-chars 4300, {rounds} times each)")
 TITLE = ("TTFT of 1K-token prompts one at a time and eight together ({gpu}, 35B-A3B shape cut "
          "to 8 layers, fp8-row, served over HTTP)")
 
@@ -29,8 +25,9 @@ TITLE = ("TTFT of 1K-token prompts one at a time and eight together ({gpu}, 35B-
 LABEL = re.compile(r"burst(\d+)-(\d+)(-.+)?$")  # burstC-ROUND[-SERVER], as the script names
 
 
-def _run_key(label: str) -> tuple:
-    """(server, round, concurrency): the table's order."""
+def run_key(label: str) -> tuple:
+    """(server, round, concurrency): the table's order (server: "" for the server's own
+    chunk, else "-p" and the chunk given; `readme_table.py` picks a server's runs by it)."""
     c, r, server = LABEL.match(label).groups()
     return server or "", int(r), int(c)
 
@@ -38,7 +35,7 @@ def _run_key(label: str) -> tuple:
 def ratios(bursts: dict[str, dict]) -> dict[str, dict]:
     """Per server and round: TTFT p99 at concurrency 8 over the median and the p99 at 1."""
     out = {}
-    for server, r in sorted({_run_key(label)[:2] for label in bursts}):
+    for server, r in sorted({run_key(label)[:2] for label in bursts}):
         one, eight = bursts.get(f"burst1-{r}{server}"), bursts.get(f"burst8-{r}{server}")
         if one and eight:
             p99 = eight["ttft_p99_s"]
@@ -81,12 +78,16 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True, help="path without .json/.md")
     ap.add_argument("--note", type=Path, help="a markdown file of what the server's log showed")
     args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from report import write_report  # (torch: not for `readme_table.py`, which imports this)
+
     bursts = sorted((json.loads(p.read_text()) for p in args.run_dir.glob("burst-c*-*.json")),
-                    key=lambda b: _run_key(b["label"]))
+                    key=lambda b: run_key(b["label"]))
     if not bursts:
         raise SystemExit(f"no burst-c*-*.json in {args.run_dir}")
     result = dict(meta=dict(title=TITLE.format(gpu=args.gpu), machine=args.machine,
-                            date=args.date, tree=args.tree, command=COMMAND),
+                            date=args.date, tree=args.tree, command=COMMAND.format(
+                                rounds=max(run_key(b["label"])[1] for b in bursts))),
                   bursts=bursts, ratios=ratios({b["label"]: b for b in bursts}),
                   note=args.note.read_text().strip() if args.note else None)
     write_report(args.out, result, markdown)

@@ -27,7 +27,7 @@ in bf16). `GatedDeltaNet` passes `tf32=True` only for bf16/fp16 activations, so 
 `tiles_dtype=torch.bfloat16` stores the precompute's five tiles (w, u, qd, ke, p) in bf16, each
 rounded once (u = 2⁻⁸), and the walk widens them back to fp32: half the bytes of the two launches
 that are bound by them (~1 GB a layer at 8 × 955 tokens), FLA's storage precision. The engine
-keeps fp32 tiles until `bench/gdn_prompt_parts.py` has timed both on a GPU.
+stores them so (`models.gdn.BF16_TILES`, bench/results/h100-gdn-bf16-tiles.md).
 """
 
 from __future__ import annotations

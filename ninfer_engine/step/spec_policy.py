@@ -40,6 +40,11 @@ class _Rates:
     every: int = PROBE  # steps between probes of the losing side
     probing: bool = False  # the step now running is a probe of the losing side
 
+    @property
+    def verify_wins(self) -> bool:
+        """Verify steps beat plain ones by `MARGIN` (both measured)."""
+        return self.verify >= MARGIN * self.plain
+
 
 class SpecPolicy:
     """`speculate(batch)` before a step, `record(batch, verified, tokens, seconds)` after it."""
@@ -52,7 +57,7 @@ class SpecPolicy:
         r = self._buckets.setdefault(bucket(batch), _Rates())
         if r.verify is None or r.plain is None:  # measure both sides first
             return r.verify is None
-        wins = r.verify >= MARGIN * r.plain
+        wins = r.verify_wins
         r.since_probe += 1
         if r.since_probe >= r.every:  # try the losing side again
             r.since_probe, r.probing = 0, True
@@ -74,8 +79,7 @@ class SpecPolicy:
         else:
             r.plain = new
         if probe:  # still losing: wait twice as long for the next; won: probe the other soon
-            wins = r.verify >= MARGIN * r.plain
-            r.every = min(2 * r.every, PROBE_MAX) if wins != verified else PROBE
+            r.every = min(2 * r.every, PROBE_MAX) if r.verify_wins != verified else PROBE
 
     def rates(self, batch: int) -> tuple[float | None, float | None]:
         """(plain, verify) tokens/s of `batch`'s bucket, None where not measured yet."""
