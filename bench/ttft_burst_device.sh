@@ -17,7 +17,8 @@ for chunk in ${CHUNKS:-auto}; do
   [ "$chunk" = auto ] || { flag=(--prefill-chunk "$chunk"); tag="-p$chunk"; }
   setsid python3 -P -m ninfer_tui.cli "$MODEL" --no-tui --host 127.0.0.1 --port 18080 \
     --model-id bench --max-concurrency 8 --max-context 8192 --kv-capacity 65536 "${flag[@]}" \
-    --log-stats-interval-ms 1000 > "$OUT/r/serve$tag.log" 2>&1 &
+    --log-stats-interval-ms 1000 --request-log-jsonl "$OUT/r/requests$tag.jsonl" \
+    > "$OUT/r/serve$tag.log" 2>&1 &
   pid=$!
   for _ in $(seq 300); do curl -sf http://127.0.0.1:18080/health >/dev/null && break; sleep 1; done
   echo "prefill chunk $chunk: healthy at $SECONDS s"

@@ -124,9 +124,10 @@ class TraceObserver(NullObserver):
         self.scope.sinks.metrics.request_done(finish, usage, timings, ttft_s)
         log = self.scope.sinks.log
         if log is not None:
+            first_output_s = None if first_output_at is None else first_output_at - arrived
             log.request_done(trace.number, self.scope.request_id, trace.protocol, finish,
                              stop_sequence is not None, usage, timings,
-                             trace.started_at - arrived, ttft_s, total_s)
+                             trace.started_at - arrived, ttft_s, total_s, first_output_s)
 
     def ended(self, trace: RequestTrace, outcome: str, phase: str, status: int,
               code: str | None) -> None:

@@ -9,7 +9,8 @@ preparation finished, and `throughput` per `--log-stats-interval-ms` (idle inter
 
 Prompts, outputs, stop strings and keys are never written. In `timings_seconds`, `prepare`,
 `ttft` and `total` are measured from the HTTP request's arrival (`ttft` is the engine's, the
-same figure as the console, the stderr line and `/metrics`); `prefill` and `decode` are the
+same figure as the console, the stderr line and `/metrics`; `first_output` is when that token
+reached this process, what a client sees less the socket); `prefill` and `decode` are the
 engine's phase durations, `vision` the vision tower's share of the prefill (null for a request
 without media). A `throughput` event covers the time since the previous one.
 """
@@ -147,7 +148,8 @@ class RequestLog:
 
     def request_done(self, number: int, request_id: str, protocol: str, finish: str,
                      stop_sequence_matched: bool, usage: Usage, timings: Timings,
-                     prepare_s: float, ttft_s: float | None, total_s: float) -> None:
+                     prepare_s: float, ttft_s: float | None, total_s: float,
+                     first_output_s: float | None = None) -> None:
         computed = timings.prompt_n or usage.prompt_tokens - usage.cached_tokens
         self.write(
             "request_done", id=number, request_id=request_id, protocol=protocol,
@@ -158,6 +160,7 @@ class RequestLog:
                     "prefix_cache_hit_tokens": usage.cached_tokens,
                     "prefix_reuse_path": timings.reuse_path},
             timings_seconds={"prepare": _seconds(prepare_s), "ttft": _seconds(ttft_s),
+                             "first_output": _seconds(first_output_s),
                              "vision": _seconds(timings.vision_s) if timings.vision_s else None,
                              "prefill": _seconds(timings.prefill_s),
                              "decode": _seconds(timings.decode_s), "total": _seconds(total_s)},

@@ -45,7 +45,6 @@ class StepPostprocess:
             if chunk.seq.request.report_progress:
                 chunk.seq.report_progress()  # before its first token, if this chunk samples
             self.memory.prefilled(chunk.seq)  # its full pages (and snapshot) join the tree
-        now = time.monotonic()
         rows = []
         for row, seq in enumerate(batch.sampled):
             try:
@@ -58,6 +57,9 @@ class StepPostprocess:
             tokens = [token_of[id(batch.sampled[row])] for row in plain]
         else:  # with every row verifying there is nothing to sample (and `logits` is None)
             tokens = self._next_tokens(batch.sampled, plain, logits) if plain else []
+        # stamped once the tokens are on the host: a stamp taken before that read came ~10 ms
+        # early for a kernel-bound prompt step (its launches end long before its kernels do)
+        now = time.monotonic()
         for row, token in zip(plain, tokens):
             seq = batch.sampled[row]
             try:
@@ -66,7 +68,7 @@ class StepPostprocess:
             except Exception as exc:
                 self._fail_request(seq, exc)
         if verified:
-            self._accept(batch, verified, now)
+            now = self._accept(batch, verified)
         if self.speculator is not None and batch.decode and not batch.chunks:
             # pure decode steps, plain or verifying: what `spec_policy` compares; a step
             # launched before the one before settled (lookahead, a chain round ahead) costs
@@ -91,9 +93,10 @@ class StepPostprocess:
                 self._retire(seq)
         self._settled = time.perf_counter()
 
-    def _accept(self, batch: Batch, verified: dict, now: float) -> None:
+    def _accept(self, batch: Batch, verified: dict) -> float:
         """Acceptance of the step's verify rows (`acceptance.accept`); each row keeps the
-        tokens it emitted and rolls back the rest (`runner.keep`)."""
+        tokens it emitted and rolls back the rest (`runner.keep`). Returns when their tokens
+        reached the host (the time they are stamped with)."""
         rows = [seq for seq in batch.decode if id(seq) in verified]
         emitted = []
         live = [seq for seq in rows if seq.finish_reason is None]
@@ -103,6 +106,7 @@ class StepPostprocess:
         except Exception as exc:  # these requests only
             for seq in rows:
                 self._fail_request(seq, exc)
+        now = time.monotonic()
         taken = iter(emitted)
         kept = {}
         for seq in rows:
@@ -123,6 +127,7 @@ class StepPostprocess:
                 self._fail_request(seq, exc)
             kept[id(seq)] = max(len(seq.output) - before, 1)
         self.runner.keep(batch, [kept.get(id(seq), 1) for seq in batch.decode])
+        return now
 
     def _next_tokens(self, sampled: list[Sequence], rows: list[int],
                      logits: torch.Tensor) -> list[int | None]:

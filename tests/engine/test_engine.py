@@ -11,6 +11,7 @@ import torch
 from ninfer_engine import engine as engine_module
 from ninfer_engine.config import EngineConfig
 from ninfer_engine.engine import Engine, EngineLoadError
+from ninfer_engine.step import postprocess
 from ninfer_engine.types import EngineState, GenerationRequest, SamplingParams
 
 from .helpers import FakeArtifact, tiny_llama
@@ -72,6 +73,27 @@ def test_greedy_generation_to_length(artifact):
     assert "".join(e.text for e in events) == engine.tokenizer.decode(ids, skip_special_tokens=True)
     assert final.timings.predicted_n == 12 and final.timings.prompt_n == len(PROMPT)
 
+
+def test_the_first_token_is_stamped_once_its_step_s_tokens_reached_the_host(artifact,
+                                                                          monkeypatch):
+    """TTFT ends when the token is on the host: on a GPU the read waits for the step's kernels,
+    which outlast its launches for a big prompt step, so that wait belongs in it (a stamp
+    before the read made a kernel-bound step's TTFT ~10 ms early). The read here waits 0.3 s;
+    the rest of this prompt's steps take a few ms."""
+    real, slept = postprocess.next_tokens, []
+
+    def waiting_read(seqs, logits):
+        if not slept:
+            slept.append(time.sleep(0.3))
+        return real(seqs, logits)
+
+    monkeypatch.setattr(postprocess, "next_tokens", waiting_read)
+    engine = _engine(artifact)
+    try:
+        final = asyncio.run(_collect(engine, _request(max_tokens=1)))[-1]
+    finally:
+        engine.stop()
+    assert slept and final.timings.queue_s + final.timings.prefill_s >= 0.3
 
 def test_same_tokens_alone_and_batched(artifact):
     engine = _engine(artifact, max_concurrency=3)

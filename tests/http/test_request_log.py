@@ -98,6 +98,8 @@ def test_events_in_order_one_terminal_each_and_nothing_secret(serve, tmp_path):
     # TTFT is the engine's figure from arrival (queue wait + prefill), as everywhere else
     timings = Script().timings
     assert seconds["ttft"] == round(timings.queue_s + timings.prefill_s, 6)
+    # the scripted engine's times are made up; this process's receipt of the first token is not
+    assert seconds["prepare"] <= seconds["first_output"] <= seconds["total"]
     unprepared = next(e for e in rest if e["event"] == "request_rejected" and e["id"] is None)
     assert unprepared["status"] == 404 and unprepared["code"] == "model_not_found"
     assert unprepared["param"] == "model" and unprepared["type"] == "invalid_request_error"
