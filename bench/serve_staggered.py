@@ -105,9 +105,10 @@ async def _run(args) -> dict:
             return [await _one(session, url, args.model, text, args.max_tokens)
                     for text in prompts[i]]
 
-        t0 = time.perf_counter()
+        t0, t0_unix = time.perf_counter(), time.time()
         results = [r for rs in await asyncio.gather(*map(stream, range(args.concurrency)))
                    for r in rs]
+        span_unix_ms = [round(t0_unix * 1e3), round(time.time() * 1e3)]
     ok = [r for r in results if "error" not in r]
     wall = max(r["end"] for r in ok) - t0 if ok else float("nan")
     ttfts = sorted(r["ttft_s"] for r in ok if r["ttft_s"] is not None)
@@ -129,6 +130,9 @@ async def _run(args) -> dict:
             "gap_max_s": gaps[-1] if gaps else None,
             "prompt_tokens_median": statistics.median(r["prompt_tokens"] or 0 for r in ok),
             "nonce": args.nonce,
+            # wall clock from the first request's start to the last one's end: the server's
+            # request log lines of this run (`ttft_burst_table.py` reads them)
+            "span_unix_ms": span_unix_ms,
             "cached_prompt_tokens": sum(r["cached_tokens"] or 0 for r in ok),
             "errors": sorted({r["error"] for r in results if "error" in r})}
 

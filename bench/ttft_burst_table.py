@@ -1,6 +1,9 @@
 """Issue 18's TTFT ratio from one `bench/ttft_burst_device.sh` call: its `burst-c{1,8}-{round}`
 JSON files (bench/serve_staggered.py --burst) into one results JSON and a markdown table, with
 each round's TTFT p99 at concurrency 8 over TTFT at concurrency 1 (the median and the p99).
+Where the call kept the servers' request logs (`requests[-pN].jsonl`), each run's requests
+there (its `span_unix_ms`) give the server's side: median prepare, queue wait, TTFT and first
+output (the token's arrival in the HTTP process), all from the request's arrival.
 
     python3 bench/ttft_burst_table.py RUN_DIR --gpu H100 --machine "NVIDIA H100 80GB HBM3, ..." \
         --tree 6df9dd2 --out bench/results/h100-ttft-burst-2
@@ -11,6 +14,7 @@ import argparse
 import datetime
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -45,6 +49,31 @@ def ratios(bursts: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+SERVER_TIMES = ("prepare", "queue", "ttft", "first_output")
+
+
+def server_side(bursts: list[dict], run_dir: Path) -> None:
+    """Each burst's `server` figures: the medians of its requests' times in its server's
+    request log, ms (bursts of a call without the logs, or before `span_unix_ms`, get none)."""
+    for b in bursts:
+        log = run_dir / f"requests{run_key(b['label'])[0]}.jsonl"
+        if "span_unix_ms" not in b or not log.exists():
+            continue
+        start, end = b["span_unix_ms"]
+        done = [e for e in map(json.loads, log.read_text().splitlines())
+                if e["event"] == "request_done" and start <= e["timestamp_unix_ms"] <= end]
+        times = {name: [] for name in SERVER_TIMES}
+        for e in done:
+            seconds = e["timings_seconds"]
+            for name in SERVER_TIMES:
+                value = (e["engine_timing"]["queue_wait_seconds"] if name == "queue"
+                         else seconds.get(name))
+                if value is not None:
+                    times[name].append(value * 1e3)
+        b["server"] = {"requests": len(done), **{f"{name}_median_ms": round(
+            statistics.median(v), 2) for name, v in times.items() if v}}
+
+
 def markdown(result: dict) -> str:
     meta = result["meta"]
     lines = [f"# {meta['title']}", "", f"- machine: {meta['machine']}", f"- date: {meta['date']}",
@@ -58,6 +87,16 @@ def markdown(result: dict) -> str:
                      f"| {b['ttft_median_s'] * 1e3:.1f} | {b['ttft_p99_s'] * 1e3:.1f} "
                      f"| {b['decode_tok_s_median']:.0f} | {b['aggregate_tok_s']:.0f} "
                      f"| {'—' if cached is None else f'{cached:,}'} |")
+    served = [b for b in result["bursts"] if "server" in b]
+    if served:
+        lines += ["", "The server's side (its request log; medians from each request's arrival, "
+                  "ms; first output: when the token reached the HTTP process):", "",
+                  "| run | requests | prepare | queue | TTFT | first output |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for b in served:
+            cells = [b["server"].get(f"{name}_median_ms") for name in SERVER_TIMES]
+            lines.append(f"| {b['label']} | {b['server']['requests']} | " + " | ".join(
+                "—" if v is None else f"{v:.1f}" for v in cells) + " |")
     lines += ["", "| round | p99 at 8 / median at 1 | p99 at 8 / p99 at 1 |", "|---|---:|---:|"]
     for name, r in result["ratios"].items():
         lines.append(f"| {name} | {r['p99_c8_over_median_c1']:.2f} "
@@ -85,6 +124,7 @@ def main() -> int:
                     key=lambda b: run_key(b["label"]))
     if not bursts:
         raise SystemExit(f"no burst-c*-*.json in {args.run_dir}")
+    server_side(bursts, args.run_dir)
     result = dict(meta=dict(title=TITLE.format(gpu=args.gpu), machine=args.machine,
                             date=args.date, tree=args.tree, command=COMMAND.format(
                                 rounds=max(run_key(b["label"])[1] for b in bursts))),
