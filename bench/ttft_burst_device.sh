@@ -4,13 +4,14 @@
 # p50/p99 of 1K-token prompts arriving one at a time, then 8 together, ROUNDS times each
 # (default 2; bench/serve_staggered.py --burst), with the start-up log's warm-up and capture
 # lines; one server per --prefill-chunk in CHUNKS (default: the server's own auto, 8192 on a
-# device of >= 70 GiB).
-#   OUT=/tmp/o [CHUNKS="4096 8192"] [ROUNDS=4] bash bench/ttft_burst_device.sh
+# device of >= 70 GiB). LAYERS (default 8): the shape's depth, 40 for the whole 35B-A3B.
+#   OUT=/tmp/o [CHUNKS="4096 8192"] [ROUNDS=4] [LAYERS=40] bash bench/ttft_burst_device.sh
 #   (then bench/ttft_burst_table.py OUT/r: the table)
 source bench/device_env.sh
-MODEL=/dev/shm/ninfer-35b-a3b-8-fp8-row.ninfer
+LAYERS=${LAYERS:-8}
+MODEL=/dev/shm/ninfer-35b-a3b-$LAYERS-fp8-row.ninfer
 export PYTHONPATH=$PWD:/tmp/site
-python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers 8 --recipe fp8-row \
+python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers "$LAYERS" --recipe fp8-row \
   --device cuda -o "$MODEL" > "$OUT/r/synth.log" 2>&1 || tail -5 "$OUT/r/synth.log"
 for chunk in ${CHUNKS:-auto}; do
   flag=() tag=""

@@ -18,12 +18,12 @@ import statistics
 import sys
 from pathlib import Path
 
-COMMAND = ("OUT=$OUT [CHUNKS=...] ROUNDS={rounds} bash bench/ttft_burst_device.sh (ninfer-serve "
+COMMAND = ("OUT=$OUT [CHUNKS=...] ROUNDS={rounds}{layers} bash bench/ttft_burst_device.sh (ninfer-serve "
            "--max-concurrency 8 --max-context 8192 --kv-capacity 65536 [--prefill-chunk N]; "
            "bench/serve_staggered.py --burst --concurrency 1|8 --requests 16 --max-tokens 64 "
            "--prompt-chars 4300, {rounds} times each)")
-TITLE = ("TTFT of 1K-token prompts one at a time and eight together ({gpu}, 35B-A3B shape cut "
-         "to 8 layers, fp8-row, served over HTTP)")
+TITLE = ("TTFT of 1K-token prompts one at a time and eight together ({gpu}, 35B-A3B shape{depth}, "
+         "fp8-row, served over HTTP)")
 
 
 LABEL = re.compile(r"burst(\d+)-(\d+)(-.+)?$")  # burstC-ROUND[-SERVER], as the script names
@@ -113,6 +113,7 @@ def main() -> int:
     ap.add_argument("--machine", required=True)
     ap.add_argument("--gpu", required=True, help="the GPU's short name for the title: H100, H200")
     ap.add_argument("--tree", required=True, help="the commit the call ran")
+    ap.add_argument("--layers", type=int, default=8, help="the call's LAYERS (40: all)")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--out", type=Path, required=True, help="path without .json/.md")
     ap.add_argument("--note", type=Path, help="a markdown file of what the server's log showed")
@@ -125,9 +126,11 @@ def main() -> int:
     if not bursts:
         raise SystemExit(f"no burst-c*-*.json in {args.run_dir}")
     server_side(bursts, args.run_dir)
-    result = dict(meta=dict(title=TITLE.format(gpu=args.gpu), machine=args.machine,
+    depth = " (all 40 layers)" if args.layers == 40 else f" cut to {args.layers} layers"
+    result = dict(meta=dict(title=TITLE.format(gpu=args.gpu, depth=depth), machine=args.machine,
                             date=args.date, tree=args.tree, command=COMMAND.format(
-                                rounds=max(run_key(b["label"])[1] for b in bursts))),
+                                rounds=max(run_key(b["label"])[1] for b in bursts),
+                                layers="" if args.layers == 8 else f" LAYERS={args.layers}")),
                   bursts=bursts, ratios=ratios({b["label"]: b for b in bursts}),
                   note=args.note.read_text().strip() if args.note else None)
     write_report(args.out, result, markdown)
