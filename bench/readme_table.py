@@ -574,6 +574,18 @@ def _expert_offload_rows() -> list[str]:
                         f"step) | {got[0]:.0f}; {got[1]:.0f} tok/s | none {none[0]:.0f}; "
                         f"{none[1]:.0f} (same call) | {got[0] / none[0]:.2f}×; "
                         f"{got[1] / none[1]:.2f}× |")
+    ceiling = _load("h200-expert-offload-ceiling.json")
+    if ceiling:  # arithmetic over the measured rates (`bench/offload_ceiling.py`)
+        for row in ceiling["rows"]:
+            rows.append(f"| {shape}, fp8-row, batch 1, {row['host_share']:.0%} of the routed "
+                        f"experts in host RAM (uniform routing), the best measured against the "
+                        f"ceiling from the host's measured rates (bus {ceiling['bus_gbps']} "
+                        f"GB/s, CPU worker {ceiling['cpu_gbps']} GB/s, "
+                        f"{row['host_mb_per_token']:.0f} MB a token) | "
+                        f"{row['measured_best_tok_s']:.0f} tok/s | bound (overlapped) "
+                        f"{row['overlapped_tok_s']:.0f}; model (reads on the step's path) "
+                        f"{row['bus_serial_tok_s']:.0f} | "
+                        f"{row['measured_best_tok_s'] / row['overlapped_tok_s']:.2f}× the bound |")
     if peer:
         for row in peer["rows"][1:]:
             rows.append(f"| {shape}, batch 1, {row['ours_share']:.0%} of the routed experts in "
