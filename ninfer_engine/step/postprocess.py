@@ -57,8 +57,8 @@ class StepPostprocess:
             tokens = [token_of[id(batch.sampled[row])] for row in plain]
         else:  # with every row verifying there is nothing to sample (and `logits` is None)
             tokens = self._next_tokens(batch.sampled, plain, logits) if plain else []
-        # stamped once the tokens are on the host: a stamp taken before that read came ~10 ms
-        # early for a kernel-bound prompt step (its launches end long before its kernels do)
+        # stamped once the tokens are on the host: a kernel-bound prompt step's launches end
+        # long before its kernels do, and a stamp before this read was early by that gap
         now = time.monotonic()
         for row, token in zip(plain, tokens):
             seq = batch.sampled[row]
