@@ -613,10 +613,15 @@ def _gdn_tiles_and_burst_rows() -> list[str]:
                     f"{bf16:.1f} ms | fp32 tiles {fp32:.1f} ms (in turn, one call) | "
                     f"{fp32 / bf16:.2f}× |")
     # (file, the server's runs in it, what the row says of them)
-    for name, server, how in (("h100-ttft-burst-handover.json", "-p8192", "`--prefill-chunk "
-                               "8192`, the auto value there"),
-                              ("h100-ttft-burst-auto.json", "", "auto chunk, another lease, "
-                               "slower host")):
+    for name, server, how, depth in (
+            ("h100-ttft-burst-handover.json", "-p8192", "`--prefill-chunk 8192`, the auto value "
+             "there", "cut to 8 layers"),
+            ("h100-ttft-burst-auto.json", "", "auto chunk, another lease, slower host",
+             "cut to 8 layers"),
+            ("h100-ttft-burst-stamped.json", "", "auto chunk, tokens stamped on the host",
+             "cut to 8 layers"),
+            ("h100-ttft-burst-40l.json", "", "auto chunk, same call as the row above",
+             "(all 40 layers)")):
         r = _load(name)
         if not r:
             continue
@@ -625,7 +630,7 @@ def _gdn_tiles_and_burst_rows() -> list[str]:
         c1 = [b["ttft_median_s"] * 1e3 for b in ours if b["concurrency"] == 1]
         each = [v["p99_c8_over_median_c1"]
                 for v in ratios({b["label"]: b for b in ours}).values()]
-        rows.append(f"| H100, 35B-A3B shape cut to 8 layers, fp8-row, served: TTFT p99 of eight "
+        rows.append(f"| H100, 35B-A3B shape {depth}, fp8-row, served: TTFT p99 of eight "
                     f"1K-token prompts arriving together ({how}; {len(c8)} rounds) | "
                     f"{min(c8):.1f}-{max(c8):.1f} ms | one at a time, median "
                     f"{min(c1):.1f}-{max(c1):.1f} ms | {min(each):.2f}-{max(each):.2f}× by round "
