@@ -3,7 +3,7 @@ and any Triton kernel compiled during it.
 
     python3 bench/prompt_burst.py [--arch 35b-a3b] [--layers 8] [--weights fp8-row]
         [--bursts 1x120,8x120,8x120,1x955,8x955,8x955,3x955] [--served] [--prefix-reuse]
-        [--profile 8x120] [--syncs 8x120] [--prefill-activations fp8|bf16]
+        [--profile 8x120[,1x120]] [--syncs 8x120] [--prefill-activations fp8|bf16]
         [--gdn-walk chunk|split] [--gdn-tiles fp32|bf16] [--json PATH]
 
 Why (H200, 8-layer 35B-A3B shape, tree a50778c): served at concurrency 8, eight streams of equal
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 from triton import knobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,6 +50,7 @@ from ninfer_engine.models.qwen3_5 import Qwen35Model  # noqa: E402
 from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
 
 COMPILES: list[dict] = []  # name, specialisation, start and end (perf_counter)
+STEP_RANGE = "burst step "  # the profiler range of each of a burst's steps
 
 
 def _start(**kw) -> bool:
@@ -67,12 +68,13 @@ def burst(engine, prompts, sampling: SamplingParams, tag: str) -> dict:
             for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
     steps, first = [], [None] * len(seqs)
-    for _ in range(512):  # bounded
+    for k in range(512):  # bounded
         before = sum(s.cached for s in seqs)
         a = time.perf_counter()
-        busy = engine.step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        with record_function(f"{STEP_RANGE}{k}"):  # `gpu_timeline`'s windows under a profiler
+            busy = engine.step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
         b = time.perf_counter()
         during = [c for c in COMPILES if c["t0"] >= a]
         steps.append({"ms": round((b - a) * 1e3, 2),
@@ -89,6 +91,33 @@ def burst(engine, prompts, sampling: SamplingParams, tag: str) -> dict:
             break
     return {"burst": len(prompts), "prompt": len(prompts[0]), "first_token_ms": first,
             "steps": steps}
+
+
+def gpu_timeline(events) -> list[dict]:
+    """Per profiled step (its `record_function` window, which ends in a device sync): the host
+    window, the union of its kernels' intervals (busy), and the device's idle time inside the
+    span from the first kernel's start to the last one's end (where kernels waited on the host),
+    all ms. Kernels belong to the window they start in."""
+    windows = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                     if e.name.startswith(STEP_RANGE))
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in events
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    out = []
+    for start, end, name in windows:
+        mine = [k for k in kernels if start <= k[0] <= end]
+        if not mine:
+            continue
+        busy, reach = 0.0, mine[0][0]
+        for a, b in mine:  # union of the intervals
+            busy += max(0.0, b - max(a, reach))
+            reach = max(reach, b)
+        span = reach - mine[0][0]
+        out.append({"step": int(name[len(STEP_RANGE):]),
+                    "window_ms": round((end - start) / 1e3, 3),
+                    "kernels": len(mine), "busy_ms": round(busy / 1e3, 3),
+                    "span_ms": round(span / 1e3, 3), "idle_ms": round((span - busy) / 1e3, 3),
+                    "lead_ms": round((mine[0][0] - start) / 1e3, 3)})
+    return out
 
 
 def profiled(engine, prompts, sampling) -> dict:
@@ -113,8 +142,9 @@ def profiled(engine, prompts, sampling) -> dict:
     on_device = [e for e in kernels if e.device_type == torch.autograd.DeviceType.CUDA]
     kernel_ms = (sum(e.self_device_time_total for e in on_device) if on_device
                  else sum(getattr(e, key) for e in kernels)) / 1e3
-    return {"wall_ms": wall * 1e3, "kernel_ms": kernel_ms,
-            "steps": result["steps"], "launches": launches, "kernels": kernels.table(
+    return {"wall_ms": wall * 1e3, "kernel_ms": kernel_ms, "steps": result["steps"],
+            "timeline": gpu_timeline(prof.events()) if on_device else [],
+            "launches": launches, "kernels": kernels.table(
                 sort_by=key, row_limit=20, max_name_column_width=60) + kernels.table(
                 sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60),
             "host": out.getvalue()}
@@ -148,7 +178,8 @@ def main() -> None:
     ap.add_argument("--served", action="store_true",
                     help="sample as a served request (the preset's penalties), not plain greedy")
     ap.add_argument("--prefix-reuse", action="store_true", help="keep the served prefix cache")
-    ap.add_argument("--profile", metavar="COUNTxLENGTH", help="that burst again, profiled")
+    ap.add_argument("--profile", metavar="COUNTxLENGTH[,...]",
+                    help="those bursts again, profiled")
     ap.add_argument("--syncs", metavar="COUNTxLENGTH",
                     help="that burst again under CUDA's sync debug mode: where the host waits")
     ap.add_argument("--prefill-chunk", type=int, default=None,
@@ -198,14 +229,17 @@ def main() -> None:
         print(f"compiles after warm-up: {len(COMPILES)}")
         for c in COMPILES:
             print(f"  {c['name']} {(c.get('t1', c['t0']) - c['t0']) * 1e3:.0f} ms  {c['variant']}")
-        if args.profile:
-            n, length = map(int, args.profile.split("x"))
+        for spec in args.profile.split(",") if args.profile else []:
+            n, length = map(int, spec.split("x"))
             p = profiled(engine, random_prompts(n, length, config["vocab_size"], seed=99),
                          sampling)
-            out["profile"] = {k: v for k, v in p.items() if k not in ("kernels", "host")}
-            print(f"profiled {args.profile}: wall {p['wall_ms']:.1f} ms, kernels "
+            out.setdefault("profiles", {})[spec] = {k: v for k, v in p.items()
+                                                    if k not in ("kernels", "host")}
+            print(f"profiled {spec}: wall {p['wall_ms']:.1f} ms, kernels "
                   f"{p['kernel_ms']:.1f} ms, {p['launches']} launches\n{p['kernels']}\n"
                   f"{p['host']}")
+            for row in p["timeline"]:  # the device's busy and idle time, step by step
+                print("timeline " + " ".join(f"{k} {v}" for k, v in row.items()), flush=True)
         if args.syncs and args.device == "cuda":
             n, length = map(int, args.syncs.split("x"))
             out["syncs"] = syncs(engine, random_prompts(n, length, config["vocab_size"],
