@@ -98,10 +98,11 @@ def gpu_timeline(events) -> list[dict]:
     window, the union of its kernels' intervals (busy), and the device's idle time inside the
     span from the first kernel's start to the last one's end (where kernels waited on the host),
     all ms. Kernels belong to the window they start in."""
+    cuda = torch.autograd.DeviceType.CUDA  # the ranges show on the device too: not kernels
     windows = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
-                     if e.name.startswith(STEP_RANGE))
+                     if e.name.startswith(STEP_RANGE) and e.device_type != cuda)
     kernels = sorted((e.time_range.start, e.time_range.end) for e in events
-                     if e.device_type == torch.autograd.DeviceType.CUDA)
+                     if e.device_type == cuda and not e.name.startswith(STEP_RANGE))
     out = []
     for start, end, name in windows:
         mine = [k for k in kernels if start <= k[0] <= end]
@@ -139,7 +140,8 @@ def profiled(engine, prompts, sampling) -> dict:
     pstats.Stats(host, stream=out).sort_stats("tottime").print_stats(25)
     pstats.Stats(host, stream=out).sort_stats("cumulative").print_stats("ninfer_engine", 40)
     # the kernels' own rows: an op's row counts its kernels' time again
-    on_device = [e for e in kernels if e.device_type == torch.autograd.DeviceType.CUDA]
+    on_device = [e for e in kernels if e.device_type == torch.autograd.DeviceType.CUDA
+                 and not e.key.startswith(STEP_RANGE)]
     kernel_ms = (sum(e.self_device_time_total for e in on_device) if on_device
                  else sum(getattr(e, key) for e in kernels)) / 1e3
     return {"wall_ms": wall * 1e3, "kernel_ms": kernel_ms, "steps": result["steps"],

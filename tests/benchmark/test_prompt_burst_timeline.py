@@ -23,6 +23,7 @@ def test_overlapping_kernels_count_once_and_the_gaps_between_them_are_idle():
     events = [_event(f"{STEP_RANGE}0", 0, 10_000),
               _event("a", 100, 2_000, CUDA), _event("b", 1_500, 3_000, CUDA),  # overlap
               _event("c", 5_000, 9_000, CUDA),  # after a 2 ms gap
+              _event(f"{STEP_RANGE}0", 100, 9_000, CUDA),  # the range's own device row
               _event(f"{STEP_RANGE}1", 10_000, 12_000), _event("d", 10_500, 11_000, CUDA),
               _event(f"{STEP_RANGE}2", 12_000, 13_000)]  # no kernel: no row
     first, second = gpu_timeline(events)
