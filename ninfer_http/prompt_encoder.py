@@ -5,8 +5,12 @@ burst of eight such requests was tokenized one after the other while nothing els
 last one reached the engine ~20 ms after it arrived, and streams in flight waited to be
 written. Here one worker thread takes every prompt queued so far and encodes them in one
 `encode_batch` call, which runs without the GIL and spreads the texts over the runtime's own
-threads (vLLM's `AsyncMicrobatchTokenizer` does the same). Short texts are encoded in place:
-the hand-over to the thread and back costs about what they take.
+threads (vLLM's `AsyncMicrobatchTokenizer` does the same). The first prompt of a batch starts
+the worker one turn of the loop later, so the requests read in the same turn join its call
+(started at once, it encoded a burst's first prompt alone and the others waited for it: the
+H100's request logs showed eight 1K-token prompts' preparation at 3.4-4.2 ms against 1.6-1.7
+for one; vLLM's tokenizer waits up to 2 ms for a batch). Short texts are encoded in place: the
+hand-over to the thread and back costs about what they take.
 """
 from __future__ import annotations
 
@@ -40,12 +44,21 @@ class PromptEncoder:
         with self._lock:
             self._queued.append((tokenizer, text, loop, future))
             start, self._draining = not self._draining, True
-        if start:
-            self._worker.submit(self._drain)
+        if start:  # after the handlers this turn of the loop runs: they queue theirs first
+            loop.call_soon(self._start_drain)
         return await future
 
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
+
+    def _start_drain(self) -> None:
+        try:
+            self._worker.submit(self._drain)
+        except RuntimeError as exc:  # closed meanwhile: the queued requests fail, none hangs
+            with self._lock:
+                jobs, self._queued, self._draining = self._queued, [], False
+            for _, _, loop, future in jobs:
+                loop.call_soon_threadsafe(_settle, future, exc)
 
     def _drain(self) -> None:
         """On the worker: encode what is queued, in one call per tokenizer, until none is."""

@@ -106,3 +106,32 @@ def test_a_request_cancelled_while_queued_leaves_the_others_intact():
     tok, (first, kept), gone = asyncio.run(scenario())
     assert gone.cancelled()
     assert first == tok.encode(LONG) and kept == tok.encode(f"y{LONG}")
+
+
+def test_prompts_whose_requests_are_read_in_one_turn_of_the_loop_share_one_call():
+    """Eight requests of a burst reach `encode` in one turn of the loop: one `encode_many` of
+    all eight, not the first alone and the rest after it."""
+    async def scenario():
+        encoder, tok = PromptEncoder(), GatedTokenizer()
+        tok.gate.set()
+        texts = [f"{i}{LONG}" for i in range(8)]
+        ids = await asyncio.gather(*(encoder.encode(tok, text) for text in texts))
+        encoder.close()
+        return tok, texts, ids
+
+    tok, texts, ids = asyncio.run(scenario())
+    assert ids == [tok.encode(text) for text in texts]
+    assert tok.batches == [texts]
+
+
+def test_a_batch_queued_as_the_encoder_closes_fails_instead_of_waiting():
+    async def scenario():
+        encoder, tok = PromptEncoder(), GatedTokenizer()
+        pending = asyncio.ensure_future(encoder.encode(tok, LONG))
+        await asyncio.sleep(0)  # queued; its drain starts on the next turn
+        encoder.close()
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(pending, 5)
+        assert tok.batches == []
+
+    asyncio.run(scenario())
