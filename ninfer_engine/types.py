@@ -111,7 +111,7 @@ class Timings:
     """Phase timings of one request, in seconds (llama.cpp's `timings` derive from these)."""
 
     queue_s: float = 0.0
-    prefill_s: float = 0.0  # admission -> first token sampled
+    prefill_s: float = 0.0  # admission -> first token read on the host (its step done)
     decode_s: float = 0.0  # first token -> last token
     prompt_n: int = 0  # prompt tokens actually computed (not reused)
     cache_n: int = 0  # prompt tokens reused from a prefix checkpoint
