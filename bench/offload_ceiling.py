@@ -69,12 +69,12 @@ def build() -> dict:
     cpu_gbps = worker["cpu_read_mb_per_token"] / worker["host_job_ms_per_step"]  # MB/ms = GB/s
     bus_gbps = contention["gpu_with_cpu_gbps"]
     device_ms = 1e3 / full
+    runs = (every["rows"] + auto["rows"]
+            + [r for run in threads["runs"].values() for r in run["rows"]])
     rows = []
     for share in SHARES:
         bus_row = _b1(every["rows"], share)[0]
         host_mb = bus_row["uniform_host_mb_per_token"]
-        runs = ([r for r in every["rows"] + auto["rows"]]
-                + [r for run in threads["runs"].values() for r in run["rows"]])
         best = max(r["tok_s"] for r in _b1(runs, share))
         auto_rows = _b1(auto["rows"], share, cpu_share_asked="auto")
         ms = ceilings(host_mb, bus_gbps, cpu_gbps, device_ms)

@@ -18,8 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
-COMMAND = ("OUT=$OUT [CHUNKS=...] ROUNDS={rounds}{layers} bash bench/ttft_burst_device.sh (ninfer-serve "
-           "--max-concurrency 8 --max-context 8192 --kv-capacity 65536 [--prefill-chunk N]; "
+COMMAND = ("OUT=$OUT [CHUNKS=...] ROUNDS={rounds}{layers} bash bench/ttft_burst_device.sh "
+           "(ninfer-serve --max-concurrency 8 --max-context 8192 --kv-capacity 65536 [--prefill-chunk N]; "
            "bench/serve_staggered.py --burst --concurrency 1|8 --requests 16 --max-tokens 64 "
            "--prompt-chars 4300, {rounds} times each)")
 TITLE = ("TTFT of 1K-token prompts one at a time and eight together ({gpu}, 35B-A3B shape{depth}, "
@@ -55,13 +55,16 @@ SERVER_TIMES = ("prepare", "queue", "ttft", "first_output")
 def server_side(bursts: list[dict], run_dir: Path) -> None:
     """Each burst's `server` figures: the medians of its requests' times in its server's
     request log, ms (bursts of a call without the logs, or before `span_unix_ms`, get none)."""
+    logs: dict[Path, list[dict]] = {}  # each server's log read once, for all its runs
     for b in bursts:
         log = run_dir / f"requests{run_key(b['label'])[0]}.jsonl"
         if "span_unix_ms" not in b or not log.exists():
             continue
+        if log not in logs:
+            logs[log] = [e for e in map(json.loads, log.read_text().splitlines())
+                         if e["event"] == "request_done"]
         start, end = b["span_unix_ms"]
-        done = [e for e in map(json.loads, log.read_text().splitlines())
-                if e["event"] == "request_done" and start <= e["timestamp_unix_ms"] <= end]
+        done = [e for e in logs[log] if start <= e["timestamp_unix_ms"] <= end]
         times = {name: [] for name in SERVER_TIMES}
         for e in done:
             seconds = e["timings_seconds"]

@@ -140,7 +140,7 @@ class Scheduler:
         from the front end (as of its last hand-over), so that a burst's prompts share one
         prompt step: only while a request is queued, the queued prompts leave room in the
         step's prompt budget, and until `ARRIVAL_WINDOW_S` past the newest queued request's
-        hand-over (`Sequence.handed`, else its arrival), at most `GATHER_LIMIT_S` past the
+        hand-over (`Sequence.handed`), at most `GATHER_LIMIT_S` past the
         oldest's arrival. 0: admit them now. (Decoding rows are not held up: their steps run
         meanwhile, `StepPrepare._gather`.)"""
         if preparing <= 0:
@@ -149,8 +149,7 @@ class Scheduler:
             if not self.pending:
                 return 0.0
             oldest = min(seq.arrived for seq in self.pending)
-            newest = max(seq.arrived if seq.handed is None else seq.handed
-                         for seq in self.pending)
+            newest = max(seq.handed for seq in self.pending)
             queued = sum(len(seq.prompt) for seq in self.pending)
         queued += sum(len(seq.prompt) - seq.cached for seq in self.running)
         if queued >= self.prefill_chunk:

@@ -60,7 +60,8 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     eos_token_ids: frozenset[int]
     arrived: float = field(default_factory=time.monotonic)
-    handed: float | None = None  # when the front end handed it to the engine (`Engine.add`)
+    # when the front end handed it to the engine (`Engine.add`); its arrival where none is given
+    handed: float | None = None
     cache: PagedKvCache | None = None
     state: Any = None  # recurrent-state slot (hybrid family)
     cached: int = 0  # tokens whose K/V is in the cache
@@ -85,6 +86,8 @@ class Sequence:
     _unsent: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.handed is None:
+            self.handed = self.arrived
         self.stop_filter = StopFilter(self.request.stop)
         self.thinking_cap = ThinkingCap.for_request(self.request)
 
