@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 COMMAND = ("OUT=$OUT [CHUNKS=...] ROUNDS={rounds}{layers} bash bench/ttft_burst_device.sh "
-           "(ninfer-serve --max-concurrency 8 --max-context 8192 --kv-capacity 65536 [--prefill-chunk N]; "
+           "(ninfer-serve --max-concurrency 8 --max-context 8192 --kv-capacity 65536 "
+           "[--prefill-chunk N]; "
            "bench/serve_staggered.py --burst --concurrency 1|8 --requests 16 --max-tokens 64 "
            "--prompt-chars 4300, {rounds} times each)")
 TITLE = ("TTFT of 1K-token prompts one at a time and eight together ({gpu}, 35B-A3B shape{depth}, "
