@@ -3,8 +3,9 @@ and any Triton kernel compiled during it.
 
     python3 bench/prompt_burst.py [--arch 35b-a3b] [--layers 8] [--weights fp8-row]
         [--bursts 1x120,8x120,8x120,1x955,8x955,8x955,3x955] [--served] [--prefix-reuse]
-        [--profile 8x120[,1x120]] [--syncs 8x120] [--prefill-activations fp8|bf16]
-        [--gdn-walk chunk|split] [--gdn-tiles fp32|bf16] [--json PATH]
+        [--profile 8x120[,1x120]] [--trace 8x955,1x955 --trace-dir D] [--syncs 8x120]
+        [--prefill-activations fp8|bf16] [--gdn-walk chunk|split] [--gdn-tiles fp32|bf16]
+        [--json PATH]
 
 Why (H200, 8-layer 35B-A3B shape, tree a50778c): served at concurrency 8, eight streams of equal
 length finish together and eight 120-token prompts arrive together each round; their first
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import gzip
 import io
 import json
 import pstats
@@ -152,6 +154,20 @@ def profiled(engine, prompts, sampling) -> dict:
             "host": out.getvalue()}
 
 
+def traced(engine, prompts, sampling, path: str) -> None:
+    """One burst under torch.profiler with Python stacks, written as a gzipped Chrome trace to
+    `path` (`bench/trace_gaps.py` charges the device's idle time to the host's functions)."""
+    on = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=on, with_stack=True) as prof:
+        burst(engine, prompts, sampling, "traced")
+    plain = path[:-3] if path.endswith(".gz") else path
+    prof.export_chrome_trace(plain)
+    if plain != path:
+        with open(plain, "rb") as src, gzip.open(path, "wb") as dst:
+            dst.write(src.read())
+        Path(plain).unlink()
+
+
 def syncs(engine, prompts, sampling) -> list[tuple[str, int]]:
     """One burst with CUDA's sync debug mode on: (file:line, count) of every host wait, most
     frequent first (the sampler's read of the picks is expected; one inside a forward is not)."""
@@ -182,6 +198,10 @@ def main() -> None:
     ap.add_argument("--prefix-reuse", action="store_true", help="keep the served prefix cache")
     ap.add_argument("--profile", metavar="COUNTxLENGTH[,...]",
                     help="those bursts again, profiled")
+    ap.add_argument("--trace", metavar="COUNTxLENGTH[,...]",
+                    help="those bursts again under torch.profiler with Python stacks, each "
+                    "one's Chrome trace to --trace-dir (bench/trace_gaps.py reads them)")
+    ap.add_argument("--trace-dir", default=".")
     ap.add_argument("--syncs", metavar="COUNTxLENGTH",
                     help="that burst again under CUDA's sync debug mode: where the host waits")
     ap.add_argument("--prefill-chunk", type=int, default=None,
@@ -242,6 +262,12 @@ def main() -> None:
                   f"{p['host']}")
             for row in p["timeline"]:  # the device's busy and idle time, step by step
                 print("timeline " + " ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+        for spec in args.trace.split(",") if args.trace else []:
+            n, length = map(int, spec.split("x"))
+            path = str(Path(args.trace_dir) / f"trace-{spec}.json.gz")
+            traced(engine, random_prompts(n, length, config["vocab_size"], seed=97), sampling,
+                   path)
+            print(f"trace of a {spec} burst: {path}", flush=True)
         if args.syncs and args.device == "cuda":
             n, length = map(int, args.syncs.split("x"))
             out["syncs"] = syncs(engine, random_prompts(n, length, config["vocab_size"],

@@ -11,8 +11,9 @@ source bench/device_env.sh
 LAYERS=${LAYERS:-8}
 MODEL=/dev/shm/ninfer-35b-a3b-$LAYERS-fp8-row.ninfer
 export PYTHONPATH=$PWD:/tmp/site
-python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers "$LAYERS" --recipe fp8-row \
-  --device cuda -o "$MODEL" > "$OUT/r/synth.log" 2>&1 || tail -5 "$OUT/r/synth.log"
+[ -f "$MODEL" ] || python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers "$LAYERS" \
+  --recipe fp8-row --device cuda -o "$MODEL" > "$OUT/r/synth.log" 2>&1 \
+  || tail -5 "$OUT/r/synth.log"  # (kept in /dev/shm for the call's next run)
 for chunk in ${CHUNKS:-auto}; do
   flag=() tag=""
   [ "$chunk" = auto ] || { flag=(--prefill-chunk "$chunk"); tag="-p$chunk"; }
