@@ -40,13 +40,14 @@ class DecodeGraphs:
     """Runs pure-decode batches through a static decoder (`load` → `step`), as CUDA graphs
     when `capture`.
 
-    One graph per (batch size, context bucket), captured at load for the first bucket
-    (`capture_at_start`) and otherwise the first time that shape runs, on the step's real
-    inputs. The warm-up before a capture runs the step once, which advances the rows' recurrent
-    state in their slots: `_record` saves that state first and puts it back (`save_state`),
-    so the replay computes the step exactly once; its K/V writes land where the replay's do.
-    Graphs read the pool tensors they were captured with; when an elastic pool grows into new
-    tensors, every graph is dropped and recaptured on demand.
+    One graph per (batch size, context bucket), captured at load for every bucket up to the
+    max context (`capture_at_start`); one dropped since (below) is captured again the first
+    time its shape runs, on the step's real inputs. The warm-up before a capture runs the step
+    once, which advances the rows' recurrent state in their slots: `_record` saves that state
+    first and puts it back (`save_state`), so the replay computes the step exactly once; its
+    K/V writes land where the replay's do. Graphs read the pool tensors they were captured
+    with; when an elastic pool grows into new tensors, every graph is dropped and recaptured
+    on demand.
 
     With a `prompt` step (the hybrid family's `EngineHybridPrompt`), a step's short prompt
     chunks run as one more graph (`prefill`), one per (chunks, padded row count of
@@ -234,12 +235,16 @@ class DecodeGraphs:
         return next(reversed(self._graphs.values()))[0] if self._graphs else None
 
     def capture_at_start(self) -> None:
-        """Capture the first context bucket for every batch size now (decode, and verify rows
-        of `max_q` tokens where the decoder has them), on scratch sequences in state slots 0..
-        (nobody holds a slot yet; a slot is zeroed when acquired) all on one pool page, which
-        goes back after (their K/V writes are garbage nobody reads, and an elastic pool does
-        not grow for them), so the first burst of traffic replays graphs instead of compiling
-        kernels and capturing (~5 s at batch 8 on the H200)."""
+        """Capture every context bucket up to the decoder's max context for every batch size
+        now (decode, and verify rows of `max_q` tokens where the decoder has them), on scratch
+        sequences in state slots 0.. (nobody holds a slot yet; a slot is zeroed when acquired)
+        all on one pool page, which goes back after (their K/V writes are garbage nobody
+        reads, and an elastic pool does not grow for them). A step reaches a bucket through
+        `ahead` alone, its rows staying at the page's first positions. So traffic replays
+        graphs instead of compiling kernels and capturing: a capture in traffic holds every
+        stream (~5 s at batch 8 on the H200 before the kernels warmed up at load; with the
+        first bucket alone captured, the H100's 8-layer 35B-A3B burst after the first
+        contexts past 1K waited 21 ms in the queue, median, against 7 a round later)."""
         cache = self.decoder.storage.new_cache()
         try:
             if not cache.reserve(self.decoder.max_q):
@@ -248,17 +253,18 @@ class DecodeGraphs:
                                        state=StateSlot(i, []), rope_delta=0)
                        for i in range(self.decoder.max_batch)]
             verify = self.decoder.max_q - 1  # drafts a verify row carries (0: decode only)
-            for batch in range(1, len(scratch) + 1):
-                for seq in scratch:
-                    seq.cached = 0
-                self.forward(scratch[:batch])
-                if verify:
-                    self.verify(scratch[:batch], [[0] * verify] * batch)
+            for bucket in context_buckets(self.decoder.max_context):
+                for batch in range(1, len(scratch) + 1):
+                    rows = scratch[:batch]
+                    self._run(rows, None, 1, ahead=bucket - 1)
+                    if verify:
+                        self._run(rows, [[0] * verify] * batch, 1 + verify,
+                                  ahead=bucket - 1 - verify)
             if self.prompt is not None and cache.reserve(self.prompt.rows):
                 for rows in PROMPT_ROWS:  # one chunk; more in one step capture when they come
                     if rows <= self.prompt.rows:
-                        scratch[0].cached = 0
                         self.prefill(scratch[:1], [[0] * rows])
+                        scratch[0].cached = 0
         finally:
             cache.release()
 
@@ -267,6 +273,15 @@ def prompt_rows(tokens: int, most: int) -> int:
     """The padded row count of a `tokens`-token prompt chunk: the least of `PROMPT_ROWS` that
     holds it (one captured graph each), at most `most`."""
     return min(next((r for r in PROMPT_ROWS if r >= tokens), most), most)
+
+
+def context_buckets(max_context: int) -> list[int]:
+    """Every bucket a step of at most `max_context` tokens a row falls in (`context_bucket`)."""
+    out, length = [], 1
+    while not out or out[-1] < max_context:
+        out.append(context_bucket(length, max_context))
+        length = out[-1] + 1
+    return out
 
 
 def context_bucket(length: int, max_context: int) -> int:

@@ -154,12 +154,11 @@ def test_start_up_capture_includes_the_verify_shape(device):
     model = _model(False, device)
     storage, states = _storage(model, "bf16"), model.state_pool(2)
     graphs = DecodeGraphs(EngineHybridDecoder(model, storage, states, 2, 512, max_q=4), False)
-    calls = []
-    forward, verify = graphs.forward, graphs.verify
-    graphs.forward = lambda seqs: calls.append(("decode", len(seqs))) or forward(seqs)
-    graphs.verify = lambda seqs, d: calls.append(("verify", len(seqs), len(d[0]))) or verify(
-        seqs, d)
+    calls, run = [], graphs._run
+    graphs._run = lambda seqs, drafts, q_len, feed=None, ahead=0: calls.append(
+        (len(seqs), q_len, ahead)) or run(seqs, drafts, q_len, feed, ahead)
     free = storage.allocator.free
     graphs.capture_at_start()
-    assert calls == [("decode", 1), ("verify", 1, 3), ("decode", 2), ("verify", 2, 3)]
+    # one bucket (the max context, 512): decode, then a 4-token verify, at batch 1 and 2
+    assert calls == [(1, 1, 511), (1, 4, 508), (2, 1, 511), (2, 4, 508)]
     assert storage.allocator.free == free

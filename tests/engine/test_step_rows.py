@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from ninfer_engine.models.llama_step import StaticDecoder
-from ninfer_engine.step.decode_graphs import DecodeGraphs
+from ninfer_engine.step.decode_graphs import DecodeGraphs, context_bucket
 from ninfer_engine.kv import ElasticPagePool, KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
 from ninfer_engine.step.family_runners import Runner
@@ -171,18 +171,25 @@ def test_a_prompts_last_token_joins_the_decode_rows_in_the_static_step():
 
 @torch.inference_mode()
 def test_start_up_capture_runs_every_batch_size_on_scratch_pages_and_gives_them_back():
-    """`DecodeGraphs.capture_at_start` (what a CUDA engine does before serving) runs the first
-    context bucket at batch 1..max on scratch sequences; here eagerly, on the CPU."""
+    """`DecodeGraphs.capture_at_start` (what a CUDA engine does before serving) runs every
+    context bucket up to the max context at batch 1..max on scratch sequences at their first
+    position; here eagerly, on the CPU."""
     model = _model()
     layers, heads, dim = model.kv_layout()
-    pool = PagePool(16, 64)
+    pool = PagePool(48, 64)
     storage = KvStorage(pool, layers, heads, dim, codecs_for("bf16", model.dtype), model.dtype,
                         model.device)
-    graphs = DecodeGraphs(StaticDecoder(model, storage, 3, 512), capture=False)
-    step, batches = graphs.forward, []
-    graphs.forward = lambda seqs: batches.append(len(seqs)) or step(seqs)
+    graphs = DecodeGraphs(StaticDecoder(model, storage, 3, 3000), capture=False)
+    run, steps = graphs._run, []
+
+    def spy(seqs, drafts, q_len, feed=None, ahead=0):
+        assert all(seq.cached == 0 for seq in seqs)
+        steps.append((context_bucket(ahead + q_len, 3000), len(seqs)))
+        return run(seqs, drafts, q_len, feed, ahead)
+    graphs._run = spy
     graphs.capture_at_start()
-    assert batches == [1, 2, 3] and pool.free == pool.total
+    assert steps == [(bucket, batch) for bucket in (1024, 2048, 3000) for batch in (1, 2, 3)]
+    assert pool.free == pool.total
     # one scratch page for all rows: an elastic pool at its first grow step does not grow
     elastic = ElasticPagePool(8, 1, 64)  # pages: capacity 8, grow step 1
     storage = KvStorage(elastic, layers, heads, dim, codecs_for("bf16", model.dtype), model.dtype,
