@@ -23,10 +23,10 @@ def time_ms(fn: Callable[[], object], n: int, warm_up: bool = True) -> float:
 
 
 def last_graph_ms(engine, n: int = 30) -> float:
-    """Mean ms of `engine`'s last-captured decode graph replayed back to back: its step without
+    """Mean ms of the decode graph `engine`'s last step replayed, back to back: its step without
     the host's work (its inputs stay as the last step loaded them; the recurrent state moves
-    on, which a benchmark of random weights does not mind); NaN before any capture."""
-    graph = engine.runner.graphs.newest()
+    on, which a benchmark of random weights does not mind); NaN before any replay."""
+    graph = engine.runner.graphs.last_replayed()
     return float("nan") if graph is None else time_ms(graph.replay, n)
 
 

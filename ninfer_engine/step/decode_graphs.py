@@ -68,6 +68,7 @@ class DecodeGraphs:
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._bound_k = (decoder.storage.k, getattr(decoder, "generation", 0))
         self._q_len = 1  # tokens a row in the last step
+        self._replayed: torch.cuda.CUDAGraph | None = None  # the last step's (`last_replayed`)
 
     def accepts(self, seqs: list[Sequence]) -> bool:
         return 0 < len(seqs) <= self.decoder.max_batch
@@ -185,6 +186,7 @@ class DecodeGraphs:
         if bound[0] is not self._bound_k[0] or bound[1] != self._bound_k[1]:
             self._graphs.clear()
             self._prompt_graphs.clear()
+            self._replayed = None
             self._bound_k = bound
             # a fresh private pool: capturing into the one whose graphs were just freed trips
             # an internal assert of the caching allocator (torch 2.11, seen on the H200)
@@ -218,6 +220,7 @@ class DecodeGraphs:
             load()  # the warm-up moved the positions in the buffers
         graph, logits = self._graphs[key]
         graph.replay()
+        self._replayed = graph
         after()
         return logits
 
@@ -229,10 +232,10 @@ class DecodeGraphs:
         saved()
         return graph, logits
 
-    def newest(self) -> torch.cuda.CUDAGraph | None:
-        """The decode graph captured last (a benchmark replays it alone), None before any
-        capture."""
-        return next(reversed(self._graphs.values()))[0] if self._graphs else None
+    def last_replayed(self) -> torch.cuda.CUDAGraph | None:
+        """The decode or verify graph a step replayed last (a benchmark replays it alone),
+        None before any step replayed one (the start-up captures do not count)."""
+        return self._replayed
 
     def capture_at_start(self) -> None:
         """Capture every context bucket up to the decoder's max context for every batch size
@@ -260,6 +263,7 @@ class DecodeGraphs:
                     if verify:
                         self._run(rows, [[0] * verify] * batch, 1 + verify,
                                   ahead=bucket - 1 - verify)
+            self._replayed = None  # a scratch step's, not one a benchmark times
             if self.prompt is not None and cache.reserve(self.prompt.rows):
                 for rows in PROMPT_ROWS:  # one chunk; more in one step capture when they come
                     if rows <= self.prompt.rows:
