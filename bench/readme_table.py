@@ -621,6 +621,12 @@ def _gdn_tiles_and_burst_rows() -> list[str]:
             ("h100-ttft-burst-stamped.json", "", "auto chunk, tokens stamped on the host",
              "cut to 8 layers"),
             ("h100-ttft-burst-40l.json", "", "auto chunk, same call as the row above",
+             "(all 40 layers)"),
+            ("h100-ttft-burst-threads.json", "", "a thread per prompt's encoding, every decode "
+             "graph captured at load; two servers", "cut to 8 layers"),
+            ("h100-ttft-burst-turn.json", "", "same call, servers alternated with the row "
+             "above: the batching prompt encoder before it", "cut to 8 layers"),
+            ("h100-ttft-burst-40l-threads.json", "", "as two rows above, the next call",
              "(all 40 layers)")):
         r = _load(name)
         if not r:

@@ -8,9 +8,10 @@ written. Here each long prompt is encoded as it arrives, on one of a pool of thr
 are encoded side by side. An earlier version queued them for one `encode_batch` call on one
 worker (vLLM's `AsyncMicrobatchTokenizer` batches so): a burst's prompts read over several
 turns of the loop then waited for the batch before them, and on the H100's 8-layer 35B-A3B
-burst of eight 1K-token prompts their preparation took 5.2-6.4 ms (median from arrival)
-against 4.2-4.6 ms here (bench/results/h100-ttft-host.md). Short texts are encoded in place:
-the hand-over to a thread and back costs about what they take.
+burst of eight 1K-token prompts their preparation took 3.6-4.4 ms (median from arrival)
+against 2.6-3.4 ms here, servers alternated in one call (bench/results/
+h100-ttft-burst-threads.md). Short texts are encoded in place: the hand-over to a thread
+and back costs about what they take.
 """
 from __future__ import annotations
 
