@@ -30,6 +30,10 @@ log = logging.getLogger("ninfer.engine")
 
 GRAPH_CODECS = KV_DTYPES  # the KV layouts the paged-attention kernel reads in place: all
 MIN_BUCKET = 1024  # smallest context bucket (tokens); buckets double up to the max context
+# the logits the start-up graphs past the first bucket may keep: they live in the
+# `--vram-headroom-mib` (default 1024), which the KV sizing leaves (a bucket's at batch 1..8 are
+# ~34 MiB for a 248K vocabulary, ~170 with 3-draft verify rows)
+START_LOGITS_BYTES = 256 * 2**20
 # the padded lengths of a short prompt chunk's step (`prefill`): an agent's turn over its
 # cached prefix, the tail of a longer prompt; past the last, the eager forward's fixed cost is
 # spread over enough tokens
@@ -238,7 +242,7 @@ class DecodeGraphs:
         return self._replayed
 
     def capture_at_start(self) -> None:
-        """Capture every context bucket up to the decoder's max context for every batch size
+        """Capture the context buckets up to the decoder's max context for every batch size
         now (decode, and verify rows of `max_q` tokens where the decoder has them), on scratch
         sequences in state slots 0.. (nobody holds a slot yet; a slot is zeroed when acquired)
         all on one pool page, which goes back after (their K/V writes are garbage nobody
@@ -247,7 +251,9 @@ class DecodeGraphs:
         graphs instead of compiling kernels and capturing: a capture in traffic holds every
         stream (~5 s at batch 8 on the H200 before the kernels warmed up at load; with the
         first bucket alone captured, the H100's 8-layer 35B-A3B burst after the first
-        contexts past 1K waited 21 ms in the queue, median, against 7 a round later)."""
+        contexts past 1K waited 21 ms in the queue, median, against 7 a round later). Each
+        graph keeps its logits, outside the KV sizing: past the first bucket, buckets are
+        captured while their logits fit `START_LOGITS_BYTES`; larger ones on first use."""
         cache = self.decoder.storage.new_cache()
         try:
             if not cache.reserve(self.decoder.max_q):
@@ -256,13 +262,22 @@ class DecodeGraphs:
                                        state=StateSlot(i, []), rope_delta=0)
                        for i in range(self.decoder.max_batch)]
             verify = self.decoder.max_q - 1  # drafts a verify row carries (0: decode only)
-            for bucket in context_buckets(self.decoder.max_context):
+
+            def capture(bucket: int) -> int:
+                """The bucket's graphs at every batch size; the bytes of logits they keep."""
+                held = 0
                 for batch in range(1, len(scratch) + 1):
                     rows = scratch[:batch]
-                    self._run(rows, None, 1, ahead=bucket - 1)
+                    outs = [self._run(rows, None, 1, ahead=bucket - 1)]
                     if verify:
-                        self._run(rows, [[0] * verify] * batch, 1 + verify,
-                                  ahead=bucket - 1 - verify)
+                        outs.append(self._run(rows, [[0] * verify] * batch, 1 + verify,
+                                              ahead=bucket - 1 - verify))
+                    held += sum(out.numel() * out.element_size() for out in outs)
+                return held
+            first, *rest = context_buckets(self.decoder.max_context)
+            each = capture(first)
+            for bucket in rest[: START_LOGITS_BYTES // max(each, 1)]:
+                capture(bucket)
             self._replayed = None  # a scratch step's, not one a benchmark times
             if self.prompt is not None and cache.reserve(self.prompt.rows):
                 for rows in PROMPT_ROWS:  # one chunk; more in one step capture when they come
