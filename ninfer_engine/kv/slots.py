@@ -105,14 +105,37 @@ class StatePool:
 
 
 def copy_state(src: StateSlot, dst: StateSlot) -> None:
-    """Overwrite `dst`'s rows with `src`'s: one multi-tensor copy on one device; across host
-    and device, copies queued on the current stream (the step after them reads in order)."""
+    """Overwrite `dst`'s rows with `src`'s: between two pools of one layout on one device, one
+    copy a stacked field (the GDN fields' mixed dtypes sent `_foreach_copy_` down its
+    per-tensor path: 60 launches a 40-layer 35B-A3B snapshot, each finished request's
+    checkpoint); else one multi-tensor copy on one device; across host and device, copies
+    queued on the current stream (the step after them reads in order)."""
     recorder = getattr(dst.pool, "recorder", None)
     if recorder is not None:
         recorder.copy_state(src, dst)
+    if _same_layout(src, dst):  # one launch a stacked field, as `StatePool.acquire` zeroes
+        for name, stack in dst.pool._stacks.items():
+            stack[:, dst.index].copy_(src.pool._stacks[name][:, src.index])
+        for to, of in zip(dst.pool.fields, src.pool.fields):
+            for name, t in to.items():
+                if name not in dst.pool._stacks:
+                    t[dst.index].copy_(of[name][src.index])
+        return
     dst_tensors, src_tensors = dst.tensors(), src.tensors()
     if dst_tensors and dst_tensors[0].device == src_tensors[0].device:
         torch._foreach_copy_(dst_tensors, src_tensors)
         return
     for to, of in zip(dst_tensors, src_tensors):
         to.copy_(of, non_blocking=True)
+
+
+def _same_layout(src: StateSlot, dst: StateSlot) -> bool:
+    """Both slots are rows of stacked `StatePool`s of one layout on one device."""
+    a, b = src.pool, dst.pool
+    if not isinstance(a, StatePool) or not isinstance(b, StatePool) or not a._stacks:
+        return False
+
+    def layout(pool: StatePool) -> list:
+        return [{n: (t.shape[1:], t.dtype, t.device) for n, t in layer.items()}
+                for layer in pool.fields]
+    return a._stacks.keys() == b._stacks.keys() and layout(a) == layout(b)

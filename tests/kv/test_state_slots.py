@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ninfer_engine.kv.slots import StatePool
+from ninfer_engine.kv.slots import StatePool, copy_state
 
 # conv and ssm alike in both layers (stacked), `extra` only in the second (a tensor of its own)
 LAYOUT = [{"conv": ((3, 4), torch.bfloat16), "ssm": ((2, 2), torch.float32)},
@@ -36,3 +36,23 @@ def test_a_slot_the_caller_overwrites_is_not_zeroed():
         t.fill_(7)
     pool.release(slot)
     assert all(bool((t == 7).all()) for t in pool.acquire(zeroed=False).tensors())
+
+
+def test_a_state_copied_between_pools_of_one_layout_lands_in_its_row_alone():
+    """A snapshot (the prefix tree's pool) and a restore (back into a running slot): every
+    field of every layer, stacked or not, and no other row."""
+    running, snapshots = (StatePool(n, LAYOUT, "cpu", SimpleNamespace) for n in (3, 2))
+    src = [running.acquire() for _ in range(3)][1]
+    for k, t in enumerate(src.tensors()):
+        t.copy_(torch.arange(t.numel(), dtype=t.dtype).view(t.shape) + k)
+    kept = snapshots.acquire()
+    for t in kept.tensors():
+        t.fill_(-1)
+    dst = snapshots.acquire()
+    copy_state(src, dst)
+    assert all(torch.equal(a, b) for a, b in zip(dst.tensors(), src.tensors()))
+    assert all(bool((t == -1).all()) for t in kept.tensors())
+    back = running.slot(0)
+    copy_state(dst, back)
+    assert all(torch.equal(a, b) for a, b in zip(back.tensors(), src.tensors()))
+
