@@ -2,12 +2,13 @@
 
 `install(app)` adds the innermost middleware, which puts the current HTTP request's `_Scope`
 (sinks, request id, dialect, arrival time) in a context variable, and marks the request's
-`Arrival` for the engine (queue wait and TTFT count from that same instant everywhere). `RequestTrace` (logs.py) asks
-`trace_observer()` for its observer when it is created and reports its start and its one
-terminal line to it, so the protocol modules pass nothing along. Generation requests refused
-with an `ApiError` before a trace exists (body, preparation, engine not ready) are reported by
-the middleware itself as `request_rejected` without an id; the auth and body-size middlewares
-run outside it, so 401 and a declared oversized body are not reported.
+`Arrival` for the engine (queue wait and TTFT count from that same instant everywhere).
+`RequestTrace` (logs.py) asks `trace_observer()` for its observer when it is created and
+reports its start and its one terminal line to it, so the protocol modules pass nothing
+along. Generation requests refused with an `ApiError` before a trace exists (body,
+preparation, engine not ready) are reported by the middleware itself as `request_rejected`
+without an id; the auth and body-size middlewares run outside it, so 401 and a declared
+oversized body are not reported.
 """
 from __future__ import annotations
 
