@@ -3,9 +3,9 @@ and any Triton kernel compiled during it.
 
     python3 bench/prompt_burst.py [--arch 35b-a3b] [--layers 8] [--weights fp8-row]
         [--bursts 1x120,8x120,8x120,1x955,8x955,8x955,3x955] [--served] [--prefix-reuse]
-        [--profile 8x120[,1x120]] [--trace 8x955,1x955 --trace-dir D] [--syncs 8x120]
-        [--prefill-activations fp8|bf16] [--gdn-walk chunk|split] [--gdn-tiles fp32|bf16]
-        [--json PATH]
+        [--profile 8x120[,1x120]] [--trace 8x955,1x955 --trace-dir D [--trace-light]]
+        [--syncs 8x120] [--prefill-activations fp8|bf16] [--gdn-walk chunk|split]
+        [--gdn-tiles fp32|bf16] [--json PATH]
 
 Why (H200, 8-layer 35B-A3B shape, tree a50778c): served at concurrency 8, eight streams of equal
 length finish together and eight 120-token prompts arrive together each round; their first
@@ -154,11 +154,14 @@ def profiled(engine, prompts, sampling) -> dict:
             "host": out.getvalue()}
 
 
-def traced(engine, prompts, sampling, path: str) -> None:
-    """One burst under torch.profiler with Python stacks, written as a gzipped Chrome trace to
-    `path` (`bench/trace_gaps.py` charges the device's idle time to the host's functions)."""
+def traced(engine, prompts, sampling, path: str, stacks: bool = True) -> None:
+    """One burst under torch.profiler, written as a gzipped Chrome trace to `path`
+    (`bench/trace_gaps.py` charges the device's idle time to the host's functions). With
+    `stacks` every Python call is recorded too, which slows the host about twofold (a
+    kernel-bound step turns host-bound); without, only ops and runtime calls, closer to the
+    step's real timing."""
     on = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=on, with_stack=True) as prof:
+    with profile(activities=on, with_stack=stacks) as prof:
         burst(engine, prompts, sampling, "traced")
     plain = path[:-3] if path.endswith(".gz") else path
     prof.export_chrome_trace(plain)
@@ -202,6 +205,8 @@ def main() -> None:
                     help="those bursts again under torch.profiler with Python stacks, each "
                     "one's Chrome trace to --trace-dir (bench/trace_gaps.py reads them)")
     ap.add_argument("--trace-dir", default=".")
+    ap.add_argument("--trace-light", action="store_true",
+                    help="trace ops and runtime calls only, no Python stacks (less slowdown)")
     ap.add_argument("--syncs", metavar="COUNTxLENGTH",
                     help="that burst again under CUDA's sync debug mode: where the host waits")
     ap.add_argument("--prefill-chunk", type=int, default=None,
@@ -267,7 +272,7 @@ def main() -> None:
             path = str(Path(args.trace_dir) / f"trace-{spec}.json.gz")
             # a seed a trace: one seed made a 1x955 trace's prompt the 8x955's first, cached
             traced(engine, random_prompts(n, length, config["vocab_size"], seed=200 + k),
-                   sampling, path)
+                   sampling, path, stacks=not args.trace_light)
             print(f"trace of a {spec} burst: {path}", flush=True)
         if args.syncs and args.device == "cuda":
             n, length = map(int, args.syncs.split("x"))
