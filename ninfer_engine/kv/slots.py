@@ -82,16 +82,21 @@ class StatePool:
         if not self._free:
             return None
         slot = self.slot(self._free.pop())
-        if zeroed:  # one launch a stacked field (every layer's row), not one a tensor: the
-            # fields' mixed dtypes sent `_foreach_zero_` down its per-tensor path, 12 launches
-            # a 35B-A3B slot of 8 layers, before the first kernel of a burst's prompt step
-            for stack in self._stacks.values():
-                stack[:, slot.index].zero_()
-            for layer in self.fields:
-                for name, t in layer.items():
-                    if name not in self._stacks:
-                        t[slot.index].zero_()
+        if zeroed:
+            self.zero(slot.index)
         return slot
+
+    def zero(self, index: int) -> None:
+        """Zero slot `index`: one launch a stacked field (every layer's row), not one a
+        tensor (the fields' mixed dtypes sent `_foreach_zero_` down its per-tensor path: 12
+        launches a 35B-A3B slot of 8 layers, before the first kernel of a burst's prompt
+        step)."""
+        for stack in self._stacks.values():
+            stack[:, index].zero_()
+        for layer in self.fields:
+            for name, t in layer.items():
+                if name not in self._stacks:
+                    t[index].zero_()
 
     def release(self, slot: StateSlot) -> None:
         self._free.append(slot.index)

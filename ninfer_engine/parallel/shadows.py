@@ -88,7 +88,7 @@ class Shadows:
             seq = self._update(row)
             if seq.state is not None and row.cached == 0:
                 # rank 0 zeroed the slot when it admitted the request
-                torch._foreach_zero_(seq.state.tensors())
+                seq.state.pool.zero(seq.state.index)
             chunks.append(Chunk(seq, len(row.tokens)))
         sampled = [self.seqs[row.key] for row in (*plan.decode, *plan.chunks) if row.sampled]
         return Batch(decode, chunks, sampled, [list(d) for d in plan.drafts])
