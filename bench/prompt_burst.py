@@ -123,11 +123,15 @@ def gpu_timeline(events) -> list[dict]:
     return out
 
 
+def _activities() -> list:
+    """What the profiled and traced bursts record: the host, and the device where there is one."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+
+
 def profiled(engine, prompts, sampling) -> dict:
     """One burst under torch.profiler (CUDA kernel time) and cProfile (host functions)."""
     host = cProfile.Profile()
-    on = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=on) as prof:
+    with profile(activities=_activities()) as prof:
         host.enable()
         t0 = time.perf_counter()
         result = burst(engine, prompts, sampling, "profiled")
@@ -160,8 +164,7 @@ def traced(engine, prompts, sampling, path: str, stacks: bool = True) -> None:
     `stacks` every Python call is recorded too, which slows the host about twofold (a
     kernel-bound step turns host-bound); without, only ops and runtime calls, closer to the
     step's real timing."""
-    on = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=on, with_stack=stacks) as prof:
+    with profile(activities=_activities(), with_stack=stacks) as prof:
         burst(engine, prompts, sampling, "traced")
     plain = path[:-3] if path.endswith(".gz") else path
     prof.export_chrome_trace(plain)

@@ -612,25 +612,22 @@ def _gdn_tiles_and_burst_rows() -> list[str]:
                     f"one 7,640-token engine step, GDN precompute tiles in bf16 (median) | "
                     f"{bf16:.1f} ms | fp32 tiles {fp32:.1f} ms (in turn, one call) | "
                     f"{fp32 / bf16:.2f}× |")
-    # (file, the server's runs in it, what the row says of them)
-    for name, server, how, depth in (
+    # (file, the server's runs in it, what the row says of them); the depth is the file's title's
+    for name, server, how in (
             ("h100-ttft-burst-handover.json", "-p8192", "`--prefill-chunk 8192`, the auto value "
-             "there", "cut to 8 layers"),
-            ("h100-ttft-burst-auto.json", "", "auto chunk, another lease, slower host",
-             "cut to 8 layers"),
-            ("h100-ttft-burst-stamped.json", "", "auto chunk, tokens stamped on the host",
-             "cut to 8 layers"),
-            ("h100-ttft-burst-40l.json", "", "auto chunk, same call as the row above",
-             "(all 40 layers)"),
+             "there"),
+            ("h100-ttft-burst-auto.json", "", "auto chunk, another lease, slower host"),
+            ("h100-ttft-burst-stamped.json", "", "auto chunk, tokens stamped on the host"),
+            ("h100-ttft-burst-40l.json", "", "auto chunk, same call as the row above"),
             ("h100-ttft-burst-threads.json", "", "a thread per prompt's encoding, every decode "
-             "graph captured at load; two servers", "cut to 8 layers"),
+             "graph captured at load; two servers"),
             ("h100-ttft-burst-turn.json", "", "same call, servers alternated with the row "
-             "above: the batching prompt encoder before it", "cut to 8 layers"),
-            ("h100-ttft-burst-40l-threads.json", "", "as two rows above, the next call",
-             "(all 40 layers)")):
+             "above: the batching prompt encoder before it"),
+            ("h100-ttft-burst-40l-threads.json", "", "as two rows above, the next call")):
         r = _load(name)
         if not r:
             continue
+        depth = r["meta"]["title"].split("35B-A3B shape ")[1].split(", fp8-row")[0]
         ours = [b for b in r["bursts"] if run_key(b["label"])[0] == server]
         c8 = [b["ttft_p99_s"] * 1e3 for b in ours if b["concurrency"] == 8]
         c1 = [b["ttft_median_s"] * 1e3 for b in ours if b["concurrency"] == 1]

@@ -74,15 +74,16 @@ def analyse(events: list[dict], range_prefix: str = "burst step ") -> dict:
     windows = sorted((e["ts"], e["ts"] + e["dur"], e["name"], e.get("tid")) for e in spans
                      if e.get("cat") == "user_annotation" and e["name"].startswith(range_prefix))
     kernels = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e.get("cat") in DEVICE_CATS]
+    host = [e for e in spans if e.get("cat") in HOST_CATS  # (the windows' own ranges apart)
+            and not e["name"].startswith(range_prefix)]
     steps, charged = [], defaultdict(float)
     for start, end, name, tid in windows:
         gaps = idle_intervals((start, end), kernels)
         starts = [a for a, _ in gaps]
         idle = sum(b - a for a, b in gaps)
         mine: dict[str, float] = defaultdict(float)
-        for e in spans:
-            if (e.get("cat") in HOST_CATS and e.get("tid") == tid and e["ts"] < end
-                    and e["ts"] + e["dur"] > start and not e["name"].startswith(range_prefix)):
+        for e in host:
+            if e.get("tid") == tid and e["ts"] < end and e["ts"] + e["dur"] > start:
                 share = _overlap(e["ts"], e["ts"] + e["dur"], gaps, starts)
                 if share > 0:
                     mine[e["name"]] += share

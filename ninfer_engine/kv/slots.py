@@ -51,6 +51,7 @@ class StatePool:
                         else zeros(total, *shape, dtype=dtype)
                         for name, (shape, dtype) in layer.items()}
                        for i, layer in enumerate(layout)]
+        self._layout = (layout, torch.device(device))  # what `copy_state` matches pools by
         self._view = view
         self._free = list(range(total - 1, -1, -1))  # pop() hands out slot 0 first
         # records the copies for tensor-parallel followers (`parallel.mirror`); None: off
@@ -91,12 +92,15 @@ class StatePool:
         tensor (the fields' mixed dtypes sent `_foreach_zero_` down its per-tensor path: 12
         launches a 35B-A3B slot of 8 layers, before the first kernel of a burst's prompt
         step)."""
-        for stack in self._stacks.values():
-            stack[:, index].zero_()
-        for layer in self.fields:
-            for name, t in layer.items():
-                if name not in self._stacks:
-                    t[index].zero_()
+        for row in self._rows(index):
+            row.zero_()
+
+    def _rows(self, index: int) -> list[torch.Tensor]:
+        """Slot `index`'s rows: each stacked field's across every layer, then each other
+        field's (one order for every pool of one layout)."""
+        return [stack[:, index] for stack in self._stacks.values()] + [
+            t[index] for layer in self.fields for name, t in layer.items()
+            if name not in self._stacks]
 
     def release(self, slot: StateSlot) -> None:
         self._free.append(slot.index)
@@ -118,13 +122,10 @@ def copy_state(src: StateSlot, dst: StateSlot) -> None:
     recorder = getattr(dst.pool, "recorder", None)
     if recorder is not None:
         recorder.copy_state(src, dst)
-    if _same_layout(src, dst):  # one launch a stacked field, as `StatePool.acquire` zeroes
-        for name, stack in dst.pool._stacks.items():
-            stack[:, dst.index].copy_(src.pool._stacks[name][:, src.index])
-        for to, of in zip(dst.pool.fields, src.pool.fields):
-            for name, t in to.items():
-                if name not in dst.pool._stacks:
-                    t[dst.index].copy_(of[name][src.index])
+    a, b = src.pool, dst.pool
+    if isinstance(a, StatePool) and isinstance(b, StatePool) and a._layout == b._layout:
+        for to, of in zip(b._rows(dst.index), a._rows(src.index)):  # as `StatePool.zero`
+            to.copy_(of)
         return
     dst_tensors, src_tensors = dst.tensors(), src.tensors()
     if dst_tensors and dst_tensors[0].device == src_tensors[0].device:
@@ -133,14 +134,3 @@ def copy_state(src: StateSlot, dst: StateSlot) -> None:
     for to, of in zip(dst_tensors, src_tensors):
         to.copy_(of, non_blocking=True)
 
-
-def _same_layout(src: StateSlot, dst: StateSlot) -> bool:
-    """Both slots are rows of stacked `StatePool`s of one layout on one device."""
-    a, b = src.pool, dst.pool
-    if not isinstance(a, StatePool) or not isinstance(b, StatePool) or not a._stacks:
-        return False
-
-    def layout(pool: StatePool) -> list:
-        return [{n: (t.shape[1:], t.dtype, t.device) for n, t in layer.items()}
-                for layer in pool.fields]
-    return a._stacks.keys() == b._stacks.keys() and layout(a) == layout(b)
