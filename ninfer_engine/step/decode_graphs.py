@@ -73,6 +73,9 @@ class DecodeGraphs:
         self._bound_k = (decoder.storage.k, getattr(decoder, "generation", 0))
         self._q_len = 1  # tokens a row in the last step
         self._replayed: torch.cuda.CUDAGraph | None = None  # the last step's (`last_replayed`)
+        # the context buckets `capture_at_start` captured: the MTP round and the verify chain
+        # capture theirs at load for the same ones
+        self.start_buckets: tuple[int, ...] = ()
 
     def accepts(self, seqs: list[Sequence]) -> bool:
         return 0 < len(seqs) <= self.decoder.max_batch
@@ -276,8 +279,10 @@ class DecodeGraphs:
                 return held
             first, *rest = context_buckets(self.decoder.max_context)
             each = capture(first)
-            for bucket in rest[: START_LOGITS_BYTES // max(each, 1)]:
+            rest = rest[: START_LOGITS_BYTES // max(each, 1)]
+            for bucket in rest:
                 capture(bucket)
+            self.start_buckets = (first, *rest)
             self._replayed = None  # a scratch step's, not one a benchmark times
             if self.prompt is not None and cache.reserve(self.prompt.rows):
                 for rows in PROMPT_ROWS:  # one chunk; more in one step capture when they come

@@ -28,6 +28,7 @@ from ..models.qwen3_5_engine_step import EngineHybridDecoder, EngineHybridPrompt
 from ..models.qwen3_5_prompt_step import prompt_capturable
 from .decode_graphs import GRAPH_CODECS, PROMPT_ROWS, DecodeGraphs
 from .family_runners import HybridRunner, Runner
+from .graph_capture import start_up_capture
 
 # (model, memory, max_batch, max_context, max_q, keep_hidden) -> the family's static step, or
 # None where the model's weights are in a form it does not serve (or hiddens are asked of a
@@ -117,14 +118,10 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
     use_graphs = use_graphs and (tiers is None or tiers.capturable)
     prompt = prompt_step(model, memory, decoder, max_context) if use_graphs else None
     graphs = DecodeGraphs(decoder, capture=use_graphs, prompt=prompt)
-    if use_graphs:
-        # what the start-up graphs keep: their private pool holds each graph's intermediates
-        # (the prompt step's dequantized matrices too), outside the KV sizing's reserve
-        before = torch.cuda.memory_reserved(model.device)
-        graphs.capture_at_start()
-        log.info("start-up CUDA graphs captured (decode%s): %.0f MiB reserved for them",
-                 " and prompt steps" if prompt is not None else "",
-                 (torch.cuda.memory_reserved(model.device) - before) / 2**20)
+    if use_graphs:  # the prompt step's dequantized matrices count too
+        with start_up_capture("decode" + (" and prompt steps" if prompt is not None else ""),
+                              model.device):
+            graphs.capture_at_start()
     return graphs
 
 

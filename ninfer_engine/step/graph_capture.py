@@ -9,10 +9,15 @@ recurrent state it advanced, positions it moved) and replays the graph into its 
 """
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Iterator
 
 import torch
+
+log = logging.getLogger("ninfer.engine")
 
 
 def record_graph(step: Callable[[], torch.Tensor],
@@ -39,3 +44,14 @@ def record_graph(step: Callable[[], torch.Tensor],
         if collecting:
             gc.enable()
     return graph, out
+
+
+@contextlib.contextmanager
+def start_up_capture(what: str, device: torch.device) -> Iterator[None]:
+    """Log what the start-up captures inside cost: seconds, and the device memory reserved
+    for their graphs (each private pool holds its graphs' intermediates, outside the KV
+    sizing's reserve)."""
+    before, started = torch.cuda.memory_reserved(device), time.monotonic()
+    yield
+    log.info("start-up CUDA graphs captured (%s) in %.1f s: %.0f MiB reserved for them", what,
+             time.monotonic() - started, (torch.cuda.memory_reserved(device) - before) / 2**20)

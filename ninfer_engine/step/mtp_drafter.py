@@ -52,6 +52,7 @@ from ..host_copy import to_device
 from ..kv import LayerKv
 from ..kv.cache import keeps_rows
 from ..models.mtp import MtpHead
+from .graph_capture import start_up_capture
 from .mtp_pair_inputs import _embeddable, _pair_media, _tokens
 from .mtp_round import MtpRound, pair_positions, rope_delta_of
 
@@ -96,7 +97,8 @@ class MtpDrafter:
             self.round = MtpRound(self.head, core.w.head, storage, self.layer,
                                   decoder.max_batch, decoder.max_context, decoder.max_q - 1,
                                   self.vocab, capture=True, draft_head=self.draft_head)
-            self.round.capture_at_start()
+            with start_up_capture("the MTP draft round", self.head.target.device):
+                self.round.capture_at_start(graphs.start_buckets)
         except Exception:  # drafting still works eagerly: serve, and say why it is slower
             log.exception("--spec mtp: the draft round's CUDA graph could not be built; "
                           "drafting eagerly")

@@ -3,9 +3,9 @@
 Drafting eagerly, a round of k = 3 drafts launched the head's kernels one by one: 13.2 ms a
 verify step on the H200's 35B-A3B against 5.7 ms of kernels (h200-verify-round.md), which made
 `--spec mtp` slower than plain decoding there. One graph per (batch size, context bucket),
-captured at load for the first bucket (`capture_at_start`) and otherwise the first time that
-shape runs; graphs read the pool tensors they were captured with, so when an elastic pool grows
-into new tensors they are dropped and captured again.
+captured at load for the buckets the decode graphs captured (`capture_at_start`) and otherwise
+the first time that shape runs; graphs read the pool tensors they were captured with, so when
+an elastic pool grows into new tensors they are dropped and captured again.
 
 A pair runs at the target's rotary position (`pair_positions`: a media prompt's MRoPE positions,
 model-math.md §3.1); the round adds a shift to each position, so it takes rows whose pairs have
@@ -89,10 +89,11 @@ class MtpRound:
             and pair_shifts(seq, max(last - self.q, 0), min(last, self.q) + self.q + 1)
             is not None for seq, last in zip(seqs, lasts))
 
-    def propose(self, seqs: list, pairs: list[tuple[list[int], torch.Tensor, int]]
-                ) -> list[list[int]]:
+    def propose(self, seqs: list, pairs: list[tuple[list[int], torch.Tensor, int]],
+                ahead: int = 0) -> list[list[int]]:
         """`k` drafts for each row of `seqs` from its committed `pairs` (tokens x_{j+1},
-        hiddens h_j, first position j: at most `q`, ending at position L - 1)."""
+        hiddens h_j, first position j: at most `q`, ending at position L - 1); `ahead`:
+        positions past the rows' reach the context bucket covers (a start-up capture's)."""
         s = self.step
         # each row's rotary shifts: its q pair rows' (padding continues), then its drafts'
         shifts = [(pair_shifts(seq, first, self.q), rope_delta_of(seq))
@@ -104,6 +105,7 @@ class MtpRound:
         load()
         batch = len(seqs)
         reach = max(first + max(self.q, len(tokens) + self.k) for tokens, _, first in pairs)
+        reach += ahead
         bucket = context_bucket(reach, self.max_context)
         if not self.capture:
             return s.round(batch, bucket).tolist()
@@ -121,17 +123,21 @@ class MtpRound:
         graph.replay()
         return drafts.tolist()
 
-    def capture_at_start(self) -> None:
-        """Capture the first context bucket for every batch size now, on scratch rows of
-        one pool page that goes back after (their K/V writes are garbage nobody reads)."""
+    def capture_at_start(self, buckets: tuple[int, ...] = ()) -> None:
+        """Capture `buckets` (default: the first context bucket) for every batch size now, on
+        scratch rows of one pool page that goes back after (their K/V writes are garbage
+        nobody reads); a round reaches a bucket through `ahead` alone."""
         cache = self.storage.new_cache()
         try:
             if not cache.reserve(self.q + self.k):
                 return
             H = self.step.hidden_in.shape[1]
             hidden = self.step.hidden_in.new_zeros(self.q, H)
-            for batch in range(1, self.max_batch + 1):
-                seqs = [SimpleNamespace(cache=cache)] * batch
-                self.propose(seqs, [([0] * self.q, hidden, 0)] * batch)
+            reach = self.q + self.k  # a scratch row's, its pairs at positions 0 .. q - 1
+            for bucket in buckets or (context_bucket(reach, self.max_context),):
+                for batch in range(1, self.max_batch + 1):
+                    seqs = [SimpleNamespace(cache=cache)] * batch
+                    self.propose(seqs, [([0] * self.q, hidden, 0)] * batch,
+                                 ahead=bucket - reach)
         finally:
             cache.release()

@@ -45,7 +45,7 @@ from .chain_accept import ChainSampling, accept_on_device, samples_on_device
 from .chain_penalties import ChainPenalties
 from .chain_rounds import ChainRounds, _Round
 from .decode_graphs import DecodeGraphs, context_bucket
-from .graph_capture import record_graph
+from .graph_capture import record_graph, start_up_capture
 from .sampling_paths import candidate_count
 
 log = logging.getLogger("ninfer.engine")
@@ -153,12 +153,15 @@ class VerifyChain(ChainRounds):
         return out
 
     def capture_at_start(self, served: tuple = ()) -> None:
-        """Capture the first context bucket for every batch size now, behind a verify step of
-        scratch rows in state slots 0.. on one pool page that goes back after (nobody holds a
-        slot or reads those K/V yet), as `DecodeGraphs.capture_at_start` does: greedy with and
-        without penalties, and each of `served`'s sampling settings (the model's presets, what
-        a request that sends none samples with) the device can sample."""
+        """Capture the decode graphs' start-up context buckets (`DecodeGraphs.start_buckets`;
+        without them the first) for every batch size now, behind a verify step of scratch
+        rows in state slots 0.. on one pool page that goes back after (nobody holds a slot or
+        reads those K/V yet), as `DecodeGraphs.capture_at_start` does: greedy with and without
+        penalties, and each of `served`'s sampling settings (the model's presets, what a
+        request that sends none samples with) the device can sample."""
         cache = self.graphs.decoder.storage.new_cache()
+        buckets = (self.graphs.start_buckets
+                   or (context_bucket(2 * self.k + 1, self.max_context),))
         try:
             if not cache.reserve(2 * self.k + 2):
                 return
@@ -167,9 +170,9 @@ class VerifyChain(ChainRounds):
             for batch in range(1, self.max_batch + 1):
                 logits = self.graphs.verify(scratch[:batch], [[0] * self.k] * batch)
                 self._penalties(logits.shape[-1])
-                bucket = context_bucket(2 * self.k + 1, self.max_context)
-                for with_penalties, candidates in start_keys(served, logits.shape[-1]):
-                    self._run(batch, bucket, with_penalties, candidates)
+                for bucket in buckets:
+                    for with_penalties, candidates in start_keys(served, logits.shape[-1]):
+                        self._run(batch, bucket, with_penalties, candidates)
         finally:
             cache.release()
 
@@ -270,7 +273,8 @@ def verify_chain(graphs: DecodeGraphs | None, speculator, eos: frozenset[int] = 
         return None
     chain = VerifyChain(graphs, speculator, graphs.capture, eos)
     if graphs.capture:
-        chain.capture_at_start(served)
+        with start_up_capture("the verify chain", chain.picks.device):
+            chain.capture_at_start(served)
     log.info("--spec mtp: verify rounds of greedy and top-k-sampled rows accepted and drafted "
              "on the device")
     return chain

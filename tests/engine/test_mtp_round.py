@@ -186,6 +186,32 @@ def counting(owner, name: str) -> list[int]:
     return calls
 
 
+@torch.inference_mode()
+def test_start_up_capture_reaches_each_given_bucket_on_a_scratch_page_given_back():
+    """`MtpRound.capture_at_start(buckets)` (what `MtpDrafter.bind_step` runs with the decode
+    graphs' start-up buckets) drafts every batch size of each bucket, the default the first
+    alone, on scratch rows of one page that goes back; here uncaptured, the round spied."""
+    model, head = _model(False, torch.device("cpu"))
+    layers, heads, dim = model.kv_layout()
+    pool = PagePool(4, PAGE)
+    storage = KvStorage(pool, layers + 1, heads, dim, codecs_for("bf16", model.dtype),
+                        model.dtype, model.device)
+    steps = MtpRound(head, HybridWeights(model, model.params).head, storage, layers, 2, 3000, K,
+                     500, capture=False)
+    rounds = []
+
+    def spy(batch, bucket):
+        rounds.append((bucket, batch))
+        return torch.zeros(batch, K, dtype=torch.long)
+    steps.step.round = spy
+    steps.capture_at_start((1024, 2048, 3000))
+    assert rounds == [(c, b) for c in (1024, 2048, 3000) for b in (1, 2)]
+    assert pool.free == pool.total
+    rounds.clear()
+    steps.capture_at_start()
+    assert rounds == [(1024, 1), (1024, 2)] and pool.free == pool.total
+
+
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_the_engine_drafts_through_the_captured_round_on_cuda(family, device):
     """Served bf16 on CUDA, `--spec mtp` drafts through `MtpRound`, captured at load for every
@@ -198,7 +224,10 @@ def test_the_engine_drafts_through_the_captured_round_on_cuda(family, device):
 
     def arrange(engine, captured):
         drafter = engine.speculator.drafter
-        assert drafter.round is not None and len(drafter.round._graphs) == 2
+        # every batch size of each context bucket the decode graphs captured at load
+        buckets = engine.runner.graphs.start_buckets
+        assert drafter.round is not None and buckets
+        assert set(drafter.round._graphs) == {(b, c) for b in (1, 2) for c in buckets}
         if captured:
             return counting(drafter.round, "propose")
         drafter.round = None

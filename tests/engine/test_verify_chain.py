@@ -466,6 +466,39 @@ def test_the_chains_captured_at_start_are_greedy_and_the_served_presets():
         (False, 0), (False, 8), (True, 0)]
 
 
+@torch.inference_mode()
+def test_the_chain_captures_at_start_each_of_the_decode_graphs_start_buckets():
+    """`VerifyChain.capture_at_start`: a verify step of scratch rows for each batch size, then
+    its chain at each context bucket the decode graphs captured at load (without them, the
+    first) for each start key, on one page given back; the steps spied."""
+    model, _ = mtp_model(False, torch.device("cpu"))
+    layers, heads, dim = model.kv_layout()
+    pool = PagePool(4, PAGE)
+    storage = KvStorage(pool, layers + 1, heads, dim, codecs_for("bf16", model.dtype),
+                        model.dtype, model.device)
+    graphs = DecodeGraphs(EngineHybridDecoder(model, storage, model.state_pool(2), 2, 3000,
+                                              max_q=K + 1, keep_hidden=True), capture=False)
+    chain = VerifyChain(graphs, SimpleNamespace(drafter=None), capture=False)
+    calls = []
+
+    def verify(seqs, drafts):
+        calls.append(("verify", len(seqs)))
+        return torch.zeros(len(seqs), K + 1, V)
+    graphs.verify = verify
+    chain._run = lambda *key: calls.append(key)
+    graphs.start_buckets = (1024, 2048)
+    chain.capture_at_start()
+    keys = [(False, 0), (True, 0)]  # greedy without and with penalties
+    assert calls == [c for b in (1, 2) for c in [("verify", b)] + [
+        (b, bucket, *key) for bucket in (1024, 2048) for key in keys]]
+    assert pool.free == pool.total
+    calls.clear()
+    graphs.start_buckets = ()
+    chain.capture_at_start()
+    assert calls == [c for b in (1, 2) for c in [("verify", b)] + [(b, 1024, *key)
+                                                                   for key in keys]]
+
+
 def test_chainable_rows_are_greedy_or_top_k_sampled_without_grammar_or_logprobs():
     def row(**kw):
         return SimpleNamespace(sampler=Sampler(SamplingParams(**kw)), thinking_cap=None)

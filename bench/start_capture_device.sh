@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The graphs a `--spec mtp` server captures at load, in one call: (1) the CUDA tests of the
+# decode, verify, MTP round and verify chain graphs; (2) the served 8-layer 35B-A3B fp8-row
+# shape with a random MTP head (`ninfer synth --mtp`), `--spec mtp --draft-tokens 3`, 8 rows, 8K
+# context: the start-up log's capture lines (seconds, MiB) and two bursts of 8 prompts of ~1.5K
+# tokens (contexts past the first bucket), then any graph captured in traffic; (3) while time
+# is left, the engine's 1x955 and 8x955 prompt bursts traced without Python stacks
+# (bench/prompt_burst.py --trace-light; bench/trace_gaps.py: each step's device idle time).
+#   OUT=/tmp/o bash bench/start_capture_device.sh
+source bench/device_env.sh
+export PYTHONPATH=$PWD:/tmp/site
+nvidia-smi --query-gpu=name --format=csv,noheader
+gpu_tests 210 tests/engine/test_mtp_round.py tests/engine/test_verify_chain.py \
+  tests/engine/test_verify_chain_engine.py tests/engine/test_step_rows.py \
+  tests/engine/test_hybrid_verify.py
+MODEL=/dev/shm/ninfer-35b-a3b-8-fp8-row-mtp.ninfer
+python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers 8 --recipe fp8-row --mtp \
+  --device cuda -o "$MODEL" > "$OUT/r/synth.log" 2>&1 || tail -5 "$OUT/r/synth.log"
+LOG=$OUT/r/serve-mtp.log
+setsid python3 -P -m ninfer_tui.cli "$MODEL" --no-tui --host 127.0.0.1 --port 18080 \
+  --model-id bench --max-concurrency 8 --max-context 8192 --kv-capacity 65536 \
+  --spec mtp --draft-tokens 3 > "$LOG" 2>&1 &
+pid=$!
+for _ in $(seq 240); do curl -sf http://127.0.0.1:18080/health >/dev/null && break; sleep 1; done
+echo "--spec mtp server healthy at $SECONDS s"
+ready=$(wc -l < "$LOG")
+for round in 1 2; do
+  timeout 90 python3 bench/serve_staggered.py http://127.0.0.1:18080 bench --burst \
+    --concurrency 8 --requests 16 --max-tokens 64 --prompt-chars 6500 --label "mtp$round" \
+    --json "$OUT/r/burst-mtp-$round.json" 2>&1 | tail -2
+done
+kill -INT $pid; sleep 3; kill -9 $pid 2>/dev/null
+grep -E "start-up CUDA graphs|--spec mtp" "$LOG" | cut -c1-220
+echo "graphs captured at start-up: $(head -n "$ready" "$LOG" | grep -c 'captured the')"
+echo "graphs captured in traffic: $(tail -n +"$((ready + 1))" "$LOG" | grep -c 'captured the')"
+tail -n +"$((ready + 1))" "$LOG" | grep 'captured the' | cut -c1-200 | head -5
+if [ "$(left)" -gt 150 ]; then
+  mkdir -p "$OUT/t"
+  timeout $(( $(left) - 30 )) python3 -u bench/prompt_burst.py --layers 8 --served \
+    --prefix-reuse --prefill-chunk 8192 --bursts 1x955,8x955,8x955,1x955,1x955 \
+    --trace 8x955,1x955 --trace-light --trace-dir "$OUT/t" > "$OUT/r/burst.log" 2>&1
+  grep -E "^(1|8)x955|trace of" "$OUT/r/burst.log"
+  for spec in 8x955 1x955; do
+    python3 bench/trace_gaps.py "$OUT/t/trace-$spec.json.gz" --top 60 > "$OUT/r/gaps-$spec.txt" 2>&1
+    grep -E "^burst step" "$OUT/r/gaps-$spec.txt"
+  done
+fi
+echo "done at $SECONDS s"
+rm -rf "$OUT/t"
+pack_results
