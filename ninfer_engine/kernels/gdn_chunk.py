@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from . import gdn_ref as reference
+from .gdn_fused_kernels import _round_bf16
 from .gdn_prep import chunk_prep_triton
 from .gdn_ref import CHUNK
 from .gdn_solve import _dot
@@ -92,7 +93,8 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
                       skh, skn, skr, skd, sph, spn, spr, spc, sch, scn,
                       NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, C: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
-                      TF32: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+                      TF32: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr,
+                      O_BF16: tl.constexpr):
     # chunk tiles are [nv, n, C, ·] tensors read through their strides (the torch precompute's
     # outputs are permuted / column-major views; copying them contiguous would cost a pass each)
     h, c0, n, at = walk_program(first_ptr, slot_ptr, n, NV, ROWS, SLOTS)
@@ -127,6 +129,8 @@ def _gdn_chunk_kernel(w_ptr, u_ptr, qd_ptr, ke_ptr, p_ptr, cd_ptr, s_ptr, s_out_
         qd = _load(qd_ptrs + i * sqn, ck_mask, EVEN).to(tl.float32)
         p = tl.load(p_ptrs + i * spn).to(tl.float32)
         o = _dot(qd, s, TF32) + _dot(p, v_corr, TF32)
+        if O_BF16:  # rounded to the nearest (the interpreter's cast truncates)
+            o = _round_bf16(o).to(tl.bfloat16)
         if EVEN:
             tl.store(o_ptrs + i * C * NV * DV, o)
         else:
@@ -205,22 +209,24 @@ def walk_setup(states: torch.Tensor, firsts: torch.Tensor | None, slots: torch.T
 
 def _walk(tiles, n: int, states: torch.Tensor, firsts: torch.Tensor | None, chunk: int,
           tf32: bool, block_v: int | None, num_warps: int, num_stages: int,
-          slots: torch.Tensor | None = None):
+          slots: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32):
     """The chunk walk over `tiles` (`chunk_prep_triton`'s, n chunks) from `states` ([nv, dk,
     dv], or [R, nv, dk, dv] with `firsts`: row r's chunks are firsts[r] .. firsts[r+1]-1; with
-    `slots` too, a pool: row r continues its row slots[r] in place): (o [n·chunk, nv, dv] fp32,
-    the new states: `states` itself with `slots`)."""
+    `slots` too, a pool: row r continues its row slots[r] in place): (o [n·chunk, nv, dv] in
+    `out_dtype`, fp32 or bf16 (rounded once), the new states: `states` itself with `slots`)."""
     nv, dk, dv = states.shape[-3:]
     assert all(_span(x) < 2**31 for x in tiles) and n * chunk * nv * dv < 2**31, "int32 offsets"
     block_k = max(16, triton.next_power_of_2(dk))
     rows, block_v, s_in, s_out, first = walk_setup(states, firsts, slots, block_v)
-    o = torch.empty(n * chunk, nv, dv, dtype=torch.float32, device=s_in.device)
+    assert out_dtype in (torch.float32, torch.bfloat16)
+    o = torch.empty(n * chunk, nv, dv, dtype=out_dtype, device=s_in.device)
     _gdn_chunk_kernel[(rows * nv, triton.cdiv(dv, block_v))](
         *tiles, s_in, s_out, o, n, first, first if slots is None else slots,
         *(st for x in tiles for st in x.stride()),
         NV=nv, DK=dk, DV=dv, C=chunk, BK=block_k, BV=block_v,
         EVEN=block_k == dk and dv % block_v == 0, TF32=tf32, ROWS=firsts is not None,
-        SLOTS=slots is not None, num_warps=num_warps, num_stages=num_stages)
+        SLOTS=slots is not None, O_BF16=out_dtype == torch.bfloat16, num_warps=num_warps,
+        num_stages=num_stages)
     return o, s_out
 
 
@@ -228,20 +234,23 @@ def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
                              chunk: int = CHUNK, *, slots: torch.Tensor | None = None,
                              tf32: bool = False, block_v: int | None = None,
                              num_warps: int = 4, num_stages: int = 1, split: bool = False,
-                             norm=None, tiles_dtype: torch.dtype = torch.float32):
+                             norm=None, tiles_dtype: torch.dtype = torch.float32,
+                             out_dtype: torch.dtype = torch.float32):
     """`chunk_gated_delta` of a step's rows in three launches, not two a row: q, k, v, g, beta
     [P, ...] hold row i's tokens from position firsts[i]·chunk (`firsts` int32 on the
     device; row i's chunks are firsts[i] .. firsts[i+1]-1), every padding position zero (it has
     g = 0 and beta = 0: it leaves the state as it was, as the single-row path's own tail
     padding), as `kernels.gdn_prompt` writes them; row i continues `states[i]` ([R, nv, dk,
     dv] fp32, not modified). The precompute runs over every chunk of every row at once, the
-    chunk walk's programs are (row, head). Returns (o in that layout [P, nv, dv] fp32, new
+    chunk walk's programs are (row, head). Returns (o in that layout [P, nv, dv], new
     states [R, nv, dk, dv]). With `slots` ([R] int64 on the device), `states` is a state pool
     [S, nv, dk, dv] (fp32, contiguous): row i continues row slots[i] and overwrites it in place
     (vLLM's `state_indices`), and the pool is returned as the new states. `split` as in
     `chunk_gated_delta`; with it, `norm` (a `gdn_split.GatedNorm`) has the gated norm applied
     in the output's launch: o is then `gdn_gated_norm`'s bf16 [T, nv·dv] in token order.
-    `tiles_dtype`: the precompute's tiles (`chunk_prep_triton`; the split walk's are fp32)."""
+    `tiles_dtype`: the precompute's tiles (`chunk_prep_triton`; the split walk's are fp32);
+    `out_dtype`: o's, fp32 or bf16 (the chunk walk's: rounded once, where HF rounds the
+    rule's output before its gated norm)."""
     assert q.shape[0] % chunk == 0
     assert states.shape[0] == firsts.numel() - 1 or slots is not None
     assert split or norm is None, "the gated norm goes with the split walk's output"
@@ -249,7 +258,8 @@ def chunk_gated_delta_padded(q, k, v, g, beta, states, firsts: torch.Tensor,
         return _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots,
                       norm, tiles_dtype)
     tiles, n = chunk_prep_triton(q, k, v, g, beta, chunk, tf32=tf32, tiles_dtype=tiles_dtype)
-    return _walk(tiles, n, states, firsts, chunk, tf32, block_v, num_warps, num_stages, slots)
+    return _walk(tiles, n, states, firsts, chunk, tf32, block_v, num_warps, num_stages, slots,
+                 out_dtype)
 
 
 def _split(q, k, v, g, beta, states, firsts, chunk, tf32, block_v, num_warps, slots,

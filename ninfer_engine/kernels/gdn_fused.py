@@ -61,7 +61,7 @@ def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index
 
 
 def gdn_gated_norm_ref(o, z, norm, eps, at=None):
-    """Torch reference: `_gdn`'s gated RMSNorm. o [B, nv, dv] fp32 (with `at` [B]: row b is
+    """Torch reference: `_gdn`'s gated RMSNorm. o [B, nv, dv] fp32 or bf16 (with `at` [B]: row b is
     o[at[b]], o any number of rows), z [B, nv·dv] bf16 (any view), norm [dv]. Returns bf16
     [B, nv·dv]."""
     if at is not None:
@@ -128,7 +128,7 @@ def gdn_gated_norm_triton(o, z, norm, eps, at=None, rows_per_program: int | None
     reference's."""
     B = z.shape[0]
     nv, dv = o.shape[1:]
-    assert o.dtype == torch.float32 and o.is_contiguous()
+    assert o.dtype in (torch.float32, torch.bfloat16) and o.is_contiguous()
     assert at is None and o.shape[0] == B or at is not None and at.shape == (B,)
     assert z.shape == (B, nv * dv) and z.stride(1) == 1 and z.dtype == torch.bfloat16
     assert norm.shape == (dv,) and norm.is_contiguous()

@@ -152,7 +152,8 @@ def _gdn_gated_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, at_ptr, n_rows, stride_
         src = tl.load(at_ptr + b, mask=row < n_rows, other=0)
     else:
         src = b
-    o = tl.load(o_ptr + (src * NV + j)[:, None] * DV + d[None, :], mask=m, other=0.0)
+    o = tl.load(o_ptr + (src * NV + j)[:, None] * DV + d[None, :], mask=m,
+                other=0.0).to(tl.float32)
     w = tl.load(w_ptr + d, mask=d < DV, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + b[:, None] * stride_zb + (j * DV)[:, None] + d[None, :], mask=m,
                 other=0.0).to(tl.float32)

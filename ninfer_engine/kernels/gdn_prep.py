@@ -5,7 +5,8 @@ returns — (w, u, qd, ke, p, cd), n — as contiguous fp32 tensors `[nv, n, C, 
 (`tiles_dtype=torch.bfloat16`: the first five in bf16).
 q and k may hold fewer heads than v (`[T, nk, dk]`, nv a multiple of nk: value head j reads
 q/k head j // (nv / nk)), so the caller need not expand them. The last dim of q, k, v must be
-contiguous; other strides are free.
+contiguous; other strides are free. q, k, v are fp32 or bf16 (the prompt step's), read as they
+are and widened in registers.
 
 Two launches: `kernels.gdn_solve` writes each chunk's (I + A)⁻¹ in 16-row blocks, then one
 program per (chunk, value head) keeps the chunk in registers and writes each output once (the
@@ -91,13 +92,13 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, inv_ptr, w_ptr, u_ptr, q
         rk = d0 + tl.arange(0, BLOCK)
         km = (rk < DK)[None, :]
         k = tl.load(k_ptr + t[:, None] * skt + hk * skh + rk[None, :], mask=tmask[:, None] & km,
-                    other=0.0)
+                    other=0.0).to(tl.float32)
         ko = (out * C + rc[:, None]) * DK + rk[None, :]
         tl.store(w_ptr + ko, _dot(inv, k * beta[:, None] * eg[:, None], TF32).to(
             w_ptr.dtype.element_ty), mask=km)
         if WALK:
             q = tl.load(q_ptr + t[:, None] * sqt + hk * sqh + rk[None, :],
-                        mask=tmask[:, None] & km, other=0.0)
+                        mask=tmask[:, None] & km, other=0.0).to(tl.float32)
             p += _dot(q, tl.trans(k), TF32)
             tl.store(qd_ptr + ko, (q * (eg * scale)[:, None]).to(qd_ptr.dtype.element_ty),
                      mask=km)
@@ -110,7 +111,7 @@ def _gdn_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, inv_ptr, w_ptr, u_ptr, q
         rv = d0 + tl.arange(0, BLOCK)
         vm = (rv < DV)[None, :]
         v = tl.load(v_ptr + t[:, None] * svt + h * svh + rv[None, :], mask=tmask[:, None] & vm,
-                    other=0.0)
+                    other=0.0).to(tl.float32)
         tl.store(u_ptr + (out * C + rc[:, None]) * DV + rv[None, :],
                  _dot(inv, v * beta[:, None], TF32).to(u_ptr.dtype.element_ty), mask=vm)
 
@@ -127,7 +128,9 @@ def chunk_prep_triton(q, k, v, g, beta, chunk: int = 64, *, tf32: bool = False,
     nv, dv = v.shape[1], v.shape[2]
     assert q.shape == k.shape and v.shape[0] == T and nv % nk == 0
     assert g.shape == (T, nv) and beta.shape == (T, nv)
-    q, k, v = (x.float() if x.stride(-1) == 1 else x.float().contiguous() for x in (q, k, v))
+    # q, k, v fp32 or bf16 (the prompt step's, `gdn_prompt`), read as they are
+    assert all(x.dtype in (torch.float32, torch.bfloat16) for x in (q, k, v))
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     g, beta = g.float(), beta.float()
     n = triton.cdiv(T, chunk)
     dev = v.device

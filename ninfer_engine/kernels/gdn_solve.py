@@ -108,19 +108,23 @@ def _gdn_solve_kernel(k_ptr, g_ptr, b_ptr, inv_ptr, T, n, skt, skh, sgt, sgh, sb
     for d0 in range(0, DK, BK):  # K Kᵀ's blocks on and below the diagonal
         dm = (d0 + rk < DK)[None, :]
         kp = k_ptr + hk * skh + d0 + rk[None, :]
-        k0 = tl.load(kp + t0[:, None] * skt, mask=(t0 < T)[:, None] & dm, other=0.0)
+        k0 = tl.load(kp + t0[:, None] * skt, mask=(t0 < T)[:, None] & dm,
+                     other=0.0).to(tl.float32)
         a00 += _dot(k0, tl.trans(k0), TF32)
         if NB > 1:
-            k1 = tl.load(kp + t1[:, None] * skt, mask=(t1 < T)[:, None] & dm, other=0.0)
+            k1 = tl.load(kp + t1[:, None] * skt, mask=(t1 < T)[:, None] & dm,
+                         other=0.0).to(tl.float32)
             a11 += _dot(k1, tl.trans(k1), TF32)
             a10 += _dot(k1, tl.trans(k0), TF32)
         if NB > 2:
-            k2 = tl.load(kp + t2[:, None] * skt, mask=(t2 < T)[:, None] & dm, other=0.0)
+            k2 = tl.load(kp + t2[:, None] * skt, mask=(t2 < T)[:, None] & dm,
+                         other=0.0).to(tl.float32)
             a22 += _dot(k2, tl.trans(k2), TF32)
             a20 += _dot(k2, tl.trans(k0), TF32)
             a21 += _dot(k2, tl.trans(k1), TF32)
         if NB > 3:
-            k3 = tl.load(kp + t3[:, None] * skt, mask=(t3 < T)[:, None] & dm, other=0.0)
+            k3 = tl.load(kp + t3[:, None] * skt, mask=(t3 < T)[:, None] & dm,
+                         other=0.0).to(tl.float32)
             a33 += _dot(k3, tl.trans(k3), TF32)
             a30 += _dot(k3, tl.trans(k0), TF32)
             a31 += _dot(k3, tl.trans(k1), TF32)
@@ -163,11 +167,12 @@ def _gdn_solve_kernel(k_ptr, g_ptr, b_ptr, inv_ptr, T, n, skt, skh, sgt, sgh, sb
 def chunk_inverse(k, g, beta, chunk: int = 64, *, tf32: bool = False,
                   num_warps: int = 1) -> torch.Tensor:
     """[nv, n, C, C] fp32, the blocks above the diagonal unwritten (see the module
-    docstring). k fp32 with a contiguous last dim; g, beta fp32."""
+    docstring). k fp32 or bf16 with a contiguous last dim; g, beta fp32."""
     T, nk, dk = k.shape
     nv = g.shape[1]
     assert chunk in (16, 32, 64), "chunk must be 16, 32 or 64"
-    assert k.dtype == g.dtype == beta.dtype == torch.float32 and k.stride(-1) == 1
+    assert k.dtype in (torch.float32, torch.bfloat16) and k.stride(-1) == 1
+    assert g.dtype == beta.dtype == torch.float32
     assert g.shape == beta.shape == (T, nv) and nv % nk == 0
     n = triton.cdiv(T, chunk)
     inv = torch.empty(nv, n, chunk, chunk, device=k.device)

@@ -192,10 +192,12 @@ class GatedDeltaNet:
             qkv = torch.cat([proj(x) for proj in (self.q, self.k, self.v)], -1)
             z, b, a = self.z(x), self.b(x), self.a(x)
         layout = prompt_layout(tuple(lengths), x.device)
-        # the split walk's output launch applies the gated norm itself
+        # the split walk's output launch applies the gated norm itself; the chunk walk's
+        # output goes to the gated norm in bf16, which rounds it there first anyway (as HF)
         walk = dict(tf32=True, split=SPLIT_WALK, norm=GatedNorm(
             z, self.norm, self.eps, layout.meta[: layout.padded]) if SPLIT_WALK else None,
-            tiles_dtype=torch.bfloat16 if BF16_TILES and not SPLIT_WALK else torch.float32)
+            tiles_dtype=torch.bfloat16 if BF16_TILES and not SPLIT_WALK else torch.float32,
+            **({} if SPLIT_WALK else {"out_dtype": torch.bfloat16}))
         pool = states[0].pool
         if pool is not None and all(s.pool is pool for s in states):
             # rows of one state pool (the engine's running slots): read and written in place

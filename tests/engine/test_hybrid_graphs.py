@@ -24,8 +24,9 @@ from .helpers import copy_pool, recorded_writes, stored_rows
 
 PAGE = 64
 BF16 = torch.bfloat16
-# bf16 both ways (tests.tolerance), each side's stores: the GDN layer's norm, projections, gated
-# norm, output projection, residual, norm, gate/up, SiLU, product, down and residual (11), then
+# bf16 both ways (tests.tolerance), each side's stores: the GDN layer's norm, projections, q and
+# k after their L2 norm (a prompt's chunk walk reads them in bf16, `kernels.gdn_prompt`), gated
+# norm, output projection, residual, norm, gate/up, SiLU, product, down and residual (13), then
 # the attention layer's norm, QKV, q and k norms and RoPE (5) up to its K/V write, the dot
 # operands K, V and P, the output, its gate and product, the output projection, the residual,
 # the norm and the MLP's 4 stores, the residual (15), the router's and the experts' weights (2),
@@ -34,7 +35,7 @@ BF16 = torch.bfloat16
 # but another sequence's logits are
 # ~140 % away, so a mixed-up row, page, position or state still fails; the K/V rows each step
 # stores are checked far tighter (`_check_writes`).
-KV_STORES, LOGIT_STORES = 16, 35
+KV_STORES, LOGIT_STORES = 18, 37
 
 
 def _tols(model, context):

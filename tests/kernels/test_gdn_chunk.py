@@ -212,7 +212,8 @@ def test_layer_dispatches_prefill_to_the_kernel(monkeypatch, device):
     assert calls == []  # fp32 activations: the torch rule
     got = run(torch.bfloat16)
     # the 40-token prefill (the default walk, bf16 tiles); the single token is recurrent
-    assert calls == [{"tf32": True, "split": False, "norm": None, "tiles_dtype": torch.bfloat16}]
+    assert calls == [{"tf32": True, "split": False, "norm": None, "tiles_dtype": torch.bfloat16,
+                      "out_dtype": torch.bfloat16}]
     monkeypatch.setattr(gdn, "BF16_TILES", False)  # the benchmark's switch reaches the walk
     run(torch.bfloat16)
     assert calls[-1]["tiles_dtype"] == torch.float32
@@ -264,6 +265,25 @@ def test_rows_in_one_launch_equal_each_row_alone(device, lengths, nv, nk, dk, dv
 
 
 @pytest.mark.parametrize("lengths", [[1, 70, 16], [64, 1, 33]])
+def test_bf16_inputs_walk_as_their_fp32_values_and_a_bf16_output_is_rounded_once(device,
+                                                                                  lengths):
+    """q, k, v in bf16 (the prompt step's, `kernels.gdn_prompt`) are widened in registers: the
+    precompute and walk of them equal those of the same values in fp32, bit for bit; with
+    `out_dtype` bf16 the output is that fp32 output rounded to the nearest."""
+    nv, nk, dk, dv = 4, 2, 24, 40
+    gen = torch.Generator().manual_seed(13)
+    _, lay, (q, k, v, g, beta) = _padded_rows(lengths, nv, nk, dk, dv, gen, device)
+    q, k, v = (x.bfloat16() for x in (q, k, v))
+    states = torch.randn(len(lengths), nv, dk, dv, generator=gen).to(device)
+    want_o, want_s = gdn_chunk.chunk_gated_delta_padded(q.float(), k.float(), v.float(), g, beta,
+                                                        states, lay.first, chunk=16)
+    o, s = gdn_chunk.chunk_gated_delta_padded(q, k, v, g, beta, states, lay.first, chunk=16,
+                                              out_dtype=torch.bfloat16)
+    assert o.dtype == torch.bfloat16 and torch.equal(o, want_o.bfloat16())
+    assert torch.equal(s, want_s)
+
+
+@pytest.mark.parametrize("lengths", [[1, 70, 16], [64, 1, 33]])
 def test_rows_continue_their_pool_slots_in_place(device, lengths):
     """With `slots`, the walk reads row i's state from row slots[i] of a state pool and writes
     it back there: outputs and new states bit for bit those of the stacked rows, the pool's
@@ -290,9 +310,10 @@ from triton.compiler import ASTSource
 
 from ninfer_engine.kernels.gdn_chunk import _gdn_chunk_kernel as k
 
-types = ["*fp32"] * 9 + ["i32", "*i32", "*i64"] + ["i32"] * 22
+# the engine's: bf16 tiles (w, u, qd, ke, p), fp32 cd and states, a bf16 output
+types = ["*bf16"] * 5 + ["*fp32"] * 3 + ["*bf16", "i32", "*i32", "*i64"] + ["i32"] * 22
 consts = dict(NV=32, DK=128, DV=128, C=64, BK=128, BV=64, EVEN=True, TF32=True, ROWS=True,
-              SLOTS=True)
+              SLOTS=True, O_BF16=True)
 signature = {**dict(zip(k.arg_names, types)), **dict.fromkeys(consts, "constexpr")}
 triton.compile(ASTSource(k, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                options={"num_warps": 8, "num_stages": 1})
