@@ -38,6 +38,7 @@ from ..kernels._dispatch import use_triton
 from ..kernels.moe_grouped import (ROW_TILES, fp8_act_supported, grouped_supports,
                                    moe_grouped_down, moe_grouped_swiglu, tile_plan)
 from ..kernels.moe_route import route_topk
+from ..kernels.slot_sum import slot_sum
 from .packed import linear, prefill_fp8
 from .swiglu import ParamSource, SwiGLU, grouped_experts, stacked_experts
 
@@ -160,9 +161,10 @@ class SparseMoE:
         return torch.cat(outs) if outs else torch.zeros_like(xs)
 
     def routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-               stacks=None) -> torch.Tensor:
+               stacks=None, residual: torch.Tensor | None = None) -> torch.Tensor:
         """Σ_slots weight · expert(x) for routing `(weights, ids)` [T, k], by sorted dispatch
-        (through the grouped kernels over `stacks`, default `stacked`, where they run)."""
+        (through the grouped kernels over `stacks`, default `stacked`, where they run), plus
+        `residual` where given (the grouped path adds it in the slots' sum)."""
         flat = ids.reshape(-1)
         # ids of E experts, or of the E + 1 of stacks holding the shared expert too
         experts = self.n_experts if stacks is None else stacks[0].w.shape[0]
@@ -182,12 +184,13 @@ class SparseMoE:
                                      fp8_act=fp8)
             slots = moe_grouped_down(act, order, weights.reshape(-1), tiles, down.w, down.scale,
                                      fp8_act=fp8)
-            return slots.view(*ids.shape, x.shape[-1]).sum(1)
+            return slot_sum(slots.view(*ids.shape, x.shape[-1]), residual)
         ys = self._experts_sorted(x[order // self.top_k], counts)
         ys = ys * weights.reshape(-1)[order, None]
         slots = torch.empty_like(ys)
         slots[order] = ys  # back to (token, slot) order
-        return slots.view(*ids.shape, x.shape[-1]).sum(1)  # deterministic, unlike a scatter-add
+        out = slots.view(*ids.shape, x.shape[-1]).sum(1)  # deterministic, unlike a scatter-add
+        return out if residual is None else residual + out
 
     def capturable(self) -> bool:
         """Whether `__call__` runs on CUDA without a host sync (a CUDA graph can hold it): the
@@ -225,15 +228,16 @@ class SparseMoE:
                              generator=gen))
         return True
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for tokens x [T, H], plus `residual` where given."""
         shared = self.stacked_shared
         if self.router_score is not None and self._fp8_grouped(x, shared):
             # one routing launch (`kernels.moe_route`, the decode step's): the shared expert
             # as slot k of every token, weighed by sigmoid(its score)
             logits = linear(x, self.router_score)[:, : self.n_experts + 1]
             weights, ids = route_topk(logits, self.top_k, self.renormalise, shared=True)
-            return self.routed(x, weights, ids, shared)
+            return self.routed(x, weights, ids, shared, residual)
         weights, ids = self.route(x)
         out = self.routed(x, weights, ids)
         shared = torch.sigmoid(linear(x, self.shared_score)) * self.shared(x)
-        return out + shared
+        return out + shared if residual is None else residual + (out + shared)

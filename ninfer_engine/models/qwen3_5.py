@@ -84,6 +84,8 @@ class _Block:
         else:
             delta = self.reduce(self.mixer(y, layer_states, lengths, positions))
         y, x = add_zero_centred_rms_norm(delta, x, self.post_norm, self.eps)
+        if self.reduce == SINGLE.all_reduce:  # one rank: the FFN's last pass adds the residual
+            return self.ffn(y, residual=x)
         return x + self.reduce(self.ffn(y))
 
 

@@ -36,9 +36,11 @@ class SwiGLU:
         self.projections = tuple(Linear(w, matmul_dtype, relayout=False, fp8_act=fp8_act)
                                  for w in (self.gate, self.up, self.down))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP's output for tokens x [T, H], plus `residual` where given."""
         gate, up, down = self.projections
-        return down(F.silu(gate(x)) * up(x))
+        out = down(F.silu(gate(x)) * up(x))
+        return out if residual is None else residual + out
 
 
 def _same_view(t: torch.Tensor, ref: torch.Tensor) -> bool:
