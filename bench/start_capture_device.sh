@@ -6,13 +6,14 @@
 # tokens (contexts past the first bucket), then any graph captured in traffic; (3) while time
 # is left, the engine's 1x955 and 8x955 prompt bursts traced without Python stacks
 # (bench/prompt_burst.py --trace-light; bench/trace_gaps.py: each step's device idle time).
-#   OUT=/tmp/o bash bench/start_capture_device.sh
+# TESTS=0 skips (1), TRACE=0 skips (3).
+#   OUT=/tmp/o [TESTS=0] [TRACE=0] bash bench/start_capture_device.sh
 source bench/device_env.sh
 export PYTHONPATH=$PWD:/tmp/site
 nvidia-smi --query-gpu=name --format=csv,noheader
-gpu_tests 210 tests/engine/test_mtp_round.py tests/engine/test_verify_chain.py \
-  tests/engine/test_verify_chain_engine.py tests/engine/test_step_rows.py \
-  tests/engine/test_hybrid_verify.py
+[ "${TESTS:-1}" = 1 ] && gpu_tests 210 tests/engine/test_mtp_round.py \
+  tests/engine/test_verify_chain.py tests/engine/test_verify_chain_engine.py \
+  tests/engine/test_step_rows.py tests/engine/test_hybrid_verify.py
 MODEL=/dev/shm/ninfer-35b-a3b-8-fp8-row-mtp.ninfer
 python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers 8 --recipe fp8-row --mtp \
   --device cuda -o "$MODEL" > "$OUT/r/synth.log" 2>&1 || tail -5 "$OUT/r/synth.log"
@@ -34,7 +35,7 @@ grep -E "start-up CUDA graphs|--spec mtp" "$LOG" | cut -c1-220
 echo "graphs captured at start-up: $(head -n "$ready" "$LOG" | grep -c 'captured the')"
 echo "graphs captured in traffic: $(tail -n +"$((ready + 1))" "$LOG" | grep -c 'captured the')"
 tail -n +"$((ready + 1))" "$LOG" | grep 'captured the' | cut -c1-200 | head -5
-if [ "$(left)" -gt 150 ]; then
+if [ "${TRACE:-1}" = 1 ] && [ "$(left)" -gt 150 ]; then
   mkdir -p "$OUT/t"
   timeout $(( $(left) - 30 )) python3 -u bench/prompt_burst.py --layers 8 --served \
     --prefix-reuse --prefill-chunk 8192 --bursts 1x955,8x955,8x955,1x955,1x955 \
