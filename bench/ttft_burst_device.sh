@@ -4,13 +4,15 @@
 # p50/p99 of 1K-token prompts arriving one at a time, then 8 together, ROUNDS times each
 # (default 2; bench/serve_staggered.py --burst), with the start-up log's warm-up and capture
 # lines; one server per --prefill-chunk in CHUNKS (default: the server's own auto, 8192 on a
-# device of >= 70 GiB). LAYERS (default 8): the shape's depth, 40 for the whole 35B-A3B.
-#   OUT=/tmp/o [CHUNKS="4096 8192"] [ROUNDS=4] [LAYERS=40] bash bench/ttft_burst_device.sh
+# device of >= 70 GiB). LAYERS (default 8): the shape's depth, 40 for the whole 35B-A3B. TREE: a
+# carried tree whose packages come first on the path (`git archive <commit> ninfer_engine | tar
+# -x -C .old`: its engine, this tree's HTTP server and console).
+#   OUT=/tmp/o [CHUNKS="4096 8192"] [ROUNDS=4] [LAYERS=40] [TREE=.old] bash bench/ttft_burst_device.sh
 #   (then bench/ttft_burst_table.py OUT/r: the table)
 source bench/device_env.sh
 LAYERS=${LAYERS:-8}
 MODEL=/dev/shm/ninfer-35b-a3b-$LAYERS-fp8-row.ninfer
-export PYTHONPATH=$PWD:/tmp/site
+export PYTHONPATH=${TREE:+$PWD/$TREE:}$PWD:/tmp/site
 [ -f "$MODEL" ] || python3 -m ninfer_engine.cli.tools synth --arch 35b-a3b --layers "$LAYERS" \
   --recipe fp8-row --device cuda -o "$MODEL" > "$OUT/r/synth.log" 2>&1 \
   || tail -5 "$OUT/r/synth.log"  # (kept in /dev/shm for the call's next run)

@@ -227,11 +227,14 @@ def test_a_sampled_row_through_the_chain_is_served_as_the_host_path_serves_it(de
     beside a greedy row, rounds by the rejection test and by agreement: the chain draws the
     same uniforms at launch that the host's acceptance draws after the step, and emits the
     same tokens and drafts, leaving the same states. Its uniforms are scripted small for two
-    tests a round (a draft among the candidates is taken) and larger after."""
+    tests a round (a draft among the candidates is taken) and larger after. A round's first
+    draft is among the random model's 256 candidates about half the time, so 8 rounds take
+    one with all but ~0.4 % of numerics (4 rounds missed on the H100 once q and k of a prompt's
+    GDN layers were stored in bf16)."""
     def samplers():
         return [_Scripted(SamplingParams(temperature=1.0, top_k=256, presence_penalty=0.5,
                                          seed=4), [0.0, 0.0, 0.7, 0.4]), Sampler(GREEDY)]
-    plan = [None] * 4
+    plan = [None] * 8
     host = _serve(False, False, plan, device, rows=False, samplers=samplers)
     chain = _serve(False, True, plan, device, rows=False, samplers=samplers)
     assert chain[0] == host[0] and chain[1] == host[1]
