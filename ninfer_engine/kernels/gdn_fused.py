@@ -61,9 +61,9 @@ def gdn_prep_ref(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index
 
 
 def gdn_gated_norm_ref(o, z, norm, eps, at=None):
-    """Torch reference: `_gdn`'s gated RMSNorm. o [B, nv, dv] fp32 or bf16 (with `at` [B]: row b is
-    o[at[b]], o any number of rows), z [B, nv·dv] bf16 (any view), norm [dv]. Returns bf16
-    [B, nv·dv]."""
+    """Torch reference: `_gdn`'s gated RMSNorm. o [B, nv, dv] fp32 or bf16 (with `at` [B]: row
+    b is o[at[b]], o any number of rows), z [B, nv·dv] bf16 (any view), norm [dv]. Returns
+    bf16 [B, nv·dv]."""
     if at is not None:
         o = o.index_select(0, at)
     B, nv, dv = o.shape

@@ -13,8 +13,9 @@ at `layout.first[i]·chunk + j`, every padding position zero):
   the causal depthwise conv over the row's state then its tokens; conv and SiLU are each
   rounded to bf16 (HF's `silu(conv1d(x))` in bf16: fp32 sums, one rounding per op), so v is
   stored exactly, and the L2 norm is taken in fp32 and rounded once (HF's `l2norm` on bf16
-  tensors returns bf16; FLA's too): half the bytes this launch writes and the chunk
-  precompute reads (~400 MB a layer at 8 × 955 tokens of the 35B-A3B shape);
+  tensors returns bf16; FLA's too). Half the bytes of fp32: on the H100's 8 × 955-token
+  35B-A3B step the kernels reading them took 8-18 % less time, this one 2 % (it is not bound
+  by its stores; bench/results/h100-prompt-step-gdn-bf16-slot-sum.md);
 * g = −e^{a_log}·softplus(a + dt_bias) and beta = sigmoid(b) [P, nv] fp32;
 * the rows' new conv states [R, K-1, C] (the last K-1 inputs of state ++ tokens), which the
   caller copies back into the slots after every read of the old ones.

@@ -6,9 +6,10 @@ writes them in (token, slot) order); the result [T, H] bf16 is `residual[t] + Σ
 summed in fp32 in that order (residual first, then slot 0, 1, …) and rounded once. The torch
 reference sums in the same order, so the two agree bit for bit.
 
-Before, torch's reduction summed the slots (on the H100, 1.04 ms of the 8 × 955-token 35B-A3B
-prompt burst's 8 layers: ~281 MB a layer read at ~2.2 TB/s) and the block added the residual in
-a second pass over [T, H].
+Before, torch's reduction summed the slots (on the H100, 133 µs a layer of the 8 × 955-token
+35B-A3B prompt step: ~281 MB read at ~2.1 TB/s) and the block added the residual in a second
+pass over [T, H]; this pass takes 120 µs with the residual (~2.9 TB/s;
+bench/results/h100-prompt-step-gdn-bf16-slot-sum.md).
 """
 from __future__ import annotations
 

@@ -197,7 +197,7 @@ class GatedDeltaNet:
         walk = dict(tf32=True, split=SPLIT_WALK, norm=GatedNorm(
             z, self.norm, self.eps, layout.meta[: layout.padded]) if SPLIT_WALK else None,
             tiles_dtype=torch.bfloat16 if BF16_TILES and not SPLIT_WALK else torch.float32,
-            **({} if SPLIT_WALK else {"out_dtype": torch.bfloat16}))
+            out_dtype=torch.float32 if SPLIT_WALK else torch.bfloat16)
         pool = states[0].pool
         if pool is not None and all(s.pool is pool for s in states):
             # rows of one state pool (the engine's running slots): read and written in place

@@ -104,8 +104,8 @@ class MtpRound:
             self.tables.fill([seq.cache for seq in seqs])
         load()
         batch = len(seqs)
-        reach = max(first + max(self.q, len(tokens) + self.k) for tokens, _, first in pairs)
-        reach += ahead
+        reach = ahead + max(first + max(self.q, len(tokens) + self.k)
+                            for tokens, _, first in pairs)
         bucket = context_bucket(reach, self.max_context)
         if not self.capture:
             return s.round(batch, bucket).tolist()
