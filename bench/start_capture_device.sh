@@ -3,11 +3,8 @@
 # decode, verify, MTP round and verify chain graphs; (2) the served 8-layer 35B-A3B fp8-row
 # shape with a random MTP head (`ninfer synth --mtp`), `--spec mtp --draft-tokens 3`, 8 rows, 8K
 # context: the start-up log's capture lines (seconds, MiB) and two bursts of 8 prompts of ~1.5K
-# tokens (contexts past the first bucket), then any graph captured in traffic; (3) while time
-# is left, the engine's 1x955 and 8x955 prompt bursts traced without Python stacks
-# (bench/prompt_burst.py --trace-light; bench/trace_gaps.py: each step's device idle time).
-# TESTS=0 skips (1), TRACE=0 skips (3).
-#   OUT=/tmp/o [TESTS=0] [TRACE=0] bash bench/start_capture_device.sh
+# tokens (contexts past the first bucket), then any graph captured in traffic. TESTS=0 skips (1).
+#   OUT=/tmp/o [TESTS=0] bash bench/start_capture_device.sh
 source bench/device_env.sh
 export PYTHONPATH=$PWD:/tmp/site
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -35,17 +32,5 @@ grep -E "start-up CUDA graphs|--spec mtp" "$LOG" | cut -c1-220
 echo "graphs captured at start-up: $(head -n "$ready" "$LOG" | grep -c 'captured the')"
 echo "graphs captured in traffic: $(tail -n +"$((ready + 1))" "$LOG" | grep -c 'captured the')"
 tail -n +"$((ready + 1))" "$LOG" | grep 'captured the' | cut -c1-200 | head -5
-if [ "${TRACE:-1}" = 1 ] && [ "$(left)" -gt 150 ]; then
-  mkdir -p "$OUT/t"
-  timeout $(( $(left) - 30 )) python3 -u bench/prompt_burst.py --layers 8 --served \
-    --prefix-reuse --prefill-chunk 8192 --bursts 1x955,8x955,8x955,1x955,1x955 \
-    --trace 8x955,1x955 --trace-light --trace-dir "$OUT/t" > "$OUT/r/burst.log" 2>&1
-  grep -E "^(1|8)x955|trace of" "$OUT/r/burst.log"
-  for spec in 8x955 1x955; do
-    python3 bench/trace_gaps.py "$OUT/t/trace-$spec.json.gz" --top 60 > "$OUT/r/gaps-$spec.txt" 2>&1
-    grep -E "^burst step" "$OUT/r/gaps-$spec.txt"
-  done
-fi
 echo "done at $SECONDS s"
-rm -rf "$OUT/t"
 pack_results

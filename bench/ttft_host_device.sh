@@ -5,6 +5,7 @@
 # burst (ttft_burst_device.sh) with this tree's prompt encoder and each carried one of ENCODERS
 # (prompt_encoder.py variants) in turn, PASSES times (default 1), server N's files in
 # $OUT/runN; with DEEP=1 last the 40-layer shape's served burst on this tree ($OUT/deep).
+# LIGHT=1 traces without Python stacks (`--trace-light`: the host at near its real speed).
 # Everything but the traces comes back in one tarball.
 #   OUT=/tmp/o ENCODERS=".old-enc/a.py" [PASSES=2] [TRACE=0] [DEEP=1] bash bench/ttft_host_device.sh
 source bench/device_env.sh
@@ -13,7 +14,7 @@ mkdir -p "$OUT/t"
 if [ "${TRACE:-1}" = 1 ]; then
   PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -u bench/prompt_burst.py --layers 8 --served \
     --prefix-reuse --prefill-chunk 8192 --bursts 1x955,8x955,8x955,1x955,8x955 \
-    --trace 8x955,1x955 --trace-dir "$OUT" > "$OUT/t/burst.log" 2>&1
+    --trace 8x955,1x955 ${LIGHT:+--trace-light} --trace-dir "$OUT" > "$OUT/t/burst.log" 2>&1
   grep -E "^(1|8)x955|engine built|trace of" "$OUT/t/burst.log"
   for spec in 8x955 1x955; do
     python3 bench/trace_gaps.py "$OUT/trace-$spec.json.gz" --top 80 > "$OUT/t/gaps-$spec.txt" 2>&1
