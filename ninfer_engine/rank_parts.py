@@ -73,7 +73,7 @@ def load_rank(config: EngineConfig, artifact: Any, device: torch.device, dtype: 
     graphs = build_decode_graphs(
         built, memory, sized.kv_dtype, sized.max_concurrency, sized.max_context,
         not sized.no_cuda_graph, 1 + (sized.draft_tokens or 0) if sized.spec else 1,
-        keep_hidden=sized.spec in ("mtp", "dflash"), weights=step_weights,
+        keep_hidden=sized.spec in ("mtp", "dflash", "dflash2"), weights=step_weights,
         cpu_activations=sized.cpu_activations)
     if graphs is not None and hasattr(extra, "bind_step"):  # `--spec mtp`'s captured round
         extra.bind_step(memory.storage, graphs)

@@ -4,8 +4,9 @@ Families: `qwen3_5` / `qwen3_5_text` (dense hybrid), `qwen3_5_moe` / `qwen3_5_mo
 `qwen3_next` (re-sliced into the Qwen3.5-MoE bindings by `hf_names`), and the §5 llama family
 (`llama`, `qwen3`). The MTP head (`mtp.*`) becomes an `mtp` component and the vision tower
 (`model.visual.*`) a `vision` component with the preprocessor configs as its resources, unless
-the caller drops it (`skip_vision`). A z-lab DFlash drafter checkpoint (its own folder,
-`dflash`) becomes a `dflash` component (`dflash_names`), checked against the text config.
+the caller drops it (`skip_vision`). A z-lab DFlash or DFlash2 drafter checkpoint (its own
+folder, `dflash`) becomes a `dflash` or `dflash2` component (`dflash_names`, by its
+architecture), checked against the text config.
 
 Streaming: the embedding and head are copied in row blocks, every other tensor is read when its
 layer (or vision block) is converted, so peak memory is about one layer (plus one tensor's
@@ -96,8 +97,11 @@ def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress,
         components["mtp"] = {"config": {"architectures": [arch]}, "target": "text"}
     if vision:
         components["vision"] = {"config": vision, "target": "text"}
+    kind = None  # the drafter's component, "dflash" or "dflash2"
     if drafter is not None:
-        components["dflash"] = dflash_names.component(_dflash_config(drafter, config))
+        drafter_config = _dflash_config(drafter, config)
+        kind = dflash_names.backend(drafter_config)
+        components[kind] = dflash_names.component(drafter_config)
     metadata = {
         "name": name or checkpoint.folder.resolve().name,
         "source": {"format": "hf-safetensors", "model_type": checkpoint.config["model_type"],
@@ -134,18 +138,17 @@ def _convert(checkpoint, dst, recipe_name, choose, name, skip_vision, progress,
             _vision(checkpoint, writer, vision, groups["vision"], choose,
                     lambda what: progress(next(step), total, what))
         if drafter is not None:
-            _dflash(drafter, writer, components["dflash"]["config"], choose)
-            progress(next(step), total, "dflash drafter")
+            _dflash(drafter, writer, components[kind]["config"], choose, config["vocab_size"])
+            progress(next(step), total, f"{kind} drafter")
     return dst
 
 
 def _dflash_config(drafter: HfCheckpoint, text: dict) -> dict:
     """The drafter's component config, refused in one line where it cannot serve `text`."""
     arch = (drafter.config.get("architectures") or ["?"])[0]
-    if arch != dflash_names.DFLASH_ARCHITECTURE:
+    if arch not in dflash_names.BACKENDS:
         raise ArtifactError(f'the DFlash checkpoint is "{arch}", not '
-                            f"{dflash_names.DFLASH_ARCHITECTURE} (DFlash2 is not built yet)",
-                            drafter.folder)
+                            f"{' or '.join(dflash_names.BACKENDS)}", drafter.folder)
     config = dflash_names.component_config(drafter.config)
     why = dflash_names.mismatch(config, text)
     if why is not None:
@@ -153,17 +156,17 @@ def _dflash_config(drafter: HfCheckpoint, text: dict) -> dict:
     return config
 
 
-def _dflash(drafter: HfCheckpoint, writer, config: dict, choose) -> None:
+def _dflash(drafter: HfCheckpoint, writer, config: dict, choose, vocab: int) -> None:
     """The drafter's tensors under their logical names, one read at a time, shape-checked."""
-    names = {}
+    names, kind = {}, dflash_names.backend(config)
     for full in drafter.names:
         try:
-            logical = dflash_names.logical_name(full)
+            logical = dflash_names.logical_name(full, kind)
         except ArtifactError as error:
             raise error.at(drafter.folder) from None
         if logical is not None:
             names[logical] = full
-    shapes = dflash_names.parameter_shapes(config)
+    shapes = dflash_names.parameter_shapes(config, vocab)
     missing = [n for n in shapes if n not in names]
     if missing:
         raise ArtifactError(f"the DFlash checkpoint lacks {len(missing)} tensors, e.g. "

@@ -15,7 +15,8 @@ parameter source that generates each tensor on the target device, without any fi
 adds a random MTP head (model-math.md §3.1) as the `mtp` component, under the names
 `ninfer convert hf` writes for a checkpoint's `mtp.*` tensors; `dflash="small"|"real"` a random
 DFlash drafter as the `dflash` component (`dflash_names`: a small one sized from the target, or
-the published 35B-A3B drafter's shape).
+the published 35B-A3B drafter's shape), `dflash2=` the same for a DFlash2 drafter (`dflash2`
+component; "real": the published 27B drafter's shape).
 """
 
 from __future__ import annotations
@@ -95,25 +96,28 @@ def synth_config(arch: str, layers: int | None = None) -> dict:
     return config
 
 
-def dflash_config(config: dict, dflash: str | None) -> dict | None:
-    """The random drafter's component config for text ``config`` ("small", "real" or None)."""
+def dflash_config(config: dict, dflash: str | None, dflash2: bool = False) -> dict | None:
+    """The random drafter's component config for text ``config`` ("small", "real" or None; a
+    DFlash2 drafter with ``dflash2``)."""
     if dflash is None:
         return None
+    flag = "--dflash2" if dflash2 else "--dflash"
     if dflash not in ("small", "real"):
-        raise ArtifactError(f'--dflash is "small" or "real", not "{dflash}"')
-    out = dflash_names.synth_config(config, dflash == "real")
+        raise ArtifactError(f'{flag} is "small" or "real", not "{dflash}"')
+    out = dflash_names.synth_config(config, dflash == "real", dflash2)
     taps = out["dflash_config"]["target_layer_ids"]
     if out["hidden_size"] != config["hidden_size"] or max(taps) >= config["num_hidden_layers"] - 1:
-        raise ArtifactError(f"the real DFlash drafter (width {out['hidden_size']}, taps {taps}) "
-                            "fits the 35b-a3b target, all layers")
+        raise ArtifactError(f"the real {'DFlash2' if dflash2 else 'DFlash'} drafter (width "
+                            f"{out['hidden_size']}, taps {taps}) fits the "
+                            f"{'27b' if dflash2 else '35b-a3b'} target, all layers")
     return out
 
 
 def parameter_shapes(config: dict, mtp: bool = False,
-                     dflash: dict | None = None) -> dict[str, tuple[int, ...]]:
+                     *drafters: dict) -> dict[str, tuple[int, ...]]:
     """Every logical parameter `Qwen35Model` reads for ``config`` (and, with ``mtp``, the MTP
-    head `models.mtp.MtpHead` reads; with a ``dflash`` config, the drafter's), in writing
-    order."""
+    head `models.mtp.MtpHead` reads; for each DFlash / DFlash2 drafter config, the drafter's),
+    in writing order."""
     h, v = config["hidden_size"], config["vocab_size"]
     out = {"text/token_embedding": (v, h), "text/final_norm": (h,)}
     if not config["tie_word_embeddings"]:
@@ -130,8 +134,8 @@ def parameter_shapes(config: dict, mtp: bool = False,
         p = "mtp/layers/0/"
         out[p + "input_norm"] = out[p + "post_attention_norm"] = (h,)
         out.update({p + k: s for k, s in {**_attention(config), **_ffn(config)}.items()})
-    if dflash is not None:
-        out.update(dflash_names.parameter_shapes(dflash))
+    for drafter in drafters:
+        out.update(dflash_names.parameter_shapes(drafter, v))
     return out
 
 
@@ -194,8 +198,12 @@ def _draw(name: str, shape: tuple[int, ...], gen: torch.Generator, device) -> to
         return torch.empty(shape, device=device).uniform_(1.0, 16.0, generator=gen).log_()
     if leaf == "dt_bias" or name.endswith("gdn/norm"):
         return 1.0 + normal(0.1)
-    if len(shape) == 1 and name.startswith("dflash/"):
-        return 1.0 + normal(0.1)  # the drafter's plain Qwen3 norms multiply by w
+    if len(shape) == 1 and name.startswith(("dflash/", "dflash2/")):
+        return 1.0 + normal(0.1)  # the drafters' plain Qwen3 norms multiply by w
+    if leaf == "base_kernel":  # DFlash2's convolutions: near the identity (tap 0 is 1)
+        return normal(0.1) + (torch.arange(shape[1], device=device) == 0).view(1, -1, 1)
+    if leaf == "kernel_projection":
+        return normal(0.1 / math.sqrt(shape[-1]))  # dynamic coefficients ~0.1
     if len(shape) == 1:
         return normal(0.1)  # zero-centred norms: the model multiplies by 1 + w
     if leaf == "token_embedding":
@@ -215,23 +223,27 @@ def write_synthetic(
     mtp: bool = False,
     dflash: str | None = None,
     device: torch.device | str = "cpu",
+    dflash2: str | None = None,
 ) -> Path:
     """Write a random-weight ``arch`` artifact with the real Qwen tokenizer (and, with ``mtp``,
-    a random MTP head; with ``dflash`` "small" or "real", a random DFlash drafter); returns the
-    path. ``device``: where weights are drawn and fp8-row encoded (a GPU writes the 8-layer
-    35B-A3B in seconds, not minutes); its generator draws other values than the CPU's."""
+    a random MTP head; with ``dflash`` / ``dflash2`` "small" or "real", a random DFlash /
+    DFlash2 drafter); returns the path. ``device``: where weights are drawn and fp8-row
+    encoded (a GPU writes the 8-layer 35B-A3B in seconds, not minutes); its generator draws
+    other values than the CPU's."""
     config = synth_config(arch, layers)
     choose = recipes.recipe(recipe)
-    drafter = dflash_config(config, dflash)
-    shapes = parameter_shapes(config, mtp, drafter)
+    drafters = {name: c for name, c in (("dflash", dflash_config(config, dflash)),
+                                        ("dflash2", dflash_config(config, dflash2, True)))
+                if c is not None}
+    shapes = parameter_shapes(config, mtp, *drafters.values())
     report = progress or (lambda *_: None)
     metadata = {"name": name or f"synth-{arch}",
                 "source": {"format": "synthetic", "arch": arch, "seed": seed, "recipe": recipe}}
     components = {"text": {"config": config}}
     if mtp:
         components["mtp"] = mtp_component(config)
-    if drafter is not None:
-        components["dflash"] = dflash_names.component(drafter)
+    for name, drafter in drafters.items():
+        components[name] = dflash_names.component(drafter)
     total = len(shapes) + 1
     with StreamingWriter(path, metadata=metadata, components=components) as writer:
         for role, data in qwen_resources.resources(ARCHS[arch][1]).items():

@@ -67,14 +67,11 @@ def _tensor_parallel(c: EngineConfig, m: Machine) -> str | None:
 
 
 def _spec(c: EngineConfig, m: Machine) -> str | None:
-    """DFlash2 drafters are not built (`--spec ngram` and `--spec mtp` are, at any `--tp`: the
-    MTP head is sharded like the text layers; `--spec dflash` at `--tp 1`)."""
-    if c.spec in ("ngram", "mtp"):
-        return None
-    if c.spec == "dflash":
-        return None if c.tp == 1 else "--spec dflash under --tp above 1 is not built yet"
-    return (f"speculative decoding with {c.spec} drafts is not available yet "
-            "(--spec ngram, --spec mtp and --spec dflash are)")
+    """`--spec ngram` and `--spec mtp` run at any `--tp` (the MTP head is sharded like the text
+    layers); `--spec dflash` and `dflash2` at `--tp 1`."""
+    if c.spec in ("dflash", "dflash2") and c.tp != 1:
+        return f"--spec {c.spec} under --tp above 1 is not built yet"
+    return None
 
 
 def _device_exists(c: EngineConfig, m: Machine) -> str | None:

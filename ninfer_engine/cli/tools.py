@@ -59,8 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     hf.add_argument("--skip-vision", action="store_true",
                     help="drop the vision tower (and its preprocessor configs)")
     hf.add_argument("--dflash", metavar="DRAFTER_DIR",
-                    help="add a z-lab DFlash drafter checkpoint as the dflash component "
-                         "(for --spec dflash)")
+                    help="add a z-lab DFlash or DFlash2 drafter checkpoint as the dflash or "
+                         "dflash2 component (for --spec dflash, dflash2)")
     hf.set_defaults(run=_convert_hf)
 
     inspect = commands.add_parser("inspect", help="summarize an artifact")
@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="add a random DFlash drafter (the dflash component, for --spec "
                             "dflash): small, sized from the target, or real, the published "
                             "35B-A3B drafter's shape")
+    synth.add_argument("--dflash2", choices=("small", "real"),
+                       help="add a random DFlash2 drafter (the dflash2 component, for --spec "
+                            "dflash2): small, sized from the target, or real, the published "
+                            "27B drafter's shape")
     synth.set_defaults(run=_synth)
 
     bench = commands.add_parser(

@@ -80,7 +80,7 @@ def _synth(args: argparse.Namespace) -> int:
     started = time.monotonic()
     write_synthetic(args.arch, args.output, layers=args.layers, recipe=args.recipe,
                     seed=args.seed, name=args.name, progress=_Progress(), mtp=args.mtp,
-                    dflash=args.dflash, device=args.device)
+                    dflash=args.dflash, device=args.device, dflash2=args.dflash2)
     _report_written(args.output, started)
     return 0
 

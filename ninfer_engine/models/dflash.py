@@ -1,4 +1,4 @@
-"""The DFlash block-diffusion drafter (z-lab; model-math.md §3.3), a torch forward.
+"""The DFlash / DFlash2 block-diffusion drafters (z-lab; model-math.md §3.3), a torch forward.
 
 Followed from github.com/z-lab/dflash `dflash/model.py` (commit 44947fb): `DFlashDraftModel.
 forward`, `Qwen3DFlashDecoderLayer.forward`, `Qwen3DFlashAttention.forward` and
@@ -15,17 +15,21 @@ forward`, `Qwen3DFlashDecoderLayer.forward`, `Qwen3DFlashAttention.forward` and
   at its own position L+i (no shift).
 Blocks are dense Qwen3 blocks: plain RMSNorms `x̂·w`, per-head q/k norms, full-head split-half
 RoPE, SwiGLU. The drafter has no embedding or head of its own.
+DFlash2 (`models.dflash2`) adds a grouped dynamic convolution around each attention and MLP,
+over the block's rows, and picks its drafts with a candidate selector instead of the argmax;
+its block embeddings may be scaled (`input_embedding_scale`).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from ..artifact.dflash_names import (DFLASH2_ARCHITECTURE, DFLASH_ARCHITECTURE, mismatch,
-                                     parameter_shapes)
+from ..artifact.dflash_names import BACKENDS, backend as component_of, mismatch
 from ..host_copy import to_device
+from .dflash2 import CandidateSelector, GroupedConv, conv_in, conv_out
 from .layers import Linear, RotaryEmbedding, apply_rope, sdpa
 from .mtp import MtpKv
 from .swiglu import SwiGLU
@@ -48,6 +52,14 @@ class DFlashConfig:
     taps: tuple[int, ...]  # target layers whose residual outputs condition the drafter
     mask_token: int
     block: int  # the anchor and masks a proposal was trained on (z-lab's `block_size`)
+    top: str = "dflash"  # the component, "dflash2" for DFlash2 (its names' prefix)
+    conv_taps: int = 0  # DFlash2's convolutions (0: none) over groups of `conv_group` channels
+    conv_group: int = 16
+    selector_rank: int = 0  # DFlash2's candidate selector (0: drafts by argmax)
+    selector_top_k: int = 0
+    embedding_scale: float = 1.0  # the block's embeddings times this (DFlash2)
+    logit_scale: float = 1.0  # the selector's unary logits times this, then softcapped
+    softcap: float | None = None
 
     @classmethod
     def from_component(cls, c: dict, target: dict, where: str) -> "DFlashConfig":
@@ -55,7 +67,7 @@ class DFlashConfig:
         with one line naming the first mismatch."""
         why = mismatch(c, target)
         if why is not None:
-            raise DFlashMissing(f"the dflash component of {where} {why}")
+            raise DFlashMissing(f"the {component_of(c)} component of {where} {why}")
         dc, window = c["dflash_config"], c.get("sliding_window")
         kinds = c.get("layer_types") or ["full_attention"] * c["num_hidden_layers"]
         theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 1e6))
@@ -63,7 +75,13 @@ class DFlashConfig:
                    c["head_dim"], c["intermediate_size"], c["rms_norm_eps"], float(theta),
                    tuple(window if k == "sliding_attention" else None for k in kinds),
                    tuple(dc["target_layer_ids"]), int(dc["mask_token_id"]),
-                   int(c.get("block_size", 16)))
+                   int(c.get("block_size", 16)), component_of(c),
+                   int(dc.get("conv_kernel_size", 0)), int(dc.get("conv_group_size", 16)),
+                   int(dc.get("selector_rank", 0)), int(dc.get("selector_top_k", 0)),
+                   float(dc.get("input_embedding_scale", 1.0)),
+                   float(dc.get("output_multiplier", 1.0)),
+                   float(dc["final_logit_softcapping"]) if dc.get("final_logit_softcapping")
+                   else None)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -114,6 +132,9 @@ class _Layer:
         self.q_norm = params(p + "attention/query_norm", (d,))
         self.k_norm = params(p + "attention/key_norm", (d,))
         self.mlp = SwiGLU(params, p + "mlp/", h, c.ffn, matmul_dtype)
+        self.attention_conv, self.mlp_conv = (
+            GroupedConv(params, p + branch, h, c.conv_taps, c.conv_group, matmul_dtype)
+            if c.conv_taps else None for branch in ("attention_conv/", "mlp_conv/"))
 
 
 class DFlashModel:
@@ -122,13 +143,18 @@ class DFlashModel:
     def __init__(self, target, config: DFlashConfig, params,
                  matmul_dtype: torch.dtype | None = None) -> None:
         self.target, self.config = target, config
-        shapes = _shapes(config)
-        self.fc = Linear(params("dflash/input_projection", shapes["dflash/input_projection"]),
+        top = config.top
+        self.fc = Linear(params(f"{top}/input_projection",
+                                (config.hidden, len(config.taps) * config.hidden)),
                          matmul_dtype, relayout=False)
-        self.hidden_norm = params("dflash/hidden_norm", (config.hidden,))
-        self.final_norm = params("dflash/final_norm", (config.hidden,))
-        self.layers = [_Layer(params, f"dflash/layers/{n}/", config, matmul_dtype)
+        self.hidden_norm = params(f"{top}/hidden_norm", (config.hidden,))
+        self.final_norm = params(f"{top}/final_norm", (config.hidden,))
+        self.layers = [_Layer(params, f"{top}/layers/{n}/", config, matmul_dtype)
                        for n in range(len(config.windows))]
+        self.selector = (CandidateSelector(params, config.hidden, target.vocab_size,
+                                           config.selector_rank, config.selector_top_k,
+                                           config.logit_scale, config.softcap)
+                         if config.selector_rank else None)
         self.rope = RotaryEmbedding(config.head_dim, config.theta, target.device)
 
     @property
@@ -201,10 +227,12 @@ class DFlashModel:
         for anchor, k in zip(anchors, ks):
             tokens += [anchor] + [c.mask_token] * k
         x = self.target.embed(to_device(tokens, dev, torch.long))
+        if c.embedding_scale != 1.0:
+            x = x * c.embedding_scale
         rope = self._rope([p for ctx, k in zip(contexts, ks)
                            for p in range(ctx.end, ctx.end + 1 + k)])
         for n, (layer, window) in enumerate(zip(self.layers, c.windows)):
-            y = _rms(x, layer.input_norm, c.eps)
+            y, after = conv_in(layer.attention_conv, _rms(x, layer.input_norm, c.eps), sizes)
             q = apply_rope(_rms(layer.q(y).view(-1, c.heads, c.head_dim), layer.q_norm, c.eps),
                            *rope)
             k, v = self._kv(layer, y, rope)
@@ -212,10 +240,27 @@ class DFlashModel:
             for ctx, qi, ki, vi in zip(contexts, q.split(sizes), k.split(sizes),
                                        v.split(sizes)):
                 outs.append(self._attend(ctx, n, qi, ki, vi, window))
-            x = x + layer.o(torch.cat(outs))
-            x = x + layer.mlp(_rms(x, layer.post_norm, c.eps))
+            x = x + conv_out(layer.attention_conv, layer.o(torch.cat(outs)), after, sizes)
+            y, after = conv_in(layer.mlp_conv, _rms(x, layer.post_norm, c.eps), sizes)
+            x = x + conv_out(layer.mlp_conv, layer.mlp(y), after, sizes)
         h = _rms(x, self.final_norm, c.eps)
         return [rows[1:] for rows in h.split(sizes)]
+
+    @torch.no_grad()
+    def drafts(self, hidden: list[torch.Tensor], anchors: list[int], vocab: int
+               ) -> list[list[int]]:
+        """Each row's drafts from `propose`'s outputs (its anchor token first in the walk of a
+        DFlash2 selector; else each mask row's argmax), ids below `vocab`, never the mask."""
+        h = torch.cat(hidden)
+        logits = self.logits(h)[:, :vocab]
+        mask = self.config.mask_token
+        if mask < vocab:  # (a tiny test vocabulary: the mask id is a tokenizer id)
+            logits[:, mask] = float("-inf")
+        sizes = [len(rows) for rows in hidden]
+        flat = (logits.argmax(-1).tolist() if self.selector is None
+                else self.selector.walk(logits, h, anchors, sizes))
+        starts = [0, *itertools.accumulate(sizes)]
+        return [flat[a:b] for a, b in zip(starts, starts[1:])]
 
     def _attend(self, ctx, n, q, k, v, window):
         """Non-causal attention of one row's block over its context and itself: [1+k, heads·D].
@@ -239,47 +284,34 @@ class DFlashModel:
         return self.target.logits(h)
 
 
-def _shapes(c: DFlashConfig) -> dict[str, tuple[int, ...]]:
-    """The logical parameter shapes of `c` (`dflash_names.parameter_shapes`' form)."""
-    return parameter_shapes({"hidden_size": c.hidden, "head_dim": c.head_dim,
-                             "intermediate_size": c.ffn, "num_attention_heads": c.heads,
-                             "num_key_value_heads": c.kv_heads,
-                             "num_hidden_layers": len(c.windows),
-                             "dflash_config": {"target_layer_ids": list(c.taps)}})
-
-
 def load_dflash(artifact, target, device: torch.device, dtype: torch.dtype,
                 matmul_dtype: torch.dtype | None = None, backend: str = "dflash") -> DFlashModel:
-    """The drafter of `artifact`'s `dflash` component over `target`; `DFlashMissing` naming what
-    is absent or does not fit otherwise. `--spec dflash2` is not built and says so."""
+    """The drafter of `artifact`'s `backend` ("dflash" or "dflash2") component over `target`;
+    `DFlashMissing` naming what is absent or does not fit otherwise."""
     from .qwen3_5 import Qwen35Model
 
     where = getattr(artifact, "path", None) or getattr(artifact, "name", None) or "the artifact"
-    if backend == "dflash2":
-        raise DFlashMissing("--spec dflash2 is not built yet (DFlash2's grouped conv and "
-                            "candidate selector, model-math.md §3.3); --spec dflash is")
     if not isinstance(target, Qwen35Model):
-        raise DFlashMissing("--spec dflash needs a Qwen3.5-family model (its drafter reads the "
-                            "target's layer features)")
+        raise DFlashMissing(f"--spec {backend} needs a Qwen3.5-family model (its drafter reads "
+                            "the target's layer features)")
     if target.ranks.parallel:
-        raise DFlashMissing("--spec dflash under --tp above 1 is not built yet")
+        raise DFlashMissing(f"--spec {backend} under --tp above 1 is not built yet")
     components = getattr(artifact, "components", None) or {}
-    if "dflash" not in components:
-        raise DFlashMissing(f"--spec dflash needs a dflash component (the drafter's weights); "
-                            f"{where} has none: convert a z-lab DFlash checkpoint into it, or "
-                            "add a random one with `ninfer synth --dflash`")
-    c = components["dflash"].get("config", {})
+    if backend not in components:
+        raise DFlashMissing(f"--spec {backend} needs a {backend} component (the drafter's "
+                            f"weights); {where} has none: convert a z-lab "
+                            f"{'DFlash2' if backend == 'dflash2' else 'DFlash'} checkpoint into "
+                            f"it, or add a random one with `ninfer synth --{backend}`")
+    c = components[backend].get("config", {})
     arch = (c.get("architectures") or ["?"])[0]
-    if arch != DFLASH_ARCHITECTURE:
-        raise DFlashMissing(f'the dflash component of {where} is "{arch}", not '
-                            f"{DFLASH_ARCHITECTURE}"
-                            + (" (DFlash2 is not built yet)" if arch == DFLASH2_ARCHITECTURE
-                               else ""))
+    if BACKENDS.get(arch) != backend:
+        raise DFlashMissing(f'the {backend} component of {where} is "{arch}", not '
+                            f"{next(a for a, b in BACKENDS.items() if b == backend)}")
     config = DFlashConfig.from_component(c, target.config, str(where))
 
     def params(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         if not artifact.has_parameter(name):
-            raise DFlashMissing(f'the dflash component of {where} lacks "{name}"')
+            raise DFlashMissing(f'the {backend} component of {where} lacks "{name}"')
         return artifact.parameter(name, shape).to(device, dtype)
 
     return DFlashModel(target, config, params, matmul_dtype)

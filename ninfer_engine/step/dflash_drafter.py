@@ -1,4 +1,5 @@
-"""`--spec dflash`: drafts from a DFlash drafter (model-math.md §3.3), verified as MTP's (§3.2).
+"""`--spec dflash|dflash2`: drafts from a DFlash or DFlash2 drafter (model-math.md §3.3), verified
+as MTP's (§3.2).
 
 The runner hands over the target's tap features (the residual outputs of the drafter's
 `target_layer_ids`, concatenated: `Qwen35Model.feature_taps`) of every position it computes
@@ -11,7 +12,8 @@ columns', so the context only ever holds committed target features (z-lab's
 `dflash_generate` crops its draft cache to the committed length the same way). Features of
 rejected columns stay pending and are overwritten when their positions are computed again.
 The proposal is one forward over [x_L, MASK×k] at L..L+k; mask row i's argmax through the
-target's head, over the tokenizer's ids (never the mask or padded rows), is draft i.
+target's head, over the tokenizer's ids (never the mask or padded rows), is draft i (DFlash2:
+its candidate selector's walk from x_L over those logits, `DFlashModel.drafts`).
 
 Prefix reuse (model-math.md §4: a checkpoint holds the drafter context): a position's
 conditioning row c_t (`DFlashModel.condition`) is a function of the tokens up to t alone, so
@@ -125,23 +127,17 @@ class DFlashDrafter:
         if not work:
             return out
         self._absorb([row for _, _, row, _ in work], [seq.cached for _, seq, _, _ in work])
-        hidden = self.model.propose([seq.output[-1] for _, seq, _, _ in work],
-                                    [row.ctx for _, _, row, _ in work], [k for *_, k in work])
-        logits = self.model.logits(torch.cat(hidden))[:, : self.vocab]
-        mask = self.model.config.mask_token
-        if mask < self.vocab:  # (a tiny test vocabulary: the mask id is a tokenizer id)
-            logits[:, mask] = float("-inf")
-        drafts = logits.argmax(-1).tolist()
-        start = 0
-        for i, _, _, k in work:
-            out[i] = drafts[start: start + k]
-            start += k
+        anchors = [seq.output[-1] for _, seq, _, _ in work]
+        hidden = self.model.propose(anchors, [row.ctx for _, _, row, _ in work],
+                                    [k for *_, k in work])
+        for (i, *_), drafts in zip(work, self.model.drafts(hidden, anchors, self.vocab)):
+            out[i] = drafts
         return out
 
 
 def dflash_drafter(artifact, model, vocab: int, matmul_dtype: torch.dtype | None = None,
                    backend: str = "dflash", k: int = 7) -> DFlashDrafter:
-    """The drafter over the artifact's `dflash` component, for up to `k` drafts a round; from
+    """The drafter over the artifact's `backend` component, for up to `k` drafts a round; from
     now on `model`'s hiddens handed to drafters are the drafter's tap features
     (`Qwen35Model.feature_taps`)."""
     drafter = load_dflash(artifact, model, model.device, model.dtype, matmul_dtype, backend)

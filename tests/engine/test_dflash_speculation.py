@@ -3,7 +3,8 @@ draws) over the tiny hybrid models, greedy output exactly that of plain decoding
 with two requests at once, every acceptance length exercised, and each proposal equal to that of
 a drafter whose context is built afresh from one plain forward's tap features of the committed
 tokens (so the context never keeps a rejected column's features); sampled runs reproduce with
-their seed; dflash2 and a missing component fail naming what is missing."""
+their seed; `--spec dflash2` (a random DFlash2 drafter) greedy as plain decoding too; a missing
+or mismatched component fails naming what is missing."""
 from __future__ import annotations
 
 import pytest
@@ -50,9 +51,11 @@ def _plain(artifact, prompts, tokens=TOKENS):
         engine.stop()
 
 
-def test_greedy_output_is_the_same_with_and_without_the_drafters_own_drafts():
-    artifact, prompts = DFlashArtifact("qwen3_5"), _three_prompts()
-    engine = engine_with(artifact, "dflash", max_concurrency=2, prefill_chunk=16,
+@pytest.mark.parametrize("backend", ["dflash", "dflash2"])
+def test_greedy_output_is_the_same_with_and_without_the_drafters_own_drafts(backend):
+    artifact = DFlashArtifact("qwen3_5", dflash2=backend == "dflash2")
+    prompts = _three_prompts()
+    engine = engine_with(artifact, backend, max_concurrency=2, prefill_chunk=16,
                          draft_tokens=7)
     try:
         drafted = _run(engine, prompts, TOKENS)
@@ -61,7 +64,7 @@ def test_greedy_output_is_the_same_with_and_without_the_drafters_own_drafts():
     assert drafted == _plain(artifact, prompts)
     c, spec = engine.speculator.counters, engine.snapshot().spec
     assert c.rounds > 0 and c.drafted >= c.rounds and len(c.per_position) == 7
-    assert spec.backend == "dflash" and spec.window == 7
+    assert spec.backend == backend and spec.window == 7
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])
@@ -167,7 +170,8 @@ def test_spec_dflash_without_a_usable_component_names_what_is_missing():
         engine_with(DFlashArtifact("qwen3_5", with_dflash=False), "dflash")
     with pytest.raises(EngineLoadError, match="--spec dflash needs a Qwen3.5-family model"):
         engine_with(FakeArtifact(tiny_llama(seed=5, vocab_size=259)), "dflash")
-    with pytest.raises(EngineLoadError, match="--spec dflash2 is not built yet"):
+    with pytest.raises(EngineLoadError, match="--spec dflash2 needs a dflash2 component .* "
+                                              "has none"):
         engine_with(DFlashArtifact("qwen3_5"), "dflash2")
 
 
@@ -179,7 +183,8 @@ def test_spec_dflash_without_a_usable_component_names_what_is_missing():
     (lambda c: c.update(hidden_size=32), "is 32 wide, the target 64"),
     (lambda c: c["dflash_config"].update(mask_token_id=500), "masks with token 500"),
     (lambda c: c.update(sliding_window=None), "has sliding layers but no sliding_window"),
-    (lambda c: c.update(architectures=["DFlash2DraftModel"]), "DFlash2 is not built yet"),
+    (lambda c: c.update(architectures=["DFlash2DraftModel"]),
+     'the dflash component of .* is "DFlash2DraftModel", not DFlashDraftModel'),
     (lambda c: c.update(block_size=4), "--draft-tokens 7 is more than the drafter's block of 4 "
                                        r"holds \(its anchor and at most 3 masks\)"),
 ])

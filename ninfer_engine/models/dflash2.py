@@ -1,0 +1,111 @@
+"""DFlash2's two additions to the DFlash block (model-math.md §3.3; layout and arithmetic as vLLM's
+`qwen3_dflash2.py` serves the published checkpoints, whose draft tokens its speculator's
+`_selector_walk_kernel` picks).
+
+`GroupedConv`: a grouped dynamic causal convolution over the rows of one proposal block
+([anchor, MASK×k]), one before and one after each attention and MLP. From a block row's normed
+input x_t the layer's `kernel_projection` gives, per side (before, after), tap and group of
+`group` channels, a coefficient d; side s's output row t is Σ_tap (base[s, tap] + d[s, tap]) ·
+x[t − tap], channel by channel (a group's channels share d), rows before the block's first
+counting as zeros. `prepare` convolves the input with side 0 and keeps side 1's coefficients
+for `finish`, which convolves the attention's (or MLP's) output with them.
+
+`CandidateSelector`: draft tokens from the block's final-normed mask rows h_1..h_k. Row l's
+unary logits are the target head's over h_l, its candidates their `top_k` largest (each value
+times `output_multiplier`, softcapped where the config asks). The walk goes left to right
+from the anchor: the score of candidate c after predecessor p is unary(c) +
+(P[p] ⊙ W h_l) · S[c] (P, S: the predecessor and successor codebooks [V, rank], W:
+`hidden_projection` [rank, H]); the greedy walk takes the best (the first of equals), which is
+then row l + 1's predecessor. Drafts are deterministic, so the verification's rejection
+test for sampled rows is the one DFlash's drafts take (vLLM's sampled walk and its proposal
+distribution q are not built).
+
+Both compute in fp32 and round once where the block's activations are stored.
+"""
+from __future__ import annotations
+
+import torch
+
+from .layers import Linear
+
+
+class GroupedConv:
+    """One branch's convolution pair (`dflash2/layers/i/{attention,mlp}_conv/`)."""
+
+    def __init__(self, params, p: str, hidden: int, taps: int, group: int,
+                 matmul_dtype=None) -> None:
+        self.taps, self.groups = taps, hidden // group
+        self.base = params(p + "base_kernel", (2, taps, hidden))
+        self.projection = Linear(params(p + "kernel_projection", (2 * taps * self.groups, hidden)),
+                                 matmul_dtype, relayout=False)
+
+    def prepare(self, x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Blocks of `sizes` rows of x [T, H] convolved with side 0; side 1's coefficients."""
+        d = self.projection(x).float().view(x.shape[0], 2, self.taps, self.groups)
+        return self._convolve(x, d[:, 0], self.base[0], sizes), d[:, 1]
+
+    def finish(self, y: torch.Tensor, after: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        return self._convolve(y, after, self.base[1], sizes)
+
+    def _convolve(self, x: torch.Tensor, d: torch.Tensor, base: torch.Tensor,
+                  sizes: list[int]) -> torch.Tensor:
+        T, H = x.shape
+        rows = x.float().view(T, self.groups, H // self.groups)
+        weight = base.float().view(1, self.taps, self.groups, -1) + d[..., None]
+        # each row's place in its block: taps reaching before the block read zeros
+        at = torch.cat([torch.arange(n, device=x.device) for n in sizes])
+        out = weight[:, 0] * rows
+        for tap in range(1, self.taps):
+            shifted = torch.cat([rows.new_zeros(tap, *rows.shape[1:]), rows[:-tap]])
+            out = out + weight[:, tap] * shifted * (at >= tap).view(-1, 1, 1)
+        return out.view(T, H).to(x.dtype)
+
+
+def conv_in(conv: GroupedConv | None, y: torch.Tensor, sizes: list[int]):
+    """A branch's input through its convolution (as it is without one: DFlash), and the
+    coefficients of the convolution after the branch."""
+    return (y, None) if conv is None else conv.prepare(y, sizes)
+
+
+def conv_out(conv: GroupedConv | None, y: torch.Tensor, after, sizes: list[int]):
+    return y if conv is None else conv.finish(y, after, sizes)
+
+
+class CandidateSelector:
+    """`dflash2/candidate_selector/`: the greedy walk over each row's candidates."""
+
+    def __init__(self, params, hidden: int, vocab: int, rank: int, top_k: int,
+                 scale: float, softcap: float | None) -> None:
+        self.top_k, self.scale, self.softcap = top_k, scale, softcap
+        self.projection = params("dflash2/candidate_selector/hidden_projection", (rank, hidden))
+        self.before = params("dflash2/candidate_selector/predecessor_codebook", (vocab, rank))
+        self.after = params("dflash2/candidate_selector/successor_codebook", (vocab, rank))
+
+    def candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, unary values) [T, top_k] of logits [T, V], best first."""
+        values, ids = torch.topk(logits.float(), self.top_k, dim=-1)
+        values = values * self.scale
+        if self.softcap is not None:
+            values = torch.tanh(values / self.softcap) * self.softcap
+        return ids, values
+
+    def walk(self, logits: torch.Tensor, hidden: torch.Tensor, anchors: list[int],
+             sizes: list[int]) -> list[int]:
+        """The drafts of rows of `sizes` mask rows each (their logits [T, V] and final-normed
+        hiddens [T, H], rows in order), each row's walk from its anchor token."""
+        ids, unary = self.candidates(logits)
+        context = hidden.float() @ self.projection.float().t()  # [T, rank]
+        starts = torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist()
+        previous = torch.tensor(anchors, device=logits.device)
+        chosen = torch.empty(hidden.shape[0], dtype=torch.long, device=logits.device)
+        for step in range(max(sizes)):
+            live = [r for r, n in enumerate(sizes) if n > step]
+            at = torch.tensor([starts[r] + step for r in live], device=logits.device)
+            prev = previous[live]
+            scores = unary[at] + torch.einsum(
+                "br,bkr->bk", self.before[prev].float() * context[at],
+                self.after[ids[at]].float())
+            pick = ids[at].gather(1, scores.argmax(-1, keepdim=True))[:, 0]
+            chosen[at] = pick
+            previous[live] = pick
+        return chosen.tolist()
