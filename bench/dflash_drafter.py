@@ -4,7 +4,9 @@ window 4096 + 1 full, width 2048, 8 taps) with random bf16 weights over a stand-
 35B's embedding and head, [248320, 2048] each), per batch size B and context length C:
 
 - `propose_ms`: one proposal round at k drafts (default 7): the forward over [anchor, MASK×k]
-  of each row against its context, the target head over the k mask rows, the argmax;
+  of each row against its context, the target head over the k mask rows, the argmax (with
+  `--dflash2`: the published 27B DFlash2 drafter's shape, 5 sliding layers of width 5120 with
+  its convolutions, over a 27B stand-in, and its candidate selector's walk);
 - `extend_ms`: absorbing k + 1 committed positions' tap features into each row's context (what
   follows a fully accepted verify row);
 - `prefill_extend_ms_per_1k`: building a context from a prompt's features, per 1024 tokens.
@@ -13,7 +15,8 @@ Times are medians of `--reps` CUDA-synchronised calls after `--warmup` ones (on 
 wall time). H200:
     python bench/dflash_drafter.py --out bench/results/h200-dflash-drafter
 CPU smoke (a small drafter over a small stand-in target):
-    .venv/bin/python bench/dflash_drafter.py --small --contexts 64 --batches 1,2 --reps 3
+    .venv/bin/python bench/dflash_drafter.py --small [--dflash2] --contexts 64 --batches 1,2 \
+        --reps 3
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ class StandIn:
         self.embedding = torch.randn(vocab, hidden, generator=gen, device=device).to(dtype) * 0.02
         self.head = torch.randn(vocab, hidden, generator=gen, device=device).to(dtype) * 0.02
         self.device, self.dtype = torch.device(device), dtype
+        self.vocab_size = vocab
 
     def embed(self, ids):
         return F.embedding(ids, self.embedding)
@@ -51,12 +55,13 @@ class StandIn:
         return F.linear(h, self.head)
 
 
-def build(small: bool, device, dtype):
-    target_config = ({"num_hidden_layers": 40, "hidden_size": 2048, "vocab_size": 248320}
-                     if not small else
-                     {"num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 512})
-    config = dflash_names.synth_config(target_config, real=not small)
-    shapes = dflash_names.parameter_shapes(config)
+def build(small: bool, device, dtype, dflash2: bool = False):
+    target_config = ({"num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 512} if small
+                     else {"num_hidden_layers": 64, "hidden_size": 5120, "vocab_size": 248320}
+                     if dflash2 else
+                     {"num_hidden_layers": 40, "hidden_size": 2048, "vocab_size": 248320})
+    config = dflash_names.synth_config(target_config, not small, dflash2)
+    shapes = dflash_names.parameter_shapes(config, target_config["vocab_size"])
 
     def params(name, shape):
         assert shapes[name] == tuple(shape), name
@@ -86,6 +91,7 @@ def timed(fn, reps: int, warmup: int, device) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="a small drafter (CPU smoke)")
+    p.add_argument("--dflash2", action="store_true", help="a DFlash2 drafter")
     p.add_argument("--k", type=int, default=7)
     p.add_argument("--contexts", default="1024,8192,32768")
     p.add_argument("--batches", default="1,4,8")
@@ -95,7 +101,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model, width = build(args.small, device, dtype)
+    model, width = build(args.small, device, dtype, args.dflash2)
+    vocab = model.target.vocab_size - 1  # below the mask row
     gen = torch.Generator(device).manual_seed(1)
     rows = []
     with torch.inference_mode():
@@ -114,8 +121,8 @@ def main(argv=None) -> int:
                 ctxs = [prefill() for _ in range(B)]
 
                 def propose():
-                    h = model.propose([5] * B, ctxs, [args.k] * B)
-                    return model.logits(torch.cat(h)).argmax(-1)
+                    return model.drafts(model.propose([5] * B, ctxs, [args.k] * B), [5] * B,
+                                        vocab)
 
                 def extend():  # k + 1 positions a row, then back to C (the next call's start)
                     for ctx in ctxs:
@@ -131,7 +138,10 @@ def main(argv=None) -> int:
                 print(rows[-1], flush=True)
     report = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                  dtype=str(dtype), drafter="small" if args.small else "35B-A3B DFlash shape",
+                  dtype=str(dtype),
+                  drafter=("small" if args.small else "27B DFlash2 shape" if args.dflash2
+                           else "35B-A3B DFlash shape") + (" DFlash2" if args.small and
+                                                            args.dflash2 else ""),
                   torch=torch.__version__, rows=rows)
     if args.out:
         out = Path(args.out)
