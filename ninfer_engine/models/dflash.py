@@ -16,8 +16,9 @@ forward`, `Qwen3DFlashDecoderLayer.forward`, `Qwen3DFlashAttention.forward` and
 Blocks are dense Qwen3 blocks: plain RMSNorms `x̂·w`, per-head q/k norms, full-head split-half
 RoPE, SwiGLU. The drafter has no embedding or head of its own.
 DFlash2 (`models.dflash2`) adds a grouped dynamic convolution around each attention and MLP,
-over the block's rows, and picks its drafts with a candidate selector instead of the argmax;
-its block embeddings may be scaled (`input_embedding_scale`).
+over the block's rows, and picks its drafts with a candidate selector's walk instead of the
+argmax (a sampled row's walk samples and keeps its proposal distribution); its block
+embeddings may be scaled (`input_embedding_scale`).
 """
 from __future__ import annotations
 
@@ -247,20 +248,23 @@ class DFlashModel:
         return [rows[1:] for rows in h.split(sizes)]
 
     @torch.no_grad()
-    def drafts(self, hidden: list[torch.Tensor], anchors: list[int], vocab: int
-               ) -> list[list[int]]:
+    def drafts(self, hidden: list[torch.Tensor], anchors: list[int], vocab: int,
+               draws: list | None = None) -> tuple[list[list[int]], list]:
         """Each row's drafts from `propose`'s outputs (its anchor token first in the walk of a
-        DFlash2 selector; else each mask row's argmax), ids below `vocab`, never the mask."""
+        DFlash2 selector; else each mask row's argmax), ids below `vocab`, never the mask; and
+        each row's proposal distributions (`CandidateSelector.walk`: None for point-mass
+        drafts). `draws[r]`: row r's (temperature, uniforms) for a sampled DFlash2 walk."""
         h = torch.cat(hidden)
         logits = self.logits(h)[:, :vocab]
         mask = self.config.mask_token
         if mask < vocab:  # (a tiny test vocabulary: the mask id is a tokenizer id)
             logits[:, mask] = float("-inf")
         sizes = [len(rows) for rows in hidden]
-        flat = (logits.argmax(-1).tolist() if self.selector is None
-                else self.selector.walk(logits, h, anchors, sizes))
+        flat, proposals = ((logits.argmax(-1).tolist(), [None] * len(sizes))
+                           if self.selector is None
+                           else self.selector.walk(logits, h, anchors, sizes, draws))
         starts = [0, *itertools.accumulate(sizes)]
-        return [flat[a:b] for a, b in zip(starts, starts[1:])]
+        return [flat[a:b] for a, b in zip(starts, starts[1:])], proposals
 
     def _attend(self, ctx, n, q, k, v, window):
         """Non-causal attention of one row's block over its context and itself: [1+k, heads·D].

@@ -16,9 +16,10 @@ times `output_multiplier`, softcapped where the config asks). The walk goes left
 from the anchor: the score of candidate c after predecessor p is unary(c) +
 (P[p] ⊙ W h_l) · S[c] (P, S: the predecessor and successor codebooks [V, rank], W:
 `hidden_projection` [rank, H]); the greedy walk takes the best (the first of equals), which is
-then row l + 1's predecessor. Drafts are deterministic, so the verification's rejection
-test for sampled rows is the one DFlash's drafts take (vLLM's sampled walk and its proposal
-distribution q are not built).
+then row l + 1's predecessor. A sampled row's walk draws each step's pick from softmax(scores /
+its temperature) over the candidates (vLLM's sampled walk, with the request's own uniforms by
+inverse CDF instead of Gumbel noise) and keeps that proposal distribution q, which the
+verification's rejection test divides by (`step.acceptance.accept_sampled`).
 
 Both compute in fp32 and round once where the block's activations are stored.
 """
@@ -90,22 +91,52 @@ class CandidateSelector:
         return ids, values
 
     def walk(self, logits: torch.Tensor, hidden: torch.Tensor, anchors: list[int],
-             sizes: list[int]) -> list[int]:
+             sizes: list[int], draws: list | None = None) -> tuple[list[int], list]:
         """The drafts of rows of `sizes` mask rows each (their logits [T, V] and final-normed
-        hiddens [T, H], rows in order), each row's walk from its anchor token."""
+        hiddens [T, H], rows in order), each row's walk from its anchor token, and each row's
+        proposal distributions: None for a greedy walk, else a (candidate ids [K], q [K]) host
+        pair a step. `draws[r]`: None (greedy), or row r's (temperature, uniforms a step)."""
+        dev = logits.device
         ids, unary = self.candidates(logits)
         context = hidden.float() @ self.projection.float().t()  # [T, rank]
         starts = torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist()
-        previous = torch.tensor(anchors, device=logits.device)
-        chosen = torch.empty(hidden.shape[0], dtype=torch.long, device=logits.device)
+        previous = torch.tensor(anchors, device=dev)
+        chosen = torch.empty(hidden.shape[0], dtype=torch.long, device=dev)
+        draws = draws or [None] * len(sizes)
+        sampled = [r for r, d in enumerate(draws) if d is not None]
+        if sampled:  # each row's temperature and uniforms (greedy rows: unused placeholders)
+            temperature = torch.tensor([d[0] if d else 1.0 for d in draws], dtype=torch.float64,
+                                       device=dev)
+            uniforms = torch.tensor([list(d[1]) + [0.0] * (max(sizes) - len(d[1])) if d
+                                     else [0.0] * max(sizes) for d in draws],
+                                    dtype=torch.float64, device=dev)
+            walking = torch.tensor([d is not None for d in draws], device=dev)
+        kept = []  # (step, live rows, their q) of the sampled walks
         for step in range(max(sizes)):
             live = [r for r, n in enumerate(sizes) if n > step]
-            at = torch.tensor([starts[r] + step for r in live], device=logits.device)
+            at = torch.tensor([starts[r] + step for r in live], device=dev)
             prev = previous[live]
             scores = unary[at] + torch.einsum(
                 "br,bkr->bk", self.before[prev].float() * context[at],
                 self.after[ids[at]].float())
-            pick = ids[at].gather(1, scores.argmax(-1, keepdim=True))[:, 0]
+            index = scores.argmax(-1)
+            if sampled:
+                q = torch.softmax(scores.double() / temperature[live, None], -1)
+                cdf = q.cumsum(-1)
+                draw = torch.searchsorted(cdf, (uniforms[live, step] * cdf[:, -1])[:, None],
+                                          right=True)[:, 0].clamp(max=q.shape[1] - 1)
+                index = torch.where(walking[live], draw, index)
+                kept.append((step, live, q))
+            pick = ids[at].gather(1, index[:, None])[:, 0]
             chosen[at] = pick
             previous[live] = pick
-        return chosen.tolist()
+        proposals: list = [None] * len(sizes)
+        host_ids = ids.cpu()
+        for r in sampled:
+            proposals[r] = []
+        for step, live, q in kept:
+            q = q.cpu()
+            for j, r in enumerate(live):
+                if draws[r] is not None:
+                    proposals[r].append((host_ids[starts[r] + step], q[j]))
+        return chosen.tolist(), proposals

@@ -43,13 +43,14 @@ def split_verify_rows(batch, logits: torch.Tensor):
     return logits.index_select(0, to_device(firsts, logits.device)), verified
 
 
-def accept(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[list[int]]:
-    """The tokens each verify row emits (its sampler, its k drafts, its logits [1 + k, V]):
-    greedy rows by `accept_greedy`, sampled rows by `accept_sampled`, in row order."""
-    greedy = [i for i, (sampler, _, _) in enumerate(rows) if sampler.params.greedy]
+def accept(rows: list[tuple]) -> list[list[int]]:
+    """The tokens each verify row emits (its sampler, its k drafts, its logits [1 + k, V], and
+    optionally its drafts' proposal distributions, `accept_sampled`): greedy rows by
+    `accept_greedy`, sampled rows by `accept_sampled`, in row order."""
+    greedy = [i for i, (sampler, *_) in enumerate(rows) if sampler.params.greedy]
     sampled = [i for i in range(len(rows)) if i not in set(greedy)]
     out: list[list[int]] = [[] for _ in rows]
-    for i, tokens in zip(greedy, accept_greedy([rows[i] for i in greedy])):
+    for i, tokens in zip(greedy, accept_greedy([rows[i][:3] for i in greedy])):
         out[i] = tokens
     for i, tokens in zip(sampled, accept_sampled([rows[i] for i in sampled])):
         out[i] = tokens
@@ -71,18 +72,23 @@ def _position_views(sampler: Sampler, drafts: list[int], positions: int) -> list
     return views
 
 
-def accept_sampled(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[list[int]]:
-    """Speculative sampling with point-mass drafts (Leviathan et al.; vLLM's rejection sampler
-    for n-gram drafts): position i takes draft d_i with probability p_i(d_i), where p_i is the
-    request's sampling distribution there (temperature, top-k/p, min-p, penalties counting the
-    drafts before it, its grammar's mask after them); at the first rejection the token is drawn
-    from p_i without d_i, renormalised; with every draft taken, one more token is drawn from
-    p_k. Each emitted token is distributed exactly as plain sampling's. The uniforms come from
+def accept_sampled(rows: list[tuple]) -> list[list[int]]:
+    """Speculative sampling (Leviathan et al.): position i takes draft d_i with probability
+    min(1, p_i(d_i) / q_i(d_i)), where p_i is the request's sampling distribution there
+    (temperature, top-k/p, min-p, penalties counting the drafts before it, its grammar's mask
+    after them) and q_i the draft's own; at the first rejection the token is drawn from
+    max(0, p_i − q_i), renormalised; with every draft taken, one more token is drawn from p_k.
+    Each emitted token is distributed exactly as plain sampling's. A row is (sampler, drafts,
+    logits[, proposal]): without a proposal the drafts are point masses (q_i = δ(d_i): taken
+    with probability p_i(d_i), the rejection's draw from p_i without d_i; vLLM's rejection
+    sampler for n-gram drafts), else `proposal[i]` = (candidate ids [K], q_i over them) (a
+    DFlash2 walk's). The uniforms come from
     the request's seeded generator, k + 1 a round whatever the round takes (`round_uniforms`:
     the test of draft i reads the i-th, the draw the last), so a seed reproduces its run and a
     round accepted on the device draws the same ones."""
     out = []
-    for sampler, drafts, logits in rows:
+    for sampler, drafts, logits, *rest in rows:
+        proposal = rest[0] if rest else None
         views = _position_views(sampler, drafts, logits.shape[0])
         logits = masked(sampler, drafts, _penalized(logits, views))
         probs, ids = CANDIDATES[path_of(sampler.params)](logits, views)
@@ -95,11 +101,20 @@ def accept_sampled(rows: list[tuple[Sampler, list[int], torch.Tensor]]) -> list[
                 tokens.append(_inverse_cdf(p, ids, i, u[-1]))
                 break
             column = _column(ids, i, drafts[i])
-            taken = column is not None and u[i] < float(p[column])
+            q = _proposed(proposal[i], ids, i, p.shape[0]) if proposal else None
+            if column is None:
+                taken = False
+            elif q is None:
+                taken = u[i] < float(p[column])
+            else:  # u < p(d) / q(d), without the division
+                taken = u[i] * float(q[column]) < float(p[column])
             if taken:
                 tokens.append(drafts[i])
                 continue
-            if column is not None:
+            if q is not None:
+                rest = (p - q).clamp(min=0.0)
+                p = rest if float(rest.sum()) > 0 else p  # p ≤ q: a rejection had no mass
+            elif column is not None:
                 p = p.clone()
                 p[column] = 0.0
             tokens.append(_inverse_cdf(p, ids, i, u[-1]))
@@ -120,6 +135,19 @@ def _column(ids: torch.Tensor | None, row: int, token: int) -> int | None:
         return token
     hit = (ids[row] == token).nonzero()
     return int(hit[0, 0]) if hit.numel() else None
+
+
+def _proposed(proposal: tuple[torch.Tensor, torch.Tensor], ids: torch.Tensor | None, row: int,
+              width: int) -> torch.Tensor:
+    """A draft's proposal distribution (candidate ids, q) over row `row`'s columns of p (ids
+    None: the vocabulary in id order); mass on tokens p gives nothing is dropped (it only
+    ever lowers p - q, which is clamped at zero there)."""
+    q = torch.zeros(width, dtype=torch.float64)
+    for token, mass in zip(proposal[0].tolist(), proposal[1].double().tolist()):
+        column = _column(ids, row, token)
+        if column is not None:
+            q[column] += mass
+    return q
 
 
 def _inverse_cdf(p: torch.Tensor, ids: torch.Tensor | None, row: int, u: float) -> int:

@@ -52,6 +52,7 @@ class DFlashDrafter:
         self.vocab = vocab  # drafts are ids below this (the tokenizer's), never the mask
         self.page_rows = model.config.hidden  # the width of a position's row in the KV pool
         self._rows: dict[int, _Row] = {}
+        self._proposals: dict[int, list] = {}  # by sequence: its last drafts' (`proposal`)
 
     keeps_rows = staticmethod(keeps_rows)
 
@@ -108,6 +109,7 @@ class DFlashDrafter:
     def forget(self, seq) -> None:
         """`seq` ended: its committed positions' rows still pending go into its pages first
         (its answer joins the prefix tree next: `SequenceMemory.checkpoint`)."""
+        self._proposals.pop(id(seq), None)
         row = self._rows.pop(id(seq), None)
         if row is not None and keeps_rows(seq):
             n = min(seq.cached - row.ctx.end, len(row.pending))
@@ -130,9 +132,22 @@ class DFlashDrafter:
         anchors = [seq.output[-1] for _, seq, _, _ in work]
         hidden = self.model.propose(anchors, [row.ctx for _, _, row, _ in work],
                                     [k for *_, k in work])
-        for (i, *_), drafts in zip(work, self.model.drafts(hidden, anchors, self.vocab)):
-            out[i] = drafts
+        # a sampled row's DFlash2 walk draws with the request's own uniforms (its seed
+        # reproduces it) and keeps its proposal distribution for the rejection test
+        draws = ([None if seq.sampler.params.greedy else
+                  (seq.sampler.params.temperature, [seq.sampler.uniform() for _ in range(k)])
+                  for _, seq, _, k in work] if self.model.selector is not None else None)
+        drafts, proposals = self.model.drafts(hidden, anchors, self.vocab, draws)
+        for (i, seq, _, _), row_drafts, proposal in zip(work, drafts, proposals):
+            out[i] = row_drafts
+            if proposal is not None:
+                self._proposals[id(seq)] = proposal
         return out
+
+    def proposal(self, seq) -> list | None:
+        """The proposal distributions of `seq`'s last drafts (a sampled DFlash2 walk's: a
+        (candidate ids, q) pair a draft), or None for point-mass drafts; taken once."""
+        return self._proposals.pop(id(seq), None)
 
 
 def dflash_drafter(artifact, model, vocab: int, matmul_dtype: torch.dtype | None = None,

@@ -102,7 +102,8 @@ class StepPostprocess:
         live = [seq for seq in rows if seq.finish_reason is None]
         try:
             emitted = self.runner.accepted(live) or accept(
-                [(seq.sampler, *verified[id(seq)]) for seq in live])
+                [(seq.sampler, *verified[id(seq)], self.speculator.proposal(seq))
+                 for seq in live])
         except Exception as exc:  # these requests only
             for seq in rows:
                 self._fail_request(seq, exc)

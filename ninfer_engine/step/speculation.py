@@ -240,6 +240,12 @@ class Speculator:
         if self.observes(seq):
             self.drafter.observe(seq, position, hidden)
 
+    def proposal(self, seq) -> list | None:
+        """The proposal distributions of `seq`'s drafts being verified (a drafter that samples
+        them: DFlash2's walk), or None for point-mass drafts."""
+        take = getattr(self.drafter, "proposal", None) if self.drafter is not None else None
+        return take(seq) if take is not None else None
+
     def record(self, seq, drafted: int, accepted: int) -> None:
         """One verified row: `accepted` of its `drafted` drafts were taken."""
         c = self.counters

@@ -164,5 +164,5 @@ def test_a_dflash2_checkpoint_becomes_the_dflash2_component_tensor_for_tensor(tm
         assert torch.equal(stored[dflash_names.logical_name(name, "dflash2")], tensor), name
     ctx = DFlashContext(ours, 0)
     ours.extend(ctx, torch.randn(9, len(TAPS) * 64, generator=torch.Generator().manual_seed(9)))
-    drafts = ours.drafts(ours.propose([33], [ctx], [7]), [33], 127)
+    drafts, _ = ours.drafts(ours.propose([33], [ctx], [7]), [33], 127)
     assert len(drafts[0]) == 7 and all(0 <= t < 127 for t in drafts[0])

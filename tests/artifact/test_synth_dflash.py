@@ -54,7 +54,7 @@ def test_a_small_synthetic_dflash2_drafter_loads_and_drafts(tmp_path):
     ctx = DFlashContext(drafter, 0)
     drafter.extend(ctx, torch.randn(12, 3 * 64))
     hidden = drafter.propose([5], [ctx], [7])
-    drafts = drafter.drafts(hidden, [5], vocab - 1)
+    drafts, _ = drafter.drafts(hidden, [5], vocab - 1)
     assert len(drafts[0]) == 7 and all(0 <= t < vocab - 1 for t in drafts[0])
 
 

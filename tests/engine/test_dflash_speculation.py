@@ -151,10 +151,22 @@ def test_a_row_that_did_not_draft_for_a_while_drafts_from_its_whole_context():
     _check_fresh(engine, drafter, prompts, plain, steered.proposed)
 
 
-def test_a_sampled_request_verifies_dflash_drafts_and_its_seed_reproduces_it():
-    artifact, runs = DFlashArtifact("qwen3_5_moe"), []
+@pytest.mark.parametrize("backend", ["dflash", "dflash2"])
+def test_a_sampled_request_verifies_dflash_drafts_and_its_seed_reproduces_it(backend,
+                                                                             monkeypatch):
+    """(dflash2: its walk samples the drafts, and each verified round hands the rejection
+    test the walk's proposal distributions.)"""
+    from ninfer_engine.step import acceptance
+
+    artifact, runs = DFlashArtifact("qwen3_5_moe", dflash2=backend == "dflash2"), []
+    proposals, accept_sampled = [], acceptance.accept_sampled
+
+    def spy(rows):
+        proposals.extend(row[3] if len(row) > 3 else None for row in rows)
+        return accept_sampled(rows)
+    monkeypatch.setattr(acceptance, "accept_sampled", spy)
     for _ in range(2):
-        engine = engine_with(artifact, "dflash", max_concurrency=2, draft_tokens=7)
+        engine = engine_with(artifact, backend, max_concurrency=2, draft_tokens=7)
         try:
             runs.append(_run(engine, _three_prompts()[:2], 16,
                              SamplingParams(temperature=0.8, seed=7)))
@@ -162,6 +174,7 @@ def test_a_sampled_request_verifies_dflash_drafts_and_its_seed_reproduces_it():
             engine.stop()
         assert engine.speculator.counters.drafted > 0
     assert runs[0] == runs[1] and [len(r) for r in runs[0]] == [16, 16]
+    assert proposals and all((p is not None) == (backend == "dflash2") for p in proposals)
 
 
 def test_spec_dflash_without_a_usable_component_names_what_is_missing():

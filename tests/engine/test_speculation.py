@@ -308,6 +308,40 @@ def test_rejection_sampling_keeps_the_target_distribution(params):
     assert _chi_square_ok(second, _target(logits[1], params, {**history, drafts[0]: 1}))
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=1.0, top_k=4),
+])
+def test_rejection_sampling_with_proposal_distributions_keeps_the_target_distribution(params):
+    """Drafts drawn from their own distribution q over three candidates (a DFlash2 walk's),
+    verified with it: the first emitted token follows the request's distribution at position
+    0, and the second (after the first draft was taken) that at position 1; the first draft
+    is taken as often as Σ min(p, q) says (point-mass verification would take it Σ q·p of the
+    time), within 3.29 binomial deviations (two-sided 0.001, the chi-square tests' level)."""
+    logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(3)) * 1.5
+    candidates = [torch.tensor([2, 4, 0]), torch.tensor([1, 4, 5])]
+    qs = [torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64),
+          torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)]
+    draws = torch.Generator().manual_seed(4)
+    first, second, taken = [0] * 6, [0] * 6, 0
+    for seed in range(4000):
+        sampler = Sampler(dataclasses.replace(params, seed=seed))
+        drafts = [int(c[torch.multinomial(q, 1, generator=draws)])
+                  for c, q in zip(candidates, qs)]
+        tokens = accept_sampled([(sampler, drafts, logits, list(zip(candidates, qs)))])[0]
+        first[tokens[0]] += 1
+        if tokens[0] == drafts[0] and len(tokens) > 1:
+            taken += 1
+            second[tokens[1]] += 1
+    p = _target(logits[0], params, {})
+    assert _chi_square_ok(first, p)
+    assert sum(second) > 100
+    assert _chi_square_ok(second, _target(logits[1], params, {}))
+    q = torch.zeros(6, dtype=torch.float64).index_add_(0, candidates[0], qs[0])
+    rate = float(torch.minimum(p, q).sum())
+    assert abs(taken - 4000 * rate) <= 3.29 * (4000 * rate * (1 - rate)) ** 0.5
+
+
 def test_rejection_sampling_is_reproducible_from_the_seed():
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
     params = SamplingParams(temperature=0.9, top_p=0.9, seed=123)

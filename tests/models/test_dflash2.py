@@ -4,6 +4,8 @@ selector walk), the convolution's reach (causal, inside its block), and the draf
 through both on a tiny target."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -95,7 +97,7 @@ def test_the_greedy_walk_is_the_definitions_path():
     sizes, anchors = [3, 1, 4], [7, 0, 39]
     logits = torch.randn(sum(sizes), 40, generator=gen) * 3
     hidden = torch.randn(sum(sizes), H, generator=gen)
-    got = selector.walk(logits, hidden, anchors, sizes)
+    got, _ = selector.walk(logits, hidden, anchors, sizes)
     P, S = (t[f"dflash2/candidate_selector/{n}_codebook"].double()
             for n in ("predecessor", "successor"))
     W = t["dflash2/candidate_selector/hidden_projection"].double()
@@ -118,7 +120,7 @@ def test_with_zero_codebooks_the_walk_takes_each_rows_argmax():
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(6, 40, generator=gen)
     hidden = torch.randn(6, H, generator=gen)
-    assert selector.walk(logits, hidden, [1, 2], [2, 4]) == logits.argmax(-1).tolist()
+    assert selector.walk(logits, hidden, [1, 2], [2, 4])[0] == logits.argmax(-1).tolist()
 
 
 def test_scaled_and_softcapped_unary_values_keep_the_candidates_order():
@@ -130,3 +132,36 @@ def test_scaled_and_softcapped_unary_values_keep_the_candidates_order():
     assert ids.tolist() == [[2, 5, 0]]
     want = torch.tanh(torch.tensor([8.0, 7.0, 3.0]) * 0.5 / 2.0) * 2.0
     assert torch.allclose(values[0], want)
+
+
+def test_a_sampled_walk_draws_each_step_from_softmax_of_its_scores_and_keeps_it():
+    """Row 0 samples at temperature 0.7 with given uniforms, row 1 walks greedily: row 0's
+    picks are the inverse CDF of softmax(scores / 0.7) at its uniforms (scores as the
+    definition's, after its own picks), and its proposals are those distributions."""
+    selector, t = _selector()
+    gen = torch.Generator().manual_seed(8)
+    sizes, anchors, uniforms = [3, 2], [4, 9], [0.05, 0.5, 0.97]
+    logits = torch.randn(sum(sizes), 40, generator=gen) * 2
+    hidden = torch.randn(sum(sizes), H, generator=gen)
+    got, proposals = selector.walk(logits, hidden, anchors, sizes, [(0.7, uniforms), None])
+    P, S = (t[f"dflash2/candidate_selector/{n}_codebook"].double()
+            for n in ("predecessor", "successor"))
+    W = t["dflash2/candidate_selector/hidden_projection"].double()
+    previous, want = anchors[0], []
+    for step, u in enumerate(uniforms):
+        values, ids = torch.topk(logits[step].double(), 5)
+        h = hidden[step].double()
+        scores = values + S[ids] @ (P[previous] * (W @ h))
+        q = torch.softmax(scores / 0.7, -1)
+        ids_got, q_got = proposals[0][step]
+        # fp32 scores: an H-long dot, two products, a rank-long sum and the unary's add, over
+        # the terms' magnitudes; softmax moves each q by at most a factor e^(2·max error / T)
+        spread = (values.abs() + S[ids].abs() @ (P[previous].abs() * (W.abs() @ h.abs())))
+        error = gamma(F32, H + 4 + 3) * float(spread.max())
+        assert torch.equal(ids_got, ids)
+        assert ((q_got - q).abs() <= q * math.expm1(2 * error / 0.7)).all()
+        previous = int(ids[int((q.cumsum(0) <= u * q.sum()).sum())])
+        want.append(previous)
+    assert got[:3] == want and proposals[1] is None
+    greedy, none = selector.walk(logits, hidden, anchors, sizes)
+    assert greedy[3:] == got[3:] and none == [None, None]
