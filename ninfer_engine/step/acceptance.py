@@ -82,13 +82,13 @@ def accept_sampled(rows: list[tuple]) -> list[list[int]]:
     logits[, proposal]): without a proposal the drafts are point masses (q_i = δ(d_i): taken
     with probability p_i(d_i), the rejection's draw from p_i without d_i; vLLM's rejection
     sampler for n-gram drafts), else `proposal[i]` = (candidate ids [K], q_i over them) (a
-    DFlash2 walk's). The uniforms come from
-    the request's seeded generator, k + 1 a round whatever the round takes (`round_uniforms`:
-    the test of draft i reads the i-th, the draw the last), so a seed reproduces its run and a
-    round accepted on the device draws the same ones."""
+    DFlash2 walk's). The uniforms come from the request's seeded generator, k + 1 a round
+    whatever the round takes (`round_uniforms`: the test of draft i reads the i-th, the draw
+    the last), so a seed reproduces its run and a round accepted on the device draws the same
+    ones."""
     out = []
-    for sampler, drafts, logits, *rest in rows:
-        proposal = rest[0] if rest else None
+    for sampler, drafts, logits, *extra in rows:
+        proposal = extra[0] if extra else None
         views = _position_views(sampler, drafts, logits.shape[0])
         logits = masked(sampler, drafts, _penalized(logits, views))
         probs, ids = CANDIDATES[path_of(sampler.params)](logits, views)
@@ -112,8 +112,8 @@ def accept_sampled(rows: list[tuple]) -> list[list[int]]:
                 tokens.append(drafts[i])
                 continue
             if q is not None:
-                rest = (p - q).clamp(min=0.0)
-                p = rest if float(rest.sum()) > 0 else p  # p ≤ q: a rejection had no mass
+                residual = (p - q).clamp(min=0.0)
+                p = residual if float(residual.sum()) > 0 else p  # p ≤ q: no rejection mass
             elif column is not None:
                 p = p.clone()
                 p[column] = 0.0
