@@ -73,7 +73,8 @@ def conv_out(conv: GroupedConv | None, y: torch.Tensor, after, sizes: list[int])
 
 
 class CandidateSelector:
-    """`dflash2/candidate_selector/`: the greedy walk over each row's candidates."""
+    """`dflash2/candidate_selector/`: the walk (greedy, or sampled) over each row's
+    candidates."""
 
     def __init__(self, params, hidden: int, vocab: int, rank: int, top_k: int,
                  scale: float, softcap: float | None) -> None:
@@ -131,7 +132,7 @@ class CandidateSelector:
             chosen[at] = pick
             previous[live] = pick
         proposals: list = [None] * len(sizes)
-        host_ids = ids.cpu()
+        host_ids = ids.cpu() if sampled else None
         for r in sampled:
             proposals[r] = []
         for step, live, q in kept:
