@@ -220,7 +220,7 @@ class _ForcedAcceptance:
             emitted = real(rows)
             return [(drafts + out[-1:])[: self._taken.pop(id(drafts))[1] + 1]
                     if id(drafts) in self._taken else out  # a round not forced: as accepted
-                    for (_, drafts, _), out in zip(rows, emitted)]
+                    for (_, drafts, *_), out in zip(rows, emitted)]
         postprocess.accept = accept
         try:
             yield

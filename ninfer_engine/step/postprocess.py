@@ -102,8 +102,7 @@ class StepPostprocess:
         live = [seq for seq in rows if seq.finish_reason is None]
         try:
             emitted = self.runner.accepted(live) or accept(
-                [(seq.sampler, *verified[id(seq)], self.speculator.proposal(seq))
-                 for seq in live])
+                [self._verify_row(seq, verified[id(seq)]) for seq in live])
         except Exception as exc:  # these requests only
             for seq in rows:
                 self._fail_request(seq, exc)
@@ -129,6 +128,12 @@ class StepPostprocess:
             kept[id(seq)] = max(len(seq.output) - before, 1)
         self.runner.keep(batch, [kept.get(id(seq), 1) for seq in batch.decode])
         return now
+
+    def _verify_row(self, seq: Sequence, verified: tuple) -> tuple:
+        """`acceptance.accept`'s row for `seq`: (sampler, drafts, logits), and the drafts'
+        proposal distributions where its drafter sampled them (a DFlash2 walk)."""
+        proposal = self.speculator.proposal(seq)
+        return (seq.sampler, *verified) + (() if proposal is None else (proposal,))
 
     def _next_tokens(self, sampled: list[Sequence], rows: list[int],
                      logits: torch.Tensor) -> list[int | None]:
