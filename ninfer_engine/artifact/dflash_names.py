@@ -37,6 +37,7 @@ DFLASH_ARCHITECTURE = "DFlashDraftModel"
 DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
 # the component that holds each architecture's drafter, and its logical names' prefix
 BACKENDS = {DFLASH_ARCHITECTURE: "dflash", DFLASH2_ARCHITECTURE: "dflash2"}
+ARCHITECTURES = {top: arch for arch, top in BACKENDS.items()}  # each component's drafter
 
 # the published 35B-A3B drafter (ninfer-format.md §3.1 "Drafters", model-math.md §3.3)
 REAL_35B = {
@@ -82,7 +83,7 @@ def component_config(hf: dict) -> dict:
     if hf.get("attention_bias"):
         raise ArtifactError("a DFlash drafter with attention biases is not built "
                             "(attention_bias is true in its config)")
-    arch = {v: k for k, v in BACKENDS.items()}[backend(hf)]
+    arch = ARCHITECTURES[backend(hf)]
     out = {k: copy.deepcopy(hf[k]) for k in _KEPT if k in hf}
     theta = (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 1e6))
     out.update(architectures=[arch], model_type="qwen3", rope_parameters={"rope_theta": theta},

@@ -133,4 +133,3 @@ def copy_state(src: StateSlot, dst: StateSlot) -> None:
         return
     for to, of in zip(dst_tensors, src_tensors):
         to.copy_(of, non_blocking=True)
-

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..artifact.dflash_names import BACKENDS, backend as component_of, mismatch
+from ..artifact.dflash_names import ARCHITECTURES, BACKENDS, backend as component_of, mismatch
 from ..host_copy import to_device
-from .dflash2 import CandidateSelector, GroupedConv, conv_in, conv_out
+from .dflash2 import CandidateSelector, GroupedConv, block_positions, conv_in, conv_out
 from .layers import Linear, RotaryEmbedding, apply_rope, sdpa
 from .mtp import MtpKv
 from .swiglu import SwiGLU
@@ -232,8 +232,9 @@ class DFlashModel:
             x = x * c.embedding_scale
         rope = self._rope([p for ctx, k in zip(contexts, ks)
                            for p in range(ctx.end, ctx.end + 1 + k)])
+        at = block_positions(sizes, dev) if c.conv_taps else None  # DFlash2's convolutions
         for n, (layer, window) in enumerate(zip(self.layers, c.windows)):
-            y, after = conv_in(layer.attention_conv, _rms(x, layer.input_norm, c.eps), sizes)
+            y, after = conv_in(layer.attention_conv, _rms(x, layer.input_norm, c.eps), at)
             q = apply_rope(_rms(layer.q(y).view(-1, c.heads, c.head_dim), layer.q_norm, c.eps),
                            *rope)
             k, v = self._kv(layer, y, rope)
@@ -241,9 +242,9 @@ class DFlashModel:
             for ctx, qi, ki, vi in zip(contexts, q.split(sizes), k.split(sizes),
                                        v.split(sizes)):
                 outs.append(self._attend(ctx, n, qi, ki, vi, window))
-            x = x + conv_out(layer.attention_conv, layer.o(torch.cat(outs)), after, sizes)
-            y, after = conv_in(layer.mlp_conv, _rms(x, layer.post_norm, c.eps), sizes)
-            x = x + conv_out(layer.mlp_conv, layer.mlp(y), after, sizes)
+            x = x + conv_out(layer.attention_conv, layer.o(torch.cat(outs)), after, at)
+            y, after = conv_in(layer.mlp_conv, _rms(x, layer.post_norm, c.eps), at)
+            x = x + conv_out(layer.mlp_conv, layer.mlp(y), after, at)
         h = _rms(x, self.final_norm, c.eps)
         return [rows[1:] for rows in h.split(sizes)]
 
@@ -310,7 +311,7 @@ def load_dflash(artifact, target, device: torch.device, dtype: torch.dtype,
     arch = (c.get("architectures") or ["?"])[0]
     if BACKENDS.get(arch) != backend:
         raise DFlashMissing(f'the {backend} component of {where} is "{arch}", not '
-                            f"{next(a for a, b in BACKENDS.items() if b == backend)}")
+                            f"{ARCHITECTURES[backend]}")
     config = DFlashConfig.from_component(c, target.config, str(where))
 
     def params(name: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -25,8 +25,11 @@ Both compute in fp32 and round once where the block's activations are stored.
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
+from ..host_copy import to_device
 from .layers import Linear
 
 
@@ -40,21 +43,20 @@ class GroupedConv:
         self.projection = Linear(params(p + "kernel_projection", (2 * taps * self.groups, hidden)),
                                  matmul_dtype, relayout=False)
 
-    def prepare(self, x: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Blocks of `sizes` rows of x [T, H] convolved with side 0; side 1's coefficients."""
+    def prepare(self, x: torch.Tensor, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows x [T, H], row t at place at[t] of its block (`block_positions`), convolved with
+        side 0; side 1's coefficients."""
         d = self.projection(x).float().view(x.shape[0], 2, self.taps, self.groups)
-        return self._convolve(x, d[:, 0], self.base[0], sizes), d[:, 1]
+        return self._convolve(x, d[:, 0], self.base[0], at), d[:, 1]
 
-    def finish(self, y: torch.Tensor, after: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-        return self._convolve(y, after, self.base[1], sizes)
+    def finish(self, y: torch.Tensor, after: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        return self._convolve(y, after, self.base[1], at)
 
     def _convolve(self, x: torch.Tensor, d: torch.Tensor, base: torch.Tensor,
-                  sizes: list[int]) -> torch.Tensor:
+                  at: torch.Tensor) -> torch.Tensor:
         T, H = x.shape
         rows = x.float().view(T, self.groups, H // self.groups)
         weight = base.float().view(1, self.taps, self.groups, -1) + d[..., None]
-        # each row's place in its block: taps reaching before the block read zeros
-        at = torch.cat([torch.arange(n, device=x.device) for n in sizes])
         out = weight[:, 0] * rows
         for tap in range(1, self.taps):
             shifted = torch.cat([rows.new_zeros(tap, *rows.shape[1:]), rows[:-tap]])
@@ -62,14 +64,20 @@ class GroupedConv:
         return out.view(T, H).to(x.dtype)
 
 
-def conv_in(conv: GroupedConv | None, y: torch.Tensor, sizes: list[int]):
+def block_positions(sizes: list[int], device: torch.device) -> torch.Tensor:
+    """Each row's place in its block, for blocks of `sizes` rows (taps reaching before a
+    block's first row read zeros): once a proposal, for every convolution of it."""
+    return to_device([i for n in sizes for i in range(n)], device, torch.long)
+
+
+def conv_in(conv: GroupedConv | None, y: torch.Tensor, at: torch.Tensor | None):
     """A branch's input through its convolution (as it is without one: DFlash), and the
     coefficients of the convolution after the branch."""
-    return (y, None) if conv is None else conv.prepare(y, sizes)
+    return (y, None) if conv is None else conv.prepare(y, at)
 
 
-def conv_out(conv: GroupedConv | None, y: torch.Tensor, after, sizes: list[int]):
-    return y if conv is None else conv.finish(y, after, sizes)
+def conv_out(conv: GroupedConv | None, y: torch.Tensor, after, at: torch.Tensor | None):
+    return y if conv is None else conv.finish(y, after, at)
 
 
 class CandidateSelector:
@@ -100,7 +108,7 @@ class CandidateSelector:
         dev = logits.device
         ids, unary = self.candidates(logits)
         context = hidden.float() @ self.projection.float().t()  # [T, rank]
-        starts = torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist()
+        starts = list(itertools.accumulate(sizes[:-1], initial=0))
         previous = torch.tensor(anchors, device=dev)
         chosen = torch.empty(hidden.shape[0], dtype=torch.long, device=dev)
         draws = draws or [None] * len(sizes)

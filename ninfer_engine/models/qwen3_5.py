@@ -60,6 +60,8 @@ class _Block:
                  matmul_dtype: torch.dtype | None, prefix: str | None = None,
                  reduce: Callable[[torch.Tensor], torch.Tensor] = SINGLE.all_reduce):
         self.reduce = reduce  # sums the ranks' partial mixer and FFN outputs (tensor parallel)
+        # one rank: the FFN's last pass adds the residual (a rank's share must be summed first)
+        self.ffn_adds_residual = reduce == SINGLE.all_reduce
         prefix = prefix or f"text/layers/{i}/"  # the MTP layer reads `mtp/layers/0/`
         h = config["hidden_size"]
         self.eps = config["rms_norm_eps"]
@@ -84,7 +86,7 @@ class _Block:
         else:
             delta = self.reduce(self.mixer(y, layer_states, lengths, positions))
         y, x = add_zero_centred_rms_norm(delta, x, self.post_norm, self.eps)
-        if self.reduce == SINGLE.all_reduce:  # one rank: the FFN's last pass adds the residual
+        if self.ffn_adds_residual:
             return self.ffn(y, residual=x)
         return x + self.reduce(self.ffn(y))
 

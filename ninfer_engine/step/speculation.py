@@ -243,7 +243,7 @@ class Speculator:
     def proposal(self, seq) -> list | None:
         """The proposal distributions of `seq`'s drafts being verified (a drafter that samples
         them: DFlash2's walk), or None for point-mass drafts."""
-        take = getattr(self.drafter, "proposal", None) if self.drafter is not None else None
+        take = getattr(self.drafter, "proposal", None)
         return take(seq) if take is not None else None
 
     def record(self, seq, drafted: int, accepted: int) -> None:

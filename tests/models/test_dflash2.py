@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from ninfer_engine.models.dflash2 import CandidateSelector, GroupedConv
+from ninfer_engine.models.dflash2 import CandidateSelector, GroupedConv, block_positions
 from tests.tolerance import gamma
 
 F32 = torch.float32
@@ -53,12 +53,13 @@ def test_the_convolution_pair_is_its_definition_block_by_block(taps):
     sizes = [4, 1, 6]
     gen = torch.Generator().manual_seed(2)
     x, y = (torch.randn(sum(sizes), H, generator=gen) for _ in range(2))
-    before, after = conv.prepare(x, sizes)
+    at = block_positions(sizes, x.device)
+    before, after = conv.prepare(x, at)
     w = tensors["c/kernel_projection"].double()
     d = (x.double() @ w.t()).view(-1, 2, taps, H // GROUP)
     spread = (x.double().abs() @ w.abs().t()).view(d.shape)  # Σ|x_i w_i| of each coefficient
     assert ((after.double() - d[:, 1]).abs() <= gamma(F32, H) * spread[:, 1]).all()
-    for got, side, z in ((before, 0, x), (conv.finish(y, after, sizes), 1, y)):
+    for got, side, z in ((before, 0, x), (conv.finish(y, after, at), 1, y)):
         want, bound = _conv_f64(z, tensors, side, d[:, side], spread[:, side], sizes, taps)
         assert ((got.double() - want).abs() <= bound).all()
 
@@ -68,11 +69,12 @@ def test_a_row_reads_only_itself_and_the_rows_before_it_in_its_block():
     sizes = [5, 5]
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(10, H, generator=gen)
-    base, _ = conv.prepare(x, sizes)
+    at = block_positions(sizes, x.device)
+    base, _ = conv.prepare(x, at)
     for changed in (2, 5):  # a row inside the first block; the second block's first row
         moved = x.clone()
         moved[changed] += 1.0
-        out, _ = conv.prepare(moved, sizes)
+        out, _ = conv.prepare(moved, at)
         differs = (out - base).abs().amax(-1) > 0
         block_end = 5 if changed < 5 else 10
         assert differs[changed] and not differs[:changed].any()  # nothing before it moves
