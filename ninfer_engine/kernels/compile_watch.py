@@ -9,8 +9,10 @@ whether a stall was a compile.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import traceback
 
 log = logging.getLogger("ninfer.engine")
 
@@ -56,13 +58,30 @@ def _record(hook_kwargs: dict) -> None:
     ms = (time.perf_counter() - began) * 1e3 if began is not None else float("nan")
     fn = hook_kwargs.get("fn")
     log.warning("Triton compiled %s while serving (%.0f ms; the start-up warm-up did not run "
-                "this variant): %s", getattr(fn, "name", fn), ms, variant(hook_kwargs))
+                "this variant), called from %s: %s", getattr(fn, "name", fn), ms, call_site(),
+                variant(hook_kwargs))
 
 
 def variant(hook_kwargs: dict) -> str:
     """What tells a compile's variant apart, from Triton's hook arguments: its constexprs (and
-    integers specialised to 1), and the argument attributes (`tt.divisibility` 16 of an
-    integer or a pointer)."""
+    integers specialised to 1), and which of the specialisable arguments (pointers, integers)
+    are not divisible by 16 (the others carry `tt.divisibility` 16)."""
     compiled = hook_kwargs.get("compile") or {}
-    return (f"constants {str(compiled.get('constants'))[:300]}; "
-            f"attributes {str(compiled.get('configs'))[:300]}")
+    configs = compiled.get("configs") or [{}]
+    plain = sorted(i[0] for i, attrs in configs[0].items()
+                   if not any(a[0] == "tt.divisibility" for a in attrs))
+    return f"constants {compiled.get('constants')}; arguments not 16-divisible {plain}"
+
+
+_KERNELS = os.path.dirname(os.path.abspath(__file__))
+_ENGINE = os.path.dirname(_KERNELS)
+
+
+def call_site(depth: int = 4) -> str:
+    """The innermost `depth` engine frames outside the kernels, innermost first: what asked for
+    this variant."""
+    sites = [f"{os.path.relpath(path, _ENGINE)}:{frame.lineno}"
+             for frame in reversed(traceback.extract_stack())
+             if (path := os.path.abspath(frame.filename)).startswith(_ENGINE + os.sep)
+             and not path.startswith(_KERNELS + os.sep)]
+    return " < ".join(sites[:depth]) or "outside the engine"

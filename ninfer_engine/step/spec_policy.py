@@ -93,3 +93,11 @@ class AlwaysSpeculate(SpecPolicy):
 
     def speculate(self, batch: int) -> bool:
         return True
+
+
+class NeverSpeculate(SpecPolicy):
+    """No step verifies: the start-up warm-up's plain steps of a `--spec` engine, which the
+    timing policy takes in traffic wherever verify steps lose."""
+
+    def speculate(self, batch: int) -> bool:
+        return False

@@ -11,7 +11,10 @@ do (the model preset's penalties, greedy; the preset's sampling, seeded), so the
 kernels a first request needs (penalties, top-k) compile here too: on the H200 the first served
 request took 2.5 s to its first token, the next 72 ms. Last, the model compiles what those
 requests' lengths may not reach (`warm_up_kernels`: the grouped expert kernels' row tiles;
-`warm_up_paged_prefill`: the attention's launches with unsplit pages).
+`warm_up_paged_prefill`: the attention's launches with unsplit pages). Under `--spec` the short
+requests run twice more, every step drafted and then none (the policy's two extremes), for
+longer than the MTP head's spill: the first `--spec mtp` burst on the H100 compiled the plain
+rows' kernels (pending penalties, the head's eager pairs and drafts) in traffic, 0.8-1.35 s.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ import torch
 from ..models.attention import warm_up_paged_prefill
 from ..types import GenerationRequest, SamplingParams
 from .decode_graphs import PROMPT_ROWS
+from .mtp_drafter import SPILL
+from .spec_policy import AlwaysSpeculate, NeverSpeculate
 
 log = logging.getLogger("ninfer.engine")
 
@@ -37,8 +42,10 @@ SHORT = (77, 93)
 BESIDE_DECODE = max(PROMPT_ROWS) + 3
 GREEDY_TOKENS = 3  # the greedy requests' output
 SERVED_TOKENS = 8  # the served-sampling requests' output: long enough for lookahead steps
+# under `--spec`, their output in the rounds of forced policies: past the MTP head's spill
+SPECULATED_TOKENS = SPILL + 8
 PAGE_ROUNDING = 64  # a request's lease is whole pages
-MAX_STEPS = 64
+MAX_STEPS = 2 * SPECULATED_TOKENS
 
 
 def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
@@ -54,29 +61,19 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
         log.info("warm-up skipped: %d tokens of room", room)
         return None
     started = time.monotonic()
-    gen = torch.Generator().manual_seed(0)
-    top = min(engine.model.vocab_size, 1000)
-
-    preset = engine.sampling_defaults
-    greedy = SamplingParams(temperature=0.0)
-    penalized = dataclasses.replace(preset, temperature=0.0)  # a served `temperature: 0`
-    sampled = dataclasses.replace(preset, temperature=preset.temperature or 1.0, seed=0)
-
-    def add(i: int, length: int, sampling: SamplingParams = greedy,
-            max_tokens: int = GREEDY_TOKENS):
-        prompt = tuple(torch.randint(0, top, (length,), generator=gen).tolist())
-        request = GenerationRequest(f"warm-up-{i}", prompt, sampling, max_tokens=max_tokens,
-                                    ignore_eos=True)
-        return engine.add(request, lambda event: None)
-
-    first = [add(0, long)] + [add(1 + i, n, sampling, SERVED_TOKENS)
-                              for i, (n, sampling) in enumerate(zip(SHORT, (penalized, sampled)))]
-    late = None
-    for _ in range(MAX_STEPS):  # bounded: a handful of steps in practice
-        if late is None and all(s.prefill_done for s in first):
-            late = add(len(first), BESIDE_DECODE)
-        if not engine.step() and late is not None:
-            break
+    requests = _Requests(engine)
+    requests.serve(long, SERVED_TOKENS)
+    spec = engine.speculator
+    if spec is not None and room >= sum(SHORT) + BESIDE_DECODE + (1 + len(SHORT)) * (
+            PAGE_ROUNDING + SPECULATED_TOKENS):
+        # the short requests again, every step drafted, then none: the rows the policy
+        # keeps plain in traffic take lookahead steps with pending penalties, and past
+        # `SPILL` positions an MTP head's eager run of their committed pairs
+        policy = spec.policy
+        for forced in (AlwaysSpeculate(), NeverSpeculate()):
+            spec.policy = forced
+            requests.serve(0, SPECULATED_TOKENS)
+        spec.policy = policy
     kernels = getattr(engine.model, "warm_up_kernels", None)
     if kernels is not None:  # what the requests' lengths may not reach (the MoE's row tiles)
         kernels()
@@ -85,3 +82,36 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     seconds = time.monotonic() - started
     log.info("warm-up: prompt steps of every kind run once in %.1f s", seconds)
     return seconds
+
+
+class _Requests:
+    """The warm-up's requests, added to `engine` and stepped to the end."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.added = engine, 0
+        self.gen = torch.Generator().manual_seed(0)
+        self.top = min(engine.model.vocab_size, 1000)
+        preset = engine.sampling_defaults
+        self.penalized = dataclasses.replace(preset, temperature=0.0)  # a served `temperature: 0`
+        self.sampled = dataclasses.replace(preset, temperature=preset.temperature or 1.0, seed=0)
+
+    def serve(self, long: int, served_tokens: int) -> None:
+        """The long prompt (none where `long` is 0) and the short ones, then a late one beside
+        their decode rows; the short ones' output `served_tokens` each."""
+        first = [self._add(long)] if long else []
+        first += [self._add(n, sampling, served_tokens)
+                  for n, sampling in zip(SHORT, (self.penalized, self.sampled))]
+        late = None
+        for _ in range(MAX_STEPS):  # bounded: a handful of steps past the outputs in practice
+            if late is None and all(s.prefill_done for s in first):
+                late = self._add(BESIDE_DECODE)
+            if not self.engine.step() and late is not None:
+                break
+
+    def _add(self, length: int, sampling: SamplingParams = SamplingParams(temperature=0.0),
+             max_tokens: int = GREEDY_TOKENS):
+        prompt = tuple(torch.randint(0, self.top, (length,), generator=self.gen).tolist())
+        request = GenerationRequest(f"warm-up-{self.added}", prompt, sampling,
+                                    max_tokens=max_tokens, ignore_eos=True)
+        self.added += 1
+        return self.engine.add(request, lambda event: None)

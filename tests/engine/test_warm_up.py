@@ -54,6 +54,36 @@ def test_warm_up_runs_each_prompt_step_kind(monkeypatch):
     assert not engine.scheduler.running and not list(engine.scheduler.queued())
 
 
+
+def test_under_spec_the_warm_up_serves_its_short_requests_drafted_then_plain(monkeypatch):
+    """With a speculator the short requests run again under each forced policy, decoding past
+    the MTP head's spill, and the served policy is back afterwards."""
+    from ninfer_engine.step.mtp_drafter import SPILL
+    from ninfer_engine.step.spec_policy import AlwaysSpeculate, NeverSpeculate, SpecPolicy
+
+    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
+    config = tiny_config(False)
+    source = tiny_source(config)
+    model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).float()))
+    engine = engine_step.bench_engine(model, "tiny-dense", config, 4, 2048, draft_tokens=3,
+                                      prefill_chunk=256)
+    spec = engine.speculator
+    served = spec.policy
+    longest = {}  # policy type -> the longest output a decode step saw under it
+    step = engine.step
+
+    def seen():
+        kind = type(spec.policy)
+        outputs = [len(s.output) for s in engine.scheduler.running]
+        longest[kind] = max([longest.get(kind, 0), *outputs])
+        return step()
+    engine.step = seen
+    warm_up(engine, 256, 2048)
+    assert spec.policy is served and type(served) is SpecPolicy
+    assert longest[AlwaysSpeculate] > SPILL and longest[NeverSpeculate] > SPILL
+    assert not engine.scheduler.running and not list(engine.scheduler.queued())
+
+
 def _compiles_while(run) -> list[str]:
     """The Triton kernels compiled while `run()` ran."""
     from triton import knobs
@@ -173,3 +203,35 @@ def test_after_the_kernel_warm_up_every_expert_row_tile_is_compiled():
     xs = [torch.randn(n, config["hidden_size"], dtype=torch.bfloat16, device="cuda",
                       generator=gen) for n in lengths]
     assert _compiles_while(lambda: [moe(x) for x in xs]) == []
+
+
+@CUDA
+@fresh_process
+@torch.inference_mode()
+def test_after_the_warm_up_a_spec_mtp_burst_compiles_nothing():
+    """A `--spec mtp` engine under the served timing policy: a burst of 8 prompts (penalized
+    greedy and sampled rows) decoding past the MTP head's spill compiles nothing. Before the
+    warm-up's forced-policy rounds, the H100's first 8-prompt burst on the 35B-A3B shape
+    compiled the penalties with a pending pick and the head's eager launches (0.8-1.35 s)."""
+    from ninfer_engine.config import EngineConfig
+    from ninfer_engine.engine import Engine
+    from ninfer_engine.step.mtp_drafter import SPILL
+    from pathlib import Path
+
+    from .test_mtp_speculation import MtpArtifact
+    from .test_speculation import _run
+
+    engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024, max_concurrency=8,
+                                 cuda_dtype="bf16", spec="mtp", draft_tokens=3),
+                    MtpArtifact("qwen3_5_moe"))
+    engine.start()
+    gen = torch.Generator().manual_seed(5)
+    prompts = [tuple(torch.randint(3, 120, (250 + 13 * i,), generator=gen).tolist())
+               for i in range(8)]
+    samplings = (SamplingParams(temperature=0.0, presence_penalty=1.5),
+                 SamplingParams(temperature=0.8, top_k=20, seed=1))
+
+    def burst():
+        for sampling in samplings:
+            _run(engine, prompts, SPILL + 24, sampling)
+    assert _compiles_then_stop(engine, burst) == []

@@ -21,10 +21,24 @@ def test_a_compile_after_start_up_is_logged(monkeypatch, caplog):
     assert compile_watch.watch() and compile_watch.watch()  # a second call installs nothing
     kw = {"fn": SimpleNamespace(name="_gdn_chunk_kernel"), "repr": "_gdn_chunk_kernel(n: i32)",
           "key": None, "is_manual_warmup": False, "already_compiled": False,
-          "compile": {"constants": {(3,): 1}, "configs": [{(4,): [["tt.divisibility", 16]]}]}}
+          "compile": {"constants": {(3,): 1},
+                      "configs": [{(4,): [["tt.divisibility", 16]], (5,): []}]}}
     with caplog.at_level(logging.WARNING, logger="ninfer.engine"):
         assert not knobs.runtime.jit_cache_hook(**kw)  # Triton goes on to compile
         knobs.runtime.jit_post_compile_hook(**kw)
     assert seen == ["start", "end"]
     assert "Triton compiled _gdn_chunk_kernel while serving" in caplog.text
-    assert "constants {(3,): 1}" in caplog.text and "tt.divisibility" in caplog.text
+    assert "constants {(3,): 1}; arguments not 16-divisible [5]" in caplog.text
+    assert "called from outside the engine" in caplog.text
+
+
+def test_the_log_names_the_engine_frames_that_asked_for_the_variant():
+    from ninfer_engine.step import sampling_penalties
+
+    def engine_frame():  # stands for an engine module calling a kernel
+        return compile_watch.call_site()
+    engine_frame.__code__ = engine_frame.__code__.replace(
+        co_filename=sampling_penalties.__file__)
+    site = engine_frame()
+    assert site.startswith("step/sampling_penalties.py:"), site
+    assert compile_watch.call_site() == "outside the engine"  # a test is no engine frame
