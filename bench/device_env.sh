@@ -48,7 +48,9 @@ prefill_bench() {  # tag tree arch: `ninfer bench --prefill 8192` of the fp8-row
 }
 
 pack_results() {  # [folders of $OUT, default r]: a call returns at most 8 files from $OUT:
-  # past that, those folders as one tarball, $OUT/r.tar.gz
+  # past that, those folders as one tarball, $OUT/r.tar.gz (NOPACK=1: not yet, a script of
+  # several runs in one call packs once at its end)
+  [ -n "$NOPACK" ] && return
   local dirs=("${@:-r}")
   if [ "$(cd "$OUT" && find "${dirs[@]}" -type f | wc -l)" -gt 7 ]; then
     tar czf "$OUT/r.tar.gz" -C "$OUT" "${dirs[@]}" && (cd "$OUT" && rm -rf "${dirs[@]}")
