@@ -23,7 +23,7 @@ from ..kv import KV_DTYPES
 from ..kv.slots import StateSlot
 from ..models.llama_step import StaticDecoder
 from ..models.qwen3_5_engine_step import EngineHybridDecoder, EngineHybridPrompt
-from .graph_capture import largest_first, record_graph
+from .graph_capture import record_graph
 from .sequence import Sequence
 
 log = logging.getLogger("ninfer.engine")
@@ -269,7 +269,7 @@ class DecodeGraphs:
             def capture(bucket: int) -> int:
                 """The bucket's graphs at every batch size; the bytes of logits they keep."""
                 held = 0
-                for batch in largest_first(len(scratch)):
+                for batch in range(1, len(scratch) + 1):
                     rows = scratch[:batch]
                     outs = [self._run(rows, None, 1, ahead=bucket - 1)]
                     if verify:
@@ -285,9 +285,7 @@ class DecodeGraphs:
             self.start_buckets = (first, *rest)
             self._replayed = None  # a scratch step's, not one a benchmark times
             if self.prompt is not None and cache.reserve(self.prompt.rows):
-                # one chunk, the longest first (as the batches); more in one step capture
-                # when they come
-                for rows in sorted(PROMPT_ROWS, reverse=True):
+                for rows in PROMPT_ROWS:  # one chunk; more in one step capture when they come
                     if rows <= self.prompt.rows:
                         self.prefill(scratch[:1], [[0] * rows])
                         scratch[0].cached = 0

@@ -47,14 +47,6 @@ def record_graph(step: Callable[[], torch.Tensor],
     return graph, out
 
 
-def largest_first(max_batch: int) -> range:
-    """The batch sizes a start-up capture takes, the largest first: graphs of one private pool
-    reuse the blocks earlier captures freed, and a smaller capture fits in a larger one's
-    freed intermediates where the other way round each batch size adds its own (vLLM captures
-    in the same order for the same reason)."""
-    return range(max_batch, 0, -1)
-
-
 @functools.cache
 def _warm_up_stream(device: int) -> torch.cuda.Stream:
     """One side stream a device for every warm-up: the caching allocator keeps a freed block for

@@ -24,7 +24,7 @@ from ..kv import KvStorage, PageTables
 from ..models.mtp_step import MtpStep
 from ..models.qwen3_5_engine_step import pool_layer
 from .decode_graphs import context_bucket
-from .graph_capture import largest_first, record_graph
+from .graph_capture import record_graph
 
 log = logging.getLogger("ninfer.engine")
 
@@ -135,7 +135,7 @@ class MtpRound:
             hidden = self.step.hidden_in.new_zeros(self.q, H)
             reach = self.q + self.k  # a scratch row's, its pairs at positions 0 .. q - 1
             for bucket in buckets or (context_bucket(reach, self.max_context),):
-                for batch in largest_first(self.max_batch):
+                for batch in range(1, self.max_batch + 1):
                     seqs = [SimpleNamespace(cache=cache)] * batch
                     self.propose(seqs, [([0] * self.q, hidden, 0)] * batch,
                                  ahead=bucket - reach)

@@ -45,7 +45,7 @@ from .chain_accept import ChainSampling, accept_on_device, samples_on_device
 from .chain_penalties import ChainPenalties
 from .chain_rounds import ChainRounds, _Round
 from .decode_graphs import DecodeGraphs, context_bucket
-from .graph_capture import largest_first, record_graph, start_up_capture
+from .graph_capture import record_graph, start_up_capture
 from .sampling_paths import candidate_count
 
 log = logging.getLogger("ninfer.engine")
@@ -167,7 +167,7 @@ class VerifyChain(ChainRounds):
                 return
             scratch = [SimpleNamespace(cache=cache, cached=0, output=[0], rope_delta=0,
                                        state=StateSlot(i, [])) for i in range(self.max_batch)]
-            for batch in largest_first(self.max_batch):
+            for batch in range(1, self.max_batch + 1):
                 logits = self.graphs.verify(scratch[:batch], [[0] * self.k] * batch)
                 self._penalties(logits.shape[-1])
                 for bucket in buckets:

@@ -174,9 +174,8 @@ def test_a_prompts_last_token_joins_the_decode_rows_in_the_static_step():
 def test_start_up_capture_runs_every_batch_size_on_scratch_pages_and_gives_them_back(
         monkeypatch):
     """`DecodeGraphs.capture_at_start` (what a CUDA engine does before serving) runs every
-    context bucket up to the max context at batch max..1 (the largest first, so smaller graphs
-    reuse its freed blocks) on scratch sequences at their first position; here eagerly, on the
-    CPU."""
+    context bucket up to the max context at batch 1..max on scratch sequences at their first
+    position; here eagerly, on the CPU."""
     model = _model()
     layers, heads, dim = model.kv_layout()
     pool = PagePool(48, 64)
@@ -191,14 +190,14 @@ def test_start_up_capture_runs_every_batch_size_on_scratch_pages_and_gives_them_
         return run(seqs, drafts, q_len, feed, ahead)
     graphs._run = spy
     graphs.capture_at_start()
-    assert steps == [(bucket, batch) for bucket in (1024, 2048, 3000) for batch in (3, 2, 1)]
+    assert steps == [(bucket, batch) for bucket in (1024, 2048, 3000) for batch in (1, 2, 3)]
     assert pool.free == pool.total
     # past the first bucket, only the buckets whose logits fit the start-up budget
     logits = (1 + 2 + 3) * model.vocab_size * 4  # fp32 [batch, V] a batch size, kept a graph
     steps.clear()
     monkeypatch.setattr(decode_graphs, "START_LOGITS_BYTES", 2 * logits - 1)
     graphs.capture_at_start()
-    assert steps == [(bucket, batch) for bucket in (1024, 2048) for batch in (3, 2, 1)]
+    assert steps == [(bucket, batch) for bucket in (1024, 2048) for batch in (1, 2, 3)]
     # one scratch page for all rows: an elastic pool at its first grow step does not grow
     elastic = ElasticPagePool(8, 1, 64)  # pages: capacity 8, grow step 1
     storage = KvStorage(elastic, layers, heads, dim, codecs_for("bf16", model.dtype), model.dtype,

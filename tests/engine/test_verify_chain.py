@@ -492,13 +492,13 @@ def test_the_chain_captures_at_start_each_of_the_decode_graphs_start_buckets():
     graphs.start_buckets = (1024, 2048)
     chain.capture_at_start()
     keys = [(False, 0), (True, 0)]  # greedy without and with penalties
-    assert calls == [c for b in (2, 1) for c in [("verify", b)] + [  # the largest first
+    assert calls == [c for b in (1, 2) for c in [("verify", b)] + [
         (b, bucket, *key) for bucket in (1024, 2048) for key in keys]]
     assert pool.free == pool.total
     calls.clear()
     graphs.start_buckets = ()
     chain.capture_at_start()
-    assert calls == [c for b in (2, 1) for c in [("verify", b)] + [(b, 1024, *key)
+    assert calls == [c for b in (1, 2) for c in [("verify", b)] + [(b, 1024, *key)
                                                                    for key in keys]]
 
 
