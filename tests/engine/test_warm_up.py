@@ -84,6 +84,37 @@ def test_under_spec_the_warm_up_serves_its_short_requests_drafted_then_plain(mon
     assert not engine.scheduler.running and not list(engine.scheduler.queued())
 
 
+
+def test_a_spec_mtp_engine_serves_after_its_warm_up_as_a_fresh_one():
+    """The MTP head's rows, the policy and the counters after the warm-up's forced-policy
+    rounds leave nothing behind: the same greedy requests come out of a warmed engine as out
+    of a fresh one, and the counters start from zero."""
+    from pathlib import Path
+
+    from ninfer_engine.config import EngineConfig
+    from ninfer_engine.engine import Engine
+
+    from .test_mtp_speculation import MtpArtifact
+    from .test_speculation import _prompts, _run
+
+    artifact, outputs = MtpArtifact("qwen3_5_moe"), []
+    for warmed in (True, False):
+        engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024,
+                                     max_concurrency=4, prefill_chunk=64, cuda_dtype="fp32",
+                                     spec="mtp", draft_tokens=3), artifact)
+        if warmed:  # as a CUDA engine's load does (`Engine.__init__`)
+            assert warm_up(engine, 64, 1024) is not None
+            engine.memory.forget_prefixes()
+            engine.speculator.reset()
+            assert engine.speculator.counters.rounds == 0
+        engine.start()
+        try:
+            outputs.append(_run(engine, _prompts(120), 24))
+        finally:
+            engine.stop()
+    assert outputs[0] == outputs[1]
+
+
 def _compiles_while(run) -> list[str]:
     """The Triton kernels compiled while `run()` ran."""
     from triton import knobs
