@@ -139,9 +139,8 @@ def main(argv=None) -> int:
     report = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                   dtype=str(dtype),
-                  drafter=("small" if args.small else "27B DFlash2 shape" if args.dflash2
-                           else "35B-A3B DFlash shape") + (" DFlash2" if args.small and
-                                                            args.dflash2 else ""),
+                  drafter=(("small DFlash2" if args.dflash2 else "small") if args.small
+                           else "27B DFlash2 shape" if args.dflash2 else "35B-A3B DFlash shape"),
                   torch=torch.__version__, rows=rows)
     if args.out:
         out = Path(args.out)

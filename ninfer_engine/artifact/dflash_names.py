@@ -203,6 +203,8 @@ _LAYER2 = {f"{branch}.{leaf}": f"{branch}/{leaf.removesuffix('.weight')}"
            for leaf in ("base_kernel", "kernel_projection.weight")}
 _TOP2 = {f"candidate_selector.{leaf}": f"candidate_selector/{leaf.removesuffix('.weight')}"
          for leaf in ("predecessor_codebook", "successor_codebook", "hidden_projection.weight")}
+# each component's (top-level, per-layer) name maps
+_NAMES = {"dflash": (_TOP, _LAYER), "dflash2": ({**_TOP, **_TOP2}, {**_LAYER, **_LAYER2})}
 
 
 def logical_name(hf_name: str, top: str = "dflash") -> str | None:
@@ -210,7 +212,7 @@ def logical_name(hf_name: str, top: str = "dflash") -> str | None:
     (an optional `model.` prefix dropped); None for a name the drafter does not read (rotary
     tables)."""
     name = hf_name.removeprefix("model.")
-    tops, layer = (_TOP, _LAYER) if top == "dflash" else ({**_TOP, **_TOP2}, {**_LAYER, **_LAYER2})
+    tops, layer = _NAMES[top]
     if name in tops:
         return f"{top}/{tops[name]}"
     if name.startswith("layers."):

@@ -109,36 +109,34 @@ class CandidateSelector:
         ids, unary = self.candidates(logits)
         context = hidden.float() @ self.projection.float().t()  # [T, rank]
         starts = list(itertools.accumulate(sizes[:-1], initial=0))
-        previous = torch.tensor(anchors, device=dev)
+        previous = to_device(anchors, dev, torch.long)
         chosen = torch.empty(hidden.shape[0], dtype=torch.long, device=dev)
         draws = draws or [None] * len(sizes)
         sampled = [r for r, d in enumerate(draws) if d is not None]
         if sampled:  # each row's temperature and uniforms (greedy rows: unused placeholders)
-            temperature = torch.tensor([d[0] if d else 1.0 for d in draws], dtype=torch.float64,
-                                       device=dev)
-            uniforms = torch.tensor([list(d[1]) + [0.0] * (max(sizes) - len(d[1])) if d
-                                     else [0.0] * max(sizes) for d in draws],
-                                    dtype=torch.float64, device=dev)
-            walking = torch.tensor([d is not None for d in draws], device=dev)
+            temperature = to_device([d[0] if d else 1.0 for d in draws], dev, torch.float64)
+            uniforms = to_device([list(d[1]) + [0.0] * (max(sizes) - len(d[1])) if d
+                                  else [0.0] * max(sizes) for d in draws], dev, torch.float64)
+            walking = to_device([d is not None for d in draws], dev, torch.bool)
         kept = []  # (step, live rows, their q) of the sampled walks
         for step in range(max(sizes)):
             live = [r for r, n in enumerate(sizes) if n > step]
-            at = torch.tensor([starts[r] + step for r in live], device=dev)
-            prev = previous[live]
+            rows = to_device(live, dev, torch.long)  # (one copy a step, for every index below)
+            at = to_device([starts[r] + step for r in live], dev, torch.long)
             scores = unary[at] + torch.einsum(
-                "br,bkr->bk", self.before[prev].float() * context[at],
+                "br,bkr->bk", self.before[previous[rows]].float() * context[at],
                 self.after[ids[at]].float())
             index = scores.argmax(-1)
             if sampled:
-                q = torch.softmax(scores.double() / temperature[live, None], -1)
+                q = torch.softmax(scores.double() / temperature[rows, None], -1)
                 cdf = q.cumsum(-1)
-                draw = torch.searchsorted(cdf, (uniforms[live, step] * cdf[:, -1])[:, None],
+                draw = torch.searchsorted(cdf, (uniforms[rows, step] * cdf[:, -1])[:, None],
                                           right=True)[:, 0].clamp(max=q.shape[1] - 1)
-                index = torch.where(walking[live], draw, index)
+                index = torch.where(walking[rows], draw, index)
                 kept.append((step, live, q))
             pick = ids[at].gather(1, index[:, None])[:, 0]
             chosen[at] = pick
-            previous[live] = pick
+            previous[rows] = pick
         proposals: list = [None] * len(sizes)
         host_ids = ids.cpu() if sampled else None
         for r in sampled:

@@ -1,11 +1,15 @@
 """The startup warm-up (`step.warm_up`) runs every kind of prompt step once, through the engine's
 own path, and leaves nothing running."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from ninfer_engine.artifact.synth import build_synthetic
 from ninfer_engine.benchmark import engine_step
+from ninfer_engine.config import EngineConfig
+from ninfer_engine.engine import Engine
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.step.decode_graphs import PROMPT_ROWS
@@ -85,23 +89,23 @@ def test_under_spec_the_warm_up_serves_its_short_requests_drafted_then_plain(mon
 
 
 
+
+def _mtp_engine(artifact, **config) -> Engine:
+    """A `--spec mtp --draft-tokens 3` engine of 1,024-token rows over `artifact` (a tiny
+    hybrid model with a random MTP head), its other settings `config`."""
+    return Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024, spec="mtp",
+                               draft_tokens=3, **config), artifact)
+
 def test_a_spec_mtp_engine_serves_after_its_warm_up_as_a_fresh_one():
     """The MTP head's rows, the policy and the counters after the warm-up's forced-policy
     rounds leave nothing behind: the same greedy requests come out of a warmed engine as out
     of a fresh one, and the counters start from zero."""
-    from pathlib import Path
-
-    from ninfer_engine.config import EngineConfig
-    from ninfer_engine.engine import Engine
-
     from .test_mtp_speculation import MtpArtifact
     from .test_speculation import _prompts, _run
 
     artifact, outputs = MtpArtifact("qwen3_5_moe"), []
     for warmed in (True, False):
-        engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024,
-                                     max_concurrency=4, prefill_chunk=64, cuda_dtype="fp32",
-                                     spec="mtp", draft_tokens=3), artifact)
+        engine = _mtp_engine(artifact, max_concurrency=4, prefill_chunk=64, cuda_dtype="fp32")
         if warmed:  # as a CUDA engine's load does (`Engine.__init__`)
             assert warm_up(engine, 64, 1024) is not None
             engine.memory.forget_prefixes()
@@ -244,17 +248,12 @@ def test_after_the_warm_up_a_spec_mtp_burst_compiles_nothing():
     greedy and sampled rows) decoding past the MTP head's spill compiles nothing. Before the
     warm-up's forced-policy rounds, the H100's first 8-prompt burst on the 35B-A3B shape
     compiled the penalties with a pending pick and the head's eager launches (0.8-1.35 s)."""
-    from ninfer_engine.config import EngineConfig
-    from ninfer_engine.engine import Engine
     from ninfer_engine.step.mtp_drafter import SPILL
-    from pathlib import Path
 
     from .test_mtp_speculation import MtpArtifact
     from .test_speculation import _run
 
-    engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024, max_concurrency=8,
-                                 cuda_dtype="bf16", spec="mtp", draft_tokens=3),
-                    MtpArtifact("qwen3_5_moe"))
+    engine = _mtp_engine(MtpArtifact("qwen3_5_moe"), max_concurrency=8, cuda_dtype="bf16")
     engine.start()
     gen = torch.Generator().manual_seed(5)
     prompts = [tuple(torch.randint(3, 120, (250 + 13 * i,), generator=gen).tolist())
