@@ -70,7 +70,10 @@ def variant(hook_kwargs: dict) -> str:
     configs = compiled.get("configs") or [{}]
     plain = sorted(i[0] for i, attrs in configs[0].items()
                    if not any(a[0] == "tt.divisibility" for a in attrs))
-    return f"constants {compiled.get('constants')}; arguments not 16-divisible {plain}"
+    # the arguments' types: a variant of another dtype (an fp32 row, int32 lengths) is new too
+    types = [t for t in (compiled.get("signature") or {}).values() if t != "constexpr"]
+    return (f"constants {compiled.get('constants')}; arguments not 16-divisible {plain}; "
+            f"types {types}")
 
 
 _KERNELS = os.path.dirname(os.path.abspath(__file__))
@@ -79,9 +82,12 @@ _ENGINE = os.path.dirname(_KERNELS)
 
 def call_site(depth: int = 4) -> str:
     """The innermost `depth` engine frames outside the kernels, innermost first: what asked for
-    this variant."""
+    this variant; and, where the model's frames fill them, the innermost step frame (which
+    kind of step it was: the runner's eager rows, a graph's capture, the sampler)."""
     sites = [f"{os.path.relpath(path, _ENGINE)}:{frame.lineno}"
              for frame in reversed(traceback.extract_stack())
              if (path := os.path.abspath(frame.filename)).startswith(_ENGINE + os.sep)
              and not path.startswith(_KERNELS + os.sep)]
-    return " < ".join(sites[:depth]) or "outside the engine"
+    shown = " < ".join(sites[:depth]) or "outside the engine"
+    step = next((s for s in sites[depth:] if s.startswith("step" + os.sep)), None)
+    return shown if step is None else f"{shown} < ... < {step}"
