@@ -11,10 +11,13 @@ do (the model preset's penalties, greedy; the preset's sampling, seeded), so the
 kernels a first request needs (penalties, top-k) compile here too: on the H200 the first served
 request took 2.5 s to its first token, the next 72 ms. Last, the model compiles what those
 requests' lengths may not reach (`warm_up_kernels`: the grouped expert kernels' row tiles;
-`warm_up_paged_prefill`: the attention's launches with unsplit pages). Under `--spec` the short
-requests run twice more, every step drafted and then none (the policy's two extremes), for
-longer than the MTP head's spill: the first `--spec mtp` burst on the H100 compiled the plain
-rows' kernels (pending penalties, the head's eager pairs and drafts) in traffic, 0.8-1.35 s.
+`warm_up_paged_prefill`: the attention's launches with unsplit pages), and the sampler what
+their settings may not (`warm_up_sampling`: penalties and every top-k candidate count). Under
+`--spec` the short requests run twice more, every step drafted and then none (the policy's two
+extremes), for longer than the MTP head's spill, with late prompts whose last tokens run beside
+verify rows, alone and together: the first `--spec mtp` burst on the H100 compiled the plain
+rows' kernels (pending penalties, the head's eager pairs and drafts) in traffic, 0.8-1.35 s,
+and on the H200 the several last tokens' eager step, 0.15-0.37 s a kernel.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from ..models.attention import warm_up_paged_prefill
 from ..types import GenerationRequest, SamplingParams
 from .decode_graphs import PROMPT_ROWS
 from .mtp_drafter import SPILL
+from .sampling import Sampler, pick_rows
+from .sampling_paths import TOPK_CAP
 from .spec_policy import AlwaysSpeculate, NeverSpeculate
 
 log = logging.getLogger("ninfer.engine")
@@ -40,6 +45,11 @@ SHORT = (77, 93)
 # is an eager step of few rows (the gated GDN norm's small-launch variant, which a lone prompt
 # of 65-127 tokens compiled in traffic: the steps above are thousands of rows)
 BESIDE_DECODE = max(PROMPT_ROWS) + 3
+# under `--spec`, two more arriving together after it: their prompts' last tokens then run in
+# one step beside verify rows, an eager step of several one-token rows (the GDN projections'
+# several-row GEMV, the batched decode attention), which the first `--spec mtp` burst on the
+# H200 compiled in traffic (0.15-0.37 s each); the first one's last token runs there alone
+TOGETHER = (BESIDE_DECODE + 2, BESIDE_DECODE + 4)
 GREEDY_TOKENS = 3  # the greedy requests' output
 SERVED_TOKENS = 8  # the served-sampling requests' output: long enough for lookahead steps
 # under `--spec`, their output in the rounds of forced policies: past the MTP head's spill
@@ -62,18 +72,23 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
         return None
     started = time.monotonic()
     requests = _Requests(engine)
-    requests.serve(long, SERVED_TOKENS)
+    requests.serve(long, SERVED_TOKENS, ((BESIDE_DECODE,),))
     spec = engine.speculator
-    if spec is not None and room >= sum(SHORT) + BESIDE_DECODE + (1 + len(SHORT)) * (
+    late = ((BESIDE_DECODE,), TOGETHER)
+    prompts = (*SHORT, BESIDE_DECODE, *TOGETHER)
+    if spec is not None and room >= sum(prompts) + len(prompts) * (
             PAGE_ROUNDING + SPECULATED_TOKENS):
         # the short requests again, every step drafted, then none: the rows the policy
         # keeps plain in traffic take lookahead steps with pending penalties, and past
-        # `SPILL` positions an MTP head's eager run of their committed pairs
+        # `SPILL` positions an MTP head's eager run of their committed pairs; the late
+        # prompts' last tokens beside verify rows, alone and together
         policy = spec.policy
         for forced in (AlwaysSpeculate(), NeverSpeculate()):
             spec.policy = forced
-            requests.serve(0, SPECULATED_TOKENS)
+            requests.serve(0, SPECULATED_TOKENS, late)
         spec.policy = policy
+    if engine.model.device.type == "cuda":
+        warm_up_sampling(engine.model)
     kernels = getattr(engine.model, "warm_up_kernels", None)
     if kernels is not None:  # what the requests' lengths may not reach (the MoE's row tiles)
         kernels()
@@ -82,6 +97,28 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     seconds = time.monotonic() - started
     log.info("warm-up: prompt steps of every kind run once in %.1f s", seconds)
     return seconds
+
+
+def warm_up_sampling(model) -> None:
+    """Compile the sampling kernels' variants any request may take, whatever the preset the
+    warm-up's requests sample with: the penalties with and without a pick in flight, and the
+    top-k kernel for each candidate count (a power of two up to `TOPK_CAP`), over logits in the
+    model's dtype and in fp32 (a step's rows beside a prompt's come out fp32). A request with
+    penalties or a top_k that the preset lacks compiled them in traffic (0.24 s each)."""
+    vocab = model.vocab_size
+    counts = [1 << i for i in range(TOPK_CAP.bit_length()) if 1 << i <= vocab]
+    for dtype in dict.fromkeys((model.dtype, torch.float32)):
+        logits = torch.randn(4, vocab, dtype=dtype, device=model.device)
+        pending = None
+        for k in counts:
+            penalized = Sampler(SamplingParams(temperature=0.0, presence_penalty=1.0))
+            penalized.record(0)
+            rows = [penalized, Sampler(SamplingParams(temperature=1.0, top_k=k, seed=0)),
+                    Sampler(SamplingParams(temperature=1.0, top_p=0.9, seed=0)),
+                    Sampler(SamplingParams(temperature=1.0, seed=0))]
+            picked = pick_rows(logits, rows, pending)
+            picked.values()
+            pending = None if pending is not None else picked.tokens  # both penalty variants
 
 
 class _Requests:
@@ -95,17 +132,20 @@ class _Requests:
         self.penalized = dataclasses.replace(preset, temperature=0.0)  # a served `temperature: 0`
         self.sampled = dataclasses.replace(preset, temperature=preset.temperature or 1.0, seed=0)
 
-    def serve(self, long: int, served_tokens: int) -> None:
-        """The long prompt (none where `long` is 0) and the short ones, then a late one beside
-        their decode rows; the short ones' output `served_tokens` each."""
+    def serve(self, long: int, served_tokens: int, late: tuple[tuple[int, ...], ...]) -> None:
+        """The long prompt (none where `long` is 0) and the short ones, then the `late` groups
+        of prompts beside their decode rows, each group once the first ones are prefilled and
+        the group before it has ended (a group's rows beside the short ones' within the
+        concurrency); the short ones' output `served_tokens` each."""
         first = [self._add(long)] if long else []
         first += [self._add(n, sampling, served_tokens)
                   for n, sampling in zip(SHORT, (self.penalized, self.sampled))]
-        late = None
+        waiting, group = list(late), []
         for _ in range(MAX_STEPS):  # bounded: a handful of steps past the outputs in practice
-            if late is None and all(s.prefill_done for s in first):
-                late = self._add(BESIDE_DECODE)
-            if not self.engine.step() and late is not None:
+            if (waiting and all(s.prefill_done for s in first)
+                    and all(s.finish_reason for s in group)):
+                group = [self._add(n) for n in waiting.pop(0)]
+            if not self.engine.step() and not waiting:
                 break
 
     def _add(self, length: int, sampling: SamplingParams = SamplingParams(temperature=0.0),

@@ -90,11 +90,56 @@ def test_under_spec_the_warm_up_serves_its_short_requests_drafted_then_plain(mon
 
 
 
+def test_the_sampling_warm_up_takes_every_top_k_count_and_both_penalty_variants(monkeypatch):
+    """Whatever the preset: penalties with and without a pick in flight, and the top-k path at
+    every candidate count, over logits in the model's dtype and in fp32."""
+    from types import SimpleNamespace
+
+    from ninfer_engine.step import warm_up as module
+    from ninfer_engine.step.sampling_paths import TOPK_CAP
+
+    seen = []
+    pick = module.pick_rows
+
+    def picked(logits, samplers, pending=None):
+        seen.append((logits.dtype, max(s.params.top_k for s in samplers), pending is not None,
+                     any(s.params.penalized and s.counts for s in samplers)))
+        return pick(logits, samplers, pending)
+    monkeypatch.setattr(module, "pick_rows", picked)
+    module.warm_up_sampling(SimpleNamespace(vocab_size=300, dtype=torch.bfloat16,
+                                            device=torch.device("cpu")))
+    counts = {1 << i for i in range(TOPK_CAP.bit_length())}
+    for dtype in (torch.bfloat16, torch.float32):
+        assert {k for d, k, _, _ in seen if d == dtype} == counts
+        assert {p for d, _, p, penalized in seen if d == dtype and penalized} == {True, False}
+
+
 def _mtp_engine(artifact, **config) -> Engine:
     """A `--spec mtp --draft-tokens 3` engine of 1,024-token rows over `artifact` (a tiny
     hybrid model with a random MTP head), its other settings `config`."""
     return Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024, spec="mtp",
                                draft_tokens=3, **config), artifact)
+
+def test_under_spec_mtp_the_warm_up_runs_last_prompt_tokens_beside_verify_rows():
+    """A hybrid prompt's last token runs one step after the rest (`SequenceMemory.
+    chunk_tokens`); beside verify rows it is an eager step: the warm-up runs one such token
+    alone and two together (a burst's several-row variants, compiled in traffic before)."""
+    from .test_mtp_speculation import MtpArtifact
+
+    engine = _mtp_engine(MtpArtifact("qwen3_5_moe"), max_concurrency=4, prefill_chunk=256,
+                         cuda_dtype="fp32")
+    tails = set()  # the prompts' last tokens of each step with verify rows
+    forward = engine.runner.forward
+
+    def rows(batch):
+        if any(batch.drafts_of(i) for i in range(len(batch.decode))):
+            tails.add(sum(c.tokens == 1 and c.seq.cached + 1 == len(c.seq.prompt)
+                          for c in batch.chunks))
+        return forward(batch)
+    engine.runner.forward = rows
+    assert warm_up(engine, 256, 1024) is not None
+    assert {1, 2} <= tails, tails
+
 
 def test_a_spec_mtp_engine_serves_after_its_warm_up_as_a_fresh_one():
     """The MTP head's rows, the policy and the counters after the warm-up's forced-policy
@@ -258,8 +303,10 @@ def test_after_the_warm_up_a_spec_mtp_burst_compiles_nothing():
     gen = torch.Generator().manual_seed(5)
     prompts = [tuple(torch.randint(3, 120, (250 + 13 * i,), generator=gen).tolist())
                for i in range(8)]
+    # the tiny artifact's preset has neither penalties nor top-k: `warm_up_sampling`'s
     samplings = (SamplingParams(temperature=0.0, presence_penalty=1.5),
-                 SamplingParams(temperature=0.8, top_k=20, seed=1))
+                 SamplingParams(temperature=0.8, top_k=20, seed=1),
+                 SamplingParams(temperature=0.8, top_k=50, frequency_penalty=0.5, seed=2))
 
     def burst():
         for sampling in samplings:
