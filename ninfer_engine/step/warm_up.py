@@ -75,9 +75,8 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     requests.serve(long, SERVED_TOKENS, ((BESIDE_DECODE,),))
     spec = engine.speculator
     late = ((BESIDE_DECODE,), TOGETHER)
-    prompts = (*SHORT, BESIDE_DECODE, *TOGETHER)
-    if spec is not None and room >= sum(prompts) + len(prompts) * (
-            PAGE_ROUNDING + SPECULATED_TOKENS):
+    live = (*SHORT, *TOGETHER)  # the most requests at once (a late group waits for the last)
+    if spec is not None and room >= sum(live) + len(live) * (PAGE_ROUNDING + SPECULATED_TOKENS):
         # the short requests again, every step drafted, then none: the rows the policy
         # keeps plain in traffic take lookahead steps with pending penalties, and past
         # `SPILL` positions an MTP head's eager run of their committed pairs; the late
