@@ -6,7 +6,8 @@ each specialisation: one prompt, several prompts in one step (varlen), a chunk o
 earlier chunk, a chunk beside decode rows. On the H200 the first step of each kind stalled the
 server ~2 s (27B shape: the first request's TTFT 2.2 s, then the first burst of 8 again).
 `warm_up(engine)` sends four small requests through the engine's own path covering those
-kinds and steps them to the end before the engine serves. Two of them sample as served requests
+kinds, then two 2-token prompts together (their first tokens one eager step of one-token rows),
+and steps them to the end before the engine serves. Two of the four sample as served requests
 do (the model preset's penalties, greedy; the preset's sampling, seeded), so the sampling
 kernels a first request needs (penalties, top-k) compile here too: on the H200 the first served
 request took 2.5 s to its first token, the next 72 ms. Last, the model compiles what those
@@ -50,6 +51,10 @@ BESIDE_DECODE = max(PROMPT_ROWS) + 3
 # several-row GEMV, the batched decode attention), which the first `--spec mtp` burst on the
 # H200 compiled in traffic (0.15-0.37 s each); the first one's last token runs there alone
 TOGETHER = (BESIDE_DECODE + 2, BESIDE_DECODE + 4)
+# two prompts of two tokens together: a hybrid prompt's first chunk ends a token before its
+# end, so each first token is a one-token row of an eager step (the GDN projections' several-row
+# GEMV, the batched decode attention at position 0), whatever the step's other rows
+FIRST_TOKENS = (2, 2)
 GREEDY_TOKENS = 3  # the greedy requests' output
 SERVED_TOKENS = 8  # the served-sampling requests' output: long enough for lookahead steps
 # under `--spec`, their output in the rounds of forced policies: past the MTP head's spill
@@ -72,7 +77,7 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
         return None
     started = time.monotonic()
     requests = _Requests(engine)
-    requests.serve(long, SERVED_TOKENS, ((BESIDE_DECODE,),))
+    requests.serve(long, SERVED_TOKENS, ((BESIDE_DECODE,), FIRST_TOKENS))
     spec = engine.speculator
     late = ((BESIDE_DECODE,), TOGETHER)
     live = (*SHORT, *TOGETHER)  # the most requests at once (a late group waits for the last)

@@ -120,6 +120,25 @@ def _mtp_engine(artifact, **config) -> Engine:
     return Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024, spec="mtp",
                                draft_tokens=3, **config), artifact)
 
+def test_the_warm_up_runs_an_eager_step_of_several_one_token_rows():
+    """Two 2-token prompts together: a hybrid prompt's first chunk ends a token before its end
+    (`SequenceMemory.chunk_tokens`), so their first tokens are one-token rows of one eager step
+    (the several-row GEMV and decode attention a served burst compiled in traffic)."""
+    from .test_mtp_speculation import MtpArtifact
+
+    engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024, max_concurrency=4,
+                                 prefill_chunk=256, cuda_dtype="fp32"), MtpArtifact("qwen3_5_moe"))
+    firsts = []  # the one-token first chunks of each step
+    forward = engine.runner.forward
+
+    def rows(batch):
+        firsts.append(sum(c.tokens == 1 and c.seq.cached == 0 for c in batch.chunks))
+        return forward(batch)
+    engine.runner.forward = rows
+    assert warm_up(engine, 256, 1024) is not None
+    assert max(firsts) >= 2, firsts
+
+
 def test_under_spec_mtp_the_warm_up_runs_last_prompt_tokens_beside_verify_rows():
     """A hybrid prompt's last token runs one step after the rest (`SequenceMemory.
     chunk_tokens`); beside verify rows it is an eager step: the warm-up runs one such token
