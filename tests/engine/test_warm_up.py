@@ -58,7 +58,6 @@ def test_warm_up_runs_each_prompt_step_kind(monkeypatch):
     assert not engine.scheduler.running and not list(engine.scheduler.queued())
 
 
-
 def test_under_spec_the_warm_up_serves_its_short_requests_drafted_then_plain(monkeypatch):
     """With a speculator the short requests run again under each forced policy, decoding past
     the MTP head's spill, and the served policy is back afterwards."""
@@ -86,8 +85,6 @@ def test_under_spec_the_warm_up_serves_its_short_requests_drafted_then_plain(mon
     assert spec.policy is served and type(served) is SpecPolicy
     assert longest[AlwaysSpeculate] > SPILL and longest[NeverSpeculate] > SPILL
     assert not engine.scheduler.running and not list(engine.scheduler.queued())
-
-
 
 
 def test_the_sampling_warm_up_takes_every_top_k_count_and_both_penalty_variants(monkeypatch):
@@ -120,6 +117,20 @@ def _mtp_engine(artifact, **config) -> Engine:
     return Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024, spec="mtp",
                                draft_tokens=3, **config), artifact)
 
+
+def _warmed_steps(engine, of) -> list:
+    """`of(batch)` for each step the warm-up runs on `engine` (chunks of 256, 1,024 tokens of
+    room)."""
+    seen, forward = [], engine.runner.forward
+
+    def rows(batch):
+        seen.append(of(batch))
+        return forward(batch)
+    engine.runner.forward = rows
+    assert warm_up(engine, 256, 1024) is not None
+    return seen
+
+
 def test_the_warm_up_runs_an_eager_step_of_several_one_token_rows():
     """Two 2-token prompts together: a hybrid prompt's first chunk ends a token before its end
     (`SequenceMemory.chunk_tokens`), so their first tokens are one-token rows of one eager step
@@ -128,14 +139,8 @@ def test_the_warm_up_runs_an_eager_step_of_several_one_token_rows():
 
     engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024, max_concurrency=4,
                                  prefill_chunk=256, cuda_dtype="fp32"), MtpArtifact("qwen3_5_moe"))
-    firsts = []  # the one-token first chunks of each step
-    forward = engine.runner.forward
-
-    def rows(batch):
-        firsts.append(sum(c.tokens == 1 and c.seq.cached == 0 for c in batch.chunks))
-        return forward(batch)
-    engine.runner.forward = rows
-    assert warm_up(engine, 256, 1024) is not None
+    firsts = _warmed_steps(engine, lambda batch: sum(c.tokens == 1 and c.seq.cached == 0
+                                                     for c in batch.chunks))
     assert max(firsts) >= 2, firsts
 
 
@@ -145,19 +150,15 @@ def test_under_spec_mtp_the_warm_up_runs_last_prompt_tokens_beside_verify_rows()
     alone and two together (a burst's several-row variants, compiled in traffic before)."""
     from .test_mtp_speculation import MtpArtifact
 
+    def tails(batch):  # the prompts' last tokens of a step with verify rows
+        if any(batch.drafts_of(i) for i in range(len(batch.decode))):
+            return sum(c.tokens == 1 and c.seq.cached + 1 == len(c.seq.prompt)
+                       for c in batch.chunks)
+        return None
     engine = _mtp_engine(MtpArtifact("qwen3_5_moe"), max_concurrency=4, prefill_chunk=256,
                          cuda_dtype="fp32")
-    tails = set()  # the prompts' last tokens of each step with verify rows
-    forward = engine.runner.forward
-
-    def rows(batch):
-        if any(batch.drafts_of(i) for i in range(len(batch.decode))):
-            tails.add(sum(c.tokens == 1 and c.seq.cached + 1 == len(c.seq.prompt)
-                          for c in batch.chunks))
-        return forward(batch)
-    engine.runner.forward = rows
-    assert warm_up(engine, 256, 1024) is not None
-    assert {1, 2} <= tails, tails
+    seen = set(_warmed_steps(engine, tails))
+    assert {1, 2} <= seen, seen
 
 
 def test_a_spec_mtp_engine_serves_after_its_warm_up_as_a_fresh_one():
@@ -322,7 +323,8 @@ def test_after_the_warm_up_a_spec_mtp_burst_compiles_nothing():
     gen = torch.Generator().manual_seed(5)
     prompts = [tuple(torch.randint(3, 120, (250 + 13 * i,), generator=gen).tolist())
                for i in range(8)]
-    # the tiny artifact's preset has neither penalties nor top-k: `warm_up_sampling`'s
+    # penalties and top-k, which the tiny artifact's preset lacks: `warm_up_sampling` compiles
+    # them whatever the preset
     samplings = (SamplingParams(temperature=0.0, presence_penalty=1.5),
                  SamplingParams(temperature=0.8, top_k=20, seed=1),
                  SamplingParams(temperature=0.8, top_k=50, frequency_penalty=0.5, seed=2))
