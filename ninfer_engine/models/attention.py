@@ -180,13 +180,16 @@ def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
-def warm_up_paged_prefill(storage: KvStorage, heads: int) -> None:
+def warm_up_paged_attention(storage: KvStorage, heads: int) -> None:
     """Compile the paged prefill kernel's variants a prompt step can take whatever its rows'
     lengths: 16- and 64-query tiles, each with its pages split over the SMs and not, for
     several chunks (varlen) and for one (a sequence's own attention, `gated_attention`). The
     warm-up's short steps all split; a burst of eight 1K prompts then compiled the unsplit
     64-row variant in traffic (0.76 s on the H200), and the H100's compiled the one-chunk
-    unsplit 64-row one. Reads two pages of layer 0, writes none."""
+    unsplit 64-row one. Then the decode kernel as an eager step of one-token rows launches it
+    (`attend_paged`: an int64 table, int32 lengths; the decode graphs' launch differs), which
+    a `--spec mtp` burst compiled in traffic (0.37 s on the H200). Reads two pages of layer 0,
+    writes none."""
     if storage.device.type != "cuda" or not storage.kernel_layout:
         return
     k_pages, v_pages = storage.page_view(storage.k[0]), storage.page_view(storage.v[0])
@@ -202,3 +205,7 @@ def warm_up_paged_prefill(storage: KvStorage, heads: int) -> None:
                                         storage.dim ** -0.5, splits=splits)
             paged_prefill_triton(q, k_pages, v_pages, table[0], storage.page_tokens,
                                  storage.dim ** -0.5, splits=splits)
+    q = torch.zeros(2, heads, storage.dim, dtype=storage.dtype, device=storage.device)
+    lengths = torch.tensor([1, 2], dtype=torch.int32, device=storage.device)
+    paged_attention_triton(q, k_pages, v_pages, table.expand(2, -1).contiguous(), lengths,
+                           max_seq_len=2)

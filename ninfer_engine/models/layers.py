@@ -93,6 +93,28 @@ class Linear:
         return torch.matmul(x, self.weight) if self.k_major else F.linear(x, self.weight)
 
 
+def warm_up_few_rows(linears, dtype: torch.dtype, device: torch.device) -> int:
+    """Run each distinct packed weight of `linears` at one and two rows: the GEMV kernels'
+    variants of an eager step's few rows (Triton tells row counts apart only by `== 1` and
+    `% 16`), which the decode graphs' fused kernels do not run. A `--spec mtp` burst on the
+    H100 and the H200 compiled the GDN's `a` and `b` projections' several-row variants in
+    traffic (0.15-0.23 s each). Returns how many weights ran."""
+    shapes = set()
+    for linear in linears:
+        weight = linear.weight
+        if not isinstance(weight, PackedMatrix):  # dense: cuBLAS, nothing compiles
+            continue
+        # a fused group's member is a view: its planes' alignment is part of the variant
+        key = (weight.shape, tuple((b.fmt, b.rows, *(p.data_ptr() % 16 for p in b.planes))
+                                   for b in weight.blocks))
+        if key in shapes:
+            continue
+        shapes.add(key)
+        for rows in (1, 2):
+            linear(torch.zeros(rows, weight.shape[1], dtype=dtype, device=device))
+    return len(shapes)
+
+
 class RotaryEmbedding:
     """NeoX split-half RoPE over the full head (`rotate_half`), cos/sin tables grown on demand."""
 

@@ -25,7 +25,7 @@ from ..parallel.group import SINGLE, RankGroup
 from .gated_attention import (GatedAttention, KVCache, PartialRope, add_zero_centred_rms_norm,
                               zero_centred_rms_norm)
 from .gdn import GatedDeltaNet, GDNState
-from .layers import Linear
+from .layers import Linear, warm_up_few_rows
 from .moe import SparseMoE
 from .packed import prefill_fp8
 from .swiglu import SwiGLU
@@ -157,10 +157,13 @@ class Qwen35Model:
 
     def warm_up_kernels(self) -> bool:
         """Compile what the engine's warm-up requests may not reach: the grouped expert
-        kernels' row tiles (`SparseMoE.warm_up`), once; the layers share their variants.
-        False: no layer runs those kernels (nothing to compile)."""
+        kernels' row tiles (`SparseMoE.warm_up`), once (the layers share their variants), and
+        the mixers' packed projections at few rows (`warm_up_few_rows`). False: neither runs
+        a kernel (nothing to compile)."""
+        projections = [p for b in self.blocks for p in getattr(b.mixer, "projections", ())]
+        few_rows = warm_up_few_rows(projections, self.dtype, self.device) > 0
         return any(isinstance(b.ffn, SparseMoE) and b.ffn.warm_up(self.dtype, self.device)
-                   for b in self.blocks)
+                   for b in self.blocks) or few_rows
 
     @property
     def vocab_size(self) -> int:

@@ -11,8 +11,9 @@ and steps them to the end before the engine serves. Two of the four sample as se
 do (the model preset's penalties, greedy; the preset's sampling, seeded), so the sampling
 kernels a first request needs (penalties, top-k) compile here too: on the H200 the first served
 request took 2.5 s to its first token, the next 72 ms. Last, the model compiles what those
-requests' lengths may not reach (`warm_up_kernels`: the grouped expert kernels' row tiles;
-`warm_up_paged_prefill`: the attention's launches with unsplit pages), and the sampler what
+requests' lengths may not reach (`warm_up_kernels`: the grouped expert kernels' row tiles, the
+mixers' projections at few rows; `warm_up_paged_attention`: the attention's launches with
+unsplit pages, the decode kernel as an eager step launches it), and the sampler what
 their settings may not (`warm_up_sampling`: penalties and every top-k candidate count). Under
 `--spec` the short requests run twice more, every step drafted and then none (the policy's two
 extremes), for longer than the MTP head's spill, with late prompts whose last tokens run beside
@@ -28,7 +29,7 @@ import time
 
 import torch
 
-from ..models.attention import warm_up_paged_prefill
+from ..models.attention import warm_up_paged_attention
 from ..types import GenerationRequest, SamplingParams
 from .decode_graphs import PROMPT_ROWS
 from .mtp_drafter import SPILL
@@ -94,10 +95,10 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     if engine.model.device.type == "cuda":
         warm_up_sampling(engine.model)
     kernels = getattr(engine.model, "warm_up_kernels", None)
-    if kernels is not None:  # what the requests' lengths may not reach (the MoE's row tiles)
+    if kernels is not None:  # what the requests' rows may not reach (row tiles, few-row GEMVs)
         kernels()
-    # nor their short steps: the paged prefill's unsplit launches
-    warm_up_paged_prefill(engine.memory.storage, engine.model.query_heads)
+    # nor their short steps: the paged prefill's unsplit launches, the eager decode launch
+    warm_up_paged_attention(engine.memory.storage, engine.model.query_heads)
     seconds = time.monotonic() - started
     log.info("warm-up: prompt steps of every kind run once in %.1f s", seconds)
     return seconds

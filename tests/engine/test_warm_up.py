@@ -267,7 +267,7 @@ def test_after_the_warm_up_long_prompts_arriving_together_compile_nothing():
     """Eight prompts of 300 tokens in one step give the paged prefill kernel at least 5 query
     tiles × 7 rows × 4 heads = 140 programs, an SM's worth each (`paged_prefill.SMS` = 132):
     their pages are not split, a launch the warm-up's short steps never took (it compiled in
-    the H200's first burst of eight 1K prompts, 0.76 s) until `warm_up_paged_prefill` ran it."""
+    the H200's first burst of eight 1K prompts, 0.76 s) until `warm_up_paged_attention` ran it."""
     config, source = build_synthetic("tiny-moe", "cuda", torch.bfloat16, 4)
     model = Qwen35Model(config, FusedParams(config, source))
     engine = engine_step.bench_engine(model, "tiny-moe", config, 8, 2048)
@@ -333,3 +333,50 @@ def test_after_the_warm_up_a_spec_mtp_burst_compiles_nothing():
         for sampling in samplings:
             _run(engine, prompts, SPILL + 24, sampling)
     assert _compiles_then_stop(engine, burst) == []
+
+
+def _packed_tiny_model(device: str):
+    """The tiny MoE hybrid (2 layers: GDN and gated attention) with fp8-row projections."""
+    from ninfer_engine.benchmark.footprint import packed_source
+
+    config, source = build_synthetic("tiny-moe", device, torch.bfloat16, 2)
+    return Qwen35Model(config, FusedParams(config, packed_source(source, "fp8-row")))
+
+
+def test_the_few_row_warm_up_runs_every_packed_projection_shape_at_one_and_two_rows(
+        monkeypatch):
+    """`warm_up_few_rows` over the mixers' projections: each distinct packed weight (shape,
+    encodings, planes' alignment) at one and two rows, dense ones not at all."""
+    from ninfer_engine.models.layers import warm_up_few_rows
+    from ninfer_engine.models.packed import PackedMatrix
+
+    model = _packed_tiny_model("cpu")
+    projections = [p for b in model.blocks for p in getattr(b.mixer, "projections", ())]
+    packed = {(p.weight.shape, tuple(b.fmt for b in p.weight.blocks)) for p in projections
+              if isinstance(p.weight, PackedMatrix)}
+    # fp8-row, among them the GDN's 4-head a and b projections (the shape traffic compiled)
+    assert ((4, 64), ("fp8_e4m3fn_row_bf16",)) in packed, packed
+    seen = []
+    linear = PackedMatrix.linear
+
+    def spy(weight, x, fp8_act=False):
+        seen.append(((weight.shape, tuple(b.fmt for b in weight.blocks)), x.shape[0]))
+        return linear(weight, x, fp8_act)
+    monkeypatch.setattr(PackedMatrix, "linear", spy)
+    assert warm_up_few_rows(projections, model.dtype, model.device) >= len(packed)
+    assert {(key, rows) for key in packed for rows in (1, 2)} == set(seen)
+
+
+@CUDA
+@fresh_process
+@torch.inference_mode()
+def test_after_the_kernel_warm_up_an_eager_step_of_few_rows_compiles_no_projection():
+    """After `Qwen35Model.warm_up_kernels`, the mixers' packed projections at 3 and 7 rows (an
+    eager step of one-token rows beside verify rows) compile nothing: a `--spec mtp` burst on
+    the H100 and the H200 compiled the GDN's `a` and `b` projections' variants in traffic."""
+    model = _packed_tiny_model("cuda")
+    projections = [p for b in model.blocks for p in getattr(b.mixer, "projections", ())]
+    assert model.warm_up_kernels()
+    calls = [(p, torch.randn(n, p.weight.shape[1], dtype=torch.bfloat16, device="cuda"))
+             for p in projections for n in (3, 7)]
+    assert _compiles_while(lambda: [p(x) for p, x in calls]) == []
