@@ -6,9 +6,11 @@
 # tokens (contexts past the first bucket), then any graph captured and any Triton variant
 # compiled in traffic. TESTS=0 skips (1). TREE: a carried tree whose packages come first on the
 # path (`git archive <commit> ninfer_engine | tar -x -C .old`), its log and bursts tagged TREE.
-#   OUT=/tmp/o [TESTS=0] [TREE=.old] bash bench/start_capture_device.sh
+# TRACE=1: each step's rows and each eager forward's in the log (`bench/trace_rows`), then the
+# warm-up's eager steps of few one-token rows and the steps before each compile in traffic.
+#   OUT=/tmp/o [TESTS=0] [TREE=.old] [TRACE=1] bash bench/start_capture_device.sh
 source bench/device_env.sh
-export PYTHONPATH=${TREE:+$PWD/$TREE:}$PWD:/tmp/site
+export PYTHONPATH=${TRACE:+$PWD/bench/trace_rows:}${TREE:+$PWD/$TREE:}$PWD:/tmp/site
 TAG=${TREE:+-${TREE#.}}
 nvidia-smi --query-gpu=name --format=csv,noheader
 [ "${TESTS:-1}" = 1 ] && gpu_tests 210 tests/engine/test_mtp_round.py \
@@ -38,5 +40,12 @@ echo "graphs captured in traffic: $(tail -n +"$((ready + 1))" "$LOG" | grep -c '
 tail -n +"$((ready + 1))" "$LOG" | grep 'captured the' | cut -c1-200 | head -5
 echo "Triton variants compiled in traffic: $(grep -c 'Triton compiled' "$LOG")"
 grep 'Triton compiled' "$LOG" | cut -c1-400 | head -8
+if [ -n "$TRACE" ]; then
+  echo "warm-up's eager steps of few rows with a one-token row (count, rows):"
+  head -n "$ready" "$LOG" | grep 'trace eager' | sed 's/.*rows //' | grep '(1, ' \
+    | awk 'length($0) < 90' | sort | uniq -c | sort -rn | head -12
+  echo "the steps before each compile in traffic:"
+  tail -n +"$((ready + 1))" "$LOG" | grep -B4 'Triton compiled' | grep 'trace' | cut -c24-200
+fi
 echo "done at $SECONDS s"
 pack_results
