@@ -16,10 +16,9 @@ mixers' projections at few rows; `warm_up_paged_attention`: the attention's laun
 unsplit pages, the decode kernel as an eager step launches it), and the sampler what
 their settings may not (`warm_up_sampling`: penalties and every top-k candidate count). Under
 `--spec` the short requests run twice more, every step drafted and then none (the policy's two
-extremes), for longer than the MTP head's spill, with late prompts whose last tokens run beside
-verify rows, alone and together: the first `--spec mtp` burst on the H100 compiled the plain
-rows' kernels (pending penalties, the head's eager pairs and drafts) in traffic, 0.8-1.35 s,
-and on the H200 the several last tokens' eager step, 0.15-0.37 s a kernel.
+extremes), for longer than the MTP head's spill: the first `--spec mtp` burst on the H100
+compiled the plain rows' kernels (pending penalties, the head's eager pairs and drafts) in
+traffic, 0.8-1.35 s.
 """
 from __future__ import annotations
 
@@ -47,15 +46,11 @@ SHORT = (77, 93)
 # is an eager step of few rows (the gated GDN norm's small-launch variant, which a lone prompt
 # of 65-127 tokens compiled in traffic: the steps above are thousands of rows)
 BESIDE_DECODE = max(PROMPT_ROWS) + 3
-# under `--spec`, two more arriving together after it: their prompts' last tokens then run in
-# one step beside verify rows, an eager step of several one-token rows (the GDN projections'
-# several-row GEMV, the batched decode attention), which the first `--spec mtp` burst on the
-# H200 compiled in traffic (0.15-0.37 s each); the first one's last token runs there alone
-TOGETHER = (BESIDE_DECODE + 2, BESIDE_DECODE + 4)
 # two prompts of two tokens together: a hybrid prompt's first chunk ends a token before its
 # end, so each first token is a one-token row of an eager step (the GDN projections' several-row
 # GEMV, the batched decode attention at position 0), whatever the step's other rows
 FIRST_TOKENS = (2, 2)
+LATE = ((BESIDE_DECODE,), FIRST_TOKENS)  # the late groups, each once the one before it ended
 GREEDY_TOKENS = 3  # the greedy requests' output
 SERVED_TOKENS = 8  # the served-sampling requests' output: long enough for lookahead steps
 # under `--spec`, their output in the rounds of forced policies: past the MTP head's spill
@@ -78,19 +73,17 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
         return None
     started = time.monotonic()
     requests = _Requests(engine)
-    requests.serve(long, SERVED_TOKENS, ((BESIDE_DECODE,), FIRST_TOKENS))
+    requests.serve(long, SERVED_TOKENS)
     spec = engine.speculator
-    late = ((BESIDE_DECODE,), TOGETHER)
-    live = (*SHORT, *TOGETHER)  # the most requests at once (a late group waits for the last)
+    live = (*SHORT, BESIDE_DECODE)  # the most requests at once (the late groups one by one)
     if spec is not None and room >= sum(live) + len(live) * (PAGE_ROUNDING + SPECULATED_TOKENS):
         # the short requests again, every step drafted, then none: the rows the policy
         # keeps plain in traffic take lookahead steps with pending penalties, and past
-        # `SPILL` positions an MTP head's eager run of their committed pairs; the late
-        # prompts' last tokens beside verify rows, alone and together
+        # `SPILL` positions an MTP head's eager run of their committed pairs
         policy = spec.policy
         for forced in (AlwaysSpeculate(), NeverSpeculate()):
             spec.policy = forced
-            requests.serve(0, SPECULATED_TOKENS, late)
+            requests.serve(0, SPECULATED_TOKENS)
         spec.policy = policy
     if engine.model.device.type == "cuda":
         warm_up_sampling(engine.model)
@@ -137,15 +130,15 @@ class _Requests:
         self.penalized = dataclasses.replace(preset, temperature=0.0)  # a served `temperature: 0`
         self.sampled = dataclasses.replace(preset, temperature=preset.temperature or 1.0, seed=0)
 
-    def serve(self, long: int, served_tokens: int, late: tuple[tuple[int, ...], ...]) -> None:
-        """The long prompt (none where `long` is 0) and the short ones, then the `late` groups
+    def serve(self, long: int, served_tokens: int) -> None:
+        """The long prompt (none where `long` is 0) and the short ones, then the `LATE` groups
         of prompts beside their decode rows, each group once the first ones are prefilled and
         the group before it has ended (a group's rows beside the short ones' within the
         concurrency); the short ones' output `served_tokens` each."""
         first = [self._add(long)] if long else []
         first += [self._add(n, sampling, served_tokens)
                   for n, sampling in zip(SHORT, (self.penalized, self.sampled))]
-        waiting, group = list(late), []
+        waiting, group = list(LATE), []
         for _ in range(MAX_STEPS):  # bounded: a handful of steps past the outputs in practice
             if (waiting and all(s.prefill_done for s in first)
                     and all(s.finish_reason for s in group)):

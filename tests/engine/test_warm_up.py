@@ -144,23 +144,6 @@ def test_the_warm_up_runs_an_eager_step_of_several_one_token_rows():
     assert max(firsts) >= 2, firsts
 
 
-def test_under_spec_mtp_the_warm_up_runs_last_prompt_tokens_beside_verify_rows():
-    """A hybrid prompt's last token runs one step after the rest (`SequenceMemory.
-    chunk_tokens`); beside verify rows it is an eager step: the warm-up runs one such token
-    alone and two together (a burst's several-row variants, compiled in traffic before)."""
-    from .test_mtp_speculation import MtpArtifact
-
-    def tails(batch):  # the prompts' last tokens of a step with verify rows
-        if any(batch.drafts_of(i) for i in range(len(batch.decode))):
-            return sum(c.tokens == 1 and c.seq.cached + 1 == len(c.seq.prompt)
-                       for c in batch.chunks)
-        return None
-    engine = _mtp_engine(MtpArtifact("qwen3_5_moe"), max_concurrency=4, prefill_chunk=256,
-                         cuda_dtype="fp32")
-    seen = set(_warmed_steps(engine, tails))
-    assert {1, 2} <= seen, seen
-
-
 def test_a_spec_mtp_engine_serves_after_its_warm_up_as_a_fresh_one():
     """The MTP head's rows, the policy and the counters after the warm-up's forced-policy
     rounds leave nothing behind: the same greedy requests come out of a warmed engine as out
