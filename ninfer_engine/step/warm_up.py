@@ -75,8 +75,8 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
     requests = _Requests(engine)
     requests.serve(long, SERVED_TOKENS)
     spec = engine.speculator
-    live = (*SHORT, BESIDE_DECODE)  # the most requests at once (the late groups one by one)
-    if spec is not None and room >= sum(live) + len(live) * (PAGE_ROUNDING + SPECULATED_TOKENS):
+    if spec is not None and room >= sum(SHORT) + BESIDE_DECODE + (1 + len(SHORT)) * (
+            PAGE_ROUNDING + SPECULATED_TOKENS):  # (the late groups are live one by one)
         # the short requests again, every step drafted, then none: the rows the policy
         # keeps plain in traffic take lookahead steps with pending penalties, and past
         # `SPILL` positions an MTP head's eager run of their committed pairs
@@ -105,18 +105,18 @@ def warm_up_sampling(model) -> None:
     penalties or a top_k that the preset lacks compiled them in traffic (0.24 s each)."""
     vocab = model.vocab_size
     counts = [1 << i for i in range(TOPK_CAP.bit_length()) if 1 << i <= vocab]
+    penalized = Sampler(SamplingParams(temperature=0.0, presence_penalty=1.0))
+    penalized.record(0)  # (a row without counted tokens is not penalized)
+    others = [Sampler(SamplingParams(temperature=1.0, top_p=0.9, seed=0)),  # sorted, plain
+              Sampler(SamplingParams(temperature=1.0, seed=0))]
     for dtype in dict.fromkeys((model.dtype, torch.float32)):
         logits = torch.randn(4, vocab, dtype=dtype, device=model.device)
         pending = None
         for k in counts:
-            penalized = Sampler(SamplingParams(temperature=0.0, presence_penalty=1.0))
-            penalized.record(0)
-            rows = [penalized, Sampler(SamplingParams(temperature=1.0, top_k=k, seed=0)),
-                    Sampler(SamplingParams(temperature=1.0, top_p=0.9, seed=0)),
-                    Sampler(SamplingParams(temperature=1.0, seed=0))]
-            picked = pick_rows(logits, rows, pending)
-            picked.values()
+            top_k = Sampler(SamplingParams(temperature=1.0, top_k=k, seed=0))
+            picked = pick_rows(logits, [penalized, top_k, *others], pending)
             pending = None if pending is not None else picked.tokens  # both penalty variants
+        picked.values()  # (the launches compiled as they were queued; one wait a dtype)
 
 
 class _Requests:

@@ -118,19 +118,6 @@ def _mtp_engine(artifact, **config) -> Engine:
                                draft_tokens=3, **config), artifact)
 
 
-def _warmed_steps(engine, of) -> list:
-    """`of(batch)` for each step the warm-up runs on `engine` (chunks of 256, 1,024 tokens of
-    room)."""
-    seen, forward = [], engine.runner.forward
-
-    def rows(batch):
-        seen.append(of(batch))
-        return forward(batch)
-    engine.runner.forward = rows
-    assert warm_up(engine, 256, 1024) is not None
-    return seen
-
-
 def test_the_warm_up_runs_an_eager_step_of_several_one_token_rows():
     """Two 2-token prompts together: a hybrid prompt's first chunk ends a token before its end
     (`SequenceMemory.chunk_tokens`), so their first tokens are one-token rows of one eager step
@@ -139,8 +126,14 @@ def test_the_warm_up_runs_an_eager_step_of_several_one_token_rows():
 
     engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=1024, max_concurrency=4,
                                  prefill_chunk=256, cuda_dtype="fp32"), MtpArtifact("qwen3_5_moe"))
-    firsts = _warmed_steps(engine, lambda batch: sum(c.tokens == 1 and c.seq.cached == 0
-                                                     for c in batch.chunks))
+    firsts = []  # the one-token first chunks of each step
+    forward = engine.runner.forward
+
+    def rows(batch):
+        firsts.append(sum(c.tokens == 1 and c.seq.cached == 0 for c in batch.chunks))
+        return forward(batch)
+    engine.runner.forward = rows
+    assert warm_up(engine, 256, 1024) is not None
     assert max(firsts) >= 2, firsts
 
 
@@ -263,6 +256,14 @@ def test_after_the_warm_up_long_prompts_arriving_together_compile_nothing():
     assert _compiles_then_stop(engine, burst) == []
 
 
+def _packed_tiny_model(device: str):
+    """The tiny MoE hybrid (2 layers: GDN and gated attention) with fp8-row projections."""
+    from ninfer_engine.benchmark.footprint import packed_source
+
+    config, source = build_synthetic("tiny-moe", device, torch.bfloat16, 2)
+    return Qwen35Model(config, FusedParams(config, packed_source(source, "fp8-row")))
+
+
 @CUDA
 @fresh_process
 @torch.inference_mode()
@@ -271,12 +272,11 @@ def test_after_the_kernel_warm_up_every_expert_row_tile_is_compiled():
     (`moe_grouped.ROW_TILES`): a prompt step of any length then compiles none. On the H200's
     35B-A3B shape the warm-up requests' steps took 16- and 128-row tiles only, and the first
     8x120 burst compiled the 64-row variants in traffic (1.1 s)."""
-    from ninfer_engine.benchmark.footprint import packed_source
     from ninfer_engine.kernels.moe_grouped import row_tile
     from ninfer_engine.models.moe import SparseMoE
 
-    config, source = build_synthetic("tiny-moe", "cuda", torch.bfloat16, 2)
-    model = Qwen35Model(config, FusedParams(config, packed_source(source, "fp8-row")))
+    model = _packed_tiny_model("cuda")
+    config = model.config
     moe = next(b.ffn for b in model.blocks if isinstance(b.ffn, SparseMoE))
     experts, slots = config["num_experts"] + 1, config["num_experts_per_tok"] + 1
     lengths = (40, 100, 500)  # the shared expert is one more slot of one more stacked expert
@@ -316,14 +316,6 @@ def test_after_the_warm_up_a_spec_mtp_burst_compiles_nothing():
         for sampling in samplings:
             _run(engine, prompts, SPILL + 24, sampling)
     assert _compiles_then_stop(engine, burst) == []
-
-
-def _packed_tiny_model(device: str):
-    """The tiny MoE hybrid (2 layers: GDN and gated attention) with fp8-row projections."""
-    from ninfer_engine.benchmark.footprint import packed_source
-
-    config, source = build_synthetic("tiny-moe", device, torch.bfloat16, 2)
-    return Qwen35Model(config, FusedParams(config, packed_source(source, "fp8-row")))
 
 
 def test_the_few_row_warm_up_runs_every_packed_projection_shape_at_one_and_two_rows(
