@@ -144,11 +144,17 @@ class DecodeGraphs:
         self._q_len = 1 + max(map(len, drafts))
         return d.step(sum(map(len, drafts)) + len(drafts))
 
-    def keep(self, seqs: list[Sequence], kept: list[int]) -> None:
-        """After `verify`: row i keeps its first `kept[i]` tokens (1 ≤ kept ≤ 1 + k, the last
-        sampled token included): its GDN state goes back to the state after them, its K/V past
-        them is left to be overwritten, and `cached` advances by `kept`."""
-        for row, (seq, n) in enumerate(zip(seqs, kept)):
+    def pads(self, seqs: list[Sequence]) -> bool:
+        """Whether `verify` may pad these rows to `max_q` tokens: each lease covers the
+        padding's positions (past it, a page table entry is stale: another sequence's page)."""
+        return all(seq.cache.capacity >= seq.cached + self.decoder.max_q for seq in seqs)
+
+    def keep(self, seqs: list[Sequence], kept: list[int], first: int = 0) -> None:
+        """After `verify`: row `first` + i, `seqs[i]`, keeps its first `kept[i]` tokens (1 ≤
+        kept ≤ 1 + k, the last sampled token included): its GDN state goes back to the state
+        after them, its K/V past them is left to be overwritten, and `cached` advances by
+        `kept`."""
+        for row, (seq, n) in enumerate(zip(seqs, kept), first):
             if n < self._q_len:
                 self.decoder.keep(row, n)
             seq.cached += n

@@ -88,4 +88,10 @@ class StepPrepare:
             if d and not self.memory.grow(seq, seq.cached + 1 + len(d)):
                 d = []  # no pages for the drafts: decode the row plainly
             drafts.append(d)
-        return dataclasses.replace(batch, drafts=drafts) if any(drafts) else batch
+        if not any(drafts):
+            return batch
+        for seq, d in zip(batch.decode, drafts):  # the verify graph pads each row to 1 + k
+            if len(d) < self.speculator.k:          # tokens: its lease covers them where it
+                self.memory.grow(seq, min(seq.cached + 1 + self.speculator.k,  # can (`pads`)
+                                          self.max_context))
+        return dataclasses.replace(batch, drafts=drafts)

@@ -140,12 +140,17 @@ class _ModelRunner:
                                     lambda chunks: self._eager(_chunk_work(chunks), sampled))
             if logits is not None:
                 return logits
-        tails = _graph_tails(batch, sampled) if graphs is not None and not longest else []
-        rows = batch.decode + tails  # the graph step's rows
+        ragged = getattr(graphs.decoder, "ragged", False) if graphs is not None else False
+        tails = _graph_tails(batch, sampled) if graphs is not None and not (
+            longest and ragged) else []
+        if longest and tails:  # a verify row each, where its lease covers the padding
+            tails = [seq for seq in tails if graphs.pads([seq])]
+        rows, drafts = batch.decode + tails, drafts + [[] for _ in tails]  # the graph's rows
         if (graphs is None or not rows or not graphs.accepts(rows) or not graphs.verifies(drafts)
-                or (sink is not None and getattr(graphs.decoder, "hidden", None) is None)):
+                or (sink is not None and getattr(graphs.decoder, "hidden", None) is None)
+                or (longest and not ragged and not graphs.pads(rows))):
             return self._eager(_work(batch), sampled)
-        if longest and getattr(graphs.decoder, "ragged", False):  # the CPU step: no padding
+        if longest and ragged:  # the CPU step: no padding
             logits = graphs.verify_rows(rows, drafts)
             self._verified_by_graph = True
         elif not longest:
@@ -154,7 +159,8 @@ class _ModelRunner:
                 for i, seq in enumerate(rows):
                     sink(seq, seq.cached - 1, graphs.decoder.hidden[i: i + 1])
         else:  # every row verifies max_q tokens (one graph a batch size, captured at load);
-            # padding drafts are never accepted (`keep`)
+            # padding drafts are never accepted (`keep`); a prompt's last token is a row
+            # without drafts, settled here (the chain declines such a step)
             q = graphs.decoder.max_q
             out = graphs.verify(rows, [d + [0] * (q - 1 - len(d)) for d in drafts])
             # rows all of max_q tokens are the output as it lies (no copy of [B·q, V] floats)
@@ -166,15 +172,19 @@ class _ModelRunner:
                 # `cached` waits for `keep`: the row's first position
                 for i, (seq, d) in enumerate(zip(rows, drafts)):
                     sink(seq, seq.cached, graphs.decoder.hidden[i * q: i * q + 1 + len(d)])
+            graphs.keep(tails, [1] * len(tails), first=len(batch.decode))
         tailed = set(map(id, tails))
         chunks = [c for c in batch.chunks if id(c.seq) not in tailed]
         if chunks:
             logits = torch.cat([logits, self._eager(_chunk_work(chunks), sampled).to(logits.dtype)])
         if not tails:  # decode rows, then the chunks': `batch.sampled`'s order
             return logits
-        at = {id(seq): i for i, seq in enumerate(
-            rows + [c.seq for c in chunks if id(c.seq) in sampled])}
-        order = [at[id(seq)] for seq in batch.sampled]
+        # each row's logit rows (1 + k for a verify row), taken in `batch.sampled`'s order
+        spans, at = {}, 0
+        for seq, n in zip(rows + [c.seq for c in chunks if id(c.seq) in sampled],
+                          [1 + len(d) for d in drafts] + [1] * len(chunks)):
+            spans[id(seq)], at = range(at, at + n), at + n
+        order = [i for seq in batch.sampled for i in spans[id(seq)]]
         return logits.index_select(0, to_device(order, logits.device, torch.long))
 
     def continues(self, batch: Batch) -> bool:

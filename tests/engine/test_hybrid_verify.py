@@ -13,6 +13,7 @@ import torch
 
 from ninfer_engine.step.decode_graphs import DecodeGraphs
 from ninfer_engine.models.qwen3_5_engine_step import EngineHybridDecoder
+from ninfer_engine.kernels.paged_kv import PAGE
 
 from .test_hybrid_graphs import _model, _prefilled, _rel, _storage, _tols
 
@@ -162,3 +163,79 @@ def test_start_up_capture_includes_the_verify_shape(device):
     # one bucket (the max context, 512): decode, then a 4-token verify, at batch 1 and 2
     assert calls == [(1, 1, 511), (1, 4, 508), (2, 1, 511), (2, 4, 508)]
     assert storage.allocator.free == free
+
+
+@torch.inference_mode()
+def test_a_padded_verify_row_past_its_lease_writes_no_other_sequences_page(device):
+    """A row padded to the verify graph's `max_q` writes K/V at its padding positions too; where
+    its lease ends before them (a row at the end of its lease: the last tokens of its output
+    window), the page table's next entry is stale and may be another sequence's page. The
+    runner then verifies the step eagerly (rows as long as their drafts): the other sequence's
+    stored K/V stay as they were, bit for bit."""
+    from ninfer_engine.step.family_runners import HybridRunner
+    from ninfer_engine.step.scheduler import Batch
+
+    model = _model(False, device)
+    storage, states = _storage(model, "bf16"), model.state_pool(2)
+    gen = torch.Generator().manual_seed(3)
+    other = _prefilled(model, storage, states, torch.randint(0, 512, (70,), generator=gen).tolist())
+    short = _prefilled(model, storage, states, torch.randint(0, 512, (63,), generator=gen).tolist())
+    assert other.cache.pages[0] == 0 and short.cache.capacity == short.cached + 1 == 64
+    assert other.cache.reserve(other.cached + 4)
+    decoder = EngineHybridDecoder(model, storage, states, 2, 512, max_q=4)
+    runner = HybridRunner(model, DecodeGraphs(decoder, device.type == "cuda"))
+    page = slice(0, PAGE)  # `other`'s first page: what `short`'s stale table entry names
+    before = [t[page].clone() for layer in storage.stored() for t in layer]
+    batch = Batch([other, short], [], [other, short], [[1, 2, 3], []])
+    assert runner.forward(batch).shape[0] == 4 + 1
+    runner.keep(batch, [1, 1])
+    after = [t[page] for layer in storage.stored() for t in layer]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@torch.inference_mode()
+def test_a_prompts_last_token_joins_the_verify_graph_as_a_row_without_drafts(device):
+    """A hybrid prompt's last token runs one step after the rest (`_graph_tails`); beside verify
+    rows it is one more row of the verify graph, padded like a row without drafts and settled
+    at once: no eager forward in the step, and the same logits (in `batch.sampled`'s order),
+    positions and states as the eager runner's step."""
+    from types import SimpleNamespace
+
+    from ninfer_engine.step.family_runners import HybridRunner
+    from ninfer_engine.step.scheduler import Batch, Chunk
+
+    from .test_hybrid_graphs import _forward
+
+    model = _model(False, device)
+    _, tol, state_tol = _tols(model, 62 + 3)
+    sides = []
+    for graph in (True, False):
+        storage, states = _storage(model, "bf16"), model.state_pool(3)
+        gen = torch.Generator().manual_seed(11)
+        prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (7, 62, 20)]
+        a, b = (_prefilled(model, storage, states, p) for p in prompts[:2])
+        tail = SimpleNamespace(cache=storage.new_cache(), cached=0, state=states.acquire(),
+                               output=[], rope_delta=0, prompt=prompts[2],
+                               request=SimpleNamespace(media=None, prompt_logprobs=None))
+        _forward(model, tail, prompts[2][:-1])
+        for seq in (a, b, tail):
+            assert seq.cache.reserve(seq.cached + 3)
+        drafts = torch.randint(0, 512, (2,), generator=gen).tolist()
+        decoder = EngineHybridDecoder(model, storage, states, 3, 512, max_q=3)
+        runner = HybridRunner(model, DecodeGraphs(decoder, False) if graph else None)
+        eager = runner._eager
+        runner._eager = lambda work, sampled: calls.append(len(work)) or eager(work, sampled)
+        calls = []
+        batch = Batch([a, b], [Chunk(tail, 1)], [a, b, tail], [drafts, []])
+        logits = runner.forward(batch)
+        assert logits.shape[0] == 3 + 1 + 1
+        runner.keep(batch, [2, 1])
+        sides.append((logits, calls, [s.cached for s in (a, b, tail)],
+                      [s.state.tensors() for s in (a, b, tail)]))
+    (got, calls, cached, state), (want, _, cached_ref, state_ref) = sides
+    assert calls == [] and cached == cached_ref == [7 + 2, 62 + 1, 20]
+    for row in range(5):
+        assert _rel(got[row], want[row]) < tol, row
+    for x, y in zip(state, state_ref):
+        for p, q in zip(x, y):
+            assert _rel(p, q) < state_tol

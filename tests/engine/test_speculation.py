@@ -368,3 +368,32 @@ def test_a_model_free_drafter_leaves_the_runner_without_a_hidden_sink():
         assert not engine.speculator.reads_hidden and engine.runner.hidden_sink is None
     finally:
         engine.stop()
+
+
+def test_a_verify_steps_every_decode_row_leases_the_padding_of_one_plus_k_tokens():
+    """The verify graph pads each decode row of a step with drafts to 1 + k tokens, writing K/V
+    there: past a row's lease the page table names another sequence's page
+    (`DecodeGraphs.pads`). So a step with drafts grows every decode row's lease through
+    `cached + 1 + k` where it can (within the context), a row without drafts included; a
+    step without drafts grows none."""
+    from ninfer_engine.step.prepare import StepPrepare
+    from ninfer_engine.step.scheduler import Batch
+
+    def row(cached, capacity):
+        return SimpleNamespace(cached=cached, output=[1], request=SimpleNamespace(max_tokens=100),
+                               cache=SimpleNamespace(capacity=capacity))
+
+    def grow(seq, tokens):
+        seq.cache.capacity = max(seq.cache.capacity, -(-tokens // 64) * 64)
+        return True
+    # the third row's padding would pass the context: its lease stays (`pads` refuses it)
+    for proposed, grown in (([[1, 2, 3], []], [64, 128, 512]), ([[], []], [64, 64, 512])):
+        rows = [row(10, 64), row(62, 64), row(510, 512)]
+        engine = SimpleNamespace(
+            speculator=SimpleNamespace(k=3, kv_layers=0,
+                                       draft_rows=lambda seqs, rooms: proposed + [[]]),
+            memory=SimpleNamespace(grow=grow), runner=SimpleNamespace(chain=None),
+            _draft_cap=lambda n: None, max_context=512)
+        batch = StepPrepare._draft(engine, Batch(rows, [], list(rows)))
+        assert [seq.cache.capacity for seq in rows] == grown
+        assert batch.drafts == (proposed + [[]] if any(proposed) else [])
