@@ -74,6 +74,7 @@ def main() -> None:
     rows = []
     for n in args.pairs:
         experts = [(3 * j) % E for j in range(n)]  # distinct experts, spread over the stack
+
         def compiled_ms(wide: bool) -> float | None:
             if use_avx512(wide) != wide:
                 return None  # no AVX-512 here

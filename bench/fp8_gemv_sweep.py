@@ -65,7 +65,6 @@ from ninfer_engine.kernels import dequant_gemv_kernels as dgk  # noqa: E402
 from ninfer_engine.models.fused import FUSED  # noqa: E402
 
 
-
 def decode_shapes(arch, tag):
     """{f"{tag}.name": (N, K)}: the GEMVs one decode step of `arch` (artifact/synth.py ARCHS)
     runs on bf16 weights, one per distinct shape: each fused group of models/fused.py

@@ -110,6 +110,7 @@ def markdown(result: dict) -> str:
              "| model: bus + CPU, serial (CPU MB) | measured: bus alone | `auto` | best "
              "| best / all on device |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
     def pct(v: float) -> str:
         return f"{v:.0f} ({v / full:.0%})"
 

@@ -58,6 +58,7 @@ def main() -> None:
                   for w in ws]
         for B in (int(b) for b in args.rows.split(",")):
             x = torch.randn(B, K, device="cuda", dtype=torch.bfloat16)
+
             def operands(w):  # (weight, scale) as dequant_gemv takes them
                 return (w, None) if not args.fp8 else w
             variants = {"engine": lambda w: dequant_gemv(x, *operands(w))}

@@ -40,6 +40,7 @@ from .cost_model import MissCosts
 from .host_compute import HostCompute
 from .slot_cache import SlotMap, SlotPolicy
 
+
 def empty_slots(like: ExpertStack, slots: int, device) -> ExpertStack:
     """`slots` device slots in `like`'s form."""
     w = torch.empty((slots, *like.w.shape[1:]), dtype=like.w.dtype, device=device)

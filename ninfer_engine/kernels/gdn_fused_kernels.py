@@ -133,7 +133,6 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
             tl.store(base + N * NV, beta, mask=jm)
 
 
-
 # one variant for every row count: a decode graph's and a prompt step's
 @triton.jit(do_not_specialize=["n_rows"])
 def _gdn_gated_norm_kernel(o_ptr, z_ptr, w_ptr, out_ptr, at_ptr, n_rows, stride_zb, eps,

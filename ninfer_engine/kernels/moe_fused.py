@@ -184,6 +184,8 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, ids_ptr, y_ptr, s_ptr, I, H, rep,
 # scales (mode 2) were not swept and keep those.
 GATE_UP_TILES = {(0, True): (16, 256, 8), (0, False): (16, 256, 8), (1, True): (16, 256, 8),
                  (1, False): (16, 256, 4), (2, True): (16, 512, 8), (2, False): (16, 512, 8)}
+
+
 def _tile(table, mode, rows, block, block_k, num_warps):
     """The caller's tile where given, else the table's for this scale mode and row count."""
     tb, tk, tw = table[mode, rows == 1]

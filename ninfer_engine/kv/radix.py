@@ -191,6 +191,7 @@ class PrefixTree(Snapshots, HostMoves, Matching):
         tier where there is one; `keep` is spared. Returns pages freed."""
         if self._spent_at == self.allocator.version:
             return 0
+
         def rank(node: Node) -> tuple:
             return (self.recurrent and (node.snapshot or node.host_snapshot) is not None,
                     node.used, id(node), node)

@@ -40,7 +40,6 @@ class _Round:
         return self.read
 
 
-
 class ChainRounds:
     def ahead_drafts(self) -> list[list[int]]:
         """The drafts the round launched ahead verifies, a row each (read with the round

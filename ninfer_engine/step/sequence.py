@@ -20,6 +20,7 @@ from ..types import EngineError, GenerationRequest, TokenEvent, Timings, Usage
 from .sampling import Sampler, sample_rows
 from .spec_overlap import prompt_ngram_overlap
 
+
 class StopFilter:
     """Withholds text that could still become a stop string; reports the first complete one."""
 

@@ -13,8 +13,6 @@ from tests.benchmark.tiny import tiny_config, tiny_source
 from tests.engine.helpers import default_resources
 
 
-
-
 def _fake_rates(monkeypatch, moe: bool = False):
     """The two CUDA-only rates the rooflines divide by, the 2-layer 512-token-vocabulary model
     of `tiny` (the synthetic tiny archs' real vocabulary makes every step's head and sampling

@@ -95,6 +95,7 @@ def test_the_first_token_is_stamped_once_its_step_s_tokens_reached_the_host(arti
         engine.stop()
     assert slept and final.timings.queue_s + final.timings.prefill_s >= 0.3
 
+
 def test_same_tokens_alone_and_batched(artifact):
     engine = _engine(artifact, max_concurrency=3)
     prompts = [PROMPT, PROMPT[:20], tuple(b"abc")]

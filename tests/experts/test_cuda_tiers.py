@@ -130,6 +130,7 @@ def test_reads_in_place_capture_the_step_and_serve_the_copy_steps_tokens(tmp_pat
     bf16 prefills through grouped matmuls, another rounding, so it is compared on the CPU:
     tests/experts/test_in_place.py)."""
     path = write_synthetic("tiny-moe", tmp_path / "moe8.ninfer", recipe="fp8-row")
+
     def admit_on_any_difference(engine):  # 48 steps of 8 experts: LFU's z = 2 seldom admits
         for tier in engine.model.expert_tiers.layers.values():
             tier.map.policy.z = 0.0

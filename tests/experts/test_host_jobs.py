@@ -179,7 +179,6 @@ def test_no_marks_no_jobs():
     assert not jobs.active and jobs.worker is None
 
 
-
 @needs_kernel
 def test_the_job_record_has_the_c_layout():
     assert ctypes.sizeof(MoeJob) == job_size()

@@ -15,6 +15,7 @@ from ninfer_http.app import create_app
 from ninfer_http.context import KEEPALIVE_S
 from ninfer_http.server import RunningServer, start_server
 
+
 @dataclass
 class Reply:
     status: int

@@ -84,7 +84,6 @@ def test_an_image_prompt_at_tp2_gives_tp1s_tokens(two_ranks, vision_path):
     assert all(len(t) == VISION_TOKENS for t in expected)
 
 
-
 @pytest.mark.parametrize("profile", PROFILES)
 def test_each_profiles_flags_start_at_tp2_and_give_tp1s_tokens(two_ranks, paths, profile):
     assert profile in two_ranks, "the two ranks gave no result"
