@@ -40,7 +40,8 @@ def test_the_engine_serves_the_same_with_and_without_the_chain_on_cuda(family, d
                                               "top_k": 20, "presence_penalty": 1.5}, arrange)
 
 
-def _cpu_graph_engine(monkeypatch, artifact, chained: bool, lookahead: bool = False):
+def _cpu_graph_engine(monkeypatch, artifact, chained: bool, lookahead: bool = False,
+                      max_concurrency: int = 1):
     """An engine on the CPU whose decode and verify rows take the hybrid graph step uncaptured
     (the Triton kernels interpreted), with its MTP round and (`chained`) the verify chain: what
     CUDA serves, but for capture. The model is the artifact's in bf16 over `FusedParams`. One
@@ -74,7 +75,7 @@ def _cpu_graph_engine(monkeypatch, artifact, chained: bool, lookahead: bool = Fa
     monkeypatch.setattr(MtpDrafter, "bind_step", bind)
     config = artifact.config("text")
     engine = Engine(EngineConfig(artifact=Path("t.ninfer"), max_context=512, prefill_chunk=16,
-                                 max_concurrency=1, spec="mtp", draft_tokens=K,
+                                 max_concurrency=max_concurrency, spec="mtp", draft_tokens=K,
                                  verify_chain=chained, lookahead=lookahead),
                     artifact, model=Qwen35Model(config, FusedParams(config, source)))
     engine.speculator.policy = AlwaysSpeculate()
@@ -180,3 +181,31 @@ def test_mtp_plain_steps_go_ahead_and_hand_the_drafter_their_hiddens(monkeypatch
     (plain, rounds, none), (tokens, rounds2, ahead) = runs
     assert tokens == plain and rounds > 0 and rounds2 > 0
     assert none == 0 and ahead > 10
+
+
+def test_a_prompts_last_token_beside_verify_rows_runs_in_the_verify_graph(monkeypatch):
+    """Two requests at once under `--spec mtp` (CPU, the graph step uncaptured): the second
+    prompt's last token comes beside the first's verify row and runs as one more row of the
+    verify graph (`runner._graph_tails`), so no step with drafts runs an eager forward (the
+    prompt chunks before it do)."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only: the kernels on CPU tensors need the interpreter (conftest)")
+    from .test_mtp_speculation import MtpArtifact
+    from .test_speculation import _prompts, _run
+
+    engine = _cpu_graph_engine(monkeypatch, MtpArtifact("qwen3_5"), False, max_concurrency=2)
+    runner, steps, eager_in = engine.runner, [], []
+    forward, eager = runner.forward, runner._eager
+
+    def step(batch):
+        tails = [c for c in batch.chunks if c.seq.cached + 1 == len(c.seq.prompt)]
+        steps.append((any(batch.drafts), len(tails)))
+        return forward(batch)
+    runner.forward = step
+    runner._eager = lambda work, sampled: eager_in.append(steps[-1]) or eager(work, sampled)
+    try:
+        _run(engine, _prompts(40)[:2], 8)
+    finally:
+        engine.stop()
+    assert (True, 1) in steps  # a verify step with a prompt's last token
+    assert eager_in and not any(drafted for drafted, _ in eager_in)
