@@ -5,7 +5,8 @@ Qwen3.5 hybrids) runs every row of a step through one eager forward; its GDN lay
 each row's recurrent-state slot in place (the same slot rows the graph step addresses by index:
 nothing to hand over between them). Where `DecodeGraphs` was built (CUDA, bf16) both send a
 step's decode rows through it (static buffers, Triton kernels, CUDA graphs), with them each
-prompt whose last token is all it has left (a decode row fed that token), short prompt chunks
+prompt whose last token is all it has left (a decode row fed that token; beside verify rows
+a verify row without drafts), short prompt chunks
 through the graphs' prompt step (one replay each, `DecodeGraphs.prefill`), and the step's other
 prompt chunks, if any, through the eager forward after them: decode rows keep the graph's rate
 while a prompt is prefilled. On the CPU the compiled llama step takes short prompt chunks too,
@@ -44,8 +45,9 @@ def _graph_tails(batch: Batch, sampled: set[int]) -> list[Sequence]:
     """The sequences of `batch`'s one-token chunks that end their prompt and sample their first
     token (a hybrid prompt's last token runs one step after the rest: `SequenceMemory.
     chunk_tokens`): the decode graph computes such a token as a decode row (its input the
-    prompt's last token, `models.attention.input_token`), not the eager forward (~20 ms for one
-    token on the H200's 8-layer 35B-A3B shape, against a graph step's 1-3 ms). Not a row whose
+    prompt's last token, `models.attention.input_token`; beside verify rows, a verify row
+    without drafts), not the eager forward (~20 ms for one token on the H200's 8-layer 35B-A3B
+    shape, against a graph step's 1-3 ms). Not a row whose
     prompt is scored (it wants the eager logits of every position) or that carries media."""
     return [c.seq for c in batch.chunks
             if c.tokens == 1 and c.seq.cached + 1 == len(c.seq.prompt) and id(c.seq) in sampled
@@ -134,13 +136,12 @@ class _ModelRunner:
         longest = max(map(len, drafts), default=0)
         self._verified_by_graph = False
         sink = self.hidden_sink
-        if (graphs is not None and not longest and sink is None and batch.chunks
-                and getattr(graphs.decoder, "ragged", False)):
+        ragged = graphs is not None and getattr(graphs.decoder, "ragged", False)
+        if ragged and not longest and sink is None and batch.chunks:
             logits = ragged_forward(graphs, batch, sampled,
                                     lambda chunks: self._eager(_chunk_work(chunks), sampled))
             if logits is not None:
                 return logits
-        ragged = getattr(graphs.decoder, "ragged", False) if graphs is not None else False
         tails = _graph_tails(batch, sampled) if graphs is not None and not (
             longest and ragged) else []
         if longest and tails:  # a verify row each, where its lease covers the padding
@@ -148,7 +149,7 @@ class _ModelRunner:
         rows, drafts = batch.decode + tails, drafts + [[] for _ in tails]  # the graph's rows
         if (graphs is None or not rows or not graphs.accepts(rows) or not graphs.verifies(drafts)
                 or (sink is not None and getattr(graphs.decoder, "hidden", None) is None)
-                or (longest and not ragged and not graphs.pads(rows))):
+                or (longest and not ragged and not graphs.pads(batch.decode))):
             return self._eager(_work(batch), sampled)
         if longest and ragged:  # the CPU step: no padding
             logits = graphs.verify_rows(rows, drafts)
