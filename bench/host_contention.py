@@ -8,7 +8,8 @@ each alone and both at once; and what a captured host function costs a step.
   page-locked store of `--experts` (more than the host's L3 holds), each graph its own 8,
   replayed round-robin: GB/s of expert bytes.
 - CPU: `fp8_experts` over 5 distinct experts a call (half a uniform token's top-10), rotating
-  over the same store, `--threads` OpenMP threads: GB/s.
+  over the same store, `--threads` OpenMP threads, a bf16 row as the step stages it (the
+  widest form the CPU runs: the bf16 tables where it has VBMI and BF16): GB/s.
 - Both: the GPU replays queued for as long as the CPU loop runs, each rate over the overlap.
 - Hand-off: a captured graph of 16 tiny kernels against the same graph with a layer's hand-off
   to the worker thread after each (`kernels.host_handoff`, a job with no pairs), and with a
@@ -85,7 +86,7 @@ def main() -> None:
         torch.cuda.synchronize()
         return n * K * expert_bytes / (time.perf_counter() - start) / 1e9
 
-    xc, out = torch.randn(1, H), torch.zeros(1, H)
+    xc, out = torch.randn(1, H).to(torch.bfloat16), torch.zeros(1, H)
 
     def cpu(seconds: float) -> tuple[float, int]:
         calls, start = 0, time.perf_counter()

@@ -65,7 +65,8 @@ def measure(host: tuple[ExpertStack, ExpertStack], slots: tuple[ExpertStack, Exp
     nbytes = sum(s.expert_bytes for s in host)
     rate = nbytes / best(copy)
     hidden = host[1].w.shape[1]
-    compute(torch.zeros(1, hidden), 0)  # warm: a first call also starts the threads' team
-    cpu = tuple((rows, best(lambda rows=rows: compute(torch.zeros(rows, hidden), 0)))
-                for rows in ROWS)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # the step's rows
+    compute(torch.zeros(1, hidden, dtype=dtype), 0)  # warm: a first call also starts the team
+    cpu = tuple((rows, best(lambda rows=rows: compute(torch.zeros(rows, hidden, dtype=dtype),
+                                                      0))) for rows in ROWS)
     return MissCosts(rate, cpu)

@@ -3,10 +3,11 @@
 The base of `tier.LayerTier` (whose `host_gu`, `host_down` and `width` it reads): `cpu_sum`
 gives the weighted sum of (row, expert) pairs over host rows, `cpu_expert` one expert over
 rows (`MissCosts` times it). fp8-row stacks go through the compiled `kernels.cpu_experts`,
-which reads the codes where they are; any other form is decoded exactly into fp32
-(`_host_fp32`: e4m3 codes through a table times their row or group scales, else dequantized)
-for torch. On the GPU the same experts run in the bf16 kernels, so the two differ by the GPU
-side's bf16 rounding.
+which reads the codes where they are (bf16 rows, as a GPU step's are, in its bf16 form: act
+rounded to bf16 between the projections as the device kernels round it); any other form is
+decoded exactly into fp32 (`_host_fp32`: e4m3 codes through a table times their row or group
+scales, else dequantized) for torch. On the GPU the same experts run in the bf16 kernels, so
+the two differ by the GPU side's bf16 rounding.
 """
 from __future__ import annotations
 
@@ -57,15 +58,16 @@ class HostCompute:
                 weights: list[float]) -> torch.Tensor:
         """Σ weights[i] · expert experts[i] of host row x[rows[i]], per row of `x`, in fp32
         from the host store: fp8-row stacks by the compiled kernel (`kernels.cpu_experts`,
-        the codes read where they are), any other form through torch."""
-        x = x.float().contiguous()
+        the codes read where they are; bf16 rows as they come, its bf16 form), any other
+        form through torch."""
+        x = x.contiguous() if x.dtype == torch.bfloat16 else x.float().contiguous()
         out = torch.zeros(x.shape[0], self.host_down.w.shape[1])
         if self._compiled:
             return fp8_experts(x, rows, experts, weights, self.host_gu, self.host_down, out)
         for e in dict.fromkeys(experts):  # each expert decoded once, over all its rows
             at = [i for i, x_e in enumerate(experts) if x_e == e]
             index = torch.tensor([rows[i] for i in at])
-            part = self._torch_expert(x[index], e)
+            part = self._torch_expert(x[index].float(), e)
             out.index_add_(0, index, part * torch.tensor([weights[i] for i in at])[:, None])
         return out
 

@@ -7,6 +7,7 @@
 // in fp32: codes are decoded exactly (through fp16 and F16C, `decode16`), each dot
 // accumulates in fp32 and is multiplied by its row scale once. OpenMP over the pairs' gate|up
 // rows, then over y's columns (each thread owns its columns: no two threads add to one).
+// bf16 rows (the captured step's) take cpu_experts_bf16.h's form where the CPU has it.
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -88,19 +89,25 @@ static float dot_e4m3_512(const uint8_t *w, const float *x, int64_t n) {
     return s;
 }
 
-// AVX-512 where the CPU has it (`ninfer_experts_wide` turns it off for the tests' A/B)
-static int WIDE;
+#include "cpu_experts_bf16.h"
 
-int64_t ninfer_experts_wide(int64_t on) {
+// The widest form this CPU runs, or a narrower one (`ninfer_experts_isa`, for the tests' and
+// the benchmark's A/B): 0 AVX2, 1 AVX-512, 2 AVX-512 with the bf16 tables for bf16 inputs
+static int ISA;
+
+int64_t ninfer_experts_isa(int64_t level) {
     __builtin_cpu_init();
-    WIDE = on && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    return WIDE;
+    const int wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    const int lut = LUT_BUILT && wide && __builtin_cpu_supports("avx512vbmi") &&
+                    __builtin_cpu_supports("avx512bf16");
+    ISA = level >= 2 && lut ? 2 : level >= 1 && wide ? 1 : 0;
+    return ISA;
 }
 
-__attribute__((constructor)) static void pick_width(void) { ninfer_experts_wide(1); }
+__attribute__((constructor)) static void pick_isa(void) { ninfer_experts_isa(2); }
 
 static inline float dot(const uint8_t *w, const float *x, int64_t n) {
-    return WIDE ? dot_e4m3_512(w, x, n) : dot_e4m3(w, x, n);
+    return ISA ? dot_e4m3_512(w, x, n) : dot_e4m3(w, x, n);
 }
 
 // x [B, H] fp32; pairs: rows[p], experts[p], weights[p]; act: scratch [pairs, I] fp32;
@@ -131,6 +138,28 @@ void ninfer_fp8_experts(const float *x, int64_t H, int64_t I, int64_t pairs,
             }
         }
     }
+}
+
+// The same sum for bf16 x [B, H]: the bf16 tables' form where the CPU has it (ISA 2) and H
+// and I are multiples of 64, else x widened to fp32 and the fp32 form. xs: scratch [B, H]
+// fp32 (the tables' form keeps bf16 in it); act: scratch [pairs, I] fp32.
+void ninfer_fp8_experts_bf16(const uint16_t *x, int64_t B, int64_t H, int64_t I,
+                             int64_t pairs, const int64_t *rows, const int64_t *experts,
+                             const float *weights, const uint8_t *gu, const uint16_t *gu_scale,
+                             const uint8_t *down, const uint16_t *down_scale, float *xs,
+                             float *act, float *y, int64_t threads) {
+    if (ISA < 2 || H % 64 || I % 64) {
+        for (int64_t i = 0; i < B * H; i++) xs[i] = bf16(x[i]);
+        ninfer_fp8_experts(xs, H, I, pairs, rows, experts, weights, gu, gu_scale, down,
+                           down_scale, act, y, threads);
+        return;
+    }
+#if LUT_BUILT
+    uint16_t *xl = (uint16_t *)xs;
+    for (int64_t i = 0; i < B * H; i++) xl[(i / H) * H + lut_slot(i % H)] = x[i];
+    experts_lut(xl, H, I, pairs, rows, experts, weights, gu, gu_scale, down, down_scale,
+                (uint16_t *)act, y, threads > 0 ? (int)threads : omp_get_max_threads());
+#endif
 }
 
 // One offloaded MoE layer's CPU share of a step (`experts.host_jobs`): the step staged its
@@ -167,16 +196,14 @@ void ninfer_cpu_moe_job(ninfer_moe_job *j) {
         }
     }
     memset(j->out, 0, (size_t)(j->rows * j->H) * sizeof(float));
-    if (n) {
-        const float *x = (const float *)j->x;
-        if (!j->x_fp32) {
-            const uint16_t *h = (const uint16_t *)j->x;
-            for (int64_t i = 0; i < j->rows * j->H; i++) j->xf[i] = bf16(h[i]);
-            x = j->xf;
-        }
-        ninfer_fp8_experts(x, j->H, j->I, n, j->pair_rows, j->pair_experts, j->pair_weights,
-                           j->gu, j->gu_scale, j->down, j->down_scale, j->act, j->out,
-                           j->threads);
+    if (n && j->x_fp32) {
+        ninfer_fp8_experts((const float *)j->x, j->H, j->I, n, j->pair_rows, j->pair_experts,
+                           j->pair_weights, j->gu, j->gu_scale, j->down, j->down_scale, j->act,
+                           j->out, j->threads);
+    } else if (n) {
+        ninfer_fp8_experts_bf16((const uint16_t *)j->x, j->rows, j->H, j->I, n, j->pair_rows,
+                                j->pair_experts, j->pair_weights, j->gu, j->gu_scale, j->down,
+                                j->down_scale, j->xf, j->act, j->out, j->threads);
     }
     j->pairs += n;
     j->calls += 1;

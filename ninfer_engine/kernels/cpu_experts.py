@@ -20,19 +20,25 @@ import torch
 from .cpu_decode import FLAGS, build_library, unavailable
 
 SOURCE = Path(__file__).with_name("cpu_experts.c")
+HEADERS = (Path(__file__).with_name("cpu_experts_bf16.h"),)
+ISAS = ("avx2", "avx512", "avx512-bf16")  # the kernel's forms, narrowest first
 
 
 @functools.cache
 def _library() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build_library(SOURCE, (SOURCE,), FLAGS, "the CPU expert kernel")))
+    lib = ctypes.CDLL(str(build_library(SOURCE, (SOURCE, *HEADERS), FLAGS,
+                                        "the CPU expert kernel")))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.ninfer_fp8_experts.argtypes = [p, i64, i64, i64, p, p, p, p, p, p, p, p, p, i64]
     lib.ninfer_fp8_experts.restype = None
     lib.ninfer_cpu_moe_job.argtypes = [p]
     lib.ninfer_cpu_moe_job.restype = None
     lib.ninfer_moe_job_size.restype = i64
-    lib.ninfer_experts_wide.argtypes = [i64]
-    lib.ninfer_experts_wide.restype = i64
+    lib.ninfer_fp8_experts_bf16.argtypes = [p, i64, i64, i64, i64, p, p, p, p, p, p, p, p, p,
+                                            p, i64]
+    lib.ninfer_fp8_experts_bf16.restype = None
+    lib.ninfer_experts_isa.argtypes = [i64]
+    lib.ninfer_experts_isa.restype = i64
     lib.ninfer_jobs_start.argtypes = [p]
     lib.ninfer_jobs_start.restype = i64
     lib.ninfer_jobs_stop.argtypes = [p, i64]
@@ -40,10 +46,11 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-def use_avx512(on: bool) -> bool:
-    """Whether the kernel's dots run on AVX-512 from now on: `on` where the CPU has it (the
-    default at load), else AVX2; the width in effect."""
-    return bool(_library().ninfer_experts_wide(int(on)))
+def use_isa(isa: str) -> str:
+    """The widest of `ISAS` up to `isa` that this CPU runs, in effect from now on (the
+    default at load: the widest it has); its name. `avx512-bf16` (VBMI and BF16) serves bf16
+    inputs only (`cpu_experts_bf16.h`): fp32 inputs take `avx512` under it."""
+    return ISAS[_library().ninfer_experts_isa(ISAS.index(isa))]
 
 
 def job_size() -> int:
@@ -84,10 +91,13 @@ def takes(gate_up, down) -> bool:
 
 def fp8_experts(x: torch.Tensor, rows: list[int], experts: list[int], weights: list[float],
                 gate_up, down, out: torch.Tensor, threads: int = 0) -> torch.Tensor:
-    """See the module docstring: `x [B, H]` and `out [B, H]` fp32 host tensors; `gate_up`,
-    `down` fp8-row `ExpertStack`s on the host (`takes`); `threads` 0: OpenMP's default."""
+    """See the module docstring: `x [B, H]` fp32 or bf16 and `out [B, H]` fp32 host tensors
+    (bf16 x: the form of `use_isa("avx512-bf16")` where the CPU has it, which rounds the
+    activations between the projections to bf16 as the device kernels do); `gate_up`, `down`
+    fp8-row `ExpertStack`s on the host (`takes`); `threads` 0: OpenMP's default."""
     assert takes(gate_up, down) and not x.is_cuda and not gate_up.w.is_cuda
-    assert x.dtype == out.dtype == torch.float32 and x.is_contiguous() and out.is_contiguous()
+    assert x.dtype in (torch.float32, torch.bfloat16) and out.dtype == torch.float32
+    assert x.is_contiguous() and out.is_contiguous()
     n = len(rows)
     if not n:
         return out
@@ -97,10 +107,17 @@ def fp8_experts(x: torch.Tensor, rows: list[int], experts: list[int], weights: l
     pairs_experts = torch.tensor(experts, dtype=torch.int64)
     pairs_weights = torch.tensor(weights, dtype=torch.float32)
     act = torch.empty(n, width, dtype=torch.float32)
-    _library().ninfer_fp8_experts(
-        x.data_ptr(), hidden, width, n, pairs_rows.data_ptr(), pairs_experts.data_ptr(),
-        pairs_weights.data_ptr(), gate_up.w.data_ptr(), gate_up.scale.data_ptr(),
-        down.w.data_ptr(), down.scale.data_ptr(), act.data_ptr(), out.data_ptr(), threads)
+    pairs = (n, pairs_rows.data_ptr(), pairs_experts.data_ptr(), pairs_weights.data_ptr(),
+             gate_up.w.data_ptr(), gate_up.scale.data_ptr(), down.w.data_ptr(),
+             down.scale.data_ptr())
+    if x.dtype == torch.bfloat16:
+        scratch = torch.empty(x.shape, dtype=torch.float32)
+        _library().ninfer_fp8_experts_bf16(x.data_ptr(), x.shape[0], hidden, width, *pairs,
+                                           scratch.data_ptr(), act.data_ptr(), out.data_ptr(),
+                                           threads)
+    else:
+        _library().ninfer_fp8_experts(x.data_ptr(), hidden, width, *pairs, act.data_ptr(),
+                                      out.data_ptr(), threads)
     return out
 
 

@@ -1,26 +1,32 @@
 """The host's fp8-row expert kernel (`kernels/cpu_experts.c`) against a float64 reference over
 the same codes, within the fp32 error its own operation counts allow (derived below, per
-output); the same bits at any thread count; only fp8-row stacks taken."""
+output), in each of its forms (AVX2, AVX-512, and for bf16 inputs the bf16 tables of
+`cpu_experts_bf16.h`); the same bits at any thread count; only fp8-row stacks taken."""
 import pytest
 import torch
 
-from ninfer_engine.kernels.cpu_experts import (cpu_experts_unavailable, fp8_experts,
-                                               fp8_experts_ref, takes, use_avx512)
+from ninfer_engine.kernels.cpu_experts import (ISAS, cpu_experts_unavailable, fp8_experts,
+                                               fp8_experts_ref, takes, use_isa)
 from ninfer_engine.models.experts import ExpertStack
 
 pytestmark = pytest.mark.skipif(cpu_experts_unavailable() is not None,
                                 reason=str(cpu_experts_unavailable()))
 U = 2.0 ** -24  # fp32 unit roundoff
+U_BF16 = 2.0 ** -8  # bf16's
 
 
-@pytest.fixture(params=["avx512", "avx2"])
-def width(request):
-    """Each test on both dot products: AVX-512 (skipped where the CPU lacks it) and AVX2."""
-    wide = request.param == "avx512"
-    if use_avx512(wide) != wide:
-        pytest.skip("this CPU has no AVX-512")
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Each test in each of the kernel's forms (skipped where the CPU lacks it)."""
+    if use_isa(request.param) != request.param:
+        pytest.skip(f"this CPU does not run {request.param}")
     yield request.param
-    use_avx512(True)  # back to the default: the widest the CPU has
+    use_isa(ISAS[-1])  # back to the default: the widest the CPU has
+
+
+def _tables_form(isa, x, I, H) -> bool:
+    """Whether `fp8_experts` takes the bf16 tables' form (which rounds act to bf16)."""
+    return isa == "avx512-bf16" and x.dtype == torch.bfloat16 and I % 64 == 0 == H % 64
 
 
 def gamma(n: int) -> float:
@@ -47,11 +53,12 @@ def _stacks(E, I, H, gen, codes=_codes):
     return gu, dn
 
 
-def _bound(x, rows, experts, weights, gu, dn):
+def _bound(x, rows, experts, weights, gu, dn, act_bf16=False):
     """Per output, the fp32 kernel's worst-case error: each gate/up dot of H products and its
-    scale γ(H+1)·Σ|terms|; SiLU moves at most 1.1× its input's error, plus 5 roundings of
-    its own (exp, add, divide, two multiplies); each down dot γ(I+2)·Σ|terms| plus what its
-    inputs carry; the sum over pairs into y one rounding a pair."""
+    scale γ(H+1)·Σ|terms| (the products are exact in every form); SiLU moves at most 1.1× its
+    input's error, plus 5 roundings of its own (exp, add, divide, two multiplies), and with
+    `act_bf16` one more to bf16 (U_BF16); each down dot γ(I+2)·Σ|terms| plus what its inputs
+    carry; the sum over pairs into y one rounding a pair."""
     H, I = dn.w.shape[1], dn.w.shape[2]
     bound = torch.zeros(x.shape[0], H, dtype=torch.float64)
     total = torch.zeros_like(bound)
@@ -63,7 +70,8 @@ def _bound(x, rows, experts, weights, gu, dn):
         err_a, err_b = gamma(H + 1) * terms[:I], gamma(H + 1) * terms[I:]
         silu = torch.nn.functional.silu(a)
         act = silu * b
-        err_act = 1.1 * err_a * (b.abs() + err_b) + silu.abs() * err_b + 5 * U * act.abs()
+        err_act = (1.1 * err_a * (b.abs() + err_b) + silu.abs() * err_b
+                   + (5 * U + (U_BF16 if act_bf16 else 0)) * act.abs())
         wd = dn.w[e].double() * dn.scale[e].double()[:, None]
         down = (wd.abs() @ act.abs())
         bound[r] += abs(w) * (gamma(I + 2) * down + wd.abs() @ err_act)
@@ -71,20 +79,24 @@ def _bound(x, rows, experts, weights, gu, dn):
     return bound + len(rows) * U * total
 
 
-@pytest.mark.parametrize("E,I,H,codes", [(6, 40, 72, _codes), (4, 512, 2048, _normal_codes)])
-def test_the_kernel_is_within_its_fp32_error_of_the_float64_reference(E, I, H, codes, width):
-    """Every code byte drawn (a small stack: each table entry read), and a Flash-Next-sized
-    expert's normal weights (uniform bytes would cancel so much over 2,048 products that the
-    worst-case bound says little); AVX-512 and AVX2 dots (each its own summation order, the
-    same bound)."""
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("E,I,H,codes", [(6, 40, 72, _codes), (6, 64, 128, _codes),
+                                         (4, 512, 2048, _normal_codes)])
+def test_the_kernel_is_within_its_fp32_error_of_the_float64_reference(E, I, H, codes, x_dtype,
+                                                                      isa):
+    """Every code byte drawn (small stacks: each table entry read; 64 | I, H takes the bf16
+    tables), and a Flash-Next-sized expert's normal weights (uniform bytes would cancel so
+    much over 2,048 products that the worst-case bound says little); each form (its own
+    summation order, the same bound, plus act's bf16 rounding in the tables' form)."""
     gen = torch.Generator().manual_seed(E)
     gu, dn = _stacks(E, I, H, gen, codes)
-    x = torch.randn(3, H, generator=gen)
+    x = torch.randn(3, H, generator=gen).to(x_dtype)
+    act_bf16 = _tables_form(isa, x, I, H)
     rows, experts, weights = [0, 2, 0, 1, 2], [E - 2, 1, E - 1, E - 2, 0], [0.5, 1.0, 0.25,
                                                                              0.75, -0.3]
     got = fp8_experts(x, rows, experts, weights, gu, dn, torch.zeros(3, H))
     want = fp8_experts_ref(x, rows, experts, weights, gu, dn, torch.zeros(3, H).double())
-    bound = _bound(x, rows, experts, weights, gu, dn)
+    bound = _bound(x, rows, experts, weights, gu, dn, act_bf16)
     assert ((got.double() - want).abs() <= bound).all()
     if codes is _normal_codes:  # worst-case over 2,048 products: ~20 % of an output here,
         return                  # which catches a wrong expert or stride, not a wrong code
@@ -103,10 +115,11 @@ def test_the_kernel_is_within_its_fp32_error_of_the_float64_reference(E, I, H, c
     assert (off[r, h] - want[r, h]).abs() > bound[r, h]
 
 
-def test_the_same_bits_at_any_thread_count(width):
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_the_same_bits_at_any_thread_count(x_dtype, isa):
     gen = torch.Generator().manual_seed(7)
     gu, dn = _stacks(5, 64, 128, gen)
-    x = torch.randn(2, 128, generator=gen)
+    x = torch.randn(2, 128, generator=gen).to(x_dtype)
     args = ([0, 1, 1, 0], [4, 0, 3, 2], [1.0, 0.5, 0.5, 2.0], gu, dn)
     one = fp8_experts(x, *args, torch.zeros(2, 128), threads=1)
     for threads in (2, 3, 0):
