@@ -55,15 +55,16 @@ class HostCompute:
         return self.cpu_sum(x, list(range(n)), [e] * n, [1.0] * n)
 
     def cpu_sum(self, x: torch.Tensor, rows: list[int], experts: list[int],
-                weights: list[float]) -> torch.Tensor:
+                weights: list[float], threads: int = 0) -> torch.Tensor:
         """Σ weights[i] · expert experts[i] of host row x[rows[i]], per row of `x`, in fp32
         from the host store: fp8-row stacks by the compiled kernel (`kernels.cpu_experts`,
         the codes read where they are; bf16 rows as they come, its bf16 form), any other
-        form through torch."""
+        form through torch. `threads`: the compiled kernel's OpenMP team (0: its default)."""
         x = x.contiguous() if x.dtype == torch.bfloat16 else x.float().contiguous()
         out = torch.zeros(x.shape[0], self.host_down.w.shape[1])
         if self._compiled:
-            return fp8_experts(x, rows, experts, weights, self.host_gu, self.host_down, out)
+            return fp8_experts(x, rows, experts, weights, self.host_gu, self.host_down, out,
+                               threads)
         for e in dict.fromkeys(experts):  # each expert decoded once, over all its rows
             at = [i for i, x_e in enumerate(experts) if x_e == e]
             index = torch.tensor([rows[i] for i in at])

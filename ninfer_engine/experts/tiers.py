@@ -16,6 +16,7 @@ victims evicted, the slot stacks shrunk), so lending never fails a lease.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -34,7 +35,8 @@ def expert_name(layer: int, e: int, member: str) -> str:
     return f"text/layers/{layer}/moe/experts/{e}/{member}"
 
 
-AUTO_SHARE = 0.4  # `--expert-cpu-share auto`'s marks: the best share measured on the H200
+AUTO_EXPERTS = 5  # experts a call when `auto` times the cores (half a uniform top-10's misses)
+AUTO_RANGE = (0.1, 0.9)  # `auto`'s share stays within: neither side left idle by a misreading
 
 
 class ExpertTiers:
@@ -76,23 +78,45 @@ class ExpertTiers:
     def _cpu_share(self, asked: float | str | None, first: LayerTier) -> float:
         """The share of the experts the captured step computes on the host's cores while
         they are not resident (`InPlaceReads.mark_cpu`): none unless asked
-        (`--expert-cpu-share F|auto`). On the H200's 16-core host a share of 0.4 beat reading
-        every miss over the bus where a layer-step missed ~5 experts (uniform routing: 1.08x
-        at half the experts off the device, 1.14x at 80 %) and lost where it missed ~1
-        (skewed routing at B = 1: 0.81x), bench/results/h200-expert-offload-cpu-share*.md;
-        `auto` marks `AUTO_SHARE` and lets each layer switch the marks by its misses' rate
-        (`in_place.ADAPT_ON`). fp8-row experts only where the step runs on CUDA (the compiled
-        kernel's form)."""
+        (`--expert-cpu-share F|auto`); `auto` marks the `balanced_share` and lets each layer
+        switch the marks by its misses' rate (`in_place.ADAPT_ON`). fp8-row experts only
+        where the step runs on CUDA (the compiled kernel's form)."""
         if not asked:
             return 0.0
-        if asked == "auto":
-            asked = AUTO_SHARE
-        if not 0 < asked <= 1:
-            raise ValueError(f"--expert-cpu-share {asked}: a share of the experts, in (0, 1]")
         if self.device.type == "cuda" and not takes(first.host_gu, first.host_down):
             raise ValueError("--expert-cpu-share: the host's expert kernel takes fp8-row "
                              "experts only (this artifact's routed experts are not)")
+        if asked == "auto":
+            return self.balanced_share(first)
+        if not 0 < asked <= 1:
+            raise ValueError(f"--expert-cpu-share {asked}: a share of the experts, in (0, 1]")
         return asked
+
+    def balanced_share(self, first: LayerTier) -> float:
+        """The share at which the cores and the bus take as long over a step's misses:
+        cpu / (cpu + bus), the cores' rate timed here on `AUTO_EXPERTS` experts of one row
+        at the worker's team size (`host_jobs.default_threads`), in the step's row dtype,
+        the bus's the host → slot copy (`costs`), within `AUTO_RANGE`. On the H200's host
+        fixed shares of 0.3, 0.4 and 0.5 were best at 0.4 with the cores reading ~33 GB/s and
+        the bus ~50 (bench/results/h200-expert-offload-cpu-share*.md, h200-host-contention.md):
+        33 / (33 + 50) = 0.40."""
+        from .host_jobs import default_threads  # (host_jobs builds on the tiers' layers)
+        n = min(AUTO_EXPERTS, self.placement.experts)
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        x = torch.zeros(1, first.host_down.w.shape[1], dtype=dtype)
+
+        def run():
+            first.cpu_sum(x, [0] * n, list(range(n)), [1.0] * n, threads=default_threads())
+        run()  # warm: the first call also starts the team
+        seconds = []
+        for _ in range(3):
+            start = time.perf_counter()
+            run()
+            seconds.append(time.perf_counter() - start)
+        expert_bytes = first.host_gu.expert_bytes + first.host_down.expert_bytes
+        cpu = n * expert_bytes / max(min(seconds), 1e-9)
+        low, high = AUTO_RANGE
+        return min(max(cpu / (cpu + self.costs.copy_bytes_per_s), low), high)
 
     @property
     def capturable(self) -> bool:

@@ -6,12 +6,13 @@ its float64 reference."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
 import pytest
 import torch
 
 from ninfer_engine.experts import plan_placement
-from ninfer_engine.experts.host_jobs import HostJobs, MoeJob
+from ninfer_engine.experts.host_jobs import HostJobs, MoeJob, default_threads
 from ninfer_engine.experts.tiers import ExpertTiers
 from ninfer_engine.kernels.cpu_experts import (ISAS, cpu_experts_unavailable, fp8_experts_ref,
                                                job_size, run_job, use_isa)
@@ -194,3 +195,39 @@ def test_the_worker_team_leaves_cores_for_the_engine(monkeypatch):
         assert host_jobs.default_threads() == team
     monkeypatch.setenv(host_jobs.THREADS_ENV, "3")
     assert host_jobs.default_threads() == 3
+
+
+def test_auto_marks_the_share_that_balances_the_cores_against_the_bus(monkeypatch):
+    """`--expert-cpu-share auto`: cpu / (cpu + bus), the cores' rate from timing
+    `AUTO_EXPERTS` experts at the worker's team (a fake clock here: each call takes 2 ms),
+    the bus's the measured host → slot copy; clamped to `AUTO_RANGE`; the layer's marks
+    follow the share."""
+    from ninfer_engine.experts import tiers as tiers_module
+    E, I, H = 8, 32, 64
+    config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
+              "moe_intermediate_size": I}
+    expert = 2 * I * H + 2 * I * 2 + H * I + H * 2
+    gen = torch.Generator().manual_seed(0)
+
+    def get(layer, e, member, shape):
+        return quantize_packed(torch.randn(shape, generator=gen), FP8_ROW)
+    tiers = ExpertTiers(config, plan_placement(config, expert, 3 * expert), get, "cpu",
+                        "read", cpu_share="auto")
+    low, high = tiers_module.AUTO_RANGE
+    assert low <= tiers.cpu_share <= high
+    assert tiers.layers[0].in_place.on_cpu.sum() == round(tiers.cpu_share * E)
+    first = tiers.layers[0]
+    clock = [0.0]
+    calls = []
+
+    def timed_sum(x, rows, experts, weights, threads=0):
+        calls.append((len(experts), threads))
+        clock[0] += 2e-3
+    monkeypatch.setattr(tiers_module.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(first, "cpu_sum", timed_sum)
+    n = tiers_module.AUTO_EXPERTS
+    cpu = n * (first.host_gu.expert_bytes + first.host_down.expert_bytes) / 2e-3
+    for bus, want in ((cpu, 0.5), (3 * cpu, 0.25), (cpu / 1e3, high), (cpu * 1e3, low)):
+        tiers.costs = dataclasses.replace(tiers.costs, copy_bytes_per_s=bus)
+        assert tiers.balanced_share(first) == pytest.approx(want)
+    assert calls[0] == (n, default_threads())
