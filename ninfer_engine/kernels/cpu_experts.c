@@ -40,13 +40,12 @@ static inline float bf16(uint16_t h) {
 // 16 e4m3 codes as fp32 / 256, exactly and without a table: the code's 7 low bits shifted
 // into an fp16 (exponent field e, mantissa m << 7) are 2^(e-15)(1 + m/8), or for e = 0 the
 // fp16 subnormal m·2^-17, which F16C widens exactly: 2^-8 times the e4m3 value either way
-// (the caller's scale carries the 256). NaN codes (0x7f, 0xff) read as ±480; no encoder
-// writes them.
+// (the caller's scale carries the 256). Shifted whole by 7, the sign lands on bit 14; adding
+// that bit to itself carries it to bit 15 (3 operations where masking both parts takes 5).
+// NaN codes (0x7f, 0xff) read as ±480; no encoder writes them.
 static inline void decode16(const uint8_t *w, __m256 *lo, __m256 *hi) {
-    __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)w));
-    __m256i h = _mm256_or_si256(
-        _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7),
-        _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8));
+    __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)w)), 7);
+    __m256i h = _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
     *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
@@ -75,10 +74,9 @@ static float dot_e4m3_512(const uint8_t *w, const float *x, int64_t n) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + i)));
-        __m512i h = _mm512_or_si512(
-            _mm512_slli_epi16(_mm512_and_si512(c, _mm512_set1_epi16(0x7f)), 7),
-            _mm512_slli_epi16(_mm512_and_si512(c, _mm512_set1_epi16(0x80)), 8));
+        __m512i t = _mm512_slli_epi16(
+            _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + i))), 7);
+        __m512i h = _mm512_add_epi16(t, _mm512_and_si512(t, _mm512_set1_epi16(0x4000)));
         a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)),
                              _mm512_loadu_ps(x + i), a0);
         a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)),
