@@ -10,8 +10,9 @@
 // laid out in the order the two byte unpacks give the codes (`lut_slot`), once per job, so a
 // block needs no lane-crossing shuffle. The activations between the two projections are
 // rounded to bf16 (to nearest even), as the device kernels store them (`moe_gate_up_silu`).
-// One core of the test box (Zen 4), one expert's rows in cache: 27 GB/s of codes against
-// 14 for the fp16 path, which needs 9 instructions per 32 codes where this one needs 5.
+// 7 vector instructions per 64 codes (2 vpermi2b, a ternlog, 2 unpacks, 2 vdpbf16ps) where
+// the fp16 form takes 9 per 32; one core of the test box (Zen 4), one expert's rows in cache:
+// 27-30 GB/s of codes against 13-14 for the fp16 form (15 since its 3-operation decode).
 // (compilers before GCC 10 / Clang 11 lack the BF16 intrinsics: the form is left out there)
 #if (defined(__clang__) && __clang_major__ >= 11) || (!defined(__clang__) && __GNUC__ >= 10)
 #define LUT_BUILT 1
