@@ -321,7 +321,8 @@ def main() -> int:
             built = time.perf_counter() - t
             graphs = engine.runner.graphs
             step = "graph step" if graphs is not None and graphs.capture else "eager step"
-            marks = "auto" if cpu_share == "auto" else f"{tiers.cpu_share:.2f}" if tiers else ""
+            marks = (f"auto {tiers.cpu_share:.2f}" if cpu_share == "auto" else
+                     f"{tiers.cpu_share:.2f}" if tiers else "")
             for batch in (1, 8):
                 row = dict(routing=routing, host_share=share, build_s=built,
                            miss=miss if tiers else None,
