@@ -4,7 +4,7 @@ the torch path it replaced (codes decoded through a table into fp32, then two ma
 Flash-Next's expert shape (I 512, H 2048, fp8-row), on a bf16 input row as the captured step
 stages it.
 
-    python3 bench/cpu_expert_kernel.py [--pairs 1 5 10] [--threads T]
+    python3 bench/cpu_expert_kernel.py [--pairs 1 5 10] [--threads T ...]
                                        [--out bench/results/cpu-expert-kernel]
 
 `--pairs`: (row, expert) pairs a call computes, each a different expert (5: half of a
