@@ -84,7 +84,7 @@ def main() -> None:
     for threads, n in itertools.product(args.threads, args.pairs):
         calls = [[(3 * j + c * n) % E for j in range(n)] for c in range(max(1, E // n))]
 
-        turn = iter(range(1 << 30))
+        turn = itertools.count()
 
         def call():
             fp8_experts(x, [0] * n, calls[next(turn) % len(calls)], [1.0] * n, gu, dn,

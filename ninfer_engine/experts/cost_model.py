@@ -19,6 +19,11 @@ from ..models.experts import ExpertStack
 ROWS = (1, 2, 4, 8, 16, 64, 256)
 
 
+def row_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of the rows a step hands the host's cores: bf16 on a GPU, fp32 on the CPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 @dataclass(frozen=True)
 class MissCosts:
     copy_bytes_per_s: float
@@ -39,6 +44,19 @@ class MissCosts:
             expert_bytes / self.copy_bytes_per_s)
 
 
+def best_seconds(fn, repeats: int = 3, sync=lambda: None) -> float:
+    """The shortest of `repeats` timed calls of `fn` (`sync` before and after each: the
+    device's queue drained), at least 1 ns."""
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return max(min(times), 1e-9)
+
+
 def measure(host: tuple[ExpertStack, ExpertStack], slots: tuple[ExpertStack, ExpertStack],
             compute, repeats: int = 3) -> MissCosts:
     """Time copying host expert 0 into slot 0 and `compute(x, 0)` (the CPU SwiGLU of expert
@@ -47,14 +65,7 @@ def measure(host: tuple[ExpertStack, ExpertStack], slots: tuple[ExpertStack, Exp
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def best(fn) -> float:
-        times = []
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - start)
-        return max(min(times), 1e-9)
+        return best_seconds(fn, repeats, sync)
 
     def copy():
         for src, dst in zip(host, slots):
@@ -65,7 +76,7 @@ def measure(host: tuple[ExpertStack, ExpertStack], slots: tuple[ExpertStack, Exp
     nbytes = sum(s.expert_bytes for s in host)
     rate = nbytes / best(copy)
     hidden = host[1].w.shape[1]
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # the step's rows
+    dtype = row_dtype(device)
     compute(torch.zeros(1, hidden, dtype=dtype), 0)  # warm: a first call also starts the team
     cpu = tuple((rows, best(lambda rows=rows: compute(torch.zeros(rows, hidden, dtype=dtype),
                                                       0))) for rows in ROWS)

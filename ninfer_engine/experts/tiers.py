@@ -16,14 +16,13 @@ victims evicted, the slot stacks shrunk), so lending never fails a lease.
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 
 from ..kernels.cpu_experts import takes
 from ..kernels.moe_dequant import scale_layout
 from ..stats import ExpertStats
-from .cost_model import measure
+from .cost_model import best_seconds, measure, row_dtype
 from .host_store import ExpertGetter, HostExperts
 from .in_place import InPlaceReads, Tables
 from .placement import ExpertPlacement
@@ -102,19 +101,13 @@ class ExpertTiers:
         33 / (33 + 50) = 0.40."""
         from .host_jobs import default_threads  # (host_jobs builds on the tiers' layers)
         n = min(AUTO_EXPERTS, self.placement.experts)
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        x = torch.zeros(1, first.host_down.w.shape[1], dtype=dtype)
+        x = torch.zeros(1, first.host_down.w.shape[1], dtype=row_dtype(self.device))
 
         def run():
             first.cpu_sum(x, [0] * n, list(range(n)), [1.0] * n, threads=default_threads())
         run()  # warm: the first call also starts the team
-        seconds = []
-        for _ in range(3):
-            start = time.perf_counter()
-            run()
-            seconds.append(time.perf_counter() - start)
         expert_bytes = first.host_gu.expert_bytes + first.host_down.expert_bytes
-        cpu = n * expert_bytes / max(min(seconds), 1e-9)
+        cpu = n * expert_bytes / best_seconds(run)
         low, high = AUTO_RANGE
         return min(max(cpu / (cpu + self.costs.copy_bytes_per_s), low), high)
 

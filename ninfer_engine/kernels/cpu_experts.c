@@ -154,7 +154,8 @@ void ninfer_fp8_experts_bf16(const uint16_t *x, int64_t B, int64_t H, int64_t I,
     }
 #if LUT_BUILT
     uint16_t *xl = (uint16_t *)xs;
-    for (int64_t i = 0; i < B * H; i++) xl[(i / H) * H + lut_slot(i % H)] = x[i];
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t h = 0; h < H; h++) xl[r * H + lut_slot(h)] = x[r * H + h];
     experts_lut(xl, H, I, pairs, rows, experts, weights, gu, gu_scale, down, down_scale,
                 (uint16_t *)act, y, threads > 0 ? (int)threads : omp_get_max_threads());
 #endif

@@ -20,7 +20,7 @@ from ninfer_engine.kernels.moe_down import moe_down_combine_triton
 from ninfer_engine.kernels.moe_fused import moe_gate_up_silu_triton
 from ninfer_engine.models.packed import FP8_ROW, quantize_packed
 from ninfer_engine.stats import ExpertStats
-from tests.kernels.test_cpu_experts import _bound, _normal_codes, _stacks
+from tests.kernels.test_cpu_experts import _bound, _normal_codes, _stacks, _tables_form
 from tests.tolerance import CAST, TRANSCENDENTAL, assert_within, bound
 
 needs_kernel = pytest.mark.skipif(cpu_experts_unavailable() is not None,
@@ -66,7 +66,7 @@ def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype
     summed = ([p // k for p in pairs], [int(ids[p]) for p in pairs],
               [float(weights[p]) for p in pairs], gu, down)
     want = fp8_experts_ref(x.double(), *summed, torch.zeros(rows, H, dtype=torch.float64))
-    tables = use_isa(ISAS[-1]) == "avx512-bf16" and x_dtype == torch.bfloat16 and I % 64 == 0
+    tables = _tables_form(use_isa(ISAS[-1]), x, I, H)
     assert ((out.double() - want).abs() <= _bound(x, *summed, act_bf16=tables)).all()
     assert torch.equal(out[1], torch.zeros(H)) or any(p // k == 1 for p in pairs)
 
@@ -202,6 +202,7 @@ def test_auto_marks_the_share_that_balances_the_cores_against_the_bus(monkeypatc
     `AUTO_EXPERTS` experts at the worker's team (a fake clock here: each call takes 2 ms),
     the bus's the measured host → slot copy; clamped to `AUTO_RANGE`; the layer's marks
     follow the share."""
+    from ninfer_engine.experts import cost_model
     from ninfer_engine.experts import tiers as tiers_module
     E, I, H = 8, 32, 64
     config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
@@ -223,7 +224,7 @@ def test_auto_marks_the_share_that_balances_the_cores_against_the_bus(monkeypatc
     def timed_sum(x, rows, experts, weights, threads=0):
         calls.append((len(experts), threads))
         clock[0] += 2e-3
-    monkeypatch.setattr(tiers_module.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(cost_model.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(first, "cpu_sum", timed_sum)
     n = tiers_module.AUTO_EXPERTS
     cpu = n * (first.host_gu.expert_bytes + first.host_down.expert_bytes) / 2e-3
