@@ -271,9 +271,15 @@ def main() -> int:
                     default=[0.0], metavar="F|auto",
                     help="each tier configuration once per share of the experts computed on "
                     "the host's cores while missed (--expert-cpu-share; 0: none)")
+    ap.add_argument("--cpu-prefetch", type=int, default=None, metavar="BYTES",
+                    help="the host expert kernel's prefetch distance (kernels.cpu_experts."
+                    "use_prefetch; default: the kernel's own)")
     ap.add_argument("--only", nargs="*", default=None, metavar="SHARE:TIER:ROUTING",
                     help="run only these configurations (0.5:tier:skewed, 0:stacked:uniform)")
     args = ap.parse_args()
+    if args.cpu_prefetch is not None:
+        from ninfer_engine.kernels.cpu_experts import use_prefetch
+        use_prefetch(args.cpu_prefetch)
     began, skipped = time.perf_counter(), []
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     arch = "tiny-moe" if args.smoke else args.arch
@@ -283,7 +289,7 @@ def main() -> int:
     result = dict(
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=" ".join(sys.argv), arch=arch, recipe=recipe, miss=args.miss,
-        prefetch=args.prefetch,
+        prefetch=args.prefetch, cpu_prefetch=args.cpu_prefetch,
         routing={"uniform": "random router rows", "skewed": f"router rows × rank^-{SKEW}"},
         machine=dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                      torch=torch.__version__, python=platform.python_version(),

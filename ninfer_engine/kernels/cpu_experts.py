@@ -39,6 +39,8 @@ def _library() -> ctypes.CDLL:
     lib.ninfer_fp8_experts_bf16.restype = None
     lib.ninfer_experts_isa.argtypes = [i64]
     lib.ninfer_experts_isa.restype = i64
+    lib.ninfer_experts_prefetch.argtypes = [i64]
+    lib.ninfer_experts_prefetch.restype = i64
     lib.ninfer_jobs_start.argtypes = [p]
     lib.ninfer_jobs_start.restype = i64
     lib.ninfer_jobs_stop.argtypes = [p, i64]
@@ -51,6 +53,12 @@ def use_isa(isa: str) -> str:
     default at load: the widest it has); its name. `avx512-bf16` (VBMI and BF16) serves bf16
     inputs only (`cpu_experts_bf16.h`): fp32 inputs take `avx512` under it."""
     return ISAS[_library().ninfer_experts_isa(ISAS.index(isa))]
+
+
+def use_prefetch(nbytes: int) -> int:
+    """Prefetch `nbytes` ahead of each dot's reads from now on (-1: leave it); the distance in
+    effect."""
+    return _library().ninfer_experts_prefetch(nbytes)
 
 
 def job_size() -> int:

@@ -60,6 +60,7 @@ LUT_TARGET static inline float dot_lut(const uint8_t *w, const uint16_t *x, int6
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     const __m512i sign = _mm512_set1_epi8((char)0x80);
     for (int64_t i = 0; i < n; i += 64) {
+        _mm_prefetch((const char *)(w + i + PF), _MM_HINT_T0);
         const __m512i c = _mm512_loadu_si512(w + i);
         __m512i hi = _mm512_permutex2var_epi8(t.hi0, c, t.hi1);
         const __m512i lo = _mm512_permutex2var_epi8(t.lo0, c, t.lo1);

@@ -1,12 +1,14 @@
 """The host's fp8-row expert kernel (`kernels/cpu_experts.c`) against a float64 reference over
 the same codes, within the fp32 error its own operation counts allow (derived below, per
 output), in each of its forms (AVX2, AVX-512, and for bf16 inputs the bf16 tables of
-`cpu_experts_bf16.h`); the same bits at any thread count; only fp8-row stacks taken."""
+`cpu_experts_bf16.h`); the same bits at any thread count and prefetch distance; only fp8-row
+stacks taken."""
 import pytest
 import torch
 
 from ninfer_engine.kernels.cpu_experts import (ISAS, cpu_experts_unavailable, fp8_experts,
-                                               fp8_experts_ref, takes, use_isa)
+                                               fp8_experts_ref, takes, use_isa,
+                                               use_prefetch)
 from ninfer_engine.models.experts import ExpertStack
 
 pytestmark = pytest.mark.skipif(cpu_experts_unavailable() is not None,
@@ -124,6 +126,23 @@ def test_the_same_bits_at_any_thread_count(x_dtype, isa):
     one = fp8_experts(x, *args, torch.zeros(2, 128), threads=1)
     for threads in (2, 3, 0):
         assert torch.equal(one, fp8_experts(x, *args, torch.zeros(2, 128), threads=threads))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_the_same_bits_at_any_prefetch_distance(x_dtype, isa):
+    gen = torch.Generator().manual_seed(8)
+    gu, dn = _stacks(5, 64, 128, gen)
+    x = torch.randn(2, 128, generator=gen).to(x_dtype)
+    args = ([0, 1, 1, 0], [4, 0, 3, 2], [1.0, 0.5, 0.5, 2.0], gu, dn)
+    default = use_prefetch(-1)
+    try:
+        use_prefetch(0)
+        none = fp8_experts(x, *args, torch.zeros(2, 128))
+        for distance in (64, 4096, 1 << 20):  # (past the stacks' end: a prefetch never faults)
+            assert use_prefetch(distance) == distance
+            assert torch.equal(none, fp8_experts(x, *args, torch.zeros(2, 128)))
+    finally:
+        use_prefetch(default)
 
 
 def test_only_fp8_row_stacks_are_taken():
