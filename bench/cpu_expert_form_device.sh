@@ -14,7 +14,7 @@ lscpu > "$OUT/r/lscpu.txt"
 echo "host: $(grep -m1 'Model name' "$OUT/r/lscpu.txt" | cut -c1-80);" \
   "$(grep -o -E 'avx512vbmi|avx512_bf16|amx_bf16' "$OUT/r/lscpu.txt" | sort -u | tr '\n' ' ')" \
   "THP $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
-timeout 200 python3 bench/cpu_expert_kernel.py --pairs 5 --experts 512 --threads 12 16 \
+timeout 200 python3 bench/cpu_expert_kernel.py --pairs 2 5 --experts 512 --threads 12 16 \
   --prefetch 0 512 1024 2048 4096 --memory pinned huge huge-pinned --isas avx512 avx512-bf16 \
   --out "$OUT/r/cpu-expert-kernel" > "$OUT/r/cpu-expert-kernel.log" 2>&1
 grep -E "threads" "$OUT/r/cpu-expert-kernel.log" | sort -t, -k4 -rn | head -10
@@ -22,7 +22,7 @@ grep -E "pinned +avx512.*prefetch +0:" "$OUT/r/cpu-expert-kernel.log"
 grep -q Traceback "$OUT/r/cpu-expert-kernel.log" && tail -5 "$OUT/r/cpu-expert-kernel.log"
 PF=${PF:-$(python3 -c "
 import json; r = json.load(open('$OUT/r/cpu-expert-kernel.json'))['rows']
-r = [x for x in r if x['threads'] == 12 and x['memory'] == 'pinned']
+r = [x for x in r if x['threads'] == 12 and x['memory'] == 'pinned' and x['pairs'] == 5]
 print(min(r, key=lambda x: x['ms'])['prefetch'])" 2>/dev/null || echo 0)}
 echo "prefetch for the step: $PF bytes at $SECONDS s"
 NINFER_TEST_DEVICE=cuda timeout 100 python3 -m pytest -q -m "not slow" -p no:cacheprovider \
