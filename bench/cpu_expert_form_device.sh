@@ -4,8 +4,9 @@
 # worker's team sizes, per prefetch distance and per kind of memory (bench/cpu_expert_kernel.py,
 # 512 experts: 1.6 GB a kind, past any L3), beside torch's read of the same memory; the
 # expert-tier CPU tests on CUDA; then the captured Flash-Next step (16 layers) with half its
-# experts off the device (uniform routing), without and with the host's cores (`auto`, 0.4,
-# 0.5) at the distance that read fastest (PF overrides it).
+# experts off the device (uniform and skewed routing), without and with the host's cores
+# (`auto`, 0.4, 0.5 of each layer-step's misses) at the distance that read fastest (PF
+# overrides it).
 # Run from the repository root with OUT set; `.whl/` from `bash scripts/device_wheels.sh`.
 #   OUT=/tmp/o [PF=bytes] bash bench/cpu_expert_form_device.sh
 source bench/device_env.sh
@@ -27,13 +28,14 @@ print(min(r, key=lambda x: x['ms'])['prefetch'])" 2>/dev/null || echo 0)}
 echo "prefetch for the step: $PF bytes at $SECONDS s"
 NINFER_TEST_DEVICE=cuda timeout 100 python3 -m pytest -q -m "not slow" -p no:cacheprovider \
   -rfE --tb=short tests/experts/test_host_jobs.py tests/kernels/test_cpu_experts.py \
+  tests/kernels/test_host_handoff.py tests/experts/test_cuda_tiers.py \
   > "$OUT/r/tier-tests.txt" 2>&1
 echo "tests: $(tail -1 "$OUT/r/tier-tests.txt") at $SECONDS s"
 rest=$(left)
 timeout "$rest" python3 -u bench/expert_offload.py --layers 16 --steps 128 \
   --budget-s $((rest - 40)) --cpu-shares 0 auto 0.4 0.5 --cpu-prefetch "$PF" \
-  --only 0:stacked:uniform 0.5:tier:uniform \
+  --only 0:stacked:uniform 0.5:tier:uniform 0.5:tier:skewed \
   --out "$OUT/r/expert-offload" > "$OUT/r/expert-offload.log" 2>&1
-grep -E "B=|routing" "$OUT/r/expert-offload.log" | tail -16
+grep -E "B=|routing" "$OUT/r/expert-offload.log" | tail -24
 grep -q Traceback "$OUT/r/expert-offload.log" && tail -6 "$OUT/r/expert-offload.log"
 pack_results r

@@ -46,9 +46,9 @@ class EngineConfig:
     expert_miss: str = "auto"
     expert_cache: str = "lfu"
     expert_prefetch: bool = False
-    # the share of the experts the captured step computes on the host's cores when missed
-    # (`experts.host_jobs`; None: none, every miss read over the bus; "auto": switched per
-    # layer by its misses' rate, `experts.in_place.ADAPT_ON`)
+    # the share of a layer-step's missed experts the captured step computes on the host's
+    # cores (`experts.host_jobs`; None: none, every miss read over the bus; "auto": the count
+    # that balances the host job's timed costs against the bus, `tiers.balanced_count`)
     expert_cpu_share: float | str | None = None
     # devices
     tp: int = 1

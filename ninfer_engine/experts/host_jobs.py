@@ -1,16 +1,18 @@
 """`HostJobs`: the host's cores compute part of the captured decode step's missed experts.
 
-An offloaded layer whose `InPlaceReads.mark_cpu` chose some experts maps each of them, while it
-is not resident, to the tier's zero row: the device kernels read nothing for it from host
-memory and add nothing. Around the layer's expert kernels the step hands those pairs to a
-worker thread on the host (`kernels.host_handoff`, `cpu_experts.c`'s worker):
+An offloaded layer given a split (`InPlaceReads.hand_misses`: of m missed pairs, how many go to
+the host) has, each step, the first that many misses' experts mapped to the tier's zero row for
+its own kernels: the device kernels read nothing for them from host memory and add nothing.
+Around the layer's expert kernels the step hands those pairs to a worker thread on the host
+(`kernels.host_handoff`, `cpu_experts.c`'s worker):
 
-    `post` (after the routing): the rows, and per routed pair its expert id, weight and table
-    entry, staged in page-locked memory; the layer's job posted to the worker, which computes
-    every pair whose entry is the zero row in fp32 on the host's cores into page-locked `out`;
-    the device kernels run the layer's other experts meanwhile, reading the rest of the
-    misses over the bus;
-    `collect` (after them): wait for the worker, add `out` into the layer's fp32 sum.
+    `post` (after the routing): the split applied to the layer's table; the rows, and per
+    routed pair its expert id, weight and table entry, staged in page-locked memory; the
+    layer's job posted to the worker, which computes every pair whose entry is the zero row in
+    fp32 on the host's cores into page-locked `out`; the device kernels run the layer's other
+    experts meanwhile, reading the rest of the misses over the bus;
+    `collect` (after them): wait for the worker, add `out` into the layer's fp32 sum, and set
+    the split's entries back to -1 - e.
 
 All of it is kernels on the step's stream, captured with the rest of the step into its CUDA
 graph. The staging buffers are shared by the layers (a layer's job is collected before the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from types import SimpleNamespace
 
 import torch
 
@@ -42,7 +45,8 @@ class MoeJob(ctypes.Structure):
                 *((name, _ptr) for name in ("gu", "gu_scale", "down", "down_scale", "xf",
                                             "pair_rows", "pair_experts", "pair_weights", "act",
                                             "out")),
-                ("pairs", _i64), ("calls", _i64), ("seconds", ctypes.c_double)]
+                ("pairs", _i64), ("calls", _i64), ("experts", _i64),
+                ("seconds", ctypes.c_double)]
 
 
 THREADS_ENV = "NINFER_EXPERT_CPU_THREADS"
@@ -60,12 +64,12 @@ def default_threads() -> int:
 
 def marked_tiers(layers: list[dict]) -> list:
     return [lay["tier"] for lay in layers
-            if getattr(getattr(lay.get("tier"), "in_place", None), "on_cpu", None) is not None]
+            if getattr(getattr(lay.get("tier"), "in_place", None), "split", None) is not None]
 
 
 class HostJobs:
     """See the module docstring: `rows` token rows at most, over the MoE layers of `layers`
-    (`HybridWeights.layers`) whose tiers have CPU marks."""
+    (`HybridWeights.layers`) whose tiers hand misses to the host (`hand_misses`)."""
 
     def __init__(self, layers: list[dict], rows: int, device, threads: int | None = None):
         tiers = marked_tiers(layers)
@@ -95,8 +99,12 @@ class HostJobs:
                             pair_experts=torch.empty(rows * k, dtype=torch.int64),
                             pair_weights=torch.empty(rows * k))
         self.jobs: dict[tuple[int, int], tuple[int, MoeJob]] = {}
+        self.posted: torch.Tensor | None = None  # the ids of the layer posted last
         if self.compiled:
             self.worker = start_worker(self.ctrl)
+        else:  # the inline path's counts, one record a tier (`InPlaceReads._fold` reads them)
+            for t in tiers:
+                t.in_place.jobs.append(SimpleNamespace(pairs=0, experts=0))
 
     def close(self) -> None:
         """Stop the worker (idempotent)."""
@@ -108,39 +116,48 @@ class HostJobs:
         self.close()
 
     def post(self, tier, y: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> None:
-        """Hand `tier`'s marked pairs of routing `ids`/`weights` `[rows, k]` over rows
-        `y [rows, H]` to the worker (see the module docstring); nothing where `tier` has no
-        CPU marks."""
-        if not self.active or tier.in_place.on_cpu is None:
+        """Hand the host's share of `tier`'s misses in routing `ids`/`weights` `[rows, k]` over
+        rows `y [rows, H]` to the worker (see the module docstring); nothing where `tier` has
+        no split."""
+        split = tier.in_place.split
+        if not self.active or split is None:
             return
         rows, k = weights.shape
-        table = tier.in_place.table
+        table, flat = tier.in_place.table, ids.reshape(-1)
+        self.posted = flat
         if not self.compiled:  # the CPU reference's bf16 / fp32 stacks: inline, in torch
-            flat = ids.reshape(-1)
+            host_handoff.split_misses(flat, table, split, tier.cpu_row)
             pairs = (table[flat] == tier.cpu_row).nonzero().flatten()
             self.out[:rows].zero_()
             if pairs.numel():
-                self.out[:rows] = tier.cpu_sum(y, (pairs // k).tolist(), flat[pairs].tolist(),
+                experts = flat[pairs].tolist()
+                self.out[:rows] = tier.cpu_sum(y, (pairs // k).tolist(), experts,
                                                weights.reshape(-1)[pairs].tolist())
+                record = tier.in_place.jobs[0]
+                record.pairs += len(experts)
+                record.experts += len(set(experts))
             return
         index, job = self._job(tier, rows, k, y.dtype)
         n = rows * y.shape[1]
         x = self.x[: n * y.element_size()].view(y.dtype)
-        host_handoff.stage_pairs(y.contiguous(), ids.reshape(-1), weights.reshape(-1), table,
-                                 tier.cpu_row, (x, self.ids, self.weights, self.entries),
-                                 self.need)
+        host_handoff.stage_pairs(y.contiguous(), flat, weights.reshape(-1), table, tier.cpu_row,
+                                 (x, self.ids, self.weights, self.entries), self.need, split)
         host_handoff.post(self.ctrl, self.need, index)
 
     def collect(self, tier, acc: torch.Tensor) -> None:
-        """Add the posted job's `out` to `acc [rows, H]` (fp32), once the worker is done."""
-        if not self.active or tier.in_place.on_cpu is None:
+        """Add the posted job's `out` to `acc [rows, H]` (fp32), once the worker is done; the
+        split's table entries back to -1 - e (after the layer's expert kernels)."""
+        if not self.active or tier.in_place.split is None:
             return
-        rows = acc.shape[0]
+        rows, table = acc.shape[0], tier.in_place.table
         if not self.compiled:
             acc.add_(self.out[:rows])
+            held = table[self.posted] == tier.cpu_row
+            table[self.posted[held]] = -1 - self.posted[held]
             return
         host_handoff.wait_done(self.ctrl, self.need, self.failed)
         host_handoff.add_out(self.out[:rows], acc, self.need)
+        host_handoff.restore(self.posted, table, tier.cpu_row, self.need)
 
     def check(self) -> None:
         """Raise where a job was not done in time (the step's sums then lack its pairs)."""
@@ -166,6 +183,7 @@ class HostJobs:
                          **{name: t.data_ptr() for name, t in self.scratch.items()})
             self.jobs[key] = (len(self.jobs), job)
             self.ctrl[host_handoff.JOBS + len(self.jobs) - 1] = ctypes.addressof(job)
+            tier.in_place.jobs.append(job)
         index, job = self.jobs[key]
         job.cpu_row = tier.cpu_row
         return index, job

@@ -32,13 +32,6 @@ import torch
 
 from ..kernels.moe_fused import Remap
 
-# `mark_cpu(adaptive=True)`: a layer's marks count while its distinct misses a step average at
-# least ON (off again below OFF). On the H200 a share lost where a layer-step missed ~1 expert
-# (skewed routing, B = 1: the hand-off and a one-expert job outlast reading it over the bus)
-# and won from ~5 (uniform B = 1, skewed B = 8): bench/results/h200-expert-offload-cpu-share*
-ADAPT_ON, ADAPT_OFF, ADAPT_STEPS = 3.0, 2.0, 32  # the average spans ~ADAPT_STEPS steps
-
-
 class Tables:
     """Every in-place layer's table: `device [L, E + 1]` and two page-locked host copies, one
     written while a push queued behind a step in flight still reads the other, so the host
@@ -88,49 +81,38 @@ class InPlaceReads:
         self.admit_per_step = admit_per_step
         self.landing: list[tuple[object, list[tuple[int, int]]]] = []  # (event, [(e, slot)])
         self.read_pairs = 0  # (token, expert) pairs the kernels read from host memory
-        # the experts computed on the host's cores while not resident (`mark_cpu`), or None;
-        # `cpu_on`: whether the marks count now (`adaptive`: switched by the misses' rate)
-        self.on_cpu: np.ndarray | None = None
-        self.cpu_on = False
-        self.adaptive = False
-        self.misses_per_step = 0.0  # distinct misses a step, averaged over ~ADAPT_STEPS
+        # how many of a step's missed pairs the host's cores compute (`hand_misses`), or None;
+        # the host jobs' records (`.pairs`, `.experts` computed) and how much of them is counted
+        self.split: torch.Tensor | None = None
+        self.jobs: list = []
+        self._folded = (0, 0)
         self.admitted = 0
         self.seen = -1  # the slot map's `changes` the table mirrors
         self.prepare()
         tables.push()
 
-    def mark_cpu(self, share: float, seed: int = 0, adaptive: bool = False) -> None:
-        """From now on, `round(share · E)` of the experts (a fixed random pick, the same for
-        every layer with the same seed) map to the tier's zero row while not resident: the
-        step's host job (`host_jobs`) computes them on the host's cores, the device kernels
-        add nothing for them; the others are still read in place. With uniform routing that
-        splits a step's misses between the bus and the cores by `share`, as with any routing
-        in expectation (the pick does not depend on popularity). `adaptive`: the marks count
-        only while the layer's distinct misses a step average at least `ADAPT_ON` (until
-        they fall below `ADAPT_OFF`; `settle` switches them, starting off)."""
-        t = self.tier
-        order = torch.randperm(t.experts, generator=torch.Generator().manual_seed(seed))
-        self.on_cpu = np.zeros(t.experts, dtype=bool)
-        self.on_cpu[order[: round(share * t.experts)].numpy()] = True
-        self.adaptive, self.cpu_on = adaptive, not adaptive
-        t.hold_zero_row()
+    def hand_misses(self, split: torch.Tensor) -> None:
+        """From now on a step hands the host's cores `split[m]` of the layer's m missed pairs
+        (int32 on the device, m past its end reading its last entry): the step's stage kernel
+        maps the first that many misses' experts to the tier's zero row for this layer's
+        kernels, which add nothing for them, and the host job computes them; the rest are
+        read in place (`kernels.host_handoff`, `experts.host_jobs`)."""
+        self.split = split
+        self.tier.hold_zero_row()
         self.seen = -1  # mirrored whole by the next `prepare`
 
-    def _marked(self, e: int) -> bool:
-        return self.cpu_on and bool(self.on_cpu[e])
-
-    def _host(self, e: int) -> int:
-        """The table's entry for expert e while it is not resident."""
-        return self.tier.cpu_row if self._marked(e) else -1 - e
-
-    def _adapt(self, misses: int) -> None:
-        """Average the step's distinct misses; switch the marks where the average crosses."""
-        self.misses_per_step += (misses - self.misses_per_step) / ADAPT_STEPS
-        on = self.misses_per_step >= ADAPT_ON or (self.cpu_on
-                                                  and self.misses_per_step >= ADAPT_OFF)
-        if on != self.cpu_on:
-            self.cpu_on = on
-            self.seen = -1  # the table mirrored whole (with or without marks) before a launch
+    def _fold(self) -> None:
+        """Count the pairs the host jobs computed as the CPU's, not device reads (`settle`
+        counted every miss as read in place: the device picks the host's share a step)."""
+        pairs = sum(j.pairs for j in self.jobs)
+        experts = sum(j.experts for j in self.jobs)
+        new_pairs, new_experts = pairs - self._folded[0], experts - self._folded[1]
+        self._folded = (pairs, experts)
+        t = self.tier
+        t.cpu_pairs += new_pairs
+        t.cpu_experts += new_experts
+        t.device_pairs -= new_pairs
+        self.read_pairs -= new_pairs
 
     def _set(self, e: int, value: int) -> None:
         self.tables.writable()[self.row, e] = value
@@ -144,7 +126,7 @@ class InPlaceReads:
             return
         t._wait()  # copies in flight land before any later step reads their slots
         self.landing.clear()
-        self.tables.writable()[self.row] = [*(s if s >= 0 else self._host(e)
+        self.tables.writable()[self.row] = [*(s if s >= 0 else -1 - e
                                               for e, s in enumerate(t.map.slot_of)),
                                             t.shared_row or 0]
         self.tables.dirty = True
@@ -177,12 +159,10 @@ class InPlaceReads:
             t.routed[e] += n
         used = sorted(pairs)
         missing = t.map.lookup(used)
-        cpu = [e for e in missing if self._marked(e)]
-        cpu_pairs = sum(pairs[e] for e in cpu)
-        t.cpu_pairs += cpu_pairs
-        t.cpu_experts += len(cpu)
-        t.device_pairs += len(routed) - cpu_pairs
-        self.read_pairs += sum(pairs[e] for e in missing) - cpu_pairs
+        t.device_pairs += len(routed)
+        self.read_pairs += sum(pairs[e] for e in missing)
+        if self.jobs:
+            self._fold()
         admitted, keep = [], set(used)
         # the victim is searched once (O(slots)), again only after an admission took it, and
         # not at all where the policy rules every admission out
@@ -196,7 +176,7 @@ class InPlaceReads:
                 continue
             t.map.admit(e, keep)
             if victim >= 0:
-                self._set(victim, self._host(victim))  # not resident from the next step on
+                self._set(victim, -1 - victim)  # not resident from the next step on
             admitted.append((e, slot))
             keep.add(e)  # not the next admission's victim
             taken = t.map.victim(keep) if len(admitted) < self.admit_per_step else None
@@ -205,10 +185,8 @@ class InPlaceReads:
                 t._copy_in(e, slot)  # after the compute stream's work: the step just launched
             self.landing.append((t.pending, admitted))
             self.admitted += len(admitted)
-            if self.seen >= 0:  # a whole mirror pending (`_adapt`) stays pending
+            if self.seen >= 0:  # a whole mirror pending stays pending
                 self.seen = t.map.changes
-        if self.adaptive:
-            self._adapt(len(missing))
 
 
 def _elements(host: torch.Tensor, slots: torch.Tensor) -> int:

@@ -36,7 +36,22 @@ def expert_name(layer: int, e: int, member: str) -> str:
 
 
 AUTO_EXPERTS = 5  # experts a call when `auto` times the cores (half a uniform top-10's misses)
-AUTO_RANGE = (0.1, 0.9)  # `auto`'s share stays within: neither side left idle by a misreading
+SPLIT_SIZE = 1024  # a split's entries (misses a layer-step); more misses read the last one
+# what a layer's host job adds to its own time: the kernels' post → worker → done round trip,
+# 19.7 µs on the H200's host (bench/results/h200-host-contention.json)
+HANDOFF_S = 20e-6
+
+
+def balanced_count(misses: int, fixed: float, per_expert: float, bus: float) -> int:
+    """How many of a layer-step's `misses` the host computes so that the layer's slower side
+    is fastest: the c minimising max(fixed·[c > 0] + c·per_expert, (misses − c)·bus), seconds
+    of the host job against the bus's in-place reads; the smaller c at a tie (a few misses
+    stay on the bus: the job's fixed cost outlasts reading them)."""
+    def cost(c: int) -> float:
+        return max(fixed * (c > 0) + c * per_expert, (misses - c) * bus)
+    near = int((misses * bus - fixed) // (per_expert + bus))  # where the two sides cross
+    return min((c for c in (0, near, near + 1) if 0 <= c <= misses),
+               key=lambda c: (cost(c), c))
 
 
 class ExpertTiers:
@@ -66,56 +81,59 @@ class ExpertTiers:
             tables = Tables(len(self.layers), E, self.device)
             for row, tier in enumerate(self.layers.values()):
                 tier.in_place = InPlaceReads(tier, tables, row)
-            self.cpu_share = self._cpu_share(cpu_share, first)
-            if self.cpu_share > 0:
+            split = self.host_split(cpu_share, first)
+            if split is not None:
                 for tier in self.layers.values():
-                    tier.in_place.mark_cpu(self.cpu_share, adaptive=cpu_share == "auto")
+                    tier.in_place.hand_misses(split)
         self.prefetch = prefetch
         self.lent_pages = 0
         self.unit_pages = 0  # pages a lent slot (one in every MoE layer) takes
         self.generation = 0  # bumped when lending reallocates the slot stacks (recapture)
 
-    def _cpu_share(self, asked: float | str | None, first: LayerTier) -> float:
-        """The share of the experts the captured step computes on the host's cores while
-        they are not resident (`InPlaceReads.mark_cpu`): none unless asked
-        (`--expert-cpu-share F|auto`); `auto` marks the `balanced_share` and lets each layer
-        switch the marks by its misses' rate (`in_place.ADAPT_ON`). fp8-row experts only
-        where the step runs on CUDA (the compiled kernel's form)."""
+    def host_split(self, asked: float | str | None, first: LayerTier) -> torch.Tensor | None:
+        """How many of a layer-step's m missed pairs the captured step computes on the host's
+        cores (`InPlaceReads.hand_misses`), for each m: none unless asked
+        (`--expert-cpu-share F|auto`); F: round(F·m); `auto`: `balanced_count` of the host
+        job's costs timed here (`host_costs`) against the bus's host → slot copy (`costs`).
+        `cpu_share`: F, or `auto`'s share of many misses. fp8-row experts only where the
+        step runs on CUDA (the compiled kernel's form)."""
         if not asked:
-            return 0.0
+            return None
         if self.device.type == "cuda" and not takes(first.host_gu, first.host_down):
             raise ValueError("--expert-cpu-share: the host's expert kernel takes fp8-row "
                              "experts only (this artifact's routed experts are not)")
         if asked == "auto":
-            return self.balanced_share(first)
-        if not 0 < asked <= 1:
+            fixed, per_expert = self.host_costs(first)
+            bus = first.expert_bytes / self.costs.copy_bytes_per_s
+            self.cpu_share = bus / (per_expert + bus)
+            counts = [balanced_count(m, fixed + HANDOFF_S, per_expert, bus)
+                      for m in range(SPLIT_SIZE)]
+        elif not 0 < asked <= 1:
             raise ValueError(f"--expert-cpu-share {asked}: a share of the experts, in (0, 1]")
-        return asked
+        else:
+            self.cpu_share = asked
+            counts = [math.floor(asked * m + 0.5) for m in range(SPLIT_SIZE)]
+        return torch.tensor(counts, dtype=torch.int32, device=self.device)
 
-    def balanced_share(self, first: LayerTier) -> float:
-        """The share at which the cores and the bus take as long over a step's misses:
-        cpu / (cpu + bus), the cores' rate timed here on `AUTO_EXPERTS` experts of one row
-        at the worker's team size (`host_jobs.default_threads`), in the step's row dtype,
-        the bus's the host → slot copy (`costs`), within `AUTO_RANGE`. On the H200's host
-        fixed shares of 0.3, 0.4 and 0.5 were best at 0.4 with the cores reading ~33 GB/s and
-        the bus ~50 (bench/results/h200-expert-offload-cpu-share*.md, h200-host-contention.md):
-        33 / (33 + 50) = 0.40."""
+    def host_costs(self, first: LayerTier) -> tuple[float, float]:
+        """(fixed, per expert) seconds of a layer's host job: calls of one expert and of
+        `AUTO_EXPERTS` on one row, at the worker's team size (`host_jobs.default_threads`),
+        in the step's row dtype, each call on experts no earlier call read (a step's misses
+        come from memory: five repeated experts, 16 MB, stayed in the H200 host's 300 MiB
+        last-level cache, where they read at 1.6x the cores' rate from memory)."""
         from .host_jobs import default_threads  # (host_jobs builds on the tiers' layers)
         E = self.placement.experts
         n = min(AUTO_EXPERTS, E)
+        unread = itertools.cycle(range(E))
         x = torch.zeros(1, first.host_down.w.shape[1], dtype=row_dtype(self.device))
-        # each call reads experts the last ones did not, as a step's misses come from memory:
-        # five repeated experts (16 MB) stay in a server's last-level cache (300 MiB on the
-        # H200's host, where `auto` read 1.6x the cores' rate and marked 0.62 for 0.4)
-        groups = itertools.cycle([list(range(j, j + n)) for j in range(0, E - n + 1, n)])
 
-        def run():
-            first.cpu_sum(x, [0] * n, next(groups), [1.0] * n, threads=default_threads())
-        run()  # warm: the first call also starts the team
-        expert_bytes = first.host_gu.expert_bytes + first.host_down.expert_bytes
-        cpu = n * expert_bytes / best_seconds(run)
-        low, high = AUTO_RANGE
-        return min(max(cpu / (cpu + self.costs.copy_bytes_per_s), low), high)
+        def run(count: int):
+            experts = [next(unread) for _ in range(count)]
+            first.cpu_sum(x, [0] * count, experts, [1.0] * count, threads=default_threads())
+        run(1)  # warm: the first call also starts the team
+        one, many = best_seconds(lambda: run(1)), best_seconds(lambda: run(n))
+        per_expert = max((many - one) / max(n - 1, 1), 1e-9)
+        return max(one - per_expert, 0.0), per_expert
 
     @property
     def capturable(self) -> bool:
@@ -190,7 +208,8 @@ class ExpertTiers:
             misses=sum(t.map.misses for t in tiers),
             cpu_share=cpu / (cpu + device) if cpu + device else 0.0,
             bytes_copied=sum(t.bytes_copied for t in tiers), experts=base.experts,
-            cpu_layers=sum(t.in_place is not None and t.in_place.cpu_on for t in tiers),
+            cpu_layers=sum(t.in_place is not None and t.in_place.split is not None
+                           for t in tiers),
             active=base.active, layers=base.layers)
 
     @property

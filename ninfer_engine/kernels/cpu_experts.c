@@ -192,7 +192,8 @@ typedef struct {
     float *pair_weights;    // scratch [rows * k]
     float *act;             // scratch [rows * k, I]
     float *out;             // [rows, H], overwritten
-    int64_t pairs, calls;   // counters: pairs computed, jobs run
+    int64_t pairs, calls;   // counters: pairs computed, jobs run,
+    int64_t experts;        // and the distinct experts of each job, summed
     double seconds;         // time spent in jobs
 } ninfer_moe_job;
 
@@ -215,6 +216,11 @@ void ninfer_cpu_moe_job(ninfer_moe_job *j) {
         ninfer_fp8_experts_bf16((const uint16_t *)j->x, j->rows, j->H, j->I, n, j->pair_rows,
                                 j->pair_experts, j->pair_weights, j->gu, j->gu_scale, j->down,
                                 j->down_scale, j->xf, j->act, j->out, j->threads);
+    }
+    for (int64_t p = 0; p < n; p++) {  // (a few dozen pairs at most: quadratic is fine)
+        int64_t q = 0;
+        while (q < p && j->pair_experts[q] != j->pair_experts[p]) q++;
+        j->experts += q == p;
     }
     j->pairs += n;
     j->calls += 1;

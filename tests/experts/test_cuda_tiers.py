@@ -147,8 +147,8 @@ def test_reads_in_place_capture_the_step_and_serve_the_copy_steps_tokens(tmp_pat
 
 
 def test_a_cpu_share_runs_its_misses_on_the_host_inside_the_captured_step(tmp_path):
-    """`--expert-cpu-share 0.5`: the decode step is still captured, half the experts map to the
-    zero row while not resident and the worker thread computes their pairs (the host jobs'
+    """`--expert-cpu-share 0.5`: the decode step is still captured, half of each layer-step's
+    misses map to the zero row and the worker thread computes their pairs (the host jobs'
     counters and the stats' CPU share move); the request completes. Its tokens may differ
     from the read path's by the CPU's fp32 arithmetic (tests/experts/test_host_jobs.py bounds
     one layer)."""
@@ -159,7 +159,7 @@ def test_a_cpu_share_runs_its_misses_on_the_host_inside_the_captured_step(tmp_pa
     assert engine.runner.graphs is not None and engine.runner.graphs.capture
     tiers = engine.model.expert_tiers
     assert tiers.cpu_share == 0.5
-    assert all(t.in_place.on_cpu.sum() == 4 for t in tiers.layers.values())
+    assert all(t.in_place.split[:5].tolist() == [0, 1, 1, 2, 2] for t in tiers.layers.values())
     jobs = engine.runner.graphs.decoder.core.host_jobs
     assert jobs.active and jobs.totals()[0] > 0
     assert snap.experts.cpu_share > 0

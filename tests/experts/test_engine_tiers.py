@@ -85,15 +85,15 @@ def test_kv_growth_takes_lent_pages_back_and_the_request_completes(artifact, res
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the engine runs on CUDA here")
-def test_auto_cpu_share_is_accepted_and_starts_with_every_layer_off(artifact, resident):
-    """`--expert-cpu-share auto` on the CPU engine: the tiers mark their experts and start with
-    the marks off (`cpu_layers` 0), so the tokens are the all-resident engine's. The switch
-    itself runs where the captured step settles its routing log (CUDA): `test_in_place.py`
-    tests it on its own."""
+def test_auto_cpu_share_is_accepted_on_the_cpu_engine(artifact, resident):
+    """`--expert-cpu-share auto` on the CPU engine: every MoE layer gets its split
+    (`cpu_layers` 4), which only the captured step (CUDA: `HybridStep`'s host jobs) applies;
+    the CPU engine's eager step runs its misses by the miss path, so the tokens are the
+    all-resident engine's and no pair counts as the host jobs'."""
     tokens, snap = run(artifact, 40, expert_vram_mib=2 * 4 * EXPERT_MIB, expert_miss="read",
                        expert_cpu_share="auto")
     assert tokens == resident[:40]
-    assert snap.experts.cpu_layers == 0 and snap.experts.cpu_share == 0.0
+    assert snap.experts.cpu_layers == 4 and snap.experts.cpu_share == 0.0
     assert snap.experts.misses > 0
 
 

@@ -1,6 +1,6 @@
-"""The captured step's CPU share of missed experts (`experts.host_jobs`): experts marked for the
-host's cores map to the tier's zero row, the device kernels add nothing for them, and the
-worker thread's fp32 sum is added (posted and collected by kernels: under the interpreter on
+"""The captured step's CPU share of missed experts (`experts.host_jobs`): the misses a layer's
+split hands the host's cores map to the tier's zero row for its kernels, which add nothing for
+them, and the worker thread's fp32 sum is added (posted and collected by kernels: under the interpreter on
 the CPU, inside a CUDA graph on CUDA). The compiled job itself (`ninfer_cpu_moe_job`) against
 its float64 reference."""
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ninfer_engine.experts.host_jobs import HostJobs, MoeJob, default_threads
 from ninfer_engine.experts.tiers import ExpertTiers
 from ninfer_engine.kernels.cpu_experts import (ISAS, cpu_experts_unavailable, fp8_experts_ref,
                                                job_size, run_job, use_isa)
+from ninfer_engine.kernels.host_handoff import split_misses
 from ninfer_engine.kernels.moe_down import moe_down_combine_triton
 from ninfer_engine.kernels.moe_fused import moe_gate_up_silu_triton
 from ninfer_engine.models.packed import FP8_ROW, quantize_packed
@@ -38,7 +39,7 @@ DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(
 def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype, I, H):
     """Pairs whose table entry is `cpu_row` are summed (weights, rows) in fp32; others (slots,
     host reads -1 - e, the shared expert's row) are not; `out` is overwritten; counters count
-    pairs and calls. Bound: both sides read the same codes; the job's fp32 dots (H, then I)
+    pairs, calls and each job's distinct experts. Bound: both sides read the same codes; the job's fp32 dots (H, then I)
     and SiLU against float64, per output (`test_cpu_experts._bound`), with act's bf16
     rounding where the job takes the bf16 tables (bf16 rows, 64 | I, H, a CPU with them)."""
     gen = torch.Generator().manual_seed(0)
@@ -62,7 +63,7 @@ def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype
                  **{n: t.data_ptr() for n, t in scratch.items()})
     run_job(job)
     pairs = [p for p in range(rows * k) if entries[p] == cpu_row]
-    assert len(pairs) == 4 and job.pairs == 4 and job.calls == 1
+    assert len(pairs) == 4 and job.pairs == 4 and job.calls == 1 and job.experts == 3
     summed = ([p // k for p in pairs], [int(ids[p]) for p in pairs],
               [float(weights[p]) for p in pairs], gu, down)
     want = fp8_experts_ref(x.double(), *summed, torch.zeros(rows, H, dtype=torch.float64))
@@ -73,17 +74,20 @@ def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype
 
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
-def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
-    """One fp8-row layer, 3 slots of 8, half the experts marked for the host's cores: the
-    table sends a marked non-resident expert to the zero row (all zero), others to their slot
-    or -1 - e; the step's kernels (remapped reads) plus the host job equal the kernels over
-    every expert stacked, bit for bit on rows with no marked miss, within the kernels' bf16
-    act rounding and the job's fp32 elsewhere (for a marked pair the stacked kernels store
-    act in bf16, one cast: `CAST` roundings under the interpreter's truncation; both sides'
-    dots are fp32 of depth H then I, with SiLU and the sum over k). On CUDA the same launches
-    are captured into a CUDA graph (the job a host node) and replayed. Settling the routing
-    counts the marked misses as CPU pairs, not device reads. A step whose pairs include no
-    marked miss hands nothing to the worker and equals the stacked kernels bit for bit."""
+def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device):
+    """One fp8-row layer, 3 slots of 8, `--expert-cpu-share 0.5`: of m missed pairs a step
+    the host takes round(m / 2), the first in pair order (`split_misses`). At rest the table
+    maps every miss to -1 - e (read in place); in the step the stage kernel maps the picked
+    misses' experts to the zero row (all zero) for the layer's kernels, the worker computes
+    their pairs, and `collect` adds its sum and puts the table back. The kernels plus the
+    host job equal the kernels over every expert stacked: bit for bit on rows with no picked
+    pair; elsewhere within the kernels' bf16 act rounding and the job's fp32 (for a picked
+    pair the stacked kernels store act in bf16, one cast: `CAST` roundings under the
+    interpreter's truncation; both sides' dots are fp32 of depth H then I, with SiLU and the
+    sum over k). The host's sum is the float64 reference of exactly the picked pairs within
+    the job's own bound (`_bound`). On CUDA the same launches are captured into a CUDA graph
+    and replayed. Settling a step counts its picked pairs as the CPU's and the other misses
+    as device reads. A step with no miss hands nothing to the worker and is exact."""
     gen = torch.Generator().manual_seed(1)
     E, I, H, k, B = 8, 32, 64, 3, 4
     config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
@@ -96,47 +100,52 @@ def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
                         "read", cpu_share=0.5)
     tier = tiers.layers[0]
     reads = tier.in_place
-    assert tiers.cpu_share == 0.5 and reads.on_cpu.sum() == E // 2
-    assert tiers.stats(ExpertStats()).cpu_layers == 1  # a fixed share: on from the start
+    assert tiers.cpu_share == 0.5 and reads.split.tolist()[:7] == [0, 1, 1, 2, 2, 3, 3]
+    assert tiers.stats(ExpertStats()).cpu_layers == 1
     assert torch.equal(tier.slot_gu.w[tier.cpu_row].view(torch.uint8),
                        torch.zeros_like(tier.slot_gu.w[0].view(torch.uint8)))
     reads.prepare()
     reads.tables.push()
-    table = reads.table.tolist()
-    for e, s in enumerate(tier.map.slot_of):
-        want = s if s >= 0 else (tier.cpu_row if reads.on_cpu[e] else -1 - e)
-        assert table[e] == want
-    marked = [e for e in range(E) if reads.on_cpu[e] and tier.map.slot_of[e] < 0]
-    plain = [e for e in range(E) if not reads.on_cpu[e] and tier.map.slot_of[e] < 0]
+    at_rest = reads.table.clone()
+    assert at_rest[:E].tolist() == [s if s >= 0 else -1 - e
+                                    for e, s in enumerate(tier.map.slot_of)]
     held = [e for e in range(E) if tier.map.slot_of[e] >= 0]
-    assert marked and plain and held
-    # row 0: held and plain misses only; rows 1-3 each route a marked miss
-    routing = [[held[0], plain[0], held[1]], [marked[0], held[0], plain[-1]],
-               [plain[0], marked[-1], marked[0]], [held[-1], marked[-1], plain[0]]]
+    miss = [e for e in range(E) if tier.map.slot_of[e] < 0]
+    assert len(held) == 3 and len(miss) == 5
+    # row 0 resident only; 6 missed pairs → the host takes 3 (pairs 3, 5, 6) and pair 7,
+    # another of pair 3's expert; row 3's misses are read in place
+    routing = [held, [miss[0], held[0], miss[1]], [miss[2], miss[0], held[1]],
+               [held[2], miss[3], miss[4]]]
     ids = torch.tensor(routing, device=device).view(-1)
+    picked = at_rest.clone()
+    split_misses(ids, picked, reads.split, tier.cpu_row)
+    host = [p for p in range(B * k) if picked[ids[p]] == tier.cpu_row]
+    assert host == [3, 5, 6, 7]
     weights = torch.rand(B, k, generator=gen).to(device)
     y = torch.randn(B, H, generator=gen).to(torch.bfloat16).to(device)
-    host = tiers.host.stacks[0]
-    stacked = [s.w.to(device) for s in host] + [s.scale.to(device) for s in host]
+    stacks = tiers.host.stacks[0]
+    stacked = [s.w.to(device) for s in stacks] + [s.scale.to(device) for s in stacks]
     jobs = HostJobs([dict(tier=tier, moe=type("Moe", (), {"top_k": k - 1}))], B, device)
 
-    def step(cpu=True):
+    def step():
         remap = reads.remaps()
-        if cpu:
-            jobs.post(tier, y, ids.view(B, k), weights)
+        jobs.post(tier, y, ids.view(B, k), weights)
         act = moe_gate_up_silu_triton(y, tier.slot_gu.w, ids, scale=tier.slot_gu.scale,
                                       remap=remap[0])
         out = torch.zeros(B, H, device=device)
         moe_down_combine_triton(act, tier.slot_down.w, ids, weights, B, k,
                                 scale=tier.slot_down.scale, out=out, remap=remap[1])
-        if cpu:
-            jobs.collect(tier, out)
+        jobs.collect(tier, out)
         return out
 
-    act = moe_gate_up_silu_triton(y, stacked[0], ids, scale=stacked[2])
-    want = torch.zeros(B, H, device=device)
-    moe_down_combine_triton(act, stacked[1], ids, weights, B, k, scale=stacked[3], out=want)
+    def stacked_sum():
+        act = moe_gate_up_silu_triton(y, stacked[0], ids, scale=stacked[2])
+        out = torch.zeros(B, H, device=device)
+        moe_down_combine_triton(act, stacked[1], ids, weights, B, k, scale=stacked[3], out=out)
+        return out
+    want = stacked_sum()
     outs = [step()]
+    runs = 1
     if device == "cuda":
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -145,34 +154,37 @@ def test_marked_misses_run_on_the_host_and_the_rest_is_unchanged(device):
             graph.replay()
         torch.cuda.synchronize()
         outs.append(captured)
-    assert jobs.totals()[0] > 0 and jobs.worker is not None
+        runs = 3
+    assert torch.equal(reads.table, at_rest)  # the split's entries put back
+    assert jobs.totals()[:2] == (runs * len(host), runs) and jobs.worker is not None
     jobs.check()
     scale = want.abs().max()
     limit = bound(torch.bfloat16, H + I + k + TRANSCENDENTAL, roundings=CAST) * scale
     for got in outs:
-        assert torch.equal(got[0], want[0])
+        assert torch.equal(got[0], want[0]) and torch.equal(got[3], want[3])
         assert_within(got.cpu(), want.cpu(), limit.cpu())
-    # without the job, the marked pairs are missing from rows 1-3 (the kernels add zeros)
-    assert (step(cpu=False) - want)[1:].abs().max() > limit
-    pairs = jobs.totals()[0]
-    # a step with no marked pair skips the hand-off (the worker sees no job) and is exact
+    x = y.cpu()
+    pairs = ([p // k for p in host], [int(ids[p]) for p in host],
+             [float(weights.view(-1)[p]) for p in host], *stacks)
+    host_sum = fp8_experts_ref(x.double(), *pairs, torch.zeros(B, H, dtype=torch.float64))
+    job_bound = _bound(x, *pairs, act_bf16=_tables_form(use_isa(ISAS[-1]), x, I, H))
+    assert ((jobs.out[:B].double() - host_sum).abs() <= job_bound).all()
+    assert host_sum[1:3].abs().max() > 0 and not host_sum[[0, 3]].any()
     settled = ids.tolist()
-    ids.copy_(torch.tensor([held[0], plain[0], held[1]] * B, device=device))
-    act = moe_gate_up_silu_triton(y, stacked[0], ids, scale=stacked[2])
-    unmarked = torch.zeros(B, H, device=device)
-    moe_down_combine_triton(act, stacked[1], ids, weights, B, k, scale=stacked[3], out=unmarked)
+    for _ in range(runs):
+        reads.settle(settled)
+    assert tier.cpu_pairs == runs * len(host) and tier.cpu_experts == runs * 3
+    assert reads.read_pairs == runs * (6 - len(host))  # row 3's two misses
+    assert tier.device_pairs == runs * (B * k - len(host))
+    # a step with no miss hands nothing over (the worker sees no job) and is exact
+    ids.copy_(torch.tensor(held * B, device=device))
+    resident = stacked_sum()
     if device == "cuda":
         graph.replay()
         torch.cuda.synchronize()
     got = captured if device == "cuda" else step()
-    assert torch.equal(got, unmarked) and jobs.totals()[0] == pairs
-    ids.copy_(torch.tensor(settled, device=device))
-    reads.settle(ids.tolist())
-    n_marked = sum(e in marked for e in ids.tolist())
-    assert tier.cpu_pairs == n_marked == 4 and tier.cpu_experts == len(set(marked) & set(
-        ids.tolist()))
-    assert reads.read_pairs == sum(e in plain for e in ids.tolist())
-    assert tier.device_pairs == B * k - n_marked
+    assert torch.equal(got, resident) and jobs.totals()[:2] == (runs * len(host), runs)
+    assert torch.equal(reads.table, at_rest)
 
 
 def test_no_marks_no_jobs():
@@ -197,14 +209,34 @@ def test_the_worker_team_leaves_cores_for_the_engine(monkeypatch):
     assert host_jobs.default_threads() == 3
 
 
-def test_auto_marks_the_share_that_balances_the_cores_against_the_bus(monkeypatch):
-    """`--expert-cpu-share auto`: cpu / (cpu + bus), the cores' rate from timing
-    `AUTO_EXPERTS` experts at the worker's team (a fake clock here: each call takes 2 ms),
-    the bus's the measured host → slot copy; clamped to `AUTO_RANGE`; the layer's marks
-    follow the share."""
+def test_balanced_count_is_the_best_split_of_a_layers_misses():
+    """The closed form's candidates hold the brute-force optimum of max(host job, bus), the
+    smaller count at a tie; a job's fixed cost keeps a few misses on the bus."""
+    from ninfer_engine.experts.tiers import balanced_count
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2000):
+        m = int(torch.randint(0, 40, (1,), generator=gen))
+        fixed, per, bus = (float(v) for v in torch.rand(3, generator=gen) * 1e-4)
+        fixed *= float(torch.randint(0, 2, (1,), generator=gen))  # none half the time
+
+        def cost(c):
+            return max(fixed * (c > 0) + c * per, (m - c) * bus)
+        best = min(range(m + 1), key=lambda c: (cost(c), c))
+        assert balanced_count(m, fixed, per, bus) == best
+    assert balanced_count(4, 0.0, 1.0, 1.0) == 2 and balanced_count(5, 0.0, 1.0, 1.0) == 2
+    assert balanced_count(5, 10.0, 1.0, 1.0) == 0 and balanced_count(0, 0.0, 1.0, 1.0) == 0
+
+
+def test_auto_splits_by_the_host_jobs_timed_costs(monkeypatch):
+    """`--expert-cpu-share auto`: the host job's fixed and per-expert seconds from timing
+    calls of 1 and `AUTO_EXPERTS` experts at the worker's team (a fake clock here: a call
+    takes 0.1 ms + 1 ms an expert), each call on experts no earlier call read; the bus's per
+    expert from the measured host → slot copy; each count of misses gets `balanced_count`
+    with the hand-off's `HANDOFF_S` added to the fixed cost; `cpu_share` is the share of
+    many misses."""
     from ninfer_engine.experts import cost_model
     from ninfer_engine.experts import tiers as tiers_module
-    E, I, H = 8, 32, 64
+    E, I, H = 16, 32, 64
     config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
               "moe_intermediate_size": I}
     expert = 2 * I * H + 2 * I * 2 + H * I + H * 2
@@ -214,21 +246,29 @@ def test_auto_marks_the_share_that_balances_the_cores_against_the_bus(monkeypatc
         return quantize_packed(torch.randn(shape, generator=gen), FP8_ROW)
     tiers = ExpertTiers(config, plan_placement(config, expert, 3 * expert), get, "cpu",
                         "read", cpu_share="auto")
-    low, high = tiers_module.AUTO_RANGE
-    assert low <= tiers.cpu_share <= high
-    assert tiers.layers[0].in_place.on_cpu.sum() == round(tiers.cpu_share * E)
+    assert tiers.layers[0].in_place.split is not None  # (timed on the real clock)
     first = tiers.layers[0]
     clock = [0.0]
     calls = []
 
     def timed_sum(x, rows, experts, weights, threads=0):
-        calls.append((len(experts), threads))
-        clock[0] += 2e-3
+        calls.append((list(experts), threads))
+        clock[0] += 1e-4 + 1e-3 * len(experts)
     monkeypatch.setattr(cost_model.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(first, "cpu_sum", timed_sum)
-    n = tiers_module.AUTO_EXPERTS
-    cpu = n * (first.host_gu.expert_bytes + first.host_down.expert_bytes) / 2e-3
-    for bus, want in ((cpu, 0.5), (3 * cpu, 0.25), (cpu / 1e3, high), (cpu * 1e3, low)):
-        tiers.costs = dataclasses.replace(tiers.costs, copy_bytes_per_s=bus)
-        assert tiers.balanced_share(first) == pytest.approx(want)
-    assert calls[0] == (n, default_threads())
+    fixed, per = tiers.host_costs(first)
+    assert fixed == pytest.approx(1e-4) and per == pytest.approx(1e-3)
+    read = [e for experts, _ in calls for e in experts]
+    assert read[:E] == list(range(E)) and {t for _, t in calls} == {default_threads()}
+    bus = first.expert_bytes / tiers.costs.copy_bytes_per_s
+    monkeypatch.setattr(tiers, "host_costs", lambda tier: (1e-4, 1e-3))
+    split = tiers.host_split("auto", first)
+    want = [tiers_module.balanced_count(m, 1e-4 + tiers_module.HANDOFF_S, 1e-3, bus)
+            for m in range(tiers_module.SPLIT_SIZE)]
+    assert split.dtype == torch.int32 and split.tolist() == want
+    assert tiers.cpu_share == pytest.approx(bus / (1e-3 + bus))
+    fixed_share = tiers.host_split(0.25, first)
+    assert fixed_share.tolist()[:9] == [0, 0, 1, 1, 1, 1, 2, 2, 2] and tiers.cpu_share == 0.25
+    assert tiers.host_split(None, first) is None
+    with pytest.raises(ValueError, match="in \\(0, 1\\]"):
+        tiers.host_split(1.5, first)

@@ -233,13 +233,14 @@ def test_lfu_admits_only_a_significantly_hotter_miss():
     assert policy.prefers(0, 3) and not policy.prefers(1, 1)
 
 
-def test_adaptive_marks_switch_with_the_layers_miss_rate():
-    """`mark_cpu(adaptive=True)`: the marks start off (marked misses read in place, counted as
-    device reads); once the layer's distinct misses a step average at least `ADAPT_ON` the
-    next mirror sends the marked non-resident experts to the zero row and settles count them
-    as CPU pairs; below `ADAPT_OFF` they go back to -1 - e. A fixed share is on from the start."""
-    from ninfer_engine.experts.in_place import ADAPT_OFF, ADAPT_ON, ADAPT_STEPS, InPlaceReads
-    from ninfer_engine.experts.in_place import Tables
+def test_settle_counts_the_host_jobs_pairs_as_the_cpus():
+    """With a split (`hand_misses`) the table at rest keeps -1 - e for every miss (the step
+    picks the host's share on the device) and the tier holds its zero row; a settle counts
+    every miss as read in place, then moves the pairs the host jobs report (their records'
+    `pairs` and `experts`) to the CPU's counts, each once."""
+    from types import SimpleNamespace
+
+    from ninfer_engine.experts.in_place import InPlaceReads, Tables
     from ninfer_engine.experts.slot_cache import LfuAgingPolicy
     from ninfer_engine.experts.tier import LayerTier
     from ninfer_engine.models.experts import ExpertStack
@@ -247,34 +248,17 @@ def test_adaptive_marks_switch_with_the_layers_miss_rate():
     host = (ExpertStack(torch.randn(E, 2 * I, H)), ExpertStack(torch.randn(E, H, I)))
     tier = LayerTier(host, 2, I, "cpu", LfuAgingPolicy(E), "read")
     reads = InPlaceReads(tier, Tables(1, E, torch.device("cpu")), 0, admit_per_step=0)
-    reads.mark_cpu(0.5, adaptive=True)
-    marked = [e for e in range(2, E) if reads.on_cpu[e]]  # experts 0 and 1 hold the slots
-
-    def mirrored() -> list[int]:
-        reads.prepare()
-        reads.tables.push()
-        return reads.table.tolist()[:E]
-    assert not reads.cpu_on and mirrored() == [0, 1, *(-1 - e for e in range(2, E))]
-    reads.settle([marked[0], 0])  # one miss a step: the marks stay off
-    assert (tier.cpu_pairs, reads.read_pairs) == (0, 1) and not reads.cpu_on
-    busy = list(range(2, 7))  # five distinct misses a step
-    start = reads.misses_per_step  # an average moving from here towards 5 a step
-    steps = next(n for n in range(1, 4 * ADAPT_STEPS)
-                 if 5 - (5 - start) * (1 - 1 / ADAPT_STEPS) ** n >= ADAPT_ON)
-    for _ in range(steps - 1):
-        reads.settle(busy)
-    assert not reads.cpu_on
-    reads.settle(busy)
-    assert reads.cpu_on and reads.misses_per_step >= ADAPT_ON
-    table = mirrored()
-    assert table == [0, 1, *(tier.cpu_row if reads.on_cpu[e] else -1 - e for e in range(2, E))]
-    before = tier.cpu_pairs
-    reads.settle(busy)
-    assert tier.cpu_pairs - before == sum(bool(reads.on_cpu[e]) for e in busy)
-    while reads.misses_per_step >= ADAPT_OFF:  # a quiet layer: back under OFF, marks off
-        assert reads.cpu_on
-        reads.settle([0])
-    assert not reads.cpu_on and mirrored() == [0, 1, *(-1 - e for e in range(2, E))]
-    fixed = InPlaceReads(tier, Tables(1, E, torch.device("cpu")), 0)
-    fixed.mark_cpu(0.5)
-    assert fixed.cpu_on and not fixed.adaptive
+    reads.hand_misses(torch.tensor([0, 1, 1, 2], dtype=torch.int32))
+    record = SimpleNamespace(pairs=0, experts=0)
+    reads.jobs.append(record)
+    reads.prepare()
+    reads.tables.push()
+    assert tier.zero_row and reads.table.tolist()[:E] == [0, 1, *(-1 - e for e in range(2, E))]
+    reads.settle([2, 3, 0])
+    assert (tier.device_pairs, reads.read_pairs, tier.cpu_pairs) == (3, 2, 0)
+    record.pairs, record.experts = 3, 2  # the step's job: expert 4 for two tokens, and 5
+    reads.settle([4, 4, 5, 0])
+    assert (tier.device_pairs, reads.read_pairs) == (3 + 4 - 3, 2 + 3 - 3)
+    assert (tier.cpu_pairs, tier.cpu_experts) == (3, 2)
+    reads.settle([0])  # counted once
+    assert (tier.cpu_pairs, tier.cpu_experts, tier.device_pairs) == (3, 2, 5)
