@@ -73,8 +73,9 @@ def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype
 
 
 @needs_kernel
+@pytest.mark.parametrize("I,H", [(32, 64), (64, 128)])
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device):
+def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device, I, H):
     """One fp8-row layer, 3 slots of 8, `--expert-cpu-share 0.5`: of m missed pairs a step
     the host takes round(m / 2), the first in pair order (`split_misses`). At rest the table
     maps every miss to -1 - e (read in place); in the step the stage kernel maps the picked
@@ -83,13 +84,14 @@ def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device):
     host job equal the kernels over every expert stacked: bit for bit on rows with no picked
     pair; elsewhere within the kernels' bf16 act rounding and the job's fp32 (for a picked
     pair the stacked kernels store act in bf16, one cast: `CAST` roundings under the
-    interpreter's truncation; both sides' dots are fp32 of depth H then I, with SiLU and the
-    sum over k). The host's sum is the float64 reference of exactly the picked pairs within
+    interpreter's truncation, and one more where the job takes the bf16 tables (64 | I, H on a
+    CPU with them), which round act to bf16 too; both sides' dots are fp32 of depth H then I,
+    with SiLU and the sum over k). The host's sum is the float64 reference of exactly the picked pairs within
     the job's own bound (`_bound`). On CUDA the same launches are captured into a CUDA graph
     and replayed. Settling a step counts its picked pairs as the CPU's and the other misses
     as device reads. A step with no miss hands nothing to the worker and is exact."""
     gen = torch.Generator().manual_seed(1)
-    E, I, H, k, B = 8, 32, 64, 3, 4
+    E, k, B = 8, 3, 4
     config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
               "moe_intermediate_size": I}
     expert = 2 * I * H + 2 * I * 2 + H * I + H * 2
@@ -158,16 +160,17 @@ def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device):
     assert torch.equal(reads.table, at_rest)  # the split's entries put back
     assert jobs.totals()[:2] == (runs * len(host), runs) and jobs.worker is not None
     jobs.check()
+    x = y.cpu()
+    tables = _tables_form(use_isa(ISAS[-1]), x, I, H)
     scale = want.abs().max()
-    limit = bound(torch.bfloat16, H + I + k + TRANSCENDENTAL, roundings=CAST) * scale
+    limit = bound(torch.bfloat16, H + I + k + TRANSCENDENTAL, roundings=CAST + tables) * scale
     for got in outs:
         assert torch.equal(got[0], want[0]) and torch.equal(got[3], want[3])
         assert_within(got.cpu(), want.cpu(), limit.cpu())
-    x = y.cpu()
     pairs = ([p // k for p in host], [int(ids[p]) for p in host],
              [float(weights.view(-1)[p]) for p in host], *stacks)
     host_sum = fp8_experts_ref(x.double(), *pairs, torch.zeros(B, H, dtype=torch.float64))
-    job_bound = _bound(x, *pairs, act_bf16=_tables_form(use_isa(ISAS[-1]), x, I, H))
+    job_bound = _bound(x, *pairs, act_bf16=tables)
     assert ((jobs.out[:B].double() - host_sum).abs() <= job_bound).all()
     assert host_sum[1:3].abs().max() > 0 and not host_sum[[0, 3]].any()
     settled = ids.tolist()
