@@ -56,8 +56,8 @@ def use_isa(isa: str) -> str:
 
 
 def use_prefetch(nbytes: int) -> int:
-    """Prefetch `nbytes` ahead of each dot's reads from now on (-1: leave it); the distance in
-    effect."""
+    """Prefetch `nbytes` ahead of each dot's reads from now on (-1: leave it; the default at
+    load is 1024, the device host's best); the distance in effect."""
     return _library().ninfer_experts_prefetch(nbytes)
 
 
