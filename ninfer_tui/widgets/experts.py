@@ -66,7 +66,7 @@ class ExpertPanel(Panel):
                 style="dim",
             ),
             row("CPU share", experts.cpu_share, "yellow3"),
-            Text(  # the layers sharing now: `--expert-cpu-share auto` switches them
+            Text(  # the layers that hand some of their misses to the host (`--expert-cpu-share`)
                 f"{'':<{LABEL_WIDTH}}"
                 + (f"routed-expert work on the CPU, now in {experts.cpu_layers} of "
                    f"{experts.layers} layers" if experts.cpu_layers
