@@ -206,7 +206,8 @@ def _expert_metrics(stats: EngineStats) -> Iterator[Metric]:
                  experts.cached)
     yield _gauge("expert_cache_lent_pages", "KV pages lent to expert slots.", experts.lent_pages)
     yield _gauge("expert_cpu_share", "Fraction of expert work done on the CPU.", experts.cpu_share)
-    yield _gauge("expert_cpu_layers", "MoE layers that hand some of their missed experts to the CPU.",
+    yield _gauge("expert_cpu_layers",
+                 "MoE layers that hand some of their missed experts to the CPU.",
                  experts.cpu_layers)
     yield _counter("expert_cache_hits", "Expert lookups served from a device slot.", experts.hits)
     yield _counter("expert_cache_misses", "Expert lookups that missed the device slots.",

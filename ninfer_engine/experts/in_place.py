@@ -32,6 +32,7 @@ import torch
 
 from ..kernels.moe_fused import Remap
 
+
 class Tables:
     """Every in-place layer's table: `device [L, E + 1]` and two page-locked host copies, one
     written while a push queued behind a step in flight still reads the other, so the host

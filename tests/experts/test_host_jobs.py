@@ -1,12 +1,12 @@
 """The captured step's CPU share of missed experts (`experts.host_jobs`): the misses a layer's
 split hands the host's cores map to the tier's zero row for its kernels, which add nothing for
-them, and the worker thread's fp32 sum is added (posted and collected by kernels: under the interpreter on
-the CPU, inside a CUDA graph on CUDA). The compiled job itself (`ninfer_cpu_moe_job`) against
-its float64 reference."""
+them, and the worker thread's fp32 sum is added (posted and collected by kernels: under the
+interpreter on the CPU, inside a CUDA graph on CUDA). The compiled job itself
+(`ninfer_cpu_moe_job`) against its float64 reference; the split's counts (`balanced_count`,
+`auto`'s timing)."""
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 
 import pytest
 import torch
@@ -39,9 +39,10 @@ DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(
 def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype, I, H):
     """Pairs whose table entry is `cpu_row` are summed (weights, rows) in fp32; others (slots,
     host reads -1 - e, the shared expert's row) are not; `out` is overwritten; counters count
-    pairs, calls and each job's distinct experts. Bound: both sides read the same codes; the job's fp32 dots (H, then I)
-    and SiLU against float64, per output (`test_cpu_experts._bound`), with act's bf16
-    rounding where the job takes the bf16 tables (bf16 rows, 64 | I, H, a CPU with them)."""
+    pairs, calls and each job's distinct experts. Bound: both sides read the same codes; the
+    job's fp32 dots (H, then I) and SiLU against float64, per output
+    (`test_cpu_experts._bound`), with act's bf16 rounding where the job takes the bf16 tables
+    (bf16 rows, 64 | I, H, a CPU with them)."""
     gen = torch.Generator().manual_seed(0)
     E, k, rows, cpu_row = 6, 3, 3, 9
     gu, down = _stacks(E, I, H, gen, _normal_codes)
@@ -86,10 +87,11 @@ def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device, I, H
     pair the stacked kernels store act in bf16, one cast: `CAST` roundings under the
     interpreter's truncation, and one more where the job takes the bf16 tables (64 | I, H on a
     CPU with them), which round act to bf16 too; both sides' dots are fp32 of depth H then I,
-    with SiLU and the sum over k). The host's sum is the float64 reference of exactly the picked pairs within
-    the job's own bound (`_bound`). On CUDA the same launches are captured into a CUDA graph
-    and replayed. Settling a step counts its picked pairs as the CPU's and the other misses
-    as device reads. A step with no miss hands nothing to the worker and is exact."""
+    with SiLU and the sum over k). The host's sum is the float64 reference of exactly the
+    picked pairs within the job's own bound (`_bound`). On CUDA the same launches are
+    captured into a CUDA graph and replayed. Settling a step counts its picked pairs as the
+    CPU's and the other misses as device reads. A step with no miss hands nothing to the
+    worker and is exact."""
     gen = torch.Generator().manual_seed(1)
     E, k, B = 8, 3, 4
     config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
