@@ -118,29 +118,19 @@ def test_the_kernel_is_within_its_fp32_error_of_the_float64_reference(E, I, H, c
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
-def test_the_same_bits_at_any_thread_count(x_dtype, isa):
+def test_the_same_bits_at_any_thread_count_and_prefetch_distance(x_dtype, isa):
     gen = torch.Generator().manual_seed(7)
-    gu, dn = _stacks(5, 64, 128, gen)
-    x = torch.randn(2, 128, generator=gen).to(x_dtype)
-    args = ([0, 1, 1, 0], [4, 0, 3, 2], [1.0, 0.5, 0.5, 2.0], gu, dn)
-    one = fp8_experts(x, *args, torch.zeros(2, 128), threads=1)
-    for threads in (2, 3, 0):
-        assert torch.equal(one, fp8_experts(x, *args, torch.zeros(2, 128), threads=threads))
-
-
-@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
-def test_the_same_bits_at_any_prefetch_distance(x_dtype, isa):
-    gen = torch.Generator().manual_seed(8)
     gu, dn = _stacks(5, 64, 128, gen)
     x = torch.randn(2, 128, generator=gen).to(x_dtype)
     args = ([0, 1, 1, 0], [4, 0, 3, 2], [1.0, 0.5, 0.5, 2.0], gu, dn)
     default = use_prefetch(-1)
     try:
         use_prefetch(0)
-        none = fp8_experts(x, *args, torch.zeros(2, 128))
-        for distance in (64, 4096, 1 << 20):  # (past the stacks' end: a prefetch never faults)
+        one = fp8_experts(x, *args, torch.zeros(2, 128), threads=1)
+        # (1 MiB is past the stacks' end: a prefetch never faults)
+        for threads, distance in ((2, 0), (3, 0), (0, 0), (1, 64), (2, 4096), (0, 1 << 20)):
             assert use_prefetch(distance) == distance
-            assert torch.equal(none, fp8_experts(x, *args, torch.zeros(2, 128)))
+            assert torch.equal(one, fp8_experts(x, *args, torch.zeros(2, 128), threads=threads))
     finally:
         use_prefetch(default)
 
