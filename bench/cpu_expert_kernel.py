@@ -162,6 +162,7 @@ def main() -> None:
                 times[(memory, isa, prefetch)].append(
                     time_ms(lambda: call(placed[memory]), 3))
         use_isa(ISAS[-1])
+        use_prefetch(args.prefetch[0])
         reference = time_ms(lambda: torch_path(calls[0]), 5)
         reads = {m: _read_gbps(placed[m], threads) for m in args.memory}
         for (memory, isa, prefetch), t in times.items():
