@@ -38,7 +38,7 @@ def expert_name(layer: int, e: int, member: str) -> str:
 AUTO_EXPERTS = 5  # experts a call when `auto` times the cores (half a uniform top-10's misses)
 SPLIT_SIZE = 1024  # a split's entries (misses a layer-step); more misses read the last one
 # what a layer's host job adds to its own time: the kernels' post → worker → done round trip,
-# 19.7 µs on the H200's host (bench/results/h200-host-contention.json)
+# 19.1 µs on the H200's host, 19.7 on an H100's (bench/results/h*-host-contention.json)
 HANDOFF_S = 20e-6
 
 
