@@ -62,7 +62,7 @@ class HostCompute:
         form through torch. `threads`: the compiled kernel's OpenMP team (0: its default)."""
         x = x.contiguous() if x.dtype == torch.bfloat16 else x.float().contiguous()
         out = torch.zeros(x.shape[0], self.host_down.w.shape[1])
-        if self._compiled:
+        if self.compiled:
             return fp8_experts(x, rows, experts, weights, self.host_gu, self.host_down, out,
                                threads)
         for e in dict.fromkeys(experts):  # each expert decoded once, over all its rows
@@ -73,7 +73,8 @@ class HostCompute:
         return out
 
     @functools.cached_property
-    def _compiled(self) -> bool:
+    def compiled(self) -> bool:
+        """Whether `cpu_sum` runs the compiled kernel (fp8-row stacks, a kernel built here)."""
         return takes(self.host_gu, self.host_down) and cpu_experts_unavailable() is None
 
     def _torch_expert(self, x: torch.Tensor, e: int) -> torch.Tensor:

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import torch
 
 from ..kernels import host_handoff
-from ..kernels.cpu_experts import start_worker, stop_worker, takes
+from ..kernels.cpu_experts import run_job, start_worker, stop_worker, takes
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 MAX_JOBS = 1024  # job records a worker indexes: (MoE layers) × (captured batch sizes)
@@ -60,6 +60,31 @@ def default_threads() -> int:
     (bench/results/h200-expert-cpu-threads.md)."""
     cores = len(os.sched_getaffinity(0))
     return int(os.environ.get(THREADS_ENV, 0)) or max(1, min(cores - 4, 3 * cores // 4))
+
+
+def job_seconds(tier, experts: list[int], dtype: torch.dtype, threads: int) -> float:
+    """Seconds the compiled job (`ninfer_cpu_moe_job`, on this thread) spends on one `dtype`
+    row routed to `experts` of `tier`'s host store, by its own clock: what a layer-step's job
+    costs the worker, without the Python around a call."""
+    gu, down = tier.host_gu, tier.host_down
+    H, I = down.w.shape[1:]
+    k = len(experts)
+    x = torch.zeros(1, H, dtype=dtype)
+    ids = torch.tensor(experts, dtype=torch.int64)
+    entries = torch.ones(k, dtype=torch.int64)  # every pair the job's (cpu_row 1 below)
+    weights = torch.ones(k)
+    out = torch.empty(1, H)
+    scratch = dict(xf=torch.empty(1, H), act=torch.empty(k, I),
+                   pair_rows=torch.empty(k, dtype=torch.int64),
+                   pair_experts=torch.empty(k, dtype=torch.int64), pair_weights=torch.empty(k))
+    job = MoeJob(x=x.data_ptr(), ids=ids.data_ptr(), weights=weights.data_ptr(),
+                 entries=entries.data_ptr(), rows=1, k=k, H=H, I=I,
+                 x_fp32=int(dtype == torch.float32), cpu_row=1, threads=threads,
+                 gu=gu.w.data_ptr(), gu_scale=gu.scale.data_ptr(), down=down.w.data_ptr(),
+                 down_scale=down.scale.data_ptr(), out=out.data_ptr(),
+                 **{name: t.data_ptr() for name, t in scratch.items()})
+    run_job(job)
+    return job.seconds
 
 
 def marked_tiers(layers: list[dict]) -> list:

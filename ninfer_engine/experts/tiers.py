@@ -116,22 +116,30 @@ class ExpertTiers:
         return torch.tensor(counts, dtype=torch.int32, device=self.device)
 
     def host_costs(self, first: LayerTier) -> tuple[float, float]:
-        """(fixed, per expert) seconds of a layer's host job: calls of one expert and of
-        `AUTO_EXPERTS` on one row, at the worker's team size (`host_jobs.default_threads`),
-        in the step's row dtype, each call on experts no earlier call read (a step's misses
-        come from memory: five repeated experts, 16 MB, stayed in the H200 host's 300 MiB
-        last-level cache, where they read at 1.6x the cores' rate from memory)."""
-        from .host_jobs import default_threads  # (host_jobs builds on the tiers' layers)
+        """(fixed, per expert) seconds of a layer's host job: the best of three calls of one
+        expert and of `AUTO_EXPERTS` on one row, at the worker's team size
+        (`host_jobs.default_threads`), in the step's row dtype, each call on experts no
+        earlier call read (a step's misses come from memory: five repeated experts, 16 MB,
+        stayed in the H100 host's 300 MiB last-level cache, where they read at 1.6x the
+        cores' rate from memory). The compiled job is timed by its own clock
+        (`host_jobs.job_seconds`: a call's Python, ~24 µs, is no part of a layer-step's
+        job), other forms (the CPU reference's) around `cpu_sum`."""
+        from .host_jobs import default_threads, job_seconds  # (host_jobs builds on tiers)
         E = self.placement.experts
         n = min(AUTO_EXPERTS, E)
         unread = itertools.cycle(range(E))
-        x = torch.zeros(1, first.host_down.w.shape[1], dtype=row_dtype(self.device))
+        dtype, threads = row_dtype(self.device), default_threads()
+        x = torch.zeros(1, first.host_down.w.shape[1], dtype=dtype)
 
-        def run(count: int):
+        def seconds(count: int) -> float:
             experts = [next(unread) for _ in range(count)]
-            first.cpu_sum(x, [0] * count, experts, [1.0] * count, threads=default_threads())
-        run(1)  # warm: the first call also starts the team
-        one, many = best_seconds(lambda: run(1)), best_seconds(lambda: run(n))
+            if first.compiled:
+                return job_seconds(first, experts, dtype, threads)
+            return best_seconds(lambda: first.cpu_sum(x, [0] * count, experts, [1.0] * count,
+                                                      threads=threads), repeats=1)
+        seconds(1)  # warm: the first call also starts the team
+        one = min(seconds(1) for _ in range(3))
+        many = min(seconds(n) for _ in range(3))
         per_expert = max((many - one) / max(n - 1, 1), 1e-9)
         return max(one - per_expert, 0.0), per_expert
 

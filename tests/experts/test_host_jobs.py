@@ -234,12 +234,13 @@ def test_balanced_count_is_the_best_split_of_a_layers_misses():
 
 def test_auto_splits_by_the_host_jobs_timed_costs(monkeypatch):
     """`--expert-cpu-share auto`: the host job's fixed and per-expert seconds from timing
-    calls of 1 and `AUTO_EXPERTS` experts at the worker's team (a fake clock here: a call
-    takes 0.1 ms + 1 ms an expert), each call on experts no earlier call read; the bus's per
-    expert from the measured host → slot copy; each count of misses gets `balanced_count`
-    with the hand-off's `HANDOFF_S` added to the fixed cost; `cpu_share` is the share of
-    many misses."""
+    calls of 1 and `AUTO_EXPERTS` experts at the worker's team (faked here, the compiled
+    job's own clock and `cpu_sum`'s wall clock alike: a call takes 0.1 ms + 1 ms an expert),
+    each call on experts no earlier call read; the bus's per expert from the measured host →
+    slot copy; each count of misses gets `balanced_count` with the hand-off's `HANDOFF_S`
+    added to the fixed cost; `cpu_share` is the share of many misses."""
     from ninfer_engine.experts import cost_model
+    from ninfer_engine.experts import host_jobs
     from ninfer_engine.experts import tiers as tiers_module
     E, I, H = 16, 32, 64
     config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
@@ -259,8 +260,14 @@ def test_auto_splits_by_the_host_jobs_timed_costs(monkeypatch):
     def timed_sum(x, rows, experts, weights, threads=0):
         calls.append((list(experts), threads))
         clock[0] += 1e-4 + 1e-3 * len(experts)
+
+    def timed_job(tier, experts, dtype, threads):
+        assert tier is first and dtype == torch.float32  # the CPU step's rows
+        calls.append((list(experts), threads))
+        return 1e-4 + 1e-3 * len(experts)
     monkeypatch.setattr(cost_model.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(first, "cpu_sum", timed_sum)
+    monkeypatch.setattr(host_jobs, "job_seconds", timed_job)
     fixed, per = tiers.host_costs(first)
     assert fixed == pytest.approx(1e-4) and per == pytest.approx(1e-3)
     read = [e for experts, _ in calls for e in experts]
