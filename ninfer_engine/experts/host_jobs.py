@@ -62,27 +62,37 @@ def default_threads() -> int:
     return int(os.environ.get(THREADS_ENV, 0)) or max(1, min(cores - 4, 3 * cores // 4))
 
 
+def scratch(rows: int, k: int, H: int, I: int) -> dict[str, torch.Tensor]:
+    """A job's host scratch for `rows` rows of `k` pairs (`ninfer_moe_job`'s xf .. pair_weights)."""
+    return dict(xf=torch.empty(rows, H), act=torch.empty(rows * k, I),
+                pair_rows=torch.empty(rows * k, dtype=torch.int64),
+                pair_experts=torch.empty(rows * k, dtype=torch.int64),
+                pair_weights=torch.empty(rows * k))
+
+
+def job_record(tier, rows: int, k: int, x_fp32: bool, threads: int, cpu_row: int,
+               buffers: dict[str, torch.Tensor]) -> MoeJob:
+    """A job over `tier`'s host stacks; `buffers`: x, ids, weights, entries, out and the
+    `scratch` (the record holds their addresses: the caller keeps them alive)."""
+    gu, down = tier.host_gu, tier.host_down
+    H, I = down.w.shape[1:]
+    return MoeJob(rows=rows, k=k, H=H, I=I, x_fp32=int(x_fp32), cpu_row=cpu_row,
+                  threads=threads, gu=gu.w.data_ptr(), gu_scale=gu.scale.data_ptr(),
+                  down=down.w.data_ptr(), down_scale=down.scale.data_ptr(),
+                  **{name: t.data_ptr() for name, t in buffers.items()})
+
+
 def job_seconds(tier, experts: list[int], dtype: torch.dtype, threads: int) -> float:
     """Seconds the compiled job (`ninfer_cpu_moe_job`, on this thread) spends on one `dtype`
     row routed to `experts` of `tier`'s host store, by its own clock: what a layer-step's job
     costs the worker, without the Python around a call."""
-    gu, down = tier.host_gu, tier.host_down
-    H, I = down.w.shape[1:]
+    H, I = tier.host_down.w.shape[1:]
     k = len(experts)
-    x = torch.zeros(1, H, dtype=dtype)
-    ids = torch.tensor(experts, dtype=torch.int64)
-    entries = torch.ones(k, dtype=torch.int64)  # every pair the job's (cpu_row 1 below)
-    weights = torch.ones(k)
-    out = torch.empty(1, H)
-    scratch = dict(xf=torch.empty(1, H), act=torch.empty(k, I),
-                   pair_rows=torch.empty(k, dtype=torch.int64),
-                   pair_experts=torch.empty(k, dtype=torch.int64), pair_weights=torch.empty(k))
-    job = MoeJob(x=x.data_ptr(), ids=ids.data_ptr(), weights=weights.data_ptr(),
-                 entries=entries.data_ptr(), rows=1, k=k, H=H, I=I,
-                 x_fp32=int(dtype == torch.float32), cpu_row=1, threads=threads,
-                 gu=gu.w.data_ptr(), gu_scale=gu.scale.data_ptr(), down=down.w.data_ptr(),
-                 down_scale=down.scale.data_ptr(), out=out.data_ptr(),
-                 **{name: t.data_ptr() for name, t in scratch.items()})
+    buffers = dict(x=torch.zeros(1, H, dtype=dtype),
+                   ids=torch.tensor(experts, dtype=torch.int64),
+                   entries=torch.ones(k, dtype=torch.int64),  # every pair the job's (row 1)
+                   weights=torch.ones(k), out=torch.empty(1, H), **scratch(1, k, H, I))
+    job = job_record(tier, 1, k, dtype == torch.float32, threads, 1, buffers)
     run_job(job)
     return job.seconds
 
@@ -119,10 +129,7 @@ class HostJobs:
         self.ctrl = torch.zeros(host_handoff.JOBS + MAX_JOBS, dtype=torch.int64, **pin)
         self.failed = torch.zeros(1, dtype=torch.int32, **pin)
         self.need = torch.zeros(1, dtype=torch.int32, device=self.device)
-        self.scratch = dict(xf=torch.empty(rows, H), act=torch.empty(rows * k, I),
-                            pair_rows=torch.empty(rows * k, dtype=torch.int64),
-                            pair_experts=torch.empty(rows * k, dtype=torch.int64),
-                            pair_weights=torch.empty(rows * k))
+        self.scratch = scratch(rows, k, H, I)
         self.jobs: dict[tuple[int, int], tuple[int, MoeJob]] = {}
         self.posted: torch.Tensor | None = None  # the ids of the layer posted last
         if self.compiled:
@@ -197,15 +204,10 @@ class HostJobs:
         if key not in self.jobs:
             assert len(self.jobs) < MAX_JOBS
             assert dtype in (torch.bfloat16, torch.float32) and rows * k <= self.ids.numel()
-            gu, down = tier.host_gu, tier.host_down
-            H, I = down.w.shape[1:]
-            job = MoeJob(x=self.x.data_ptr(), ids=self.ids.data_ptr(),
-                         weights=self.weights.data_ptr(), entries=self.entries.data_ptr(),
-                         rows=rows, k=k, H=H, I=I, x_fp32=int(dtype == torch.float32),
-                         threads=self.threads, gu=gu.w.data_ptr(),
-                         gu_scale=gu.scale.data_ptr(), down=down.w.data_ptr(),
-                         down_scale=down.scale.data_ptr(), out=self.out.data_ptr(),
-                         **{name: t.data_ptr() for name, t in self.scratch.items()})
+            job = job_record(tier, rows, k, dtype == torch.float32, self.threads,
+                             tier.cpu_row, dict(x=self.x, ids=self.ids, weights=self.weights,
+                                                entries=self.entries, out=self.out,
+                                                **self.scratch))
             self.jobs[key] = (len(self.jobs), job)
             self.ctrl[host_handoff.JOBS + len(self.jobs) - 1] = ctypes.addressof(job)
             tier.in_place.jobs.append(job)
