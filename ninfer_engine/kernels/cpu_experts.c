@@ -5,8 +5,9 @@
 // scale per output row ([E, 2I], [E, H]). For each (row, expert, weight) pair:
 //     y[row] += weight * down_e(silu(gate_e x[row]) * up_e x[row])
 // in fp32: codes are decoded exactly (through fp16 and F16C, `decode16`), each dot
-// accumulates in fp32 and is multiplied by its row scale once. OpenMP over the pairs' gate|up
-// rows, then over y's columns (each thread owns its columns: no two threads add to one).
+// accumulates in fp32 and is multiplied by its row scale once. Threads split the pairs' gate|up
+// rows, then y's columns (each thread owns its columns: no two threads add to one): a direct
+// call's OpenMP team, the worker's jobs a spinning team (cpu_experts_team.h).
 // bf16 rows (the captured step's) take cpu_experts_bf16.h's form where the CPU has it.
 #include <immintrin.h>
 #include <math.h>
@@ -101,11 +102,88 @@ static float dot_e4m3_512(const uint8_t *w, const float *x, int64_t n) {
     return s;
 }
 
-#include "cpu_experts_bf16.h"
-
 // The widest form this CPU runs, or a narrower one (`ninfer_experts_isa`, for the tests' and
 // the benchmark's A/B): 0 AVX2, 1 AVX-512, 2 AVX-512 with the bf16 tables for bf16 inputs
 static int ISA;
+
+static inline float dot(const uint8_t *w, const float *x, int64_t n) {
+    return ISA ? dot_e4m3_512(w, x, n) : dot_e4m3(w, x, n);
+}
+
+// One call's operands: x [B, H] (fp32, or bf16 in `lut_slot` order for the tables' form);
+// pairs: rows[p], experts[p], weights[p]; act: scratch [pairs, I] (fp32, or bf16 in
+// `lut_slot` order); y [B, H] fp32, added to
+typedef struct {
+    const void *x;
+    int64_t H, I, pairs;
+    const int64_t *rows, *experts;
+    const float *weights;
+    const uint8_t *gu;
+    const uint16_t *gu_scale;
+    const uint8_t *down;
+    const uint16_t *down_scale;
+    void *act;
+    float *y;
+} experts_args;
+
+// A form's two phases over [lo, hi) of their index ranges: gate|up over the pairs' I rows
+// (pair p, row i at p * I + i), then down over y's H columns (each column one thread's: no two
+// threads add to one). Every index is computed alone, so the bits do not depend on the split.
+typedef void (*phase_fn)(const experts_args *, int64_t lo, int64_t hi);
+typedef struct {
+    phase_fn gate_up, down;
+} experts_form;
+
+static void gate_up_fp32(const experts_args *a, int64_t lo, int64_t hi) {
+    const float *x = a->x;
+    float *act = a->act;
+    for (int64_t q = lo; q < hi; q++) {
+        const int64_t p = q / a->I, i = q % a->I;
+        const int64_t g = a->experts[p] * 2 * a->I + i, u = g + a->I;
+        const float *xr = x + a->rows[p] * a->H;
+        float v = dot(a->gu + g * a->H, xr, a->H) * (256.0f * bf16(a->gu_scale[g]));
+        float w = dot(a->gu + u * a->H, xr, a->H) * (256.0f * bf16(a->gu_scale[u]));
+        act[q] = v / (1.0f + expf(-v)) * w;
+    }
+}
+
+static void down_fp32(const experts_args *a, int64_t lo, int64_t hi) {
+    const float *act = a->act;
+    for (int64_t h = lo; h < hi; h++) {
+        for (int64_t p = 0; p < a->pairs; p++) {
+            const int64_t d = a->experts[p] * a->H + h;
+            a->y[a->rows[p] * a->H + h] += a->weights[p] * (256.0f * bf16(a->down_scale[d])) *
+                                           dot(a->down + d * a->I, act + p * a->I, a->I);
+        }
+    }
+}
+
+static const experts_form FP32_FORM = {gate_up_fp32, down_fp32};
+
+#include "cpu_experts_bf16.h"
+#include "cpu_experts_team.h"
+
+// The form on `team` threads: the caller's OpenMP team, or (`pooled`, the worker's jobs) the
+// spinning team of cpu_experts_team.h, which a job every few hundred µs finds awake
+// (`ninfer_experts_team` 0 runs jobs on OpenMP too: the benchmark's A/B)
+static int JOB_TEAM = 1;
+
+int64_t ninfer_experts_team(int64_t spinning) {
+    if (spinning >= 0) JOB_TEAM = (int)spinning;
+    return JOB_TEAM;
+}
+
+static void run_form(const experts_args *a, experts_form f, int team, int pooled) {
+    const int64_t n1 = a->pairs * a->I, n2 = a->H;
+    if (pooled && team > 1 && team_run(a, f, team)) return;
+    #pragma omp parallel num_threads(team) if (team > 1)
+    {
+        const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+        f.gate_up(a, n1 * t / n, n1 * (t + 1) / n);
+        #pragma omp barrier
+        f.down(a, n2 * t / n, n2 * (t + 1) / n);
+    }
+}
 
 int64_t ninfer_experts_isa(int64_t level) {
     __builtin_cpu_init();
@@ -118,8 +196,18 @@ int64_t ninfer_experts_isa(int64_t level) {
 
 __attribute__((constructor)) static void pick_isa(void) { ninfer_experts_isa(2); }
 
-static inline float dot(const uint8_t *w, const float *x, int64_t n) {
-    return ISA ? dot_e4m3_512(w, x, n) : dot_e4m3(w, x, n);
+static int team_size(int64_t threads) {
+    return threads > 0 ? (int)threads : omp_get_max_threads();
+}
+
+static void fp8_experts(const float *x, int64_t H, int64_t I, int64_t pairs,
+                        const int64_t *rows, const int64_t *experts, const float *weights,
+                        const uint8_t *gu, const uint16_t *gu_scale, const uint8_t *down,
+                        const uint16_t *down_scale, float *act, float *y, int64_t threads,
+                        int pooled) {
+    const experts_args a = {x, H, I, pairs, rows, experts, weights, gu, gu_scale, down,
+                            down_scale, act, y};
+    run_form(&a, FP32_FORM, team_size(threads), pooled);
 }
 
 // x [B, H] fp32; pairs: rows[p], experts[p], weights[p]; act: scratch [pairs, I] fp32;
@@ -128,28 +216,29 @@ void ninfer_fp8_experts(const float *x, int64_t H, int64_t I, int64_t pairs,
                         const int64_t *rows, const int64_t *experts, const float *weights,
                         const uint8_t *gu, const uint16_t *gu_scale, const uint8_t *down,
                         const uint16_t *down_scale, float *act, float *y, int64_t threads) {
-    int team = threads > 0 ? (int)threads : omp_get_max_threads();
-    #pragma omp parallel num_threads(team) if (team > 1)
-    {
-        #pragma omp for collapse(2) schedule(static)
-        for (int64_t p = 0; p < pairs; p++) {
-            for (int64_t i = 0; i < I; i++) {
-                const int64_t g = experts[p] * 2 * I + i, u = g + I;
-                const float *xr = x + rows[p] * H;
-                float a = dot(gu + g * H, xr, H) * (256.0f * bf16(gu_scale[g]));
-                float b = dot(gu + u * H, xr, H) * (256.0f * bf16(gu_scale[u]));
-                act[p * I + i] = a / (1.0f + expf(-a)) * b;
-            }
-        }
-        #pragma omp for schedule(static)
-        for (int64_t h = 0; h < H; h++) {
-            for (int64_t p = 0; p < pairs; p++) {
-                const int64_t d = experts[p] * H + h;
-                y[rows[p] * H + h] += weights[p] * (256.0f * bf16(down_scale[d])) *
-                                      dot(down + d * I, act + p * I, I);
-            }
-        }
+    fp8_experts(x, H, I, pairs, rows, experts, weights, gu, gu_scale, down, down_scale, act, y,
+                threads, 0);
+}
+
+static void fp8_experts_bf16(const uint16_t *x, int64_t B, int64_t H, int64_t I,
+                             int64_t pairs, const int64_t *rows, const int64_t *experts,
+                             const float *weights, const uint8_t *gu, const uint16_t *gu_scale,
+                             const uint8_t *down, const uint16_t *down_scale, float *xs,
+                             float *act, float *y, int64_t threads, int pooled) {
+    if (ISA < 2 || H % 64 || I % 64) {
+        for (int64_t i = 0; i < B * H; i++) xs[i] = bf16(x[i]);
+        fp8_experts(xs, H, I, pairs, rows, experts, weights, gu, gu_scale, down, down_scale,
+                    act, y, threads, pooled);
+        return;
     }
+#if LUT_BUILT
+    uint16_t *xl = (uint16_t *)xs;
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t h = 0; h < H; h++) xl[r * H + lut_slot(h)] = x[r * H + h];
+    const experts_args a = {xl, H, I, pairs, rows, experts, weights, gu, gu_scale, down,
+                            down_scale, act, y};
+    run_form(&a, LUT_FORM, team_size(threads), pooled);
+#endif
 }
 
 // The same sum for bf16 x [B, H]: the bf16 tables' form where the CPU has it (ISA 2) and H
@@ -160,19 +249,8 @@ void ninfer_fp8_experts_bf16(const uint16_t *x, int64_t B, int64_t H, int64_t I,
                              const float *weights, const uint8_t *gu, const uint16_t *gu_scale,
                              const uint8_t *down, const uint16_t *down_scale, float *xs,
                              float *act, float *y, int64_t threads) {
-    if (ISA < 2 || H % 64 || I % 64) {
-        for (int64_t i = 0; i < B * H; i++) xs[i] = bf16(x[i]);
-        ninfer_fp8_experts(xs, H, I, pairs, rows, experts, weights, gu, gu_scale, down,
-                           down_scale, act, y, threads);
-        return;
-    }
-#if LUT_BUILT
-    uint16_t *xl = (uint16_t *)xs;
-    for (int64_t r = 0; r < B; r++)
-        for (int64_t h = 0; h < H; h++) xl[r * H + lut_slot(h)] = x[r * H + h];
-    experts_lut(xl, H, I, pairs, rows, experts, weights, gu, gu_scale, down, down_scale,
-                (uint16_t *)act, y, threads > 0 ? (int)threads : omp_get_max_threads());
-#endif
+    fp8_experts_bf16(x, B, H, I, pairs, rows, experts, weights, gu, gu_scale, down, down_scale,
+                     xs, act, y, threads, 0);
 }
 
 // One offloaded MoE layer's CPU share of a step (`experts.host_jobs`): the step staged its
@@ -211,13 +289,13 @@ void ninfer_cpu_moe_job(ninfer_moe_job *j) {
     }
     memset(j->out, 0, (size_t)(j->rows * j->H) * sizeof(float));
     if (n && j->x_fp32) {
-        ninfer_fp8_experts((const float *)j->x, j->H, j->I, n, j->pair_rows, j->pair_experts,
-                           j->pair_weights, j->gu, j->gu_scale, j->down, j->down_scale, j->act,
-                           j->out, j->threads);
+        fp8_experts((const float *)j->x, j->H, j->I, n, j->pair_rows, j->pair_experts,
+                    j->pair_weights, j->gu, j->gu_scale, j->down, j->down_scale, j->act, j->out,
+                    j->threads, JOB_TEAM);
     } else if (n) {
-        ninfer_fp8_experts_bf16((const uint16_t *)j->x, j->rows, j->H, j->I, n, j->pair_rows,
-                                j->pair_experts, j->pair_weights, j->gu, j->gu_scale, j->down,
-                                j->down_scale, j->xf, j->act, j->out, j->threads);
+        fp8_experts_bf16((const uint16_t *)j->x, j->rows, j->H, j->I, n, j->pair_rows,
+                         j->pair_experts, j->pair_weights, j->gu, j->gu_scale, j->down,
+                         j->down_scale, j->xf, j->act, j->out, j->threads, JOB_TEAM);
     }
     for (int64_t p = 0; p < n; p++) {  // (a few dozen pairs at most: quadratic is fine)
         int64_t q = 0;

@@ -20,7 +20,7 @@ import torch
 from .cpu_decode import FLAGS, build_library, unavailable
 
 SOURCE = Path(__file__).with_name("cpu_experts.c")
-HEADERS = (Path(__file__).with_name("cpu_experts_bf16.h"),)
+HEADERS = tuple(Path(__file__).with_name(f"cpu_experts_{part}.h") for part in ("bf16", "team"))
 ISAS = ("avx2", "avx512", "avx512-bf16")  # the kernel's forms, narrowest first
 
 
@@ -41,6 +41,8 @@ def _library() -> ctypes.CDLL:
     lib.ninfer_experts_isa.restype = i64
     lib.ninfer_experts_prefetch.argtypes = [i64]
     lib.ninfer_experts_prefetch.restype = i64
+    lib.ninfer_experts_team.argtypes = [i64]
+    lib.ninfer_experts_team.restype = i64
     lib.ninfer_jobs_start.argtypes = [p]
     lib.ninfer_jobs_start.restype = i64
     lib.ninfer_jobs_stop.argtypes = [p, i64]
@@ -59,6 +61,12 @@ def use_prefetch(nbytes: int) -> int:
     """Prefetch `nbytes` ahead of each dot's reads from now on (-1: leave it; the default at
     load is 1024, the device host's best); the distance in effect."""
     return _library().ninfer_experts_prefetch(nbytes)
+
+
+def use_spinning_team(spinning: int) -> bool:
+    """Whether the worker's jobs run on the spinning team (1, the default) or on an OpenMP team
+    (0: the benchmark's A/B) from now on (-1: leave it); the choice in effect."""
+    return bool(_library().ninfer_experts_team(spinning))
 
 
 def job_size() -> int:

@@ -73,37 +73,35 @@ LUT_TARGET static inline float dot_lut(const uint8_t *w, const uint16_t *x, int6
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
-// ninfer_fp8_experts's sum for x [B, H] already in `lut_slot` order (xs); act: scratch
-// [pairs, I] bf16, in `lut_slot` order
-LUT_TARGET static void experts_lut(const uint16_t *xs, int64_t H, int64_t I, int64_t pairs,
-                                   const int64_t *rows, const int64_t *experts,
-                                   const float *weights, const uint8_t *gu,
-                                   const uint16_t *gu_scale, const uint8_t *down,
-                                   const uint16_t *down_scale, uint16_t *act, float *y,
-                                   int team) {
-    #pragma omp parallel num_threads(team) if (team > 1)
-    {
-        const lut_regs t = lut_load();
-        #pragma omp for collapse(2) schedule(static)
-        for (int64_t p = 0; p < pairs; p++) {
-            for (int64_t i = 0; i < I; i++) {
-                const int64_t g = experts[p] * 2 * I + i, u = g + I;
-                const uint16_t *xr = xs + rows[p] * H;
-                float a = dot_lut(gu + g * H, xr, H, t) * bf16(gu_scale[g]);
-                float b = dot_lut(gu + u * H, xr, H, t) * bf16(gu_scale[u]);
-                act[p * I + lut_slot(i)] = bf16_round(a / (1.0f + expf(-a)) * b);
-            }
-        }
-        #pragma omp for schedule(static)
-        for (int64_t h = 0; h < H; h++) {
-            for (int64_t p = 0; p < pairs; p++) {
-                const int64_t d = experts[p] * H + h;
-                y[rows[p] * H + h] += weights[p] * bf16(down_scale[d]) *
-                                      dot_lut(down + d * I, act + p * I, I, t);
-            }
+// The form's phases (`experts_form`): x [B, H] already in `lut_slot` order; act [pairs, I]
+// bf16, in `lut_slot` order
+LUT_TARGET static void gate_up_lut(const experts_args *a, int64_t lo, int64_t hi) {
+    const lut_regs t = lut_load();
+    const uint16_t *x = a->x;
+    uint16_t *act = a->act;
+    for (int64_t q = lo; q < hi; q++) {
+        const int64_t p = q / a->I, i = q % a->I;
+        const int64_t g = a->experts[p] * 2 * a->I + i, u = g + a->I;
+        const uint16_t *xr = x + a->rows[p] * a->H;
+        float v = dot_lut(a->gu + g * a->H, xr, a->H, t) * bf16(a->gu_scale[g]);
+        float w = dot_lut(a->gu + u * a->H, xr, a->H, t) * bf16(a->gu_scale[u]);
+        act[p * a->I + lut_slot(i)] = bf16_round(v / (1.0f + expf(-v)) * w);
+    }
+}
+
+LUT_TARGET static void down_lut(const experts_args *a, int64_t lo, int64_t hi) {
+    const lut_regs t = lut_load();
+    const uint16_t *act = a->act;
+    for (int64_t h = lo; h < hi; h++) {
+        for (int64_t p = 0; p < a->pairs; p++) {
+            const int64_t d = a->experts[p] * a->H + h;
+            a->y[a->rows[p] * a->H + h] += a->weights[p] * bf16(a->down_scale[d]) *
+                                           dot_lut(a->down + d * a->I, act + p * a->I, a->I, t);
         }
     }
 }
+
+static const experts_form LUT_FORM = {gate_up_lut, down_lut};
 #else
 #define LUT_BUILT 0
 #endif

@@ -7,12 +7,14 @@ interpreter on the CPU, inside a CUDA graph on CUDA). The compiled job itself
 from __future__ import annotations
 
 import ctypes
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ninfer_engine.experts import plan_placement
-from ninfer_engine.experts.host_jobs import HostJobs, MoeJob, default_threads
+from ninfer_engine.experts.host_jobs import (HostJobs, MoeJob, default_threads, job_record,
+                                             scratch)
 from ninfer_engine.experts.tiers import ExpertTiers
 from ninfer_engine.kernels.cpu_experts import (ISAS, cpu_experts_unavailable, fp8_experts_ref,
                                                job_size, run_job, use_isa)
@@ -71,6 +73,36 @@ def test_the_compiled_job_sums_the_pairs_its_table_sends_to_the_zero_row(x_dtype
     tables = _tables_form(use_isa(ISAS[-1]), x, I, H)
     assert ((out.double() - want).abs() <= _bound(x, *summed, act_bf16=tables)).all()
     assert torch.equal(out[1], torch.zeros(H)) or any(p // k == 1 for p in pairs)
+
+
+@needs_kernel
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_the_job_has_the_same_bits_on_any_team_and_any_number_of_jobs(x_dtype):
+    """A job runs on the spinning team of its size (cpu_experts_team.h), which splits each
+    projection's rows into contiguous runs and computes every output alone: teams of 1 to 4
+    threads, each running a dozen jobs in a row (the task counter and the barrier reused,
+    the team rebuilt when the size changes), give the one-thread job's bits every time."""
+    gen = torch.Generator().manual_seed(3)
+    E, k, rows, I, H, cpu_row = 6, 3, 3, 64, 128, 9
+    gu, down = _stacks(E, I, H, gen, _normal_codes)
+    ids = torch.tensor([1, 0, 5, 3, 5, 2, 4, 0, 1])
+    entries = torch.full((rows * k,), cpu_row)
+    weights = torch.rand(rows * k, generator=gen)
+    x = torch.randn(rows, H, generator=gen).to(x_dtype)
+
+    def job_out(threads: int) -> torch.Tensor:
+        out = torch.empty(rows, H)
+        buffers = dict(x=x, ids=ids, weights=weights, entries=entries, out=out,
+                       **scratch(rows, k, H, I))
+        job = job_record(SimpleNamespace(host_gu=gu, host_down=down), rows, k,
+                         x_dtype == torch.float32, threads, cpu_row, buffers)
+        run_job(job)
+        assert job.pairs == rows * k
+        return out
+    one = job_out(1)
+    for threads in (2, 3, 4, 2):
+        for _ in range(12):
+            assert torch.equal(job_out(threads), one)
 
 
 @needs_kernel
