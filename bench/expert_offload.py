@@ -274,12 +274,16 @@ def main() -> int:
     ap.add_argument("--cpu-prefetch", type=int, default=None, metavar="BYTES",
                     help="the host expert kernel's prefetch distance (kernels.cpu_experts."
                     "use_prefetch; default: the kernel's own)")
+    ap.add_argument("--cpu-team", choices=("spin", "openmp"), default="spin",
+                    help="the team the worker's host jobs run on (kernels.cpu_experts."
+                    "use_spinning_team; default: spin, the engine's)")
     ap.add_argument("--only", nargs="*", default=None, metavar="SHARE:TIER:ROUTING",
                     help="run only these configurations (0.5:tier:skewed, 0:stacked:uniform)")
     args = ap.parse_args()
-    if args.cpu_prefetch is not None:
-        from ninfer_engine.kernels.cpu_experts import use_prefetch
-        use_prefetch(args.cpu_prefetch)
+    if args.cpu_prefetch is not None or args.cpu_team != "spin":
+        from ninfer_engine.kernels.cpu_experts import use_prefetch, use_spinning_team
+        use_prefetch(-1 if args.cpu_prefetch is None else args.cpu_prefetch)
+        use_spinning_team(int(args.cpu_team == "spin"))
     began, skipped = time.perf_counter(), []
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     arch = "tiny-moe" if args.smoke else args.arch
@@ -289,7 +293,7 @@ def main() -> int:
     result = dict(
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=" ".join(sys.argv), arch=arch, recipe=recipe, miss=args.miss,
-        prefetch=args.prefetch, cpu_prefetch=args.cpu_prefetch,
+        prefetch=args.prefetch, cpu_prefetch=args.cpu_prefetch, cpu_team=args.cpu_team,
         routing={"uniform": "random router rows", "skewed": f"router rows × rank^-{SKEW}"},
         machine=dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                      torch=torch.__version__, python=platform.python_version(),
@@ -329,6 +333,9 @@ def main() -> int:
             step = "graph step" if graphs is not None and graphs.capture else "eager step"
             marks = (f"auto {tiers.cpu_share:.2f}" if cpu_share == "auto" else
                      f"{tiers.cpu_share:.2f}" if tiers else "")
+            if tiers and tiers.auto_seconds:
+                log("  auto: " + ", ".join(f"{name} {1e6 * s:.1f} us"
+                                           for name, s in tiers.auto_seconds.items()))
             for batch in (1, 8):
                 row = dict(routing=routing, host_share=share, build_s=built,
                            miss=miss if tiers else None,
@@ -336,6 +343,8 @@ def main() -> int:
                            else f"all stacked, {step}",
                            cpu_share_marked=tiers.cpu_share if tiers else 0.0,
                            cpu_share_asked=cpu_share,
+                           auto_us={n: 1e6 * s for n, s in tiers.auto_seconds.items()}
+                           if tiers else {},
                            slots=tiers.placement.slots if tiers else config["num_experts"],
                            **decode(engine, tiers, batch, args.steps, config["vocab_size"],
                                     seed=batch))

@@ -76,6 +76,7 @@ class ExpertTiers:
         # misses read in place by the captured step (`in_place`): every form but group scales
         # (Q4/Q5), whose kernels take no `Remap`; `auto` prefers it to a host sync a layer
         self.cpu_share = 0.0
+        self.auto_seconds: dict[str, float] = {}  # `auto`'s costs of a layer-step's misses
         if miss in ("read", "auto") and all(scale_layout(s.w, s.scale)[0] < 2
                                             for s in (first.host_gu, first.host_down)):
             tables = Tables(len(self.layers), E, self.device)
@@ -106,6 +107,7 @@ class ExpertTiers:
             fixed, per_expert = self.host_costs(first)
             bus = first.expert_bytes / self.costs.copy_bytes_per_s
             self.cpu_share = bus / (per_expert + bus)
+            self.auto_seconds = dict(fixed=fixed + HANDOFF_S, per_expert=per_expert, bus=bus)
             counts = [balanced_count(m, fixed + HANDOFF_S, per_expert, bus)
                       for m in range(SPLIT_SIZE)]
         elif not 0 < asked <= 1:
