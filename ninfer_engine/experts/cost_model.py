@@ -17,6 +17,7 @@ import torch
 from ..models.experts import ExpertStack
 
 ROWS = (1, 2, 4, 8, 16, 64, 256)
+COPY_EXPERTS = 4  # experts the copy rate is timed over
 
 
 def row_dtype(device: torch.device) -> torch.dtype:
@@ -59,22 +60,28 @@ def best_seconds(fn, repeats: int = 3, sync=lambda: None) -> float:
 
 def measure(host: tuple[ExpertStack, ExpertStack], slots: tuple[ExpertStack, ExpertStack],
             compute, repeats: int = 3) -> MissCosts:
-    """Time copying host expert 0 into slot 0 and `compute(x, 0)` (the CPU SwiGLU of expert
-    0) at each of `ROWS`; best of `repeats`."""
+    """Time copying host experts into slot 0 (one, then `COPY_EXPERTS` in a row, expert 0
+    last: the rate is the slope, without a call's launch and sync) and `compute(x, 0)` (the
+    CPU SwiGLU of expert 0) at each of `ROWS`; best of `repeats`."""
     device = slots[0].w.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def best(fn) -> float:
         return best_seconds(fn, repeats, sync)
 
-    def copy():
-        for src, dst in zip(host, slots):
-            dst.w[0].copy_(src.w[0], non_blocking=True)
-            if src.scale is not None:
-                dst.scale[0].copy_(src.scale[0], non_blocking=True)
+    def copy(experts):
+        for e in experts:
+            for src, dst in zip(host, slots):
+                dst.w[0].copy_(src.w[e], non_blocking=True)
+                if src.scale is not None:
+                    dst.scale[0].copy_(src.scale[e], non_blocking=True)
 
     nbytes = sum(s.expert_bytes for s in host)
-    rate = nbytes / best(copy)
+    n = min(COPY_EXPERTS, host[0].w.shape[0])
+    one, many = best(lambda: copy([0])), best(lambda: copy(range(n - 1, -1, -1)))
+    # (one 3.2 MB expert timed alone on an H100: 81-86 µs, where the captured step reads a
+    # miss in place in ~60: bench/results/h100-expert-offload-cpu-team.md)
+    rate = (n - 1) * nbytes / (many - one) if n > 1 and many > one else n * nbytes / many
     hidden = host[1].w.shape[1]
     dtype = row_dtype(device)
     compute(torch.zeros(1, hidden, dtype=dtype), 0)  # warm: a first call also starts the team

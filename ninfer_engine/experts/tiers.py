@@ -43,15 +43,22 @@ HANDOFF_S = 20e-6
 
 
 def balanced_count(misses: int, fixed: float, per_expert: float, bus: float) -> int:
-    """How many of a layer-step's `misses` the host computes so that the layer's slower side
-    is fastest: the c minimising max(fixed·[c > 0] + c·per_expert, (misses − c)·bus), seconds
-    of the host job against the bus's in-place reads; the smaller c at a tie (a few misses
-    stay on the bus: the job's fixed cost outlasts reading them)."""
+    """How many of a layer-step's `misses` the host computes so that the layer is fastest:
+    the c minimising max(fixed·[c > 0] + c·per_expert, (misses − c)·bus, misses·floor),
+    seconds of the host job, of the bus's in-place reads, and of reading every missed
+    expert from host DRAM, which both sides share and which reads no faster than the faster
+    side alone (floor = min(per_expert, bus): on the device hosts the cores alone read at
+    DRAM's rate); the smallest such c (a few misses stay on the bus: the job's fixed cost
+    outlasts reading them)."""
+    floor = misses * min(per_expert, bus)
+
     def cost(c: int) -> float:
-        return max(fixed * (c > 0) + c * per_expert, (misses - c) * bus)
+        return max(fixed * (c > 0) + c * per_expert, (misses - c) * bus, floor)
     near = int((misses * bus - fixed) // (per_expert + bus))  # where the two sides cross
-    return min((c for c in (0, near, near + 1) if 0 <= c <= misses),
-               key=lambda c: (cost(c), c))
+    best = min((c for c in (0, near, near + 1) if 0 <= c <= misses), key=lambda c: (cost(c), c))
+    # at the floor fewer may do as well: the fewest whose bus side fits in the best time
+    fewest = max(0, math.ceil(misses - cost(best) / bus))
+    return fewest if fewest < best and cost(fewest) <= cost(best) else best
 
 
 class ExpertTiers:
@@ -106,7 +113,7 @@ class ExpertTiers:
         if asked == "auto":
             fixed, per_expert = self.host_costs(first)
             bus = first.expert_bytes / self.costs.copy_bytes_per_s
-            self.cpu_share = bus / (per_expert + bus)
+            self.cpu_share = max(0.0, 1 - per_expert / bus)  # (`balanced_count` as m grows)
             self.auto_seconds = dict(fixed=fixed + HANDOFF_S, per_expert=per_expert, bus=bus)
             counts = [balanced_count(m, fixed + HANDOFF_S, per_expert, bus)
                       for m in range(SPLIT_SIZE)]

@@ -247,21 +247,26 @@ def test_the_worker_team_leaves_cores_for_the_engine(monkeypatch):
 
 
 def test_balanced_count_is_the_best_split_of_a_layers_misses():
-    """The closed form's candidates hold the brute-force optimum of max(host job, bus), the
-    smaller count at a tie; a job's fixed cost keeps a few misses on the bus."""
+    """The closed form's candidates hold the brute-force optimum of max(host job, bus, the
+    host DRAM floor), the smallest count at a tie; a job's fixed cost keeps a few misses on
+    the bus, and so does a bus no slower than the cores (DRAM reads no faster than either)."""
     from ninfer_engine.experts.tiers import balanced_count
     gen = torch.Generator().manual_seed(3)
-    for _ in range(2000):
+    for _ in range(4000):
         m = int(torch.randint(0, 40, (1,), generator=gen))
         fixed, per, bus = (float(v) for v in torch.rand(3, generator=gen) * 1e-4)
         fixed *= float(torch.randint(0, 2, (1,), generator=gen))  # none half the time
 
         def cost(c):
-            return max(fixed * (c > 0) + c * per, (m - c) * bus)
+            return max(fixed * (c > 0) + c * per, (m - c) * bus, m * min(per, bus))
         best = min(range(m + 1), key=lambda c: (cost(c), c))
         assert balanced_count(m, fixed, per, bus) == best
-    assert balanced_count(4, 0.0, 1.0, 1.0) == 2 and balanced_count(5, 0.0, 1.0, 1.0) == 2
-    assert balanced_count(5, 10.0, 1.0, 1.0) == 0 and balanced_count(0, 0.0, 1.0, 1.0) == 0
+    # cores twice the bus's rate: half the misses (the floor: all of them at the cores' rate)
+    assert balanced_count(4, 0.0, 1.0, 2.0) == 2 and balanced_count(5, 0.0, 1.0, 2.0) == 3
+    assert balanced_count(5, 10.0, 1.0, 2.0) == 0 and balanced_count(0, 0.0, 1.0, 2.0) == 0
+    assert balanced_count(9, 0.0, 1.0, 1.0) == 0  # the bus alone reads as fast as DRAM allows
+    # the H100 host's timed costs (µs): the 0.5 split's counts from 2 to 7 misses, none of 1
+    assert [balanced_count(m, 40, 31.4, 57) for m in range(1, 8)] == [0, 1, 2, 2, 3, 3, 4]
 
 
 def test_auto_splits_by_the_host_jobs_timed_costs(monkeypatch):
@@ -310,7 +315,7 @@ def test_auto_splits_by_the_host_jobs_timed_costs(monkeypatch):
     want = [tiers_module.balanced_count(m, 1e-4 + tiers_module.HANDOFF_S, 1e-3, bus)
             for m in range(tiers_module.SPLIT_SIZE)]
     assert split.dtype == torch.int32 and split.tolist() == want
-    assert tiers.cpu_share == pytest.approx(bus / (1e-3 + bus))
+    assert tiers.cpu_share == pytest.approx(max(0.0, 1 - 1e-3 / bus))
     fixed_share = tiers.host_split(0.25, first)
     assert fixed_share.tolist()[:9] == [0, 0, 1, 1, 1, 1, 2, 2, 2] and tiers.cpu_share == 0.25
     assert tiers.host_split(None, first) is None
