@@ -188,8 +188,7 @@ class HostJobs:
             table[self.posted[held]] = -1 - self.posted[held]
             return
         host_handoff.wait_done(self.ctrl, self.need, self.failed)
-        host_handoff.add_out(self.out[:rows], acc, self.need)
-        host_handoff.restore(self.posted, table, tier.cpu_row, self.need)
+        host_handoff.add_out(self.out[:rows], acc, self.need, self.posted, table, tier.cpu_row)
 
     def check(self) -> None:
         """Raise where a job was not done in time (the step's sums then lack its pairs)."""

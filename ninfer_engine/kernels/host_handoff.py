@@ -17,13 +17,13 @@ addressing; a page-locked staging area carries the inputs one way and `out` the 
 - `wait_done`: spin until `DONE` == `POSTED` (the worker writes `out`, then `DONE`), at most
   `polls` reads (~1 µs each over the bus), setting `failed` [1] past that;
 - `add_out`: `acc += out`, a kernel after `wait_done`, so it reads the `out` written before
-  `DONE`;
-- `restore`: after the layer's expert kernels, the entries the split set back to -1 - e.
+  `DONE`; and, the layer's expert kernels being done, the entries the split set back to
+  -1 - e.
 
 `split_misses` is the split's torch form (the CPU reference's inline path, and the kernel's
 reference in the tests).
 
-Kernel launches (four, and `restore` with a split) instead of a CUDA host function: a captured
+Kernel launches (four) instead of a CUDA host function: a captured
 host node cost 73 µs a layer on the H200 (bench/results/h200-host-contention.json), these a
 few µs. Under the Triton interpreter (the CPU tests) they run in order on the calling thread
 while the worker runs on its own.
@@ -86,22 +86,19 @@ def _wait_kernel(ctrl_ptr, need_ptr, failed_ptr, polls):
 
 
 @triton.jit
-def _add_kernel(out_ptr, acc_ptr, need_ptr, n, BLOCK: tl.constexpr):
+def _add_kernel(out_ptr, acc_ptr, need_ptr, n, ids_ptr, table_ptr, host_entry, n_pairs,
+                BLOCK: tl.constexpr, PAIRS: tl.constexpr):
     if tl.load(need_ptr) != 0:
         o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = o < n
         acc = tl.load(acc_ptr + o, mask=m)
         tl.store(acc_ptr + o, acc + tl.load(out_ptr + o, mask=m, volatile=True), mask=m)
-
-
-@triton.jit
-def _restore_kernel(ids_ptr, table_ptr, need_ptr, host_entry, n_pairs, PAIRS: tl.constexpr):
-    if tl.load(need_ptr) != 0:
-        o = tl.arange(0, PAIRS)
-        m = o < n_pairs
-        e = tl.load(ids_ptr + o, mask=m, other=0)
-        entry = tl.load(table_ptr + e, mask=m, other=0)
-        tl.store(table_ptr + e, -1 - e, mask=m & (entry == host_entry))
+        if tl.program_id(0) == 0:  # the split's entries back (the layer's kernels are done)
+            p = tl.arange(0, PAIRS)
+            pm = p < n_pairs
+            e = tl.load(ids_ptr + p, mask=pm, other=0)
+            entry = tl.load(table_ptr + e, mask=pm, other=0)
+            tl.store(table_ptr + e, -1 - e, mask=pm & (entry == host_entry))
 
 
 def _pairs_block(n: int) -> int:
@@ -133,13 +130,6 @@ def split_misses(ids: torch.Tensor, table: torch.Tensor, split: torch.Tensor,
     table[picked] = host_entry
 
 
-def restore(ids: torch.Tensor, table: torch.Tensor, host_entry: int, need: torch.Tensor) -> None:
-    """After the layer's expert kernels: the entries of `ids` that are `host_entry` back to
-    -1 - e (where `need`: a layer that handed nothing over changed nothing)."""
-    n = ids.numel()
-    _restore_kernel[(1,)](ids, table, need, host_entry, n, PAIRS=_pairs_block(n))
-
-
 def post(ctrl: torch.Tensor, need: torch.Tensor, job: int) -> None:
     _post_kernel[(1,)](ctrl, need, job, SHIFT=SEQ_SHIFT)
 
@@ -149,7 +139,11 @@ def wait_done(ctrl: torch.Tensor, need: torch.Tensor, failed: torch.Tensor,
     _wait_kernel[(1,)](ctrl, need, failed, polls)
 
 
-def add_out(out: torch.Tensor, acc: torch.Tensor, need: torch.Tensor) -> None:
-    """`acc += out` (both fp32, contiguous, the same size; `out` may be page-locked)."""
+def add_out(out: torch.Tensor, acc: torch.Tensor, need: torch.Tensor, ids: torch.Tensor,
+            table: torch.Tensor, host_entry: int) -> None:
+    """`acc += out` (both fp32, contiguous, the same size; `out` may be page-locked), and the
+    entries of `ids` that are `host_entry` back to -1 - e; where `need` (a layer that handed
+    nothing over changed nothing)."""
     n = acc.numel()
-    _add_kernel[(triton.cdiv(n, 1024),)](out, acc, need, n, BLOCK=1024)
+    _add_kernel[(triton.cdiv(n, 1024),)](out, acc, need, n, ids, table, host_entry, ids.numel(),
+                                         BLOCK=1024, PAIRS=_pairs_block(ids.numel()))

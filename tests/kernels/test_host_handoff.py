@@ -1,11 +1,11 @@
 """The hand-off kernels' split (`kernels.host_handoff`): the stage kernel hands the host the
 same misses as `split_misses`, its torch form, stages exactly the pairs whose entry is then
-the host's, and `restore` puts the table back. Under the interpreter on the CPU; on CUDA where
-the device tests run."""
+the host's, and `add_out` adds the host's sum and puts the table back. Under the interpreter on
+the CPU; on CUDA where the device tests run."""
 import pytest
 import torch
 
-from ninfer_engine.kernels.host_handoff import restore, split_misses, stage_pairs
+from ninfer_engine.kernels.host_handoff import add_out, split_misses, stage_pairs
 
 HOST = 9  # the host's entry (a layer's zero row, after its slots)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -32,6 +32,17 @@ def _stage(ids, table, split, rows=2):
     return stages, need, y, weights
 
 
+def _collect(ids, table, need):
+    """`add_out` over 1,500 values (two programs: the first also restores); whether it added."""
+    out = torch.arange(1500, dtype=torch.float32, device=DEVICE)
+    acc = torch.ones(1500, device=DEVICE)
+    add_out(out, acc, need, ids, table, HOST)
+    if torch.equal(acc, out + 1):
+        return True
+    assert torch.equal(acc, torch.ones_like(acc))
+    return False
+
+
 @pytest.mark.parametrize("ids,counts", [
     ([1, 0, 3, 4, 2, 6], [0, 1, 1, 2, 2]),     # 4 misses → 2: experts 1 and 3
     ([1, 0, 3, 4, 2, 6], [0, 0, 0, 0, 0]),     # none taken: nothing staged
@@ -56,17 +67,17 @@ def test_the_stage_kernel_hands_the_host_what_split_misses_does(ids, counts):
         assert torch.equal(sweights, weights) and torch.equal(sentries, want[ids])
     else:  # nothing staged
         assert (sids == -7).all() and (sentries == -7).all()
-    restore(ids, table, HOST, need)
+    assert _collect(ids, table, need) == host
     assert torch.equal(table, _table())
 
 
-def test_restore_leaves_a_layer_that_handed_nothing_over_alone():
-    """`need` 0: the table is not read or written (an entry that looks like the host's stays:
-    `restore` only undoes what this layer's split wrote)."""
+def test_collecting_leaves_a_layer_that_handed_nothing_over_alone():
+    """`need` 0: nothing added, and the table is not read or written (an entry that looks like
+    the host's stays: `add_out` only undoes what this layer's split wrote)."""
     table = _table()
     table[4] = HOST
     ids = torch.tensor([4, 1], device=DEVICE)
-    restore(ids, table, HOST, torch.zeros(1, dtype=torch.int32, device=DEVICE))
+    assert not _collect(ids, table, torch.zeros(1, dtype=torch.int32, device=DEVICE))
     assert int(table[4]) == HOST
 
 
