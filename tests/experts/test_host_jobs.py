@@ -106,9 +106,9 @@ def test_the_job_has_the_same_bits_on_any_team_and_any_number_of_jobs(x_dtype):
 
 
 @needs_kernel
-@pytest.mark.parametrize("I,H", [(32, 64), (64, 128)])
+@pytest.mark.parametrize("I,H,threads", [(32, 64, 1), (64, 128, 2)])
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device, I, H):
+def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device, I, H, threads):
     """One fp8-row layer, 3 slots of 8, `--expert-cpu-share 0.5`: of m missed pairs a step
     the host takes round(m / 2), the first in pair order (`split_misses`). At rest the table
     maps every miss to -1 - e (read in place); in the step the stage kernel maps the picked
@@ -123,7 +123,8 @@ def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device, I, H
     picked pairs within the job's own bound (`_bound`). On CUDA the same launches are
     captured into a CUDA graph and replayed. Settling a step counts its picked pairs as the
     CPU's and the other misses as device reads. A step with no miss hands nothing to the
-    worker and is exact."""
+    worker and is exact. The worker's team: 1 thread, and 2 (a spinning team the worker thread
+    drives)."""
     gen = torch.Generator().manual_seed(1)
     E, k, B = 8, 3, 4
     config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
@@ -161,7 +162,8 @@ def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device, I, H
     y = torch.randn(B, H, generator=gen).to(torch.bfloat16).to(device)
     stacks = tiers.host.stacks[0]
     stacked = [s.w.to(device) for s in stacks] + [s.scale.to(device) for s in stacks]
-    jobs = HostJobs([dict(tier=tier, moe=type("Moe", (), {"top_k": k - 1}))], B, device)
+    jobs = HostJobs([dict(tier=tier, moe=type("Moe", (), {"top_k": k - 1}))], B, device,
+                    threads)  # (2: the worker drives a spinning team)
 
     def step():
         remap = reads.remaps()
