@@ -544,7 +544,8 @@ def _host_tier_rows() -> list[str]:
 def _expert_offload_rows() -> list[str]:
     """Routed experts in host RAM, Flash-Next cut to 16 layers (`bench/expert_offload.py`):
     B=1 at a quarter, half and 80 % of the experts off the device against every expert on it
-    (the same call's), per routing; `--expert-cpu-share auto` against none (one call); and
+    (the same call's), per routing; `--expert-cpu-share auto` against none (one call); half of
+    each layer-step's misses on the host's cores (H100, one machine's calls); and
     llama.cpp's `-ncmoe` beside ours in one call (`bench/offload_peer_table.py`, an older
     tree of ours)."""
     peer, r = _load("h200-expert-offload-peer.json"), _load("h200-expert-offload-all.json")
@@ -574,6 +575,17 @@ def _expert_offload_rows() -> list[str]:
                         f"step) | {got[0]:.0f}; {got[1]:.0f} tok/s | none {none[0]:.0f}; "
                         f"{none[1]:.0f} (same call) | {got[0] / none[0]:.2f}×; "
                         f"{got[1] / none[1]:.2f}× |")
+    team = _load("h100-expert-offload-cpu-team.json")
+    if team:  # one H100 machine: all on device (call 3), the spinning team's half (call 4)
+        runs = {(run["call"], run["jobs_team"]): run for run in team["runs"]}
+        full = rate(runs[(3, "spin")], "uniform", 0.0, True)
+        half = [rate(runs[(4, "spin")], routing, 0.5, False, asked=0.5)
+                for routing in ("uniform", "skewed")]
+        rows.append(f"| H100, Flash-Next shape cut to 16 layers, fp8-row, batch 1, 50% in host "
+                    f"RAM (uniform; skewed routing), `--expert-cpu-share 0.5` (half of each "
+                    f"layer-step's misses on the host's cores, the jobs' spinning team) | "
+                    f"{half[0]:.0f}; {half[1]:.0f} tok/s | every expert on the device "
+                    f"{full:.0f} (same machine) | {half[0] / full:.2f}×; {half[1] / full:.2f}× |")
     ceiling = _load("h200-expert-offload-ceiling.json")
     if ceiling:  # arithmetic over the measured rates (`bench/offload_ceiling.py`)
         for row in ceiling["rows"]:
