@@ -34,8 +34,9 @@ class ExpertPanel(Panel):
                                      style="dim"))
         if self.compact:
             lookups = experts.hits + experts.misses
+            hit = experts.hits / lookups if lookups else 0
             return Text.assemble(("experts ", "bold"), f"{experts.resident}/{experts.slots} slots",
-                                 ("  hit ", "dim"), percent(experts.hits / lookups if lookups else 0),
+                                 ("  hit ", "dim"), percent(hit),
                                  ("  CPU ", "dim"), percent(experts.cpu_share))
         bar_width = max(10, self.size.width - LABEL_WIDTH - TAIL_WIDTH)
         lookups = experts.hits + experts.misses
