@@ -53,11 +53,11 @@ THREADS_ENV = "NINFER_EXPERT_CPU_THREADS"
 
 
 def default_threads() -> int:
-    """The worker's OpenMP team: $NINFER_EXPERT_CPU_THREADS, else three quarters of the cores
-    this process may use, leaving at least 4 (and 1 of 2) for the engine's own thread, which
-    launches steps and settles their routing, the worker's spinning thread and the server. On
-    the H200's 16-core host 12 beat 8 (1.24x at B = 1, 1.32x at B = 8) and 15 lost
-    (bench/results/h200-expert-cpu-threads.md)."""
+    """The threads a job runs on, the worker's own among them (`cpu_experts_team.h`):
+    $NINFER_EXPERT_CPU_THREADS, else three quarters of the cores this process may use, leaving
+    at least 4 (and 1 of 2) for the engine's own thread, which launches steps and settles their
+    routing, and the server. On the H200's 16-core host 12 beat 8 (1.24x at B = 1, 1.32x at
+    B = 8) and 15 lost, as an OpenMP team (bench/results/h200-expert-cpu-threads.md)."""
     cores = len(os.sched_getaffinity(0))
     return int(os.environ.get(THREADS_ENV, 0)) or max(1, min(cores - 4, 3 * cores // 4))
 
