@@ -44,19 +44,19 @@ HANDOFF_S = 20e-6
 
 def balanced_count(misses: int, fixed: float, per_expert: float, bus: float) -> int:
     """How many of a layer-step's `misses` the host computes so that the layer is fastest:
-    the c minimising max(fixed·[c > 0] + c·per_expert, (misses − c)·bus, misses·floor),
-    seconds of the host job, of the bus's in-place reads, and of reading every missed
-    expert from host DRAM, which both sides share and which reads no faster than the faster
-    side alone (floor = min(per_expert, bus): on the device hosts the cores alone read at
-    DRAM's rate); the smallest such c (a few misses stay on the bus: the job's fixed cost
-    outlasts reading them)."""
-    floor = misses * min(per_expert, bus)
+    the c minimising max(fixed·[c > 0] + c·per_expert, (misses − c)·bus,
+    misses·min(per_expert, bus)), seconds of the host job, of the bus's in-place reads, and of
+    reading every missed expert from host DRAM, which both sides share and which reads no
+    faster than the faster side alone (on the device hosts the cores alone read at DRAM's
+    rate); the smallest such c (a few misses stay on the bus: the job's fixed cost outlasts
+    reading them)."""
+    dram = misses * min(per_expert, bus)
 
     def cost(c: int) -> float:
-        return max(fixed * (c > 0) + c * per_expert, (misses - c) * bus, floor)
+        return max(fixed * (c > 0) + c * per_expert, (misses - c) * bus, dram)
     near = int((misses * bus - fixed) // (per_expert + bus))  # where the two sides cross
     best = min((c for c in (0, near, near + 1) if 0 <= c <= misses), key=lambda c: (cost(c), c))
-    # at the floor fewer may do as well: the fewest whose bus side fits in the best time
+    # at DRAM's bound fewer may do as well: the fewest whose bus side fits in the best time
     fewest = max(0, math.ceil(misses - cost(best) / bus))
     return fewest if fewest < best and cost(fewest) <= cost(best) else best
 

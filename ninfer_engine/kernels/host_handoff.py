@@ -23,10 +23,10 @@ addressing; a page-locked staging area carries the inputs one way and `out` the 
 `split_misses` is the split's torch form (the CPU reference's inline path, and the kernel's
 reference in the tests).
 
-Kernel launches (four) instead of a CUDA host function: a captured
-host node cost 73 µs a layer on the H200 (bench/results/h200-host-contention.json), these a
-few µs. Under the Triton interpreter (the CPU tests) they run in order on the calling thread
-while the worker runs on its own.
+Four kernel launches instead of a CUDA host function: a captured host node cost 73 µs a
+layer on the H200 (bench/results/h200-host-contention.json), these a few µs. Under the Triton
+interpreter (the CPU tests) they run in order on the calling thread while the worker runs on
+its own.
 """
 from __future__ import annotations
 
