@@ -17,15 +17,19 @@ import json
 from pathlib import Path
 
 
-def _ours(rows: list[dict], share: float, routing: str, batch: int) -> float | None:
+def _ours(rows: list[dict], share: float, routing: str, batch: int,
+          cpu: float | str = 0.0) -> float | None:
+    """Our rate at `share` off the device; the tier's rows with `--expert-cpu-share cpu` (the
+    all-on-device rows have none)."""
     for row in rows:
         if (abs(row["host_share"] - share) < 1e-9 and row["routing"] == routing
-                and row["batch"] == batch):
+                and row["batch"] == batch
+                and row.get("cpu_share_asked", 0.0) == (cpu if share > 0 else 0.0)):
             return row["tok_s"]
     return None
 
 
-def build(ours: dict, llama: list[dict], layers: int) -> dict:
+def build(ours: dict, llama: list[dict], layers: int, cpu: float | str = 0.0) -> dict:
     runs = sorted((run for doc in llama for run in doc), key=lambda run: run["n_cpu_moe"])
     shares = sorted({row["host_share"] for row in ours["rows"]})
     table = []
@@ -35,12 +39,13 @@ def build(ours: dict, llama: list[dict], layers: int) -> dict:
         entry = dict(n_cpu_moe=n, llama_share=n / layers, llama_tok_s=run["avg_ts"],
                      llama_stddev=run["stddev_ts"], ours_share=share)
         for routing in ("uniform", "skewed"):
-            mine = _ours(ours["rows"], share, routing, 1)
+            mine = _ours(ours["rows"], share, routing, 1, cpu)
             entry[f"ours_{routing}_tok_s"] = mine
             entry[f"ratio_{routing}"] = mine / run["avg_ts"] if mine else None
         table.append(entry)
     first = runs[0]
     return dict(date=ours["date"], machine=ours["machine"], ours_command=ours["command"],
+                ours_cpu_share=cpu,
                 llama=dict(build=first["build_commit"], model_type=first["model_type"],
                            model_size=first["model_size"], threads=first["n_threads"],
                            cpu=first["cpu_info"], gpu=first["gpu_info"],
@@ -57,7 +62,9 @@ def markdown(r: dict, ab: dict | None) -> str:
              f"llama.cpp {ll['build']} built on that machine with `GGML_NATIVE=ON`: `llama-bench "
              f"-ngl 99 -fa 1 -t {ll['threads']} -p 0 -n {ll['n_gen']} -r 3 -ncmoe N` on a random "
              f"Q8_0 GGUF of the same shape (`bench/peer_gguf.py`, {ll['model_size'] / 2**30:.1f} "
-             f"GiB). Host → device {m['h2d_gbps']:.1f} GB/s. Same VRAM for routed experts: "
+             f"GiB). Host → device {m['h2d_gbps']:.1f} GB/s. Ours with "
+             f"`--expert-cpu-share {r.get('ours_cpu_share') or 'off'}`. Same VRAM for routed "
+             "experts: "
              "llama.cpp keeps N of the layers' experts in host RAM (computed there by its CPU "
              "backend), ours keeps the same share of every layer's experts there (read in place "
              "over PCIe by the captured step, the hottest cached in device slots). llama.cpp's "
@@ -109,6 +116,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ours", required=True)
     ap.add_argument("--llama", nargs="+", required=True)
+    ap.add_argument("--cpu-share", default=0.0,
+                    type=lambda v: v if v == "auto" else float(v), metavar="F|auto",
+                    help="our rows with this --expert-cpu-share (default 0: none)")
     ap.add_argument("--ab-new")
     ap.add_argument("--ab-old")
     ap.add_argument("--labels", nargs=2, default=("before", "after"), metavar=("OLD", "NEW"))
@@ -116,7 +126,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     ours = json.loads(Path(args.ours).read_text())
-    result = build(ours, [json.loads(Path(p).read_text()) for p in args.llama], ours["layers"])
+    result = build(ours, [json.loads(Path(p).read_text()) for p in args.llama], ours["layers"],
+                   args.cpu_share)
     result["note"] = args.note
     ab = None
     if args.ab_new and args.ab_old:
