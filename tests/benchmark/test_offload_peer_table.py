@@ -44,3 +44,20 @@ def test_each_ncmoe_run_meets_ours_at_the_nearest_share(tmp_path):
     text = tool.markdown(out, None)
     assert "| 8 of 16 | 50% / 50% | 156.0 ± 1.0 | 150.0 | 0.96 | 500.0 | 3.21 |" in text
     json.dumps(out)  # what --out writes
+
+
+def test_a_cpu_share_picks_our_rows_with_it_and_the_all_on_device_rows():
+    """`--cpu-share 0.5`: at a share off the device, our rows run with `--expert-cpu-share
+    0.5` (not the bus-only rows of the same call); at 0 %, the all-on-device rows (which have
+    none)."""
+    tool = _tool()
+    ours = _ours()
+    ours["rows"] += [dict(routing=routing, host_share=0.5, batch=1, tok_s=rate,
+                          cpu_share_asked=0.5, path="tier (auto, CPU 0.50), graph step")
+                     for routing, rate in (("uniform", 270.0), ("skewed", 560.0))]
+    out = tool.build(ours, [_llama(0, 470.0), _llama(8, 156.0)], 16, 0.5)
+    pairs = [(r["ours_uniform_tok_s"], r["ours_skewed_tok_s"]) for r in out["rows"]]
+    assert pairs == [(1000.0, 990.0), (270.0, 560.0)] and out["ours_cpu_share"] == 0.5
+    assert "--expert-cpu-share 0.5" in tool.markdown(out, None)
+    bus_only = tool.build(ours, [_llama(8, 156.0)], 16)
+    assert bus_only["rows"][0]["ours_uniform_tok_s"] == 150.0
