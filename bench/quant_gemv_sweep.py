@@ -26,7 +26,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.benchmark.timing import graph_of, time_ms  # noqa: E402
-from ninfer_engine.artifact import planes as stored  # noqa: E402
+from ninfer_engine.codecs import planes as stored  # noqa: E402
 from ninfer_engine.kernels import quant_gemv as qg  # noqa: E402
 
 FORMATS = {"q4": ("q4_g64_fp16", 4, 64), "q5": ("q5_g64_fp16", 5, 64),

@@ -99,7 +99,7 @@ def bound(dtype: torch.dtype, depth: float, *, roundings: float = 0, sides: int 
     return sides * one
 
 
-# The coarsest code step of each KV codec (`ninfer_engine.kv.quant`) as a fraction of the
+# The coarsest code step of each KV codec (`ninfer_engine.codecs.kv`) as a fraction of the
 # absmax of the vector it quantizes (the head vector, or a group of it):
 CODE_STEP = {
     "bf16": 0.0,  # stores the activation dtype: no code step (its rounding is the model's)

@@ -17,7 +17,8 @@ from typing import Self
 
 import torch
 
-from . import directory, encodings, framing, legacy
+from ..codecs import encodings
+from . import directory, framing, legacy
 from .directory_records import Directory, FileRecord, Part, ResourceObject, TensorObject
 from .errors import ArtifactError
 from .writer import ArtifactWriter

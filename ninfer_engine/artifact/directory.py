@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from . import encodings, verify
+from ..codecs import encodings
+from . import verify
 from .directory_records import (
     RAW_BYTES,
     TENSOR_ALIGNMENT,

@@ -1,22 +1,7 @@
-"""The single error type of the artifact package."""
+"""The single error type of the artifact package (defined with the codecs, which raise it too)."""
 
 from __future__ import annotations
 
+from ..codecs.base import ArtifactError
 
-class ArtifactError(Exception):
-    """A `.ninfer` file (or a conversion source) violates its contract.
-
-    ``str(error)`` is one line: ``"<file>: <problem>"`` when the file is known.
-    """
-
-    def __init__(self, problem: str, path: object = None) -> None:
-        super().__init__(problem)
-        self.problem = " ".join(str(problem).split())
-        self.path = None if path is None else str(path)
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.problem}" if self.path else self.problem
-
-    def at(self, path: object) -> ArtifactError:
-        """The same problem attributed to ``path`` (kept if one is already named)."""
-        return self if self.path else ArtifactError(self.problem, path)
+__all__ = ["ArtifactError"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+from ..codecs.base import align_up
+
 MAGIC = b"NINFER\x00\x03"
 PART_MAGIC = b"NINPRT\x00\x03"
 LEGACY_MAGICS = {b"NINFER\x00\x01": 1, b"NINFER\x00\x02": 2}
@@ -11,11 +13,6 @@ HEADER = struct.Struct("<8sQ16s")  # magic, json_bytes (or part_index), artifact
 LEGACY_HEADER = struct.Struct("<8sQ")
 PAYLOAD_ALIGNMENT = 4096
 DEFAULT_FILE_PAYLOAD_CAP = 32_000_000_000
-
-
-def align_up(value: int, alignment: int) -> int:
-    """The smallest multiple of ``alignment`` that is >= ``value``."""
-    return -(-value // alignment) * alignment
 
 
 def payload_start(json_bytes: int) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
-from . import encodings, rowscale, rowsplit
+from ..codecs import encodings, rowscale, rowsplit
 from .errors import ArtifactError
 from .framing import align_up
 from .writer import ArtifactWriter

@@ -26,7 +26,8 @@ from typing import Self
 
 import torch
 
-from . import directory, encodings, framing
+from ..codecs import encodings
+from . import directory, framing
 from .directory_records import RAW_BYTES, TENSOR_ALIGNMENT, ResourceObject, TensorObject, dumps
 from .errors import ArtifactError
 from .verify import DIGEST_KEY

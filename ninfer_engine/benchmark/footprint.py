@@ -13,7 +13,7 @@ stored, Q4/Q5 as fp8 groups, the rest bf16), routed experts per `experts.expert_
 
 from __future__ import annotations
 
-from ..artifact.encodings import encoded_size
+from ..codecs.encodings import encoded_size
 from ..artifact.recipes import recipe
 from ..artifact.synth import parameter_shapes, synth_config
 from ..models.experts import BF16_SHARE, expert_form, is_routed_expert, serve_expert

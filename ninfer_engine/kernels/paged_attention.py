@@ -5,7 +5,7 @@ Layout: K and V are `[num_pages, PAGE, nkv, ...]` page views with PAGE = 64 toke
 length. K and V are each read in place in any `--kv-dtype` storage format, dequantised inside
 the kernel (`kernels.paged_kv`): a bare tensor of bf16/fp16 rows, int8 codes with per-group
 scales `[num_pages, PAGE, nkv, D // G]` (passed as `k_scale` / `v_scale`, symmetric absmax, see
-`quantize_kv_int8`), or the tuple of a `kv.quant` codec's component page views (bf16, int8, fp8,
+`quantize_kv_int8`), or the tuple of a `codecs.kv` codec's component page views (bf16, int8, fp8,
 nvfp4, k8v4's int8 K and int4 V; `KvStorage.page_view`). The Triton path is split-K ("flash
 decoding"): each program folds a run of pages for one (sequence, KV head) with all its query
 heads, then a second kernel merges the partial softmaxes.

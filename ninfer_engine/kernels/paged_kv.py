@@ -1,6 +1,6 @@
 """The KV page formats the paged-attention kernels read in place, and their shared tile loader.
 
-One of K or V of a paged pool is a bare tensor of plain rows, or the tuple of its `kv.quant`
+One of K or V of a paged pool is a bare tensor of plain rows, or the tuple of its `codecs.kv`
 codec's components as page views `[num_pages, PAGE=64, nkv, ...]` (`KvStorage.page_view`); K and
 V each carry their own format (k8v4). `kv_operand` turns one into the kernels' arguments (three
 pointers, a format and a group size as constexprs) and `_load_kv` returns one page's `[PAGE, D]`
@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kv.quant import Fp8Codec, Int4Codec, Int8Codec, Nvfp4Codec, as_bits
+from ..codecs.kv import Fp8Codec, Int4Codec, Int8Codec, Nvfp4Codec, as_bits
 
 PAGE = 64
 PLAIN = tl.constexpr(0)

@@ -1,6 +1,6 @@
 """Batch-1..16 matmul `y = x Wᵀ` over the artifact's packed weights, dequantised in the loads.
 
-The weights are the planes of `artifact.planes` (ninfer-format.md §2.1, §2.2): row-split
+The weights are the planes of `codecs.planes` (ninfer-format.md §2.1, §2.2): row-split
 Q4/Q5/Q6 (G = 64) and Q8 (G = 32) `(base, high, scale)` with `w = scale * signed(low | high << 4)`
 (columns ≥ k dropped), and nvfp4 `(codes, row-major scale, d_w)` with
 `w = e2m1(code) * e4m3(scale) / d_w`.
@@ -23,7 +23,7 @@ import math
 import torch
 import triton
 
-from ..artifact import blockscale, rowsplit
+from ..codecs import blockscale, rowsplit
 from ._dispatch import dot_dtype, interpreting, use_triton
 from .dequant_gemv_kernels import split_k
 from .quant_gemv_kernels import _dequant_kernel, _gemv_kernel
@@ -36,7 +36,7 @@ def _spec(bits, group):
 
 
 # --------------------------------------------------------------------------------------------
-# torch references (the planes come from `artifact.planes`)
+# torch references (the planes come from `codecs.planes`)
 
 def rowsplit_dequant_ref(base, high, scale, bits, group, k):
     """Torch reference: planes → fp32 `[N, k]`."""

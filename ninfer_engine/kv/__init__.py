@@ -2,7 +2,7 @@
 from .cache import KvStorage, LayerKv, PagedKvCache, PageTables, kv_page_layout
 from .memory import SequenceMemory
 from .pages import ElasticPagePool, PageAllocator, PagePool, pages_for
-from .quant import KV_DTYPES, KvCodec, codecs_for
+from ..codecs.kv import KV_DTYPES, KvCodec, codecs_for
 from .radix import PrefixTree
 from .radix_nodes import Match
 from .slots import StatePool

@@ -19,7 +19,7 @@ import torch
 
 from ..host_copy import to_device
 from .pages import PageAllocator, pages_for
-from .quant import KvCodec, as_bits
+from ..codecs.kv import KvCodec, as_bits
 
 
 def kv_page_layout(layers: int, heads: int, dim: int, codecs: tuple[KvCodec, KvCodec],

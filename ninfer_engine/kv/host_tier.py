@@ -22,7 +22,7 @@ import torch
 
 from ..host_copy import to_device
 from .cache import KvStorage
-from .quant import as_bits
+from ..codecs.kv import as_bits
 from .slots import StatePool
 
 GIB = 2**30

@@ -26,7 +26,7 @@ import torch
 
 from ..kernels import cpu_decode as kernel
 from ..kv import KvStorage, PageTables
-from ..kv.quant import PlainCodec
+from ..codecs.kv import PlainCodec
 from .attention import input_token
 from .llama import LlamaModel
 from .packed import load_packed

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ..artifact import planes as stored, rowsplit
+from ..codecs import planes as stored, rowsplit
 from ..kernels import dequant_gemv as fp8
 from ..kernels import quant_gemv as qg
 from ..kernels import fp8_rows_matmul as fp8_rows

@@ -12,7 +12,7 @@ import torch
 from ..kernels.paged_attention import PAGE
 from ..kernels.sampling import argmax
 from ..kv import KvStorage, PageTables, StatePool
-from ..kv.quant import PlainCodec
+from ..codecs.kv import PlainCodec
 from .attention import input_token
 from .qwen3_5_prompt_step import PromptStep
 from .qwen3_5_step import HybridStep

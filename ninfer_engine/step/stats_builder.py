@@ -17,7 +17,7 @@ from ..stats import (Counters, DeviceMemory, EngineStats, ExpertStats, HostMemor
 from .scheduler import Scheduler
 from .sequence import Sequence
 
-# `--kv-dtype bf16` stores the model's activation dtype (`kv.quant`): name what is really stored
+# `--kv-dtype bf16` stores the model's activation dtype (`codecs.kv`): name what is really stored
 _STORED = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from ninfer_engine.artifact import ArtifactError, encodings, framing, open_artifact
+from ninfer_engine.artifact import ArtifactError, framing, open_artifact
+from ninfer_engine.codecs import encodings
 
 from .builders import CORRUPTIONS, write_small
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ninfer_engine.artifact import encodings
+from ninfer_engine.codecs import encodings
 from ninfer_engine.artifact.errors import ArtifactError
 
 ROW_SPLIT = {

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ninfer_engine.artifact import encodings
-from ninfer_engine.artifact.blockscale import e2m1_codes
+from ninfer_engine.codecs import encodings
+from ninfer_engine.codecs.blockscale import e2m1_codes
 from ninfer_engine.artifact.errors import ArtifactError
 
 E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]

@@ -8,7 +8,8 @@ import struct
 import pytest
 import torch
 
-from ninfer_engine.artifact import ArtifactError, encodings, open_artifact
+from ninfer_engine.artifact import ArtifactError, open_artifact
+from ninfer_engine.codecs import encodings
 
 
 def write_legacy(path, version: int, root: dict, entries: list[tuple[dict, bytes | int]]) -> None:

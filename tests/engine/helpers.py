@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from ninfer_engine.kv.quant import as_bits
+from ninfer_engine.codecs.kv import as_bits
 
 # our binding suffix -> HF module path (per layer)
 _LAYER_NAMES = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ninfer_engine.artifact import encodings
+from ninfer_engine.codecs import encodings
 from ninfer_engine.kernels.cpu_decode import cpu_decode_unavailable
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model

@@ -261,7 +261,8 @@ def test_the_shortlist_is_read_as_fp8_row_codes(monkeypatch, placement):
 def test_a_shortlist_stored_as_fp8_row_codes_is_served_as_stored(tmp_path):
     """Beside a packed head, a proposal stored fp8-row is served as its stored codes and
     scales (read back from a file: decoded, then encoded again, exactly)."""
-    from ninfer_engine.artifact import encodings, open_artifact, planes
+    from ninfer_engine.artifact import open_artifact
+    from ninfer_engine.codecs import encodings, planes
     from ninfer_engine.artifact.writer import ArtifactWriter
     from ninfer_engine.models.packed import FP8_ROW, quantize_packed
     from ninfer_engine.step.draft_head import load_draft_head

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer_engine.kv import KV_DTYPES, KvStorage, LayerKv, PagePool, codecs_for
-from ninfer_engine.kv.quant import as_bits
+from ninfer_engine.codecs.kv import as_bits
 from ninfer_engine.models import Segment, build_model
 from ninfer_engine.models.gated_attention import GatedAttention
 

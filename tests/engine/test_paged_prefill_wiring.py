@@ -18,7 +18,7 @@ from ninfer_engine.kernels._dispatch import HAVE_TRITON, interpreting
 from ninfer_engine.kv import KV_DTYPES, KvStorage, LayerKv, PagePool, codecs_for
 from ninfer_engine.models import Segment, build_model
 from ninfer_engine.models.qwen3_5 import Qwen35Model
-from ninfer_engine.kv.quant import as_bits
+from ninfer_engine.codecs.kv import as_bits
 from tests import tolerance
 from tests.benchmark.tiny import tiny_config, tiny_source
 

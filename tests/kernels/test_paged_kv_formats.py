@@ -1,5 +1,5 @@
 """Every `--kv-dtype` read in place by the paged kernels (`kernels.paged_kv`): decode and prefill
-over pools written by the `kv.quant` codecs, against the torch references (which decode the pages
+over pools written by the `codecs.kv` codecs, against the torch references (which decode the pages
 through the same codecs). On the CPU (interpreter) the queries are fp32 and the dot runs in fp32,
 so the kernels must match the codecs' dequantisation almost exactly; on CUDA they are bf16.
 
@@ -19,7 +19,7 @@ from ninfer_engine.kernels.paged_kv import (FP8, INT4, INT8, NVFP4, PLAIN, _load
 from ninfer_engine.kernels.paged_prefill import (paged_prefill_ref, paged_prefill_triton,
                                                  paged_prefill_varlen_triton)
 from ninfer_engine.kv import KvStorage, PagePool
-from ninfer_engine.kv.quant import KV_DTYPES, as_bits, codecs_for
+from ninfer_engine.codecs.kv import KV_DTYPES, as_bits, codecs_for
 
 from tests.tolerance import bound
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from ninfer_engine.artifact import encodings
-from ninfer_engine.artifact import planes as stored
+from ninfer_engine.codecs import encodings
+from ninfer_engine.codecs import planes as stored
 from ninfer_engine.kernels import quant_gemv as qg
 
 from tests.tolerance import bound

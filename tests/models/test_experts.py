@@ -163,7 +163,7 @@ class _StoredWeights:
     with the real vocabulary takes ~17 s to write here)."""
 
     def __init__(self, config: dict, recipe_name: str):
-        from ninfer_engine.artifact import encodings
+        from ninfer_engine.codecs import encodings
         from ninfer_engine.artifact.recipes import recipe
         from ninfer_engine.artifact.synth import parameter_shapes
 
@@ -174,7 +174,7 @@ class _StoredWeights:
             self.stored[name] = (fmt, shape, encodings.encode(fmt, draw(name, shape)))
 
     def parameter(self, name, shape):
-        from ninfer_engine.artifact import encodings
+        from ninfer_engine.codecs import encodings
 
         fmt, stored_shape, raw = self.stored[name]
         return encodings.decode(fmt, raw, stored_shape).reshape(shape)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import blockscale, encodings, rowsplit
-from .framing import align_up
+from .base import align_up
 
 
 def rowsplit_planes(raw_uint8, fmt_name, shape):

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ArtifactError
-from .framing import align_up
+from .base import ArtifactError, align_up
 
 FORMAT = "fp8_e4m3fn_row_bf16"
 LAYOUT = "row_scale_v1"

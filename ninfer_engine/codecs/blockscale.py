@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ArtifactError
-from .framing import align_up
+from .base import ArtifactError, align_up
 
 FORMAT = "nvfp4"
 LAYOUT = "block_scale_k16_m128x4_v1"

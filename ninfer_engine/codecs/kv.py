@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..artifact.blockscale import E2M1
+from .blockscale import E2M1
 
 KV_DTYPES = ("bf16", "int8", "fp8", "nvfp4", "k8v4")
 FP8_MAX = 448.0
@@ -145,7 +145,7 @@ _E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, F
 
 
 def _e2m1_codes(values: torch.Tensor) -> torch.Tensor:
-    """`artifact.blockscale.e2m1_codes` with the midpoints as scalars: no host table is copied
+    """`blockscale.e2m1_codes` with the midpoints as scalars: no host table is copied
     to the device per write, which a CUDA graph could not capture (the decode step writes K/V)."""
     magnitude = values.abs()
     code = torch.zeros(values.shape, dtype=torch.uint8, device=values.device)

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import ArtifactError
-from .framing import align_up
+from .base import ArtifactError, align_up
 
 LAYOUT = "row_split_k128_v1"
 _ROWS_PER_CHUNK_ELEMENTS = 1 << 22  # encode in slices of ~4M elements to bound peak RAM

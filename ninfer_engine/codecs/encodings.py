@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import blockscale, rowscale, rowsplit
-from .errors import ArtifactError
+from .base import ArtifactError
 
 CONTIGUOUS = "contiguous_le_v1"
 
