@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = ("ninfer_engine", "ninfer_http", "ninfer_tui")
 
 
-def _imports(path: Path) -> set[str]:
-    """The modules of ours `path` imports: `a.b` for `import a.b` and `from a.b import c`, the
-    package's `c` for `from . import c`."""
+def _imports(path: Path, tops: tuple[str, ...] = OURS) -> set[str]:
+    """The modules whose top package is one of `tops` (ours by default) that `path` imports:
+    `a.b` for `import a.b` and `from a.b import c`, the package's `c` for `from . import c`."""
     package = list(path.relative_to(ROOT).parts[:-1])  # (a package's __init__ too)
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -23,7 +23,7 @@ def _imports(path: Path) -> set[str]:
             base = package[: len(package) - node.level + 1] if node.level else []
             name = ".".join(base + ([node.module] if node.module else []))
             found |= {name} if node.module else {f"{name}.{a.name}" for a in node.names}
-    return {name for name in found if name.split(".")[0] in OURS}
+    return {name for name in found if name.split(".")[0] in tops}
 
 
 def _modules(package: str) -> list[Path]:
@@ -48,6 +48,15 @@ def test_packages_point_down():
         for path in _modules(package):
             stray = {name for name in _imports(path) if name.split(".")[0] in above}
             assert not stray, (path, stray)
+
+
+def test_the_engine_serves_no_http_and_draws_no_console():
+    """`ninfer_engine` imports neither aiohttp nor textual, `ninfer_http` not textual (the
+    headless start's own modules are checked at run time: tests/tui/test_serving_console.py)."""
+    for package, banned in (("ninfer_engine", ("aiohttp", "textual")),
+                            ("ninfer_http", ("textual",))):
+        for path in _modules(package):
+            assert not _imports(path, banned), path
 
 
 def test_the_reader_resolves_relative_imports():
