@@ -12,7 +12,9 @@ window 4096 + 1 full, width 2048, 8 taps) with random bf16 weights over a stand-
 - `prefill_extend_ms_per_1k`: building a context from a prompt's features, per 1024 tokens.
 
 Times are medians of `--reps` CUDA-synchronised calls after `--warmup` ones (on the CPU, of
-wall time). H200:
+wall time). On CUDA each row also has one call's kernels from torch.profiler (`*_kernels`,
+`*_kernel_ms`: their count and summed device time): a call whose kernels take far less than
+its time is bound by the host's launches, which a CUDA graph would remove. H200:
     python bench/dflash_drafter.py --out bench/results/h200-dflash-drafter
 CPU smoke (a small drafter over a small stand-in target):
     .venv/bin/python bench/dflash_drafter.py --small [--dflash2] --contexts 64 --batches 1,2 \
@@ -88,6 +90,20 @@ def timed(fn, reps: int, warmup: int, device) -> float:
     return statistics.median(out)
 
 
+def kernel_profile(fn, device) -> tuple[int, float] | tuple[None, None]:
+    """One call's CUDA kernels (torch.profiler): their count and summed device time in ms;
+    (None, None) off CUDA."""
+    if device.type != "cuda":
+        return None, None
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    return len(kernels), round(sum(e.time_range.end - e.time_range.start
+                                   for e in kernels) / 1e3, 3)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="a small drafter (CPU smoke)")
@@ -135,6 +151,9 @@ def main(argv=None) -> int:
                                  extend_ms=round(timed(extend, args.reps, args.warmup,
                                                        device), 3),
                                  prefill_extend_ms_per_1k=round(prefill_ms * 1024 / C, 3)))
+                for name, fn in (("propose", propose), ("extend", extend)):
+                    count, ms = kernel_profile(fn, device)
+                    rows[-1].update({f"{name}_kernels": count, f"{name}_kernel_ms": ms})
                 print(rows[-1], flush=True)
     report = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -146,10 +165,13 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-        lines = ["| C | B | k | propose ms | extend ms | prefill extend ms / 1K |",
-                 "|---:|---:|---:|---:|---:|---:|"]
+        lines = ["| C | B | k | propose ms | its kernels (ms of them) | extend ms | its kernels "
+                 "(ms of them) | prefill extend ms / 1K |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {r['context']} | {r['batch']} | {r['k']} | {r['propose_ms']} | "
-                  f"{r['extend_ms']} | {r['prefill_extend_ms_per_1k']} |" for r in rows]
+                  f"{r['propose_kernels']} ({r['propose_kernel_ms']}) | {r['extend_ms']} | "
+                  f"{r['extend_kernels']} ({r['extend_kernel_ms']}) | "
+                  f"{r['prefill_extend_ms_per_1k']} |" for r in rows]
         out.with_suffix(".md").write_text(
             f"DFlash drafter cost ({report['drafter']}, {report['device']}, {report['dtype']})"
             "\n\n" + "\n".join(lines) + "\n")
