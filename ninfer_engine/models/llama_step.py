@@ -1,10 +1,12 @@
 """The llama family's decode step over static buffers, for `step.decode_graphs.DecodeGraphs`.
 
-`StaticDecoder` runs one decode step of a `LlamaModel` whose inputs (token, position, KV slot
-and length per row; the rows' page tables) live in fixed device buffers: each layer writes its
-K/V into the shared paged pool in place and attends with the Triton paged-attention kernel, so
-the step is capturable in a CUDA graph. Off CUDA it runs eagerly through the kernels' torch
-references.
+`StaticDecoder` runs one step of a `LlamaModel` whose inputs (token, position, KV slot and
+length per token row; the rows' page tables) live in fixed device buffers: each layer writes
+its K/V into the shared paged pool in place and attends with the Triton paged-attention kernel,
+so the step is capturable in a CUDA graph. A row carries 1 token (decode) or 1 + k (verify: its
+last token and k drafts, `max_q` ≥ 1 + k), each token a query row over its sequence's pages up
+to its own position, which is the causal mask within the row. Off CUDA it runs eagerly through
+the kernels' torch references.
 """
 from __future__ import annotations
 
@@ -23,32 +25,34 @@ from .llama import LlamaModel
 
 
 class StaticDecoder:
-    """One decode step of a `LlamaModel` whose inputs live in fixed device buffers."""
+    """One step of a `LlamaModel` whose inputs live in fixed device buffers: up to
+    `max_batch` rows of `q_len` ≤ `max_q` tokens, sequence-major (row b's token t is token row
+    b·q_len + t)."""
 
     def __init__(self, model: LlamaModel, storage: KvStorage, max_batch: int,
-                 max_context: int) -> None:
+                 max_context: int, max_q: int = 1) -> None:
         self.model, self.storage = model, storage
-        self.max_batch, self.max_context = max_batch, max_context
-        self.max_q = 1  # decode rows only
+        self.max_batch, self.max_context, self.max_q = max_batch, max_context, max_q
         dev = model.device
-        # rows: token, position, KV slot, sequence length after this step
-        self.meta = torch.zeros(4, max_batch, dtype=torch.long, device=dev)
+        # token rows: token, position, KV slot, length of the keys it attends over
+        self.meta = torch.zeros(4, max_batch * max_q, dtype=torch.long, device=dev)
         self.table = torch.zeros(max_batch, -(-max_context // PAGE), dtype=torch.long,
                                  device=dev)
         self.tables = PageTables(self.table)
+        self.token_rows = torch.arange(max_batch * max_q, device=dev)
 
     def load(self, seqs: list, drafts: list[list[int]] | None = None) -> None:
-        """Copy the rows' next token, position, slot, length and page table into the buffers."""
-        if drafts:
-            raise NotImplementedError("verify rows in the llama static decode step")
+        """Copy each row's tokens (its next input, then its drafts) with their positions,
+        slots and lengths, and the rows' page tables, into the buffers."""
         page = self.storage.page_tokens
         rows = []
-        for seq in seqs:
-            pos = seq.cached
+        for b, seq in enumerate(seqs):
             pages = seq.cache.pages
-            rows.append((input_token(seq), pos, pages[pos // page] * page + pos % page, pos + 1))
+            for t, token in enumerate([input_token(seq), *(drafts[b] if drafts else ())]):
+                pos = seq.cached + t
+                rows.append((token, pos, pages[pos // page] * page + pos % page, pos + 1))
         # not waiting for the work queued before (a lookahead step loads behind one in flight)
-        self.meta[:, : len(seqs)].copy_(torch.tensor(rows, dtype=torch.long).t().contiguous(),
+        self.meta[:, : len(rows)].copy_(torch.tensor(rows, dtype=torch.long).t().contiguous(),
                                         non_blocking=True)
         self.tables.fill([seq.cache for seq in seqs])
 
@@ -60,21 +64,27 @@ class StaticDecoder:
         """Nothing to save: a step's K/V writes are the same when it runs again."""
         return lambda: None
 
+    def keep(self, row: int, kept: int) -> None:
+        """After a verify step: nothing to roll back (no recurrent state); the K/V past the
+        kept tokens is left to be overwritten."""
+
     def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
-        """Logits [batch, V] (fp32) of the loaded rows; `bucket` ≥ every row's length sizes the
-        attention kernel's split grid."""
+        """Logits [batch · q_len, V] (fp32) of the loaded token rows; `bucket` ≥ every row's
+        length sizes the attention kernel's split grid."""
         m, s = self.model, self.storage
         c = m.cfg
         nq, nkv, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
-        tokens, positions, slots, lens = (r[:batch] for r in self.meta)
-        table = self.table[:batch]
+        n = batch * q_len
+        tokens, positions, slots, lens = (r[:n] for r in self.meta)
+        # each token row reads its sequence's page table
+        table = self.table[self.token_rows[:n] // q_len] if q_len > 1 else self.table[:batch]
         x = F.embedding(tokens, m.embedding)
         residual = None
         for i, layer in enumerate(m.layers):
             h, residual = fused_rms_norm(x, layer.input_norm, eps, residual)
             qkv = layer.qkv(h)
-            qk = qkv[:, : (nq + nkv) * D].view(batch, nq + nkv, D)
-            v = qkv[:, (nq + nkv) * D:].view(batch, nkv, D)
+            qk = qkv[:, : (nq + nkv) * D].view(n, nq + nkv, D)
+            v = qkv[:, (nq + nkv) * D:].view(n, nkv, D)
             if layer.qk_norm is not None:
                 qk = rms_norm(qk, None, eps) * layer.qk_norm
             qk = rope(qk, positions, D, c.rope_theta)
@@ -83,7 +93,7 @@ class StaticDecoder:
             s.v_codec.write(s.v[i], slots, v)
             attn = paged_attention(q, s.page_view(s.k[i]), s.page_view(s.v[i]), table, lens,
                                    max_seq_len=bucket)
-            x = m.ranks.all_reduce(layer.output(attn.reshape(batch, nq * D)))
+            x = m.ranks.all_reduce(layer.output(attn.reshape(n, nq * D)))
             h, residual = fused_rms_norm(x, layer.post_attention_norm, eps, residual)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = m.ranks.all_reduce(layer.down(F.silu(gate) * up))

@@ -52,7 +52,7 @@ class Family:
 def _llama_step(model, memory, max_batch, max_context, max_q, keep_hidden):
     if keep_hidden:
         return None
-    return StaticDecoder(model, memory.storage, max_batch, max_context)  # decode rows only
+    return StaticDecoder(model, memory.storage, max_batch, max_context, max_q)
 
 
 def _hybrid_step(model, memory, max_batch, max_context, max_q, keep_hidden):
@@ -91,8 +91,8 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
                         cpu_activations: str = "fp32") -> DecodeGraphs | None:
     """The static decode path over `memory`'s KV pool and running-state slots when the model,
     device and KV layout allow it, else None; `max_q`: the most tokens a row carries (1 + the
-    speculative drafts), where the family's step verifies rows (the llama CUDA step decodes
-    only: its verify steps run eagerly; the CPU step takes a verify row as consecutive rows);
+    speculative drafts: each family's step verifies rows; the CPU step takes a verify row as
+    consecutive rows);
     `keep_hidden`: the step also keeps each token row's final-normed hidden (`--spec mtp`
     drafts from them); `weights`: the artifact, where the CPU step reads its stored weights
     (None: no CPU step, `--cpu-step eager`);

@@ -155,3 +155,89 @@ def test_the_static_path_is_only_built_for_cuda_half_precision_llama_models():
     model = _model("llama", torch.device("cpu"), torch.float32)
     memory = SimpleNamespace(storage=_storage(model, "bf16"), running_slots=None)
     assert build_decode_graphs(model, memory, "bf16", 4, 512, True) is None
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@torch.inference_mode()
+def test_a_verify_row_gives_the_forwards_logits_at_each_position_then_decodes_on(k, device):
+    """Verify rows (a row's last token and k drafts, as k + 1 query rows each over its
+    sequence's pages up to its own position) against the model's forward over the same tokens,
+    within the decode step's logit bound; each row then keeps part of its tokens and the next
+    decode step, over the K/V the verify step left, matches the forward again. On CUDA the
+    verify shape replays its own graph."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = _model("llama", device, dtype)
+    ours_storage, ref_storage = _storage(model, "bf16"), _storage(model, "bf16")
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in LENGTHS]
+    ours = [_prefilled(model, ours_storage, p) for p in prompts]
+    ref = [_prefilled(model, ref_storage, p) for p in prompts]
+    drafts = [torch.randint(0, 128, (k,), generator=gen).tolist() for _ in prompts]
+    graphs = DecodeGraphs(StaticDecoder(model, ours_storage, 3, 512, max_q=1 + k),
+                          capture=device.type == "cuda")
+    assert graphs.verifies(drafts) and not graphs.verifies([[0] * (k + 1)] * 3)
+    for a, b in zip(ours, ref):
+        assert a.cache.reserve(a.cached + 1 + k) and b.cache.reserve(b.cached + 1 + k)
+    got = graphs.verify(ours, drafts).clone()
+    assert got.shape == (3, 1 + k, model.vocab_size)
+    assert [s.cached for s in ours] == list(LENGTHS)  # `keep` settles them
+    rows = [[s.output[-1], *d] for s, d in zip(ref, drafts)]
+    on = model.device
+    want = model.forward(
+        torch.tensor([t for r in rows for t in r], device=on),
+        torch.tensor([p for s, r in zip(ref, rows) for p in range(s.cached, s.cached + len(r))],
+                     device=on),
+        [Segment(s.cache, s.cached, len(r)) for s, r in zip(ref, rows)],
+        torch.arange(sum(map(len, rows)), device=on)).view(3, 1 + k, -1)
+    _, (depth, roundings) = error_chains(model, max(LENGTHS) + 1 + k)
+    limit = tolerance.bound(dtype, depth, roundings=roundings)
+    assert (got - want).abs().max() <= limit * want.abs().max()
+    kept = [1, k + 1, max(1, k - 1)]
+    graphs.keep(ours, kept)
+    for row, (a, b, n) in enumerate(zip(ours, ref, kept)):
+        b.cached += n
+        assert a.cached == b.cached
+        token = int(want[row, n - 1].argmax())  # the target's token after the kept ones
+        a.output.append(token)
+        b.output.append(token)
+        assert a.cache.reserve(a.cached + 1)
+    got = graphs.forward(ours)
+    assert (got - _eager_step(model, ref)).abs().max() <= limit * got.abs().max()
+
+
+@torch.inference_mode()
+def test_the_llama_runner_verifies_drafts_in_the_static_step(monkeypatch, device):
+    """`Runner` with a static step of `max_q` 3: rows with 2 and 0 drafts are one padded
+    verify step there (the eager forward is not called) with the eager runner's logits, and
+    `keep` advances each row by what it kept."""
+    from ninfer_engine.step.family_runners import Runner
+    from ninfer_engine.step.scheduler import Batch
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = _model("llama", device, dtype)
+    gen = torch.Generator().manual_seed(17)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (9, 40)]
+    drafts = [torch.randint(0, 128, (2,), generator=gen).tolist(), []]
+    sides = []
+    for static in (True, False):
+        storage = _storage(model, "bf16")
+        seqs = [_prefilled(model, storage, p) for p in prompts]
+        for seq in seqs:
+            assert seq.cache.reserve(seq.cached + 3)
+        graphs = DecodeGraphs(StaticDecoder(model, storage, 2, 512, max_q=3),
+                              capture=device.type == "cuda") if static else None
+        runner = Runner(model, graphs)
+        eager = []
+        monkeypatch.setattr(runner, "_eager", lambda work, sampled, f=runner._eager: (
+            eager.append(len(work)), f(work, sampled))[1])
+        batch = Batch(seqs, [], list(seqs), drafts)
+        logits = runner.forward(batch)
+        runner.keep(batch, [2, 1])
+        sides.append((logits, [s.cached for s in seqs], eager))
+    (got, cached, eager), (want, cached_ref, eager_ref) = sides
+    assert eager == [] and eager_ref == [2]
+    assert got.shape == want.shape == (3 + 1, model.vocab_size)
+    assert cached == cached_ref == [9 + 2, 40 + 1]
+    _, (depth, roundings) = error_chains(model, 40 + 3)
+    limit = tolerance.bound(dtype, depth, roundings=roundings)
+    assert (got - want).abs().max() <= limit * want.abs().max()
