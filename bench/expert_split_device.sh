@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 20's table under the per-step split, in one call (~9 minutes of a fresh GPU): the
-# expert-tier tests on CUDA; then the captured Flash-Next step (16 layers) all on the device,
-# and with half its experts in host RAM (uniform and skewed routing): the bus alone, half of
-# each layer-step's misses on the host's cores, and `auto` (its timed costs in the log); then,
-# as the call's time allows, 80 % and 25 % in host RAM with `auto` and the bus alone.
+# expert-tier tests (and the llama static step's) on CUDA; then the captured Flash-Next step
+# (16 layers) all on the device, and with half its experts in host RAM (uniform and skewed
+# routing): the bus alone, half of each layer-step's misses on the host's cores, and `auto`
+# (its timed costs in the log); then, as the call's time allows, 80 % and 25 % in host RAM
+# with `auto` and the bus alone.
 # Run from the repository root with OUT set; `.whl/` from `bash scripts/device_wheels.sh`.
 #   OUT=/tmp/o bash bench/expert_split_device.sh
 # PART=rest (after offload_peer_device.sh, which runs the tests and half and 80 % off at 0.5 and
@@ -32,8 +33,9 @@ if [ "${PART:-all}" = rest ]; then
   pack_results r
   exit
 fi
-gpu_tests 110 tests/experts/test_host_jobs.py tests/kernels/test_host_handoff.py \
-  tests/experts/test_cuda_tiers.py tests/experts/test_cost_model.py
+gpu_tests 150 tests/experts/test_host_jobs.py tests/kernels/test_host_handoff.py \
+  tests/experts/test_cuda_tiers.py tests/experts/test_cost_model.py \
+  tests/engine/test_decode_graphs.py
 offload half --cpu-shares 0 0.5 auto \
   --only 0:stacked:uniform 0.5:tier:uniform 0.5:tier:skewed
 offload rest --cpu-shares 0 auto \
