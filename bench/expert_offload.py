@@ -365,7 +365,8 @@ def main() -> int:
                 log(f"  profile B=1: step {p['step_ms']:.3f} ms, kernels {p['kernel_ms']:.3f}"
                     f" ms, graph alone {p['replay_ms']:.3f} ms")
             engine.stop()
-            del engine, model, tiers
+            # (`graphs` too: it holds the model, whose device slots the next build needs)
+            del engine, model, tiers, graphs
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
