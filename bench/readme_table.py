@@ -575,17 +575,28 @@ def _expert_offload_rows() -> list[str]:
                         f"step) | {got[0]:.0f}; {got[1]:.0f} tok/s | none {none[0]:.0f}; "
                         f"{none[1]:.0f} (same call) | {got[0] / none[0]:.2f}×; "
                         f"{got[1] / none[1]:.2f}× |")
-    team = _load("h100-expert-offload-cpu-team.json")
-    if team:  # one H100 machine: all on device (call 3), the spinning team's half (call 4)
-        runs = {(run["call"], run["jobs_team"]): run for run in team["runs"]}
-        full = rate(runs[(3, "spin")], "uniform", 0.0, True)
-        half = [rate(runs[(4, "spin")], routing, 0.5, False, asked=0.5)
-                for routing in ("uniform", "skewed")]
-        rows.append(f"| H100, Flash-Next shape cut to 16 layers, fp8-row, batch 1, 50% in host "
-                    f"RAM (uniform; skewed routing), `--expert-cpu-share 0.5` (half of each "
-                    f"layer-step's misses on the host's cores, the jobs' spinning team) | "
-                    f"{half[0]:.0f}; {half[1]:.0f} tok/s | every expert on the device "
-                    f"{full:.0f} (same machine) | {half[0] / full:.2f}×; {half[1] / full:.2f}× |")
+    split = _load("h100-expert-offload-split-auto.json")
+    if split:  # one H100 machine: all on device and the bus alone (call 1), `auto` per share
+        def auto_rate(routing, share):  # the first process that measured it
+            return next(rate(run, routing, share, False, asked="auto") for run in split["runs"]
+                        if any(row["host_share"] == share and row["routing"] == routing
+                               and row.get("cpu_share_asked") == "auto" for row in run["rows"]))
+        first = split["runs"][0]
+        full = rate(first, "uniform", 0.0, True)
+        for share in (0.25, 0.5, 0.8):
+            bus_run = next(run for run in split["runs"] if any(
+                row["host_share"] == share and row.get("cpu_share_asked") == 0.0
+                for row in run["rows"]))
+            got, bus = ([f(routing) for routing in ("uniform", "skewed")] for f in (
+                lambda routing: auto_rate(routing, share),
+                lambda routing: rate(bus_run, routing, share, False)))
+            rows.append(f"| H100, Flash-Next shape cut to 16 layers, fp8-row, batch 1, "
+                        f"{share:.0%} in host RAM (uniform; skewed routing), "
+                        f"`--expert-cpu-share auto` (each layer-step's misses split between the "
+                        f"bus and the host's cores by timed costs) | {got[0]:.0f}; {got[1]:.0f} "
+                        f"tok/s | every expert on the device {full:.0f}; the bus alone "
+                        f"{bus[0]:.0f}; {bus[1]:.0f} (same machine) | {got[0] / full:.2f}×; "
+                        f"{got[1] / full:.2f}× |")
     ceiling = _load("h200-expert-offload-ceiling.json")
     if ceiling:  # arithmetic over the measured rates (`bench/offload_ceiling.py`)
         for row in ceiling["rows"]:
