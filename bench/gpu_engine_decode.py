@@ -1,6 +1,7 @@
 """The llama family's engine decode step on one GPU: eager vs static buffers + CUDA graphs.
 
     python3 bench/gpu_engine_decode.py [--out bench/results/h200-engine-decode.json] [--peer]
+        [--verify K]
 
 For each model shape (random bf16 weights drawn on the GPU) and batch size, B sequences hold
 `--context` tokens of random KV (and GDN state) in the engine's paged pool and state slots; one
@@ -9,6 +10,10 @@ decode step is timed through
   for steps that carry a prefill chunk, and
 * `DecodeGraphs` (decode_graphs.py): the step the engine serves pure-decode batches with,
   host-side input loading included, replayed from its captured graph.
+With `--verify K`, one verify step of 1 + K tokens a row (the last token and K drafts, what
+`--spec` verifies) is timed the same two ways: `DecodeGraphs.verify` replaying its captured
+graph, and the eager forward over (1 + K)-token segments (the llama family's verify steps ran
+there before the static step took verify rows).
 The hybrid family's step is timed by `ninfer bench` through the engine itself (earlier result
 files of this script also hold hybrid rows, measured by the code of their date).
 The roofline is (weights + every row's KV and GDN state at that context) / the copy bandwidth
@@ -84,15 +89,17 @@ def _sequences(model, storage, batch, context):
     return seqs
 
 
-def _eager(model, seqs):
-    on = model.device
-    model.forward(torch.tensor([s.output[-1] for s in seqs], device=on),
-                  torch.tensor([s.cached for s in seqs], device=on),
-                  [Segment(s.cache, s.cached, 1) for s in seqs],
-                  torch.arange(len(seqs), device=on))
+def _eager(model, seqs, drafts: int = 0):
+    """The eager forward of each row's last token and `drafts` more (logits of every token)."""
+    on, q = model.device, 1 + drafts
+    model.forward(torch.tensor([t for s in seqs for t in [s.output[-1]] + [1] * drafts],
+                               device=on),
+                  torch.tensor([s.cached + t for s in seqs for t in range(q)], device=on),
+                  [Segment(s.cache, s.cached, q) for s in seqs],
+                  torch.arange(len(seqs) * q, device=on))
 
 
-def bench_shape(name, cfg, batches, context, gbps):
+def bench_shape(name, cfg, batches, context, gbps, verify=0):
     config = LlamaConfig.from_text_config(cfg)
     model = LlamaModel(config, RandomWeights(cfg["architectures"][0] == "Qwen3ForCausalLM"),
                        "cuda", torch.bfloat16)
@@ -117,6 +124,19 @@ def bench_shape(name, cfg, batches, context, gbps):
                          roofline_tok_s=roofline, fraction_of_roofline=batch * 1e3 / step / roofline))
         print(f"{name} B={batch}: graph {batch * 1e3 / step:.0f} tok/s, eager "
               f"{batch * 1e3 / eager:.0f}, roofline {roofline:.0f}", file=sys.stderr, flush=True)
+        if verify:  # the rows back where they started: verify leaves `cached` alone
+            for s in seqs:
+                s.cached = context
+            verifier = DecodeGraphs(StaticDecoder(model, storage, batch, context + STEPS + 8,
+                                                  max_q=1 + verify), True)
+            drafts = [[1] * verify] * batch
+            graph_ms = time_ms(lambda: verifier.verify(seqs, drafts), STEPS)
+            eager_ms = time_ms(lambda: _eager(model, seqs, verify), 10)
+            rows[-1].update(verify=verify, verify_graph_ms=graph_ms, verify_eager_ms=eager_ms)
+            print(f"{name} B={batch}: verify 1+{verify} graph {graph_ms:.3f} ms "
+                  f"({graph_ms / step:.2f}x decode), eager {eager_ms:.3f} ms",
+                  file=sys.stderr, flush=True)
+            del verifier
         for s in seqs:
             s.cache.release()
         del graphs
@@ -155,6 +175,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--peer", action="store_true", help="also time transformers (batch 1)")
+    ap.add_argument("--verify", type=int, default=0, metavar="K",
+                    help="also time a verify step of 1 + K tokens a row (graph and eager)")
     args = ap.parse_args()
     torch.manual_seed(0)
     gbps = copy_bandwidth_gbps()
@@ -162,7 +184,8 @@ def main() -> None:
     results, peers = [], []
     with torch.inference_mode():
         for name in args.shapes.split(","):
-            results.append(bench_shape(name, SHAPES[name], batches, args.context, gbps))
+            results.append(bench_shape(name, SHAPES[name], batches, args.context, gbps,
+                                       args.verify))
     if args.peer:
         for name in args.shapes.split(","):
             if name not in SHAPES:
@@ -200,6 +223,16 @@ def markdown(result: dict) -> str:
                 f"| {row['eager_tok_s']:.0f} | {row['roofline_tok_s']:.0f} "
                 f"| {100 * row['fraction_of_roofline']:.0f} % | {f'{p:.0f}' if p else ''} "
                 f"| {ratio} |")
+    verified = [(r["shape"], row) for r in result["results"] for row in r["decode"]
+                if row.get("verify")]
+    if verified:
+        lines += ["", "A verify step of 1 + K tokens a row (the last token and K drafts):", "",
+                  "| shape | batch | K | graph ms | × the decode graph step | eager ms "
+                  "| eager / graph |", "|---|---|---|---|---|---|---|"]
+        for shape, row in verified:
+            g, e = row["verify_graph_ms"], row["verify_eager_ms"]
+            lines.append(f"| {shape} | {row['batch']} | {row['verify']} | {g:.3f} "
+                         f"| {g / row['graph_step_ms']:.2f}× | {e:.3f} | {e / g:.1f}× |")
     return "\n".join(lines) + "\n"
 
 
