@@ -576,20 +576,16 @@ def _expert_offload_rows() -> list[str]:
                         f"{none[1]:.0f} (same call) | {got[0] / none[0]:.2f}×; "
                         f"{got[1] / none[1]:.2f}× |")
     split = _load("h100-expert-offload-split-auto.json")
-    if split:  # one H100 machine: all on device and the bus alone (call 1), `auto` per share
-        def auto_rate(routing, share):  # the first process that measured it
-            return next(rate(run, routing, share, False, asked="auto") for run in split["runs"]
-                        if any(row["host_share"] == share and row["routing"] == routing
-                               and row.get("cpu_share_asked") == "auto" for row in run["rows"]))
-        first = split["runs"][0]
-        full = rate(first, "uniform", 0.0, True)
+    if split:  # one H100 machine, three calls: each rate from the first process that measured it
+        def first(routing, share, asked):
+            return next(row["tok_s"] for run in split["runs"] for row in run["rows"]
+                        if row["routing"] == routing and row["host_share"] == share
+                        and row["batch"] == 1 and row.get("cpu_share_asked") == asked
+                        and not row["path"].startswith("all stacked"))
+        full = rate(split["runs"][0], "uniform", 0.0, True)
         for share in (0.25, 0.5, 0.8):
-            bus_run = next(run for run in split["runs"] if any(
-                row["host_share"] == share and row.get("cpu_share_asked") == 0.0
-                for row in run["rows"]))
-            got, bus = ([f(routing) for routing in ("uniform", "skewed")] for f in (
-                lambda routing: auto_rate(routing, share),
-                lambda routing: rate(bus_run, routing, share, False)))
+            got, bus = ([first(routing, share, asked) for routing in ("uniform", "skewed")]
+                        for asked in ("auto", 0.0))
             rows.append(f"| H100, Flash-Next shape cut to 16 layers, fp8-row, batch 1, "
                         f"{share:.0%} in host RAM (uniform; skewed routing), "
                         f"`--expert-cpu-share auto` (each layer-step's misses split between the "
