@@ -172,6 +172,21 @@ def error_chains(model, context: int) -> tuple[list[tuple[int, int]], tuple[int,
     return writes, (done[0] + 2 * H, done[1] + 2)  # the final RMSNorm and the head
 
 
+def forward_rows(model, seqs, drafts):
+    """The reference of a verify step: the model's own forward over each sequence's last
+    token and its drafts at their positions, logits [Σ (1 + k_i), V] in row order."""
+    from ninfer_engine.models import Segment
+
+    rows = [[s.output[-1], *d] for s, d in zip(seqs, drafts)]
+    on = model.device
+    return model.forward(
+        torch.tensor([t for r in rows for t in r], device=on),
+        torch.tensor([p for s, r in zip(seqs, rows) for p in range(s.cached, s.cached + len(r))],
+                     device=on),
+        [Segment(s.cache, s.cached, len(r)) for s, r in zip(seqs, rows)],
+        torch.arange(sum(map(len, rows)), device=on))
+
+
 def copy_pool(src, dst):
     """Every stored K/V component of `src` into `dst`, as stored."""
     for src_layer, dst_layer in zip((*src.k, *src.v), (*dst.k, *dst.v)):

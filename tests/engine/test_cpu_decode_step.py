@@ -9,15 +9,15 @@ import torch
 from ninfer_engine.codecs import encodings
 from ninfer_engine.kernels.cpu_decode import cpu_decode_unavailable
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for
-from ninfer_engine.models import Segment, build_model
+from ninfer_engine.models import build_model
 from ninfer_engine.models.llama_cpu_step import Q8, CpuDecoder, cpu_decoder
 from ninfer_engine.step.decode_graphs import DecodeGraphs
 from ninfer_engine.step.family_runners import Runner
 
 from tests import tolerance
 
-from .helpers import (DictWeights, FakeArtifact, copy_pool, error_chains, text_config,
-                      tiny_llama)
+from .helpers import (DictWeights, FakeArtifact, copy_pool, error_chains, forward_rows,
+                      text_config, tiny_llama)
 from .test_decode_graphs import LENGTHS, STEPS, _eager_step, _prefilled
 
 pytestmark = pytest.mark.skipif(cpu_decode_unavailable() is not None,
@@ -134,13 +134,7 @@ def test_verify_rows_match_the_model_forward(activations):
         assert a.cache.reserve(a.cached + 1 + len(d)) and b.cache.reserve(b.cached + 1 + len(d))
     got = graphs.verify_rows(ours, drafts).clone()
     rows = [[s.output[-1], *d] for s, d in zip(ref, drafts)]
-    on = model.device
-    want = model.forward(
-        torch.tensor([t for r in rows for t in r], device=on),
-        torch.tensor([p for s, r in zip(ref, rows) for p in range(s.cached, s.cached + len(r))],
-                     device=on),
-        [Segment(s.cache, s.cached, len(r)) for s, r in zip(ref, rows)],
-        torch.arange(sum(map(len, rows)), device=on))
+    want = forward_rows(model, ref, drafts)
     limit = _limit(model, max(LENGTHS) + 4, activations)
     assert got.shape == want.shape == (8, model.vocab_size)
     assert (got - want).abs().max() <= limit * want.abs().max()

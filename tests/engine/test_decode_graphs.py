@@ -1,4 +1,4 @@
-"""The static-buffer decode step (`models.llama_step.StaticDecoder`) against the model's own forward.
+"""The static-buffer decode step (`models.llama_step.StaticDecoder`) against the model's forward.
 
 On the CPU the step runs eagerly through the kernels' torch references; on CUDA
 (`NINFER_TEST_DEVICE=cuda`) it runs the Triton kernels and is replayed from captured graphs.
@@ -18,8 +18,8 @@ from ninfer_engine.models import Segment, build_model
 
 from tests import tolerance
 
-from .helpers import (DictWeights, copy_pool, error_chains, recorded_writes, stored_rows,
-                      text_config, tiny_llama, tiny_qwen3)
+from .helpers import (DictWeights, copy_pool, error_chains, forward_rows, recorded_writes,
+                      stored_rows, text_config, tiny_llama, tiny_qwen3)
 
 PAGE = 64
 
@@ -181,14 +181,7 @@ def test_a_verify_row_gives_the_forwards_logits_at_each_position_then_decodes_on
     got = graphs.verify(ours, drafts).clone()
     assert got.shape == (3, 1 + k, model.vocab_size)
     assert [s.cached for s in ours] == list(LENGTHS)  # `keep` settles them
-    rows = [[s.output[-1], *d] for s, d in zip(ref, drafts)]
-    on = model.device
-    want = model.forward(
-        torch.tensor([t for r in rows for t in r], device=on),
-        torch.tensor([p for s, r in zip(ref, rows) for p in range(s.cached, s.cached + len(r))],
-                     device=on),
-        [Segment(s.cache, s.cached, len(r)) for s, r in zip(ref, rows)],
-        torch.arange(sum(map(len, rows)), device=on)).view(3, 1 + k, -1)
+    want = forward_rows(model, ref, drafts).view(3, 1 + k, -1)
     _, (depth, roundings) = error_chains(model, max(LENGTHS) + 1 + k)
     limit = tolerance.bound(dtype, depth, roundings=roundings)
     assert (got - want).abs().max() <= limit * want.abs().max()
