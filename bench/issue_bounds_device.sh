@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issues 18's and 19's batch-1 figures in one call (~9 minutes; meant for the H200 the issues
+# name): the engine step and its graph alone (bench/profile_step.py, random weights, context
+# 1024) for 35B-A3B fp8-row (decode >= 530 tok/s; the oracle verify step of 1 + 3 tokens <= 2.0x
+# decode; the --spec mtp round over the --lm-head-draft shortlist at 3.67 tokens a round, issue
+# 19's >= 1,100 tok/s), the 27B bf16 (decode >= 74; verify <= 1.3x; the MTP round, >= 200) and
+# Flash-Next fp8-row decode (>= 430); then the llama family's verify step replayed from its
+# graph against the eager forward it replaced (bench/gpu_engine_decode.py --verify 3).
+#   OUT=/tmp/o bash bench/issue_bounds_device.sh
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+profile_step 35b-decode --spec 0
+profile_step 35b-verify --spec 3
+profile_step 35b-mtp --spec 3 --drafter mtp --lm-head-draft 131072
+profile_step flash-next-decode --arch flash-next --spec 0
+profile_step 27b-decode --arch 27b --weights bf16 --spec 0
+profile_step 27b-verify --arch 27b --weights bf16 --spec 3
+profile_step 27b-mtp --arch 27b --weights bf16 --spec 3 --drafter mtp --lm-head-draft 131072
+if [ "$(left)" -gt 60 ]; then
+  PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 10 )) python3 bench/gpu_engine_decode.py \
+    --shapes llama-3.2-1b,qwen3-8b --batches 1,8 --verify 3 --out "$OUT/r/llama-verify" \
+    2>&1 | grep -E "B=" | tail -8
+fi
+echo "done at $SECONDS s"
+pack_results
