@@ -1,8 +1,8 @@
 """The aiohttp application: routes, transport middlewares, `/health` and `/v1/models`.
 
 Middlewares, outermost first: errors (request id, dialect, error shapes), the live media
-budget's release, OPTIONS/CORS preflight, auth, body size. Response headers (request id, CORS) are added in
-`on_response_prepare`, so streams and errors get them too.
+budget's release, OPTIONS/CORS preflight, auth, body size. Response headers (request id, CORS)
+are added in `on_response_prepare`, so streams and errors get them too.
 """
 from __future__ import annotations
 

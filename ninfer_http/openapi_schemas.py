@@ -161,7 +161,8 @@ def _responses(model: Schema) -> dict[str, Schema]:
         "tools": {"type": "array", "items": {"anyOf": [function, namespace, custom, other_tool]}},
         "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, named, allowed]},
         "text": obj({"format": text_format, "verbosity": {"enum": ["low", "medium", "high"]}}),
-        "truncation": {"const": "disabled"}, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+        "truncation": {"const": "disabled"},
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         "service_tier": STRING, "background": {"const": False},
         # reasoning.encrypted_content is honoured; other values are accepted and ignored
         "include": {"type": "array", "items": STRING},

@@ -2,10 +2,11 @@
 
 What real clients send is accepted: unknown top-level keys are ignored (logged once each),
 `service_tier`, `client_metadata`, `text.verbosity` and `include` values other than
-`reasoning.encrypted_content` and `message.output_text.logprobs` are accepted without effect. `parallel_tool_calls` is honoured,
-`prompt_cache_key` is the prefix-reuse session key, `text.format` json_schema / json_object
-constrain the answer, `include: ["message.output_text.logprobs"]` (or `top_logprobs` > 0)
-returns the answer's log-probabilities with `top_logprobs` alternatives. Still refused (400
+`reasoning.encrypted_content` and `message.output_text.logprobs` are accepted without effect.
+`parallel_tool_calls` is honoured, `prompt_cache_key` is the prefix-reuse session key,
+`text.format` json_schema / json_object constrain the answer,
+`include: ["message.output_text.logprobs"]` (or `top_logprobs` > 0) returns the answer's
+log-probabilities with `top_logprobs` alternatives. Still refused (400
 `unsupported_parameter`): `truncation` other than `disabled` and `background: true`. Tools are
 parsed by `responses_tools`; the conversation by `responses_items.Conversation`, after the
 stored one of `previous_response_id`.

@@ -10,9 +10,9 @@ of component page views (bf16, int8, fp8, nvfp4, k8v4). Query i sees keys ≤ st
 
 The Triton path is varlen: one launch covers B chunks (`q_offsets`, `q_lens`, `starts`, one page
 table row each); `paged_prefill_triton` is the one-chunk form (length and start passed as
-scalars, nothing uploaded per call). A program owns BLOCK_M queries of one chunk and one query head, walks that
-chunk's pages (64 keys a step) up to the last one its queries can see, and keeps an online
-softmax in fp32. Nothing the size of [T, L] is materialised.
+scalars, nothing uploaded per call). A program owns BLOCK_M queries of one chunk and one query
+head, walks that chunk's pages (64 keys a step) up to the last one its queries can see, and
+keeps an online softmax in fp32. Nothing the size of [T, L] is materialised.
 
 A short chunk over a long context (an agent's turn over its cached prompt) has few such
 programs: 64 queries of the 35B-A3B are 16, each walking all 512 pages of a 32K context (1.3 ms
