@@ -71,13 +71,20 @@ class StaticDecoder:
     def step(self, batch: int, bucket: int, q_len: int = 1) -> torch.Tensor:
         """Logits [batch · q_len, V] (fp32) of the loaded token rows; `bucket` ≥ every row's
         length sizes the attention kernel's split grid."""
+        n = batch * q_len
+        lens = self.meta[3, :n]
+        # each token row reads its sequence's page table
+        table = self.table[self.token_rows[:n] // q_len] if q_len > 1 else self.table[:batch]
+        return self.logits(self.hidden_rows(n, lambda q, k, v: paged_attention(
+            q, k, v, table, lens, max_seq_len=bucket)))
+
+    def hidden_rows(self, n: int, attend: Callable) -> torch.Tensor:
+        """The final-normed hiddens [n, H] of the loaded token rows 0..n-1, each layer's K/V
+        of them written into the pool first and `attend(q, k_pages, v_pages)` its attention."""
         m, s = self.model, self.storage
         c = m.cfg
         nq, nkv, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
-        n = batch * q_len
-        tokens, positions, slots, lens = (r[:n] for r in self.meta)
-        # each token row reads its sequence's page table
-        table = self.table[self.token_rows[:n] // q_len] if q_len > 1 else self.table[:batch]
+        tokens, positions, slots = (r[:n] for r in self.meta[:3])
         x = F.embedding(tokens, m.embedding)
         residual = None
         for i, layer in enumerate(m.layers):
@@ -91,11 +98,14 @@ class StaticDecoder:
             q, k = qk[:, :nq], qk[:, nq:]
             s.k_codec.write(s.k[i], slots, k)
             s.v_codec.write(s.v[i], slots, v)
-            attn = paged_attention(q, s.page_view(s.k[i]), s.page_view(s.v[i]), table, lens,
-                                   max_seq_len=bucket)
+            attn = attend(q, s.page_view(s.k[i]), s.page_view(s.v[i]))
             x = m.ranks.all_reduce(layer.output(attn.reshape(n, nq * D)))
             h, residual = fused_rms_norm(x, layer.post_attention_norm, eps, residual)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = m.ranks.all_reduce(layer.down(F.silu(gate) * up))
-        h, _ = fused_rms_norm(x, m.final_norm, eps, residual)
-        return m.ranks.gather_vocab(m.head(h).float(), c.vocab_size)
+        return fused_rms_norm(x, m.final_norm, eps, residual)[0]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The head over final-normed hiddens: [T, V] fp32."""
+        m = self.model
+        return m.ranks.gather_vocab(m.head(h).float(), m.cfg.vocab_size)

@@ -21,6 +21,7 @@ import torch
 
 from ..kv import KV_DTYPES
 from ..kv.slots import StateSlot
+from ..models.llama_prompt_step import LlamaPrompt
 from ..models.llama_step import StaticDecoder
 from ..models.qwen3_5_engine_step import EngineHybridDecoder, EngineHybridPrompt
 from .graph_capture import record_graph
@@ -53,15 +54,15 @@ class DecodeGraphs:
     with; when an elastic pool grows into new tensors, every graph is dropped and recaptured
     on demand.
 
-    With a `prompt` step (the hybrid family's `EngineHybridPrompt`), a step's short prompt
-    chunks run as one more graph (`prefill`), one per (chunks, padded row count of
-    `PROMPT_ROWS`), whatever their contexts: the host's launch work of an eager forward (an
-    agent turn's ~18 ms on the H200's 8-layer 35B-A3B shape, for ~5 ms of kernels) becomes one
-    replay.
+    With a `prompt` step (the family's: `EngineHybridPrompt`, `llama_prompt_step.LlamaPrompt`),
+    a step's short prompt chunks run as one more graph (`prefill`), one per (chunks, padded
+    row count of `PROMPT_ROWS`), whatever their contexts: the host's launch work of an eager
+    forward (an agent turn's ~18 ms on the H200's 8-layer 35B-A3B shape, for ~5 ms of
+    kernels) becomes one replay.
     """
 
     def __init__(self, decoder: StaticDecoder | EngineHybridDecoder, capture: bool,
-                 prompt: EngineHybridPrompt | None = None) -> None:
+                 prompt: EngineHybridPrompt | LlamaPrompt | None = None) -> None:
         self.decoder = decoder
         self.capture = capture
         # the short-prompt step (`prefill`), where the family has one and the model's layers

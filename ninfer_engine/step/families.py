@@ -2,9 +2,10 @@
 
 A family is its model class (built by `models.build_model` from the artifact's architecture),
 its runner (how a step's rows become one forward: `family_runners.Runner` for the llama
-family, `family_runners.HybridRunner` for the Qwen3.5 hybrids) and its static decode step for
+family, `family_runners.HybridRunner` for the Qwen3.5 hybrids), its static decode step for
 the CUDA-graph path (`models.llama_step.StaticDecoder`,
-`models.qwen3_5_engine_step.EngineHybridDecoder`).
+`models.qwen3_5_engine_step.EngineHybridDecoder`) and its short-prompt step beside it
+(`models.llama_prompt_step.LlamaPrompt`, `models.qwen3_5_engine_step.EngineHybridPrompt`).
 On the CPU the llama family's decode rows go through its compiled step instead
 (`models.llama_cpu_step.CpuDecoder`, no capture). `make_runner` and `build_decode_graphs`
 look the family up here instead of checking types.
@@ -23,6 +24,7 @@ from ..kv import SequenceMemory
 from ..models import LlamaModel, Qwen35Model
 from ..models.fused import FusedParams
 from ..models.llama_cpu_step import cpu_decoder
+from ..models.llama_prompt_step import LlamaPrompt
 from ..models.llama_step import StaticDecoder
 from ..models.qwen3_5_engine_step import EngineHybridDecoder, EngineHybridPrompt
 from ..models.qwen3_5_prompt_step import prompt_capturable
@@ -37,6 +39,9 @@ StaticStep = Callable[[Any, SequenceMemory, int, int, int, bool], Any]
 # (model, memory, max_batch, max_context, max_q, weights, activations) -> the family's CPU
 # decode step, or why none
 CpuStep = Callable[[Any, SequenceMemory, int, int, int, Any, str], Any]
+# (model, memory, its static step, max_context) -> the family's short-prompt step over the
+# static step's weights (`DecodeGraphs.prefill`), or None where the eager forward keeps them
+PromptStep = Callable[[Any, SequenceMemory, Any, int], Any]
 
 log = logging.getLogger("ninfer.engine")
 
@@ -46,6 +51,7 @@ class Family:
     name: str
     runner: type[Runner] | type[HybridRunner]
     static_step: StaticStep
+    prompt_step: PromptStep
     cpu_step: CpuStep | None = None
 
 
@@ -64,13 +70,27 @@ def _hybrid_step(model, memory, max_batch, max_context, max_q, keep_hidden):
                                max_context, max_q, keep_hidden)
 
 
+def _llama_prompt(model, memory, decoder, max_context):
+    if model.ranks.parallel:
+        return None  # (as the hybrid family's: a rank's collectives stay in the eager forward)
+    return LlamaPrompt(model, memory.storage, decoder.max_batch, max_context, PROMPT_ROWS[-1])
+
+
+def _hybrid_prompt(model, memory, decoder, max_context):
+    if not prompt_capturable(model):
+        return None  # a layer syncs with the host (offloaded experts), or tensor parallelism
+    return EngineHybridPrompt(decoder.core.w, memory.storage, memory.running_slots,
+                              decoder.max_batch, max_context, PROMPT_ROWS[-1],
+                              decoder.hidden is not None)
+
+
 def _llama_cpu_step(model, memory, max_batch, max_context, max_q, weights, activations):
     return cpu_decoder(model, memory.storage, max_batch, max_context, weights, activations,
                        max_q)
 
 
-FAMILIES = {LlamaModel: Family("llama", Runner, _llama_step, _llama_cpu_step),
-            Qwen35Model: Family("qwen3.5", HybridRunner, _hybrid_step)}
+FAMILIES = {LlamaModel: Family("llama", Runner, _llama_step, _llama_prompt, _llama_cpu_step),
+            Qwen35Model: Family("qwen3.5", HybridRunner, _hybrid_step, _hybrid_prompt)}
 
 
 def family_of(model) -> Family:
@@ -127,13 +147,9 @@ def build_decode_graphs(model, memory: SequenceMemory, kv_dtype: str, max_batch:
 
 def prompt_step(model, memory: SequenceMemory, decoder, max_context: int):
     """The family's short-prompt step over the decoder's weights (`DecodeGraphs.prefill`), or
-    None: the llama family has none, and a model whose layers sync with the host (offloaded
-    experts, a rank's share of them, tensor parallelism) keeps the eager forward."""
-    if not isinstance(decoder, EngineHybridDecoder) or not prompt_capturable(model):
-        return None
-    return EngineHybridPrompt(decoder.core.w, memory.storage, memory.running_slots,
-                              decoder.max_batch, max_context, PROMPT_ROWS[-1],
-                              decoder.hidden is not None)
+    None: a model whose layers sync with the host (offloaded experts, a rank's share of them)
+    or run under tensor parallelism keeps the eager forward."""
+    return family_of(model).prompt_step(model, memory, decoder, max_context)
 
 
 def cpu_decode_steps(model, memory: SequenceMemory, max_batch: int, max_context: int,
