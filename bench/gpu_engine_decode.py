@@ -1,7 +1,7 @@
 """The llama family's engine decode step on one GPU: eager vs static buffers + CUDA graphs.
 
     python3 bench/gpu_engine_decode.py [--out bench/results/h200-engine-decode.json] [--peer]
-        [--verify K]
+        [--verify K] [--prompt N]
 
 For each model shape (random bf16 weights drawn on the GPU) and batch size, B sequences hold
 `--context` tokens of random KV (and GDN state) in the engine's paged pool and state slots; one
@@ -13,7 +13,9 @@ decode step is timed through
 With `--verify K`, one verify step of 1 + K tokens a row (the last token and K drafts, what
 `--spec` verifies) is timed the same two ways: `DecodeGraphs.verify` replaying its captured
 graph, and the eager forward over (1 + K)-token segments (the llama family's verify steps ran
-there before the static step took verify rows).
+there before the static step took verify rows). With `--prompt N`, an N-token prompt chunk
+(≤ 64: an agent's turn over the `--context` tokens cached) a row, through the captured prompt
+step (`DecodeGraphs.prefill`, `llama_prompt_step.LlamaPrompt`) and through the eager forward.
 The hybrid family's step is timed by `ninfer bench` through the engine itself (earlier result
 files of this script also hold hybrid rows, measured by the code of their date).
 The roofline is (weights + every row's KV and GDN state at that context) / the copy bandwidth
@@ -39,8 +41,9 @@ sys.path.insert(0, str(ROOT))
 from bench.report import write_report  # noqa: E402
 from ninfer_engine.benchmark.peer import hf_decode, hf_prefill, random_model  # noqa: E402
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, time_ms  # noqa: E402
+from ninfer_engine.models.llama_prompt_step import LlamaPrompt  # noqa: E402
 from ninfer_engine.models.llama_step import StaticDecoder  # noqa: E402
-from ninfer_engine.step.decode_graphs import DecodeGraphs  # noqa: E402
+from ninfer_engine.step.decode_graphs import PROMPT_ROWS, DecodeGraphs  # noqa: E402
 from ninfer_engine.kv import KvStorage, PagePool, codecs_for  # noqa: E402
 from ninfer_engine.models import LlamaConfig, LlamaModel, Segment  # noqa: E402
 
@@ -99,7 +102,16 @@ def _eager(model, seqs, drafts: int = 0):
                   torch.arange(len(seqs) * q, device=on))
 
 
-def bench_shape(name, cfg, batches, context, gbps, verify=0):
+def _eager_chunk(model, seqs, n):
+    """The eager forward of an n-token chunk a row after `cached` (each chunk's last logits)."""
+    on = model.device
+    model.forward(torch.tensor([5] * n * len(seqs), device=on),
+                  torch.tensor([s.cached + t for s in seqs for t in range(n)], device=on),
+                  [Segment(s.cache, s.cached, n) for s in seqs],
+                  torch.arange(n - 1, n * len(seqs), n, device=on))
+
+
+def bench_shape(name, cfg, batches, context, gbps, verify=0, prompt=0):
     config = LlamaConfig.from_text_config(cfg)
     model = LlamaModel(config, RandomWeights(cfg["architectures"][0] == "Qwen3ForCausalLM"),
                        "cuda", torch.bfloat16)
@@ -137,6 +149,24 @@ def bench_shape(name, cfg, batches, context, gbps, verify=0):
                   f"({graph_ms / step:.2f}x decode), eager {eager_ms:.3f} ms",
                   file=sys.stderr, flush=True)
             del verifier
+        if prompt:  # each row's chunk over its `context` cached tokens, cached left there
+            for s in seqs:
+                s.cached = context
+            step_graphs = DecodeGraphs(StaticDecoder(model, storage, batch, context + STEPS + 8),
+                                       True, LlamaPrompt(model, storage, batch,
+                                                         context + STEPS + 8, PROMPT_ROWS[-1]))
+            chunks = [[5] * prompt] * batch
+
+            def prefill():
+                step_graphs.prefill(seqs, chunks)
+                for s in seqs:
+                    s.cached = context
+            graph_ms = time_ms(prefill, STEPS)
+            eager_ms = time_ms(lambda: _eager_chunk(model, seqs, prompt), 10)
+            rows[-1].update(prompt=prompt, prompt_graph_ms=graph_ms, prompt_eager_ms=eager_ms)
+            print(f"{name} B={batch}: {prompt}-token chunk graph {graph_ms:.3f} ms, eager "
+                  f"{eager_ms:.3f} ms", file=sys.stderr, flush=True)
+            del step_graphs
         for s in seqs:
             s.cache.release()
         del graphs
@@ -177,6 +207,8 @@ def main() -> None:
     ap.add_argument("--peer", action="store_true", help="also time transformers (batch 1)")
     ap.add_argument("--verify", type=int, default=0, metavar="K",
                     help="also time a verify step of 1 + K tokens a row (graph and eager)")
+    ap.add_argument("--prompt", type=int, default=0, metavar="N",
+                    help="also time an N-token prompt chunk a row, N <= 64 (graph and eager)")
     args = ap.parse_args()
     torch.manual_seed(0)
     gbps = copy_bandwidth_gbps()
@@ -185,7 +217,7 @@ def main() -> None:
     with torch.inference_mode():
         for name in args.shapes.split(","):
             results.append(bench_shape(name, SHAPES[name], batches, args.context, gbps,
-                                       args.verify))
+                                       args.verify, args.prompt))
     if args.peer:
         for name in args.shapes.split(","):
             if name not in SHAPES:
@@ -233,6 +265,16 @@ def markdown(result: dict) -> str:
             g, e = row["verify_graph_ms"], row["verify_eager_ms"]
             lines.append(f"| {shape} | {row['batch']} | {row['verify']} | {g:.3f} "
                          f"| {g / row['graph_step_ms']:.2f}× | {e:.3f} | {e / g:.1f}× |")
+    prompted = [(r["shape"], row) for r in result["results"] for row in r["decode"]
+                if row.get("prompt")]
+    if prompted:
+        lines += ["", "An N-token prompt chunk a row over the cached context (an agent's turn):",
+                  "", "| shape | batch | context | N | graph ms | eager ms | eager / graph |",
+                  "|---|---|---|---|---|---|---|"]
+        for shape, row in prompted:
+            g, e = row["prompt_graph_ms"], row["prompt_eager_ms"]
+            lines.append(f"| {shape} | {row['batch']} | {row['context']} | {row['prompt']} "
+                         f"| {g:.3f} | {e:.3f} | {e / g:.1f}× |")
     return "\n".join(lines) + "\n"
 
 

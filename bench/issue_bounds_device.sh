@@ -5,7 +5,8 @@
 # decode; the --spec mtp round over the --lm-head-draft shortlist at 3.67 tokens a round, issue
 # 19's >= 1,100 tok/s), the 27B bf16 (decode >= 74; verify <= 1.3x; the MTP round, >= 200) and
 # Flash-Next fp8-row decode (>= 430); then the llama family's verify step replayed from its
-# graph against the eager forward it replaced (bench/gpu_engine_decode.py --verify 3).
+# graph against the eager forward it replaced, and a 64-token prompt chunk through its new
+# prompt step against the eager forward (bench/gpu_engine_decode.py --verify 3 --prompt 64).
 #   OUT=/tmp/o bash bench/issue_bounds_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
@@ -18,7 +19,7 @@ profile_step 27b-verify --arch 27b --weights bf16 --spec 3
 profile_step 27b-mtp --arch 27b --weights bf16 --spec 3 --drafter mtp --lm-head-draft 131072
 if [ "$(left)" -gt 60 ]; then
   PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 10 )) python3 bench/gpu_engine_decode.py \
-    --shapes llama-3.2-1b,qwen3-8b --batches 1,8 --verify 3 --out "$OUT/r/llama-verify" \
+    --shapes llama-3.2-1b,qwen3-8b --batches 1,8 --verify 3 --prompt 64 --out "$OUT/r/llama-verify" \
     2>&1 | grep -E "B=" | tail -8
 fi
 echo "done at $SECONDS s"
