@@ -133,7 +133,8 @@ def bench_shape(name, cfg, batches, context, gbps, verify=0, prompt=0):
         rows.append(dict(batch=batch, context=context, graph_step_ms=step,
                          tok_s=batch * 1e3 / step, eager_step_ms=eager,
                          eager_tok_s=batch * 1e3 / eager, bytes_per_step=weights + kv,
-                         roofline_tok_s=roofline, fraction_of_roofline=batch * 1e3 / step / roofline))
+                         roofline_tok_s=roofline,
+                         fraction_of_roofline=batch * 1e3 / step / roofline))
         print(f"{name} B={batch}: graph {batch * 1e3 / step:.0f} tok/s, eager "
               f"{batch * 1e3 / eager:.0f}, roofline {roofline:.0f}", file=sys.stderr, flush=True)
         if verify:  # the rows back where they started: verify leaves `cached` alone

@@ -19,7 +19,8 @@ profile_step 27b-verify --arch 27b --weights bf16 --spec 3
 profile_step 27b-mtp --arch 27b --weights bf16 --spec 3 --drafter mtp --lm-head-draft 131072
 if [ "$(left)" -gt 60 ]; then
   PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 10 )) python3 bench/gpu_engine_decode.py \
-    --shapes llama-3.2-1b,qwen3-8b --batches 1,8 --verify 3 --prompt 64 --out "$OUT/r/llama-verify" \
+    --shapes llama-3.2-1b,qwen3-8b --batches 1,8 --verify 3 --prompt 64 \
+    --out "$OUT/r/llama-verify" \
     2>&1 | grep -E "B=" | tail -8
 fi
 echo "done at $SECONDS s"
