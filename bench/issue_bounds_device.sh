@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issues 18's and 19's batch-1 figures in one call (~9 minutes; meant for the H200 the issues
-# name): the engine step and its graph alone (bench/profile_step.py, random weights, context
+# name): the llama static and prompt steps' CUDA tests; the engine step and its graph alone (bench/profile_step.py, random weights, context
 # 1024) for 35B-A3B fp8-row (decode >= 530 tok/s; the oracle verify step of 1 + 3 tokens <= 2.0x
 # decode; the --spec mtp round over the --lm-head-draft shortlist at 3.67 tokens a round, issue
 # 19's >= 1,100 tok/s), the 27B bf16 (decode >= 74; verify <= 1.3x; the MTP round, >= 200) and
@@ -10,6 +10,7 @@
 #   OUT=/tmp/o bash bench/issue_bounds_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+gpu_tests 90 tests/engine/test_llama_prompt_step.py tests/engine/test_decode_graphs.py
 profile_step 35b-decode --spec 0
 profile_step 35b-verify --spec 3
 profile_step 35b-mtp --spec 3 --drafter mtp --lm-head-draft 131072
