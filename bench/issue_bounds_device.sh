@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Issues 18's and 19's batch-1 figures in one call (~9 minutes; meant for the H200 the issues
-# name): the llama static and prompt steps' CUDA tests; the engine step and its graph alone (bench/profile_step.py, random weights, context
-# 1024) for 35B-A3B fp8-row (decode >= 530 tok/s; the oracle verify step of 1 + 3 tokens <= 2.0x
-# decode; the --spec mtp round over the --lm-head-draft shortlist at 3.67 tokens a round, issue
-# 19's >= 1,100 tok/s), the 27B bf16 (decode >= 74; verify <= 1.3x; the MTP round, >= 200) and
-# Flash-Next fp8-row decode (>= 430); then the llama family's verify step replayed from its
-# graph against the eager forward it replaced, and a 64-token prompt chunk through its new
-# prompt step against the eager forward (bench/gpu_engine_decode.py --verify 3 --prompt 64).
+# name): the llama static and prompt steps' CUDA tests; the engine step and its graph alone
+# (bench/profile_step.py, random weights, context 1024) for 35B-A3B fp8-row (decode >= 530
+# tok/s; the oracle verify step of 1 + 3 tokens <= 2.0x decode; the --spec mtp round over the
+# --lm-head-draft shortlist at 3.67 tokens a round, issue 19's >= 1,100 tok/s), the 27B bf16
+# (decode >= 74; verify <= 1.3x; the MTP round, >= 200) and Flash-Next fp8-row decode (>= 430);
+# then the llama family's verify step replayed from its graph against the eager forward it
+# replaced, and a 64-token prompt chunk through its new prompt step against the eager forward
+# (bench/gpu_engine_decode.py --verify 3 --prompt 64).
 #   OUT=/tmp/o bash bench/issue_bounds_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
