@@ -11,7 +11,8 @@
 #   OUT=/tmp/o bash bench/issue_bounds_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-gpu_tests 90 tests/engine/test_llama_prompt_step.py tests/engine/test_decode_graphs.py
+gpu_tests 120 tests/engine/test_llama_prompt_step.py tests/engine/test_decode_graphs.py \
+  tests/engine/test_step_rows.py tests/engine/test_speculation.py
 profile_step 35b-decode --spec 0
 profile_step 35b-verify --spec 3
 profile_step 35b-mtp --spec 3 --drafter mtp --lm-head-draft 131072
