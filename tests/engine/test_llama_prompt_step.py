@@ -41,7 +41,7 @@ def _forward(model, seq, ids):
     return logits[0]
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8", "k8v4"])
 @torch.inference_mode()
 def test_padded_prompt_chunks_match_the_model_forward(kv_dtype, device):
     """Steps of chunks (2 tokens padded to 16 rows, 16, 20 padded to 32, then two chunks of 3
