@@ -57,7 +57,9 @@ def default_threads() -> int:
     $NINFER_EXPERT_CPU_THREADS, else three quarters of the cores this process may use, leaving
     at least 4 (and 1 of 2) for the engine's own thread, which launches steps and settles their
     routing, and the server. On the H200's 16-core host 12 beat 8 (1.24x at B = 1, 1.32x at
-    B = 8) and 15 lost, as an OpenMP team (bench/results/h200-expert-cpu-threads.md)."""
+    B = 8) and 15 lost, as an OpenMP team (bench/results/h200-expert-cpu-threads.md); on the
+    H100's 16-core host the spinning team ran 14 threads as fast as 12 and 16 at 0.35x, the
+    step's own thread starved (bench/results/h100-expert-offload-split-auto.md)."""
     cores = len(os.sched_getaffinity(0))
     return int(os.environ.get(THREADS_ENV, 0)) or max(1, min(cores - 4, 3 * cores // 4))
 
