@@ -26,8 +26,10 @@ llama_bench() {  # each -ncmoe not yet measured, while the call has time for one
   done
 }
 if [ "${PHASE:-run}" = build ]; then
-  sed 's/-DGGML_NATIVE=OFF/-DGGML_NATIVE=ON/' .peers/llamacpp/build.sh > .peers/llamacpp/native.sh
-  (bash .peers/llamacpp/native.sh > "$OUT/r/llama-build.log" 2>&1) &
+  # (a copy outside the carried folder, which may arrive read-only, pointed back at its tarball)
+  sed -e 's/-DGGML_NATIVE=OFF/-DGGML_NATIVE=ON/' -e "s|^here=.*|here=$PWD/.peers/llamacpp|" \
+    .peers/llamacpp/build.sh > /tmp/native.sh
+  (bash /tmp/native.sh > "$OUT/r/llama-build.log" 2>&1) &
   built=$!
   gpu_tests 150 tests/experts/test_host_jobs.py tests/kernels/test_host_handoff.py \
     tests/experts/test_cuda_tiers.py tests/experts/test_cost_model.py \
