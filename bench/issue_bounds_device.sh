@@ -5,9 +5,10 @@
 # tok/s; the oracle verify step of 1 + 3 tokens <= 2.0x decode; the --spec mtp round over the
 # --lm-head-draft shortlist at 3.67 tokens a round, issue 19's >= 1,100 tok/s), the 27B bf16
 # (decode >= 74; verify <= 1.3x; the MTP round, >= 200) and Flash-Next fp8-row decode (>= 430);
-# then the llama family's verify step replayed from its graph against the eager forward it
+# the llama family's verify step replayed from its graph against the eager forward it
 # replaced, and a 64-token prompt chunk through its new prompt step against the eager forward
-# (bench/gpu_engine_decode.py --verify 3 --prompt 64).
+# (bench/gpu_engine_decode.py --verify 3 --prompt 64), before the 27B rows; with the time left,
+# the MoE kernels' tiles at the verify step's 4 rows (bench/moe_slot_sweep.py).
 #   OUT=/tmp/o bash bench/issue_bounds_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
@@ -15,16 +16,21 @@ gpu_tests 120 tests/engine/test_llama_prompt_step.py tests/engine/test_decode_gr
   tests/engine/test_step_rows.py tests/engine/test_speculation.py
 profile_step 35b-decode --spec 0
 profile_step 35b-verify --spec 3
-profile_step 35b-mtp --spec 3 --drafter mtp --lm-head-draft 131072
 profile_step flash-next-decode --arch flash-next --spec 0
-profile_step 27b-decode --arch 27b --weights bf16 --spec 0
-profile_step 27b-verify --arch 27b --weights bf16 --spec 3
-profile_step 27b-mtp --arch 27b --weights bf16 --spec 3 --drafter mtp --lm-head-draft 131072
-if [ "$(left)" -gt 60 ]; then
-  PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 10 )) python3 bench/gpu_engine_decode.py \
+profile_step 35b-mtp --spec 3 --drafter mtp --lm-head-draft 131072
+if [ "$(left)" -gt 120 ]; then  # (before the 27B: the llama steps' first timed GPU run)
+  PYTHONPATH=$PWD:/tmp/site timeout 110 python3 bench/gpu_engine_decode.py \
     --shapes llama-3.2-1b,qwen3-8b --batches 1,8 --verify 3 --prompt 64 \
     --out "$OUT/r/llama-verify" \
     2>&1 | grep -E "B=" | tail -8
+fi
+profile_step 27b-decode --arch 27b --weights bf16 --spec 0
+profile_step 27b-verify --arch 27b --weights bf16 --spec 3
+profile_step 27b-mtp --arch 27b --weights bf16 --spec 3 --drafter mtp --lm-head-draft 131072
+if [ "$(left)" -gt 90 ]; then  # the time left: the verify step's MoE tiles at 4 rows here
+  PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 10 )) python3 bench/moe_slot_sweep.py \
+    --shapes 35b-a3b-fp8 --batches 4 --kernels gate_up,down --budget $(( $(left) - 40 )) \
+    --out "$OUT/r/moe-slots-35b-fp8-b4.json" 2>&1 | grep -E "^\| 35b" | tail -4
 fi
 echo "done at $SECONDS s"
 pack_results

@@ -15,6 +15,16 @@ source bench/device_env.sh
 export PYTHONPATH=$PWD:/tmp/site LL=/tmp/ll
 BIN=$LL/src/llama.cpp-0c1e57098/build/bin
 GGUF=/dev/shm/flash-next-16-q8_0.gguf
+if [ -x .peers/llama-bin/llama-bench ]; then  # built ahead (scripts/llama_prebuilt.sh): no build
+  BIN=$PWD/.peers/llama-bin PHASE=run
+  CU13=$(python3 -c "import nvidia.cu13 as c; print(list(c.__path__)[0])")/lib  # (torch's cuBLAS)
+  export LD_LIBRARY_PATH=$BIN:$CU13:$LD_LIBRARY_PATH
+fi
+write_gguf() {
+  [ -f $GGUF ] || timeout 300 python3 bench/peer_gguf.py --arch qwen35moe --shape flash-next \
+    --type q8_0 --layers 16 -o $GGUF > "$OUT/r/gguf.log" 2>&1
+  echo "gguf: $(ls -la $GGUF | awk '{print $5}') bytes at $SECONDS s"
+}
 llama_bench() {  # each -ncmoe not yet measured, while the call has time for one
   for n in 0 8 13; do
     [ -s "$OUT/r/llama-ncmoe-$n.json" ] || [ -s "/tmp/llama-ncmoe-$n.json" ] && continue
@@ -34,9 +44,7 @@ if [ "${PHASE:-run}" = build ]; then
   gpu_tests 150 tests/experts/test_host_jobs.py tests/kernels/test_host_handoff.py \
     tests/experts/test_cuda_tiers.py tests/experts/test_cost_model.py \
     tests/engine/test_decode_graphs.py
-  [ -f $GGUF ] || timeout 300 python3 bench/peer_gguf.py --arch qwen35moe --shape flash-next \
-    --type q8_0 --layers 16 -o $GGUF > "$OUT/r/gguf.log" 2>&1
-  echo "gguf: $(ls -la $GGUF | awk '{print $5}') bytes at $SECONDS s"
+  write_gguf
   wait $built
   echo "llama.cpp built (rc $?) at $SECONDS s: $(tail -2 "$OUT/r/llama-build.log" | tr '\n' ' ')"
   llama_bench
@@ -44,6 +52,7 @@ if [ "${PHASE:-run}" = build ]; then
   exit
 fi
 [ -x "$BIN/llama-bench" ] || { echo "no llama-bench: run PHASE=build first"; exit 1; }
+write_gguf
 llama_bench
 cp /tmp/llama-ncmoe-*.json "$OUT/r/" 2>/dev/null
 rm -f $GGUF  # (its RAM back for our host store)
