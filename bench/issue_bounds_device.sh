@@ -27,10 +27,10 @@ fi
 profile_step 27b-decode --arch 27b --weights bf16 --spec 0
 profile_step 27b-verify --arch 27b --weights bf16 --spec 3
 profile_step 27b-mtp --arch 27b --weights bf16 --spec 3 --drafter mtp --lm-head-draft 131072
-if [ "$(left)" -gt 90 ]; then  # the time left: the verify step's MoE tiles at 4 rows here
+if [ "$(left)" -gt 90 ]; then  # the time left: the MoE tiles at the verify step's 4 rows, then at 1
   PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 10 )) python3 bench/moe_slot_sweep.py \
-    --shapes 35b-a3b-fp8 --batches 4 --kernels gate_up,down --budget $(( $(left) - 40 )) \
-    --out "$OUT/r/moe-slots-35b-fp8-b4.json" 2>&1 | grep -E "^\| 35b" | tail -4
+    --shapes 35b-a3b-fp8 --batches 4,1 --kernels gate_up,down --budget $(( $(left) - 40 )) \
+    --out "$OUT/r/moe-slots-35b-fp8.json" 2>&1 | grep -E "^\| 35b" | tail -8
 fi
 echo "done at $SECONDS s"
 pack_results
