@@ -58,6 +58,7 @@ import torch
 from ninfer_engine.artifact.synth import build_synthetic
 from ninfer_engine.benchmark.engine_step import bench_engine, random_prompts
 from ninfer_engine.benchmark.footprint import packed_source
+from ninfer_engine.experts.handoff_policy import AGAINST, WINDOW
 from ninfer_engine.benchmark.timing import last_graph_ms
 from ninfer_engine.benchmark.routing_skew import skewed_routers, top_share
 from ninfer_engine.experts import ExpertPlacement
@@ -172,20 +173,25 @@ def settle(engine) -> float:
 
 
 def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict:
-    """Prefill `batch` prompts, `WARM` decode steps, then `steps` timed ones."""
+    """Prefill `batch` prompts, `WARM` decode steps (with `auto`'s hand-off policy, as many
+    more as it needs to decide: the window is the form it settled on), then `steps` timed
+    ones."""
+    policy = getattr(tiers, "handoff", None)
+    warm = WARM + (AGAINST * WINDOW if policy is not None else 0)
     seqs = []
     for i, prompt in enumerate(random_prompts(batch, PROMPT, vocab, seed)):
         request = GenerationRequest(f"b{batch}-{i}", prompt, SamplingParams(temperature=0.0),
-                                    max_tokens=WARM + steps + 4, ignore_eos=True)
+                                    max_tokens=warm + steps + 4, ignore_eos=True)
         seq = engine.add(request, lambda event: None)
         if seq is None:
             raise RuntimeError("the engine refused a benchmark request")
         seqs.append(seq)
     while not all(s.prefill_done for s in seqs):
         engine.step()
-    for _ in range(WARM):
+    for _ in range(warm):
         engine.step()
     settled = settle(engine)  # the warm-up's routing into the counters before the window
+    switches = policy.switches if policy is not None else 0
     before, emitted = counters(tiers), sum(len(s.output) for s in seqs)
     jobs_before = host_jobs(engine)
     sync = torch.cuda.synchronize if engine.model.device.type == "cuda" else (lambda: None)
@@ -214,7 +220,9 @@ def decode(engine, tiers, batch: int, steps: int, vocab: int, seed: int) -> dict
                 cpu_read_mb_per_token=d["cpu_experts"] * expert_bytes / tokens / MB,
                 host_job_pairs_per_token=jobs[0] / tokens,
                 host_job_ms_per_step=1e3 * jobs[2] / steps,  # inside the step, per step
-                prefetched_per_token=d["prefetched"] / tokens)
+                prefetched_per_token=d["prefetched"] / tokens,
+                handoff=None if policy is None else ("on" if policy.on else "off"),
+                handoff_switches=0 if policy is None else policy.switches - switches)
 
 
 def profiled(engine, tiers, vocab: int, steps: int = 12) -> dict:
@@ -358,7 +366,8 @@ def main() -> int:
                 result["rows"].append(row)
                 log(f"  B={batch}: {row['tok_s']:.1f} tok/s, hit {row['hit_rate']}, "
                     f"cpu {row['cpu_share']:.2f}, {row['read_mb_per_token']:.1f} MB/token "
-                    f"read, {row['copied_mb_per_token']:.1f} copied")
+                    f"read, {row['copied_mb_per_token']:.1f} copied"
+                    + (f", hand-off {row['handoff']}" if row.get("handoff") else ""))
             if args.profile and device.type == "cuda":
                 result["rows"][-2]["profile"] = profiled(engine, tiers, config["vocab_size"])
                 p = result["rows"][-2]["profile"]
@@ -411,7 +420,8 @@ def report(r: dict) -> str:
         hit = "" if row["hit_rate"] is None else f"{row['hit_rate']:.1%}"
         top = f"{row['top20_share']:.0%}" if "top20_share" in row else ""
         lines.append(
-            f"| {row['routing']} | {row['host_share']:.0%} | {row['path']} | {row['slots']} "
+            f"| {row['routing']} | {row['host_share']:.0%} | {row['path']}"
+            f"{', hand-off off' if row.get('handoff') == 'off' else ''} | {row['slots']} "
             f"| {row['batch']} "
             f"| {row['tok_s']:.1f} | {ratio(row)} "
             f"| {hit} | {row['cpu_share']:.1%} | {row.get('read_mb_per_token', 0):.1f} "
@@ -424,7 +434,9 @@ def report(r: dict) -> str:
               "expert crossing the bus once per token, nothing else in the step), per sequence "
               "at B = 1. `graph step`: the captured step (misses read in place from page-locked "
               "memory, admitted between steps); `eager step`: uncaptured (a host sync a MoE "
-              "layer). `settle ms/step`: the host's bookkeeping of the captured step's routing "
+              "layer); `hand-off off`: `auto`'s policy took the hand-off to the cores out of the "
+              "step (`experts.handoff_policy`: it saved less than its kernels cost) during the "
+              "warm-up. `settle ms/step`: the host's bookkeeping of the captured step's routing "
               "(counts, admissions, table push), run while the GPU computes the next step: "
               "where it nears the step time the host bounds the rate. `CPU` in the path: the "
               "share of the experts computed on the host's cores when missed (`experts.host_jobs`, "

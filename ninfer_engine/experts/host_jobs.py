@@ -154,7 +154,7 @@ class HostJobs:
         rows `y [rows, H]` to the worker (see the module docstring); nothing where `tier` has
         no split."""
         split = tier.in_place.split
-        if not self.active or split is None:
+        if not self.active or not tier.in_place.handing:
             return
         rows, k = weights.shape
         table, flat = tier.in_place.table, ids.reshape(-1)
@@ -181,7 +181,7 @@ class HostJobs:
     def collect(self, tier, acc: torch.Tensor) -> None:
         """Add the posted job's `out` to `acc [rows, H]` (fp32), once the worker is done; the
         split's table entries back to -1 - e (after the layer's expert kernels)."""
-        if not self.active or tier.in_place.split is None:
+        if not self.active or not tier.in_place.handing:
             return
         rows, table = acc.shape[0], tier.in_place.table
         if not self.compiled:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..kernels.moe_fused import Remap
+from .handoff_policy import HandoffPolicy
 
 
 class Tables:
@@ -85,6 +86,7 @@ class InPlaceReads:
         # how many of a step's missed pairs the host's cores compute (`hand_misses`), or None;
         # the host jobs' records (`.pairs`, `.experts` computed) and how much of them is counted
         self.split: torch.Tensor | None = None
+        self.policy: HandoffPolicy | None = None
         self.jobs: list = []
         self._folded = (0, 0)
         self.admitted = 0
@@ -92,15 +94,21 @@ class InPlaceReads:
         self.prepare()
         tables.push()
 
-    def hand_misses(self, split: torch.Tensor) -> None:
+    def hand_misses(self, split: torch.Tensor, policy: HandoffPolicy | None = None) -> None:
         """From now on a step hands the host's cores `split[m]` of the layer's m missed pairs
         (int32 on the device, m past its end reading its last entry): the step's stage kernel
         maps the first that many misses' experts to the tier's zero row for this layer's
         kernels, which add nothing for them, and the host job computes them; the rest are
-        read in place (`kernels.host_handoff`, `experts.host_jobs`)."""
-        self.split = split
+        read in place (`kernels.host_handoff`, `experts.host_jobs`). With a `policy`, only
+        while it is on (`handing`); `settle` tells it each step's misses."""
+        self.split, self.policy = split, policy
         self.tier.hold_zero_row()
         self.seen = -1  # mirrored whole by the next `prepare`
+
+    @property
+    def handing(self) -> bool:
+        """Whether a step launched now hands misses to the host (a split, its policy on)."""
+        return self.split is not None and (self.policy is None or self.policy.on)
 
     def _fold(self) -> None:
         """Count the pairs the host jobs computed as the CPU's, not device reads (`settle`
@@ -161,7 +169,10 @@ class InPlaceReads:
         used = sorted(pairs)
         missing = t.map.lookup(used)
         t.device_pairs += len(routed)
-        self.read_pairs += sum(pairs[e] for e in missing)
+        misses = sum(pairs[e] for e in missing)
+        self.read_pairs += misses
+        if self.policy is not None:
+            self.policy.observe(misses)
         if self.jobs:
             self._fold()
         admitted, keep = [], set(used)

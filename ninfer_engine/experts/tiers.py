@@ -27,6 +27,7 @@ from .cost_model import best_seconds, measure, row_dtype
 from .host_store import ExpertGetter, HostExperts
 from .in_place import InPlaceReads, Tables
 from .placement import ExpertPlacement
+from .handoff_policy import HandoffPolicy
 from .slot_cache import POLICIES
 from .tier import LayerTier, empty_slots
 
@@ -84,6 +85,7 @@ class ExpertTiers:
         # (Q4/Q5), whose kernels take no `Remap`; `auto` prefers it to a host sync a layer
         self.cpu_share = 0.0
         self.auto_seconds: dict[str, float] = {}  # `auto`'s costs of a layer-step's misses
+        self.handoff: HandoffPolicy | None = None  # `auto`'s: whether the step hands misses
         if miss in ("read", "auto") and all(scale_layout(s.w, s.scale)[0] < 2
                                             for s in (first.host_gu, first.host_down)):
             tables = Tables(len(self.layers), E, self.device)
@@ -92,7 +94,7 @@ class ExpertTiers:
             split = self.host_split(cpu_share, first)
             if split is not None:
                 for tier in self.layers.values():
-                    tier.in_place.hand_misses(split)
+                    tier.in_place.hand_misses(split, self.handoff)
         self.prefetch = prefetch
         self.lent_pages = 0
         self.unit_pages = 0  # pages a lent slot (one in every MoE layer) takes
@@ -117,6 +119,8 @@ class ExpertTiers:
             self.auto_seconds = dict(fixed=fixed + HANDOFF_S, per_expert=per_expert, bus=bus)
             counts = [balanced_count(m, fixed + HANDOFF_S, per_expert, bus)
                       for m in range(SPLIT_SIZE)]
+            self.handoff = HandoffPolicy(counts, fixed + HANDOFF_S, per_expert, bus,
+                                         len(self.layers))
         elif not 0 < asked <= 1:
             raise ValueError(f"--expert-cpu-share {asked}: a share of the experts, in (0, 1]")
         else:

@@ -127,6 +127,14 @@ class EngineHybridDecoder:
         tiers = getattr(self.core.w.model, "expert_tiers", None)
         return 0 if tiers is None else tiers.generation
 
+    @property
+    def graph_form(self) -> int:
+        """Which form of the step a graph captures now: 1 where `auto`'s hand-off policy has
+        taken the expert hand-off out of it (`experts.handoff_policy`), else 0."""
+        tiers = getattr(self.core.w.model, "expert_tiers", None)
+        policy = None if tiers is None else tiers.handoff
+        return int(policy is not None and not policy.on)
+
     def save_state(self, batch: int) -> Callable[[], None]:
         """A copy of the loaded rows' GDN states; calling the result puts it back (around a
         capture's warm-up, which advances them)."""

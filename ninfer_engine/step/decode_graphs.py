@@ -68,7 +68,7 @@ class DecodeGraphs:
         # the short-prompt step (`prefill`), where the family has one and the model's layers
         # run it without a host sync
         self.prompt = prompt
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, ...], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._prompt_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._bound_k = (decoder.storage.k, getattr(decoder, "generation", 0))
@@ -100,7 +100,8 @@ class DecodeGraphs:
         """The decode graph of these rows' next step is captured and current: replaying it
         needs no capture (which must not run behind a step still in flight)."""
         d = self.decoder
-        key = (len(seqs), context_bucket(max(seq.cached + 1 for seq in seqs), d.max_context), 1)
+        key = (len(seqs), context_bucket(max(seq.cached + 1 for seq in seqs), d.max_context), 1,
+               getattr(d, "graph_form", 0))
         return not self.capture or (key in self._graphs and d.storage.k is self._bound_k[0]
                                     and getattr(d, "generation", 0) == self._bound_k[1])
 
@@ -225,12 +226,13 @@ class DecodeGraphs:
             after()
             return logits
         self._check_bound()
-        key = (batch, bucket, q_len)
+        key = (batch, bucket, q_len, getattr(d, "graph_form", 0))  # (a form: the step's ops)
         if key not in self._graphs:
             self._graphs[key] = self._record(lambda: d.step(batch, bucket, q_len),
                                              d.save_state(batch))
             log.info("captured the decode CUDA graph for batch %d, %d token(s) a row, "
-                     "context ≤ %d", batch, q_len, bucket)
+                     "context ≤ %d%s", batch, q_len, bucket,
+                     ", without the expert hand-off" if key[3] else "")
             load()  # the warm-up moved the positions in the buffers
         graph, logits = self._graphs[key]
         graph.replay()

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ninfer_engine.experts import plan_placement
+from ninfer_engine.experts.handoff_policy import HandoffPolicy
 from ninfer_engine.experts.host_jobs import (HostJobs, MoeJob, default_threads, job_record,
                                              scratch)
 from ninfer_engine.experts.tiers import ExpertTiers
@@ -223,6 +224,21 @@ def test_the_split_misses_run_on_the_host_and_the_rest_is_unchanged(device, I, H
         torch.cuda.synchronize()
     got = captured if device == "cuda" else step()
     assert torch.equal(got, resident) and jobs.totals()[:2] == (runs * len(host), runs)
+    assert torch.equal(reads.table, at_rest)
+    # `auto`'s policy off (`handoff_policy`): the same misses, none handed over, every one
+    # read in place: the stacked sum bit for bit, no job posted (captured: a graph of its own)
+    ids.copy_(torch.tensor(routing, device=device).view(-1))
+    reads.policy = HandoffPolicy(reads.split.tolist(), 0.0, 1.0, 1.0, 1)
+    reads.policy.on = False
+    if device == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = step()
+        graph.replay()
+        torch.cuda.synchronize()
+    else:
+        got = step()
+    assert torch.equal(got, want) and jobs.totals()[:2] == (runs * len(host), runs)
     assert torch.equal(reads.table, at_rest)
 
 
