@@ -13,7 +13,8 @@
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 gpu_tests 120 tests/engine/test_llama_prompt_step.py tests/engine/test_decode_graphs.py \
-  tests/engine/test_step_rows.py tests/engine/test_speculation.py
+  tests/engine/test_step_rows.py tests/engine/test_speculation.py tests/experts/test_host_jobs.py \
+  tests/experts/test_handoff_policy.py
 profile_step 35b-decode --spec 0
 profile_step 35b-verify --spec 3
 profile_step flash-next-decode --arch flash-next --spec 0
@@ -27,7 +28,7 @@ fi
 profile_step 27b-decode --arch 27b --weights bf16 --spec 0
 profile_step 27b-verify --arch 27b --weights bf16 --spec 3
 profile_step 27b-mtp --arch 27b --weights bf16 --spec 3 --drafter mtp --lm-head-draft 131072
-if [ "$(left)" -gt 90 ]; then  # the time left: the MoE tiles at the verify step's 4 rows, then at 1
+if [ "$(left)" -gt 90 ]; then  # the time left: the MoE tiles at a verify step's 4 rows, then 1
   PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 10 )) python3 bench/moe_slot_sweep.py \
     --shapes 35b-a3b-fp8 --batches 4,1 --kernels gate_up,down --budget $(( $(left) - 40 )) \
     --out "$OUT/r/moe-slots-35b-fp8.json" 2>&1 | grep -E "^\| 35b" | tail -8
