@@ -55,8 +55,9 @@ Experts:   --expert-vram-mib F|auto (device memory for routed experts; the rest 
            the cost measured at load)  --expert-cache lfu|lru (lfu)
            --expert-prefetch (copy the next MoE layer's guessed experts ahead)
            --expert-cpu-share F|auto (0 < F <= 1: that share of the experts is computed on
-           the host's cores when missed, inside the CUDA-graph step; fp8-row; auto: 0.4, used
-           by each MoE layer while it misses 3+ experts a step; default none)
+           the host's cores when missed, inside the CUDA-graph step; fp8-row; auto: each
+           layer-step's misses split by the host's and the bus's costs timed at load, and the
+           hand-off left out of the step while it saves less than it costs; default none)
 Artifact:  --no-verify (skip the load-time check of the payload against the SHA-256 the
            artifact records in metadata.payload_sha256; a mismatch refuses to start)
 Speculation: --spec mtp|dflash|dflash2  --draft-tokens N  --lm-head-draft
