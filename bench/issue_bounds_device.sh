@@ -7,8 +7,9 @@
 # (decode >= 74; verify <= 1.3x; the MTP round, >= 200) and Flash-Next fp8-row decode (>= 430);
 # the llama family's verify step replayed from its graph against the eager forward it
 # replaced, and a 64-token prompt chunk through its new prompt step against the eager forward
-# (bench/gpu_engine_decode.py --verify 3 --prompt 64), before the 27B rows; with the time left,
-# the MoE kernels' tiles at the verify step's 4 rows (bench/moe_slot_sweep.py).
+# (bench/gpu_engine_decode.py --verify 3 --prompt 64); the MoE kernels' tiles at the verify
+# step's 4 rows (bench/moe_slot_sweep.py); the 27B rows last (measured on 12-06), so BUDGET=450
+# leaves a call its time for another script.
 #   OUT=/tmp/o bash bench/issue_bounds_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
@@ -25,13 +26,14 @@ if [ "$(left)" -gt 120 ]; then  # (before the 27B: the llama steps' first timed 
     --out "$OUT/r/llama-verify" \
     2>&1 | grep -E "B=" | tail -8
 fi
+if [ "$(left)" -gt 90 ]; then  # the MoE tiles at a verify step's 4 rows, then 1 (<= 150 s)
+  sweep=$(( $(left) > 200 ? 150 : $(left) - 40 ))
+  PYTHONPATH=$PWD:/tmp/site timeout $(( sweep + 30 )) python3 bench/moe_slot_sweep.py \
+    --shapes 35b-a3b-fp8 --batches 4,1 --kernels gate_up,down --budget $sweep \
+    --out "$OUT/r/moe-slots-35b-fp8.json" 2>&1 | grep -E "^\| 35b" | tail -8
+fi
 profile_step 27b-decode --arch 27b --weights bf16 --spec 0
 profile_step 27b-verify --arch 27b --weights bf16 --spec 3
 profile_step 27b-mtp --arch 27b --weights bf16 --spec 3 --drafter mtp --lm-head-draft 131072
-if [ "$(left)" -gt 90 ]; then  # the time left: the MoE tiles at a verify step's 4 rows, then 1
-  PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 10 )) python3 bench/moe_slot_sweep.py \
-    --shapes 35b-a3b-fp8 --batches 4,1 --kernels gate_up,down --budget $(( $(left) - 40 )) \
-    --out "$OUT/r/moe-slots-35b-fp8.json" 2>&1 | grep -E "^\| 35b" | tail -8
-fi
 echo "done at $SECONDS s"
 pack_results
