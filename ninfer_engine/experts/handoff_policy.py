@@ -24,6 +24,16 @@ WINDOW = 256  # steps a decision weighs
 AGAINST = 2  # windows in a row that must disagree with the current form before it switches
 
 
+def split_seconds(misses: int, count: int, fixed: float, per_expert: float,
+                  bus: float) -> float:
+    """A layer-step of `misses` missed pairs, `count` of them on the host's cores: the
+    slowest of the host job (its `fixed` cost where it has any), the bus's in-place reads of
+    the rest, and host DRAM reading every one, which both sides share and which reads no
+    faster than the faster side alone."""
+    return max(fixed * (count > 0) + count * per_expert, (misses - count) * bus,
+               misses * min(per_expert, bus))
+
+
 class HandoffPolicy:
     """Decides `on` from the layer-steps' missed pairs (`observe`, once a layer a step): the
     split's `counts` (host pairs for m misses, m past the end reading the last) and the
@@ -44,13 +54,10 @@ class HandoffPolicy:
 
     def saving(self, misses: int) -> float:
         """Seconds the split saves a layer-step of `misses` missed pairs against the bus
-        alone (`balanced_count`'s cost model; 0 where it hands the cores none)."""
+        alone (`split_seconds`, `balanced_count`'s model; 0 where it hands the cores none)."""
         c = self.counts[min(misses, len(self.counts) - 1)]
-        if c == 0:
-            return 0.0
-        dram = misses * min(self.per_expert, self.bus)
-        split = max(self.fixed + c * self.per_expert, (misses - c) * self.bus, dram)
-        return max(misses * self.bus - split, 0.0)
+        costs = self.fixed, self.per_expert, self.bus
+        return split_seconds(misses, 0, *costs) - split_seconds(misses, c, *costs)
 
     def observe(self, misses: int) -> None:
         """One layer-step's missed pairs; at a window's end, the decision."""

@@ -151,8 +151,8 @@ class HostJobs:
 
     def post(self, tier, y: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> None:
         """Hand the host's share of `tier`'s misses in routing `ids`/`weights` `[rows, k]` over
-        rows `y [rows, H]` to the worker (see the module docstring); nothing where `tier` has
-        no split."""
+        rows `y [rows, H]` to the worker (see the module docstring); nothing where `tier`
+        hands none (no split, or `auto`'s policy has the hand-off off)."""
         split = tier.in_place.split
         if not self.active or not tier.in_place.handing:
             return

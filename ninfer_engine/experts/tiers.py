@@ -24,10 +24,10 @@ from ..kernels.cpu_experts import takes
 from ..kernels.moe_dequant import scale_layout
 from ..stats import ExpertStats
 from .cost_model import best_seconds, measure, row_dtype
+from .handoff_policy import HandoffPolicy, split_seconds
 from .host_store import ExpertGetter, HostExperts
 from .in_place import InPlaceReads, Tables
 from .placement import ExpertPlacement
-from .handoff_policy import HandoffPolicy
 from .slot_cache import POLICIES
 from .tier import LayerTier, empty_slots
 
@@ -51,10 +51,8 @@ def balanced_count(misses: int, fixed: float, per_expert: float, bus: float) -> 
     faster than the faster side alone (on the device hosts the cores alone read at DRAM's
     rate); the smallest such c (a few misses stay on the bus: the job's fixed cost outlasts
     reading them)."""
-    dram = misses * min(per_expert, bus)
-
     def cost(c: int) -> float:
-        return max(fixed * (c > 0) + c * per_expert, (misses - c) * bus, dram)
+        return split_seconds(misses, c, fixed, per_expert, bus)
     near = int((misses * bus - fixed) // (per_expert + bus))  # where the two sides cross
     best = min((c for c in (0, near, near + 1) if 0 <= c <= misses), key=lambda c: (cost(c), c))
     # at DRAM's bound fewer may do as well: the fewest whose bus side fits in the best time
