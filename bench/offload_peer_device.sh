@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 20's peer row under the per-step split: llama.cpp `-ncmoe` beside ours on the Flash-Next
-# shape (16 layers) in the same machine lease, in two calls on one warm machine (carry `.whl` and
-# `.peers`; the second call must follow the first within the machine's idle release):
+# shape (16 layers) in the same machine lease. With llama-bench built ahead
+# (`scripts/llama_prebuilt.sh`: carry `.whl-slim`, `.peers/llama-bin.tar.xz` and
+# `.peers/llamacpp/make_gguf.py`, 60 MB) one call, `run`; else two calls on one warm machine
+# (carry `.whl` and `.peers`; the second must follow the first within the idle release):
 #   PHASE=build OUT=$OUT bash bench/offload_peer_device.sh   # ~7 minutes
 #   PHASE=run   OUT=$OUT bash bench/offload_peer_device.sh   # ~9 minutes
 # build: llama.cpp built for this host's CPU (`GGML_NATIVE=ON`, as the earlier peer rows; the
@@ -10,13 +12,15 @@
 # ~27 GiB in /dev/shm); then `llama-bench -ncmoe 0|8|13` (16 threads) as far as the call allows.
 # run: the llama-bench runs still missing, then ours all on the device and with half and 80 %
 # of the experts in host RAM, `--expert-cpu-share` 0.5 and `auto`, and the peer table
-# (`bench/offload_peer_table.py`) for each share.
+# (`bench/offload_peer_table.py`) for each share. A short call: NCMOE="0 8" SHARES=auto
+# ONLY="0:stacked:uniform 0.5:tier:uniform 0.5:tier:skewed" (the defaults: all of the above).
 source bench/device_env.sh
 export PYTHONPATH=$PWD:/tmp/site LL=/tmp/ll
 BIN=$LL/src/llama.cpp-0c1e57098/build/bin
 GGUF=/dev/shm/flash-next-16-q8_0.gguf
-if [ -x .peers/llama-bin/llama-bench ]; then  # built ahead (scripts/llama_prebuilt.sh): no build
-  BIN=$PWD/.peers/llama-bin PHASE=run
+if [ -f .peers/llama-bin.tar.xz ]; then  # built ahead (scripts/llama_prebuilt.sh): no build
+  tar xJf .peers/llama-bin.tar.xz -C /tmp
+  BIN=/tmp/llama-bin PHASE=run
   CU13=$(python3 -c "import nvidia.cu13 as c; print(list(c.__path__)[0])")/lib  # (torch's cuBLAS)
   export LD_LIBRARY_PATH=$BIN:$CU13:$LD_LIBRARY_PATH
 fi
@@ -26,7 +30,7 @@ write_gguf() {
   echo "gguf: $(ls -la $GGUF | awk '{print $5}') bytes at $SECONDS s"
 }
 llama_bench() {  # each -ncmoe not yet measured, while the call has time for one
-  for n in 0 8 13; do
+  for n in ${NCMOE:-0 8 13}; do
     [ -s "$OUT/r/llama-ncmoe-$n.json" ] || [ -s "/tmp/llama-ncmoe-$n.json" ] && continue
     [ "$(left)" -gt 100 ] || return
     timeout 90 "$BIN/llama-bench" -m $GGUF -ngl 99 -fa 1 -t 16 -p 0 -n 64 -r 3 -ncmoe $n \
@@ -57,14 +61,14 @@ llama_bench
 cp /tmp/llama-ncmoe-*.json "$OUT/r/" 2>/dev/null
 rm -f $GGUF  # (its RAM back for our host store)
 timeout $(( $(left) - 20 )) python3 -u bench/expert_offload.py --layers 16 --steps 128 \
-  --budget-s $(( $(left) - 80 )) --cpu-shares 0.5 auto --out "$OUT/r/eo-peer" \
-  --only 0:stacked:uniform 0.5:tier:uniform 0.5:tier:skewed 0.8:tier:uniform 0.8:tier:skewed \
-  > "$OUT/r/eo-peer.log" 2>&1
+  --budget-s $(( $(left) - 80 )) --cpu-shares ${SHARES:-0.5 auto} --out "$OUT/r/eo-peer" \
+  --only ${ONLY:-0:stacked:uniform 0.5:tier:uniform 0.5:tier:skewed 0.8:tier:uniform \
+  0.8:tier:skewed} > "$OUT/r/eo-peer.log" 2>&1
 grep -E "B=|routing|auto:" "$OUT/r/eo-peer.log" | tail -30
 grep -q Traceback "$OUT/r/eo-peer.log" && tail -6 "$OUT/r/eo-peer.log"
-for share in 0.5 auto; do
+for share in ${SHARES:-0.5 auto}; do
   python3 bench/offload_peer_table.py --ours "$OUT/r/eo-peer.json" --cpu-share $share \
-    --llama "$OUT"/r/llama-ncmoe-{0,8,13}.json --out "$OUT/r/offload-peer-cpu-$share" \
+    --llama $(ls "$OUT"/r/llama-ncmoe-*.json) --out "$OUT/r/offload-peer-cpu-$share" \
     && tail -4 "$OUT/r/offload-peer-cpu-$share.md"
 done
 pack_results r

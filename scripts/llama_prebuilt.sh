@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # llama.cpp's llama-bench (the peer subset in .peers/llamacpp) built on this CPU box for the
-# device's H100/H200 (sm_90), so a device call carries it in `.peers/llama-bin` instead of
+# device's H100/H200 (sm_90), so a device call carries it in `.peers/llama-bin.tar.xz` instead of
 # spending ~6 minutes of GPU time building it (bench/offload_peer_device.sh uses it if there).
 # Needs the CUDA 13 toolkit here (nvcc); cuBLAS comes from its pip wheel (linked, not carried:
 # the device's torch ships libcublas.so.13) and the driver library from a stub (the device has
 # the real one). The CPU backend is built in every variant (`GGML_CPU_ALL_VARIANTS`), loaded by
 # what the device's CPU has, as `GGML_NATIVE=ON` would build there. ~1-2 hours on 2 cores.
-#   bash scripts/llama_prebuilt.sh [WORK_DIR]   # then: ls .peers/llama-bin
+#   bash scripts/llama_prebuilt.sh [WORK_DIR]   # then: ls -la .peers/llama-bin.tar.xz
 set -eu
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-/work/llbuild}
@@ -40,8 +40,15 @@ export PATH=$work/cuda/bin:$PATH
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMIT=0c1e57098 -DLLAMA_BUILD_NUMBER=0 \
   -DCMAKE_BUILD_RPATH='$ORIGIN' > "$work/cmake.log"
 cmake --build build -j "$(nproc)" --target llama-bench ggml-cuda $(ninja -C build -t targets all \
-  | grep -o '^ggml-cpu-[a-z0-9_]*:' | tr -d :) > "$work/build.log"
-mkdir -p "$repo/.peers/llama-bin"
-cp -L build/bin/llama-bench build/bin/*.so* "$repo/.peers/llama-bin/"
-strip --strip-unneeded "$repo"/.peers/llama-bin/* 2>/dev/null || true
-du -sh "$repo/.peers/llama-bin"
+  | grep -o '^ggml-cpu-[a-z0-9_]*:' | tr -d : | sort -u) > "$work/build.log"
+# llama-bench, its libraries, the CUDA backend and the CPU variants an x86 server may load,
+# stripped and packed (~43 MB: a call carries at most 64 MiB, the wheels included)
+out=$(mktemp -d)/llama-bin
+mkdir -p "$out"
+(cd build/bin && cp -L llama-bench libllama-bench-impl.so libllama-common.so.0 libllama.so.0 \
+  libggml.so.0 libggml-base.so.0 libggml-cuda.so libggml-cpu-{x64,haswell,skylakex,icelake}.so \
+  libggml-cpu-{cascadelake,cooperlake,sapphirerapids,alderlake,zen4}.so "$out/")
+cp -L "$(gcc -print-file-name=libgomp.so.1)" "$out/"
+strip --strip-unneeded "$out"/* 2>/dev/null || true
+tar cJf "$repo/.peers/llama-bin.tar.xz" -C "$(dirname "$out")" llama-bin
+ls -la "$repo/.peers/llama-bin.tar.xz"
