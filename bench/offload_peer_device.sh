@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 20's peer row under the per-step split: llama.cpp `-ncmoe` beside ours on the Flash-Next
 # shape (16 layers) in the same machine lease. With llama-bench built ahead
-# (`scripts/llama_prebuilt.sh`: carry `.whl-slim`, `.peers/llama-bin.tar.xz` and
-# `.peers/llamacpp/make_gguf.py`, 60 MB) one call, `run`; else two calls on one warm machine
+# (`scripts/llama_prebuilt.sh`: carry `.whl-bench`, `.peers/llama-bin.tar.xz` and
+# `.peers/llamacpp/make_gguf.py`: 48 MB) one call, `run`; else two calls on one warm machine
 # (carry `.whl` and `.peers`; the second must follow the first within the idle release):
 #   PHASE=build OUT=$OUT bash bench/offload_peer_device.sh   # ~7 minutes
 #   PHASE=run   OUT=$OUT bash bench/offload_peer_device.sh   # ~9 minutes
