@@ -56,7 +56,7 @@ SERVED_TOKENS = 8  # the served-sampling requests' output: long enough for looka
 # under `--spec`, their output in the rounds of forced policies: past the MTP head's spill
 SPECULATED_TOKENS = SPILL + 8
 PAGE_ROUNDING = 64  # a request's lease is whole pages
-MAX_STEPS = 2 * SPECULATED_TOKENS
+SLACK_STEPS = 16  # steps past the requests' own, one after another, before the rest is cancelled
 
 
 def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
@@ -73,7 +73,7 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
         return None
     started = time.monotonic()
     requests = _Requests(engine)
-    requests.serve(long, SERVED_TOKENS)
+    requests.serve(long, SERVED_TOKENS, prefill_chunk)
     spec = engine.speculator
     if spec is not None and room >= sum(SHORT) + BESIDE_DECODE + (1 + len(SHORT)) * (
             PAGE_ROUNDING + SPECULATED_TOKENS):  # (the late groups are live one by one)
@@ -83,7 +83,7 @@ def warm_up(engine, prefill_chunk: int, room: int) -> float | None:
         policy = spec.policy
         for forced in (AlwaysSpeculate(), NeverSpeculate()):
             spec.policy = forced
-            requests.serve(0, SPECULATED_TOKENS)
+            requests.serve(0, SPECULATED_TOKENS, prefill_chunk)
         spec.policy = policy
     if engine.model.device.type == "cuda":
         warm_up_sampling(engine.model)
@@ -130,21 +130,40 @@ class _Requests:
         self.penalized = dataclasses.replace(preset, temperature=0.0)  # a served `temperature: 0`
         self.sampled = dataclasses.replace(preset, temperature=preset.temperature or 1.0, seed=0)
 
-    def serve(self, long: int, served_tokens: int) -> None:
+    def serve(self, long: int, served_tokens: int, prefill_chunk: int) -> None:
         """The long prompt (none where `long` is 0) and the short ones, then the `LATE` groups
         of prompts beside their decode rows, each group once the first ones are prefilled and
         the group before it has ended (a group's rows beside the short ones' within the
-        concurrency); the short ones' output `served_tokens` each."""
+        concurrency); the short ones' output `served_tokens` each. Every one of them ends
+        here: the bound is their steps one request at a time (`--max-concurrency 1`) plus
+        `SLACK_STEPS`, past which what is left is cancelled, so serving never starts behind
+        a warm-up request (at concurrency 1 the short ones' `SPECULATED_TOKENS` outlasted the
+        fixed 80 steps this loop had, and a B = 1 benchmark's first timed steps ran the
+        leftovers: on the H100 35B-A3B an eager prompt chunk, +3.9 ms a verify step)."""
         first = [self._add(long)] if long else []
         first += [self._add(n, sampling, served_tokens)
                   for n, sampling in zip(SHORT, (self.penalized, self.sampled))]
-        waiting, group = list(LATE), []
-        for _ in range(MAX_STEPS):  # bounded: a handful of steps past the outputs in practice
+        mine, waiting, group = list(first), list(LATE), []
+        lengths = [(long, GREEDY_TOKENS)] * bool(long) + [(n, served_tokens) for n in SHORT] + [
+            (n, GREEDY_TOKENS) for g in LATE for n in g]
+        limit = SLACK_STEPS + sum(-(-n // prefill_chunk) + 1 + out for n, out in lengths)
+        for _ in range(limit):
             if (waiting and all(s.prefill_done for s in first)
                     and all(s.finish_reason for s in group)):
                 group = [self._add(n) for n in waiting.pop(0)]
-            if not self.engine.step() and not waiting:
+                mine += group
+            busy = self.engine.step()
+            if not waiting and (not busy or all(s.finish_reason for s in mine)):
                 break
+        left = [s for s in mine if s.finish_reason is None]
+        if left:
+            log.warning("warm-up: %d request(s) unfinished after %d steps, cancelled",
+                        len(left), limit)
+            for seq in left:
+                self.engine.cancel_sequence(seq)
+            for _ in range(SLACK_STEPS):
+                if not self.engine.step():
+                    break
 
     def _add(self, length: int, sampling: SamplingParams = SamplingParams(temperature=0.0),
              max_tokens: int = GREEDY_TOKENS):

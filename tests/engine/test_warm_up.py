@@ -87,6 +87,41 @@ def test_under_spec_the_warm_up_serves_its_short_requests_drafted_then_plain(mon
     assert not engine.scheduler.running and not list(engine.scheduler.queued())
 
 
+@pytest.mark.parametrize("stalled", [False, True])
+def test_at_concurrency_one_every_warm_up_request_ends_before_serving(monkeypatch, caplog,
+                                                                     stalled):
+    """One row at a time (`--max-concurrency 1`, every B = 1 benchmark) under `--spec`: the
+    requests run one after another, past the 80 steps the loop once had, and each ends with
+    its full output; nothing is left running or queued for the first served steps. A warm-up
+    that cannot finish (steps that do nothing) stops at its bound, says so, and cancels what
+    is left rather than running on."""
+    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
+    config = tiny_config(False)
+    source = tiny_source(config)
+    model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).float()))
+    engine = engine_step.bench_engine(model, "tiny-dense", config, 1, 2048, draft_tokens=3,
+                                      prefill_chunk=256)
+    seqs, steps = [], [0]
+    add, step = engine.add, engine.step
+
+    def added(request, emit):
+        seqs.append(add(request, emit))
+        return seqs[-1]
+
+    def counted():
+        steps[0] += 1
+        return True if stalled else step()
+    engine.add, engine.step = added, counted
+    warm_up(engine, 256, 2048)
+    if stalled:
+        assert "unfinished after" in caplog.text and all(s.cancelled for s in seqs)
+        return
+    assert steps[0] > 80 and len(seqs) == 3 * 5 + 1
+    assert all(s.finish_reason == "length" and len(s.output) == s.request.max_tokens
+               for s in seqs)
+    assert not engine.scheduler.running and not list(engine.scheduler.queued())
+
+
 def test_the_sampling_warm_up_takes_every_top_k_count_and_both_penalty_variants(monkeypatch):
     """Whatever the preset: penalties with and without a pick in flight, and the top-k path at
     every candidate count, over logits in the model's dtype and in fp32."""
