@@ -10,7 +10,8 @@ what the split saved over the window's layer-steps (each one's bus-only time les
 split's, from the costs `auto` timed at load) against those launches, and after two windows in
 a row on the other side it switches: off, the step is captured without the hand-off (every
 miss read in place over the bus); on, with it. The decode graphs of both forms stay cached
-(`DecodeGraphs` keys them by the decoder's `graph_form`), so switching back costs no capture.
+(`DecodeGraphs` keys them by the decoder's `graph_form`; the form without the hand-off is
+captured the first time a shape runs in it), so switching back costs no capture.
 """
 from __future__ import annotations
 
