@@ -25,6 +25,7 @@ from ..kernels.moe_fused import moe_gate_up_silu_triton, route_topk_triton
 from ..kernels.paged_attention import PAGE, paged_attention_triton
 from ..kernels.qk_norm_rope import qk_norm_rope_triton
 from ..kernels.rmsnorm import rms_norm_triton
+from ..kernels.state_rollback import state_rollback_triton
 from ..experts.host_jobs import HostJobs
 from ..experts.routing_log import RoutingLog
 from .qwen3_5_step_weights import HybridWeights, KvLayer
@@ -202,17 +203,12 @@ class HybridStep:
     def keep_on_device(self, kept: torch.Tensor, batch: int) -> None:
         """`keep` for rows 0..batch-1 of the last verify step (of `max_q` tokens) at once, by
         device counts `kept` [batch] (1 ≤ kept ≤ max_q): each row's slot takes its state
-        after its first kept tokens, every layer in one op a field (`state_stacks`: the slot
-        pools as [layers, slots, ...] stacks). No host value is read: a graph can hold it."""
+        after its first kept tokens, every layer in one launch a field (`state_stacks`: the
+        slot pools as [layers, slots, ...] stacks), copying only rows that roll back
+        (`kernels.state_rollback`). No host value is read: a graph can hold it."""
         rows, slots = self.rows[:batch], self.slots[:batch]
-        last = self.max_q - 1  # a row that kept every token keeps what its slot holds
-        back = kept <= last
-        at = (kept - 1).clamp(max=last - 1)
         for state, trail in zip(self.state_stacks, self.trails):
-            now = state.index_select(1, slots)
-            then = trail[:, at, rows]
-            mask = back.view(1, batch, *[1] * (now.dim() - 2))
-            state.index_copy_(1, slots, torch.where(mask, then, now))
+            state_rollback_triton(state, trail, kept, rows, slots, self.max_q - 1)
 
     def _gdn(self, layer, i, y, B, T, acc):
         """Fused projection → conv/SiLU/gates (one kernel) → recurrence → gated norm (one);
