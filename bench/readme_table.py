@@ -451,6 +451,28 @@ def _verify_rows() -> list[str]:
     return rows
 
 
+def _llama_step_rows() -> list[str]:
+    """The llama family's verify rows and short prompt chunks as CUDA graphs against the eager
+    forward they replaced, with the decode graph step beside (bench/gpu_engine_decode.py)."""
+    r = _load("h100-issue-bounds.json")
+    if not r:
+        return []
+    rows = []
+    for shape in r["llama"]["results"]:
+        for d in shape["decode"]:
+            rows.append(
+                f"| H100, {shape['shape']} shape, batch {d['batch']}, a verify step of 1 + "
+                f"{d['verify']} tokens a row / a {d['prompt']}-token prompt chunk over "
+                f"{d['context'] // 1024}K of context, each replayed as a CUDA graph | "
+                f"{d['verify_graph_ms']:.2f} / {d['prompt_graph_ms']:.2f} ms | the decode graph "
+                f"step {d['graph_step_ms']:.2f} ms; the eager forward {d['verify_eager_ms']:.1f} "
+                f"/ {d['prompt_eager_ms']:.1f} ms (same run) | "
+                f"{d['verify_graph_ms'] / d['graph_step_ms']:.2f}× the decode step; "
+                f"{d['verify_eager_ms'] / d['verify_graph_ms']:.1f}× / "
+                f"{d['prompt_eager_ms'] / d['prompt_graph_ms']:.1f}× faster than eager |")
+    return rows
+
+
 def _policy_rows() -> list[str]:
     """`ninfer bench`'s speculative section under the engine's policy (oracle drafts at a
     forced rate), against plain decode in the same run."""
@@ -674,7 +696,8 @@ def table() -> str:
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
                              + _prompt_fp8_dense_rows() + _moe_order_rows()
                              + _gdn_prompt_rows() + _gdn_tiles_and_burst_rows()
-                             + _step_row_rows() + _verify_rows() + _policy_rows() + _mtp_rows()
+                             + _step_row_rows() + _verify_rows() + _llama_step_rows() + _policy_rows()
+                             + _mtp_rows()
                              + _mask_rows()
                              + _engine_process_rows() + _served_rows()
                              + _agent_replay_rows() + _host_tier_rows()
