@@ -696,9 +696,8 @@ def table() -> str:
                              + _lookahead_rows() + _gemv_split_rows() + _prompt_activation_rows()
                              + _prompt_fp8_dense_rows() + _moe_order_rows()
                              + _gdn_prompt_rows() + _gdn_tiles_and_burst_rows()
-                             + _step_row_rows() + _verify_rows() + _llama_step_rows() + _policy_rows()
-                             + _mtp_rows()
-                             + _mask_rows()
+                             + _step_row_rows() + _verify_rows() + _llama_step_rows()
+                             + _policy_rows() + _mtp_rows() + _mask_rows()
                              + _engine_process_rows() + _served_rows()
                              + _agent_replay_rows() + _host_tier_rows()
                              + _expert_offload_rows()) + "\n"
