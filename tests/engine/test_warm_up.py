@@ -58,18 +58,23 @@ def test_warm_up_runs_each_prompt_step_kind(monkeypatch):
     assert not engine.scheduler.running and not list(engine.scheduler.queued())
 
 
+def _spec_engine(monkeypatch, concurrency: int):
+    """The tiny dense model's engine under `--spec` (3 drafts), 256-token prompt chunks."""
+    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
+    config = tiny_config(False)
+    source = tiny_source(config)
+    model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).float()))
+    return engine_step.bench_engine(model, "tiny-dense", config, concurrency, 2048,
+                                    draft_tokens=3, prefill_chunk=256)
+
+
 def test_under_spec_the_warm_up_serves_its_short_requests_drafted_then_plain(monkeypatch):
     """With a speculator the short requests run again under each forced policy, decoding past
     the MTP head's spill, and the served policy is back afterwards."""
     from ninfer_engine.step.mtp_drafter import SPILL
     from ninfer_engine.step.spec_policy import AlwaysSpeculate, NeverSpeculate, SpecPolicy
 
-    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
-    config = tiny_config(False)
-    source = tiny_source(config)
-    model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).float()))
-    engine = engine_step.bench_engine(model, "tiny-dense", config, 4, 2048, draft_tokens=3,
-                                      prefill_chunk=256)
+    engine = _spec_engine(monkeypatch, 4)
     spec = engine.speculator
     served = spec.policy
     longest = {}  # policy type -> the longest output a decode step saw under it
@@ -95,12 +100,7 @@ def test_at_concurrency_one_every_warm_up_request_ends_before_serving(monkeypatc
     its full output; nothing is left running or queued for the first served steps. A warm-up
     that cannot finish (steps that do nothing) stops at its bound, says so, and cancels what
     is left rather than running on."""
-    monkeypatch.setattr(engine_step.qwen_resources, "resources", lambda v: default_resources())
-    config = tiny_config(False)
-    source = tiny_source(config)
-    model = Qwen35Model(config, FusedParams(config, lambda n, s: source(n, s).float()))
-    engine = engine_step.bench_engine(model, "tiny-dense", config, 1, 2048, draft_tokens=3,
-                                      prefill_chunk=256)
+    engine = _spec_engine(monkeypatch, 1)
     seqs, steps = [], [0]
     add, step = engine.add, engine.step
 

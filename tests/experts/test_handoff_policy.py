@@ -9,13 +9,11 @@ import logging
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from ninfer_engine.experts import plan_placement
 from ninfer_engine.experts.handoff_policy import AGAINST, LAUNCH_S, HandoffPolicy
-from ninfer_engine.experts.tiers import ExpertTiers, balanced_count
+from ninfer_engine.experts.tiers import balanced_count
 from ninfer_engine.models.qwen3_5_engine_step import EngineHybridDecoder
-from ninfer_engine.models.packed import FP8_ROW, quantize_packed
+from tests.experts.test_host_jobs import fp8_tiers
 
 US = 1e-6
 # the H100 host's timed costs (the host job's fixed cost with the hand-off's round trip, an
@@ -71,24 +69,11 @@ def test_few_misses_switch_the_hand_off_off_and_many_back_on(caplog):
     assert "hand-off to the host's cores on: it saves" in caplog.text
 
 
-def _tiers(share):
-    E, I, H = 16, 32, 64
-    config = {"num_experts": E, "num_hidden_layers": 2, "hidden_size": H,
-              "moe_intermediate_size": I}
-    expert = 2 * I * H + 2 * I * 2 + H * I + H * 2
-    gen = torch.Generator().manual_seed(0)
-
-    def get(layer, e, member, shape):
-        return quantize_packed(torch.randn(shape, generator=gen), FP8_ROW)
-    return ExpertTiers(config, plan_placement(config, expert, 2 * 3 * expert), get, "cpu",
-                       "read", cpu_share=share)
-
-
 def test_auto_gives_every_offloaded_layer_one_policy_fed_by_settle():
     """`auto`: one policy for both layers, fed each layer-step's missed pairs by `settle`
     (the expert → slot map's misses, each counted by its pairs); off, no layer hands misses
     and the decoder captures the other form; a fixed share has no policy and always hands."""
-    tiers = _tiers("auto")
+    tiers = fp8_tiers(2, "auto")
     p = tiers.handoff
     assert isinstance(p, HandoffPolicy) and p.counts == tiers.layers[0].in_place.split.tolist()
     reads = [t.in_place for t in tiers.layers.values()]
@@ -106,7 +91,7 @@ def test_auto_gives_every_offloaded_layer_one_policy_fed_by_settle():
     assert form(decoder) == 0
     p.on = False
     assert not any(r.handing for r in reads) and form(decoder) == 1
-    fixed = _tiers(0.5)
+    fixed = fp8_tiers(2, 0.5)
     assert fixed.handoff is None and all(t.in_place.handing for t in fixed.layers.values())
     decoder.core.w.model.expert_tiers = fixed
     assert form(decoder) == 0

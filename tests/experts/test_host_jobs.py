@@ -287,6 +287,21 @@ def test_balanced_count_is_the_best_split_of_a_layers_misses():
     assert [balanced_count(m, 40, 31.4, 57) for m in range(1, 8)] == [0, 1, 2, 2, 3, 3, 4]
 
 
+def fp8_tiers(layers: int, share) -> ExpertTiers:
+    """`layers` MoE layers of 16 random fp8-row experts (I 32, H 64), 3 slots each, misses
+    read in place on the CPU, `--expert-cpu-share share`."""
+    E, I, H = 16, 32, 64
+    config = {"num_experts": E, "num_hidden_layers": layers, "hidden_size": H,
+              "moe_intermediate_size": I}
+    expert = 2 * I * H + 2 * I * 2 + H * I + H * 2
+    gen = torch.Generator().manual_seed(0)
+
+    def get(layer, e, member, shape):
+        return quantize_packed(torch.randn(shape, generator=gen), FP8_ROW)
+    return ExpertTiers(config, plan_placement(config, expert, layers * 3 * expert), get,
+                       "cpu", "read", cpu_share=share)
+
+
 def test_auto_splits_by_the_host_jobs_timed_costs(monkeypatch):
     """`--expert-cpu-share auto`: the host job's fixed and per-expert seconds from timing
     calls of 1 and `AUTO_EXPERTS` experts at the worker's team (faked here, the compiled
@@ -297,16 +312,8 @@ def test_auto_splits_by_the_host_jobs_timed_costs(monkeypatch):
     from ninfer_engine.experts import cost_model
     from ninfer_engine.experts import host_jobs
     from ninfer_engine.experts import tiers as tiers_module
-    E, I, H = 16, 32, 64
-    config = {"num_experts": E, "num_hidden_layers": 1, "hidden_size": H,
-              "moe_intermediate_size": I}
-    expert = 2 * I * H + 2 * I * 2 + H * I + H * 2
-    gen = torch.Generator().manual_seed(0)
-
-    def get(layer, e, member, shape):
-        return quantize_packed(torch.randn(shape, generator=gen), FP8_ROW)
-    tiers = ExpertTiers(config, plan_placement(config, expert, 3 * expert), get, "cpu",
-                        "read", cpu_share="auto")
+    tiers = fp8_tiers(1, "auto")
+    E = tiers.placement.experts
     assert tiers.layers[0].in_place.split is not None  # (timed on the real clock)
     first = tiers.layers[0]
     clock = [0.0]
