@@ -15,7 +15,8 @@ source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 gpu_tests 120 tests/engine/test_llama_prompt_step.py tests/engine/test_decode_graphs.py \
   tests/engine/test_step_rows.py tests/engine/test_speculation.py tests/experts/test_host_jobs.py \
-  tests/experts/test_handoff_policy.py
+  tests/experts/test_handoff_policy.py tests/kernels/test_state_rollback.py \
+  tests/engine/test_verify_chain.py tests/engine/test_warm_up.py
 profile_step 35b-decode --spec 0
 profile_step 35b-verify --spec 3
 profile_step flash-next-decode --arch flash-next --spec 0
