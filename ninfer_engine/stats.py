@@ -95,7 +95,8 @@ class ExpertStats:
     routed experts on the device, `cached` of them in evictable slots, hits and misses per
     (step, layer, distinct expert), `cpu_share` of the routed (token, expert) pairs computed on
     the CPU, `bytes_copied` host → slot since start, `cpu_layers` the MoE layers whose misses
-    the host's cores share (`--expert-cpu-share`: a count of each layer-step's misses)."""
+    the host's cores share now (`--expert-cpu-share`: a count of each layer-step's misses;
+    0 while `auto`'s policy has the hand-off off)."""
 
     slots: int = 0
     resident: int = 0

@@ -227,8 +227,7 @@ class ExpertTiers:
             misses=sum(t.map.misses for t in tiers),
             cpu_share=cpu / (cpu + device) if cpu + device else 0.0,
             bytes_copied=sum(t.bytes_copied for t in tiers), experts=base.experts,
-            cpu_layers=sum(t.in_place is not None and t.in_place.split is not None
-                           for t in tiers),
+            cpu_layers=sum(t.in_place is not None and t.in_place.handing for t in tiers),
             active=base.active, layers=base.layers)
 
     @property

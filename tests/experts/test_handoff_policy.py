@@ -13,6 +13,7 @@ import pytest
 from ninfer_engine.experts.handoff_policy import AGAINST, LAUNCH_S, HandoffPolicy
 from ninfer_engine.experts.tiers import balanced_count
 from ninfer_engine.models.qwen3_5_engine_step import EngineHybridDecoder
+from ninfer_engine.stats import ExpertStats
 from tests.experts.test_host_jobs import fp8_tiers
 
 US = 1e-6
@@ -72,7 +73,8 @@ def test_few_misses_switch_the_hand_off_off_and_many_back_on(caplog):
 def test_auto_gives_every_offloaded_layer_one_policy_fed_by_settle():
     """`auto`: one policy for both layers, fed each layer-step's missed pairs by `settle`
     (the expert → slot map's misses, each counted by its pairs); off, no layer hands misses
-    and the decoder captures the other form; a fixed share has no policy and always hands."""
+    and the decoder captures the other form (the stats' `cpu_layers` count only layers that
+    hand now); a fixed share has no policy and always hands."""
     tiers = fp8_tiers(2, "auto")
     p = tiers.handoff
     assert isinstance(p, HandoffPolicy) and p.counts == tiers.layers[0].in_place.split.tolist()
@@ -88,9 +90,10 @@ def test_auto_gives_every_offloaded_layer_one_policy_fed_by_settle():
     decoder = SimpleNamespace(core=SimpleNamespace(w=SimpleNamespace(
         model=SimpleNamespace(expert_tiers=tiers))))
     form = EngineHybridDecoder.graph_form.fget
-    assert form(decoder) == 0
+    assert form(decoder) == 0 and tiers.stats(ExpertStats()).cpu_layers == 2
     p.on = False
     assert not any(r.handing for r in reads) and form(decoder) == 1
+    assert tiers.stats(ExpertStats()).cpu_layers == 0  # the console: no layer hands now
     fixed = fp8_tiers(2, 0.5)
     assert fixed.handoff is None and all(t.in_place.handing for t in fixed.layers.values())
     decoder.core.w.model.expert_tiers = fixed
