@@ -52,6 +52,11 @@ def save_slots(core: HybridStep, batch: int) -> Callable[[], None]:
     return restore
 
 
+def _expert_tiers(core: HybridStep):
+    """The step's model's offloaded experts (`experts.ExpertTiers`), None where it has none."""
+    return getattr(core.w.model, "expert_tiers", None)
+
+
 class EngineHybridDecoder:
     """`HybridStep` over the engine's shared KV pool and running-state pool, for
     `decode_graphs.DecodeGraphs`: `load` writes each row's token, position, state slot and page
@@ -124,14 +129,14 @@ class EngineHybridDecoder:
     @property
     def generation(self) -> int:
         """Changes when lending reallocates the expert slot stacks (graphs read the old)."""
-        tiers = getattr(self.core.w.model, "expert_tiers", None)
+        tiers = _expert_tiers(self.core)
         return 0 if tiers is None else tiers.generation
 
     @property
     def graph_form(self) -> int:
         """Which form of the step a graph captures now: 1 where `auto`'s hand-off policy has
         taken the expert hand-off out of it (`experts.handoff_policy`), else 0."""
-        tiers = getattr(self.core.w.model, "expert_tiers", None)
+        tiers = _expert_tiers(self.core)
         policy = None if tiers is None else tiers.handoff
         return int(policy is not None and not policy.on)
 
