@@ -167,7 +167,7 @@ class CpuDecoder:
         self.meta[:, : len(rows)].copy_(torch.tensor(rows, dtype=torch.long).t())
         self.tables.fill(caches)
 
-    def keep(self, row: int, kept: int) -> None:
+    def keep_rows(self, back: list[tuple[int, int]]) -> None:
         """After a verify step: nothing to roll back (K/V past the kept tokens is overwritten
         later; no recurrent state)."""
 

@@ -64,7 +64,7 @@ class StaticDecoder:
         """Nothing to save: a step's K/V writes are the same when it runs again."""
         return lambda: None
 
-    def keep(self, row: int, kept: int) -> None:
+    def keep_rows(self, back: list[tuple[int, int]]) -> None:
         """After a verify step: nothing to roll back (no recurrent state); the K/V past the
         kept tokens is left to be overwritten."""
 

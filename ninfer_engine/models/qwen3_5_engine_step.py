@@ -74,6 +74,9 @@ class EngineHybridDecoder:
         self._slots: list[int] = []  # the loaded rows' state slots
         # every layer's state rows at once, for a rollback by device index (`keep_on_device`)
         self.core.state_stacks = (states.stack("conv"), states.stack("ssm"))
+        dev = model.embedding.device
+        self._kept = (torch.zeros(max_batch, dtype=torch.long, device=dev)
+                      if dev.type == "cuda" and max_q > 1 else None)  # `keep_rows`' counts
         # a verify step's argmax of each token row, where the rows may be accepted on the
         # device (`step.verify_chain`, `--spec mtp`: final-normed hiddens kept, no tap layers'
         # as `--spec dflash` keeps; the same argmax the host's acceptance takes)
@@ -121,6 +124,22 @@ class EngineHybridDecoder:
 
     def keep(self, row: int, kept: int) -> None:
         self.core.keep(row, kept, self._slots[row])
+
+    def keep_rows(self, back: list[tuple[int, int]]) -> None:
+        """Rows of the last verify step, each (row, kept), go back to their state after their
+        first kept tokens. On CUDA every row and layer at once, one launch a field
+        (`HybridStep.keep_on_device`): `keep`'s multi-tensor copy is host time a launch per
+        layer and field (60 on the 35B-A3B) for each row, which the GPU waits for."""
+        if self._kept is None:
+            for row, kept in back:
+                self.keep(row, kept)
+            return
+        rows = 1 + max(row for row, _ in back)
+        kept = [self.max_q] * rows  # (max_q: the row keeps every token, nothing moves)
+        for row, n in back:
+            kept[row] = n
+        self._kept[:rows].copy_(torch.tensor(kept), non_blocking=True)
+        self.core.keep_on_device(self._kept[:rows], rows)
 
     def after_launch(self) -> None:
         """The step is queued: the expert tiers' bookkeeping runs while it computes."""

@@ -156,9 +156,10 @@ class DecodeGraphs:
         kept ≤ 1 + k, the last sampled token included): its GDN state goes back to the state
         after them, its K/V past them is left to be overwritten, and `cached` advances by
         `kept`."""
-        for row, (seq, n) in enumerate(zip(seqs, kept), first):
-            if n < self._q_len:
-                self.decoder.keep(row, n)
+        back = [(row, n) for row, n in enumerate(kept, first) if n < self._q_len]
+        if back:
+            self.decoder.keep_rows(back)
+        for seq, n in zip(seqs, kept):
             seq.cached += n
 
     def prefills(self, seq: Sequence, tokens: int) -> bool:

@@ -43,8 +43,9 @@ GREEDY = SamplingParams(temperature=0.0)
 @pytest.mark.parametrize("moe", [False, True])
 @torch.inference_mode()
 def test_rollback_by_device_counts_is_keep_row_by_row(moe, device):
-    """`HybridStep.keep_on_device` with every pair of kept counts (1 .. k + 1, both rows) leaves
-    each slot exactly as the host's `keep` of that row does."""
+    """`HybridStep.keep_on_device` with every pair of kept counts (1 .. k + 1, both rows), and
+    the host's `keep_rows` of the rows that roll back, leave each slot exactly as the host's
+    `keep` of that row does."""
     model = _model(moe, device)
     _, _, seqs, graphs, drafts = _setup(model, "bf16", K, device.type == "cuda")
     graphs.verify(seqs, drafts)
@@ -59,13 +60,18 @@ def test_rollback_by_device_counts_is_keep_row_by_row(moe, device):
             if n <= K:
                 decoder.keep(b, n)
             want.append([t.clone() for t in seqs[b].state.tensors()])
-        for seq, saved in zip(seqs, after):
-            torch._foreach_copy_(seq.state.tensors(), saved)
-        core.keep_on_device(torch.tensor(kept, device=device), len(seqs))
-        for seq, expected, saved in zip(seqs, want, after):
-            got = seq.state.tensors()
-            assert all(torch.equal(x, y) for x, y in zip(got, expected)), kept
-            moved += not all(torch.equal(x, y) for x, y in zip(got, saved))
+        back = [(b, n) for b, n in enumerate(kept) if n <= K]
+        for by in ("device counts", "host rows"):  # (host rows: on CUDA the same kernel)
+            for seq, saved in zip(seqs, after):
+                torch._foreach_copy_(seq.state.tensors(), saved)
+            if by == "device counts":
+                core.keep_on_device(torch.tensor(kept, device=device), len(seqs))
+            elif back:
+                decoder.keep_rows(back)
+            for seq, expected, saved in zip(seqs, want, after):
+                got = seq.state.tensors()
+                assert all(torch.equal(x, y) for x, y in zip(got, expected)), (kept, by)
+                moved += not all(torch.equal(x, y) for x, y in zip(got, saved))
     assert moved  # some count did take a row back
 
 
