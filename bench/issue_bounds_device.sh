@@ -13,7 +13,7 @@
 #   OUT=/tmp/o bash bench/issue_bounds_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-gpu_tests 120 tests/engine/test_llama_prompt_step.py tests/engine/test_decode_graphs.py \
+gpu_tests 180 tests/engine/test_llama_prompt_step.py tests/engine/test_decode_graphs.py \
   tests/engine/test_step_rows.py tests/engine/test_speculation.py tests/experts/test_host_jobs.py \
   tests/experts/test_handoff_policy.py tests/kernels/test_state_rollback.py \
   tests/engine/test_verify_chain.py tests/engine/test_warm_up.py
