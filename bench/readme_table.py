@@ -453,8 +453,9 @@ def _verify_rows() -> list[str]:
 
 def _llama_step_rows() -> list[str]:
     """The llama family's verify rows and short prompt chunks as CUDA graphs against the eager
-    forward they replaced, with the decode graph step beside (bench/gpu_engine_decode.py)."""
-    r = _load("h100-issue-bounds.json")
+    forward they replaced, with the decode graph step beside (bench/gpu_engine_decode.py); the
+    latest call's rows."""
+    r = _load("h100-issue-bounds-after-fix.json")
     if not r:
         return []
     rows = []
