@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Where a host-accepted verify step's gap goes (issue 18's 35B-A3B verify bound, ~3 minutes):
-# the rollback's CUDA tests (`keep_rows` through the kernel), the 35B-A3B fp8-row decode step and
-# its oracle verify step (1 + 3 tokens, 3.67 a round forced) with a cProfile of 200 steps on the
-# host (`profile_step.py --host`: by own and by cumulative time), then `auto`'s hand-off policy
+# the rollback's CUDA tests (`keep_rows` through the kernel), the 35B-A3B fp8-row oracle verify
+# step (1 + 3 tokens, 3.67 a round forced) with a cProfile of 200 steps on the host
+# (`profile_step.py --host`: by own and by cumulative time), its decode step, then `auto`'s
+# hand-off policy
 # at 25 % of Flash-Next's experts in host RAM, skewed (the row it was built for), beside the bus
-# alone. Run from the repository root with OUT set (carry `.whl` or `.whl-bench`):
+# alone, each as the call's BUDGET allows. Run from the repository root with OUT set (carry
+# `.whl` or `.whl-bench`; NOPACK=1 before another script in the same call):
 #   BUDGET=240 OUT=/tmp/o bash bench/verify_host_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 gpu_tests 100 tests/engine/test_verify_chain.py tests/engine/test_hybrid_verify.py \
   tests/kernels/test_state_rollback.py
-profile_step 35b-decode --spec 0
 profile_step 35b-verify-host --spec 3 --host
 grep -E "tottime|cumtime|foreach|keep|replay|tolist|_rollback|load|schedule|_finish|_accept" \
   "$OUT/r/step-35b-verify-host.log" | head -40
+profile_step 35b-decode --spec 0
 if [ "$(left)" -gt 80 ]; then
   PYTHONPATH=$PWD:/tmp/site timeout $(( $(left) - 5 )) python3 -u bench/expert_offload.py \
     --layers 16 --steps 128 --budget-s $(( $(left) - 40 )) --out "$OUT/r/offload-quarter" \
