@@ -61,13 +61,20 @@ def test_rollback_by_device_counts_is_keep_row_by_row(moe, device):
                 decoder.keep(b, n)
             want.append([t.clone() for t in seqs[b].state.tensors()])
         back = [(b, n) for b, n in enumerate(kept) if n <= K]
-        for by in ("device counts", "host rows"):  # (host rows: on CUDA the same kernel)
+        # host rows: as the decoder was built (on CUDA the kernel, on the CPU row by row);
+        # host rows, kernel: CUDA's branch wherever this runs (the CPU's through the interpreter)
+        for by in ("device counts", "host rows", "host rows, kernel"):
             for seq, saved in zip(seqs, after):
                 torch._foreach_copy_(seq.state.tensors(), saved)
             if by == "device counts":
                 core.keep_on_device(torch.tensor(kept, device=device), len(seqs))
             elif back:
+                built = decoder._kept
+                if by == "host rows, kernel" and built is None:
+                    decoder._kept = torch.zeros(decoder.max_batch, dtype=torch.long,
+                                                device=device)
                 decoder.keep_rows(back)
+                decoder._kept = built
             for seq, expected, saved in zip(seqs, want, after):
                 got = seq.state.tensors()
                 assert all(torch.equal(x, y) for x, y in zip(got, expected)), (kept, by)
