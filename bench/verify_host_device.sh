@@ -4,8 +4,8 @@
 # step (1 + 3 tokens, 3.67 a round forced) with a cProfile of 200 steps on the host
 # (`profile_step.py --host`: by own and by cumulative time), its decode step, then `auto`'s
 # hand-off policy at 25 % of Flash-Next's experts in host RAM, skewed (the row it was built
-# for), beside the bus alone, each as the call's BUDGET allows. Run from the repository root with OUT set (carry
-# `.whl` or `.whl-bench`; NOPACK=1 before another script in the same call):
+# for), beside the bus alone, each as the call's BUDGET allows. Run from the repository root
+# with OUT set (carry `.whl` or `.whl-bench`; NOPACK=1 before another script in the call):
 #   BUDGET=240 OUT=/tmp/o bash bench/verify_host_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
