@@ -19,7 +19,9 @@ sum of kernel time against the step time tells host-bound from kernel-bound, and
 names the kernels to fuse. It also replays the step's last decode graph alone, back to back (the
 step without its host work); `--lookahead both` times the step with the engine's lookahead step
 and then without it (`bench/results/h200-lookahead-step.md`); `--host` adds a cProfile of 200
-steps on the host. `--spec K` makes every step a verify step of K drafts from the benchmark's
+steps on the host; `--phases` times 200 steps' host phases without a profiler
+(`benchmark.host_phases`: schedule, drafts, the launch, acceptance's read-back, the rollback,
+the stats, the events). `--spec K` makes every step a verify step of K drafts from the benchmark's
 oracle drafter (`engine_step.OracleDrafter`, `--rate` tokens taken a round: random weights
 accept nothing), so the times and the table are a verify step's; `--drafter mtp` drafts them
 with the model's (random) MTP head as `--spec mtp` serves, the count taken still forced
@@ -46,6 +48,7 @@ from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.engine_step import (  # noqa: E402
     MARGIN, ForcedRounds, OracleDrafter, bench_engine, random_prompts, served_sampling)
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
+from ninfer_engine.benchmark.host_phases import HostPhases  # noqa: E402
 from ninfer_engine.benchmark.timing import last_graph_ms, time_ms  # noqa: E402
 from ninfer_engine.models.experts import bf16_fits, free_device_bytes  # noqa: E402
 from ninfer_engine.models.fused import FusedParams  # noqa: E402
@@ -54,6 +57,7 @@ from ninfer_engine.step.spec_policy import AlwaysSpeculate  # noqa: E402
 from ninfer_engine.types import GenerationRequest, SamplingParams  # noqa: E402
 
 TIMED = 30
+PHASE_STEPS = 200  # --phases
 
 
 def main() -> None:
@@ -70,6 +74,8 @@ def main() -> None:
                     help="the engine's lookahead decode step (auto: on with CUDA graphs; "
                     "both: time the step with it, then without it)")
     ap.add_argument("--host", action="store_true", help="also cProfile 200 steps on the host")
+    ap.add_argument("--phases", action="store_true",
+                    help="also time 200 steps' host phases (`benchmark.host_phases`)")
     ap.add_argument("--spec", type=int, default=0, metavar="K",
                     help="every step verifies K oracle drafts")
     ap.add_argument("--rate", type=float, default=3.67, help="--spec's tokens taken a round")
@@ -98,7 +104,8 @@ def main() -> None:
         model = Qwen35Model(config, params)
         if args.prefill:
             return profile_prefill(model, config, args.prefill)
-        total = (args.context + 8 + 3 * TIMED + args.steps + (200 if args.host else 0)) * (
+        total = (args.context + 8 + 3 * TIMED + args.steps + (200 if args.host else 0)
+                 + (PHASE_STEPS if args.phases else 0)) * (
             1 + args.spec)
         engine = bench_engine(model, args.arch, config, args.batch, total + MARGIN,
                               draft_tokens=args.spec, cuda_weights=args.cuda_weights,
@@ -135,6 +142,12 @@ def _profile(engine, args, config, total) -> None:
         print(f"lookahead on: step {step:.3f} ms, off: {plain:.3f} ms")
     replay = last_graph_ms(engine, TIMED)
     host = _host_profile(engine) if args.host else None
+    if args.phases:
+        with HostPhases(engine) as phases:
+            for _ in range(PHASE_STEPS):
+                engine.step()
+        torch.cuda.synchronize()
+        print(phases.report(PHASE_STEPS))
     if args.timeline:
         _timeline(engine, args.timeline)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

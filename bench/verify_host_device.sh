@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Where a host-accepted verify step's gap goes (issue 18's 35B-A3B verify bound, ~3 minutes):
 # the rollback's CUDA tests (`keep_rows` through the kernel), the 35B-A3B fp8-row oracle verify
-# step (1 + 3 tokens, 3.67 a round forced) with a cProfile of 200 steps on the host
-# (`profile_step.py --host`: by own and by cumulative time), its decode step, then `auto`'s
-# hand-off policy at 25 % of Flash-Next's experts in host RAM, skewed (the row it was built
-# for), beside the bus alone, each as the call's BUDGET allows. Run from the repository root
+# step (1 + 3 tokens, 3.67 a round forced) with its host phases timed (`--phases`: schedule,
+# drafts, launch, read-back, rollback, stats, events) and a cProfile of 200 steps (`--host`: by
+# own and by cumulative time), its decode step, then `auto`'s hand-off policy at 25 % of
+# Flash-Next's experts in host RAM, skewed (the row it was built for), beside the bus alone,
+# each as the call's BUDGET allows. Run from the repository root
 # with OUT set (carry `.whl` or `.whl-bench`; NOPACK=1 before another script in the call):
 #   BUDGET=240 OUT=/tmp/o bash bench/verify_host_device.sh
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 gpu_tests 100 tests/engine/test_verify_chain.py tests/engine/test_hybrid_verify.py \
   tests/kernels/test_state_rollback.py
-profile_step 35b-verify-host --spec 3 --host
-grep -E "tottime|cumtime|foreach|keep|replay|tolist|_rollback|load|schedule|_finish|_accept" \
+profile_step 35b-verify-host --spec 3 --phases --host
+grep -E "^host phases|tottime|cumtime|foreach|keep|replay|tolist|_rollback|load|schedule|_finish" \
   "$OUT/r/step-35b-verify-host.log" | head -40
 profile_step 35b-decode --spec 0
 if [ "$(left)" -gt 80 ]; then
