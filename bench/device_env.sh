@@ -30,8 +30,8 @@ profile_step() {  # name, bench/profile_step.py arguments...: the 35B-A3B fp8-ro
   [ "$(left)" -gt 50 ] || return 1
   PYTHONPATH=$root:/tmp/site timeout "$(left)" python3 -u "$root/bench/profile_step.py" \
     --arch 35b-a3b --weights fp8-row "$@" > "$OUT/r/step-$name.log" 2>&1
-  echo "$name: $(grep -E 'engine step|tokens a round|graph alone|chained rounds|^sampling' \
-    "$OUT/r/step-$name.log" | tr '\n' ' ' | cut -c1-600)"
+  local lines='engine step|tokens a round|graph alone|chained rounds|^host phases|^sampling'
+  echo "$name: $(grep -E "$lines" "$OUT/r/step-$name.log" | tr '\n' ' ' | cut -c1-900)"
   grep -E "Error|error" "$OUT/r/step-$name.log" | tail -3
   return 0
 }
