@@ -4,8 +4,8 @@
 # (bench/profile_step.py, random weights, context 1024) for 35B-A3B fp8-row (decode >= 530
 # tok/s; the oracle verify step of 1 + 3 tokens <= 2.0x decode, its host phases timed; the
 # --spec mtp round over the --lm-head-draft shortlist at 3.67 tokens a round, issue 19's
-# >= 1,100 tok/s), the 27B bf16
-# (decode >= 74; verify <= 1.3x; the MTP round, >= 200) and Flash-Next fp8-row decode (>= 430);
+# >= 1,100 tok/s), the 27B bf16 (decode >= 74; verify <= 1.3x; the MTP round, >= 200) and
+# Flash-Next fp8-row decode (>= 430);
 # the llama family's verify step replayed from its graph against the eager forward it
 # replaced, and a 64-token prompt chunk through its new prompt step against the eager forward
 # (bench/gpu_engine_decode.py --verify 3 --prompt 64); the MoE kernels' tiles at the verify
