@@ -51,7 +51,8 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
                        NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
                        INDEXED: tl.constexpr, T: tl.constexpr, TRAIL: tl.constexpr,
-                       VALID: tl.constexpr = 0, PDL: tl.constexpr = 0):
+                       VALID: tl.constexpr = 0, PDL: tl.constexpr = 0,
+                       ONE_PASS: tl.constexpr = 1):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     pid = tl.program_id(0)  # b * NV + j
@@ -95,11 +96,19 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
         k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
         alpha = tl.exp(tl.load(g_ptr + row * NV + j).to(tl.float32))
         beta = tl.load(beta_ptr + row * NV + j).to(tl.float32)
-        s = s * alpha
-        # the delta error reads the already-decayed state
-        u = beta * (v - tl.sum(s * k[:, None], axis=0))
-        s = s + k[:, None] * u[None, :]
-        o = tl.sum(s * q[:, None], axis=0)
+        if ONE_PASS:  # Sᵀk and Sᵀq of the state before the token, side by side: one
+            # reduction phase a token instead of two in sequence (o = (αS + k uᵀ)ᵀ q)
+            sk = tl.sum(s * k[:, None], axis=0)
+            sq = tl.sum(s * q[:, None], axis=0)
+            u = beta * (v - alpha * sk)  # the delta error reads the decayed state
+            o = alpha * sq + u * tl.sum(k * q, axis=0)
+            s = s * alpha + k[:, None] * u[None, :]
+        else:
+            s = s * alpha
+            # the delta error reads the already-decayed state
+            u = beta * (v - tl.sum(s * k[:, None], axis=0))
+            s = s + k[:, None] * u[None, :]
+            o = tl.sum(s * q[:, None], axis=0)
         if VALID:
             kept = tl.where(t < n_valid, s, kept)
         op = o_ptr + (row * NV + j) * DV + dv
@@ -122,7 +131,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
 
 
 def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=32,
-                      valid=None):
+                      valid=None, one_pass=True, num_warps=4):
     """Triton path: one program per (sequence, value head, block of `block_v` value dims).
 
     Rows of T > 1 tokens (`q` etc. hold B·T token rows, sequence-major; `index` has B
@@ -152,7 +161,8 @@ def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=3
         state if valid is None else valid, dk**-0.5, 0 if trail is None else trail.shape[1],
         NK=nk, NV=nv, DK=dk, DV=dv, BK=block_k, BV=block_v,
         EVEN=block_k == dk and dv % block_v == 0, INDEXED=index is not None, T=T,
-        TRAIL=trail is not None, VALID=valid is not None, num_warps=4, **pdl_launch(state))
+        TRAIL=trail is not None, VALID=valid is not None, ONE_PASS=int(one_pass),
+        num_warps=num_warps, **pdl_launch(state))
     return o
 
 

@@ -1,0 +1,143 @@
+"""The Gated DeltaNet decode/verify kernel's variants at the real shapes, one GDN layer stack
+captured in one CUDA graph.
+
+    python3 bench/gdn_decode_sweep.py [--out F.json] [--budget-s 120]
+    python3 bench/gdn_decode_sweep.py --smoke   # tiny shapes on the CPU interpreter (plumbing)
+
+Per shape (27B: nk 16, nv 48, 48 GDN layers; 35B-A3B: nk 16, nv 32, 30 GDN layers; dk = dv =
+128) and row kind (B = 1 verify of 1 + 3 tokens with its trail, B = 1 decode, B = 8 decode),
+each over slot-indexed fp32 states as the step runs them: the µs of one layer's
+`gdn_decode_triton` (the graph of every layer's launch replayed, divided by the layers) for
+each variant: the update's two reduction phases in sequence (before: Sᵀk, the update, then
+Sᵀq of the new state) or one (`one_pass`: Sᵀk and Sᵀq of the state before the token), by
+block_v and num_warps; each variant's output checked against the reference first. The
+state's bytes (read and written, with the trail's) over the copy bandwidth give the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+if "--smoke" in sys.argv:  # before triton.jit runs: it picks the interpreter at decoration
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from ninfer_engine.kernels.gdn_decode import gdn_decode_ref, gdn_decode_triton  # noqa: E402
+
+# (name, nk, nv, dk, dv, GDN layers)
+SHAPES = [("35B-A3B", 16, 32, 128, 128, 30), ("27B", 16, 48, 128, 128, 48)]
+ROWS = [("verify 1+3 B=1", 1, 4), ("decode B=1", 1, 1), ("decode B=8", 8, 1)]  # (name, B, T)
+VARIANTS = dict(one_pass=[False, True], block_v=[16, 32, 64], num_warps=[2, 4, 8])
+SMOKE_SHAPES = [("tiny", 2, 4, 16, 32, 2)]
+SMOKE_VARIANTS = dict(one_pass=[False, True], block_v=[16], num_warps=[4])
+
+
+def layer_inputs(B, T, nk, nv, dk, dv, dev, seed):
+    """One layer's inputs: q, k, v, g, beta for B rows of T tokens, the state pool (B + 2
+    slots, rows in slots 2..), the index, the trail (T > 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B * T, nk, dk, generator=gen).bfloat16()
+    k = torch.randn(B * T, nk, dk, generator=gen).bfloat16()
+    v = torch.randn(B * T, nv, dv, generator=gen).bfloat16()
+    g = -torch.rand(B * T, nv, generator=gen) * torch.logspace(-2, 0.5, nv)
+    beta = torch.rand(B * T, nv, generator=gen)
+    state = torch.randn(B + 2, nv, dk, dv, generator=gen) * 0.1
+    index = torch.arange(2, B + 2)
+    trail = torch.zeros(T - 1, B, nv, dk, dv) if T > 1 else None
+    return [None if t is None else t.to(dev) for t in (q, k, v, g, beta, state, index, trail)]
+
+
+def checked(layer, variant) -> float:
+    """The variant's relative error against the reference on one layer (output and state)."""
+    q, k, v, g, beta, state, index, trail = layer
+    s_ref, s_tri = state.clone(), state.clone()
+    o_ref = gdn_decode_ref(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), s_ref.cpu(),
+                           index.cpu())
+    o = gdn_decode_triton(q, k, v, g, beta, s_tri, index,
+                          None if trail is None else trail.clone(), **variant)
+    err = lambda a, b: float((a.double().cpu() - b.double()).norm() / b.double().norm())
+    return max(err(o, o_ref), err(s_tri[index], s_ref[index.cpu()]))
+
+
+def layer_us(layers, variant, reps: int) -> float:
+    """µs a layer: every layer's launch in one CUDA graph, replayed `reps` times."""
+    run = lambda: [gdn_decode_triton(q, k, v, g, beta, s, i, t, **variant)
+                   for q, k, v, g, beta, s, i, t in layers]
+    if not torch.cuda.is_available():
+        start = time.perf_counter()
+        run()
+        return 1e6 * (time.perf_counter() - start) / len(layers)
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        best = min(best, 1e3 * a.elapsed_time(b) / reps / len(layers))
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    grid = SMOKE_VARIANTS if args.smoke else VARIANTS
+    bandwidth = None
+    if dev == "cuda":
+        from ninfer_engine.benchmark.timing import copy_bandwidth_gbps
+        bandwidth = copy_bandwidth_gbps()
+    began, rows = time.monotonic(), []
+    print(f"{'shape':8} {'rows':16} {'one_pass':>8} {'block_v':>7} {'warps':>5} "
+          f"{'us/layer':>9} {'floor us':>8} {'rel err':>9}")
+    for (name, nk, nv, dk, dv, depth), (kind, B, T) in itertools.product(shapes, ROWS):
+        layers = [layer_inputs(B, T, nk, nv, dk, dv, dev, seed) for seed in range(depth)]
+        # the state read and written, the trail written: fp32
+        nbytes = 4 * B * nv * dk * dv * (2 + (T - 1))
+        floor = None if bandwidth is None else 1e6 * nbytes / (bandwidth * 1e9)
+        for values in itertools.product(*grid.values()):
+            if time.monotonic() - began > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s spent: stopped")
+                break
+            variant = dict(zip(grid, values))
+            err = checked(layers[0], variant)
+            us = layer_us(layers, variant, reps=1 if args.smoke else 50)
+            rows.append(dict(shape=name, rows=kind, B=B, T=T, **variant, us_per_layer=us,
+                             floor_us=floor, rel_err=err))
+            print(f"{name:8} {kind:16} {variant['one_pass']!s:>8} {variant['block_v']:>7} "
+                  f"{variant['num_warps']:>5} {us:9.2f} "
+                  f"{'' if floor is None else f'{floor:8.2f}'} {err:9.2e}", flush=True)
+    if args.out:
+        meta = dict(machine=torch.cuda.get_device_name() if dev == "cuda" else platform.processor(),
+                    torch=torch.__version__, copy_bandwidth_gbps=bandwidth,
+                    date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    command=" ".join(sys.argv))
+        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
