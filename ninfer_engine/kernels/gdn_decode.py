@@ -92,18 +92,22 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
             q = tl.load(qp, mask=kmask, other=0.0).to(tl.float32)
             k = tl.load(kp, mask=kmask, other=0.0).to(tl.float32)
             v = tl.load(vp, mask=vmask, other=0.0).to(tl.float32)
-        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
         alpha = tl.exp(tl.load(g_ptr + row * NV + j).to(tl.float32))
         beta = tl.load(beta_ptr + row * NV + j).to(tl.float32)
-        if ONE_PASS:  # Sᵀk and Sᵀq of the state before the token, side by side: one
-            # reduction phase a token instead of two in sequence (o = (αS + k uᵀ)ᵀ q)
+        if ONE_PASS:  # every dot of the token from the raw q, k and the state before it,
+            # side by side: one reduction phase a token, not three in sequence (q and k's
+            # norms, then Sᵀk, then Sᵀq of the new state): o = (αS + k̂uᵀ)ᵀq̂
             sk = tl.sum(s * k[:, None], axis=0)
             sq = tl.sum(s * q[:, None], axis=0)
-            u = beta * (v - alpha * sk)  # the delta error reads the decayed state
-            o = alpha * sq + u * tl.sum(k * q, axis=0)
-            s = s * alpha + k[:, None] * u[None, :]
+            rk = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+            rq = scale / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
+            kq = tl.sum(k * q, axis=0) * rk * rq
+            u = beta * (v - alpha * rk * sk)  # the delta error reads the decayed state
+            o = alpha * rq * sq + u * kq
+            s = s * alpha + (k * rk)[:, None] * u[None, :]
         else:
+            q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+            k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
             s = s * alpha
             # the delta error reads the already-decayed state
             u = beta * (v - tl.sum(s * k[:, None], axis=0))
