@@ -39,7 +39,7 @@ from ninfer_engine.kernels.gdn_decode import gdn_decode_ref, gdn_decode_triton  
 # (name, nk, nv, dk, dv, GDN layers)
 SHAPES = [("35B-A3B", 16, 32, 128, 128, 30), ("27B", 16, 48, 128, 128, 48)]
 ROWS = [("verify 1+3 B=1", 1, 4), ("decode B=1", 1, 1), ("decode B=8", 8, 1)]  # (name, B, T)
-VARIANTS = dict(one_pass=[False, True], block_v=[16, 32, 64], num_warps=[2, 4, 8])
+VARIANTS = dict(one_pass=[False, True], block_v=[8, 16, 32, 64], num_warps=[1, 2, 4])
 SMOKE_SHAPES = [("tiny", 2, 4, 16, 32, 2)]
 SMOKE_VARIANTS = dict(one_pass=[False, True], block_v=[16], num_warps=[4])
 
