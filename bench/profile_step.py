@@ -5,7 +5,7 @@
     python3 bench/profile_step.py --arch 27b --weights fp8-row [--cuda-weights auto|packed]
     python3 bench/profile_step.py --arch 35b-a3b --weights fp8-row --lookahead both [--host]
     python3 bench/profile_step.py --arch 35b-a3b --weights fp8-row --spec 3 [--rate 3.67]
-        [--drafter oracle|mtp] [--verify-chain ahead|on|off] [--timeline OUT.json]
+        [--drafter oracle|mtp|free] [--verify-chain ahead|on|off] [--timeline OUT.json]
 
 `--prefill N` profiles the model's prefill forward instead: `Qwen35Model.forward` over an N-token
 prompt in 1024-token chunks, from an empty state.
@@ -27,7 +27,9 @@ accept nothing), so the times and the table are a verify step's; `--drafter mtp`
 with the model's (random) MTP head as `--spec mtp` serves, the count taken still forced
 (`engine_step.ForcedRounds`), so the step adds the drafting's cost (`--verify-chain`: on the
 device, each round launched before the one before is read, `ahead`; not ahead, `on`; or from
-the host, `off`: `step.verify_chain`, `step.chain_ahead`). `--timeline OUT.json`
+the host, `off`: `step.verify_chain`, `step.chain_ahead`); `--drafter free` is that engine with
+the chain's drafting taken out (`engine_step.FreeDraftRound`: fixed random drafts), the verify
+cost of the device-accepted path as `oracle` gives the host-accepted one's. `--timeline OUT.json`
 writes a Chrome trace of a few steps (host ops and CUDA kernels) and prints the GPU's idle gaps
 within them with the host functions running meanwhile: where a step's host time goes (the
 profiler's Python tracing slows the host, so read the gaps' make-up, not their length).
@@ -46,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.engine_step import (  # noqa: E402
-    MARGIN, ForcedRounds, OracleDrafter, bench_engine, random_prompts, served_sampling)
+    MARGIN, ForcedRounds, FreeDraftRound, OracleDrafter, bench_engine, random_prompts,
+    served_sampling)
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
 from ninfer_engine.benchmark.host_phases import HostPhases  # noqa: E402
 from ninfer_engine.benchmark.timing import last_graph_ms, time_ms  # noqa: E402
@@ -79,14 +82,15 @@ def main() -> None:
     ap.add_argument("--spec", type=int, default=0, metavar="K",
                     help="every step verifies K oracle drafts")
     ap.add_argument("--rate", type=float, default=3.67, help="--spec's tokens taken a round")
-    ap.add_argument("--drafter", choices=("oracle", "mtp"), default="oracle",
-                    help="--spec's drafts: random ids (no drafting cost) or the MTP head's")
+    ap.add_argument("--drafter", choices=("oracle", "mtp", "free"), default="oracle",
+                    help="--spec's drafts: random ids (no drafting cost) or the MTP head's; "
+                    "free: the MTP engine's verify chain, its rounds drafting nothing")
     ap.add_argument("--sampling", choices=("greedy", "served", "preset"), default="greedy",
                     help="served: greedy with the preset's other settings (Qwen3.5: presence "
                          "penalty 1.5), as a request sending only temperature 0; preset: the "
                          "model preset's sampling (Qwen3.5: top_k 20), as a request sending none")
     ap.add_argument("--verify-chain", choices=("ahead", "on", "off"), default="ahead",
-                    help="--drafter mtp: rounds accepted and drafted on the device "
+                    help="--drafter mtp|free: rounds accepted and drafted on the device "
                     "(`step.verify_chain`), each launched before the one before is read "
                     "(ahead, the default) or not (on), or accepted on the host (off)")
     ap.add_argument("--lm-head-draft", type=int, default=0, metavar="ROWS",
@@ -96,7 +100,7 @@ def main() -> None:
                     help="also write a Chrome trace of a few steps and print the GPU's gaps")
     args = ap.parse_args()
     with torch.inference_mode():
-        mtp = bool(args.spec) and args.drafter == "mtp"
+        mtp = bool(args.spec) and args.drafter in ("mtp", "free")
         config, source = build_synthetic(args.arch, "cuda", torch.bfloat16, args.layers,
                                          mtp=mtp)
         fits = bf16_fits(config, free_device_bytes("cuda"))
@@ -116,7 +120,8 @@ def main() -> None:
         oracle = nullcontext()
         if args.spec:
             engine.speculator.drafter = (
-                ForcedRounds(engine.speculator.drafter, args.rate, args.spec) if mtp
+                ForcedRounds(engine.speculator.drafter, args.rate, args.spec,
+                             free_drafts=args.drafter == "free") if mtp
                 else OracleDrafter(args.rate, args.spec, config["vocab_size"]))
             engine.speculator.policy = AlwaysSpeculate()
             oracle = engine.speculator.drafter.forced()
@@ -160,7 +165,9 @@ def _profile(engine, args, config, total) -> None:
               f"tokens a round")
         drafter = engine.speculator.drafter
         round_ = getattr(drafter, "round", None)
-        if round_ is not None:  # what the captured draft round argmaxes over
+        if isinstance(round_, FreeDraftRound):
+            print("chained rounds draft nothing (fixed random drafts)")
+        elif round_ is not None:  # what the captured draft round argmaxes over
             head = round_.step.draft_head
             print("draft round over " + (f"the shortlist's {head.weight.shape[0]} rows"
                                          if head is not None else "the full head"))

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Where a host-accepted verify step's gap goes (issue 18's 35B-A3B verify bound, ~3 minutes):
-# the rollback's CUDA tests (`keep_rows` through the kernel), the 35B-A3B fp8-row oracle verify
+# Where a host-accepted verify step's gap goes (issue 18's 35B-A3B verify bound, ~4 minutes):
+# the rollback's CUDA tests (`keep_rows` through the kernel; the free-draft chain's, the GDN
+# kernel's), the 35B-A3B fp8-row verify step on the device-accepted path with its drafting
+# taken out (`--drafter free`), then the oracle verify
 # step (1 + 3 tokens, 3.67 a round forced) with its host phases timed (`--phases`: schedule,
 # drafts, launch, read-back, rollback, stats, events) and a cProfile of 200 steps (`--host`: by
 # own and by cumulative time), its decode step, then `auto`'s hand-off policy at 25 % of
@@ -11,7 +13,9 @@
 source bench/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 gpu_tests 100 tests/engine/test_verify_chain.py tests/engine/test_hybrid_verify.py \
-  tests/kernels/test_state_rollback.py
+  tests/kernels/test_state_rollback.py tests/engine/test_free_draft_round.py \
+  tests/kernels/test_gdn_decode.py
+profile_step 35b-verify-free --spec 3 --drafter free
 profile_step 35b-verify-host --spec 3 --phases --host
 grep -E "^host phases|tottime|cumtime|foreach|keep|replay|tolist|_rollback|load|schedule|_finish" \
   "$OUT/r/step-35b-verify-host.log" | head -40

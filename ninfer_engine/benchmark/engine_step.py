@@ -253,15 +253,42 @@ class OracleDrafter(_ForcedAcceptance):
         return drafts
 
 
+class FreeDraftRound:
+    """The verify chain's draft round (`MtpRound` in `verify_chain`) with the drafting taken
+    out, for `ForcedRounds(..., free_drafts=True)`: the same MTP pool layer, no pairs loaded
+    from the verify step, and every round's k drafts one fixed set of random ids a row. A
+    chained round then runs what `--spec mtp` serves — the verify step, the device's
+    acceptance and GDN rollback, the next round's inputs, launched ahead — less the drafting:
+    the verify cost curve of the device-accepted path, as `OracleDrafter` gives the host's.
+    (The first round of a request still drafts through the MTP head: its drafter's own round.)"""
+
+    def __init__(self, mtp_round, k: int, seed: int = 0) -> None:
+        self.storage, self.layer, self.k = mtp_round.storage, mtp_round.layer, k
+        self.step = self  # the chain calls `round.step.load_from_verify` and `.round`
+        gen = torch.Generator().manual_seed(seed)
+        # (the benchmark's requests ignore end tokens: no draft ends a row's acceptance)
+        self.drafts = torch.randint(mtp_round.step.vocab, (mtp_round.max_batch, k),
+                                    generator=gen).to(self.storage.device)
+
+    def load_from_verify(self, verify, accepted, bonus, batch: int) -> None:
+        """(No pairs: nothing drafts from them.)"""
+
+    def round(self, batch: int, bucket: int) -> torch.Tensor:
+        return self.drafts[:batch]
+
+
 class ForcedRounds(_ForcedAcceptance):
     """A model drafter (`MtpDrafter`: `--spec mtp`) drafting as it serves — its head's forwards,
     its KV, the hiddens it is handed — with the number of its drafts a round takes forced as
     `OracleDrafter`'s: the round costs what a served one does at that acceptance. Everything
     but `propose_rows` is the drafter's own."""
 
-    def __init__(self, drafter, tokens_per_round: float, k: int, seed: int = 0) -> None:
+    def __init__(self, drafter, tokens_per_round: float, k: int, seed: int = 0,
+                 free_drafts: bool = False) -> None:
         super().__init__(tokens_per_round, k, seed)
         self.drafter = drafter
+        if free_drafts:  # the verify chain's rounds without their drafting
+            self.round = FreeDraftRound(drafter.round, k, seed)
 
     def __getattr__(self, name: str):
         return getattr(self.drafter, name)

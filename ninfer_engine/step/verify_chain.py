@@ -100,7 +100,8 @@ class VerifyChain(ChainRounds):
         self.penalties: ChainPenalties | None = None  # with the first logits (their width)
         self.sampling = ChainSampling(self.max_batch, self.k, dev)
         self._pool = torch.cuda.graph_pool_handle() if capture else None
-        self._bound = None  # the MTP layer's K tensor the graphs read (an elastic pool grows)
+        # the draft round and its MTP layer's K tensor the graphs read (an elastic pool grows)
+        self._bound: tuple | None = None
 
     @property
     def drafter(self):
@@ -208,18 +209,21 @@ class VerifyChain(ChainRounds):
 
     def _run(self, batch: int, bucket: int, with_penalties: bool,
              candidates: int) -> torch.Tensor:
-        step = self.drafter.round.step
+        round_ = self.drafter.round
         if not self.capture:
-            return self._chain(step, batch, bucket, with_penalties, candidates)
-        bound = self.drafter.round.storage.k[self.drafter.round.layer]
-        if bound is not self._bound:  # an elastic pool grew: the graphs read the old tensors
+            return self._chain(round_.step, batch, bucket, with_penalties, candidates)
+        bound = (round_, round_.storage.k[round_.layer])
+        # an elastic pool grew (the graphs read the old tensors), or the drafter's round is
+        # another (a benchmark's free drafts, `engine_step.FreeDraftRound`)
+        if self._bound is None or any(a is not b for a, b in zip(bound, self._bound)):
             self._graphs.clear()
             self._pool = torch.cuda.graph_pool_handle()
             self._bound = bound
         key = (batch, bucket, with_penalties, candidates)
         if key not in self._graphs:
             self._graphs[key] = record_graph(
-                lambda: self._chain(step, batch, bucket, with_penalties, candidates), self._pool)
+                lambda: self._chain(round_.step, batch, bucket, with_penalties, candidates),
+                self._pool)
             log.info("captured the verify chain's CUDA graph for batch %d, context ≤ %d%s%s",
                      batch, bucket, ", with penalties" if with_penalties else "",
                      f", sampling over {candidates} candidates" if candidates else "")
