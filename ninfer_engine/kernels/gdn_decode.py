@@ -143,7 +143,11 @@ def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=3
     where `trail` ([≥ T-1, ≥ B, nv, dk, dv], contiguous) is given, stores the state after each
     token but the last there. `block_v` is capped at dv (rounded up to a power of two) so
     small heads still get a program; a dv that `block_v` does not divide, or a dk that is not
-    a power of two, takes the masked variant (the real shapes, dk = dv = 128, stay unmasked)."""
+    a power of two, takes the masked variant (the real shapes, dk = dv = 128, stay unmasked).
+    `one_pass` (the default) takes every dot of a token from the raw q, k and the state before
+    it, side by side (one reduction phase a token); False: the rule as written, the norms,
+    then Sᵀk, then Sᵀq of the updated state, in sequence (`bench/gdn_decode_sweep.py` times
+    both, with `block_v` and `num_warps`)."""
     N, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     B = N if index is None else index.shape[0]
