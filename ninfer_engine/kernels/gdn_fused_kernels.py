@@ -58,6 +58,61 @@ def _softplus(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
+def _window4(conv_row, w_ptr, c, mask, stride_ct, C, EVEN: tl.constexpr):
+    """A width-4 conv's state window (its three taps, the state's dtype) and its four weight
+    rows (fp32) at channels `c`."""
+    if EVEN:
+        s0 = tl.load(conv_row)
+        s1 = tl.load(conv_row + stride_ct)
+        s2 = tl.load(conv_row + 2 * stride_ct)
+        w0 = tl.load(w_ptr + c).to(tl.float32)
+        w1 = tl.load(w_ptr + C + c).to(tl.float32)
+        w2 = tl.load(w_ptr + 2 * C + c).to(tl.float32)
+        w3 = tl.load(w_ptr + 3 * C + c).to(tl.float32)
+    else:
+        s0 = tl.load(conv_row, mask=mask, other=0.0)
+        s1 = tl.load(conv_row + stride_ct, mask=mask, other=0.0)
+        s2 = tl.load(conv_row + 2 * stride_ct, mask=mask, other=0.0)
+        w0 = tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
+        w1 = tl.load(w_ptr + C + c, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + 2 * C + c, mask=mask, other=0.0).to(tl.float32)
+        w3 = tl.load(w_ptr + 3 * C + c, mask=mask, other=0.0).to(tl.float32)
+    return s0, s1, s2, w0, w1, w2, w3
+
+
+@triton.jit
+def _window_step(conv_row, row_ptr, w_ptr, trail_ptr, c, mask, shift, stride_ct, C,
+                 K: tl.constexpr, EVEN: tl.constexpr, TRAIL, trail_row):
+    """One token of a width-K conv through the state in memory: tap 0 (oldest), then taps
+    1..K-1 (the last this token's row at `row_ptr`), each stored back as state row t-1 (where
+    `shift`) and, where `TRAIL`, into the trail's rows from `trail_row`; the fp32 sum."""
+    if EVEN:
+        x = tl.load(conv_row)
+        acc = x.to(tl.float32) * tl.load(w_ptr + c).to(tl.float32)
+    else:
+        x = tl.load(conv_row, mask=mask, other=0.0)
+        acc = x.to(tl.float32) * tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
+    for t in tl.static_range(1, K):
+        if t < K - 1:
+            src = conv_row + t * stride_ct
+        else:
+            src = row_ptr
+        if EVEN:
+            x = tl.load(src)
+            w = tl.load(w_ptr + t * C + c).to(tl.float32)
+        else:
+            x = tl.load(src, mask=mask, other=0.0)
+            w = tl.load(w_ptr + t * C + c, mask=mask, other=0.0).to(tl.float32)
+        x = x.to(conv_row.dtype.element_ty)
+        tl.store(conv_row + (t - 1) * stride_ct, x, mask=shift)
+        if TRAIL:  # the window after this token, for a rollback
+            tl.store(trail_ptr + (trail_row + t - 1) * C + c, x, mask=mask)
+        # the window is the state's dtype (torch.cat of state and row), product and sum fp32
+        acc = acc + x.to(tl.float32) * w
+    return acc
+
+
+@triton.jit
 def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_ptr, trail_ptr,
                      valid_ptr, N, TRAIL_B, stride_pb, stride_cb, stride_ct,
                      KG: tl.constexpr, VG: tl.constexpr, NV: tl.constexpr, K: tl.constexpr,
@@ -75,6 +130,8 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
         conv_row = conv_ptr + tl.load(idx_ptr + b).to(tl.int64) * stride_cb + c
     else:
         conv_row = conv_ptr + b * stride_cb + c
+    if K == 4:  # (the models' width) the window in registers across the row's tokens
+        s0, s1, s2, w0, w1, w2, w3 = _window4(conv_row, w_ptr, c, mask, stride_ct, C, EVEN)
     # the row's T tokens in order; each shifts the window (the program owns its channels
     # across every tap and token, so the in-place shift has no race); a padding token
     # (`valid`) reads the window without shifting it
@@ -84,31 +141,29 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
             # (c < C) for a real token, nothing for a padding one
             shift = c < tl.where(tl.load(valid_ptr + b) > tok, C, 0)
         bt = b * T + tok  # token row
-        # window tap 0 (oldest), then taps 1..K-1; tap t is stored back as state row t-1
-        if EVEN:
-            x = tl.load(conv_row)
-            acc = x.to(tl.float32) * tl.load(w_ptr + c).to(tl.float32)
-        else:
-            x = tl.load(conv_row, mask=mask, other=0.0)
-            acc = x.to(tl.float32) * tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
-        for t in tl.static_range(1, K):
-            if t < K - 1:
-                src = conv_row + t * stride_ct
-            else:
-                src = proj_ptr + bt * stride_pb + c  # this token's q|k|v row
+        if K == 4:  # no store and load back through memory a token, as the loop below
+            src = proj_ptr + bt * stride_pb + c  # this token's q|k|v row
             if EVEN:
                 x = tl.load(src)
-                w = tl.load(w_ptr + t * C + c).to(tl.float32)
             else:
                 x = tl.load(src, mask=mask, other=0.0)
-                w = tl.load(w_ptr + t * C + c, mask=mask, other=0.0).to(tl.float32)
             x = x.to(conv_ptr.dtype.element_ty)
-            tl.store(conv_row + (t - 1) * stride_ct, x, mask=shift)
+            acc = s0.to(tl.float32) * w0
+            acc = acc + s1.to(tl.float32) * w1
+            acc = acc + s2.to(tl.float32) * w2
+            acc = acc + x.to(tl.float32) * w3
             if TRAIL and tok < T - 1:  # the window after this token, for a rollback
-                tl.store(trail_ptr + ((tok * TRAIL_B + b) * (K - 1) + t - 1) * C + c, x,
-                         mask=mask)
-            # the window is the state's dtype (torch.cat of state and row), product and sum fp32
-            acc = acc + x.to(tl.float32) * w
+                at = trail_ptr + (tok * TRAIL_B + b) * (K - 1) * C + c
+                tl.store(at, s1, mask=mask)
+                tl.store(at + C, s2, mask=mask)
+                tl.store(at + 2 * C, x, mask=mask)
+            s0 = tl.where(shift, s1, s0)
+            s1 = tl.where(shift, s2, s1)
+            s2 = tl.where(shift, x, s2)
+        else:
+            acc = _window_step(conv_row, proj_ptr + bt * stride_pb + c, w_ptr, trail_ptr, c,
+                               mask, shift, stride_ct, C, K, EVEN, TRAIL and tok < T - 1,
+                               (tok * TRAIL_B + b) * (K - 1))
         y = _silu(acc, LIBDEVICE)
         # out = q [N, KG] | k [N, KG] | v [N, VG] | g [N, NV] | beta [N, NV], fp32
         off = tl.where(c < KG, bt * KG + c,
@@ -131,6 +186,10 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
             base = out_ptr + N * C + bt * NV + j
             tl.store(base, g, mask=jm)
             tl.store(base + N * NV, beta, mask=jm)
+    if K == 4:
+        tl.store(conv_row, s0, mask=mask)
+        tl.store(conv_row + stride_ct, s1, mask=mask)
+        tl.store(conv_row + 2 * stride_ct, s2, mask=mask)
 
 
 # one variant for every row count: a decode graph's and a prompt step's

@@ -5,7 +5,7 @@ from ninfer_engine.kernels.gdn_decode import gdn_decode_ref, gdn_decode_triton
 
 from tests.tolerance import bound, gated_delta_depth
 
-from .conftest import rel_err
+from .conftest import compile_in_child, rel_err
 
 
 def _tol(gates, dk):
@@ -130,3 +130,26 @@ def test_padding_tokens_past_valid_leave_the_state_of_the_real_ones(device):
         assert rel_err(o[real], o_cut) < tol and rel_err(s_tri[slot], cut[slot]) < tol
         assert torch.equal(o_ref[real], o_cut) and torch.equal(s_ref[slot], cut[slot])
     assert torch.equal(s_tri[1].cpu(), pool[1])
+
+
+COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ninfer_engine.kernels.gdn_decode import _gdn_decode_kernel as k
+
+types = ["*bf16"] * 3 + ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "fp32", "i32"]
+for one_pass, warps in ((1, 1), (1, 4), (0, 4)):
+    consts = dict(NK=16, NV=32, DK=128, DV=128, BK=128, BV=16, EVEN=True, INDEXED=True, T=4,
+                  TRAIL=True, VALID=0, PDL=0, ONE_PASS=one_pass)
+    signature = {**dict(zip(k.arg_names, types)), **dict.fromkeys(consts, "constexpr")}
+    triton.compile(ASTSource(k, signature, constexprs=consts),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+"""
+
+
+def test_the_kernel_compiles_for_the_gpu():
+    """Compiled for an H200 (sm_90) at the 35B-A3B GDN heads, a verify row of 4 tokens with
+    its trail, both forms of the update (one and four warps), no GPU needed."""
+    compile_in_child(COMPILE)

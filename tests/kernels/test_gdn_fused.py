@@ -12,18 +12,18 @@ from ninfer_engine.kernels.gdn_fused import (gdn_gated_norm, gdn_gated_norm_ref,
 from tests.tolerance import (CAST, TRANSCENDENTAL, assert_within, bound, gamma,
                              gated_delta_depth)
 
-from .conftest import SILU_SLOPE, rel_err
+from .conftest import SILU_SLOPE, compile_in_child, rel_err
 
 K = 4
 F32 = torch.float32
 
 
-def _layer(nk, nv, dk, dv, gen, norm_dtype=torch.bfloat16):
+def _layer(nk, nv, dk, dv, gen, norm_dtype=torch.bfloat16, taps=K):
     """A GDN mixer's decode-time parameters, shaped as `GatedDeltaNet` holds them."""
     C = 2 * nk * dk + nv * dv
     return SimpleNamespace(
-        nk=nk, nv=nv, dk=dk, dv=dv, taps=K, conv_dim=C,
-        conv=(torch.randn(K, C, generator=gen) * 0.5).bfloat16(),
+        nk=nk, nv=nv, dk=dk, dv=dv, taps=taps, conv_dim=C,
+        conv=(torch.randn(taps, C, generator=gen) * 0.5).bfloat16(),
         a_log=torch.randn(nv, generator=gen) * 0.5,
         dt_bias=torch.randn(nv, generator=gen),
         norm=(1 + 0.1 * torch.randn(dv, generator=gen)).to(norm_dtype))
@@ -118,13 +118,15 @@ def test_gdn_prep_two_steps_carry_conv_state(device):
         assert torch.equal(conv_tri.cpu(), conv_ref)
 
 
-def test_gdn_prep_padding_tokens_past_valid_shift_nothing(device):
+# the models' width (the window held in registers) and another (the loop through memory)
+@pytest.mark.parametrize("taps", [K, 3])
+def test_gdn_prep_padding_tokens_past_valid_shift_nothing(device, taps):
     # rows of 4 tokens in slots 3 and 1 whose first 1 and 3 are real (`valid`): the windows
     # left and the real tokens' q, k, v are those of the rows cut to their real tokens
     gen = torch.Generator().manual_seed(9)
     nk, nv, dk, dv, T = 2, 4, 16, 32, 4
-    m = _layer(nk, nv, dk, dv, gen)
-    pool = torch.randn(4, K - 1, m.conv_dim, generator=gen).bfloat16()
+    m = _layer(nk, nv, dk, dv, gen, taps=taps)
+    pool = torch.randn(4, taps - 1, m.conv_dim, generator=gen).bfloat16()
     index, valid = torch.tensor([3, 1]), torch.tensor([1, 3], dtype=torch.int32)
     proj = _proj(2 * T, m, gen)
     conv_tri = pool.clone().to(device)
@@ -142,7 +144,7 @@ def test_gdn_prep_padding_tokens_past_valid_shift_nothing(device):
             assert torch.equal(r[real], w)
         # token t convolves rows t .. t+K-1 of [its slot's window; its row's tokens]
         history = torch.cat([pool[slot], proj[real, : m.conv_dim]])
-        before = torch.stack([history[t: t + K - 1] for t in range(n)])
+        before = torch.stack([history[t: t + taps - 1] for t in range(n)])
         for o, w, bound_ in zip(out[:3], want[:3], _prep_bounds(proj[real], before, m)):
             _assert_fp32_close(o[real], w, bound_)
         assert torch.equal(conv_tri[slot].cpu(), cut[slot]) and torch.equal(conv_ref[slot],
@@ -174,16 +176,17 @@ def test_gdn_prep_addresses_conv_slots_by_index(device):
     assert torch.equal(conv_ref, conv_tri.cpu())
 
 
-def test_gdn_prep_walks_a_rows_tokens_and_keeps_the_windows(device):
+@pytest.mark.parametrize("taps", [K, 3])
+def test_gdn_prep_walks_a_rows_tokens_and_keeps_the_windows(device, taps):
     # two rows of 3 tokens in slots 1 and 0: outputs, final windows and the window after
     # tokens 1 and 2 (trail) against the reference, which equals 3 one-token calls
     gen = torch.Generator().manual_seed(9)
     nk, nv, dk, dv, T = 2, 4, 16, 32, 3
-    m = _layer(nk, nv, dk, dv, gen)
-    pool = torch.randn(2, K - 1, m.conv_dim, generator=gen).bfloat16()
+    m = _layer(nk, nv, dk, dv, gen, taps=taps)
+    pool = torch.randn(2, taps - 1, m.conv_dim, generator=gen).bfloat16()
     index = torch.tensor([1, 0])
     proj = _proj(2 * T, m, gen)
-    conv_ref, trail_ref = pool.clone(), torch.zeros(T - 1, 2, K - 1, m.conv_dim).bfloat16()
+    conv_ref, trail_ref = pool.clone(), torch.zeros(T - 1, 2, taps - 1, m.conv_dim).bfloat16()
     ref = gdn_prep_ref(proj, conv_ref, m.conv, m.a_log, m.dt_bias, nk, dk, nv, dv, index,
                        trail_ref)
     one, steps = pool.clone(), []
@@ -195,12 +198,12 @@ def test_gdn_prep_walks_a_rows_tokens_and_keeps_the_windows(device):
     for i in range(3):  # the conv's outputs; g and beta do not depend on the window
         assert torch.equal(torch.stack([s[i] for s in steps], 1).flatten(0, 1), ref[i])
     conv_tri = pool.clone().to(device)
-    trail = torch.zeros(T - 1, 3, K - 1, m.conv_dim, device=device).bfloat16()
+    trail = torch.zeros(T - 1, 3, taps - 1, m.conv_dim, device=device).bfloat16()
     out = gdn_prep_triton(proj.to(device), conv_tri, *_to((m.conv, m.a_log, m.dt_bias), device),
                           nk, dk, nv, dv, index.to(device), trail)
     # token row (b, t) convolves rows t .. t+K-1 of [its slot's window; its row's tokens]
     history = torch.cat([pool[index], proj[:, : m.conv_dim].view(2, T, -1)], 1)
-    before = torch.stack([history[b, t: t + K - 1] for b in range(2) for t in range(T)])
+    before = torch.stack([history[b, t: t + taps - 1] for b in range(2) for t in range(T)])
     for o, r, b in zip(out[:3], ref[:3], _prep_bounds(proj, before, m)):
         _assert_fp32_close(o, r, b)
     assert torch.equal(conv_tri.cpu(), conv_ref)
@@ -325,3 +328,28 @@ def test_dispatch_takes_reference_on_cpu_tensors():
     o = torch.randn(2, 4, 16, generator=gen)
     assert torch.equal(gdn_gated_norm(o, a[5], m.norm, 1e-6),
                        gdn_gated_norm_ref(o, a[5], m.norm, 1e-6))
+
+
+COMPILE_PREP = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ninfer_engine.kernels.gdn_fused_kernels import _gdn_prep_kernel as k
+
+types = ["*bf16", "*bf16", "*i64", "*bf16", "*fp32", "*fp32", "*fp32", "*bf16", "*i32"]
+types += ["i32"] * 5
+for taps, T, trail, valid in ((4, 4, True, 0), (4, 64, False, 1), (3, 4, True, 0)):
+    consts = dict(KG=2048, VG=4096, NV=32, K=taps, BLOCK_C=512, BLOCK_NV=32, EVEN=True,
+                  LIBDEVICE=True, INDEXED=True, T=T, TRAIL=trail, VALID=valid, PDL=0)
+    signature = {**dict(zip(k.arg_names, types)), **dict.fromkeys(consts, "constexpr")}
+    triton.compile(ASTSource(k, signature, constexprs=consts),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+"""
+
+
+def test_the_prep_kernel_compiles_for_the_gpu():
+    """Compiled for an H200 (sm_90) at the 35B-A3B GDN shape, no GPU needed (the interpreter
+    checks less than Triton's compiler): the width-4 window in registers for a verify row
+    with its trail and a padded prompt row, and another width's loop through memory."""
+    compile_in_child(COMPILE_PREP)
