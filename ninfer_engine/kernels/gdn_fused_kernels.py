@@ -118,11 +118,13 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
                      KG: tl.constexpr, VG: tl.constexpr, NV: tl.constexpr, K: tl.constexpr,
                      BLOCK_C: tl.constexpr, BLOCK_NV: tl.constexpr, EVEN: tl.constexpr,
                      LIBDEVICE: tl.constexpr, INDEXED: tl.constexpr, T: tl.constexpr,
-                     TRAIL: tl.constexpr, VALID: tl.constexpr = 0, PDL: tl.constexpr = 0):
+                     TRAIL: tl.constexpr, VALID: tl.constexpr = 0, PDL: tl.constexpr = 0,
+                     REGISTERS: tl.constexpr = 1):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     b = tl.program_id(0)
     cb = tl.program_id(1)
+    WINDOW: tl.constexpr = REGISTERS and K == 4
     C: tl.constexpr = 2 * KG + VG
     c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = c < C
@@ -130,7 +132,7 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
         conv_row = conv_ptr + tl.load(idx_ptr + b).to(tl.int64) * stride_cb + c
     else:
         conv_row = conv_ptr + b * stride_cb + c
-    if K == 4:  # (the models' width) the window in registers across the row's tokens
+    if WINDOW:  # (the models' width) the window in registers across the row's tokens
         s0, s1, s2, w0, w1, w2, w3 = _window4(conv_row, w_ptr, c, mask, stride_ct, C, EVEN)
     # the row's T tokens in order; each shifts the window (the program owns its channels
     # across every tap and token, so the in-place shift has no race); a padding token
@@ -141,7 +143,7 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
             # (c < C) for a real token, nothing for a padding one
             shift = c < tl.where(tl.load(valid_ptr + b) > tok, C, 0)
         bt = b * T + tok  # token row
-        if K == 4:  # no store and load back through memory a token, as the loop below
+        if WINDOW:  # no store and load back through memory a token, as the loop below
             src = proj_ptr + bt * stride_pb + c  # this token's q|k|v row
             if EVEN:
                 x = tl.load(src)
@@ -186,7 +188,7 @@ def _gdn_prep_kernel(proj_ptr, conv_ptr, idx_ptr, w_ptr, alog_ptr, dtb_ptr, out_
             base = out_ptr + N * C + bt * NV + j
             tl.store(base, g, mask=jm)
             tl.store(base + N * NV, beta, mask=jm)
-    if K == 4:
+    if WINDOW:
         tl.store(conv_row, s0, mask=mask)
         tl.store(conv_row + stride_ct, s1, mask=mask)
         tl.store(conv_row + 2 * stride_ct, s2, mask=mask)
