@@ -160,6 +160,20 @@ def prep_rows(shapes, args, began) -> list[dict]:
     return rows
 
 
+def summary(rows: list[dict]) -> None:
+    """A line per (shape, rows) of the decode kernel: the form before (two reduction phases,
+    block_v 32, four warps), the launch default now (one pass, the same tiles) and the best."""
+    grid = [r for r in rows if "one_pass" in r]
+    for key in dict.fromkeys((r["shape"], r["rows"]) for r in grid):
+        of = [r for r in grid if (r["shape"], r["rows"]) == key]
+        pick = lambda one: next((r["us_per_layer"] for r in of if r["one_pass"] == one
+                                 and r["block_v"] == 32 and r["num_warps"] == 4), None)
+        best = min(of, key=lambda r: r["us_per_layer"])
+        print(f"summary {key[0]} {key[1]}: before {pick(False)} us, one pass {pick(True)} us, "
+              f"best {best['us_per_layer']:.2f} us (one_pass {best['one_pass']}, block_v "
+              f"{best['block_v']}, warps {best['num_warps']})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
@@ -194,6 +208,7 @@ def main() -> None:
             print(f"{name:8} {kind:16} {variant['one_pass']!s:>8} {variant['block_v']:>7} "
                   f"{variant['num_warps']:>5} {us:9.2f} "
                   f"{'' if floor is None else f'{floor:8.2f}'} {err:9.2e}", flush=True)
+    summary(rows)
     if args.out:
         meta = dict(machine=torch.cuda.get_device_name() if dev == "cuda" else platform.processor(),
                     torch=torch.__version__, copy_bandwidth_gbps=bandwidth,
