@@ -22,13 +22,13 @@ and then without it (`bench/results/h200-lookahead-step.md`); `--host` adds a cP
 steps on the host; `--phases` times 200 steps' host phases without a profiler
 (`benchmark.host_phases`: schedule, drafts, the launch, acceptance's read-back, the rollback,
 the stats, the events). `--spec K` makes every step a verify step of K drafts from the benchmark's
-oracle drafter (`engine_step.OracleDrafter`, `--rate` tokens taken a round: random weights
+oracle drafter (`forced_drafts.OracleDrafter`, `--rate` tokens taken a round: random weights
 accept nothing), so the times and the table are a verify step's; `--drafter mtp` drafts them
 with the model's (random) MTP head as `--spec mtp` serves, the count taken still forced
-(`engine_step.ForcedRounds`), so the step adds the drafting's cost (`--verify-chain`: on the
+(`forced_drafts.ForcedRounds`), so the step adds the drafting's cost (`--verify-chain`: on the
 device, each round launched before the one before is read, `ahead`; not ahead, `on`; or from
 the host, `off`: `step.verify_chain`, `step.chain_ahead`); `--drafter free` is that engine with
-the chain's drafting taken out (`engine_step.FreeDraftRound`: fixed random drafts), the verify
+the chain's drafting taken out (`forced_drafts.FreeDraftRound`: fixed random drafts), the verify
 cost of the device-accepted path as `oracle` gives the host-accepted one's. `--timeline OUT.json`
 writes a Chrome trace of a few steps (host ops and CUDA kernels) and prints the GPU's idle gaps
 within them with the host functions running meanwhile: where a step's host time goes (the
@@ -48,8 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ninfer_engine.artifact.synth import build_synthetic  # noqa: E402
 from ninfer_engine.benchmark.engine_step import (  # noqa: E402
-    MARGIN, ForcedRounds, FreeDraftRound, OracleDrafter, bench_engine, random_prompts,
-    served_sampling)
+    MARGIN, bench_engine, random_prompts, served_sampling)
+from ninfer_engine.benchmark.forced_drafts import (  # noqa: E402
+    ForcedRounds, FreeDraftRound, OracleDrafter)
 from ninfer_engine.benchmark.footprint import packed_source  # noqa: E402
 from ninfer_engine.benchmark.host_phases import HostPhases  # noqa: E402
 from ninfer_engine.benchmark.timing import last_graph_ms, time_ms  # noqa: E402

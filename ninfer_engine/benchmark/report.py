@@ -72,10 +72,10 @@ def markdown(result: dict) -> str:
                 f"| {r['speedup']:.2f}× | {r['policy_tok_s']:.1f} | {r['policy_speedup']:.2f}× |")
         lines += ["", "Random weights accept nothing, so " + (
                   "the rounds take a chosen number of the random MTP head's drafts "
-                  "(`engine_step.ForcedRounds`): the drafting is `--spec mtp`'s own, and the "
+                  "(`forced_drafts.ForcedRounds`): the drafting is `--spec mtp`'s own, and the "
                   "plain rows keep each row's hidden for it, as a `--spec mtp` server does; "
                   if mtp else "the oracle drafter's rounds take a chosen number of drafts "
-                  "(`engine_step.OracleDrafter`: random ids, drafting costs nothing); ")
+                  "(`forced_drafts.OracleDrafter`: random ids, drafting costs nothing); ")
                   + "the verify forward, "
                   "the acceptance pass and the GDN/KV rollback are the engine's own. Under the "
                   "policy (`step/spec_policy.py`) a step verifies while verify steps of its "

@@ -50,8 +50,9 @@ from ..models.qwen3_5_step_weights import HybridWeights
 from ..step.spec_policy import AlwaysSpeculate, SpecPolicy
 from ..types import SamplingParams
 from . import roofline as rf
-from .engine_step import (MARGIN, ForcedRounds, NoDrafts, OracleDrafter, bench_engine,
-                          random_prompts, run_requests, served_sampling)
+from .engine_step import (MARGIN, NoDrafts, bench_engine, random_prompts, run_requests,
+                          served_sampling)
+from .forced_drafts import ForcedRounds, OracleDrafter
 from .footprint import packed_source
 from .timing import copy_bandwidth_gbps, matmul_tflops
 
@@ -74,7 +75,7 @@ def run_decode_bench(arch: str, contexts: list[int], weights: str = "bf16",
     the JSON-able result. `sampling` "served": the decode and concurrency requests sample as a
     served request sending only `temperature: 0` does (the model preset's penalties).
     `spec_drafter` "mtp": the speculative section drafts with a random MTP head (`--spec mtp`'s
-    drafting, `engine_step.ForcedRounds`) instead of the oracle's free random ids;
+    drafting, `forced_drafts.ForcedRounds`) instead of the oracle's free random ids;
     `lm_head_draft` (rows, with "mtp"): the head's drafts take the argmax over a proposal of
     its first that many rows (`--lm-head-draft`).
 

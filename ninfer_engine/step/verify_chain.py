@@ -214,7 +214,7 @@ class VerifyChain(ChainRounds):
             return self._chain(round_.step, batch, bucket, with_penalties, candidates)
         bound = (round_, round_.storage.k[round_.layer])
         # an elastic pool grew (the graphs read the old tensors), or the drafter's round is
-        # another (a benchmark's free drafts, `engine_step.FreeDraftRound`)
+        # another (a benchmark's free drafts, `benchmark.forced_drafts.FreeDraftRound`)
         if self._bound is None or any(a is not b for a, b in zip(bound, self._bound)):
             self._graphs.clear()
             self._pool = torch.cuda.graph_pool_handle()

@@ -3,7 +3,7 @@ probe is on, each call counted once in its phase, and the engine as it was after
 import pytest
 import torch
 
-from ninfer_engine.benchmark import engine_step
+from ninfer_engine.benchmark import engine_step, forced_drafts
 from ninfer_engine.benchmark.host_phases import HostPhases
 from ninfer_engine.step import acceptance, postprocess
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
@@ -22,7 +22,7 @@ def test_every_verify_step_counts_each_phase_once_and_the_probe_leaves_nothing_b
     engine = engine_step.bench_engine(Qwen35Model(config, source), "tiny-moe", config, 1, 256,
                                       draft_tokens=3)
     try:
-        oracle = engine_step.OracleDrafter(3.0, 3, config["vocab_size"], seed=3)
+        oracle = forced_drafts.OracleDrafter(3.0, 3, config["vocab_size"], seed=3)
         engine.speculator.drafter, engine.speculator.policy = oracle, AlwaysSpeculate()
         attrs = set(vars(engine))
         with oracle.forced():

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ninfer_engine.benchmark import engine_step, report, run
+from ninfer_engine.benchmark import engine_step, forced_drafts, report, run
 from tests.benchmark.tiny import tiny_config, tiny_source
 from tests.engine.helpers import default_resources
 
@@ -119,7 +119,7 @@ def test_served_sampling_is_the_preset_made_greedy():
 
 @CPU_ONLY
 def test_the_oracle_drafter_takes_the_chosen_drafts(monkeypatch):
-    from ninfer_engine.benchmark.engine_step import OracleDrafter
+    from ninfer_engine.benchmark.forced_drafts import OracleDrafter
     from ninfer_engine.step import postprocess as engine
 
     oracle = OracleDrafter(2.5, 3, vocab=100, seed=1)  # one or two drafts taken, 1.5 on average
@@ -261,7 +261,7 @@ def test_forced_rounds_draft_with_the_mtp_head_and_take_the_chosen_count():
     try:
         head = engine.speculator.drafter
         assert isinstance(head, MtpDrafter) and engine.speculator.reads_hidden
-        forced = engine_step.ForcedRounds(head, 3.5, 3, seed=2)  # two or three drafts taken
+        forced = forced_drafts.ForcedRounds(head, 3.5, 3, seed=2)  # two or three drafts taken
         drafted = []
         real = head.propose_rows
         head.propose_rows = lambda seqs, ks: drafted.append(real(seqs, ks)) or drafted[-1]

@@ -1,4 +1,4 @@
-"""`benchmark.engine_step.FreeDraftRound` (`profile_step --drafter free`): the verify chain with
+"""`benchmark.forced_drafts.FreeDraftRound` (`profile_step --drafter free`): the verify chain with
 its drafting taken out still serves what the host path serves with the same drafts."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ninfer_engine.benchmark.engine_step import ForcedRounds, FreeDraftRound
+from ninfer_engine.benchmark.forced_drafts import ForcedRounds, FreeDraftRound
 from ninfer_engine.step.acceptance import split_verify_rows
 from ninfer_engine.step.scheduler import Batch
 

@@ -12,7 +12,8 @@ import torch
 
 from ninfer_engine import engine as engine_module
 from ninfer_engine.benchmark import engine_step
-from ninfer_engine.benchmark.engine_step import ForcedRounds, OracleDrafter, bench_engine
+from ninfer_engine.benchmark.engine_step import bench_engine
+from ninfer_engine.benchmark.forced_drafts import ForcedRounds, OracleDrafter
 from ninfer_engine.models.fused import FusedParams
 from ninfer_engine.models.qwen3_5 import Qwen35Model
 from ninfer_engine.step.spec_policy import AlwaysSpeculate
