@@ -37,6 +37,7 @@ if "--smoke" in sys.argv:  # before triton.jit runs: it picks the interpreter at
 
 import torch  # noqa: E402
 
+from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
 from ninfer_engine.kernels.gdn_decode import gdn_decode_ref, gdn_decode_triton  # noqa: E402
 from ninfer_engine.kernels.gdn_fused import gdn_prep_triton  # noqa: E402
 
@@ -85,29 +86,14 @@ def layer_us(layers, variant, reps: int) -> float:
 
 
 def graph_us(run, layers: int, reps: int) -> float:
-    """µs of one of `run`'s `layers` launches: captured in one CUDA graph, replayed `reps`
-    times, the best of three (on the CPU: one call, timed)."""
+    """µs of one of `run`'s `layers` launches: captured in one CUDA graph (`timing.graph_of`),
+    replayed `reps` times, the best of three (on the CPU: one call, timed)."""
     if not torch.cuda.is_available():
         start = time.perf_counter()
         run()
         return 1e6 * (time.perf_counter() - start) / layers
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        best = min(best, 1e3 * a.elapsed_time(b) / reps / layers)
-    return best
+    graph = graph_of(run)
+    return 1e3 * min(time_ms(graph.replay, reps) for _ in range(3)) / layers
 
 
 def prep_inputs(B, T, nk, nv, dk, dv, dev, seed):
@@ -185,7 +171,6 @@ def main() -> None:
     grid = SMOKE_VARIANTS if args.smoke else VARIANTS
     bandwidth = None
     if dev == "cuda":
-        from ninfer_engine.benchmark.timing import copy_bandwidth_gbps
         bandwidth = copy_bandwidth_gbps()
     began = time.monotonic()
     rows = prep_rows(shapes, args, began)  # (first: a few rows, before the grid's many)
