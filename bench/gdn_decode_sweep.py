@@ -8,10 +8,11 @@ Per shape (27B: nk 16, nv 48, 48 GDN layers; 35B-A3B: nk 16, nv 32, 30 GDN layer
 128) and row kind (B = 1 verify of 1 + 3 tokens with its trail, B = 1 decode, B = 8 decode),
 each over slot-indexed fp32 states as the step runs them: the µs of one layer's
 `gdn_decode_triton` (the graph of every layer's launch replayed, divided by the layers) for
-each variant: the update's two reduction phases in sequence (before: Sᵀk, the update, then
-Sᵀq of the new state) or one (`one_pass`: Sᵀk and Sᵀq of the state before the token), by
-block_v and num_warps; each variant's output checked against the reference first. The
-state's bytes (read and written, with the trail's) over the copy bandwidth give the floor.
+each variant: the update as the rule is written (the launch default: the norms, then Sᵀk, the
+update, then Sᵀq of the new state) or in one pass (`one_pass`: every dot from the raw q, k and
+the state before the token), by block_v and num_warps; each variant's output checked against
+the reference first. The state's bytes (read and written, with the trail's) over the copy
+bandwidth give the floor.
 First, the conv prep kernel (`gdn_prep_triton`) with its width-4 window in registers and as
 the loop through memory (`registers`), for the same rows and a 64-token prompt row (padded-row
 mask on), their outputs and conv states compared bit for bit.
@@ -147,15 +148,15 @@ def prep_rows(shapes, args, began) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> None:
-    """A line per (shape, rows) of the decode kernel: the form before (two reduction phases,
-    block_v 32, four warps), the launch default now (one pass, the same tiles) and the best."""
+    """A line per (shape, rows) of the decode kernel: the launch default (the rule as
+    written, block_v 32, four warps), the one-pass form at the same tiles, and the best."""
     grid = [r for r in rows if "one_pass" in r]
     for key in dict.fromkeys((r["shape"], r["rows"]) for r in grid):
         of = [r for r in grid if (r["shape"], r["rows"]) == key]
         pick = lambda one: next((r["us_per_layer"] for r in of if r["one_pass"] == one
                                  and r["block_v"] == 32 and r["num_warps"] == 4), None)
         best = min(of, key=lambda r: r["us_per_layer"])
-        print(f"summary {key[0]} {key[1]}: before {pick(False)} us, one pass {pick(True)} us, "
+        print(f"summary {key[0]} {key[1]}: default {pick(False)} us, one pass {pick(True)} us, "
               f"best {best['us_per_layer']:.2f} us (one_pass {best['one_pass']}, block_v "
               f"{best['block_v']}, warps {best['num_warps']})")
 

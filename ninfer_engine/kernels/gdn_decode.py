@@ -52,7 +52,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
                        BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
                        INDEXED: tl.constexpr, T: tl.constexpr, TRAIL: tl.constexpr,
                        VALID: tl.constexpr = 0, PDL: tl.constexpr = 0,
-                       ONE_PASS: tl.constexpr = 1):
+                       ONE_PASS: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     pid = tl.program_id(0)  # b * NV + j
@@ -135,7 +135,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
 
 
 def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=32,
-                      valid=None, one_pass=True, num_warps=4):
+                      valid=None, one_pass=False, num_warps=4):
     """Triton path: one program per (sequence, value head, block of `block_v` value dims).
 
     Rows of T > 1 tokens (`q` etc. hold B·T token rows, sequence-major; `index` has B
@@ -144,10 +144,11 @@ def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=3
     token but the last there. `block_v` is capped at dv (rounded up to a power of two) so
     small heads still get a program; a dv that `block_v` does not divide, or a dk that is not
     a power of two, takes the masked variant (the real shapes, dk = dv = 128, stay unmasked).
-    `one_pass` (the default) takes every dot of a token from the raw q, k and the state before
-    it, side by side (one reduction phase a token); False: the rule as written, the norms,
-    then Sᵀk, then Sᵀq of the updated state, in sequence (`bench/gdn_decode_sweep.py` times
-    both, with `block_v` and `num_warps`)."""
+    `one_pass` takes every dot of a token from the raw q, k and the state before it, side by
+    side (one dependent reduction phase a token, but five cross-warp reductions where the rule
+    as written has four in three phases: the norms, then Sᵀk, then Sᵀq of the updated state);
+    off by default until a GPU has timed both (`bench/gdn_decode_sweep.py`, with `block_v`
+    and `num_warps`)."""
     N, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     B = N if index is None else index.shape[0]

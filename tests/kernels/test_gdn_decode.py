@@ -8,13 +8,19 @@ from tests.tolerance import bound, gated_delta_depth
 from .conftest import compile_in_child, rel_err
 
 
+@pytest.fixture(params=[False, True], ids=["rule-as-written", "one-pass"])
+def one_pass(request):
+    """Both forms of the update (`gdn_decode_triton`'s `one_pass`)."""
+    return request.param
+
+
 def _tol(gates, dk):
     """fp32 both sides (bf16 inputs are exact in fp32): the recurrent rule with l2-normalised
     q, k over the steps taken so far (`tests.tolerance.gated_delta_depth`)."""
     return bound(torch.float32, gated_delta_depth(torch.stack(gates), dk, normalize=True))
 
 
-def test_gdn_decode_matches_reference_over_steps(device):
+def test_gdn_decode_matches_reference_over_steps(device, one_pass):
     g = torch.Generator().manual_seed(3)
     B, nk, nv, dk, dv = 2, 2, 4, 16, 32
     state = torch.randn(B, nv, dk, dv, generator=g)
@@ -27,7 +33,7 @@ def test_gdn_decode_matches_reference_over_steps(device):
         beta = torch.rand(B, nv, generator=g)
         o_ref = gdn_decode_ref(q, k, v, gate, beta, s_ref)
         args = [t.to(device) for t in (q, k, v, gate, beta)]
-        o = gdn_decode_triton(*args, s_tri, block_v=16)
+        o = gdn_decode_triton(*args, s_tri, block_v=16, one_pass=one_pass)
         gates.append(gate[0])
         assert rel_err(o, o_ref) < _tol(gates, dk)
     assert rel_err(s_tri, s_ref) < _tol(gates, dk)
@@ -40,7 +46,7 @@ def test_gdn_decode_matches_reference_over_steps(device):
     (1, 2, 64, 64),  # several value blocks
     (2, 2, 24, 40),  # dk not a power of two, a dv tail: the masked variant
 ])
-def test_gdn_decode_default_block_at_small_head_dims(device, nk, nv, dk, dv):
+def test_gdn_decode_default_block_at_small_head_dims(device, nk, nv, dk, dv, one_pass):
     # the decoder calls with the default block_v; a dv below it once launched no program
     g = torch.Generator().manual_seed(13)
     state = torch.randn(1, nv, dk, dv, generator=g)
@@ -50,12 +56,13 @@ def test_gdn_decode_default_block_at_small_head_dims(device, nk, nv, dk, dv):
     gate = -torch.rand(1, nv, generator=g)
     beta = torch.rand(1, nv, generator=g)
     o_ref = gdn_decode_ref(q, k, v, gate, beta, s_ref)
-    o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri)
+    o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri,
+                          one_pass=one_pass)
     assert rel_err(o, o_ref) < _tol([gate[0]], dk)
     assert rel_err(s_tri, s_ref) < _tol([gate[0]], dk)
 
 
-def test_gdn_decode_addresses_state_slots_by_index(device):
+def test_gdn_decode_addresses_state_slots_by_index(device, one_pass):
     # rows 0, 1, 2 continue slots 4, 0, 2 of a 5-slot pool: the same update as rows holding
     # those states themselves, and the slots no row names are left alone
     g = torch.Generator().manual_seed(21)
@@ -69,7 +76,7 @@ def test_gdn_decode_addresses_state_slots_by_index(device):
     o_rows = gdn_decode_ref(q, k, v, gate, beta, rows)
     s_tri = pool.clone().to(device)
     o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri,
-                          index.to(device))
+                          index.to(device), one_pass=one_pass)
     assert rel_err(o, o_rows) < _tol([gate[0]], dk)
     assert rel_err(s_tri[index], rows) < _tol([gate[0]], dk)
     untouched = torch.tensor([1, 3])
@@ -79,7 +86,7 @@ def test_gdn_decode_addresses_state_slots_by_index(device):
     assert torch.equal(s_ref[index], rows) and torch.equal(s_ref[untouched], pool[untouched])
 
 
-def test_gdn_decode_walks_a_rows_tokens_and_keeps_the_trail(device):
+def test_gdn_decode_walks_a_rows_tokens_and_keeps_the_trail(device, one_pass):
     # two rows of 3 tokens in slots 2 and 0: the kernel's outputs, final state and the state
     # after tokens 1 and 2 (trail) against the reference walking the same tokens
     g = torch.Generator().manual_seed(34)
@@ -93,7 +100,7 @@ def test_gdn_decode_walks_a_rows_tokens_and_keeps_the_trail(device):
     o_ref = gdn_decode_ref(q, k, v, gate, beta, s_ref, index, trail_ref)
     s_tri, trail = pool.clone().to(device), torch.zeros(T - 1, 4, nv, dk, dv, device=device)
     o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri,
-                          index.to(device), trail)
+                          index.to(device), trail, one_pass=one_pass)
     tol = _tol([gate[t] for t in range(T)], dk)
     assert rel_err(o, o_ref) < tol
     assert rel_err(s_tri, s_ref) < tol and torch.equal(s_tri[1].cpu(), pool[1])
@@ -105,7 +112,7 @@ def test_gdn_decode_walks_a_rows_tokens_and_keeps_the_trail(device):
         assert torch.allclose(one[index], trail_ref[t])
 
 
-def test_padding_tokens_past_valid_leave_the_state_of_the_real_ones(device):
+def test_padding_tokens_past_valid_leave_the_state_of_the_real_ones(device, one_pass):
     # rows of 4 tokens in slots 2 and 0 whose first 1 and 3 are real (`valid`, a prompt chunk
     # padded to a captured length): the state left and the real tokens' outputs are those of
     # the rows cut to their real tokens; the reference's own `valid` agrees
@@ -118,7 +125,7 @@ def test_padding_tokens_past_valid_leave_the_state_of_the_real_ones(device):
     gate, beta = -torch.rand(2 * T, nv, generator=g), torch.rand(2 * T, nv, generator=g)
     s_tri = pool.clone().to(device)
     o = gdn_decode_triton(*[t.to(device) for t in (q, k, v, gate, beta)], s_tri,
-                          index.to(device), valid=valid.to(device))
+                          index.to(device), valid=valid.to(device), one_pass=one_pass)
     s_ref = pool.clone()
     o_ref = gdn_decode_ref(q, k, v, gate, beta, s_ref, index, valid=valid)
     tol = _tol([gate[t] for t in range(2 * T)], dk)
