@@ -167,22 +167,25 @@ def verify_rows() -> list[str]:
                     f"decode {decode['engine_step_ms']:.2f} ms; {decode['graph_alone_ms']:.2f} ms "
                     f"| {verify['engine_step_ms'] / decode['engine_step_ms']:.2f}×; "
                     f"{verify['graph_alone_ms'] / decode['graph_alone_ms']:.2f}× |")
-    r = load("h100-issue-bounds-after-fix.json")
-    if r:  # the same pair, and the MTP round, with the warm-up's bound and the rollback kernel
-        s = r["steps"]
-        decode = s["35b-decode"]
+    r = load("h100-issue-bounds-71d78f1.json")
+    if r:  # the same pair, both acceptance paths, and the MTP round (bench/step_logs_table.py)
+        runs = {run["name"]: run for run in r["runs"]}
+        decode = runs["35b-decode"]
         for name, what in (("35b-verify", "a verify step of 1 + 3 tokens (oracle drafts, host "
                                           "acceptance)"),
+                           ("35b-verify-free", "a verify step of 1 + 3 tokens (the device "
+                                               "chain, drafting taken out: `--drafter free`)"),
                            ("35b-mtp", "a `--spec mtp` round (the device chain, launched "
                                        "ahead, `--lm-head-draft` 131,072 rows)")):
-            step = s[name]
+            step = runs[name]
             rows.append(f"| H100, 35B-A3B shape, batch 1, {what} against a decode step (tree "
-                        f"{r['tree']}, one call; engine step; the CUDA graph alone) | "
-                        f"{step['step_ms']:.2f} ms; {step['graph_ms']:.2f} ms "
+                        f"{r['meta']['tree']}, one call; engine step; the CUDA graph alone) | "
+                        f"{step['engine_step_ms']:.2f} ms; {step['graph_alone_ms']:.2f} ms "
                         f"({step['tok_s']:.0f} tok/s at {step['tokens_per_round']:.2f} tokens "
-                        f"a round) | decode {decode['step_ms']:.2f} ms; {decode['graph_ms']:.2f} "
-                        f"ms | {step['step_ms'] / decode['step_ms']:.2f}×; "
-                        f"{step['graph_ms'] / decode['graph_ms']:.2f}× |")
+                        f"a round) | decode {decode['engine_step_ms']:.2f} ms; "
+                        f"{decode['graph_alone_ms']:.2f} ms | "
+                        f"{step['engine_step_ms'] / decode['engine_step_ms']:.2f}×; "
+                        f"{step['graph_alone_ms'] / decode['graph_alone_ms']:.2f}× |")
     return rows
 
 
@@ -190,7 +193,7 @@ def llama_step_rows() -> list[str]:
     """The llama family's verify rows and short prompt chunks as CUDA graphs against the eager
     forward they replaced, with the decode graph step beside (bench/gpu_engine_decode.py); the
     latest call's rows."""
-    r = load("h100-issue-bounds-after-fix.json")
+    r = load("h100-issue-bounds-71d78f1.json")
     if not r:
         return []
     rows = []

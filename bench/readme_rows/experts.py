@@ -68,12 +68,16 @@ def expert_offload_rows() -> list[str]:
                         f"{row['overlapped_tok_s']:.0f}; model (reads on the step's path) "
                         f"{row['bus_serial_tok_s']:.0f} | "
                         f"{row['measured_best_tok_s'] / row['overlapped_tok_s']:.2f}× the bound |")
-    if peer:
-        for row in peer["rows"][1:]:
-            rows.append(f"| {shape}, batch 1, {row['ours_share']:.0%} of the routed experts in "
-                        f"host RAM (uniform; skewed routing), ours fp8-row (stop 43's tree) "
-                        f"against llama.cpp Q8_0 `-ncmoe {row['n_cpu_moe']}` (one call) | "
-                        f"{row['ours_uniform_tok_s']:.0f}; {row['ours_skewed_tok_s']:.0f} tok/s "
+    for peer, machine, ours in ((peer, "H200", "stop 43's tree"),
+                                (load("h100-expert-offload-peer-split.json"), "H100",
+                                 "the per-step CPU split, `auto`")):
+        for row in (peer or {"rows": []})["rows"][1:]:
+            skewed = row["ours_skewed_tok_s"]
+            rows.append(f"| {machine}, Flash-Next shape cut to 16 layers, batch 1, "
+                        f"{row['ours_share']:.0%} of the routed experts in host RAM (uniform; "
+                        f"skewed routing), ours fp8-row ({ours}) against llama.cpp Q8_0 "
+                        f"`-ncmoe {row['n_cpu_moe']}` (one call) | "
+                        f"{row['ours_uniform_tok_s']:.0f}; {skewed:.0f} tok/s "
                         f"| llama.cpp {row['llama_tok_s']:.0f} | {row['ratio_uniform']:.2f}×; "
                         f"{row['ratio_skewed']:.2f}× |")
     return rows
