@@ -70,13 +70,12 @@ def layer_inputs(B, T, nk, nv, dk, dv, dev, seed):
 def checked(layer, variant) -> float:
     """The variant's relative error against the reference on one layer (output and state)."""
     q, k, v, g, beta, state, index, trail = layer
-    s_ref, s_tri = state.clone(), state.clone()
-    o_ref = gdn_decode_ref(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), s_ref.cpu(),
-                           index.cpu())
+    s_ref, s_tri = state.cpu().clone(), state.clone()  # the reference updates s_ref in place
+    o_ref = gdn_decode_ref(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), s_ref, index.cpu())
     o = gdn_decode_triton(q, k, v, g, beta, s_tri, index,
                           None if trail is None else trail.clone(), **variant)
     err = lambda a, b: float((a.double().cpu() - b.double()).norm() / b.double().norm())
-    return max(err(o, o_ref), err(s_tri[index], s_ref[index.cpu()]))
+    return max(err(o, o_ref), err(s_tri[index].cpu(), s_ref[index.cpu()]))
 
 
 def layer_us(layers, variant, reps: int) -> float:
