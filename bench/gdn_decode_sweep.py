@@ -13,9 +13,8 @@ update, then Sᵀq of the new state) or in one pass (`one_pass`: every dot from 
 the state before the token), by block_v and num_warps; each variant's output checked against
 the reference first. The state's bytes (read and written, with the trail's) over the copy
 bandwidth give the floor.
-First, the conv prep kernel (`gdn_prep_triton`) with its width-4 window in registers and as
-the loop through memory (`registers`), for the same rows and a 64-token prompt row (padded-row
-mask on), their outputs and conv states compared bit for bit.
+(The conv prep kernel's window in registers against the loop through memory, timed by this
+script's first part until both were measured: bench/results/h100-gdn-prep-window.md.)
 """
 
 from __future__ import annotations
@@ -40,14 +39,11 @@ import torch  # noqa: E402
 
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
 from ninfer_engine.kernels.gdn_decode import gdn_decode_ref, gdn_decode_triton  # noqa: E402
-from ninfer_engine.kernels.gdn_fused import gdn_prep_triton  # noqa: E402
 
 # (name, nk, nv, dk, dv, GDN layers)
 SHAPES = [("35B-A3B", 16, 32, 128, 128, 30), ("27B", 16, 48, 128, 128, 48)]
 ROWS = [("verify 1+3 B=1", 1, 4), ("decode B=1", 1, 1), ("decode B=8", 8, 1)]  # (name, B, T)
 VARIANTS = dict(one_pass=[False, True], block_v=[8, 16, 32, 64], num_warps=[1, 2, 4])
-PREP_ROWS = ROWS + [("prompt row 64 B=1", 1, 64)]
-TAPS = 4  # the models' conv width
 SMOKE_SHAPES = [("tiny", 2, 4, 16, 32, 2)]
 SMOKE_VARIANTS = dict(one_pass=[False, True], block_v=[16], num_warps=[4])
 
@@ -96,62 +92,11 @@ def graph_us(run, layers: int, reps: int) -> float:
     return 1e3 * min(time_ms(graph.replay, reps) for _ in range(3)) / layers
 
 
-def prep_inputs(B, T, nk, nv, dk, dv, dev, seed):
-    """One layer's conv prep inputs: proj rows, the conv state pool (B + 2 slots, rows in
-    slots 2..), weights, the index, the trail (T = 1 + 3) or the padded-row counts (longer)."""
-    gen = torch.Generator().manual_seed(seed)
-    C = 2 * nk * dk + nv * dv
-    proj = torch.randn(B * T, C + nv * dv + 2 * nv, generator=gen).bfloat16()
-    conv = torch.randn(B + 2, TAPS - 1, C, generator=gen).bfloat16()
-    weight = (torch.randn(TAPS, C, generator=gen) * 0.5).bfloat16()
-    a_log, dt_bias = torch.randn(nv, generator=gen) * 0.5, torch.randn(nv, generator=gen)
-    index = torch.arange(2, B + 2)
-    trail = torch.zeros(T - 1, B, TAPS - 1, C).bfloat16() if 1 < T <= 4 else None
-    valid = torch.full((B,), T, dtype=torch.int32) if T > 4 else None
-    return [None if t is None else t.to(dev)
-            for t in (proj, conv, weight, a_log, dt_bias, index, trail, valid)]
-
-
-def prep_us(layers, heads, registers: bool, reps: int) -> float:
-    """µs a layer of `gdn_prep_triton` over every layer's inputs (as `layer_us`)."""
-    nk, nv, dk, dv = heads
-    run = lambda: [gdn_prep_triton(p, c, w, a, d, nk, dk, nv, dv, i, t, valid=v,
-                                   registers=registers) for p, c, w, a, d, i, t, v in layers]
-    return graph_us(run, len(layers), reps)
-
-
-def prep_rows(shapes, args, began) -> list[dict]:
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = []
-    print(f"{'shape':8} {'rows':18} {'registers':>9} {'us/layer':>9} {'same bits':>9}")
-    for (name, nk, nv, dk, dv, depth), (kind, B, T) in itertools.product(shapes, PREP_ROWS):
-        if time.monotonic() - began > args.budget_s:
-            print(f"budget of {args.budget_s:.0f} s spent: stopped")
-            break
-        layers = [prep_inputs(B, T, nk, nv, dk, dv, dev, seed) for seed in range(depth)]
-        outs = []
-        for registers in (False, True):
-            p, c, w, a, d, i, t, v = layers[0]
-            conv = c.clone()
-            trail = None if t is None else t.clone()
-            out = gdn_prep_triton(p, conv, w, a, d, nk, dk, nv, dv, i, trail, valid=v,
-                                  registers=registers)
-            outs.append([*out[:5], conv] + ([] if trail is None else [trail]))
-        same = all(torch.equal(x, y) for x, y in zip(*outs))
-        for registers in (False, True):
-            us = prep_us(layers, (nk, nv, dk, dv), registers, reps=1 if args.smoke else 50)
-            rows.append(dict(kernel="gdn_prep", shape=name, rows=kind, B=B, T=T,
-                             registers=registers, us_per_layer=us, same_bits=same))
-            print(f"{name:8} {kind:18} {registers!s:>9} {us:9.2f} {same!s:>9}", flush=True)
-    return rows
-
-
 def summary(rows: list[dict]) -> None:
     """A line per (shape, rows) of the decode kernel: the launch default (the rule as
     written, block_v 32, four warps), the one-pass form at the same tiles, and the best."""
-    grid = [r for r in rows if "one_pass" in r]
-    for key in dict.fromkeys((r["shape"], r["rows"]) for r in grid):
-        of = [r for r in grid if (r["shape"], r["rows"]) == key]
+    for key in dict.fromkeys((r["shape"], r["rows"]) for r in rows):
+        of = [r for r in rows if (r["shape"], r["rows"]) == key]
         pick = lambda one: next((r["us_per_layer"] for r in of if r["one_pass"] == one
                                  and r["block_v"] == 32 and r["num_warps"] == 4), None)
         best = min(of, key=lambda r: r["us_per_layer"])
@@ -173,7 +118,7 @@ def main() -> None:
     if dev == "cuda":
         bandwidth = copy_bandwidth_gbps()
     began = time.monotonic()
-    rows = prep_rows(shapes, args, began)  # (first: a few rows, before the grid's many)
+    rows = []
     print(f"{'shape':8} {'rows':16} {'one_pass':>8} {'block_v':>7} {'warps':>5} "
           f"{'us/layer':>9} {'floor us':>8} {'rel err':>9}")
     for (name, nk, nv, dk, dv, depth), (kind, B, T) in itertools.product(shapes, ROWS):

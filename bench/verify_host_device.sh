@@ -2,8 +2,7 @@
 # Where a host-accepted verify step's gap goes (issue 18's 35B-A3B verify bound, ~7 minutes):
 # the rollback's CUDA tests (`keep_rows` through the kernel; the free-draft chain's, the GDN
 # kernels'), the GDN kernels' forms timed at the real shapes (bench/gdn_decode_sweep.py: the
-# one-pass update against the rule as written, the register window against the loop through
-# memory), the 35B-A3B fp8-row
+# one-pass update against the rule as written, by block_v and warps), the 35B-A3B fp8-row
 # verify step on the device-accepted path with its drafting
 # taken out (`--drafter free`), then the oracle verify
 # step (1 + 3 tokens, 3.67 a round forced) with its host phases timed (`--phases`: schedule,
@@ -20,7 +19,7 @@ gpu_tests 100 tests/engine/test_verify_chain.py tests/engine/test_hybrid_verify.
   tests/kernels/test_gdn_decode.py tests/kernels/test_gdn_fused.py
 PYTHONPATH=$PWD:/tmp/site timeout 130 python3 -u bench/gdn_decode_sweep.py --budget-s 100 \
   --out "$OUT/r/gdn-decode-sweep.json" > "$OUT/r/gdn-decode-sweep.log" 2>&1
-grep -E "^summary|(True|False)$|spent" "$OUT/r/gdn-decode-sweep.log" | head -40  # prep rows
+grep -E "^summary|spent|Error" "$OUT/r/gdn-decode-sweep.log" | head -20
 profile_step 35b-verify-free --spec 3 --drafter free
 profile_step 35b-verify-host --spec 3 --phases --host
 grep -E "^host phases|tottime|cumtime|foreach|keep|replay|tolist|_rollback|load|schedule|_finish" \

@@ -74,7 +74,7 @@ def gdn_gated_norm_ref(o, z, norm, eps, at=None):
 
 
 def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, index=None,
-                    trail=None, block_c=512, valid=None, registers=True):
+                    trail=None, block_c=512, valid=None):
     """Triton path, one launch: grid (B, ⌈C / block_c⌉); the programs of channel block 0 also
     write g and beta. q, k, v, g, beta are views of one fp32 allocation, each contiguous.
 
@@ -82,10 +82,9 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, in
     each program walks its row's tokens in order, and where `trail` ([≥ T-1, ≥ B, K-1, C],
     contiguous) is given stores the window after each token but the last there. `valid` [B]
     int32, where given: row b's tokens from `valid[b]` on are padding (a prompt chunk padded
-    to a captured step's length), convolved but never shifted into the state. `registers`
-    (the default): a width-4 conv holds its window in registers across the row's tokens;
-    False: every width stores each shifted tap and loads it back a token (the sweep's
-    before, `bench/gdn_decode_sweep.py`)."""
+    to a captured step's length), convolved but never shifted into the state. A width-4 conv
+    (the models') holds its window in registers across the row's tokens; other widths store
+    each shifted tap and load it back a token."""
     N, width = proj.shape
     kg, vg = nk * dk, nv * dv
     C = 2 * kg + vg
@@ -114,7 +113,7 @@ def gdn_prep_triton(proj, conv_state, conv_w, a_log, dt_bias, nk, dk, nv, dv, in
             proj.stride(0), conv_state.stride(0), conv_state.stride(1),
             KG=kg, VG=vg, NV=nv, K=K, BLOCK_C=block_c, BLOCK_NV=triton.next_power_of_2(nv),
             EVEN=C % block_c == 0, LIBDEVICE=not interpreting(), INDEXED=index is not None,
-            T=T, TRAIL=trail is not None, VALID=valid is not None, REGISTERS=int(registers),
+            T=T, TRAIL=trail is not None, VALID=valid is not None,
             num_warps=max(1, min(4, block_c // 128)), **pdl_launch(proj))
     q = out[: N * kg].view(N, nk, dk)
     k = out[N * kg: 2 * N * kg].view(N, nk, dk)

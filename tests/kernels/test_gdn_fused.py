@@ -176,8 +176,8 @@ def test_gdn_prep_addresses_conv_slots_by_index(device):
     assert torch.equal(conv_ref, conv_tri.cpu())
 
 
-@pytest.mark.parametrize("taps, registers", [(K, True), (K, False), (3, True)])
-def test_gdn_prep_walks_a_rows_tokens_and_keeps_the_windows(device, taps, registers):
+@pytest.mark.parametrize("taps", [K, 3])  # the window in registers; the loop through memory
+def test_gdn_prep_walks_a_rows_tokens_and_keeps_the_windows(device, taps):
     # two rows of 3 tokens in slots 1 and 0: outputs, final windows and the window after
     # tokens 1 and 2 (trail) against the reference, which equals 3 one-token calls
     gen = torch.Generator().manual_seed(9)
@@ -200,7 +200,7 @@ def test_gdn_prep_walks_a_rows_tokens_and_keeps_the_windows(device, taps, regist
     conv_tri = pool.clone().to(device)
     trail = torch.zeros(T - 1, 3, taps - 1, m.conv_dim, device=device).bfloat16()
     out = gdn_prep_triton(proj.to(device), conv_tri, *_to((m.conv, m.a_log, m.dt_bias), device),
-                          nk, dk, nv, dv, index.to(device), trail, registers=registers)
+                          nk, dk, nv, dv, index.to(device), trail)
     # token row (b, t) convolves rows t .. t+K-1 of [its slot's window; its row's tokens]
     history = torch.cat([pool[index], proj[:, : m.conv_dim].view(2, T, -1)], 1)
     before = torch.stack([history[b, t: t + taps - 1] for b in range(2) for t in range(T)])
@@ -339,11 +339,9 @@ from ninfer_engine.kernels.gdn_fused_kernels import _gdn_prep_kernel as k
 
 types = ["*bf16", "*bf16", "*i64", "*bf16", "*fp32", "*fp32", "*fp32", "*bf16", "*i32"]
 types += ["i32"] * 5
-for taps, T, trail, valid, registers in ((4, 4, True, 0, 1), (4, 64, False, 1, 1),
-                                         (3, 4, True, 0, 1), (4, 4, True, 0, 0)):
+for taps, T, trail, valid in ((4, 4, True, 0), (4, 64, False, 1), (3, 4, True, 0)):
     consts = dict(KG=2048, VG=4096, NV=32, K=taps, BLOCK_C=512, BLOCK_NV=32, EVEN=True,
-                  LIBDEVICE=True, INDEXED=True, T=T, TRAIL=trail, VALID=valid, PDL=0,
-                  REGISTERS=registers)
+                  LIBDEVICE=True, INDEXED=True, T=T, TRAIL=trail, VALID=valid, PDL=0)
     signature = {**dict(zip(k.arg_names, types)), **dict.fromkeys(consts, "constexpr")}
     triton.compile(ASTSource(k, signature, constexprs=consts),
                    target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -353,6 +351,5 @@ for taps, T, trail, valid, registers in ((4, 4, True, 0, 1), (4, 64, False, 1, 1
 def test_the_prep_kernel_compiles_for_the_gpu():
     """Compiled for an H200 (sm_90) at the 35B-A3B GDN shape, no GPU needed (the interpreter
     checks less than Triton's compiler): the width-4 window in registers for a verify row
-    with its trail and a padded prompt row, and the loop through memory (another width, or
-    `registers` off)."""
+    with its trail and a padded prompt row, and the loop through memory (another width)."""
     compile_in_child(COMPILE_PREP)
