@@ -390,3 +390,29 @@ def test_after_the_kernel_warm_up_an_eager_step_of_few_rows_compiles_no_projecti
     calls = [(p, torch.randn(n, p.weight.shape[1], dtype=torch.bfloat16, device="cuda"))
              for p in projections for n in (3, 7)]
     assert _compiles_while(lambda: [p(x) for p, x in calls]) == []
+
+
+@CUDA
+@fresh_process
+@torch.inference_mode()
+def test_after_the_warm_up_a_host_accepted_rollback_compiles_nothing():
+    """Verify rounds accepted on the host (`--verify-chain off`, oracle drafts, 2.5 tokens a
+    round forced) roll rows back through `keep_rows`' kernel: its two variants (conv and SSM
+    state) compiled in the H100's first timed rollback, 1-2 ms each (h100-verify-host-71d78f1),
+    until the start-up capture launched it once."""
+    from ninfer_engine.benchmark.forced_drafts import OracleDrafter
+    from ninfer_engine.step.spec_policy import AlwaysSpeculate
+
+    config, source = build_synthetic("tiny-moe", "cuda", torch.bfloat16, 4)
+    model = Qwen35Model(config, FusedParams(config, source))
+    engine = engine_step.bench_engine(model, "tiny-moe", config, 1, 2048, draft_tokens=3,
+                                      verify_chain="off")
+    drafter = engine.speculator.drafter = OracleDrafter(2.5, 3, config["vocab_size"])
+    engine.speculator.policy = AlwaysSpeculate()
+    prompt = engine_step.random_prompts(1, 100, config["vocab_size"], seed=5)[0]
+
+    def rounds():  # bounded: 24 tokens in rounds of 1-4
+        with drafter.forced():
+            _run_to_length(engine, [GenerationRequest("r", prompt, SamplingParams(temperature=0.0),
+                                                      max_tokens=24, ignore_eos=True)], 64)
+    assert _compiles_then_stop(engine, rounds) == []
