@@ -8,11 +8,11 @@ Per shape (27B: nk 16, nv 48, 48 GDN layers; 35B-A3B: nk 16, nv 32, 30 GDN layer
 128) and row kind (B = 1 verify of 1 + 3 tokens with its trail, B = 1 decode, B = 8 decode),
 each over slot-indexed fp32 states as the step runs them: the µs of one layer's
 `gdn_decode_triton` (the graph of every layer's launch replayed, divided by the layers) for
-each variant: the update as the rule is written (the launch default: the norms, then Sᵀk, the
-update, then Sᵀq of the new state) or in one pass (`one_pass`: every dot from the raw q, k and
-the state before the token), by block_v and num_warps; each variant's output checked against
-the reference first. The state's bytes (read and written, with the trail's) over the copy
-bandwidth give the floor.
+each (block_v, num_warps), the launch default (`gdn_decode.launch_tiles`) among them; each
+variant's output checked against the reference first. (Until 12-07 the grid also had the update
+as the rule is written against the one-pass form, now the only one:
+bench/results/h100-gdn-decode-tiles.md.) The state's bytes (read and written, with the
+trail's) over the copy bandwidth give the floor.
 (The conv prep kernel's window in registers against the loop through memory, timed by this
 script's first part until both were measured: bench/results/h100-gdn-prep-window.md.)
 """
@@ -38,14 +38,15 @@ if "--smoke" in sys.argv:  # before triton.jit runs: it picks the interpreter at
 import torch  # noqa: E402
 
 from ninfer_engine.benchmark.timing import copy_bandwidth_gbps, graph_of, time_ms  # noqa: E402
-from ninfer_engine.kernels.gdn_decode import gdn_decode_ref, gdn_decode_triton  # noqa: E402
+from ninfer_engine.kernels.gdn_decode import (  # noqa: E402
+    gdn_decode_ref, gdn_decode_triton, launch_tiles)
 
 # (name, nk, nv, dk, dv, GDN layers)
 SHAPES = [("35B-A3B", 16, 32, 128, 128, 30), ("27B", 16, 48, 128, 128, 48)]
 ROWS = [("verify 1+3 B=1", 1, 4), ("decode B=1", 1, 1), ("decode B=8", 8, 1)]  # (name, B, T)
-VARIANTS = dict(one_pass=[False, True], block_v=[8, 16, 32, 64], num_warps=[1, 2, 4])
+VARIANTS = dict(block_v=[8, 16, 32, 64], num_warps=[1, 2, 4])
 SMOKE_SHAPES = [("tiny", 2, 4, 16, 32, 2)]
-SMOKE_VARIANTS = dict(one_pass=[False, True], block_v=[16], num_warps=[4])
+SMOKE_VARIANTS = dict(block_v=[16, 32], num_warps=[1])
 
 
 def layer_inputs(B, T, nk, nv, dk, dv, dev, seed):
@@ -92,17 +93,18 @@ def graph_us(run, layers: int, reps: int) -> float:
     return 1e3 * min(time_ms(graph.replay, reps) for _ in range(3)) / layers
 
 
-def summary(rows: list[dict]) -> None:
-    """A line per (shape, rows) of the decode kernel: the launch default (the rule as
-    written, block_v 32, four warps), the one-pass form at the same tiles, and the best."""
+def summary(rows: list[dict], shapes) -> None:
+    """A line per (shape, rows): the launch default's µs (`launch_tiles`) and the best's."""
+    heads = {name: (nv, dv) for name, _, nv, _, dv, _ in shapes}
     for key in dict.fromkeys((r["shape"], r["rows"]) for r in rows):
         of = [r for r in rows if (r["shape"], r["rows"]) == key]
-        pick = lambda one: next((r["us_per_layer"] for r in of if r["one_pass"] == one
-                                 and r["block_v"] == 32 and r["num_warps"] == 4), None)
+        block_v, warps = launch_tiles(of[0]["B"], *heads[key[0]])
+        default = next((r["us_per_layer"] for r in of if r["block_v"] == block_v
+                        and r["num_warps"] == warps), float("nan"))
         best = min(of, key=lambda r: r["us_per_layer"])
-        print(f"summary {key[0]} {key[1]}: default {pick(False)} us, one pass {pick(True)} us, "
-              f"best {best['us_per_layer']:.2f} us (one_pass {best['one_pass']}, block_v "
-              f"{best['block_v']}, warps {best['num_warps']})")
+        print(f"summary {key[0]} {key[1]}: default ({block_v}, {warps} warps) {default:.2f} us, "
+              f"best {best['us_per_layer']:.2f} us (block_v {best['block_v']}, warps "
+              f"{best['num_warps']})")
 
 
 def main() -> None:
@@ -119,7 +121,7 @@ def main() -> None:
         bandwidth = copy_bandwidth_gbps()
     began = time.monotonic()
     rows = []
-    print(f"{'shape':8} {'rows':16} {'one_pass':>8} {'block_v':>7} {'warps':>5} "
+    print(f"{'shape':8} {'rows':16} {'block_v':>7} {'warps':>5} "
           f"{'us/layer':>9} {'floor us':>8} {'rel err':>9}")
     for (name, nk, nv, dk, dv, depth), (kind, B, T) in itertools.product(shapes, ROWS):
         layers = [layer_inputs(B, T, nk, nv, dk, dv, dev, seed) for seed in range(depth)]
@@ -135,10 +137,10 @@ def main() -> None:
             us = layer_us(layers, variant, reps=1 if args.smoke else 50)
             rows.append(dict(shape=name, rows=kind, B=B, T=T, **variant, us_per_layer=us,
                              floor_us=floor, rel_err=err))
-            print(f"{name:8} {kind:16} {variant['one_pass']!s:>8} {variant['block_v']:>7} "
+            print(f"{name:8} {kind:16} {variant['block_v']:>7} "
                   f"{variant['num_warps']:>5} {us:9.2f} "
                   f"{'' if floor is None else f'{floor:8.2f}'} {err:9.2e}", flush=True)
-    summary(rows)
+    summary(rows, shapes)
     if args.out:
         meta = dict(machine=torch.cuda.get_device_name() if dev == "cuda" else platform.processor(),
                     torch=torch.__version__, copy_bandwidth_gbps=bandwidth,

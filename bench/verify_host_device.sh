@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Where a host-accepted verify step's gap goes (issue 18's 35B-A3B verify bound, ~7 minutes):
 # the rollback's CUDA tests (`keep_rows` through the kernel; the free-draft chain's, the GDN
-# kernels'), the GDN kernels' forms timed at the real shapes (bench/gdn_decode_sweep.py: the
-# one-pass update against the rule as written, by block_v and warps), the 35B-A3B fp8-row
+# kernels'), the GDN decode kernel's tiles timed at the real shapes (bench/gdn_decode_sweep.py:
+# block_v by warps), the 35B-A3B fp8-row
 # verify step on the device-accepted path with its drafting
 # taken out (`--drafter free`), then the oracle verify
 # step (1 + 3 tokens, 3.67 a round forced) with its host phases timed (`--phases`: schedule,

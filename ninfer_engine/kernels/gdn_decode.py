@@ -51,8 +51,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
                        NK: tl.constexpr, NV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, EVEN: tl.constexpr,
                        INDEXED: tl.constexpr, T: tl.constexpr, TRAIL: tl.constexpr,
-                       VALID: tl.constexpr = 0, PDL: tl.constexpr = 0,
-                       ONE_PASS: tl.constexpr = 0):
+                       VALID: tl.constexpr = 0, PDL: tl.constexpr = 0):
     pdl_wait(PDL)  # `kernels.pdl`
     pdl_release(PDL)
     pid = tl.program_id(0)  # b * NV + j
@@ -94,25 +93,17 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
             v = tl.load(vp, mask=vmask, other=0.0).to(tl.float32)
         alpha = tl.exp(tl.load(g_ptr + row * NV + j).to(tl.float32))
         beta = tl.load(beta_ptr + row * NV + j).to(tl.float32)
-        if ONE_PASS:  # every dot of the token from the raw q, k and the state before it,
-            # side by side: one reduction phase a token, not three in sequence (q and k's
-            # norms, then Sᵀk, then Sᵀq of the new state): o = (αS + k̂uᵀ)ᵀq̂
-            sk = tl.sum(s * k[:, None], axis=0)
-            sq = tl.sum(s * q[:, None], axis=0)
-            rk = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-            rq = scale / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
-            kq = tl.sum(k * q, axis=0) * rk * rq
-            u = beta * (v - alpha * rk * sk)  # the delta error reads the decayed state
-            o = alpha * rq * sq + u * kq
-            s = s * alpha + (k * rk)[:, None] * u[None, :]
-        else:
-            q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-            k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-            s = s * alpha
-            # the delta error reads the already-decayed state
-            u = beta * (v - tl.sum(s * k[:, None], axis=0))
-            s = s + k[:, None] * u[None, :]
-            o = tl.sum(s * q[:, None], axis=0)
+        # every dot of the token from the raw q, k and the state before it, side by side:
+        # one reduction phase a token, not three in sequence (q and k's norms, then Sᵀk of
+        # the decayed state, then Sᵀq of the new one): o = (αS + k̂uᵀ)ᵀq̂
+        sk = tl.sum(s * k[:, None], axis=0)
+        sq = tl.sum(s * q[:, None], axis=0)
+        rk = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        rq = scale / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
+        kq = tl.sum(k * q, axis=0) * rk * rq
+        u = beta * (v - alpha * rk * sk)  # the delta error reads the decayed state
+        o = alpha * rq * sq + u * kq
+        s = s * alpha + (k * rk)[:, None] * u[None, :]
         if VALID:
             kept = tl.where(t < n_valid, s, kept)
         op = o_ptr + (row * NV + j) * DV + dv
@@ -134,8 +125,19 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
         tl.store(sp, kept, mask=smask)
 
 
-def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=32,
-                      valid=None, one_pass=False, num_warps=4):
+# Programs (at block_v 16) up to which a program of one warp over 16 value columns is the
+# fastest tile, past which 32 columns over two warps is (the H100's sweep at the 35B-A3B and
+# 27B heads: B = 1 rows 256-384 programs, B = 8 rows 2,048-3,072; h100-gdn-decode-tiles.md)
+SMALL_GRID = 512
+
+
+def launch_tiles(rows: int, nv: int, dv: int) -> tuple[int, int]:
+    """(block_v, num_warps) for `rows` sequences of `nv` value heads of `dv` columns."""
+    return (16, 1) if rows * nv * triton.cdiv(dv, 16) <= SMALL_GRID else (32, 2)
+
+
+def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=None,
+                      valid=None, num_warps=None):
     """Triton path: one program per (sequence, value head, block of `block_v` value dims).
 
     Rows of T > 1 tokens (`q` etc. hold B·T token rows, sequence-major; `index` has B
@@ -144,11 +146,10 @@ def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=3
     token but the last there. `block_v` is capped at dv (rounded up to a power of two) so
     small heads still get a program; a dv that `block_v` does not divide, or a dk that is not
     a power of two, takes the masked variant (the real shapes, dk = dv = 128, stay unmasked).
-    `one_pass` takes every dot of a token from the raw q, k and the state before it, side by
-    side (one dependent reduction phase a token, but five cross-warp reductions where the rule
-    as written has four in three phases: the norms, then Sᵀk, then Sᵀq of the updated state);
-    off by default until a GPU has timed both (`bench/gdn_decode_sweep.py`, with `block_v`
-    and `num_warps`)."""
+    `block_v` and `num_warps` default to `launch_tiles`' (timed by `bench/gdn_decode_sweep.py`).
+    The update takes every dot of a token in one pass from the raw q, k and the state before
+    it: 1.01-1.11x the rule as written at the chosen tiles on the H100
+    (bench/results/h100-gdn-decode-tiles.md)."""
     N, nk, dk = q.shape
     nv, dv = v.shape[1], v.shape[2]
     B = N if index is None else index.shape[0]
@@ -161,7 +162,8 @@ def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=3
         assert trail.is_contiguous() and trail.shape[2:] == (nv, dk, dv)
         assert trail.shape[0] >= T - 1 and trail.shape[1] >= B
     assert valid is None or (valid.dtype == torch.int32 and valid.shape[0] >= B)
-    block_v = min(block_v, triton.next_power_of_2(dv))
+    tiles = launch_tiles(B, nv, dv)
+    block_v = min(block_v or tiles[0], triton.next_power_of_2(dv))
     block_k = triton.next_power_of_2(dk)
     o = torch.empty(N, nv, dv, dtype=torch.float32, device=v.device)
     _gdn_decode_kernel[(B * nv, triton.cdiv(dv, block_v))](
@@ -170,8 +172,8 @@ def gdn_decode_triton(q, k, v, g, beta, state, index=None, trail=None, block_v=3
         state if valid is None else valid, dk**-0.5, 0 if trail is None else trail.shape[1],
         NK=nk, NV=nv, DK=dk, DV=dv, BK=block_k, BV=block_v,
         EVEN=block_k == dk and dv % block_v == 0, INDEXED=index is not None, T=T,
-        TRAIL=trail is not None, VALID=valid is not None, ONE_PASS=int(one_pass),
-        num_warps=num_warps, **pdl_launch(state))
+        TRAIL=trail is not None, VALID=valid is not None,
+        num_warps=num_warps or tiles[1], **pdl_launch(state))
     return o
 
 

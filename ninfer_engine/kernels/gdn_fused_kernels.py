@@ -2,7 +2,8 @@
 
 `_gdn_prep_kernel` (launched by `gdn_fused.gdn_prep_triton`) is the conv state shift, the conv +
 SiLU, `g` and `beta` (a width-4 conv's window held in registers across a row's tokens,
-`_window4`; other widths through the state in memory, `_window_step`); `_gdn_gated_norm_kernel` (launched by `gdn_fused.gdn_gated_norm_triton`)
+`_window4`; other widths through the state in memory, `_window_step`);
+`_gdn_gated_norm_kernel` (launched by `gdn_fused.gdn_gated_norm_triton`)
 the gated RMSNorm, through `gated_rms` (which `kernels.gdn_split` fuses into its output
 launch). `_exp`, `_silu`, `_softplus` and `_round_bf16` are torch's element-wise math in Triton
 (libdevice's expf and log1p, IEEE division, fp32 -> bf16 to nearest even; under the interpreter,
