@@ -133,7 +133,8 @@ class EngineHybridDecoder:
         views under cProfile on the H100, `h100-issue-bounds.json`)."""
         if self._kept is None:
             for row, kept in back:
-                self.keep(row, kept)
+                if kept < self.max_q:  # (a row keeping every token: nothing moves)
+                    self.keep(row, kept)
             return
         rows = 1 + max(row for row, _ in back)
         kept = [self.max_q] * rows  # (max_q: the row keeps every token, nothing moves)
