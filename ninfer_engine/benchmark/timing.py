@@ -46,22 +46,28 @@ def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
 
 def copy_bandwidth_gbps() -> float:
     """Bytes read + written per second (GB/s) by a 2 GiB device-to-device bf16 copy."""
-    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
+    gbps = _copy_gbps(1 << 30)
+    torch.cuda.empty_cache()  # (the buffers went with `_copy_gbps`' frame)
+    return gbps
+
+
+def _copy_gbps(n: int) -> float:
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), 20)
-    gbps = 2 * src.numel() * src.element_size() / ms / 1e6
-    del src, dst
-    torch.cuda.empty_cache()
-    return gbps
+    return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
 def matmul_tflops(n: int = 8192, reps: int = 20) -> float:
     """bf16 TFLOP/s of an `n × n × n` `torch.matmul` (cuBLAS), the compute roofline's rate."""
+    ms = _matmul_ms(n, reps)
+    torch.cuda.empty_cache()  # (the matrices went with `_matmul_ms`' frame)
+    return 2 * n**3 / ms / 1e9
+
+
+def _matmul_ms(n: int, reps: int) -> float:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
     time_ms(lambda: torch.matmul(a, b, out=c), 3)  # cuBLAS heuristics and clocks settle
-    ms = time_ms(lambda: torch.matmul(a, b, out=c), reps)
-    del a, b, c
-    torch.cuda.empty_cache()
-    return 2 * n**3 / ms / 1e9
+    return time_ms(lambda: torch.matmul(a, b, out=c), reps)
