@@ -5,7 +5,8 @@ captured in one CUDA graph.
     python3 bench/gdn_decode_sweep.py --smoke   # tiny shapes on the CPU interpreter (plumbing)
 
 Per shape (27B: nk 16, nv 48, 48 GDN layers; 35B-A3B: nk 16, nv 32, 30 GDN layers; dk = dv =
-128) and row kind (B = 1 verify of 1 + 3 tokens with its trail, B = 1 decode, B = 8 decode),
+128) and row kind (B = 1 verify of 1 + 3 tokens with its trail, B = 1 decode, B = 8 decode, a
+64-token prompt row as the prompt step walks it: padded-row counts, no trail),
 each over slot-indexed fp32 states as the step runs them: the µs of one layer's
 `gdn_decode_triton` (the graph of every layer's launch replayed, divided by the layers) for
 each (block_v, num_warps), the launch default (`gdn_decode.launch_tiles`) among them; each
@@ -43,7 +44,9 @@ from ninfer_engine.kernels.gdn_decode import (  # noqa: E402
 
 # (name, nk, nv, dk, dv, GDN layers)
 SHAPES = [("35B-A3B", 16, 32, 128, 128, 30), ("27B", 16, 48, 128, 128, 48)]
-ROWS = [("verify 1+3 B=1", 1, 4), ("decode B=1", 1, 1), ("decode B=8", 8, 1)]  # (name, B, T)
+# (name, B, T): a 64-token prompt row (the prompt step's walk, padded-row counts, no trail)
+ROWS = [("verify 1+3 B=1", 1, 4), ("decode B=1", 1, 1), ("decode B=8", 8, 1),
+        ("prompt row 64 B=1", 1, 64)]
 VARIANTS = dict(block_v=[8, 16, 32, 64], num_warps=[1, 2, 4])
 SMOKE_SHAPES = [("tiny", 2, 4, 16, 32, 2)]
 SMOKE_VARIANTS = dict(block_v=[16, 32], num_warps=[1])
@@ -60,25 +63,28 @@ def layer_inputs(B, T, nk, nv, dk, dv, dev, seed):
     beta = torch.rand(B * T, nv, generator=gen)
     state = torch.randn(B + 2, nv, dk, dv, generator=gen) * 0.1
     index = torch.arange(2, B + 2)
-    trail = torch.zeros(T - 1, B, nv, dk, dv) if T > 1 else None
-    return [None if t is None else t.to(dev) for t in (q, k, v, g, beta, state, index, trail)]
+    trail = torch.zeros(T - 1, B, nv, dk, dv) if 1 < T <= 4 else None
+    valid = torch.full((B,), T, dtype=torch.int32) if T > 4 else None
+    return [None if t is None else t.to(dev)
+            for t in (q, k, v, g, beta, state, index, trail, valid)]
 
 
 def checked(layer, variant) -> float:
     """The variant's relative error against the reference on one layer (output and state)."""
-    q, k, v, g, beta, state, index, trail = layer
+    q, k, v, g, beta, state, index, trail, valid = layer
     s_ref, s_tri = state.cpu().clone(), state.clone()  # the reference updates s_ref in place
-    o_ref = gdn_decode_ref(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), s_ref, index.cpu())
+    o_ref = gdn_decode_ref(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), s_ref, index.cpu(),
+                           valid=None if valid is None else valid.cpu())
     o = gdn_decode_triton(q, k, v, g, beta, s_tri, index,
-                          None if trail is None else trail.clone(), **variant)
+                          None if trail is None else trail.clone(), valid=valid, **variant)
     err = lambda a, b: float((a.double().cpu() - b.double()).norm() / b.double().norm())
     return max(err(o, o_ref), err(s_tri[index].cpu(), s_ref[index.cpu()]))
 
 
 def layer_us(layers, variant, reps: int) -> float:
     """µs a layer: every layer's launch in one CUDA graph, replayed `reps` times."""
-    run = lambda: [gdn_decode_triton(q, k, v, g, beta, s, i, t, **variant)
-                   for q, k, v, g, beta, s, i, t in layers]
+    run = lambda: [gdn_decode_triton(q, k, v, g, beta, s, i, t, valid=n, **variant)
+                   for q, k, v, g, beta, s, i, t, n in layers]
     return graph_us(run, len(layers), reps)
 
 
@@ -125,8 +131,8 @@ def main() -> None:
           f"{'us/layer':>9} {'floor us':>8} {'rel err':>9}")
     for (name, nk, nv, dk, dv, depth), (kind, B, T) in itertools.product(shapes, ROWS):
         layers = [layer_inputs(B, T, nk, nv, dk, dv, dev, seed) for seed in range(depth)]
-        # the state read and written, the trail written: fp32
-        nbytes = 4 * B * nv * dk * dv * (2 + (T - 1))
+        # the state read and written, the trail (a verify row's) written: fp32
+        nbytes = 4 * B * nv * dk * dv * (2 + (T - 1 if 1 < T <= 4 else 0))
         floor = None if bandwidth is None else 1e6 * nbytes / (bandwidth * 1e9)
         for values in itertools.product(*grid.values()):
             if time.monotonic() - began > args.budget_s:
