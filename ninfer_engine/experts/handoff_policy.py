@@ -26,25 +26,28 @@ AGAINST = 2  # windows in a row that must disagree with the current form before 
 
 
 def split_seconds(misses: int, count: int, fixed: float, per_expert: float,
-                  bus: float) -> float:
+                  bus: float, dram: float | None = None) -> float:
     """A layer-step of `misses` missed pairs, `count` of them on the host's cores: the
     slowest of the host job (its `fixed` cost where it has any), the bus's in-place reads of
-    the rest, and host DRAM reading every one, which both sides share and which reads no
-    faster than the faster side alone."""
+    the rest, and host DRAM reading every one, which both sides share: `dram` seconds an
+    expert (None: the faster side's alone)."""
+    floor = min(per_expert, bus) if dram is None else dram
     return max(fixed * (count > 0) + count * per_expert, (misses - count) * bus,
-               misses * min(per_expert, bus))
+               misses * floor)
 
 
 class HandoffPolicy:
     """Decides `on` from the layer-steps' missed pairs (`observe`, once a layer a step): the
     split's `counts` (host pairs for m misses, m past the end reading the last) and the
     seconds `auto` timed (a host job's `fixed` cost, `per_expert` on the cores, `bus` per
-    expert read in place) over `layers` offloaded layers."""
+    expert read in place, `dram` per expert from host DRAM: `split_seconds`) over `layers`
+    offloaded layers."""
 
     def __init__(self, counts: list[int], fixed: float, per_expert: float, bus: float,
-                 layers: int, launch: float = LAUNCH_S, window: int = WINDOW) -> None:
+                 layers: int, launch: float = LAUNCH_S, window: int = WINDOW,
+                 dram: float | None = None) -> None:
         self.counts = counts
-        self.fixed, self.per_expert, self.bus = fixed, per_expert, bus
+        self.costs = fixed, per_expert, bus, dram
         self.launch = launch
         self.span = window * max(layers, 1)  # layer-steps a window
         self.on = True
@@ -57,8 +60,7 @@ class HandoffPolicy:
         """Seconds the split saves a layer-step of `misses` missed pairs against the bus
         alone (`split_seconds`, `balanced_count`'s model; 0 where it hands the cores none)."""
         c = self.counts[min(misses, len(self.counts) - 1)]
-        costs = self.fixed, self.per_expert, self.bus
-        return split_seconds(misses, 0, *costs) - split_seconds(misses, c, *costs)
+        return split_seconds(misses, 0, *self.costs) - split_seconds(misses, c, *self.costs)
 
     def observe(self, misses: int) -> None:
         """One layer-step's missed pairs; at a window's end, the decision."""

@@ -37,22 +37,24 @@ def expert_name(layer: int, e: int, member: str) -> str:
 
 
 AUTO_EXPERTS = 5  # experts a call when `auto` times the cores (half a uniform top-10's misses)
+# host memory `auto` reads to time host DRAM: past the H100 host's 300 MiB last-level cache
+AUTO_READ_BYTES = 512 << 20
 SPLIT_SIZE = 1024  # a split's entries (misses a layer-step); more misses read the last one
 # what a layer's host job adds to its own time: the kernels' post → worker → done round trip,
 # 19.1 µs on the H200's host, 19.7 on an H100's (bench/results/h*-host-contention.json)
 HANDOFF_S = 20e-6
 
 
-def balanced_count(misses: int, fixed: float, per_expert: float, bus: float) -> int:
+def balanced_count(misses: int, fixed: float, per_expert: float, bus: float,
+                   dram: float | None = None) -> int:
     """How many of a layer-step's `misses` the host computes so that the layer is fastest:
-    the c minimising max(fixed·[c > 0] + c·per_expert, (misses − c)·bus,
-    misses·min(per_expert, bus)), seconds of the host job, of the bus's in-place reads, and of
-    reading every missed expert from host DRAM, which both sides share and which reads no
-    faster than the faster side alone (on the device hosts the cores alone read at DRAM's
-    rate); the smallest such c (a few misses stay on the bus: the job's fixed cost outlasts
-    reading them)."""
+    the c minimising max(fixed·[c > 0] + c·per_expert, (misses − c)·bus, misses·dram),
+    seconds of the host job, of the bus's in-place reads, and of reading every missed expert
+    from host DRAM, which both sides share (`dram` an expert, no slower than either side alone;
+    None: the faster side's); the smallest such c (a few misses stay on the bus: the job's
+    fixed cost outlasts reading them)."""
     def cost(c: int) -> float:
-        return split_seconds(misses, c, fixed, per_expert, bus)
+        return split_seconds(misses, c, fixed, per_expert, bus, dram)
     near = int((misses * bus - fixed) // (per_expert + bus))  # where the two sides cross
     best = min((c for c in (0, near, near + 1) if 0 <= c <= misses), key=lambda c: (cost(c), c))
     # at DRAM's bound fewer may do as well: the fewest whose bus side fits in the best time
@@ -102,7 +104,8 @@ class ExpertTiers:
         """How many of a layer-step's m missed pairs the captured step computes on the host's
         cores (`InPlaceReads.hand_misses`), for each m: none unless asked
         (`--expert-cpu-share F|auto`); F: round(F·m); `auto`: `balanced_count` of the host
-        job's costs timed here (`host_costs`) against the bus's host → slot copy (`costs`).
+        job's costs timed here (`host_costs`) against the bus's host → slot copy (`costs`),
+        over host DRAM's read (`host_read_seconds`).
         `cpu_share`: F, or `auto`'s share of many misses. fp8-row experts only where the
         step runs on CUDA (the compiled kernel's form)."""
         if not asked:
@@ -113,12 +116,15 @@ class ExpertTiers:
         if asked == "auto":
             fixed, per_expert = self.host_costs(first)
             bus = first.expert_bytes / self.costs.copy_bytes_per_s
-            self.cpu_share = max(0.0, 1 - per_expert / bus)  # (`balanced_count` as m grows)
-            self.auto_seconds = dict(fixed=fixed + HANDOFF_S, per_expert=per_expert, bus=bus)
-            counts = [balanced_count(m, fixed + HANDOFF_S, per_expert, bus)
+            dram = min(per_expert, bus, first.expert_bytes * self.host_read_seconds())
+            # (`balanced_count` as m grows: where the two sides cross, or DRAM's floor first)
+            self.cpu_share = max(0.0, min(bus / (per_expert + bus), 1 - dram / bus))
+            self.auto_seconds = dict(fixed=fixed + HANDOFF_S, per_expert=per_expert, bus=bus,
+                                     dram=dram)
+            counts = [balanced_count(m, fixed + HANDOFF_S, per_expert, bus, dram)
                       for m in range(SPLIT_SIZE)]
             self.handoff = HandoffPolicy(counts, fixed + HANDOFF_S, per_expert, bus,
-                                         len(self.layers))
+                                         len(self.layers), dram=dram)
         elif not 0 < asked <= 1:
             raise ValueError(f"--expert-cpu-share {asked}: a share of the experts, in (0, 1]")
         else:
@@ -153,6 +159,21 @@ class ExpertTiers:
         many = min(seconds(n) for _ in range(3))
         per_expert = max((many - one) / max(n - 1, 1), 1e-9)
         return max(one - per_expert, 0.0), per_expert
+
+    def host_read_seconds(self) -> float:
+        """Seconds a byte of host DRAM takes to read at DRAM's own rate: torch's threads
+        summing the last `AUTO_READ_BYTES` of the host store as int64 words (the last layers'
+        experts: `host_costs` read the first layer's), the best of three. The split's floor:
+        the bus and the cores read the same DRAM, which torch reads at 100-131 GB/s on the H100
+        hosts (bench/results/h100-host-cpu-expert-kernel-16.md); taken as the cores' own rate,
+        timed at 74-113 GB/s (42.8-27.8 µs an expert) in different leases, it gave them 0.35-0.58
+        of the misses, and half off, uniform, B = 1 ran 250-296 tok/s
+        (h100-expert-offload-peer-split.md, h100-expert-offload-split-auto.md)."""
+        buffer = self.host.buffer
+        start = -(-max(0, buffer.numel() - AUTO_READ_BYTES) // 8) * 8  # (int64-aligned)
+        n = (buffer.numel() - start) // 8 * 8
+        words = buffer[start: start + n].view(torch.int64)
+        return best_seconds(words.sum) / max(n, 1)
 
     @property
     def capturable(self) -> bool:

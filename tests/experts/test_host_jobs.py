@@ -272,19 +272,40 @@ def test_balanced_count_is_the_best_split_of_a_layers_misses():
     gen = torch.Generator().manual_seed(3)
     for _ in range(4000):
         m = int(torch.randint(0, 40, (1,), generator=gen))
-        fixed, per, bus = (float(v) for v in torch.rand(3, generator=gen) * 1e-4)
+        fixed, per, bus, dram = (float(v) for v in torch.rand(4, generator=gen) * 1e-4)
         fixed *= float(torch.randint(0, 2, (1,), generator=gen))  # none half the time
+        # DRAM measured (never slower than a side alone), or taken as the faster side's
+        dram = min(dram, per, bus) if torch.randint(0, 2, (1,), generator=gen) else None
 
         def cost(c):
-            return max(fixed * (c > 0) + c * per, (m - c) * bus, m * min(per, bus))
+            floor = min(per, bus) if dram is None else dram
+            return max(fixed * (c > 0) + c * per, (m - c) * bus, m * floor)
         best = min(range(m + 1), key=lambda c: (cost(c), c))
-        assert balanced_count(m, fixed, per, bus) == best
+        assert balanced_count(m, fixed, per, bus, dram) == best
     # cores twice the bus's rate: half the misses (the floor: all of them at the cores' rate)
     assert balanced_count(4, 0.0, 1.0, 2.0) == 2 and balanced_count(5, 0.0, 1.0, 2.0) == 3
     assert balanced_count(5, 10.0, 1.0, 2.0) == 0 and balanced_count(0, 0.0, 1.0, 2.0) == 0
     assert balanced_count(9, 0.0, 1.0, 1.0) == 0  # the bus alone reads as fast as DRAM allows
     # the H100 host's timed costs (µs): the 0.5 split's counts from 2 to 7 misses, none of 1
     assert [balanced_count(m, 40, 31.4, 57) for m in range(1, 8)] == [0, 1, 2, 2, 3, 3, 4]
+    # slower cores (42.8 µs an expert, bus 65.8): the cores' rate as the floor gives them 0.35
+    # of many misses; DRAM timed at 110 GB/s (3.15 MB: 28.6 µs) 0.57, the fewest under it
+    assert balanced_count(100, 40, 42.8, 65.8) == 35
+    assert balanced_count(100, 40, 42.8, 65.8, 28.6) == 57
+
+
+def test_auto_times_host_dram_over_the_stores_last_bytes(monkeypatch):
+    """`host_read_seconds`: torch's sum over the host store's last `AUTO_READ_BYTES` as
+    int64 words (aligned), its best time over those bytes: seconds a byte."""
+    from ninfer_engine.experts import tiers as tiers_module
+    tiers = fp8_tiers(2, None)
+    buffer = tiers.host.buffer
+    monkeypatch.setattr(tiers_module, "AUTO_READ_BYTES", 8 * 9 + 3)
+    timed = []
+    monkeypatch.setattr(tiers_module, "best_seconds", lambda fn: timed.append(fn()) or 0.5)
+    assert tiers.host_read_seconds() == 0.5 / (8 * 9)
+    start = buffer.numel() // 8 * 8 - 72  # (the buffer's size is whole words)
+    assert int(timed[0]) == int(buffer[start: start + 72].view(torch.int64).sum())
 
 
 def fp8_tiers(layers: int, share) -> ExpertTiers:
@@ -336,11 +357,16 @@ def test_auto_splits_by_the_host_jobs_timed_costs(monkeypatch):
     assert read[:E] == list(range(E)) and {t for _, t in calls} == {default_threads()}
     bus = first.expert_bytes / tiers.costs.copy_bytes_per_s
     monkeypatch.setattr(tiers, "host_costs", lambda tier: (1e-4, 1e-3))
+    # host DRAM at 0.4 of the faster side's time an expert: the floor under the split
+    dram = 0.4 * min(1e-3, bus)
+    monkeypatch.setattr(tiers, "host_read_seconds", lambda: dram / first.expert_bytes)
     split = tiers.host_split("auto", first)
-    want = [tiers_module.balanced_count(m, 1e-4 + tiers_module.HANDOFF_S, 1e-3, bus)
+    assert tiers.auto_seconds["dram"] == pytest.approx(dram)
+    want = [tiers_module.balanced_count(m, 1e-4 + tiers_module.HANDOFF_S, 1e-3, bus,
+                                        tiers.auto_seconds["dram"])
             for m in range(tiers_module.SPLIT_SIZE)]
     assert split.dtype == torch.int32 and split.tolist() == want
-    assert tiers.cpu_share == pytest.approx(max(0.0, 1 - 1e-3 / bus))
+    assert tiers.cpu_share == pytest.approx(max(0.0, min(bus / (1e-3 + bus), 1 - dram / bus)))
     fixed_share = tiers.host_split(0.25, first)
     assert fixed_share.tolist()[:9] == [0, 0, 1, 1, 1, 1, 2, 2, 2] and tiers.cpu_share == 0.25
     assert tiers.host_split(None, first) is None
