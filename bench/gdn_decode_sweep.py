@@ -54,7 +54,8 @@ SMOKE_VARIANTS = dict(block_v=[16, 32], num_warps=[1])
 
 def layer_inputs(B, T, nk, nv, dk, dv, dev, seed):
     """One layer's inputs: q, k, v, g, beta for B rows of T tokens, the state pool (B + 2
-    slots, rows in slots 2..), the index, the trail (T > 1)."""
+    slots, rows in slots 2..), the index, the trail (a verify row's, 1 < T ≤ 4), the real
+    tokens a row (a prompt row's, T > 4)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B * T, nk, dk, generator=gen).bfloat16()
     k = torch.randn(B * T, nk, dk, generator=gen).bfloat16()
@@ -82,21 +83,16 @@ def checked(layer, variant) -> float:
 
 
 def layer_us(layers, variant, reps: int) -> float:
-    """µs a layer: every layer's launch in one CUDA graph, replayed `reps` times."""
+    """µs a layer: every layer's launch captured in one CUDA graph (`timing.graph_of`),
+    replayed `reps` times, the best of three (on the CPU: one call, timed)."""
     run = lambda: [gdn_decode_triton(q, k, v, g, beta, s, i, t, valid=n, **variant)
                    for q, k, v, g, beta, s, i, t, n in layers]
-    return graph_us(run, len(layers), reps)
-
-
-def graph_us(run, layers: int, reps: int) -> float:
-    """µs of one of `run`'s `layers` launches: captured in one CUDA graph (`timing.graph_of`),
-    replayed `reps` times, the best of three (on the CPU: one call, timed)."""
     if not torch.cuda.is_available():
         start = time.perf_counter()
         run()
-        return 1e6 * (time.perf_counter() - start) / layers
+        return 1e6 * (time.perf_counter() - start) / len(layers)
     graph = graph_of(run)
-    return 1e3 * min(time_ms(graph.replay, reps) for _ in range(3)) / layers
+    return 1e3 * min(time_ms(graph.replay, reps) for _ in range(3)) / len(layers)
 
 
 def summary(rows: list[dict], shapes) -> None:
