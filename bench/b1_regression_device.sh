@@ -2,8 +2,9 @@
 # Issue 18's batch-1 bound as a regression check on whatever card the call gets: `ninfer bench`
 # at 1K context, B = 1, of the tree the issue measured (4e6eb7b: the benchmark's KernelDecoder over
 # pools of its own) and of this tree (the engine's own step), per shape, in one call on one card,
-# alternated so that clocks and heat fall on both. Then, as time is left, this tree's verify steps
-# (bench/profile_step.py). Carry `.whl` and `.peers/tree-4e6eb7b.tar.xz`, made by
+# alternated so that clocks and heat fall on both. Then, on an H200 and as time is left, this
+# tree's verify steps (bench/profile_step.py). Carry `.whl` and `.peers/tree-4e6eb7b.tar.xz`,
+# made by
 #   git archive 4e6eb7b ninfer_engine ninfer_http ninfer_tui | xz > .peers/tree-4e6eb7b.tar.xz
 #   BUDGET=560 OUT=/tmp/o bash bench/b1_regression_device.sh
 source bench/device_env.sh
@@ -16,14 +17,18 @@ b1() {  # tag tree arch weights [flags]: one B = 1 decode at 1K into $OUT/r/b1-A
   PYTHONPATH=$tree:/tmp/site timeout "$(( $(left) - 20 ))" python3 -P -m ninfer_engine.cli.tools \
     bench --arch "$arch" --weights "$weights" --context 1024 --concurrency none --prefill 0 \
     --no-peer "$@" --out "$OUT/r/b1-$arch-$tag.json" > /dev/null 2> "$OUT/r/b1-$arch-$tag.log"
-  echo "$tag $arch $weights: $(grep -E '^context|Error' "$OUT/r/b1-$arch-$tag.log" | tail -1) at $SECONDS s"
+  local line
+  line=$(grep -E '^context|Error' "$OUT/r/b1-$arch-$tag.log" | tail -1)
+  echo "$tag $arch $weights: $line at $SECONDS s"
 }
 for shape in "35b-a3b fp8-row" "flash-next fp8-row" "27b bf16"; do
   b1 now "$PWD" $shape --spec-rates none
   b1 issue /tmp/base $shape
 done
 b1 now-again "$PWD" 35b-a3b fp8-row --spec-rates none
-profile_step 35b-verify --spec 3
-profile_step 27b-verify --arch 27b --weights bf16 --spec 3
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then  # (the H100's:
+  profile_step 35b-verify --spec 3                                       # h100-issue-bounds-*)
+  profile_step 27b-verify --arch 27b --weights bf16 --spec 3
+fi
 echo "done at $SECONDS s"
 pack_results

@@ -106,7 +106,7 @@ class MtpStep(HybridStep):
         position the round reaches + 1 (the attention kernel's split grid)."""
         q, last, base = self.q, self.ends[0, :batch], self.ends[1, :batch]
         out = self.outputs[:, :batch]  # each draft's MTP output ĥ (kept: a test reads them)
-        out[0] = self._pass(batch * q, batch, q, kv_span)[last]
+        out[0] = self._pass(batch * q, batch, q, kv_span, keep=last)
         self.shift[:batch].copy_(self.ends[2, :batch])  # the draft steps' rows: one a row
         for s in range(self.k):
             self.drafts[:batch, s] = draft = self._argmax(out[s])
@@ -119,8 +119,11 @@ class MtpStep(HybridStep):
             out[s + 1] = self._pass(batch, batch, 1, kv_span)
         return self.drafts[:batch]
 
-    def _pass(self, n: int, batch: int, q_len: int, kv_span: int) -> torch.Tensor:
-        """Token rows 0..n-1 (`batch` rows of `q_len` pairs) through the head: ĥ [n, H]."""
+    def _pass(self, n: int, batch: int, q_len: int, kv_span: int,
+              keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Token rows 0..n-1 (`batch` rows of `q_len` pairs) through the head: ĥ [n, H], or
+        only rows `keep`'s past the attention (every pair's K/V is written; only each row's
+        last real pair's output drafts, so the MoE reads that row's experts alone)."""
         m, eps = self.mtp, self.eps
         pos = self.pos[:n]
         seq = self.rows[:n] // q_len if q_len > 1 else self.rows[:n]
@@ -130,7 +133,7 @@ class MtpStep(HybridStep):
                                m.embedding_norm, eps, None, True)
         h, _ = rms_norm_triton(self.hidden_in[:n], m.hidden_norm, eps, None, True)
         u = self.fc(torch.cat([e, h], -1))
-        return self.blocks(u, n, batch, q_len, table, kv_span, slot, m.final_norm)
+        return self.blocks(u, n, batch, q_len, table, kv_span, slot, m.final_norm, keep)
 
     def _argmax(self, h: torch.Tensor) -> torch.Tensor:
         if self.draft_head is not None:

@@ -146,9 +146,13 @@ class HybridStep:
         x = F.embedding(self.tokens[:n], self.w.model.embedding)
         return self.blocks(x, n, batch, q_len, table, kv_span, slot, self.w.model.final_norm)
 
-    def blocks(self, x, n, batch, q_len, table, kv_span, slot, final_norm) -> torch.Tensor:
-        """`layers` from the first layer's input `x` [n, H] on, normed by `final_norm`."""
+    def blocks(self, x, n, batch, q_len, table, kv_span, slot, final_norm,
+               keep: torch.Tensor | None = None) -> torch.Tensor:
+        """`layers` from the first layer's input `x` [n, H] on, normed by `final_norm`; with
+        `keep` (device row indices, no taps) only those rows go on past the last layer's mixer
+        (its K/V are every row's) and the result is [len(keep), H]."""
         kv, gdn, attn, moe = self.kv(), 0, 0, 0
+        last = len(self.w.layers) - 1
         ranks = self.w.model.ranks
         acc, router_acc = self.acc[:, :n], self.router_acc[:, :n]
         acc.zero_()
@@ -168,14 +172,16 @@ class HybridStep:
                 attn += 1
             mix = ranks.all_reduce(mix)  # tensor parallel: the ranks' partial sums, in place
             y, h = rms_norm_triton(mix, b.post_norm, self.eps, h, True)
+            if keep is not None and j == last:  # the rest reads only the kept rows' outputs
+                y, h, n = y[keep], h[keep], keep.shape[0]
             if "moe" in layer:
-                logits = router_acc[moe] if layer["shared_slot"] else None
-                delta = self._moe(layer, y, n, logits, acc[2 * j + 1])
+                logits = router_acc[moe, :n] if layer["shared_slot"] else None
+                delta = self._moe(layer, y, n, logits, acc[2 * j + 1, :n])
                 moe += layer["shared_slot"]
             else:
                 gu = layer["w_gu"](y)
                 g, u = gu.chunk(2, -1)
-                delta = layer["w_down"](u, gate=g, act="silu", acc=acc[2 * j + 1])
+                delta = layer["w_down"](u, gate=g, act="silu", acc=acc[2 * j + 1, :n])
             delta = ranks.all_reduce(delta)
             if self.hidden is not None and j in self.taps:  # layer j's residual output
                 t = self.taps.index(j) * delta.shape[-1]
