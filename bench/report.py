@@ -6,6 +6,7 @@ dropped first; other dots stay, so `cpu-0.8b` keeps its name) and prints the mar
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -40,6 +41,38 @@ def write_report(out: Path, result: dict, markdown: Callable[[dict], str]) -> No
     Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     Path(f"{stem}.md").write_text(text)
     print(text)
+
+
+META = ("title", "machine", "date", "tree", "command")
+
+
+def table_parser(doc: str, title: str | None = None) -> argparse.ArgumentParser:
+    """The command line of a script that tables one device call's files: their folder, `--out`,
+    the header flags (`META`: required, but `--title` where `title` is its default) and
+    `--note`s."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("dir", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    for key in META:
+        default = title if key == "title" else None
+        ap.add_argument(f"--{key}", required=default is None, default=default)
+    ap.add_argument("--note", action="append", default=[])
+    return ap
+
+
+def meta_of(args) -> dict:
+    """The header `add_meta_args` parsed, its notes under `notes`."""
+    return {**{k: getattr(args, k) for k in META}, "notes": args.note}
+
+
+def meta_lines(meta: dict) -> list[str]:
+    """A table's title and header lines in markdown."""
+    return [f"# {meta['title']}", "", *(f"- {k}: {meta[k]}" for k in META[1:]), ""]
+
+
+def note_lines(meta: dict) -> list[str]:
+    """A table's notes in markdown, after a blank line (none: nothing)."""
+    return ["", *meta["notes"]] if meta.get("notes") else []
 
 
 class ForeignLoad:

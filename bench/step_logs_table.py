@@ -11,14 +11,14 @@ rounds launched ahead (`--spec mtp`'s verify chain).
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from report import write_report  # noqa: E402
+from report import (meta_lines, meta_of, note_lines, table_parser,  # noqa: E402
+                    write_report)
 
 PATTERNS = {
     "engine_step_ms": r"engine step ([\d.]+) ms",
@@ -49,8 +49,7 @@ def parse(log: Path) -> dict:
 
 def markdown(result: dict) -> str:
     m = result["meta"]
-    lines = [f"# {m['title']}", "", *(f"- {k}: {m[k]}" for k in
-                                     ("machine", "date", "tree", "command")), "",
+    lines = [*meta_lines(m),
              "| run | engine step ms | graph alone ms | kernel ms a step | tokens a round "
              "| tok/s | chained rounds | launched ahead |", "|---" + "|---:" * 7 + "|"]
 
@@ -67,25 +66,17 @@ def markdown(result: dict) -> str:
                if r.get("sampling") and "temperature=0.0" not in r["sampling"]]
     if sampled:
         lines += ["", *(f"- {r['name']} sampled with `{r['sampling']}`" for r in sampled)]
-    if m.get("notes"):
-        lines += ["", *m["notes"]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + note_lines(m)) + "\n"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("dir", type=Path)
-    ap.add_argument("--out", type=Path, required=True)
-    for key in ("title", "machine", "date", "tree", "command"):
-        ap.add_argument(f"--{key}", required=True)
-    ap.add_argument("--note", action="append", default=[])
+    ap = table_parser(__doc__)
     ap.add_argument("--runs", help="comma-separated run names, in this order (default: all)")
     args = ap.parse_args()
     logs = {p.stem.removeprefix("step-"): p for p in sorted(args.dir.glob("step-*.log"))}
     names = args.runs.split(",") if args.runs else list(logs)
-    meta = {k: getattr(args, k) for k in ("title", "machine", "date", "tree", "command")}
-    meta["notes"] = args.note
-    write_report(args.out, {"meta": meta, "runs": [parse(logs[n]) for n in names]}, markdown)
+    runs = [parse(logs[n]) for n in names]
+    write_report(args.out, {"meta": meta_of(args), "runs": runs}, markdown)
 
 
 if __name__ == "__main__":
