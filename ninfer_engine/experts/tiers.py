@@ -116,7 +116,12 @@ class ExpertTiers:
         if asked == "auto":
             fixed, per_expert = self.host_costs(first)
             bus = first.expert_bytes / self.costs.copy_bytes_per_s
-            dram = min(per_expert, bus, first.expert_bytes * self.host_read_seconds())
+            read = first.expert_bytes * self.host_read_seconds()
+            # a read slower than either side alone timed torch, not DRAM (that side has just
+            # read it faster): no floor. On an H100 host it timed 68.7+ µs an expert beside a
+            # 68.7 µs bus and cores of 77.1, where half the misses on the cores ran 1.48x the
+            # bus alone (h100-expert-offload-auto-floor.md)
+            dram = read if read < min(per_expert, bus) else 0.0
             # (`balanced_count` as m grows: where the two sides cross, or DRAM's floor first)
             self.cpu_share = max(0.0, min(bus / (per_expert + bus), 1 - dram / bus))
             self.auto_seconds = dict(fixed=fixed + HANDOFF_S, per_expert=per_expert, bus=bus,

@@ -367,6 +367,14 @@ def test_auto_splits_by_the_host_jobs_timed_costs(monkeypatch):
             for m in range(tiers_module.SPLIT_SIZE)]
     assert split.dtype == torch.int32 and split.tolist() == want
     assert tiers.cpu_share == pytest.approx(max(0.0, min(bus / (1e-3 + bus), 1 - dram / bus)))
+    # a read timed slower than the faster side alone is no floor: where the two sides cross
+    slow = 1.5 * min(1e-3, bus)
+    monkeypatch.setattr(tiers, "host_read_seconds", lambda: slow / first.expert_bytes)
+    split = tiers.host_split("auto", first)
+    assert tiers.auto_seconds["dram"] == 0.0
+    assert tiers.cpu_share == pytest.approx(bus / (1e-3 + bus))
+    assert split.tolist()[100] == tiers_module.balanced_count(
+        100, 1e-4 + tiers_module.HANDOFF_S, 1e-3, bus, 0.0)
     fixed_share = tiers.host_split(0.25, first)
     assert fixed_share.tolist()[:9] == [0, 0, 1, 1, 1, 1, 2, 2, 2] and tiers.cpu_share == 0.25
     assert tiers.host_split(None, first) is None
