@@ -22,9 +22,10 @@ b1() {  # tag tree arch weights [flags]: one B = 1 decode at 1K into $OUT/r/b1-A
   line=$(grep -iE '^context|error' "$OUT/r/b1-$arch-$tag.log" | tail -1)
   echo "$tag $arch $weights: $line at $SECONDS s"
 }
-for shape in "35b-a3b fp8-row" "flash-next fp8-row" "27b bf16"; do
-  b1 now "$PWD" $shape --spec-rates none
-  b1 issue /tmp/base $shape
+# (SHAPES: arch:weights pairs; Flash-Next's 48 layers fit no H100)
+for shape in ${SHAPES:-35b-a3b:fp8-row flash-next:fp8-row 27b:bf16}; do
+  b1 now "$PWD" ${shape/:/ } --spec-rates none
+  b1 issue /tmp/base ${shape/:/ }
 done
 b1 now-again "$PWD" 35b-a3b fp8-row --spec-rates none
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then  # (the H100's:
