@@ -30,7 +30,7 @@ def split_seconds(misses: int, count: int, fixed: float, per_expert: float,
     """A layer-step of `misses` missed pairs, `count` of them on the host's cores: the
     slowest of the host job (its `fixed` cost where it has any), the bus's in-place reads of
     the rest, and host DRAM reading every one, which both sides share: `dram` seconds an
-    expert (None: the faster side's alone)."""
+    expert (None: the faster side's alone; 0: no floor)."""
     floor = min(per_expert, bus) if dram is None else dram
     return max(fixed * (count > 0) + count * per_expert, (misses - count) * bus,
                misses * floor)

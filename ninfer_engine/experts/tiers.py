@@ -51,8 +51,8 @@ def balanced_count(misses: int, fixed: float, per_expert: float, bus: float,
     the c minimising max(fixed·[c > 0] + c·per_expert, (misses − c)·bus, misses·dram),
     seconds of the host job, of the bus's in-place reads, and of reading every missed expert
     from host DRAM, which both sides share (`dram` an expert, no slower than either side alone;
-    None: the faster side's); the smallest such c (a few misses stay on the bus: the job's
-    fixed cost outlasts reading them)."""
+    None: the faster side's; 0: none); the smallest such c (a few misses stay on the bus: the
+    job's fixed cost outlasts reading them)."""
     def cost(c: int) -> float:
         return split_seconds(misses, c, fixed, per_expert, bus, dram)
     near = int((misses * bus - fixed) // (per_expert + bus))  # where the two sides cross
